@@ -1,0 +1,220 @@
+"""One validated configuration model for the whole of tidings, loaded from YAML.
+
+Validation errors are turned into :class:`~tidings.errors.ConfigError` messages that name
+the offending key path and the value found there, so a typo is found from the message alone.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tidings.errors import ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """Parse ``"30m"``, ``"250ms"``, ``"7d"`` or a number of seconds into a timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return timedelta(seconds=value)
+    if isinstance(value, str) and (m := _DURATION.match(value)):
+        return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+    raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 30s, 30m, 2h, 7d)")
+
+
+Duration = Annotated[timedelta, Field(json_schema_extra={"format": "duration"})]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatabaseConfig(_Model):
+    """Where the service's tables and the event log live."""
+
+    url: str = "sqlite:///tidings.db"
+
+    @field_validator("url")
+    @classmethod
+    def _known_dialect(cls, v: str) -> str:
+        if not v.startswith(("sqlite:", "postgresql:", "postgresql+psycopg:")):
+            raise ValueError(f"unsupported database url {v!r}: use sqlite:/// or postgresql://")
+        return v
+
+
+class OutboxConfig(_Model):
+    """Producer-side settings."""
+
+    originator: str = "tidings"
+    max_payload_bytes: int = Field(default=1024 * 1024, gt=0)
+
+
+class EventStoreTargetConfig(_Model):
+    """The embedded event store: a durable append-only log in SQLite or PostgreSQL."""
+
+    kind: Literal["event_store"]
+    url: str = "sqlite:///tidings-events.db"
+    type_prefix: list[str] = Field(default_factory=list)
+    server_id: int = Field(default=1, gt=0)
+
+
+class JetStreamTargetConfig(_Model):
+    """A NATS JetStream stream; subjects are ``<subject_prefix>.<event type>``."""
+
+    kind: Literal["jetstream"]
+    servers: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
+    stream: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    subject_prefix: str = Field(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+    duplicate_window: Duration = timedelta(minutes=10)
+    ack_timeout: Duration = timedelta(seconds=5)
+    create_stream: bool = True
+
+    _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
+        lambda cls, v: parse_duration(v)
+    )
+
+
+TargetConfig = Annotated[
+    EventStoreTargetConfig | JetStreamTargetConfig, Field(discriminator="kind")
+]
+
+
+class RoutingConfig(_Model):
+    """Event type -> target names. The database table ``tidings_route`` adds to these."""
+
+    routes: dict[str, list[str]] = Field(default_factory=dict)
+    use_table: bool = True
+
+
+class RelayConfig(_Model):
+    """The Spark relay pipeline."""
+
+    spark_master: str = "local[*]"
+    checkpoint_dir: str = ".tidings/checkpoint"
+    trigger_interval: Duration = timedelta(milliseconds=100)
+    max_events_per_batch: int = Field(default=100_000, gt=0)
+    partitions: int = Field(default=2, gt=0)
+    retry_backoff: list[Duration] = Field(
+        default_factory=lambda: [timedelta(milliseconds=ms) for ms in (10, 25, 40)]
+    )
+    replay_every: Duration | None = timedelta(seconds=30)
+    shuffle_partitions: int = Field(default=2, gt=0)
+
+    _durations = field_validator("trigger_interval", "replay_every", mode="before")(
+        lambda cls, v: None if v is None else parse_duration(v)
+    )
+
+    @field_validator("retry_backoff", mode="before")
+    @classmethod
+    def _backoffs(cls, v: Any) -> list[timedelta]:
+        if not isinstance(v, list):
+            raise ValueError("retry_backoff must be a list of durations, e.g. [10ms, 25ms, 40ms]")
+        return [parse_duration(x) for x in v]
+
+
+class ReplayConfig(_Model):
+    """The scheduled replay of PENDING, HELD and FAILED events (design doc: Event Replay)."""
+
+    older_than: Duration = timedelta(seconds=60)
+    retry_count_threshold: int = Field(default=20, gt=0)
+    time_limit: Duration = timedelta(minutes=5)
+    event_limit: int = Field(default=100_000, gt=0)
+
+    _durations = field_validator("older_than", "time_limit", mode="before")(
+        lambda cls, v: parse_duration(v)
+    )
+
+
+class HousekeepingConfig(_Model):
+    """Archiving and deleting published events (design doc: House keeping)."""
+
+    older_than: Duration = timedelta(days=7)
+    mode: Literal["archive", "delete"] = "archive"
+    archive_dir: str = ".tidings/archive"
+    delete_on_success: bool = False
+    event_limit: int | None = Field(default=None, gt=0)
+
+    _durations = field_validator("older_than", mode="before")(lambda cls, v: parse_duration(v))
+
+
+class MetricsConfig(_Model):
+    """Prometheus metrics; ``port`` None means no HTTP endpoint is started."""
+
+    port: int | None = Field(default=None, gt=0, lt=65536)
+
+
+class TidingsConfig(_Model):
+    """The whole configuration."""
+
+    database: DatabaseConfig = DatabaseConfig()
+    outbox: OutboxConfig = OutboxConfig()
+    targets: dict[str, TargetConfig] = Field(default_factory=dict)
+    routing: RoutingConfig = RoutingConfig()
+    relay: RelayConfig = RelayConfig()
+    replay: ReplayConfig = ReplayConfig()
+    housekeeping: HousekeepingConfig = HousekeepingConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+    @field_validator("targets")
+    @classmethod
+    def _target_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                raise ValueError(f"target name {name!r} may hold only letters, digits, _ . -")
+        return v
+
+    def model_post_init(self, _context: Any) -> None:
+        for event_type, names in self.routing.routes.items():
+            for name in names:
+                if name not in self.targets:
+                    raise ConfigError(
+                        f"routing.routes.{event_type}: unknown target {name!r} "
+                        f"(defined targets: {', '.join(sorted(self.targets)) or 'none'})"
+                    )
+
+
+def _describe(error: dict[str, Any]) -> str:
+    path = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    value = error.get("input")
+    if error["type"] == "extra_forbidden":
+        return f"{path}: unknown key (value {value!r})"
+    if error["type"] == "missing":
+        return f"{path}: required key is missing"
+    return f"{path}: {error['msg']} (got {value!r})"
+
+
+def load_config(data: dict[str, Any] | None = None) -> TidingsConfig:
+    """Validate a configuration mapping; raise ConfigError naming every bad key and value."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration must be a mapping at the top level, got {data!r}")
+    try:
+        return TidingsConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            "invalid configuration:\n  " + "\n  ".join(_describe(e) for e in exc.errors())
+        ) from None
+
+
+def load_config_file(path: str | Path) -> TidingsConfig:
+    """Load and validate a YAML configuration file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return load_config(data or {})
