@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from tidings.errors import ConfigError
 
@@ -28,6 +28,8 @@ def parse_duration(value: Any) -> timedelta:
         return timedelta(seconds=value)
     if isinstance(value, str) and (m := _DURATION.match(value)):
         return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+    if isinstance(value, str) and value.startswith("P"):  # ISO 8601, as model_dump_json writes
+        return TypeAdapter(timedelta).validate_python(value)
     raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 30s, 30m, 2h, 7d)")
 
 
@@ -65,6 +67,7 @@ class EventStoreTargetConfig(_Model):
     url: str = "sqlite:///tidings-events.db"
     type_prefix: list[str] = Field(default_factory=list)
     server_id: int = Field(default=1, gt=0)
+    fault_file: str | None = None
 
 
 class JetStreamTargetConfig(_Model):
@@ -77,6 +80,7 @@ class JetStreamTargetConfig(_Model):
     duplicate_window: Duration = timedelta(minutes=10)
     ack_timeout: Duration = timedelta(seconds=5)
     create_stream: bool = True
+    fault_file: str | None = None
 
     _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
         lambda cls, v: parse_duration(v)

@@ -1,0 +1,323 @@
+"""The producer API: domain writes and their events commit together or not at all.
+
+Events are inserted into ``outbox_event`` on the *caller's own* connection, inside the
+caller's transaction (patent claim 2, the design document's primary transaction). Three
+ways in, one code path:
+
+* ``outbox.emit(session, ...)`` with the service's SQLAlchemy ``Session``;
+* ``outbox.emit(connection, ...)`` with a SQLAlchemy ``Connection``;
+* ``with outbox.transaction() as tx: tx.connection.execute(...); tx.emit(...)``.
+
+Excluded events (per-event flag or predicate) are not stored: they are handed to the
+direct publisher after the transaction commits and carry no delivery guarantee.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy import event as sa_event
+from sqlalchemy.orm import Session
+
+from tidings.config import OutboxConfig
+from tidings.db import make_engine
+from tidings.errors import EmitError
+from tidings.model import EventStatus, OutboxEvent
+from tidings.outbox.envelope import (
+    AttributeExtractor,
+    EventDraft,
+    ExclusionPredicate,
+    Transformer,
+    cloudevents_envelope,
+)
+from tidings.outbox.schema import ensure_schema
+from tidings.timeutil import sqlite_text, utcnow
+
+DirectPublisher = Callable[[Sequence[OutboxEvent]], None]
+Bind = Session | Connection
+
+_EVENT_COLUMNS = (
+    "event_id, correlation_id, event_type, event_version, originator, partition_key, "
+    "partition_bucket, payload, headers, logged_at, status, retry_count, created_at, "
+    "updated_at, concurrency_version"
+)
+_ATTRIBUTE_COLUMNS = "attribute_id, event_id, attribute_key, attribute_value, updated_at"
+_PENDING_KEY = "tidings_excluded_events"
+
+
+def partition_bucket(partition_key: str | None, event_id: str) -> int:
+    """A stable non-negative hash that sends all events of one key to the same relay task."""
+    basis = partition_key if partition_key is not None else event_id
+    return zlib.crc32(basis.encode("utf-8")) & 0x7FFFFFFF
+
+
+def _insert_sql(table: str, columns: str, paramstyle: str) -> str:
+    count = columns.count(",") + 1
+    mark = "?" if paramstyle == "qmark" else "%s"
+    return f"INSERT INTO {table} ({columns}) VALUES ({', '.join([mark] * count)})"
+
+
+class Outbox:
+    """Emits events into the event log inside the caller's database transaction."""
+
+    def __init__(
+        self,
+        engine: Engine | str,
+        config: OutboxConfig | None = None,
+        *,
+        transformer: Transformer = cloudevents_envelope,
+        attribute_extractor: AttributeExtractor | None = None,
+        exclude: ExclusionPredicate | None = None,
+        direct_publisher: DirectPublisher | None = None,
+        create_schema: bool = True,
+    ) -> None:
+        self.engine = make_engine(engine) if isinstance(engine, str) else engine
+        self.config = config or OutboxConfig()
+        self.transformer = transformer
+        self.attribute_extractor = attribute_extractor
+        self.exclude = exclude
+        self.direct_publisher = direct_publisher
+        if create_schema:
+            ensure_schema(self.engine)
+        style = self.engine.dialect.paramstyle
+        self._insert_event = _insert_sql("outbox_event", _EVENT_COLUMNS, style)
+        self._insert_attribute = _insert_sql("outbox_event_attribute", _ATTRIBUTE_COLUMNS, style)
+        self._sqlite = self.engine.dialect.name == "sqlite"
+
+    @contextmanager
+    def transaction(self) -> Iterator[OutboxTransaction]:
+        """A transaction of tidings' own: commit on success, roll back on any exception."""
+        with self.engine.connect() as conn:
+            tx = OutboxTransaction(self, conn)
+            with conn.begin():
+                yield tx
+            excluded, tx.excluded = tx.excluded, []
+        self._publish_excluded(excluded)
+
+    def emit(
+        self,
+        bind: Bind,
+        event_type: str,
+        payload: Any,
+        *,
+        partition_key: str | None = None,
+        correlation_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        version: str = "1",
+        event_id: str | None = None,
+        exclude: bool = False,
+    ) -> str:
+        """Add one event to the caller's transaction and return its event id.
+
+        On invalid input the caller's transaction is rolled back and :class:`EmitError`
+        raised, so neither the domain write nor the event can commit.
+        """
+        try:
+            draft = self._draft(
+                event_type, payload, partition_key, correlation_id, headers, version, event_id
+            )
+            excluded = exclude or (self.exclude is not None and self.exclude(draft))
+            if excluded:
+                self._defer_excluded(bind, draft)
+            else:
+                self._insert(_connection_of(bind), draft)
+        except EmitError:
+            _roll_back(bind)
+            raise
+        return draft.event_id
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _draft(
+        self,
+        event_type: Any,
+        payload: Any,
+        partition_key: Any,
+        correlation_id: Any,
+        headers: Mapping[str, str] | None,
+        version: Any,
+        event_id: Any,
+    ) -> EventDraft:
+        _check_text("event type", event_type, required=True)
+        _check_text("partition key", partition_key)
+        _check_text("correlation id", correlation_id, limit=64)
+        _check_text("version", version, required=True, limit=32)
+        if event_id is None:
+            event_id = str(uuid.uuid4())
+        else:
+            try:
+                event_id = str(uuid.UUID(str(event_id)))
+            except ValueError:
+                raise EmitError(f"event id {event_id!r} is not a UUID") from None
+        clean_headers = _check_headers(headers)
+        return EventDraft(
+            event_id=event_id,
+            event_type=event_type,
+            payload=payload,
+            logged_at=utcnow(),
+            version=version,
+            originator=self.config.originator,
+            correlation_id=correlation_id,
+            partition_key=partition_key,
+            headers=clean_headers,
+        )
+
+    def _body(self, draft: EventDraft) -> str:
+        try:
+            body = json.dumps(
+                self.transformer(draft),
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+            )
+        except (TypeError, ValueError) as exc:
+            raise EmitError(
+                f"payload of {draft.event_type!r} event is not JSON-serialisable: {exc}"
+            ) from None
+        size = len(body.encode("utf-8"))
+        if size > self.config.max_payload_bytes:
+            raise EmitError(
+                f"payload of {draft.event_type!r} event is {size} bytes, over the limit of "
+                f"{self.config.max_payload_bytes} bytes (outbox.max_payload_bytes)"
+            )
+        return body
+
+    def _insert(self, conn: Connection, draft: EventDraft) -> None:
+        body = self._body(draft)
+        now = utcnow()
+        stamp = sqlite_text if self._sqlite else _same
+        conn.exec_driver_sql(
+            self._insert_event,
+            (
+                draft.event_id,
+                draft.correlation_id,
+                draft.event_type,
+                draft.version,
+                draft.originator,
+                draft.partition_key,
+                partition_bucket(draft.partition_key, draft.event_id),
+                body,
+                json.dumps(dict(draft.headers), separators=(",", ":")),
+                stamp(draft.logged_at),
+                EventStatus.PENDING.value,
+                0,
+                stamp(now),
+                stamp(now),
+                1,
+            ),
+        )
+        if self.attribute_extractor is not None:
+            attributes = self.attribute_extractor(draft)
+            rows = [
+                (
+                    str(uuid.uuid4()),
+                    draft.event_id,
+                    str(key),
+                    None if value is None else str(value),
+                    stamp(now),
+                )
+                for key, value in attributes.items()
+            ]
+            if rows:
+                conn.exec_driver_sql(self._insert_attribute, rows)
+
+    def _defer_excluded(self, bind: Bind, draft: EventDraft) -> None:
+        deferred = OutboxEvent(
+            seq=0,
+            event_id=draft.event_id,
+            event_type=draft.event_type,
+            payload=self._body(draft),
+            logged_at=draft.logged_at,
+            version=draft.version,
+            correlation_id=draft.correlation_id,
+            originator=draft.originator,
+            partition_key=draft.partition_key,
+            headers=dict(draft.headers),
+        )
+        if isinstance(bind, OutboxTransaction):
+            bind.excluded.append(deferred)
+            return
+        if not isinstance(bind, Session):
+            raise EmitError(
+                "an excluded event needs a Session or outbox.transaction(): a bare Connection "
+                "has no after-commit hook to publish it from"
+            )
+        if not sa_event.contains(bind, "after_commit", self._after_session_commit):
+            sa_event.listen(bind, "after_commit", self._after_session_commit)
+            sa_event.listen(bind, "after_rollback", _forget_excluded)
+        bind.info.setdefault(_PENDING_KEY, []).append(deferred)
+
+    def _after_session_commit(self, session: Session) -> None:
+        self._publish_excluded(session.info.pop(_PENDING_KEY, None) or [])
+
+    def _publish_excluded(self, events: Sequence[OutboxEvent]) -> None:
+        if events and self.direct_publisher is not None:
+            self.direct_publisher(events)
+
+
+class OutboxTransaction:
+    """The ``tx`` of ``with outbox.transaction() as tx``: a connection and an emit."""
+
+    def __init__(self, outbox: Outbox, connection: Connection) -> None:
+        self.outbox = outbox
+        self.connection = connection
+        self.excluded: list[OutboxEvent] = []
+
+    def emit(self, event_type: str, payload: Any, **kwargs: Any) -> str:
+        """Emit an event in this transaction; same arguments as :meth:`Outbox.emit`."""
+        return self.outbox.emit(self, event_type, payload, **kwargs)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _connection_of(bind: Bind | OutboxTransaction) -> Connection:
+    if isinstance(bind, OutboxTransaction):
+        return bind.connection
+    if isinstance(bind, Session):
+        return bind.connection()
+    if isinstance(bind, Connection):
+        return bind
+    raise EmitError(f"emit needs a Session, Connection or outbox transaction, got {bind!r}")
+
+
+def _roll_back(bind: Bind | OutboxTransaction) -> None:
+    if isinstance(bind, OutboxTransaction):
+        return  # the exception leaves the `with` block, which rolls back
+    if isinstance(bind, Session):
+        bind.rollback()
+    elif isinstance(bind, Connection) and (tx := bind.get_transaction()) is not None:
+        tx.rollback()
+
+
+def _forget_excluded(session: Session) -> None:
+    session.info.pop(_PENDING_KEY, None)
+
+
+def _check_text(what: str, value: Any, *, required: bool = False, limit: int = 256) -> None:
+    if value is None:
+        if required:
+            raise EmitError(f"{what} is required")
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise EmitError(f"{what} must be a non-empty string, got {value!r}")
+    if len(value) > limit:
+        raise EmitError(f"{what} is {len(value)} characters, over the limit of {limit}")
+
+
+def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise EmitError(f"headers must be a mapping of strings, got {headers!r}")
+    for key, value in headers.items():
+        if not isinstance(key, str) or not key or not isinstance(value, str):
+            raise EmitError(f"header {key!r}: {value!r} is not a pair of strings")
+    return dict(headers)

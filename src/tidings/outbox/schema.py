@@ -1,0 +1,167 @@
+"""The event log (outbox) schema, created and upgraded by the library itself.
+
+Tables follow the design document's physical model (``outbox_event``,
+``outbox_event_attribute`` and its indexes) extended with the patent's event-log fields
+([0060], [0062]), a per-target delivery state, and ``seq``: the monotonically increasing
+log sequence the relay reads in order.
+
+On PostgreSQL ``seq`` comes from :func:`tidings_next_seq`, which forces the transaction to
+own a transaction id *before* it draws a sequence value. The relay relies on that to know
+when every transaction that could still commit a lower ``seq`` has finished (see
+:mod:`tidings.pipeline.watermark`).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Engine,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    select,
+    text,
+)
+
+from tidings.errors import SchemaError
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+outbox_event = Table(
+    "outbox_event",
+    metadata,
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("event_id", String(36), nullable=False, unique=True),
+    Column("correlation_id", String(64)),
+    Column("event_type", String(256), nullable=False),
+    Column("event_version", String(32), nullable=False),
+    Column("originator", String(256)),
+    Column("partition_key", String(256)),
+    Column("partition_bucket", Integer, nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("headers", Text, nullable=False),
+    Column("logged_at", DateTime(timezone=True), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("retry_count", Integer, nullable=False, default=0),
+    Column("error_details", Text),
+    Column("last_publish_at", DateTime(timezone=True)),
+    Column("deliveries", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("concurrency_version", Integer, nullable=False, default=1),
+    Index("idx_01_outbox_event", "status", "updated_at"),
+    Index("idx_02_outbox_event", "correlation_id", "event_type"),
+    Index("idx_03_outbox_event", "partition_key", "status", "seq"),
+    sqlite_autoincrement=True,  # never reuse a seq after housekeeping deleted the newest rows
+)
+
+outbox_event_attribute = Table(
+    "outbox_event_attribute",
+    metadata,
+    Column("attribute_id", String(36), primary_key=True),
+    Column(
+        "event_id",
+        String(36),
+        ForeignKey("outbox_event.event_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("attribute_key", String(256), nullable=False),
+    Column("attribute_value", Text),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("event_id", "attribute_key", name="uk_01_outbox_event_attribute"),
+)
+
+route = Table(
+    "tidings_route",
+    metadata,
+    Column("event_type", String(256), primary_key=True),
+    Column("target", String(256), primary_key=True),
+    Column("enabled", Boolean, nullable=False, default=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+batch_log = Table(
+    "tidings_batch_log",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("job", String(16), nullable=False),
+    Column("batch_id", BigInteger, nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False),
+    Column("max_seq", BigInteger, nullable=False),
+    Column("summary", Text, nullable=False),
+    Index("idx_01_tidings_batch_log", "job", "max_seq"),
+)
+
+meta = Table(
+    "tidings_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", String(256), nullable=False),
+)
+
+_PG_SEQ_FUNCTION = """
+CREATE OR REPLACE FUNCTION tidings_next_seq() RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_current_xact_id();
+    RETURN nextval('outbox_event_seq_seq');
+END $$
+"""
+
+
+def _upgrade_to_1(engine: Engine) -> None:
+    metadata.create_all(engine)
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.execute(text(_PG_SEQ_FUNCTION))
+            conn.execute(
+                text("ALTER TABLE outbox_event ALTER COLUMN seq SET DEFAULT tidings_next_seq()")
+            )
+
+
+_UPGRADES = {1: _upgrade_to_1}
+
+
+def _stored_version(engine: Engine) -> int:
+    with engine.connect() as conn:
+        if not engine.dialect.has_table(conn, "tidings_meta"):
+            return 0
+        value = conn.execute(
+            select(meta.c.value).where(meta.c.key == "schema_version")
+        ).scalar_one_or_none()
+        return int(value) if value is not None else 0
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Create the schema or upgrade it step by step to :data:`SCHEMA_VERSION`."""
+    version = _stored_version(engine)
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"database schema version {version} is newer than this tidings "
+            f"(knows up to {SCHEMA_VERSION}); upgrade tidings"
+        )
+    if engine.dialect.name == "postgresql" and version < SCHEMA_VERSION:
+        # Two processes upgrading at once must not both run the DDL.
+        with engine.begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(7411001)"))
+            version = _stored_version(engine)
+            _run_upgrades(engine, version)
+        return
+    _run_upgrades(engine, version)
+
+
+def _run_upgrades(engine: Engine, version: int) -> None:
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        _UPGRADES[target](engine)
+        with engine.begin() as conn:
+            conn.execute(meta.delete().where(meta.c.key == "schema_version"))
+            conn.execute(meta.insert().values(key="schema_version", value=str(target)))

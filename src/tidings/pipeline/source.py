@@ -1,0 +1,237 @@
+"""The event log as a Spark data source (``tidings_outbox``).
+
+Streaming: the offset is the log sequence ``{"seq": n}``; a micro-batch reads
+``start < seq <= end`` where ``end`` never passes the safe watermark
+(:mod:`tidings.pipeline.watermark`), so a restart from the checkpoint resumes without loss
+or skip. Rows are split into partitions by ``partition_bucket`` so that every event of a
+key is read, in ``seq`` order, by the same task.
+
+Batch (``mode=replay``): the open rows (PENDING, HELD, FAILED) older than a threshold, up to
+an event-number limit taken in log order, again partitioned by key bucket.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from sqlalchemy import Engine, func, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from tidings.db import shared_engine
+from tidings.model import OPEN_STATUSES
+from tidings.outbox.schema import batch_log, ensure_schema, outbox_event
+from tidings.pipeline.jobconfig import job_config
+from tidings.pipeline.watermark import SafeWatermark
+from tidings.timeutil import utcnow
+
+SCHEMA = (
+    "seq long, event_id string, event_type string, event_version string, "
+    "correlation_id string, originator string, partition_key string, payload string, "
+    "headers string, logged_at timestamp, status string, retry_count int, deliveries string"
+)
+_ARROW = pa.schema(
+    [
+        ("seq", pa.int64()),
+        ("event_id", pa.string()),
+        ("event_type", pa.string()),
+        ("event_version", pa.string()),
+        ("correlation_id", pa.string()),
+        ("originator", pa.string()),
+        ("partition_key", pa.string()),
+        ("payload", pa.string()),
+        ("headers", pa.string()),
+        ("logged_at", pa.timestamp("us", tz="UTC")),
+        ("status", pa.string()),
+        ("retry_count", pa.int32()),
+        ("deliveries", pa.string()),
+    ]
+)
+_COLUMNS = [outbox_event.c[name] for name in _ARROW.names]
+_FETCH = 20_000
+_OPEN = sorted(s.value for s in OPEN_STATUSES)
+
+
+@dataclass(frozen=True)
+class LogSlice(InputPartition):
+    """Rows with ``after < seq <= upto`` whose bucket falls to this partition."""
+
+    after: int
+    upto: int
+    index: int
+    count: int
+    open_before: float | None = None  # replay: only open rows logged before this epoch time
+
+
+def relay_watermark(engine: Engine, job: str = "relay") -> int | None:
+    """The highest seq a finished relay batch has handled (None if none ran yet)."""
+    with engine.connect() as conn:
+        return conn.execute(
+            select(func.max(batch_log.c.max_seq)).where(batch_log.c.job == job)
+        ).scalar()
+
+
+def read_slice(engine: Engine, part: LogSlice) -> Iterator[pa.RecordBatch]:
+    """Stream one slice of the log as Arrow record batches, in seq order."""
+    where: list[ColumnElement[bool]] = [
+        outbox_event.c.seq > part.after,
+        outbox_event.c.seq <= part.upto,
+    ]
+    if part.count > 1:
+        where.append(outbox_event.c.partition_bucket % part.count == part.index)
+    if part.open_before is not None:
+        where.append(outbox_event.c.status.in_(_OPEN))
+        where.append(outbox_event.c.logged_at < _epoch_to_datetime(part.open_before))
+    query = select(*_COLUMNS).where(*where).order_by(outbox_event.c.seq)
+    with engine.connect() as conn:
+        result = conn.execution_options(yield_per=_FETCH).execute(query)
+        for rows in result.partitions(_FETCH):
+            columns = list(zip(*rows, strict=True))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(col, type=f.type) for col, f in zip(columns, _ARROW, strict=True)],
+                schema=_ARROW,
+            )
+
+
+def _epoch_to_datetime(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+class OutboxDataSource(DataSource):
+    """``spark.readStream.format("tidings_outbox")`` / ``spark.read.format(...)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tidings_outbox"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: object) -> OutboxStreamReader:
+        return OutboxStreamReader(self.options)
+
+    def reader(self, schema: object) -> ReplayReader:
+        return ReplayReader(self.options)
+
+
+class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over the log sequence."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = dict(options)
+        config = job_config(self.options)
+        self.url = config.database.url
+        self.partition_count = config.relay.partitions
+        self.max_rows = config.relay.max_events_per_batch
+        self._watermark: SafeWatermark | None = None
+        self._until: int | None = None
+
+    @property
+    def engine(self) -> Engine:
+        return shared_engine(self.url)
+
+    def _safe(self) -> int:
+        if self._watermark is None:
+            ensure_schema(self.engine)
+            self._watermark = SafeWatermark(self.engine)
+        return self._watermark()
+
+    def initialOffset(self) -> dict:
+        ensure_schema(self.engine)
+        return {"seq": relay_watermark(self.engine) or 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._until = self._safe()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        after = int(start["seq"])
+        upto = self._safe() if self._until is None else self._until
+        if upto <= after:
+            return start
+        if not isinstance(limit, ReadAllAvailable):
+            rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
+            query = (
+                select(outbox_event.c.seq)
+                .where(outbox_event.c.seq > after, outbox_event.c.seq <= upto)
+                .order_by(outbox_event.c.seq)
+                .offset(rows - 1)
+                .limit(1)
+            )
+            with self.engine.connect() as conn:
+                nth = conn.execute(query).scalar()
+            if nth is not None:
+                upto = nth
+        return {"seq": upto}
+
+    def partitions(self, start: dict, end: dict) -> list[LogSlice]:
+        after, upto = int(start["seq"]), int(end["seq"])
+        if upto <= after:
+            return []
+        n = self.partition_count
+        return [LogSlice(after, upto, i, n) for i in range(n)]
+
+    def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
+        yield from read_slice(shared_engine(self.url), partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: progress is kept by Spark's checkpoint and the batch log."""
+
+
+class ReplayReader(DataSourceReader):
+    """The open events a replay run re-publishes."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = dict(options)
+        config = job_config(self.options)
+        self.url = config.database.url
+        self.partition_count = config.relay.partitions
+        older_than = timedelta(seconds=float(self.options.get("older_than_s", "0")))
+        self.open_before = (utcnow() - older_than).timestamp()
+        self.event_limit = int(self.options.get("event_limit", "0")) or None
+
+    def partitions(self) -> list[LogSlice]:
+        engine = shared_engine(self.url)
+        ensure_schema(engine)
+        upto = relay_watermark(engine)
+        cutoff = _epoch_to_datetime(self.open_before)
+        base = select(outbox_event.c.seq).where(
+            outbox_event.c.status.in_(_OPEN), outbox_event.c.logged_at < cutoff
+        )
+        if upto is not None:
+            base = base.where(outbox_event.c.seq <= upto)
+        with engine.connect() as conn:
+            if self.event_limit is not None:
+                nth = conn.execute(
+                    base.order_by(outbox_event.c.seq).offset(self.event_limit - 1).limit(1)
+                ).scalar()
+                upto = nth if nth is not None else upto
+            if upto is None:
+                upto = conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
+        n = self.partition_count
+        return [LogSlice(0, upto, i, n, self.open_before) for i in range(n)]
+
+    def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
+        yield from read_slice(shared_engine(self.url), partition)
+
+
+def deadline_in(seconds: float) -> str:
+    """An option value: the wall-clock epoch after which a job starts no new round."""
+    return str(time.time() + seconds)

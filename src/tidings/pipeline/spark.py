@@ -1,0 +1,38 @@
+"""The SparkSession tidings jobs run on: local by default, any master URL by configuration."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from tidings.config import RelayConfig
+
+log = logging.getLogger(__name__)
+
+
+def spark_session(config: RelayConfig, app_name: str = "tidings") -> SparkSession:
+    """Get or create the session and register tidings' data sources on it."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master(config.spark_master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(config.shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.streaming.stopTimeout", "60s")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    from tidings.pipeline.sink import PublishSink
+    from tidings.pipeline.source import OutboxDataSource
+
+    spark.dataSource.register(OutboxDataSource)
+    spark.dataSource.register(PublishSink)
+    return spark

@@ -1,0 +1,70 @@
+"""The routing table: event type -> one or more targets (many-to-many, patent [0034]).
+
+Routes come from two places that are merged: the ``routing.routes`` section of the YAML
+configuration and the ``tidings_route`` database table. The relay loads a fresh
+:class:`Routes` snapshot at the start of every micro-batch task, so a change to either
+takes effect on the next micro-batch without a restart (patent [0055]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, delete, select
+
+from tidings.outbox.schema import route
+from tidings.timeutil import utcnow
+
+
+@dataclass(frozen=True)
+class Routes:
+    """An immutable snapshot of the routing table."""
+
+    by_type: Mapping[str, tuple[str, ...]]
+
+    def targets_for(self, event_type: str) -> tuple[str, ...]:
+        """The targets an event type goes to; empty means the event is unroutable."""
+        return self.by_type.get(event_type, ())
+
+
+def merge_routes(*sources: Mapping[str, Iterable[str]]) -> Routes:
+    """Union of route sources, each type's targets in first-seen order, no repeats."""
+    merged: dict[str, list[str]] = {}
+    for source in sources:
+        for event_type, targets in source.items():
+            bucket = merged.setdefault(event_type, [])
+            bucket.extend(t for t in targets if t not in bucket)
+    return Routes({k: tuple(v) for k, v in merged.items() if v})
+
+
+def table_routes(engine: Engine) -> dict[str, list[str]]:
+    """The enabled routes stored in the ``tidings_route`` table."""
+    routes: dict[str, list[str]] = {}
+    query = select(route.c.event_type, route.c.target).where(route.c.enabled.is_(True))
+    with engine.connect() as conn:
+        for event_type, target in conn.execute(query.order_by(route.c.event_type, route.c.target)):
+            routes.setdefault(event_type, []).append(target)
+    return routes
+
+
+def add_route(engine: Engine, event_type: str, target: str) -> None:
+    """Route ``event_type`` to ``target`` from the next micro-batch on."""
+    with engine.begin() as conn:
+        conn.execute(
+            delete(route).where(route.c.event_type == event_type, route.c.target == target)
+        )
+        conn.execute(
+            route.insert().values(
+                event_type=event_type, target=target, enabled=True, updated_at=utcnow()
+            )
+        )
+
+
+def remove_route(engine: Engine, event_type: str, target: str) -> bool:
+    """Stop routing ``event_type`` to ``target``; True if such a route existed."""
+    with engine.begin() as conn:
+        result = conn.execute(
+            delete(route).where(route.c.event_type == event_type, route.c.target == target)
+        )
+    return result.rowcount > 0

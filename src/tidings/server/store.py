@@ -1,0 +1,518 @@
+"""The embedded event store: a durable, append-only event log in SQLite or PostgreSQL.
+
+It is the storage of a Hat-compatible event server, so it keeps Hat's event model: an event
+id is ``(server, session, instance)`` with 0 reserved for "before the first"; one register
+call is one session whose events share the server timestamp; the type is a list of strings.
+On top of that every event gets a ``position``, an increasing 64-bit integer over the whole
+log, which stream consumers (FTN18) keep as their cursor, and the outbox event id it came
+from, so that a relay re-publishing after a crash does not store it twice.
+
+The same SQLAlchemy Core code runs on both databases. Appends are serialized (SQLite
+``BEGIN IMMEDIATE``, PostgreSQL transaction-scoped advisory lock), so positions become
+visible in increasing order and a reader following positions never skips one. Positions and
+session numbers come from a counter table rather than ``max()`` over the events, so they are
+never reused, even after retention has deleted old events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Connection,
+    Engine,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Row,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+
+from tidings.errors import SchemaError, TidingsError
+
+#: Version of the tables below; stored in ``event_store_meta`` so a later release can upgrade.
+SCHEMA_VERSION = 1
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+#: Reserved type segments: they are wildcards in queries and subscriptions (Hat).
+_WILDCARDS = frozenset({"?", "*"})
+#: Bound parameters per ``IN`` list; keeps every statement well below driver limits.
+_IN_CHUNK = 500
+#: Key of the PostgreSQL advisory lock that serializes appends ("tidings1" in ASCII).
+_PG_APPEND_LOCK_KEY = 0x74696469_6E677331
+#: Execution option telling the SQLite ``begin`` hook to take the write lock up front.
+_APPEND_OPTION = "tidings_event_store_append"
+_POSITION_COUNTER = "position"
+_SQLITE_PRAGMAS = (
+    "PRAGMA busy_timeout = 30000",
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA foreign_keys = ON",
+)
+
+
+class StoreError(TidingsError):
+    """The event store refused the input or its database failed; the message says which."""
+
+
+class PayloadKind(StrEnum):
+    """How a payload is encoded (Hat: binary, JSON or SBS); the store never decodes it."""
+
+    BINARY = "binary"
+    JSON = "json"
+    SBS = "sbs"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class EventId:
+    """Hat event id; ordered so that a later event of one server compares greater."""
+
+    server: int
+    session: int
+    instance: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """What a register asks for; the store adds id, timestamp and position."""
+
+    type: tuple[str, ...]
+    payload: bytes | None = None
+    payload_kind: PayloadKind | None = None
+    source_timestamp_us: int | None = None
+    outbox_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event as stored; timestamps are integer microseconds since the Unix epoch."""
+
+    position: int
+    id: EventId
+    type: tuple[str, ...]
+    timestamp_us: int
+    source_timestamp_us: int | None
+    payload: bytes | None
+    payload_kind: PayloadKind | None
+    outbox_event_id: str | None
+
+
+_metadata = MetaData()
+
+_meta = Table(
+    "event_store_meta",
+    _metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", String(256), nullable=False),
+)
+
+_counters = Table(
+    "event_counters",
+    _metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)
+
+_events = Table(
+    "event_events",
+    _metadata,
+    # INTEGER (not BIGINT) on SQLite makes it the rowid: the table is clustered by position.
+    Column(
+        "position",
+        BigInteger().with_variant(Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column("server", BigInteger, nullable=False),
+    Column("session", BigInteger, nullable=False),
+    Column("instance", BigInteger, nullable=False),
+    Column("type", Text, nullable=False),  # canonical JSON array, see _encode_type
+    Column("timestamp_us", BigInteger, nullable=False),
+    Column("source_timestamp_us", BigInteger),
+    Column("payload", LargeBinary),
+    Column("payload_kind", String(8)),
+    Column("outbox_event_id", Text),
+    CheckConstraint("session > 0 AND instance > 0", name="event_events_id_check"),
+    CheckConstraint(
+        "payload_kind IN ('binary', 'json', 'sbs')", name="event_events_payload_kind_check"
+    ),
+    CheckConstraint(
+        "(payload IS NULL) = (payload_kind IS NULL)", name="event_events_payload_check"
+    ),
+    UniqueConstraint("server", "session", "instance", name="event_events_id_key"),
+    UniqueConstraint("outbox_event_id", name="event_events_outbox_event_id_key"),
+    Index("event_events_type_idx", "type"),
+    Index("event_events_timestamp_idx", "timestamp_us"),
+)
+
+_PG_APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+
+
+class EventStore:
+    """The durable event log of one event server (``server_id``), safe to share by threads.
+
+    Several stores, threads or processes may append to one database at once; appends are
+    serialized by the database, reads run concurrently with them.
+    """
+
+    def __init__(self, url: str, server_id: int = 1) -> None:
+        _require_int("event store: server_id", server_id, minimum=1)
+        self.server_id = server_id
+        parsed = _parse_url(url)
+        self.url = parsed.render_as_string(hide_password=True)
+        self._engine = _create_engine(parsed)
+        self._closed = False
+        try:
+            self._prepare()
+        except BaseException:
+            self._engine.dispose()
+            raise
+
+    def register(self, events: Sequence[NewEvent]) -> list[StoredEvent]:
+        """Store ``events`` as one session, all or nothing; return one stored event per input.
+
+        An event whose ``outbox_event_id`` is already stored (or repeated earlier in the same
+        call) is not stored again: its slot holds the event stored first. A call made only of
+        such duplicates uses no session number.
+        """
+        for index, new_event in enumerate(events):
+            _validate(index, new_event)
+        if not events:
+            return []
+        with self._transaction("register", append=True) as conn:
+            known = _select_by_outbox_ids(
+                conn, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
+            )
+            fresh, slots = _plan(events, known)
+            stored = self._append(conn, fresh) if fresh else []
+        return [slot if isinstance(slot, StoredEvent) else stored[slot] for slot in slots]
+
+    def read(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Return up to ``limit`` events with a position greater than ``after_position``."""
+        _require_int("after_position", after_position, minimum=0)
+        _require_int("limit", limit, minimum=1)
+        query = (
+            select(_events)
+            .where(_events.c.position > after_position)
+            .order_by(_events.c.position)
+            .limit(limit)
+        )
+        with self._transaction("read") as conn:
+            return [_from_row(row) for row in conn.execute(query)]
+
+    def by_outbox_ids(self, ids: Iterable[str]) -> dict[str, StoredEvent]:
+        """Return the stored events among ``ids``, keyed by outbox event id; unknown ids are absent."""
+        wanted = set(ids)
+        for outbox_id in wanted:
+            _require_outbox_id(outbox_id)
+        with self._transaction("look up outbox ids") as conn:
+            return _select_by_outbox_ids(conn, wanted)
+
+    def count(self) -> int:
+        """Return the number of stored events."""
+        with self._transaction("count") as conn:
+            return conn.scalar(select(func.count()).select_from(_events)) or 0
+
+    def last_event_id(self, server_id: int | None = None) -> EventId:
+        """Return the greatest stored id of ``server_id`` (default: this store's server).
+
+        ``EventId(server, 0, 0)`` means no event of that server is stored, as in Hat.
+        """
+        server = self.server_id if server_id is None else server_id
+        _require_int("server_id", server, minimum=1)
+        query = (
+            select(_events.c.session, _events.c.instance)
+            .where(_events.c.server == server)
+            .order_by(_events.c.session.desc(), _events.c.instance.desc())
+            .limit(1)
+        )
+        with self._transaction("read last event id") as conn:
+            row = conn.execute(query).first()
+        return EventId(server, 0, 0) if row is None else EventId(server, row.session, row.instance)
+
+    def close(self) -> None:
+        """Close all database connections; the store is not used afterwards."""
+        self._closed = True
+        self._engine.dispose()
+
+    def _prepare(self) -> None:
+        """Create the schema if missing, check its version and seed this server's counters.
+
+        Done under the append lock so that stores opening one new database at once do not
+        race each other's ``CREATE TABLE``.
+        """
+        with self._transaction("create schema", append=True) as conn:
+            _metadata.create_all(conn)
+            _check_schema_version(conn, self.url)
+            _seed_counter(
+                conn, _POSITION_COUNTER, select(func.coalesce(func.max(_events.c.position), 0))
+            )
+            _seed_counter(
+                conn,
+                _session_counter(self.server_id),
+                select(func.coalesce(func.max(_events.c.session), 0)).where(
+                    _events.c.server == self.server_id
+                ),
+            )
+
+    def _append(self, conn: Connection, fresh: Sequence[NewEvent]) -> list[StoredEvent]:
+        """Insert ``fresh`` as the next session, in one ``executemany``."""
+        last_position = _advance_counter(conn, _POSITION_COUNTER, len(fresh)) - len(fresh)
+        session = _advance_counter(conn, _session_counter(self.server_id), 1)
+        timestamp_us = time.time_ns() // 1000
+        stored = [
+            StoredEvent(
+                position=last_position + instance,
+                id=EventId(self.server_id, session, instance),
+                type=tuple(new_event.type),
+                timestamp_us=timestamp_us,
+                source_timestamp_us=new_event.source_timestamp_us,
+                payload=new_event.payload,
+                payload_kind=new_event.payload_kind,
+                outbox_event_id=new_event.outbox_event_id,
+            )
+            for instance, new_event in enumerate(fresh, start=1)
+        ]
+        conn.execute(insert(_events), [_to_row(stored_event) for stored_event in stored])
+        return stored
+
+    @contextmanager
+    def _transaction(self, action: str, *, append: bool = False) -> Iterator[Connection]:
+        """Run one transaction; an append one holds the database-wide append lock.
+
+        Database failures leave as :class:`StoreError` naming the store and the action.
+        """
+        if self._closed:
+            raise StoreError(f"event store {self.url}: cannot {action}: the store is closed")
+        try:
+            with self._engine.connect() as conn:
+                if append:
+                    conn.execution_options(**{_APPEND_OPTION: True})
+                with conn.begin():
+                    if append and conn.dialect.name == "postgresql":
+                        conn.execute(_PG_APPEND_LOCK, {"key": _PG_APPEND_LOCK_KEY})
+                    yield conn
+        except SQLAlchemyError as exc:
+            raise StoreError(f"event store {self.url}: cannot {action}: {_cause(exc)}") from exc
+
+
+def _parse_url(url: str) -> URL:
+    """Parse and check ``url``; a bare ``postgresql://`` gets the psycopg 3 driver."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(f"event store: invalid database url {url!r}: {exc}") from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+psycopg")
+    backend = parsed.get_backend_name()
+    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise StoreError("event store: an in-memory SQLite database is not durable; give a file")
+    if backend not in ("sqlite", "postgresql"):
+        raise StoreError(f"event store: unsupported database {backend!r}; use sqlite or postgresql")
+    return parsed
+
+
+def _create_engine(url: URL) -> Engine:
+    """Create the engine; on SQLite, install the pragmas and our own ``BEGIN``."""
+    if url.get_backend_name() == "postgresql":
+        return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url)
+    event.listen(engine, "connect", _configure_sqlite_connection)
+    event.listen(engine, "begin", _begin_sqlite_transaction)
+    return engine
+
+
+def _configure_sqlite_connection(dbapi_connection: Any, _record: Any) -> None:
+    """Apply the pragmas and stop pysqlite's implicit BEGIN, which cannot be IMMEDIATE."""
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        for pragma in _SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def _begin_sqlite_transaction(conn: Connection) -> None:
+    """Begin an append with the write lock held, so appends cannot interleave or deadlock."""
+    immediate = conn.get_execution_options().get(_APPEND_OPTION, False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def _cause(exc: SQLAlchemyError) -> str:
+    """The driver's own error if there is one: shorter than SQLAlchemy's statement dump."""
+    cause: BaseException = exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc
+    return f"{type(cause).__name__}: {cause}"
+
+
+def _check_schema_version(conn: Connection, url: str) -> None:
+    """Record the schema version on a new database; refuse one this code does not know."""
+    stored = conn.scalar(select(_meta.c.value).where(_meta.c.key == "schema_version"))
+    if stored is None:
+        conn.execute(insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+    elif stored != str(SCHEMA_VERSION):
+        raise SchemaError(
+            f"event store {url}: schema version {stored!r} in the database, "
+            f"this tidings supports {SCHEMA_VERSION}"
+        )
+
+
+def _session_counter(server_id: int) -> str:
+    return f"session:{server_id}"
+
+
+def _seed_counter(conn: Connection, name: str, initial: Any) -> None:
+    """Create counter ``name`` from the scalar query ``initial`` unless it exists."""
+    exists = conn.scalar(select(_counters.c.value).where(_counters.c.name == name))
+    if exists is None:
+        conn.execute(insert(_counters).values(name=name, value=conn.scalar(initial)))
+
+
+def _advance_counter(conn: Connection, name: str, by: int) -> int:
+    """Add ``by`` to counter ``name`` and return its new value (the last number now used)."""
+    statement = (
+        update(_counters)
+        .where(_counters.c.name == name)
+        .values(value=_counters.c.value + by)
+        .returning(_counters.c.value)
+    )
+    return conn.execute(statement).scalar_one()
+
+
+def _select_by_outbox_ids(conn: Connection, ids: set[str]) -> dict[str, StoredEvent]:
+    """Fetch the stored events among ``ids`` in chunked ``IN`` queries."""
+    ordered = sorted(ids)
+    found: dict[str, StoredEvent] = {}
+    for start in range(0, len(ordered), _IN_CHUNK):
+        chunk = ordered[start : start + _IN_CHUNK]
+        for row in conn.execute(select(_events).where(_events.c.outbox_event_id.in_(chunk))):
+            found[row.outbox_event_id] = _from_row(row)
+    return found
+
+
+def _plan(
+    events: Sequence[NewEvent], known: dict[str, StoredEvent]
+) -> tuple[list[NewEvent], list[StoredEvent | int]]:
+    """Split a register into the events to store and, per input, its already stored event
+    or its index among those to store (a repeated outbox id maps to its first occurrence)."""
+    fresh: list[NewEvent] = []
+    slots: list[StoredEvent | int] = []
+    first_index: dict[str, int] = {}
+    for new_event in events:
+        outbox_id = new_event.outbox_event_id
+        if outbox_id is not None and outbox_id in known:
+            slots.append(known[outbox_id])
+        elif outbox_id is not None and outbox_id in first_index:
+            slots.append(first_index[outbox_id])
+        else:
+            if outbox_id is not None:
+                first_index[outbox_id] = len(fresh)
+            slots.append(len(fresh))
+            fresh.append(new_event)
+    return fresh, slots
+
+
+def _validate(index: int, new_event: NewEvent) -> None:
+    """Refuse, before touching the database, anything the store could not keep faithfully."""
+    if not isinstance(new_event, NewEvent):
+        raise StoreError(f"event {index}: expected a NewEvent, got {type(new_event).__name__}")
+    _validate_type(index, new_event.type)
+    payload, kind = new_event.payload, new_event.payload_kind
+    if payload is not None and not isinstance(payload, bytes):
+        raise StoreError(f"event {index}: payload must be bytes, not {type(payload).__name__}")
+    if kind is not None and not isinstance(kind, PayloadKind):
+        raise StoreError(f"event {index}: payload_kind must be a PayloadKind, not {kind!r}")
+    if (payload is None) != (kind is None):
+        raise StoreError(f"event {index}: payload and payload_kind must be given together")
+    source_timestamp = new_event.source_timestamp_us
+    if source_timestamp is not None:
+        _require_int(f"event {index}: source_timestamp_us", source_timestamp, _INT64_MIN)
+    if new_event.outbox_event_id is not None:
+        _require_outbox_id(new_event.outbox_event_id, f"event {index}: ")
+
+
+def _validate_type(index: int, event_type: object) -> None:
+    """A type is a non-empty list of strings without the query wildcards ``?`` and ``*``."""
+    if not isinstance(event_type, tuple | list) or not event_type:
+        raise StoreError(
+            f"event {index}: type must be a non-empty tuple of str, not {event_type!r}"
+        )
+    for segment in event_type:
+        if not isinstance(segment, str):
+            raise StoreError(
+                f"event {index}: type {event_type!r} has a non-str segment {segment!r}"
+            )
+        if segment in _WILDCARDS:
+            raise StoreError(
+                f"event {index}: type {event_type!r} has segment {segment!r}, "
+                "which is reserved as a query wildcard"
+            )
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    """Refuse non-integers (bool included) and values outside ``minimum``..int64 max."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StoreError(f"{name} must be an int, not {value!r}")
+    if not minimum <= value <= _INT64_MAX:
+        raise StoreError(f"{name} must be between {minimum} and {_INT64_MAX}, not {value}")
+
+
+def _require_outbox_id(value: object, context: str = "") -> None:
+    if not isinstance(value, str) or not value:
+        raise StoreError(f"{context}outbox_event_id must be a non-empty str, not {value!r}")
+
+
+def _encode_type(event_type: tuple[str, ...]) -> str:
+    """Canonical JSON (compact, unescaped unicode): equal types give equal, indexable text."""
+    return json.dumps(list(event_type), ensure_ascii=False, separators=(",", ":"))
+
+
+def _to_row(stored: StoredEvent) -> dict[str, Any]:
+    return {
+        "position": stored.position,
+        "server": stored.id.server,
+        "session": stored.id.session,
+        "instance": stored.id.instance,
+        "type": _encode_type(stored.type),
+        "timestamp_us": stored.timestamp_us,
+        "source_timestamp_us": stored.source_timestamp_us,
+        "payload": stored.payload,
+        "payload_kind": None if stored.payload_kind is None else stored.payload_kind.value,
+        "outbox_event_id": stored.outbox_event_id,
+    }
+
+
+def _from_row(row: Row[Any]) -> StoredEvent:
+    return StoredEvent(
+        position=row.position,
+        id=EventId(row.server, row.session, row.instance),
+        type=tuple(json.loads(row.type)),
+        timestamp_us=row.timestamp_us,
+        source_timestamp_us=row.source_timestamp_us,
+        payload=row.payload,
+        payload_kind=None if row.payload_kind is None else PayloadKind(row.payload_kind),
+        outbox_event_id=row.outbox_event_id,
+    )

@@ -1,0 +1,72 @@
+"""The event-store target: the relay's way into the embedded event store.
+
+An outbox event becomes one server event whose type is the configured prefix plus the outbox
+type, whose source timestamp is the moment the producer logged it, and which carries the
+outbox event id, so a batch published again after a crash is recognised and not stored twice.
+A whole call is one session in one transaction, hence ``atomic``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from tidings.config import EventStoreTargetConfig
+from tidings.model import OutboxEvent
+from tidings.server.store import EventStore, NewEvent, PayloadKind
+from tidings.targets.base import Target
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+class EventStoreTarget(Target):
+    """Publishes to an :class:`EventStore`, opened on first use.
+
+    Opening late means an unreachable database makes publishes fail with an error the relay
+    records and retries, instead of stopping the relay from starting.
+    """
+
+    atomic = True
+
+    def __init__(self, name: str, config: EventStoreTargetConfig) -> None:
+        super().__init__(name)
+        self._config = config
+        self._type_prefix = tuple(config.type_prefix)
+        self._store: EventStore | None = None
+        self._lock = threading.Lock()
+
+    def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
+        """Register ``events`` as one session: all are confirmed or all get the same error."""
+        if not events:
+            return []
+        try:
+            self._opened_store().register([self._to_new_event(e) for e in events])
+        except Exception as exc:
+            error = f"event store target {self.name!r} failed: {type(exc).__name__}: {exc}"
+            return [error] * len(events)
+        return [None] * len(events)
+
+    def close(self) -> None:
+        """Close the store if it was opened."""
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    def _opened_store(self) -> EventStore:
+        """Return the store, opening it now if no earlier attempt succeeded."""
+        with self._lock:
+            if self._store is None:
+                self._store = EventStore(self._config.url, server_id=self._config.server_id)
+            return self._store
+
+    def _to_new_event(self, event: OutboxEvent) -> NewEvent:
+        return NewEvent(
+            type=(*self._type_prefix, event.event_type),
+            payload=event.payload.encode(),
+            payload_kind=PayloadKind.JSON,
+            source_timestamp_us=(event.logged_at - _EPOCH) // _MICROSECOND,
+            outbox_event_id=event.event_id,
+        )
