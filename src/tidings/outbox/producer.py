@@ -250,7 +250,8 @@ class Outbox:
             )
         if not sa_event.contains(bind, "after_commit", self._after_session_commit):
             sa_event.listen(bind, "after_commit", self._after_session_commit)
-            sa_event.listen(bind, "after_rollback", _forget_excluded)
+            sa_event.listen(bind, "after_soft_rollback", _forget_excluded)
+        bind.connection()  # begin the transaction, so its commit or rollback is seen
         bind.info.setdefault(_PENDING_KEY, []).append(deferred)
 
     def _after_session_commit(self, session: Session) -> None:
@@ -297,7 +298,7 @@ def _roll_back(bind: Bind | OutboxTransaction) -> None:
         tx.rollback()
 
 
-def _forget_excluded(session: Session) -> None:
+def _forget_excluded(session: Session, _previous: object) -> None:
     session.info.pop(_PENDING_KEY, None)
 
 

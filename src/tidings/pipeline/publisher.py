@@ -139,6 +139,7 @@ class Publisher:
                 summary.unroutable += 1
             else:
                 queues.setdefault(item.event.ordering_key, deque()).append(item)
+        self._flush()  # unroutable rows of this set must not look open to the check below
         self._hold_blocked_keys(queues, summary)
         self._flush()
         while queues and not self._past_deadline():

@@ -35,6 +35,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     Row,
+    Select,
     String,
     Table,
     Text,
@@ -51,6 +52,9 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from tidings.errors import SchemaError, TidingsError
+
+#: A Hat event type: a non-empty tuple of strings, none of them ``?`` or ``*``.
+EventType = tuple[str, ...]
 
 #: Version of the tables below; stored in ``event_store_meta`` so a later release can upgrade.
 SCHEMA_VERSION = 1
@@ -71,6 +75,8 @@ _SQLITE_PRAGMAS = (
     "PRAGMA journal_mode = WAL",
     "PRAGMA synchronous = NORMAL",
     "PRAGMA foreign_keys = ON",
+    # 32 MiB per connection (allocated as used): random outbox ids touch the whole index.
+    "PRAGMA cache_size = -32768",
 )
 
 
@@ -99,7 +105,7 @@ class EventId:
 class NewEvent:
     """What a register asks for; the store adds id, timestamp and position."""
 
-    type: tuple[str, ...]
+    type: EventType
     payload: bytes | None = None
     payload_kind: PayloadKind | None = None
     source_timestamp_us: int | None = None
@@ -112,7 +118,7 @@ class StoredEvent:
 
     position: int
     id: EventId
-    type: tuple[str, ...]
+    type: EventType
     timestamp_us: int
     source_timestamp_us: int | None
     payload: bytes | None
@@ -198,8 +204,7 @@ class EventStore:
         call) is not stored again: its slot holds the event stored first. A call made only of
         such duplicates uses no session number.
         """
-        for index, new_event in enumerate(events):
-            _validate(index, new_event)
+        encoded_types = _validate(events)
         if not events:
             return []
         with self._transaction("register", append=True) as conn:
@@ -207,7 +212,7 @@ class EventStore:
                 conn, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
             )
             fresh, slots = _plan(events, known)
-            stored = self._append(conn, fresh) if fresh else []
+            stored = self._append(conn, fresh, encoded_types) if fresh else []
         return [slot if isinstance(slot, StoredEvent) else stored[slot] for slot in slots]
 
     def read(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
@@ -224,7 +229,9 @@ class EventStore:
             return [_from_row(row) for row in conn.execute(query)]
 
     def by_outbox_ids(self, ids: Iterable[str]) -> dict[str, StoredEvent]:
-        """Return the stored events among ``ids``, keyed by outbox event id; unknown ids are absent."""
+        """Return the stored events among ``ids`` by outbox event id; unknown ids are absent."""
+        if isinstance(ids, str):
+            raise StoreError("by_outbox_ids takes an iterable of ids, not one str")
         wanted = set(ids)
         for outbox_id in wanted:
             _require_outbox_id(outbox_id)
@@ -234,7 +241,7 @@ class EventStore:
     def count(self) -> int:
         """Return the number of stored events."""
         with self._transaction("count") as conn:
-            return conn.scalar(select(func.count()).select_from(_events)) or 0
+            return conn.execute(select(func.count()).select_from(_events)).scalar_one()
 
     def last_event_id(self, server_id: int | None = None) -> EventId:
         """Return the greatest stored id of ``server_id`` (default: this store's server).
@@ -278,25 +285,48 @@ class EventStore:
                 ),
             )
 
-    def _append(self, conn: Connection, fresh: Sequence[NewEvent]) -> list[StoredEvent]:
-        """Insert ``fresh`` as the next session, in one ``executemany``."""
-        last_position = _advance_counter(conn, _POSITION_COUNTER, len(fresh)) - len(fresh)
+    def _append(
+        self, conn: Connection, fresh: Sequence[NewEvent], encoded_types: dict[EventType, str]
+    ) -> list[StoredEvent]:
+        """Insert ``fresh`` as the next session, in one ``executemany``.
+
+        Rows are built straight from the new events (not from the stored ones) because this
+        loop is most of the Python time of a large register.
+        """
+        first_position = _advance_counter(conn, _POSITION_COUNTER, len(fresh)) - len(fresh) + 1
         session = _advance_counter(conn, _session_counter(self.server_id), 1)
         timestamp_us = time.time_ns() // 1000
-        stored = [
-            StoredEvent(
-                position=last_position + instance,
-                id=EventId(self.server_id, session, instance),
-                type=tuple(new_event.type),
-                timestamp_us=timestamp_us,
-                source_timestamp_us=new_event.source_timestamp_us,
-                payload=new_event.payload,
-                payload_kind=new_event.payload_kind,
-                outbox_event_id=new_event.outbox_event_id,
+        stored: list[StoredEvent] = []
+        rows: list[dict[str, Any]] = []
+        for offset, new_event in enumerate(fresh):
+            kind = new_event.payload_kind
+            stored.append(
+                StoredEvent(
+                    first_position + offset,
+                    EventId(self.server_id, session, offset + 1),
+                    new_event.type,
+                    timestamp_us,
+                    new_event.source_timestamp_us,
+                    new_event.payload,
+                    kind,
+                    new_event.outbox_event_id,
+                )
             )
-            for instance, new_event in enumerate(fresh, start=1)
-        ]
-        conn.execute(insert(_events), [_to_row(stored_event) for stored_event in stored])
+            rows.append(
+                {
+                    "position": first_position + offset,
+                    "server": self.server_id,
+                    "session": session,
+                    "instance": offset + 1,
+                    "type": encoded_types[new_event.type],
+                    "timestamp_us": timestamp_us,
+                    "source_timestamp_us": new_event.source_timestamp_us,
+                    "payload": new_event.payload,
+                    "payload_kind": None if kind is None else kind.value,
+                    "outbox_event_id": new_event.outbox_event_id,
+                }
+            )
+        conn.execute(insert(_events), rows)
         return stored
 
     @contextmanager
@@ -384,7 +414,7 @@ def _session_counter(server_id: int) -> str:
     return f"session:{server_id}"
 
 
-def _seed_counter(conn: Connection, name: str, initial: Any) -> None:
+def _seed_counter(conn: Connection, name: str, initial: Select[tuple[int]]) -> None:
     """Create counter ``name`` from the scalar query ``initial`` unless it exists."""
     exists = conn.scalar(select(_counters.c.value).where(_counters.c.name == name))
     if exists is None:
@@ -435,28 +465,32 @@ def _plan(
     return fresh, slots
 
 
-def _validate(index: int, new_event: NewEvent) -> None:
-    """Refuse, before touching the database, anything the store could not keep faithfully."""
-    if not isinstance(new_event, NewEvent):
-        raise StoreError(f"event {index}: expected a NewEvent, got {type(new_event).__name__}")
-    _validate_type(index, new_event.type)
-    payload, kind = new_event.payload, new_event.payload_kind
-    if payload is not None and not isinstance(payload, bytes):
-        raise StoreError(f"event {index}: payload must be bytes, not {type(payload).__name__}")
-    if kind is not None and not isinstance(kind, PayloadKind):
-        raise StoreError(f"event {index}: payload_kind must be a PayloadKind, not {kind!r}")
-    if (payload is None) != (kind is None):
-        raise StoreError(f"event {index}: payload and payload_kind must be given together")
-    source_timestamp = new_event.source_timestamp_us
-    if source_timestamp is not None:
-        _require_int(f"event {index}: source_timestamp_us", source_timestamp, _INT64_MIN)
-    if new_event.outbox_event_id is not None:
-        _require_outbox_id(new_event.outbox_event_id, f"event {index}: ")
+def _validate(events: Sequence[NewEvent]) -> dict[EventType, str]:
+    """Refuse, before touching the database, anything the store could not keep faithfully.
+
+    Returns the stored text of each distinct type: a batch usually repeats a few types, and
+    encoding each once is a large share of a big register's Python time.
+    """
+    encoded_types: dict[EventType, str] = {}
+    for index, new_event in enumerate(events):
+        if not isinstance(new_event, NewEvent):
+            raise StoreError(f"event {index}: expected a NewEvent, got {type(new_event).__name__}")
+        _validate_type(index, new_event.type)
+        _validate_payload(index, new_event.payload, new_event.payload_kind)
+        if new_event.source_timestamp_us is not None:
+            _require_int(
+                f"event {index}: source_timestamp_us", new_event.source_timestamp_us, _INT64_MIN
+            )
+        if new_event.outbox_event_id is not None:
+            _require_outbox_id(new_event.outbox_event_id, f"event {index}: ")
+        if new_event.type not in encoded_types:
+            encoded_types[new_event.type] = _encode_type(new_event.type)
+    return encoded_types
 
 
 def _validate_type(index: int, event_type: object) -> None:
-    """A type is a non-empty list of strings without the query wildcards ``?`` and ``*``."""
-    if not isinstance(event_type, tuple | list) or not event_type:
+    """A type is a non-empty tuple of strings without the query wildcards ``?`` and ``*``."""
+    if not isinstance(event_type, tuple) or not event_type:
         raise StoreError(
             f"event {index}: type must be a non-empty tuple of str, not {event_type!r}"
         )
@@ -472,6 +506,16 @@ def _validate_type(index: int, event_type: object) -> None:
             )
 
 
+def _validate_payload(index: int, payload: object, kind: object) -> None:
+    """A payload is bytes with its kind, or absent with no kind."""
+    if payload is not None and not isinstance(payload, bytes):
+        raise StoreError(f"event {index}: payload must be bytes, not {type(payload).__name__}")
+    if kind is not None and not isinstance(kind, PayloadKind):
+        raise StoreError(f"event {index}: payload_kind must be a PayloadKind, not {kind!r}")
+    if (payload is None) != (kind is None):
+        raise StoreError(f"event {index}: payload and payload_kind must be given together")
+
+
 def _require_int(name: str, value: object, minimum: int) -> None:
     """Refuse non-integers (bool included) and values outside ``minimum``..int64 max."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -481,28 +525,28 @@ def _require_int(name: str, value: object, minimum: int) -> None:
 
 
 def _require_outbox_id(value: object, context: str = "") -> None:
+    """An outbox id is a non-empty str that both databases can store (no NUL, valid UTF-8)."""
     if not isinstance(value, str) or not value:
         raise StoreError(f"{context}outbox_event_id must be a non-empty str, not {value!r}")
+    if "\x00" in value or (not value.isascii() and not _encodable(value)):
+        raise StoreError(f"{context}outbox_event_id {value!r} has a NUL or a lone surrogate")
 
 
-def _encode_type(event_type: tuple[str, ...]) -> str:
-    """Canonical JSON (compact, unescaped unicode): equal types give equal, indexable text."""
-    return json.dumps(list(event_type), ensure_ascii=False, separators=(",", ":"))
+def _encodable(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
-def _to_row(stored: StoredEvent) -> dict[str, Any]:
-    return {
-        "position": stored.position,
-        "server": stored.id.server,
-        "session": stored.id.session,
-        "instance": stored.id.instance,
-        "type": _encode_type(stored.type),
-        "timestamp_us": stored.timestamp_us,
-        "source_timestamp_us": stored.source_timestamp_us,
-        "payload": stored.payload,
-        "payload_kind": None if stored.payload_kind is None else stored.payload_kind.value,
-        "outbox_event_id": stored.outbox_event_id,
-    }
+def _encode_type(event_type: EventType) -> str:
+    """Canonical compact JSON, so equal types give equal, indexable text.
+
+    ASCII-only escaping keeps any string storable, lone surrogates and NUL included; type
+    queries must encode their prefixes with this same function.
+    """
+    return json.dumps(list(event_type), separators=(",", ":"))
 
 
 def _from_row(row: Row[Any]) -> StoredEvent:

@@ -76,15 +76,10 @@ def _is_reserved(header: str) -> bool:
     return name.startswith(_RESERVED_PREFIX) or name in _RESERVED_NAMES
 
 
-def message_headers(event: OutboxEvent, stream: str) -> dict[str, str]:
-    """The NATS headers of ``event``: custom ones first, then the reserved ones that win.
-
-    ``Nats-Expected-Stream`` makes the server refuse a message that another stream would
-    capture, so an ack always means "stored in the configured stream".
-    """
+def message_headers(event: OutboxEvent) -> dict[str, str]:
+    """The NATS headers of ``event``: custom ones first, then the reserved ones that win."""
     headers = {k: v for k, v in event.headers.items() if not _is_reserved(k)}
     headers["Nats-Msg-Id"] = event.event_id
-    headers["Nats-Expected-Stream"] = stream
     headers["Tidings-Event-Type"] = event.event_type
     headers["Tidings-Event-Version"] = event.version
     headers["Tidings-Seq"] = str(event.seq)
@@ -192,8 +187,9 @@ class JetStreamTarget(Target):
                 acks.append(await self._send(js, event, subject))
             await asyncio.wait(acks, timeout=self._ack_timeout)
         finally:
-            # Missing acks (and, if this call was abandoned, all of them) must not stay
-            # registered with nats-py forever.
+            # One deadline for the whole pipelined call, not a timer per message. Acks still
+            # missing then (all of them if the call was abandoned) must not stay registered
+            # with nats-py forever.
             for ack in acks:
                 ack.cancel()
         return [self._outcome(ack, subject) for ack, subject in zip(acks, subjects, strict=True)]
@@ -206,7 +202,7 @@ class JetStreamTarget(Target):
             return await js.publish_async(
                 subject,
                 event.payload.encode(),
-                headers=message_headers(event, self.config.stream),
+                headers=message_headers(event),
             )
         except Exception as exc:
             failed: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
@@ -214,11 +210,17 @@ class JetStreamTarget(Target):
             return failed
 
     def _outcome(self, ack: asyncio.Future[PubAck], subject: str) -> str | None:
-        """None for any ack, a duplicate included: the event is in the stream either way."""
+        """None for an ack from our stream, a duplicate included: the event is stored there.
+
+        An ack from another stream means that stream captures our subjects (a configuration
+        error when ``create_stream`` is off); it is reported rather than counted as delivered.
+        """
         if ack.cancelled():
             cause = f"no ack within {self._ack_timeout:g}s"
         elif (exc := ack.exception()) is not None:
             cause = _describe(exc)
+        elif (stream := ack.result().stream) != self.config.stream:
+            cause = f"stored in stream {stream!r}, not in {self.config.stream!r}"
         else:
             return None
         return self._error(subject, cause)

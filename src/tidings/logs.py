@@ -1,0 +1,35 @@
+"""Structured logs: one JSON object per line, with the ``extra`` fields of each call."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+_STANDARD = set(vars(logging.makeLogRecord({})))
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        data.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data, default=str)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Send tidings' logs as JSON lines to stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("tidings")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+    logging.getLogger("py4j").setLevel(logging.ERROR)

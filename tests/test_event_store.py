@@ -1,0 +1,545 @@
+"""The embedded event store and its target, on real SQLite files and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import MetaData, create_engine, text
+
+from tidings.config import EventStoreTargetConfig
+from tidings.errors import SchemaError
+from tidings.model import OutboxEvent
+from tidings.server.store import (
+    EventId,
+    EventStore,
+    NewEvent,
+    PayloadKind,
+    StoredEvent,
+    StoreError,
+)
+from tidings.targets.event_store import EventStoreTarget
+
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+PG_HOST_URL = "postgresql://postgres@127.0.0.1:5432"
+
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(scope="module")
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this module, dropped afterwards."""
+    name = f"tidings_test_store_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield f"{PG_HOST_URL}/{name}"
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _drop_store_tables(url: str) -> None:
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        tables = MetaData()
+        tables.reflect(engine, only=lambda name, _: name.startswith("event_"))
+        tables.drop_all(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of an empty event-store database on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'events.db'}"
+        return
+    url: str = request.getfixturevalue("pg_database")
+    _drop_store_tables(url)
+    yield url
+    _drop_store_tables(url)
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[EventStore]:
+    opened = EventStore(store_url)
+    yield opened
+    opened.close()
+
+
+def _event(
+    *type_: str,
+    outbox_id: str | None = None,
+    payload: bytes | None = None,
+    kind: PayloadKind | None = None,
+    source_us: int | None = None,
+) -> NewEvent:
+    return NewEvent(
+        type=type_ or ("a", "b"),
+        payload=payload,
+        payload_kind=kind,
+        source_timestamp_us=source_us,
+        outbox_event_id=outbox_id,
+    )
+
+
+def _execute(url: str, sql: str) -> None:
+    """Run raw SQL against the store's database, behind the store's back."""
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(sql))
+    finally:
+        engine.dispose()
+
+
+def _assert_positions_increase(events: list[StoredEvent]) -> None:
+    positions = [e.position for e in events]
+    assert all(a < b for a, b in pairwise(positions)), positions
+
+
+# --- ids, sessions, timestamps ------------------------------------------------------------
+
+
+def test_one_register_is_one_session_with_one_timestamp(store: EventStore) -> None:
+    before = time.time_ns() // 1000
+    stored = store.register(
+        [
+            _event("x", payload=b"\x00\x01raw", kind=PayloadKind.BINARY, source_us=-5),
+            _event("y", "z", payload=b'{"k": 1}', kind=PayloadKind.JSON, source_us=1_700_000),
+            _event("sbs", payload=b"sbs-bytes", kind=PayloadKind.SBS),
+            _event("bare"),
+        ]
+    )
+    after = time.time_ns() // 1000
+
+    assert [e.id for e in stored] == [EventId(1, 1, i) for i in (1, 2, 3, 4)]
+    assert len({e.timestamp_us for e in stored}) == 1
+    assert before <= stored[0].timestamp_us <= after
+    _assert_positions_increase(stored)
+    assert [e.type for e in stored] == [("x",), ("y", "z"), ("sbs",), ("bare",)]
+    assert [e.payload_kind for e in stored] == [
+        PayloadKind.BINARY,
+        PayloadKind.JSON,
+        PayloadKind.SBS,
+        None,
+    ]
+    assert [e.source_timestamp_us for e in stored] == [-5, 1_700_000, None, None]
+    assert store.read() == stored
+
+
+def test_sessions_and_positions_increase_across_registers(store: EventStore) -> None:
+    assert store.last_event_id() == EventId(1, 0, 0)
+    assert store.count() == 0
+
+    sessions = [store.register([_event() for _ in range(size)]) for size in (2, 1, 3)]
+
+    assert [[e.id for e in s] for s in sessions] == [
+        [EventId(1, 1, 1), EventId(1, 1, 2)],
+        [EventId(1, 2, 1)],
+        [EventId(1, 3, 1), EventId(1, 3, 2), EventId(1, 3, 3)],
+    ]
+    everything = [e for s in sessions for e in s]
+    _assert_positions_increase(everything)
+    assert store.read() == everything
+    assert store.last_event_id() == EventId(1, 3, 3)
+    assert store.count() == 6
+    assert store.register([]) == []
+    assert store.last_event_id() == EventId(1, 3, 3)
+
+
+def test_servers_number_their_sessions_independently(store_url: str) -> None:
+    one, two = EventStore(store_url, server_id=1), EventStore(store_url, server_id=2)
+    try:
+        first = one.register([_event()])
+        second = two.register([_event(), _event()])
+        third = one.register([_event()])
+        assert [e.id for e in first + second + third] == [
+            EventId(1, 1, 1),
+            EventId(2, 1, 1),
+            EventId(2, 1, 2),
+            EventId(1, 2, 1),
+        ]
+        _assert_positions_increase(first + second + third)
+        assert one.last_event_id(server_id=2) == EventId(2, 1, 2)
+        assert two.last_event_id() == EventId(2, 1, 2)
+        assert one.last_event_id(server_id=9) == EventId(9, 0, 0)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_types_keep_any_characters(store_url: str) -> None:
+    odd = ("a,b", '"q"', "[x]", "ü€😀", "\x00nul", "\ud800", "", " ", "\\", "?x", "a*")
+    store = EventStore(store_url)
+    store.register([_event(*odd)])
+    store.close()
+
+    reopened = EventStore(store_url)
+    try:
+        assert reopened.read()[0].type == odd
+    finally:
+        reopened.close()
+
+
+# --- dedup ----------------------------------------------------------------------------------
+
+
+def test_dedup_across_calls_returns_the_stored_event(store: EventStore) -> None:
+    first = store.register([_event(outbox_id="A"), _event(outbox_id="B")])
+    again = store.register([_event("other", outbox_id="B"), _event(outbox_id="C")])
+
+    assert again[0] == first[1]
+    assert again[1].id == EventId(1, 2, 1)
+    assert again[1].position > first[1].position
+    assert store.count() == 3
+    assert set(store.by_outbox_ids(["A", "B", "C", "unknown"])) == {"A", "B", "C"}
+    with pytest.raises(StoreError, match="not one str"):
+        store.by_outbox_ids("A")
+
+
+def test_dedup_within_one_call_stores_once(store: EventStore) -> None:
+    stored = store.register(
+        [_event(outbox_id="A"), _event("dup", outbox_id="A"), _event(outbox_id="B"), _event()]
+    )
+
+    assert stored[0] == stored[1]
+    assert stored[1].type == ("a", "b")
+    assert [e.id.instance for e in (stored[0], stored[2], stored[3])] == [1, 2, 3]
+    assert store.count() == 3
+
+
+def test_a_call_of_only_duplicates_uses_no_session(store: EventStore) -> None:
+    (first,) = store.register([_event(outbox_id="A")])
+
+    assert store.register([_event(outbox_id="A"), _event(outbox_id="A")]) == [first, first]
+    assert store.register([_event(outbox_id="B")])[0].id == EventId(1, 2, 1)
+    assert store.count() == 2
+
+
+def test_dedup_and_lookup_span_many_in_chunks(store: EventStore) -> None:
+    ids = [f"id-{i:05d}" for i in range(1200)]
+    stored = store.register([_event(outbox_id=i) for i in ids])
+
+    assert store.by_outbox_ids([*ids, "nope"]) == dict(zip(ids, stored, strict=True))
+    again = store.register([_event(outbox_id=i) for i in [*ids, "new"]])
+    assert again[:1200] == stored
+    assert again[1200].id == EventId(1, 2, 1)
+    assert store.count() == 1201
+
+
+# --- validation and atomicity --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (NewEvent(type=()), "non-empty tuple"),
+        (NewEvent(type=("a", "?")), "reserved as a query wildcard"),
+        (NewEvent(type=("*",)), "reserved as a query wildcard"),
+        (NewEvent(type=("a", 1)), "non-str segment"),  # type: ignore[arg-type]
+        (NewEvent(type=["a"]), "non-empty tuple"),  # type: ignore[arg-type]
+        (NewEvent(type=("a",), payload=b"x"), "given together"),
+        (NewEvent(type=("a",), payload_kind=PayloadKind.JSON), "given together"),
+        (NewEvent(type=("a",), payload="x", payload_kind=PayloadKind.JSON), "must be bytes"),  # type: ignore[arg-type]
+        (NewEvent(type=("a",), payload=b"x", payload_kind="json"), "PayloadKind"),  # type: ignore[arg-type]
+        (NewEvent(type=("a",), source_timestamp_us=1.5), "must be an int"),  # type: ignore[arg-type]
+        (NewEvent(type=("a",), source_timestamp_us=2**63), "between"),
+        (NewEvent(type=("a",), outbox_event_id=""), "non-empty str"),
+        (NewEvent(type=("a",), outbox_event_id="a\x00b"), "NUL"),
+        (NewEvent(type=("a",), outbox_event_id="\ud800"), "lone surrogate"),
+    ],
+)
+def test_an_invalid_event_rejects_the_whole_batch(
+    store: EventStore, bad: NewEvent, message: str
+) -> None:
+    store.register([_event()])
+
+    with pytest.raises(StoreError, match=message) as raised:
+        store.register([_event(outbox_id="good"), bad, _event()])
+
+    assert "event 1" in str(raised.value)
+    assert store.count() == 1
+    assert store.by_outbox_ids(["good"]) == {}
+    assert store.register([_event()])[0].id == EventId(1, 2, 1)
+
+
+def test_a_database_failure_mid_insert_rolls_everything_back(
+    store: EventStore, store_url: str
+) -> None:
+    store.register([_event()])
+    # A row planted behind the store's back collides with the 6th position of the next call.
+    _execute(
+        store_url,
+        "INSERT INTO event_events (position, server, session, instance, type, timestamp_us)"
+        " VALUES (7, 99, 1, 1, '[\"planted\"]', 0)",
+    )
+
+    with pytest.raises(StoreError, match="cannot register"):
+        store.register([_event(outbox_id=f"o{i}") for i in range(10)])
+
+    assert store.count() == 2
+    assert store.by_outbox_ids([f"o{i}" for i in range(10)]) == {}
+    _execute(store_url, "DELETE FROM event_events WHERE server = 99")
+    retried = store.register([_event(outbox_id=f"o{i}") for i in range(10)])
+    assert retried[0].id == EventId(1, 2, 1)
+    assert retried[0].position == 2
+
+
+# --- durability and reading ----------------------------------------------------------------
+
+
+def test_events_and_counters_survive_reopening(store_url: str) -> None:
+    store = EventStore(store_url)
+    first = store.register([_event(outbox_id="A"), _event()])
+    store.close()
+
+    reopened = EventStore(store_url)
+    try:
+        assert reopened.read() == first
+        assert reopened.last_event_id() == EventId(1, 1, 2)
+        assert reopened.register([_event(outbox_id="A")]) == [first[0]]
+        (later,) = reopened.register([_event()])
+        assert later.id == EventId(1, 2, 1)
+        assert later.position > first[-1].position
+    finally:
+        reopened.close()
+
+
+def test_a_schema_of_another_version_is_refused(store_url: str) -> None:
+    EventStore(store_url).close()
+    _execute(store_url, "UPDATE event_store_meta SET value = '999' WHERE key = 'schema_version'")
+
+    with pytest.raises(SchemaError, match="schema version '999'"):
+        EventStore(store_url)
+
+
+def test_read_pages_in_position_order(store: EventStore) -> None:
+    stored = [e for size in (10, 7, 8) for e in store.register([_event() for _ in range(size)])]
+
+    pages: list[list[StoredEvent]] = []
+    after = 0
+    while page := store.read(after_position=after, limit=10):
+        pages.append(page)
+        after = page[-1].position
+
+    assert [len(p) for p in pages] == [10, 10, 5]
+    assert [e for p in pages for e in p] == stored
+    assert store.read(after_position=stored[-1].position) == []
+    assert store.read(after_position=stored[3].position, limit=2) == stored[4:6]
+
+
+@pytest.mark.parametrize(("after", "limit"), [(-1, 10), (0, 0), (0, "10")])
+def test_read_refuses_bad_arguments(store: EventStore, after: int, limit: int) -> None:
+    with pytest.raises(StoreError):
+        store.read(after_position=after, limit=limit)
+
+
+def test_a_closed_store_refuses_work(store: EventStore) -> None:
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.register([_event()])
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://u@h/db", "unsupported database"),
+        ("sqlite://", "in-memory"),
+        ("sqlite:///:memory:", "in-memory"),
+        ("not a url", "invalid database url"),
+    ],
+)
+def test_unusable_urls_are_refused(url: str, message: str) -> None:
+    with pytest.raises(StoreError, match=message):
+        EventStore(url)
+
+
+def test_a_missing_directory_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="cannot create schema"):
+        EventStore(f"sqlite:///{tmp_path / 'missing' / 'events.db'}")
+
+
+# --- concurrency ---------------------------------------------------------------------------
+
+
+def test_concurrent_registers_lose_nothing_and_stay_in_order(store: EventStore) -> None:
+    writers, calls, size = 4, 15, 40
+    errors: list[BaseException] = []
+    done = threading.Event()
+    followed: list[StoredEvent] = []
+
+    def write(writer: int) -> None:
+        try:
+            for call in range(calls):
+                store.register([_event(outbox_id=f"{writer}-{call}-{i}") for i in range(size)])
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    def follow() -> None:
+        """Reads as a stream consumer does: a position once passed is never looked at again."""
+        after = 0
+        while True:
+            finished = done.is_set()  # read before the last page, so that page is complete
+            page = store.read(after_position=after)
+            followed.extend(page)
+            if page:
+                after = page[-1].position
+            elif finished:
+                return
+            else:
+                time.sleep(0.001)
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    follower = threading.Thread(target=follow)
+    follower.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    follower.join()
+
+    assert errors == []
+    everything = store.read(limit=10_000)
+    assert len(everything) == writers * calls * size == store.count()
+    _assert_positions_increase(everything)
+    assert followed == everything
+    sessions = {e.id.session for e in everything}
+    assert sessions == set(range(1, writers * calls + 1))
+    for session in sessions:
+        instances = [e.id.instance for e in everything if e.id.session == session]
+        assert instances == list(range(1, size + 1))
+
+
+def test_concurrent_registers_of_the_same_outbox_ids_store_each_once(store: EventStore) -> None:
+    """The relay may re-publish a batch while the first attempt is still being stored."""
+    ids = [f"same-{i}" for i in range(50)]
+    results: list[list[StoredEvent]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def write() -> None:
+        start.wait()
+        try:
+            results.append(store.register([_event(outbox_id=i) for i in ids]))
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert store.count() == len(ids)
+    assert all(result == results[0] for result in results)
+    assert store.last_event_id() == EventId(1, 1, len(ids))
+
+
+# --- the target ----------------------------------------------------------------------------
+
+
+def _outbox_event(seq: int, event_type: str = "order.created") -> OutboxEvent:
+    return OutboxEvent(
+        seq=seq,
+        event_id=str(uuid.UUID(int=seq)),
+        event_type=event_type,
+        payload=f'{{"n": {seq}, "text": "ü"}}',
+        logged_at=datetime(2024, 5, 6, 7, 8, 9, 123456 + seq, tzinfo=UTC),
+    )
+
+
+def _target(url: str, name: str = "store") -> EventStoreTarget:
+    config = EventStoreTargetConfig(
+        kind="event_store", url=url, type_prefix=["tidings", "orders"], server_id=3
+    )
+    return EventStoreTarget(name, config)
+
+
+def test_target_maps_outbox_events(store_url: str) -> None:
+    target = _target(store_url)
+    events = [_outbox_event(1), _outbox_event(2, "order.paid")]
+    try:
+        assert target.atomic is True
+        assert target.publish(events) == [None, None]
+        assert target.publish(events) == [None, None]  # a re-publish after a crash
+        assert target.publish([]) == []
+    finally:
+        target.close()
+
+    store = EventStore(store_url, server_id=3)
+    try:
+        stored = store.read()
+    finally:
+        store.close()
+    assert [e.type for e in stored] == [
+        ("tidings", "orders", "order.created"),
+        ("tidings", "orders", "order.paid"),
+    ]
+    assert [e.id for e in stored] == [EventId(3, 1, 1), EventId(3, 1, 2)]
+    assert [e.payload for e in stored] == [
+        '{"n": 1, "text": "ü"}'.encode(),
+        '{"n": 2, "text": "ü"}'.encode(),
+    ]
+    assert {e.payload_kind for e in stored} == {PayloadKind.JSON}
+    assert [e.source_timestamp_us for e in stored] == [
+        1_714_979_289_123_457,
+        1_714_979_289_123_458,
+    ]
+    assert [e.outbox_event_id for e in stored] == [e.event_id for e in events]
+
+
+def test_target_fails_the_whole_call_on_an_invalid_type(store_url: str) -> None:
+    target = _target(store_url)
+    try:
+        results = target.publish([_outbox_event(1), _outbox_event(2, "*")])
+    finally:
+        target.close()
+
+    assert results[0] == results[1]
+    assert results[0] is not None
+    assert "'store'" in results[0]
+    assert "reserved as a query wildcard" in results[0]
+    store = EventStore(store_url, server_id=3)
+    try:
+        assert store.count() == 0
+    finally:
+        store.close()
+
+
+def test_target_reports_an_unusable_database_per_event(tmp_path: Path) -> None:
+    target = _target(f"sqlite:///{tmp_path / 'missing' / 'events.db'}", name="archive")
+    try:
+        results = target.publish([_outbox_event(1), _outbox_event(2)])
+    finally:
+        target.close()
+
+    assert len(results) == 2
+    assert results[0] == results[1]
+    assert results[0] is not None
+    assert "'archive'" in results[0]
+    assert "unable to open database file" in results[0]
+
+
+def test_target_opens_the_store_once_the_database_is_usable(tmp_path: Path) -> None:
+    directory = tmp_path / "later"
+    target = _target(f"sqlite:///{directory / 'events.db'}")
+    try:
+        assert target.publish([_outbox_event(1)])[0] is not None
+        directory.mkdir()
+        assert target.publish([_outbox_event(1)]) == [None]
+    finally:
+        target.close()

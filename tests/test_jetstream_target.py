@@ -1,0 +1,426 @@
+"""The JetStream target against real NATS servers.
+
+Most tests use the shared server on 127.0.0.1:4222, each with its own stream and subject
+prefix so they never see each other's messages. Outage and recovery tests run a private
+``nats-server`` on a free port instead, so the shared server is never stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import RawStreamMsg, StreamInfo
+
+from tidings.config import JetStreamTargetConfig
+from tidings.errors import TargetError
+from tidings.model import OutboxEvent
+from tidings.targets.jetstream import JetStreamTarget, message_headers, subject_token
+
+pytestmark = pytest.mark.nats
+
+SHARED_URL = "nats://127.0.0.1:4222"
+NATS_SERVER = "/usr/sbin/nats-server"
+LOGGED_AT = datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=UTC)
+
+
+def event(seq: int, **fields: Any) -> OutboxEvent:
+    """An event with a fresh id; ``fields`` override any attribute."""
+    values: dict[str, Any] = {
+        "seq": seq,
+        "event_id": uuid.uuid4().hex,
+        "event_type": "order.created",
+        "payload": f'{{"n": {seq}}}',
+        "logged_at": LOGGED_AT,
+    }
+    values.update(fields)
+    return OutboxEvent(**values)
+
+
+async def _admin(url: str, action: Callable[[Any], Any]) -> Any:
+    nc = await nats.connect(url, allow_reconnect=False)
+    try:
+        return await action(nc.jetstream())
+    finally:
+        await nc.close()
+
+
+def admin(action: Callable[[Any], Any], url: str = SHARED_URL) -> Any:
+    """Run one JetStream management call in a throwaway connection of its own."""
+    return asyncio.run(_admin(url, action))
+
+
+def stream_info(stream: str, url: str = SHARED_URL) -> StreamInfo:
+    return admin(lambda js: js.stream_info(stream), url)
+
+
+def stream_messages(stream: str, url: str = SHARED_URL) -> list[RawStreamMsg]:
+    """Every message of ``stream`` in stream order."""
+
+    async def read(js: Any) -> list[RawStreamMsg]:
+        count = (await js.stream_info(stream)).state.messages
+        return [await js.get_msg(stream, seq) for seq in range(1, count + 1)]
+
+    return admin(read, url)
+
+
+def raw_headers(msg: RawStreamMsg) -> list[tuple[str, str]]:
+    """Header lines exactly as stored, duplicates included (the parsed dict hides them)."""
+    assert msg.hdrs is not None
+    lines = base64.b64decode(msg.hdrs).decode().split("\r\n")[1:]
+    return [(k, v.strip()) for k, v in (line.split(":", 1) for line in lines if line)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class PrivateServer:
+    """A ``nats-server -js`` of the test's own, which may be started and killed at will."""
+
+    def __init__(self, port: int, store: Path) -> None:
+        self.port = port
+        self.url = f"nats://127.0.0.1:{port}"
+        self._store = store
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = ["-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self._store)]
+        self._proc = subprocess.Popen(
+            [NATS_SERVER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_for_port(self.port)
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+@pytest.fixture
+def private_server(tmp_path: Path) -> Iterator[PrivateServer]:
+    server = PrivateServer(free_port(), tmp_path / "jetstream")
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def names() -> tuple[str, str]:
+    """A stream name and subject prefix no other test uses."""
+    tag = uuid.uuid4().hex[:12]
+    return f"TIDINGS_TEST_{tag}", f"tidings_test.{tag}"
+
+
+@pytest.fixture
+def make_target(names: tuple[str, str]) -> Iterator[Callable[..., JetStreamTarget]]:
+    """Build targets on the test's stream; close them and delete the stream afterwards."""
+    stream, prefix = names
+    built: list[JetStreamTarget] = []
+
+    def make(**overrides: Any) -> JetStreamTarget:
+        settings: dict[str, Any] = {
+            "kind": "jetstream",
+            "stream": stream,
+            "subject_prefix": prefix,
+            "servers": [SHARED_URL],
+            "ack_timeout": "2s",
+        }
+        settings.update(overrides)
+        target = JetStreamTarget("js-test", JetStreamTargetConfig(**settings))
+        built.append(target)
+        return target
+
+    yield make
+    for target in built:
+        target.close()
+    for url in {url for target in built for url in target.config.servers}:
+        try:
+            admin(lambda js: js.delete_stream(stream), url)
+        except Exception:
+            pass  # never created, or the private server is already gone
+
+
+# -- subjects and headers -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("event_type", "token"),
+    [
+        ("order.created", "order_created"),
+        ("order created", "order_created"),
+        ("a*b>c\td", "a_b_c_d"),
+        ("OrderCreated-v2", "OrderCreated-v2"),
+        ("", "_"),
+    ],
+)
+def test_subject_token_replaces_characters_nats_forbids(event_type: str, token: str) -> None:
+    assert subject_token(event_type) == token
+
+
+def test_reserved_headers_win_over_custom_ones() -> None:
+    e = event(
+        7,
+        headers={
+            "X-Tenant": "acme",
+            "tidings-seq": "999",
+            "Nats-Msg-Id": "forged",
+            "NATS-TTL": "1",
+        },
+    )
+
+    headers = message_headers(e)
+
+    assert headers["X-Tenant"] == "acme"
+    assert headers["Nats-Msg-Id"] == e.event_id
+    assert headers["Tidings-Seq"] == "7"
+    assert "tidings-seq" not in headers and "NATS-TTL" not in headers
+
+
+def test_messages_arrive_with_subject_headers_and_body(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    stream, prefix = names
+    full = event(
+        1,
+        event_type="order.created v2",
+        payload='{"id": 1, "name": "Grüße"}',
+        version="2",
+        correlation_id="corr-1",
+        originator="shop",
+        partition_key="order-1",
+        headers={"X-Tenant": "acme", "Tidings-Seq": "forged"},
+    )
+    bare = event(2, event_type="OrderShipped")
+
+    assert make_target().publish([full, bare]) == [None, None]
+
+    first, second = stream_messages(stream)
+    assert first.subject == f"{prefix}.order_created_v2"
+    assert first.data == '{"id": 1, "name": "Grüße"}'.encode()
+    assert raw_headers(first) == [
+        ("X-Tenant", "acme"),
+        ("Nats-Msg-Id", full.event_id),
+        ("Tidings-Event-Type", "order.created v2"),
+        ("Tidings-Event-Version", "2"),
+        ("Tidings-Seq", "1"),
+        ("Tidings-Logged-At", "2024-05-17T09:30:15.123456+00:00"),
+        ("Tidings-Correlation-Id", "corr-1"),
+        ("Tidings-Originator", "shop"),
+        ("Tidings-Partition-Key", "order-1"),
+    ]
+    assert second.subject == f"{prefix}.OrderShipped"
+    assert {k for k, _ in raw_headers(second)} == {
+        "Nats-Msg-Id",
+        "Tidings-Event-Type",
+        "Tidings-Event-Version",
+        "Tidings-Seq",
+        "Tidings-Logged-At",
+    }
+
+
+def test_events_of_a_key_are_stored_in_call_order(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    target = make_target()
+    keys = [f"key-{k}" for k in range(10)]
+    seq = 0
+    for _ in range(5):  # one event per key per call, as the relay guarantees
+        batch = []
+        for key in keys:
+            seq += 1
+            batch.append(event(seq, partition_key=key))
+        assert target.publish(batch) == [None] * len(batch)
+
+    stored: dict[str, list[int]] = {key: [] for key in keys}
+    for msg in stream_messages(names[0]):
+        assert msg.headers is not None
+        stored[msg.headers["Tidings-Partition-Key"]].append(int(msg.headers["Tidings-Seq"]))
+    for key in keys:
+        assert stored[key] == sorted(stored[key]) and len(stored[key]) == 5
+
+
+def test_a_bad_custom_header_fails_only_its_own_event(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    good, bad = event(1), event(2, headers={"Bad Header": "x"})
+
+    result = make_target().publish([good, bad])
+
+    assert result[0] is None
+    assert result[1] is not None and "BadHeaderError" in result[1]
+    assert stream_info(names[0]).state.messages == 1
+
+
+def test_publishing_from_many_threads_at_once(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    target = make_target()
+    results: list[list[str | None]] = []
+
+    def publish(base: int) -> None:
+        results.append(target.publish([event(base + i) for i in range(250)]))
+
+    threads = [threading.Thread(target=publish, args=(n * 1000,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert [r for batch in results for r in batch] == [None] * 1000
+    assert stream_info(names[0]).state.messages == 1000
+
+
+# -- deduplication and the stream ------------------------------------------------------------
+
+
+def test_replaying_the_same_event_ids_stores_nothing_twice(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    target = make_target()
+    batch = [event(seq) for seq in range(1, 21)]
+    assert target.publish(batch) == [None] * 20
+
+    # A crash replay: the same events again, from a fresh target as after a restart.
+    assert target.publish(batch) == [None] * 20
+    assert make_target().publish(batch[5:]) == [None] * 15
+
+    assert stream_info(names[0]).state.messages == 20
+
+
+def test_creates_the_stream_with_its_subjects_and_dedup_window(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    stream, prefix = names
+
+    assert make_target(duplicate_window="90s").publish([event(1)]) == [None]
+
+    config = stream_info(stream).config
+    assert config.subjects == [f"{prefix}.>"]
+    assert config.duplicate_window == 90
+
+
+def test_updates_an_existing_stream_and_keeps_its_other_subjects(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    stream, prefix = names
+    other = f"{prefix}_other.>"
+    admin(lambda js: js.add_stream(name=stream, subjects=[other], duplicate_window=120))
+
+    assert make_target(duplicate_window="30s").publish([event(1)]) == [None]
+
+    config = stream_info(stream).config
+    assert config.subjects == [other, f"{prefix}.>"]
+    assert config.duplicate_window == 30
+
+
+def test_without_create_stream_a_missing_stream_is_an_error(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    target = make_target(create_stream=False)
+
+    result = target.publish([event(1), event(2)])
+
+    assert all(r is not None and "NoStreamResponseError" in r for r in result)
+    assert all("js-test" in r and f"{names[1]}.order_created" in r for r in result if r)
+
+
+# -- outages ----------------------------------------------------------------------------------
+
+
+def test_unreachable_server_fails_every_event_quickly_without_raising(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    target = make_target(servers=[f"nats://127.0.0.1:{free_port()}"])
+    started = time.monotonic()
+
+    result = target.publish([event(1), event(2, event_type="order.paid")])
+
+    assert time.monotonic() - started < 5
+    assert len(result) == 2
+    for error, subject in zip(result, ["order_created", "order_paid"], strict=True):
+        assert error is not None
+        assert "'js-test'" in error and f"{names[1]}.{subject}" in error
+        assert "cannot connect" in error
+
+
+def test_recovers_once_the_server_becomes_reachable(
+    make_target: Callable[..., JetStreamTarget],
+    private_server: PrivateServer,
+    names: tuple[str, str],
+) -> None:
+    target = make_target(servers=[private_server.url])
+    first = event(1)
+    assert target.publish([first]) != [None]
+
+    private_server.start()
+
+    assert target.publish([first, event(2)]) == [None, None]
+    assert stream_info(names[0], private_server.url).state.messages == 2
+
+
+def test_survives_a_server_outage_and_comes_back(
+    make_target: Callable[..., JetStreamTarget],
+    private_server: PrivateServer,
+    names: tuple[str, str],
+) -> None:
+    target = make_target(servers=[private_server.url])
+    private_server.start()
+    before = event(1)
+    assert target.publish([before]) == [None]
+
+    private_server.kill()
+    down = target.publish([event(2), event(3)])
+    assert all(error is not None for error in down)
+
+    private_server.start()  # same store: the stream and its dedup state survive
+    assert target.publish([before, event(4)]) == [None, None]
+    assert stream_info(names[0], private_server.url).state.messages == 2
+
+
+# -- lifecycle --------------------------------------------------------------------------------
+
+
+def test_empty_publish_needs_no_server(make_target: Callable[..., JetStreamTarget]) -> None:
+    assert make_target(servers=[f"nats://127.0.0.1:{free_port()}"]).publish([]) == []
+
+
+def test_close_stops_the_loop_thread_and_is_idempotent(
+    make_target: Callable[..., JetStreamTarget],
+) -> None:
+    target = make_target()
+    assert target.publish([event(1)]) == [None]
+    before = {t.name for t in threading.enumerate()}
+    assert "tidings-jetstream-js-test" in before
+
+    target.close()
+    target.close()
+
+    assert "tidings-jetstream-js-test" not in {t.name for t in threading.enumerate()}
+    with pytest.raises(TargetError):
+        target.publish([event(2)])

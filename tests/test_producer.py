@@ -1,0 +1,169 @@
+"""The producer: a domain write and its events commit together or not at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, func, select
+from sqlalchemy.orm import Session
+
+from tidings.config import OutboxConfig
+from tidings.db import make_engine
+from tidings.errors import EmitError
+from tidings.outbox.envelope import identity
+from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import outbox_event, outbox_event_attribute
+
+domain = MetaData()
+account = Table(
+    "account", domain, Column("id", String, primary_key=True), Column("balance", Integer)
+)
+
+
+def _count(engine: Engine, table: Table) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(table)).scalar_one()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'app.db'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+    eng = make_engine(url)
+    domain.create_all(eng)
+    return eng
+
+
+def test_transaction_form_commits_both(engine: Engine) -> None:
+    outbox = Outbox(engine)
+    with outbox.transaction() as tx:
+        tx.connection.execute(account.insert().values(id="a", balance=5))
+        event_id = tx.emit("AccountOpened", {"id": "a"}, partition_key="a", headers={"h": "v"})
+    with engine.connect() as conn:
+        row = conn.execute(select(outbox_event).where(outbox_event.c.event_id == event_id)).one()
+    assert row.status == "PENDING" and row.partition_key == "a"
+    assert json.loads(row.headers) == {"h": "v"}
+    envelope = json.loads(row.payload)
+    assert envelope["specversion"] == "1.0" and envelope["data"] == {"id": "a"}
+    assert envelope["id"] == event_id and envelope["type"] == "AccountOpened"
+    assert _count(engine, account) == 1
+
+
+def test_exception_mid_transaction_commits_neither(engine: Engine) -> None:
+    outbox = Outbox(engine)
+    with pytest.raises(RuntimeError), outbox.transaction() as tx:
+        tx.connection.execute(account.insert().values(id="a", balance=5))
+        tx.emit("AccountOpened", {"id": "a"})
+        raise RuntimeError("domain logic failed")
+    assert _count(engine, account) == 0 and _count(engine, outbox_event) == 0
+
+
+def test_session_rollback_drops_the_event(engine: Engine) -> None:
+    outbox = Outbox(engine)
+    with Session(engine) as session:
+        session.execute(account.insert().values(id="a", balance=1))
+        outbox.emit(session, "AccountOpened", {"id": "a"})
+        session.rollback()
+    assert _count(engine, account) == 0 and _count(engine, outbox_event) == 0
+    with Session(engine) as session, session.begin():
+        session.execute(account.insert().values(id="b", balance=1))
+        outbox.emit(session, "AccountOpened", {"id": "b"})
+    assert _count(engine, account) == 1 and _count(engine, outbox_event) == 1
+
+
+def test_connection_form(engine: Engine) -> None:
+    outbox = Outbox(engine)
+    with engine.begin() as conn:
+        conn.execute(account.insert().values(id="a", balance=1))
+        outbox.emit(conn, "AccountOpened", {"id": "a"})
+    with pytest.raises(ZeroDivisionError), engine.begin() as conn:
+        conn.execute(account.insert().values(id="b", balance=1))
+        outbox.emit(conn, "AccountOpened", {"id": "b"})
+        _ = 1 / 0
+    assert _count(engine, account) == 1 and _count(engine, outbox_event) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"event_type": None, "payload": {}}, "event type is required"),
+        ({"event_type": "", "payload": {}}, "non-empty string"),
+        ({"event_type": "X", "payload": {"when": object()}}, "not JSON-serialisable"),
+        ({"event_type": "X", "payload": float("nan")}, "not JSON-serialisable"),
+        ({"event_type": "X", "payload": "x" * 2000}, "over the limit of 1024 bytes"),
+        ({"event_type": "X", "payload": {}, "event_id": "nope"}, "not a UUID"),
+        ({"event_type": "X", "payload": {}, "headers": {"a": 1}}, "pair of strings"),
+    ],
+)
+def test_bad_emit_raises_and_nothing_commits(engine: Engine, kwargs: dict, message: str) -> None:
+    outbox = Outbox(engine, OutboxConfig(max_payload_bytes=1024))
+    with Session(engine) as session:
+        session.execute(account.insert().values(id="a", balance=1))
+        with pytest.raises(EmitError, match=message):
+            outbox.emit(session, **kwargs)
+        session.commit()  # the caller tries to commit anyway: the emit rolled it back
+    assert _count(engine, account) == 0 and _count(engine, outbox_event) == 0
+
+
+def test_attribute_extractor_and_transformer(engine: Engine) -> None:
+    outbox = Outbox(
+        engine,
+        transformer=identity,
+        attribute_extractor=lambda d: {"account": d.payload["id"], "region": None},
+    )
+    with outbox.transaction() as tx:
+        event_id = tx.emit("AccountOpened", {"id": "a"})
+    with engine.connect() as conn:
+        payload = conn.execute(select(outbox_event.c.payload)).scalar_one()
+        attrs = dict(
+            conn.execute(
+                select(
+                    outbox_event_attribute.c.attribute_key, outbox_event_attribute.c.attribute_value
+                ).where(outbox_event_attribute.c.event_id == event_id)
+            ).all()
+        )
+    assert json.loads(payload) == {"id": "a"}
+    assert attrs == {"account": "a", "region": None}
+
+
+def test_excluded_events_skip_the_log_and_go_out_after_commit(engine: Engine) -> None:
+    sent: list[str] = []
+    outbox = Outbox(
+        engine,
+        exclude=lambda d: d.event_type == "Heartbeat",
+        direct_publisher=lambda events: sent.extend(e.event_type for e in events),
+    )
+    with outbox.transaction() as tx:
+        tx.emit("Heartbeat", {})
+        tx.emit("Ping", {}, exclude=True)
+        tx.emit("AccountOpened", {"id": "a"})
+        assert sent == []  # nothing goes out before the commit
+    assert sent == ["Heartbeat", "Ping"]
+    assert _count(engine, outbox_event) == 1
+    with Session(engine) as session:
+        outbox.emit(session, "Heartbeat", {})
+        session.rollback()
+        outbox.emit(session, "Heartbeat", {"n": 2})
+        session.commit()
+    assert sent == ["Heartbeat", "Ping", "Heartbeat"]  # the rolled-back one never went out
+    with engine.begin() as conn, pytest.raises(EmitError, match="bare Connection"):
+        outbox.emit(conn, "Heartbeat", {})
+
+
+def test_schema_version_newer_than_library_is_refused(tmp_path: Path) -> None:
+    from sqlalchemy import update
+
+    from tidings.errors import SchemaError
+    from tidings.outbox.schema import ensure_schema, meta
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    ensure_schema(engine)
+    ensure_schema(engine)  # idempotent
+    with engine.begin() as conn:
+        conn.execute(update(meta).values(value="99"))
+    with pytest.raises(SchemaError, match="newer"):
+        ensure_schema(engine)
