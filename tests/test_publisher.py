@@ -1,0 +1,235 @@
+"""The delivery algorithm, run directly (no Spark) against real SQLite files.
+
+Failures are injected with the fault file of :mod:`tidings.targets.faults`, or with the
+small ``Refusing`` target below: a real target cannot be made to refuse one chosen event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, select
+
+from tidings.config import EventStoreTargetConfig
+from tidings.db import make_engine
+from tidings.model import EventStatus, OutboxEvent
+from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import outbox_event
+from tidings.pipeline.publisher import LoggedEvent, Publisher
+from tidings.routing.table import merge_routes
+from tidings.server.store import EventStore
+from tidings.targets.base import Target
+from tidings.targets.event_store import EventStoreTarget
+from tidings.targets.faults import FaultInjectingTarget
+from tidings.timeutil import as_utc
+
+
+class Refusing(Target):
+    """Fault injection: refuses the events whose payload mentions a chosen word."""
+
+    def __init__(self, name: str, inner: Target, word: str) -> None:
+        super().__init__(name)
+        self.inner, self.word, self.calls = inner, word, []
+
+    def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
+        self.calls.append([e.seq for e in events])
+        ok = [e for e in events if self.word not in e.payload]
+        results = dict(zip([e.seq for e in ok], self.inner.publish(ok), strict=True))
+        return [results.get(e.seq, f"refused {e.seq}") for e in events]
+
+
+def _logged(engine: Engine) -> list[LoggedEvent]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(outbox_event).order_by(outbox_event.c.seq)).all()
+    return [
+        LoggedEvent(
+            OutboxEvent(
+                r.seq,
+                r.event_id,
+                r.event_type,
+                r.payload,
+                as_utc(r.logged_at),
+                partition_key=r.partition_key,
+            ),
+            EventStatus(r.status),
+            r.retry_count,
+            json.loads(r.deliveries) if r.deliveries else {},
+        )
+        for r in rows
+    ]
+
+
+def _rows(engine: Engine) -> dict[int, object]:
+    with engine.connect() as conn:
+        return {r.seq: r for r in conn.execute(select(outbox_event))}
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    return make_engine(f"sqlite:///{tmp_path / 'app.db'}")
+
+
+def _store(tmp_path: Path, name: str) -> EventStoreTarget:
+    url = f"sqlite:///{tmp_path / (name + '.db')}"
+    return EventStoreTarget(
+        name, EventStoreTargetConfig(kind="event_store", url=url, type_prefix=[name])
+    )
+
+
+def _emit(engine: Engine, events: list[tuple[str, str | None, dict]]) -> None:
+    outbox = Outbox(engine)
+    for event_type, key, payload in events:
+        with outbox.transaction() as tx:
+            tx.emit(event_type, payload, partition_key=key)
+
+
+def _stored_seqs(target: Target, engine: Engine) -> list[int]:
+    """The log seqs of what the store named like ``target`` holds, in store order."""
+    by_id = {r.event_id: r.seq for r in _rows(engine).values()}
+    db = Path(engine.url.database).parent / f"{target.name}.db"
+    store = EventStore(f"sqlite:///{db}")
+    try:
+        return [by_id[e.outbox_event_id] for e in store.read(0, 100_000)]
+    finally:
+        store.close()
+
+
+def test_one_type_to_many_targets_and_unroutable(engine: Engine, tmp_path: Path) -> None:
+    _emit(engine, [("A", "k", {"n": 1}), ("B", "k", {"n": 2}), ("Nowhere", "k", {"n": 3})])
+    a, b = _store(tmp_path, "a"), _store(tmp_path, "b")
+    targets = {"a": a, "b": b}
+    routes = merge_routes({"A": ["a", "b"], "B": ["b"]})
+    summary = Publisher(engine, routes, targets.get, [0.0]).run(_logged(engine))
+    rows = _rows(engine)
+    assert [rows[s].status for s in (1, 2, 3)] == ["PUBLISHED", "PUBLISHED", "UNROUTABLE"]
+    assert "no route for event type 'Nowhere'" in rows[3].error_details
+    assert set(json.loads(rows[1].deliveries)) == {"a", "b"}
+    assert _stored_seqs(a, engine) == [1] and _stored_seqs(b, engine) == [1, 2]
+    assert (summary.published, summary.unroutable) == (2, 1)
+    # Running again changes nothing: final rows are skipped, nothing is re-sent.
+    again = Publisher(engine, routes, targets.get, [0.0]).run(_logged(engine))
+    assert again.skipped == 3 and _stored_seqs(b, engine) == [1, 2]
+
+
+def test_retry_goes_only_to_the_failed_target_with_growing_backoff(
+    engine: Engine, tmp_path: Path
+) -> None:
+    _emit(engine, [("A", "k", {"n": 1})])
+    fault = tmp_path / "b.fault"
+    fault.write_text("2")  # the next two calls to b fail
+    a = _store(tmp_path, "a")
+    b = FaultInjectingTarget(_store(tmp_path, "b"), str(fault))
+    calls: list[str] = []
+    for t in (a, b):
+        original = t.publish
+        t.publish = lambda events, t=t, original=original: (calls.append(t.name), original(events))[
+            1
+        ]
+    slept: list[float] = []
+    routes = merge_routes({"A": ["a", "b"]})
+    Publisher(engine, routes, {"a": a, "b": b}.get, [0.01, 0.025, 0.04], sleep=slept.append).run(
+        _logged(engine)
+    )
+    assert slept == [0.01, 0.025]
+    assert calls.count("a") == 1 and calls.count("b") == 3
+    row = _rows(engine)[1]
+    assert row.status == "PUBLISHED" and row.retry_count == 2
+
+
+def test_failed_after_retry_limit_with_error_details(engine: Engine, tmp_path: Path) -> None:
+    _emit(engine, [("A", "k", {"n": 1})])
+    fault = tmp_path / "a.fault"
+    fault.write_text("down")
+    a = FaultInjectingTarget(_store(tmp_path, "a"), str(fault))
+    slept: list[float] = []
+    Publisher(
+        engine, merge_routes({"A": ["a"]}), {"a": a}.get, [0.01, 0.025, 0.04], sleep=slept.append
+    ).run(_logged(engine))
+    row = _rows(engine)[1]
+    assert slept == [0.01, 0.025, 0.04]
+    assert row.status == "FAILED" and row.retry_count == 3
+    assert "injected failure" in json.loads(row.error_details)["a"]
+    assert json.loads(row.deliveries)["a"]["state"] == "failed"
+
+
+def test_key_with_failed_event_holds_later_ones_other_keys_go_on(
+    engine: Engine, tmp_path: Path
+) -> None:
+    _emit(
+        engine,
+        [
+            ("A", "k1", {"n": "poison"}),
+            ("A", "k2", {"n": 1}),
+            ("A", "k1", {"n": 2}),
+            ("A", "k2", {"n": 3}),
+            ("A", None, {"n": 4}),
+        ],
+    )
+    store = _store(tmp_path, "a")
+    refusing = Refusing("a", store, "poison")
+    Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(_logged(engine))
+    rows = _rows(engine)
+    assert [rows[s].status for s in range(1, 6)] == [
+        "FAILED",
+        "PUBLISHED",
+        "HELD",
+        "PUBLISHED",
+        "PUBLISHED",
+    ]
+    assert "seq 1" in rows[3].error_details
+    assert sorted(_stored_seqs(store, engine)) == [2, 4, 5]  # keys interleave freely
+    # A later batch with a new k1 event is held behind the failed one (outside its set).
+    _emit(engine, [("A", "k1", {"n": 5}), ("A", "k2", {"n": 6})])
+    later = [e for e in _logged(engine) if e.event.seq > 5]
+    Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(later)
+    rows = _rows(engine)
+    assert rows[6].status == "HELD" and rows[7].status == "PUBLISHED"
+    # Once the target accepts it again, a replay-like pass delivers k1 in log order.
+    refusing.word = "never-matches"
+    Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(
+        [e for e in _logged(engine) if e.status in (EventStatus.FAILED, EventStatus.HELD)]
+    )
+    assert all(r.status == "PUBLISHED" for r in _rows(engine).values())
+    stored = _stored_seqs(store, engine)
+    assert sorted(stored) == [1, 2, 3, 4, 5, 6, 7]
+    keys = {seq: row.partition_key for seq, row in _rows(engine).items()}
+    assert [s for s in stored if keys[s] == "k1"] == [1, 3, 6]
+    assert [s for s in stored if keys[s] == "k2"] == [2, 4, 7]
+
+
+def test_non_atomic_target_never_gets_two_events_of_a_key_in_one_call(
+    engine: Engine, tmp_path: Path
+) -> None:
+    _emit(engine, [("A", "k1", {}), ("A", "k1", {}), ("A", "k2", {}), ("A", "k1", {})])
+    refusing = Refusing("a", _store(tmp_path, "a"), "nothing")
+    refusing.atomic = False
+    Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(_logged(engine))
+    assert refusing.calls == [[1, 3], [2], [4]]
+
+
+def test_retry_threshold_skips_and_keeps_later_events_held(engine: Engine, tmp_path: Path) -> None:
+    _emit(engine, [("A", "k", {}), ("A", "k", {})])
+    with engine.begin() as conn:
+        conn.execute(
+            outbox_event.update()
+            .where(outbox_event.c.seq == 1)
+            .values(status="FAILED", retry_count=9)
+        )
+        conn.execute(outbox_event.update().where(outbox_event.c.seq == 2).values(status="HELD"))
+    store = _store(tmp_path, "a")
+    Publisher(engine, merge_routes({"A": ["a"]}), {"a": store}.get, [0.0], retry_threshold=5).run(
+        _logged(engine)
+    )
+    rows = _rows(engine)
+    assert (rows[1].status, rows[2].status) == ("FAILED", "HELD")
+    assert _stored_seqs(store, engine) == []
+
+
+def test_unknown_target_in_a_route_fails_the_event(engine: Engine, tmp_path: Path) -> None:
+    _emit(engine, [("A", "k", {})])
+    Publisher(engine, merge_routes({"A": ["ghost"]}), {}.get, []).run(_logged(engine))
+    row = _rows(engine)[1]
+    assert row.status == "FAILED" and "unknown target 'ghost'" in row.error_details
