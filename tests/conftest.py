@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 
-from tidings.config import RelayConfig, TidingsConfig, load_config
+from tidings.config import RelayConfig
 
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
 @pytest.fixture(scope="session")
-def spark():  # noqa: ANN201 - pyspark.sql.SparkSession, imported lazily
+def spark():
     """One SparkSession for every test: a cold start costs 4-9 s."""
     from tidings.pipeline.spark import spark_session
 
@@ -37,25 +36,3 @@ def pg_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
-
-
-def relay_config(
-    workdir: Path,
-    database_url: str | None = None,
-    *,
-    targets: dict | None = None,
-    routes: dict | None = None,
-    **relay: object,
-) -> TidingsConfig:
-    """A configuration for a test: SQLite in ``workdir`` unless a URL is given."""
-    store = f"sqlite:///{workdir / 'events.db'}"
-    return load_config(
-        {
-            "database": {"url": database_url or f"sqlite:///{workdir / 'app.db'}"},
-            "targets": targets
-            if targets is not None
-            else {"store": {"kind": "event_store", "url": store, "type_prefix": ["t"]}},
-            "routing": {"routes": routes if routes is not None else {"Created": ["store"]}},
-            "relay": {"checkpoint_dir": str(workdir / "checkpoint"), "partitions": 2, **relay},
-        }
-    )
