@@ -12,7 +12,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import MetaData, create_engine, text
+from sqlalchemy import MetaData, create_engine, inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from tidings.config import EventStoreTargetConfig
 from tidings.errors import SchemaError
@@ -198,24 +199,36 @@ def test_types_keep_any_characters(store_url: str) -> None:
 
 def test_dedup_across_calls_returns_the_stored_event(store: EventStore) -> None:
     first = store.register([_event(outbox_id="A"), _event(outbox_id="B")])
-    again = store.register([_event("other", outbox_id="B"), _event(outbox_id="C")])
+    again = store.register(
+        [_event(outbox_id="B", payload=b"x", kind=PayloadKind.BINARY), _event(outbox_id="C")]
+    )
 
     assert again[0] == first[1]
     assert again[1].id == EventId(1, 2, 1)
     assert again[1].position > first[1].position
     assert store.count() == 3
-    assert set(store.by_outbox_ids(["A", "B", "C", "unknown"])) == {"A", "B", "C"}
+    assert again[0].payload is None
+    assert store.by_outbox_ids(["A", "B", "C", "unknown"]) == {
+        "A": [first[0]],
+        "B": [first[1]],
+        "C": [again[1]],
+    }
     with pytest.raises(StoreError, match="not one str"):
         store.by_outbox_ids("A")
 
 
 def test_dedup_within_one_call_stores_once(store: EventStore) -> None:
     stored = store.register(
-        [_event(outbox_id="A"), _event("dup", outbox_id="A"), _event(outbox_id="B"), _event()]
+        [
+            _event(outbox_id="A"),
+            _event(outbox_id="A", payload=b"dup", kind=PayloadKind.BINARY),
+            _event(outbox_id="B"),
+            _event(),
+        ]
     )
 
     assert stored[0] == stored[1]
-    assert stored[1].type == ("a", "b")
+    assert stored[1].payload is None
     assert [e.id.instance for e in (stored[0], stored[2], stored[3])] == [1, 2, 3]
     assert store.count() == 3
 
@@ -232,11 +245,91 @@ def test_dedup_and_lookup_span_many_in_chunks(store: EventStore) -> None:
     ids = [f"id-{i:05d}" for i in range(1200)]
     stored = store.register([_event(outbox_id=i) for i in ids])
 
-    assert store.by_outbox_ids([*ids, "nope"]) == dict(zip(ids, stored, strict=True))
+    assert store.by_outbox_ids([*ids, "nope"]) == {i: [e] for i, e in zip(ids, stored, strict=True)}
     again = store.register([_event(outbox_id=i) for i in [*ids, "new"]])
     assert again[:1200] == stored
     assert again[1200].id == EventId(1, 2, 1)
     assert store.count() == 1201
+
+
+def test_one_outbox_id_under_two_types_is_stored_once_per_type(store: EventStore) -> None:
+    """One outbox event routed to two targets on one store with different type prefixes."""
+    orders, audit = ("orders", "OrderPlaced"), ("audit", "OrderPlaced")
+    first = store.register([_event(*orders, outbox_id="A"), _event(*audit, outbox_id="A")])
+
+    assert [e.type for e in first] == [orders, audit]
+    assert [e.id for e in first] == [EventId(1, 1, 1), EventId(1, 1, 2)]
+    assert store.count() == 2
+    assert store.by_outbox_ids(["A"]) == {"A": first}
+
+    # Re-published, one type per call as two targets would, or both at once: nothing new.
+    assert store.register([_event(*audit, outbox_id="A")]) == [first[1]]
+    assert store.register([_event(*orders, outbox_id="A")]) == [first[0]]
+    assert store.register([_event(*audit, outbox_id="A"), _event(*orders, outbox_id="A")]) == [
+        first[1],
+        first[0],
+    ]
+    assert store.count() == 2
+    assert store.last_event_id() == EventId(1, 1, 2)
+
+    # A third type of the same outbox id is new, and listed after the others.
+    (third,) = store.register([_event("more", outbox_id="A")])
+    assert third.id == EventId(1, 2, 1)
+    assert store.by_outbox_ids(["A"]) == {"A": [*first, third]}
+
+
+def test_the_same_id_and_type_twice_in_one_call_is_stored_once(store: EventStore) -> None:
+    stored = store.register(
+        [
+            _event("orders", outbox_id="A"),
+            _event("audit", outbox_id="A"),
+            _event("orders", outbox_id="A", payload=b"dup", kind=PayloadKind.BINARY),
+            _event("audit", outbox_id="A"),
+        ]
+    )
+
+    assert stored[2] == stored[0]
+    assert stored[3] == stored[1]
+    assert stored[0] != stored[1]
+    assert stored[2].payload is None
+    assert [e.id.instance for e in stored] == [1, 2, 1, 2]
+    assert store.count() == 2
+    assert store.by_outbox_ids(["A"]) == {"A": stored[:2]}
+
+
+def test_the_database_enforces_one_event_per_outbox_id_and_type(store_url: str) -> None:
+    EventStore(store_url).close()
+    engine = create_engine(store_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        constraints = inspect(engine).get_unique_constraints("event_events")
+    finally:
+        engine.dispose()
+    assert {"name": "event_events_outbox_key", "column_names": ["outbox_event_id", "type"]} in [
+        {"name": c["name"], "column_names": c["column_names"]} for c in constraints
+    ]
+
+    row = (
+        "INSERT INTO event_events (position, server, session, instance, type, timestamp_us,"
+        " outbox_event_id) VALUES ({}, 99, {}, 1, '{}', 0, 'A')"
+    )
+    _execute(store_url, row.format(1, 1, '["x"]'))
+    _execute(store_url, row.format(2, 2, '["y"]'))
+    # PostgreSQL names the constraint, SQLite its columns.
+    duplicate = r"event_events_outbox_key|event_events\.outbox_event_id, event_events\.type"
+    with pytest.raises(IntegrityError, match=duplicate):
+        _execute(store_url, row.format(3, 3, '["x"]'))
+
+
+def test_lookup_lists_every_type_of_ids_spread_over_chunks(store: EventStore) -> None:
+    ids = [f"id-{i:05d}" for i in range(700)]
+    first = store.register([_event("one", outbox_id=i) for i in ids])
+    second = store.register([_event("two", outbox_id=i) for i in reversed(ids)])
+
+    found = store.by_outbox_ids(ids)
+    assert found == {i: [a, b] for i, a, b in zip(ids, first, reversed(second), strict=True)}
+    again = store.register([_event(t, outbox_id=i) for i in ids for t in ("two", "one")])
+    assert again == [e for a, b in zip(first, reversed(second), strict=True) for e in (b, a)]
+    assert store.count() == 1400
 
 
 # --- validation and atomicity --------------------------------------------------------------
@@ -500,6 +593,56 @@ def test_target_maps_outbox_events(store_url: str) -> None:
         1_714_979_289_123_458,
     ]
     assert [e.outbox_event_id for e in stored] == [e.event_id for e in events]
+
+
+def test_targets_with_different_prefixes_on_one_store_each_store_the_event(
+    store_url: str,
+) -> None:
+    """The relay routes one outbox event to two targets that are the same store."""
+    orders, audit = (
+        EventStoreTarget(
+            name,
+            EventStoreTargetConfig(kind="event_store", url=store_url, type_prefix=[name]),
+        )
+        for name in ("orders", "audit")
+    )
+    events = [_outbox_event(1, "OrderPlaced"), _outbox_event(2, "OrderPaid")]
+    try:
+        for _ in range(2):  # the second round is a re-publish after a crash
+            assert orders.publish(events) == [None, None]
+            assert audit.publish(events) == [None, None]
+    finally:
+        orders.close()
+        audit.close()
+
+    store = EventStore(store_url)
+    try:
+        stored = store.read()
+        by_id = store.by_outbox_ids([e.event_id for e in events])
+    finally:
+        store.close()
+    assert [e.type for e in stored] == [
+        ("orders", "OrderPlaced"),
+        ("orders", "OrderPaid"),
+        ("audit", "OrderPlaced"),
+        ("audit", "OrderPaid"),
+    ]
+    assert by_id == {
+        events[0].event_id: [stored[0], stored[2]],
+        events[1].event_id: [stored[1], stored[3]],
+    }
+
+
+def test_target_exposes_its_config_read_only(store_url: str) -> None:
+    target = _target(store_url)
+    try:
+        assert target.config.url == store_url
+        assert target.config.type_prefix == ["tidings", "orders"]
+        assert target.config.server_id == 3
+        with pytest.raises(AttributeError):
+            target.config = target.config  # type: ignore[misc]
+    finally:
+        target.close()
 
 
 def test_target_fails_the_whole_call_on_an_invalid_type(store_url: str) -> None:

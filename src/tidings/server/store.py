@@ -5,7 +5,9 @@ id is ``(server, session, instance)`` with 0 reserved for "before the first"; on
 call is one session whose events share the server timestamp; the type is a list of strings.
 On top of that every event gets a ``position``, an increasing 64-bit integer over the whole
 log, which stream consumers (FTN18) keep as their cursor, and the outbox event id it came
-from, so that a relay re-publishing after a crash does not store it twice.
+from. An event is recognised by its outbox event id together with its type, so that a relay
+re-publishing after a crash does not store it twice, while one outbox event routed to two
+targets on the same store with different type prefixes is stored once under each type.
 
 The same SQLAlchemy Core code runs on both databases. Appends are serialized (SQLite
 ``BEGIN IMMEDIATE``, PostgreSQL transaction-scoped advisory lock), so positions become
@@ -169,7 +171,8 @@ _events = Table(
         "(payload IS NULL) = (payload_kind IS NULL)", name="event_events_payload_check"
     ),
     UniqueConstraint("server", "session", "instance", name="event_events_id_key"),
-    UniqueConstraint("outbox_event_id", name="event_events_outbox_event_id_key"),
+    # Leading with outbox_event_id, it also serves the lookups by outbox id alone.
+    UniqueConstraint("outbox_event_id", "type", name="event_events_outbox_key"),
     Index("event_events_type_idx", "type"),
     Index("event_events_timestamp_idx", "timestamp_us"),
 )
@@ -200,18 +203,19 @@ class EventStore:
     def register(self, events: Sequence[NewEvent]) -> list[StoredEvent]:
         """Store ``events`` as one session, all or nothing; return one stored event per input.
 
-        An event whose ``outbox_event_id`` is already stored (or repeated earlier in the same
-        call) is not stored again: its slot holds the event stored first. A call made only of
-        such duplicates uses no session number.
+        An event whose ``(outbox_event_id, type)`` is already stored (or repeated earlier in
+        the same call) is not stored again: its slot holds the event stored first. The same
+        outbox id with another type is a different event. A call made only of such duplicates
+        uses no session number.
         """
         encoded_types = _validate(events)
         if not events:
             return []
         with self._transaction("register", append=True) as conn:
-            known = _select_by_outbox_ids(
+            known = _select_outbox_keys(
                 conn, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
             )
-            fresh, slots = _plan(events, known)
+            fresh, slots = _plan(events, known, encoded_types)
             stored = self._append(conn, fresh, encoded_types) if fresh else []
         return [slot if isinstance(slot, StoredEvent) else stored[slot] for slot in slots]
 
@@ -228,15 +232,22 @@ class EventStore:
         with self._transaction("read") as conn:
             return [_from_row(row) for row in conn.execute(query)]
 
-    def by_outbox_ids(self, ids: Iterable[str]) -> dict[str, StoredEvent]:
-        """Return the stored events among ``ids`` by outbox event id; unknown ids are absent."""
+    def by_outbox_ids(self, ids: Iterable[str]) -> dict[str, list[StoredEvent]]:
+        """Return the stored events of ``ids`` by outbox event id; unknown ids are absent.
+
+        One outbox id may have been stored under several types; its list holds all of them,
+        in position order.
+        """
         if isinstance(ids, str):
             raise StoreError("by_outbox_ids takes an iterable of ids, not one str")
         wanted = set(ids)
         for outbox_id in wanted:
             _require_outbox_id(outbox_id)
         with self._transaction("look up outbox ids") as conn:
-            return _select_by_outbox_ids(conn, wanted)
+            found: dict[str, list[StoredEvent]] = {}
+            for row in _select_by_outbox_ids(conn, wanted):
+                found.setdefault(row.outbox_event_id, []).append(_from_row(row))
+            return found
 
     def count(self) -> int:
         """Return the number of stored events."""
@@ -432,34 +443,59 @@ def _advance_counter(conn: Connection, name: str, by: int) -> int:
     return conn.execute(statement).scalar_one()
 
 
-def _select_by_outbox_ids(conn: Connection, ids: set[str]) -> dict[str, StoredEvent]:
-    """Fetch the stored events among ``ids`` in chunked ``IN`` queries."""
+#: The dedup key of an event: its outbox event id and its type as stored (_encode_type).
+_OutboxKey = tuple[str, str]
+
+
+def _select_by_outbox_ids(conn: Connection, ids: set[str]) -> Iterator[Row[Any]]:
+    """Yield the stored rows of ``ids`` in chunked ``IN`` queries, each chunk by position.
+
+    All rows of one id are in one chunk, so they come in position order.
+    """
     ordered = sorted(ids)
-    found: dict[str, StoredEvent] = {}
     for start in range(0, len(ordered), _IN_CHUNK):
         chunk = ordered[start : start + _IN_CHUNK]
-        for row in conn.execute(select(_events).where(_events.c.outbox_event_id.in_(chunk))):
-            found[row.outbox_event_id] = _from_row(row)
-    return found
+        query = (
+            select(_events).where(_events.c.outbox_event_id.in_(chunk)).order_by(_events.c.position)
+        )
+        yield from conn.execute(query)
+
+
+def _select_outbox_keys(conn: Connection, ids: set[str]) -> dict[_OutboxKey, StoredEvent]:
+    """Fetch the stored events of ``ids`` by dedup key.
+
+    Keyed by the stored type text: _encode_type is canonical, so it equals the encoding of
+    a new event of the same type.
+    """
+    return {
+        (row.outbox_event_id, row.type): _from_row(row) for row in _select_by_outbox_ids(conn, ids)
+    }
 
 
 def _plan(
-    events: Sequence[NewEvent], known: dict[str, StoredEvent]
+    events: Sequence[NewEvent],
+    known: dict[_OutboxKey, StoredEvent],
+    encoded_types: dict[EventType, str],
 ) -> tuple[list[NewEvent], list[StoredEvent | int]]:
     """Split a register into the events to store and, per input, its already stored event
-    or its index among those to store (a repeated outbox id maps to its first occurrence)."""
+    or its index among those to store (a repeated outbox id and type maps to its first
+    occurrence)."""
     fresh: list[NewEvent] = []
     slots: list[StoredEvent | int] = []
-    first_index: dict[str, int] = {}
+    first_index: dict[_OutboxKey, int] = {}
     for new_event in events:
         outbox_id = new_event.outbox_event_id
-        if outbox_id is not None and outbox_id in known:
-            slots.append(known[outbox_id])
-        elif outbox_id is not None and outbox_id in first_index:
-            slots.append(first_index[outbox_id])
+        if outbox_id is None:
+            slots.append(len(fresh))
+            fresh.append(new_event)
+            continue
+        key = (outbox_id, encoded_types[new_event.type])
+        if key in known:
+            slots.append(known[key])
+        elif key in first_index:
+            slots.append(first_index[key])
         else:
-            if outbox_id is not None:
-                first_index[outbox_id] = len(fresh)
+            first_index[key] = len(fresh)
             slots.append(len(fresh))
             fresh.append(new_event)
     return fresh, slots

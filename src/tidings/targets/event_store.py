@@ -3,6 +3,8 @@
 An outbox event becomes one server event whose type is the configured prefix plus the outbox
 type, whose source timestamp is the moment the producer logged it, and which carries the
 outbox event id, so a batch published again after a crash is recognised and not stored twice.
+The store recognises an event by outbox id and type together, so two targets on one store
+with different type prefixes each store their own copy of an outbox event routed to both.
 A whole call is one session in one transaction, hence ``atomic``.
 """
 
@@ -36,6 +38,11 @@ class EventStoreTarget(Target):
         self._type_prefix = tuple(config.type_prefix)
         self._store: EventStore | None = None
         self._lock = threading.Lock()
+
+    @property
+    def config(self) -> EventStoreTargetConfig:
+        """The configuration this target was created with (read-only)."""
+        return self._config
 
     def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
         """Register ``events`` as one session: all are confirmed or all get the same error."""
