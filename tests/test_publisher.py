@@ -233,3 +233,12 @@ def test_unknown_target_in_a_route_fails_the_event(engine: Engine, tmp_path: Pat
     Publisher(engine, merge_routes({"A": ["ghost"]}), {}.get, []).run(_logged(engine))
     row = _rows(engine)[1]
     assert row.status == "FAILED" and "unknown target 'ghost'" in row.error_details
+
+
+def test_delete_on_success_removes_published_rows_only(engine: Engine, tmp_path: Path) -> None:
+    _emit(engine, [("A", "k", {"n": "poison"}), ("A", "j", {}), ("B", "j", {})])
+    refusing = Refusing("a", _store(tmp_path, "a"), "poison")
+    Publisher(
+        engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0], delete_published=True
+    ).run(_logged(engine))
+    assert {s: r.status for s, r in _rows(engine).items()} == {1: "FAILED", 3: "UNROUTABLE"}

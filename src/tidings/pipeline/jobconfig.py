@@ -49,8 +49,9 @@ def job_config(options: Mapping[str, str]) -> TidingsConfig:
         try:
             config = load_config_file(path)
         except ConfigError as exc:
-            log.error("configuration file changed but is invalid, keeping the last good one: %s",
-                      exc)
+            log.error(
+                "configuration file changed but is invalid, keeping the last good one: %s", exc
+            )
             config = cached[1] if cached else base
         _file_cache[path] = (mtime, config)
         return config

@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Engine, bindparam, func, select, update
+from sqlalchemy import Engine, bindparam, delete, func, select, update
 
 from tidings.model import OPEN_STATUSES, DeliveryState, EventStatus, OutboxEvent
-from tidings.outbox.schema import outbox_event
+from tidings.outbox.schema import outbox_event, outbox_event_attribute
 from tidings.routing.table import Routes
 from tidings.targets.base import Target
 from tidings.timeutil import as_utc, utcnow
@@ -111,6 +111,7 @@ class Publisher:
         *,
         retry_threshold: int | None = None,
         deadline: float | None = None,
+        delete_published: bool = False,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.engine = engine
@@ -119,6 +120,7 @@ class Publisher:
         self.backoff = list(backoff)
         self.retry_threshold = retry_threshold
         self.deadline = deadline
+        self.delete_published = delete_published
         self.sleep = sleep
 
     def run(self, logged: Iterable[LoggedEvent]) -> Summary:
@@ -153,6 +155,10 @@ class Publisher:
 
     def _flush(self) -> None:
         """Record the outcome of everything settled so far, in one transaction."""
+        dirty, self._dirty = [i for i in self._dirty if i.changed], []
+        done = [i for i in dirty if self.delete_published and i.status == EventStatus.PUBLISHED]
+        if done:
+            dirty = [i for i in dirty if i.status != EventStatus.PUBLISHED]
         rows = [
             {
                 "b_seq": item.event.seq,
@@ -163,13 +169,24 @@ class Publisher:
                 "b_published": item.published_at,
                 "b_now": utcnow(),
             }
-            for item in self._dirty
-            if item.changed
+            for item in dirty
         ]
-        self._dirty = []
-        if rows:
+        if rows or done:
             with self.engine.begin() as conn:
-                conn.execute(_UPDATE, rows)
+                if rows:
+                    conn.execute(_UPDATE, rows)
+                if done:  # the design document's delete-on-success completion mode
+                    ids = [i.event.event_id for i in done]
+                    conn.execute(
+                        delete(outbox_event_attribute).where(
+                            outbox_event_attribute.c.event_id.in_(ids)
+                        )
+                    )
+                    conn.execute(
+                        delete(outbox_event).where(
+                            outbox_event.c.seq.in_([i.event.seq for i in done])
+                        )
+                    )
 
     # -- ordering --------------------------------------------------------------------------
 

@@ -61,8 +61,9 @@ def _logged(row: Mapping[str, Any]) -> LoggedEvent:
     )
 
 
-def publish_rows(config: TidingsConfig, rows: list[LoggedEvent], options: Mapping[str, str]
-                 ) -> Summary:
+def publish_rows(
+    config: TidingsConfig, rows: list[LoggedEvent], options: Mapping[str, str]
+) -> Summary:
     """Run the publisher over one task's rows with the configuration in force."""
     engine = shared_engine(config.database.url)
 
@@ -81,6 +82,7 @@ def publish_rows(config: TidingsConfig, rows: list[LoggedEvent], options: Mappin
         [d.total_seconds() for d in config.relay.retry_backoff],
         retry_threshold=threshold,
         deadline=deadline,
+        delete_published=config.housekeeping.delete_on_success,
     )
     return publisher.run(rows)
 
