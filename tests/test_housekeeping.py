@@ -32,10 +32,12 @@ OLD = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)  # 16 days before NOW
 OLDER = datetime(2024, 4, 30, 8, 0, tzinfo=UTC)
 
 
-def make_config(tmp_path: Path, **housekeeping: Any) -> TidingsConfig:
+def make_config(
+    tmp_path: Path, database_url: str | None = None, **housekeeping: Any
+) -> TidingsConfig:
     return load_config(
         {
-            "database": {"url": f"sqlite:///{tmp_path / 'app.db'}"},
+            "database": {"url": database_url or f"sqlite:///{tmp_path / 'app.db'}"},
             "housekeeping": {"archive_dir": str(tmp_path / "archive"), **housekeeping},
         }
     )
@@ -332,3 +334,22 @@ def test_batch_log_is_trimmed_but_every_jobs_watermark_kept(
 def test_negative_older_than_is_refused(spark: SparkSession, config: TidingsConfig) -> None:
     with pytest.raises(ValueError, match="older_than"):
         run(spark, config, older_than=timedelta(seconds=-1))
+
+
+@pytest.mark.postgres
+def test_postgres_archives_and_deletes_exactly_the_old_published_rows(
+    spark: SparkSession, tmp_path: Path, pg_url: str
+) -> None:
+    config = make_config(tmp_path, pg_url)
+    gone = {emit(config, EventStatus.PUBLISHED, OLD + timedelta(hours=i), n=i) for i in range(3)}
+    kept = {emit(config, EventStatus.FAILED, OLD), emit(config, EventStatus.PUBLISHED, TODAY)}
+
+    result = run(spark, config, chunk_size=2)
+
+    assert (result.deleted, result.archived) == (3, 3)
+    assert (result.first_logged_at, result.last_logged_at) == (OLD, OLD + timedelta(hours=2))
+    assert set(archived(spark, result)) == gone
+    assert event_ids(config) - event_ids(config, event_type=DELETION_EVENT) == kept
+    assert attribute_owners(config) == kept
+    assert deletion_events(config)[0]["count"] == 3
+    engine_of(config).dispose()  # close pooled connections before the database is dropped

@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
-from sqlalchemy import Column, Connection, Engine, Row, and_, func, select
+from sqlalchemy import Column, Connection, Engine, Row, and_, bindparam, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from tidings.config import TidingsConfig
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 
 DELETION_EVENT = "OutboxDeletionCompleted"
 CHUNK_SIZE = 100_000
-_DELETE_BATCH = 500  # seqs per DELETE statement: well below every driver's parameter limit
 _PUBLISHED = EventStatus.PUBLISHED.value
 _ARROW_TYPES: dict[type, pa.DataType] = {
     int: pa.int64(),
@@ -60,6 +59,15 @@ ARCHIVE_SCHEMA = pa.schema(
     [(c.name, _ARROW_TYPES[c.type.python_type]) for c in outbox_event.columns]
     + [("attributes", pa.string()), ("day", pa.string())]
 )
+
+_STILL_PUBLISHED = and_(
+    outbox_event.c.seq == bindparam("b_seq"), outbox_event.c.status == _PUBLISHED
+)
+_DELETE_ATTRIBUTES = outbox_event_attribute.delete().where(
+    outbox_event_attribute.c.event_id
+    == select(outbox_event.c.event_id).where(_STILL_PUBLISHED).scalar_subquery()
+)
+_DELETE_EVENT = outbox_event.delete().where(_STILL_PUBLISHED)
 
 Progress = Callable[[int, int], None]
 ChunkStep = Callable[[int, int], "_ChunkOutcome | None"]
@@ -347,25 +355,15 @@ def _finish_chunk(
 def _delete_rows(engine: Engine, seqs: Sequence[int]) -> int:
     """Delete exactly these rows, if still PUBLISHED, attributes first, in one transaction.
 
+    One statement per row, sent with executemany: a ``seq = ?`` lookup always takes the
+    primary key, where a long ``seq IN (...)`` made SQLite scan the status index instead.
     The attributes go explicitly: SQLite enforces the foreign key's cascade only when
     ``PRAGMA foreign_keys`` is on, which tidings does not require.
     """
-    deleted = 0
+    params = [{"b_seq": seq} for seq in seqs]
     with engine.begin() as conn:
-        for start in range(0, len(seqs), _DELETE_BATCH):
-            published = and_(
-                outbox_event.c.seq.in_(seqs[start : start + _DELETE_BATCH]),
-                outbox_event.c.status == _PUBLISHED,
-            )
-            conn.execute(
-                outbox_event_attribute.delete().where(
-                    outbox_event_attribute.c.event_id.in_(
-                        select(outbox_event.c.event_id).where(published)
-                    )
-                )
-            )
-            deleted += conn.execute(outbox_event.delete().where(published)).rowcount
-    return deleted
+        conn.execute(_DELETE_ATTRIBUTES, params)
+        return conn.execute(_DELETE_EVENT, params).rowcount
 
 
 def _announce(engine: Engine, config: TidingsConfig, tally: _Tally, mode: str) -> None:

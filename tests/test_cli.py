@@ -1,0 +1,67 @@
+"""The command line: clear errors on bad input, status output, routes, and the demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from helpers import relay_config
+from tidings.cli import app
+from tidings.db import make_engine
+from tidings.outbox.producer import Outbox
+
+runner = CliRunner()
+
+
+def _config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tidings.yaml"
+    path.write_text(yaml.safe_dump(relay_config(tmp_path).model_dump(mode="json")))
+    return path
+
+
+def test_bad_config_file_exits_2_naming_key_and_value(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("relay:\n  partitions: zero\n")
+    result = runner.invoke(app, ["status", "--config", str(bad)])
+    assert result.exit_code == 2
+    assert "relay.partitions" in result.output and "zero" in result.output
+
+
+def test_bad_flag_value_is_refused(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["replay", "--config", str(_config_file(tmp_path)), "--every", "often"]
+    )
+    assert result.exit_code == 2 and "not a duration" in result.output
+
+
+def test_status_and_routes(tmp_path: Path) -> None:
+    path = _config_file(tmp_path)
+    config = relay_config(tmp_path)
+    outbox = Outbox(make_engine(config.database.url))
+    with outbox.transaction() as tx:
+        tx.emit("Created", {"n": 1}, partition_key="k")
+    result = runner.invoke(app, ["status", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "PENDING" in result.output and "oldest open event" in result.output
+    assert runner.invoke(app, ["routes", "add", "Renamed", "store", "-c", str(path)]).exit_code == 0
+    listed = runner.invoke(app, ["routes", "list", "-c", str(path)])
+    assert "Created -> store" in listed.output and "Renamed -> store" in listed.output
+    unknown = runner.invoke(app, ["routes", "add", "Renamed", "nowhere", "-c", str(path)])
+    assert unknown.exit_code == 2 and "unknown target 'nowhere'" in unknown.output
+    assert (
+        runner.invoke(app, ["routes", "remove", "Renamed", "store", "-c", str(path)]).exit_code == 0
+    )
+    assert "Renamed" not in runner.invoke(app, ["routes", "list", "-c", str(path)]).output
+
+
+@pytest.mark.spark
+def test_demo_delivers_everything_and_says_so(spark, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["demo", "--operations", "400", "--rate", "400", "--workdir", str(tmp_path / "d")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "OK: every routed event was delivered exactly once, in order." in result.output
+    assert "UNROUTABLE" in result.output and "missing 0, duplicates 0" in result.output
