@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import re
 import threading
@@ -29,8 +30,8 @@ from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
 from nats.js.errors import NotFoundError
 
 from tidings.config import JetStreamTargetConfig
@@ -59,11 +60,6 @@ _RESERVED_NAMES = frozenset(h.lower() for h in _TIDINGS_HEADERS)
 #: ``Nats-*`` headers steer the server (dedup id, expected stream/sequence, rollup, TTL);
 #: letting a producer set them could defeat deduplication or purge the stream.
 _RESERVED_PREFIX = "nats-"
-
-#: nats-py's cap on publishes awaiting an ack, set so high that it never throttles: the
-#: relay's call size is the flow control, and waiting on nats-py's cap with a deadline
-#: (``wait_stall``) would yield to the loop per message and so flush the socket per message.
-_MAX_IN_FLIGHT = 1 << 30
 
 
 def subject_token(event_type: str) -> str:
@@ -102,6 +98,62 @@ def _describe(exc: BaseException) -> str:
     """Name the exception type too: several nats-py errors have empty or generic texts."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def ack_error(reply: Msg, stream: str) -> str | None:
+    """Why a JetStream reply is not a store confirmation for ``stream``; None if it is one.
+
+    A duplicate ack (``"duplicate": true``) is a confirmation: the event is in the stream.
+    """
+    if reply.headers and (status := reply.headers.get("Status")):
+        if status == "503":
+            return "no stream takes this subject (no responders)"
+        return f"status {status} {reply.headers.get('Description', '')}".rstrip()
+    try:
+        ack = json.loads(reply.data)
+    except ValueError:
+        return f"unreadable ack {reply.data[:200]!r}"
+    if (error := ack.get("error")) is not None:
+        return f"JetStream error {error.get('err_code')}: {error.get('description')}"
+    if ack.get("stream") != stream:
+        # Another stream captures our subjects (a misconfiguration when create_stream is off).
+        return f"stored in stream {ack.get('stream')!r}, not in {stream!r}"
+    return None
+
+
+class _AckInbox:
+    """Matches JetStream acks to publishes through one wildcard inbox subscription.
+
+    nats-py's ``publish_async`` does the same, but per message it also draws random bytes
+    for the token, runs a semaphore and a done callback, and builds a ``PubAck`` dataclass;
+    that costs more than a third of the target's CPU per message. Here a reply subject is a
+    counter and an ack stays the raw reply until :func:`ack_error` reads it.
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self._prefix = f"{nc.new_inbox()}."
+        self._counter = 0
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+
+    async def start(self) -> None:
+        await self.nc.subscribe(f"{self._prefix}*", cb=self._on_reply)
+
+    def expect(self) -> tuple[str, asyncio.Future[Msg]]:
+        """A fresh reply subject and the future its ack will complete."""
+        self._counter += 1
+        reply = f"{self._prefix}{self._counter}"
+        future = self._waiting[reply] = asyncio.get_running_loop().create_future()
+        return reply, future
+
+    def forget(self, reply: str) -> None:
+        """Stop waiting for ``reply`` (acked, failed to send, or given up on)."""
+        self._waiting.pop(reply, None)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        future = self._waiting.pop(msg.subject, None)
+        if future is not None and not future.done():
+            future.set_result(msg)
 
 
 class _LoopThread:
@@ -143,13 +195,14 @@ class JetStreamTarget(Target):
         self.config = config
         self._ack_timeout = config.ack_timeout.total_seconds()
         self._subjects: dict[str, str] = {}
-        self._nc: Client | None = None
-        self._js: JetStreamContext | None = None
+        self._inbox: _AckInbox | None = None
         self._connect_lock = asyncio.Lock()
+        self._last_error: Exception | None = None
         self._closed = False
         self._runner = _LoopThread(f"tidings-jetstream-{name}")
-        # Safety net only: every await inside a call is bounded on its own by these budgets.
-        self._call_timeout = (len(config.servers) + 5) * self._ack_timeout
+        # A safety net for the calling thread only: each step of a call has its own bound
+        # (two connect tries per server, a few stream API requests, one ack deadline).
+        self._call_timeout = (2 * len(config.servers) + 4) * self._ack_timeout
 
     def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
         """Publish all ``events`` concurrently; None per acked (or duplicate) event, else why."""
@@ -176,54 +229,52 @@ class JetStreamTarget(Target):
     # -- one call ------------------------------------------------------------------------
 
     async def _publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
+        """Send every event, then wait for all acks under one deadline.
+
+        Nothing awaited while sending yields to the loop (unless nats-py's 2 MB write buffer
+        fills), so the whole call leaves in a few socket writes instead of one per message.
+        """
         try:
-            js = await self._connection()
+            inbox = await self._connection()
         except TargetError as exc:
             return self._fail_all(events, str(exc))
         subjects = [self._subject(e.event_type) for e in events]
-        acks: list[asyncio.Future[PubAck]] = []
+        outcomes: list[asyncio.Future[Msg] | str] = []
+        replies: list[str] = []
         try:
             for event, subject in zip(events, subjects, strict=True):
-                acks.append(await self._send(js, event, subject))
-            await asyncio.wait(acks, timeout=self._ack_timeout)
+                outcomes.append(await self._send(inbox, event, subject, replies))
+            acks = [o for o in outcomes if not isinstance(o, str)]
+            if acks:
+                await asyncio.wait(acks, timeout=self._ack_timeout)
         finally:
-            # One deadline for the whole pipelined call, not a timer per message. Acks still
-            # missing then (all of them if the call was abandoned) must not stay registered
-            # with nats-py forever.
-            for ack in acks:
-                ack.cancel()
-        return [self._outcome(ack, subject) for ack, subject in zip(acks, subjects, strict=True)]
+            # Acks still missing now (all of them if the call was abandoned) are given up.
+            for reply in replies:
+                inbox.forget(reply)
+        return [self._result(o, s) for o, s in zip(outcomes, subjects, strict=True)]
 
     async def _send(
-        self, js: JetStreamContext, event: OutboxEvent, subject: str
-    ) -> asyncio.Future[PubAck]:
-        """Send one message without waiting for its ack; a send error becomes a failed future."""
+        self, inbox: _AckInbox, event: OutboxEvent, subject: str, replies: list[str]
+    ) -> asyncio.Future[Msg] | str:
+        """Send one message without waiting for its ack: its ack future, or why it failed."""
+        reply, ack = inbox.expect()
+        replies.append(reply)
         try:
-            return await js.publish_async(
-                subject,
-                event.payload.encode(),
-                headers=message_headers(event),
+            await inbox.nc.publish(
+                subject, event.payload.encode(), reply=reply, headers=message_headers(event)
             )
         except Exception as exc:
-            failed: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
-            failed.set_exception(exc)
-            return failed
+            return _describe(exc)
+        return ack
 
-    def _outcome(self, ack: asyncio.Future[PubAck], subject: str) -> str | None:
-        """None for an ack from our stream, a duplicate included: the event is stored there.
-
-        An ack from another stream means that stream captures our subjects (a configuration
-        error when ``create_stream`` is off); it is reported rather than counted as delivered.
-        """
-        if ack.cancelled():
-            cause = f"no ack within {self._ack_timeout:g}s"
-        elif (exc := ack.exception()) is not None:
-            cause = _describe(exc)
-        elif (stream := ack.result().stream) != self.config.stream:
-            cause = f"stored in stream {stream!r}, not in {self.config.stream!r}"
+    def _result(self, outcome: asyncio.Future[Msg] | str, subject: str) -> str | None:
+        if isinstance(outcome, str):
+            cause: str | None = outcome
+        elif outcome.done():
+            cause = ack_error(outcome.result(), self.config.stream)
         else:
-            return None
-        return self._error(subject, cause)
+            cause = f"no ack within {self._ack_timeout:g}s"
+        return None if cause is None else self._error(subject, cause)
 
     def _fail_all(self, events: Sequence[OutboxEvent], cause: str) -> list[str | None]:
         return [self._error(self._subject(e.event_type), cause) for e in events]
@@ -240,50 +291,57 @@ class JetStreamTarget(Target):
 
     # -- connection ----------------------------------------------------------------------
 
-    async def _connection(self) -> JetStreamContext:
-        """The live JetStream context, opening a new connection if there is none."""
-        if self._js is not None and self._nc is not None and self._nc.is_connected:
-            return self._js
+    async def _connection(self) -> _AckInbox:
+        """The live connection's ack inbox, opening a new connection if there is none."""
         async with self._connect_lock:
-            if self._js is None or self._nc is None or not self._nc.is_connected:
+            if self._inbox is None or not self._inbox.nc.is_connected:
                 await self._disconnect()
-                self._nc, self._js = await self._open()
-        return self._js
+                self._inbox = await self._open()
+            return self._inbox
 
-    async def _open(self) -> tuple[Client, JetStreamContext]:
-        """Connect to the first reachable server and make sure the stream is there."""
+    async def _open(self) -> _AckInbox:
+        """Connect to the first reachable server, make sure the stream is there, subscribe."""
         nc = await self._connect_any()
-        js = nc.jetstream(timeout=self._ack_timeout, publish_async_max_pending=_MAX_IN_FLIGHT)
-        if self.config.create_stream:
-            try:
-                await self._ensure_stream(js)
-            except Exception as exc:
-                await nc.close()
-                raise TargetError(
-                    f"cannot set up stream {self.config.stream!r}: {_describe(exc)}"
-                ) from exc
-        return nc, js
+        try:
+            if self.config.create_stream:
+                await self._ensure_stream(nc.jetstream(timeout=self._ack_timeout))
+            inbox = _AckInbox(nc)
+            await inbox.start()
+        except Exception as exc:
+            await nc.close()
+            raise TargetError(
+                f"cannot set up stream {self.config.stream!r} and ack inbox: {_describe(exc)}"
+            ) from exc
+        return inbox
 
     async def _connect_any(self) -> Client:
-        """Try each server once, in configured order, each bounded by ``ack_timeout``."""
+        """Try the servers in configured order; fail within a few ``ack_timeout``s at most."""
         causes: list[str] = []
         for server in self.config.servers:
+            self._last_error = None
             try:
                 return await nats.connect(
                     server,
                     name=f"tidings-{self.name}",
                     allow_reconnect=False,
+                    # nats-py retries a refused first connect until the server's attempts
+                    # exceed max_reconnect_attempts (0 would mean forever): 1 with no wait
+                    # gives two immediate tries.
+                    max_reconnect_attempts=1,
+                    reconnect_time_wait=0,
                     connect_timeout=self._ack_timeout,
                     drain_timeout=self._ack_timeout,
                     flush_timeout=self._ack_timeout,
                     error_cb=self._on_error,
                 )
             except Exception as exc:
-                causes.append(f"{server}: {_describe(exc)}")
+                # nats-py reports the real cause (refused, timed out) only to error_cb.
+                causes.append(f"{server}: {_describe(self._last_error or exc)}")
         raise TargetError(f"cannot connect ({'; '.join(causes)})")
 
     async def _on_error(self, exc: Exception) -> None:
-        """Publish results report failures; nats-py's own error log would only repeat them."""
+        """Keep the cause for the publish results; nats-py's own error log would only repeat it."""
+        self._last_error = exc
         _log.debug("jetstream target %s: %s", self.name, _describe(exc))
 
     async def _ensure_stream(self, js: JetStreamContext) -> None:
@@ -309,8 +367,10 @@ class JetStreamTarget(Target):
 
     async def _disconnect(self) -> None:
         """Drain a live connection, close a broken one; never raise."""
-        nc, self._nc, self._js = self._nc, None, None
-        if nc is None or nc.is_closed:
+        if self._inbox is None:
+            return
+        nc, self._inbox = self._inbox.nc, None
+        if nc.is_closed:
             return
         try:
             if nc.is_connected:
