@@ -7,11 +7,8 @@ prefix so they never see each other's messages. Outage and recovery tests run a 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
-import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -20,11 +17,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
-from nats.js.api import RawStreamMsg, StreamInfo
+from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
+from helpers import SHARED_URL, PrivateServer, admin, free_port, stream_info, stream_messages
 from tidings.config import JetStreamTargetConfig
 from tidings.errors import TargetError
 from tidings.model import OutboxEvent
@@ -32,8 +29,6 @@ from tidings.targets.jetstream import JetStreamTarget, message_headers, subject_
 
 pytestmark = pytest.mark.nats
 
-SHARED_URL = "nats://127.0.0.1:4222"
-NATS_SERVER = "/usr/sbin/nats-server"
 LOGGED_AT = datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=UTC)
 
 
@@ -50,81 +45,11 @@ def event(seq: int, **fields: Any) -> OutboxEvent:
     return OutboxEvent(**values)
 
 
-async def _admin(url: str, action: Callable[[Any], Any]) -> Any:
-    nc = await nats.connect(
-        url, allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0
-    )
-    try:
-        return await action(nc.jetstream())
-    finally:
-        await nc.close()
-
-
-def admin(action: Callable[[Any], Any], url: str = SHARED_URL) -> Any:
-    """Run one JetStream management call in a throwaway connection of its own."""
-    return asyncio.run(_admin(url, action))
-
-
-def stream_info(stream: str, url: str = SHARED_URL) -> StreamInfo:
-    return admin(lambda js: js.stream_info(stream), url)
-
-
-def stream_messages(stream: str, url: str = SHARED_URL) -> list[RawStreamMsg]:
-    """Every message of ``stream`` in stream order."""
-
-    async def read(js: Any) -> list[RawStreamMsg]:
-        count = (await js.stream_info(stream)).state.messages
-        return [await js.get_msg(stream, seq) for seq in range(1, count + 1)]
-
-    return admin(read, url)
-
-
 def raw_headers(msg: RawStreamMsg) -> list[tuple[str, str]]:
     """Header lines exactly as stored, duplicates included (the parsed dict hides them)."""
     assert msg.hdrs is not None
     lines = base64.b64decode(msg.hdrs).decode().split("\r\n")[1:]
     return [(k, v.strip()) for k, v in (line.split(":", 1) for line in lines if line)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-class PrivateServer:
-    """A ``nats-server -js`` of the test's own, which may be started and killed at will."""
-
-    def __init__(self, port: int, store: Path) -> None:
-        self.port = port
-        self.url = f"nats://127.0.0.1:{port}"
-        self._store = store
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        args = ["-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self._store)]
-        self._proc = subprocess.Popen(
-            [NATS_SERVER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        wait_for_port(self.port)
-
-    def kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
 
 
 @pytest.fixture

@@ -98,8 +98,7 @@ def relay(
     """Run the relay pipeline on Spark until interrupted (or once with --once)."""
     from tidings.db import shared_engine
     from tidings.metrics import BatchLogFollower, MetricsListener, serve_metrics
-    from tidings.pipeline.relay import start_relay
-    from tidings.pipeline.replay import run_replay
+    from tidings.pipeline.relay import run_relay
     from tidings.pipeline.spark import spark_session
 
     cfg = _load(config)
@@ -107,30 +106,23 @@ def relay(
     if port:
         serve_metrics(port)
     spark = spark_session(cfg.relay, app_name="tidings-relay")
-    follower = BatchLogFollower(shared_engine(cfg.database.url))
-    spark.streams.addListener(MetricsListener(follower))
-    query = start_relay(spark, cfg, str(config) if config else None, available_now=once)
-    console.print(f"relay running (query {query.id}); Ctrl-C stops it")
-    every = cfg.relay.replay_every.total_seconds() if cfg.relay.replay_every else None
-    next_replay = time.monotonic() + every if every else None
+    spark.streams.addListener(MetricsListener(BatchLogFollower(shared_engine(cfg.database.url))))
+    console.print("relay running; Ctrl-C stops it" if not once else "relay draining the log ...")
     try:
-        while query.isActive:
-            query.awaitTermination(1)
-            if next_replay is not None and time.monotonic() >= next_replay and not once:
-                summary = run_replay(spark, cfg, str(config) if config else None)
-                if summary.events:
-                    console.print(
-                        f"replay: {summary.published} published, "
-                        f"{summary.failed} failed, {summary.held} held"
-                    )
-                next_replay = time.monotonic() + every
+        run_relay(
+            spark,
+            cfg,
+            str(config) if config else None,
+            once=once,
+            on_replay=lambda s: console.print(
+                f"replay: {s.published} published, {s.failed} failed, {s.held} held"
+            ),
+        )
     except KeyboardInterrupt:
-        console.print("stopping the relay ...")
-    finally:
-        query.stop()
-    if query.exception() is not None:
-        err.print(f"[red]relay failed:[/red] {query.exception()}")
-        raise typer.Exit(1)
+        console.print("relay stopped")
+    except TidingsError as exc:
+        err.print(f"[red]relay failed:[/red] {exc}")
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -10,8 +13,11 @@ from pyspark.sql.streaming import StreamingQuery
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
+from tidings.errors import RelayError
 from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
+from tidings.pipeline.publisher import Summary
+from tidings.pipeline.spark import activate
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +31,7 @@ def start_relay(
 ) -> StreamingQuery:
     """Start the relay query; with ``available_now`` it drains what is committed and stops."""
     ensure_schema(shared_engine(config.database.url))
+    activate(spark)
     options = job_options(config, config_path)
     checkpoint = Path(config.relay.checkpoint_dir).absolute()
     checkpoint.mkdir(parents=True, exist_ok=True)
@@ -43,3 +50,37 @@ def start_relay(
     query = writer.start()
     log.info("relay started", extra={"checkpoint": str(checkpoint), "id": str(query.id)})
     return query
+
+
+def run_relay(
+    spark: SparkSession,
+    config: TidingsConfig,
+    config_path: str | None = None,
+    *,
+    once: bool = False,
+    stop: threading.Event | None = None,
+    on_replay: Callable[[Summary], None] | None = None,
+) -> None:
+    """Run the relay until ``stop`` is set (or, with ``once``, until the log is drained).
+
+    Every ``relay.replay_every`` the replay job runs in the same Spark session, so events
+    that failed or were held while a target was down go out once it is back.
+    """
+    from tidings.pipeline.replay import run_replay
+
+    query = start_relay(spark, config, config_path, available_now=once)
+    every = config.relay.replay_every
+    period = every.total_seconds() if every is not None and not once else None
+    next_replay = time.monotonic() + period if period is not None else None
+    try:
+        while query.isActive and not (stop is not None and stop.is_set()):
+            query.awaitTermination(0.5)
+            if next_replay is not None and time.monotonic() >= next_replay:
+                summary = run_replay(spark, config, config_path)
+                if on_replay is not None and summary.events:
+                    on_replay(summary)
+                next_replay = time.monotonic() + period
+    finally:
+        query.stop()
+    if query.exception() is not None:
+        raise RelayError(f"the relay query failed: {query.exception()}")

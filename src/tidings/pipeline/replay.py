@@ -21,6 +21,7 @@ from tidings.outbox.schema import batch_log, ensure_schema
 from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.publisher import Summary
 from tidings.pipeline.source import deadline_in
+from tidings.pipeline.spark import activate
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ def run_replay(
         "retry_threshold": str(limits.retry_count_threshold),
         "deadline_epoch": deadline_in(limits.time_limit.total_seconds()),
     }
+    activate(spark)
     frame = spark.read.format("tidings_outbox").options(**options).load()
     frame.write.format("tidings_publish").options(**options).mode("append").save()
     total = Summary()

@@ -36,3 +36,15 @@ def spark_session(config: RelayConfig, app_name: str = "tidings") -> SparkSessio
     spark.dataSource.register(OutboxDataSource)
     spark.dataSource.register(PublishSink)
     return spark
+
+
+def activate(spark: SparkSession) -> None:
+    """Make ``spark`` the active session of the calling thread.
+
+    Spark resolves Python data sources through the *active* session, which is per thread;
+    a relay started from another thread would otherwise not find ``tidings_publish``.
+    PySpark does the same in ``createDataFrame``.
+    """
+    SparkSession._activeSession = spark
+    jvm_class = SparkSession._get_j_spark_session_class(spark._jvm)
+    jvm_class.setActiveSession(spark._jsparkSession)
