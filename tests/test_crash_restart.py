@@ -102,22 +102,20 @@ def test_sigkilled_relay_restarts_and_delivers_exactly_once_in_order(tmp_path: P
                 key = f"k{rng.randrange(KEYS)}"
                 keys[tx.emit("Created", {"n": j}, partition_key=key)] = key
     log = tmp_path / "relay.log"
-    kills = 0
-    for _ in range(3):
+    # Kill the whole relay process tree at three points of progress (random within each
+    # stretch): mid-batch, between the publish and the status update, wherever it is.
+    for low, high in ((0.1, 0.3), (0.4, 0.6), (0.7, 0.9)):
         proc = _start_relay(config_path, log)
-        before = _published(engine)
-        deadline = time.monotonic() + 120
-        while _published(engine) == before and time.monotonic() < deadline:
-            time.sleep(0.2)  # wait until this run is publishing
-        time.sleep(rng.uniform(0.2, 1.5))
+        target = max(int(EVENTS * rng.uniform(low, high)), _published(engine) + 1)
+        deadline = time.monotonic() + 300
+        while _published(engine) < target:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "relay made no progress"
+            time.sleep(0.05)
         _kill_tree(proc)
-        kills += 1
-        if _published(engine) == EVENTS:
-            break
-    assert kills >= 2, "the relay finished too early to be killed several times"
     proc = _start_relay(config_path, log)
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600
         while _published(engine) < EVENTS and time.monotonic() < deadline:
             time.sleep(0.5)
     finally:

@@ -288,7 +288,7 @@ def test_unreachable_server_fails_every_event_quickly_without_raising(
 
     result = target.publish([event(1), event(2, event_type="order.paid")])
 
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # returns instead of retrying for minutes
     assert len(result) == 2
     for error, subject in zip(result, ["order_created", "order_paid"], strict=True):
         assert error is not None
