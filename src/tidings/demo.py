@@ -18,13 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
 from tidings.model import EventStatus
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
+from tidings.pipeline.source import relay_watermark
 from tidings.server.store import EventStore
 from tidings.status import StatusReport, status_report
 from tidings.timeutil import as_utc
@@ -155,9 +156,15 @@ def _warm_up(engine: Engine, outbox: Outbox) -> None:
 
 
 def _wait_until_delivered(engine: Engine, timeout: float) -> None:
+    """Wait until nothing is open and the relay has committed its batch for the last row,
+    so that stopping the query interrupts no batch."""
     deadline = time.monotonic() + timeout
+    with engine.connect() as conn:
+        last = conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
     while time.monotonic() < deadline:
-        if status_report(engine, per_target=False).open_events == 0:
+        if (relay_watermark(engine) or 0) >= last and not status_report(
+            engine, per_target=False
+        ).open_events:
             return
         time.sleep(0.1)
 
