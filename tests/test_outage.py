@@ -38,6 +38,13 @@ def _wait(predicate, timeout: float = 90) -> None:
 def test_target_down_then_back_everything_delivered_in_order(spark, tmp_path: Path) -> None:
     server = PrivateServer(free_port(), tmp_path / "jetstream")
     server.start()
+    try:
+        _run_outage(spark, tmp_path, server)
+    finally:
+        server.kill()
+
+
+def _run_outage(spark, tmp_path: Path, server: PrivateServer) -> None:
     stream = f"OUTAGE_{uuid.uuid4().hex[:8]}"
     config = relay_config(
         tmp_path,
@@ -88,10 +95,7 @@ def test_target_down_then_back_everything_delivered_in_order(spark, tmp_path: Pa
     finally:
         stop.set()
         relay.join(60)
-    try:
-        delivered = [m.headers["Nats-Msg-Id"] for m in stream_messages(stream, server.url)]
-    finally:
-        server.kill()
+    delivered = [m.headers["Nats-Msg-Id"] for m in stream_messages(stream, server.url)]
     with engine.connect() as conn:
         order = [
             r[0] for r in conn.execute(select(outbox_event.c.event_id).order_by(outbox_event.c.seq))

@@ -116,7 +116,8 @@ class Publisher:
     ) -> None:
         self.engine = engine
         self.routes = routes
-        self.targets = targets
+        self._lookup = targets
+        self._targets: dict[str, Target | None] = {}
         self.backoff = list(backoff)
         self.retry_threshold = retry_threshold
         self.deadline = deadline
@@ -152,6 +153,12 @@ class Publisher:
                 self._dirty.extend(round_items)
             self._flush()
         return summary
+
+    def targets(self, name: str) -> Target | None:
+        """The target called ``name``, looked up once per run."""
+        if name not in self._targets:
+            self._targets[name] = self._lookup(name)
+        return self._targets[name]
 
     def _flush(self) -> None:
         """Record the outcome of everything settled so far, in one transaction."""
