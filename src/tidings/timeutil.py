@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 
 def utcnow() -> datetime:
@@ -17,3 +19,12 @@ def as_utc(value: datetime) -> datetime:
 def sqlite_text(value: datetime) -> str:
     """The text form SQLAlchemy's SQLite DateTime type stores, for raw driver inserts."""
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def driver_stamp(dialect: str) -> Callable[[datetime], Any]:
+    """How to pass a datetime to the raw driver so that SQLAlchemy reads it back the same."""
+    return sqlite_text if dialect == "sqlite" else _unchanged
+
+
+def _unchanged(value: datetime) -> datetime:
+    return value

@@ -37,7 +37,7 @@ from tidings.outbox.envelope import (
     cloudevents_envelope,
 )
 from tidings.outbox.schema import ensure_schema
-from tidings.timeutil import sqlite_text, utcnow
+from tidings.timeutil import driver_stamp, utcnow
 
 DirectPublisher = Callable[[Sequence[OutboxEvent]], None]
 Bind = Session | Connection
@@ -88,7 +88,7 @@ class Outbox:
         style = self.engine.dialect.paramstyle
         self._insert_event = _insert_sql("outbox_event", _EVENT_COLUMNS, style)
         self._insert_attribute = _insert_sql("outbox_event_attribute", _ATTRIBUTE_COLUMNS, style)
-        self._sqlite = self.engine.dialect.name == "sqlite"
+        self._stamp = driver_stamp(self.engine.dialect.name)
 
     @contextmanager
     def transaction(self) -> Iterator[OutboxTransaction]:
@@ -191,7 +191,7 @@ class Outbox:
     def _insert(self, conn: Connection, draft: EventDraft) -> None:
         body = self._body(draft)
         now = utcnow()
-        stamp = sqlite_text if self._sqlite else _same
+        stamp = self._stamp
         conn.exec_driver_sql(
             self._insert_event,
             (
@@ -273,10 +273,6 @@ class OutboxTransaction:
     def emit(self, event_type: str, payload: Any, **kwargs: Any) -> str:
         """Emit an event in this transaction; same arguments as :meth:`Outbox.emit`."""
         return self.outbox.emit(self, event_type, payload, **kwargs)
-
-
-def _same(value: Any) -> Any:
-    return value
 
 
 def _connection_of(bind: Bind | OutboxTransaction) -> Connection:
