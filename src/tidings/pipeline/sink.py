@@ -40,25 +40,57 @@ class SummaryMessage(WriterCommitMessage):
     summary: dict[str, Any]
 
 
-def _logged(row: Mapping[str, Any]) -> LoggedEvent:
-    event = OutboxEvent(
-        seq=row["seq"],
-        event_id=row["event_id"],
-        event_type=row["event_type"],
-        payload=row["payload"],
-        logged_at=as_utc(row["logged_at"]),
-        version=row["event_version"],
-        correlation_id=row["correlation_id"],
-        originator=row["originator"],
-        partition_key=row["partition_key"],
-        headers=json.loads(row["headers"]) if row["headers"] else {},
-    )
-    return LoggedEvent(
-        event=event,
-        status=EventStatus(row["status"]),
-        retry_count=row["retry_count"] or 0,
-        deliveries=json.loads(row["deliveries"]) if row["deliveries"] else {},
-    )
+def _logged(batch: pa.RecordBatch) -> Iterator[LoggedEvent]:
+    """Rows of one Arrow batch as logged events (column-wise: far cheaper than row dicts)."""
+    c = batch.to_pydict()
+    for (
+        seq,
+        event_id,
+        etype,
+        version,
+        corr,
+        orig,
+        key,
+        payload,
+        headers,
+        logged,
+        status,
+        retries,
+        deliveries,
+    ) in zip(
+        c["seq"],
+        c["event_id"],
+        c["event_type"],
+        c["event_version"],
+        c["correlation_id"],
+        c["originator"],
+        c["partition_key"],
+        c["payload"],
+        c["headers"],
+        c["logged_at"],
+        c["status"],
+        c["retry_count"],
+        c["deliveries"],
+        strict=True,
+    ):
+        event = OutboxEvent(
+            seq=seq,
+            event_id=event_id,
+            event_type=etype,
+            payload=payload,
+            logged_at=as_utc(logged),
+            version=version,
+            correlation_id=corr,
+            originator=orig,
+            partition_key=key,
+            headers=json.loads(headers) if headers and headers != "{}" else {},
+        )
+        yield LoggedEvent(
+            event=event,
+            status=EventStatus(status),
+            retry_count=retries or 0,
+            deliveries=json.loads(deliveries) if deliveries else {},
+        )
 
 
 def publish_rows(
@@ -97,7 +129,7 @@ class _PublishWriter:
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SummaryMessage:
         config = job_config(self.options)
-        rows = [_logged(row) for batch in iterator for row in batch.to_pylist()]
+        rows = [item for batch in iterator for item in _logged(batch)]
         return SummaryMessage(publish_rows(config, rows, self.options).as_dict())
 
     def _record(self, messages: list[Any], batch_id: int) -> None:
