@@ -342,6 +342,27 @@ class TreeMonitor:
         )
 
 
+def code_version() -> str:
+    """The commit the benchmark ran against, and whether src/ differed from it."""
+    repo = RESULTS.parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "log", "-1", "--format=%h %s"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--", "src"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown ({exc})"
+    return f"git {head}" + (" (src/ had uncommitted changes)" if dirty else " (src/ clean)")
+
+
 def machine_info() -> dict[str, Any]:
     cpu = platform.processor() or "unknown"
     try:
@@ -565,6 +586,18 @@ def describe_batches(batches: list[dict[str, Any]], wall: float) -> str:
     )
 
 
+def to_events(batches: list[Any]) -> list[Any]:
+    """The sink's own Arrow -> LoggedEvent conversion (per batch, or per row dict in older code)."""
+    import inspect
+
+    from tidings.pipeline import sink
+
+    convert = sink._logged
+    if next(iter(inspect.signature(convert).parameters)) == "batch":
+        return [item for batch in batches for item in convert(batch)]
+    return [convert(row) for batch in batches for row in batch.to_pylist()]
+
+
 def relay_breakdown(
     work: Path, cfg: TidingsConfig, app_db_copy: Path, target_name: str
 ) -> dict[str, float]:
@@ -576,7 +609,6 @@ def relay_breakdown(
     """
     from tidings.pipeline.jobconfig import current_routes
     from tidings.pipeline.publisher import Publisher
-    from tidings.pipeline.sink import _logged
     from tidings.pipeline.source import LogSlice, read_slice
     from tidings.targets.registry import build_target
 
@@ -608,8 +640,8 @@ def relay_breakdown(
             batches = list(read_slice(engine, LogSlice(0, upto, index, parts)))
             timings["read log slice -> Arrow"] += time.perf_counter() - t
             t = time.perf_counter()
-            rows = [_logged(row) for batch in batches for row in batch.to_pylist()]
-            timings["Arrow -> events (to_pylist, json)"] += time.perf_counter() - t
+            rows = to_events(batches)
+            timings["Arrow -> events"] += time.perf_counter() - t
             publisher = Publisher(
                 engine,
                 current_routes(cfg, engine),
@@ -1245,6 +1277,8 @@ def main() -> int:
     say(f"tidings relay benchmark ({'quick' if args.quick else 'full'}), work dir {work}")
     machine = machine_info()
     say(f"machine: {machine}")
+    code = code_version()
+    say(f"code: {code}")
 
     def run(name: str, fn: Callable[[], None]) -> None:
         monitor = TreeMonitor(os.getpid()).start(1.0)
@@ -1276,17 +1310,22 @@ def main() -> int:
         # The PSS subprocess runs before this process starts its own JVM, so nothing else
         # competes with it for the two cores.
         run("phase 5 (peak PSS)", lambda: phase_pss(work, sizes, args.quick, report))
-        from tidings.pipeline.spark import spark_session
-
         say("starting Spark (local) in this process and warming it up ...")
-        boot = bench_config(work, "boot", {}, {})
-        started = time.perf_counter()
-        spark = spark_session(boot.relay, app_name="tidings-bench")
-        say(f"  Spark session up in {time.perf_counter() - started:.1f} s")
-        run("warm-up", lambda: warm_spark(spark, work, report))
-        run("phase 2 (embedded relay)", lambda: phase_embedded(spark, work, sizes, report))
-        run("phase 3 (jetstream relay)", lambda: phase_jetstream(spark, work, sizes, report))
-        run("phase 4 (latency)", lambda: phase_latency(spark, work, sizes, report))
+        try:
+            from tidings.pipeline.spark import spark_session
+
+            boot = bench_config(work, "boot", {}, {})
+            started = time.perf_counter()
+            spark = spark_session(boot.relay, app_name="tidings-bench")
+            say(f"  Spark session up in {time.perf_counter() - started:.1f} s")
+        except Exception as exc:
+            traceback.print_exc()
+            report.note(f"Spark did not start, phases 2-4 skipped: {type(exc).__name__}: {exc}")
+        if spark is not None:
+            run("warm-up", lambda: warm_spark(spark, work, report))
+            run("phase 2 (embedded relay)", lambda: phase_embedded(spark, work, sizes, report))
+            run("phase 3 (jetstream relay)", lambda: phase_jetstream(spark, work, sizes, report))
+            run("phase 4 (latency)", lambda: phase_latency(spark, work, sizes, report))
     finally:
         if spark is not None:
             spark.stop()
@@ -1296,6 +1335,7 @@ def main() -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
 
+    report.notes.insert(0, f"code measured: {code}")
     if args.quick:
         report.notes.insert(
             0,
