@@ -28,13 +28,12 @@ from datetime import datetime
 from sqlalchemy import Engine, delete, func, select
 
 from tidings.model import OPEN_STATUSES, DeliveryState, EventStatus, OutboxEvent
-from tidings.outbox.schema import outbox_event, outbox_event_attribute
+from tidings.outbox.schema import OPEN_ROW, outbox_event, outbox_event_attribute
 from tidings.routing.table import Routes
 from tidings.targets.base import Target
 from tidings.timeutil import as_utc, driver_stamp, utcnow
 
 TargetLookup = Callable[[str], Target | None]
-_OPEN = sorted(s.value for s in OPEN_STATUSES)
 _KEY_CHUNK = 500
 _LATENCY_SAMPLES = 512
 _UPDATE_COLUMNS = (
@@ -208,7 +207,7 @@ class Publisher:
             chunk = keys[start : start + _KEY_CHUNK]
             query = (
                 select(outbox_event.c.partition_key, func.min(outbox_event.c.seq))
-                .where(outbox_event.c.partition_key.in_(chunk), outbox_event.c.status.in_(_OPEN))
+                .where(outbox_event.c.partition_key.in_(chunk), OPEN_ROW)
                 .group_by(outbox_event.c.partition_key)
             )
             with self.engine.connect() as conn:

@@ -64,6 +64,7 @@ _ARROW = pa.schema(
 )
 _COLUMNS = [outbox_event.c[name] for name in _ARROW.names]
 _FETCH = 20_000
+_EVENTS_PER_TASK = 5_000
 _OPEN = sorted(s.value for s in OPEN_STATUSES)
 
 
@@ -185,7 +186,8 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         after, upto = int(start["seq"]), int(end["seq"])
         if upto <= after:
             return []
-        n = self.partition_count
+        # A small batch is cheaper as one task: each task costs a Python worker round trip.
+        n = max(1, min(self.partition_count, (upto - after) // _EVENTS_PER_TASK))
         return [LogSlice(after, upto, i, n) for i in range(n)]
 
     def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
