@@ -19,6 +19,16 @@ SHARED_URL = "nats://127.0.0.1:4222"
 NATS_SERVER = "/usr/sbin/nats-server"
 
 
+def store_target(workdir: Path, **extra: object) -> dict:
+    """An embedded event-store target in ``workdir`` with the type prefix ``t``."""
+    return {
+        "kind": "event_store",
+        "url": f"sqlite:///{workdir / 'events.db'}",
+        "type_prefix": ["t"],
+        **extra,
+    }
+
+
 def relay_config(
     workdir: Path,
     database_url: str | None = None,
@@ -28,13 +38,10 @@ def relay_config(
     **relay: object,
 ) -> TidingsConfig:
     """A configuration for a test: SQLite in ``workdir`` unless a URL is given."""
-    store = f"sqlite:///{workdir / 'events.db'}"
     return load_config(
         {
             "database": {"url": database_url or f"sqlite:///{workdir / 'app.db'}"},
-            "targets": targets
-            if targets is not None
-            else {"store": {"kind": "event_store", "url": store, "type_prefix": ["t"]}},
+            "targets": targets if targets is not None else {"store": store_target(workdir)},
             "routing": {"routes": routes if routes is not None else {"Created": ["store"]}},
             "relay": {"checkpoint_dir": str(workdir / "checkpoint"), "partitions": 2, **relay},
         }

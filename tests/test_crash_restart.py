@@ -21,7 +21,7 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
-from helpers import relay_config
+from helpers import relay_config, store_target
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
@@ -79,11 +79,7 @@ def test_sigkilled_relay_restarts_and_delivers_exactly_once_in_order(tmp_path: P
     config = relay_config(
         tmp_path,
         targets={
-            "store": {
-                "kind": "event_store",
-                "url": f"sqlite:///{tmp_path / 'events.db'}",
-                "type_prefix": ["t"],
-            },
+            "store": store_target(tmp_path),
             "nats": {"kind": "jetstream", "stream": stream, "subject_prefix": prefix},
         },
         routes={"Created": ["store", "nats"]},

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from sqlalchemy import Engine, select, text
 
-from helpers import relay_config
+from helpers import relay_config, store_target
 from tidings.config import TidingsConfig
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
@@ -102,14 +102,7 @@ def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path:
     fault = tmp_path / "store.fault"
     config = relay_config(
         tmp_path,
-        targets={
-            "store": {
-                "kind": "event_store",
-                "url": f"sqlite:///{tmp_path / 'events.db'}",
-                "type_prefix": ["t"],
-                "fault_file": str(fault),
-            }
-        },
+        targets={"store": store_target(tmp_path, fault_file=str(fault))},
         retry_backoff=["1ms"],
     )
     engine = make_engine(config.database.url)
