@@ -9,6 +9,7 @@ already handled (``seq`` up to the relay's watermark), so the two never race on 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -20,7 +21,6 @@ from tidings.db import shared_engine
 from tidings.outbox.schema import batch_log, ensure_schema
 from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.publisher import Summary
-from tidings.pipeline.source import deadline_in
 from tidings.pipeline.spark import activate
 
 
@@ -55,7 +55,8 @@ def run_replay(
         "older_than_s": str(limits.older_than.total_seconds()),
         "event_limit": str(limits.event_limit),
         "retry_threshold": str(limits.retry_count_threshold),
-        "deadline_epoch": deadline_in(limits.time_limit.total_seconds()),
+        # wall clock: the tasks run in other processes, on other machines on a cluster
+        "deadline_epoch": str(time.time() + limits.time_limit.total_seconds()),
     }
     activate(spark)
     frame = spark.read.format("tidings_outbox").options(**options).load()

@@ -12,7 +12,6 @@ an event-number limit taken in log order, again partitioned by key bucket.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -232,8 +231,3 @@ class ReplayReader(DataSourceReader):
 
     def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
         yield from read_slice(shared_engine(self.url), partition)
-
-
-def deadline_in(seconds: float) -> str:
-    """An option value: the wall-clock epoch after which a job starts no new round."""
-    return str(time.time() + seconds)
