@@ -167,3 +167,25 @@ def test_schema_version_newer_than_library_is_refused(tmp_path: Path) -> None:
         conn.execute(update(meta).values(value="99"))
     with pytest.raises(SchemaError, match="newer"):
         ensure_schema(engine)
+
+
+def test_from_config_sends_excluded_events_to_their_routed_targets(tmp_path: Path) -> None:
+    from helpers import relay_config
+    from tidings.server.store import EventStore
+
+    config = relay_config(tmp_path, routes={"Heartbeat": ["store"]})
+    outbox = Outbox.from_config(config, exclude=lambda d: d.event_type == "Heartbeat")
+    with outbox.transaction() as tx:
+        tx.emit("Heartbeat", {"alive": True})
+        tx.emit("Unrouted", {}, exclude=True)  # excluded and unrouted: goes nowhere
+    assert _count(outbox.engine, outbox_event) == 0
+    store = EventStore(config.targets["store"].url)
+    try:
+        assert [e.type for e in store.read()] == [("t", "Heartbeat")]
+    finally:
+        store.close()
+    with (
+        pytest.raises(EmitError, match="no direct publisher"),
+        Outbox(outbox.engine).transaction() as tx,
+    ):
+        tx.emit("Heartbeat", {}, exclude=True)

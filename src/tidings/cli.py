@@ -235,7 +235,7 @@ def routes_list(config: ConfigOption = None) -> None:
     """Show the routes in force (configuration merged with the database table)."""
     from tidings.db import make_engine
     from tidings.outbox.schema import ensure_schema
-    from tidings.pipeline.jobconfig import current_routes
+    from tidings.routing.table import current_routes
 
     cfg = _load(config)
     engine = make_engine(cfg.database.url)

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import event as sa_event
 from sqlalchemy.orm import Session
 
-from tidings.config import OutboxConfig
+from tidings.config import OutboxConfig, TidingsConfig
 from tidings.db import make_engine
 from tidings.errors import EmitError
 from tidings.model import EventStatus, OutboxEvent
@@ -89,6 +89,15 @@ class Outbox:
         self._insert_event = _insert_sql("outbox_event", _EVENT_COLUMNS, style)
         self._insert_attribute = _insert_sql("outbox_event_attribute", _ATTRIBUTE_COLUMNS, style)
         self._stamp = driver_stamp(self.engine.dialect.name)
+
+    @classmethod
+    def from_config(cls, config: TidingsConfig, **hooks: Any) -> Outbox:
+        """An outbox on ``config.database`` whose excluded events go to their routed targets."""
+        from tidings.outbox.direct import DirectPublisher
+
+        engine = make_engine(config.database.url)
+        hooks.setdefault("direct_publisher", DirectPublisher(config, engine))
+        return cls(engine, config.outbox, **hooks)
 
     @contextmanager
     def transaction(self) -> Iterator[OutboxTransaction]:
@@ -228,6 +237,12 @@ class Outbox:
                 conn.exec_driver_sql(self._insert_attribute, rows)
 
     def _defer_excluded(self, bind: Bind, draft: EventDraft) -> None:
+        if self.direct_publisher is None:
+            raise EmitError(
+                f"event {draft.event_type!r} is excluded from the outbox but this Outbox has no "
+                "direct publisher: build it with Outbox.from_config(config) or pass "
+                "direct_publisher="
+            )
         deferred = OutboxEvent(
             seq=0,
             event_id=draft.event_id,

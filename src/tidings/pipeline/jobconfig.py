@@ -13,11 +13,8 @@ import os
 import threading
 from collections.abc import Mapping
 
-from sqlalchemy import Engine
-
 from tidings.config import TidingsConfig, load_config_file
 from tidings.errors import ConfigError
-from tidings.routing.table import Routes, merge_routes, table_routes
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -55,10 +52,3 @@ def job_config(options: Mapping[str, str]) -> TidingsConfig:
             config = cached[1] if cached else base
         _file_cache[path] = (mtime, config)
         return config
-
-
-def current_routes(config: TidingsConfig, engine: Engine) -> Routes:
-    """Routes from the configuration merged with the database table."""
-    if config.routing.use_table:
-        return merge_routes(config.routing.routes, table_routes(engine))
-    return merge_routes(config.routing.routes)

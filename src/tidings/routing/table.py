@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, delete, select
 
+from tidings.config import TidingsConfig
 from tidings.outbox.schema import route
 from tidings.timeutil import utcnow
 
@@ -36,6 +37,13 @@ def merge_routes(*sources: Mapping[str, Iterable[str]]) -> Routes:
             bucket = merged.setdefault(event_type, [])
             bucket.extend(t for t in targets if t not in bucket)
     return Routes({k: tuple(v) for k, v in merged.items() if v})
+
+
+def current_routes(config: TidingsConfig, engine: Engine) -> Routes:
+    """The routes in force: the configuration merged with the database table."""
+    if config.routing.use_table:
+        return merge_routes(config.routing.routes, table_routes(engine))
+    return merge_routes(config.routing.routes)
 
 
 def table_routes(engine: Engine) -> dict[str, list[str]]:
