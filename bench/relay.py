@@ -607,9 +607,9 @@ def relay_breakdown(
     relay ran): reading the log slice into Arrow, turning rows into events, the target's
     publish calls, the status UPDATEs, and the rest of the publisher (ordering checks).
     """
-    from tidings.pipeline.jobconfig import current_routes
     from tidings.pipeline.publisher import Publisher
     from tidings.pipeline.source import LogSlice, read_slice
+    from tidings.routing.table import current_routes
     from tidings.targets.registry import build_target
 
     url = sqlite_url(app_db_copy)

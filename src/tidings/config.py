@@ -105,13 +105,14 @@ class RelayConfig(_Model):
     spark_master: str = "local[*]"
     checkpoint_dir: str = ".tidings/checkpoint"
     trigger_interval: Duration = timedelta(milliseconds=100)
-    max_events_per_batch: int = Field(default=50_000, gt=0)
+    max_events_per_batch: int = Field(default=100_000, gt=0)
     partitions: int = Field(default=2, gt=0)
     retry_backoff: list[Duration] = Field(
         default_factory=lambda: [timedelta(milliseconds=ms) for ms in (10, 25, 40)]
     )
     replay_every: Duration | None = timedelta(seconds=30)
     shuffle_partitions: int = Field(default=2, gt=0)
+    driver_memory: str = Field(default="512m", pattern=r"^\d+[kmgt]$")
 
     _durations = field_validator("trigger_interval", "replay_every", mode="before")(
         lambda cls, v: None if v is None else parse_duration(v)
