@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
 
@@ -43,9 +44,32 @@ _UPDATE_COLUMNS = (
 )
 
 
-def _update_sql(paramstyle: str) -> str:
+_SEQ_CHUNK = 500
+
+
+def _update_sql(paramstyle: str, rows: int) -> str:
     mark = "?" if paramstyle == "qmark" else "%s"
-    return f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq = {mark}"
+    seqs = ", ".join([mark] * rows)
+    return f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq IN ({seqs})"
+
+
+def _outcome_groups(items: Iterable[LoggedEvent]) -> dict[tuple[Any, ...], list[int]]:
+    """Seqs grouped by identical outcome: a batch mostly shares one, so few UPDATEs do it.
+
+    Delivery states are keyed by their content (cheaper than encoding each to JSON), and
+    each distinct one is encoded once by the caller.
+    """
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for item in items:
+        key = (
+            item.status.value,
+            item.retry_count,
+            item.error_details,
+            tuple((name, tuple(d.items())) for name, d in item.deliveries.items()),
+            item.published_at,
+        )
+        groups.setdefault(key, []).append(item.event.seq)
+    return groups
 
 
 @dataclass(slots=True)
@@ -164,22 +188,23 @@ class Publisher:
             dirty = [i for i in dirty if i.status != EventStatus.PUBLISHED]
         stamp = driver_stamp(self.engine.dialect.name)
         now = stamp(utcnow())
-        rows = [
-            (
-                item.status.value,
-                item.retry_count,
-                item.error_details,
-                json.dumps(item.deliveries, separators=(",", ":")),
-                None if item.published_at is None else stamp(item.published_at),
-                now,
-                item.event.seq,
-            )
-            for item in dirty
-        ]
-        if rows or done:
+        style = self.engine.dialect.paramstyle
+        if dirty or done:
             with self.engine.begin() as conn:
-                if rows:  # the driver's executemany: SQLAlchemy's per-row work costs a third
-                    conn.exec_driver_sql(_update_sql(self.engine.dialect.paramstyle), rows)
+                for (status, retries, error, deliveries, published), seqs in _outcome_groups(
+                    dirty
+                ).items():
+                    values = (
+                        status,
+                        retries,
+                        error,
+                        json.dumps({n: dict(d) for n, d in deliveries}, separators=(",", ":")),
+                        None if published is None else stamp(published),
+                        now,
+                    )
+                    for start in range(0, len(seqs), _SEQ_CHUNK):
+                        chunk = seqs[start : start + _SEQ_CHUNK]
+                        conn.exec_driver_sql(_update_sql(style, len(chunk)), (*values, *chunk))
                 if done:  # the design document's delete-on-success completion mode
                     ids = [i.event.event_id for i in done]
                     conn.execute(
