@@ -391,6 +391,16 @@ def machine_info() -> dict[str, Any]:
 # -- 1. producer overhead --------------------------------------------------------------------
 
 
+def _timed(one: Callable[[int], None], txns: int, warmup: int) -> float:
+    """Seconds for ``txns`` calls of ``one`` after ``warmup`` untimed ones."""
+    for i in range(warmup):
+        one(i)
+    started = time.perf_counter()
+    for i in range(warmup, warmup + txns):
+        one(i)
+    return time.perf_counter() - started
+
+
 def _deposit(i: int) -> tuple[str, int]:
     return f"ACC{i % ACCOUNTS:05d}", i % 500 + 1
 
@@ -407,12 +417,7 @@ def producer_tidings(path: Path, txns: int, warmup: int) -> float:
             tx.connection.exec_driver_sql(UPDATE_SQL, (amount, acct))
             tx.emit(EVENT_TYPE, {"account": acct, "amount": amount, "op": i}, partition_key=acct)
 
-    for i in range(warmup):
-        one(i)
-    started = time.perf_counter()
-    for i in range(warmup, warmup + txns):
-        one(i)
-    elapsed = time.perf_counter() - started
+    elapsed = _timed(one, txns, warmup)
     engine.dispose()
     return elapsed
 
@@ -453,12 +458,7 @@ def producer_raw(path: Path, txns: int, warmup: int) -> float:
         )
         db.commit()
 
-    for i in range(warmup):
-        one(i)
-    started = time.perf_counter()
-    for i in range(warmup, warmup + txns):
-        one(i)
-    elapsed = time.perf_counter() - started
+    elapsed = _timed(one, txns, warmup)
     db.close()
     return elapsed
 
