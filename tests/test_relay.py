@@ -205,4 +205,30 @@ def test_postgres_watermark_waits_for_in_flight_transactions(pg_url: str) -> Non
             visible = conn.execute(text("SELECT max(seq) FROM outbox_event")).scalar()
         assert visible == 2  # a naive max(seq) reader would skip seq 1 here
         slow_tx.commit()
-    assert watermark() == 2
+    assert watermark.settle(10) == 2
+
+
+@pytest.mark.postgres
+def test_postgres_watermark_with_writer_whose_xid_is_older(pg_url: str) -> None:
+    """A writer that got its transaction id first but draws its seq later must not let the
+    bound pass a seq taken by a younger writer that is still running."""
+    from tidings.outbox.schema import ensure_schema
+    from tidings.pipeline.watermark import SafeWatermark
+
+    engine = make_engine(pg_url)
+    ensure_schema(engine)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE account (id text primary key, n int)"))
+    outbox = Outbox(engine)
+    watermark = SafeWatermark(engine)
+    with engine.connect() as older, engine.connect() as younger:
+        older_tx = older.begin()
+        older.execute(text("INSERT INTO account VALUES ('a', 1)"))  # older gets its xid first
+        younger_tx = younger.begin()
+        outbox.emit(younger, "Created", {"n": 1}, partition_key="a")  # seq 1, still running
+        outbox.emit(older, "Created", {"n": 2}, partition_key="a")  # seq 2
+        older_tx.commit()
+        for _ in range(5):
+            assert watermark() == 0
+        younger_tx.commit()
+    assert watermark.settle(10) == 2

@@ -64,6 +64,7 @@ _ARROW = pa.schema(
 _COLUMNS = [outbox_event.c[name] for name in _ARROW.names]
 _FETCH = 20_000
 _EVENTS_PER_TASK = 5_000
+_SETTLE_SECONDS = 60.0  # availableNow: how long to wait for in-flight writers to finish
 _OPEN = sorted(s.value for s in OPEN_STATUSES)
 
 
@@ -159,7 +160,9 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_rows)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._until = self._safe()
+        self._safe()  # creates the watermark
+        assert self._watermark is not None
+        self._until = self._watermark.settle(_SETTLE_SECONDS)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         after = int(start["seq"])

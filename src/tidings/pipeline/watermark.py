@@ -6,16 +6,21 @@ committed or rolled back: the watermark is simply the highest ``seq``.
 PostgreSQL hands out sequence values without waiting for commits, so ``seq`` 10 can become
 visible after ``seq`` 11. tidings draws ``seq`` through ``tidings_next_seq()``, which first
 gives the transaction its transaction id. A *probe* reads the sequence's last value ``v``
-and then the snapshot's ``xmax`` (the next unassigned transaction id): every transaction
-holding a value ``<= v`` has an id ``< xmax``. Once a later snapshot's ``xmin`` (the oldest
-running transaction) reaches that ``xmax``, all of them have finished, and every row with
-``seq <= v`` that will ever exist is visible. The watermark is the largest such ``v``.
-The price: a long-running transaction anywhere in the cluster delays the relay until it
-ends; it never makes it skip a row.
+and then takes a transaction id ``x`` of its own (a short transaction that commits at
+once): every transaction holding a value ``<= v`` got its id before ``v`` was read, so its
+id is ``< x``. Once a later snapshot's ``xmin`` is above ``x``, none of them is running any
+more (``x`` has completed, so every running id below it is in the snapshot), and every row
+with ``seq <= v`` that will ever exist is visible. The watermark is the largest such ``v``.
+(The snapshot's own ``xmax`` would not do: it is the last *completed* id plus one, and a
+transaction that got its id later but still runs is not counted below it.)
+A new probe is taken only when the sequence moved past every pending probe, so an idle
+relay consumes no transaction ids. The price: a long-running transaction anywhere in the
+cluster delays the relay until it ends; it never makes it skip a row.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from sqlalchemy import Engine, func, select, text
@@ -46,15 +51,25 @@ class SafeWatermark:
             last, called = conn.execute(
                 text("SELECT last_value, is_called FROM outbox_event_seq_seq")
             ).one()
-            # A separate statement: a fresh snapshot taken *after* the sequence was read.
-            xmax, xmin = conn.execute(
-                text(
-                    "SELECT pg_snapshot_xmax(s)::text::bigint, pg_snapshot_xmin(s)::text::bigint "
-                    "FROM pg_current_snapshot() AS s"
-                )
-            ).one()
+            conn.commit()
+            value = last if called else 0
+            if value > self._safe and all(v < value for v, _ in self._probes):
+                probe_xid = conn.execute(text("SELECT pg_current_xact_id()::text::bigint")).scalar()
+                conn.commit()
+                self._probes.append((value, probe_xid))
+            xmin = conn.execute(
+                text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+            ).scalar()
             conn.rollback()
-        self._probes.append((last if called else 0, xmax))
-        while self._probes and self._probes[0][1] <= xmin:
+        while self._probes and self._probes[0][1] < xmin:
             self._safe = max(self._safe, self._probes.popleft()[0])
         return self._safe
+
+    def settle(self, timeout: float) -> int:
+        """Probe until what is visible now is confirmed (or ``timeout`` passes)."""
+        deadline = time.monotonic() + timeout
+        bound = self()
+        while self._probes and time.monotonic() < deadline:
+            time.sleep(0.05)
+            bound = self()
+        return bound
