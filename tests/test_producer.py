@@ -97,6 +97,12 @@ def test_connection_form(engine: Engine) -> None:
         ({"event_type": "X", "payload": "x" * 2000}, "over the limit of 1024 bytes"),
         ({"event_type": "X", "payload": {}, "event_id": "nope"}, "not a UUID"),
         ({"event_type": "X", "payload": {}, "headers": {"a": 1}}, "pair of strings"),
+        ({"event_type": "X", "payload": {}, "headers": {"tenant id": "eu"}}, "not a token"),
+        ({"event_type": "X", "payload": {}, "headers": {"h": "a\r\nb"}}, "line break"),
+        ({"event_type": "X\x00", "payload": {}}, "NUL character"),
+        ({"event_type": "X", "payload": {}, "partition_key": "\ud800"}, "unpaired surrogate"),
+        ({"event_type": "X", "payload": {"s": "\ud800"}}, "not valid UTF-8"),
+        ({"event_type": "*", "payload": {}}, "wildcard"),
     ],
 )
 def test_bad_emit_raises_and_nothing_commits(engine: Engine, kwargs: dict, message: str) -> None:
@@ -189,3 +195,28 @@ def test_from_config_sends_excluded_events_to_their_routed_targets(tmp_path: Pat
         Outbox(outbox.engine).transaction() as tx,
     ):
         tx.emit("Heartbeat", {}, exclude=True)
+
+
+def test_duplicate_event_id_is_an_emit_error(engine: Engine) -> None:
+    outbox = Outbox(engine)
+    with outbox.transaction() as tx:
+        event_id = tx.emit("X", {})
+    with Session(engine) as session:
+        session.execute(account.insert().values(id="a", balance=1))
+        with pytest.raises(EmitError, match="already in the event log"):
+            outbox.emit(session, "X", {}, event_id=event_id)
+        session.commit()
+    assert _count(engine, account) == 0 and _count(engine, outbox_event) == 1
+
+
+def test_a_failing_direct_publisher_does_not_fail_the_committed_transaction(
+    engine: Engine,
+) -> None:
+    def broken(events: object) -> None:
+        raise RuntimeError("broker down")
+
+    outbox = Outbox(engine, direct_publisher=broken)
+    with outbox.transaction() as tx:
+        tx.connection.execute(account.insert().values(id="a", balance=1))
+        tx.emit("Heartbeat", {}, exclude=True)
+    assert _count(engine, account) == 1

@@ -98,6 +98,7 @@ def relay(
     """Run the relay pipeline on Spark until interrupted (or once with --once)."""
     from tidings.db import shared_engine
     from tidings.metrics import BatchLogFollower, MetricsListener, serve_metrics
+    from tidings.outbox.schema import ensure_schema
     from tidings.pipeline.relay import run_relay
     from tidings.pipeline.spark import spark_session
 
@@ -106,7 +107,9 @@ def relay(
     if port:
         serve_metrics(port)
     spark = spark_session(cfg.relay, app_name="tidings-relay")
-    spark.streams.addListener(MetricsListener(BatchLogFollower(shared_engine(cfg.database.url))))
+    engine = shared_engine(cfg.database.url)
+    ensure_schema(engine)
+    spark.streams.addListener(MetricsListener(BatchLogFollower(engine)))
     console.print("relay running; Ctrl-C stops it" if not once else "relay draining the log ...")
     try:
         run_relay(

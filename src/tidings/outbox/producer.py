@@ -15,6 +15,8 @@ direct publisher after the transaction commits and carry no delivery guarantee.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy import event as sa_event
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tidings.config import OutboxConfig, TidingsConfig
@@ -49,6 +52,9 @@ _EVENT_COLUMNS = (
 )
 _ATTRIBUTE_COLUMNS = "attribute_id, event_id, attribute_key, attribute_value, updated_at"
 _PENDING_KEY = "tidings_excluded_events"
+# An HTTP/NATS header token: what every broker accepts as a header name.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+log = logging.getLogger(__name__)
 
 
 def partition_bucket(partition_key: str | None, event_id: str) -> int:
@@ -136,6 +142,9 @@ class Outbox:
                 self._defer_excluded(bind, draft)
             else:
                 self._insert(_connection_of(bind), draft)
+        except IntegrityError:
+            _roll_back(bind)
+            raise EmitError(f"event id {event_id!r} is already in the event log") from None
         except EmitError:
             _roll_back(bind)
             raise
@@ -154,6 +163,8 @@ class Outbox:
         event_id: Any,
     ) -> EventDraft:
         _check_text("event type", event_type, required=True)
+        if event_type.strip() in ("*", "?"):
+            raise EmitError(f"event type {event_type!r} is a wildcard in event-server queries")
         _check_text("partition key", partition_key)
         _check_text("correlation id", correlation_id, limit=64)
         _check_text("version", version, required=True, limit=32)
@@ -189,7 +200,12 @@ class Outbox:
             raise EmitError(
                 f"payload of {draft.event_type!r} event is not JSON-serialisable: {exc}"
             ) from None
-        size = len(body.encode("utf-8"))
+        try:
+            size = len(body.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise EmitError(
+                f"payload of {draft.event_type!r} event is not valid UTF-8 text: {exc.reason}"
+            ) from None
         if size > self.config.max_payload_bytes:
             raise EmitError(
                 f"payload of {draft.event_type!r} event is {size} bytes, over the limit of "
@@ -273,8 +289,13 @@ class Outbox:
         self._publish_excluded(session.info.pop(_PENDING_KEY, None) or [])
 
     def _publish_excluded(self, events: Sequence[OutboxEvent]) -> None:
-        if events and self.direct_publisher is not None:
+        """After the commit: a failure here must not look like a failed commit to the caller."""
+        if not events or self.direct_publisher is None:
+            return
+        try:
             self.direct_publisher(events)
+        except Exception:
+            log.exception("publishing excluded events failed", extra={"events": len(events)})
 
 
 class OutboxTransaction:
@@ -322,6 +343,19 @@ def _check_text(what: str, value: Any, *, required: bool = False, limit: int = 2
         raise EmitError(f"{what} must be a non-empty string, got {value!r}")
     if len(value) > limit:
         raise EmitError(f"{what} is {len(value)} characters, over the limit of {limit}")
+    if not _storable(value):
+        raise EmitError(f"{what} {value!r} holds a NUL character or an unpaired surrogate")
+
+
+def _storable(value: str) -> bool:
+    """Text every backend and broker keeps as it is: no NUL, valid UTF-8."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -332,4 +366,10 @@ def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     for key, value in headers.items():
         if not isinstance(key, str) or not key or not isinstance(value, str):
             raise EmitError(f"header {key!r}: {value!r} is not a pair of strings")
+        if not _HEADER_NAME.fullmatch(key):
+            raise EmitError(
+                f"header name {key!r} is not a token (letters, digits, !#$%&'*+-.^_`|~)"
+            )
+        if "\r" in value or "\n" in value or not _storable(value):
+            raise EmitError(f"header {key!r} value holds a line break, NUL or unpaired surrogate")
     return dict(headers)

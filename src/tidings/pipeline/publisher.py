@@ -206,17 +206,20 @@ class Publisher:
                         chunk = seqs[start : start + _SEQ_CHUNK]
                         conn.exec_driver_sql(_update_sql(style, len(chunk)), (*values, *chunk))
                 if done:  # the design document's delete-on-success completion mode
-                    ids = [i.event.event_id for i in done]
-                    conn.execute(
-                        delete(outbox_event_attribute).where(
-                            outbox_event_attribute.c.event_id.in_(ids)
+                    for start in range(0, len(done), _SEQ_CHUNK):
+                        chunk = done[start : start + _SEQ_CHUNK]
+                        conn.execute(
+                            delete(outbox_event_attribute).where(
+                                outbox_event_attribute.c.event_id.in_(
+                                    [i.event.event_id for i in chunk]
+                                )
+                            )
                         )
-                    )
-                    conn.execute(
-                        delete(outbox_event).where(
-                            outbox_event.c.seq.in_([i.event.seq for i in done])
+                        conn.execute(
+                            delete(outbox_event).where(
+                                outbox_event.c.seq.in_([i.event.seq for i in chunk])
+                            )
                         )
-                    )
 
     # -- ordering --------------------------------------------------------------------------
 

@@ -76,9 +76,13 @@ def run_relay(
         while query.isActive and not (stop is not None and stop.is_set()):
             query.awaitTermination(0.5)
             if next_replay is not None and time.monotonic() >= next_replay:
-                summary = run_replay(spark, config, config_path)
-                if on_replay is not None and summary.events:
-                    on_replay(summary)
+                try:
+                    summary = run_replay(spark, config, config_path)
+                except Exception:  # the next scheduled run tries again; the relay goes on
+                    log.exception("scheduled replay failed")
+                else:
+                    if on_replay is not None and summary.events:
+                        on_replay(summary)
                 next_replay = time.monotonic() + period
     finally:
         query.stop()
