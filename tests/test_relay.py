@@ -232,3 +232,28 @@ def test_postgres_watermark_with_writer_whose_xid_is_older(pg_url: str) -> None:
             assert watermark() == 0
         younger_tx.commit()
     assert watermark.settle(10) == 2
+
+
+def test_replay_before_any_relay_batch_touches_nothing(spark, tmp_path: Path) -> None:
+    config = relay_config(tmp_path)
+    engine = make_engine(config.database.url)
+    _emit(Outbox(engine), "Created", "k", 3)
+    limits = ReplayLimits.from_config(config)
+    limits = ReplayLimits(limits.older_than * 0, 5, limits.time_limit, 100)
+    assert run_replay(spark, config, limits=limits).events == 0
+    assert set(_statuses(engine).values()) == {"PENDING"}  # still the relay's to deliver
+
+
+def test_log_slices_are_cut_by_size_for_large_payloads(tmp_path: Path) -> None:
+    from tidings.pipeline.source import LogSlice, read_slice
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    outbox = Outbox(engine)
+    big = "x" * 900_000
+    with outbox.transaction() as tx:
+        for _ in range(100):  # ~90 MB in all, more than one Arrow batch may hold here
+            tx.emit("Created", {"blob": big})
+    batches = list(read_slice(engine, LogSlice(0, 100, 0, 1)))
+    assert len(batches) >= 2
+    seqs = [s for b in batches for s in b.column("seq").to_pylist()]
+    assert seqs == list(range(1, 101))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -63,6 +64,8 @@ _ARROW = pa.schema(
 )
 _COLUMNS = [outbox_event.c[name] for name in _ARROW.names]
 _FETCH = 20_000
+_FETCH_STEP = 1_000
+_BATCH_BYTES = 64 * 1024 * 1024
 _EVENTS_PER_TASK = 5_000
 _SETTLE_SECONDS = 60.0  # availableNow: how long to wait for in-flight writers to finish
 _OPEN = sorted(s.value for s in OPEN_STATUSES)
@@ -100,13 +103,27 @@ def read_slice(engine: Engine, part: LogSlice) -> Iterator[pa.RecordBatch]:
         where.append(outbox_event.c.logged_at < _epoch_to_datetime(part.open_before))
     query = select(*_COLUMNS).where(*where).order_by(outbox_event.c.seq)
     with engine.connect() as conn:
-        result = conn.execution_options(yield_per=_FETCH).execute(query)
-        for rows in result.partitions(_FETCH):
-            columns = list(zip(*rows, strict=True))
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(col, type=f.type) for col, f in zip(columns, _ARROW, strict=True)],
-                schema=_ARROW,
-            )
+        result = conn.execution_options(yield_per=_FETCH_STEP).execute(query)
+        pending: list[Any] = []
+        size = 0
+        for rows in result.partitions(_FETCH_STEP):
+            for row in rows:
+                pending.append(row)
+                size += len(row.payload)
+                # Arrow strings hold at most 2 GiB per array: cut by size, not count only.
+                if len(pending) >= _FETCH or size >= _BATCH_BYTES:
+                    yield _record_batch(pending)
+                    pending, size = [], 0
+        if pending:
+            yield _record_batch(pending)
+
+
+def _record_batch(rows: list[Any]) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, _ARROW, strict=True)],
+        schema=_ARROW,
+    )
 
 
 def _epoch_to_datetime(epoch: float) -> datetime:
@@ -215,20 +232,20 @@ class ReplayReader(DataSourceReader):
         engine = shared_engine(self.url)
         ensure_schema(engine)
         upto = relay_watermark(engine)
+        if upto is None:  # no relay batch yet: every row is still the relay's to deliver
+            return [LogSlice(0, 0, 0, 1)]  # reads nothing (Spark wants one partition)
         cutoff = _epoch_to_datetime(self.open_before)
         base = select(outbox_event.c.seq).where(
-            outbox_event.c.status.in_(_OPEN), outbox_event.c.logged_at < cutoff
+            outbox_event.c.status.in_(_OPEN),
+            outbox_event.c.logged_at < cutoff,
+            outbox_event.c.seq <= upto,
         )
-        if upto is not None:
-            base = base.where(outbox_event.c.seq <= upto)
-        with engine.connect() as conn:
-            if self.event_limit is not None:
+        if self.event_limit is not None:
+            with engine.connect() as conn:
                 nth = conn.execute(
                     base.order_by(outbox_event.c.seq).offset(self.event_limit - 1).limit(1)
                 ).scalar()
-                upto = nth if nth is not None else upto
-            if upto is None:
-                upto = conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
+            upto = nth if nth is not None else upto
         n = self.partition_count
         return [LogSlice(0, upto, i, n, self.open_before) for i in range(n)]
 
