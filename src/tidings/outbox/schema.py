@@ -19,6 +19,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Engine,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -112,6 +113,14 @@ batch_log = Table(
     Column("max_seq", BigInteger, nullable=False),
     Column("summary", Text, nullable=False),
     Index("idx_01_tidings_batch_log", "job", "max_seq"),
+)
+
+lease = Table(
+    "tidings_lease",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("owner", String(128), nullable=False),
+    Column("expires_at", Float, nullable=False),  # epoch seconds
 )
 
 meta = Table(

@@ -3,25 +3,31 @@
 It covers events older than a threshold, skips those past the retry-count threshold (and
 keeps the later events of their key held), stops starting new work after a time limit and
 takes at most an event-number limit, in log order. It only touches rows the relay has
-already handled (``seq`` up to the relay's watermark), so the two never race on an event.
+already handled (``seq`` up to the relay's watermark), so the two never race on an event,
+and it holds a database lease, so two replays never run at once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 from pyspark.sql import SparkSession
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
 from tidings.outbox.schema import batch_log, ensure_schema
 from tidings.pipeline.jobconfig import job_options
+from tidings.pipeline.lease import held
 from tidings.pipeline.publisher import Summary
 from tidings.pipeline.spark import activate
+
+log = logging.getLogger(__name__)
+_LEASE_MARGIN_S = 120.0  # the Spark job may run a little past its time limit
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,20 @@ def run_replay(
     limits = limits or ReplayLimits.from_config(config)
     engine = shared_engine(config.database.url)
     ensure_schema(engine)
+    with held(engine, "replay", limits.time_limit.total_seconds() + _LEASE_MARGIN_S) as mine:
+        if not mine:
+            log.warning("another replay holds the replay lease; skipping this run")
+            return Summary()
+        return _replay(spark, config, config_path, limits, engine)
+
+
+def _replay(
+    spark: SparkSession,
+    config: TidingsConfig,
+    config_path: str | None,
+    limits: ReplayLimits,
+    engine: Engine,
+) -> Summary:
     with engine.connect() as conn:
         before = conn.execute(select(batch_log.c.id).order_by(batch_log.c.id.desc())).scalar()
     options = {

@@ -157,7 +157,9 @@ _events = Table(
     Column("server", BigInteger, nullable=False),
     Column("session", BigInteger, nullable=False),
     Column("instance", BigInteger, nullable=False),
-    Column("type", Text, nullable=False),  # canonical JSON array, see _encode_type
+    # Canonical JSON array, see _encode_type. Byte order ("C") on PostgreSQL, as SQLite
+    # already has, so that a type prefix is a contiguous index range (tidings.server.query).
+    Column("type", Text().with_variant(Text(collation="C"), "postgresql"), nullable=False),
     Column("timestamp_us", BigInteger, nullable=False),
     Column("source_timestamp_us", BigInteger),
     Column("payload", LargeBinary),
@@ -173,8 +175,18 @@ _events = Table(
     UniqueConstraint("server", "session", "instance", name="event_events_id_key"),
     # Leading with outbox_event_id, it also serves the lookups by outbox id alone.
     UniqueConstraint("outbox_event_id", "type", name="event_events_outbox_key"),
-    Index("event_events_type_idx", "type"),
-    Index("event_events_timestamp_idx", "timestamp_us"),
+    # The query indexes (tidings.server.query): each ends with the columns of the order it
+    # serves, the event id breaking ties, so that ordered, limited queries read no more rows
+    # than they return.
+    Index("event_events_type_idx", "type", "timestamp_us"),
+    Index("event_events_timestamp_idx", "timestamp_us", "server", "session", "instance"),
+    Index(
+        "event_events_source_timestamp_idx",
+        "source_timestamp_us",
+        "server",
+        "session",
+        "instance",
+    ),
 )
 
 _PG_APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:key)")

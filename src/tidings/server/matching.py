@@ -1,0 +1,111 @@
+"""Hat event type matching for queries and subscriptions.
+
+A query type is a tuple of strings where ``?`` matches exactly one segment and ``*``, allowed
+only as the last segment, matches zero or more segments. :func:`matches` answers for one query
+type; :class:`TypeMatcher` answers for many at once with a trie over segments, because a
+server checks every new event against the subscriptions of all its clients and modules, and
+a loop over every query type would make that cost grow with the number of subscriptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tidings.server.store import EventType, StoreError
+
+#: A query or subscription type: segments, ``?`` anywhere, ``*`` only last.
+QueryType = tuple[str, ...]
+
+ANY_ONE = "?"
+ANY_REST = "*"
+
+
+def validate_query_type(query_type: object) -> QueryType:
+    """Return ``query_type`` if it is a tuple of str with ``*`` only as its last segment.
+
+    The empty tuple is valid (as in Hat) and matches no stored event, since stored types are
+    never empty.
+    """
+    if not isinstance(query_type, tuple):
+        raise StoreError(f"query type must be a tuple of str, not {query_type!r}")
+    for index, segment in enumerate(query_type):
+        if not isinstance(segment, str):
+            raise StoreError(f"query type {query_type!r} has a non-str segment {segment!r}")
+        if segment == ANY_REST and index != len(query_type) - 1:
+            raise StoreError(f"query type {query_type!r}: '*' is allowed only as the last segment")
+    return query_type
+
+
+def matches(event_type: EventType, query_type: QueryType) -> bool:
+    """Tell whether ``event_type`` matches ``query_type`` (validated first)."""
+    validate_query_type(query_type)
+    for index, segment in enumerate(query_type):
+        if segment == ANY_REST:
+            return True
+        if index >= len(event_type):
+            return False
+        if segment != ANY_ONE and segment != event_type[index]:
+            return False
+    return len(event_type) == len(query_type)
+
+
+class _Node:
+    """One trie node: the query types sharing the segments on the path from the root."""
+
+    __slots__ = ("any_one", "any_rest", "children", "terminal")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.any_one: _Node | None = None
+        #: Some query type is this path followed by ``*``: everything below matches.
+        self.any_rest = False
+        #: Some query type ends exactly here.
+        self.terminal = False
+
+
+class TypeMatcher:
+    """Matches event types against a fixed set of query types in time bounded by the type's
+    length and the number of ``?`` branches, not by the number of query types."""
+
+    __slots__ = ("_root",)
+
+    def __init__(self, query_types: Iterable[QueryType]) -> None:
+        self._root = _Node()
+        for query_type in query_types:
+            self._add(validate_query_type(query_type))
+
+    def matches(self, event_type: EventType) -> bool:
+        """Tell whether ``event_type`` matches at least one of the query types."""
+        pending: list[tuple[_Node, int]] = [(self._root, 0)]
+        while pending:
+            node, index = pending.pop()
+            if node.any_rest:
+                return True
+            if index == len(event_type):
+                if node.terminal:
+                    return True
+                continue
+            child = node.children.get(event_type[index])
+            if child is not None:
+                pending.append((child, index + 1))
+            if node.any_one is not None:
+                pending.append((node.any_one, index + 1))
+        return False
+
+    def _add(self, query_type: QueryType) -> None:
+        node = self._root
+        for segment in query_type:
+            if segment == ANY_REST:
+                node.any_rest = True
+                return
+            node = self._child(node, segment)
+        node.terminal = True
+
+    @staticmethod
+    def _child(node: _Node, segment: str) -> _Node:
+        """The child of ``node`` for ``segment``, created if missing."""
+        if segment == ANY_ONE:
+            if node.any_one is None:
+                node.any_one = _Node()
+            return node.any_one
+        return node.children.setdefault(segment, _Node())
