@@ -1,0 +1,412 @@
+"""Hat type matching and QueryData semantics, on real SQLite files and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tidings.server import store as store_module
+from tidings.server.matching import TypeMatcher, matches, validate_query_type
+from tidings.server.query import QueryData, query_events
+from tidings.server.store import (
+    EventId,
+    EventStore,
+    NewEvent,
+    PayloadKind,
+    StoredEvent,
+    StoreError,
+)
+
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+# --- matching ----------------------------------------------------------------------------
+
+MATCH_CASES = [
+    # (event type, query type, matches)
+    (("a",), ("a",), True),
+    (("a",), ("b",), False),
+    (("a", "b"), ("a",), False),
+    (("a",), ("a", "b"), False),
+    (("a", "b"), ("a", "?"), True),
+    (("a",), ("a", "?"), False),
+    (("a", "b", "c"), ("a", "?"), False),
+    (("a", "b", "c"), ("?", "b", "?"), True),
+    (("a", "b", "c"), ("?", "c", "?"), False),
+    (("a",), ("a", "*"), True),
+    (("a", "b", "c"), ("a", "*"), True),
+    (("b", "a"), ("a", "*"), False),
+    (("a", "b"), ("?", "*"), True),
+    (("a",), ("?", "*"), True),
+    (("a",), ("*",), True),
+    (("a", "b", "c"), ("*",), True),
+    ((), ("*",), True),
+    (("a",), (), False),
+    ((), (), True),
+    (("a", "b"), ("a", "?", "*"), True),
+    (("a",), ("a", "?", "*"), False),
+    (("?",), ("?",), True),
+    (("x", "*y"), ("x", "*y"), True),
+]
+
+
+@pytest.mark.parametrize(("event_type", "query_type", "expected"), MATCH_CASES)
+def test_matches(event_type: tuple[str, ...], query_type: tuple[str, ...], expected: bool) -> None:
+    assert matches(event_type, query_type) is expected
+    assert TypeMatcher([query_type]).matches(event_type) is expected
+
+
+@pytest.mark.parametrize(
+    "query_type", [("*", "a"), ("a", "*", "b"), ("*", "*"), ["a"], ("a", 1), "a"]
+)
+def test_invalid_query_types_are_refused(query_type: object) -> None:
+    with pytest.raises(StoreError, match="query type"):
+        validate_query_type(query_type)
+    with pytest.raises(StoreError, match="query type"):
+        TypeMatcher([query_type])  # type: ignore[list-item]
+
+
+def test_type_matcher_agrees_with_matches_on_random_types() -> None:
+    rng = random.Random(3)
+    segments = ["a", "b", "c"]
+    for _ in range(300):
+        query_types = [_random_query_type(rng, segments) for _ in range(rng.randint(0, 6))]
+        matcher = TypeMatcher(query_types)
+        for _ in range(30):
+            event_type = tuple(rng.choice(segments) for _ in range(rng.randint(1, 4)))
+            expected = any(matches(event_type, query_type) for query_type in query_types)
+            assert matcher.matches(event_type) is expected, (event_type, query_types)
+
+
+def test_type_matcher_without_query_types_matches_nothing() -> None:
+    assert not TypeMatcher([]).matches(("a",))
+
+
+def _random_query_type(rng: random.Random, segments: list[str]) -> tuple[str, ...]:
+    body = tuple(rng.choice([*segments, "?"]) for _ in range(rng.randint(0, 3)))
+    return (*body, "*") if rng.random() < 0.3 else body
+
+
+# --- QueryData validation ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"t_from": 1.5}, "t_from must be an int"),
+        ({"server_id": True}, "server_id must be an int"),
+        ({"max_results": 2**63}, "max_results must be between"),
+        ({"event_ids": [EventId(1, 1, 1)]}, "event_ids must be a tuple"),
+        ({"event_ids": ((1, 1, 1),)}, "event_ids must hold EventId"),
+        ({"event_ids": (EventId(1, 2**64, 1),)}, "event id session"),
+        ({"event_types": (("a", "*", "b"),)}, "'\\*' is allowed only as the last"),
+        ({"event_types": ["a"]}, "event_types must be a tuple"),
+        ({"payload": (b"x", PayloadKind.BINARY)}, "payload must be a"),
+        ({"order": "up"}, "order must be one of ascending, descending"),
+        ({"order_by": "position"}, "order_by must be one of"),
+        ({"unique_type": 1}, "unique_type must be a bool"),
+    ],
+)
+def test_malformed_queries_are_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(StoreError, match=message):
+        QueryData(**fields)  # type: ignore[arg-type]
+
+
+# --- query semantics on a store -----------------------------------------------------------
+
+
+class _Clock:
+    """Stands in for ``time`` in the store module, so sessions get chosen timestamps."""
+
+    def __init__(self) -> None:
+        self.now_us = 0
+
+    def time_ns(self) -> int:
+        return self.now_us * 1000
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'events.db'}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    fake = _Clock()
+    monkeypatch.setattr(store_module, "time", SimpleNamespace(time_ns=fake.time_ns))
+    return fake
+
+
+@pytest.fixture
+def stores(store_url: str) -> Iterator[tuple[EventStore, EventStore]]:
+    """Two servers' stores on one database: server 1 and server 2."""
+    first, second = EventStore(store_url, server_id=1), EventStore(store_url, server_id=2)
+    yield first, second
+    first.close()
+    second.close()
+
+
+def _new(
+    *type_: str, source: int | None = None, payload: tuple[PayloadKind, bytes] | None = None
+) -> NewEvent:
+    kind, data = payload if payload is not None else (None, None)
+    return NewEvent(type=type_, payload=data, payload_kind=kind, source_timestamp_us=source)
+
+
+#: Stands for "every event of the corpus" in expected results.
+ALL: set[tuple[int, int, int]] = set()
+JSON_1 = (PayloadKind.JSON, b"1")
+BIN_0 = (PayloadKind.BINARY, b"\x00")
+
+
+@pytest.fixture
+def corpus(stores: tuple[EventStore, EventStore], clock: _Clock) -> list[StoredEvent]:
+    """Sessions with equal timestamps, equal source timestamps, missing source timestamps,
+    two servers and type-prefix neighbours (("a","b") vs ("a","bc")); returned by position."""
+    one, two = stores
+    sessions: list[tuple[EventStore, int, list[NewEvent]]] = [
+        (one, 1000, [_new("a", "b", "c", source=50), _new("a", "b"), _new("a", "x", source=10)]),
+        (one, 2000, [_new("a", "b", "c", source=5, payload=JSON_1), _new("b", source=20)]),
+        (two, 2000, [_new("a", "b", "c", source=5), _new("a", "bc", source=7, payload=BIN_0)]),
+        (one, 3000, [_new("a", "b", "c", "d"), _new("x", "y", source=20, payload=JSON_1)]),
+        (one, 3000, [_new("a", "b", source=30, payload=BIN_0), _new("a", "*b")]),
+        (two, 4000, [_new("a", "b"), _new("a", 'b"', "c", source=1)]),
+    ]
+    stored: list[StoredEvent] = []
+    for store, timestamp_us, events in sessions:
+        clock.now_us = timestamp_us
+        stored.extend(store.register(events))
+    return stored
+
+
+def _ids(events: list[StoredEvent]) -> list[tuple[int, int, int]]:
+    return [(e.id.server, e.id.session, e.id.instance) for e in events]
+
+
+def _query(stores: tuple[EventStore, EventStore], **fields: object) -> list[tuple[int, int, int]]:
+    return _ids(query_events(stores[0], QueryData(**fields)))  # type: ignore[arg-type]
+
+
+def test_default_order_is_latest_first_ties_by_event_id(
+    stores: tuple[EventStore, EventStore], corpus: list[StoredEvent]
+) -> None:
+    assert _query(stores) == [
+        (2, 2, 2), (2, 2, 1),
+        (1, 4, 2), (1, 4, 1), (1, 3, 2), (1, 3, 1),
+        (2, 1, 2), (2, 1, 1), (1, 2, 2), (1, 2, 1),
+        (1, 1, 3), (1, 1, 2), (1, 1, 1),
+    ]  # fmt: skip
+
+
+def test_ascending_by_timestamp_ties_by_event_id(
+    stores: tuple[EventStore, EventStore], corpus: list[StoredEvent]
+) -> None:
+    assert _query(stores, order="ascending") == [
+        (1, 1, 1), (1, 1, 2), (1, 1, 3),
+        (1, 2, 1), (1, 2, 2), (2, 1, 1), (2, 1, 2),
+        (1, 3, 1), (1, 3, 2), (1, 4, 1), (1, 4, 2),
+        (2, 2, 1), (2, 2, 2),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_source_timestamp_order_puts_missing_ones_last(
+    stores: tuple[EventStore, EventStore], corpus: list[StoredEvent], order: str
+) -> None:
+    with_source = [
+        (2, 2, 2), (1, 2, 1), (2, 1, 1), (2, 1, 2), (1, 1, 3),
+        (1, 2, 2), (1, 3, 2), (1, 4, 1), (1, 1, 1),
+    ]  # fmt: skip
+    without_source = [(1, 1, 2), (1, 3, 1), (1, 4, 2), (2, 2, 1)]
+    if order == "descending":
+        # Equal source timestamps (5: (1,2,1) and (2,1,1); 20: (1,2,2) and (1,3,2)) keep
+        # their event-id order in the query's direction.
+        with_source = [
+            (1, 1, 1), (1, 4, 1), (1, 3, 2), (1, 2, 2), (1, 1, 3),
+            (2, 1, 2), (2, 1, 1), (1, 2, 1), (2, 2, 2),
+        ]  # fmt: skip
+        without_source.reverse()
+    result = _query(stores, order=order, order_by="source_timestamp")
+    assert result == with_source + without_source
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"server_id": 2}, {(2, 1, 1), (2, 1, 2), (2, 2, 1), (2, 2, 2)}),
+        ({"server_id": 3}, set()),
+        ({"event_ids": (EventId(1, 2, 2), EventId(2, 1, 1), EventId(9, 9, 9))},
+         {(1, 2, 2), (2, 1, 1)}),
+        ({"event_types": (("a", "b"),)}, {(1, 1, 2), (1, 4, 1), (2, 2, 1)}),
+        ({"event_types": (("a", "?"),)},
+         {(1, 1, 2), (1, 1, 3), (2, 1, 2), (1, 4, 1), (1, 4, 2), (2, 2, 1)}),
+        ({"event_types": (("a", "b", "*"),)},
+         {(1, 1, 1), (1, 1, 2), (1, 2, 1), (2, 1, 1), (1, 3, 1), (1, 4, 1), (2, 2, 1)}),
+        ({"event_types": (("?", "?", "c"),)}, {(1, 1, 1), (1, 2, 1), (2, 1, 1), (2, 2, 2)}),
+        ({"event_types": (("a", "*b"),)}, {(1, 4, 2)}),
+        ({"event_types": (('a', 'b"', "*"),)}, {(2, 2, 2)}),
+        ({"event_types": (("*",),)}, ALL),
+        ({"event_types": ((),)}, set()),
+        ({"event_types": (("b",), ("x", "*"))}, {(1, 2, 2), (1, 3, 2)}),
+        ({"t_from": 2000, "t_to": 3000},
+         {(1, 2, 1), (1, 2, 2), (2, 1, 1), (2, 1, 2), (1, 3, 1), (1, 3, 2), (1, 4, 1), (1, 4, 2)}),
+        ({"t_from": 3001}, {(2, 2, 1), (2, 2, 2)}),
+        ({"t_to": 1000}, {(1, 1, 1), (1, 1, 2), (1, 1, 3)}),
+        ({"source_t_from": 20}, {(1, 1, 1), (1, 2, 2), (1, 3, 2), (1, 4, 1)}),
+        ({"source_t_to": 5}, {(1, 2, 1), (2, 1, 1), (2, 2, 2)}),
+        ({"source_t_from": 5, "source_t_to": 10}, {(1, 2, 1), (2, 1, 1), (2, 1, 2), (1, 1, 3)}),
+        ({"payload": JSON_1}, {(1, 2, 1), (1, 3, 2)}),
+        ({"payload": BIN_0}, {(2, 1, 2), (1, 4, 1)}),
+        ({"payload": (PayloadKind.SBS, b"1")}, set()),
+        ({"server_id": 1, "event_types": (("a", "*"),), "t_from": 2000, "source_t_to": 30,
+          "payload": BIN_0}, {(1, 4, 1)}),
+        ({"event_types": (("?", "b", "*"),), "t_to": 2000, "source_t_from": 6},
+         {(1, 1, 1)}),
+    ],
+)  # fmt: skip
+def test_each_filter_and_combinations(
+    stores: tuple[EventStore, EventStore],
+    corpus: list[StoredEvent],
+    fields: dict[str, object],
+    expected: set[tuple[int, int, int]],
+) -> None:
+    if expected is ALL:
+        expected = set(_ids(corpus))
+    assert set(_query(stores, **fields)) == expected
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_results": 0},
+        {"max_results": -5},
+        {"t_from": 2001, "t_to": 2000},
+        {"source_t_from": 6, "source_t_to": 5},
+        {"event_ids": ()},
+        {"event_types": ()},
+    ],
+)
+def test_queries_that_match_nothing_give_empty_results(
+    stores: tuple[EventStore, EventStore], corpus: list[StoredEvent], fields: dict[str, object]
+) -> None:
+    assert _query(stores, **fields) == []
+
+
+def test_unique_type_keeps_the_latest_when_descending(
+    stores: tuple[EventStore, EventStore], corpus: list[StoredEvent]
+) -> None:
+    result = query_events(stores[0], QueryData(event_types=(("a", "*"),), unique_type=True))
+    assert [(e.type, e.id) for e in result] == [
+        (("a", 'b"', "c"), EventId(2, 2, 2)),
+        (("a", "b"), EventId(2, 2, 1)),
+        (("a", "*b"), EventId(1, 4, 2)),
+        (("a", "b", "c", "d"), EventId(1, 3, 1)),
+        (("a", "bc"), EventId(2, 1, 2)),
+        (("a", "b", "c"), EventId(2, 1, 1)),  # same timestamp as (1,2,1): greater id wins
+        (("a", "x"), EventId(1, 1, 3)),
+    ]
+
+
+def test_unique_type_keeps_the_earliest_when_ascending_then_max_results(
+    stores: tuple[EventStore, EventStore], corpus: list[StoredEvent]
+) -> None:
+    query = QueryData(event_types=(("a", "?"),), unique_type=True, order="ascending")
+    assert _ids(query_events(stores[0], query)) == [(1, 1, 2), (1, 1, 3), (2, 1, 2), (1, 4, 2)]
+    limited = replace(query, max_results=2)
+    assert _ids(query_events(stores[0], limited)) == [(1, 1, 2), (1, 1, 3)]
+
+
+def test_unique_type_by_source_timestamp(
+    stores: tuple[EventStore, EventStore], corpus: list[StoredEvent]
+) -> None:
+    query = QueryData(
+        event_types=(("a", "b"), ("a", "b", "c")),
+        unique_type=True,
+        order_by="source_timestamp",
+        max_results=5,
+    )
+    # ("a","b") has one event with a source timestamp; ("a","b","c") its greatest is 50.
+    assert _ids(query_events(stores[0], query)) == [(1, 1, 1), (1, 4, 1)]
+
+
+@pytest.mark.parametrize("types", [None, (("a", "*"),), (("?", "*"),), (("a", "?"), ("b",))])
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_max_results_keeps_the_first_in_order(
+    stores: tuple[EventStore, EventStore],
+    corpus: list[StoredEvent],
+    types: tuple[tuple[str, ...], ...] | None,
+    order: str,
+) -> None:
+    full = _query(stores, event_types=types, order=order)
+    for limit in (1, 3, len(full), len(full) + 5):
+        assert _query(stores, event_types=types, order=order, max_results=limit) == full[:limit]
+
+
+def test_random_queries_agree_with_a_reference(
+    stores: tuple[EventStore, EventStore], corpus: list[StoredEvent]
+) -> None:
+    """Property-style: random combinations of every field against a plain Python model."""
+    rng = random.Random(7)
+    segments = ["a", "b", "c", "x", "bc"]
+    for _ in range(60):
+        query = _random_query(rng, segments)
+        assert _ids(query_events(stores[0], query)) == _ids(_reference(corpus, query)), query
+
+
+def _random_query(rng: random.Random, segments: list[str]) -> QueryData:
+    def maybe(value: object) -> object:
+        return value if rng.random() < 0.3 else None
+
+    types = tuple(_random_query_type(rng, segments) for _ in range(rng.randint(1, 3)))
+    return QueryData(
+        server_id=maybe(rng.choice([1, 2])),  # type: ignore[arg-type]
+        event_types=maybe(types),  # type: ignore[arg-type]
+        t_from=maybe(rng.choice([1000, 2000, 3000])),  # type: ignore[arg-type]
+        t_to=maybe(rng.choice([2000, 3000, 4000])),  # type: ignore[arg-type]
+        source_t_from=maybe(rng.choice([5, 20])),  # type: ignore[arg-type]
+        source_t_to=maybe(rng.choice([20, 50])),  # type: ignore[arg-type]
+        payload=maybe(rng.choice([JSON_1, BIN_0])),  # type: ignore[arg-type]
+        order=rng.choice(["ascending", "descending"]),
+        order_by=rng.choice(["timestamp", "source_timestamp"]),
+        unique_type=rng.random() < 0.5,
+        max_results=maybe(rng.randint(1, 6)),  # type: ignore[arg-type]
+    )
+
+
+def _reference(events: list[StoredEvent], query: QueryData) -> list[StoredEvent]:
+    """The Hat semantics written out directly, for comparison."""
+    selected = [e for e in events if _reference_selects(e, query)]
+    selected.sort(key=lambda e: _reference_key(e, query))
+    if query.unique_type:
+        seen: set[tuple[str, ...]] = set()
+        selected = [e for e in selected if not (e.type in seen or seen.add(e.type))]
+    return selected if query.max_results is None else selected[: query.max_results]
+
+
+def _reference_selects(event: StoredEvent, q: QueryData) -> bool:
+    source = event.source_timestamp_us
+    payload = None if event.payload_kind is None else (event.payload_kind, event.payload)
+    return (
+        (q.server_id is None or event.id.server == q.server_id)
+        and (q.event_types is None or any(matches(event.type, t) for t in q.event_types))
+        and (q.t_from is None or event.timestamp_us >= q.t_from)
+        and (q.t_to is None or event.timestamp_us <= q.t_to)
+        and (q.source_t_from is None or (source is not None and source >= q.source_t_from))
+        and (q.source_t_to is None or (source is not None and source <= q.source_t_to))
+        and (q.payload is None or payload == q.payload)
+    )
+
+
+def _reference_key(event: StoredEvent, q: QueryData) -> tuple[int, ...]:
+    sign = -1 if q.order == "descending" else 1
+    key = event.timestamp_us if q.order_by == "timestamp" else event.source_timestamp_us
+    missing = 1 if key is None else 0
+    parts = (key or 0, event.id.server, event.id.session, event.id.instance)
+    return (missing, *(sign * part for part in parts))
