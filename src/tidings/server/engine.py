@@ -1,0 +1,351 @@
+"""The event server's engine: processing sessions run through modules, then stored at once.
+
+One :meth:`Engine.register` call is one session (Hat "Engine"). Every module is told
+``on_session_start``; each new event of the session, the registered ones first, is offered in
+order to every module whose subscription matches its type, module by module; the events a
+module returns join the end of the same session's queue and are offered to all modules, the
+one that added them included. When the queue is empty every module is told
+``on_session_stop`` and the whole session is stored with one :meth:`EventStore.register`, so
+its events share the session number and timestamp. Sessions run one at a time.
+
+The core is synchronous: a module's ``process`` runs inside the session and must not call
+:meth:`Engine.register` (it returns the events to add instead).
+
+Modules are loaded by Python module path (:func:`load_module`): the module must define
+``create(config: dict, engine: Engine) -> Module``. Hat passes the module's configuration
+(whose ``module`` key is that path) and the engine; the module may keep the engine to start
+sessions of its own later, outside ``process``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from tidings.errors import TidingsError
+from tidings.server import store as _store
+from tidings.server.matching import QueryType, TypeMatcher
+from tidings.server.store import (
+    EventId,
+    EventStore,
+    EventType,
+    NewEvent,
+    PayloadKind,
+    StoredEvent,
+    StoreError,
+)
+
+log = logging.getLogger(__name__)
+
+#: Type of the events the engine registers when it starts and stops (Hat).
+ENGINE_EVENT_TYPE: EventType = ("event", "engine")
+#: Payloads of the engine event: a JSON string, ``hat-event://events.yaml#/definitions/events/
+#: engine`` (``enum: [STARTED, STOPPED]``).
+STATUS_STARTED = "STARTED"
+STATUS_STOPPED = "STOPPED"
+
+#: A subscriber of stored sessions; gets the newly stored events of each session, in order.
+Callback = Callable[[list[StoredEvent]], None]
+
+
+class EngineError(TidingsError):
+    """A processing session was aborted (nothing stored) or a module could not be used."""
+
+
+class ModuleLoadError(EngineError):
+    """A module path could not be imported, has no ``create``, or ``create`` failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """An event of a running session, as modules see it before it is stored.
+
+    ``session_id`` is the engine's session counter (the store numbers sessions itself when it
+    stores them); ``instance`` is the 1-based place of the event in the session's queue.
+    """
+
+    session_id: int
+    instance: int
+    type: EventType
+    payload: bytes | None
+    payload_kind: PayloadKind | None
+    source_timestamp_us: int | None
+    outbox_event_id: str | None
+
+    def to_new_event(self) -> NewEvent:
+        return NewEvent(
+            self.type,
+            self.payload,
+            self.payload_kind,
+            self.source_timestamp_us,
+            self.outbox_event_id,
+        )
+
+
+@runtime_checkable
+class Module(Protocol):
+    """An event server module (Hat); its calls run one at a time, inside sessions."""
+
+    #: Query types (``?`` and a trailing ``*`` allowed) of the events offered to ``process``.
+    subscription: tuple[QueryType, ...]
+
+    def on_session_start(self, session_id: int) -> None: ...
+
+    def process(self, session_id: int, event: SessionEvent) -> list[NewEvent]: ...
+
+    def on_session_stop(self, session_id: int) -> None: ...
+
+
+def load_module(path: str, config: dict[str, Any], engine: Engine) -> Module:
+    """Import the Python module ``path`` and return ``create(config, engine)`` of it."""
+    try:
+        python_module = importlib.import_module(path)
+    except (ImportError, ValueError, TypeError) as exc:
+        raise ModuleLoadError(f"module {path!r}: cannot import it: {exc}") from exc
+    create = getattr(python_module, "create", None)
+    if not callable(create):
+        raise ModuleLoadError(f"module {path!r}: has no create(config, engine) function")
+    try:
+        module = create(config, engine)
+    except Exception as exc:
+        raise ModuleLoadError(f"module {path!r}: create() failed: {exc!r}") from exc
+    if not isinstance(module, Module):
+        raise ModuleLoadError(
+            f"module {path!r}: create() returned {type(module).__name__}, which lacks "
+            "subscription, on_session_start, process or on_session_stop"
+        )
+    return module
+
+
+def module_name(module: object) -> str:
+    """How errors and logs name a module: its ``name`` attribute, else its class."""
+    name = getattr(module, "name", None)
+    return name if isinstance(name, str) and name else type(module).__qualname__
+
+
+class Engine:
+    """Runs processing sessions through ``modules`` and stores each in ``store``."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        modules: Sequence[Module],
+        max_session_events: int = 10_000,
+    ) -> None:
+        if isinstance(max_session_events, bool) or not isinstance(max_session_events, int):
+            raise EngineError(f"max_session_events must be an int, not {max_session_events!r}")
+        if max_session_events < 1:
+            raise EngineError(f"max_session_events must be positive, not {max_session_events}")
+        self._store = store
+        self._modules = list(modules)
+        self._matchers = [_matcher(module) for module in self._modules]
+        self._max_added = max_session_events
+        self._callbacks: list[Callback] = []
+        self._lock = threading.RLock()
+        self._in_session = False
+        self._last_session_id = 0
+
+    @property
+    def store(self) -> EventStore:
+        return self._store
+
+    def on_registered(self, callback: Callback) -> Callable[[], None]:
+        """Call ``callback`` with the new events of every stored session; returns a remover.
+
+        A raising callback is logged and does not affect the session or other callbacks.
+        """
+        self._callbacks.append(callback)
+
+        def remove() -> None:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+        return remove
+
+    def start(self) -> StoredEvent:
+        """Register the engine event with status ``STARTED``."""
+        return self._engine_event(STATUS_STARTED)
+
+    def stop(self) -> StoredEvent:
+        """Register the engine event with status ``STOPPED``."""
+        return self._engine_event(STATUS_STOPPED)
+
+    def register(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
+        """Run one session of ``events``; return each one's stored event, None if invalid.
+
+        An invalid event (bad type, payload, ...) fails alone: its slot is None and it is not
+        offered to modules. A module that raises, adds an invalid event, or makes the
+        session add more than ``max_session_events`` events aborts it with
+        :class:`EngineError`; nothing is stored then.
+        """
+        with self._lock:
+            if self._in_session:
+                raise EngineError(
+                    "register called during a session: a module adds events by returning "
+                    "them from process"
+                )
+            self._in_session = True
+            try:
+                return self._run(events)
+            finally:
+                self._in_session = False
+
+    def _engine_event(self, status: str) -> StoredEvent:
+        payload = json.dumps(status).encode()
+        [stored] = self.register([NewEvent(ENGINE_EVENT_TYPE, payload, PayloadKind.JSON)])
+        assert stored is not None
+        return stored
+
+    def _run(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
+        self._last_session_id += 1
+        session_id = self._last_session_id
+        queue: list[NewEvent] = []
+        #: Per input event: its index in the queue, or None when it is invalid.
+        slots: list[int | None] = []
+        for index, new_event in enumerate(events):
+            problem = _problem(new_event)
+            if problem is None:
+                slots.append(len(queue))
+                queue.append(new_event)
+            else:
+                log.warning("session %d: event %d refused: %s", session_id, index, problem)
+                slots.append(None)
+        if not queue:
+            return [None] * len(slots)
+        self._process(session_id, queue)
+        before = self._store.last_event_id() if _has_outbox_ids(queue) else None
+        stored = self._store.register(queue)
+        self._notify(_fresh(stored, before))
+        return [None if slot is None else stored[slot] for slot in slots]
+
+    def _process(self, session_id: int, queue: list[NewEvent]) -> None:
+        """Run the session over ``queue``, appending module additions to it."""
+        started: list[Module] = []
+        error: EngineError | None = None
+        try:
+            for module in self._modules:
+                started.append(module)
+                _call(module, "on_session_start", module.on_session_start, session_id)
+            self._offer_all(session_id, queue)
+        except EngineError as exc:
+            error = exc
+        for module in started:
+            try:
+                _call(module, "on_session_stop", module.on_session_stop, session_id)
+            except EngineError as exc:
+                if error is None:
+                    error = exc
+                else:
+                    log.error("session %d: %s", session_id, exc)
+        if error is not None:
+            raise error
+
+    def _offer_all(self, session_id: int, queue: list[NewEvent]) -> None:
+        original = len(queue)
+        position = 0
+        while position < len(queue):
+            new_event = queue[position]
+            position += 1
+            event = _session_event(session_id, position, new_event)
+            for module, matcher in zip(self._modules, self._matchers, strict=True):
+                if not matcher.matches(event.type):
+                    continue
+                added = _call(module, "process", module.process, session_id, event)
+                if not added:
+                    continue
+                name = module_name(module)
+                if not isinstance(added, list):
+                    raise EngineError(
+                        f"session {session_id}: module {name} returned "
+                        f"{type(added).__name__} from process, not a list of NewEvent"
+                    )
+                for index, added_event in enumerate(added):
+                    problem = _problem(added_event)
+                    if problem is not None:
+                        raise EngineError(
+                            f"session {session_id}: module {name} added an invalid event "
+                            f"(#{index}): {problem}"
+                        )
+                queue.extend(added)
+                if len(queue) - original > self._max_added:
+                    raise EngineError(
+                        f"session {session_id}: modules added more than "
+                        f"{self._max_added} events (max_session_events), module {name} "
+                        "last; a module loop? Nothing was stored"
+                    )
+
+    def _notify(self, stored: list[StoredEvent]) -> None:
+        if not stored:
+            return
+        for callback in list(self._callbacks):
+            try:
+                callback(stored)
+            except Exception:
+                log.exception("registered-events callback %r failed", callback)
+
+
+def _matcher(module: Module) -> TypeMatcher:
+    name = module_name(module)
+    if not isinstance(module, Module):
+        raise EngineError(
+            f"module {name} lacks subscription, on_session_start, process or on_session_stop"
+        )
+    try:
+        return TypeMatcher(module.subscription)
+    except (StoreError, TypeError) as exc:
+        raise EngineError(f"module {name}: invalid subscription: {exc}") from exc
+
+
+def _call(module: Module, what: str, method: Callable[..., Any], *args: Any) -> Any:
+    """Call a module method; any exception becomes an :class:`EngineError` naming it."""
+    try:
+        return method(*args)
+    except Exception as exc:
+        session_id = args[0]
+        raise EngineError(
+            f"session {session_id}: module {module_name(module)} failed in {what}: {exc!r}; "
+            "the session is aborted, nothing was stored"
+        ) from exc
+
+
+def _problem(new_event: object) -> str | None:
+    """Why the store would refuse ``new_event``, or None if it would take it."""
+    try:
+        _store._validate([new_event])  # type: ignore[list-item]
+    except StoreError as exc:
+        return str(exc).removeprefix("event 0: ")
+    return None
+
+
+def _session_event(session_id: int, instance: int, new_event: NewEvent) -> SessionEvent:
+    return SessionEvent(
+        session_id,
+        instance,
+        new_event.type,
+        new_event.payload,
+        new_event.payload_kind,
+        new_event.source_timestamp_us,
+        new_event.outbox_event_id,
+    )
+
+
+def _has_outbox_ids(queue: list[NewEvent]) -> bool:
+    return any(new_event.outbox_event_id is not None for new_event in queue)
+
+
+def _fresh(stored: list[StoredEvent], before: EventId | None) -> list[StoredEvent]:
+    """The events this session stored, once each: the store returns an already stored event
+    for an outbox duplicate, which subscribers were told about when it was stored."""
+    seen: set[EventId] = set()
+    fresh: list[StoredEvent] = []
+    for event in stored:
+        if event.id in seen or (before is not None and event.id <= before):
+            continue
+        seen.add(event.id)
+        fresh.append(event)
+    return fresh
