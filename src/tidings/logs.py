@@ -24,12 +24,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str)
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of the record (it may be replaced)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def configure_logging(level: str = "INFO") -> None:
-    """Send tidings' logs as JSON lines to stderr."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Send tidings' logs as JSON lines to stderr.
+
+    Records still propagate to the root logger, which has no handler of its own in the CLI
+    (so nothing is printed twice) and lets embedding applications and tests capture them.
+    """
+    handler = _CurrentStderr()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger("tidings")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    root.propagate = False
     logging.getLogger("py4j").setLevel(logging.ERROR)
