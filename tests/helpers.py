@@ -12,8 +12,10 @@ from typing import Any
 
 import nats
 from nats.js.api import RawStreamMsg, StreamInfo
+from sqlalchemy import Engine, select
 
 from tidings.config import TidingsConfig, load_config
+from tidings.outbox.schema import outbox_event
 
 SHARED_URL = "nats://127.0.0.1:4222"
 NATS_SERVER = "/usr/sbin/nats-server"
@@ -116,3 +118,20 @@ class PrivateServer:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
+
+
+def statuses(engine: Engine) -> dict[int, str]:
+    """Status of every event-log row, by seq, in seq order."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(outbox_event.c.seq, outbox_event.c.status).order_by(outbox_event.c.seq)
+        )
+        return dict(rows.all())
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 90) -> None:
+    """Poll ``predicate`` until true; fail the test if it is not within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)

@@ -5,34 +5,19 @@ kills and restarts on the same storage."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import select
 
-from helpers import PrivateServer, free_port, relay_config, stream_messages
+from helpers import PrivateServer, free_port, relay_config, statuses, stream_messages, wait_until
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import run_relay
 
 pytestmark = [pytest.mark.spark, pytest.mark.nats]
-
-
-def _statuses(engine: Engine) -> list[str]:
-    with engine.connect() as conn:
-        return [
-            r[0] for r in conn.execute(select(outbox_event.c.status).order_by(outbox_event.c.seq))
-        ]
-
-
-def _wait(predicate, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.2)
 
 
 def test_target_down_then_back_everything_delivered_in_order(spark, tmp_path: Path) -> None:
@@ -81,17 +66,21 @@ def _run_outage(spark, tmp_path: Path, server: PrivateServer) -> None:
     relay.start()
     try:
         emit(40)
-        _wait(lambda: set(_statuses(engine)) == {"PUBLISHED"})
+        wait_until(lambda: set(statuses(engine).values()) == {"PUBLISHED"})
         server.kill()
         emit(60)
-        _wait(lambda: "PENDING" not in _statuses(engine))  # relayed while the target is down
-        during = _statuses(engine)[40:]
+        wait_until(
+            lambda: "PENDING" not in statuses(engine).values()
+        )  # relayed while the target is down
+        during = list(statuses(engine).values())[40:]
         assert "FAILED" in during and "PUBLISHED" not in during
         assert set(during) <= {"FAILED", "HELD"}
         server.start()  # back, same storage
-        _wait(lambda: set(_statuses(engine)) == {"PUBLISHED"})
+        wait_until(lambda: set(statuses(engine).values()) == {"PUBLISHED"})
         emit(20)
-        _wait(lambda: len(_statuses(engine)) == 120 and set(_statuses(engine)) == {"PUBLISHED"})
+        wait_until(
+            lambda: len(statuses(engine)) == 120 and set(statuses(engine).values()) == {"PUBLISHED"}
+        )
     finally:
         stop.set()
         relay.join(60)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sqlalchemy import Engine, select, text
+from sqlalchemy import select, text
 
-from helpers import relay_config, store_target
+from helpers import relay_config, statuses, store_target, wait_until
 from tidings.config import TidingsConfig
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
@@ -23,26 +23,12 @@ from tidings.server.store import EventStore
 pytestmark = pytest.mark.spark
 
 
-def _statuses(engine: Engine) -> dict[int, str]:
-    with engine.connect() as conn:
-        return dict(conn.execute(select(outbox_event.c.seq, outbox_event.c.status)).all())
-
-
 def _emit(outbox: Outbox, event_type: str, key: str | None, n: int = 1) -> list[str]:
     ids = []
     for i in range(n):
         with outbox.transaction() as tx:
             ids.append(tx.emit(event_type, {"i": i}, partition_key=key))
     return ids
-
-
-def _wait(predicate, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 def _store_events(config: TidingsConfig, target: str = "store") -> list:
@@ -63,18 +49,18 @@ def test_streaming_relay_routes_and_reloads_routes_without_restart(spark, tmp_pa
     try:
         _emit(outbox, "Created", "k", 3)
         _emit(outbox, "Renamed", "k")
-        _wait(lambda: set(_statuses(engine).values()) == {"PUBLISHED", "UNROUTABLE"})
-        assert _statuses(engine)[4] == "UNROUTABLE"
+        wait_until(lambda: set(statuses(engine).values()) == {"PUBLISHED", "UNROUTABLE"})
+        assert statuses(engine)[4] == "UNROUTABLE"
         # A route added to the database table takes effect on the next micro-batch.
         add_route(engine, "Renamed", "store")
         _emit(outbox, "Renamed", "k")
-        _wait(lambda: _statuses(engine).get(5) == "PUBLISHED")
+        wait_until(lambda: statuses(engine).get(5) == "PUBLISHED")
         # So does a route added to the YAML file.
         data = yaml.safe_load(path.read_text())
         data["routing"]["routes"]["Deleted"] = ["store"]
         path.write_text(yaml.safe_dump(data))
         _emit(outbox, "Deleted", "k")
-        _wait(lambda: _statuses(engine).get(6) == "PUBLISHED")
+        wait_until(lambda: statuses(engine).get(6) == "PUBLISHED")
     finally:
         query.stop()
     types = [e.type for e in _store_events(config)]
@@ -89,7 +75,7 @@ def test_restart_from_checkpoint_resumes_without_loss_or_duplicate(spark, tmp_pa
     start_relay(spark, config, available_now=True).awaitTermination()
     _emit(outbox, "Created", "a", 5)
     start_relay(spark, config, available_now=True).awaitTermination()
-    assert set(_statuses(engine).values()) == {"PUBLISHED"}
+    assert set(statuses(engine).values()) == {"PUBLISHED"}
     stored = _store_events(config)
     assert len(stored) == 25
     assert len({e.outbox_event_id for e in stored}) == 25
@@ -111,7 +97,7 @@ def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path:
     for key in ("a", "b", "a", "b", "a"):
         _emit(outbox, "Created", key)
     start_relay(spark, config, available_now=True).awaitTermination()
-    assert _statuses(engine) == {1: "FAILED", 2: "FAILED", 3: "HELD", 4: "HELD", 5: "HELD"}
+    assert statuses(engine) == {1: "FAILED", 2: "FAILED", 3: "HELD", 4: "HELD", 5: "HELD"}
     fault.unlink()
     limits = ReplayLimits(
         older_than=ReplayLimits.from_config(config).older_than * 0,
@@ -121,7 +107,7 @@ def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path:
     )
     done = run_replay(spark, config, limits=limits)
     assert done.published == 3
-    assert _statuses(engine) == {
+    assert statuses(engine) == {
         1: "PUBLISHED",
         2: "PUBLISHED",
         3: "PUBLISHED",
@@ -137,7 +123,7 @@ def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path:
     spent = ReplayLimits(limits.older_than, 50, limits.time_limit * 0, 100)
     assert run_replay(spark, config, limits=spent).published == 0
     run_replay(spark, config, limits=ReplayLimits(limits.older_than, 50, limits.time_limit, 100))
-    assert set(_statuses(engine).values()) == {"PUBLISHED"}
+    assert set(statuses(engine).values()) == {"PUBLISHED"}
     keys = {1: "a", 2: "b", 3: "a", 4: "b", 5: "a"}
     with engine.connect() as conn:
         seq_of = dict(conn.execute(select(outbox_event.c.event_id, outbox_event.c.seq)).all())
@@ -156,7 +142,7 @@ def test_postgres_rows_committed_out_of_order_are_not_skipped(
     _emit(outbox, "Created", "warm")
     query = start_relay(spark, config)
     try:
-        _wait(lambda: set(_statuses(engine).values()) == {"PUBLISHED"})
+        wait_until(lambda: set(statuses(engine).values()) == {"PUBLISHED"})
         # Writer 1 takes the lower seq and commits last; writer 2 takes the next one and
         # commits at once, while the relay keeps polling.
         slow_started, release = threading.Event(), threading.Event()
@@ -174,10 +160,10 @@ def test_postgres_rows_committed_out_of_order_are_not_skipped(
             tx.emit("Created", {"who": "fast"}, partition_key="fast")
         for _ in range(10):  # several micro-batches pass while seq 2 is invisible
             time.sleep(0.2)
-            assert _statuses(engine).get(3) in ("PENDING", None)
+            assert statuses(engine).get(3) in ("PENDING", None)
         release.set()
         thread.join()
-        _wait(lambda: _statuses(engine) == {1: "PUBLISHED", 2: "PUBLISHED", 3: "PUBLISHED"})
+        wait_until(lambda: statuses(engine) == {1: "PUBLISHED", 2: "PUBLISHED", 3: "PUBLISHED"})
     finally:
         query.stop()
     with engine.connect() as conn:
@@ -241,7 +227,7 @@ def test_replay_before_any_relay_batch_touches_nothing(spark, tmp_path: Path) ->
     limits = ReplayLimits.from_config(config)
     limits = ReplayLimits(limits.older_than * 0, 5, limits.time_limit, 100)
     assert run_replay(spark, config, limits=limits).events == 0
-    assert set(_statuses(engine).values()) == {"PENDING"}  # still the relay's to deliver
+    assert set(statuses(engine).values()) == {"PENDING"}  # still the relay's to deliver
 
 
 def test_log_slices_are_cut_by_size_for_large_payloads(tmp_path: Path) -> None:

@@ -11,18 +11,28 @@ import threading
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
 
 
-def normalise_url(url: str) -> str:
-    """Point ``postgresql://`` at the psycopg 3 driver; leave other URLs alone."""
+def driver_url(url: str) -> URL:
+    """Parse ``url``; a bare ``postgresql://`` (or ``postgres://``) gets the psycopg 3 driver."""
     parsed = make_url(url)
-    if parsed.drivername == "postgresql":
+    if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed.render_as_string(hide_password=False)
+    return parsed
+
+
+def normalise_url(url: str) -> str:
+    """:func:`driver_url` as a string, the key of the per-process engine cache."""
+    return driver_url(url).render_as_string(hide_password=False)
+
+
+def placeholder(paramstyle: str) -> str:
+    """The raw driver's parameter mark: sqlite3 uses ``?``, psycopg ``%s``."""
+    return "?" if paramstyle == "qmark" else "%s"
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -52,7 +62,3 @@ def shared_engine(url: str) -> Engine:
         if engine is None:
             engine = _engines[key] = make_engine(key)
         return engine
-
-
-def is_postgres(engine: Engine) -> bool:
-    return engine.dialect.name == "postgresql"

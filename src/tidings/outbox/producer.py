@@ -29,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tidings.config import OutboxConfig, TidingsConfig
-from tidings.db import make_engine
+from tidings.db import make_engine, placeholder
 from tidings.errors import EmitError
 from tidings.model import EventStatus, OutboxEvent
 from tidings.outbox.envelope import (
@@ -65,7 +65,7 @@ def partition_bucket(partition_key: str | None, event_id: str) -> int:
 
 def _insert_sql(table: str, columns: str, paramstyle: str) -> str:
     count = columns.count(",") + 1
-    mark = "?" if paramstyle == "qmark" else "%s"
+    mark = placeholder(paramstyle)
     return f"INSERT INTO {table} ({columns}) VALUES ({', '.join([mark] * count)})"
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
 
+from tidings.db import placeholder
 from tidings.model import OPEN_STATUSES, DeliveryState, EventStatus, OutboxEvent
 from tidings.outbox.schema import OPEN_ROW, outbox_event, outbox_event_attribute
 from tidings.routing.table import Routes
@@ -48,7 +49,7 @@ _SEQ_CHUNK = 500
 
 
 def _update_sql(paramstyle: str, rows: int) -> str:
-    mark = "?" if paramstyle == "qmark" else "%s"
+    mark = placeholder(paramstyle)
     seqs = ", ".join([mark] * rows)
     return f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq IN ({seqs})"
 

@@ -163,11 +163,11 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def engine(self) -> Engine:
         return shared_engine(self.url)
 
-    def _safe(self) -> int:
+    def _mark(self) -> SafeWatermark:
         if self._watermark is None:
             ensure_schema(self.engine)
             self._watermark = SafeWatermark(self.engine)
-        return self._watermark()
+        return self._watermark
 
     def initialOffset(self) -> dict:
         ensure_schema(self.engine)
@@ -177,13 +177,11 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_rows)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._safe()  # creates the watermark
-        assert self._watermark is not None
-        self._until = self._watermark.settle(_SETTLE_SECONDS)
+        self._until = self._mark().settle(_SETTLE_SECONDS)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         after = int(start["seq"])
-        upto = self._safe() if self._until is None else self._until
+        upto = self._mark()() if self._until is None else self._until
         if upto <= after:
             return start
         if not isinstance(limit, ReadAllAvailable):

@@ -50,9 +50,10 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
+from tidings.db import driver_url, placeholder
 from tidings.errors import SchemaError, TidingsError
 
 #: A Hat event type: a non-empty tuple of strings, none of them ``?`` or ``*``.
@@ -381,18 +382,16 @@ _INSERT_COLUMNS = (
 
 
 def _insert_sql(conn: Connection) -> str:
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    mark = placeholder(conn.dialect.paramstyle)
     return f"INSERT INTO event_events ({_INSERT_COLUMNS}) VALUES ({', '.join([mark] * 10)})"
 
 
 def _parse_url(url: str) -> URL:
     """Parse and check ``url``; a bare ``postgresql://`` gets the psycopg 3 driver."""
     try:
-        parsed = make_url(url)
+        parsed = driver_url(url)
     except ArgumentError as exc:
         raise StoreError(f"event store: invalid database url {url!r}: {exc}") from exc
-    if parsed.drivername in ("postgresql", "postgres"):
-        return parsed.set(drivername="postgresql+psycopg")
     backend = parsed.get_backend_name()
     if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
         raise StoreError("event store: an in-memory SQLite database is not durable; give a file")

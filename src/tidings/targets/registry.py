@@ -42,12 +42,3 @@ def shared_target(name: str, config: TargetConfig) -> Target:
         if target is None:
             target = _cache[key] = build_target(name, config)
         return target
-
-
-def close_all() -> None:
-    """Close every shared target (end of a job in this process)."""
-    with _lock:
-        targets = list(_cache.values())
-        _cache.clear()
-    for target in targets:
-        target.close()
