@@ -29,3 +29,7 @@ class TargetError(TidingsError):
 
 class RelayError(TidingsError):
     """The relay pipeline could not start or run."""
+
+
+class ProtocolError(TidingsError):
+    """A peer sent bytes that are not a valid message of the protocol; the link is closed."""

@@ -1,0 +1,399 @@
+"""Chatter connections: the message transport of hat-event 0.8.5, over asyncio TCP.
+
+A frame is one byte giving the length of the length, the big-endian length, then an
+SBS-encoded ``Hat.Msg`` envelope whose ``data`` carries the protocol message (module, type,
+SBS body). Each side numbers the messages it sends 1, 2, 3...; a conversation is named by
+the id of its first message and by which side opened it, and a message with ``last`` set
+closes it. Both sides ping every ``ping_interval`` seconds and drop a peer that does not
+answer within the same time.
+
+:class:`Connection` reads in a task of its own: pings are answered there, replies to our own
+requests resolve their futures there, and every other message is decoded and queued for
+:meth:`Connection.receive`. The queue is bounded, so a peer that sends faster than it is
+served stops being read (TCP pushes back) instead of growing our memory. Anything malformed
+(garbage, a truncated or oversize frame, an unknown message type, undecodable SBS) closes
+that connection with one log line naming the reason; nothing else is affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from tidings.errors import ConfigError, ProtocolError, TidingsError
+from tidings.wire import codec
+
+log = logging.getLogger(__name__)
+
+#: Default bound on one frame's SBS envelope (the whole message), in bytes.
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+#: hat-event 0.8.5's keep-alive period, in seconds.
+DEFAULT_PING_INTERVAL = 20.0
+#: Received messages waiting for :meth:`Connection.receive` before reading pauses.
+_RECEIVE_QUEUE = 256
+_PING = "HatPing"
+
+
+class ConnectionClosed(TidingsError):
+    """The connection is closed (by either side, or after a protocol error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A conversation as this side sees it: who opened it and its first message id."""
+
+    owner: bool
+    first_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A received message with its decoded body."""
+
+    conversation: Conversation
+    #: The message opens a new conversation.
+    first: bool
+    #: The sender closes the conversation with it (no reply expected).
+    last: bool
+    module: str
+    type: str
+    data: codec.Value
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Host and port of a ``tcp+sbs://host:port`` address; anything else is a ConfigError."""
+    if not isinstance(address, str):
+        raise ConfigError(f"address must be a string like tcp+sbs://HOST:PORT, not {address!r}")
+    try:
+        parts = urlsplit(address)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"address {address!r}: {exc}") from exc
+    if parts.scheme != "tcp+sbs":
+        raise ConfigError(f"address {address!r}: scheme must be tcp+sbs (ssl+sbs is not supported)")
+    if not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise ConfigError(f"address {address!r}: expected tcp+sbs://HOST:PORT")
+    return parts.hostname, port
+
+
+class Connection:
+    """One chatter connection; use :func:`connect` or :func:`listen` to get one."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        ping_interval: float | None = DEFAULT_PING_INTERVAL,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._max_frame_bytes = max_frame_bytes
+        self._ping_interval = ping_interval
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._ids = itertools.count(1)
+        self._queue: asyncio.Queue[Message | None] = asyncio.Queue(_RECEIVE_QUEUE)
+        self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._closed = asyncio.Event()
+        self._close_reason: str | None = None
+        self._pongs: dict[int, asyncio.Event] = {}
+        self._tasks = [asyncio.create_task(self._read_loop(), name=f"chatter read {self.peer}")]
+        if ping_interval:
+            pinger = self._ping_loop(ping_interval)
+            self._tasks.append(asyncio.create_task(pinger, name=f"chatter ping {self.peer}"))
+
+    @property
+    def is_open(self) -> bool:
+        return not self._closed.is_set()
+
+    @property
+    def close_reason(self) -> str | None:
+        """Why the connection closed (None while open or after a clean close)."""
+        return self._close_reason
+
+    @property
+    def send_buffer_bytes(self) -> int:
+        """Bytes written but not yet taken by the socket: how far the peer lags behind."""
+        transport = self._writer.transport
+        return 0 if transport.is_closing() else transport.get_write_buffer_size()
+
+    def send(
+        self,
+        module: str,
+        type_name: str,
+        value: codec.Value,
+        *,
+        conversation: Conversation | None = None,
+        last: bool = True,
+    ) -> Conversation:
+        """Send a message, opening a new conversation unless ``conversation`` is given.
+
+        Returns the conversation, so that a request's reply can be recognised. Writing is
+        buffered; await :meth:`drain` to wait for the socket.
+        """
+        return self.send_encoded(
+            module,
+            type_name,
+            codec.encode(module, type_name, value),
+            conversation=conversation,
+            last=last,
+        )
+
+    def send_encoded(
+        self,
+        module: str,
+        type_name: str,
+        body: bytes,
+        *,
+        conversation: Conversation | None = None,
+        last: bool = True,
+    ) -> Conversation:
+        """:meth:`send` with the body already SBS-encoded (one encoding for many receivers)."""
+        if self._closed.is_set():
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
+        message_id = next(self._ids)
+        if conversation is None:
+            conversation = Conversation(owner=True, first_id=message_id)
+        envelope = {
+            "id": message_id,
+            "first": conversation.first_id,
+            "owner": conversation.owner,
+            "token": True,
+            "last": last,
+            "data": {"module": ("value", module), "type": type_name, "data": body},
+        }
+        frame = codec.encode("Hat", "Msg", envelope)
+        size = len(frame)
+        length = size.to_bytes(max(1, (size.bit_length() + 7) // 8), "big")
+        self._writer.write(bytes([len(length)]) + length + frame)
+        return conversation
+
+    async def drain(self) -> None:
+        """Wait until the socket has taken what was written (or raise if it closed)."""
+        try:
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise ConnectionClosed(f"connection to {self.peer} is closed: {exc}") from exc
+
+    async def request(
+        self, module: str, type_name: str, value: codec.Value, timeout: float | None = None
+    ) -> Message:
+        """Open a conversation with a message and return the peer's reply in it."""
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        conversation = self.send(module, type_name, value, last=False)
+        self._pending[conversation.first_id] = future
+        try:
+            await self.drain()
+            closed = asyncio.ensure_future(self._closed.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    {future, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                closed.cancel()
+            if future in done:
+                return future.result()
+            if not done:
+                raise TimeoutError(f"{module}.{type_name}: no reply from {self.peer} in {timeout}s")
+            reason = self._close_reason or "closed"
+            raise ConnectionClosed(f"connection to {self.peer} closed before the reply: {reason}")
+        finally:
+            self._pending.pop(conversation.first_id, None)
+
+    async def receive(self) -> Message:
+        """The next received message that is not a ping or a reply to :meth:`request`."""
+        if self._closed.is_set() and self._queue.empty():
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
+        message = await self._queue.get()
+        if message is None:
+            self._queue.put_nowait(None)  # wake other receivers too
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
+        return message
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    def close(self, reason: str | None = None) -> None:
+        """Close now; ``reason`` (a protocol error) is logged once."""
+        if self._closed.is_set():
+            return
+        self._close_reason = reason
+        if reason:
+            log.warning("chatter connection %s closed: %s", self.peer, reason)
+        self._closed.set()
+        self._writer.close()
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ConnectionClosed(f"connection to {self.peer} closed"))
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)
+        if self._queue.full():
+            # Make room for the end marker: receivers stop at it, queued messages are moot.
+            with contextlib.suppress(asyncio.QueueEmpty):
+                self._queue.get_nowait()
+            self._queue.put_nowait(None)
+
+    async def aclose(self) -> None:
+        """Close and wait until the socket and the tasks are done."""
+        self.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._writer.wait_closed()
+
+    async def _read_loop(self) -> None:
+        reason: str | None = None
+        try:
+            while True:
+                await self._dispatch(await self._read_frame())
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                reason = f"truncated frame ({len(exc.partial)} of {exc.expected} bytes)"
+        except ProtocolError as exc:
+            reason = f"protocol error: {exc}"
+        except (ConnectionError, OSError):
+            pass
+        except asyncio.CancelledError:
+            return
+        self.close(reason)
+
+    async def _read_frame(self) -> bytes:
+        length_size = (await self._reader.readexactly(1))[0]
+        if not 1 <= length_size <= 8:
+            raise ProtocolError(f"invalid frame: length of length {length_size}")
+        size = int.from_bytes(await self._reader.readexactly(length_size), "big")
+        if size > self._max_frame_bytes:
+            raise ProtocolError(
+                f"frame of {size} bytes exceeds the limit of {self._max_frame_bytes} bytes"
+            )
+        return await self._reader.readexactly(size)
+
+    async def _dispatch(self, frame: bytes) -> None:
+        envelope = codec.decode("Hat", "Msg", frame)
+        data = envelope["data"]
+        module = data["module"][1] if data["module"][0] == "value" else None
+        type_name = data["type"]
+        if module not in codec.MESSAGE_TYPES or type_name not in codec.MESSAGE_TYPES[module]:
+            raise ProtocolError(f"unknown message type {module}.{type_name}")
+        # The conversation as seen from here: ours if the sender is not its owner.
+        conversation = Conversation(owner=not envelope["owner"], first_id=envelope["first"])
+        if module == _PING:
+            self._on_ping(type_name, conversation)
+            return
+        message = Message(
+            conversation=conversation,
+            first=envelope["owner"] and envelope["first"] == envelope["id"],
+            last=envelope["last"],
+            module=module,
+            type=type_name,
+            data=codec.decode(module, type_name, bytes(data["data"])),
+        )
+        if conversation.owner:
+            future = self._pending.get(conversation.first_id)
+            if future is not None and not future.done():
+                future.set_result(message)
+                return
+        await self._queue.put(message)
+
+    def _on_ping(self, type_name: str, conversation: Conversation) -> None:
+        if type_name == "MsgPing":
+            self.send(_PING, "MsgPong", None, conversation=conversation, last=True)
+        elif conversation.owner and conversation.first_id in self._pongs:
+            self._pongs[conversation.first_id].set()
+
+    async def _ping_loop(self, interval: float) -> None:
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                pong = asyncio.Event()
+                conversation = self.send(_PING, "MsgPing", None, last=False)
+                self._pongs[conversation.first_id] = pong
+                try:
+                    await asyncio.wait_for(pong.wait(), interval)
+                except TimeoutError:
+                    self.close(f"no ping reply within {interval} s")
+                    return
+                finally:
+                    self._pongs.pop(conversation.first_id, None)
+        except (asyncio.CancelledError, ConnectionClosed):
+            return
+
+
+async def connect(
+    address: str,
+    *,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ping_interval: float | None = DEFAULT_PING_INTERVAL,
+    timeout: float = 10.0,
+) -> Connection:
+    """Open a connection to ``address`` (``tcp+sbs://host:port``)."""
+    host, port = parse_address(address)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    return Connection(reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval)
+
+
+#: Serves one accepted connection; the connection is closed when it returns.
+Handler = Callable[[Connection], Awaitable[None]]
+
+
+class Server:
+    """A listening chatter server; every accepted connection is served by ``handler``."""
+
+    def __init__(self, server: asyncio.Server, connections: set[Connection]) -> None:
+        self._server = server
+        self._connections = connections
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful after listening on port 0)."""
+        return self._server.sockets[0].getsockname()[1]
+
+    @property
+    def connections(self) -> frozenset[Connection]:
+        return frozenset(self._connections)
+
+    async def aclose(self) -> None:
+        """Stop accepting, close every connection and wait for their handlers."""
+        self._server.close()
+        for connection in list(self._connections):
+            connection.close()
+        await self._server.wait_closed()
+
+
+async def listen(
+    address: str,
+    handler: Handler,
+    *,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ping_interval: float | None = DEFAULT_PING_INTERVAL,
+) -> Server:
+    """Listen on ``address`` and serve each connection with ``handler``."""
+    host, port = parse_address(address)
+    connections: set[Connection] = set()
+
+    async def on_accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = Connection(
+            reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
+        )
+        connections.add(connection)
+        try:
+            await handler(connection)
+        except ConnectionClosed:
+            pass
+        except Exception:
+            log.exception("chatter handler failed for %s", connection.peer)
+        finally:
+            connections.discard(connection)
+            await connection.aclose()
+
+    server = await asyncio.start_server(on_accept, host, port, limit=2**16)
+    return Server(server, connections)

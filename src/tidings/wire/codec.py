@@ -1,0 +1,351 @@
+"""SBS encoding of hat-event 0.8.5 messages and their mapping to the store's event model.
+
+The schemas ship as ``.sbs`` text beside this module (our transcription of the 0.8.5
+protocol) and are compiled once by ``hat-sbs``, the maintained SBS implementation. Values
+cross the codec as hat-sbs gives them (records as dicts, choices as ``(name, value)``); the
+functions below turn them into :mod:`tidings.server.store` objects and back, checking every
+field, so that nothing a peer sends reaches the engine unchecked.
+
+Timestamps on the wire are ``{s, us}``; the store keeps integer microseconds. A JSON
+payload is a JSON text on the wire and is stored as its UTF-8 bytes unchanged; an SBS
+payload (``Hat.Data``) is stored as its SBS encoding and never interpreted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from hat import sbs
+
+from tidings.errors import ProtocolError
+from tidings.server.query import QueryData
+from tidings.server.store import EventId, NewEvent, PayloadKind, StoredEvent
+
+#: One hat-sbs value (dict, list, tuple, int, str, bytes, ...).
+Value = Any
+
+_US = 1_000_000
+
+
+def _load_repository() -> sbs.Repository:
+    schemas = resources.files("tidings.wire") / "schemas"
+    texts = [path.read_text() for path in schemas.iterdir() if path.name.endswith(".sbs")]
+    return sbs.Repository(*texts)
+
+
+REPOSITORY = _load_repository()
+
+#: The message types each protocol module defines; anything else is a protocol error.
+MESSAGE_TYPES: dict[str, frozenset[str]] = {
+    "HatPing": frozenset({"MsgPing", "MsgPong"}),
+    "HatEventer": frozenset(
+        {
+            "MsgSubscribe",
+            "MsgNotify",
+            "MsgRegisterReq",
+            "MsgRegisterRes",
+            "MsgQueryReq",
+            "MsgQueryRes",
+        }
+    ),
+    "HatSyncer": frozenset({"MsgReq", "MsgSynced", "MsgEvents", "MsgFlushReq", "MsgFlushRes"}),
+    "TidingsEventer": frozenset({"MsgRegisterReq"}),
+}
+
+
+def encode(module: str | None, type_name: str, value: Value) -> bytes:
+    """Encode ``value`` as ``module.type_name``."""
+    return REPOSITORY.encode(module, type_name, value)
+
+
+def decode(module: str | None, type_name: str, data: bytes) -> Value:
+    """Decode ``data`` as ``module.type_name``; undecodable bytes raise :class:`ProtocolError`.
+
+    hat-sbs's C decoder reports malformed input as SystemError, MemoryError (an absurd
+    length) or UnicodeDecodeError; all of them mean the same thing to us.
+    """
+    try:
+        return REPOSITORY.decode(module, type_name, data)
+    except Exception as exc:
+        raise ProtocolError(
+            f"{module}.{type_name}: undecodable SBS ({type(exc).__name__})"
+        ) from exc
+
+
+# --- timestamps -----------------------------------------------------------------------------
+
+
+def timestamp_to_sbs(us: int) -> dict[str, int]:
+    seconds, micros = divmod(us, _US)
+    return {"s": seconds, "us": micros}
+
+
+def timestamp_from_sbs(value: Value, field: str) -> int:
+    s, us = _record(value, field, "s", "us")
+    if not isinstance(s, int) or not isinstance(us, int) or not 0 <= us < _US:
+        raise ProtocolError(f"{field}: invalid timestamp {value!r}")
+    return s * _US + us
+
+
+def _optional_timestamp_to_sbs(us: int | None) -> tuple[str, Value]:
+    return ("none", None) if us is None else ("value", timestamp_to_sbs(us))
+
+
+def _optional_timestamp_from_sbs(value: Value, field: str) -> int | None:
+    inner = _optional(value, field)
+    return None if inner is None else timestamp_from_sbs(inner, field)
+
+
+# --- payloads -------------------------------------------------------------------------------
+
+
+def payload_to_sbs(kind: PayloadKind, data: bytes) -> tuple[str, Value]:
+    """The ``EventPayload`` choice of a stored payload."""
+    if kind is PayloadKind.BINARY:
+        return ("binary", data)
+    if kind is PayloadKind.JSON:
+        return ("json", data.decode())
+    return ("sbs", REPOSITORY.decode("Hat", "Data", data))
+
+
+def payload_from_sbs(value: Value, field: str) -> tuple[PayloadKind, bytes]:
+    """A wire ``EventPayload`` as the store keeps it; a JSON text must parse as JSON."""
+    name, inner = _choice(value, field)
+    if name == "binary":
+        return PayloadKind.BINARY, bytes(inner)
+    if name == "json":
+        if not isinstance(inner, str):
+            raise ProtocolError(f"{field}: json payload is not a string")
+        try:
+            json.loads(inner)
+        except ValueError as exc:
+            raise ProtocolError(f"{field}: json payload is not valid JSON: {exc}") from exc
+        return PayloadKind.JSON, inner.encode()
+    if name == "sbs":
+        return PayloadKind.SBS, encode("Hat", "Data", inner)
+    raise ProtocolError(f"{field}: unknown payload kind {name!r}")
+
+
+def _optional_payload_to_sbs(kind: PayloadKind | None, data: bytes | None) -> tuple[str, Value]:
+    if kind is None or data is None:
+        return ("none", None)
+    return ("value", payload_to_sbs(kind, data))
+
+
+def _optional_payload_from_sbs(
+    value: Value, field: str
+) -> tuple[PayloadKind, bytes] | tuple[None, None]:
+    inner = _optional(value, field)
+    return (None, None) if inner is None else payload_from_sbs(inner, field)
+
+
+# --- ids and types --------------------------------------------------------------------------
+
+
+def event_id_to_sbs(event_id: EventId) -> dict[str, int]:
+    return {"server": event_id.server, "session": event_id.session, "instance": event_id.instance}
+
+
+def event_id_from_sbs(value: Value, field: str = "event id") -> EventId:
+    server, session, instance = _record(value, field, "server", "session", "instance")
+    return EventId(server, session, instance)
+
+
+def event_type_from_sbs(value: Value, field: str = "type") -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise ProtocolError(f"{field}: expected a list of strings")
+    return tuple(value)
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+def event_to_sbs(event: StoredEvent) -> dict[str, Value]:
+    """The wire ``Event`` of a stored event."""
+    return {
+        "id": event_id_to_sbs(event.id),
+        "type": list(event.type),
+        "timestamp": timestamp_to_sbs(event.timestamp_us),
+        "sourceTimestamp": _optional_timestamp_to_sbs(event.source_timestamp_us),
+        "payload": _optional_payload_to_sbs(event.payload_kind, event.payload),
+    }
+
+
+def event_from_sbs(value: Value, field: str = "event") -> StoredEvent:
+    """A wire ``Event`` (from a peer server); ``position`` is 0, the local store sets it."""
+    event_id, event_type, timestamp, source, payload = _record(
+        value, field, "id", "type", "timestamp", "sourceTimestamp", "payload"
+    )
+    kind, data = _optional_payload_from_sbs(payload, f"{field}.payload")
+    return StoredEvent(
+        position=0,
+        id=event_id_from_sbs(event_id, f"{field}.id"),
+        type=event_type_from_sbs(event_type, f"{field}.type"),
+        timestamp_us=timestamp_from_sbs(timestamp, f"{field}.timestamp"),
+        source_timestamp_us=_optional_timestamp_from_sbs(source, f"{field}.sourceTimestamp"),
+        payload=data,
+        payload_kind=kind,
+        outbox_event_id=None,
+    )
+
+
+def register_event_to_sbs(event: NewEvent) -> dict[str, Value]:
+    """The wire ``RegisterEvent`` of a new event (the outbox id travels separately)."""
+    return {
+        "type": list(event.type),
+        "sourceTimestamp": _optional_timestamp_to_sbs(event.source_timestamp_us),
+        "payload": _optional_payload_to_sbs(event.payload_kind, event.payload),
+    }
+
+
+def register_event_from_sbs(
+    value: Value, field: str = "event", outbox_event_id: str | None = None
+) -> NewEvent:
+    """A wire ``RegisterEvent``; its type is checked later by the engine, which fails that
+    event alone if it holds a wildcard."""
+    event_type, source, payload = _record(value, field, "type", "sourceTimestamp", "payload")
+    kind, data = _optional_payload_from_sbs(payload, f"{field}.payload")
+    return NewEvent(
+        type=event_type_from_sbs(event_type, f"{field}.type"),
+        payload=data,
+        payload_kind=kind,
+        source_timestamp_us=_optional_timestamp_from_sbs(source, f"{field}.sourceTimestamp"),
+        outbox_event_id=outbox_event_id,
+    )
+
+
+def register_results_to_sbs(results: Sequence[StoredEvent | None]) -> list[tuple[str, Value]]:
+    return [("failure", None) if e is None else ("event", event_to_sbs(e)) for e in results]
+
+
+def register_results_from_sbs(value: Value) -> list[StoredEvent | None]:
+    if not isinstance(value, list):
+        raise ProtocolError("MsgRegisterRes: expected a list")
+    results: list[StoredEvent | None] = []
+    for index, item in enumerate(value):
+        name, inner = _choice(item, f"result {index}")
+        results.append(event_from_sbs(inner, f"result {index}") if name == "event" else None)
+    return results
+
+
+def events_from_sbs(value: Value, field: str) -> list[StoredEvent]:
+    if not isinstance(value, list):
+        raise ProtocolError(f"{field}: expected a list of events")
+    return [event_from_sbs(item, f"{field}[{index}]") for index, item in enumerate(value)]
+
+
+# --- queries --------------------------------------------------------------------------------
+
+_ORDERS = {"descending": "descending", "ascending": "ascending"}
+_ORDER_BYS = {"timestamp": "timestamp", "sourceTimestamp": "source_timestamp"}
+
+
+def query_to_sbs(query: QueryData) -> dict[str, Value]:
+    def opt(value: Value) -> tuple[str, Value]:
+        return ("none", None) if value is None else ("value", value)
+
+    return {
+        "serverId": opt(query.server_id),
+        "ids": opt(
+            None if query.event_ids is None else [event_id_to_sbs(i) for i in query.event_ids]
+        ),
+        "types": opt(None if query.event_types is None else [list(t) for t in query.event_types]),
+        "tFrom": _optional_timestamp_to_sbs(query.t_from),
+        "tTo": _optional_timestamp_to_sbs(query.t_to),
+        "sourceTFrom": _optional_timestamp_to_sbs(query.source_t_from),
+        "sourceTTo": _optional_timestamp_to_sbs(query.source_t_to),
+        "payload": ("none", None)
+        if query.payload is None
+        else ("value", payload_to_sbs(*query.payload)),
+        "order": (query.order, None),
+        "orderBy": (
+            "timestamp" if query.order_by == "timestamp" else "sourceTimestamp",
+            None,
+        ),
+        "uniqueType": query.unique_type,
+        "maxResults": opt(query.max_results),
+    }
+
+
+def query_from_sbs(value: Value) -> QueryData:
+    """A wire ``QueryData``; the query model then checks ranges and wildcards."""
+    (
+        server_id,
+        ids,
+        types,
+        t_from,
+        t_to,
+        source_t_from,
+        source_t_to,
+        payload,
+        order,
+        order_by,
+        unique_type,
+        max_results,
+    ) = _record(
+        value,
+        "query",
+        "serverId",
+        "ids",
+        "types",
+        "tFrom",
+        "tTo",
+        "sourceTFrom",
+        "sourceTTo",
+        "payload",
+        "order",
+        "orderBy",
+        "uniqueType",
+        "maxResults",
+    )
+    id_list = _optional(ids, "query.ids")
+    type_list = _optional(types, "query.types")
+    payload_value = _optional(payload, "query.payload")
+    if id_list is not None and not isinstance(id_list, list):
+        raise ProtocolError("query.ids: expected a list")
+    if type_list is not None and not isinstance(type_list, list):
+        raise ProtocolError("query.types: expected a list")
+    return QueryData(
+        server_id=_optional(server_id, "query.serverId"),
+        event_ids=None
+        if id_list is None
+        else tuple(event_id_from_sbs(i, "query.ids") for i in id_list),
+        event_types=None
+        if type_list is None
+        else tuple(event_type_from_sbs(t, "query.types") for t in type_list),
+        t_from=_optional_timestamp_from_sbs(t_from, "query.tFrom"),
+        t_to=_optional_timestamp_from_sbs(t_to, "query.tTo"),
+        source_t_from=_optional_timestamp_from_sbs(source_t_from, "query.sourceTFrom"),
+        source_t_to=_optional_timestamp_from_sbs(source_t_to, "query.sourceTTo"),
+        payload=None if payload_value is None else payload_from_sbs(payload_value, "query"),
+        order=_ORDERS[_choice(order, "query.order")[0]],  # type: ignore[arg-type]
+        order_by=_ORDER_BYS[_choice(order_by, "query.orderBy")[0]],  # type: ignore[arg-type]
+        unique_type=bool(unique_type),
+        max_results=_optional(max_results, "query.maxResults"),
+    )
+
+
+# --- shape checks ---------------------------------------------------------------------------
+
+
+def _record(value: Value, field: str, *names: str) -> list[Value]:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{field}: expected a record")
+    try:
+        return [value[name] for name in names]
+    except KeyError as exc:
+        raise ProtocolError(f"{field}: missing {exc.args[0]}") from exc
+
+
+def _choice(value: Value, field: str) -> tuple[str, Value]:
+    if not isinstance(value, tuple) or len(value) != 2 or not isinstance(value[0], str):
+        raise ProtocolError(f"{field}: expected a choice")
+    return value
+
+
+def _optional(value: Value, field: str) -> Value:
+    name, inner = _choice(value, field)
+    return None if name == "none" else inner
