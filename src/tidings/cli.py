@@ -1,4 +1,4 @@
-"""The ``tidings`` command line: demo, relay, replay, housekeep, status, routes."""
+"""The ``tidings`` command line: demo, relay, replay, housekeep, status, server, routes."""
 
 from __future__ import annotations
 
@@ -231,6 +231,39 @@ def status(config: ConfigOption = None) -> None:
     )
     for seq, etype, error in report.last_errors:
         console.print(f"[red]seq {seq}[/red] {etype}: {error}")
+
+
+@app.command()
+def server(
+    conf: Annotated[
+        Path | None,
+        typer.Option(
+            "--conf",
+            help="Server configuration (YAML or JSON). Default: "
+            "$XDG_CONFIG_HOME/tidings/event.{yaml,yml,json}.",
+        ),
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option(help="Log level, unless the configuration has a log section.")
+    ] = "INFO",
+) -> None:
+    """Run a hat-event 0.8.5 compatible event server (Eventer, Syncer, modules)."""
+    import asyncio
+
+    from tidings.server.config import load_server_config_file
+    from tidings.server.runner import apply_logging, serve
+
+    configure_logging(log_level)
+    try:
+        cfg = load_server_config_file(conf)
+        apply_logging(cfg)
+        asyncio.run(serve(cfg))
+    except TidingsError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    except OSError as exc:  # e.g. the address is in use
+        err.print(f"[red]error:[/red] cannot start the server: {exc}")
+        raise typer.Exit(2) from None
 
 
 @routes_app.command("list")

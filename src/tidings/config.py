@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -87,8 +87,36 @@ class JetStreamTargetConfig(_Model):
     )
 
 
+class EventServerTargetConfig(_Model):
+    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``).
+
+    Events travel with their outbox event id (a tidings extension of the protocol), so the
+    server stores each outbox event once however often it is published.
+    """
+
+    kind: Literal["event_server"]
+    address: str = "tcp+sbs://127.0.0.1:23012"
+    type_prefix: list[str] = Field(default_factory=list)
+    timeout: Duration = timedelta(seconds=10)
+    fault_file: str | None = None
+
+    _durations = field_validator("timeout", mode="before")(lambda cls, v: parse_duration(v))
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        from tidings.wire.address import parse_address
+
+        try:
+            parse_address(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+
 TargetConfig = Annotated[
-    EventStoreTargetConfig | JetStreamTargetConfig, Field(discriminator="kind")
+    EventStoreTargetConfig | JetStreamTargetConfig | EventServerTargetConfig,
+    Field(discriminator="kind"),
 ]
 
 
@@ -197,29 +225,41 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{path}: {error['msg']} (got {value!r})"
 
 
-def load_config(data: dict[str, Any] | None = None) -> TidingsConfig:
-    """Validate a configuration mapping; raise ConfigError naming every bad key and value."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_config(model: type[M], data: Any, what: str = "configuration") -> M:
+    """Validate ``data`` as ``model``; raise ConfigError naming every bad key and value."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"configuration must be a mapping at the top level, got {data!r}")
+        raise ConfigError(f"{what} must be a mapping at the top level, got {data!r}")
     try:
-        return TidingsConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(
-            "invalid configuration:\n  " + "\n  ".join(_describe(e) for e in exc.errors())
+            f"invalid {what}:\n  " + "\n  ".join(_describe(e) for e in exc.errors())
         ) from None
 
 
-def load_config_file(path: str | Path) -> TidingsConfig:
-    """Load and validate a YAML configuration file."""
+def read_config_data(path: str | Path) -> Any:
+    """The parsed content of a YAML (or JSON, a subset of YAML) configuration file."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read configuration file {str(path)!r}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return load_config(data or {})
+
+
+def load_config(data: dict[str, Any] | None = None) -> TidingsConfig:
+    """Validate a configuration mapping; raise ConfigError naming every bad key and value."""
+    return validate_config(TidingsConfig, data)
+
+
+def load_config_file(path: str | Path) -> TidingsConfig:
+    """Load and validate a YAML configuration file."""
+    return load_config(read_config_data(path) or {})

@@ -49,7 +49,7 @@ class EventStoreTarget(Target):
         if not events:
             return []
         try:
-            self._opened_store().register([self._to_new_event(e) for e in events])
+            self._opened_store().register([to_new_event(e, self._type_prefix) for e in events])
         except Exception as exc:
             error = f"event store target {self.name!r} failed: {type(exc).__name__}: {exc}"
             return [error] * len(events)
@@ -69,11 +69,13 @@ class EventStoreTarget(Target):
                 self._store = EventStore(self._config.url, server_id=self._config.server_id)
             return self._store
 
-    def _to_new_event(self, event: OutboxEvent) -> NewEvent:
-        return NewEvent(
-            type=(*self._type_prefix, event.event_type),
-            payload=event.payload.encode(),
-            payload_kind=PayloadKind.JSON,
-            source_timestamp_us=(event.logged_at - _EPOCH) // _MICROSECOND,
-            outbox_event_id=event.event_id,
-        )
+
+def to_new_event(event: OutboxEvent, type_prefix: tuple[str, ...]) -> NewEvent:
+    """The server event an outbox event becomes (shared by the local and remote targets)."""
+    return NewEvent(
+        type=(*type_prefix, event.event_type),
+        payload=event.payload.encode(),
+        payload_kind=PayloadKind.JSON,
+        source_timestamp_us=(event.logged_at - _EPOCH) // _MICROSECOND,
+        outbox_event_id=event.event_id,
+    )

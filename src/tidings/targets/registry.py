@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import threading
 
-from tidings.config import EventStoreTargetConfig, JetStreamTargetConfig, TargetConfig
+from tidings.config import (
+    EventServerTargetConfig,
+    EventStoreTargetConfig,
+    JetStreamTargetConfig,
+    TargetConfig,
+)
 from tidings.targets.base import Target
 from tidings.targets.faults import FaultInjectingTarget
 
@@ -27,6 +32,10 @@ def build_target(name: str, config: TargetConfig) -> Target:
         from tidings.targets.jetstream import JetStreamTarget
 
         target = JetStreamTarget(name, config)
+    elif isinstance(config, EventServerTargetConfig):
+        from tidings.targets.event_server import EventServerTarget
+
+        target = EventServerTarget(name, config)
     else:  # pragma: no cover - the config model admits no other kind
         raise TypeError(f"unknown target config {config!r}")
     if config.fault_file:

@@ -23,10 +23,10 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
-from tidings.errors import ConfigError, ProtocolError, TidingsError
+from tidings.errors import ProtocolError, TidingsError
 from tidings.wire import codec
+from tidings.wire.address import parse_address
 
 log = logging.getLogger(__name__)
 
@@ -63,22 +63,6 @@ class Message:
     module: str
     type: str
     data: codec.Value
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Host and port of a ``tcp+sbs://host:port`` address; anything else is a ConfigError."""
-    if not isinstance(address, str):
-        raise ConfigError(f"address must be a string like tcp+sbs://HOST:PORT, not {address!r}")
-    try:
-        parts = urlsplit(address)
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"address {address!r}: {exc}") from exc
-    if parts.scheme != "tcp+sbs":
-        raise ConfigError(f"address {address!r}: scheme must be tcp+sbs (ssl+sbs is not supported)")
-    if not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise ConfigError(f"address {address!r}: expected tcp+sbs://HOST:PORT")
-    return parts.hostname, port
 
 
 class Connection:

@@ -1,0 +1,25 @@
+"""SQLite backend: events in one SQLite file (``db_path``, relative to the config file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tidings.config import validate_config
+from tidings.server.store import EventStore
+
+
+class SqliteBackendConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    db_path: str = Field(min_length=1)
+
+
+def create(options: dict[str, Any], server_id: int, base_dir: Path) -> EventStore:
+    config = validate_config(SqliteBackendConfig, options, "backend (sqlite)")
+    path = Path(config.db_path).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return EventStore(f"sqlite:///{path}", server_id=server_id)

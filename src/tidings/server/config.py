@@ -1,0 +1,179 @@
+"""Configuration of ``tidings server``: hat-event 0.8.5's server.yaml, plus a peer list.
+
+The document's keys keep their meaning (``type``, ``log``, ``backend``, ``engine``,
+``eventer_server``, ``syncer_server``, ``syncer_token``), so a hat-event configuration moves
+over by changing the backend module. Redundancy differs in one place: hat-event discovers
+peer servers through a Monitor Server, which tidings does not ship; peers are listed
+statically under ``syncer_peers`` instead, and a ``monitor`` key is refused with a message
+saying so. tidings' own tuning keys (frame and lag limits, session bound) have defaults.
+
+Relative paths (the SQLite backend's ``db_path``) are relative to the configuration file's
+directory, so a configuration works the same from any working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tidings.config import read_config_data, validate_config
+from tidings.errors import ConfigError
+from tidings.wire.address import parse_address
+
+DEFAULT_EVENTER_ADDRESS = "tcp+sbs://127.0.0.1:23012"
+DEFAULT_SYNCER_ADDRESS = "tcp+sbs://127.0.0.1:23013"
+#: Names tried, in order, in ``$XDG_CONFIG_HOME/tidings/`` when no ``--conf`` is given.
+DEFAULT_CONFIG_NAMES = ("event.yaml", "event.yml", "event.json")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_address(value: str) -> str:
+    try:
+        parse_address(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+class BackendConfig(BaseModel):
+    """``backend``: the Python module that stores events, and that module's own keys."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    module: str = Field(min_length=1)
+
+    def options(self) -> dict[str, Any]:
+        """The backend's own keys (everything but ``module``)."""
+        return dict(self.model_extra or {})
+
+
+class ModuleConfig(BaseModel):
+    """One entry of ``engine.modules``: a Python module path and that module's own keys."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    module: str = Field(min_length=1)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The whole entry, ``module`` included, as hat-event hands it to ``create``."""
+        return {"module": self.module, **(self.model_extra or {})}
+
+
+class EngineConfig(_Model):
+    server_id: int = Field(ge=1, le=2**63 - 1)
+    modules: list[ModuleConfig] = Field(default_factory=list)
+    #: tidings: events the modules may add to one session before it is aborted as a loop.
+    max_session_events: int = Field(default=10_000, ge=1)
+
+
+class EventerServerConfig(_Model):
+    address: str = DEFAULT_EVENTER_ADDRESS
+    #: tidings: the largest frame a client may send; a larger one closes that connection.
+    max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    #: tidings: unsent notify bytes after which a subscriber is disconnected as too slow.
+    max_subscriber_lag_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+
+    _address = field_validator("address")(lambda cls, v: _check_address(v))
+
+
+class SyncerServerConfig(_Model):
+    address: str = DEFAULT_SYNCER_ADDRESS
+
+    _address = field_validator("address")(lambda cls, v: _check_address(v))
+
+
+class SyncerPeerConfig(_Model):
+    """A redundant peer server this one keeps in sync with (replaces Monitor discovery)."""
+
+    #: The peer's ``engine.server_id``: the Syncer asks for that server's events.
+    server_id: int = Field(ge=1, le=2**63 - 1)
+    address: str
+    #: The peer's ``syncer_token``; it must equal ours, or the peer is refused at start.
+    syncer_token: str | None = None
+
+    _address = field_validator("address")(lambda cls, v: _check_address(v))
+
+
+class ServerConfig(_Model):
+    """The whole ``tidings server`` configuration."""
+
+    type: Literal["event"]
+    version: str | None = None
+    #: A ``logging.config.dictConfig`` mapping; absent: tidings' JSON-lines logs.
+    log: dict[str, Any] | None = None
+    backend: BackendConfig
+    engine: EngineConfig
+    eventer_server: EventerServerConfig = EventerServerConfig()
+    syncer_server: SyncerServerConfig | None = None
+    syncer_token: str | None = None
+    syncer_peers: list[SyncerPeerConfig] = Field(default_factory=list)
+    #: Directory relative paths are resolved against (the configuration file's).
+    base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if "monitor" in data:
+                raise ValueError(
+                    "monitor: the Monitor Server is not supported by tidings; list the "
+                    "redundant servers under syncer_peers instead"
+                )
+            if "mariner_server" in data:
+                raise ValueError("mariner_server: the Mariner protocol is not supported")
+        return data
+
+    @model_validator(mode="after")
+    def _peers(self) -> ServerConfig:
+        for index, peer in enumerate(self.syncer_peers):
+            if peer.server_id == self.engine.server_id:
+                raise ValueError(
+                    f"syncer_peers.{index}.server_id: {peer.server_id} is this server's own "
+                    "engine.server_id; every server of a group needs its own id"
+                )
+            if peer.syncer_token != self.syncer_token:
+                raise ValueError(
+                    f"syncer_peers.{index}.syncer_token: {peer.syncer_token!r} does not match "
+                    f"this server's syncer_token {self.syncer_token!r}; servers sync only "
+                    "when their tokens are equal"
+                )
+        ids = [peer.server_id for peer in self.syncer_peers]
+        if len(ids) != len(set(ids)):
+            raise ValueError("syncer_peers: two peers have the same server_id")
+        return self
+
+    def resolve(self, path: str | Path) -> Path:
+        """``path`` made absolute against the configuration file's directory."""
+        path = Path(os.path.expanduser(path))
+        return path if path.is_absolute() else self.base_dir / path
+
+
+def load_server_config(data: Any, base_dir: Path | None = None) -> ServerConfig:
+    """Validate a server configuration mapping."""
+    if isinstance(data, dict) and base_dir is not None:
+        data = {**data, "base_dir": base_dir}
+    return validate_config(ServerConfig, data, "server configuration")
+
+
+def default_config_path() -> Path:
+    """The first existing ``$XDG_CONFIG_HOME/tidings/event.{yaml,yml,json}``."""
+    root = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "tidings"
+    for name in DEFAULT_CONFIG_NAMES:
+        if (root / name).is_file():
+            return root / name
+    raise ConfigError(
+        f"no server configuration given and none found at {root}/event.yaml (.yml, .json); "
+        "pass --conf PATH"
+    )
+
+
+def load_server_config_file(path: str | Path | None = None) -> ServerConfig:
+    """Load and validate a server configuration file (default: :func:`default_config_path`)."""
+    path = Path(path) if path is not None else default_config_path()
+    return load_server_config(read_config_data(path), base_dir=path.resolve().parent)

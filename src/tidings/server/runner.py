@@ -1,0 +1,134 @@
+"""One running event server: backend, engine, Syncer server, Eventer server, Syncer clients.
+
+Start-up follows hat-event 0.8.5's order, which its clients can observe in the event log:
+the engine's STARTED event, then the Syncer server's first status event, then the Eventer
+server opens (each client connection then registers its CONNECTED event), and last the
+Syncer clients connect to the configured peers. Shutdown runs the other way round and ends
+with the engine's STOPPED event, so a restarted server's log shows every stop it had time
+to record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import logging.config
+import signal
+from dataclasses import dataclass, field
+
+from tidings.errors import ConfigError
+from tidings.server.async_engine import AsyncEngine
+from tidings.server.backends import open_backend
+from tidings.server.config import ServerConfig
+from tidings.server.engine import Engine
+from tidings.server.eventer import EventerServer
+from tidings.server.store import EventStore
+from tidings.server.syncer import SyncerClient, SyncerServer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunningServer:
+    """The parts of a started server; :meth:`aclose` stops them in reverse order."""
+
+    config: ServerConfig
+    store: EventStore
+    engine: AsyncEngine
+    eventer: EventerServer
+    syncer: SyncerServer | None = None
+    peers: list[SyncerClient] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, config: ServerConfig) -> RunningServer:
+        server_id = config.engine.server_id
+        store = open_backend(
+            config.backend.module, config.backend.options(), server_id, config.base_dir
+        )
+        try:
+            engine = Engine(store, [], max_session_events=config.engine.max_session_events)
+            engine.load_modules([module.as_dict() for module in config.engine.modules])
+        except BaseException:
+            store.close()
+            raise
+        async_engine = AsyncEngine(engine)
+        started: list[object] = []
+        try:
+            await async_engine.write(engine.start)
+            syncer = None
+            if config.syncer_server is not None:
+                syncer = await SyncerServer.start(config.syncer_server.address, async_engine)
+                started.append(syncer)
+            eventer = await EventerServer.start(
+                config.eventer_server.address,
+                async_engine,
+                max_frame_bytes=config.eventer_server.max_frame_bytes,
+                max_subscriber_lag_bytes=config.eventer_server.max_subscriber_lag_bytes,
+            )
+            started.append(eventer)
+            running = cls(config, store, async_engine, eventer, syncer)
+            for peer in config.syncer_peers:
+                client = SyncerClient(
+                    async_engine,
+                    peer_server_id=peer.server_id,
+                    address=peer.address,
+                    client_name=str(server_id),
+                )
+                running.peers.append(client)
+                await client.start()
+        except BaseException:
+            for part in reversed(started):
+                with contextlib.suppress(Exception):
+                    await part.aclose()  # type: ignore[attr-defined]
+            await async_engine.aclose()
+            store.close()
+            raise
+        log.info(
+            "event server %d started",
+            server_id,
+            extra={
+                "server_id": server_id,
+                "eventer": config.eventer_server.address,
+                "syncer": None if syncer is None else config.syncer_server.address,
+                "peers": [p.address for p in config.syncer_peers],
+            },
+        )
+        return running
+
+    async def aclose(self) -> None:
+        for client in self.peers:
+            await client.aclose()
+        await self.eventer.aclose()
+        if self.syncer is not None:
+            await self.syncer.aclose()
+        try:
+            await self.engine.write(self.engine.engine.stop)
+        finally:
+            await self.engine.aclose()
+            self.store.close()
+        log.info("event server %d stopped", self.config.engine.server_id)
+
+
+def apply_logging(config: ServerConfig) -> None:
+    """Use the configuration's ``log`` mapping if it has one (hat-event's dictConfig)."""
+    if config.log is None:
+        return
+    try:
+        logging.config.dictConfig(config.log)
+    except (ValueError, TypeError, AttributeError, ImportError) as exc:
+        raise ConfigError(f"log: not a valid logging configuration: {exc}") from exc
+
+
+async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None:
+    """Run a server until ``stop`` is set or the process gets SIGINT/SIGTERM."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    running = await RunningServer.start(config)
+    try:
+        await stop.wait()
+    finally:
+        await running.aclose()

@@ -1,0 +1,101 @@
+"""The event-server target: the relay publishing into a remote tidings event server.
+
+Events are sent the way the embedded event-store target stores them (same type, payload and
+source timestamp), over the Eventer protocol with tidings' ``TidingsEventer.MsgRegisterReq``
+extension, which carries each event's outbox id: the server deduplicates on it, so an event
+published again after a relay crash or a lost reply is stored once, and the chain from the
+outbox to the server's log is exactly-once. A hat-event server does not know the extension
+and closes the connection, which shows up as a clear target error.
+
+The target is synchronous (Spark tasks call it) while the client is asyncio, so each target
+owns a small event loop in a daemon thread; calls wait on it with the configured timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+from tidings.client import Client
+from tidings.client import connect as connect_client
+from tidings.config import EventServerTargetConfig
+from tidings.model import OutboxEvent
+from tidings.server.store import StoredEvent
+from tidings.targets.base import Target
+from tidings.targets.event_store import to_new_event
+
+
+class EventServerTarget(Target):
+    """Publishes to the event server at ``config.address``, connecting on first use.
+
+    One call is one session on the server, stored in one transaction, so the target is
+    ``atomic``: if the server refuses any event of a call, the whole call is reported failed
+    and retried (the events it did store come back as duplicates and are not stored twice).
+    """
+
+    atomic = True
+
+    def __init__(self, name: str, config: EventServerTargetConfig) -> None:
+        super().__init__(name)
+        self._config = config
+        self._type_prefix = tuple(config.type_prefix)
+        self._timeout = config.timeout.total_seconds()
+        self._client: Client | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def config(self) -> EventServerTargetConfig:
+        return self._config
+
+    def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
+        if not events:
+            return []
+        prefix = f"event server target {self.name!r} ({self._config.address})"
+        try:
+            with self._lock:
+                future = asyncio.run_coroutine_threadsafe(self._register(events), self._running())
+                results = future.result(self._timeout + 1)
+        except Exception as exc:
+            return [f"{prefix} failed: {type(exc).__name__}: {exc}"] * len(events)
+        refused = sum(result is None for result in results)
+        if refused:
+            return [f"{prefix} refused {refused} of {len(events)} events of the session"] * len(
+                events
+            )
+        return [None] * len(events)
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+            if loop is None:
+                return
+            asyncio.run_coroutine_threadsafe(self._disconnect(), loop).result(self._timeout)
+            loop.call_soon_threadsafe(loop.stop)
+
+    async def _register(self, events: Sequence[OutboxEvent]) -> list[StoredEvent | None]:
+        new_events = [to_new_event(event, self._type_prefix) for event in events]
+        try:
+            if self._client is None:
+                self._client = await connect_client(self._config.address, timeout=self._timeout)
+            return await asyncio.wait_for(self._client.register_outbox(new_events), self._timeout)
+        except BaseException:
+            # Whatever happened to the link, the next call starts on a fresh connection.
+            await self._disconnect()
+            raise
+
+    async def _disconnect(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        """The target's event loop, started on first use (called with the lock held)."""
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(
+                target=loop.run_forever, name=f"tidings-target-{self.name}", daemon=True
+            ).start()
+            self._loop = loop
+        return self._loop
