@@ -85,7 +85,7 @@ def test_peers_need_matching_tokens_and_distinct_ids() -> None:
     assert ok.syncer_peers[0].server_id == 2
     with pytest.raises(ConfigError, match=r"syncer_peers.0.syncer_token.*does not match"):
         load_server_config(minimal(syncer_token="y", syncer_peers=[peer]))
-    with pytest.raises(ConfigError, match="this server's own engine.server_id"):
+    with pytest.raises(ConfigError, match=r"this server.s own engine\.server_id"):
         load_server_config(minimal(syncer_token="x", syncer_peers=[{**peer, "server_id": 1}]))
     with pytest.raises(ConfigError, match="same server_id"):
         load_server_config(minimal(syncer_token="x", syncer_peers=[peer, peer]))

@@ -70,10 +70,11 @@ class RunningServer:
             running = cls(config, store, async_engine, eventer, syncer)
             for peer in config.syncer_peers:
                 client = SyncerClient(
+                    peer.address,
                     async_engine,
-                    peer_server_id=peer.server_id,
-                    address=peer.address,
-                    client_name=str(server_id),
+                    peer.server_id,
+                    token=config.syncer_token,
+                    peer_token=peer.syncer_token,
                 )
                 running.peers.append(client)
                 await client.start()
