@@ -28,7 +28,7 @@ from tidings.server.syncer import (
 )
 from tidings.wire import chatter, codec
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
 
 LOCAL = "tcp+sbs://127.0.0.1:0"
 

@@ -36,6 +36,8 @@ DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 DEFAULT_PING_INTERVAL = 20.0
 #: Received messages waiting for :meth:`Connection.receive` before reading pauses.
 _RECEIVE_QUEUE = 256
+#: How long closing waits for unsent bytes to reach the peer before dropping them.
+_CLOSE_FLUSH_SECONDS = 5.0
 _PING = "HatPing"
 
 
@@ -205,14 +207,26 @@ class Connection:
         await self._closed.wait()
 
     def close(self, reason: str | None = None) -> None:
-        """Close now; ``reason`` (a protocol error) is logged once."""
+        """Close now; ``reason`` (a protocol error, a slow peer) is logged once.
+
+        A clean close lets the socket flush what was written. A close with a reason drops
+        unsent bytes at once instead: the peer is misbehaving or not reading, and waiting
+        for it to take them would pin the buffer and the socket for as long as it likes.
+        """
         if self._closed.is_set():
             return
         self._close_reason = reason
-        if reason:
-            log.warning("chatter connection %s closed: %s", self.peer, reason)
         self._closed.set()
-        self._writer.close()
+        if reason:
+            log.warning(
+                "chatter connection %s closed: %s",
+                self.peer,
+                reason,
+                extra={"peer": self.peer, "reason": reason},
+            )
+            self._writer.transport.abort()
+        else:
+            self._writer.close()
         for task in self._tasks:
             if task is not asyncio.current_task():
                 task.cancel()
@@ -228,11 +242,21 @@ class Connection:
             self._queue.put_nowait(None)
 
     async def aclose(self) -> None:
-        """Close and wait until the socket and the tasks are done."""
+        """Close and wait until the socket and the tasks are done.
+
+        Unsent bytes get :data:`_CLOSE_FLUSH_SECONDS` to reach a peer that reads; a peer
+        that does not read then loses them, so closing never hangs on it.
+        """
         self.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(ConnectionError, OSError):
-            await self._writer.wait_closed()
+        try:
+            await asyncio.wait_for(self._writer.wait_closed(), _CLOSE_FLUSH_SECONDS)
+        except TimeoutError:
+            self._writer.transport.abort()
+            with contextlib.suppress(ConnectionError, OSError):
+                await self._writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
 
     async def _read_loop(self) -> None:
         reason: str | None = None
@@ -332,9 +356,15 @@ Handler = Callable[[Connection], Awaitable[None]]
 class Server:
     """A listening chatter server; every accepted connection is served by ``handler``."""
 
-    def __init__(self, server: asyncio.Server, connections: set[Connection]) -> None:
+    def __init__(
+        self,
+        server: asyncio.Server,
+        connections: set[Connection],
+        handlers: set[asyncio.Task[None]],
+    ) -> None:
         self._server = server
         self._connections = connections
+        self._handlers = handlers
 
     @property
     def port(self) -> int:
@@ -350,6 +380,12 @@ class Server:
         self._server.close()
         for connection in list(self._connections):
             connection.close()
+        # Python 3.11's Server.wait_closed returns at once once closed, so the handlers are
+        # awaited here (tasks accepted just before the close included; not a handler that
+        # closes the server itself, which would wait for itself).
+        current = asyncio.current_task()
+        while pending := [task for task in self._handlers if task is not current]:
+            await asyncio.gather(*pending, return_exceptions=True)
         await self._server.wait_closed()
 
 
@@ -363,14 +399,19 @@ async def listen(
     """Listen on ``address`` and serve each connection with ``handler``."""
     host, port = parse_address(address)
     connections: set[Connection] = set()
+    handlers: set[asyncio.Task[None]] = set()
 
     async def on_accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task: asyncio.Task[None] = asyncio.current_task()  # type: ignore[assignment]
+        handlers.add(task)
+        task.add_done_callback(handlers.discard)
         connection = Connection(
             reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
         )
         connections.add(connection)
         try:
-            await handler(connection)
+            if server.is_serving():  # else accepted just as the server closed: drop it
+                await handler(connection)
         except ConnectionClosed:
             pass
         except Exception:
@@ -380,4 +421,4 @@ async def listen(
             await connection.aclose()
 
     server = await asyncio.start_server(on_accept, host, port, limit=2**16)
-    return Server(server, connections)
+    return Server(server, connections, handlers)

@@ -1,0 +1,238 @@
+"""An asyncio client of the Eventer protocol, for tidings' event server and hat-event 0.8.5.
+
+Events go in as :class:`~tidings.server.store.NewEvent` and come back as
+:class:`~tidings.server.store.StoredEvent`, the store's own model, so code using the client
+and code using the store directly read alike::
+
+    async with await connect("tcp+sbs://127.0.0.1:23012", [("sensor", "*")]) as client:
+        [stored] = await client.register_with_response([json_event(("sensor", "t1"), 21.5)])
+        notified = await client.receive()
+        latest = await client.query(QueryData(event_types=(("sensor", "*"),), max_results=10))
+
+Events received from a server have ``position`` 0 (a position is local to a store) and no
+outbox id, except that :meth:`Client.register_outbox` fills in the ids it sent.
+
+Requests on one client are answered in the order they were sent. Notifications of a
+subscription wait, up to a bound, until :meth:`Client.receive` takes them; a subscribing
+client should keep receiving, or reading stops (replies included) and the server eventually
+drops the client as a slow subscriber.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from tidings.errors import ProtocolError, TidingsError
+from tidings.server.matching import validate_query_type
+from tidings.server.query import QueryData
+from tidings.server.store import EventType, NewEvent, PayloadKind, StoredEvent, StoreError
+from tidings.wire import chatter, codec
+from tidings.wire.chatter import ConnectionClosed
+
+__all__ = [
+    "Client",
+    "ClientError",
+    "ConnectionClosed",
+    "QueryData",
+    "connect",
+    "json_event",
+    "json_value",
+]
+
+_EVENTER = "HatEventer"
+_TIDINGS = "TidingsEventer"
+
+
+class ClientError(TidingsError):
+    """The client refused a request before sending it; the message says why."""
+
+
+async def connect(
+    address: str,
+    subscriptions: Sequence[tuple[str, ...]] = (),
+    *,
+    max_frame_bytes: int = chatter.DEFAULT_MAX_FRAME_BYTES,
+    ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
+    timeout: float = 10.0,
+    request_timeout: float | None = None,
+) -> Client:
+    """Connect to the Eventer server at ``address`` (``tcp+sbs://host:port``).
+
+    ``subscriptions`` are event types in which ``?`` stands for one segment and a final
+    ``*`` for any number; if any are given they are subscribed at once (as hat-event's
+    client does). ``timeout`` bounds connecting, ``request_timeout`` (None: no bound) each
+    request with a reply.
+    """
+    connection = await chatter.connect(
+        address, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval, timeout=timeout
+    )
+    client = Client(connection, request_timeout)
+    if subscriptions:
+        try:
+            await client.subscribe(subscriptions)
+        except BaseException:
+            await client.aclose()
+            raise
+    return client
+
+
+class Client:
+    """A connection to an Eventer server; get one with :func:`connect`."""
+
+    def __init__(self, connection: chatter.Connection, request_timeout: float | None) -> None:
+        self._connection = connection
+        self._request_timeout = request_timeout
+
+    @property
+    def is_open(self) -> bool:
+        return self._connection.is_open
+
+    async def register(self, events: Sequence[NewEvent]) -> None:
+        """Register ``events`` as one session without waiting for the result.
+
+        It returns once the request is handed to the socket (so a fast producer is held back
+        by a slow server); a later request's reply means this one was handled.
+        """
+        self._connection.send(_EVENTER, "MsgRegisterReq", _register_items(events), last=True)
+        await self._connection.drain()
+
+    async def register_with_response(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
+        """Register ``events`` as one session; the stored event of each, None if it failed.
+
+        An event fails alone if the server cannot store it (a ``?`` or ``*`` in its type, for
+        example); all fail if a server module aborts the session.
+        """
+        reply = await self._request(_EVENTER, "MsgRegisterReq", _register_items(events))
+        return _register_results(reply, len(events))
+
+    async def register_outbox(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
+        """Register events that carry their outbox event id, stored once per id and type.
+
+        A tidings extension: sending an id again yields the event stored the first time, not
+        a new one. Every event must have ``outbox_event_id``. hat-event servers do not know
+        the message and close the connection.
+        """
+        items = []
+        for index, event in enumerate(events):
+            if not isinstance(event, NewEvent) or not event.outbox_event_id:
+                raise ClientError(f"register_outbox: event {index} has no outbox_event_id")
+            item = {"outboxEventId": event.outbox_event_id, "event": _register_item(event, index)}
+            items.append(item)
+        reply = await self._request(_TIDINGS, "MsgRegisterReq", items)
+        results = _register_results(reply, len(events))
+        return [
+            None if result is None else dataclasses.replace(result, outbox_event_id=sent)
+            for result, sent in zip(results, (e.outbox_event_id for e in events), strict=True)
+        ]
+
+    async def query(self, query: QueryData | None = None) -> list[StoredEvent]:
+        """The events ``query`` selects (default: all, newest first)."""
+        if query is None:
+            query = QueryData()
+        if not isinstance(query, QueryData):
+            raise ClientError(f"query must be a tidings QueryData, not {type(query).__name__}")
+        reply = await self._request(_EVENTER, "MsgQueryReq", codec.query_to_sbs(query))
+        _expect(reply, "MsgQueryRes")
+        return codec.events_from_sbs(reply.data, "MsgQueryRes")
+
+    async def subscribe(self, types: Sequence[tuple[str, ...]]) -> None:
+        """Replace the subscription: from now on :meth:`receive` gets events of ``types``.
+
+        An empty ``types`` subscribes to nothing.
+        """
+        checked: list[list[str]] = []
+        for query_type in types:
+            try:
+                checked.append(list(validate_query_type(tuple(query_type))))
+            except (StoreError, TypeError) as exc:
+                raise ClientError(f"subscribe: {exc}") from exc
+        self._connection.send(_EVENTER, "MsgSubscribe", checked, last=True)
+        await self._connection.drain()
+
+    async def receive(self) -> list[StoredEvent]:
+        """The events of the next notification (one stored session's matching events).
+
+        Raises :class:`ConnectionClosed` once the connection is closed.
+        """
+        message = await self._connection.receive()
+        if (message.module, message.type) != (_EVENTER, "MsgNotify"):
+            reason = f"unexpected message {message.module}.{message.type} from the server"
+            self._connection.close(reason)
+            raise ProtocolError(reason)
+        return codec.events_from_sbs(message.data, "MsgNotify")
+
+    async def aclose(self) -> None:
+        """Close the connection (pending requests fail with :class:`ConnectionClosed`)."""
+        await self._connection.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _request(self, module: str, type_name: str, value: codec.Value) -> chatter.Message:
+        return await self._connection.request(
+            module, type_name, value, timeout=self._request_timeout
+        )
+
+
+def json_event(
+    event_type: EventType,
+    value: Any,
+    source_timestamp_us: int | None = None,
+    *,
+    outbox_event_id: str | None = None,
+) -> NewEvent:
+    """A new event with ``value`` as its JSON payload (the common case in hat-event)."""
+    payload = json.dumps(value).encode()
+    return NewEvent(
+        tuple(event_type), payload, PayloadKind.JSON, source_timestamp_us, outbox_event_id
+    )
+
+
+def json_value(event: StoredEvent | NewEvent) -> Any:
+    """The decoded JSON payload of ``event``; a ClientError if it has none."""
+    if event.payload_kind is not PayloadKind.JSON or event.payload is None:
+        raise ClientError(f"event {event.type} has no JSON payload ({event.payload_kind})")
+    return json.loads(event.payload)
+
+
+def _register_items(events: Sequence[NewEvent]) -> list[codec.Value]:
+    return [_register_item(event, index) for index, event in enumerate(events)]
+
+
+def _register_item(event: NewEvent, index: int) -> codec.Value:
+    """The wire ``RegisterEvent`` of ``event``, refusing what the wire cannot carry (it would
+    otherwise drop a payload without a kind silently)."""
+    if not isinstance(event, NewEvent):
+        raise ClientError(f"event {index}: expected a NewEvent, got {type(event).__name__}")
+    if (event.payload is None) != (event.payload_kind is None):
+        raise ClientError(f"event {index}: payload and payload_kind must be set together")
+    try:
+        return codec.register_event_to_sbs(event)
+    except Exception as exc:  # a JSON payload not UTF-8, an SBS one not Hat.Data (hat-sbs's
+        # C decoder reports that as SystemError, among others)
+        raise ClientError(f"event {index}: cannot encode its payload: {exc}") from exc
+
+
+def _register_results(reply: chatter.Message, expected: int) -> list[StoredEvent | None]:
+    _expect(reply, "MsgRegisterRes")
+    results = codec.register_results_from_sbs(reply.data)
+    if len(results) != expected:
+        raise ProtocolError(f"MsgRegisterRes: {len(results)} results for {expected} events")
+    return results
+
+
+def _expect(reply: chatter.Message, type_name: str) -> None:
+    if (reply.module, reply.type) != (_EVENTER, type_name):
+        raise ProtocolError(f"expected {_EVENTER}.{type_name}, got {reply.module}.{reply.type}")

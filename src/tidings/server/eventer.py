@@ -1,0 +1,385 @@
+"""The Eventer server: hat-event 0.8.5's client protocol, served from an :class:`AsyncEngine`.
+
+Clients connect over chatter (:mod:`tidings.wire.chatter`) and register events, query them
+and subscribe to newly stored ones, as with a hat-event 0.8.5 server, whose clients work
+unchanged. As 0.8.5 does, the server registers an ``('event', 'eventer')`` event with the
+JSON payload ``"CONNECTED"`` for every connection before it handles any of its messages, and
+``"DISCONNECTED"`` when the connection ends.
+
+Each connection is served by a task of its own, one request after the other, so its replies
+come in request order; connections never wait for each other's sockets (writes to the
+engine still run one session at a time, in arrival order). A register request is one engine
+session; events that cannot be stored (a wildcard in the type, a bad payload) fail alone, and
+a session a module aborts fails as a whole, while the server goes on. A query always gets a
+reply: an invalid one is answered with no events, and logged.
+
+The tidings extension ``TidingsEventer.MsgRegisterReq`` registers events carrying the id of
+the outbox event they come from; the store keeps each outbox event once, however often it is
+sent, and the reply (``HatEventer.MsgRegisterRes``) holds the event stored first.
+
+**Slow subscribers.** Notifications are written without waiting for the client's socket, so
+that registration never waits for a subscriber and one slow subscriber never delays others.
+What a client has not read yet waits in its connection's send buffer; once that exceeds
+``max_subscriber_lag_bytes`` the client is disconnected (logged with the reason "slow
+subscriber") and its buffer is dropped, which keeps the server's memory bounded. It may
+reconnect and catch up with a query. Replies share that buffer, so the limit should exceed
+the largest query reply a subscribing client asks for.
+
+Bad input on a socket (garbage, a truncated or oversize frame, an unknown message type,
+undecodable SBS, a message a client must not send, an invalid subscription) closes that
+connection with one log line; every other client is served on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Self
+
+from tidings.errors import ConfigError, ProtocolError, TidingsError
+from tidings.server.async_engine import AsyncEngine
+from tidings.server.matching import TypeMatcher
+from tidings.server.store import EventType, NewEvent, PayloadKind, StoredEvent, StoreError
+from tidings.wire import chatter, codec
+
+log = logging.getLogger(__name__)
+
+#: Type of the events registered when a client connects and disconnects (hat-event).
+EVENTER_EVENT_TYPE: EventType = ("event", "eventer")
+#: JSON payloads of the eventer event (``hat-event://server.yaml#/definitions/events/eventer``).
+STATUS_CONNECTED = "CONNECTED"
+STATUS_DISCONNECTED = "DISCONNECTED"
+
+#: Unsent bytes after which a client is dropped as a slow subscriber.
+DEFAULT_MAX_SUBSCRIBER_LAG_BYTES = 16 * 1024 * 1024
+
+_EVENTER = "HatEventer"
+_TIDINGS = "TidingsEventer"
+
+
+class _Client:
+    """One connected client and its subscription (None until it subscribes)."""
+
+    __slots__ = ("connection", "matcher")
+
+    def __init__(self, connection: chatter.Connection) -> None:
+        self.connection = connection
+        self.matcher: TypeMatcher | None = None
+
+
+_RequestHandler = Callable[[_Client, chatter.Message], Awaitable[None]]
+
+
+class _NotifyBatch:
+    """One stored batch as ``MsgNotify`` bodies for many clients.
+
+    Each event becomes its wire record once, and each distinct selection of events is
+    encoded once, so that clients with the same subscription (or all clients, when the whole
+    batch matches them) share one encoded body.
+    """
+
+    def __init__(self, events: Sequence[StoredEvent]) -> None:
+        self._events = events
+        #: Positions in the batch of the events of each type (a batch repeats few types).
+        self._by_type: dict[EventType, list[int]] = {}
+        for index, event in enumerate(events):
+            self._by_type.setdefault(event.type, []).append(index)
+        self._records: list[codec.Value] | None = None
+        self._bodies: dict[tuple[int, ...], bytes] = {}
+
+    def select(self, matcher: TypeMatcher) -> tuple[int, ...]:
+        """Positions of the events ``matcher`` accepts, in batch order."""
+        matching = [t for t in self._by_type if matcher.matches(t)]
+        if len(matching) == len(self._by_type):
+            return tuple(range(len(self._events)))
+        if len(matching) == 1:
+            return tuple(self._by_type[matching[0]])
+        return tuple(sorted(i for t in matching for i in self._by_type[t]))
+
+    def body(self, selection: tuple[int, ...]) -> bytes:
+        """The encoded ``MsgNotify`` of the events at ``selection``."""
+        body = self._bodies.get(selection)
+        if body is None:
+            if self._records is None:
+                self._records = [codec.event_to_sbs(event) for event in self._events]
+            records = [self._records[index] for index in selection]
+            body = self._bodies[selection] = codec.encode(_EVENTER, "MsgNotify", records)
+        return body
+
+
+class EventerServer:
+    """A listening Eventer server; create it with :meth:`start`, stop it with :meth:`aclose`."""
+
+    def __init__(self, engine: AsyncEngine, max_subscriber_lag_bytes: int) -> None:
+        self._engine = engine
+        self._max_lag = max_subscriber_lag_bytes
+        self._clients: set[_Client] = set()
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._server: chatter.Server | None = None
+        self._port = 0
+        self._unsubscribe: Callable[[], None] | None = None
+        self._requests: dict[tuple[str, str], _RequestHandler] = {
+            (_EVENTER, "MsgSubscribe"): self._on_subscribe,
+            (_EVENTER, "MsgRegisterReq"): self._on_register,
+            (_EVENTER, "MsgQueryReq"): self._on_query,
+            (_TIDINGS, "MsgRegisterReq"): self._on_register_outbox,
+        }
+
+    @classmethod
+    async def start(
+        cls,
+        address: str,
+        engine: AsyncEngine,
+        *,
+        max_frame_bytes: int = chatter.DEFAULT_MAX_FRAME_BYTES,
+        max_subscriber_lag_bytes: int = DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
+        ping_interval: float = chatter.DEFAULT_PING_INTERVAL,
+    ) -> Self:
+        """Listen on ``address`` (``tcp+sbs://host:port``, port 0 for any free port)."""
+        _require_positive("max_frame_bytes", max_frame_bytes)
+        _require_positive("max_subscriber_lag_bytes", max_subscriber_lag_bytes)
+        server = cls(engine, max_subscriber_lag_bytes)
+        server._server = await chatter.listen(
+            address, server._serve, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
+        )
+        server._port = server._server.port
+        server._unsubscribe = engine.subscribe(server._notify)
+        log.info(
+            "eventer server listening on %s",
+            address,
+            extra={"address": address, "port": server.port},
+        )
+        return server
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (the chosen one after listening on port 0), even once closed."""
+        return self._port
+
+    @property
+    def client_count(self) -> int:
+        """Connected clients whose CONNECTED event is registered."""
+        return len(self._clients)
+
+    async def aclose(self) -> None:
+        """Stop listening and close every client, registering their DISCONNECTED events.
+
+        Once it returns, the server registers nothing more, so the engine may be closed.
+        """
+        if self._closing:
+            await self._closed.wait()  # a concurrent caller returns only once it is done too
+            return
+        self._closing = True
+        try:
+            if self._server is not None:
+                await self._server.aclose()
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+        finally:
+            self._closed.set()
+        log.info("eventer server closed", extra={"port": self._port})
+
+    # --- connections ----------------------------------------------------------------------
+
+    async def _serve(self, connection: chatter.Connection) -> None:
+        """Serve one connection from its CONNECTED event to its DISCONNECTED event."""
+        if self._closing:
+            return
+        await self._register_status(connection, STATUS_CONNECTED)
+        client = _Client(connection)
+        self._clients.add(client)
+        log.debug("eventer client %s connected", connection.peer, extra={"peer": connection.peer})
+        try:
+            await self._serve_requests(client)
+        except chatter.ConnectionClosed:
+            pass
+        finally:
+            self._clients.discard(client)
+            connection.close()
+            log.debug(
+                "eventer client %s disconnected",
+                connection.peer,
+                extra={"peer": connection.peer, "reason": connection.close_reason},
+            )
+            await self._register_status(connection, STATUS_DISCONNECTED)
+
+    async def _serve_requests(self, client: _Client) -> None:
+        """Handle the client's messages one by one until its connection closes."""
+        connection = client.connection
+        while connection.is_open:
+            message = await connection.receive()
+            handler = self._requests.get((message.module, message.type))
+            if handler is None:
+                connection.close(
+                    f"unexpected message {message.module}.{message.type} from an eventer client"
+                )
+                return
+            await handler(client, message)
+
+    async def _register_status(self, connection: chatter.Connection, status: str) -> None:
+        """Register the eventer event ``status``; a failure is logged, never raised, since
+        serving or closing the connection must go on regardless."""
+        event = NewEvent(EVENTER_EVENT_TYPE, json.dumps(status).encode(), PayloadKind.JSON)
+        try:
+            await self._engine.register([event])
+        except Exception as exc:
+            log.error(
+                "eventer: cannot register %s of %s: %s",
+                status,
+                connection.peer,
+                exc,
+                extra={"peer": connection.peer, "status": status},
+            )
+
+    # --- requests -------------------------------------------------------------------------
+
+    async def _on_subscribe(self, client: _Client, message: chatter.Message) -> None:
+        """Replace the client's subscription; an invalid one closes the connection."""
+        try:
+            if not isinstance(message.data, list):
+                raise ProtocolError("expected a list of event types")
+            types = [codec.event_type_from_sbs(t, "subscription") for t in message.data]
+            client.matcher = TypeMatcher(types)
+        except (ProtocolError, StoreError) as exc:
+            client.connection.close(f"invalid subscription: {exc}")
+
+    async def _on_register(self, client: _Client, message: chatter.Message) -> None:
+        items = message.data if isinstance(message.data, list) else []
+        new_events = [_new_event(client, index, item, None) for index, item in enumerate(items)]
+        await self._register_and_reply(client, message, new_events)
+
+    async def _on_register_outbox(self, client: _Client, message: chatter.Message) -> None:
+        items = message.data if isinstance(message.data, list) else []
+        new_events: list[NewEvent | None] = []
+        for index, item in enumerate(items):
+            if isinstance(item, dict) and "outboxEventId" in item and "event" in item:
+                outbox_id = item["outboxEventId"]
+                new_events.append(_new_event(client, index, item["event"], outbox_id))
+            else:
+                _log_refused(client, index, "expected a record {outboxEventId, event}")
+                new_events.append(None)
+        await self._register_and_reply(client, message, new_events)
+
+    async def _register_and_reply(
+        self,
+        client: _Client,
+        message: chatter.Message,
+        new_events: list[NewEvent | None],
+    ) -> None:
+        """Register the convertible events as one session; reply unless the request was
+        sent with ``last`` (hat-event's fire-and-forget register)."""
+        results = await self._register(client, new_events)
+        if message.last:
+            return
+        client.connection.send(
+            _EVENTER,
+            "MsgRegisterRes",
+            codec.register_results_to_sbs(results),
+            conversation=message.conversation,
+            last=True,
+        )
+        await client.connection.drain()
+
+    async def _register(
+        self, client: _Client, new_events: list[NewEvent | None]
+    ) -> list[StoredEvent | None]:
+        """One engine session of the events that are not None; a result per input slot."""
+        valid = [event for event in new_events if event is not None]
+        if not valid:
+            return [None] * len(new_events)
+        try:
+            stored = iter(await self._engine.register(valid))
+        except TidingsError as exc:  # a module aborted the session, or the database failed
+            log.error(
+                "eventer: register of %d events from %s failed: %s",
+                len(valid),
+                client.connection.peer,
+                exc,
+                extra={"peer": client.connection.peer, "events": len(valid)},
+            )
+            return [None] * len(new_events)
+        return [None if event is None else next(stored) for event in new_events]
+
+    async def _on_query(self, client: _Client, message: chatter.Message) -> None:
+        """Answer a query, always (as 0.8.5): an invalid one gets no events and a log line."""
+        try:
+            events = await self._engine.query(codec.query_from_sbs(message.data))
+        except (ProtocolError, StoreError) as exc:
+            log.warning(
+                "eventer: query from %s refused, answered with no events: %s",
+                client.connection.peer,
+                exc,
+                extra={"peer": client.connection.peer, "error": str(exc)},
+            )
+            events = []
+        client.connection.send(
+            _EVENTER,
+            "MsgQueryRes",
+            [codec.event_to_sbs(event) for event in events],
+            conversation=message.conversation,
+            last=True,
+        )
+        await client.connection.drain()
+
+    # --- notifications --------------------------------------------------------------------
+
+    def _notify(self, events: list[StoredEvent]) -> None:
+        """Send each subscribed client the events of a newly stored batch it subscribed to.
+
+        Runs on the event loop for every batch; it never waits for a socket, and drops the
+        clients that fall more than ``max_subscriber_lag_bytes`` behind.
+        """
+        subscribed = [c for c in self._clients if c.matcher is not None and c.connection.is_open]
+        if not subscribed or not events:
+            return
+        batch = _NotifyBatch(events)
+        for client in subscribed:
+            assert client.matcher is not None
+            selection = batch.select(client.matcher)
+            if selection:
+                self._send_notify(client.connection, batch.body(selection))
+
+    def _send_notify(self, connection: chatter.Connection, body: bytes) -> None:
+        try:
+            connection.send_encoded(_EVENTER, "MsgNotify", body, last=True)
+        except chatter.ConnectionClosed:
+            return
+        lag = connection.send_buffer_bytes
+        if lag > self._max_lag:
+            connection.close(
+                f"slow subscriber: {lag} bytes unsent, over max_subscriber_lag_bytes="
+                f"{self._max_lag}"
+            )
+
+
+def _new_event(
+    client: _Client, index: int, item: codec.Value, outbox_event_id: object
+) -> NewEvent | None:
+    """The NewEvent of one register item, or None (logged) if it cannot be one; such an item
+    fails alone, as an event with an invalid type does in the engine."""
+    if outbox_event_id is not None and not isinstance(outbox_event_id, str):
+        _log_refused(client, index, f"outboxEventId {outbox_event_id!r} is not a string")
+        return None
+    try:
+        return codec.register_event_from_sbs(item, f"event {index}", outbox_event_id)
+    except ProtocolError as exc:
+        _log_refused(client, index, str(exc))
+        return None
+
+
+def _log_refused(client: _Client, index: int, problem: str) -> None:
+    log.warning(
+        "eventer: event %d from %s refused: %s",
+        index,
+        client.connection.peer,
+        problem,
+        extra={"peer": client.connection.peer, "index": index},
+    )
+
+
+def _require_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"eventer server: {name} must be a positive int, not {value!r}")

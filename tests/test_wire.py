@@ -1,0 +1,542 @@
+"""The hat-event 0.8.5 wire: SBS codec round trips (checked against hat-event's own codec),
+chatter framing, addresses, conversations, pings and bad input on a socket pair."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import hat.event.common as hat_common
+import pytest
+
+from tidings.errors import ConfigError, ProtocolError
+from tidings.server.query import QueryData
+from tidings.server.store import EventId, NewEvent, PayloadKind, StoredEvent, StoreError
+from tidings.wire import chatter, codec
+from tidings.wire.chatter import Connection, ConnectionClosed, parse_address
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+    """Run ``coro`` on a fresh event loop, failing the test if it takes over ``timeout`` s."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+# --- raw frames, written from the specification (not with chatter's own sender) -------------
+
+
+def raw_frame(
+    module: str | None,
+    type_name: str,
+    body: bytes,
+    *,
+    message_id: int = 1,
+    first: int | None = None,
+    owner: bool = True,
+    last: bool = True,
+) -> bytes:
+    """One chatter frame: length of the length, big-endian length, SBS ``Hat.Msg``."""
+    envelope = {
+        "id": message_id,
+        "first": message_id if first is None else first,
+        "owner": owner,
+        "token": True,
+        "last": last,
+        "data": {
+            "module": ("none", None) if module is None else ("value", module),
+            "type": type_name,
+            "data": body,
+        },
+    }
+    return length_prefixed(codec.encode("Hat", "Msg", envelope))
+
+
+def length_prefixed(message: bytes) -> bytes:
+    size = len(message)
+    length = size.to_bytes(max(1, (size.bit_length() + 7) // 8), "big")
+    return bytes([len(length)]) + length + message
+
+
+def raw_message(module: str, type_name: str, value: Any, **envelope: Any) -> bytes:
+    return raw_frame(module, type_name, codec.encode(module, type_name, value), **envelope)
+
+
+async def read_raw_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], Any]:
+    """The next frame's envelope and decoded body."""
+    length_size = (await reader.readexactly(1))[0]
+    size = int.from_bytes(await reader.readexactly(length_size), "big")
+    envelope = codec.decode("Hat", "Msg", await reader.readexactly(size))
+    data = envelope["data"]
+    module = data["module"][1]
+    return envelope, codec.decode(module, data["type"], bytes(data["data"]))
+
+
+async def wait_peer_closed(reader: asyncio.StreamReader, timeout: float = 5.0) -> None:
+    """Read until the peer closes (EOF or reset); fail if it stays open ``timeout`` s."""
+
+    async def drain() -> None:
+        try:
+            while await reader.read(65536):
+                pass
+        except ConnectionError:
+            pass
+
+    await asyncio.wait_for(drain(), timeout)
+
+
+async def socket_pair(
+    **options: Any,
+) -> tuple[Connection, asyncio.StreamReader, asyncio.StreamWriter]:
+    """A chatter Connection and the raw stream of its peer, over a socket pair.
+
+    Keep the raw writer referenced: a collected StreamWriter closes its socket.
+    """
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    options.setdefault("ping_interval", None)
+    connection = Connection(reader, writer, **options)
+    raw_reader, raw_writer = await asyncio.open_connection(sock=theirs)
+    return connection, raw_reader, raw_writer
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# --- codec ----------------------------------------------------------------------------------
+
+SBS_PAYLOAD = codec.encode("Hat", "Data", {"module": ("value", "M"), "type": "T", "data": b"\x01"})
+SBS_PAYLOAD_NO_MODULE = codec.encode(
+    "Hat", "Data", {"module": ("none", None), "type": "T", "data": b""}
+)
+
+EVENTS = [
+    StoredEvent(0, EventId(1, 2, 3), ("a", "b"), 1_700_000_000_123_456, None, None, None, None),
+    StoredEvent(0, EventId(1, 2, 4), ("a",), 0, -1, b"\x00\xff", PayloadKind.BINARY, None),
+    StoredEvent(
+        0,
+        EventId(7, 1, 1),
+        ("x", "y", "z"),
+        -1_500_000,
+        5,
+        b'{"x": [1, 2]}',
+        PayloadKind.JSON,
+        None,
+    ),
+    StoredEvent(0, EventId(1, 9, 9), ("s",), 1, 2, SBS_PAYLOAD, PayloadKind.SBS, None),
+    StoredEvent(0, EventId(1, 9, 10), ("s",), 1, 2, SBS_PAYLOAD_NO_MODULE, PayloadKind.SBS, None),
+    StoredEvent(
+        0, EventId(1, 9, 11), ("u", "é"), 1, None, '"ünï"'.encode(), PayloadKind.JSON, None
+    ),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: "/".join(e.type))
+def test_event_round_trip(event: StoredEvent) -> None:
+    wire = codec.encode("HatEventer", "Event", codec.event_to_sbs(event))
+    assert codec.event_from_sbs(codec.decode("HatEventer", "Event", wire)) == event
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: "/".join(e.type))
+def test_event_encoding_matches_hat_event(event: StoredEvent) -> None:
+    """hat-event 0.8.5 decodes our bytes to the same event, and encodes it to the same bytes."""
+    wire = codec.encode("HatEventer", "Event", codec.event_to_sbs(event))
+    hat_event = hat_common.event_from_sbs(hat_common.sbs_repo.decode("HatEventer", "Event", wire))
+    assert hat_event.event_id == hat_common.EventId(*vars_of(event.id))
+    assert hat_event.event_type == event.type
+    seconds, micros = divmod(event.timestamp_us, 1_000_000)
+    assert hat_event.timestamp == hat_common.Timestamp(seconds, micros)
+    if event.payload_kind is PayloadKind.JSON:
+        # hat-event parses JSON text and writes it back in its own style (ASCII escapes).
+        assert hat_event.payload.data == json.loads(event.payload or b"")
+        return
+    again = hat_common.sbs_repo.encode("HatEventer", "Event", hat_common.event_to_sbs(hat_event))
+    assert again == wire
+
+
+def vars_of(event_id: EventId) -> tuple[int, int, int]:
+    return event_id.server, event_id.session, event_id.instance
+
+
+@pytest.mark.parametrize(
+    ("us", "wire"),
+    [
+        (0, {"s": 0, "us": 0}),
+        (1_500_000, {"s": 1, "us": 500_000}),
+        (-1, {"s": -1, "us": 999_999}),
+        (-1_000_000, {"s": -1, "us": 0}),
+        (-2_500_001, {"s": -3, "us": 499_999}),
+    ],
+)
+def test_timestamps_keep_us_in_range(us: int, wire: dict[str, int]) -> None:
+    assert codec.timestamp_to_sbs(us) == wire
+    assert codec.timestamp_from_sbs(wire, "t") == us
+    hat_ts = hat_common.timestamp_from_sbs(wire)
+    assert hat_common.timestamp_to_sbs(hat_ts) == wire
+
+
+@pytest.mark.parametrize(
+    "wire", [{"s": 0, "us": 1_000_000}, {"s": 0, "us": -1}, {"s": "0", "us": 0}]
+)
+def test_invalid_timestamp_is_a_protocol_error(wire: dict[str, Any]) -> None:
+    with pytest.raises(ProtocolError, match="invalid timestamp"):
+        codec.timestamp_from_sbs(wire, "t")
+
+
+@pytest.mark.parametrize(
+    "new_event",
+    [
+        NewEvent(("a",)),
+        NewEvent(("a", "b"), b"raw", PayloadKind.BINARY, -5),
+        NewEvent(("a",), b"null", PayloadKind.JSON, 0),
+        NewEvent(("a",), SBS_PAYLOAD, PayloadKind.SBS),
+    ],
+)
+def test_register_event_round_trip(new_event: NewEvent) -> None:
+    wire = codec.encode("HatEventer", "RegisterEvent", codec.register_event_to_sbs(new_event))
+    decoded = codec.decode("HatEventer", "RegisterEvent", wire)
+    assert codec.register_event_from_sbs(decoded) == new_event
+    with_outbox = codec.register_event_from_sbs(decoded, outbox_event_id="o-1")
+    assert with_outbox.outbox_event_id == "o-1"
+
+
+def test_json_payload_must_be_json_text() -> None:
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        codec.payload_from_sbs(("json", "{nope"), "payload")
+    assert codec.payload_from_sbs(("json", '{"a": 1}'), "p") == (PayloadKind.JSON, b'{"a": 1}')
+
+
+def test_json_payload_from_hat_event_is_stored_unchanged() -> None:
+    hat_payload = hat_common.EventPayload(hat_common.EventPayloadType.JSON, {"x": [1, "ü"]})
+    kind, data = codec.payload_from_sbs(hat_common.event_payload_to_sbs(hat_payload), "p")
+    assert kind is PayloadKind.JSON
+    assert json.loads(data) == {"x": [1, "ü"]}
+
+
+def test_register_results_round_trip() -> None:
+    results = [EVENTS[0], None, EVENTS[2]]
+    wire = codec.encode("HatEventer", "MsgRegisterRes", codec.register_results_to_sbs(results))
+    decoded = codec.register_results_from_sbs(codec.decode("HatEventer", "MsgRegisterRes", wire))
+    assert decoded == results
+
+
+FULL_QUERY = QueryData(
+    server_id=3,
+    event_ids=(EventId(1, 2, 3), EventId(3, 1, 1)),
+    event_types=(("a", "?", "c"), ("b", "*"), ("*",)),
+    t_from=-1,
+    t_to=2_000_000,
+    source_t_from=-3_000_001,
+    source_t_to=7,
+    payload=(PayloadKind.BINARY, b"\x00"),
+    order="ascending",
+    order_by="source_timestamp",
+    unique_type=True,
+    max_results=10,
+)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        QueryData(),
+        FULL_QUERY,
+        QueryData(payload=(PayloadKind.JSON, b"[1]"), max_results=0),
+        QueryData(payload=(PayloadKind.SBS, SBS_PAYLOAD), order_by="timestamp"),
+    ],
+    ids=["default", "full", "json", "sbs"],
+)
+def test_query_round_trip(query: QueryData) -> None:
+    wire = codec.encode("HatEventer", "QueryData", codec.query_to_sbs(query))
+    assert codec.query_from_sbs(codec.decode("HatEventer", "QueryData", wire)) == query
+
+
+def test_query_matches_hat_event() -> None:
+    wire = codec.encode("HatEventer", "QueryData", codec.query_to_sbs(FULL_QUERY))
+    hat_query = hat_common.query_from_sbs(
+        hat_common.sbs_repo.decode("HatEventer", "QueryData", wire)
+    )
+    assert hat_query.server_id == 3
+    assert hat_query.event_types == [("a", "?", "c"), ("b", "*"), ("*",)]
+    assert hat_query.t_from == hat_common.Timestamp(-1, 999_999)
+    assert hat_query.order is hat_common.Order.ASCENDING
+    assert hat_query.order_by is hat_common.OrderBy.SOURCE_TIMESTAMP
+    assert hat_query.unique_type is True
+    assert hat_query.max_results == 10
+    # And hat-event's default query is ours.
+    default = hat_common.sbs_repo.encode(
+        "HatEventer", "QueryData", hat_common.query_to_sbs(hat_common.QueryData())
+    )
+    assert codec.query_from_sbs(codec.decode("HatEventer", "QueryData", default)) == QueryData()
+
+
+def test_invalid_query_is_refused_by_the_query_model() -> None:
+    value = codec.query_to_sbs(QueryData())
+    value["types"] = ("value", [["*", "x"]])
+    with pytest.raises(StoreError, match="only as the last segment"):
+        codec.query_from_sbs(value)
+
+
+@pytest.mark.parametrize("data", [b"", b"\x85", b"\xff", b"\x81\x82\x83raw\x81x\x80\x81\x85hi"])
+def test_undecodable_sbs_is_a_protocol_error(data: bytes) -> None:
+    with pytest.raises(ProtocolError, match="undecodable SBS"):
+        codec.decode("HatEventer", "MsgRegisterReq", data)
+
+
+# --- addresses ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("tcp+sbs://127.0.0.1:23012", ("127.0.0.1", 23012)),
+        ("tcp+sbs://localhost:0", ("localhost", 0)),
+        ("tcp+sbs://[::1]:5/", ("::1", 5)),
+    ],
+)
+def test_parse_address(address: str, expected: tuple[str, int]) -> None:
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        (23012, "must be a string"),
+        ("ssl+sbs://127.0.0.1:1", "scheme must be tcp\\+sbs"),
+        ("tcp://127.0.0.1:1", "scheme must be tcp\\+sbs"),
+        ("127.0.0.1:1", "scheme must be tcp\\+sbs"),
+        ("tcp+sbs://127.0.0.1", "expected tcp\\+sbs://HOST:PORT"),
+        ("tcp+sbs://:1", "expected tcp\\+sbs://HOST:PORT"),
+        ("tcp+sbs://127.0.0.1:1/path", "expected tcp\\+sbs://HOST:PORT"),
+        ("tcp+sbs://127.0.0.1:99999", "out of range"),
+        ("tcp+sbs://127.0.0.1:port", "address"),
+    ],
+)
+def test_parse_address_errors(address: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_address(address)
+
+
+# --- framing --------------------------------------------------------------------------------
+
+#: The frame a real hat-event 0.8.5 server accepted (docs/hat-event-0.8.5-protocol.md, §5).
+VERIFIED_FRAME = bytes.fromhex(
+    "012f"
+    "8181010100"
+    "818a" + b"HatEventer".hex() + "8e" + b"MsgRegisterReq".hex() + "8e"
+    "818283" + b"raw".hex() + "81" + b"x".hex() + "808180"
+    "82" + b"hi".hex()
+)
+
+
+def test_frame_matches_the_verified_hat_event_frame() -> None:
+    async def main() -> bytes:
+        connection, raw_reader, _raw_writer = await socket_pair()
+        item = {"type": ["raw", "x"], "sourceTimestamp": ("none", None)}
+        item["payload"] = ("value", ("binary", b"hi"))
+        connection.send("HatEventer", "MsgRegisterReq", [item], last=False)
+        await connection.drain()
+        data = await raw_reader.readexactly(len(VERIFIED_FRAME))
+        await connection.aclose()
+        return data
+
+    assert run(main()) == VERIFIED_FRAME
+    assert (
+        raw_message(
+            "HatEventer",
+            "MsgRegisterReq",
+            [
+                {
+                    "type": ["raw", "x"],
+                    "sourceTimestamp": ("none", None),
+                    "payload": ("value", ("binary", b"hi")),
+                }
+            ],
+            last=False,
+        )
+        == VERIFIED_FRAME
+    )
+
+
+@pytest.mark.parametrize(("payload_size", "length_size"), [(10, 1), (300, 2), (70_000, 3)])
+def test_frame_length_uses_the_fewest_bytes(payload_size: int, length_size: int) -> None:
+    async def main() -> tuple[int, int, bytes]:
+        connection, raw_reader, _raw_writer = await socket_pair()
+        item = {"type": ["a"], "sourceTimestamp": ("none", None)}
+        item["payload"] = ("value", ("binary", b"p" * payload_size))
+        connection.send("HatEventer", "MsgRegisterReq", [item])
+        await connection.drain()
+        first = (await raw_reader.readexactly(1))[0]
+        size = int.from_bytes(await raw_reader.readexactly(first), "big")
+        body = await raw_reader.readexactly(size)
+        await connection.aclose()
+        return first, size, body
+
+    first, size, body = run(main())
+    assert first == length_size
+    assert size.bit_length() > 8 * (length_size - 1)
+    assert codec.decode("Hat", "Msg", body)["data"]["type"] == "MsgRegisterReq"
+
+
+# --- conversations and pings ----------------------------------------------------------------
+
+
+def test_request_reply_and_receive() -> None:
+    """Replies resolve requests by conversation; other messages queue for receive()."""
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        a = Connection(*await asyncio.open_connection(sock=ours), ping_interval=None)
+        b = Connection(*await asyncio.open_connection(sock=theirs), ping_interval=None)
+        query = codec.query_to_sbs(QueryData())
+        request = asyncio.create_task(a.request("HatEventer", "MsgQueryReq", query))
+        await asyncio.sleep(0)  # the request is sent first, as message 1
+        a.send("HatEventer", "MsgSubscribe", [["x"]])
+        received = await b.receive()
+        assert (received.type, received.first, received.last) == ("MsgQueryReq", True, False)
+        assert received.conversation == chatter.Conversation(owner=False, first_id=1)
+        subscribe = await b.receive()
+        assert (subscribe.type, subscribe.data, subscribe.last) == ("MsgSubscribe", [["x"]], True)
+        b.send("HatEventer", "MsgNotify", [])  # unrelated: goes to a.receive()
+        b.send("HatEventer", "MsgQueryRes", [], conversation=received.conversation)
+        reply = await request
+        assert (reply.type, reply.data, reply.first) == ("MsgQueryRes", [], False)
+        assert (await a.receive()).type == "MsgNotify"
+        await a.aclose()
+        with pytest.raises(ConnectionClosed):
+            await b.receive()
+        await b.aclose()
+
+    run(main())
+
+
+def test_pings_are_answered() -> None:
+    async def main() -> None:
+        connection, raw_reader, raw_writer = await socket_pair()
+        raw_writer.write(raw_message("HatPing", "MsgPing", None, message_id=1, last=False))
+        envelope, body = await read_raw_frame(raw_reader)
+        assert envelope["data"]["type"] == "MsgPong"
+        assert (envelope["first"], envelope["owner"], envelope["last"]) == (1, False, True)
+        assert body is None
+        await connection.aclose()
+
+    run(main())
+
+
+def test_silent_peer_is_dropped_after_a_ping(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> str | None:
+        connection, raw_reader, _raw_writer = await socket_pair(ping_interval=0.05)
+        envelope, _ = await read_raw_frame(raw_reader)
+        assert envelope["data"]["type"] == "MsgPing"
+        await asyncio.wait_for(connection.wait_closed(), 2)
+        await connection.aclose()
+        return connection.close_reason
+
+    assert run(main()) == "no ping reply within 0.05 s"
+    [line] = warnings_of(caplog)
+    assert line.endswith("closed: no ping reply within 0.05 s")
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+BAD_INPUT = {
+    "length-of-length 0": (b"\x00\x05hello", "length of length 0"),
+    "length-of-length 9": (b"\x09" + b"\x00" * 9, "length of length 9"),
+    "truncated frame": (b"\x01\x64" + b"x" * 10, "truncated frame (10 of 100 bytes)"),
+    "oversize frame": (b"\x03\x01\x00\x00", "frame of 65536 bytes exceeds the limit of 1024"),
+    "undecodable envelope": (length_prefixed(b"\x85\x00"), "Hat.Msg: undecodable SBS"),
+    "unknown type": (
+        raw_frame("HatEventer", "MsgBogus", b""),
+        "unknown message type HatEventer.MsgBogus",
+    ),
+    "unknown module": (raw_frame("Bogus", "MsgPing", b""), "unknown message type Bogus.MsgPing"),
+    "no module": (raw_frame(None, "MsgPing", b""), "unknown message type None.MsgPing"),
+    "undecodable body": (
+        raw_frame("HatEventer", "MsgRegisterReq", b"\x85"),
+        "HatEventer.MsgRegisterReq: undecodable SBS",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_closes_the_connection_with_one_log_line(
+    case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    data, reason = BAD_INPUT[case]
+
+    async def main() -> str | None:
+        connection, raw_reader, raw_writer = await socket_pair(max_frame_bytes=1024)
+        raw_writer.write(data)
+        raw_writer.write_eof()
+        await asyncio.wait_for(connection.wait_closed(), 5)
+        with pytest.raises(ConnectionClosed):
+            await connection.receive()
+        with pytest.raises(ConnectionClosed):
+            connection.send("HatEventer", "MsgSubscribe", [])
+        await wait_peer_closed(raw_reader)
+        await connection.aclose()
+        return connection.close_reason
+
+    close_reason = run(main())
+    assert close_reason is not None and reason in close_reason
+    [line] = warnings_of(caplog)
+    assert reason in line
+
+
+def test_clean_end_of_stream_is_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> str | None:
+        connection, _raw_reader, raw_writer = await socket_pair()
+        raw_writer.write(raw_message("HatEventer", "MsgSubscribe", [["a"]]))
+        raw_writer.close()
+        message = await connection.receive()
+        assert message.data == [["a"]]
+        await asyncio.wait_for(connection.wait_closed(), 5)
+        await connection.aclose()
+        return connection.close_reason
+
+    assert run(main()) is None
+    assert warnings_of(caplog) == []
+
+
+def test_closing_does_not_wait_for_a_peer_that_never_reads() -> None:
+    """aclose() drops unsent bytes after a bounded wait instead of hanging on the peer."""
+
+    async def main() -> None:
+        connection, _raw_reader, _raw_writer = await socket_pair()
+        item = {"type": ["a"], "sourceTimestamp": ("none", None)}
+        item["payload"] = ("value", ("binary", b"p" * 1_000_000))
+        for _ in range(20):
+            connection.send("HatEventer", "MsgRegisterReq", [item])
+        assert connection.send_buffer_bytes > 0
+        connection.close("test: peer too slow")
+        assert connection.send_buffer_bytes == 0
+        await asyncio.wait_for(connection.aclose(), 2)
+
+    run(main())
+
+
+def test_server_close_waits_for_handlers() -> None:
+    async def main() -> list[str]:
+        done: list[str] = []
+
+        async def handler(connection: Connection) -> None:
+            try:
+                await connection.receive()
+            finally:
+                await asyncio.sleep(0.05)
+                done.append(connection.peer)
+
+        server = await chatter.listen("tcp+sbs://127.0.0.1:0", handler, ping_interval=None)
+        client = await chatter.connect(f"tcp+sbs://127.0.0.1:{server.port}", ping_interval=None)
+        while not server.connections:
+            await asyncio.sleep(0.01)
+        await server.aclose()
+        await client.aclose()
+        return done
+
+    assert len(run(main())) == 1
