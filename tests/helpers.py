@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import nats
+import yaml
 from nats.js.api import RawStreamMsg, StreamInfo
 from sqlalchemy import Engine, select
 
@@ -135,3 +139,61 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 90) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.1)
+
+
+class ServerProcess:
+    """A ``tidings server`` subprocess that can be killed and started again."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        server_id: int,
+        ports: dict[str, int],
+        peers: Sequence[tuple[int, str]] = (),
+        token: str | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.eventer = f"tcp+sbs://127.0.0.1:{ports['eventer']}"
+        self.port = ports["eventer"]
+        self.config = workdir / "server.yaml"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(
+            yaml.safe_dump(
+                {
+                    "type": "event",
+                    "backend": {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"},
+                    "engine": {"server_id": server_id, "modules": []},
+                    "eventer_server": {"address": self.eventer},
+                    "syncer_server": {"address": f"tcp+sbs://127.0.0.1:{ports['syncer']}"},
+                    "syncer_token": token,
+                    "syncer_peers": [
+                        {"server_id": peer_id, "address": address, "syncer_token": token}
+                        for peer_id, address in peers
+                    ],
+                }
+            )
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = (self.workdir / "server.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tidings.cli", "server", "--conf", str(self.config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for_port(self.port, timeout=30)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -1,0 +1,131 @@
+"""The relay publishing into a remote tidings event server (the event_server target).
+
+The server is a real ``tidings server`` process; the target talks to it over a real socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from helpers import ServerProcess, free_port, relay_config, statuses
+from tidings.client import connect
+from tidings.config import EventServerTargetConfig
+from tidings.db import make_engine
+from tidings.model import OutboxEvent
+from tidings.outbox.producer import Outbox
+from tidings.pipeline.relay import start_relay
+from tidings.server.query import QueryData
+from tidings.server.store import StoredEvent
+from tidings.targets.event_server import EventServerTarget
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    process = ServerProcess(tmp_path / "server", 1, {"eventer": free_port(), "syncer": free_port()})
+    process.start()
+    yield process
+    process.stop()
+
+
+def _outbox_event(n: int, event_id: str | None = None) -> OutboxEvent:
+    return OutboxEvent(
+        seq=n + 1,
+        event_id=event_id or f"evt-{n}",
+        event_type="Created",
+        payload=json.dumps({"n": n}),
+        logged_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+
+
+def _events(server: ServerProcess, types: tuple[str, ...] = ("t", "*")) -> list[StoredEvent]:
+    async def query() -> list[StoredEvent]:
+        async with await connect(server.eventer) as client:
+            return await client.query(QueryData(event_types=(types,), order="ascending"))
+
+    return asyncio.run(query())
+
+
+def _target(server: ServerProcess, **extra: object) -> EventServerTarget:
+    config = EventServerTargetConfig(
+        kind="event_server", address=server.eventer, type_prefix=["t"], timeout="3s", **extra
+    )
+    return EventServerTarget("remote", config)
+
+
+def test_publish_is_confirmed_and_a_second_publish_stores_nothing_new(server) -> None:
+    target = _target(server)
+    try:
+        events = [_outbox_event(n) for n in range(5)]
+        assert target.publish(events) == [None] * 5
+        assert target.publish(events[2:]) == [None] * 3
+    finally:
+        target.close()
+    stored = _events(server)
+    assert [e.outbox_event_id for e in stored] == [None] * 5  # the wire does not echo it
+    assert [json.loads(e.payload)["n"] for e in stored] == [0, 1, 2, 3, 4]
+    assert {e.type for e in stored} == {("t", "Created")}
+    assert {e.source_timestamp_us for e in stored} == {1_767_225_600_000_000}
+
+
+def test_server_down_gives_errors_then_recovers(server) -> None:
+    target = _target(server)
+    try:
+        server.kill()
+        errors = target.publish([_outbox_event(1), _outbox_event(2)])
+        assert all(e is not None and "event server target 'remote'" in e for e in errors)
+        assert errors[0] == errors[1]
+        server.start()
+        assert target.publish([_outbox_event(1), _outbox_event(2)]) == [None, None]
+    finally:
+        target.close()
+    assert [json.loads(e.payload)["n"] for e in _events(server)] == [1, 2]
+
+
+def test_a_hat_style_server_without_the_extension_is_a_clear_error(tmp_path: Path) -> None:
+    """A port where nothing listens stands for any unreachable server."""
+    config = EventServerTargetConfig(
+        kind="event_server", address=f"tcp+sbs://127.0.0.1:{free_port()}", timeout="1s"
+    )
+    target = EventServerTarget("remote", config)
+    try:
+        [error] = target.publish([_outbox_event(1)])
+    finally:
+        target.close()
+    assert error is not None and "ConnectionRefusedError" in error
+
+
+@pytest.mark.spark
+def test_relay_into_a_remote_server_is_exactly_once(spark, server, tmp_path: Path) -> None:
+    targets = {"remote": {"kind": "event_server", "address": server.eventer, "type_prefix": ["t"]}}
+    config = relay_config(
+        tmp_path, targets=targets, routes={"Created": ["remote"]}, max_events_per_batch=40
+    )
+    engine = make_engine(config.database.url)
+    outbox = Outbox(engine)
+    ids = []
+    for n in range(100):
+        with outbox.transaction() as tx:
+            ids.append(tx.emit("Created", {"n": n}, partition_key=f"k{n % 3}"))
+    start_relay(spark, config, available_now=True).awaitTermination()
+    assert set(statuses(engine).values()) == {"PUBLISHED"}
+    stored = _events(server)
+    numbers = [json.loads(e.payload)["data"]["n"] for e in sorted(stored, key=lambda e: e.id)]
+    assert sorted(numbers) == list(range(100))
+    for key in range(3):  # per partition key, in the order the service emitted them
+        of_key = [n for n in numbers if n % 3 == key]
+        assert of_key == sorted(of_key)
+    # Publishing the same outbox events again (a relay crash before it recorded them) adds
+    # nothing: the server recognises their outbox ids.
+    again = _target(server)
+    try:
+        assert again.publish([_outbox_event(n, ids[n]) for n in (0, 50, 99)]) == [None] * 3
+    finally:
+        again.close()
+    assert len(_events(server)) == 100
