@@ -442,6 +442,26 @@ def test_silent_peer_is_dropped_after_a_ping(caplog: pytest.LogCaptureFixture) -
     assert line.endswith("closed: no ping reply within 0.05 s")
 
 
+def test_a_peer_we_do_not_read_fast_enough_is_not_dropped_for_missing_pongs() -> None:
+    """Its pong waits in the socket behind messages we have not taken: it is not idle."""
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        slow = Connection(*await asyncio.open_connection(sock=ours), ping_interval=0.05)
+        busy = Connection(*await asyncio.open_connection(sock=theirs), ping_interval=None)
+        sent = 2000
+        for n in range(sent):
+            busy.send("HatEventer", "MsgSubscribe", [[str(n)]])
+        await asyncio.sleep(0.5)  # many ping intervals with the queue full
+        assert slow.is_open
+        received = [(await slow.receive()).data for _ in range(sent)]
+        assert received == [[[str(n)]] for n in range(sent)]
+        await slow.aclose()
+        await busy.aclose()
+
+    run(main())
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 BAD_INPUT = {

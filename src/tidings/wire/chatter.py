@@ -328,6 +328,10 @@ class Connection:
                 try:
                     await asyncio.wait_for(pong.wait(), interval)
                 except TimeoutError:
+                    if self._queue.full():
+                        # We stopped reading (backpressure): the reply may be waiting in the
+                        # socket behind messages we have not taken yet; the peer is not idle.
+                        continue
                     self.close(f"no ping reply within {interval} s")
                     return
                 finally:
