@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
@@ -18,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from tidings.config import EventStoreTargetConfig
 from tidings.errors import SchemaError
 from tidings.model import OutboxEvent
+from tidings.server.query import QueryData, query_events
 from tidings.server.store import (
     EventId,
     EventStore,
@@ -25,6 +28,7 @@ from tidings.server.store import (
     PayloadKind,
     StoredEvent,
     StoreError,
+    validate_new_event,
 )
 from tidings.targets.event_store import EventStoreTarget
 
@@ -148,16 +152,16 @@ def test_sessions_and_positions_increase_across_registers(store: EventStore) -> 
 
     assert [[e.id for e in s] for s in sessions] == [
         [EventId(1, 1, 1), EventId(1, 1, 2)],
-        [EventId(1, 2, 1)],
-        [EventId(1, 3, 1), EventId(1, 3, 2), EventId(1, 3, 3)],
+        [EventId(1, 2, 3)],
+        [EventId(1, 3, 4), EventId(1, 3, 5), EventId(1, 3, 6)],
     ]
     everything = [e for s in sessions for e in s]
     _assert_positions_increase(everything)
     assert store.read() == everything
-    assert store.last_event_id() == EventId(1, 3, 3)
+    assert store.last_event_id() == EventId(1, 3, 6)
     assert store.count() == 6
     assert store.register([]) == []
-    assert store.last_event_id() == EventId(1, 3, 3)
+    assert store.last_event_id() == EventId(1, 3, 6)
 
 
 def test_servers_number_their_sessions_independently(store_url: str) -> None:
@@ -170,7 +174,7 @@ def test_servers_number_their_sessions_independently(store_url: str) -> None:
             EventId(1, 1, 1),
             EventId(2, 1, 1),
             EventId(2, 1, 2),
-            EventId(1, 2, 1),
+            EventId(1, 2, 2),
         ]
         _assert_positions_increase(first + second + third)
         assert one.last_event_id(server_id=2) == EventId(2, 1, 2)
@@ -204,7 +208,7 @@ def test_dedup_across_calls_returns_the_stored_event(store: EventStore) -> None:
     )
 
     assert again[0] == first[1]
-    assert again[1].id == EventId(1, 2, 1)
+    assert again[1].id == EventId(1, 2, 3)
     assert again[1].position > first[1].position
     assert store.count() == 3
     assert again[0].payload is None
@@ -237,7 +241,7 @@ def test_a_call_of_only_duplicates_uses_no_session(store: EventStore) -> None:
     (first,) = store.register([_event(outbox_id="A")])
 
     assert store.register([_event(outbox_id="A"), _event(outbox_id="A")]) == [first, first]
-    assert store.register([_event(outbox_id="B")])[0].id == EventId(1, 2, 1)
+    assert store.register([_event(outbox_id="B")])[0].id == EventId(1, 2, 2)
     assert store.count() == 2
 
 
@@ -248,7 +252,7 @@ def test_dedup_and_lookup_span_many_in_chunks(store: EventStore) -> None:
     assert store.by_outbox_ids([*ids, "nope"]) == {i: [e] for i, e in zip(ids, stored, strict=True)}
     again = store.register([_event(outbox_id=i) for i in [*ids, "new"]])
     assert again[:1200] == stored
-    assert again[1200].id == EventId(1, 2, 1)
+    assert again[1200].id == EventId(1, 2, 1201)
     assert store.count() == 1201
 
 
@@ -274,7 +278,7 @@ def test_one_outbox_id_under_two_types_is_stored_once_per_type(store: EventStore
 
     # A third type of the same outbox id is new, and listed after the others.
     (third,) = store.register([_event("more", outbox_id="A")])
-    assert third.id == EventId(1, 2, 1)
+    assert third.id == EventId(1, 2, 3)
     assert store.by_outbox_ids(["A"]) == {"A": [*first, third]}
 
 
@@ -365,7 +369,18 @@ def test_an_invalid_event_rejects_the_whole_batch(
     assert "event 1" in str(raised.value)
     assert store.count() == 1
     assert store.by_outbox_ids(["good"]) == {}
-    assert store.register([_event()])[0].id == EventId(1, 2, 1)
+    assert store.register([_event()])[0].id == EventId(1, 2, 2)
+
+
+def test_validate_new_event_names_the_problem_without_an_index() -> None:
+    assert validate_new_event(_event(outbox_id="A", payload=b"x", kind=PayloadKind.SBS)) is None
+    assert validate_new_event(NewEvent(type=("a", "?"))) == (
+        "type ('a', '?') has segment '?', which is reserved as a query wildcard"
+    )
+    assert validate_new_event(NewEvent(type=("a",), outbox_event_id="")) == (
+        "outbox_event_id must be a non-empty str, not ''"
+    )
+    assert validate_new_event(("a",)) == "expected a NewEvent, got tuple"
 
 
 def test_a_database_failure_mid_insert_rolls_everything_back(
@@ -386,7 +401,7 @@ def test_a_database_failure_mid_insert_rolls_everything_back(
     assert store.by_outbox_ids([f"o{i}" for i in range(10)]) == {}
     _execute(store_url, "DELETE FROM event_events WHERE server = 99")
     retried = store.register([_event(outbox_id=f"o{i}") for i in range(10)])
-    assert retried[0].id == EventId(1, 2, 1)
+    assert retried[0].id == EventId(1, 2, 2)
     assert retried[0].position == 2
 
 
@@ -404,7 +419,7 @@ def test_events_and_counters_survive_reopening(store_url: str) -> None:
         assert reopened.last_event_id() == EventId(1, 1, 2)
         assert reopened.register([_event(outbox_id="A")]) == [first[0]]
         (later,) = reopened.register([_event()])
-        assert later.id == EventId(1, 2, 1)
+        assert later.id == EventId(1, 2, 3)
         assert later.position > first[-1].position
     finally:
         reopened.close()
@@ -511,9 +526,10 @@ def test_concurrent_registers_lose_nothing_and_stay_in_order(store: EventStore) 
     assert followed == everything
     sessions = {e.id.session for e in everything}
     assert sessions == set(range(1, writers * calls + 1))
-    for session in sessions:
-        instances = [e.id.instance for e in everything if e.id.session == session]
-        assert instances == list(range(1, size + 1))
+    # One instance counter over all sessions (hat-event 0.8.5): in position order, every
+    # number once, each session a contiguous run.
+    assert [e.id for e in everything] == sorted(e.id for e in everything)
+    assert [e.id.instance for e in everything] == list(range(1, len(everything) + 1))
 
 
 def test_concurrent_registers_of_the_same_outbox_ids_store_each_once(store: EventStore) -> None:
@@ -540,6 +556,332 @@ def test_concurrent_registers_of_the_same_outbox_ids_store_each_once(store: Even
     assert store.count() == len(ids)
     assert all(result == results[0] for result in results)
     assert store.last_event_id() == EventId(1, 1, len(ids))
+
+
+# --- instance numbering (hat-event 0.8.5) ----------------------------------------------------
+
+
+def test_instance_counter_is_seeded_from_the_events_and_never_reused(store_url: str) -> None:
+    store = EventStore(store_url)
+    store.register([_event(), _event(), _event()])
+    store.register([_event(outbox_id="last")])
+    store.close()
+    # Retention deleted the newest events; a lost counter row is re-seeded from the events.
+    _execute(store_url, "DELETE FROM event_events WHERE instance >= 3")
+    reopened = EventStore(store_url)
+    try:
+        (after_retention,) = reopened.register([_event()])
+        assert after_retention.id == EventId(1, 3, 5)
+    finally:
+        reopened.close()
+
+    _execute(store_url, "DELETE FROM event_counters WHERE name IN ('instance:1', 'session:1')")
+    reseeded = EventStore(store_url)
+    try:
+        assert reseeded.register([_event(), _event()])[0].id == EventId(1, 4, 6)
+    finally:
+        reseeded.close()
+
+
+# --- events synced from other servers ------------------------------------------------------
+
+
+def _synced(
+    server: int,
+    session: int,
+    instance: int,
+    *type_: str,
+    timestamp_us: int = 1_000,
+    outbox_id: str | None = None,
+    source_us: int | None = None,
+    payload: bytes | None = None,
+) -> StoredEvent:
+    """An event as a peer server sent it; its position is the peer's, which is ignored."""
+    return StoredEvent(
+        position=999_999,
+        id=EventId(server, session, instance),
+        type=type_ or ("peer", str(server)),
+        timestamp_us=timestamp_us,
+        source_timestamp_us=source_us,
+        payload=payload,
+        payload_kind=None if payload is None else PayloadKind.JSON,
+        outbox_event_id=outbox_id,
+    )
+
+
+def test_synced_events_keep_their_ids_and_get_local_positions(store: EventStore) -> None:
+    (local,) = store.register([_event("local")])
+    sent = [
+        _synced(2, 7, 40, "x", timestamp_us=-5, source_us=3, payload=b'"p"', outbox_id="o1"),
+        _synced(2, 7, 41, "y", timestamp_us=-5),
+        _synced(3, 1, 1, timestamp_us=2**62),
+    ]
+
+    stored = store.append_synced(sent)
+
+    positions = [e.position for e in stored]
+    assert positions == list(range(local.position + 1, local.position + 4))
+    assert stored == [replace(e, position=p) for e, p in zip(sent, positions, strict=True)]
+    assert store.read() == [local, *stored]
+    assert store.last_event_id(2) == EventId(2, 7, 41)
+    assert store.last_event_id(3) == EventId(3, 1, 1)
+    assert store.by_outbox_ids(["o1"]) == {"o1": [stored[0]]}
+    # This server's numbering is untouched by other servers' ids.
+    assert store.register([_event()])[0].id == EventId(1, 2, 2)
+
+
+def test_synced_events_are_idempotent(store: EventStore) -> None:
+    first = store.append_synced([_synced(2, 1, 1), _synced(2, 1, 2)])
+
+    assert store.append_synced([_synced(2, 1, 1), _synced(2, 1, 2)]) == []
+    # An overlapping batch stores only what is new, in input order; a repeated id once.
+    again = store.append_synced(
+        [_synced(2, 2, 4), _synced(2, 1, 2), _synced(2, 2, 3), _synced(2, 2, 4, "other")]
+    )
+    assert [e.id for e in again] == [EventId(2, 2, 4), EventId(2, 2, 3)]
+    assert [e.position for e in again] == [first[-1].position + 1, first[-1].position + 2]
+    assert again[0].type == ("peer", "2")
+    assert store.count() == 4
+    assert store.append_synced([]) == []
+
+
+def test_our_own_events_sent_back_advance_our_counters(store_url: str) -> None:
+    """A peer restored from a backup sends this server's events back to it."""
+    one, two = EventStore(store_url, server_id=1), EventStore(store_url, server_id=2)
+    try:
+        one.register([_event()])
+        two.register([_event()])
+        stored = one.append_synced(
+            [_synced(1, 5, 40), _synced(2, 3, 9), _synced(1, 4, 44), _synced(7, 1, 1)]
+        )
+        assert len(stored) == 4
+        # Past the highest session and the highest instance, even of different events.
+        assert one.register([_event()])[0].id == EventId(1, 6, 45)
+        # Another server's counters in this database move too.
+        assert two.register([_event()])[0].id == EventId(2, 4, 10)
+        # An older event of ours arriving late moves nothing back.
+        one.append_synced([_synced(1, 2, 2)])
+        assert one.register([_event()])[0].id == EventId(1, 7, 46)
+    finally:
+        one.close()
+        two.close()
+    # A server with no counters yet seeds them from the synced events when it opens.
+    seven = EventStore(store_url, server_id=7)
+    try:
+        assert seven.register([_event()])[0].id == EventId(7, 2, 2)
+    finally:
+        seven.close()
+
+
+def test_a_synced_event_colliding_on_the_outbox_key_is_skipped_with_a_warning(
+    store: EventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The relay stored one outbox event on two servers, each under its own id."""
+    (local,) = store.register([_event("orders", outbox_id="A")])
+
+    with caplog.at_level(logging.WARNING, logger="tidings.server.store"):
+        stored = store.append_synced(
+            [
+                _synced(2, 1, 1, "orders", outbox_id="A"),  # collides with the local one
+                _synced(2, 1, 2, "audit", outbox_id="A"),  # another type: a new event
+                _synced(2, 1, 3, "audit", outbox_id="A"),  # collides within the batch
+                _synced(2, 1, 4),
+            ]
+        )
+
+    assert [e.id for e in stored] == [EventId(2, 1, 2), EventId(2, 1, 4)]
+    assert store.by_outbox_ids(["A"]) == {"A": [local, stored[0]]}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "EventId(server=2, session=1, instance=1)" in warnings[0]
+    assert "EventId(server=1, session=1, instance=1)" in warnings[0]
+    assert "EventId(server=2, session=1, instance=2)" in warnings[1]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (_event(), "expected a StoredEvent"),
+        (replace(_synced(2, 1, 1), id=(2, 1, 1)), "id must be an EventId"),  # type: ignore[arg-type]
+        (_synced(0, 1, 1), "id.server must be between 1"),
+        (_synced(2, 0, 1), "id.session must be between 1"),
+        (_synced(2, 1, 0), "id.instance must be between 1"),
+        (_synced(2, 1, 1, timestamp_us=2**63), "timestamp_us must be between"),
+        (_synced(2, 1, 1, "a", "*"), "reserved as a query wildcard"),
+        (replace(_synced(2, 1, 1), payload=b"x"), "given together"),
+        (_synced(2, 1, 1, outbox_id=""), "non-empty str"),
+    ],
+)
+def test_an_invalid_synced_event_rejects_the_whole_batch(
+    store: EventStore, bad: object, message: str
+) -> None:
+    with pytest.raises(StoreError, match=message) as raised:
+        store.append_synced([_synced(2, 1, 5), bad])  # type: ignore[list-item]
+
+    assert "synced event 1: " in str(raised.value)
+    assert store.count() == 0
+
+
+def test_synced_events_and_registers_interleave_safely(store: EventStore) -> None:
+    """Both take the append lock: positions stay gapless and every id is stored once."""
+    errors: list[BaseException] = []
+
+    def register() -> None:
+        try:
+            for _ in range(30):
+                store.register([_event() for _ in range(5)])
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    def sync(server: int) -> None:
+        try:
+            for session in range(1, 31):
+                batch = [_synced(server, session, 5 * session + i) for i in range(5)]
+                store.append_synced(batch)
+                store.append_synced(batch[2:])  # a re-send
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=register)]
+    threads += [threading.Thread(target=sync, args=(server,)) for server in (2, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    everything = store.read(limit=10_000)
+    assert [e.position for e in everything] == list(range(1, 3 * 150 + 1))
+    assert len({e.id for e in everything}) == 450
+
+
+# --- a syncer's backlog ---------------------------------------------------------------------
+
+
+def test_events_after_gives_one_servers_events_in_id_order(store: EventStore) -> None:
+    store.register([_event(), _event()])  # (1,1,1), (1,1,2)
+    # Out of id order on purpose: the backlog follows ids, not positions.
+    store.append_synced([_synced(2, 2, 3), _synced(2, 1, 2), _synced(2, 1, 1), _synced(2, 3, 4)])
+    store.register([_event()])  # (1,2,3)
+
+    def ids(last: EventId, limit: int = 1000) -> list[tuple[int, int, int]]:
+        return [(e.id.server, e.id.session, e.id.instance) for e in store.events_after(last, limit)]
+
+    assert ids(EventId(2, 0, 0)) == [(2, 1, 1), (2, 1, 2), (2, 2, 3), (2, 3, 4)]
+    assert ids(EventId(2, 1, 1)) == [(2, 1, 2), (2, 2, 3), (2, 3, 4)]
+    assert ids(EventId(2, 1, 2)) == [(2, 2, 3), (2, 3, 4)]
+    assert ids(EventId(2, 2, 0)) == [(2, 2, 3), (2, 3, 4)]
+    assert ids(EventId(2, 0, 0), limit=2) == [(2, 1, 1), (2, 1, 2)]
+    assert ids(EventId(2, 3, 4)) == []
+    assert ids(EventId(1, 1, 1)) == [(1, 1, 2), (1, 2, 3)]
+    assert ids(EventId(9, 0, 0)) == []
+    assert store.events_after(EventId(2, 1, 1), 1) == [
+        e for e in store.read() if e.id == EventId(2, 1, 2)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("last", "limit", "message"),
+    [
+        ((2, 0, 0), 10, "must be an EventId"),
+        (EventId(0, 0, 0), 10, "last.server"),
+        (EventId(2, -1, 0), 10, "last.session"),
+        (EventId(2, 0, -1), 10, "last.instance"),
+        (EventId(2, 0, 0), 0, "limit"),
+    ],
+)
+def test_events_after_refuses_bad_arguments(
+    store: EventStore, last: object, limit: int, message: str
+) -> None:
+    with pytest.raises(StoreError, match=message):
+        store.events_after(last, limit)  # type: ignore[arg-type]
+
+
+# --- schema upgrade -------------------------------------------------------------------------
+
+#: The tables of schema version 1 as tidings created them, with each dialect's spellings.
+_V1_SCHEMA = """
+CREATE TABLE event_store_meta (
+    "key" VARCHAR(64) NOT NULL, value VARCHAR(256) NOT NULL, PRIMARY KEY ("key"));
+CREATE TABLE event_counters (
+    name VARCHAR(64) NOT NULL, value BIGINT NOT NULL, PRIMARY KEY (name));
+CREATE TABLE event_events (
+    position {position} NOT NULL, server BIGINT NOT NULL, session BIGINT NOT NULL,
+    instance BIGINT NOT NULL, type {type} NOT NULL, timestamp_us BIGINT NOT NULL,
+    source_timestamp_us BIGINT, payload {blob}, payload_kind VARCHAR(8), outbox_event_id TEXT,
+    PRIMARY KEY (position),
+    CONSTRAINT event_events_id_check CHECK (session > 0 AND instance > 0),
+    CONSTRAINT event_events_payload_kind_check CHECK (payload_kind IN ('binary', 'json', 'sbs')),
+    CONSTRAINT event_events_payload_check CHECK ((payload IS NULL) = (payload_kind IS NULL)),
+    CONSTRAINT event_events_id_key UNIQUE (server, session, instance),
+    CONSTRAINT event_events_outbox_key UNIQUE (outbox_event_id, type));
+CREATE INDEX event_events_type_idx ON event_events (type, timestamp_us);
+CREATE INDEX event_events_source_timestamp_idx
+    ON event_events (source_timestamp_us, server, session, instance);
+CREATE INDEX event_events_timestamp_idx ON event_events (timestamp_us, server, session, instance);
+INSERT INTO event_store_meta ("key", value) VALUES ('schema_version', '1');
+INSERT INTO event_counters (name, value) VALUES ('position', 5), ('session:1', 2), ('session:2', 1);
+INSERT INTO event_events (position, server, session, instance, type, timestamp_us,
+    source_timestamp_us, outbox_event_id) VALUES
+    (1, 1, 1, 1, '["a"]', 100, NULL, 'o1'),
+    (2, 1, 1, 2, '["b","c"]', 100, 7, NULL),
+    (3, 2, 1, 1, '["q\\"\\u00fc"]', 150, NULL, NULL),
+    (4, 1, 2, 1, '["a"]', 200, NULL, NULL),
+    (5, 1, 2, 2, '["a"]', 200, 3, NULL)
+"""
+
+
+def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None:
+    postgresql = store_url.startswith("postgresql")
+    schema = _V1_SCHEMA.format(
+        position="BIGINT" if postgresql else "INTEGER",
+        type='TEXT COLLATE "C"' if postgresql else "TEXT",
+        blob="BYTEA" if postgresql else "BLOB",
+    )
+    for statement in schema.split(";"):
+        _execute(store_url, statement)
+
+    store = EventStore(store_url)
+    try:
+        assert _scalars(store_url, "SELECT value FROM event_store_meta") == ["2"]
+        assert _scalars(store_url, "SELECT type FROM event_types ORDER BY type") == [
+            '["a"]',
+            '["b","c"]',
+            '["q\\"\\u00fc"]',
+        ]
+        assert store.read()[2].type == ('q"ü',)
+        latest = query_events(store, QueryData(unique_type=True))
+        assert [e.id for e in latest] == [EventId(1, 2, 2), EventId(2, 1, 1), EventId(1, 1, 2)]
+        # Instances continue after the greatest stored one (v1 restarted them per session).
+        assert store.register([_event("a")])[0].id == EventId(1, 3, 3)
+        assert store.register([_event("a", outbox_id="o1")])[0].position == 1
+    finally:
+        store.close()
+
+    engine = create_engine(store_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        indexes = {index["name"] for index in inspect(engine).get_indexes("event_events")}
+    finally:
+        engine.dispose()
+    assert "event_events_type_idx" not in indexes
+    assert {"event_events_type_time_idx", "event_events_type_source_idx"} <= indexes
+
+    # Opening again finds version 2 and changes nothing; the other server continues too.
+    again = EventStore(store_url, server_id=2)
+    try:
+        assert again.register([_event()])[0].id == EventId(2, 2, 2)
+        assert again.count() == 7
+    finally:
+        again.close()
+
+
+def _scalars(url: str, sql: str) -> list[object]:
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(text(sql)).scalars())
+    finally:
+        engine.dispose()
 
 
 # --- the target ----------------------------------------------------------------------------

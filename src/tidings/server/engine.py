@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from tidings.errors import TidingsError
-from tidings.server import store as _store
 from tidings.server.matching import QueryType, TypeMatcher
 from tidings.server.store import (
     EventId,
@@ -38,6 +37,7 @@ from tidings.server.store import (
     PayloadKind,
     StoredEvent,
     StoreError,
+    validate_new_event,
 )
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,18 @@ class Engine:
     def store(self) -> EventStore:
         return self._store
 
+    def load_modules(self, configs: Sequence[dict[str, Any]]) -> None:
+        """Load the modules of ``engine.modules`` (each a dict with a ``module`` path), in order.
+
+        They are created here rather than passed to the constructor because Hat hands every
+        module the engine it runs in; they join after any modules given to the constructor.
+        """
+        for config in configs:
+            module = load_module(config["module"], config, self)
+            matcher = _matcher(module)
+            self._modules.append(module)
+            self._matchers.append(matcher)
+
     def on_registered(self, callback: Callback) -> Callable[[], None]:
         """Call ``callback`` with the new events of every stored session; returns a remover.
 
@@ -208,7 +220,7 @@ class Engine:
         #: Per input event: its index in the queue, or None when it is invalid.
         slots: list[int | None] = []
         for index, new_event in enumerate(events):
-            problem = _problem(new_event)
+            problem = validate_new_event(new_event)
             if problem is None:
                 slots.append(len(queue))
                 queue.append(new_event)
@@ -265,7 +277,7 @@ class Engine:
                         f"{type(added).__name__} from process, not a list of NewEvent"
                     )
                 for index, added_event in enumerate(added):
-                    problem = _problem(added_event)
+                    problem = validate_new_event(added_event)
                     if problem is not None:
                         raise EngineError(
                             f"session {session_id}: module {name} added an invalid event "
@@ -311,15 +323,6 @@ def _call(module: Module, what: str, method: Callable[..., Any], *args: Any) -> 
             f"session {session_id}: module {module_name(module)} failed in {what}: {exc!r}; "
             "the session is aborted, nothing was stored"
         ) from exc
-
-
-def _problem(new_event: object) -> str | None:
-    """Why the store would refuse ``new_event``, or None if it would take it."""
-    try:
-        _store._validate([new_event])  # type: ignore[list-item]
-    except StoreError as exc:
-        return str(exc).removeprefix("event 0: ")
-    return None
 
 
 def _session_event(session_id: int, instance: int, new_event: NewEvent) -> SessionEvent:

@@ -3,26 +3,38 @@
 It is the storage of a Hat-compatible event server, so it keeps Hat's event model: an event
 id is ``(server, session, instance)`` with 0 reserved for "before the first"; one register
 call is one session whose events share the server timestamp; the type is a list of strings.
-On top of that every event gets a ``position``, an increasing 64-bit integer over the whole
-log, which stream consumers (FTN18) keep as their cursor, and the outbox event id it came
-from. An event is recognised by its outbox event id together with its type, so that a relay
-re-publishing after a crash does not store it twice, while one outbox event routed to two
-targets on the same store with different type prefixes is stored once under each type.
+As in hat-event 0.8.5, ``session`` goes up by one per register call and ``instance`` is one
+counter per server over all its sessions (it does not restart in each session). On top of
+that every event gets a ``position``, an increasing 64-bit integer over the whole log, which
+stream consumers (FTN18) keep as their cursor, and the outbox event id it came from. An event
+is recognised by its outbox event id together with its type, so that a relay re-publishing
+after a crash does not store it twice, while one outbox event routed to two targets on the
+same store with different type prefixes is stored once under each type.
+
+Events of other servers, received by a Hat syncer, are stored with their own ids and
+timestamps (:meth:`EventStore.append_synced`); :meth:`EventStore.events_after` serves a
+syncer's backlog. A table of the distinct event types lets queries resolve type patterns to
+exact types (tidings.server.query).
 
 The same SQLAlchemy Core code runs on both databases. Appends are serialized (SQLite
 ``BEGIN IMMEDIATE``, PostgreSQL transaction-scoped advisory lock), so positions become
-visible in increasing order and a reader following positions never skips one. Positions and
-session numbers come from a counter table rather than ``max()`` over the events, so they are
-never reused, even after retention has deleted old events.
+visible in increasing order and a reader following positions never skips one. Positions,
+session and instance numbers come from a counter table rather than ``max()`` over the
+events, so they are never reused, even after retention has deleted old events.
+
+The names without a leading underscore are the store's public surface, also for the other
+modules of the server (queries, engine): the table definitions, row decoding, type encoding
+and the validation of new events.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -46,8 +58,10 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    or_,
     select,
     text,
+    tuple_,
     update,
 )
 from sqlalchemy.engine import URL
@@ -56,14 +70,18 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from tidings.db import driver_url, placeholder
 from tidings.errors import SchemaError, TidingsError
 
+log = logging.getLogger(__name__)
+
 #: A Hat event type: a non-empty tuple of strings, none of them ``?`` or ``*``.
 EventType = tuple[str, ...]
 
 #: Version of the tables below; stored in ``event_store_meta`` so a later release can upgrade.
-SCHEMA_VERSION = 1
+#: 2 added ``event_types`` and the per-type query indexes (see _upgrade_from_1).
+SCHEMA_VERSION = 2
 
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
+#: The range of every integer the store keeps (the databases' BIGINT).
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
 #: Reserved type segments: they are wildcards in queries and subscriptions (Hat).
 _WILDCARDS = frozenset({"?", "*"})
 #: Bound parameters per ``IN`` list; keeps every statement well below driver limits.
@@ -145,7 +163,7 @@ _counters = Table(
     Column("value", BigInteger, nullable=False),
 )
 
-_events = Table(
+events_table = Table(
     "event_events",
     _metadata,
     # INTEGER (not BIGINT) on SQLite makes it the rowid: the table is clustered by position.
@@ -158,7 +176,7 @@ _events = Table(
     Column("server", BigInteger, nullable=False),
     Column("session", BigInteger, nullable=False),
     Column("instance", BigInteger, nullable=False),
-    # Canonical JSON array, see _encode_type. Byte order ("C") on PostgreSQL, as SQLite
+    # Canonical JSON array, see encode_type. Byte order ("C") on PostgreSQL, as SQLite
     # already has, so that a type prefix is a contiguous index range (tidings.server.query).
     Column("type", Text().with_variant(Text(collation="C"), "postgresql"), nullable=False),
     Column("timestamp_us", BigInteger, nullable=False),
@@ -178,8 +196,18 @@ _events = Table(
     UniqueConstraint("outbox_event_id", "type", name="event_events_outbox_key"),
     # The query indexes (tidings.server.query): each ends with the columns of the order it
     # serves, the event id breaking ties, so that ordered, limited queries read no more rows
-    # than they return.
-    Index("event_events_type_idx", "type", "timestamp_us"),
+    # than they return. The two led by type make "the first event of this type in this
+    # order" (unique_type) one index probe, even when a whole session shares the type and
+    # the timestamp.
+    Index("event_events_type_time_idx", "type", "timestamp_us", "server", "session", "instance"),
+    Index(
+        "event_events_type_source_idx",
+        "type",
+        "source_timestamp_us",
+        "server",
+        "session",
+        "instance",
+    ),
     Index("event_events_timestamp_idx", "timestamp_us", "server", "session", "instance"),
     Index(
         "event_events_source_timestamp_idx",
@@ -189,6 +217,25 @@ _events = Table(
         "instance",
     ),
 )
+
+#: Every type that has been stored (encode_type text), so that a query can turn its type
+#: patterns into a list of exact types (a few thousand rows) instead of matching patterns
+#: against millions of events. Only grows: a type whose events retention deleted stays, which
+#: costs a query one empty index probe. Same collation as ``event_events.type``, so that a
+#: type prefix is a range here too.
+event_types_table = Table(
+    "event_types",
+    _metadata,
+    Column(
+        "type",
+        Text().with_variant(Text(collation="C"), "postgresql"),
+        primary_key=True,
+    ),
+    sqlite_with_rowid=False,
+)
+
+#: The v1 index that event_events_type_time_idx replaces (see _upgrade_from_1).
+_V1_TYPE_INDEX = "event_events_type_idx"
 
 _PG_APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 
@@ -201,7 +248,7 @@ class EventStore:
     """
 
     def __init__(self, url: str, server_id: int = 1) -> None:
-        _require_int("event store: server_id", server_id, minimum=1)
+        require_int("event store: server_id", server_id, minimum=1)
         self.server_id = server_id
         parsed = _parse_url(url)
         self.url = parsed.render_as_string(hide_password=True)
@@ -219,7 +266,7 @@ class EventStore:
         An event whose ``(outbox_event_id, type)`` is already stored (or repeated earlier in
         the same call) is not stored again: its slot holds the event stored first. The same
         outbox id with another type is a different event. A call made only of such duplicates
-        uses no session number.
+        uses no session or instance number.
         """
         encoded_types = _validate(events)
         if not events:
@@ -232,18 +279,92 @@ class EventStore:
             stored = self._append(conn, fresh, encoded_types) if fresh else []
         return [slot if isinstance(slot, StoredEvent) else stored[slot] for slot in slots]
 
+    def append_synced(self, events: Sequence[StoredEvent]) -> list[StoredEvent]:
+        """Store events received from peer servers with their own ids and timestamps.
+
+        Ids, timestamps, source timestamps, payloads and outbox ids are kept as given; the
+        ``position`` of the inputs is ignored and fresh local positions are assigned in input
+        order. All or nothing, under the same append lock as :meth:`register`. Returns the
+        newly stored events, in input order, with their positions.
+
+        An id already stored (or repeated earlier in the call) is skipped silently, so a
+        syncer may re-send what it is not sure arrived. Events of this store's own server
+        (a restored peer sending our events back) are stored too, and the session and
+        instance counters of their server are moved past them so that :meth:`register` never
+        reuses their ids.
+
+        An event whose ``(outbox_event_id, type)`` is already stored under another id is
+        skipped with a warning instead of failing the call: that key is the relay's dedup
+        within one store, and the same outbox event legitimately reaches several servers
+        (the relay targeting each of them), each storing it under its own id. The database
+        holds one row per key, and refusing the batch would stop the sync for good.
+        """
+        encoded_types = _validate_synced(events)
+        if not events:
+            return []
+        with self._transaction("append synced events", append=True) as conn:
+            known_ids = _select_known_ids(conn, {e.id for e in events})
+            known_keys = _select_outbox_keys(
+                conn, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
+            )
+            fresh = _plan_synced(events, known_ids, known_keys, encoded_types)
+            if not fresh:
+                return []
+            last_position = _advance_counter(conn, _POSITION_COUNTER, len(fresh))
+            first_position = last_position - len(fresh) + 1
+            stored = [
+                replace(synced, position=first_position + offset)
+                for offset, synced in enumerate(fresh)
+            ]
+            conn.exec_driver_sql(
+                _insert_sql(conn), [_row(e, encoded_types[e.type]) for e in stored]
+            )
+            _add_types(conn, {encoded_types[e.type] for e in stored})
+            _raise_id_counters(conn, stored)
+        return stored
+
     def read(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Return up to ``limit`` events with a position greater than ``after_position``."""
-        _require_int("after_position", after_position, minimum=0)
-        _require_int("limit", limit, minimum=1)
+        require_int("after_position", after_position, minimum=0)
+        require_int("limit", limit, minimum=1)
         query = (
-            select(_events)
-            .where(_events.c.position > after_position)
-            .order_by(_events.c.position)
+            select(events_table)
+            .where(events_table.c.position > after_position)
+            .order_by(events_table.c.position)
             .limit(limit)
         )
         with self._transaction("read") as conn:
-            return [_from_row(row) for row in conn.execute(query)]
+            return [event_from_row(row) for row in conn.execute(query)]
+
+    def events_after(self, last: EventId, limit: int = 1000) -> list[StoredEvent]:
+        """Return up to ``limit`` events of server ``last.server`` with an id after ``last``.
+
+        What a Hat syncer server sends a client that reports ``last`` as its last event id:
+        ordered by ``(session, instance)``, ids compared as tuples, other servers' events
+        excluded. ``EventId(server, 0, 0)`` asks from the start. Served by the unique index
+        on the event id.
+        """
+        if not isinstance(last, EventId):
+            raise StoreError(f"events_after: last must be an EventId, not {last!r}")
+        require_int("events_after: last.server", last.server, minimum=1)
+        require_int("events_after: last.session", last.session, minimum=0)
+        require_int("events_after: last.instance", last.instance, minimum=0)
+        require_int("events_after: limit", limit, minimum=1)
+        c = events_table.c
+        query = (
+            select(events_table)
+            .where(
+                c.server == last.server,
+                # The first condition bounds the index range; the second drops the rows of
+                # session last.session up to last.instance.
+                c.session >= last.session,
+                or_(c.session > last.session, c.instance > last.instance),
+            )
+            .order_by(c.session, c.instance)
+            .limit(limit)
+        )
+        with self._transaction("read events after an event id") as conn:
+            return [event_from_row(row) for row in conn.execute(query)]
 
     def by_outbox_ids(self, ids: Iterable[str]) -> dict[str, list[StoredEvent]]:
         """Return the stored events of ``ids`` by outbox event id; unknown ids are absent.
@@ -259,13 +380,13 @@ class EventStore:
         with self._transaction("look up outbox ids") as conn:
             found: dict[str, list[StoredEvent]] = {}
             for row in _select_by_outbox_ids(conn, wanted):
-                found.setdefault(row.outbox_event_id, []).append(_from_row(row))
+                found.setdefault(row.outbox_event_id, []).append(event_from_row(row))
             return found
 
     def count(self) -> int:
         """Return the number of stored events."""
         with self._transaction("count") as conn:
-            return conn.execute(select(func.count()).select_from(_events)).scalar_one()
+            return conn.execute(select(func.count()).select_from(events_table)).scalar_one()
 
     def last_event_id(self, server_id: int | None = None) -> EventId:
         """Return the greatest stored id of ``server_id`` (default: this store's server).
@@ -273,16 +394,31 @@ class EventStore:
         ``EventId(server, 0, 0)`` means no event of that server is stored, as in Hat.
         """
         server = self.server_id if server_id is None else server_id
-        _require_int("server_id", server, minimum=1)
+        require_int("server_id", server, minimum=1)
         query = (
-            select(_events.c.session, _events.c.instance)
-            .where(_events.c.server == server)
-            .order_by(_events.c.session.desc(), _events.c.instance.desc())
+            select(events_table.c.session, events_table.c.instance)
+            .where(events_table.c.server == server)
+            .order_by(events_table.c.session.desc(), events_table.c.instance.desc())
             .limit(1)
         )
         with self._transaction("read last event id") as conn:
             row = conn.execute(query).first()
         return EventId(server, 0, 0) if row is None else EventId(server, row.session, row.instance)
+
+    @contextmanager
+    def snapshot(self, action: str = "read") -> Iterator[Connection]:
+        """A transaction for reading whose statements all see the same state of the store.
+
+        For readers that need several statements (tidings.server.query resolves type
+        patterns, then reads events): on PostgreSQL it is ``REPEATABLE READ READ ONLY``, as
+        ``READ COMMITTED`` would let each statement see newer events; SQLite's transaction
+        already reads one snapshot (nothing stops a write there: do not write). Build
+        statements on :data:`events_table` and :data:`event_types_table` and decode rows
+        with :func:`event_from_row`. ``action`` names the work in errors, which leave as
+        :class:`StoreError`.
+        """
+        with self._transaction(action, snapshot=True) as conn:
+            yield conn
 
     def close(self) -> None:
         """Close all database connections; the store is not used afterwards."""
@@ -290,23 +426,28 @@ class EventStore:
         self._engine.dispose()
 
     def _prepare(self) -> None:
-        """Create the schema if missing, check its version and seed this server's counters.
+        """Create or upgrade the schema and seed this server's counters.
 
         Done under the append lock so that stores opening one new database at once do not
-        race each other's ``CREATE TABLE``.
+        race each other's ``CREATE TABLE`` or upgrade.
         """
         with self._transaction("create schema", append=True) as conn:
-            _metadata.create_all(conn)
-            _check_schema_version(conn, self.url)
+            _prepare_schema(conn, self.url)
             _seed_counter(
-                conn, _POSITION_COUNTER, select(func.coalesce(func.max(_events.c.position), 0))
+                conn,
+                _POSITION_COUNTER,
+                select(func.coalesce(func.max(events_table.c.position), 0)),
             )
+            of_this_server = events_table.c.server == self.server_id
             _seed_counter(
                 conn,
                 _session_counter(self.server_id),
-                select(func.coalesce(func.max(_events.c.session), 0)).where(
-                    _events.c.server == self.server_id
-                ),
+                select(func.coalesce(func.max(events_table.c.session), 0)).where(of_this_server),
+            )
+            _seed_counter(
+                conn,
+                _instance_counter(self.server_id),
+                select(func.coalesce(func.max(events_table.c.instance), 0)).where(of_this_server),
             )
 
     def _append(
@@ -317,8 +458,11 @@ class EventStore:
         Rows are built straight from the new events (not from the stored ones) because this
         loop is most of the Python time of a large register.
         """
-        first_position = _advance_counter(conn, _POSITION_COUNTER, len(fresh)) - len(fresh) + 1
+        count = len(fresh)
+        first_position = _advance_counter(conn, _POSITION_COUNTER, count) - count + 1
         session = _advance_counter(conn, _session_counter(self.server_id), 1)
+        first_instance = _advance_counter(conn, _instance_counter(self.server_id), count)
+        first_instance -= count - 1
         timestamp_us = time.time_ns() // 1000
         stored: list[StoredEvent] = []
         rows: list[tuple[Any, ...]] = []
@@ -327,7 +471,7 @@ class EventStore:
             stored.append(
                 StoredEvent(
                     first_position + offset,
-                    EventId(self.server_id, session, offset + 1),
+                    EventId(self.server_id, session, first_instance + offset),
                     new_event.type,
                     timestamp_us,
                     new_event.source_timestamp_us,
@@ -341,7 +485,7 @@ class EventStore:
                     first_position + offset,
                     self.server_id,
                     session,
-                    offset + 1,
+                    first_instance + offset,
                     encoded_types[new_event.type],
                     timestamp_us,
                     new_event.source_timestamp_us,
@@ -353,11 +497,17 @@ class EventStore:
         # The driver's own executemany with tuples: SQLAlchemy's per-row parameter handling
         # would cost a quarter of a large register.
         conn.exec_driver_sql(_insert_sql(conn), rows)
+        # Every type of the call, duplicates' included: those are stored already, so their
+        # types are known and cost nothing.
+        _add_types(conn, set(encoded_types.values()))
         return stored
 
     @contextmanager
-    def _transaction(self, action: str, *, append: bool = False) -> Iterator[Connection]:
-        """Run one transaction; an append one holds the database-wide append lock.
+    def _transaction(
+        self, action: str, *, append: bool = False, snapshot: bool = False
+    ) -> Iterator[Connection]:
+        """Run one transaction; an append one holds the database-wide append lock, a
+        snapshot one reads a single state of the database (see :meth:`snapshot`).
 
         Database failures leave as :class:`StoreError` naming the store and the action.
         """
@@ -365,10 +515,15 @@ class EventStore:
             raise StoreError(f"event store {self.url}: cannot {action}: the store is closed")
         try:
             with self._engine.connect() as conn:
+                postgresql = conn.dialect.name == "postgresql"
                 if append:
                     conn.execution_options(**{_APPEND_OPTION: True})
+                if snapshot and postgresql:
+                    conn.execution_options(
+                        isolation_level="REPEATABLE READ", postgresql_readonly=True
+                    )
                 with conn.begin():
-                    if append and conn.dialect.name == "postgresql":
+                    if append and postgresql:
                         conn.execute(_PG_APPEND_LOCK, {"key": _PG_APPEND_LOCK_KEY})
                     yield conn
         except SQLAlchemyError as exc:
@@ -384,6 +539,39 @@ _INSERT_COLUMNS = (
 def _insert_sql(conn: Connection) -> str:
     mark = placeholder(conn.dialect.paramstyle)
     return f"INSERT INTO event_events ({_INSERT_COLUMNS}) VALUES ({', '.join([mark] * 10)})"
+
+
+def _row(event: StoredEvent, encoded_type: str) -> tuple[Any, ...]:
+    """The insert parameters of ``event``, in _INSERT_COLUMNS order."""
+    kind = event.payload_kind
+    return (
+        event.position,
+        event.id.server,
+        event.id.session,
+        event.id.instance,
+        encoded_type,
+        event.timestamp_us,
+        event.source_timestamp_us,
+        event.payload,
+        None if kind is None else kind.value,
+        event.outbox_event_id,
+    )
+
+
+def _add_types(conn: Connection, encoded_types: set[str]) -> None:
+    """Record the types of a batch in ``event_types``, each once.
+
+    ``ON CONFLICT DO NOTHING`` (SQLite and PostgreSQL alike) checks the primary key first and
+    writes nothing for a known type, so a batch of known types costs one index probe per
+    distinct type and no write.
+    """
+    if not encoded_types:
+        return
+    mark = placeholder(conn.dialect.paramstyle)
+    conn.exec_driver_sql(
+        f"INSERT INTO event_types (type) VALUES ({mark}) ON CONFLICT (type) DO NOTHING",
+        [(encoded,) for encoded in sorted(encoded_types)],
+    )
 
 
 def _parse_url(url: str) -> URL:
@@ -433,20 +621,53 @@ def _cause(exc: SQLAlchemyError) -> str:
     return f"{type(cause).__name__}: {cause}"
 
 
-def _check_schema_version(conn: Connection, url: str) -> None:
-    """Record the schema version on a new database; refuse one this code does not know."""
+def _prepare_schema(conn: Connection, url: str) -> None:
+    """Create the tables of a new database, upgrade a version 1 one, refuse any other.
+
+    The version is checked before anything else is created, so that a database of a newer
+    tidings is left untouched.
+    """
+    _meta.create(conn, checkfirst=True)
     stored = conn.scalar(select(_meta.c.value).where(_meta.c.key == "schema_version"))
-    if stored is None:
-        conn.execute(insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
-    elif stored != str(SCHEMA_VERSION):
+    if stored == "1":
+        _upgrade_from_1(conn, url)
+    elif stored is not None and stored != str(SCHEMA_VERSION):
         raise SchemaError(
             f"event store {url}: schema version {stored!r} in the database, "
-            f"this tidings supports {SCHEMA_VERSION}"
+            f"this tidings supports {SCHEMA_VERSION} (and upgrades 1)"
         )
+    _metadata.create_all(conn)
+    if stored is None:
+        conn.execute(insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+
+
+def _upgrade_from_1(conn: Connection, url: str) -> None:
+    """Upgrade a version 1 database in place, in the caller's transaction.
+
+    Adds ``event_types`` filled from the stored events, and replaces the ``(type,
+    timestamp_us)`` index by the two per-type indexes of version 2. Instance numbers of
+    version 1 restarted in each session; the instance counters are seeded afterwards from
+    ``max(instance)``, so new ids still never repeat an old one (their session is new).
+    """
+    log.info("event store %s: upgrading schema version 1 to %s", url, SCHEMA_VERSION)
+    event_types_table.create(conn, checkfirst=True)
+    conn.execute(
+        insert(event_types_table).from_select(["type"], select(events_table.c.type).distinct())
+    )
+    conn.exec_driver_sql(f"DROP INDEX IF EXISTS {_V1_TYPE_INDEX}")
+    for index in events_table.indexes:
+        index.create(conn, checkfirst=True)
+    conn.execute(
+        update(_meta).where(_meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
+    )
 
 
 def _session_counter(server_id: int) -> str:
     return f"session:{server_id}"
+
+
+def _instance_counter(server_id: int) -> str:
+    return f"instance:{server_id}"
 
 
 def _seed_counter(conn: Connection, name: str, initial: Select[tuple[int]]) -> None:
@@ -454,6 +675,31 @@ def _seed_counter(conn: Connection, name: str, initial: Select[tuple[int]]) -> N
     exists = conn.scalar(select(_counters.c.value).where(_counters.c.name == name))
     if exists is None:
         conn.execute(insert(_counters).values(name=name, value=conn.scalar(initial)))
+
+
+def _raise_id_counters(conn: Connection, stored: Sequence[StoredEvent]) -> None:
+    """Move the session and instance counters of the servers of ``stored`` past their ids.
+
+    Only existing counters move: a server without counters in this database has no store
+    opened on it yet, and its store seeds them from the stored events when it opens.
+    """
+    highest: dict[int, tuple[int, int]] = {}
+    for synced in stored:
+        session, instance = highest.get(synced.id.server, (0, 0))
+        highest[synced.id.server] = (
+            max(session, synced.id.session),
+            max(instance, synced.id.instance),
+        )
+    for server, (session, instance) in sorted(highest.items()):
+        for name, value in (
+            (_session_counter(server), session),
+            (_instance_counter(server), instance),
+        ):
+            conn.execute(
+                update(_counters)
+                .where(_counters.c.name == name, _counters.c.value < value)
+                .values(value=value)
+            )
 
 
 def _advance_counter(conn: Connection, name: str, by: int) -> int:
@@ -467,7 +713,7 @@ def _advance_counter(conn: Connection, name: str, by: int) -> int:
     return conn.execute(statement).scalar_one()
 
 
-#: The dedup key of an event: its outbox event id and its type as stored (_encode_type).
+#: The dedup key of an event: its outbox event id and its type as stored (encode_type).
 _OutboxKey = tuple[str, str]
 
 
@@ -480,7 +726,9 @@ def _select_by_outbox_ids(conn: Connection, ids: set[str]) -> Iterator[Row[Any]]
     for start in range(0, len(ordered), _IN_CHUNK):
         chunk = ordered[start : start + _IN_CHUNK]
         query = (
-            select(_events).where(_events.c.outbox_event_id.in_(chunk)).order_by(_events.c.position)
+            select(events_table)
+            .where(events_table.c.outbox_event_id.in_(chunk))
+            .order_by(events_table.c.position)
         )
         yield from conn.execute(query)
 
@@ -488,11 +736,12 @@ def _select_by_outbox_ids(conn: Connection, ids: set[str]) -> Iterator[Row[Any]]
 def _select_outbox_keys(conn: Connection, ids: set[str]) -> dict[_OutboxKey, StoredEvent]:
     """Fetch the stored events of ``ids`` by dedup key.
 
-    Keyed by the stored type text: _encode_type is canonical, so it equals the encoding of
+    Keyed by the stored type text: encode_type is canonical, so it equals the encoding of
     a new event of the same type.
     """
     return {
-        (row.outbox_event_id, row.type): _from_row(row) for row in _select_by_outbox_ids(conn, ids)
+        (row.outbox_event_id, row.type): event_from_row(row)
+        for row in _select_by_outbox_ids(conn, ids)
     }
 
 
@@ -525,6 +774,66 @@ def _plan(
     return fresh, slots
 
 
+def _select_known_ids(conn: Connection, ids: set[EventId]) -> set[EventId]:
+    """The ones of ``ids`` already stored, looked up in chunks on the unique id index."""
+    c = events_table.c
+    ordered = sorted(ids)
+    found: set[EventId] = set()
+    for start in range(0, len(ordered), _IN_CHUNK):
+        chunk = [(i.server, i.session, i.instance) for i in ordered[start : start + _IN_CHUNK]]
+        query = select(c.server, c.session, c.instance).where(
+            tuple_(c.server, c.session, c.instance).in_(chunk)
+        )
+        found.update(EventId(*row) for row in conn.execute(query))
+    return found
+
+
+def _plan_synced(
+    events: Sequence[StoredEvent],
+    known_ids: set[EventId],
+    known_keys: dict[_OutboxKey, StoredEvent],
+    encoded_types: dict[EventType, str],
+) -> list[StoredEvent]:
+    """The synced events to store: not stored yet, first of their id in the call, and not
+    colliding on the outbox dedup key with another id (see EventStore.append_synced)."""
+    seen = set(known_ids)
+    owners = {key: stored.id for key, stored in known_keys.items()}
+    fresh: list[StoredEvent] = []
+    for synced in events:
+        if synced.id in seen:
+            continue
+        if synced.outbox_event_id is not None:
+            key = (synced.outbox_event_id, encoded_types[synced.type])
+            owner = owners.get(key)
+            if owner is not None:
+                log.warning(
+                    "synced event %s skipped: outbox event %r of type %s is already stored as %s",
+                    synced.id,
+                    synced.outbox_event_id,
+                    key[1],
+                    owner,
+                )
+                continue
+            owners[key] = synced.id
+        seen.add(synced.id)
+        fresh.append(synced)
+    return fresh
+
+
+def validate_new_event(new_event: object) -> str | None:
+    """Why :meth:`EventStore.register` would refuse ``new_event``, or None if it takes it.
+
+    For callers that sort out bad events before registering a batch (the engine drops a
+    module's invalid event rather than failing the whole session); the message is the one
+    ``register`` would raise, without the event's index.
+    """
+    try:
+        _validate_new_event("", new_event)
+    except StoreError as exc:
+        return str(exc)
+    return None
+
+
 def _validate(events: Sequence[NewEvent]) -> dict[EventType, str]:
     """Refuse, before touching the database, anything the store could not keep faithfully.
 
@@ -533,55 +842,104 @@ def _validate(events: Sequence[NewEvent]) -> dict[EventType, str]:
     """
     encoded_types: dict[EventType, str] = {}
     for index, new_event in enumerate(events):
-        if not isinstance(new_event, NewEvent):
-            raise StoreError(f"event {index}: expected a NewEvent, got {type(new_event).__name__}")
-        _validate_type(index, new_event.type)
-        _validate_payload(index, new_event.payload, new_event.payload_kind)
-        if new_event.source_timestamp_us is not None:
-            _require_int(
-                f"event {index}: source_timestamp_us", new_event.source_timestamp_us, _INT64_MIN
-            )
-        if new_event.outbox_event_id is not None:
-            _require_outbox_id(new_event.outbox_event_id, f"event {index}: ")
+        _validate_new_event(f"event {index}: ", new_event)
         if new_event.type not in encoded_types:
-            encoded_types[new_event.type] = _encode_type(new_event.type)
+            encoded_types[new_event.type] = encode_type(new_event.type)
     return encoded_types
 
 
-def _validate_type(index: int, event_type: object) -> None:
+def _validate_synced(events: Sequence[StoredEvent]) -> dict[EventType, str]:
+    """Like _validate, for events that come with their id and timestamp (append_synced)."""
+    encoded_types: dict[EventType, str] = {}
+    for index, synced in enumerate(events):
+        where = f"synced event {index}: "
+        if not isinstance(synced, StoredEvent):
+            raise StoreError(f"{where}expected a StoredEvent, got {type(synced).__name__}")
+        if not isinstance(synced.id, EventId):
+            raise StoreError(f"{where}id must be an EventId, not {synced.id!r}")
+        # The ids Hat numbers from 1; 0 means "before the first" and is never stored.
+        require_int(f"{where}id.server", synced.id.server, 1)
+        require_int(f"{where}id.session", synced.id.session, 1)
+        require_int(f"{where}id.instance", synced.id.instance, 1)
+        require_int(f"{where}timestamp_us", synced.timestamp_us, INT64_MIN)
+        _validate_fields(
+            where,
+            synced.type,
+            synced.payload,
+            synced.payload_kind,
+            synced.source_timestamp_us,
+            synced.outbox_event_id,
+        )
+        if synced.type not in encoded_types:
+            encoded_types[synced.type] = encode_type(synced.type)
+    return encoded_types
+
+
+def _validate_new_event(where: str, new_event: object) -> None:
+    """Refuse ``new_event`` with a StoreError whose message starts with ``where``."""
+    if not isinstance(new_event, NewEvent):
+        raise StoreError(f"{where}expected a NewEvent, got {type(new_event).__name__}")
+    _validate_fields(
+        where,
+        new_event.type,
+        new_event.payload,
+        new_event.payload_kind,
+        new_event.source_timestamp_us,
+        new_event.outbox_event_id,
+    )
+
+
+def _validate_fields(
+    where: str,
+    event_type: object,
+    payload: object,
+    kind: object,
+    source_timestamp_us: object,
+    outbox_event_id: object,
+) -> None:
+    """The checks shared by new and synced events."""
+    _validate_type(where, event_type)
+    _validate_payload(where, payload, kind)
+    if source_timestamp_us is not None:
+        require_int(f"{where}source_timestamp_us", source_timestamp_us, INT64_MIN)
+    if outbox_event_id is not None:
+        _require_outbox_id(outbox_event_id, where)
+
+
+def _validate_type(where: str, event_type: object) -> None:
     """A type is a non-empty tuple of strings without the query wildcards ``?`` and ``*``."""
     if not isinstance(event_type, tuple) or not event_type:
-        raise StoreError(
-            f"event {index}: type must be a non-empty tuple of str, not {event_type!r}"
-        )
+        raise StoreError(f"{where}type must be a non-empty tuple of str, not {event_type!r}")
     for segment in event_type:
         if not isinstance(segment, str):
-            raise StoreError(
-                f"event {index}: type {event_type!r} has a non-str segment {segment!r}"
-            )
+            raise StoreError(f"{where}type {event_type!r} has a non-str segment {segment!r}")
         if segment in _WILDCARDS:
             raise StoreError(
-                f"event {index}: type {event_type!r} has segment {segment!r}, "
+                f"{where}type {event_type!r} has segment {segment!r}, "
                 "which is reserved as a query wildcard"
             )
 
 
-def _validate_payload(index: int, payload: object, kind: object) -> None:
+def _validate_payload(where: str, payload: object, kind: object) -> None:
     """A payload is bytes with its kind, or absent with no kind."""
     if payload is not None and not isinstance(payload, bytes):
-        raise StoreError(f"event {index}: payload must be bytes, not {type(payload).__name__}")
+        raise StoreError(f"{where}payload must be bytes, not {type(payload).__name__}")
     if kind is not None and not isinstance(kind, PayloadKind):
-        raise StoreError(f"event {index}: payload_kind must be a PayloadKind, not {kind!r}")
+        raise StoreError(f"{where}payload_kind must be a PayloadKind, not {kind!r}")
     if (payload is None) != (kind is None):
-        raise StoreError(f"event {index}: payload and payload_kind must be given together")
+        raise StoreError(f"{where}payload and payload_kind must be given together")
 
 
-def _require_int(name: str, value: object, minimum: int) -> None:
-    """Refuse non-integers (bool included) and values outside ``minimum``..int64 max."""
+def require_int(name: str, value: object, minimum: int) -> None:
+    """Refuse non-integers (bool included) and values outside ``minimum``..int64 max.
+
+    Raises :class:`StoreError` naming ``name``: every integer the store keeps or compares
+    in SQL must fit the databases' BIGINT.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise StoreError(f"{name} must be an int, not {value!r}")
-    if not minimum <= value <= _INT64_MAX:
-        raise StoreError(f"{name} must be between {minimum} and {_INT64_MAX}, not {value}")
+    if not minimum <= value <= INT64_MAX:
+        raise StoreError(f"{name} must be between {minimum} and {INT64_MAX}, not {value}")
 
 
 def _require_outbox_id(value: object, context: str = "") -> None:
@@ -600,7 +958,7 @@ def _encodable(value: str) -> bool:
     return True
 
 
-def _encode_type(event_type: EventType) -> str:
+def encode_type(event_type: EventType) -> str:
     """Canonical compact JSON, so equal types give equal, indexable text.
 
     ASCII-only escaping keeps any string storable, lone surrogates and NUL included; type
@@ -609,11 +967,17 @@ def _encode_type(event_type: EventType) -> str:
     return json.dumps(list(event_type), separators=(",", ":"))
 
 
-def _from_row(row: Row[Any]) -> StoredEvent:
+def decode_type(encoded: str) -> EventType:
+    """The type whose stored text (:func:`encode_type`) is ``encoded``."""
+    return tuple(json.loads(encoded))
+
+
+def event_from_row(row: Row[Any]) -> StoredEvent:
+    """The event of a row selected with every column of :data:`events_table`."""
     return StoredEvent(
         position=row.position,
         id=EventId(row.server, row.session, row.instance),
-        type=tuple(json.loads(row.type)),
+        type=decode_type(row.type),
         timestamp_us=row.timestamp_us,
         source_timestamp_us=row.source_timestamp_us,
         payload=row.payload,
