@@ -1028,3 +1028,38 @@ def test_target_opens_the_store_once_the_database_is_usable(tmp_path: Path) -> N
         assert target.publish([_outbox_event(1)]) == [None]
     finally:
         target.close()
+
+
+def test_register_sessions_stores_each_session_as_if_alone_in_one_transaction(
+    store: EventStore,
+) -> None:
+    """Group commit: own session numbers and timestamps, one id sequence, and outbox
+    duplicates recognised across the sessions of one call."""
+    [first] = store.register([_event("a")])
+    results = store.register_sessions(
+        [
+            [_event("b", outbox_id="x"), _event("c")],
+            [],
+            [_event("b", outbox_id="x"), _event("d", outbox_id="y")],
+            [_event("b", outbox_id="x")],
+        ]
+    )
+    assert [len(r.events) for r in results] == [2, 0, 2, 1]
+    assert [len(r.fresh) for r in results] == [2, 0, 1, 0]
+    stored_x = results[0].events[0]
+    assert results[2].events[0] == stored_x and results[3].events[0] == stored_x
+    fresh = [e for r in results for e in r.fresh]
+    assert [e.id.session for e in fresh] == [2, 2, 3]
+    assert [e.id.instance for e in fresh] == [2, 3, 4]
+    assert [e.position for e in fresh] == [2, 3, 4]
+    assert fresh[0].timestamp_us == fresh[1].timestamp_us <= fresh[2].timestamp_us
+    assert first.timestamp_us <= fresh[0].timestamp_us
+    assert store.read(0, 10) == [first, *fresh]
+    [after] = store.register([_event("e")])
+    assert (after.id.session, after.id.instance, after.position) == (4, 5, 5)
+
+
+def test_register_sessions_is_all_or_nothing(store: EventStore) -> None:
+    with pytest.raises(StoreError, match="reserved as a query wildcard"):
+        store.register_sessions([[_event("a")], [_event("b", "*")]])
+    assert store.count() == 0

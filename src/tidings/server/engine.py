@@ -30,7 +30,6 @@ from typing import Any, Protocol, runtime_checkable
 from tidings.errors import TidingsError
 from tidings.server.matching import QueryType, TypeMatcher
 from tidings.server.store import (
-    EventId,
     EventStore,
     EventType,
     NewEvent,
@@ -195,6 +194,21 @@ class Engine:
         session add more than ``max_session_events`` events aborts it with
         :class:`EngineError`; nothing is stored then.
         """
+        [result] = self.register_many([events])
+        if isinstance(result, EngineError):
+            raise result
+        return result
+
+    def register_many(
+        self, requests: Sequence[Sequence[NewEvent]]
+    ) -> list[list[StoredEvent | None] | EngineError]:
+        """Run one session per request, in order, and store them all in one transaction.
+
+        This is the group commit of a busy server: each request is the session it would be
+        alone (its own session number, timestamp and module calls); an aborted session gets
+        its :class:`EngineError` in its slot and the others go on. A database failure fails
+        them all (raised as :class:`StoreError`).
+        """
         with self._lock:
             if self._in_session:
                 raise EngineError(
@@ -203,7 +217,7 @@ class Engine:
                 )
             self._in_session = True
             try:
-                return self._run(events)
+                return self._run_many(requests)
             finally:
                 self._in_session = False
 
@@ -213,11 +227,37 @@ class Engine:
         assert stored is not None
         return stored
 
-    def _run(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
+    def _run_many(
+        self, requests: Sequence[Sequence[NewEvent]]
+    ) -> list[list[StoredEvent | None] | EngineError]:
+        planned: list[tuple[list[int | None], list[NewEvent]] | EngineError] = []
+        for events in requests:
+            try:
+                planned.append(self._session(events))
+            except EngineError as exc:
+                planned.append(exc)
+        queues = [plan[1] for plan in planned if not isinstance(plan, EngineError) and plan[1]]
+        registered = iter(self._store.register_sessions(queues) if queues else [])
+        results: list[list[StoredEvent | None] | EngineError] = []
+        for plan in planned:
+            if isinstance(plan, EngineError):
+                results.append(plan)
+                continue
+            slots, queue = plan
+            if not queue:
+                results.append([None] * len(slots))
+                continue
+            session = next(registered)
+            self._notify(session.fresh)
+            results.append([None if slot is None else session.events[slot] for slot in slots])
+        return results
+
+    def _session(self, events: Sequence[NewEvent]) -> tuple[list[int | None], list[NewEvent]]:
+        """Run one processing session; return each input's place in the queue to store
+        (None if refused) and that queue, module additions included."""
         self._last_session_id += 1
         session_id = self._last_session_id
         queue: list[NewEvent] = []
-        #: Per input event: its index in the queue, or None when it is invalid.
         slots: list[int | None] = []
         for index, new_event in enumerate(events):
             problem = validate_new_event(new_event)
@@ -227,13 +267,9 @@ class Engine:
             else:
                 log.warning("session %d: event %d refused: %s", session_id, index, problem)
                 slots.append(None)
-        if not queue:
-            return [None] * len(slots)
-        self._process(session_id, queue)
-        before = self._store.last_event_id() if _has_outbox_ids(queue) else None
-        stored = self._store.register(queue)
-        self._notify(_fresh(stored, before))
-        return [None if slot is None else stored[slot] for slot in slots]
+        if queue:
+            self._process(session_id, queue)
+        return slots, queue
 
     def _process(self, session_id: int, queue: list[NewEvent]) -> None:
         """Run the session over ``queue``, appending module additions to it."""
@@ -335,20 +371,3 @@ def _session_event(session_id: int, instance: int, new_event: NewEvent) -> Sessi
         new_event.source_timestamp_us,
         new_event.outbox_event_id,
     )
-
-
-def _has_outbox_ids(queue: list[NewEvent]) -> bool:
-    return any(new_event.outbox_event_id is not None for new_event in queue)
-
-
-def _fresh(stored: list[StoredEvent], before: EventId | None) -> list[StoredEvent]:
-    """The events this session stored, once each: the store returns an already stored event
-    for an outbox duplicate, which subscribers were told about when it was stored."""
-    seen: set[EventId] = set()
-    fresh: list[StoredEvent] = []
-    for event in stored:
-        if event.id in seen or (before is not None and event.id <= before):
-            continue
-        seen.add(event.id)
-        fresh.append(event)
-    return fresh

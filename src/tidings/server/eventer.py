@@ -6,9 +6,13 @@ unchanged. As 0.8.5 does, the server registers an ``('event', 'eventer')`` event
 JSON payload ``"CONNECTED"`` for every connection before it handles any of its messages, and
 ``"DISCONNECTED"`` when the connection ends.
 
-Each connection is served by a task of its own, one request after the other, so its replies
-come in request order; connections never wait for each other's sockets (writes to the
-engine still run one session at a time, in arrival order). A register request is one engine
+Each connection is served by a task of its own, in request order; connections never wait
+for each other's sockets. Registrations are pipelined: the server queues a connection's
+register requests with the engine without waiting for each to be stored (up to
+``_MAX_IN_FLIGHT`` at a time), so that requests waiting together are stored in one
+transaction, each still its own session, and replies go out in request order as they
+complete. A query waits for the connection's earlier registrations, so a client always
+reads its own writes. A register request is one engine
 session; events that cannot be stored (a wildcard in the type, a bad payload) fail alone, and
 a session a module aborts fails as a whole, while the server goes on. A query always gets a
 reply: an invalid one is answered with no events, and logged.
@@ -38,7 +42,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Self
 
-from tidings.errors import ConfigError, ProtocolError, TidingsError
+from tidings.errors import ConfigError, ProtocolError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.matching import TypeMatcher
 from tidings.server.store import EventType, NewEvent, PayloadKind, StoredEvent, StoreError
@@ -59,14 +63,29 @@ _EVENTER = "HatEventer"
 _TIDINGS = "TidingsEventer"
 
 
-class _Client:
-    """One connected client and its subscription (None until it subscribes)."""
+#: Register requests of one connection queued with the engine before the server stops
+#: reading that connection (TCP then pushes back on the client).
+_MAX_IN_FLIGHT = 1000
 
-    __slots__ = ("connection", "matcher")
+
+class _Client:
+    """One connected client, its subscription (None until it subscribes) and its queued
+    registrations."""
+
+    __slots__ = ("connection", "in_flight", "last_register", "matcher")
 
     def __init__(self, connection: chatter.Connection) -> None:
         self.connection = connection
         self.matcher: TypeMatcher | None = None
+        self.in_flight = 0
+        #: The newest queued registration; the engine stores them in order.
+        self.last_register: asyncio.Future[object] | None = None
+
+    async def wait_registered(self) -> None:
+        """Wait until every registration this client queued so far is done."""
+        last = self.last_register
+        if last is not None and not last.done():
+            await asyncio.wait([last])
 
 
 _RequestHandler = Callable[[_Client, chatter.Message], Awaitable[None]]
@@ -269,42 +288,51 @@ class EventerServer:
         message: chatter.Message,
         new_events: list[NewEvent | None],
     ) -> None:
-        """Register the convertible events as one session; reply unless the request was
-        sent with ``last`` (hat-event's fire-and-forget register)."""
-        results = await self._register(client, new_events)
-        if message.last:
-            return
-        client.connection.send(
-            _EVENTER,
-            "MsgRegisterRes",
-            codec.register_results_to_sbs(results),
-            conversation=message.conversation,
-            last=True,
-        )
-        await client.connection.drain()
-
-    async def _register(
-        self, client: _Client, new_events: list[NewEvent | None]
-    ) -> list[StoredEvent | None]:
-        """One engine session of the events that are not None; a result per input slot."""
+        """Queue the convertible events as one session and go on; the reply (unless the
+        request was sent with ``last``, hat-event's fire-and-forget) is sent when it is
+        stored."""
         valid = [event for event in new_events if event is not None]
         if not valid:
-            return [None] * len(new_events)
-        try:
-            stored = iter(await self._engine.register(valid))
-        except TidingsError as exc:  # a module aborted the session, or the database failed
-            log.error(
-                "eventer: register of %d events from %s failed: %s",
-                len(valid),
-                client.connection.peer,
-                exc,
-                extra={"peer": client.connection.peer, "events": len(valid)},
-            )
-            return [None] * len(new_events)
-        return [None if event is None else next(stored) for event in new_events]
+            self._reply_register(client, message, [None] * len(new_events))
+            return
+        if client.in_flight >= _MAX_IN_FLIGHT:
+            await client.wait_registered()
+        future = self._engine.submit(valid)
+        client.in_flight += 1
+        client.last_register = future  # type: ignore[assignment]
+
+        def done(future: asyncio.Future[list[StoredEvent | None]]) -> None:
+            client.in_flight -= 1
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is not None:  # a module aborted the session, or the database failed
+                log.error(
+                    "eventer: register of %d events from %s failed: %s",
+                    len(valid),
+                    client.connection.peer,
+                    error,
+                    extra={"peer": client.connection.peer, "events": len(valid)},
+                )
+                stored = iter([None] * len(valid))
+            else:
+                stored = iter(future.result())
+            results = [None if event is None else next(stored) for event in new_events]
+            self._reply_register(client, message, results)
+
+        future.add_done_callback(done)
+
+    def _reply_register(
+        self, client: _Client, message: chatter.Message, results: list[StoredEvent | None]
+    ) -> None:
+        if message.last or not client.connection.is_open:
+            return
+        body = codec.register_results_to_sbs(results)
+        self._send(client.connection, "MsgRegisterRes", body, message.conversation)
 
     async def _on_query(self, client: _Client, message: chatter.Message) -> None:
         """Answer a query, always (as 0.8.5): an invalid one gets no events and a log line."""
+        await client.wait_registered()
         try:
             events = await self._engine.query(codec.query_from_sbs(message.data))
         except (ProtocolError, StoreError) as exc:
@@ -315,13 +343,8 @@ class EventerServer:
                 extra={"peer": client.connection.peer, "error": str(exc)},
             )
             events = []
-        client.connection.send(
-            _EVENTER,
-            "MsgQueryRes",
-            [codec.event_to_sbs(event) for event in events],
-            conversation=message.conversation,
-            last=True,
-        )
+        body = [codec.event_to_sbs(event) for event in events]
+        self._send(client.connection, "MsgQueryRes", body, message.conversation)
         await client.connection.drain()
 
     # --- notifications --------------------------------------------------------------------
@@ -342,11 +365,29 @@ class EventerServer:
             if selection:
                 self._send_notify(client.connection, batch.body(selection))
 
+    def _send(
+        self,
+        connection: chatter.Connection,
+        type_name: str,
+        body: codec.Value,
+        conversation: chatter.Conversation,
+    ) -> None:
+        """Send a reply; a client that does not read its replies is dropped like a slow
+        subscriber, so that its buffer cannot grow without bound."""
+        try:
+            connection.send(_EVENTER, type_name, body, conversation=conversation, last=True)
+        except chatter.ConnectionClosed:
+            return
+        self._check_lag(connection)
+
     def _send_notify(self, connection: chatter.Connection, body: bytes) -> None:
         try:
             connection.send_encoded(_EVENTER, "MsgNotify", body, last=True)
         except chatter.ConnectionClosed:
             return
+        self._check_lag(connection)
+
+    def _check_lag(self, connection: chatter.Connection) -> None:
         lag = connection.send_buffer_bytes
         if lag > self._max_lag:
             connection.close(

@@ -29,8 +29,10 @@ and the validation of new events.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -147,6 +149,16 @@ class StoredEvent:
     outbox_event_id: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """The outcome of one session of :meth:`EventStore.register_sessions`."""
+
+    #: One per input: the event stored now, or the one stored earlier for an outbox duplicate.
+    events: list[StoredEvent]
+    #: The events this session stored, in order (what subscribers must be told of).
+    fresh: list[StoredEvent]
+
+
 _metadata = MetaData()
 
 _meta = Table(
@@ -240,6 +252,103 @@ _V1_TYPE_INDEX = "event_events_type_idx"
 _PG_APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 
 
+class _Raw:
+    """A DBAPI cursor and its driver's parameter mark: the register path's plain SQL.
+
+    Registration is the server's hot path; SQLAlchemy's per-statement work cost more than a
+    small register itself, so it runs fixed SQL strings on the driver directly.
+    """
+
+    __slots__ = ("cursor", "mark")
+
+    def __init__(self, cursor: Any, mark: str) -> None:
+        self.cursor = cursor
+        self.mark = mark
+
+    @classmethod
+    def inside(cls, conn: Connection) -> _Raw:
+        """The driver cursor of a SQLAlchemy connection, in its current transaction."""
+        driver = conn.connection.driver_connection
+        return cls(driver.cursor(), placeholder(conn.dialect.paramstyle))  # type: ignore[union-attr]
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self.cursor.execute(statement, params)
+        return self.cursor.fetchall() if self.cursor.description else []
+
+    def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
+        self.cursor.executemany(statement, rows)
+
+
+class _Writer:
+    """The connection registrations are written on, kept for the store's whole life.
+
+    Checking a connection out of the pool for every register, with its events, cost more
+    than a small register; one kept connection, used under a lock, costs nothing. Appends of
+    other stores and processes are still serialized by the database (``BEGIN IMMEDIATE`` on
+    SQLite, the advisory lock on PostgreSQL). A connection that fails is dropped and the
+    next register opens a new one.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._postgresql = engine.dialect.name == "postgresql"
+        self._mark = placeholder(engine.dialect.paramstyle)
+        self._driver_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._lock = threading.Lock()
+        self._connection: Any = None
+
+    @contextmanager
+    def transaction(self, url: str) -> Iterator[_Raw]:
+        """One append transaction; database errors leave as :class:`StoreError`."""
+        with self._lock:
+            try:
+                if self._connection is None:
+                    self._connection = self._engine.raw_connection()
+                driver = self._connection.driver_connection
+                raw = _Raw(driver.cursor(), self._mark)
+                if self._postgresql:
+                    raw.execute(
+                        f"SELECT pg_advisory_xact_lock({self._mark})", (_PG_APPEND_LOCK_KEY,)
+                    )
+                else:
+                    raw.execute("BEGIN IMMEDIATE")
+                yield raw
+                if self._postgresql:
+                    driver.commit()
+                else:
+                    raw.execute("COMMIT")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, self._driver_error):
+                    raise StoreError(
+                        f"event store {url}: cannot register: {type(exc).__name__}: {exc}"
+                    ) from exc
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._discard()
+
+    def _rollback(self) -> None:
+        """Roll back; a connection that cannot even do that is dropped."""
+        if self._connection is None:
+            return
+        try:
+            driver = self._connection.driver_connection
+            if self._postgresql:
+                driver.rollback()
+            elif driver.in_transaction:
+                driver.execute("ROLLBACK")
+        except Exception:
+            self._discard()
+
+    def _discard(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.invalidate()
+            self._connection = None
+
+
 class EventStore:
     """The durable event log of one event server (``server_id``), safe to share by threads.
 
@@ -250,9 +359,15 @@ class EventStore:
     def __init__(self, url: str, server_id: int = 1) -> None:
         require_int("event store: server_id", server_id, minimum=1)
         self.server_id = server_id
+        self._session_name = _session_counter(server_id)
+        self._instance_name = _instance_counter(server_id)
+        #: Types known to be in event_types (rows there are never deleted), so that a
+        #: register of known types writes nothing there.
+        self._known_types: set[str] = set()
         parsed = _parse_url(url)
         self.url = parsed.render_as_string(hide_password=True)
         self._engine = _create_engine(parsed)
+        self._writer = _Writer(self._engine)
         self._closed = False
         try:
             self._prepare()
@@ -268,16 +383,63 @@ class EventStore:
         outbox id with another type is a different event. A call made only of such duplicates
         uses no session or instance number.
         """
-        encoded_types = _validate(events)
-        if not events:
-            return []
-        with self._transaction("register", append=True) as conn:
+        return self.register_sessions([events])[0].events
+
+    def register_sessions(self, sessions: Sequence[Sequence[NewEvent]]) -> list[Registered]:
+        """Store several sessions in one transaction (group commit), in order, all or nothing.
+
+        Each session gets its own session number and timestamp exactly as if it had been
+        registered alone (:meth:`register`); only the commit is shared, which is what makes
+        many small registrations fast. Outbox duplicates are recognised across the sessions
+        of the call too.
+        """
+        encoded_types: dict[EventType, str] = {}
+        for events in sessions:
+            encoded_types.update(_validate(events))
+        if not encoded_types:
+            return [Registered([], []) for _ in sessions]
+        results: list[Registered] = []
+        if self._closed:
+            raise StoreError(f"event store {self.url}: cannot register: the store is closed")
+        with self._writer.transaction(self.url) as conn:
             known = _select_outbox_keys(
-                conn, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
+                conn,
+                {
+                    e.outbox_event_id
+                    for events in sessions
+                    for e in events
+                    if e.outbox_event_id is not None
+                },
             )
-            fresh, slots = _plan(events, known, encoded_types)
-            stored = self._append(conn, fresh, encoded_types) if fresh else []
-        return [slot if isinstance(slot, StoredEvent) else stored[slot] for slot in slots]
+            # Plan every session first (a duplicate may point at an event of an earlier
+            # session of the call), then take all numbers in one statement and insert all
+            # rows in one executemany: the per-statement cost, not the rows, dominates a group
+            # of small sessions.
+            first_index: dict[_OutboxKey, int] = {}
+            fresh: list[list[NewEvent]] = []
+            slots: list[list[StoredEvent | int]] = []
+            total = 0
+            for events in sessions:
+                session_fresh, session_slots = _plan(
+                    events, known, encoded_types, first_index, total
+                )
+                fresh.append(session_fresh)
+                slots.append(session_slots)
+                total += len(session_fresh)
+            stored = self._append(conn, fresh, encoded_types) if total else []
+            offset = 0
+            for session_fresh, session_slots in zip(fresh, slots, strict=True):
+                results.append(
+                    Registered(
+                        [s if isinstance(s, StoredEvent) else stored[s] for s in session_slots],
+                        stored[offset : offset + len(session_fresh)],
+                    )
+                )
+                offset += len(session_fresh)
+            new_types = set(encoded_types.values()) - self._known_types
+            _add_types(conn, new_types)
+        self._known_types |= new_types
+        return results
 
     def append_synced(self, events: Sequence[StoredEvent]) -> list[StoredEvent]:
         """Store events received from peer servers with their own ids and timestamps.
@@ -303,23 +465,24 @@ class EventStore:
         if not events:
             return []
         with self._transaction("append synced events", append=True) as conn:
+            raw = _Raw.inside(conn)
             known_ids = _select_known_ids(conn, {e.id for e in events})
             known_keys = _select_outbox_keys(
-                conn, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
+                raw, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
             )
             fresh = _plan_synced(events, known_ids, known_keys, encoded_types)
             if not fresh:
                 return []
-            last_position = _advance_counter(conn, _POSITION_COUNTER, len(fresh))
+            last_position = _advance_counters(raw, {_POSITION_COUNTER: len(fresh)})[
+                _POSITION_COUNTER
+            ]
             first_position = last_position - len(fresh) + 1
             stored = [
                 replace(synced, position=first_position + offset)
                 for offset, synced in enumerate(fresh)
             ]
-            conn.exec_driver_sql(
-                _insert_sql(conn), [_row(e, encoded_types[e.type]) for e in stored]
-            )
-            _add_types(conn, {encoded_types[e.type] for e in stored})
+            raw.executemany(_insert_sql(raw.mark), [_row(e, encoded_types[e.type]) for e in stored])
+            _add_types(raw, {encoded_types[e.type] for e in stored})
             _raise_id_counters(conn, stored)
         return stored
 
@@ -379,8 +542,9 @@ class EventStore:
             _require_outbox_id(outbox_id)
         with self._transaction("look up outbox ids") as conn:
             found: dict[str, list[StoredEvent]] = {}
-            for row in _select_by_outbox_ids(conn, wanted):
-                found.setdefault(row.outbox_event_id, []).append(event_from_row(row))
+            for event in _select_by_outbox_ids(_Raw.inside(conn), wanted):
+                assert event.outbox_event_id is not None
+                found.setdefault(event.outbox_event_id, []).append(event)
             return found
 
     def count(self) -> int:
@@ -423,6 +587,7 @@ class EventStore:
     def close(self) -> None:
         """Close all database connections; the store is not used afterwards."""
         self._closed = True
+        self._writer.close()
         self._engine.dispose()
 
     def _prepare(self) -> None:
@@ -451,55 +616,69 @@ class EventStore:
             )
 
     def _append(
-        self, conn: Connection, fresh: Sequence[NewEvent], encoded_types: dict[EventType, str]
+        self,
+        conn: _Raw,
+        sessions: Sequence[Sequence[NewEvent]],
+        encoded_types: dict[EventType, str],
     ) -> list[StoredEvent]:
-        """Insert ``fresh`` as the next session, in one ``executemany``.
+        """Insert the non-empty ones of ``sessions`` as the next sessions, in one
+        ``executemany``; return the stored events of all of them, in order.
 
         Rows are built straight from the new events (not from the stored ones) because this
         loop is most of the Python time of a large register.
         """
-        count = len(fresh)
-        first_position = _advance_counter(conn, _POSITION_COUNTER, count) - count + 1
-        session = _advance_counter(conn, _session_counter(self.server_id), 1)
-        first_instance = _advance_counter(conn, _instance_counter(self.server_id), count)
-        first_instance -= count - 1
-        timestamp_us = time.time_ns() // 1000
+        count = sum(len(events) for events in sessions)
+        session_count = sum(1 for events in sessions if events)
+        last = _advance_counters(
+            conn,
+            {
+                _POSITION_COUNTER: count,
+                self._session_name: session_count,
+                self._instance_name: count,
+            },
+        )
+        position = last[_POSITION_COUNTER] - count
+        session = last[self._session_name] - session_count
+        instance = last[self._instance_name] - count
+        server_id = self.server_id
         stored: list[StoredEvent] = []
         rows: list[tuple[Any, ...]] = []
-        for offset, new_event in enumerate(fresh):
-            kind = new_event.payload_kind
-            stored.append(
-                StoredEvent(
-                    first_position + offset,
-                    EventId(self.server_id, session, first_instance + offset),
-                    new_event.type,
-                    timestamp_us,
-                    new_event.source_timestamp_us,
-                    new_event.payload,
-                    kind,
-                    new_event.outbox_event_id,
+        for events in sessions:
+            if not events:
+                continue
+            session += 1
+            timestamp_us = time.time_ns() // 1000
+            for new_event in events:
+                position += 1
+                instance += 1
+                kind = new_event.payload_kind
+                stored.append(
+                    StoredEvent(
+                        position,
+                        EventId(server_id, session, instance),
+                        new_event.type,
+                        timestamp_us,
+                        new_event.source_timestamp_us,
+                        new_event.payload,
+                        kind,
+                        new_event.outbox_event_id,
+                    )
                 )
-            )
-            rows.append(
-                (
-                    first_position + offset,
-                    self.server_id,
-                    session,
-                    first_instance + offset,
-                    encoded_types[new_event.type],
-                    timestamp_us,
-                    new_event.source_timestamp_us,
-                    new_event.payload,
-                    None if kind is None else kind.value,
-                    new_event.outbox_event_id,
+                rows.append(
+                    (
+                        position,
+                        server_id,
+                        session,
+                        instance,
+                        encoded_types[new_event.type],
+                        timestamp_us,
+                        new_event.source_timestamp_us,
+                        new_event.payload,
+                        None if kind is None else kind.value,
+                        new_event.outbox_event_id,
+                    )
                 )
-            )
-        # The driver's own executemany with tuples: SQLAlchemy's per-row parameter handling
-        # would cost a quarter of a large register.
-        conn.exec_driver_sql(_insert_sql(conn), rows)
-        # Every type of the call, duplicates' included: those are stored already, so their
-        # types are known and cost nothing.
-        _add_types(conn, set(encoded_types.values()))
+        conn.executemany(_insert_sql(conn.mark), rows)
         return stored
 
     @contextmanager
@@ -536,8 +715,7 @@ _INSERT_COLUMNS = (
 )
 
 
-def _insert_sql(conn: Connection) -> str:
-    mark = placeholder(conn.dialect.paramstyle)
+def _insert_sql(mark: str) -> str:
     return f"INSERT INTO event_events ({_INSERT_COLUMNS}) VALUES ({', '.join([mark] * 10)})"
 
 
@@ -558,7 +736,7 @@ def _row(event: StoredEvent, encoded_type: str) -> tuple[Any, ...]:
     )
 
 
-def _add_types(conn: Connection, encoded_types: set[str]) -> None:
+def _add_types(conn: _Raw, encoded_types: set[str]) -> None:
     """Record the types of a batch in ``event_types``, each once.
 
     ``ON CONFLICT DO NOTHING`` (SQLite and PostgreSQL alike) checks the primary key first and
@@ -567,9 +745,8 @@ def _add_types(conn: Connection, encoded_types: set[str]) -> None:
     """
     if not encoded_types:
         return
-    mark = placeholder(conn.dialect.paramstyle)
-    conn.exec_driver_sql(
-        f"INSERT INTO event_types (type) VALUES ({mark}) ON CONFLICT (type) DO NOTHING",
+    conn.executemany(
+        f"INSERT INTO event_types (type) VALUES ({conn.mark}) ON CONFLICT (type) DO NOTHING",
         [(encoded,) for encoded in sorted(encoded_types)],
     )
 
@@ -702,64 +879,92 @@ def _raise_id_counters(conn: Connection, stored: Sequence[StoredEvent]) -> None:
             )
 
 
-def _advance_counter(conn: Connection, name: str, by: int) -> int:
-    """Add ``by`` to counter ``name`` and return its new value (the last number now used)."""
+def _advance_counters(conn: _Raw, increments: dict[str, int]) -> dict[str, int]:
+    """Add to several counters in one driver-level statement; return their new values.
+
+    This runs for every session, so it is one round trip of plain SQL rather than one
+    SQLAlchemy statement per counter (which cost more than the rest of a small register).
+    """
+    mark = conn.mark
+    names = list(increments)
+    cases = " ".join([f"WHEN {mark} THEN {mark}"] * len(names))
     statement = (
-        update(_counters)
-        .where(_counters.c.name == name)
-        .values(value=_counters.c.value + by)
-        .returning(_counters.c.value)
+        f"UPDATE event_counters SET value = value + CASE name {cases} END "
+        f"WHERE name IN ({', '.join([mark] * len(names))}) RETURNING name, value"
     )
-    return conn.execute(statement).scalar_one()
+    params = tuple(x for name in names for x in (name, increments[name])) + tuple(names)
+    values = dict(conn.execute(statement, params))
+    if len(values) != len(names):
+        raise StoreError(f"event store counters missing: {sorted(set(names) - set(values))}")
+    return values
 
 
 #: The dedup key of an event: its outbox event id and its type as stored (encode_type).
 _OutboxKey = tuple[str, str]
 
 
-def _select_by_outbox_ids(conn: Connection, ids: set[str]) -> Iterator[Row[Any]]:
-    """Yield the stored rows of ``ids`` in chunked ``IN`` queries, each chunk by position.
+def _select_by_outbox_ids(conn: _Raw, ids: set[str]) -> Iterator[StoredEvent]:
+    """Yield the stored events of ``ids`` in chunked ``IN`` queries, each chunk by position.
 
     All rows of one id are in one chunk, so they come in position order.
     """
     ordered = sorted(ids)
     for start in range(0, len(ordered), _IN_CHUNK):
         chunk = ordered[start : start + _IN_CHUNK]
-        query = (
-            select(events_table)
-            .where(events_table.c.outbox_event_id.in_(chunk))
-            .order_by(events_table.c.position)
+        marks = ", ".join([conn.mark] * len(chunk))
+        statement = (
+            f"SELECT {_INSERT_COLUMNS} FROM event_events "
+            f"WHERE outbox_event_id IN ({marks}) ORDER BY position"
         )
-        yield from conn.execute(query)
+        for row in conn.execute(statement, tuple(chunk)):
+            yield _event_from_tuple(row)
 
 
-def _select_outbox_keys(conn: Connection, ids: set[str]) -> dict[_OutboxKey, StoredEvent]:
+def _select_outbox_keys(conn: _Raw, ids: set[str]) -> dict[_OutboxKey, StoredEvent]:
     """Fetch the stored events of ``ids`` by dedup key.
 
     Keyed by the stored type text: encode_type is canonical, so it equals the encoding of
     a new event of the same type.
     """
-    return {
-        (row.outbox_event_id, row.type): event_from_row(row)
-        for row in _select_by_outbox_ids(conn, ids)
-    }
+    found: dict[_OutboxKey, StoredEvent] = {}
+    for stored in _select_by_outbox_ids(conn, ids):
+        assert stored.outbox_event_id is not None
+        found[(stored.outbox_event_id, encode_type(stored.type))] = stored
+    return found
+
+
+def _event_from_tuple(row: Sequence[Any]) -> StoredEvent:
+    """The event of a row selected as ``_INSERT_COLUMNS``, straight from the driver."""
+    position, server, session, instance, type_, ts, source_ts, payload, kind, outbox = row
+    return StoredEvent(
+        position=position,
+        id=EventId(server, session, instance),
+        type=decode_type(type_),
+        timestamp_us=ts,
+        source_timestamp_us=source_ts,
+        payload=None if payload is None else bytes(payload),
+        payload_kind=None if kind is None else PayloadKind(kind),
+        outbox_event_id=outbox,
+    )
 
 
 def _plan(
     events: Sequence[NewEvent],
     known: dict[_OutboxKey, StoredEvent],
     encoded_types: dict[EventType, str],
+    first_index: dict[_OutboxKey, int],
+    offset: int,
 ) -> tuple[list[NewEvent], list[StoredEvent | int]]:
-    """Split a register into the events to store and, per input, its already stored event
-    or its index among those to store (a repeated outbox id and type maps to its first
-    occurrence)."""
+    """Split a session into the events to store and, per input, its already stored event
+    or its index among all events the call stores (``offset`` is where this session's
+    start). ``first_index`` carries the keys planned so far in the call, so a repeated
+    outbox id and type maps to its first occurrence, in this session or an earlier one."""
     fresh: list[NewEvent] = []
     slots: list[StoredEvent | int] = []
-    first_index: dict[_OutboxKey, int] = {}
     for new_event in events:
         outbox_id = new_event.outbox_event_id
         if outbox_id is None:
-            slots.append(len(fresh))
+            slots.append(offset + len(fresh))
             fresh.append(new_event)
             continue
         key = (outbox_id, encoded_types[new_event.type])
@@ -768,8 +973,8 @@ def _plan(
         elif key in first_index:
             slots.append(first_index[key])
         else:
-            first_index[key] = len(fresh)
-            slots.append(len(fresh))
+            first_index[key] = offset + len(fresh)
+            slots.append(offset + len(fresh))
             fresh.append(new_event)
     return fresh, slots
 
