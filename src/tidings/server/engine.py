@@ -237,7 +237,7 @@ class Engine:
             except EngineError as exc:
                 planned.append(exc)
         queues = [plan[1] for plan in planned if not isinstance(plan, EngineError) and plan[1]]
-        registered = iter(self._store.register_sessions(queues) if queues else [])
+        registered = iter(self._store.register_sessions(queues, validated=True) if queues else [])
         results: list[list[StoredEvent | None] | EngineError] = []
         for plan in planned:
             if isinstance(plan, EngineError):

@@ -258,16 +258,14 @@ class EventerServer:
     async def _on_subscribe(self, client: _Client, message: chatter.Message) -> None:
         """Replace the client's subscription; an invalid one closes the connection."""
         try:
-            if not isinstance(message.data, list):
-                raise ProtocolError("expected a list of event types")
-            types = [codec.event_type_from_sbs(t, "subscription") for t in message.data]
-            client.matcher = TypeMatcher(types)
+            client.matcher = TypeMatcher([tuple(t) for t in message.data])
         except (ProtocolError, StoreError) as exc:
             client.connection.close(f"invalid subscription: {exc}")
 
     async def _on_register(self, client: _Client, message: chatter.Message) -> None:
-        items = message.data if isinstance(message.data, list) else []
-        new_events = [_new_event(client, index, item, None) for index, item in enumerate(items)]
+        new_events = [
+            _new_event(client, index, item, None) for index, item in enumerate(message.data)
+        ]
         await self._register_and_reply(client, message, new_events)
 
     async def _on_register_outbox(self, client: _Client, message: chatter.Message) -> None:

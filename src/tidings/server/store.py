@@ -385,17 +385,20 @@ class EventStore:
         """
         return self.register_sessions([events])[0].events
 
-    def register_sessions(self, sessions: Sequence[Sequence[NewEvent]]) -> list[Registered]:
+    def register_sessions(
+        self, sessions: Sequence[Sequence[NewEvent]], *, validated: bool = False
+    ) -> list[Registered]:
         """Store several sessions in one transaction (group commit), in order, all or nothing.
 
         Each session gets its own session number and timestamp exactly as if it had been
         registered alone (:meth:`register`); only the commit is shared, which is what makes
         many small registrations fast. Outbox duplicates are recognised across the sessions
-        of the call too.
+        of the call too. ``validated`` says the caller (the engine) has already checked every
+        event with :func:`validate_new_event`, so the store does not check them again.
         """
         encoded_types: dict[EventType, str] = {}
         for events in sessions:
-            encoded_types.update(_validate(events))
+            encoded_types.update(_validate(events, check=not validated))
         if not encoded_types:
             return [Registered([], []) for _ in sessions]
         results: list[Registered] = []
@@ -1039,15 +1042,17 @@ def validate_new_event(new_event: object) -> str | None:
     return None
 
 
-def _validate(events: Sequence[NewEvent]) -> dict[EventType, str]:
-    """Refuse, before touching the database, anything the store could not keep faithfully.
+def _validate(events: Sequence[NewEvent], check: bool = True) -> dict[EventType, str]:
+    """Refuse, before touching the database, anything the store could not keep faithfully
+    (unless ``check`` is off: the caller checked already).
 
     Returns the stored text of each distinct type: a batch usually repeats a few types, and
     encoding each once is a large share of a big register's Python time.
     """
     encoded_types: dict[EventType, str] = {}
     for index, new_event in enumerate(events):
-        _validate_new_event(f"event {index}: ", new_event)
+        if check:
+            _validate_new_event(f"event {index}: ", new_event)
         if new_event.type not in encoded_types:
             encoded_types[new_event.type] = encode_type(new_event.type)
     return encoded_types

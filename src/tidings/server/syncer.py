@@ -410,12 +410,8 @@ class SyncerServer:
 
 
 def _parse_request(value: codec.Value) -> tuple[EventId, str]:
-    if not isinstance(value, dict):
-        raise ProtocolError("expected a record")
-    last = codec.event_id_from_sbs(value.get("lastEventId"), "lastEventId")
-    name = value.get("clientName")
-    if not isinstance(name, str):
-        raise ProtocolError("clientName: expected a string")
+    last = codec.event_id_from_sbs(value["lastEventId"])
+    name = value["clientName"]
     if last.server < 1 or last.session < 0 or last.instance < 0:
         raise ProtocolError(f"lastEventId: invalid id {last}")
     return last, name

@@ -6,6 +6,12 @@ cross the codec as hat-sbs gives them (records as dicts, choices as ``(name, val
 functions below turn them into :mod:`tidings.server.store` objects and back, checking every
 field, so that nothing a peer sends reaches the engine unchecked.
 
+Every value the ``*_from_sbs`` functions take comes out of the SBS decoder, which already
+guarantees its shape (records are dicts with every field, choices ``(name, value)`` pairs,
+strings ``str``, integers ``int``); they check only what the schema cannot say (the
+microsecond range, that a JSON payload is JSON), because this conversion runs for every
+event a client registers.
+
 Timestamps on the wire are ``{s, us}``; the store keeps integer microseconds. A JSON
 payload is a JSON text on the wire and is stored as its UTF-8 bytes unchanged; an SBS
 payload (``Hat.Data``) is stored as its SBS encoding and never interpreted.
@@ -14,6 +20,7 @@ payload (``Hat.Data``) is stored as its SBS encoding and never interpreted.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -28,6 +35,8 @@ from tidings.server.store import EventId, NewEvent, PayloadKind, StoredEvent
 Value = Any
 
 _US = 1_000_000
+_JSON = json.JSONDecoder()
+_JSON_WS = re.compile(r"[ \t\n\r]*")
 
 
 def _load_repository() -> sbs.Repository:
@@ -84,10 +93,10 @@ def timestamp_to_sbs(us: int) -> dict[str, int]:
 
 
 def timestamp_from_sbs(value: Value, field: str) -> int:
-    s, us = _record(value, field, "s", "us")
-    if not isinstance(s, int) or not isinstance(us, int) or not 0 <= us < _US:
+    us = value["us"]
+    if not 0 <= us < _US:
         raise ProtocolError(f"{field}: invalid timestamp {value!r}")
-    return s * _US + us
+    return value["s"] * _US + us
 
 
 def _optional_timestamp_to_sbs(us: int | None) -> tuple[str, Value]:
@@ -95,8 +104,7 @@ def _optional_timestamp_to_sbs(us: int | None) -> tuple[str, Value]:
 
 
 def _optional_timestamp_from_sbs(value: Value, field: str) -> int | None:
-    inner = _optional(value, field)
-    return None if inner is None else timestamp_from_sbs(inner, field)
+    return None if value[0] == "none" else timestamp_from_sbs(value[1], field)
 
 
 # --- payloads -------------------------------------------------------------------------------
@@ -113,14 +121,12 @@ def payload_to_sbs(kind: PayloadKind, data: bytes) -> tuple[str, Value]:
 
 def payload_from_sbs(value: Value, field: str) -> tuple[PayloadKind, bytes]:
     """A wire ``EventPayload`` as the store keeps it; a JSON text must parse as JSON."""
-    name, inner = _choice(value, field)
+    name, inner = value
     if name == "binary":
         return PayloadKind.BINARY, bytes(inner)
     if name == "json":
-        if not isinstance(inner, str):
-            raise ProtocolError(f"{field}: json payload is not a string")
         try:
-            json.loads(inner)
+            _parse_json(inner)
         except ValueError as exc:
             raise ProtocolError(f"{field}: json payload is not valid JSON: {exc}") from exc
         return PayloadKind.JSON, inner.encode()
@@ -138,8 +144,7 @@ def _optional_payload_to_sbs(kind: PayloadKind | None, data: bytes | None) -> tu
 def _optional_payload_from_sbs(
     value: Value, field: str
 ) -> tuple[PayloadKind, bytes] | tuple[None, None]:
-    inner = _optional(value, field)
-    return (None, None) if inner is None else payload_from_sbs(inner, field)
+    return (None, None) if value[0] == "none" else payload_from_sbs(value[1], field)
 
 
 # --- ids and types --------------------------------------------------------------------------
@@ -149,15 +154,8 @@ def event_id_to_sbs(event_id: EventId) -> dict[str, int]:
     return {"server": event_id.server, "session": event_id.session, "instance": event_id.instance}
 
 
-def event_id_from_sbs(value: Value, field: str = "event id") -> EventId:
-    server, session, instance = _record(value, field, "server", "session", "instance")
-    return EventId(server, session, instance)
-
-
-def event_type_from_sbs(value: Value, field: str = "type") -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise ProtocolError(f"{field}: expected a list of strings")
-    return tuple(value)
+def event_id_from_sbs(value: Value) -> EventId:
+    return EventId(value["server"], value["session"], value["instance"])
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -176,16 +174,15 @@ def event_to_sbs(event: StoredEvent) -> dict[str, Value]:
 
 def event_from_sbs(value: Value, field: str = "event") -> StoredEvent:
     """A wire ``Event`` (from a peer server); ``position`` is 0, the local store sets it."""
-    event_id, event_type, timestamp, source, payload = _record(
-        value, field, "id", "type", "timestamp", "sourceTimestamp", "payload"
-    )
-    kind, data = _optional_payload_from_sbs(payload, f"{field}.payload")
+    kind, data = _optional_payload_from_sbs(value["payload"], f"{field}.payload")
     return StoredEvent(
         position=0,
-        id=event_id_from_sbs(event_id, f"{field}.id"),
-        type=event_type_from_sbs(event_type, f"{field}.type"),
-        timestamp_us=timestamp_from_sbs(timestamp, f"{field}.timestamp"),
-        source_timestamp_us=_optional_timestamp_from_sbs(source, f"{field}.sourceTimestamp"),
+        id=event_id_from_sbs(value["id"]),
+        type=tuple(value["type"]),
+        timestamp_us=timestamp_from_sbs(value["timestamp"], f"{field}.timestamp"),
+        source_timestamp_us=_optional_timestamp_from_sbs(
+            value["sourceTimestamp"], f"{field}.sourceTimestamp"
+        ),
         payload=data,
         payload_kind=kind,
         outbox_event_id=None,
@@ -206,13 +203,15 @@ def register_event_from_sbs(
 ) -> NewEvent:
     """A wire ``RegisterEvent``; its type is checked later by the engine, which fails that
     event alone if it holds a wildcard."""
-    event_type, source, payload = _record(value, field, "type", "sourceTimestamp", "payload")
-    kind, data = _optional_payload_from_sbs(payload, f"{field}.payload")
+    kind, data = _optional_payload_from_sbs(value["payload"], f"{field}.payload")
+    source = value["sourceTimestamp"]
     return NewEvent(
-        type=event_type_from_sbs(event_type, f"{field}.type"),
+        type=tuple(value["type"]),
         payload=data,
         payload_kind=kind,
-        source_timestamp_us=_optional_timestamp_from_sbs(source, f"{field}.sourceTimestamp"),
+        source_timestamp_us=None
+        if source[0] == "none"
+        else timestamp_from_sbs(source[1], f"{field}.sourceTimestamp"),
         outbox_event_id=outbox_event_id,
     )
 
@@ -222,18 +221,13 @@ def register_results_to_sbs(results: Sequence[StoredEvent | None]) -> list[tuple
 
 
 def register_results_from_sbs(value: Value) -> list[StoredEvent | None]:
-    if not isinstance(value, list):
-        raise ProtocolError("MsgRegisterRes: expected a list")
-    results: list[StoredEvent | None] = []
-    for index, item in enumerate(value):
-        name, inner = _choice(item, f"result {index}")
-        results.append(event_from_sbs(inner, f"result {index}") if name == "event" else None)
-    return results
+    return [
+        event_from_sbs(inner, f"result {index}") if name == "event" else None
+        for index, (name, inner) in enumerate(value)
+    ]
 
 
 def events_from_sbs(value: Value, field: str) -> list[StoredEvent]:
-    if not isinstance(value, list):
-        raise ProtocolError(f"{field}: expected a list of events")
     return [event_from_sbs(item, f"{field}[{index}]") for index, item in enumerate(value)]
 
 
@@ -272,80 +266,31 @@ def query_to_sbs(query: QueryData) -> dict[str, Value]:
 
 def query_from_sbs(value: Value) -> QueryData:
     """A wire ``QueryData``; the query model then checks ranges and wildcards."""
-    (
-        server_id,
-        ids,
-        types,
-        t_from,
-        t_to,
-        source_t_from,
-        source_t_to,
-        payload,
-        order,
-        order_by,
-        unique_type,
-        max_results,
-    ) = _record(
-        value,
-        "query",
-        "serverId",
-        "ids",
-        "types",
-        "tFrom",
-        "tTo",
-        "sourceTFrom",
-        "sourceTTo",
-        "payload",
-        "order",
-        "orderBy",
-        "uniqueType",
-        "maxResults",
-    )
-    id_list = _optional(ids, "query.ids")
-    type_list = _optional(types, "query.types")
-    payload_value = _optional(payload, "query.payload")
-    if id_list is not None and not isinstance(id_list, list):
-        raise ProtocolError("query.ids: expected a list")
-    if type_list is not None and not isinstance(type_list, list):
-        raise ProtocolError("query.types: expected a list")
+    ids = _optional(value["ids"])
+    types = _optional(value["types"])
+    payload = _optional(value["payload"])
     return QueryData(
-        server_id=_optional(server_id, "query.serverId"),
-        event_ids=None
-        if id_list is None
-        else tuple(event_id_from_sbs(i, "query.ids") for i in id_list),
-        event_types=None
-        if type_list is None
-        else tuple(event_type_from_sbs(t, "query.types") for t in type_list),
-        t_from=_optional_timestamp_from_sbs(t_from, "query.tFrom"),
-        t_to=_optional_timestamp_from_sbs(t_to, "query.tTo"),
-        source_t_from=_optional_timestamp_from_sbs(source_t_from, "query.sourceTFrom"),
-        source_t_to=_optional_timestamp_from_sbs(source_t_to, "query.sourceTTo"),
-        payload=None if payload_value is None else payload_from_sbs(payload_value, "query"),
-        order=_ORDERS[_choice(order, "query.order")[0]],  # type: ignore[arg-type]
-        order_by=_ORDER_BYS[_choice(order_by, "query.orderBy")[0]],  # type: ignore[arg-type]
-        unique_type=bool(unique_type),
-        max_results=_optional(max_results, "query.maxResults"),
+        server_id=_optional(value["serverId"]),
+        event_ids=None if ids is None else tuple(event_id_from_sbs(i) for i in ids),
+        event_types=None if types is None else tuple(tuple(t) for t in types),
+        t_from=_optional_timestamp_from_sbs(value["tFrom"], "query.tFrom"),
+        t_to=_optional_timestamp_from_sbs(value["tTo"], "query.tTo"),
+        source_t_from=_optional_timestamp_from_sbs(value["sourceTFrom"], "query.sourceTFrom"),
+        source_t_to=_optional_timestamp_from_sbs(value["sourceTTo"], "query.sourceTTo"),
+        payload=None if payload is None else payload_from_sbs(payload, "query.payload"),
+        order=_ORDERS[value["order"][0]],  # type: ignore[arg-type]
+        order_by=_ORDER_BYS[value["orderBy"][0]],  # type: ignore[arg-type]
+        unique_type=value["uniqueType"],
+        max_results=_optional(value["maxResults"]),
     )
 
 
-# --- shape checks ---------------------------------------------------------------------------
+def _optional(value: Value) -> Value:
+    return None if value[0] == "none" else value[1]
 
 
-def _record(value: Value, field: str, *names: str) -> list[Value]:
-    if not isinstance(value, dict):
-        raise ProtocolError(f"{field}: expected a record")
-    try:
-        return [value[name] for name in names]
-    except KeyError as exc:
-        raise ProtocolError(f"{field}: missing {exc.args[0]}") from exc
-
-
-def _choice(value: Value, field: str) -> tuple[str, Value]:
-    if not isinstance(value, tuple) or len(value) != 2 or not isinstance(value[0], str):
-        raise ProtocolError(f"{field}: expected a choice")
-    return value
-
-
-def _optional(value: Value, field: str) -> Value:
-    name, inner = _choice(value, field)
-    return None if name == "none" else inner
+def _parse_json(text: str) -> None:
+    """Check that ``text`` is JSON (the decoder's C scanner, without the wrapper layers)."""
+    end = _JSON_WS.match(text, _JSON.raw_decode(text, _JSON_WS.match(text, 0).end())[1]).end()
+    if end != len(text):
+        raise ValueError(f"extra data at character {end}")
