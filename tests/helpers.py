@@ -151,6 +151,7 @@ class ServerProcess:
         ports: dict[str, int],
         peers: Sequence[tuple[int, str]] = (),
         token: str | None = None,
+        backend: dict[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.eventer = f"tcp+sbs://127.0.0.1:{ports['eventer']}"
@@ -161,7 +162,8 @@ class ServerProcess:
             yaml.safe_dump(
                 {
                     "type": "event",
-                    "backend": {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"},
+                    "backend": backend
+                    or {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"},
                     "engine": {"server_id": server_id, "modules": []},
                     "eventer_server": {"address": self.eventer},
                     "syncer_server": {"address": f"tcp+sbs://127.0.0.1:{ports['syncer']}"},
