@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,67 @@ class ServerProcess:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+#: A hat-event 0.8.5 server with the lmdb backend (its memory backend is broken in 0.8.5).
+HAT_CONFIG = """\
+type: event
+log:
+  version: 1
+  formatters: {{f: {{format: "%(asctime)s %(levelname)s %(name)s %(message)s"}}}}
+  handlers: {{c: {{class: logging.StreamHandler, formatter: f, level: WARNING}}}}
+  root: {{level: WARNING, handlers: [c]}}
+  disable_existing_loggers: false
+backend:
+  module: hat.event.server.backends.lmdb
+  db_path: {db}
+  max_db_size: 104857600
+  flush_period: 1
+  conditions: []
+  latest: {{subscriptions: [['*']]}}
+  ordered:
+    - order_by: TIMESTAMP
+      subscriptions: [['*']]
+engine:
+  server_id: {server_id}
+  modules: []
+eventer_server:
+  address: tcp+sbs://127.0.0.1:{eventer_port}
+syncer_server:
+  address: tcp+sbs://127.0.0.1:{syncer_port}
+"""
+
+
+@contextlib.contextmanager
+def hat_event_server(
+    tmp_path: Path, server_id: int
+) -> Iterator[tuple[int, int, subprocess.Popen[bytes]]]:
+    """A real hat-event 0.8.5 server (lmdb backend): its eventer and syncer ports and process;
+    terminated at the end if still running."""
+    eventer_port, syncer_port = free_port(), free_port()
+    conf = tmp_path / "hat-event.yaml"
+    conf.write_text(
+        HAT_CONFIG.format(
+            db=tmp_path / "hat-event.db",
+            server_id=server_id,
+            eventer_port=eventer_port,
+            syncer_port=syncer_port,
+        )
+    )
+    executable = Path(sys.executable).with_name("hat-event-server")
+    log_file = (tmp_path / "hat-event.log").open("wb")
+    process = subprocess.Popen(
+        [str(executable), "--conf", str(conf)], stdout=log_file, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_for_port(eventer_port, 20)
+        wait_for_port(syncer_port, 20)
+        yield eventer_port, syncer_port, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log_file.close()

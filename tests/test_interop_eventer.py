@@ -3,17 +3,14 @@ server, and our client against its real server (lmdb backend, in a subprocess)."
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import hat.event.common as hat
 import hat.event.eventer as hat_eventer
 import pytest
-import yaml
 
-from helpers import free_port, wait_for_port
+from helpers import hat_event_server
 from test_eventer import running
 from test_wire import run
 from tidings.client import connect, json_event, json_value
@@ -22,8 +19,6 @@ from tidings.server.query import QueryData
 from tidings.server.store import NewEvent, PayloadKind
 
 pytestmark = pytest.mark.server
-
-HAT_EVENT_SERVER = Path(sys.executable).parent / "hat-event-server"
 
 
 def json_payload(value: object) -> hat.EventPayload:
@@ -159,42 +154,8 @@ def test_hat_client_sees_eventer_events_of_others(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def hat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A hat-event 0.8.5 server with the lmdb backend; yields its eventer address."""
-    workdir = tmp_path_factory.mktemp("hat-event")
-    eventer_port, syncer_port = free_port(), free_port()
-    config = {
-        "type": "event",
-        "log": {"version": 1, "disable_existing_loggers": False},
-        "backend": {
-            "module": "hat.event.server.backends.lmdb",
-            "db_path": str(workdir / "event.db"),
-            "max_db_size": 64 * 1024 * 1024,
-            "flush_period": 1,
-            "conditions": [],
-            "latest": {"subscriptions": [["*"]]},
-            "ordered": [{"order_by": "TIMESTAMP", "subscriptions": [["*"]]}],
-        },
-        "engine": {"server_id": 1, "modules": []},
-        "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{eventer_port}"},
-        "syncer_server": {"address": f"tcp+sbs://127.0.0.1:{syncer_port}"},
-    }
-    (workdir / "event.yaml").write_text(yaml.safe_dump(config))
-    with (workdir / "server.log").open("wb") as log:
-        process = subprocess.Popen(
-            [str(HAT_EVENT_SERVER), "--conf", str(workdir / "event.yaml")],
-            cwd=workdir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_for_port(eventer_port, timeout=30)
+    with hat_event_server(tmp_path_factory.mktemp("hat-event"), 1) as (eventer_port, _, _):
         yield f"tcp+sbs://127.0.0.1:{eventer_port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def test_our_client_against_hat_event_server(hat_server: str) -> None:

@@ -8,14 +8,13 @@ import contextlib
 import json
 import logging
 import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from helpers import free_port, wait_for_port
+from helpers import free_port, hat_event_server
 from tidings.errors import ConfigError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine
@@ -498,69 +497,6 @@ def test_hat_event_syncer_client_syncs_from_our_server(tmp_path: Path) -> None:
             await client.async_close()
 
     asyncio.run(main())
-
-
-HAT_CONFIG = """\
-type: event
-log:
-  version: 1
-  formatters: {{f: {{format: "%(asctime)s %(levelname)s %(name)s %(message)s"}}}}
-  handlers: {{c: {{class: logging.StreamHandler, formatter: f, level: WARNING}}}}
-  root: {{level: WARNING, handlers: [c]}}
-  disable_existing_loggers: false
-backend:
-  module: hat.event.server.backends.lmdb
-  db_path: {db}
-  max_db_size: 104857600
-  flush_period: 1
-  conditions: []
-  latest: {{subscriptions: [['*']]}}
-  ordered:
-    - order_by: TIMESTAMP
-      subscriptions: [['*']]
-engine:
-  server_id: {server_id}
-  modules: []
-eventer_server:
-  address: tcp+sbs://127.0.0.1:{eventer_port}
-syncer_server:
-  address: tcp+sbs://127.0.0.1:{syncer_port}
-"""
-
-
-@contextlib.contextmanager
-def hat_event_server(
-    tmp_path: Path, server_id: int
-) -> Iterator[tuple[int, int, subprocess.Popen[bytes]]]:
-    """A real hat-event 0.8.5 server (lmdb backend): its eventer and syncer ports and process;
-    terminated at the end if still running."""
-    eventer_port, syncer_port = free_port(), free_port()
-    conf = tmp_path / "hat-event.yaml"
-    conf.write_text(
-        HAT_CONFIG.format(
-            db=tmp_path / "hat-event.db",
-            server_id=server_id,
-            eventer_port=eventer_port,
-            syncer_port=syncer_port,
-        )
-    )
-    executable = Path(sys.executable).with_name("hat-event-server")
-    log_file = (tmp_path / "hat-event.log").open("wb")
-    process = subprocess.Popen(
-        [str(executable), "--conf", str(conf)], stdout=log_file, stderr=subprocess.STDOUT
-    )
-    try:
-        wait_for_port(eventer_port, 20)
-        wait_for_port(syncer_port, 20)
-        yield eventer_port, syncer_port, process
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log_file.close()
 
 
 def test_our_client_syncs_from_a_hat_event_server(
