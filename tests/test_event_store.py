@@ -1063,3 +1063,10 @@ def test_register_sessions_is_all_or_nothing(store: EventStore) -> None:
     with pytest.raises(StoreError, match="reserved as a query wildcard"):
         store.register_sessions([[_event("a")], [_event("b", "*")]])
     assert store.count() == 0
+
+
+def test_plain_sql_column_order_matches_the_table() -> None:
+    """Rows of ``select(events_table)`` and of the plain-SQL statements decode alike."""
+    from tidings.server.store import EVENT_COLUMNS, events_table
+
+    assert tuple(column.name for column in events_table.columns) == EVENT_COLUMNS

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine, text
 
+from tidings.server import query as query_module
 from tidings.server import store as store_module
 from tidings.server.matching import TypeMatcher, matches, validate_query_type
 from tidings.server.query import QueryData, query_events
@@ -624,3 +625,128 @@ def _brute_force_first_per_type(events: list[StoredEvent], query: QueryData) -> 
                 first[event.type] = (key, event)
     ordered = [event for _, event in sorted(first.values(), key=lambda kept: kept[0])]
     return ordered if query.max_results is None else ordered[: query.max_results]
+
+
+# --- plan choice ---------------------------------------------------------------------------
+
+#: Type sets from one type to nearly all: exact, ranges ("*"), listed ("?"), many exact.
+PLAN_TYPE_SETS: list[tuple[tuple[str, ...], ...]] = [
+    (("p", "g1", "t3"),),
+    (("p", "g0", "t1"), ("q", "x")),
+    (("p", "g2", "*"),),
+    (("p", "*"),),
+    (("p", "?", "t1"),),
+    (("?", "?", "?"),),
+    tuple(("p", f"g{i % 3}", f"t{i}") for i in range(20)),
+]
+
+
+@pytest.fixture
+def plan_corpus(stores: tuple[EventStore, EventStore], clock: _Clock) -> list[StoredEvent]:
+    """30 types ("p", group, t) and two ("q", x) over sessions of both servers with equal
+    and out-of-order timestamps, source timestamps missing on about half of the events."""
+    rng = random.Random(17)
+    types = [("p", f"g{g}", f"t{i}") for g in range(3) for i in range(10)]
+    types += [("q", "x"), ("q", "y")]
+    stored: list[StoredEvent] = []
+    for session in range(14):
+        clock.now_us = rng.choice([100, 200, 200, 300, 400])
+        batch = [
+            _new(
+                *t,
+                source=rng.choice([None, rng.randint(0, 30)]),
+                payload=rng.choice([None, JSON_1, BIN_0]),
+            )
+            for t in rng.sample(types, rng.randint(3, len(types)))
+        ]
+        stored += stores[session % 2].register(batch)
+    return stored
+
+
+@pytest.mark.parametrize("plan", ["estimated", "per_type", "in_order"])
+def test_both_plans_of_ordered_queries_agree_with_a_reference(
+    stores: tuple[EventStore, EventStore],
+    plan_corpus: list[StoredEvent],
+    monkeypatch: pytest.MonkeyPatch,
+    plan: str,
+) -> None:
+    """An ordered query with max_results reads either each type's first events or the order
+    index filtered by type; whichever is chosen, the result is the same, event for event."""
+    if plan != "estimated":
+        monkeypatch.setattr(query_module, "_per_type_is_cheaper", lambda *_: plan == "per_type")
+    filters: list[dict[str, object]] = [{}, {"server_id": 2, "t_from": 200}, {"source_t_to": 20}]
+    for types in PLAN_TYPE_SETS:
+        for extra in filters:
+            for order in ("ascending", "descending"):
+                for order_by in ("timestamp", "source_timestamp"):
+                    for limit in (1, 4, 25, 1000, None):
+                        for unique_type in (False, True):
+                            query = QueryData(
+                                event_types=types,
+                                order=order,  # type: ignore[arg-type]
+                                order_by=order_by,  # type: ignore[arg-type]
+                                max_results=limit,
+                                unique_type=unique_type,
+                                **extra,  # type: ignore[arg-type]
+                            )
+                            expected = _reference(plan_corpus, query)
+                            assert query_events(stores[0], query) == expected, query
+
+
+def test_the_estimate_reads_each_type_for_few_types_and_the_order_index_for_many(
+    stores: tuple[EventStore, EventStore],
+    plan_corpus: list[StoredEvent],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    choices: list[bool] = []
+    estimate = query_module._per_type_is_cheaper
+
+    def spy(*args: object) -> bool:
+        choices.append(estimate(*args))  # type: ignore[arg-type]
+        return choices[-1]
+
+    monkeypatch.setattr(query_module, "_per_type_is_cheaper", spy)
+    for types in ((("p", "g1", "t3"),), (("p", "?", "t1"),), (("p", "*"),), (("?", "?", "?"),)):
+        query_events(stores[0], QueryData(event_types=types, max_results=3))
+    assert choices == [True, True, False, False]
+
+
+def test_resolved_patterns_see_types_registered_later(
+    stores: tuple[EventStore, EventStore], corpus: list[StoredEvent], clock: _Clock
+) -> None:
+    """Patterns with "?" are resolved once per set of known types: a type registered later,
+    by this store or another one on the database, is found by the next query."""
+    query = QueryData(event_types=(("a", "?"),), unique_type=True)
+    before = query_events(stores[0], query)
+    clock.now_us = 5000
+    added = stores[1].register([_new("a", "new")])
+    assert query_events(stores[0], query) == [*added, *before]
+    clock.now_us = 6000
+    added += stores[0].register([_new("a", "newer", source=3)])
+    assert query_events(stores[0], query) == [added[1], added[0], *before]
+
+
+def test_many_event_ids(stores: tuple[EventStore, EventStore], clock: _Clock) -> None:
+    """More ids than one statement takes: read in chunks, ordered and cut in Python."""
+    rng = random.Random(23)
+    stored: list[StoredEvent] = []
+    for session in range(4):
+        clock.now_us = rng.choice([100, 200])
+        batch = [_new("ids", f"t{i % 7}", source=rng.choice([None, i])) for i in range(300)]
+        stored += stores[session % 2].register(batch)
+    # Synced events of a server whose ids need 64 bits, after small ones in each chunk.
+    stored += stores[0].append_synced(
+        [
+            StoredEvent(0, EventId(9, 2**40 + i, 2**62 + i), ("ids", "t1"), 150, None, *[None] * 3)
+            for i in range(5)
+        ]
+    )
+    named = tuple(e.id for e in rng.sample(stored, 700)) + tuple(e.id for e in stored[-5:])
+    for fields in (
+        {},
+        {"unique_type": True},
+        {"order_by": "source_timestamp", "max_results": 650},
+        {"order": "ascending", "event_types": (("ids", "t3"),), "max_results": 50},
+    ):
+        query = QueryData(event_ids=named, **fields)  # type: ignore[arg-type]
+        assert query_events(stores[0], query) == _reference(stored, query), fields

@@ -1,64 +1,83 @@
 """Hat queries (``QueryData``) answered from the event store's indexes.
 
-Type patterns are first resolved to the exact types they match, in Python (TypeMatcher),
-against the store's table of distinct types (``event_types``: thousands of rows where the
-log has millions). The types sharing the segments before a pattern's first wildcard are one
-range of that table, since types are stored as canonical JSON (``encode_type``) in byte
-order; a pattern starting with ``?`` reads the whole table. The events are then read with
-equality on those types, so a ``?`` pattern never streams the log through Python, and every
-filter, the order and ``max_results`` are SQL that runs unchanged on SQLite and PostgreSQL.
+Type patterns become conditions on the stored type text (``encode_type``: canonical JSON,
+compared in byte order on both databases). The types sharing the segments before a
+pattern's first wildcard are one range of that text, and for a pattern without ``?`` that
+range is exactly the types it matches, so such patterns need no look-up at all. Patterns
+with ``?`` are resolved in Python (TypeMatcher) against the candidate ranges of the table of
+distinct types (``event_types``: thousands of rows where the log has millions); the result
+is cached per store until that table grows, and it is the candidate ranges again when every
+candidate matched, else the list of matched types.
 
-``unique_type`` finds, per matched type, the position of its first event in the query's
-order with one probe of a per-type index (a correlated ``ORDER BY … LIMIT 1`` subquery per
-row of ``event_types``), then reads those few events by position, ordered and limited. With
-other filters the probe walks that type's index range in order to the first event passing
-them. Long lists of types or positions are split into chunks whose ordered results are
-merged in Python; all statements of a query see one snapshot of the store.
+Each query shape gets the plan that reads the fewest rows; the database's own planner is
+left the choice only where every matching row is read anyway:
+
+- ``unique_type``: one probe of a per-type index per row of ``event_types`` finds the first
+  event of each type in the query's order (SQLite: a correlated ``LIMIT 1`` subquery giving
+  the row's position; PostgreSQL: a ``LATERAL`` subquery, which it does not turn into a
+  hash join over the log), then those few rows are ordered and cut to ``max_results``.
+- ordered with ``max_results`` over a set of types: when the set holds a large share of the
+  types, the timestamp (or source timestamp) index is read in the query's order with the
+  type condition only filtering, stopping after ``max_results`` rows; when it holds few, the
+  first ``max_results`` of each type are read from the per-type index and merged. The
+  choice is an estimate from the numbers of known and matched types and of events.
+- ordered by source timestamp: the events with one and then, only if ``max_results`` is not
+  reached yet, those without (they come last in both directions), each an index range.
+- ``event_ids``: the named events are read by id and ordered in Python.
+
+Statements are plain SQL on the snapshot's driver connection (as the register path in the
+store does): SQLAlchemy's per-statement and per-row work cost more than the statements of a
+small query themselves. Rows are turned into events only once they are known to be in the
+result, decoding each type's text once per query.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+import json
+import math
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import islice
+from operator import itemgetter
 from typing import Any, Literal, TypeVar, get_args
 
-from sqlalchemy import (
-    ColumnElement,
-    Connection,
-    Select,
-    and_,
-    func,
-    or_,
-    select,
-    tuple_,
-)
-from sqlalchemy.sql.elements import UnaryExpression
+from sqlalchemy import Connection
 
+from tidings.db import placeholder
 from tidings.server.matching import ANY_ONE, ANY_REST, QueryType, TypeMatcher, validate_query_type
 from tidings.server.store import (
+    EVENT_COLUMNS,
     INT64_MIN,
     EventId,
     EventStore,
-    EventType,
     PayloadKind,
     StoredEvent,
     StoreError,
     decode_type,
     encode_type,
-    event_from_row,
-    event_types_table,
-    events_table,
+    events_from_rows,
     require_int,
 )
 
 Order = Literal["ascending", "descending"]
 OrderBy = Literal["timestamp", "source_timestamp"]
 
-#: Values per ``IN`` list: bound parameters stay well below driver limits (SQLite 32766).
-_IN_CHUNK = 500
+#: The columns every statement selects, in this order (the rows are plain tuples).
+_COLUMNS = EVENT_COLUMNS
+_TYPE, _TIMESTAMP, _SOURCE = 4, 5, 6
+#: Event ids per statement (three bound parameters each).
+_ID_CHUNK = 500
+#: Up to this many exact types are inline parameters; longer lists are one JSON parameter.
+_INLINE_TYPES = 16
+#: The cost of one index seek, in rows read, for the choice of an ordered query's plan.
+_SEEK_ROWS = 2.0
+#: A latest-per-type result of up to this many events is ordered and cut by SQLite; a
+#: longer one is fetched whole and sorted in Python.
+_SORT_IN_PYTHON = 1000
+#: Resolved patterns kept per store.
+_CACHED_PATTERNS = 256
 
 _T = TypeVar("_T")
 
@@ -122,223 +141,459 @@ def query_events(store: EventStore, query: QueryData) -> list[StoredEvent]:
     if query.matches_nothing():
         return []
     with store.snapshot("query") as conn:
-        types = _resolve_types(conn, query.event_types)
-        if types is not None and not types:
-            return []
-        if query.unique_type and query.event_ids is not None:
-            # A few events named by id: read them all, keep each type's first in Python,
-            # rather than probing every matched type's index range for them.
-            everything = _run_ordered(
-                conn, replace(query, max_results=None), _ordered_events(query, types)
-            )
-            return _first_of_each_type(everything, query.max_results)
-        if query.unique_type:
-            positions = [
-                position
-                for statement in _first_per_type(query, types)
-                for position in conn.execute(statement).scalars()
-                if position is not None
-            ]
-            statements = _by_positions(query, positions)
-        else:
-            statements = _ordered_events(query, types)
-        return _run_ordered(conn, query, statements)
+        sql = _Sql(conn)
+        try:
+            rows = _select(sql, store, query)
+        except sql.error as exc:
+            raise StoreError(
+                f"event store {store.url}: cannot query: {type(exc).__name__}: {exc}"
+            ) from exc
+    return events_from_rows(rows)
 
 
-def _first_of_each_type(events: list[StoredEvent], limit: int | None) -> list[StoredEvent]:
-    """The first of ``events`` (in order) of each type, the first ``limit`` (all if None)."""
-    seen: set[EventType] = set()
-    first: list[StoredEvent] = []
-    for event in events:
-        if event.type not in seen:
-            seen.add(event.type)
-            first.append(event)
-            if len(first) == limit:
-                break
-    return first
-
-
-def _run_ordered(
-    conn: Connection, query: QueryData, statements: list[Select[Any]]
-) -> list[StoredEvent]:
-    """Run ordered SELECTs of disjoint events and merge their results in the query's order,
-    each limited to ``max_results`` (one statement needs no merging)."""
-    if query.max_results is not None:
-        statements = [statement.limit(query.max_results) for statement in statements]
-    parts = [[event_from_row(row) for row in conn.execute(s)] for s in statements]
-    if len(parts) == 1:
-        return parts[0]
-    merged: Iterator[StoredEvent] = heapq.merge(*parts, key=_sort_key(query))
-    return list(islice(merged, query.max_results))
-
-
-def _resolve_types(conn: Connection, query_types: Sequence[QueryType] | None) -> list[str] | None:
-    """The stored text of every known type ``query_types`` matches, sorted; None when every
-    known type matches (no type condition is needed then).
-
-    Only the candidate ranges of ``event_types`` are read (all of it for a pattern starting
-    with ``?``) and matched in Python.
-    """
-    if query_types is None or (ANY_REST,) in query_types:
-        return None
-    column = event_types_table.c.type
-    candidates = _type_candidates(query_types)
-    statement = select(column).order_by(column)
-    if candidates is not None:
-        statement = statement.where(candidates)
-    matcher = TypeMatcher(query_types)
-    read = 0
-    matched: list[str] = []
-    for encoded in conn.execute(statement).scalars():
-        read += 1
-        if matcher.matches(_decode_type(encoded)):
-            matched.append(encoded)
-    if candidates is None and len(matched) == read:
-        return None
-    return matched
-
-
-def _ordered_events(query: QueryData, types: list[str] | None) -> list[Select[Any]]:
-    """The ordered SELECTs of a plain query, one per chunk of ``types``, without a limit."""
-    conditions = _conditions(query, events_table.c)
-    statement = select(events_table).where(*conditions).order_by(*_order(query, events_table.c))
-    if types is None:
-        return [statement]
-    return [statement.where(events_table.c.type.in_(chunk)) for chunk in _chunks(types)]
-
-
-def _first_per_type(query: QueryData, types: list[str] | None) -> list[Select[Any]]:
-    """SELECTs of the position of each type's first event in the query's order (NULL for a
-    type without one), one statement per chunk of ``types``.
-
-    One correlated ``LIMIT 1`` subquery per row of ``event_types``, which the per-type index
-    answers. The rows are fetched by position afterwards (_by_positions) rather than joined
-    here: PostgreSQL plans such a join as a hash join over the whole log.
-    """
-    known = event_types_table
-    if query.order_by == "timestamp":
-        first = _first_position(query)
-    else:
-        # Events without a source timestamp come last in both directions, and NULL sorts
-        # differently on the two databases: probe the ones with a source timestamp first,
-        # and only for a type without any, the others (COALESCE stops at the first).
-        first = _first_position(query, with_source=True)
-        if query.source_t_from is None and query.source_t_to is None:
-            first = func.coalesce(first, _first_position(query, with_source=False))
-    statement = select(first).select_from(known)
-    if types is None:
-        return [statement]
-    return [statement.where(known.c.type.in_(chunk)) for chunk in _chunks(types)]
-
-
-def _by_positions(query: QueryData, positions: list[int]) -> list[Select[Any]]:
-    """The ordered SELECTs of the events at ``positions``, in chunks."""
-    statement = select(events_table).order_by(*_order(query, events_table.c))
-    return [
-        statement.where(events_table.c.position.in_(chunk)) for chunk in _chunks(sorted(positions))
-    ]
-
-
-def _first_position(query: QueryData, with_source: bool | None = None) -> ColumnElement[Any]:
-    """The position of the first event of the current ``event_types`` row's type in the
-    query's order, among those passing the query's filters (and having a source timestamp
-    or not, if ``with_source`` says so).
-
-    The ORDER BY is exactly the column order of the per-type index, NULL placement left to
-    the database's default, which is also its index order (the callers separate the rows
-    without source timestamp), so the database reads the type's range in order and stops
-    at the first row passing the filters.
-    """
-    probe = events_table.alias("probe")
-    c = probe.c
-    key = c.timestamp_us if query.order_by == "timestamp" else c.source_timestamp_us
-    terms = [key, c.server, c.session, c.instance]
-    descending = query.order == "descending"
-    conditions = [c.type == event_types_table.c.type, *_conditions(query, c)]
-    if with_source is not None:
-        source = c.source_timestamp_us
-        conditions.append(source.is_not(None) if with_source else source.is_(None))
-    return (
-        select(c.position)
-        .where(*conditions)
-        .order_by(*[term.desc() if descending else term.asc() for term in terms])
-        .limit(1)
-        .correlate(event_types_table)
-        .scalar_subquery()
-    )
-
-
-def _chunks(values: list[_T]) -> Iterator[list[_T]]:
-    """``values`` in lists short enough for one ``IN``."""
-    for start in range(0, len(values), _IN_CHUNK):
-        yield values[start : start + _IN_CHUNK]
-
-
-def _sort_key(query: QueryData) -> Callable[[StoredEvent], tuple[Any, ...]]:
-    """The query's order in Python, for merging the ordered results of several chunks.
-
-    The same as _order: the order key, then the event id, all in the query's direction;
-    missing source timestamps last in both directions.
-    """
-    sign = -1 if query.order == "descending" else 1
-    if query.order_by == "timestamp":
-        return lambda e: (
-            sign * e.timestamp_us,
-            sign * e.id.server,
-            sign * e.id.session,
-            sign * e.id.instance,
-        )
-    return lambda e: (
-        e.source_timestamp_us is None,
-        sign * (e.source_timestamp_us or 0),
-        sign * e.id.server,
-        sign * e.id.session,
-        sign * e.id.instance,
-    )
-
-
-def _conditions(query: QueryData, c: Any) -> list[ColumnElement[bool]]:
-    """The SQL conditions of every filter except the type filter, on the columns ``c`` of
-    the events table or an alias of it."""
-    conditions: list[ColumnElement[bool]] = []
-    if query.server_id is not None:
-        conditions.append(c.server == query.server_id)
+def _select(sql: _Sql, store: EventStore, query: QueryData) -> list[tuple[Any, ...]]:
+    """The rows of the query's result, in order."""
+    types = _type_filter(sql, store, query.event_types)
+    if types is not None and types.is_empty():
+        return []
     if query.event_ids is not None:
-        wanted = sorted({(i.server, i.session, i.instance) for i in query.event_ids})
-        conditions.append(tuple_(c.server, c.session, c.instance).in_(wanted))
+        return _by_ids(sql, query, types)
+    if query.unique_type:
+        return _first_per_type(sql, query, types)
+    limit = query.max_results
+    per_type = types is not None and limit is not None and _per_type_is_cheaper(sql, types, limit)
+    rows: list[tuple[Any, ...]] = []
+    for part in _parts(query):
+        if limit is not None and len(rows) == limit:
+            break
+        remaining = None if limit is None else limit - len(rows)
+        if per_type:
+            assert types is not None and remaining is not None
+            rows += _top_per_type(sql, query, types, part, remaining)
+        else:
+            rows += _in_order(sql, query, types, part, remaining)
+    return rows
+
+
+class _Sql:
+    """The driver cursor of the snapshot's connection, and what its SQL dialect needs."""
+
+    __slots__ = ("cursor", "error", "postgresql")
+
+    def __init__(self, conn: Connection) -> None:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        self.cursor = driver.cursor()
+        self.postgresql = conn.dialect.name == "postgresql"
+        self.error: type[Exception] = conn.dialect.loaded_dbapi.Error
+        # Statements are written with "?"; psycopg takes "%s" (no "%" appears otherwise).
+        assert placeholder(conn.dialect.paramstyle) == ("%s" if self.postgresql else "?")
+
+    def rows(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self.postgresql:
+            statement = statement.replace("?", "%s")
+        self.cursor.execute(statement, params)
+        rows: list[tuple[Any, ...]] = self.cursor.fetchall()
+        return rows
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """The events of one index range of an ordered query: the ones with a source timestamp
+    (``present``), without one (``absent``), or all (``None``, ordering by timestamp)."""
+
+    source: Literal["present", "absent"] | None
+    #: The order key, before the event id. The events without a source timestamp are
+    #: ordered by it too, which changes nothing but lets PostgreSQL read them in the order
+    #: of its index (``IS NULL`` does not count as equality for index order there).
+    key: Literal["timestamp_us", "source_timestamp_us"]
+
+
+def _parts(query: QueryData) -> list[_Part]:
+    """The parts of the query's order: events lacking a source timestamp come after all
+    others when ordering by it (and fail any source bound)."""
+    if query.order_by == "timestamp":
+        return [_Part(None, "timestamp_us")]
+    parts = [_Part("present", "source_timestamp_us")]
+    if query.source_t_from is None and query.source_t_to is None:
+        parts.append(_Part("absent", "source_timestamp_us"))
+    return parts
+
+
+# --- plans ----------------------------------------------------------------------------------
+
+
+def _in_order(
+    sql: _Sql, query: QueryData, types: _TypeFilter | None, part: _Part, limit: int | None
+) -> list[tuple[Any, ...]]:
+    """One part of an ordered query in one statement.
+
+    With a limit (and a type condition only when _top_per_type was estimated to read more)
+    the plan is the order index, stopping after ``limit`` rows, and the type condition only
+    filters them. SQLite, which has no statistics, would rather read by the type or the
+    event id index and sort every event they give: ``+type`` and ``+server`` keep it off
+    them; PostgreSQL would join a long list of types (see _type_condition). Without a limit
+    every matching event is read anyway, and the database plans.
+    """
+    unindexed = limit is not None and not sql.postgresql
+    conditions, params = _filters(query, "e", part, unindexed_server=unindexed)
+    if types is not None:
+        condition, type_params = _type_condition(
+            sql, types, "e.type", filter_only=limit is not None
+        )
+        conditions.append(condition)
+        params += type_params
+    statement = f"SELECT {_columns('e')} FROM event_events e"
+    if conditions:
+        statement += f" WHERE {' AND '.join(conditions)}"
+    statement += f" ORDER BY {_order_by('e', part.key, query.order)}"
+    if limit is not None:
+        statement += " LIMIT ?"
+        params.append(limit)
+    return sql.rows(statement, params)
+
+
+def _top_per_type(
+    sql: _Sql, query: QueryData, types: _TypeFilter, part: _Part, limit: int
+) -> list[tuple[Any, ...]]:
+    """One part of an ordered query as the first ``limit`` events of each type (an index
+    range of the per-type index each), merged, ordered and cut by the database."""
+    filters, filter_params = _filters(query, "p", part)
+    inner = " AND ".join(["p.type = t.type", *filters])
+    inner_order = _order_by("p", part.key, query.order)
+    known, type_params = _type_condition(sql, types, "t.type")
+    if sql.postgresql:
+        statement = (
+            f"SELECT {_columns('x')} FROM event_types t CROSS JOIN LATERAL "
+            f"(SELECT {_columns('p')} FROM event_events p WHERE {inner} "
+            f"ORDER BY {inner_order} LIMIT ?) x "
+            f"WHERE {known} ORDER BY {_order_by('x', part.key, query.order)} LIMIT ?"
+        )
+        params = [*filter_params, limit, *type_params, limit]
+    else:
+        statement = (
+            f"SELECT {_columns('e')} FROM event_types t CROSS JOIN event_events e "
+            f"WHERE {known} AND e.position IN (SELECT p.position FROM event_events p "
+            f"WHERE {inner} ORDER BY {inner_order} LIMIT ?) "
+            f"ORDER BY {_order_by('e', part.key, query.order)} LIMIT ?"
+        )
+        params = [*type_params, *filter_params, limit, limit]
+    return sql.rows(statement, params)
+
+
+def _first_per_type(
+    sql: _Sql, query: QueryData, types: _TypeFilter | None
+) -> list[tuple[Any, ...]]:
+    """``unique_type``: each type's first event in the query's order, found with one probe
+    of the per-type index per row of ``event_types`` (per part: a type lacking events with
+    a source timestamp falls back to its first without one), then ordered and cut.
+
+    With other filters a probe walks its type's index range in order to the first event
+    passing them.
+    """
+    parts = _parts(query)
+    known, type_params = ("", []) if types is None else _type_condition(sql, types, "t.type")
+    params: list[Any] = []
+    if sql.postgresql:
+        arms = []
+        for index, part in enumerate(parts):
+            filters, filter_params = _filters(query, "p", part)
+            tag = f"{index} AS part, " if len(parts) > 1 else ""
+            arms.append(
+                f"SELECT {tag}{_columns('p')} FROM event_events p "
+                f"WHERE {' AND '.join(['p.type = t.type', *filters])} "
+                f"ORDER BY {_order_by('p', part.key, query.order)} LIMIT 1"
+            )
+            params += filter_params
+        first = arms[0]
+        if len(arms) > 1:
+            union = " UNION ALL ".join(f"({arm})" for arm in arms)
+            first = f"SELECT {_columns('u')} FROM ({union}) u ORDER BY u.part LIMIT 1"
+        statement = (
+            f"SELECT {_columns('x')} FROM event_types t CROSS JOIN LATERAL ({first}) x"
+            + (f" WHERE {known}" if known else "")
+            + f" ORDER BY {_result_order('x', query)}"
+        )
+        params += type_params
+    else:
+        probes = []
+        for part in parts:
+            filters, filter_params = _filters(query, "p", part)
+            probes.append(
+                f"(SELECT p.position FROM event_events p "
+                f"WHERE {' AND '.join(['p.type = t.type', *filters])} "
+                f"ORDER BY {_order_by('p', part.key, query.order)} LIMIT 1)"
+            )
+            params += filter_params
+        # COALESCE stops at the first probe that finds an event.
+        first = probes[0] if len(probes) == 1 else f"coalesce({', '.join(probes)})"
+        statement = (
+            f"SELECT {_columns('e')} FROM event_events e WHERE e.position IN "
+            f"(SELECT {first} FROM event_types t" + (f" WHERE {known}" if known else "") + ")"
+        )
+        params += type_params
+        if query.max_results is None or query.max_results >= _SORT_IN_PYTHON:
+            # SQLite's sorter copies these wide rows: sorting the tuples is cheaper.
+            rows = _sorted_rows(sql.rows(statement, params), query)
+            return rows if query.max_results is None else rows[: query.max_results]
+        statement += f" ORDER BY {_result_order('e', query)}"
+    if query.max_results is not None:
+        statement += " LIMIT ?"
+        params.append(query.max_results)
+    return sql.rows(statement, params)
+
+
+def _by_ids(sql: _Sql, query: QueryData, types: _TypeFilter | None) -> list[tuple[Any, ...]]:
+    """The named events passing the other filters, read by id in chunks, then ordered,
+    each type's first kept (``unique_type``) and cut in Python: a query names few events."""
+    assert query.event_ids is not None
+    conditions, filter_params = _filters(query, "e")
+    if types is not None:
+        condition, type_params = _type_condition(sql, types, "e.type", filter_only=True)
+        conditions.append(condition)
+        filter_params += type_params
+    # A join with the ids rather than "(server, session, instance) IN (VALUES ...)", for
+    # which SQLite would scan the whole log.
+    conditions[:0] = ["e.server = v.column1", "e.session = v.column2", "e.instance = v.column3"]
+    where = " AND ".join(conditions)
+    wanted = sorted({(i.server, i.session, i.instance) for i in query.event_ids})
+    rows: list[tuple[Any, ...]] = []
+    for chunk in _chunks(wanted, _ID_CHUNK):
+        values = ", ".join(["(?, ?, ?)"] * len(chunk))
+        statement = (
+            f"SELECT {_columns('e')} FROM (VALUES {values}) v CROSS JOIN event_events e "
+            f"WHERE {where}"
+        )
+        rows += sql.rows(statement, [*(x for key in chunk for x in key), *filter_params])
+    rows = _sorted_rows(rows, query)
+    if query.unique_type:
+        seen: set[str] = set()
+        rows = [row for row in rows if not (row[_TYPE] in seen or seen.add(row[_TYPE]))]
+    return rows if query.max_results is None else rows[: query.max_results]
+
+
+def _sorted_rows(rows: list[tuple[Any, ...]], query: QueryData) -> list[tuple[Any, ...]]:
+    """``rows`` in the query's order (see _parts; event ids are unique, so no ties)."""
+    descending = query.order == "descending"
+    if query.order_by == "timestamp":
+        return sorted(rows, key=itemgetter(_TIMESTAMP, 1, 2, 3), reverse=descending)
+    present = [row for row in rows if row[_SOURCE] is not None]
+    absent = [row for row in rows if row[_SOURCE] is None]
+    present.sort(key=itemgetter(_SOURCE, 1, 2, 3), reverse=descending)
+    absent.sort(key=itemgetter(1, 2, 3), reverse=descending)
+    return present + absent
+
+
+def _per_type_is_cheaper(sql: _Sql, types: _TypeFilter, limit: int) -> bool:
+    """Whether reading the first ``limit`` events of each matched type beats reading the
+    order index until ``limit`` events of the matched types have passed.
+
+    Estimated as if the events were spread evenly over the known types: the order index
+    then yields a matched event every ``known / matched`` rows (reading at most the whole
+    log), and each matched type costs a seek and ``min(limit, events / known)`` rows. The
+    first grows with the number of matched types and the second shrinks, so the matched
+    types are counted only up to where the order index wins.
+    """
+    known, first, last = sql.rows(
+        "SELECT (SELECT count(*) FROM event_types), "
+        "(SELECT min(position) FROM event_events), (SELECT max(position) FROM event_events)"
+    )[0]
+    if not known or first is None:
+        return False  # no events: either plan reads nothing
+    events = last - first + 1
+    per_type_cost = _SEEK_ROWS + min(limit, events / known)
+    # per-type cost < min(events, limit * known / matched) <=> matched below both bounds
+    bound = min(events / per_type_cost, math.sqrt(limit * known / per_type_cost))
+    threshold = max(1, math.ceil(bound))
+    if types.listed is not None:
+        return len(types.listed) < threshold
+    condition, params = _type_condition(sql, types, "t.type")
+    matched = sql.rows(
+        f"SELECT count(*) FROM (SELECT 1 FROM event_types t WHERE {condition} LIMIT ?) m",
+        [*params, threshold],
+    )[0][0]
+    return bool(matched < threshold)
+
+
+# --- SQL text -------------------------------------------------------------------------------
+
+
+def _columns(alias: str) -> str:
+    return ", ".join(f"{alias}.{column}" for column in _COLUMNS)
+
+
+def _order_by(alias: str, key: str, order: Order) -> str:
+    """The order key, then the event id, all in the query's direction: the column order of
+    the index serving it."""
+    direction = " DESC" if order == "descending" else ""
+    return ", ".join(
+        f"{alias}.{column}{direction}" for column in (key, "server", "session", "instance")
+    )
+
+
+def _result_order(alias: str, query: QueryData) -> str:
+    """The query's order over rows with and without a source timestamp: missing ones last
+    (a boolean sorts false first on both databases), then by event id."""
+    if query.order_by == "timestamp":
+        return _order_by(alias, "timestamp_us", query.order)
+    source = _order_by(alias, "source_timestamp_us", query.order)
+    return f"({alias}.source_timestamp_us IS NULL), {source}"
+
+
+def _filters(
+    query: QueryData, alias: str, part: _Part | None = None, *, unindexed_server: bool = False
+) -> tuple[list[str], list[Any]]:
+    """The conditions of every filter except types and event ids, on the events table
+    under ``alias``, and their parameters; those of ``part`` too. ``unindexed_server``
+    hides the server condition from SQLite's planner (see _in_order)."""
+    conditions: list[str] = []
+    params: list[Any] = []
+
+    def add(condition: str, *values: Any) -> None:
+        conditions.append(condition.replace("@", alias))
+        params.extend(values)
+
+    if part is not None and part.source is not None:
+        add(f"@.source_timestamp_us IS {'NOT NULL' if part.source == 'present' else 'NULL'}")
+    if query.server_id is not None:
+        add(f"{'+' if unindexed_server else ''}@.server = ?", query.server_id)
     if query.t_from is not None:
-        conditions.append(c.timestamp_us >= query.t_from)
+        add("@.timestamp_us >= ?", query.t_from)
     if query.t_to is not None:
-        conditions.append(c.timestamp_us <= query.t_to)
+        add("@.timestamp_us <= ?", query.t_to)
     if query.source_t_from is not None:
-        conditions.append(c.source_timestamp_us >= query.source_t_from)
+        add("@.source_timestamp_us >= ?", query.source_t_from)
     if query.source_t_to is not None:
-        conditions.append(c.source_timestamp_us <= query.source_t_to)
+        add("@.source_timestamp_us <= ?", query.source_t_to)
     if query.payload is not None:
         kind, data = query.payload
-        conditions.append(and_(c.payload_kind == kind.value, c.payload == data))
-    return conditions
+        add("@.payload_kind = ? AND @.payload = ?", kind.value, data)
+    return conditions, params
 
 
-def _order(query: QueryData, columns: Any) -> list[UnaryExpression[Any]]:
-    """The ORDER BY terms: the order key, then the event id, all in the query's direction.
+def _type_condition(
+    sql: _Sql, types: _TypeFilter, column: str, *, filter_only: bool = False
+) -> tuple[str, list[Any]]:
+    """``column`` (the type text) among ``types``; ``filter_only`` keeps the planners from
+    reading by type (see _in_order): SQLite through ``+column``, PostgreSQL by a long list
+    in an expression, which it cannot turn into a join (a hashed subplan filters rows)."""
+    if filter_only and not sql.postgresql:
+        column = f"+{column}"
+    if types.listed is not None:
+        return _among(sql, column, types.listed, filter_only)
+    terms: list[str] = []
+    params: list[Any] = []
+    for low, high in types.ranges:
+        terms.append(f"({column} >= ? AND {column} < ?)")
+        params += [low, high]
+    if types.equal:
+        term, values = _among(sql, column, types.equal, filter_only)
+        terms.append(term)
+        params += values
+    return f"({' OR '.join(terms)})", params
 
-    Missing source timestamps sort last in both directions (Hat), then by event id.
-    """
-    descending = query.order == "descending"
-    key = columns.timestamp_us if query.order_by == "timestamp" else columns.source_timestamp_us
-    terms = [key, columns.server, columns.session, columns.instance]
-    ordered = [term.desc() if descending else term.asc() for term in terms]
-    if query.order_by == "source_timestamp":
-        ordered[0] = ordered[0].nulls_last()
-    return ordered
+
+def _among(
+    sql: _Sql, column: str, values: Sequence[str], filter_only: bool
+) -> tuple[str, list[Any]]:
+    """``column`` equal to one of ``values``: a few inline, more as one JSON array parameter
+    (no driver limit on the number of bound parameters then; psycopg takes 10 us per
+    element to send a text[], escaping each)."""
+    if len(values) <= _INLINE_TYPES:
+        return f"{column} IN ({', '.join('?' * len(values))})", list(values)
+    if not sql.postgresql:
+        return f"{column} IN (SELECT value FROM json_each(?))", [json.dumps(values)]
+    condition = f"{column} IN (SELECT json_array_elements_text(?::json))"
+    return f"({condition}) IS TRUE" if filter_only else condition, [json.dumps(values)]
 
 
-def _type_candidates(query_types: Sequence[QueryType]) -> ColumnElement[bool] | None:
-    """The condition on ``event_types`` narrowing it to the types that may match
-    ``query_types``; None when every type may (a pattern starts with ``?``)."""
+def _chunks(values: list[_T], size: int) -> Iterator[list[_T]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+# --- type patterns --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _TypeFilter:
+    """Stored types, as type text: ``equal`` ones and ``[low, high)`` ``ranges`` of the
+    text, or, when those would take in types the patterns do not match, the ``listed``
+    matching types."""
+
+    equal: tuple[str, ...] = ()
+    ranges: tuple[tuple[str, str], ...] = ()
+    listed: tuple[str, ...] | None = None
+
+    def is_empty(self) -> bool:
+        if self.listed is not None:
+            return not self.listed
+        return not self.equal and not self.ranges
+
+
+@dataclass(slots=True)
+class _Resolved:
+    """A store's resolved patterns, valid while ``event_types`` has ``known`` rows: the
+    table only grows, so the same number of rows is the same set of types."""
+
+    known: int
+    filters: dict[tuple[QueryType, ...], _TypeFilter | None] = field(default_factory=dict)
+
+
+_resolved: weakref.WeakKeyDictionary[EventStore, _Resolved] = weakref.WeakKeyDictionary()
+_resolved_lock = threading.Lock()
+
+
+def _type_filter(
+    sql: _Sql, store: EventStore, query_types: tuple[QueryType, ...] | None
+) -> _TypeFilter | None:
+    """The stored types ``query_types`` select; None when every type is selected (no type
+    condition is needed then)."""
+    if query_types is None or (ANY_REST,) in query_types:
+        return None
+    candidates = _type_candidates(query_types)
+    if candidates is not None and not any(ANY_ONE in q for q in query_types):
+        return candidates  # without "?" the candidates are exactly the matching types
+    known: int = sql.rows("SELECT count(*) FROM event_types")[0][0]
+    with _resolved_lock:
+        cached = _resolved.get(store)
+        if cached is not None and cached.known == known and query_types in cached.filters:
+            return cached.filters[query_types]
+    types = _resolve(sql, query_types, candidates)
+    with _resolved_lock:
+        cached = _resolved.get(store)
+        if cached is None or cached.known < known:
+            cached = _resolved[store] = _Resolved(known)
+        if cached.known == known:  # else a newer snapshot has filled the cache
+            if len(cached.filters) >= _CACHED_PATTERNS:
+                cached.filters.clear()
+            cached.filters[query_types] = types
+    return types
+
+
+def _resolve(
+    sql: _Sql, query_types: Sequence[QueryType], candidates: _TypeFilter | None
+) -> _TypeFilter | None:
+    """Match the candidate types (every known type if ``candidates`` is None) in Python."""
+    statement = "SELECT t.type FROM event_types t"
+    params: list[Any] = []
+    if candidates is not None:
+        condition, params = _type_condition(sql, candidates, "t.type")
+        statement += f" WHERE {condition}"
+    read = [text for (text,) in sql.rows(statement, params)]
+    matcher = TypeMatcher(query_types)
+    matched = tuple(sorted(text for text in read if matcher.matches(_decode_type(text))))
+    if len(matched) == len(read):
+        return candidates
+    return _TypeFilter(listed=matched)
+
+
+def _type_candidates(query_types: Sequence[QueryType]) -> _TypeFilter | None:
+    """The stored types that may match ``query_types``: for each pattern, the types of its
+    segments before the first wildcard followed by anything (a range of the type text) or
+    by nothing; None when every type may (a pattern starts with ``?``)."""
     equal: set[str] = set()
-    ranges: set[str] = set()
+    prefixes: set[str] = set()
     for query_type in query_types:
         fixed = _fixed_prefix(query_type)
         if fixed == query_type:
@@ -348,8 +603,12 @@ def _type_candidates(query_types: Sequence[QueryType]) -> ColumnElement[bool] | 
             return None  # starts with "?" (a lone "*" never gets here): every type
         if query_type[len(fixed)] == ANY_REST:
             equal.add(encode_type(fixed))  # "*" matching zero segments
-        ranges.add(encode_type(fixed)[:-1] + ",")
-    return _or_conditions(equal, ranges)
+        prefixes.add(encode_type(fixed)[:-1] + ",")
+    # A prefix ends with ","; the texts starting with it are those from it up to the same
+    # text with "-" (the next character) instead: a range the indexes serve, unlike LIKE,
+    # which would also need escaping of the JSON text.
+    ranges = tuple((prefix, prefix[:-1] + "-") for prefix in sorted(prefixes))
+    return _TypeFilter(equal=tuple(sorted(equal)), ranges=ranges)
 
 
 def _fixed_prefix(query_type: QueryType) -> QueryType:
@@ -358,22 +617,6 @@ def _fixed_prefix(query_type: QueryType) -> QueryType:
         if segment in (ANY_ONE, ANY_REST):
             return query_type[:index]
     return query_type
-
-
-def _or_conditions(equal: set[str], prefixes: set[str]) -> ColumnElement[bool]:
-    """Type equal to one of ``equal`` or starting with one of ``prefixes``.
-
-    A prefix ends with ``,``; the types starting with it are those from it up to the same text
-    with ``-`` (the next character) instead, a range the primary key serves, unlike ``LIKE``,
-    which would also need escaping of the JSON text.
-    """
-    type_ = event_types_table.c.type
-    conditions: list[ColumnElement[bool]] = []
-    if equal:
-        conditions.append(type_.in_(sorted(equal)))
-    for prefix in sorted(prefixes):
-        conditions.append(and_(type_ >= prefix, type_ < prefix[:-1] + "-"))
-    return or_(*conditions)
 
 
 def _inverted(lower: int | None, upper: int | None) -> bool:

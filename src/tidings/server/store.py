@@ -50,7 +50,6 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
-    Row,
     Select,
     String,
     Table,
@@ -503,7 +502,7 @@ class EventStore:
             .limit(limit)
         )
         with self._transaction("read") as conn:
-            return [event_from_row(row) for row in conn.execute(query)]
+            return events_from_rows(conn.execute(query))
 
     def events_after(self, last: EventId, limit: int = 1000) -> list[StoredEvent]:
         """Return up to ``limit`` events of server ``last.server`` with an id after ``last``.
@@ -533,7 +532,7 @@ class EventStore:
             .limit(limit)
         )
         with self._transaction("read events after an event id") as conn:
-            return [event_from_row(row) for row in conn.execute(query)]
+            return events_from_rows(conn.execute(query))
 
     def by_outbox_ids(self, ids: Iterable[str]) -> dict[str, list[StoredEvent]]:
         """Return the stored events of ``ids`` by outbox event id; unknown ids are absent.
@@ -582,10 +581,9 @@ class EventStore:
         For readers that need several statements (tidings.server.query resolves type
         patterns, then reads events): on PostgreSQL it is ``REPEATABLE READ READ ONLY``, as
         ``READ COMMITTED`` would let each statement see newer events; SQLite's transaction
-        already reads one snapshot (nothing stops a write there: do not write). Build
-        statements on :data:`events_table` and :data:`event_types_table` and decode rows
-        with :func:`event_from_row`. ``action`` names the work in errors, which leave as
-        :class:`StoreError`.
+        already reads one snapshot (nothing stops a write there: do not write). Select
+        :data:`EVENT_COLUMNS` and decode the rows with :func:`events_from_rows`. ``action``
+        names the work in errors, which leave as :class:`StoreError`.
         """
         with self._transaction(action, snapshot=True) as conn:
             yield conn
@@ -715,10 +713,21 @@ class EventStore:
             raise StoreError(f"event store {self.url}: cannot {action}: {_cause(exc)}") from exc
 
 
-_INSERT_COLUMNS = (
-    "position, server, session, instance, type, timestamp_us, source_timestamp_us, payload, "
-    "payload_kind, outbox_event_id"
+#: The columns of an event row in the order of every plain-SQL statement (insert, select).
+EVENT_COLUMNS = (
+    "position",
+    "server",
+    "session",
+    "instance",
+    "type",
+    "timestamp_us",
+    "source_timestamp_us",
+    "payload",
+    "payload_kind",
+    "outbox_event_id",
 )
+_INSERT_COLUMNS = ", ".join(EVENT_COLUMNS)
+_KINDS: dict[str | None, PayloadKind | None] = {None: None, **{k.value: k for k in PayloadKind}}
 
 
 def _insert_sql(mark: str) -> str:
@@ -922,8 +931,7 @@ def _select_by_outbox_ids(conn: _Raw, ids: set[str]) -> Iterator[StoredEvent]:
             f"SELECT {_INSERT_COLUMNS} FROM event_events "
             f"WHERE outbox_event_id IN ({marks}) ORDER BY position"
         )
-        for row in conn.execute(statement, tuple(chunk)):
-            yield _event_from_tuple(row)
+        yield from events_from_rows(conn.execute(statement, tuple(chunk)))
 
 
 def _select_outbox_keys(conn: _Raw, ids: set[str]) -> dict[_OutboxKey, StoredEvent]:
@@ -939,19 +947,33 @@ def _select_outbox_keys(conn: _Raw, ids: set[str]) -> dict[_OutboxKey, StoredEve
     return found
 
 
-def _event_from_tuple(row: Sequence[Any]) -> StoredEvent:
-    """The event of a row selected as ``_INSERT_COLUMNS``, straight from the driver."""
-    position, server, session, instance, type_, ts, source_ts, payload, kind, outbox = row
-    return StoredEvent(
-        position=position,
-        id=EventId(server, session, instance),
-        type=decode_type(type_),
-        timestamp_us=ts,
-        source_timestamp_us=source_ts,
-        payload=None if payload is None else bytes(payload),
-        payload_kind=None if kind is None else PayloadKind(kind),
-        outbox_event_id=outbox,
-    )
+def events_from_rows(rows: Iterable[Sequence[Any]]) -> list[StoredEvent]:
+    """The events of plain rows selected as :data:`EVENT_COLUMNS`.
+
+    Each distinct type text is decoded once: a result usually repeats a few types, and
+    decoding is most of the conversion's time.
+    """
+    types: dict[str, EventType] = {}
+    events: list[StoredEvent] = []
+    for position, server, session, instance, stored_type, ts, source, payload, kind, outbox in rows:
+        event_type = types.get(stored_type)
+        if event_type is None:
+            event_type = types[stored_type] = decode_type(stored_type)
+        if payload is not None and type(payload) is not bytes:
+            payload = bytes(payload)  # memoryview from some drivers
+        events.append(
+            StoredEvent(
+                position,
+                EventId(server, session, instance),
+                event_type,
+                ts,
+                source,
+                payload,
+                _KINDS[kind],
+                outbox,
+            )
+        )
+    return events
 
 
 def _plan(
@@ -1183,17 +1205,3 @@ def encode_type(event_type: EventType) -> str:
 def decode_type(encoded: str) -> EventType:
     """The type whose stored text (:func:`encode_type`) is ``encoded``."""
     return tuple(json.loads(encoded))
-
-
-def event_from_row(row: Row[Any]) -> StoredEvent:
-    """The event of a row selected with every column of :data:`events_table`."""
-    return StoredEvent(
-        position=row.position,
-        id=EventId(row.server, row.session, row.instance),
-        type=decode_type(row.type),
-        timestamp_us=row.timestamp_us,
-        source_timestamp_us=row.source_timestamp_us,
-        payload=row.payload,
-        payload_kind=None if row.payload_kind is None else PayloadKind(row.payload_kind),
-        outbox_event_id=row.outbox_event_id,
-    )
