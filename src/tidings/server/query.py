@@ -43,13 +43,11 @@ from functools import lru_cache
 from operator import itemgetter
 from typing import Any, Literal, TypeVar, get_args
 
-from sqlalchemy import Connection
-
-from tidings.db import placeholder
 from tidings.server.matching import ANY_ONE, ANY_REST, QueryType, TypeMatcher, validate_query_type
 from tidings.server.store import (
     EVENT_COLUMNS,
     INT64_MIN,
+    DriverCursor,
     EventId,
     EventStore,
     PayloadKind,
@@ -141,7 +139,7 @@ def query_events(store: EventStore, query: QueryData) -> list[StoredEvent]:
     if query.matches_nothing():
         return []
     with store.snapshot("query") as conn:
-        sql = _Sql(conn)
+        sql = DriverCursor.of(conn)
         try:
             rows = _select(sql, store, query)
         except sql.error as exc:
@@ -151,7 +149,7 @@ def query_events(store: EventStore, query: QueryData) -> list[StoredEvent]:
     return events_from_rows(rows)
 
 
-def _select(sql: _Sql, store: EventStore, query: QueryData) -> list[tuple[Any, ...]]:
+def _select(sql: DriverCursor, store: EventStore, query: QueryData) -> list[tuple[Any, ...]]:
     """The rows of the query's result, in order."""
     types = _type_filter(sql, store, query.event_types)
     if types is not None and types.is_empty():
@@ -173,28 +171,6 @@ def _select(sql: _Sql, store: EventStore, query: QueryData) -> list[tuple[Any, .
         else:
             rows += _in_order(sql, query, types, part, remaining)
     return rows
-
-
-class _Sql:
-    """The driver cursor of the snapshot's connection, and what its SQL dialect needs."""
-
-    __slots__ = ("cursor", "error", "postgresql")
-
-    def __init__(self, conn: Connection) -> None:
-        driver = conn.connection.driver_connection
-        assert driver is not None
-        self.cursor = driver.cursor()
-        self.postgresql = conn.dialect.name == "postgresql"
-        self.error: type[Exception] = conn.dialect.loaded_dbapi.Error
-        # Statements are written with "?"; psycopg takes "%s" (no "%" appears otherwise).
-        assert placeholder(conn.dialect.paramstyle) == ("%s" if self.postgresql else "?")
-
-    def rows(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        if self.postgresql:
-            statement = statement.replace("?", "%s")
-        self.cursor.execute(statement, params)
-        rows: list[tuple[Any, ...]] = self.cursor.fetchall()
-        return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +200,7 @@ def _parts(query: QueryData) -> list[_Part]:
 
 
 def _in_order(
-    sql: _Sql, query: QueryData, types: _TypeFilter | None, part: _Part, limit: int | None
+    sql: DriverCursor, query: QueryData, types: _TypeFilter | None, part: _Part, limit: int | None
 ) -> list[tuple[Any, ...]]:
     """One part of an ordered query in one statement.
 
@@ -254,7 +230,7 @@ def _in_order(
 
 
 def _top_per_type(
-    sql: _Sql, query: QueryData, types: _TypeFilter, part: _Part, limit: int
+    sql: DriverCursor, query: QueryData, types: _TypeFilter, part: _Part, limit: int
 ) -> list[tuple[Any, ...]]:
     """One part of an ordered query as the first ``limit`` events of each type (an index
     range of the per-type index each), merged, ordered and cut by the database."""
@@ -282,7 +258,7 @@ def _top_per_type(
 
 
 def _first_per_type(
-    sql: _Sql, query: QueryData, types: _TypeFilter | None
+    sql: DriverCursor, query: QueryData, types: _TypeFilter | None
 ) -> list[tuple[Any, ...]]:
     """``unique_type``: each type's first event in the query's order, found with one probe
     of the per-type index per row of ``event_types`` (per part: a type lacking events with
@@ -343,7 +319,9 @@ def _first_per_type(
     return sql.rows(statement, params)
 
 
-def _by_ids(sql: _Sql, query: QueryData, types: _TypeFilter | None) -> list[tuple[Any, ...]]:
+def _by_ids(
+    sql: DriverCursor, query: QueryData, types: _TypeFilter | None
+) -> list[tuple[Any, ...]]:
     """The named events passing the other filters, read by id in chunks, then ordered,
     each type's first kept (``unique_type``) and cut in Python: a query names few events."""
     assert query.event_ids is not None
@@ -384,7 +362,7 @@ def _sorted_rows(rows: list[tuple[Any, ...]], query: QueryData) -> list[tuple[An
     return present + absent
 
 
-def _per_type_is_cheaper(sql: _Sql, types: _TypeFilter, limit: int) -> bool:
+def _per_type_is_cheaper(sql: DriverCursor, types: _TypeFilter, limit: int) -> bool:
     """Whether reading the first ``limit`` events of each matched type beats reading the
     order index until ``limit`` events of the matched types have passed.
 
@@ -472,7 +450,7 @@ def _filters(
 
 
 def _type_condition(
-    sql: _Sql, types: _TypeFilter, column: str, *, filter_only: bool = False
+    sql: DriverCursor, types: _TypeFilter, column: str, *, filter_only: bool = False
 ) -> tuple[str, list[Any]]:
     """``column`` (the type text) among ``types``; ``filter_only`` keeps the planners from
     reading by type (see _in_order): SQLite through ``+column``, PostgreSQL by a long list
@@ -494,7 +472,7 @@ def _type_condition(
 
 
 def _among(
-    sql: _Sql, column: str, values: Sequence[str], filter_only: bool
+    sql: DriverCursor, column: str, values: Sequence[str], filter_only: bool
 ) -> tuple[str, list[Any]]:
     """``column`` equal to one of ``values``: a few inline, more as one JSON array parameter
     (no driver limit on the number of bound parameters then; psycopg takes 10 us per
@@ -545,7 +523,7 @@ _resolved_lock = threading.Lock()
 
 
 def _type_filter(
-    sql: _Sql, store: EventStore, query_types: tuple[QueryType, ...] | None
+    sql: DriverCursor, store: EventStore, query_types: tuple[QueryType, ...] | None
 ) -> _TypeFilter | None:
     """The stored types ``query_types`` select; None when every type is selected (no type
     condition is needed then)."""
@@ -572,7 +550,7 @@ def _type_filter(
 
 
 def _resolve(
-    sql: _Sql, query_types: Sequence[QueryType], candidates: _TypeFilter | None
+    sql: DriverCursor, query_types: Sequence[QueryType], candidates: _TypeFilter | None
 ) -> _TypeFilter | None:
     """Match the candidate types (every known type if ``candidates`` is None) in Python."""
     statement = "SELECT t.type FROM event_types t"

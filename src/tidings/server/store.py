@@ -68,7 +68,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
-from tidings.db import driver_url, placeholder
+from tidings.db import driver_url
 from tidings.errors import SchemaError, TidingsError
 
 log = logging.getLogger(__name__)
@@ -254,31 +254,41 @@ _V1_TYPE_INDEX = "event_events_type_idx"
 _PG_APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 
 
-class _Raw:
-    """A DBAPI cursor and its driver's parameter mark: the register path's plain SQL.
+class DriverCursor:
+    """A DBAPI cursor for plain SQL written with ``?`` marks (``%s`` for psycopg).
 
-    Registration is the server's hot path; SQLAlchemy's per-statement work cost more than a
-    small register itself, so it runs fixed SQL strings on the driver directly.
+    Registration and queries are the server's hot paths; SQLAlchemy's per-statement work
+    cost more than a small register or a small query itself, so they run fixed SQL strings
+    on the driver directly. No statement has a ``?`` other than its parameter marks.
     """
 
-    __slots__ = ("cursor", "mark")
+    __slots__ = ("cursor", "error", "postgresql")
 
-    def __init__(self, cursor: Any, mark: str) -> None:
+    def __init__(self, cursor: Any, postgresql: bool, error: type[Exception]) -> None:
         self.cursor = cursor
-        self.mark = mark
+        self.postgresql = postgresql
+        #: The driver's base exception class, for callers that turn it into StoreError.
+        self.error = error
 
     @classmethod
-    def inside(cls, conn: Connection) -> _Raw:
+    def of(cls, conn: Connection) -> DriverCursor:
         """The driver cursor of a SQLAlchemy connection, in its current transaction."""
         driver = conn.connection.driver_connection
-        return cls(driver.cursor(), placeholder(conn.dialect.paramstyle))  # type: ignore[union-attr]
+        assert driver is not None
+        return cls(
+            driver.cursor(), conn.dialect.name == "postgresql", conn.dialect.loaded_dbapi.Error
+        )
 
-    def execute(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        self.cursor.execute(statement, params)
+    def rows(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run ``statement``; its rows, if it returns any."""
+        self.cursor.execute(self._marked(statement), params)
         return self.cursor.fetchall() if self.cursor.description else []
 
     def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
-        self.cursor.executemany(statement, rows)
+        self.cursor.executemany(self._marked(statement), rows)
+
+    def _marked(self, statement: str) -> str:
+        return statement.replace("?", "%s") if self.postgresql else statement
 
 
 class _Writer:
@@ -294,31 +304,28 @@ class _Writer:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._postgresql = engine.dialect.name == "postgresql"
-        self._mark = placeholder(engine.dialect.paramstyle)
         self._driver_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._lock = threading.Lock()
         self._connection: Any = None
 
     @contextmanager
-    def transaction(self, url: str) -> Iterator[_Raw]:
+    def transaction(self, url: str) -> Iterator[DriverCursor]:
         """One append transaction; database errors leave as :class:`StoreError`."""
         with self._lock:
             try:
                 if self._connection is None:
                     self._connection = self._engine.raw_connection()
                 driver = self._connection.driver_connection
-                raw = _Raw(driver.cursor(), self._mark)
+                raw = DriverCursor(driver.cursor(), self._postgresql, self._driver_error)
                 if self._postgresql:
-                    raw.execute(
-                        f"SELECT pg_advisory_xact_lock({self._mark})", (_PG_APPEND_LOCK_KEY,)
-                    )
+                    raw.rows("SELECT pg_advisory_xact_lock(?)", (_PG_APPEND_LOCK_KEY,))
                 else:
-                    raw.execute("BEGIN IMMEDIATE")
+                    raw.rows("BEGIN IMMEDIATE")
                 yield raw
                 if self._postgresql:
                     driver.commit()
                 else:
-                    raw.execute("COMMIT")
+                    raw.rows("COMMIT")
             except BaseException as exc:
                 self._rollback()
                 if isinstance(exc, self._driver_error):
@@ -470,7 +477,7 @@ class EventStore:
         if not events:
             return []
         with self._transaction("append synced events", append=True) as conn:
-            raw = _Raw.inside(conn)
+            raw = DriverCursor.of(conn)
             known_ids = _select_known_ids(conn, {e.id for e in events})
             known_keys = _select_outbox_keys(
                 raw, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
@@ -486,7 +493,7 @@ class EventStore:
                 replace(synced, position=first_position + offset)
                 for offset, synced in enumerate(fresh)
             ]
-            raw.executemany(_insert_sql(raw.mark), [_row(e, encoded_types[e.type]) for e in stored])
+            raw.executemany(_INSERT_SQL, [_row(e, encoded_types[e.type]) for e in stored])
             _add_types(raw, {encoded_types[e.type] for e in stored})
             _raise_id_counters(conn, stored)
         return stored
@@ -547,7 +554,7 @@ class EventStore:
             _require_outbox_id(outbox_id)
         with self._transaction("look up outbox ids") as conn:
             found: dict[str, list[StoredEvent]] = {}
-            for event in _select_by_outbox_ids(_Raw.inside(conn), wanted):
+            for event in _select_by_outbox_ids(DriverCursor.of(conn), wanted):
                 assert event.outbox_event_id is not None
                 found.setdefault(event.outbox_event_id, []).append(event)
             return found
@@ -621,7 +628,7 @@ class EventStore:
 
     def _append(
         self,
-        conn: _Raw,
+        conn: DriverCursor,
         sessions: Sequence[Sequence[NewEvent]],
         encoded_types: dict[EventType, str],
     ) -> list[StoredEvent]:
@@ -682,7 +689,7 @@ class EventStore:
                         new_event.outbox_event_id,
                     )
                 )
-        conn.executemany(_insert_sql(conn.mark), rows)
+        conn.executemany(_INSERT_SQL, rows)
         return stored
 
     @contextmanager
@@ -730,8 +737,7 @@ _INSERT_COLUMNS = ", ".join(EVENT_COLUMNS)
 _KINDS: dict[str | None, PayloadKind | None] = {None: None, **{k.value: k for k in PayloadKind}}
 
 
-def _insert_sql(mark: str) -> str:
-    return f"INSERT INTO event_events ({_INSERT_COLUMNS}) VALUES ({', '.join([mark] * 10)})"
+_INSERT_SQL = f"INSERT INTO event_events ({_INSERT_COLUMNS}) VALUES ({', '.join('?' * 10)})"
 
 
 def _row(event: StoredEvent, encoded_type: str) -> tuple[Any, ...]:
@@ -751,7 +757,7 @@ def _row(event: StoredEvent, encoded_type: str) -> tuple[Any, ...]:
     )
 
 
-def _add_types(conn: _Raw, encoded_types: set[str]) -> None:
+def _add_types(conn: DriverCursor, encoded_types: set[str]) -> None:
     """Record the types of a batch in ``event_types``, each once.
 
     ``ON CONFLICT DO NOTHING`` (SQLite and PostgreSQL alike) checks the primary key first and
@@ -761,7 +767,7 @@ def _add_types(conn: _Raw, encoded_types: set[str]) -> None:
     if not encoded_types:
         return
     conn.executemany(
-        f"INSERT INTO event_types (type) VALUES ({conn.mark}) ON CONFLICT (type) DO NOTHING",
+        "INSERT INTO event_types (type) VALUES (?) ON CONFLICT (type) DO NOTHING",
         [(encoded,) for encoded in sorted(encoded_types)],
     )
 
@@ -894,21 +900,20 @@ def _raise_id_counters(conn: Connection, stored: Sequence[StoredEvent]) -> None:
             )
 
 
-def _advance_counters(conn: _Raw, increments: dict[str, int]) -> dict[str, int]:
+def _advance_counters(conn: DriverCursor, increments: dict[str, int]) -> dict[str, int]:
     """Add to several counters in one driver-level statement; return their new values.
 
     This runs for every session, so it is one round trip of plain SQL rather than one
     SQLAlchemy statement per counter (which cost more than the rest of a small register).
     """
-    mark = conn.mark
     names = list(increments)
-    cases = " ".join([f"WHEN {mark} THEN {mark}"] * len(names))
+    cases = " ".join(["WHEN ? THEN ?"] * len(names))
     statement = (
         f"UPDATE event_counters SET value = value + CASE name {cases} END "
-        f"WHERE name IN ({', '.join([mark] * len(names))}) RETURNING name, value"
+        f"WHERE name IN ({', '.join('?' * len(names))}) RETURNING name, value"
     )
     params = tuple(x for name in names for x in (name, increments[name])) + tuple(names)
-    values = dict(conn.execute(statement, params))
+    values = dict(conn.rows(statement, params))
     if len(values) != len(names):
         raise StoreError(f"event store counters missing: {sorted(set(names) - set(values))}")
     return values
@@ -918,7 +923,7 @@ def _advance_counters(conn: _Raw, increments: dict[str, int]) -> dict[str, int]:
 _OutboxKey = tuple[str, str]
 
 
-def _select_by_outbox_ids(conn: _Raw, ids: set[str]) -> Iterator[StoredEvent]:
+def _select_by_outbox_ids(conn: DriverCursor, ids: set[str]) -> Iterator[StoredEvent]:
     """Yield the stored events of ``ids`` in chunked ``IN`` queries, each chunk by position.
 
     All rows of one id are in one chunk, so they come in position order.
@@ -926,15 +931,15 @@ def _select_by_outbox_ids(conn: _Raw, ids: set[str]) -> Iterator[StoredEvent]:
     ordered = sorted(ids)
     for start in range(0, len(ordered), _IN_CHUNK):
         chunk = ordered[start : start + _IN_CHUNK]
-        marks = ", ".join([conn.mark] * len(chunk))
+        marks = ", ".join("?" * len(chunk))
         statement = (
             f"SELECT {_INSERT_COLUMNS} FROM event_events "
             f"WHERE outbox_event_id IN ({marks}) ORDER BY position"
         )
-        yield from events_from_rows(conn.execute(statement, tuple(chunk)))
+        yield from events_from_rows(conn.rows(statement, tuple(chunk)))
 
 
-def _select_outbox_keys(conn: _Raw, ids: set[str]) -> dict[_OutboxKey, StoredEvent]:
+def _select_outbox_keys(conn: DriverCursor, ids: set[str]) -> dict[_OutboxKey, StoredEvent]:
     """Fetch the stored events of ``ids`` by dedup key.
 
     Keyed by the stored type text: encode_type is canonical, so it equals the encoding of
