@@ -1,0 +1,871 @@
+"""Benchmark of tidings' event server against hat-event 0.8.5's own server (lmdb backend).
+
+Run ``.venv/bin/python bench/server.py [--quick] [--only hat|tidings]`` from the repository.
+Each server runs as a subprocess in a fresh temporary directory on a free port and is driven
+by the same client, hat-event 0.8.5's ``hat.event.eventer`` (asyncio, in this process), with
+the same workload:
+
+1. register throughput: batches of 100 with ``register_with_response``, single events with
+   ``register_with_response`` one at a time, and fire-and-forget ``register`` of single
+   events until all are stored;
+2. latest-by-type queries (``unique_type=True``) matching 100, 300 and 3,000 event types,
+   and a time-ordered query of the newest 100 events: p50 and p99;
+3. notify latency: register one event (one at a time) until a second, subscribed client
+   receives its notify: p50 and p99.
+
+Every answer is checked (counts, types, newest values, order); a wrong answer fails the run.
+Writes ``bench/results/server.json`` and ``bench/results/server.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import hat.event.common as hc
+import psutil
+import yaml
+from hat.event import eventer
+
+from relay import code_version, machine_info, percentile, say
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VENV_BIN = Path(sys.executable).parent
+SERVERS = ("hat", "tidings")
+_START = time.monotonic()
+
+
+@dataclass(frozen=True)
+class Sizes:
+    register_events: int  # per register measure
+    batch: int  # events per register_with_response in the batch measure and the query setup
+    query_rounds: int  # events per query type
+    queries: int  # timed runs of latest100, latest300 and the ordered query
+    queries_3000: int  # timed runs of latest3000 (fewer if it exceeds the budget) ...
+    min_queries_3000: int  # ... but at least this many
+    query_budget_s: float
+    notify_events: int
+    warmup: int = 5  # untimed runs before each timed series
+
+
+FULL = Sizes(20_000, 100, 5, 200, 200, 50, 20.0, 1000)
+QUICK = Sizes(2_000, 100, 2, 30, 15, 10, 5.0, 200)
+
+# Query types: ('bench', 'q', group, f't{i}'); the groups make the patterns below match exactly
+# 100, 300 and 3,000 types.
+GROUPS = {"g0": 100, "g1": 300, "g2": 2600}
+LATEST = {
+    "latest100": (("bench", "q", "g0", "*"), 100),
+    "latest300": (("bench", "q", "g1", "*"), 300),
+    "latest3000": (("bench", "q", "*"), 3000),
+}
+ORDERED_PATTERN = ("bench", "*")
+ORDERED_RESULTS = 100
+NOTIFY_PATTERN = ("bench", "n", "*")
+
+# measure -> (unit, higher is better)
+MEASURES: dict[str, tuple[str, bool]] = {
+    "register_batch_ev_s": ("ev/s", True),
+    "register_single_ev_s": ("ev/s", True),
+    "register_ff_ev_s": ("ev/s", True),
+    "latest100_p99_ms": ("ms", False),
+    "latest300_p99_ms": ("ms", False),
+    "latest3000_p99_ms": ("ms", False),
+    "ordered_p99_ms": ("ms", False),
+    "notify_p50_ms": ("ms", False),
+    "notify_p99_ms": ("ms", False),
+}
+EXTRAS = ("latest100_p50_ms", "latest300_p50_ms", "latest3000_p50_ms", "ordered_p50_ms")
+FASTER_BY = 2.0  # goal: tidings >= 2x hat throughput, <= 1/2 of hat's latency
+
+
+class WrongAnswer(Exception):
+    """A server answered a register or query incorrectly."""
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise WrongAnswer(message)
+
+
+# -- servers ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def hat_config(work: Path, port: int) -> dict[str, Any]:
+    return {
+        "type": "event",
+        "log": {
+            "version": 1,
+            "formatters": {"f": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+            "handlers": {"c": {"class": "logging.StreamHandler", "formatter": "f"}},
+            "root": {"level": "WARNING", "handlers": ["c"]},
+            "disable_existing_loggers": False,
+        },
+        "backend": {
+            "module": "hat.event.server.backends.lmdb",
+            "db_path": str(work / "event.db"),
+            "max_db_size": 1 << 30,
+            "flush_period": 1,
+            "conditions": [],
+            "latest": {"subscriptions": [["*"]]},
+            "ordered": [{"order_by": "TIMESTAMP", "subscriptions": [["*"]]}],
+        },
+        "engine": {"server_id": 1, "modules": []},
+        "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{port}"},
+    }
+
+
+def tidings_config(port: int) -> dict[str, Any]:
+    return {
+        "type": "event",
+        "backend": {"module": "tidings.server.backends.sqlite", "db_path": "events.db"},
+        "engine": {"server_id": 1, "modules": []},
+        "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{port}"},
+    }
+
+
+class ServerProcess:
+    """One server subprocess in its own temporary directory."""
+
+    def __init__(self, kind: str, keep: bool) -> None:
+        self.kind = kind
+        self.keep = keep
+        self.work = Path(tempfile.mkdtemp(prefix=f"tidings-bench-{kind}-"))
+        self.port = free_port()
+        self.address = f"tcp+sbs://127.0.0.1:{self.port}"
+        self.log_path = self.work / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ps: psutil.Process | None = None
+
+    def command(self) -> list[str]:
+        if self.kind == "hat":
+            conf = self.work / "hat.yaml"
+            conf.write_text(yaml.safe_dump(hat_config(self.work, self.port)))
+            return [str(VENV_BIN / "hat-event-server"), "--conf", str(conf)]
+        conf = self.work / "tidings.yaml"
+        conf.write_text(yaml.safe_dump(tidings_config(self.port), sort_keys=False))
+        return [sys.executable, "-m", "tidings.cli", "server", "--conf", str(conf)]
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def log_problems(self, lines: int = 3) -> str:
+        """The last warnings and errors in the server's log."""
+        found = [
+            line
+            for line in self.log_tail(200).splitlines()
+            if any(w in line.lower() for w in ("warning", "error", "exception"))
+        ]
+        return " | ".join(found[-lines:])
+
+    async def start(self, timeout: float = 60.0) -> None:
+        cmd = self.command()
+        say(f"[{self.kind}] starting {' '.join(cmd)} in {self.work}")
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.work, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self.ps = psutil.Process(self.proc.pid)
+        started = time.perf_counter()
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.kind} server exited with {self.proc.returncode} before listening:\n"
+                    f"{self.log_tail()}"
+                )
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                if time.perf_counter() - started > timeout:
+                    raise RuntimeError(
+                        f"{self.kind} server not listening on {self.port} after {timeout:g} s:\n"
+                        f"{self.log_tail()}"
+                    ) from None
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            break
+        say(f"[{self.kind}] listening on {self.port} after {time.perf_counter() - started:.1f} s")
+
+    def cpu_seconds(self) -> float:
+        if self.ps is None:
+            return 0.0
+        try:
+            times = self.ps.cpu_times()
+        except psutil.Error:
+            return 0.0
+        return times.user + times.system
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                say(f"[{self.kind}] did not stop within 30 s of SIGTERM; killing it")
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc is not None:
+            say(f"[{self.kind}] stopped (exit code {self.proc.returncode})")
+        if self.keep:
+            say(f"[{self.kind}] work dir kept: {self.work}")
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+# -- workload --------------------------------------------------------------------------------
+
+
+def json_payload(data: Any) -> hc.EventPayload:
+    return hc.EventPayload(type=hc.EventPayloadType.JSON, data=data)
+
+
+def reg_event(event_type: tuple[str, ...], data: Any) -> hc.RegisterEvent:
+    return hc.RegisterEvent(
+        event_type=event_type, source_timestamp=None, payload=json_payload(data)
+    )
+
+
+def ts_key(event: hc.Event) -> tuple[Any, ...]:
+    return (event.timestamp.s, event.timestamp.us)
+
+
+@dataclass
+class Run:
+    """The figures of one server, plus CPU use per phase."""
+
+    kind: str
+    server: ServerProcess
+    figures: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, dict[str, float]] = field(default_factory=dict)
+    last_event: hc.Event | None = None  # newest event the benchmark registered
+    errors: dict[str, str] = field(default_factory=dict)  # step -> what went wrong
+
+    async def phase(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        me = psutil.Process()
+        server0, client0 = self.server.cpu_seconds(), sum(me.cpu_times()[:2])
+        system0, wall0 = psutil.cpu_times(), time.perf_counter()
+        await body()
+        wall = time.perf_counter() - wall0
+        server = self.server.cpu_seconds() - server0
+        client = sum(me.cpu_times()[:2]) - client0
+        system1 = psutil.cpu_times()
+        busy = sum(
+            getattr(system1, f) - getattr(system0, f)
+            for f in ("user", "nice", "system", "irq", "softirq")
+            if hasattr(system0, f)
+        )
+        self.cpu[name] = {
+            "wall_s": round(wall, 2),
+            "server_cpu_s": round(server, 2),
+            "client_cpu_s": round(client, 2),
+            "other_cpu_s": round(max(0.0, busy - server - client), 2),
+        }
+        say(
+            f"[{self.kind}]   {name}: {wall:.1f} s wall, server {server:.1f} CPU-s, "
+            f"client {client:.1f} CPU-s, other processes {self.cpu[name]['other_cpu_s']:.1f} CPU-s"
+        )
+
+    def record(self, name: str, value: float) -> None:
+        self.figures[name] = round(value, 3 if value < 100 else 1)
+        say(f"[{self.kind}]   {name} = {self.figures[name]:,}")
+
+
+def check_registered(results: list[hc.Event | None], sent: list[hc.RegisterEvent]) -> None:
+    check(len(results) == len(sent), f"register answered {len(results)} items for {len(sent)}")
+    for got, want in zip(results, sent, strict=True):
+        check(got is not None, "register answered a failure")
+        assert got is not None
+        check(
+            tuple(got.event_type) == tuple(want.event_type)
+            and got.payload is not None
+            and got.payload.data == want.payload.data,  # type: ignore[union-attr]
+            f"register answered {got} for {want}",
+        )
+
+
+async def register_batch(client: eventer.Client, run: Run, sizes: Sizes) -> None:
+    n, b = sizes.register_events, sizes.batch
+    batches = [
+        [reg_event(("bench", "r", "batch", f"k{i % 100}"), {"seq": i}) for i in range(s, s + b)]
+        for s in range(0, n, b)
+    ]
+    started = time.perf_counter()
+    for batch in batches:
+        results = await client.register_with_response(batch)
+        check_registered(results, batch)
+    run.record("register_batch_ev_s", n / (time.perf_counter() - started))
+    run.last_event = results[-1]
+
+
+async def register_single(client: eventer.Client, run: Run, sizes: Sizes) -> None:
+    n = sizes.register_events
+    events = [reg_event(("bench", "r", "single", f"k{i % 100}"), {"seq": i}) for i in range(n)]
+    started = time.perf_counter()
+    for event in events:
+        results = await client.register_with_response([event])
+        check_registered(results, [event])
+    run.record("register_single_ev_s", n / (time.perf_counter() - started))
+    run.last_event = results[-1]
+
+
+async def count_events(client: eventer.Client, pattern: tuple[str, ...]) -> int:
+    events = await client.query(hc.QueryData(event_types=[pattern], unique_type=False))
+    return len(events)
+
+
+async def register_ff(client: eventer.Client, run: Run, sizes: Sizes) -> None:
+    """Fire-and-forget registers, then one register_with_response on the same connection.
+
+    Both servers handle one connection's requests in order, so the marker's reply means the
+    events before it were registered; a count query afterwards (untimed if it agrees) checks
+    that. If it does not agree yet, the clock runs on until a count query sees them all.
+    """
+    n = sizes.register_events
+    pattern = ("bench", "r", "ff", "*")
+    events = [reg_event(("bench", "r", "ff", f"k{i % 100}"), {"seq": i}) for i in range(n)]
+    marker = reg_event(("bench", "r", "ff-marker"), {"seq": n})
+    started = time.perf_counter()
+    for event in events:
+        client.register([event])
+    try:
+        results = await client.register_with_response([marker])
+    except ConnectionError:
+        raise ConnectionError(
+            f"the connection closed {time.perf_counter() - started:.1f} s after the first of "
+            f"{n:,} fire-and-forget registers, before the marker's reply"
+        ) from None
+    elapsed = time.perf_counter() - started
+    check_registered(results, [marker])
+    count = await count_events(client, pattern)
+    while count < n:
+        say(f"[{run.kind}]   after the marker only {count:,} of {n:,} ff events are queryable")
+        check(time.perf_counter() - started < 60, f"only {count} of {n} ff events stored")
+        await asyncio.sleep(0.01)
+        count = await count_events(client, pattern)
+        elapsed = time.perf_counter() - started
+    check(count == n, f"{count} ff events stored, {n} sent")
+    run.record("register_ff_ev_s", n / elapsed)
+    run.last_event = results[-1]
+
+
+def query_types() -> list[tuple[str, ...]]:
+    return [("bench", "q", g, f"t{i}") for g, count in GROUPS.items() for i in range(count)]
+
+
+async def query_setup(client: eventer.Client, run: Run, sizes: Sizes) -> None:
+    types = query_types()
+    started = time.perf_counter()
+    for rnd in range(sizes.query_rounds):
+        for s in range(0, len(types), sizes.batch):
+            batch = [
+                reg_event(t, {"round": rnd, "i": s + j})
+                for j, t in enumerate(types[s : s + sizes.batch])
+            ]
+            results = await client.register_with_response(batch)
+            check_registered(results, batch)
+    run.last_event = results[-1]
+    total = len(types) * sizes.query_rounds
+    say(
+        f"[{run.kind}]   query setup: {total:,} events over {len(types):,} types in "
+        f"{time.perf_counter() - started:.1f} s"
+    )
+
+
+async def timed_queries(
+    client: eventer.Client,
+    query: hc.QueryData,
+    verify: Callable[[list[hc.Event]], None],
+    count: int,
+    warmup: int,
+    *,
+    min_count: int | None = None,
+    budget_s: float | None = None,
+) -> list[float]:
+    """Milliseconds per query; every answer verified. Stops early (at ``min_count`` or more)
+    when ``budget_s`` is spent."""
+    for _ in range(warmup):
+        verify(await client.query(query))
+    times: list[float] = []
+    series = time.perf_counter()
+    for _ in range(count):
+        started = time.perf_counter()
+        events = await client.query(query)
+        times.append((time.perf_counter() - started) * 1000)
+        verify(events)
+        if (
+            budget_s is not None
+            and min_count is not None
+            and len(times) >= min_count
+            and time.perf_counter() - series > budget_s
+        ):
+            break
+    return times
+
+
+def verify_latest(pattern: tuple[str, ...], expected: int, rounds: int) -> Callable[..., None]:
+    types = {t for t in query_types() if hc.matches_query_type(t, pattern)}
+    check(len(types) == expected, f"{pattern} matches {len(types)} types, not {expected}")
+
+    def verify(events: list[hc.Event]) -> None:
+        check(
+            len(events) == expected,
+            f"latest {pattern}: {len(events)} events, expected {expected} (one per type)",
+        )
+        got = {tuple(e.event_type) for e in events}
+        check(got == types, f"latest {pattern}: wrong or repeated types ({len(got)} distinct)")
+        stale = [e for e in events if e.payload is None or e.payload.data["round"] != rounds - 1]
+        check(not stale, f"latest {pattern}: {len(stale)} events are not the newest of their type")
+        keys = [ts_key(e) for e in events]
+        check(keys == sorted(keys, reverse=True), f"latest {pattern}: not newest first")
+
+    return verify
+
+
+async def latest_queries(client: eventer.Client, run: Run, sizes: Sizes) -> None:
+    for name, (pattern, expected) in LATEST.items():
+        query = hc.QueryData(
+            event_types=[pattern],
+            unique_type=True,
+            max_results=expected,
+            order=hc.Order.DESCENDING,
+            order_by=hc.OrderBy.TIMESTAMP,
+        )
+        verify = verify_latest(pattern, expected, sizes.query_rounds)
+        if expected >= 3000:
+            times = await timed_queries(
+                client,
+                query,
+                verify,
+                sizes.queries_3000,
+                min(sizes.warmup, 2),
+                min_count=sizes.min_queries_3000,
+                budget_s=sizes.query_budget_s,
+            )
+        else:
+            times = await timed_queries(client, query, verify, sizes.queries, sizes.warmup)
+        say(f"[{run.kind}]   {name}: {len(times)} queries")
+        run.record(f"{name}_p50_ms", percentile(times, 50))
+        run.record(f"{name}_p99_ms", percentile(times, 99))
+
+
+async def ordered_queries(client: eventer.Client, run: Run, sizes: Sizes) -> None:
+    newest = run.last_event
+    assert newest is not None
+    query = hc.QueryData(
+        event_types=[ORDERED_PATTERN],
+        order_by=hc.OrderBy.TIMESTAMP,
+        order=hc.Order.DESCENDING,
+        max_results=ORDERED_RESULTS,
+    )
+
+    def verify(events: list[hc.Event]) -> None:
+        check(len(events) == ORDERED_RESULTS, f"ordered: {len(events)} events, not 100")
+        check(all(e.event_type[0] == "bench" for e in events), "ordered: a non-bench type")
+        keys = [ts_key(e) for e in events]
+        check(keys == sorted(keys, reverse=True), "ordered: not newest first")
+        check(keys[0] == ts_key(newest), "ordered: the first event is not the newest one")
+        ids = {e.event_id for e in events}
+        check(len(ids) == len(events), "ordered: repeated events")
+
+    times = await timed_queries(client, query, verify, sizes.queries, sizes.warmup)
+    run.record("ordered_p50_ms", percentile(times, 50))
+    run.record("ordered_p99_ms", percentile(times, 99))
+
+
+async def notify_latency(client: eventer.Client, run: Run, sizes: Sizes) -> None:
+    subscriber = await eventer.connect(run.server.address, [NOTIFY_PATTERN])
+    arrivals: dict[int, float] = {}
+    waiting: dict[int, asyncio.Future[float]] = {}
+    problems: list[str] = []
+
+    async def receive() -> None:
+        while True:
+            events = await subscriber.receive()
+            now = time.perf_counter()
+            for event in events:
+                if event.event_type[:2] != ("bench", "n") or event.payload is None:
+                    problems.append(f"notify of an unsubscribed event {event.event_type}")
+                    continue
+                seq = event.payload.data["seq"]
+                if seq in arrivals:
+                    problems.append(f"notify of seq {seq} twice")
+                arrivals[seq] = now
+                future = waiting.pop(seq, None)
+                if future is not None and not future.done():
+                    future.set_result(now)
+
+    receiver = asyncio.create_task(receive())
+    try:
+        # The subscription is sent right after connecting; wait until it is in effect.
+        warm = -1
+        while True:
+            future = waiting[warm] = asyncio.get_running_loop().create_future()
+            await client.register_with_response([reg_event(("bench", "n", "x"), {"seq": warm})])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(future), 0.5)
+                break
+            warm -= 1
+            check(warm > -20, "the subscriber received no notify within 10 s")
+        latencies: list[float] = []
+        loop = asyncio.get_running_loop()
+        for seq in range(sizes.notify_events):
+            future = waiting[seq] = loop.create_future()
+            event = reg_event(("bench", "n", f"k{seq % 10}"), {"seq": seq})
+            started = time.perf_counter()
+            results = await client.register_with_response([event])
+            try:
+                arrived = await asyncio.wait_for(future, 10)
+            except TimeoutError:
+                raise WrongAnswer(f"no notify for seq {seq} within 10 s") from None
+            latencies.append((arrived - started) * 1000)
+            check_registered(results, [event])
+        run.last_event = results[-1]
+        await asyncio.sleep(0.1)  # anything stray would arrive now
+        check(not problems, f"notify: {problems[:3]}")
+        check(
+            set(range(sizes.notify_events)) <= set(arrivals),
+            "notify: events missing",
+        )
+        run.record("notify_p50_ms", percentile(latencies, 50))
+        run.record("notify_p99_ms", percentile(latencies, 99))
+    finally:
+        receiver.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await receiver
+        await subscriber.async_close()
+
+
+STEPS: list[tuple[str, Callable[[eventer.Client, Run, Sizes], Awaitable[None]]]] = [
+    ("register batch", register_batch),
+    ("register single", register_single),
+    ("register fire-and-forget", register_ff),
+    ("query setup", query_setup),
+    ("latest queries", latest_queries),
+    ("ordered query", ordered_queries),
+    ("notify latency", notify_latency),
+]
+NEEDS = {"latest queries": "query setup", "ordered query": "query setup"}
+
+
+async def settle(server: ServerProcess, timeout: float = 120.0) -> None:
+    """Wait until the server is idle (under 10% of a core for 0.5 s), e.g. still working off
+    a dropped client's backlog, so that it does not slow the next measure."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        before = server.cpu_seconds()
+        await asyncio.sleep(0.5)
+        if server.cpu_seconds() - before < 0.05:
+            return
+    say(f"[{server.kind}] still busy after {timeout:g} s")
+
+
+async def bench_server(run: Run, sizes: Sizes) -> None:
+    """Runs every step; a failing step (wrong answer, dropped connection) is recorded in
+    ``run.errors`` and the run goes on with a new connection."""
+    kind, server = run.kind, run.server
+    failed: set[str] = set()
+    client: eventer.Client | None = None
+    try:
+        await server.start()
+        for name, step in STEPS:
+            if NEEDS.get(name) in failed:
+                run.errors[name] = f"skipped: {NEEDS[name]} failed"
+                say(f"[{kind}] {name} skipped")
+                continue
+            if client is None or not client.is_open:
+                client = await eventer.connect(server.address)
+            say(f"[{kind}] {name} ...")
+            try:
+                await run.phase(name, lambda c=client, step=step: step(c, run, sizes))
+            except Exception as exc:
+                traceback.print_exc()
+                failed.add(name)
+                logged = server.log_problems()
+                run.errors[name] = f"{type(exc).__name__}: {exc}" + (
+                    f"; server log: {logged}" if logged else ""
+                )
+                say(f"!! [{kind}] {name} FAILED: {run.errors[name]}")
+                await settle(server)
+            if server.proc is not None and server.proc.poll() is not None:
+                raise RuntimeError(f"{kind} server exited:\n{server.log_tail()}")
+    finally:
+        if client is not None:
+            await client.async_close()
+        server.stop()
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+def evaluate(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    goals: dict[str, dict[str, Any]] = {}
+    for name, (_, higher) in MEASURES.items():
+        t, h = result.get(f"{name}_tidings"), result.get(f"{name}_hat")
+        ratio = None if t is None or h is None or h == 0 else round(t / h, 3)
+        if higher:
+            goal, met = f"tidings >= {FASTER_BY:g}x hat", ratio is not None and ratio >= FASTER_BY
+        else:
+            goal = f"tidings <= {1 / FASTER_BY:g}x hat"
+            met = ratio is not None and ratio <= 1 / FASTER_BY
+        goals[name] = {"goal": goal, "ratio": ratio, "met": met}
+    return goals
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.0f}" if unit == "ev/s" else f"{value:,.2f}"
+
+
+def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
+    rows = []
+    for name, (unit, _) in MEASURES.items():
+        g = result["goals"][name]
+        rows.append(
+            (
+                f"{name} ({unit})",
+                fmt(result.get(f"{name}_hat"), unit),
+                fmt(result.get(f"{name}_tidings"), unit),
+                "n/a" if g["ratio"] is None else f"{g['ratio']:.2f}",
+                g["goal"],
+                "yes" if g["met"] else "no",
+            )
+        )
+    for name in EXTRAS:
+        rows.append(
+            (
+                f"{name} (ms)",
+                fmt(result.get(f"{name}_hat"), "ms"),
+                fmt(result.get(f"{name}_tidings"), "ms"),
+                "",
+                "",
+                "",
+            )
+        )
+    return rows
+
+
+def print_table(result: dict[str, Any]) -> None:
+    header = ("measure", "hat 0.8.5", "tidings", "tidings/hat", "goal", "met")
+    rows = [header, *table_rows(result)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for i, row in enumerate(rows):
+        print(
+            "  ".join(
+                c.ljust(w) if j in (0, 4) else c.rjust(w)
+                for j, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtime: float) -> str:
+    m = result["machine"]
+    cmd = ".venv/bin/python bench/server.py" + (" --quick" if quick else "")
+    cmd += f" --only {only}" if only else ""
+    lines = [
+        "# tidings event server vs hat-event 0.8.5",
+        "",
+        f"Run `{cmd}` on {m['date']}, {runtime / 60:.1f} min; {result['code']}.",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM; {m['os']}; Python "
+        f"{m['python']}; hat-event {m['hat_event']}. Client and server share the machine.",
+        "",
+        "| measure | hat 0.8.5 (lmdb) | tidings (sqlite) | tidings/hat | goal | met |",
+        "|---|---:|---:|---:|---|:---:|",
+    ]
+    for row in table_rows(result):
+        met = {"no": "**no**"}.get(row[5], row[5])
+        lines.append(f"| {' | '.join(row[:5])} | {met} |")
+    if result["errors"]:
+        lines += ["", "## Errors", ""] + [
+            f"- **{k}**: {v}".replace("\n", "<br>") for k, v in result["errors"].items()
+        ]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
+    lines += [
+        "",
+        "## CPU per phase",
+        "",
+        "| server | phase | wall s | server CPU-s | client CPU-s | other CPU-s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for kind, phases in result["cpu"].items():
+        for phase, c in phases.items():
+            lines.append(
+                f"| {kind} | {phase} | {c['wall_s']} | {c['server_cpu_s']} | "
+                f"{c['client_cpu_s']} | {c['other_cpu_s']} |"
+            )
+    s = result["sizes"]
+    lines += [
+        "",
+        "## Method",
+        "",
+        "Each server is a subprocess in a fresh temporary directory, driven by hat-event "
+        "0.8.5's `hat.event.eventer` client (asyncio, in the benchmark process; one connection "
+        "for the workload, a second one subscribed to `('bench','n','*')` for notify). "
+        "hat: `hat-event-server` with the lmdb backend (flush_period 1 s, latest and "
+        "TIMESTAMP-ordered subscriptions `[['*']]`). tidings: `python -m tidings.cli server` "
+        "with the SQLite backend. Both log at WARNING.",
+        "",
+        f"1. register_batch: {s['register_events']:,} events in `register_with_response` "
+        f"batches of {s['batch']}, one request at a time; register_single: "
+        f"{s['register_events']:,} one-event `register_with_response` calls, one at a time; "
+        f"register_ff: {s['register_events']:,} one-event `register` calls, then one "
+        "`register_with_response` on the same connection (both servers handle a connection's "
+        "requests in order); the clock stops at its reply, and a count query then checks that "
+        "all events are stored.",
+        f"2. Query setup: {s['query_rounds']} events for each of 3,000 types "
+        "`('bench','q',g,'tN')` (groups of 100, 300, 2,600), in batches of 100. latestN: "
+        "`QueryData(event_types=[pattern], unique_type=True, max_results=N)`, descending by "
+        "timestamp, with `('bench','q','g0','*')`, `('bench','q','g1','*')` and "
+        f"`('bench','q','*')`; {s['queries']} timed runs ({s['queries_3000']} for 3,000 types, "
+        f"at least {s['min_queries_3000']}, within {s['query_budget_s']:g} s) after "
+        f"{s['warmup']} untimed ones. Each answer must have one event per matching type, each "
+        "the newest of its type, newest first. ordered: `('bench','*')` by TIMESTAMP "
+        f"descending, max_results 100, {s['queries']} runs; the answer must be 100 distinct "
+        "events, newest first, starting with the newest event registered.",
+        f"3. Notify: {s['notify_events']:,} one-event `register_with_response` calls, one at "
+        "a time; latency from just before the call to the subscriber's receipt of the notify "
+        "with the same sequence number (the next call waits for both).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def fairness_notes(quick: bool, sizes: Sizes) -> list[str]:
+    notes = []
+    if quick:
+        notes.append(
+            f"--quick run: {sizes.register_events:,} events per register measure, "
+            f"{sizes.query_rounds} events per query type, {sizes.queries} queries per series, "
+            f"{sizes.notify_events} notifies"
+        )
+    notes += [
+        "Durability differs: hat's lmdb backend answers from memory and writes to disk every "
+        "flush_period (1 s), so an acknowledged event may be lost on a crash; tidings commits "
+        "to SQLite (WAL, synchronous=NORMAL: durable against a process crash, not against "
+        "power loss until the next WAL sync).",
+        "Both servers share the machine's cores with the benchmark client, which is the same "
+        "pure-Python hat client for both; where the client is the bottleneck (see client "
+        "CPU-s) the ratio understates the difference between the servers.",
+        "The servers run one after the other, not interleaved; other load on the machine "
+        "(other CPU-s per phase) affects them differently.",
+    ]
+    return notes
+
+
+def load_notes(runs: dict[str, Run]) -> list[str]:
+    """A note per server whose phases shared the cores with other work on the machine."""
+    cores = psutil.cpu_count() or 1
+    notes = []
+    for kind, run in runs.items():
+        wall = sum(c["wall_s"] for c in run.cpu.values())
+        other = sum(c["other_cpu_s"] for c in run.cpu.values())
+        share = other / (wall * cores) if wall else 0.0
+        if share > 0.1:
+            notes.append(
+                f"{kind}: other processes used {other:.1f} CPU-s ({share:.0%} of {cores} cores) "
+                f"over its {wall:.0f} s of measuring; its figures are slower than on an idle "
+                "machine"
+            )
+    return notes
+
+
+async def run_all(
+    kinds: list[str], sizes: Sizes, keep: bool
+) -> tuple[dict[str, Run], dict[str, str]]:
+    """Runs each server in turn; errors (start-up, per step) are collected, figures kept."""
+    runs: dict[str, Run] = {}
+    errors: dict[str, str] = {}
+    for kind in kinds:
+        say(f"== {kind} ==")
+        run = runs[kind] = Run(kind, ServerProcess(kind, keep))
+        try:
+            await bench_server(run, sizes)
+        except Exception as exc:
+            traceback.print_exc()
+            run.errors["server"] = f"{type(exc).__name__}: {exc}"
+            say(f"!! {kind} FAILED: {run.errors['server']}")
+        errors.update({f"{kind}: {step}": error for step, error in run.errors.items()})
+    return runs, errors
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, about a minute")
+    parser.add_argument("--only", choices=SERVERS, help="run one server only")
+    parser.add_argument("--keep", action="store_true", help="keep the servers' work directories")
+    args = parser.parse_args()
+    say(f"server benchmark ({'quick' if args.quick else 'full'})")
+    machine = machine_info()
+    for key in ("java", "pyspark"):  # not involved here
+        machine.pop(key, None)
+    machine["os"] = platform.platform()
+    machine["hat_event"] = version("hat-event")
+    say(f"machine: {machine}")
+    code = code_version()
+    say(f"code: {code}")
+    sizes = QUICK if args.quick else FULL
+    kinds = [args.only] if args.only else list(SERVERS)
+    runs, errors = asyncio.run(run_all(kinds, sizes, args.keep))
+
+    result: dict[str, Any] = {"machine": machine, "code": code, "quick": args.quick}
+    for name in [*MEASURES, *EXTRAS]:
+        for kind in ("tidings", "hat"):
+            run = runs.get(kind)
+            result[f"{name}_{kind}"] = None if run is None else run.figures.get(name)
+    result["goals"] = evaluate(result)
+    result["errors"] = errors
+    notes = fairness_notes(args.quick, sizes)
+    if args.only:
+        notes.insert(0, f"--only {args.only}: the other server was not run; no ratios")
+    notes += load_notes(runs)
+    result["notes"] = notes
+    result["cpu"] = {kind: run.cpu for kind, run in runs.items()}
+    result["sizes"] = asdict(sizes)
+    runtime = time.monotonic() - _START
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "server.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "server.md").write_text(write_markdown(result, args.quick, args.only, runtime))
+    print()
+    print_table(result)
+    print()
+    say(f"wrote {RESULTS / 'server.json'} and {RESULTS / 'server.md'} ({runtime / 60:.1f} min)")
+    if errors:
+        for kind, error in errors.items():
+            say(f"!! {kind} FAILED: {error}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
