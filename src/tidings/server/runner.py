@@ -42,31 +42,29 @@ class RunningServer:
 
     @classmethod
     async def start(cls, config: ServerConfig) -> RunningServer:
+        """Start every part; if one fails, the parts already started are stopped again."""
         server_id = config.engine.server_id
-        store = open_backend(
-            config.backend.module, config.backend.options(), server_id, config.base_dir
-        )
-        try:
+        async with contextlib.AsyncExitStack() as undo:
+            store = open_backend(
+                config.backend.module, config.backend.options(), server_id, config.base_dir
+            )
+            undo.callback(store.close)
             engine = Engine(store, [], max_session_events=config.engine.max_session_events)
             engine.load_modules([module.as_dict() for module in config.engine.modules])
-        except BaseException:
-            store.close()
-            raise
-        async_engine = AsyncEngine(engine)
-        started: list[object] = []
-        try:
+            async_engine = AsyncEngine(engine)
+            undo.push_async_callback(async_engine.aclose)
             await async_engine.write(engine.start)
             syncer = None
             if config.syncer_server is not None:
                 syncer = await SyncerServer.start(config.syncer_server.address, async_engine)
-                started.append(syncer)
+                undo.push_async_callback(syncer.aclose)
             eventer = await EventerServer.start(
                 config.eventer_server.address,
                 async_engine,
                 max_frame_bytes=config.eventer_server.max_frame_bytes,
                 max_subscriber_lag_bytes=config.eventer_server.max_subscriber_lag_bytes,
             )
-            started.append(eventer)
+            undo.push_async_callback(eventer.aclose)
             running = cls(config, store, async_engine, eventer, syncer)
             for peer in config.syncer_peers:
                 client = SyncerClient(
@@ -76,15 +74,10 @@ class RunningServer:
                     token=config.syncer_token,
                     peer_token=peer.syncer_token,
                 )
-                running.peers.append(client)
                 await client.start()
-        except BaseException:
-            for part in reversed(started):
-                with contextlib.suppress(Exception):
-                    await part.aclose()  # type: ignore[attr-defined]
-            await async_engine.aclose()
-            store.close()
-            raise
+                undo.push_async_callback(client.aclose)
+                running.peers.append(client)
+            undo.pop_all()  # all started: from now on aclose() stops them
         log.info(
             "event server %d started",
             server_id,
