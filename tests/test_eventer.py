@@ -5,19 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from test_wire import raw_frame, raw_message, run, wait_peer_closed, warnings_of
+from server_helpers import (
+    raw_frame,
+    raw_message,
+    run,
+    running,
+    until,
+    wait_peer_closed,
+    warnings_of,
+)
 from tidings.client import Client, ClientError, ConnectionClosed, connect, json_event, json_value
 from tidings.errors import ConfigError
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.engine import Engine, Module, SessionEvent
+from tidings.server.engine import Engine, SessionEvent
 from tidings.server.eventer import EVENTER_EVENT_TYPE, EventerServer
 from tidings.server.query import QueryData
 from tidings.server.store import EventStore, NewEvent, PayloadKind, StoredEvent
@@ -26,43 +31,8 @@ from tidings.wire import chatter, codec
 pytestmark = pytest.mark.server
 
 
-@dataclass
-class Running:
-    server: EventerServer
-    engine: AsyncEngine
-    store: EventStore
-
-    @property
-    def address(self) -> str:
-        return f"tcp+sbs://127.0.0.1:{self.server.port}"
-
-
-@asynccontextmanager
-async def running(
-    tmp_path: Path, modules: list[Module] | None = None, **options: Any
-) -> AsyncIterator[Running]:
-    """An Eventer server on a free port over a SQLite store in ``tmp_path``."""
-    store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
-    engine = AsyncEngine(Engine(store, modules or []))
-    server = await EventerServer.start("tcp+sbs://127.0.0.1:0", engine, **options)
-    try:
-        yield Running(server, engine, store)
-    finally:
-        await server.aclose()
-        await engine.aclose()
-        store.close()
-
-
 def types_of(events: list[StoredEvent | None]) -> list[tuple[str, ...] | None]:
     return [None if e is None else e.type for e in events]
-
-
-async def until(predicate: Any, timeout: float = 5.0) -> None:
-    """Wait (polling the loop) until ``predicate()`` holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def eventer_statuses(store: EventStore) -> list[str]:

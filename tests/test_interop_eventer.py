@@ -11,8 +11,7 @@ import hat.event.eventer as hat_eventer
 import pytest
 
 from helpers import hat_event_server
-from test_eventer import running
-from test_wire import run
+from server_helpers import run, running
 from tidings.client import connect, json_event, json_value
 from tidings.server.eventer import EVENTER_EVENT_TYPE
 from tidings.server.query import QueryData

@@ -9,12 +9,13 @@ import json
 import logging
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from helpers import free_port, hat_event_server
+from server_helpers import until
 from tidings.errors import ConfigError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine
@@ -46,14 +47,6 @@ async def node(tmp_path: Path, server_id: int) -> AsyncIterator[AsyncEngine]:
     finally:
         await engine.aclose()
         store.close()
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 15) -> None:
-    """Poll ``predicate`` on the loop until true; fail if it is not within ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 def json_event(event_type: tuple[str, ...], value: object) -> NewEvent:

@@ -5,108 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import socket
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import hat.event.common as hat_common
 import pytest
 
+from server_helpers import (
+    length_prefixed,
+    raw_frame,
+    raw_message,
+    read_raw_frame,
+    run,
+    socket_pair,
+    wait_peer_closed,
+    warnings_of,
+)
 from tidings.errors import ConfigError, ProtocolError
 from tidings.server.query import QueryData
 from tidings.server.store import EventId, NewEvent, PayloadKind, StoredEvent, StoreError
 from tidings.wire import chatter, codec
 from tidings.wire.chatter import Connection, ConnectionClosed, parse_address
-
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-    """Run ``coro`` on a fresh event loop, failing the test if it takes over ``timeout`` s."""
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-# --- raw frames, written from the specification (not with chatter's own sender) -------------
-
-
-def raw_frame(
-    module: str | None,
-    type_name: str,
-    body: bytes,
-    *,
-    message_id: int = 1,
-    first: int | None = None,
-    owner: bool = True,
-    last: bool = True,
-) -> bytes:
-    """One chatter frame: length of the length, big-endian length, SBS ``Hat.Msg``."""
-    envelope = {
-        "id": message_id,
-        "first": message_id if first is None else first,
-        "owner": owner,
-        "token": True,
-        "last": last,
-        "data": {
-            "module": ("none", None) if module is None else ("value", module),
-            "type": type_name,
-            "data": body,
-        },
-    }
-    return length_prefixed(codec.encode("Hat", "Msg", envelope))
-
-
-def length_prefixed(message: bytes) -> bytes:
-    size = len(message)
-    length = size.to_bytes(max(1, (size.bit_length() + 7) // 8), "big")
-    return bytes([len(length)]) + length + message
-
-
-def raw_message(module: str, type_name: str, value: Any, **envelope: Any) -> bytes:
-    return raw_frame(module, type_name, codec.encode(module, type_name, value), **envelope)
-
-
-async def read_raw_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], Any]:
-    """The next frame's envelope and decoded body."""
-    length_size = (await reader.readexactly(1))[0]
-    size = int.from_bytes(await reader.readexactly(length_size), "big")
-    envelope = codec.decode("Hat", "Msg", await reader.readexactly(size))
-    data = envelope["data"]
-    module = data["module"][1]
-    return envelope, codec.decode(module, data["type"], bytes(data["data"]))
-
-
-async def wait_peer_closed(reader: asyncio.StreamReader, timeout: float = 5.0) -> None:
-    """Read until the peer closes (EOF or reset); fail if it stays open ``timeout`` s."""
-
-    async def drain() -> None:
-        try:
-            while await reader.read(65536):
-                pass
-        except ConnectionError:
-            pass
-
-    await asyncio.wait_for(drain(), timeout)
-
-
-async def socket_pair(
-    **options: Any,
-) -> tuple[Connection, asyncio.StreamReader, asyncio.StreamWriter]:
-    """A chatter Connection and the raw stream of its peer, over a socket pair.
-
-    Keep the raw writer referenced: a collected StreamWriter closes its socket.
-    """
-    ours, theirs = socket.socketpair()
-    reader, writer = await asyncio.open_connection(sock=ours)
-    options.setdefault("ping_interval", None)
-    connection = Connection(reader, writer, **options)
-    raw_reader, raw_writer = await asyncio.open_connection(sock=theirs)
-    return connection, raw_reader, raw_writer
-
-
-def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-
 
 # --- codec ----------------------------------------------------------------------------------
 

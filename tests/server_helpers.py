@@ -1,0 +1,145 @@
+"""Helpers of the event-server tests: running coroutines, raw chatter frames on sockets,
+an Eventer server on a free port, polling on the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tidings.server.async_engine import AsyncEngine
+from tidings.server.engine import Engine, Module
+from tidings.server.eventer import EventerServer
+from tidings.server.store import EventStore
+from tidings.wire import codec
+from tidings.wire.chatter import Connection
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+    """Run ``coro`` on a fresh event loop, failing the test if it takes over ``timeout`` s."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+# --- raw frames, written from the specification (not with chatter's own sender) -------------
+
+
+def raw_frame(
+    module: str | None,
+    type_name: str,
+    body: bytes,
+    *,
+    message_id: int = 1,
+    first: int | None = None,
+    owner: bool = True,
+    last: bool = True,
+) -> bytes:
+    """One chatter frame: length of the length, big-endian length, SBS ``Hat.Msg``."""
+    envelope = {
+        "id": message_id,
+        "first": message_id if first is None else first,
+        "owner": owner,
+        "token": True,
+        "last": last,
+        "data": {
+            "module": ("none", None) if module is None else ("value", module),
+            "type": type_name,
+            "data": body,
+        },
+    }
+    return length_prefixed(codec.encode("Hat", "Msg", envelope))
+
+
+def length_prefixed(message: bytes) -> bytes:
+    size = len(message)
+    length = size.to_bytes(max(1, (size.bit_length() + 7) // 8), "big")
+    return bytes([len(length)]) + length + message
+
+
+def raw_message(module: str, type_name: str, value: Any, **envelope: Any) -> bytes:
+    return raw_frame(module, type_name, codec.encode(module, type_name, value), **envelope)
+
+
+async def read_raw_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], Any]:
+    """The next frame's envelope and decoded body."""
+    length_size = (await reader.readexactly(1))[0]
+    size = int.from_bytes(await reader.readexactly(length_size), "big")
+    envelope = codec.decode("Hat", "Msg", await reader.readexactly(size))
+    data = envelope["data"]
+    module = data["module"][1]
+    return envelope, codec.decode(module, data["type"], bytes(data["data"]))
+
+
+async def wait_peer_closed(reader: asyncio.StreamReader, timeout: float = 5.0) -> None:
+    """Read until the peer closes (EOF or reset); fail if it stays open ``timeout`` s."""
+
+    async def drain() -> None:
+        try:
+            while await reader.read(65536):
+                pass
+        except ConnectionError:
+            pass
+
+    await asyncio.wait_for(drain(), timeout)
+
+
+async def socket_pair(
+    **options: Any,
+) -> tuple[Connection, asyncio.StreamReader, asyncio.StreamWriter]:
+    """A chatter Connection and the raw stream of its peer, over a socket pair.
+
+    Keep the raw writer referenced: a collected StreamWriter closes its socket.
+    """
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    options.setdefault("ping_interval", None)
+    connection = Connection(reader, writer, **options)
+    raw_reader, raw_writer = await asyncio.open_connection(sock=theirs)
+    return connection, raw_reader, raw_writer
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@dataclass
+class Running:
+    server: EventerServer
+    engine: AsyncEngine
+    store: EventStore
+
+    @property
+    def address(self) -> str:
+        return f"tcp+sbs://127.0.0.1:{self.server.port}"
+
+
+@asynccontextmanager
+async def running(
+    tmp_path: Path, modules: list[Module] | None = None, **options: Any
+) -> AsyncIterator[Running]:
+    """An Eventer server on a free port over a SQLite store in ``tmp_path``."""
+    store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
+    engine = AsyncEngine(Engine(store, modules or []))
+    server = await EventerServer.start("tcp+sbs://127.0.0.1:0", engine, **options)
+    try:
+        yield Running(server, engine, store)
+    finally:
+        await server.aclose()
+        await engine.aclose()
+        store.close()
+
+
+async def until(predicate: Any, timeout: float = 15.0) -> None:
+    """Wait (polling the loop) until ``predicate()`` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
