@@ -365,6 +365,30 @@ def test_silent_peer_is_dropped_after_a_ping(caplog: pytest.LogCaptureFixture) -
     assert line.endswith("closed: no ping reply within 0.05 s")
 
 
+def test_reading_pauses_once_unread_messages_exceed_the_byte_bound() -> None:
+    """What a peer sends beyond the bound waits in its own socket (TCP pushes back), not in
+    our memory; once we read, everything arrives in order."""
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        slow = Connection(
+            *await asyncio.open_connection(sock=ours), ping_interval=None, max_queued_bytes=2**20
+        )
+        busy = Connection(*await asyncio.open_connection(sock=theirs), ping_interval=None)
+        big = [["x" * 2**18]]  # 256 KiB each, 40 of them: 10 MiB, far over the bound
+        for _ in range(40):
+            busy.send("HatEventer", "MsgSubscribe", big)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(busy.drain(), 0.5)
+        received = [(await slow.receive()).data for _ in range(40)]
+        assert received == [big] * 40
+        await busy.drain()
+        await slow.aclose()
+        await busy.aclose()
+
+    run(main())
+
+
 def test_a_peer_we_do_not_read_fast_enough_is_not_dropped_for_missing_pongs() -> None:
     """Its pong waits in the socket behind messages we have not taken: it is not idle."""
 

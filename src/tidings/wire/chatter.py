@@ -36,6 +36,8 @@ DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 DEFAULT_PING_INTERVAL = 20.0
 #: Received messages waiting for :meth:`Connection.receive` before reading pauses.
 _RECEIVE_QUEUE = 256
+#: Default bound on the bytes of those messages (as framed) before reading pauses.
+DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
 #: How long closing waits for unsent bytes to reach the peer before dropping them.
 _CLOSE_FLUSH_SECONDS = 5.0
 _PING = "HatPing"
@@ -77,15 +79,22 @@ class Connection:
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         ping_interval: float | None = DEFAULT_PING_INTERVAL,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._max_frame_bytes = max_frame_bytes
+        self._max_queued_bytes = max_queued_bytes
+        #: Bytes of the messages in the queue; reading pauses (``_room`` clear) above the max,
+        #: so a connection holds at most that plus one frame, whatever its peer sends.
+        self._queued_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
         self._ping_interval = ping_interval
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._ids = itertools.count(1)
-        self._queue: asyncio.Queue[Message | None] = asyncio.Queue(_RECEIVE_QUEUE)
+        self._queue: asyncio.Queue[tuple[Message, int] | None] = asyncio.Queue(_RECEIVE_QUEUE)
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._closed = asyncio.Event()
         self._close_reason: str | None = None
@@ -197,10 +206,14 @@ class Connection:
         """The next received message that is not a ping or a reply to :meth:`request`."""
         if self._closed.is_set() and self._queue.empty():
             raise ConnectionClosed(f"connection to {self.peer} is closed")
-        message = await self._queue.get()
-        if message is None:
+        item = await self._queue.get()
+        if item is None:
             self._queue.put_nowait(None)  # wake other receivers too
             raise ConnectionClosed(f"connection to {self.peer} is closed")
+        message, size = item
+        self._queued_bytes -= size
+        if self._queued_bytes <= self._max_queued_bytes:
+            self._room.set()
         return message
 
     async def wait_closed(self) -> None:
@@ -310,7 +323,11 @@ class Connection:
             if future is not None and not future.done():
                 future.set_result(message)
                 return
-        await self._queue.put(message)
+        self._queued_bytes += len(frame)
+        if self._queued_bytes > self._max_queued_bytes:
+            self._room.clear()
+        await self._queue.put((message, len(frame)))
+        await self._room.wait()
 
     def _on_ping(self, type_name: str, conversation: Conversation) -> None:
         if type_name == "MsgPing":
@@ -328,7 +345,7 @@ class Connection:
                 try:
                     await asyncio.wait_for(pong.wait(), interval)
                 except TimeoutError:
-                    if self._queue.full():
+                    if self._queue.full() or not self._room.is_set():
                         # We stopped reading (backpressure): the reply may be waiting in the
                         # socket behind messages we have not taken yet; the peer is not idle.
                         continue
