@@ -6,8 +6,9 @@ FIFO queue served by one worker thread: they happen strictly in the order they w
 submitted, and registrations waiting together are stored in one transaction (group commit,
 :meth:`Engine.register_many`), each still its own session. A busy server thus pays one
 commit per group rather than per request, while an idle one answers a single request at
-once. Small groups are written on the event loop itself, where a thread hop would cost more
-than the write; they block the loop for about as long as one SQLite commit.
+once. Small groups on SQLite without modules are written on the event loop itself, where a
+thread hop would cost more than the write, and only when no other writer holds the
+database: they block the loop for about as long as one SQLite commit, never for a lock.
 
 Reads (queries, syncer backlogs) run in a small pool of their own, so a long query
 never delays registration. Listeners hear of every newly stored batch on the event loop, in
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 
 from tidings.server.engine import Engine, EngineError
 from tidings.server.query import QueryData, query_events
-from tidings.server.store import EventStore, NewEvent, StoredEvent
+from tidings.server.store import EventStore, NewEvent, StoreBusy, StoredEvent
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,11 @@ Listener = Callable[[list[StoredEvent]], None]
 #: Bounds of one group commit: requests and events per transaction.
 MAX_GROUP_REQUESTS = 1000
 MAX_GROUP_EVENTS = 50_000
-#: Groups up to this many events are written on the event loop itself: handing them to the
-#: write thread and back costs more (about 300 µs of thread switching) than the write.
+#: Groups up to this many events and payload bytes are written on the event loop itself
+#: (SQLite, no modules, lock free): handing them to the write thread and back costs more
+#: (about 300 µs of thread switching) than the write.
 INLINE_GROUP_EVENTS = 64
+INLINE_GROUP_BYTES = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -55,6 +58,9 @@ class _Call:
     function: Callable[..., Any]
     args: tuple[Any, ...]
     future: asyncio.Future[Any]
+    #: Run on the loop with the result before the next write starts (keeps listeners in
+    #: storage order).
+    then: Callable[[Any], None] | None = None
 
 
 class AsyncEngine:
@@ -69,6 +75,7 @@ class AsyncEngine:
         self._jobs: deque[_Register | _Call] = deque()
         self._draining: asyncio.Task[None] | None = None
         self._remove_callback = engine.on_registered(self._from_engine_thread)
+        self._inline = engine.store.backend == "sqlite"
 
     @property
     def store(self) -> EventStore:
@@ -108,10 +115,9 @@ class AsyncEngine:
         They are not run through modules again (the origin server did that); listeners are
         told of the ones that were new here.
         """
-        stored: list[StoredEvent] = await self.write(self.engine.store.append_synced, events)
-        if stored:
-            self._publish(stored)
-        return stored
+        future: asyncio.Future[list[StoredEvent]] = self._loop.create_future()
+        self._enqueue(_Call(self.engine.store.append_synced, (events,), future, self._publish))
+        return await future
 
     async def write(self, function: Callable[..., T], *args: object) -> T:
         """Run ``function`` in the write thread, after every write queued before it."""
@@ -164,15 +170,16 @@ class AsyncEngine:
             result = await self._loop.run_in_executor(self._writer, job.function, *job.args)
         except Exception as exc:
             _settle(job.future, exception=exc)
-        else:
-            _settle(job.future, result=result)
+            return
+        if job.then is not None:
+            job.then(result)
+        _settle(job.future, result=result)
 
     async def _run_group(self, group: list[_Register]) -> None:
         requests = [job.events for job in group]
         try:
-            if sum(len(events) for events in requests) <= INLINE_GROUP_EVENTS:
-                results = self.engine.register_many(requests)
-            else:
+            results = self._register_inline(requests)
+            if results is None:
                 results = await self._loop.run_in_executor(
                     self._writer, self.engine.register_many, requests
                 )
@@ -186,6 +193,29 @@ class AsyncEngine:
             else:
                 _settle(job.future, result=result)
 
+    def _register_inline(
+        self, requests: list[Sequence[NewEvent]]
+    ) -> list[list[StoredEvent | None] | EngineError] | None:
+        """Write a small group on the loop if that cannot block it; None if it must go to
+        the write thread.
+
+        Only on SQLite (a PostgreSQL write is network round trips), only without modules
+        (user code may block, and a retry in the thread must not run it twice), only if
+        small, and only if no other writer holds the database (``wait=False``).
+        """
+        if (
+            not self._inline
+            or self.engine.has_modules
+            or sum(len(events) for events in requests) > INLINE_GROUP_EVENTS
+            or sum(len(e.payload or b"") for events in requests for e in events)
+            > INLINE_GROUP_BYTES
+        ):
+            return None
+        try:
+            return self.engine.register_many(requests, wait=False)
+        except StoreBusy:
+            return None
+
     def _from_engine_thread(self, events: list[StoredEvent]) -> None:
         """Engine callback: from the write thread, or on the loop for an inline group."""
         try:
@@ -198,6 +228,8 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(self._publish, events)
 
     def _publish(self, events: list[StoredEvent]) -> None:
+        if not events:
+            return
         for listener in list(self._listeners):
             try:
                 listener(events)

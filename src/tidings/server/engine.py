@@ -199,15 +199,21 @@ class Engine:
             raise result
         return result
 
+    @property
+    def has_modules(self) -> bool:
+        return bool(self._modules)
+
     def register_many(
-        self, requests: Sequence[Sequence[NewEvent]]
+        self, requests: Sequence[Sequence[NewEvent]], *, wait: bool = True
     ) -> list[list[StoredEvent | None] | EngineError]:
         """Run one session per request, in order, and store them all in one transaction.
 
         This is the group commit of a busy server: each request is the session it would be
         alone (its own session number, timestamp and module calls); an aborted session gets
         its :class:`EngineError` in its slot and the others go on. A database failure fails
-        them all (raised as :class:`StoreError`).
+        them all (raised as :class:`StoreError`). ``wait`` is passed to
+        :meth:`EventStore.register_sessions` (:class:`StoreBusy` if another writer holds the
+        store; the sessions have then run through the modules but nothing was stored).
         """
         with self._lock:
             if self._in_session:
@@ -217,7 +223,7 @@ class Engine:
                 )
             self._in_session = True
             try:
-                return self._run_many(requests)
+                return self._run_many(requests, wait)
             finally:
                 self._in_session = False
 
@@ -228,7 +234,7 @@ class Engine:
         return stored
 
     def _run_many(
-        self, requests: Sequence[Sequence[NewEvent]]
+        self, requests: Sequence[Sequence[NewEvent]], wait: bool
     ) -> list[list[StoredEvent | None] | EngineError]:
         planned: list[tuple[list[int | None], list[NewEvent]] | EngineError] = []
         for events in requests:
@@ -237,7 +243,9 @@ class Engine:
             except EngineError as exc:
                 planned.append(exc)
         queues = [plan[1] for plan in planned if not isinstance(plan, EngineError) and plan[1]]
-        registered = iter(self._store.register_sessions(queues, validated=True) if queues else [])
+        registered = iter(
+            self._store.register_sessions(queues, validated=True, wait=wait) if queues else []
+        )
         results: list[list[StoredEvent | None] | EngineError] = []
         for plan in planned:
             if isinstance(plan, EngineError):

@@ -109,6 +109,10 @@ class StoreError(TidingsError):
     """The event store refused the input or its database failed; the message says which."""
 
 
+class StoreBusy(StoreError):
+    """A write that was asked not to wait found the append lock held by another writer."""
+
+
 class PayloadKind(StrEnum):
     """How a payload is encoded (Hat: binary, JSON or SBS); the store never decodes it."""
 
@@ -309,18 +313,16 @@ class _Writer:
         self._connection: Any = None
 
     @contextmanager
-    def transaction(self, url: str) -> Iterator[DriverCursor]:
-        """One append transaction; database errors leave as :class:`StoreError`."""
+    def transaction(self, url: str, wait: bool = True) -> Iterator[DriverCursor]:
+        """One append transaction; database errors leave as :class:`StoreError`, and
+        :class:`StoreBusy` if ``wait`` is off and another writer holds the append lock."""
         with self._lock:
             try:
                 if self._connection is None:
                     self._connection = self._engine.raw_connection()
                 driver = self._connection.driver_connection
                 raw = DriverCursor(driver.cursor(), self._postgresql, self._driver_error)
-                if self._postgresql:
-                    raw.rows("SELECT pg_advisory_xact_lock(?)", (_PG_APPEND_LOCK_KEY,))
-                else:
-                    raw.rows("BEGIN IMMEDIATE")
+                self._lock_appends(raw, url, wait)
                 yield raw
                 if self._postgresql:
                     driver.commit()
@@ -337,6 +339,30 @@ class _Writer:
     def close(self) -> None:
         with self._lock:
             self._discard()
+
+    def _lock_appends(self, raw: DriverCursor, url: str, wait: bool) -> None:
+        """Begin the transaction holding the database-wide append lock."""
+        if self._postgresql:
+            if wait:
+                raw.rows("SELECT pg_advisory_xact_lock(?)", (_PG_APPEND_LOCK_KEY,))
+                return
+            [(locked,)] = raw.rows("SELECT pg_try_advisory_xact_lock(?)", (_PG_APPEND_LOCK_KEY,))
+        elif wait:
+            raw.rows("BEGIN IMMEDIATE")
+            return
+        else:
+            raw.rows("PRAGMA busy_timeout = 0")
+            try:
+                raw.rows("BEGIN IMMEDIATE")
+                locked = True
+            except self._driver_error as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                locked = False
+            finally:
+                raw.rows(_SQLITE_PRAGMAS[0])  # the busy timeout again
+        if not locked:
+            raise StoreBusy(f"event store {url}: another writer holds the append lock")
 
     def _rollback(self) -> None:
         """Roll back; a connection that cannot even do that is dropped."""
@@ -384,6 +410,11 @@ class EventStore:
             self._engine.dispose()
             raise
 
+    @property
+    def backend(self) -> str:
+        """The database kind: ``sqlite`` or ``postgresql``."""
+        return self._engine.dialect.name
+
     def register(self, events: Sequence[NewEvent]) -> list[StoredEvent]:
         """Store ``events`` as one session, all or nothing; return one stored event per input.
 
@@ -395,7 +426,11 @@ class EventStore:
         return self.register_sessions([events])[0].events
 
     def register_sessions(
-        self, sessions: Sequence[Sequence[NewEvent]], *, validated: bool = False
+        self,
+        sessions: Sequence[Sequence[NewEvent]],
+        *,
+        validated: bool = False,
+        wait: bool = True,
     ) -> list[Registered]:
         """Store several sessions in one transaction (group commit), in order, all or nothing.
 
@@ -403,7 +438,9 @@ class EventStore:
         registered alone (:meth:`register`); only the commit is shared, which is what makes
         many small registrations fast. Outbox duplicates are recognised across the sessions
         of the call too. ``validated`` says the caller (the engine) has already checked every
-        event with :func:`validate_new_event`, so the store does not check them again.
+        event with :func:`validate_new_event`, so the store does not check them again. With
+        ``wait`` off, a call that would have to wait for another writer raises
+        :class:`StoreBusy` instead, having stored nothing.
         """
         encoded_types: dict[EventType, str] = {}
         for events in sessions:
@@ -413,7 +450,7 @@ class EventStore:
         results: list[Registered] = []
         if self._closed:
             raise StoreError(f"event store {self.url}: cannot register: the store is closed")
-        with self._writer.transaction(self.url) as conn:
+        with self._writer.transaction(self.url, wait) as conn:
             known = _select_outbox_keys(
                 conn,
                 {
