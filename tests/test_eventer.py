@@ -13,6 +13,7 @@ import pytest
 from server_helpers import (
     raw_frame,
     raw_message,
+    read_raw_frame,
     run,
     running,
     until,
@@ -552,3 +553,25 @@ def test_json_helpers() -> None:
     assert json_value(event) == {"k": [1, "ü"]}
     with pytest.raises(ClientError, match="no JSON payload"):
         json_value(NewEvent(("a",), b"x", PayloadKind.BINARY))
+
+
+def test_register_replies_come_in_request_order_even_for_empty_requests(tmp_path: Path) -> None:
+    """An empty register (nothing to store) is answered after the one sent before it."""
+
+    async def main() -> list[tuple[int, int]]:
+        async with running(tmp_path) as srv:
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.server.port)
+            event = codec.register_event_to_sbs(NewEvent(("a",)))
+            writer.write(
+                raw_message("HatEventer", "MsgRegisterReq", [event], message_id=1, last=False)
+                + raw_message("HatEventer", "MsgRegisterReq", [], message_id=2, last=False)
+            )
+            replies = []
+            while len(replies) < 2:
+                envelope, body = await read_raw_frame(reader)
+                if envelope["data"]["type"] == "MsgRegisterRes":
+                    replies.append((envelope["first"], len(body)))
+            writer.close()
+            return replies
+
+    assert run(main()) == [(1, 1), (2, 0)]

@@ -63,21 +63,23 @@ _EVENTER = "HatEventer"
 _TIDINGS = "TidingsEventer"
 
 
-#: Register requests of one connection queued with the engine before the server stops
-#: reading that connection (TCP then pushes back on the client).
+#: Register requests, and their payload bytes, of one connection queued with the engine
+#: before the server stops reading that connection (TCP then pushes back on the client).
 _MAX_IN_FLIGHT = 1000
+_MAX_IN_FLIGHT_BYTES = 16 * 1024 * 1024
 
 
 class _Client:
     """One connected client, its subscription (None until it subscribes) and its queued
     registrations."""
 
-    __slots__ = ("connection", "in_flight", "last_register", "matcher")
+    __slots__ = ("connection", "in_flight", "in_flight_bytes", "last_register", "matcher")
 
     def __init__(self, connection: chatter.Connection) -> None:
         self.connection = connection
         self.matcher: TypeMatcher | None = None
         self.in_flight = 0
+        self.in_flight_bytes = 0
         #: The newest queued registration; the engine stores them in order.
         self.last_register: asyncio.Future[object] | None = None
 
@@ -291,16 +293,22 @@ class EventerServer:
         stored."""
         valid = [event for event in new_events if event is not None]
         if not valid:
-            self._reply_register(client, message, [None] * len(new_events))
+            # Nothing to store; the reply still waits for the replies before it.
+            self._after_earlier(
+                client, lambda: self._reply_register(client, message, [None] * len(new_events))
+            )
             return
-        if client.in_flight >= _MAX_IN_FLIGHT:
+        size = sum(len(event.payload or b"") for event in valid)
+        if client.in_flight >= _MAX_IN_FLIGHT or client.in_flight_bytes >= _MAX_IN_FLIGHT_BYTES:
             await client.wait_registered()
         future = self._engine.submit(valid)
         client.in_flight += 1
+        client.in_flight_bytes += size
         client.last_register = future  # type: ignore[assignment]
 
         def done(future: asyncio.Future[list[StoredEvent | None]]) -> None:
             client.in_flight -= 1
+            client.in_flight_bytes -= size
             if future.cancelled():
                 return
             error = future.exception()
@@ -319,6 +327,15 @@ class EventerServer:
             self._reply_register(client, message, results)
 
         future.add_done_callback(done)
+
+    @staticmethod
+    def _after_earlier(client: _Client, action: Callable[[], None]) -> None:
+        """Run ``action`` once the client's queued registrations are done (now if none)."""
+        last = client.last_register
+        if last is None or last.done():
+            action()
+        else:
+            last.add_done_callback(lambda _: action())
 
     def _reply_register(
         self, client: _Client, message: chatter.Message, results: list[StoredEvent | None]
