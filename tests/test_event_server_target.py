@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -99,6 +100,33 @@ def test_a_hat_style_server_without_the_extension_is_a_clear_error(tmp_path: Pat
     finally:
         target.close()
     assert error is not None and "ConnectionRefusedError" in error
+
+
+def test_a_server_that_never_answers_times_out_and_the_next_call_starts_afresh(
+    server,
+) -> None:
+    """A peer that accepts connections but never replies: the call fails within the
+    timeout; nothing of it runs on afterwards, and the target recovers on its own."""
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        config = EventServerTargetConfig(
+            kind="event_server",
+            address=f"tcp+sbs://127.0.0.1:{silent.getsockname()[1]}",
+            timeout="500ms",
+        )
+        target = EventServerTarget("remote", config)
+        try:
+            [error] = target.publish([_outbox_event(1)])
+            assert error is not None and "TimeoutError" in error
+        finally:
+            target.close()
+    good = _target(server)
+    try:
+        assert good.publish([_outbox_event(2)]) == [None]
+    finally:
+        good.close()
 
 
 @pytest.mark.spark

@@ -14,6 +14,7 @@ owns a small event loop in a daemon thread; calls wait on it with the configured
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Sequence
 
@@ -56,7 +57,13 @@ class EventServerTarget(Target):
         try:
             with self._lock:
                 future = asyncio.run_coroutine_threadsafe(self._register(events), self._running())
-                results = future.result(self._timeout + 1)
+                try:
+                    results = future.result(self._timeout + 1)
+                except BaseException:
+                    # Nothing of this call may go on after it has reported (it would race the
+                    # next call on the connection); a late store is harmless (outbox dedup).
+                    future.cancel()
+                    raise
         except Exception as exc:
             return [f"{prefix} failed: {type(exc).__name__}: {exc}"] * len(events)
         refused = sum(result is None for result in results)
@@ -71,15 +78,18 @@ class EventServerTarget(Target):
             loop, self._loop = self._loop, None
             if loop is None:
                 return
-            asyncio.run_coroutine_threadsafe(self._disconnect(), loop).result(self._timeout)
+            # Closing ends the loop thread whatever the link does.
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._disconnect(), loop).result(self._timeout)
             loop.call_soon_threadsafe(loop.stop)
 
     async def _register(self, events: Sequence[OutboxEvent]) -> list[StoredEvent | None]:
         new_events = [to_new_event(event, self._type_prefix) for event in events]
         try:
-            if self._client is None:
-                self._client = await connect_client(self._config.address, timeout=self._timeout)
-            return await asyncio.wait_for(self._client.register_outbox(new_events), self._timeout)
+            async with asyncio.timeout(self._timeout):  # connecting and registering together
+                if self._client is None:
+                    self._client = await connect_client(self._config.address)
+                return await self._client.register_outbox(new_events)
         except BaseException:
             # Whatever happened to the link, the next call starts on a fresh connection.
             await self._disconnect()
