@@ -552,3 +552,38 @@ def test_our_client_syncs_from_a_hat_event_server(
     ):
         asyncio.run(main(eventer_port, syncer_port, process))
     assert "syncer client of server 7: answered MsgFlushReq" in caplog.text
+
+
+def test_events_another_process_appends_reach_subscribers_and_peers_in_order(
+    tmp_path: Path,
+) -> None:
+    """A second store on the served database (as a relay's event-store target would be)
+    appends between our own sessions: a subscriber and a syncing peer get everything, once,
+    in position order, both when our next write reveals the gap and when the server is
+    idle (the poll)."""
+
+    async def main() -> None:
+        async with node(tmp_path, 1) as a, node(tmp_path, 2) as b:
+            outside = EventStore(f"sqlite:///{tmp_path / 'server1.db'}", 1)
+            heard: list[int] = []
+            a.subscribe(lambda events: heard.extend(e.position for e in events))
+            server = await SyncerServer.start("tcp+sbs://127.0.0.1:0", a)
+            client = SyncerClient(address(server.port), b, 1, min_delay=0.05)
+            try:
+                await client.start()
+                await client.wait_synced(10)
+                await a.register([json_event(("own",), {"n": 1})])
+                await asyncio.to_thread(outside.register, [NewEvent(("outside",))])
+                await a.register([json_event(("own",), {"n": 2})])  # reveals the gap
+                await asyncio.to_thread(outside.register, [NewEvent(("outside", "idle"))])
+                await until(lambda: fingerprint(a) <= fingerprint(b))
+                last = a.store.last_position()
+                await until(lambda: heard[-1:] == [last])
+                assert heard == sorted(set(heard))
+                assert {e.type for e in all_events(b)} >= {("outside",), ("outside", "idle")}
+            finally:
+                await client.aclose()
+                await server.aclose()
+                outside.close()
+
+    asyncio.run(main())

@@ -76,6 +76,7 @@ class AsyncEngine:
         self._draining: asyncio.Task[None] | None = None
         self._remove_callback = engine.on_registered(self._from_engine_thread)
         self._inline = engine.store.backend == "sqlite"
+        self._stream = _StoreStream(self, engine.store.last_position())
 
     @property
     def store(self) -> EventStore:
@@ -116,7 +117,9 @@ class AsyncEngine:
         told of the ones that were new here.
         """
         future: asyncio.Future[list[StoredEvent]] = self._loop.create_future()
-        self._enqueue(_Call(self.engine.store.append_synced, (events,), future, self._publish))
+        self._enqueue(
+            _Call(self.engine.store.append_synced, (events,), future, self._stream.deliver)
+        )
         return await future
 
     async def write(self, function: Callable[..., T], *args: object) -> T:
@@ -136,6 +139,7 @@ class AsyncEngine:
         """Finish queued writes, then stop the threads; the engine itself stays open."""
         if self._draining is not None:
             await asyncio.shield(self._draining)
+        await self._stream.aclose()
         self._remove_callback()
         await self._loop.run_in_executor(None, self._writer.shutdown, True)
         await self._loop.run_in_executor(None, self._readers.shutdown, True)
@@ -223,13 +227,12 @@ class AsyncEngine:
         except RuntimeError:
             running = None
         if running is self._loop:
-            self._publish(events)
+            self._stream.deliver(events)
         else:
-            self._loop.call_soon_threadsafe(self._publish, events)
+            self._loop.call_soon_threadsafe(self._stream.deliver, events)
 
-    def _publish(self, events: list[StoredEvent]) -> None:
-        if not events:
-            return
+    def _emit(self, events: list[StoredEvent]) -> None:
+        """Tell every listener of one batch (called by the stream, in position order)."""
         for listener in list(self._listeners):
             try:
                 listener(events)
@@ -247,3 +250,91 @@ def _settle(
         future.set_exception(exception)
     else:
         future.set_result(result)
+
+
+class _StoreStream:
+    """Delivers the store's new events to the listeners once each, in position order.
+
+    Batches come from our own writes, but other processes may append to the same database
+    (a relay's event-store target, a second store). Positions are dense, so a batch that
+    does not start right after the last delivered position shows such a gap: the missing
+    events are read from the store first, grouped by session, and batches arriving
+    meanwhile wait their turn. An idle server looks for outside writes every
+    ``POLL_SECONDS``. Subscribers and Syncer peers therefore see every stored event.
+    """
+
+    POLL_SECONDS = 0.5
+
+    def __init__(self, engine: AsyncEngine, last_position: int) -> None:
+        self._engine = engine
+        self._delivered = last_position
+        self._waiting: list[list[StoredEvent]] = []
+        self._catching_up: asyncio.Task[None] | None = None
+        self._poller = asyncio.get_running_loop().create_task(self._poll(), name="tidings-poll")
+
+    def deliver(self, events: list[StoredEvent]) -> None:
+        """A newly stored batch, in the order the writes were made (on the loop)."""
+        if self._catching_up is not None:
+            self._waiting.append(events)
+            return
+        fresh = [event for event in events if event.position > self._delivered]
+        if not fresh:
+            return
+        if fresh[0].position != self._delivered + 1:
+            self._waiting.append(fresh)
+            self._catch_up()
+            return
+        self._delivered = fresh[-1].position
+        self._engine._emit(fresh)
+
+    async def aclose(self) -> None:
+        self._poller.cancel()
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+        await asyncio.gather(self._poller, return_exceptions=True)
+
+    def _catch_up(self) -> None:
+        if self._catching_up is None:
+            self._catching_up = asyncio.get_running_loop().create_task(self._read_gap())
+
+    async def _read_gap(self) -> None:
+        """Deliver everything stored after the last delivered position, from the store."""
+        try:
+            while True:
+                rows = await self._engine.read(self._engine.store.read, self._delivered, 1000)
+                for session in _sessions(rows):
+                    self._delivered = session[-1].position
+                    self._engine._emit(session)
+                if len(rows) < 1000:
+                    break
+        except Exception:
+            log.exception("cannot read the store's new events; retrying at the next poll")
+        finally:
+            self._catching_up = None
+            waiting, self._waiting = self._waiting, []
+            for events in waiting:
+                self.deliver(events)
+
+    async def _poll(self) -> None:
+        store = self._engine.store
+        while True:
+            await asyncio.sleep(self.POLL_SECONDS)
+            try:
+                last = await self._engine.read(store.last_position)
+            except Exception:
+                log.exception("cannot read the store's last position")
+                continue
+            if last > self._delivered and self._catching_up is None:
+                self._catch_up()
+
+
+def _sessions(events: list[StoredEvent]) -> list[list[StoredEvent]]:
+    """``events`` cut where the (server, session) changes: one batch per stored session."""
+    batches: list[list[StoredEvent]] = []
+    for event in events:
+        key = (event.id.server, event.id.session)
+        if batches and (batches[-1][0].id.server, batches[-1][0].id.session) == key:
+            batches[-1].append(event)
+        else:
+            batches.append([event])
+    return batches

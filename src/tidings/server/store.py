@@ -596,6 +596,13 @@ class EventStore:
                 found.setdefault(event.outbox_event_id, []).append(event)
             return found
 
+    def last_position(self) -> int:
+        """The position of the newest stored event (0 when the store is empty)."""
+        with self._transaction("read the last position") as conn:
+            return conn.execute(
+                select(func.coalesce(func.max(events_table.c.position), 0))
+            ).scalar_one()
+
     def count(self) -> int:
         """Return the number of stored events."""
         with self._transaction("count") as conn:
