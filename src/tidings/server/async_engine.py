@@ -270,11 +270,17 @@ class _StoreStream:
         self._delivered = last_position
         self._waiting: list[list[StoredEvent]] = []
         self._catching_up: asyncio.Task[None] | None = None
+        #: The last catch-up failed (the database is unreachable): batches wait for the
+        #: next poll to retry, rather than retrying at once on every write.
+        self._stalled = False
+        self._closed = False
         self._poller = asyncio.get_running_loop().create_task(self._poll(), name="tidings-poll")
 
     def deliver(self, events: list[StoredEvent]) -> None:
         """A newly stored batch, in the order the writes were made (on the loop)."""
-        if self._catching_up is not None:
+        if self._closed:
+            return
+        if self._catching_up is not None or self._stalled:
             self._waiting.append(events)
             return
         fresh = [event for event in events if event.position > self._delivered]
@@ -288,10 +294,11 @@ class _StoreStream:
         self._engine._emit(fresh)
 
     async def aclose(self) -> None:
-        self._poller.cancel()
-        if self._catching_up is not None:
-            self._catching_up.cancel()
-        await asyncio.gather(self._poller, return_exceptions=True)
+        self._closed = True
+        tasks = [task for task in (self._poller, self._catching_up) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _catch_up(self) -> None:
         if self._catching_up is None:
@@ -309,11 +316,13 @@ class _StoreStream:
                     break
         except Exception:
             log.exception("cannot read the store's new events; retrying at the next poll")
+            self._stalled = True
         finally:
             self._catching_up = None
-            waiting, self._waiting = self._waiting, []
-            for events in waiting:
-                self.deliver(events)
+            if not self._stalled:
+                waiting, self._waiting = self._waiting, []
+                for events in waiting:
+                    self.deliver(events)
 
     async def _poll(self) -> None:
         store = self._engine.store
@@ -324,7 +333,8 @@ class _StoreStream:
             except Exception:
                 log.exception("cannot read the store's last position")
                 continue
-            if last > self._delivered and self._catching_up is None:
+            if self._catching_up is None and (self._stalled or last > self._delivered):
+                self._stalled = False
                 self._catch_up()
 
 
