@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from tidings.errors import ConfigError
+from tidings.wire.address import Address
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -95,23 +96,12 @@ class EventServerTargetConfig(_Model):
     """
 
     kind: Literal["event_server"]
-    address: str = "tcp+sbs://127.0.0.1:23012"
+    address: Address = "tcp+sbs://127.0.0.1:23012"
     type_prefix: list[str] = Field(default_factory=list)
     timeout: Duration = timedelta(seconds=10)
     fault_file: str | None = None
 
     _durations = field_validator("timeout", mode="before")(lambda cls, v: parse_duration(v))
-
-    @field_validator("address")
-    @classmethod
-    def _address(cls, v: str) -> str:
-        from tidings.wire.address import parse_address
-
-        try:
-            parse_address(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return v
 
 
 TargetConfig = Annotated[

@@ -17,11 +17,11 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tidings.config import read_config_data, validate_config
 from tidings.errors import ConfigError
-from tidings.wire.address import parse_address
+from tidings.wire.address import Address
 
 DEFAULT_EVENTER_ADDRESS = "tcp+sbs://127.0.0.1:23012"
 DEFAULT_SYNCER_ADDRESS = "tcp+sbs://127.0.0.1:23013"
@@ -31,14 +31,6 @@ DEFAULT_CONFIG_NAMES = ("event.yaml", "event.yml", "event.json")
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _check_address(value: str) -> str:
-    try:
-        parse_address(value)
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    return value
 
 
 class BackendConfig(BaseModel):
@@ -73,19 +65,15 @@ class EngineConfig(_Model):
 
 
 class EventerServerConfig(_Model):
-    address: str = DEFAULT_EVENTER_ADDRESS
+    address: Address = DEFAULT_EVENTER_ADDRESS
     #: tidings: the largest frame a client may send; a larger one closes that connection.
     max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     #: tidings: unsent notify bytes after which a subscriber is disconnected as too slow.
     max_subscriber_lag_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
 
-    _address = field_validator("address")(lambda cls, v: _check_address(v))
-
 
 class SyncerServerConfig(_Model):
-    address: str = DEFAULT_SYNCER_ADDRESS
-
-    _address = field_validator("address")(lambda cls, v: _check_address(v))
+    address: Address = DEFAULT_SYNCER_ADDRESS
 
 
 class SyncerPeerConfig(_Model):
@@ -93,11 +81,9 @@ class SyncerPeerConfig(_Model):
 
     #: The peer's ``engine.server_id``: the Syncer asks for that server's events.
     server_id: int = Field(ge=1, le=2**63 - 1)
-    address: str
+    address: Address
     #: The peer's ``syncer_token``; it must equal ours, or the peer is refused at start.
     syncer_token: str | None = None
-
-    _address = field_validator("address")(lambda cls, v: _check_address(v))
 
 
 class ServerConfig(_Model):

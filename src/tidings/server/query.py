@@ -39,7 +39,6 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from operator import itemgetter
 from typing import Any, Literal, TypeVar, get_args
 
@@ -78,10 +77,6 @@ _SORT_IN_PYTHON = 1000
 _CACHED_PATTERNS = 256
 
 _T = TypeVar("_T")
-
-#: Decoding the stored type text is most of the Python time of resolving a pattern against
-#: thousands of types; the text of a type never changes, so every query can reuse it.
-_decode_type = lru_cache(maxsize=65_536)(decode_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,7 +555,7 @@ def _resolve(
         statement += f" WHERE {condition}"
     read = [text for (text,) in sql.rows(statement, params)]
     matcher = TypeMatcher(query_types)
-    matched = tuple(sorted(text for text in read if matcher.matches(_decode_type(text))))
+    matched = tuple(sorted(text for text in read if matcher.matches(decode_type(text))))
     if len(matched) == len(read):
         return candidates
     return _TypeFilter(listed=matched)

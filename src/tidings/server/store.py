@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import (
@@ -997,24 +998,16 @@ def _select_outbox_keys(conn: DriverCursor, ids: set[str]) -> dict[_OutboxKey, S
 
 
 def events_from_rows(rows: Iterable[Sequence[Any]]) -> list[StoredEvent]:
-    """The events of plain rows selected as :data:`EVENT_COLUMNS`.
-
-    Each distinct type text is decoded once: a result usually repeats a few types, and
-    decoding is most of the conversion's time.
-    """
-    types: dict[str, EventType] = {}
+    """The events of plain rows selected as :data:`EVENT_COLUMNS`."""
     events: list[StoredEvent] = []
     for position, server, session, instance, stored_type, ts, source, payload, kind, outbox in rows:
-        event_type = types.get(stored_type)
-        if event_type is None:
-            event_type = types[stored_type] = decode_type(stored_type)
         if payload is not None and type(payload) is not bytes:
             payload = bytes(payload)  # memoryview from some drivers
         events.append(
             StoredEvent(
                 position,
                 EventId(server, session, instance),
-                event_type,
+                decode_type(stored_type),
                 ts,
                 source,
                 payload,
@@ -1251,6 +1244,11 @@ def encode_type(event_type: EventType) -> str:
     return json.dumps(list(event_type), separators=(",", ":"))
 
 
+@lru_cache(maxsize=65_536)
 def decode_type(encoded: str) -> EventType:
-    """The type whose stored text (:func:`encode_type`) is ``encoded``."""
+    """The type whose stored text (:func:`encode_type`) is ``encoded``.
+
+    Cached: the text of a type never changes, results and type tables repeat few types, and
+    decoding is most of the time of turning rows into events or resolving patterns.
+    """
     return tuple(json.loads(encoded))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
 from urllib.parse import urlsplit
+
+from pydantic import AfterValidator
 
 from tidings.errors import ConfigError
 
@@ -21,3 +24,16 @@ def parse_address(address: str) -> tuple[str, int]:
     if not parts.hostname or port is None or parts.path not in ("", "/"):
         raise ConfigError(f"address {address!r}: expected tcp+sbs://HOST:PORT")
     return parts.hostname, port
+
+
+def _checked(address: str) -> str:
+    """``address`` if valid; a ValueError (pydantic reports it with the key) otherwise."""
+    try:
+        parse_address(address)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return address
+
+
+#: A configuration field holding a ``tcp+sbs://HOST:PORT`` address, checked on load.
+Address = Annotated[str, AfterValidator(_checked)]
