@@ -27,6 +27,28 @@ class TargetError(TidingsError):
     """A target could not be reached or refused an event."""
 
 
+class TargetUnavailable(TargetError):
+    """The target cannot be reached now and nothing of the call was sent.
+
+    No event is to blame: the relay charges no retry for it, notes the target as down
+    (its circuit breaker) and lets the events wait until a probe finds the target back.
+    """
+
+
+class TargetCallFailed(TargetError):
+    """A call failed as a whole after sending began (connection lost, batch refused).
+
+    Any event of the call may be the cause, so the relay narrows the call down (splits it)
+    until the event that fails alone is found; the others are published and not charged.
+    ``confirmed`` says, per event of the call, which were confirmed before it failed (empty:
+    none known).
+    """
+
+    def __init__(self, message: str, confirmed: list[bool] | None = None) -> None:
+        super().__init__(message)
+        self.confirmed = confirmed or []
+
+
 class RelayError(TidingsError):
     """The relay pipeline could not start or run."""
 

@@ -21,6 +21,16 @@ class Target(ABC):
     so that a failure cannot let a later event of that key overtake an earlier one.
     Targets must deduplicate by ``event_id`` where they can: a batch interrupted by a crash
     is published again.
+
+    How a call reports failure tells the relay whom to blame:
+
+    * an error string in the result: that event failed on its own (it is retried and
+      charged a retry);
+    * :class:`~tidings.errors.TargetUnavailable` raised: nothing was sent, the target is
+      down; no event is charged and the relay's circuit breaker opens;
+    * :class:`~tidings.errors.TargetCallFailed` (or any other exception) raised: the call
+      failed as a whole and any of its events may be the cause; the relay splits the call
+      until the failing event is alone.
     """
 
     atomic: bool = False
@@ -31,6 +41,16 @@ class Target(ABC):
     @abstractmethod
     def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
         """Publish ``events``; return one entry per event: ``None`` if confirmed, else the error."""
+
+    def refusal(self, event: OutboxEvent) -> str | None:
+        """Why this target will always refuse ``event`` (e.g. too large), or None.
+
+        The producer asks it at emit time for every target the event's type routes to, and
+        the relay before sending, so an event that can never be delivered fails alone with
+        this reason instead of failing the calls it shares with others. It must be cheap
+        and must not raise; a target that cannot know yet answers None.
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most targets hold nothing
         """Release connections; the target is not used afterwards."""

@@ -25,7 +25,8 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Coroutine, Sequence
+import time
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 import nats
@@ -35,7 +36,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from tidings.config import JetStreamTargetConfig
-from tidings.errors import TargetError
+from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
 from tidings.model import OutboxEvent
 from tidings.targets.base import Target
 
@@ -60,6 +61,13 @@ _RESERVED_NAMES = frozenset(h.lower() for h in _TIDINGS_HEADERS)
 #: ``Nats-*`` headers steer the server (dedup id, expected stream/sequence, rollup, TTL);
 #: letting a producer set them could defeat deduplication or purge the stream.
 _RESERVED_PREFIX = "nats-"
+
+
+#: What a NATS server allows when it does not say otherwise (its ``max_payload`` default).
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+#: How long a producer that could not learn the server's limit uses the default before asking
+#: again (asking costs a connection attempt).
+_LIMIT_RETRY_S = 30.0
 
 
 def subject_token(event_type: str) -> str:
@@ -87,6 +95,22 @@ def message_headers(event: OutboxEvent) -> dict[str, str]:
     if event.partition_key is not None:
         headers["Tidings-Partition-Key"] = event.partition_key
     return headers
+
+
+def header_block_size(headers: Mapping[str, str]) -> int:
+    """Bytes of the header block nats-py sends (``NATS/1.0``, one line per header, blank line).
+
+    The NATS server counts these in ``max_payload`` together with the payload.
+    """
+    size = len(b"NATS/1.0\r\n") + 2
+    for key, value in headers.items():
+        size += len(key.strip().encode()) + len(value.strip().encode()) + 4
+    return size
+
+
+def message_size(event: OutboxEvent) -> tuple[int, int]:
+    """``(payload bytes, header bytes)`` of the message ``event`` becomes."""
+    return len(event.payload.encode()), header_block_size(message_headers(event))
 
 
 def _nanos(seconds: float) -> int:
@@ -130,8 +154,9 @@ class _AckInbox:
     counter and an ack stays the raw reply until :func:`ack_error` reads it.
     """
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, lost: asyncio.Event) -> None:
         self.nc = nc
+        self.lost = lost  # set once the connection is gone: missing acks will not come
         self._prefix = f"{nc.new_inbox()}."
         self._counter = 0
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
@@ -145,6 +170,16 @@ class _AckInbox:
         reply = f"{self._prefix}{self._counter}"
         future = self._waiting[reply] = asyncio.get_running_loop().create_future()
         return reply, future
+
+    async def wait(self, acks: list[asyncio.Future[Msg]], timeout: float) -> None:
+        """Until every ack is in, the connection is lost or ``timeout`` passed."""
+        waiters = {asyncio.gather(*acks), asyncio.ensure_future(self.lost.wait())}
+        _, pending = await asyncio.wait(
+            waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        for waiter in pending:
+            if isinstance(waiter, asyncio.Task):
+                waiter.cancel()
 
     def forget(self, reply: str) -> None:
         """Stop waiting for ``reply`` (acked, failed to send, or given up on)."""
@@ -198,6 +233,8 @@ class JetStreamTarget(Target):
         self._inbox: _AckInbox | None = None
         self._connect_lock = asyncio.Lock()
         self._last_error: Exception | None = None
+        self._max_payload: int | None = None  # as the server announced it on connect
+        self._limit_unknown_until = 0.0
         self._closed = False
         self._runner = _LoopThread(f"tidings-jetstream-{name}")
         # A safety net for the calling thread only: each step of a call has its own bound
@@ -213,7 +250,17 @@ class JetStreamTarget(Target):
         try:
             return self._runner.run(self._publish(events), self._call_timeout)
         except concurrent.futures.TimeoutError:
-            return self._fail_all(events, f"no result within {self._call_timeout:g}s")
+            raise TargetCallFailed(
+                f"jetstream target {self.name!r}: no result within {self._call_timeout:g}s"
+            ) from None
+
+    def refusal(self, event: OutboxEvent) -> str | None:
+        """The message is larger than the server's ``max_payload`` (payload + headers).
+
+        A producer that has not connected yet learns the limit with one bounded connect;
+        if the server cannot be reached it assumes NATS's default and asks again later.
+        """
+        return self._oversize(event, self._limit())
 
     def close(self) -> None:
         """Drain the connection (flushing what was sent) and stop the loop thread."""
@@ -237,21 +284,36 @@ class JetStreamTarget(Target):
         try:
             inbox = await self._connection()
         except TargetError as exc:
-            return self._fail_all(events, str(exc))
+            raise TargetUnavailable(f"jetstream target {self.name!r}: {exc}") from None
+        limit = inbox.nc.max_payload
         subjects = [self._subject(e.event_type) for e in events]
         outcomes: list[asyncio.Future[Msg] | str] = []
         replies: list[str] = []
         try:
             for event, subject in zip(events, subjects, strict=True):
-                outcomes.append(await self._send(inbox, event, subject, replies))
+                refused = self._oversize(event, limit)
+                outcomes.append(
+                    refused
+                    if refused is not None
+                    else await self._send(inbox, event, subject, replies)
+                )
             acks = [o for o in outcomes if not isinstance(o, str)]
             if acks:
-                await asyncio.wait(acks, timeout=self._ack_timeout)
+                await inbox.wait(acks, self._ack_timeout)
         finally:
             # Acks still missing now (all of them if the call was abandoned) are given up.
             for reply in replies:
                 inbox.forget(reply)
-        return [self._result(o, s) for o, s in zip(outcomes, subjects, strict=True)]
+        results = [self._result(o, s) for o, s in zip(outcomes, subjects, strict=True)]
+        if not inbox.nc.is_connected and any(results):
+            # The server closed the connection: what is missing may be any message's fault.
+            cause = _describe(self._last_error) if self._last_error else "connection closed"
+            raise TargetCallFailed(
+                f"jetstream target {self.name!r}: the server closed the connection during "
+                f"the call ({cause})",
+                confirmed=[r is None for r in results],
+            )
+        return results
 
     async def _send(
         self, inbox: _AckInbox, event: OutboxEvent, subject: str, replies: list[str]
@@ -267,6 +329,26 @@ class JetStreamTarget(Target):
             return _describe(exc)
         return ack
 
+    def _limit(self) -> int:
+        unknown = self._max_payload is None and not self._closed
+        if unknown and time.monotonic() >= self._limit_unknown_until:
+            try:
+                self._runner.run(self._connection(), self._call_timeout)
+            except Exception as exc:
+                _log.debug("jetstream target %s: limit unknown: %s", self.name, exc)
+                self._limit_unknown_until = time.monotonic() + _LIMIT_RETRY_S
+        return self._max_payload or DEFAULT_MAX_PAYLOAD
+
+    def _oversize(self, event: OutboxEvent, limit: int) -> str | None:
+        payload, headers = message_size(event)
+        if payload + headers <= limit:
+            return None
+        return self._error(
+            self._subject(event.event_type),
+            f"the message is {payload + headers} bytes (payload {payload} + headers {headers}), "
+            f"over the NATS server's max_payload of {limit} bytes",
+        )
+
     def _result(self, outcome: asyncio.Future[Msg] | str, subject: str) -> str | None:
         if isinstance(outcome, str):
             cause: str | None = outcome
@@ -275,9 +357,6 @@ class JetStreamTarget(Target):
         else:
             cause = f"no ack within {self._ack_timeout:g}s"
         return None if cause is None else self._error(subject, cause)
-
-    def _fail_all(self, events: Sequence[OutboxEvent], cause: str) -> list[str | None]:
-        return [self._error(self._subject(e.event_type), cause) for e in events]
 
     def _error(self, subject: str, cause: str) -> str:
         return f"jetstream target {self.name!r}: publish to {subject!r} failed: {cause}"
@@ -297,15 +376,17 @@ class JetStreamTarget(Target):
             if self._inbox is None or not self._inbox.nc.is_connected:
                 await self._disconnect()
                 self._inbox = await self._open()
+                self._max_payload = self._inbox.nc.max_payload
             return self._inbox
 
     async def _open(self) -> _AckInbox:
         """Connect to the first reachable server, make sure the stream is there, subscribe."""
-        nc = await self._connect_any()
+        lost = asyncio.Event()
+        nc = await self._connect_any(lost)
         try:
             if self.config.create_stream:
                 await self._ensure_stream(nc.jetstream(timeout=self._ack_timeout))
-            inbox = _AckInbox(nc)
+            inbox = _AckInbox(nc, lost)
             await inbox.start()
         except Exception as exc:
             await nc.close()
@@ -314,9 +395,13 @@ class JetStreamTarget(Target):
             ) from exc
         return inbox
 
-    async def _connect_any(self) -> Client:
+    async def _connect_any(self, lost: asyncio.Event) -> Client:
         """Try the servers in configured order; fail within a few ``ack_timeout``s at most."""
         causes: list[str] = []
+
+        async def on_lost() -> None:
+            lost.set()
+
         for server in self.config.servers:
             self._last_error = None
             try:
@@ -333,6 +418,8 @@ class JetStreamTarget(Target):
                     drain_timeout=self._ack_timeout,
                     flush_timeout=self._ack_timeout,
                     error_cb=self._on_error,
+                    disconnected_cb=on_lost,
+                    closed_cb=on_lost,
                 )
             except Exception as exc:
                 # nats-py reports the real cause (refused, timed out) only to error_cb.
