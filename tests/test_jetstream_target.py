@@ -23,9 +23,14 @@ from nats.js.errors import NotFoundError
 
 from helpers import SHARED_URL, PrivateServer, admin, free_port, stream_info, stream_messages
 from tidings.config import JetStreamTargetConfig
-from tidings.errors import TargetError
+from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
 from tidings.model import OutboxEvent
-from tidings.targets.jetstream import JetStreamTarget, message_headers, subject_token
+from tidings.targets.jetstream import (
+    JetStreamTarget,
+    message_headers,
+    message_size,
+    subject_token,
+)
 
 pytestmark = pytest.mark.nats
 
@@ -204,6 +209,45 @@ def test_a_bad_custom_header_fails_only_its_own_event(
     assert stream_info(names[0]).state.messages == 1
 
 
+def _just_over_the_limit(limit: int) -> OutboxEvent:
+    """An event whose payload fits ``limit`` alone, but not with its headers."""
+    probe = event(2)
+    _, headers = message_size(probe)
+    return event(2, event_id=probe.event_id, payload='"' + "x" * (limit - headers // 2) + '"')
+
+
+def test_a_message_over_max_payload_with_its_headers_fails_alone_with_the_sizes(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    target = make_target()
+    assert target.publish([event(1)]) == [None]
+    limit = 1024 * 1024  # the shared server runs with NATS's default max_payload
+    big = _just_over_the_limit(limit)
+    payload, headers = message_size(big)
+    assert payload <= limit < payload + headers
+
+    results = target.publish([event(3), big, event(4)])
+
+    assert results[0] is None and results[2] is None  # its neighbours are not harmed
+    assert results[1] is not None
+    assert f"payload {payload} + headers {headers}" in results[1]
+    assert f"max_payload of {limit} bytes" in results[1]
+    assert target.publish([event(5)]) == [None]  # the connection was never broken
+    assert stream_info(names[0]).state.messages == 4
+
+
+def test_refusal_learns_the_server_limit_before_any_publish(
+    make_target: Callable[..., JetStreamTarget],
+) -> None:
+    target = make_target()
+    big = _just_over_the_limit(1024 * 1024)
+
+    reason = target.refusal(big)
+
+    assert reason is not None and "over the NATS server's max_payload" in reason
+    assert target.refusal(event(1)) is None
+
+
 def test_publishing_from_many_threads_at_once(
     make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
 ) -> None:
@@ -280,20 +324,17 @@ def test_without_create_stream_a_missing_stream_is_an_error(
 # -- outages ----------------------------------------------------------------------------------
 
 
-def test_unreachable_server_fails_every_event_quickly_without_raising(
-    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+def test_unreachable_server_is_reported_as_unavailable_quickly(
+    make_target: Callable[..., JetStreamTarget],
 ) -> None:
     target = make_target(servers=[f"nats://127.0.0.1:{free_port()}"])
     started = time.monotonic()
 
-    result = target.publish([event(1), event(2, event_type="order.paid")])
+    with pytest.raises(TargetUnavailable) as raised:
+        target.publish([event(1), event(2, event_type="order.paid")])
 
     assert time.monotonic() - started < 60  # returns instead of retrying for minutes
-    assert len(result) == 2
-    for error, subject in zip(result, ["order_created", "order_paid"], strict=True):
-        assert error is not None
-        assert "'js-test'" in error and f"{names[1]}.{subject}" in error
-        assert "cannot connect" in error
+    assert "'js-test'" in str(raised.value) and "cannot connect" in str(raised.value)
 
 
 def test_recovers_once_the_server_becomes_reachable(
@@ -303,7 +344,8 @@ def test_recovers_once_the_server_becomes_reachable(
 ) -> None:
     target = make_target(servers=[private_server.url])
     first = event(1)
-    assert target.publish([first]) != [None]
+    with pytest.raises(TargetUnavailable):
+        target.publish([first])
 
     private_server.start()
 
@@ -322,8 +364,8 @@ def test_survives_a_server_outage_and_comes_back(
     assert target.publish([before]) == [None]
 
     private_server.kill()
-    down = target.publish([event(2), event(3)])
-    assert all(error is not None for error in down)
+    with pytest.raises((TargetUnavailable, TargetCallFailed)):
+        target.publish([event(2), event(3)])
 
     private_server.start()  # same store: the stream and its dedup state survive
     assert target.publish([before, event(4)]) == [None, None]

@@ -107,15 +107,17 @@ def publish_rows(
     deadline = None
     if options.get("deadline_epoch"):
         deadline = time.monotonic() + float(options["deadline_epoch"]) - time.time()
-    threshold = int(options["retry_threshold"]) if options.get("retry_threshold") else None
+    replay = options.get("job") == "replay"
     publisher = Publisher(
         engine,
         current_routes(config, engine),
         lookup,
         [d.total_seconds() for d in config.relay.retry_backoff],
-        retry_threshold=threshold,
+        retry_threshold=int(options.get("retry_threshold") or config.replay.retry_count_threshold),
         deadline=deadline,
         delete_published=config.housekeeping.delete_on_success,
+        # The relay retries a FAILED event after growing pauses; a replay retries it now.
+        resume_delays=not replay,
     )
     return publisher.run(rows)
 

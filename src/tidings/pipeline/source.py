@@ -1,10 +1,18 @@
 """The event log as a Spark data source (``tidings_outbox``).
 
-Streaming: the offset is the log sequence ``{"seq": n}``; a micro-batch reads
-``start < seq <= end`` where ``end`` never passes the safe watermark
-(:mod:`tidings.pipeline.watermark`), so a restart from the checkpoint resumes without loss
-or skip. Rows are split into partitions by ``partition_bucket`` so that every event of a
-key is read, in ``seq`` order, by the same task.
+Streaming: the offset is the log sequence with a carry-over counter,
+``{"seq": n, "carry": c}``; a micro-batch reads ``start < seq <= end`` where ``end`` never
+passes the safe watermark (:mod:`tidings.pipeline.watermark`), so a restart from the
+checkpoint resumes without loss or skip. Rows are split into partitions by
+``partition_bucket`` so that every event of a key is read, in ``seq`` order, by the same
+task.
+
+Carry-over: while events at or below the offset are still open (HELD behind a failed or
+waiting event, FAILED, waiting for a target that was down), the reader bumps ``carry`` and
+that micro-batch also reads them, before the new rows of the same buckets. So the running
+relay resumes held keys itself, in key order, as soon as their targets take events again:
+no scheduled replay is needed for that. Carry-overs come quickly while they make progress
+and back off (up to a few seconds) while nothing moves; a batch needs no new rows to carry.
 
 Batch (``mode=replay``): the open rows (PENDING, HELD, FAILED) older than a threshold, up to
 an event-number limit taken in log order, again partitioned by key bucket.
@@ -12,6 +20,7 @@ an event-number limit taken in log order, again partitioned by key bucket.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,7 +39,7 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, Select, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from tidings.db import shared_engine
@@ -68,6 +77,8 @@ _FETCH_STEP = 1_000
 _BATCH_BYTES = 64 * 1024 * 1024
 _EVENTS_PER_TASK = 5_000
 _SETTLE_SECONDS = 60.0  # availableNow: how long to wait for in-flight writers to finish
+_CARRY_FIRST_S = 0.5  # pause between carry-overs while they make progress
+_CARRY_MAX_S = 4.0  # ... doubling up to this while nothing moves
 _OPEN = sorted(s.value for s in OPEN_STATUSES)
 
 
@@ -80,6 +91,8 @@ class LogSlice(InputPartition):
     index: int
     count: int
     open_before: float | None = None  # replay: only open rows logged before this epoch time
+    carry_upto: int | None = None  # carry-over: first the open rows with seq <= this
+    carry_limit: int = 0  # ... at most this many of them, oldest first
 
 
 def relay_watermark(engine: Engine, job: str = "relay") -> int | None:
@@ -92,16 +105,27 @@ def relay_watermark(engine: Engine, job: str = "relay") -> int | None:
 
 def read_slice(engine: Engine, part: LogSlice) -> Iterator[pa.RecordBatch]:
     """Stream one slice of the log as Arrow record batches, in seq order."""
-    where: list[ColumnElement[bool]] = [
-        outbox_event.c.seq > part.after,
-        outbox_event.c.seq <= part.upto,
-    ]
+    bucket: list[ColumnElement[bool]] = []
     if part.count > 1:
-        where.append(outbox_event.c.partition_bucket % part.count == part.index)
+        bucket.append(outbox_event.c.partition_bucket % part.count == part.index)
+    if part.carry_upto is not None:
+        carried = (
+            select(*_COLUMNS)
+            .where(outbox_event.c.status.in_(_OPEN), outbox_event.c.seq <= part.carry_upto)
+            .where(*bucket)
+            .order_by(outbox_event.c.seq)
+            .limit(part.carry_limit)
+        )
+        yield from _record_batches(engine, carried)
+    where = [outbox_event.c.seq > part.after, outbox_event.c.seq <= part.upto, *bucket]
     if part.open_before is not None:
         where.append(outbox_event.c.status.in_(_OPEN))
         where.append(outbox_event.c.logged_at < _epoch_to_datetime(part.open_before))
-    query = select(*_COLUMNS).where(*where).order_by(outbox_event.c.seq)
+    yield from _record_batches(engine, select(*_COLUMNS).where(*where).order_by(outbox_event.c.seq))
+
+
+def _record_batches(engine: Engine, query: Select[Any]) -> Iterator[pa.RecordBatch]:
+    """The rows of ``query`` as Arrow record batches, fetched in steps."""
     with engine.connect() as conn:
         result = conn.execution_options(yield_per=_FETCH_STEP).execute(query)
         pending: list[Any] = []
@@ -158,6 +182,10 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_rows = config.relay.max_events_per_batch
         self._watermark: SafeWatermark | None = None
         self._until: int | None = None
+        self._next_carry = 0.0
+        self._carry_pause = _CARRY_FIRST_S
+        self._open_below: int | None = None  # open rows at or below the offset, last count
+        self._carried_once = False
 
     @property
     def engine(self) -> Engine:
@@ -171,7 +199,7 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         ensure_schema(self.engine)
-        return {"seq": relay_watermark(self.engine) or 0}
+        return {"seq": relay_watermark(self.engine) or 0, "carry": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows)
@@ -181,9 +209,10 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         after = int(start["seq"])
+        carry = int(start.get("carry", 0)) + (1 if self._carry_due(after) else 0)
         upto = self._mark()() if self._until is None else self._until
         if upto <= after:
-            return start
+            return start if carry == int(start.get("carry", 0)) else {"seq": after, "carry": carry}
         if not isinstance(limit, ReadAllAvailable):
             rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
             query = (
@@ -197,15 +226,39 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 nth = conn.execute(query).scalar()
             if nth is not None:
                 upto = nth
-        return {"seq": upto}
+        return {"seq": upto, "carry": carry}
+
+    def _carry_due(self, after: int) -> bool:
+        """Should the next batch carry over the open events at or below ``after``?
+
+        Quickly again while the open count falls, backing off while it does not; under
+        availableNow (``relay --once``) at most once.
+        """
+        now = time.monotonic()
+        if now < self._next_carry or (self._until is not None and self._carried_once):
+            return False
+        query = select(func.count()).where(outbox_event.c.status.in_(_OPEN))
+        with self.engine.connect() as conn:
+            count = conn.execute(query.where(outbox_event.c.seq <= after)).scalar() or 0
+        progress = self._open_below is None or count < self._open_below
+        self._carry_pause = _CARRY_FIRST_S if progress else min(2 * self._carry_pause, _CARRY_MAX_S)
+        self._next_carry = now + self._carry_pause
+        self._open_below = count
+        self._carried_once = self._carried_once or count > 0
+        return count > 0
 
     def partitions(self, start: dict, end: dict) -> list[LogSlice]:
         after, upto = int(start["seq"]), int(end["seq"])
-        if upto <= after:
+        carry = int(end.get("carry", 0)) != int(start.get("carry", 0))
+        if upto <= after and not carry:
             return []
+        rows = (upto - after) + ((self._open_below or 0) if carry else 0)
         # A small batch is cheaper as one task: each task costs a Python worker round trip.
-        n = max(1, min(self.partition_count, (upto - after) // _EVENTS_PER_TASK))
-        return [LogSlice(after, upto, i, n) for i in range(n)]
+        n = max(1, min(self.partition_count, rows // _EVENTS_PER_TASK))
+        if not carry:
+            return [LogSlice(after, upto, i, n) for i in range(n)]
+        limit = self.max_rows
+        return [LogSlice(after, upto, i, n, carry_upto=after, carry_limit=limit) for i in range(n)]
 
     def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
         yield from read_slice(shared_engine(self.url), partition)

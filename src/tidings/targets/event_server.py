@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from tidings.client import Client
 from tidings.client import connect as connect_client
 from tidings.config import EventServerTargetConfig
+from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.model import OutboxEvent
 from tidings.server.store import StoredEvent
 from tidings.targets.base import Target
@@ -64,8 +65,10 @@ class EventServerTarget(Target):
                     # next call on the connection); a late store is harmless (outbox dedup).
                     future.cancel()
                     raise
+        except TargetUnavailable:
+            raise
         except Exception as exc:
-            return [f"{prefix} failed: {type(exc).__name__}: {exc}"] * len(events)
+            raise TargetCallFailed(f"{prefix} failed: {type(exc).__name__}: {exc}") from exc
         refused = sum(result is None for result in results)
         if refused:
             return [f"{prefix} refused {refused} of {len(events)} events of the session"] * len(
@@ -88,7 +91,13 @@ class EventServerTarget(Target):
         try:
             async with asyncio.timeout(self._timeout):  # connecting and registering together
                 if self._client is None:
-                    self._client = await connect_client(self._config.address)
+                    try:
+                        self._client = await connect_client(self._config.address)
+                    except OSError as exc:
+                        raise TargetUnavailable(
+                            f"event server target {self.name!r}: cannot connect to "
+                            f"{self._config.address}: {exc}"
+                        ) from exc
                 return await self._client.register_outbox(new_events)
         except BaseException:
             # Whatever happened to the link, the next call starts on a fresh connection.

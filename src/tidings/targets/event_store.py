@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from tidings.config import EventStoreTargetConfig
+from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.model import OutboxEvent
 from tidings.server.store import EventStore, NewEvent, PayloadKind
 from tidings.targets.base import Target
@@ -45,15 +46,25 @@ class EventStoreTarget(Target):
         return self._config
 
     def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
-        """Register ``events`` as one session: all are confirmed or all get the same error."""
+        """Register ``events`` as one session: all are confirmed, or the call failed as one.
+
+        A store that cannot be opened is unavailable (nothing was sent); a failing
+        registration may be any event's fault, so the relay narrows it down.
+        """
         if not events:
             return []
         try:
-            self._opened_store().register([to_new_event(e, self._type_prefix) for e in events])
+            store = self._opened_store()
         except Exception as exc:
-            error = f"event store target {self.name!r} failed: {type(exc).__name__}: {exc}"
-            return [error] * len(events)
+            raise TargetUnavailable(self._error("cannot open the store", exc)) from exc
+        try:
+            store.register([to_new_event(e, self._type_prefix) for e in events])
+        except Exception as exc:
+            raise TargetCallFailed(self._error("failed", exc)) from exc
         return [None] * len(events)
+
+    def _error(self, what: str, exc: Exception) -> str:
+        return f"event store target {self.name!r} {what}: {type(exc).__name__}: {exc}"
 
     def close(self) -> None:
         """Close the store if it was opened."""
