@@ -11,9 +11,14 @@ from sqlalchemy.orm import Session
 
 from tidings.config import OutboxConfig
 from tidings.db import make_engine
-from tidings.errors import EmitError
+from tidings.errors import EmitError, TransactionDoomed
 from tidings.outbox.envelope import identity
-from tidings.outbox.producer import Outbox
+from tidings.outbox.producer import (
+    MAX_HEADER_NAME_BYTES,
+    MAX_HEADER_VALUE_BYTES,
+    MAX_HEADERS_BYTES,
+    Outbox,
+)
 from tidings.outbox.schema import outbox_event, outbox_event_attribute
 
 domain = MetaData()
@@ -103,6 +108,24 @@ def test_connection_form(engine: Engine) -> None:
         ({"event_type": "X", "payload": {}, "partition_key": "\ud800"}, "unpaired surrogate"),
         ({"event_type": "X", "payload": {"s": "\ud800"}}, "not valid UTF-8"),
         ({"event_type": "*", "payload": {}}, "wildcard"),
+        (
+            {"event_type": "X", "payload": {}, "headers": {"h" * (MAX_HEADER_NAME_BYTES + 1): ""}},
+            f"is {MAX_HEADER_NAME_BYTES + 1} bytes, over the limit of {MAX_HEADER_NAME_BYTES}",
+        ),
+        (  # counted in UTF-8 bytes, not characters
+            {"event_type": "X", "payload": {}, "headers": {"h": "é" * MAX_HEADER_VALUE_BYTES}},
+            f"'h' value is {2 * MAX_HEADER_VALUE_BYTES} bytes, over the limit of "
+            f"{MAX_HEADER_VALUE_BYTES}",
+        ),
+        (
+            {
+                "event_type": "X",
+                "payload": {},
+                "headers": {f"h{i}": "v" * MAX_HEADER_VALUE_BYTES for i in range(2)},
+            },
+            f"headers are {2 * (MAX_HEADER_VALUE_BYTES + 2)} bytes .*over the limit of "
+            f"{MAX_HEADERS_BYTES}",
+        ),
     ],
 )
 def test_bad_emit_raises_and_nothing_commits(engine: Engine, kwargs: dict, message: str) -> None:
@@ -111,8 +134,22 @@ def test_bad_emit_raises_and_nothing_commits(engine: Engine, kwargs: dict, messa
         session.execute(account.insert().values(id="a", balance=1))
         with pytest.raises(EmitError, match=message):
             outbox.emit(session, **kwargs)
-        session.commit()  # the caller tries to commit anyway: the emit rolled it back
+        with pytest.raises(TransactionDoomed, match=message):
+            session.commit()  # the caller tries to commit anyway: the emit doomed it
     assert _count(engine, account) == 0 and _count(engine, outbox_event) == 0
+
+
+def test_headers_at_their_bounds_are_accepted(engine: Engine) -> None:
+    names = [f"h{i}".ljust(MAX_HEADER_NAME_BYTES, "x") for i in range(2)]
+    headers = {names[0]: "v" * MAX_HEADER_VALUE_BYTES}
+    headers[names[1]] = "v" * (MAX_HEADERS_BYTES - sum(map(len, names)) - MAX_HEADER_VALUE_BYTES)
+    with Outbox(engine).transaction() as tx:
+        event_id = tx.emit("X", {}, headers=headers)
+    with engine.connect() as conn:
+        stored = conn.execute(
+            select(outbox_event.c.headers).where(outbox_event.c.event_id == event_id)
+        ).scalar_one()
+    assert json.loads(stored) == headers
 
 
 def test_attribute_extractor_and_transformer(engine: Engine) -> None:
@@ -156,7 +193,7 @@ def test_excluded_events_skip_the_log_and_go_out_after_commit(engine: Engine) ->
         outbox.emit(session, "Heartbeat", {"n": 2})
         session.commit()
     assert sent == ["Heartbeat", "Ping", "Heartbeat"]  # the rolled-back one never went out
-    with engine.begin() as conn, pytest.raises(EmitError, match="bare Connection"):
+    with pytest.raises(EmitError, match="bare Connection"), engine.begin() as conn:
         outbox.emit(conn, "Heartbeat", {})
 
 
@@ -205,7 +242,7 @@ def test_duplicate_event_id_is_an_emit_error(engine: Engine) -> None:
         session.execute(account.insert().values(id="a", balance=1))
         with pytest.raises(EmitError, match="already in the event log"):
             outbox.emit(session, "X", {}, event_id=event_id)
-        session.commit()
+        session.rollback()
     assert _count(engine, account) == 0 and _count(engine, outbox_event) == 1
 
 

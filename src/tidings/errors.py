@@ -19,6 +19,16 @@ class EmitError(TidingsError):
     """An event could not be emitted; the surrounding transaction must not commit."""
 
 
+class TransactionDoomed(EmitError):
+    """An emit failed earlier in this transaction, so it may only be rolled back.
+
+    Raised by every later emit in that transaction and by its commit, whichever way the
+    transaction was opened (Session, Connection, ``outbox.transaction()``); the message
+    names the first failure. Catching the first :class:`EmitError` cannot save the
+    transaction: a domain write must never commit without the events it emitted.
+    """
+
+
 class SchemaError(TidingsError):
     """The database schema is missing, newer than this library, or cannot be upgraded."""
 

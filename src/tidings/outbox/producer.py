@@ -10,6 +10,12 @@ ways in, one code path:
 
 Excluded events (per-event flag or predicate) are not stored: they are handed to the
 direct publisher after the transaction commits and carry no delivery guarantee.
+
+A failed emit dooms its transaction, the same way in all three: every later emit in it and
+its commit raise :class:`~tidings.errors.TransactionDoomed`, naming the first failure, so a
+caught :class:`~tidings.errors.EmitError` can never let the domain write commit without its
+events (guarantee 1). Rolling back (or leaving the ``with`` block) ends the doomed
+transaction; the Session or Connection is then usable again.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import logging
 import re
 import uuid
+import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,7 +37,7 @@ from sqlalchemy.orm import Session
 
 from tidings.config import OutboxConfig, TidingsConfig
 from tidings.db import make_engine, placeholder
-from tidings.errors import EmitError
+from tidings.errors import EmitError, TransactionDoomed
 from tidings.model import EventStatus, OutboxEvent
 from tidings.outbox.envelope import (
     AttributeExtractor,
@@ -43,6 +50,8 @@ from tidings.outbox.schema import ensure_schema
 from tidings.timeutil import driver_stamp, utcnow
 
 DirectPublisher = Callable[[Sequence[OutboxEvent]], None]
+#: Why a routed target will always refuse an event (that target's ``refusal``), or None.
+TargetCheck = Callable[[OutboxEvent], str | None]
 Bind = Session | Connection
 
 _EVENT_COLUMNS = (
@@ -54,6 +63,18 @@ _ATTRIBUTE_COLUMNS = "attribute_id, event_id, attribute_key, attribute_value, up
 _PENDING_KEY = "tidings_excluded_events"
 # An HTTP/NATS header token: what every broker accepts as a header name.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: Header bounds, in UTF-8 bytes. Headers travel with every copy of the event (NATS counts
+#: them in max_payload, HTTP stacks commonly cap a header block at 8-16 KiB); they are for
+#: routing metadata, not data, so the bounds are generous for the one and tight for the other.
+MAX_HEADER_NAME_BYTES = 256
+MAX_HEADER_VALUE_BYTES = 8 * 1024
+MAX_HEADERS_BYTES = 16 * 1024
+#: The relay numbers an event only when it commits; a target sizing it at emit sees the
+#: widest sequence number, so a header carrying it is counted at its largest.
+EMIT_SEQ_PLACEHOLDER = 2**63 - 1
+#: Transactions in which an emit failed, with the first failure's message (a string, so the
+#: entry holds no frame that would keep the transaction alive).
+_doomed: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 log = logging.getLogger(__name__)
 
 
@@ -81,6 +102,7 @@ class Outbox:
         attribute_extractor: AttributeExtractor | None = None,
         exclude: ExclusionPredicate | None = None,
         direct_publisher: DirectPublisher | None = None,
+        target_check: TargetCheck | None = None,
         create_schema: bool = True,
     ) -> None:
         self.engine = make_engine(engine) if isinstance(engine, str) else engine
@@ -89,6 +111,7 @@ class Outbox:
         self.attribute_extractor = attribute_extractor
         self.exclude = exclude
         self.direct_publisher = direct_publisher
+        self.target_check = target_check
         if create_schema:
             ensure_schema(self.engine)
         style = self.engine.dialect.paramstyle
@@ -98,20 +121,32 @@ class Outbox:
 
     @classmethod
     def from_config(cls, config: TidingsConfig, **hooks: Any) -> Outbox:
-        """An outbox on ``config.database`` whose excluded events go to their routed targets."""
-        from tidings.outbox.direct import DirectPublisher
+        """An outbox on ``config.database`` that knows where each event type is routed.
+
+        Emit refuses an event a routed target will always refuse (e.g. larger than a
+        JetStream server's max_payload), so it fails alone at the producer instead of in
+        the relay; excluded events go straight to their routed targets after commit.
+        """
+        from tidings.outbox.direct import RoutedTargets
 
         engine = make_engine(config.database.url)
-        hooks.setdefault("direct_publisher", DirectPublisher(config, engine))
+        targets = RoutedTargets(config, engine)
+        hooks.setdefault("direct_publisher", targets.publish)
+        hooks.setdefault("target_check", targets.refusal)
         return cls(engine, config.outbox, **hooks)
 
     @contextmanager
     def transaction(self) -> Iterator[OutboxTransaction]:
-        """A transaction of tidings' own: commit on success, roll back on any exception."""
+        """A transaction of tidings' own: commit on success, roll back on any exception.
+
+        A transaction in which an emit failed is not committed even if the failure was
+        caught: leaving the block rolls it back and raises :class:`TransactionDoomed`.
+        """
         with self.engine.connect() as conn:
             tx = OutboxTransaction(self, conn)
             with conn.begin():
                 yield tx
+                _refuse_commit(conn.get_transaction())
             excluded, tx.excluded = tx.excluded, []
         self._publish_excluded(excluded)
 
@@ -130,23 +165,28 @@ class Outbox:
     ) -> str:
         """Add one event to the caller's transaction and return its event id.
 
-        On invalid input the caller's transaction is rolled back and :class:`EmitError`
-        raised, so neither the domain write nor the event can commit.
+        On invalid input :class:`EmitError` is raised and the caller's transaction doomed:
+        its commit raises :class:`TransactionDoomed`, so neither the domain write nor any
+        of its events can commit, even if the caller catches the error and goes on.
         """
+        _refuse_emit(bind)
         try:
             draft = self._draft(
                 event_type, payload, partition_key, correlation_id, headers, version, event_id
             )
+            body = self._body(draft)
+            self._check_targets(draft, body)
             excluded = exclude or (self.exclude is not None and self.exclude(draft))
             if excluded:
-                self._defer_excluded(bind, draft)
+                self._defer_excluded(bind, draft, body)
             else:
-                self._insert(_connection_of(bind), draft)
+                self._insert(_connection_of(bind), draft, body)
         except IntegrityError:
-            _roll_back(bind)
-            raise EmitError(f"event id {event_id!r} is already in the event log") from None
-        except EmitError:
-            _roll_back(bind)
+            error = EmitError(f"event id {event_id!r} is already in the event log")
+            _doom(bind, error)
+            raise error from None
+        except EmitError as error:
+            _doom(bind, error)
             raise
         return draft.event_id
 
@@ -213,8 +253,15 @@ class Outbox:
             )
         return body
 
-    def _insert(self, conn: Connection, draft: EventDraft) -> None:
-        body = self._body(draft)
+    def _check_targets(self, draft: EventDraft, body: str) -> None:
+        """Refuse now what a routed target will always refuse, sized as it will travel."""
+        if self.target_check is None:
+            return
+        reason = self.target_check(_event_of(draft, body, EMIT_SEQ_PLACEHOLDER))
+        if reason is not None:
+            raise EmitError(f"{draft.event_type!r} event refused at emit: {reason}")
+
+    def _insert(self, conn: Connection, draft: EventDraft, body: str) -> None:
         now = utcnow()
         stamp = self._stamp
         conn.exec_driver_sql(
@@ -252,25 +299,14 @@ class Outbox:
             if rows:
                 conn.exec_driver_sql(self._insert_attribute, rows)
 
-    def _defer_excluded(self, bind: Bind, draft: EventDraft) -> None:
+    def _defer_excluded(self, bind: Bind, draft: EventDraft, body: str) -> None:
         if self.direct_publisher is None:
             raise EmitError(
                 f"event {draft.event_type!r} is excluded from the outbox but this Outbox has no "
                 "direct publisher: build it with Outbox.from_config(config) or pass "
                 "direct_publisher="
             )
-        deferred = OutboxEvent(
-            seq=0,
-            event_id=draft.event_id,
-            event_type=draft.event_type,
-            payload=self._body(draft),
-            logged_at=draft.logged_at,
-            version=draft.version,
-            correlation_id=draft.correlation_id,
-            originator=draft.originator,
-            partition_key=draft.partition_key,
-            headers=dict(draft.headers),
-        )
+        deferred = _event_of(draft, body, seq=0)  # not in the log: no sequence number
         if isinstance(bind, OutboxTransaction):
             bind.excluded.append(deferred)
             return
@@ -321,13 +357,94 @@ def _connection_of(bind: Bind | OutboxTransaction) -> Connection:
     raise EmitError(f"emit needs a Session, Connection or outbox transaction, got {bind!r}")
 
 
-def _roll_back(bind: Bind | OutboxTransaction) -> None:
+def _event_of(draft: EventDraft, body: str, seq: int) -> OutboxEvent:
+    """The event as the relay (or the direct publisher) will hand it to a target."""
+    return OutboxEvent(
+        seq=seq,
+        event_id=draft.event_id,
+        event_type=draft.event_type,
+        payload=body,
+        logged_at=draft.logged_at,
+        version=draft.version,
+        correlation_id=draft.correlation_id,
+        originator=draft.originator,
+        partition_key=draft.partition_key,
+        headers=dict(draft.headers),
+    )
+
+
+# -- doomed transactions ---------------------------------------------------------------------
+#
+# A failed emit does not roll back at once: SQLAlchemy would begin a fresh transaction on the
+# caller's next statement, and a caught error would let that one commit the domain write
+# without its events. The transaction stays open and is marked instead; its commit is refused
+# by a hook on the Session (``before_commit``: nothing is flushed) or on the Connection
+# (``commit``), and ``outbox.transaction()`` checks before it commits.
+
+
+def _transaction_of(bind: Bind | OutboxTransaction) -> object | None:
+    """The caller's root transaction that an emit on ``bind`` joins, if one has begun."""
     if isinstance(bind, OutboxTransaction):
-        return  # the exception leaves the `with` block, which rolls back
+        return bind.connection.get_transaction()
+    if isinstance(bind, Session | Connection):
+        return bind.get_transaction()
+    return None
+
+
+def _doom(bind: Bind | OutboxTransaction, error: EmitError) -> None:
+    """Mark the transaction of ``bind`` so that it can only be rolled back."""
+    if isinstance(bind, OutboxTransaction):
+        bind = bind.connection
     if isinstance(bind, Session):
-        bind.rollback()
-    elif isinstance(bind, Connection) and (tx := bind.get_transaction()) is not None:
-        tx.rollback()
+        bind.connection()  # begin the transaction if the failure came before any statement
+        if not sa_event.contains(bind, "before_commit", _refuse_session_commit):
+            sa_event.listen(bind, "before_commit", _refuse_session_commit)
+    elif isinstance(bind, Connection):
+        if not bind.in_transaction():
+            bind.begin()  # the caller's next statement would otherwise begin an undoomed one
+        if not sa_event.contains(bind, "commit", _refuse_connection_commit):
+            sa_event.listen(bind, "commit", _refuse_connection_commit)
+    else:
+        return  # not a transaction: emit already said so
+    transaction = bind.get_transaction()
+    if transaction is not None and transaction not in _doomed:
+        _doomed[transaction] = f"{type(error).__name__}: {error}"
+
+
+def _doom_cause(transaction: object | None) -> str | None:
+    """The first failed emit of ``transaction``, or None if it may commit."""
+    if transaction is None or not _doomed:
+        return None
+    return _doomed.get(transaction)
+
+
+def _refuse_emit(bind: Bind | OutboxTransaction) -> None:
+    if (cause := _doom_cause(_transaction_of(bind))) is not None:
+        raise TransactionDoomed(
+            f"emit refused: an earlier emit in this transaction failed ({cause}); "
+            "the transaction can only be rolled back"
+        )
+
+
+def _refuse_commit(transaction: object | None) -> None:
+    if (cause := _doom_cause(transaction)) is not None:
+        raise TransactionDoomed(
+            f"transaction not committed: an emit in it failed ({cause}); nothing of it is "
+            "written, roll it back"
+        )
+
+
+def _refuse_session_commit(session: Session) -> None:
+    _refuse_commit(session.get_transaction())
+
+
+def _refuse_connection_commit(conn: Connection) -> None:
+    transaction = conn.get_transaction()
+    if _doom_cause(transaction) is not None:
+        # SQLAlchemy marks a transaction whose commit raised as ended and will not roll it
+        # back; roll the database transaction back here, so nothing of it can commit later.
+        conn.engine.dialect.do_rollback(conn.connection)
+    _refuse_commit(transaction)
 
 
 def _forget_excluded(session: Session, _previous: object) -> None:
@@ -363,6 +480,7 @@ def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
         return {}
     if not isinstance(headers, Mapping):
         raise EmitError(f"headers must be a mapping of strings, got {headers!r}")
+    total = 0
     for key, value in headers.items():
         if not isinstance(key, str) or not key or not isinstance(value, str):
             raise EmitError(f"header {key!r}: {value!r} is not a pair of strings")
@@ -372,4 +490,26 @@ def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
             )
         if "\r" in value or "\n" in value or not _storable(value):
             raise EmitError(f"header {key!r} value holds a line break, NUL or unpaired surrogate")
+        total += _check_header_size(key, value)
+    if total > MAX_HEADERS_BYTES:
+        raise EmitError(
+            f"headers are {total} bytes (names + values), over the limit of "
+            f"{MAX_HEADERS_BYTES} bytes"
+        )
     return dict(headers)
+
+
+def _check_header_size(name: str, value: str) -> int:
+    """The UTF-8 bytes of one header (name + value), refusing an oversize name or value."""
+    name_bytes, value_bytes = len(name), len(value.encode("utf-8"))  # a token is ASCII
+    if name_bytes > MAX_HEADER_NAME_BYTES:
+        raise EmitError(
+            f"header name {name[:32]!r}... is {name_bytes} bytes, over the limit of "
+            f"{MAX_HEADER_NAME_BYTES} bytes"
+        )
+    if value_bytes > MAX_HEADER_VALUE_BYTES:
+        raise EmitError(
+            f"header {name!r} value is {value_bytes} bytes, over the limit of "
+            f"{MAX_HEADER_VALUE_BYTES} bytes"
+        )
+    return name_bytes + value_bytes
