@@ -24,7 +24,7 @@ from server_helpers import (
 from tidings.errors import ConfigError, ProtocolError
 from tidings.server.query import QueryData
 from tidings.server.store import EventId, NewEvent, PayloadKind, StoredEvent, StoreError
-from tidings.wire import chatter, codec
+from tidings.wire import chatter, codec, envelope, prescan
 from tidings.wire.chatter import Connection, ConnectionClosed, parse_address
 
 # --- codec ----------------------------------------------------------------------------------
@@ -209,6 +209,123 @@ def test_invalid_query_is_refused_by_the_query_model() -> None:
 def test_undecodable_sbs_is_a_protocol_error(data: bytes) -> None:
     with pytest.raises(ProtocolError, match="undecodable SBS"):
         codec.decode("HatEventer", "MsgRegisterReq", data)
+
+
+# --- bounded decoding (the pre-scan) --------------------------------------------------------
+
+REGISTER_ITEM = codec.register_event_to_sbs(NewEvent(("a", "b"), b'{"n": 1}', PayloadKind.JSON, 5))
+
+
+@pytest.mark.parametrize("count", [2**31, 2**62])
+def test_a_lying_array_count_is_refused_before_decoding(count: int) -> None:
+    """A count whose items cannot fit in the bytes left is refused at the count itself (the C
+    decoder would first allocate a list of that many slots)."""
+    body = codec.encode_integer(count) + b"\x80"
+    with pytest.raises(ProtocolError, match=f"array of {count} items at byte .* needs at least"):
+        codec.decode("HatEventer", "MsgRegisterReq", body)
+
+
+def test_a_lying_byte_length_is_refused() -> None:
+    body = codec.encode_integer(1) + codec.encode_integer(1) + codec.encode_integer(2**40) + b"x"
+    with pytest.raises(
+        ProtocolError, match="length 1099511627776 at byte 2 exceeds the 1 bytes left"
+    ):
+        codec.decode("HatEventer", "MsgSubscribe", body)
+
+
+def test_a_message_of_many_tiny_values_is_refused_at_its_count() -> None:
+    """Each item is one byte (an empty type), so the count is honest, but 4 Mi items are over
+    the budget of values of a 4 MiB message (one per two bytes)."""
+    items = 4 * 1024 * 1024
+    body = codec.encode_integer(items) + b"\x80" * items
+    with pytest.raises(ProtocolError, match="exceeds the message's budget of values"):
+        codec.decode("HatEventer", "MsgSubscribe", body)
+    with pytest.raises(ProtocolError, match="exceeds the message's budget of values"):
+        codec.decode_in_slices("HatEventer", "MsgSubscribe", body, 64 * 1024)
+
+
+def test_nested_values_over_the_budget_are_refused_during_the_walk() -> None:
+    """Honest counts at every level, over budget only in total: refused by the walk."""
+    types = [[""] * 60] * 20_000  # 1.22 M values (empty strings: one byte each) in 1.22 MB
+    body = codec.encode("HatEventer", "MsgSubscribe", types)
+    assert prescan.value_budget(len(body)) < 1_200_000
+    with pytest.raises(ProtocolError, match="budget of values"):
+        codec.decode("HatEventer", "MsgSubscribe", body)
+    assert codec.SCHEMAS.check("HatEventer", "MsgSubscribe", body, budget=1_300_000) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"\x01" * 10 + b"\x81", "longer than 64 bits"),
+        (b"\x81" + b"\x81" + b"\x83x", "length 3 at byte 2 exceeds the 1 bytes left"),
+        (b"\x81" + b"\x81" + b"\x01", "integer at byte 2 runs past the end"),
+        (codec.encode("HatEventer", "MsgSubscribe", [["a"]]) + b"\x00", "1 bytes after"),
+    ],
+)
+def test_other_malformed_bytes_are_refused_by_the_pre_scan(body: bytes, problem: str) -> None:
+    with pytest.raises(ProtocolError, match=f"HatEventer.MsgSubscribe: undecodable SBS.*{problem}"):
+        codec.decode("HatEventer", "MsgSubscribe", body)
+
+
+def test_a_choice_index_outside_the_schema_is_refused() -> None:
+    item = codec.encode("HatEventer", "RegisterEvent", REGISTER_ITEM)
+    bad = item[:-10] + b"\x89" + item[-9:]  # the payload kind index (3 kinds) set to 9
+    assert codec.encode("HatEventer", "RegisterEvent", REGISTER_ITEM)[-10] == 0x81
+    with pytest.raises(ProtocolError, match="choice index 9 at byte"):
+        codec.decode("HatEventer", "MsgRegisterReq", b"\x81" + bad)
+
+
+@pytest.mark.parametrize("count", [0, 1, 999, 5000])
+def test_sliced_decoding_equals_decoding_at_once(count: int) -> None:
+    items = [
+        codec.register_event_to_sbs(NewEvent(("t", str(i)), b"x" * (i % 50), PayloadKind.BINARY))
+        for i in range(count)
+    ]
+    body = codec.encode("HatEventer", "MsgRegisterReq", items)
+    assert codec.decode_in_slices("HatEventer", "MsgRegisterReq", body, 4096) == codec.decode(
+        "HatEventer", "MsgRegisterReq", body
+    )
+    slices = codec.SCHEMAS.check("HatEventer", "MsgRegisterReq", body, slice_bytes=4096)
+    assert slices is not None and sum(part.count for part in slices) == count
+    if count == 5000:
+        assert len(slices) > 10
+
+
+def test_every_message_the_codec_encodes_passes_the_pre_scan() -> None:
+    query = codec.query_to_sbs(
+        QueryData(
+            event_ids=(EventId(1, 2, 3),), event_types=(("a", "*"),), t_from=-5, max_results=7
+        )
+    )
+    records = [codec.event_to_sbs(event) for event in EVENTS]
+    messages = [
+        ("HatEventer", "MsgQueryReq", query),
+        ("HatEventer", "MsgQueryRes", records),
+        ("HatEventer", "MsgNotify", records),
+        ("HatEventer", "MsgRegisterRes", [("event", records[0]), ("failure", None)]),
+        ("HatEventer", "MsgRegisterReq", [REGISTER_ITEM]),
+        ("HatSyncer", "MsgEvents", records),
+        ("TidingsEventer", "MsgRegisterReq", [{"outboxEventId": "o", "event": REGISTER_ITEM}]),
+        ("Hat", "Data", {"module": ("none", None), "type": "T", "data": b"\x00" * 300}),
+    ]
+    for module, type_name, value in messages:
+        encoded = codec.encode(module, type_name, value)
+        assert codec.SCHEMAS.check(module, type_name, encoded) is None
+        assert codec.decode(module, type_name, encoded) == codec.REPOSITORY.decode(
+            module, type_name, encoded
+        )
+
+
+@pytest.mark.parametrize("body_size", [0, 5, 63, 64, 300, 70_000])
+def test_frame_head_plus_body_is_the_encoded_frame(body_size: int) -> None:
+    body = bytes(range(256)) * (body_size // 256) + b"b" * (body_size % 256)
+    head = envelope.frame_head(7, 3, False, True, "HatEventer", "MsgQueryRes", len(body))
+    expected = raw_frame("HatEventer", "MsgQueryRes", body, message_id=7, first=3, owner=False)
+    assert head + body == expected
+    parsed = envelope.parse(expected[1 + expected[0] :])
+    assert (parsed.id, parsed.first, parsed.owner, parsed.last) == (7, 3, False, True)
+    assert (parsed.module, parsed.type, bytes(parsed.body)) == ("HatEventer", "MsgQueryRes", body)
 
 
 # --- addresses ------------------------------------------------------------------------------
@@ -507,3 +624,104 @@ def test_server_close_waits_for_handlers() -> None:
         return done
 
     assert len(run(main())) == 1
+
+
+# --- large frames: read and decoded in pieces, written as a stream ---------------------------
+
+
+def test_a_large_message_arrives_whole_and_a_large_hostile_one_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bodies over INLINE_DECODE_BYTES take the decode thread (pre-scan and sliced decode)."""
+    items = [
+        codec.register_event_to_sbs(NewEvent(("big", str(i)), b"p" * 100, PayloadKind.BINARY))
+        for i in range(20_000)
+    ]
+    hostile = codec.encode_integer(3_000_000) + b"\x80" * 3_000_000  # 3 M one-byte types
+
+    async def main() -> str | None:
+        connection, _raw_reader, raw_writer = await socket_pair()
+        raw_writer.write(raw_message("HatEventer", "MsgRegisterReq", items))
+        message = await connection.receive()
+        assert message.data == items
+        raw_writer.write(raw_frame("HatEventer", "MsgSubscribe", hostile))
+        await asyncio.wait_for(connection.wait_closed(), 5)
+        await connection.aclose()
+        return connection.close_reason
+
+    assert len(codec.encode("HatEventer", "MsgRegisterReq", items)) > chatter.INLINE_DECODE_BYTES
+    reason = run(main())
+    assert reason is not None and "exceeds the message's budget of values" in reason
+    [line] = warnings_of(caplog)
+    assert "HatEventer.MsgSubscribe: undecodable SBS" in line
+
+
+async def _pieces(data: bytes, size: int, between: Any = None) -> Any:
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+        if between is not None:
+            between()
+
+
+def test_a_streamed_frame_equals_the_frame_sent_whole_and_others_wait_for_it() -> None:
+    body = codec.encode("HatEventer", "MsgQueryRes", [codec.event_to_sbs(e) for e in EVENTS] * 50)
+
+    async def main() -> None:
+        connection, raw_reader, _raw_writer = await socket_pair()
+        conversation = chatter.Conversation(owner=False, first_id=9)
+
+        def notify() -> None:  # sent while the reply is being written: must follow it
+            connection.send("HatEventer", "MsgNotify", [])
+
+        await connection.send_stream(
+            "HatEventer",
+            "MsgQueryRes",
+            len(body),
+            _pieces(body, 1000, notify),
+            conversation=conversation,
+            stall_seconds=5,
+        )
+        expected = raw_frame("HatEventer", "MsgQueryRes", body, message_id=1, first=9, owner=False)
+        assert await raw_reader.readexactly(len(expected)) == expected
+        for _ in range(len(body) // 1000 + 1):
+            envelope, value = await read_raw_frame(raw_reader)
+            assert (envelope["data"]["type"], value) == ("MsgNotify", [])
+        assert envelope["id"] == len(body) // 1000 + 2
+        await connection.aclose()
+
+    run(main())
+
+
+def test_a_streamed_frame_that_does_not_add_up_closes_the_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> str | None:
+        connection, _raw_reader, _raw_writer = await socket_pair()
+        with pytest.raises(ConnectionClosed, match="corrupt streamed frame"):
+            await connection.send_stream(
+                "HatEventer", "MsgQueryRes", 100, _pieces(b"x" * 99, 10), stall_seconds=5
+            )
+        await connection.aclose()
+        return connection.close_reason
+
+    assert run(main()) == "HatEventer.MsgQueryRes: 99 bytes of an announced 100"
+    assert len(warnings_of(caplog)) == 1
+
+
+def test_a_peer_that_stops_reading_a_streamed_frame_is_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reply nobody reads does not pin the connection: no progress in stall_seconds."""
+
+    async def main() -> str | None:
+        connection, _raw_reader, _raw_writer = await socket_pair()
+        body = b"x" * 64 * 1024 * 1024
+        with pytest.raises(ConnectionClosed, match="not reading"):
+            await connection.send_stream(
+                "HatEventer", "MsgQueryRes", len(body), _pieces(body, 256 * 1024), stall_seconds=0.2
+            )
+        await connection.aclose()
+        return connection.close_reason
+
+    assert run(main()) == "peer took nothing of a reply for 0.2 s"
+    assert len(warnings_of(caplog)) == 1

@@ -21,17 +21,25 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tidings.errors import ProtocolError, TidingsError
-from tidings.wire import codec
+from tidings.wire import codec, envelope
 from tidings.wire.address import parse_address
 
 log = logging.getLogger(__name__)
 
-#: Default bound on one frame's SBS envelope (the whole message), in bytes.
+#: Default bound on one frame's SBS envelope (the whole message), in bytes. A client reading
+#: replies keeps this; the Eventer server sets its own, lower bound on what clients send.
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+#: Bodies up to this size are decoded on the event loop (tens of microseconds); larger ones
+#: in the decode thread, a run of :data:`_DECODE_SLICE_BYTES` at a time.
+INLINE_DECODE_BYTES = 64 * 1024
+_DECODE_SLICE_BYTES = 64 * 1024
+#: Reading a large frame takes the socket's bytes this many at a time.
+_READ_CHUNK = 256 * 1024
 #: hat-event 0.8.5's keep-alive period, in seconds.
 DEFAULT_PING_INTERVAL = 20.0
 #: Received messages waiting for :meth:`Connection.receive` before reading pauses.
@@ -99,6 +107,10 @@ class Connection:
         self._closed = asyncio.Event()
         self._close_reason: str | None = None
         self._pongs: dict[int, asyncio.Event] = {}
+        #: While a streamed frame is being written, other frames wait here, in order.
+        self._streaming = False
+        self._held: list[bytes] = []
+        self._held_bytes = 0
         self._tasks = [asyncio.create_task(self._read_loop(), name=f"chatter read {self.peer}")]
         if ping_interval:
             pinger = self._ping_loop(ping_interval)
@@ -115,9 +127,15 @@ class Connection:
 
     @property
     def send_buffer_bytes(self) -> int:
-        """Bytes written but not yet taken by the socket: how far the peer lags behind."""
+        """Bytes sent but not yet taken by the socket: how far the peer lags behind.
+
+        Frames held back behind a streamed frame count; the streamed frame itself counts
+        only with the piece that waits in the buffer (see :meth:`send_stream`).
+        """
         transport = self._writer.transport
-        return 0 if transport.is_closing() else transport.get_write_buffer_size()
+        if transport.is_closing():
+            return 0
+        return transport.get_write_buffer_size() + self._held_bytes
 
     def send(
         self,
@@ -151,24 +169,96 @@ class Connection:
         last: bool = True,
     ) -> Conversation:
         """:meth:`send` with the body already SBS-encoded (one encoding for many receivers)."""
+        message_id, conversation = self._next_id(conversation)
+        frame = self._head(message_id, conversation, last, module, type_name, len(body)) + body
+        if self._streaming:
+            self._held.append(frame)
+            self._held_bytes += len(frame)
+        else:
+            self._writer.write(frame)
+        return conversation
+
+    async def send_stream(
+        self,
+        module: str,
+        type_name: str,
+        body_size: int,
+        body: AsyncIterable[bytes],
+        *,
+        conversation: Conversation | None = None,
+        last: bool = True,
+        stall_seconds: float,
+    ) -> Conversation:
+        """Send a message whose body of ``body_size`` bytes comes in pieces from ``body``.
+
+        Each piece is written once the socket has taken the one before, so a large reply
+        costs one piece of memory, not the whole body. Frames sent meanwhile (notifications,
+        pongs) wait and follow the streamed frame. A peer that takes nothing for
+        ``stall_seconds`` is not reading: the connection is closed. The pieces must add up
+        to ``body_size`` exactly, else the frame would be corrupt: the connection is closed
+        (and :class:`ConnectionClosed` raised) instead. An exception from ``body`` closes
+        the connection too, and propagates.
+        """
+        if self._streaming:
+            raise RuntimeError("one streamed frame at a time per connection")
+        message_id, conversation = self._next_id(conversation)
+        self._writer.write(self._head(message_id, conversation, last, module, type_name, body_size))
+        self._streaming = True
+        sent = 0
+        try:
+            async for piece in body:
+                sent += len(piece)
+                if sent > body_size:
+                    break
+                await self._drain_within(stall_seconds)
+                self._writer.write(piece)
+        except BaseException:
+            self.close(f"{module}.{type_name} could not be completed")
+            raise
+        finally:
+            self._streaming = False
+        if sent != body_size:
+            self.close(f"{module}.{type_name}: {sent} bytes of an announced {body_size}")
+            raise ConnectionClosed(f"connection to {self.peer} closed: corrupt streamed frame")
+        held, self._held, self._held_bytes = self._held, [], 0
+        if not self._closed.is_set():
+            self._writer.writelines(held)
+        return conversation
+
+    def _next_id(self, conversation: Conversation | None) -> tuple[int, Conversation]:
         if self._closed.is_set():
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         message_id = next(self._ids)
         if conversation is None:
             conversation = Conversation(owner=True, first_id=message_id)
-        envelope = {
-            "id": message_id,
-            "first": conversation.first_id,
-            "owner": conversation.owner,
-            "token": True,
-            "last": last,
-            "data": {"module": ("value", module), "type": type_name, "data": body},
-        }
-        frame = codec.encode("Hat", "Msg", envelope)
-        size = len(frame)
-        length = size.to_bytes(max(1, (size.bit_length() + 7) // 8), "big")
-        self._writer.write(bytes([len(length)]) + length + frame)
-        return conversation
+        return message_id, conversation
+
+    @staticmethod
+    def _head(
+        message_id: int,
+        conversation: Conversation,
+        last: bool,
+        module: str,
+        type_name: str,
+        body_size: int,
+    ) -> bytes:
+        return envelope.frame_head(
+            message_id,
+            conversation.first_id,
+            conversation.owner,
+            last,
+            module,
+            type_name,
+            body_size,
+        )
+
+    async def _drain_within(self, seconds: float) -> None:
+        """:meth:`drain`, closing the connection if the peer takes nothing for ``seconds``."""
+        try:
+            await asyncio.wait_for(self.drain(), seconds)
+        except TimeoutError:
+            self.close(f"peer took nothing of a reply for {seconds:g} s")
+            raise ConnectionClosed(f"connection to {self.peer} closed: not reading") from None
 
     async def drain(self) -> None:
         """Wait until the socket has taken what was written (or raise if it closed)."""
@@ -287,36 +377,44 @@ class Connection:
             return
         self.close(reason)
 
-    async def _read_frame(self) -> bytes:
+    async def _read_frame(self) -> bytes | bytearray:
         length_size = (await self._reader.readexactly(1))[0]
-        if not 1 <= length_size <= 8:
+        if not 1 <= length_size <= envelope.MAX_LENGTH_BYTES:
             raise ProtocolError(f"invalid frame: length of length {length_size}")
         size = int.from_bytes(await self._reader.readexactly(length_size), "big")
         if size > self._max_frame_bytes:
             raise ProtocolError(
                 f"frame of {size} bytes exceeds the limit of {self._max_frame_bytes} bytes"
             )
-        return await self._reader.readexactly(size)
+        if size <= _READ_CHUNK:
+            return await self._reader.readexactly(size)
+        # Grown as the bytes arrive (not allocated from the announced size), and never held
+        # twice: readexactly would gather the whole frame in the reader's buffer and copy it.
+        frame = bytearray()
+        while len(frame) < size:
+            piece = await self._reader.read(min(size - len(frame), _READ_CHUNK))
+            if not piece:
+                raise ProtocolError(f"truncated frame ({len(frame)} of {size} bytes)")
+            frame += piece
+        return frame
 
-    async def _dispatch(self, frame: bytes) -> None:
-        envelope = codec.decode("Hat", "Msg", frame)
-        data = envelope["data"]
-        module = data["module"][1] if data["module"][0] == "value" else None
-        type_name = data["type"]
+    async def _dispatch(self, frame: bytes | bytearray) -> None:
+        received = envelope.parse(frame)
+        module, type_name = received.module, received.type
         if module not in codec.MESSAGE_TYPES or type_name not in codec.MESSAGE_TYPES[module]:
             raise ProtocolError(f"unknown message type {module}.{type_name}")
         # The conversation as seen from here: ours if the sender is not its owner.
-        conversation = Conversation(owner=not envelope["owner"], first_id=envelope["first"])
+        conversation = Conversation(owner=not received.owner, first_id=received.first)
         if module == _PING:
             self._on_ping(type_name, conversation)
             return
         message = Message(
             conversation=conversation,
-            first=envelope["owner"] and envelope["first"] == envelope["id"],
-            last=envelope["last"],
+            first=received.owner and received.first == received.id,
+            last=received.last,
             module=module,
             type=type_name,
-            data=codec.decode(module, type_name, bytes(data["data"])),
+            data=await _decode_body(module, type_name, received.body),
         )
         if conversation.owner:
             future = self._pending.get(conversation.first_id)
@@ -349,12 +447,39 @@ class Connection:
                         # We stopped reading (backpressure): the reply may be waiting in the
                         # socket behind messages we have not taken yet; the peer is not idle.
                         continue
+                    if self._streaming:
+                        # Our ping still waits behind a streamed frame, whose writing closes
+                        # a peer that stops reading (send_stream).
+                        continue
                     self.close(f"no ping reply within {interval} s")
                     return
                 finally:
                     self._pongs.pop(conversation.first_id, None)
         except (asyncio.CancelledError, ConnectionClosed):
             return
+
+
+async def _decode_body(module: str, type_name: str, body: memoryview) -> codec.Value:
+    """The decoded body: on the loop if small, else in the decode thread, one run of items
+    at a time, so that neither a large message nor its pre-scan holds up other
+    connections."""
+    if len(body) <= INLINE_DECODE_BYTES:
+        return codec.decode(module, type_name, body)
+    return await asyncio.get_running_loop().run_in_executor(
+        _decoder(), codec.decode_in_slices, module, type_name, body, _DECODE_SLICE_BYTES
+    )
+
+
+_DECODER: ThreadPoolExecutor | None = None
+
+
+def _decoder() -> ThreadPoolExecutor:
+    """The process's one decode thread: large messages are decoded one at a time, so the
+    memory they take while decoding is that of one message, however many peers send them."""
+    global _DECODER
+    if _DECODER is None:
+        _DECODER = ThreadPoolExecutor(1, thread_name_prefix="tidings-decode")
+    return _DECODER
 
 
 async def connect(

@@ -26,10 +26,12 @@ from importlib import resources
 from typing import Any
 
 from hat import sbs
+from hat.sbs import evaluator, parser
 
 from tidings.errors import ProtocolError
 from tidings.server.query import QueryData
 from tidings.server.store import EventId, NewEvent, PayloadKind, StoredEvent
+from tidings.wire import prescan
 
 #: One hat-sbs value (dict, list, tuple, int, str, bytes, ...).
 Value = Any
@@ -39,13 +41,15 @@ _JSON = json.JSONDecoder()
 _JSON_WS = re.compile(r"[ \t\n\r]*")
 
 
-def _load_repository() -> sbs.Repository:
+def _load_schemas() -> list[str]:
     schemas = resources.files("tidings.wire") / "schemas"
-    texts = [path.read_text() for path in schemas.iterdir() if path.name.endswith(".sbs")]
-    return sbs.Repository(*texts)
+    return [path.read_text() for path in schemas.iterdir() if path.name.endswith(".sbs")]
 
 
-REPOSITORY = _load_repository()
+_SCHEMA_TEXTS = _load_schemas()
+REPOSITORY = sbs.Repository(*_SCHEMA_TEXTS)
+#: The same schemas as scanners, which bound every decode (see :mod:`tidings.wire.prescan`).
+SCHEMAS = prescan.Schemas(evaluator.evaluate_modules(parser.parse(t) for t in _SCHEMA_TEXTS))
 
 #: The message types each protocol module defines; anything else is a protocol error.
 MESSAGE_TYPES: dict[str, frozenset[str]] = {
@@ -70,12 +74,41 @@ def encode(module: str | None, type_name: str, value: Value) -> bytes:
     return REPOSITORY.encode(module, type_name, value)
 
 
-def decode(module: str | None, type_name: str, data: bytes) -> Value:
-    """Decode ``data`` as ``module.type_name``; undecodable bytes raise :class:`ProtocolError`.
+def decode(module: str | None, type_name: str, data: bytes | bytearray | memoryview) -> Value:
+    """Decode ``data`` as ``module.type_name``; bad bytes raise :class:`ProtocolError`.
 
-    hat-sbs's C decoder reports malformed input as SystemError, MemoryError (an absurd
-    length) or UnicodeDecodeError; all of them mean the same thing to us.
+    The pre-scan (:mod:`tidings.wire.prescan`) refuses lying counts and messages over
+    their budget of values before the decoder allocates anything.
     """
+    SCHEMAS.check(module, type_name, data)
+    return _decode(module, type_name, data)
+
+
+def decode_in_slices(
+    module: str | None, type_name: str, data: bytes | bytearray | memoryview, slice_bytes: int
+) -> Value:
+    """:func:`decode` for large messages, in a thread: a top-level array is decoded a run
+    of about ``slice_bytes`` at a time, so the C decoder (which holds the GIL) leaves the
+    event loop a turn between runs. Other types decode at once."""
+    slices = SCHEMAS.check(module, type_name, data, slice_bytes=slice_bytes)
+    if slices is None:
+        return _decode(module, type_name, data)
+    view = memoryview(data)
+    items: list[Value] = []
+    for part in slices:
+        run = encode_integer(part.count) + view[part.start : part.end]
+        items += _decode(module, type_name, run)
+    return items
+
+
+def encode_integer(value: int) -> bytes:
+    """The SBS encoding of an integer (an array's count, a byte string's length)."""
+    return REPOSITORY.encode(None, "Integer", value)
+
+
+def _decode(module: str | None, type_name: str, data: bytes | bytearray | memoryview) -> Value:
+    """hat-sbs's C decoder reports the malformed input the pre-scan lets through (bad
+    UTF-8, say) as SystemError or UnicodeDecodeError; all of it means the same to us."""
     try:
         return REPOSITORY.decode(module, type_name, data)
     except Exception as exc:
