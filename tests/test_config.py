@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tidings.config import load_config, load_config_file, parse_duration
+from tidings.db import make_engine
 from tidings.errors import ConfigError
+from tidings.pipeline.jobconfig import job_config, job_options
+from tidings.routing.table import table_routes
 
 
 def test_defaults_are_the_embedded_setup() -> None:
@@ -67,3 +74,105 @@ def test_config_file_errors(tmp_path: Path) -> None:
     wrong.write_text("relay:\n  max_events_per_batch: -5\n")
     with pytest.raises(ConfigError, match=r"relay\.max_events_per_batch.*-5"):
         load_config_file(wrong)
+
+
+# -- relative paths ---------------------------------------------------------------------------
+
+RELATIVE = """
+database: {url: "sqlite:///data/app.db?timeout=5"}
+targets:
+  store: {kind: event_store, url: "sqlite:///events.db", fault_file: faults/store}
+  js: {kind: jetstream, stream: S, subject_prefix: s, fault_file: ../js.fault}
+  remote: {kind: event_server, fault_file: "~/remote.fault"}
+  pg: {kind: event_store, url: "postgresql://app@db/app"}
+  mem: {kind: event_store, url: "sqlite://"}
+routing: {routes: {Created: [store]}}
+relay: {checkpoint_dir: .tidings/checkpoint}
+housekeeping: {archive_dir: "s3a://bucket/archive"}
+"""
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory that is not the configuration file's."""
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def test_relative_paths_in_a_file_are_relative_to_the_file(tmp_path: Path, elsewhere: Path) -> None:
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "tidings.yaml").write_text(RELATIVE)
+    config = load_config_file(Path("..") / "conf" / "tidings.yaml")  # a relative path, too
+    targets = config.targets
+    assert config.database.url == f"sqlite:///{conf_dir}/data/app.db?timeout=5"
+    assert targets["store"].url == f"sqlite:///{conf_dir}/events.db"
+    assert targets["store"].fault_file == f"{conf_dir}/faults/store"
+    assert targets["js"].fault_file == f"{conf_dir}/../js.fault"
+    assert targets["remote"].fault_file == str(Path.home() / "remote.fault")
+    assert targets["pg"].url == "postgresql://app@db/app"  # not a file: as written
+    assert targets["mem"].url == "sqlite://"  # in memory: as written
+    assert config.relay.checkpoint_dir == f"{conf_dir}/.tidings/checkpoint"
+    assert config.housekeeping.archive_dir == "s3a://bucket/archive"  # a URI: as written
+
+
+def test_defaults_left_out_of_a_file_lie_beside_it(tmp_path: Path, elsewhere: Path) -> None:
+    path = tmp_path / "tidings.yaml"
+    path.write_text("targets: {store: {kind: event_store}}\n")
+    config = load_config_file(path)
+    assert config.database.url == f"sqlite:///{tmp_path}/tidings.db"
+    assert config.targets["store"].url == f"sqlite:///{tmp_path}/tidings-events.db"
+    assert config.relay.checkpoint_dir == f"{tmp_path}/.tidings/checkpoint"
+    assert config.housekeeping.archive_dir == f"{tmp_path}/.tidings/archive"
+
+
+def test_absolute_paths_and_mappings_without_a_file_stay_as_given(
+    tmp_path: Path, elsewhere: Path
+) -> None:
+    path = tmp_path / "tidings.yaml"
+    path.write_text(f"relay: {{checkpoint_dir: {tmp_path / 'cp'}}}\n")
+    assert load_config_file(path).relay.checkpoint_dir == str(tmp_path / "cp")
+    config = load_config(yaml.safe_load(RELATIVE))
+    assert config.database.url == "sqlite:///data/app.db?timeout=5"
+    assert config.relay.checkpoint_dir == ".tidings/checkpoint"
+    assert config.targets["store"].fault_file == "faults/store"
+
+
+def test_resolved_paths_travel_to_spark_tasks_and_routing_still_reloads(
+    tmp_path: Path, elsewhere: Path
+) -> None:
+    """Tasks get the configuration as JSON (absolute paths now) and re-read only routing."""
+    path = tmp_path / "tidings.yaml"
+    path.write_text(RELATIVE)
+    config = load_config_file(path)
+    options = job_options(config, str(path))
+    assert job_config(options) == config
+    path.write_text(RELATIVE.replace("Created: [store]", "Created: [store, js]"))
+    stamp = path.stat().st_mtime + 1
+    os.utime(path, (stamp, stamp))
+    reloaded = job_config(options)
+    assert reloaded.routing.routes == {"Created": ["store", "js"]}
+    assert reloaded.relay.checkpoint_dir == f"{tmp_path}/.tidings/checkpoint"
+
+
+def test_the_cli_run_from_another_directory_writes_beside_the_config(tmp_path: Path) -> None:
+    """A real ``tidings`` process: the database of a relative SQLite URL lands by the file."""
+    conf_dir, cwd = tmp_path / "conf", tmp_path / "elsewhere"
+    conf_dir.mkdir()
+    cwd.mkdir()
+    (conf_dir / "tidings.yaml").write_text(
+        "database: {url: 'sqlite:///app.db'}\n"
+        "targets: {store: {kind: event_store, url: 'sqlite:///events.db'}}\n"
+    )
+    command = [sys.executable, "-m", "tidings.cli", "routes", "add", "Created", "store"]
+    done = subprocess.run(
+        [*command, "-c", "../conf/tidings.yaml"], cwd=cwd, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert (conf_dir / "app.db").is_file()
+    assert list(cwd.iterdir()) == []
+    engine = make_engine(f"sqlite:///{conf_dir / 'app.db'}")
+    assert table_routes(engine) == {"Created": ["store"]}
+    engine.dispose()

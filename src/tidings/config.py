@@ -2,17 +2,35 @@
 
 Validation errors are turned into :class:`~tidings.errors.ConfigError` messages that name
 the offending key path and the value found there, so a typo is found from the message alone.
+
+Relative paths in a configuration *file* (SQLite URLs, the checkpoint and archive
+directories, fault files), defaults included, are relative to the file's directory, so a
+configuration means the same from any working directory; a mapping validated without a
+file keeps them as given (relative to the process's working directory).
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from tidings.errors import ConfigError
 from tidings.wire.address import Address
@@ -37,6 +55,58 @@ def parse_duration(value: Any) -> timedelta:
 Duration = Annotated[timedelta, Field(json_schema_extra={"format": "duration"})]
 
 
+def resolve_path(path: str | Path, base_dir: Path) -> Path:
+    """``path`` with ``~`` expanded, made absolute against ``base_dir`` if it is relative.
+
+    Configuration files use it so that their relative paths mean the file's directory,
+    not whatever directory the process happens to start in.
+    """
+    path = Path(os.path.expanduser(path))
+    return path if path.is_absolute() else base_dir / path
+
+
+def resolve_location(location: str, base_dir: Path) -> str:
+    """A directory or file: a local path is resolved, a URI (``hdfs://``, ``s3a://``,
+    ``file:///``) is left to the system that reads it."""
+    return location if "://" in location else str(resolve_path(location, base_dir))
+
+
+def resolve_database_url(url: str, base_dir: Path) -> str:
+    """A SQLite URL's file resolved against ``base_dir``; other URLs, in-memory and
+    ``file:`` URI databases are left as they are."""
+    if not url.startswith("sqlite"):
+        return url
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ValueError(f"not a database URL: {url!r} ({exc})") from None
+    database = parsed.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return url
+    resolved = parsed.set(database=str(resolve_path(database, base_dir)))
+    return resolved.render_as_string(hide_password=False)
+
+
+def _relative_to_config_file(resolve: Callable[[str, Path], str]) -> AfterValidator:
+    """Resolve the value against the ``base_dir`` of the validation context, if any
+    (:func:`load_config_file` gives the file's directory; other loaders give none)."""
+
+    def validate(value: str, info: ValidationInfo) -> str:
+        base_dir = (info.context or {}).get("base_dir")
+        return value if base_dir is None else resolve(value, base_dir)
+
+    return AfterValidator(validate)
+
+
+#: A local file or directory (or a URI), relative to the configuration file.
+LocalPath = Annotated[str, _relative_to_config_file(resolve_location)]
+#: A database URL; a relative SQLite file is relative to the configuration file.
+DatabaseUrl = Annotated[str, _relative_to_config_file(resolve_database_url)]
+#: Defaults are resolved too: a file that leaves a path out means the same default path
+#: beside it, from whichever directory it is loaded.
+_RESOLVED_DEFAULT: dict[str, Any] = {"validate_default": True}
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -44,7 +114,7 @@ class _Model(BaseModel):
 class DatabaseConfig(_Model):
     """Where the service's tables and the event log live."""
 
-    url: str = "sqlite:///tidings.db"
+    url: DatabaseUrl = Field(default="sqlite:///tidings.db", **_RESOLVED_DEFAULT)
 
     @field_validator("url")
     @classmethod
@@ -65,10 +135,10 @@ class EventStoreTargetConfig(_Model):
     """The embedded event store: a durable append-only log in SQLite or PostgreSQL."""
 
     kind: Literal["event_store"]
-    url: str = "sqlite:///tidings-events.db"
+    url: DatabaseUrl = Field(default="sqlite:///tidings-events.db", **_RESOLVED_DEFAULT)
     type_prefix: list[str] = Field(default_factory=list)
     server_id: int = Field(default=1, gt=0)
-    fault_file: str | None = None
+    fault_file: LocalPath | None = None
 
 
 class JetStreamTargetConfig(_Model):
@@ -81,7 +151,7 @@ class JetStreamTargetConfig(_Model):
     duplicate_window: Duration = timedelta(minutes=10)
     ack_timeout: Duration = timedelta(seconds=5)
     create_stream: bool = True
-    fault_file: str | None = None
+    fault_file: LocalPath | None = None
 
     _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
         lambda cls, v: parse_duration(v)
@@ -99,7 +169,7 @@ class EventServerTargetConfig(_Model):
     address: Address = "tcp+sbs://127.0.0.1:23012"
     type_prefix: list[str] = Field(default_factory=list)
     timeout: Duration = timedelta(seconds=10)
-    fault_file: str | None = None
+    fault_file: LocalPath | None = None
 
     _durations = field_validator("timeout", mode="before")(lambda cls, v: parse_duration(v))
 
@@ -121,7 +191,7 @@ class RelayConfig(_Model):
     """The Spark relay pipeline."""
 
     spark_master: str = "local[*]"
-    checkpoint_dir: str = ".tidings/checkpoint"
+    checkpoint_dir: LocalPath = Field(default=".tidings/checkpoint", **_RESOLVED_DEFAULT)
     trigger_interval: Duration = timedelta(milliseconds=100)
     max_events_per_batch: int = Field(default=100_000, gt=0)
     partitions: int = Field(default=2, gt=0)
@@ -162,7 +232,7 @@ class HousekeepingConfig(_Model):
 
     older_than: Duration = timedelta(days=7)
     mode: Literal["archive", "delete"] = "archive"
-    archive_dir: str = ".tidings/archive"
+    archive_dir: LocalPath = Field(default=".tidings/archive", **_RESOLVED_DEFAULT)
     delete_on_success: bool = False
     event_limit: int | None = Field(default=None, gt=0)
 
@@ -178,13 +248,15 @@ class MetricsConfig(_Model):
 class TidingsConfig(_Model):
     """The whole configuration."""
 
-    database: DatabaseConfig = DatabaseConfig()
+    # Sections holding paths are built by validation, so a file's directory reaches their
+    # defaults too (a default instance would skip that).
+    database: DatabaseConfig = Field(default_factory=dict, **_RESOLVED_DEFAULT)
     outbox: OutboxConfig = OutboxConfig()
     targets: dict[str, TargetConfig] = Field(default_factory=dict)
     routing: RoutingConfig = RoutingConfig()
-    relay: RelayConfig = RelayConfig()
+    relay: RelayConfig = Field(default_factory=dict, **_RESOLVED_DEFAULT)
     replay: ReplayConfig = ReplayConfig()
-    housekeeping: HousekeepingConfig = HousekeepingConfig()
+    housekeeping: HousekeepingConfig = Field(default_factory=dict, **_RESOLVED_DEFAULT)
     metrics: MetricsConfig = MetricsConfig()
 
     @field_validator("targets")
@@ -218,14 +290,20 @@ def _describe(error: dict[str, Any]) -> str:
 M = TypeVar("M", bound=BaseModel)
 
 
-def validate_config(model: type[M], data: Any, what: str = "configuration") -> M:
-    """Validate ``data`` as ``model``; raise ConfigError naming every bad key and value."""
+def validate_config(
+    model: type[M], data: Any, what: str = "configuration", base_dir: Path | None = None
+) -> M:
+    """Validate ``data`` as ``model``; raise ConfigError naming every bad key and value.
+
+    ``base_dir`` (the configuration file's directory) is what relative paths are resolved
+    against; without it they stay as given.
+    """
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{what} must be a mapping at the top level, got {data!r}")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         raise ConfigError(
             f"invalid {what}:\n  " + "\n  ".join(_describe(e) for e in exc.errors())
@@ -251,5 +329,6 @@ def load_config(data: dict[str, Any] | None = None) -> TidingsConfig:
 
 
 def load_config_file(path: str | Path) -> TidingsConfig:
-    """Load and validate a YAML configuration file."""
-    return load_config(read_config_data(path) or {})
+    """Load and validate a YAML configuration file; its relative paths are relative to it."""
+    path = Path(path)
+    return validate_config(TidingsConfig, read_config_data(path), base_dir=path.resolve().parent)

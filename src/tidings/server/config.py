@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tidings.config import read_config_data, validate_config
+from tidings.config import read_config_data, resolve_path, validate_config
 from tidings.errors import ConfigError
 from tidings.wire.address import Address
 
@@ -136,8 +136,7 @@ class ServerConfig(_Model):
 
     def resolve(self, path: str | Path) -> Path:
         """``path`` made absolute against the configuration file's directory."""
-        path = Path(os.path.expanduser(path))
-        return path if path.is_absolute() else self.base_dir / path
+        return resolve_path(path, self.base_dir)
 
 
 def load_server_config(data: Any, base_dir: Path | None = None) -> ServerConfig:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tidings.config import validate_config
+from tidings.config import resolve_path, validate_config
 from tidings.server.store import EventStore
 
 
@@ -19,7 +19,6 @@ class SqliteBackendConfig(BaseModel):
 
 def create(options: dict[str, Any], server_id: int, base_dir: Path) -> EventStore:
     config = validate_config(SqliteBackendConfig, options, "backend (sqlite)")
-    path = Path(config.db_path).expanduser()
-    path = path if path.is_absolute() else base_dir / path
+    path = resolve_path(config.db_path, base_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     return EventStore(f"sqlite:///{path}", server_id=server_id)
