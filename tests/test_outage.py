@@ -1,32 +1,63 @@
-"""A target down for a while, then back: the running relay delivers everything afterwards,
-in per-key order, exactly once. The target is a private, real ``nats-server`` that the test
-kills and restarts on the same storage."""
+"""A target down under steady traffic, then back: the streaming relay alone (no scheduled
+replay) resumes every held key, in per-key order, exactly once, while a healthy second target
+keeps receiving throughout. The failing target is a private, real ``nats-server`` that the
+test kills and restarts on the same storage; the healthy one is the embedded event store."""
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from helpers import PrivateServer, free_port, relay_config, statuses, stream_messages, wait_until
+from helpers import (
+    PrivateServer,
+    free_port,
+    relay_config,
+    statuses,
+    store_target,
+    stream_messages,
+    wait_until,
+)
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import run_relay
+from tidings.server.store import EventStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.nats]
+KEYS = 10
 
 
-def test_target_down_then_back_everything_delivered_in_order(spark, tmp_path: Path) -> None:
+def test_outage_under_traffic_recovers_by_the_relay_alone(spark, tmp_path: Path) -> None:
     server = PrivateServer(free_port(), tmp_path / "jetstream")
     server.start()
     try:
         _run_outage(spark, tmp_path, server)
     finally:
         server.kill()
+
+
+class _Producer(threading.Thread):
+    """Emits one event every few milliseconds, round-robin over the keys, until stopped."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        super().__init__(daemon=True)
+        self.outbox = outbox
+        self.keys: dict[str, str] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            with self.outbox.transaction() as tx:
+                key = f"k{i % KEYS}"
+                self.keys[tx.emit("Moved", {"i": i}, partition_key=key)] = key
+            i += 1
+            time.sleep(0.01)
 
 
 def _run_outage(spark, tmp_path: Path, server: PrivateServer) -> None:
@@ -40,55 +71,68 @@ def _run_outage(spark, tmp_path: Path, server: PrivateServer) -> None:
                 "stream": stream,
                 "subject_prefix": "outage",
                 "ack_timeout": "1s",
-            }
+            },
+            "store": store_target(tmp_path),
         },
-        routes={"Moved": ["js"]},
-        retry_backoff=["1ms", "2ms"],
-        replay_every="1s",
-    )
-    config = config.model_copy(
-        update={
-            "replay": config.replay.model_copy(update={"older_than": config.replay.older_than * 0})
-        }
+        routes={"Moved": ["js", "store"]},
+        replay_every=None,  # the streaming relay alone must resume the held keys
     )
     engine = make_engine(config.database.url)
-    outbox = Outbox(engine)
-    keys: dict[str, str] = {}
-
-    def emit(n: int) -> None:
-        for i in range(n):
-            with outbox.transaction() as tx:
-                key = f"k{i % 5}"
-                keys[tx.emit("Moved", {"i": i}, partition_key=key)] = key
-
+    producer = _Producer(Outbox(engine))
     stop = threading.Event()
     relay = threading.Thread(target=run_relay, args=(spark, config), kwargs={"stop": stop})
     relay.start()
     try:
-        emit(40)
-        wait_until(lambda: set(statuses(engine).values()) == {"PUBLISHED"})
+        producer.start()
+        wait_until(lambda: list(statuses(engine).values()).count("PUBLISHED") >= 50)
         server.kill()
-        emit(60)
-        wait_until(
-            lambda: "PENDING" not in statuses(engine).values()
-        )  # relayed while the target is down
-        during = list(statuses(engine).values())[40:]
-        assert "FAILED" in during and "PUBLISHED" not in during
-        assert set(during) <= {"FAILED", "HELD"}
+        killed_at = max(statuses(engine))
+        time.sleep(5)
+        # The healthy target went on receiving while the other was down.
+        wait_until(lambda: _stored_count(config) > killed_at + 100)
+        during = _rows(engine, after=killed_at)
+        assert during and {r.status for r in during} <= {"HELD", "PUBLISHED", "PENDING"}
+        assert all(r.retry_count == 0 for r in during)  # a down target charges no retries
         server.start()  # back, same storage
-        wait_until(lambda: set(statuses(engine).values()) == {"PUBLISHED"})
-        emit(20)
+        time.sleep(3)
+        producer.stop.set()
+        producer.join()
+        total = len(producer.keys)
         wait_until(
-            lambda: len(statuses(engine)) == 120 and set(statuses(engine).values()) == {"PUBLISHED"}
+            lambda: (
+                len(statuses(engine)) == total and set(statuses(engine).values()) == {"PUBLISHED"}
+            )
         )
     finally:
+        producer.stop.set()
         stop.set()
         relay.join(60)
-    delivered = [m.headers["Nats-Msg-Id"] for m in stream_messages(stream, server.url)]
     with engine.connect() as conn:
-        order = [
-            r[0] for r in conn.execute(select(outbox_event.c.event_id).order_by(outbox_event.c.seq))
-        ]
+        order = [r[0] for r in conn.execute(select(outbox_event.c.event_id).order_by("seq"))]
+    delivered = [m.headers["Nats-Msg-Id"] for m in stream_messages(stream, server.url)]
     assert sorted(delivered) == sorted(order)  # every event, each exactly once
-    for key in set(keys.values()):
-        assert [e for e in delivered if keys[e] == key] == [e for e in order if keys[e] == key]
+    stored = [e.outbox_event_id for e in _store_events(config)]
+    assert sorted(stored) == sorted(order)
+    keys = producer.keys
+    for key in {f"k{i}" for i in range(KEYS)}:
+        expected = [e for e in order if keys[e] == key]
+        assert [e for e in delivered if keys[e] == key] == expected
+        assert [e for e in stored if keys[e] == key] == expected
+    assert all(r.retry_count == 0 for r in _rows(engine, after=0))
+
+
+def _rows(engine, after: int) -> list:
+    with engine.connect() as conn:
+        return conn.execute(select(outbox_event).where(outbox_event.c.seq > after)).all()
+
+
+def _store_events(config) -> list:
+    store = EventStore(config.targets["store"].url)
+    try:
+        return store.read(0, 1_000_000)
+    finally:
+        store.close()
+
+
+def _stored_count(config) -> int:
+    return len(_store_events(config))

@@ -7,6 +7,7 @@ small ``Refusing`` target below: a real target cannot be made to refuse one chos
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,9 +16,11 @@ from sqlalchemy import Engine, select
 
 from tidings.config import EventStoreTargetConfig
 from tidings.db import make_engine
+from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.model import EventStatus, OutboxEvent
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
+from tidings.pipeline.breaker import CircuitBreaker
 from tidings.pipeline.publisher import LoggedEvent, Publisher
 from tidings.routing.table import merge_routes
 from tidings.server.store import EventStore
@@ -242,3 +245,178 @@ def test_delete_on_success_removes_published_rows_only(engine: Engine, tmp_path:
         engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0], delete_published=True
     ).run(_logged(engine))
     assert {s: r.status for s, r in _rows(engine).items()} == {1: "FAILED", 3: "UNROUTABLE"}
+
+
+# -- failures charged to their cause, targets that are down ----------------------------------
+
+
+class CallFailing(Target):
+    """Fault injection: like a broker that drops the connection when one message is bad, it
+    fails a whole call that holds the poison (a real target cannot be made to do so on cue:
+    tidings' own targets check sizes before sending)."""
+
+    def __init__(self, name: str, inner: Target, word: str, *, atomic: bool) -> None:
+        super().__init__(name)
+        self.inner, self.word, self.atomic, self.calls = inner, word, atomic, []
+
+    def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
+        self.calls.append([e.seq for e in events])
+        if any(self.word in e.payload for e in events):
+            raise TargetCallFailed(f"connection closed by {self.name}")
+        return self.inner.publish(events)
+
+
+class Switchable(Target):
+    """Fault injection: a target that is down (nothing can be sent) until switched on."""
+
+    def __init__(self, name: str, inner: Target) -> None:
+        super().__init__(name)
+        self.inner, self.atomic, self.up, self.calls = inner, inner.atomic, False, 0
+
+    def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
+        self.calls += 1
+        if not self.up:
+            raise TargetUnavailable(f"{self.name} refused the connection")
+        return self.inner.publish(events)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _fresh_breakers(clock: Clock | None = None):
+    made: dict[str, CircuitBreaker] = {}
+
+    def lookup(target: Target) -> CircuitBreaker:
+        if target.name not in made:
+            made[target.name] = CircuitBreaker(target.name, clock or time.monotonic)
+        return made[target.name]
+
+    return lookup
+
+
+def test_a_call_failing_as_a_whole_is_narrowed_to_the_culprit(
+    engine: Engine, tmp_path: Path
+) -> None:
+    events = [("A", f"k{k}", {"k": k}) for k in range(16)]
+    events[9] = ("A", "k9", {"n": "poison"})
+    _emit(engine, [*events, ("A", "k9", {"after": 1})])
+    target = CallFailing("a", _store(tmp_path, "a"), "poison", atomic=False)
+    Publisher(
+        engine,
+        merge_routes({"A": ["a"]}),
+        {"a": target}.get,
+        [0.0, 0.0],
+        breakers=_fresh_breakers(),
+    ).run(_logged(engine))
+    rows = _rows(engine)
+    assert rows[10].status == "FAILED" and rows[10].retry_count == 2
+    assert "connection closed by a" in json.loads(rows[10].error_details)["a"]
+    assert rows[17].status == "HELD" and "seq 10" in rows[17].error_details
+    innocent = [r for s, r in rows.items() if s not in (10, 17)]
+    assert {r.status for r in innocent} == {"PUBLISHED"}
+    assert all(r.retry_count == 0 for r in innocent)
+    assert sorted(_stored_seqs(target, engine)) == [s for s in range(1, 17) if s != 10]
+    # halving: 16 → 8 → 4 → 2 → 1, each failing half split again, then two retries alone
+    assert len(target.calls) <= 2 * 4 + 1 + 2
+
+
+def test_an_atomic_run_is_narrowed_in_log_order(engine: Engine, tmp_path: Path) -> None:
+    _emit(
+        engine,
+        [
+            ("A", "k", {"n": 1}),
+            ("A", "k", {"n": 2}),
+            ("A", "k", {"n": "poison"}),
+            ("A", "k", {"n": 4}),
+            ("A", "j", {"n": 5}),
+        ],
+    )
+    target = CallFailing("a", _store(tmp_path, "a"), "poison", atomic=True)
+    Publisher(
+        engine,
+        merge_routes({"A": ["a"]}),
+        {"a": target}.get,
+        [0.0],
+        breakers=_fresh_breakers(),
+    ).run(_logged(engine))
+    rows = _rows(engine)
+    assert [rows[s].status for s in range(1, 6)] == [
+        "PUBLISHED",
+        "PUBLISHED",
+        "FAILED",
+        "HELD",
+        "PUBLISHED",
+    ]
+    assert _stored_seqs(target, engine) in ([1, 2, 5], [5, 1, 2])
+    assert [r.retry_count for r in rows.values()] == [0, 0, 1, 0, 0]
+
+
+def test_a_target_that_is_down_holds_without_charging_and_resumes_in_order(
+    engine: Engine, tmp_path: Path
+) -> None:
+    _emit(engine, [("A", f"k{i % 3}", {"i": i}) for i in range(9)])
+    up = _store(tmp_path, "up")
+    down = Switchable("down", _store(tmp_path, "down"))
+    clock = Clock()
+    breakers = _fresh_breakers(clock)
+    targets = {"up": up, "down": down}
+    routes = merge_routes({"A": ["up", "down"]})
+    slept: list[float] = []
+    Publisher(engine, routes, targets.get, [0.01, 0.02], breakers=breakers, sleep=slept.append).run(
+        _logged(engine)
+    )
+    rows = _rows(engine)
+    # The healthy target got everything, in order; the down one was called once, no retries.
+    assert _per_key(_stored_seqs(up, engine)) == _per_key(list(range(1, 10)))
+    assert down.calls == 1 and slept == []
+    assert {r.status for r in rows.values()} == {"HELD"}
+    assert all(r.retry_count == 0 for r in rows.values())
+    assert all(json.loads(r.deliveries)["up"]["state"] == "confirmed" for r in rows.values())
+    assert "'down' is unavailable" in rows[1].error_details
+    # Still down to the breaker: no call at all within its pause.
+    Publisher(engine, routes, targets.get, [0.0], breakers=breakers).run(_logged(engine))
+    assert down.calls == 1
+    # Back, and the pause is over: a probe, then every held key resumes in key order.
+    down.up = True
+    clock.now += 10
+    Publisher(engine, routes, targets.get, [0.0], breakers=breakers).run(_logged(engine))
+    assert {r.status for r in _rows(engine).values()} == {"PUBLISHED"}
+    assert _per_key(_stored_seqs(down, engine)) == _per_key(list(range(1, 10)))
+    assert len(_stored_seqs(up, engine)) == 9  # nothing re-sent to the healthy one
+
+
+def _per_key(seqs: list[int]) -> list[list[int]]:
+    """Seqs of the test's three keys (k0 = seqs 1, 4, 7, ...), each in the order given."""
+    return [[s for s in seqs if (s - 1) % 3 == k] for k in range(3)]
+
+
+def test_a_failed_event_waits_its_pause_in_the_relay_but_not_in_a_replay(
+    engine: Engine, tmp_path: Path
+) -> None:
+    _emit(engine, [("A", "k", {"n": "poison"}), ("A", "k", {"n": 2})])
+    refusing = Refusing("a", _store(tmp_path, "a"), "poison")
+    routes = merge_routes({"A": ["a"]})
+
+    def run(**options) -> None:
+        Publisher(
+            engine, routes, {"a": refusing}.get, [0.0], breakers=_fresh_breakers(), **options
+        ).run(_logged(engine))
+
+    run(resume_delays=True)
+    assert _rows(engine)[1].retry_count == 1
+    calls = len(refusing.calls)
+    run(resume_delays=True)  # the first pause (1 s) is not over: not retried
+    assert len(refusing.calls) == calls and _rows(engine)[1].status == "FAILED"
+    run(resume_delays=False)  # a replay retries it now
+    assert len(refusing.calls) == calls + 2 and _rows(engine)[1].retry_count == 3
+    assert json.loads(_rows(engine)[1].deliveries)["a"]["failures"] == 2
+    refusing.word = "never-matches"
+    run(resume_delays=False, retry_threshold=3)  # at the threshold: left as it is
+    assert _rows(engine)[1].status == "FAILED"
+    run(resume_delays=False, retry_threshold=4)
+    assert [r.status for r in _rows(engine).values()] == ["PUBLISHED", "PUBLISHED"]

@@ -45,7 +45,7 @@ from tidings.targets.base import Target
 from tidings.timeutil import as_utc, driver_stamp, utcnow
 
 TargetLookup = Callable[[str], Target | None]
-BreakerLookup = Callable[[str], CircuitBreaker]
+BreakerLookup = Callable[[Target], CircuitBreaker]
 _KEY_CHUNK = 500
 _SEQ_CHUNK = 500
 _LATENCY_SAMPLES = 512
@@ -221,9 +221,9 @@ class Publisher:
             self._after_round(units, lanes)
             self._flush()
         for (_, name), lane in lanes.items():  # lanes left over wait for a target that is down
-            breaker = self._breaker(name)  # (past the deadline, they stay as they are)
-            if breaker.is_open:
-                self._wait(lane, name, breaker.reason())
+            if self.targets(name) is not None and self._breaker(name).is_open:
+                self._wait(lane, name, self._breaker(name).reason())  # (past the deadline,
+                # they stay as they are)
         for item in work:
             if self._open_targets[id(item)] and (self._waits.get(id(item)) or item.changed):
                 self._conclude(item)
@@ -351,25 +351,30 @@ class Publisher:
             list(pool.map(lambda kv: self._deliver_to(*kv), units.items()))
 
     def _deliver_to(self, name: str, units: list[_Unit]) -> None:
-        """Try, then retry the failing events alone after growing pauses; then FAILED."""
+        """Try, then retry the failing events alone after growing pauses; then FAILED.
+
+        Sending again an event that failed in an earlier run counts as a retry too.
+        """
+        again = {id(u.items[0]) for u in units if u.items[0].failed_at(name)}
         failing = self._try(name, units)
+        for unit in units:
+            if unit.waiting is None and id(unit.items[0]) in again:
+                self._charge(unit.items[0])
         for pause in self.backoff:
             if not failing:
                 break
             self.sleep(pause)
-            with self._lock:
-                for unit in failing:
-                    unit.culprit.retry_count += 1  # type: ignore[union-attr]
-                    unit.culprit.changed = True  # type: ignore[union-attr]
-                    self._summary.retries += 1
             retried = [_Unit(u.key, [u.culprit]) for u in failing]  # type: ignore[list-item]
             still = {id(u.items[0]) for u in self._try(name, retried)}
             waiting = {id(r.items[0]): r.waiting for r in retried if r.waiting is not None}
             for unit in failing:
-                culprit = id(unit.culprit)
-                if culprit in waiting:
-                    unit.culprit, unit.waiting = None, waiting[culprit]
-                elif culprit not in still:
+                culprit = unit.culprit
+                assert culprit is not None
+                if id(culprit) in waiting:  # the target went down: no retry is charged
+                    unit.culprit, unit.waiting = None, waiting[id(culprit)]
+                    continue
+                self._charge(culprit)
+                if id(culprit) not in still:
                     unit.culprit = None  # confirmed: its followers go in the next round
             failing = [u for u in failing if u.culprit is not None]
         now = utcnow().isoformat()
@@ -385,6 +390,12 @@ class Publisher:
                     "failures": failures,
                 }
                 culprit.changed = True
+
+    def _charge(self, item: LoggedEvent) -> None:
+        with self._lock:
+            item.retry_count += 1
+            item.changed = True
+            self._summary.retries += 1
 
     def _try(self, name: str, units: list[_Unit]) -> list[_Unit]:
         """One call with ``units``; the units whose culprit failed on its own are returned.
@@ -469,7 +480,9 @@ class Publisher:
                 item.changed = True
 
     def _breaker(self, name: str) -> CircuitBreaker:
-        return self._breakers(name)
+        target = self.targets(name)
+        assert target is not None, "only defined targets have a breaker"
+        return self._breakers(target)
 
     # -- outcome ---------------------------------------------------------------------------
 
