@@ -1,0 +1,291 @@
+"""Recovery of the streaming relay after a JetStream outage under steady traffic.
+
+Run ``.venv/bin/python bench/outage.py [--quick]`` from the repository. A private
+``nats-server`` (JetStream, its own storage) is the only target; a paced producer emits one
+event per transaction over 20 partition keys; the streaming relay runs with
+``relay.replay_every: null`` (no scheduled replay: the relay alone must resume held keys).
+After a warm-up the server is killed for a while and started again on the same storage.
+Measured:
+
+* ``recovery_s``: from the restart until every event logged before it is PUBLISHED;
+* latency (``last_publish_at - logged_at``) p50/p99 before the outage and in the last part
+  of the traffic after it (is latency back to its pre-outage level?);
+* during the outage: the most events waiting (HELD), FAILED events and retries charged;
+* that every event reached the stream exactly once and in per-key order.
+
+Writes ``bench/results/outage.json`` and ``bench/results/outage.md``, with the machine and
+the CPU other processes used meanwhile (a loaded machine delays recovery).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+from sqlalchemy import func, select
+
+from relay import TreeMonitor, machine_info, percentile, say  # bench/relay.py
+from tidings.config import load_config
+from tidings.db import make_engine
+from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import outbox_event
+from tidings.pipeline.relay import run_relay
+from tidings.pipeline.spark import spark_session
+from tidings.timeutil import as_utc
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NATS_SERVER = "/usr/sbin/nats-server"
+KEYS = 20
+STREAM = "OUTAGE_BENCH"
+#: (rate ev/s, warm-up s, outage s, traffic after the restart s)
+FULL = (150, 20.0, 20.0, 60.0)
+QUICK = (100, 10.0, 10.0, 25.0)
+
+
+class NatsServer:
+    """A private ``nats-server -js`` that can be killed and started again on its storage."""
+
+    def __init__(self, port: int, store: Path) -> None:
+        self.port, self.store = port, store
+        self.url = f"nats://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = ["-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)]
+        self.proc = subprocess.Popen([NATS_SERVER, *args], stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+class Producer(threading.Thread):
+    """One event per transaction at a fixed rate, round-robin over the keys."""
+
+    def __init__(self, outbox: Outbox, rate: float) -> None:
+        super().__init__(daemon=True)
+        self.outbox, self.rate = outbox, rate
+        self.keys: dict[str, str] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        start, i = time.monotonic(), 0
+        while not self.stop.is_set():
+            with self.outbox.transaction() as tx:
+                key = f"k{i % KEYS}"
+                self.keys[tx.emit("Moved", {"i": i}, partition_key=key)] = key
+            i += 1
+            delay = start + i / self.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def open_rows(engine: Any, upto: int | None = None) -> dict[str, int]:
+    query = select(outbox_event.c.status, func.count()).group_by(outbox_event.c.status)
+    if upto is not None:
+        query = query.where(outbox_event.c.seq <= upto)
+    with engine.connect() as conn:
+        return {s: n for s, n in conn.execute(query) if s != "PUBLISHED"}
+
+
+def max_seq(engine: Any) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
+
+
+def latencies(engine: Any, since: float, until: float) -> list[float]:
+    """Commit -> PUBLISHED, in ms, of events logged in [since, until) (epoch seconds)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(outbox_event.c.logged_at, outbox_event.c.last_publish_at).where(
+                outbox_event.c.status == "PUBLISHED"
+            )
+        ).all()
+    return [
+        (as_utc(done) - as_utc(logged)).total_seconds() * 1000
+        for logged, done in rows
+        if since <= as_utc(logged).timestamp() < until
+    ]
+
+
+async def _stream_ids(url: str) -> list[str]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        count = (await js.stream_info(STREAM)).state.messages
+        return [(await js.get_msg(STREAM, s)).headers["Nats-Msg-Id"] for s in range(1, count + 1)]
+    finally:
+        await nc.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter phases (about 1 minute)")
+    args = parser.parse_args()
+    rate, warm_s, outage_s, after_s = QUICK if args.quick else FULL
+    work = Path(tempfile.mkdtemp(prefix="tidings-outage-"))
+    server = NatsServer(free_port(), work / "jetstream")
+    config = load_config(
+        {
+            "database": {"url": f"sqlite:///{work / 'app.db'}"},
+            "targets": {
+                "js": {
+                    "kind": "jetstream",
+                    "servers": [server.url],
+                    "stream": STREAM,
+                    "subject_prefix": "outage",
+                    "ack_timeout": "1s",
+                }
+            },
+            "routing": {"routes": {"Moved": ["js"]}},
+            "relay": {"checkpoint_dir": str(work / "checkpoint"), "replay_every": None},
+        }
+    )
+    engine = make_engine(config.database.url)
+    producer = Producer(Outbox(engine), rate)
+    machine = machine_info()
+    say(
+        f"outage benchmark: {rate} ev/s, warm {warm_s:g} s, outage {outage_s:g} s, then "
+        f"{after_s:g} s; machine {machine}"
+    )
+    server.start()
+    spark = spark_session(config.relay, app_name="tidings-outage-bench")
+    stop = threading.Event()
+    relay = threading.Thread(target=run_relay, args=(spark, config), kwargs={"stop": stop})
+    monitor = TreeMonitor(os.getpid()).start(1.0)
+    result: dict[str, Any] = {"machine": machine, "rate_ev_s": rate, "outage_s": outage_s}
+    try:
+        relay.start()
+        time.sleep(8)  # the first micro-batch (Spark start-up) before the clock starts
+        producer.start()
+        t_start = time.time()
+        time.sleep(warm_s)
+        server.kill()
+        t_kill = time.time()
+        say("target killed")
+        max_held = 0
+        while time.time() < t_kill + outage_s:
+            max_held = max(max_held, open_rows(engine).get("HELD", 0))
+            time.sleep(0.5)
+        during = open_rows(engine)
+        server.start()
+        t_back, back_seq = time.time(), max_seq(engine)
+        say(f"target back; open then: {during}")
+        recovery = None
+        while time.time() < t_back + after_s:
+            if recovery is None and not open_rows(engine, back_seq):
+                recovery = time.time() - t_back
+                say(f"everything logged before the restart delivered after {recovery:.1f} s")
+            time.sleep(0.2)
+        producer.stop.set()
+        producer.join()
+        t_end = time.time()
+        deadline = time.time() + 300
+        while open_rows(engine) and time.time() < deadline:
+            if recovery is None and not open_rows(engine, back_seq):
+                recovery = time.time() - t_back
+            time.sleep(0.2)
+    finally:
+        producer.stop.set()
+        stop.set()
+        relay.join(60)
+        monitor.stop()
+        spark.stop()
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                outbox_event.c.event_id, outbox_event.c.retry_count, outbox_event.c.status
+            ).order_by(outbox_event.c.seq)
+        ).all()
+    delivered = asyncio.run(_stream_ids(server.url))
+    server.kill()
+    order = [r.event_id for r in rows]
+    keys = producer.keys
+    in_order = all(
+        [e for e in delivered if keys[e] == k] == [e for e in order if keys[e] == k]
+        for k in {f"k{i}" for i in range(KEYS)}
+    )
+    before = latencies(engine, t_start + 5, t_kill)
+    tail = latencies(engine, t_end - min(30.0, after_s / 2), t_end)
+    foreign, _ = monitor.foreign_cpu()
+    cores = os.cpu_count() or 1
+    result.update(
+        {
+            "events": len(rows),
+            "recovery_s": None if recovery is None else round(recovery, 1),
+            "latency_before_p50_ms": round(percentile(before, 50)),
+            "latency_before_p99_ms": round(percentile(before, 99)),
+            "latency_after_p50_ms": round(percentile(tail, 50)),
+            "latency_after_p99_ms": round(percentile(tail, 99)),
+            "max_held_during_outage": max_held,
+            "failed_during_outage": during.get("FAILED", 0),
+            "retries_charged": sum(r.retry_count for r in rows),
+            "all_published": {r.status for r in rows} == {"PUBLISHED"},
+            "exactly_once": sorted(delivered) == sorted(order),
+            "per_key_order": in_order,
+            "other_processes_cpu_share": round(foreign / (monitor.wall * cores), 3),
+        }
+    )
+    say(json.dumps(result, indent=2))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "outage.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "outage.md").write_text(markdown(result, args.quick))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if result["exactly_once"] and result["per_key_order"] else 1
+
+
+def markdown(r: dict[str, Any], quick: bool) -> str:
+    m = r["machine"]
+    return "\n".join(
+        [
+            "# Relay recovery after a JetStream outage",
+            "",
+            f"`.venv/bin/python bench/outage.py{' --quick' if quick else ''}` on {m['date']}: "
+            f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB, Python {m['python']}, "
+            f"PySpark {m['pyspark']}. Other processes used "
+            f"{r['other_processes_cpu_share']:.0%} of the cores meanwhile.",
+            "",
+            f"{r['rate_ev_s']} ev/s over {KEYS} keys, target killed for {r['outage_s']:g} s, "
+            f"`replay_every: null`; {r['events']:,} events in all.",
+            "",
+            "| measure | value |",
+            "|---|---:|",
+            f"| recovery: restart → everything logged before it PUBLISHED | {r['recovery_s']} s |",
+            f"| latency before the outage p50 / p99 | {r['latency_before_p50_ms']} / "
+            f"{r['latency_before_p99_ms']} ms |",
+            f"| latency at the end of the traffic after it p50 / p99 | "
+            f"{r['latency_after_p50_ms']} / {r['latency_after_p99_ms']} ms |",
+            f"| most events HELD during the outage | {r['max_held_during_outage']:,} |",
+            f"| FAILED at the end of the outage | {r['failed_during_outage']} |",
+            f"| retries charged in all | {r['retries_charged']} |",
+            f"| every event once / per-key order / all PUBLISHED | {r['exactly_once']} / "
+            f"{r['per_key_order']} / {r['all_published']} |",
+            "",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
