@@ -198,7 +198,7 @@ class RelayConfig(_Model):
     retry_backoff: list[Duration] = Field(
         default_factory=lambda: [timedelta(milliseconds=ms) for ms in (10, 25, 40)]
     )
-    replay_every: Duration | None = timedelta(seconds=30)
+    replay_every: Duration | None = None  # the relay resumes held keys by itself
     shuffle_partitions: int = Field(default=2, gt=0)
     driver_memory: str = Field(default="512m", pattern=r"^\d+[kmgt]$")
 

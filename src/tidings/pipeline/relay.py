@@ -63,8 +63,10 @@ def run_relay(
 ) -> None:
     """Run the relay until ``stop`` is set (or, with ``once``, until the log is drained).
 
-    Every ``relay.replay_every`` the replay job runs in the same Spark session, so events
-    that failed or were held while a target was down go out once it is back.
+    The relay itself resumes events held while a target was down, and retries FAILED ones
+    after growing pauses (carry-over, :mod:`tidings.pipeline.source`). If
+    ``relay.replay_every`` is set, the replay job also runs on that schedule in the same
+    Spark session and retries FAILED events at once, pause or not.
     """
     from tidings.pipeline.replay import run_replay
 
