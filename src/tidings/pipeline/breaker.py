@@ -27,7 +27,7 @@ from tidings.targets.base import Target
 #: Failed calls in a row, for at least two different keys, that mark a target as down.
 FAILED_CALLS_TO_OPEN = 3
 FIRST_PAUSE_S = 0.5
-MAX_PAUSE_S = 4.0
+MAX_PAUSE_S = 2.0  # below the carry-over pause, so a carry-over finds a probe due
 
 
 class CircuitBreaker:

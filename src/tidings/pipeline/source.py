@@ -78,7 +78,7 @@ _BATCH_BYTES = 64 * 1024 * 1024
 _EVENTS_PER_TASK = 5_000
 _SETTLE_SECONDS = 60.0  # availableNow: how long to wait for in-flight writers to finish
 _CARRY_FIRST_S = 0.5  # pause between carry-overs while they make progress
-_CARRY_MAX_S = 4.0  # ... doubling up to this while nothing moves
+_CARRY_MAX_S = 3.0  # ... doubling up to this while nothing moves
 _OPEN = sorted(s.value for s in OPEN_STATUSES)
 
 
