@@ -217,3 +217,22 @@ def test_a_connection_is_usable_again_after_rolling_back_a_doomed_transaction(
         outbox.emit(conn, "D", {})
         conn.commit()
     assert _balance(engine) == 10 and _events(engine) == ["D"]
+
+
+def test_excluded_events_of_a_doomed_transaction_are_never_published(engine: Engine) -> None:
+    sent: list[str] = []
+    outbox = Outbox(
+        engine, direct_publisher=lambda events: sent.extend(e.event_type for e in events)
+    )
+    with pytest.raises(TransactionDoomed), outbox.transaction() as tx:
+        tx.emit("Heartbeat", {}, exclude=True)
+        with pytest.raises(EmitError):
+            tx.emit("B", object())
+    with Session(engine) as session:
+        outbox.emit(session, "Heartbeat", {}, exclude=True)
+        with pytest.raises(EmitError):
+            outbox.emit(session, "B", object())
+        with pytest.raises(TransactionDoomed):
+            session.commit()
+        session.rollback()
+    assert sent == [] and _nothing_written(engine)

@@ -430,7 +430,7 @@ def _refuse_commit(transaction: object | None) -> None:
     if (cause := _doom_cause(transaction)) is not None:
         raise TransactionDoomed(
             f"transaction not committed: an emit in it failed ({cause}); nothing of it is "
-            "written, roll it back"
+            "written, it can only be rolled back"
         )
 
 
