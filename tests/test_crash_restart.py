@@ -63,7 +63,7 @@ async def _jetstream_messages(stream: str, prefix: str, expected: int) -> list[t
         while True:
             try:
                 batch = await sub.fetch(1000, timeout=2)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py raises its own or asyncio's, depending on timing
                 break
             for msg in batch:
                 got.append((msg.headers["Nats-Msg-Id"], msg.headers.get("Tidings-Partition-Key")))

@@ -125,7 +125,7 @@ def test_payload_plus_headers_over_the_servers_max_payload_is_refused_at_emit(
         )
     message = str(raised.value)
     assert f"jetstream target {TARGET!r}" in message
-    assert f"the message is {body + headers} bytes (payload {body} + headers {headers})" in message
+    assert f"would be {body + headers} bytes (payload {body} + headers {headers})" in message
     assert f"over the NATS server's max_payload of {limit} bytes" in message
     assert _count(outbox.engine) == 0
 

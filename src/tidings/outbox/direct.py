@@ -76,7 +76,12 @@ class RoutedTargets:
         for event in events:
             for name in routes.targets_for(event.event_type):
                 target = self._target(name)
-                error = f"unknown target {name!r}" if target is None else target.publish([event])[0]
+                try:
+                    error = (
+                        f"unknown target {name!r}" if target is None else target.publish([event])[0]
+                    )
+                except Exception as exc:  # unavailable, a failed call: logged, never raised
+                    error = f"{type(exc).__name__}: {exc}"
                 if error is not None:
                     log.warning(
                         "excluded event not delivered",

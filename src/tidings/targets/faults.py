@@ -52,5 +52,8 @@ class FaultInjectingTarget(Target):
             return [f"target {self.name!r}: injected failure ({self.fault_file})"] * len(events)
         return self.inner.publish(events)
 
+    def refusal(self, event: OutboxEvent) -> str | None:
+        return self.inner.refusal(event)
+
     def close(self) -> None:
         self.inner.close()

@@ -332,8 +332,8 @@ class JetStreamTarget(Target):
     def _limit(self) -> int:
         unknown = self._max_payload is None and not self._closed
         if unknown and time.monotonic() >= self._limit_unknown_until:
-            try:
-                self._runner.run(self._connection(), self._call_timeout)
+            try:  # one server's connect bound: a producer must not wait long in its transaction
+                self._runner.run(self._connection(), 2 * self._ack_timeout)
             except Exception as exc:
                 _log.debug("jetstream target %s: limit unknown: %s", self.name, exc)
                 self._limit_unknown_until = time.monotonic() + _LIMIT_RETRY_S
@@ -343,10 +343,10 @@ class JetStreamTarget(Target):
         payload, headers = message_size(event)
         if payload + headers <= limit:
             return None
-        return self._error(
-            self._subject(event.event_type),
-            f"the message is {payload + headers} bytes (payload {payload} + headers {headers}), "
-            f"over the NATS server's max_payload of {limit} bytes",
+        return (
+            f"jetstream target {self.name!r}: a message to {self._subject(event.event_type)!r} "
+            f"would be {payload + headers} bytes (payload {payload} + headers {headers}), over "
+            f"the NATS server's max_payload of {limit} bytes"
         )
 
     def _result(self, outcome: asyncio.Future[Msg] | str, subject: str) -> str | None:
