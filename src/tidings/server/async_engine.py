@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tidings.server.engine import Engine, EngineError
-from tidings.server.query import QueryData, query_events
 from tidings.server.store import EventStore, NewEvent, StoreBusy, StoredEvent
 
 log = logging.getLogger(__name__)
@@ -131,9 +130,6 @@ class AsyncEngine:
     async def read(self, function: Callable[..., T], *args: object) -> T:
         """Run a read-only ``function`` in the query pool."""
         return await self._loop.run_in_executor(self._readers, function, *args)
-
-    async def query(self, query: QueryData) -> list[StoredEvent]:
-        return await self.read(query_events, self.engine.store, query)
 
     async def aclose(self) -> None:
         """Finish queued writes, then stop the threads; the engine itself stays open."""

@@ -45,6 +45,7 @@ from typing import Self
 from tidings.errors import ConfigError, ProtocolError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.matching import TypeMatcher
+from tidings.server.query_reply import EMPTY_REPLY, plan_reply, stream_body
 from tidings.server.store import EventType, NewEvent, PayloadKind, StoredEvent, StoreError
 from tidings.wire import chatter, codec
 
@@ -58,6 +59,12 @@ STATUS_DISCONNECTED = "DISCONNECTED"
 
 #: Unsent bytes after which a client is dropped as a slow subscriber.
 DEFAULT_MAX_SUBSCRIBER_LAG_BYTES = 16 * 1024 * 1024
+#: The largest frame a client may send. Measured needs: a hat client's batch of 100 events
+#: is ~4 KB; the relay's event_server target sends a whole batch of a Spark task in one call,
+#: ~126 bytes per event with the relay benchmark's payloads (50,000 events: 6 MiB, 100,000:
+#: 12 MiB); a query for 3,000 types is 53 KB, for 10,000 ids 80 KB. A frame at the limit
+#: decodes into at most 8 M values (see tidings.wire.prescan), about half a gigabyte.
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 _EVENTER = "HatEventer"
 _TIDINGS = "TidingsEventer"
@@ -133,9 +140,13 @@ class _NotifyBatch:
 class EventerServer:
     """A listening Eventer server; create it with :meth:`start`, stop it with :meth:`aclose`."""
 
-    def __init__(self, engine: AsyncEngine, max_subscriber_lag_bytes: int) -> None:
+    def __init__(
+        self, engine: AsyncEngine, max_subscriber_lag_bytes: int, stall_seconds: float
+    ) -> None:
         self._engine = engine
         self._max_lag = max_subscriber_lag_bytes
+        #: A streamed reply of which the client takes nothing for this long closes it.
+        self._stall_seconds = stall_seconds
         self._clients: set[_Client] = set()
         self._closing = False
         self._closed = asyncio.Event()
@@ -155,14 +166,14 @@ class EventerServer:
         address: str,
         engine: AsyncEngine,
         *,
-        max_frame_bytes: int = chatter.DEFAULT_MAX_FRAME_BYTES,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_subscriber_lag_bytes: int = DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
         ping_interval: float = chatter.DEFAULT_PING_INTERVAL,
     ) -> Self:
         """Listen on ``address`` (``tcp+sbs://host:port``, port 0 for any free port)."""
         _require_positive("max_frame_bytes", max_frame_bytes)
         _require_positive("max_subscriber_lag_bytes", max_subscriber_lag_bytes)
-        server = cls(engine, max_subscriber_lag_bytes)
+        server = cls(engine, max_subscriber_lag_bytes, ping_interval)
         server._server = await chatter.listen(
             address, server._serve, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
         )
@@ -346,21 +357,53 @@ class EventerServer:
         self._send(client.connection, "MsgRegisterRes", body, message.conversation)
 
     async def _on_query(self, client: _Client, message: chatter.Message) -> None:
-        """Answer a query, always (as 0.8.5): an invalid one gets no events and a log line."""
+        """Answer a query, always (as 0.8.5): an invalid one gets no events and a log line.
+
+        The reply is planned in the query pool (see :mod:`tidings.server.query_reply`); a
+        large one is streamed as the client reads it, so it is never "lag": a client that
+        takes nothing of it for ``ping_interval`` is closed instead. The connection's next
+        request waits until the reply is sent.
+        """
         await client.wait_registered()
+        connection = client.connection
         try:
-            events = await self._engine.query(codec.query_from_sbs(message.data))
+            query = codec.query_from_sbs(message.data)
+            plan = await self._engine.read(plan_reply, self._engine.store, query)
         except (ProtocolError, StoreError) as exc:
             log.warning(
                 "eventer: query from %s refused, answered with no events: %s",
-                client.connection.peer,
+                connection.peer,
                 exc,
-                extra={"peer": client.connection.peer, "error": str(exc)},
+                extra={"peer": connection.peer, "error": str(exc)},
             )
-            events = []
-        body = [codec.event_to_sbs(event) for event in events]
-        self._send(client.connection, "MsgQueryRes", body, message.conversation)
-        await client.connection.drain()
+            plan = EMPTY_REPLY
+        if plan.body is not None:
+            self._send_encoded(connection, "MsgQueryRes", plan.body, message.conversation)
+            await connection.drain()
+            return
+        log.debug(
+            "eventer: streaming %d events (%d bytes) to %s",
+            plan.count,
+            plan.size,
+            connection.peer,
+            extra={"peer": connection.peer, "events": plan.count, "bytes": plan.size},
+        )
+        try:
+            await connection.send_stream(
+                _EVENTER,
+                "MsgQueryRes",
+                plan.size,
+                stream_body(self._engine, plan),
+                conversation=message.conversation,
+                stall_seconds=self._stall_seconds,
+            )
+        except StoreError as exc:  # the connection is closed: the frame cannot be finished
+            log.error(
+                "eventer: query reply to %s given up: %s",
+                connection.peer,
+                exc,
+                extra={"peer": connection.peer, "error": str(exc)},
+            )
 
     # --- notifications --------------------------------------------------------------------
 
@@ -387,10 +430,22 @@ class EventerServer:
         body: codec.Value,
         conversation: chatter.Conversation,
     ) -> None:
-        """Send a reply; a client that does not read its replies is dropped like a slow
-        subscriber, so that its buffer cannot grow without bound."""
+        """Send a reply; see :meth:`_send_encoded`."""
+        self._send_encoded(
+            connection, type_name, codec.encode(_EVENTER, type_name, body), conversation
+        )
+
+    def _send_encoded(
+        self,
+        connection: chatter.Connection,
+        type_name: str,
+        body: bytes,
+        conversation: chatter.Conversation,
+    ) -> None:
+        """Send an encoded reply; a client that does not read its replies is dropped like a
+        slow subscriber, so that its buffer cannot grow without bound."""
         try:
-            connection.send(_EVENTER, type_name, body, conversation=conversation, last=True)
+            connection.send_encoded(_EVENTER, type_name, body, conversation=conversation)
         except chatter.ConnectionClosed:
             return
         self._check_lag(connection)

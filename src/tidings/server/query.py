@@ -131,41 +131,74 @@ class QueryData:
 
 def query_events(store: EventStore, query: QueryData) -> list[StoredEvent]:
     """Return the events of ``store`` that ``query`` selects, in its order."""
+    return [event for chunk in query_chunks(store, query) for event in chunk]
+
+
+def query_chunks(
+    store: EventStore, query: QueryData, chunk_events: int = 10_000
+) -> Iterator[list[StoredEvent]]:
+    """The events ``query`` selects, in its order, about ``chunk_events`` at a time.
+
+    Ordered queries (with or without ``max_results``) read their rows as they go, so a
+    result of any size costs one chunk of memory; latest-per-type and id queries, whose
+    results are bounded by the known types or the named ids, come as one chunk. All chunks
+    come from one snapshot of the store, held while the generator is iterated: consume it
+    in one go.
+    """
     if query.matches_nothing():
-        return []
+        return
     with store.snapshot("query") as conn:
         sql = DriverCursor.of(conn)
         try:
-            rows = _select(sql, store, query)
+            for rows in _select(sql, store, query, chunk_events):
+                yield events_from_rows(rows)
         except sql.error as exc:
             raise StoreError(
                 f"event store {store.url}: cannot query: {type(exc).__name__}: {exc}"
             ) from exc
-    return events_from_rows(rows)
 
 
-def _select(sql: DriverCursor, store: EventStore, query: QueryData) -> list[tuple[Any, ...]]:
-    """The rows of the query's result, in order."""
+def events_at(store: EventStore, positions: Sequence[int]) -> list[StoredEvent]:
+    """The events at ``positions``, in that order; a position without an event (never
+    stored, or deleted since) is left out."""
+    with store.snapshot("read events by position") as conn:
+        sql = DriverCursor.of(conn)
+        found: dict[int, tuple[Any, ...]] = {}
+        for chunk in _chunks(list(positions), _ID_CHUNK):
+            marks = ", ".join("?" * len(chunk))
+            statement = f"SELECT {_columns('e')} FROM event_events e WHERE e.position IN ({marks})"
+            found.update((row[0], row) for row in sql.rows(statement, chunk))
+    return events_from_rows(found[p] for p in positions if p in found)
+
+
+def _select(
+    sql: DriverCursor, store: EventStore, query: QueryData, chunk_rows: int
+) -> Iterator[list[tuple[Any, ...]]]:
+    """The rows of the query's result, in order, in chunks."""
     types = _type_filter(sql, store, query.event_types)
     if types is not None and types.is_empty():
-        return []
+        return
     if query.event_ids is not None:
-        return _by_ids(sql, query, types)
+        yield _by_ids(sql, query, types)
+        return
     if query.unique_type:
-        return _first_per_type(sql, query, types)
+        yield _first_per_type(sql, query, types)
+        return
     limit = query.max_results
     per_type = types is not None and limit is not None and _per_type_is_cheaper(sql, types, limit)
-    rows: list[tuple[Any, ...]] = []
+    read = 0
     for part in _parts(query):
-        if limit is not None and len(rows) == limit:
+        if limit is not None and read == limit:
             break
-        remaining = None if limit is None else limit - len(rows)
+        remaining = None if limit is None else limit - read
         if per_type:
             assert types is not None and remaining is not None
-            rows += _top_per_type(sql, query, types, part, remaining)
+            statement, params = _top_per_type(sql, query, types, part, remaining)
         else:
-            rows += _in_order(sql, query, types, part, remaining)
-    return rows
+            statement, params = _in_order(sql, query, types, part, remaining)
+        for rows in sql.chunks(statement, params, chunk_rows):
+            read += len(rows)
+            yield rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +229,8 @@ def _parts(query: QueryData) -> list[_Part]:
 
 def _in_order(
     sql: DriverCursor, query: QueryData, types: _TypeFilter | None, part: _Part, limit: int | None
-) -> list[tuple[Any, ...]]:
-    """One part of an ordered query in one statement.
+) -> tuple[str, list[Any]]:
+    """One part of an ordered query as one statement and its parameters.
 
     With a limit (and a type condition only when _top_per_type was estimated to read more)
     the plan is the order index, stopping after ``limit`` rows, and the type condition only
@@ -221,14 +254,15 @@ def _in_order(
     if limit is not None:
         statement += " LIMIT ?"
         params.append(limit)
-    return sql.rows(statement, params)
+    return statement, params
 
 
 def _top_per_type(
     sql: DriverCursor, query: QueryData, types: _TypeFilter, part: _Part, limit: int
-) -> list[tuple[Any, ...]]:
+) -> tuple[str, list[Any]]:
     """One part of an ordered query as the first ``limit`` events of each type (an index
-    range of the per-type index each), merged, ordered and cut by the database."""
+    range of the per-type index each), merged, ordered and cut by the database: one
+    statement and its parameters."""
     filters, filter_params = _filters(query, "p", part)
     inner = " AND ".join(["p.type = t.type", *filters])
     inner_order = _order_by("p", part.key, query.order)
@@ -249,7 +283,7 @@ def _top_per_type(
             f"ORDER BY {_order_by('e', part.key, query.order)} LIMIT ?"
         )
         params = [*type_params, *filter_params, limit, limit]
-    return sql.rows(statement, params)
+    return statement, params
 
 
 def _first_per_type(

@@ -289,6 +289,25 @@ class DriverCursor:
         self.cursor.execute(self._marked(statement), params)
         return self.cursor.fetchall() if self.cursor.description else []
 
+    def chunks(
+        self, statement: str, params: Sequence[Any], size: int
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """Run ``statement`` and yield its rows ``size`` at a time as they are read.
+
+        On PostgreSQL through a server-side cursor, since psycopg's ordinary cursor fetches
+        the whole result into memory first.
+        """
+        connection = self.cursor.connection
+        cursor = (
+            connection.cursor(name="tidings_chunks") if self.postgresql else connection.cursor()
+        )
+        try:
+            cursor.execute(self._marked(statement), params)
+            while rows := cursor.fetchmany(size):
+                yield rows
+        finally:
+            cursor.close()
+
     def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
         self.cursor.executemany(self._marked(statement), rows)
 
