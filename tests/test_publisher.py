@@ -420,3 +420,35 @@ def test_a_failed_event_waits_its_pause_in_the_relay_but_not_in_a_replay(
     assert _rows(engine)[1].status == "FAILED"
     run(resume_delays=False, retry_threshold=4)
     assert [r.status for r in _rows(engine).values()] == ["PUBLISHED", "PUBLISHED"]
+
+
+class ClosingMidCall(Target):
+    """Fault injection: like a broker that closes the connection at the poison message, it
+    confirms what came before it in the call and fails the call as a whole."""
+
+    def __init__(self, name: str, inner: Target, word: str) -> None:
+        super().__init__(name)
+        self.inner, self.word = inner, word
+
+    def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
+        cut = next((n for n, e in enumerate(events) if self.word in e.payload), len(events))
+        self.inner.publish(events[:cut])
+        if cut < len(events):
+            confirmed = [n < cut for n in range(len(events))]
+            raise TargetCallFailed("connection closed mid-call", confirmed=confirmed)
+        return [None] * len(events)
+
+
+def test_what_was_confirmed_before_a_call_failed_is_kept(engine: Engine, tmp_path: Path) -> None:
+    _emit(engine, [("A", f"k{k}", {"n": "poison" if k == 3 else k}) for k in range(7)])
+    store = _store(tmp_path, "a")
+    target = ClosingMidCall("a", store, "poison")
+    Publisher(
+        engine, merge_routes({"A": ["a"]}), {"a": target}.get, [0.0], breakers=_fresh_breakers()
+    ).run(_logged(engine))
+    rows = _rows(engine)
+    assert [rows[s].status for s in range(1, 8)] == ["PUBLISHED"] * 3 + ["FAILED"] + [
+        "PUBLISHED"
+    ] * 3
+    assert _stored_seqs(store, engine) == [1, 2, 3, 5, 6, 7]  # each once
+    assert [r.retry_count for r in rows.values()] == [0, 0, 0, 1, 0, 0, 0]

@@ -220,10 +220,10 @@ class Publisher:
             self._deliver(units)
             self._after_round(units, lanes)
             self._flush()
-        for (_, name), lane in lanes.items():  # lanes left over wait for a target that is down
+        # Lanes left over wait for a target that is down (past the deadline they stay as is).
+        for (_, name), lane in lanes.items():
             if self.targets(name) is not None and self._breaker(name).is_open:
-                self._wait(lane, name, self._breaker(name).reason())  # (past the deadline,
-                # they stay as they are)
+                self._wait(lane, name, self._breaker(name).reason())
         for item in work:
             if self._open_targets[id(item)] and (self._waits.get(id(item)) or item.changed):
                 self._conclude(item)
@@ -438,34 +438,36 @@ class Publisher:
         return failing
 
     def _narrow(self, name: str, units: list[_Unit], error: str) -> list[_Unit]:
-        pending = [u for u in units if any(not i.confirmed_at(name) for i in u.items)]
-        for unit in pending:
-            unit.items = [i for i in unit.items if not i.confirmed_at(name)]
-        if len(pending) == 1 and len(pending[0].items) == 1:
-            self._breaker(name).failed(error, {pending[0].key})
-            return self._blame(pending, error)
-        if len(pending) == 1:  # one atomic run: first half, then the rest if that went
-            unit = pending[0]
-            half = len(unit.items) // 2
-            first = _Unit(unit.key, unit.items[:half])
-            failing = self._try(name, [first])
-            if first.waiting is not None:
-                unit.waiting = first.waiting
-                return []
-            if failing:
-                unit.culprit, unit.error = first.culprit, first.error
-                return [unit]
-            second = _Unit(unit.key, unit.items[half:])
-            failing = self._try(name, [second])
-            unit.culprit, unit.error, unit.waiting = second.culprit, second.error, second.waiting
-            return [unit] if failing else []
-        half = len(pending) // 2
-        failing = self._try(name, pending[:half])
-        if any(u.waiting is not None for u in pending[:half]):
-            for unit in pending[half:]:
-                unit.waiting = self._breaker(name).reason()
-            return failing
-        return failing + self._try(name, pending[half:])
+        """Split a call that failed as a whole; each part is tried alone (see :meth:`_try`).
+
+        The parts are new units of what is still unconfirmed; their outcome is copied back
+        to the units of the call at the end.
+        """
+        parts = [(_Unit(u.key, [i for i in u.items if not i.confirmed_at(name)]), u) for u in units]
+        parts = [(part, unit) for part, unit in parts if part.items]
+        if len(parts) == 1 and len(parts[0][0].items) == 1:  # found: the event failed alone
+            self._breaker(name).failed(error, {parts[0][0].key})
+            self._blame([parts[0][0]], error)
+        elif len(parts) == 1:  # one atomic run: its first half, then the rest if that went
+            part = parts[0][0]
+            half = len(part.items) // 2
+            for piece in (part.items[:half], part.items[half:]):
+                sub = _Unit(part.key, piece)
+                self._try(name, [sub])
+                part.culprit, part.error, part.waiting = sub.culprit, sub.error, sub.waiting
+                if sub.culprit is not None or sub.waiting is not None:
+                    break
+        else:
+            half = len(parts) // 2
+            self._try(name, [part for part, _ in parts[:half]])
+            if any(part.waiting is not None for part, _ in parts[:half]):
+                for part, _ in parts[half:]:  # the target went down: the rest waits
+                    part.waiting = self._breaker(name).reason()
+            else:
+                self._try(name, [part for part, _ in parts[half:]])
+        for part, unit in parts:
+            unit.culprit, unit.error, unit.waiting = part.culprit, part.error, part.waiting
+        return [unit for part, unit in parts if part.culprit is not None]
 
     def _blame(self, units: list[_Unit], error: str) -> list[_Unit]:
         for unit in units:
