@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tidings.config import read_config_data, resolve_path, validate_config
 from tidings.errors import ConfigError
+from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_SUBSCRIBER_LAG_BYTES
 from tidings.wire.address import Address
 
 DEFAULT_EVENTER_ADDRESS = "tcp+sbs://127.0.0.1:23012"
@@ -67,9 +68,9 @@ class EngineConfig(_Model):
 class EventerServerConfig(_Model):
     address: Address = DEFAULT_EVENTER_ADDRESS
     #: tidings: the largest frame a client may send; a larger one closes that connection.
-    max_frame_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
     #: tidings: unsent notify bytes after which a subscriber is disconnected as too slow.
-    max_subscriber_lag_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_subscriber_lag_bytes: int = Field(default=DEFAULT_MAX_SUBSCRIBER_LAG_BYTES, ge=1024)
 
 
 class SyncerServerConfig(_Model):
