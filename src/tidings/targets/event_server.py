@@ -32,8 +32,9 @@ class EventServerTarget(Target):
     """Publishes to the event server at ``config.address``, connecting on first use.
 
     One call is one session on the server, stored in one transaction, so the target is
-    ``atomic``: if the server refuses any event of a call, the whole call is reported failed
-    and retried (the events it did store come back as duplicates and are not stored twice).
+    ``atomic``: if the server refuses any event of a call, the whole call is reported failed,
+    and the relay narrows it down to the refused event (the events the server did store come
+    back as duplicates on the narrower calls and are not stored twice).
     """
 
     atomic = True
@@ -70,10 +71,8 @@ class EventServerTarget(Target):
         except Exception as exc:
             raise TargetCallFailed(f"{prefix} failed: {type(exc).__name__}: {exc}") from exc
         refused = sum(result is None for result in results)
-        if refused:
-            return [f"{prefix} refused {refused} of {len(events)} events of the session"] * len(
-                events
-            )
+        if refused:  # the relay splits the call until the refused event is alone
+            raise TargetCallFailed(f"{prefix} refused {refused} of {len(events)} events")
         return [None] * len(events)
 
     def close(self) -> None:
