@@ -153,6 +153,7 @@ class ServerProcess:
         peers: Sequence[tuple[int, str]] = (),
         token: str | None = None,
         backend: dict[str, str] | None = None,
+        eventer: dict[str, Any] | None = None,
     ) -> None:
         self.workdir = workdir
         self.eventer = f"tcp+sbs://127.0.0.1:{ports['eventer']}"
@@ -166,7 +167,7 @@ class ServerProcess:
                     "backend": backend
                     or {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"},
                     "engine": {"server_id": server_id, "modules": []},
-                    "eventer_server": {"address": self.eventer},
+                    "eventer_server": {"address": self.eventer, **(eventer or {})},
                     "syncer_server": {"address": f"tcp+sbs://127.0.0.1:{ports['syncer']}"},
                     "syncer_token": token,
                     "syncer_peers": [

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from helpers import ServerProcess, free_port, relay_config, statuses
 from tidings.client import connect
@@ -20,6 +21,7 @@ from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.model import OutboxEvent
 from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import start_relay
 from tidings.server.query import QueryData
 from tidings.server.store import StoredEvent
@@ -157,3 +159,50 @@ def test_relay_into_a_remote_server_is_exactly_once(spark, server, tmp_path: Pat
     finally:
         again.close()
     assert len(_events(server)) == 100
+
+
+@pytest.mark.spark
+def test_an_event_the_server_refuses_fails_alone(spark, tmp_path: Path) -> None:
+    """A real server with a small frame limit closes the connection on a request holding one
+    too-large event: the relay narrows the call down, the others are stored once, in order."""
+    server = ServerProcess(
+        tmp_path / "server",
+        1,
+        {"eventer": free_port(), "syncer": free_port()},
+        eventer={"max_frame_bytes": 64 * 1024},
+    )
+    server.start()
+    try:
+        targets = {
+            "remote": {"kind": "event_server", "address": server.eventer, "type_prefix": ["t"]}
+        }
+        config = relay_config(
+            tmp_path, targets=targets, routes={"Created": ["remote"]}, partitions=1
+        )
+        engine = make_engine(config.database.url)
+        outbox = Outbox(engine)
+        for n in range(30):
+            with outbox.transaction() as tx:
+                payload = {"n": n, "pad": "x" * (100_000 if n == 13 else 10)}
+                tx.emit("Created", payload, partition_key=f"k{n % 10}")
+        start_relay(spark, config, available_now=True).awaitTermination()
+        rows = statuses(engine)
+        assert rows[14] == "FAILED"
+        assert {rows[s] for s in (24,)} == {"HELD"}  # k3's next event waits for it
+        assert {s for s, status in rows.items() if status == "PUBLISHED"} == set(range(1, 31)) - {
+            14,
+            24,
+        }
+        with engine.connect() as conn:
+            row = conn.execute(select(outbox_event).where(outbox_event.c.seq == 14)).one()
+        assert "event server target 'remote'" in row.error_details
+        assert all(r.retry_count == 0 for r in _log_rows(engine) if r.seq != 14)
+        numbers = [json.loads(e.payload)["data"]["n"] for e in _events(server)]
+        assert sorted(numbers) == sorted(set(range(30)) - {13, 23})
+    finally:
+        server.stop()
+
+
+def _log_rows(engine) -> list:
+    with engine.connect() as conn:
+        return conn.execute(select(outbox_event)).all()

@@ -27,6 +27,23 @@ from tidings.server.store import StoredEvent
 from tidings.targets.base import Target
 from tidings.targets.event_store import to_new_event
 
+#: Bytes of payload per register request: far below the server's frame limit (16 MiB by
+#: default), large enough that requests, not round trips, carry the throughput.
+_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+def _requests(events: Sequence[OutboxEvent]) -> list[Sequence[OutboxEvent]]:
+    """``events`` cut, in order, into requests of about ``_REQUEST_BYTES`` of payload."""
+    chunks: list[Sequence[OutboxEvent]] = []
+    start, size = 0, 0
+    for n, event in enumerate(events):
+        size += len(event.payload) + len(event.event_type) + 64
+        if size > _REQUEST_BYTES and n > start:
+            chunks.append(events[start:n])
+            start, size = n, len(event.payload) + len(event.event_type) + 64
+    chunks.append(events[start:])
+    return chunks
+
 
 class EventServerTarget(Target):
     """Publishes to the event server at ``config.address``, connecting on first use.
@@ -53,8 +70,26 @@ class EventServerTarget(Target):
         return self._config
 
     def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
-        if not events:
-            return []
+        """Register ``events`` in requests of at most ~4 MiB, in order.
+
+        A request fits the server's frame limit whatever the call's size; if one fails, the
+        requests before it are confirmed (for every key, a prefix of its run in log order)
+        and the call is reported failed as a whole for the rest.
+        """
+        done = 0
+        for chunk in _requests(events):
+            try:
+                self._register_chunk(chunk)
+            except TargetUnavailable:
+                if not done:
+                    raise
+                self._fail(events, done, "lost the connection")
+            except TargetCallFailed as exc:
+                self._fail(events, done, str(exc))
+            done += len(chunk)
+        return [None] * len(events)
+
+    def _register_chunk(self, events: Sequence[OutboxEvent]) -> None:
         prefix = f"event server target {self.name!r} ({self._config.address})"
         try:
             with self._lock:
@@ -73,7 +108,10 @@ class EventServerTarget(Target):
         refused = sum(result is None for result in results)
         if refused:  # the relay splits the call until the refused event is alone
             raise TargetCallFailed(f"{prefix} refused {refused} of {len(events)} events")
-        return [None] * len(events)
+
+    def _fail(self, events: Sequence[OutboxEvent], done: int, cause: str) -> None:
+        confirmed = [n < done for n in range(len(events))]
+        raise TargetCallFailed(cause, confirmed=confirmed)
 
     def close(self) -> None:
         with self._lock:
