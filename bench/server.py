@@ -11,7 +11,10 @@ the same workload:
 2. latest-by-type queries (``unique_type=True``) matching 100, 300 and 3,000 event types,
    and a time-ordered query of the newest 100 events: p50 and p99;
 3. notify latency: register one event (one at a time) until a second, subscribed client
-   receives its notify: p50 and p99.
+   receives its notify: p50 and p99;
+4. hostile (``bench/server_hostile.py``, ``--hostile on|off|only``): issue 8's hostile and
+   careless clients, one at a time, with a bystander client in its own process: its worst
+   round trip and the server's peak RSS per row.
 
 Every answer is checked (counts, types, newest values, order); a wrong answer fails the run.
 Writes ``bench/results/server.json`` and ``bench/results/server.md``.
@@ -44,6 +47,10 @@ import yaml
 from hat.event import eventer
 
 from relay import code_version, machine_info, percentile, say
+from server_hostile import Target, hostile_phase
+from server_hostile import evaluate as evaluate_hostile
+from server_hostile import markdown as hostile_markdown
+from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VENV_BIN = Path(sys.executable).parent
@@ -61,11 +68,12 @@ class Sizes:
     min_queries_3000: int  # ... but at least this many
     query_budget_s: float
     notify_events: int
+    hostile_events: int  # events the hostile phase's unbounded queries return
     warmup: int = 5  # untimed runs before each timed series
 
 
-FULL = Sizes(20_000, 100, 5, 200, 200, 50, 20.0, 1000)
-QUICK = Sizes(2_000, 100, 2, 30, 15, 10, 5.0, 200)
+FULL = Sizes(20_000, 100, 5, 200, 200, 50, 20.0, 1000, 200_000)
+QUICK = Sizes(2_000, 100, 2, 30, 15, 10, 5.0, 200, 20_000)
 
 # Query types: ('bench', 'q', group, f't{i}'); the groups make the patterns below match exactly
 # 100, 300 and 3,000 types.
@@ -267,6 +275,7 @@ class Run:
     cpu: dict[str, dict[str, float]] = field(default_factory=dict)
     last_event: hc.Event | None = None  # newest event the benchmark registered
     errors: dict[str, str] = field(default_factory=dict)  # step -> what went wrong
+    hostile: dict[str, dict[str, Any]] = field(default_factory=dict)  # row -> figures
 
     async def phase(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
         me = psutil.Process()
@@ -587,15 +596,16 @@ async def settle(server: ServerProcess, timeout: float = 120.0) -> None:
     say(f"[{server.kind}] still busy after {timeout:g} s")
 
 
-async def bench_server(run: Run, sizes: Sizes) -> None:
-    """Runs every step; a failing step (wrong answer, dropped connection) is recorded in
-    ``run.errors`` and the run goes on with a new connection."""
+async def bench_server(run: Run, sizes: Sizes, hostile: str) -> None:
+    """Runs every step, then the hostile phase (``hostile``: on, off or only); a failing
+    step (wrong answer, dropped connection) is recorded in ``run.errors`` and the run goes
+    on with a new connection."""
     kind, server = run.kind, run.server
     failed: set[str] = set()
     client: eventer.Client | None = None
     try:
         await server.start()
-        for name, step in STEPS:
+        for name, step in STEPS if hostile != "only" else []:
             if NEEDS.get(name) in failed:
                 run.errors[name] = f"skipped: {NEEDS[name]} failed"
                 say(f"[{kind}] {name} skipped")
@@ -616,6 +626,16 @@ async def bench_server(run: Run, sizes: Sizes) -> None:
                 await settle(server)
             if server.proc is not None and server.proc.poll() is not None:
                 raise RuntimeError(f"{kind} server exited:\n{server.log_tail()}")
+        if hostile != "off":
+            assert server.proc is not None
+            say(f"[{kind}] hostile clients ...")
+            target = Target(kind, server.address, server.port, server.proc.pid)
+            try:
+                run.hostile = await hostile_phase(target, sizes.hostile_events, run.phase, say)
+            except Exception as exc:
+                traceback.print_exc()
+                run.errors["hostile"] = f"{type(exc).__name__}: {exc}"
+                say(f"!! [{kind}] hostile FAILED: {run.errors['hostile']}")
     finally:
         if client is not None:
             await client.async_close()
@@ -710,6 +730,7 @@ def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtim
         lines += ["", "## Errors", ""] + [
             f"- **{k}**: {v}".replace("\n", "<br>") for k, v in result["errors"].items()
         ]
+    lines += hostile_markdown(result)
     lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     lines += [
         "",
@@ -801,7 +822,7 @@ def load_notes(runs: dict[str, Run]) -> list[str]:
 
 
 async def run_all(
-    kinds: list[str], sizes: Sizes, keep: bool
+    kinds: list[str], sizes: Sizes, keep: bool, hostile: str
 ) -> tuple[dict[str, Run], dict[str, str]]:
     """Runs each server in turn; errors (start-up, per step) are collected, figures kept."""
     runs: dict[str, Run] = {}
@@ -810,7 +831,7 @@ async def run_all(
         say(f"== {kind} ==")
         run = runs[kind] = Run(kind, ServerProcess(kind, keep))
         try:
-            await bench_server(run, sizes)
+            await bench_server(run, sizes, hostile)
         except Exception as exc:
             traceback.print_exc()
             run.errors["server"] = f"{type(exc).__name__}: {exc}"
@@ -824,6 +845,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, about a minute")
     parser.add_argument("--only", choices=SERVERS, help="run one server only")
     parser.add_argument("--keep", action="store_true", help="keep the servers' work directories")
+    parser.add_argument(
+        "--hostile",
+        choices=("on", "off", "only"),
+        default="on",
+        help="the hostile-clients phase after the others (on), not at all, or alone",
+    )
     args = parser.parse_args()
     say(f"server benchmark ({'quick' if args.quick else 'full'})")
     machine = machine_info()
@@ -836,7 +863,7 @@ def main() -> int:
     say(f"code: {code}")
     sizes = QUICK if args.quick else FULL
     kinds = [args.only] if args.only else list(SERVERS)
-    runs, errors = asyncio.run(run_all(kinds, sizes, args.keep))
+    runs, errors = asyncio.run(run_all(kinds, sizes, args.keep, args.hostile))
 
     result: dict[str, Any] = {"machine": machine, "code": code, "quick": args.quick}
     for name in [*MEASURES, *EXTRAS]:
@@ -851,6 +878,16 @@ def main() -> int:
     notes += load_notes(runs)
     result["notes"] = notes
     result["cpu"] = {kind: run.cpu for kind, run in runs.items()}
+    result["hostile"] = {
+        kind: {
+            "rows": run.hostile,
+            "goals": evaluate_hostile(
+                run.hostile, DEFAULT_MAX_FRAME_BYTES if kind == "tidings" else None
+            ),
+        }
+        for kind, run in runs.items()
+        if run.hostile
+    }
     result["sizes"] = asdict(sizes)
     runtime = time.monotonic() - _START
     RESULTS.mkdir(parents=True, exist_ok=True)

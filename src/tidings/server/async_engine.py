@@ -11,7 +11,9 @@ thread hop would cost more than the write, and only when no other writer holds t
 database: they block the loop for about as long as one SQLite commit, never for a lock.
 
 Reads (queries, syncer backlogs) run in a small pool of their own, so a long query
-never delays registration. Listeners hear of every newly stored batch on the event loop, in
+never delays registration. Bulk reads (query replies that may hold every event of the store)
+run in a smaller pool still, so that however many of them clients ask for at once, short
+queries find a free reader. Listeners hear of every newly stored batch on the event loop, in
 storage order, whether it came from a local session or from a peer server.
 """
 
@@ -65,11 +67,12 @@ class _Call:
 class AsyncEngine:
     """Runs an :class:`Engine` for asyncio code; create it on the loop that will use it."""
 
-    def __init__(self, engine: Engine, query_workers: int = 4) -> None:
+    def __init__(self, engine: Engine, query_workers: int = 4, bulk_workers: int = 2) -> None:
         self.engine = engine
         self._loop = asyncio.get_running_loop()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="tidings-register")
         self._readers = ThreadPoolExecutor(query_workers, thread_name_prefix="tidings-query")
+        self._bulk = ThreadPoolExecutor(bulk_workers, thread_name_prefix="tidings-bulk")
         self._listeners: list[Listener] = []
         self._jobs: deque[_Register | _Call] = deque()
         self._draining: asyncio.Task[None] | None = None
@@ -127,9 +130,11 @@ class AsyncEngine:
         self._enqueue(_Call(function, args, future))
         return await future
 
-    async def read(self, function: Callable[..., T], *args: object) -> T:
-        """Run a read-only ``function`` in the query pool."""
-        return await self._loop.run_in_executor(self._readers, function, *args)
+    async def read(self, function: Callable[..., T], *args: object, bulk: bool = False) -> T:
+        """Run a read-only ``function`` in the query pool, or in the bulk pool if it may
+        read a large part of the store."""
+        pool = self._bulk if bulk else self._readers
+        return await self._loop.run_in_executor(pool, function, *args)
 
     async def aclose(self) -> None:
         """Finish queued writes, then stop the threads; the engine itself stays open."""
@@ -139,6 +144,7 @@ class AsyncEngine:
         self._remove_callback()
         await self._loop.run_in_executor(None, self._writer.shutdown, True)
         await self._loop.run_in_executor(None, self._readers.shutdown, True)
+        await self._loop.run_in_executor(None, self._bulk.shutdown, True)
 
     def _enqueue(self, job: _Register | _Call) -> None:
         self._jobs.append(job)

@@ -45,7 +45,7 @@ from typing import Self
 from tidings.errors import ConfigError, ProtocolError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.matching import TypeMatcher
-from tidings.server.query_reply import EMPTY_REPLY, plan_reply, stream_body
+from tidings.server.query_reply import EMPTY_REPLY, is_bulk, plan_reply, stream_body
 from tidings.server.store import EventType, NewEvent, PayloadKind, StoredEvent, StoreError
 from tidings.wire import chatter, codec
 
@@ -368,7 +368,9 @@ class EventerServer:
         connection = client.connection
         try:
             query = codec.query_from_sbs(message.data)
-            plan = await self._engine.read(plan_reply, self._engine.store, query)
+            plan = await self._engine.read(
+                plan_reply, self._engine.store, query, bulk=is_bulk(query)
+            )
         except (ProtocolError, StoreError) as exc:
             log.warning(
                 "eventer: query from %s refused, answered with no events: %s",

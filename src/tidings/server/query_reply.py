@@ -52,6 +52,12 @@ class ReplyPlan:
 EMPTY_REPLY = ReplyPlan(0, 1, codec.encode_integer(0), array("q"))
 
 
+def is_bulk(query: QueryData) -> bool:
+    """Whether the query may select more than a chunk of events (it then runs in the
+    engine's bulk pool, see :meth:`AsyncEngine.read`)."""
+    return query.max_results is None or query.max_results > CHUNK_EVENTS
+
+
 def plan_reply(store: EventStore, query: QueryData) -> ReplyPlan:
     """Read and encode the query's result a chunk at a time (blocking: run it in a thread)."""
     pieces: list[bytes] | None = []
@@ -85,7 +91,7 @@ async def stream_body(engine: AsyncEngine, plan: ReplyPlan) -> AsyncIterator[byt
     yield codec.encode_integer(plan.count)
     for start in range(0, plan.count, CHUNK_EVENTS):
         wanted = plan.positions[start : start + CHUNK_EVENTS]
-        yield await engine.read(_encode_at, engine.store, wanted)
+        yield await engine.read(_encode_at, engine.store, wanted, bulk=True)
 
 
 def _encode_at(store: EventStore, positions: Sequence[int]) -> bytes:
