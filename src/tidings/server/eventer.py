@@ -26,8 +26,10 @@ that registration never waits for a subscriber and one slow subscriber never del
 What a client has not read yet waits in its connection's send buffer; once that exceeds
 ``max_subscriber_lag_bytes`` the client is disconnected (logged with the reason "slow
 subscriber") and its buffer is dropped, which keeps the server's memory bounded. It may
-reconnect and catch up with a query. Replies share that buffer, so the limit should exceed
-the largest query reply a subscribing client asks for.
+reconnect and catch up with a query. Small replies share that buffer; a query reply over
+1 MiB is streamed instead (:mod:`tidings.server.query_reply`), a chunk at a time as the
+client reads it, so it never counts as lag, and a client that takes nothing of it for
+``ping_interval`` is closed.
 
 Bad input on a socket (garbage, a truncated or oversize frame, an unknown message type,
 undecodable SBS, a message a client must not send, an invalid subscription) closes that

@@ -13,6 +13,13 @@ requests resolve their futures there, and every other message is decoded and que
 served stops being read (TCP pushes back) instead of growing our memory. Anything malformed
 (garbage, a truncated or oversize frame, an unknown message type, undecodable SBS) closes
 that connection with one log line naming the reason; nothing else is affected.
+
+One frame is read and decoded at a time per connection. A large frame is read in pieces as
+its bytes arrive, and its body is pre-scanned (:mod:`tidings.wire.prescan`: lying counts
+and messages over their budget of values are refused before anything is allocated) and
+decoded in the process's decode thread, so that neither stalls the event loop. A large
+outgoing message can be streamed (:meth:`Connection.send_stream`): frames sent meanwhile
+wait behind it, so frames never interleave.
 """
 
 from __future__ import annotations
