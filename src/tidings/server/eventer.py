@@ -397,17 +397,12 @@ class EventerServer:
                 _EVENTER,
                 "MsgQueryRes",
                 plan.size,
-                stream_body(self._engine, plan),
+                stream_body(plan),
                 conversation=message.conversation,
                 stall_seconds=self._stall_seconds,
             )
-        except StoreError as exc:  # the connection is closed: the frame cannot be finished
-            log.error(
-                "eventer: query reply to %s given up: %s",
-                connection.peer,
-                exc,
-                extra={"peer": connection.peer, "error": str(exc)},
-            )
+        finally:
+            plan.close()
 
     # --- notifications --------------------------------------------------------------------
 

@@ -158,19 +158,6 @@ def query_chunks(
             ) from exc
 
 
-def events_at(store: EventStore, positions: Sequence[int]) -> list[StoredEvent]:
-    """The events at ``positions``, in that order; a position without an event (never
-    stored, or deleted since) is left out."""
-    with store.snapshot("read events by position") as conn:
-        sql = DriverCursor.of(conn)
-        found: dict[int, tuple[Any, ...]] = {}
-        for chunk in _chunks(list(positions), _ID_CHUNK):
-            marks = ", ".join("?" * len(chunk))
-            statement = f"SELECT {_columns('e')} FROM event_events e WHERE e.position IN ({marks})"
-            found.update((row[0], row) for row in sql.rows(statement, chunk))
-    return events_from_rows(found[p] for p in positions if p in found)
-
-
 def _select(
     sql: DriverCursor, store: EventStore, query: QueryData, chunk_rows: int
 ) -> Iterator[list[tuple[Any, ...]]]:

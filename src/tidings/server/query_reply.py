@@ -3,35 +3,40 @@
 A query without ``max_results`` may select every event of the store, and it is answered
 with all of them, as hat-event does. Built the simple way (rows, then events, then wire
 records, then one SBS body, then one frame) a reply of 200,000 events took a gigabyte and
-seconds of the event loop. Here a reply is planned in the query pool: the rows are read and
-encoded a chunk at a time (:func:`plan_reply`); a reply up to :data:`INLINE_REPLY_BYTES`
-keeps its encoded body and is sent at once, a larger one keeps only its events' positions
-(8 bytes each) and its exact size, which the frame's head needs before the body. The body
-is then re-read by position and encoded a chunk at a time as the client takes the bytes
-(:func:`stream_body`, with :meth:`Connection.send_stream`), so memory holds one chunk, not
-the reply.
+seconds of the event loop. Here a reply is planned in the engine's bulk pool
+(:func:`plan_reply`): the rows are read and encoded a chunk at a time into a spool that
+stays in memory up to :data:`INLINE_REPLY_BYTES` and moves to an anonymous temporary file
+beyond. A small reply is then sent in one write; a large one is streamed from the file as
+the client takes the bytes (:meth:`Connection.send_stream`), its size known in advance as
+the frame's head needs. Memory holds one chunk, not the reply; the disk holds a large reply
+until it is sent (the file has no name and disappears when closed, or with the process).
 
-Planning reads one snapshot of the store for as long as it takes (seconds for the largest
-results), never for as long as a client takes to read. Events are never changed once
-stored, so the second read gives the same bytes; an event that vanished meanwhile would
-change the size, and the reply is then given up with the connection (StoreError).
+Why a file and not a second read of the store: the frame is written once started, so
+frames for the same client (pongs included) wait until it ends. Streamed from a file it
+lasts as long as the client takes to read; re-read and re-encoded as it goes, it lasted as
+long as the server took to encode it twice, and hat-event's client gives up on a pong after
+20 s: four concurrent replies of 200,000 events on two cores took longer than that.
 """
 
 from __future__ import annotations
 
-from array import array
+import asyncio
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import IO
 
-from tidings.server.async_engine import AsyncEngine
-from tidings.server.query import QueryData, events_at, query_chunks
-from tidings.server.store import EventStore, StoredEvent, StoreError
+from tidings.server.query import QueryData, query_chunks
+from tidings.server.store import EventStore, StoredEvent
 from tidings.wire import codec
 
-#: A reply up to this size is built whole and sent in one write.
+#: A reply up to this size is built in memory and sent in one write; a larger one is
+#: spooled to a temporary file and streamed.
 INLINE_REPLY_BYTES = 1024 * 1024
-#: Events read and encoded per piece of a reply.
+#: Events read and encoded per chunk of a reply.
 CHUNK_EVENTS = 1000
+#: Bytes of a spooled reply read per piece written to the socket.
+_PIECE_BYTES = 256 * 1024
 
 _EVENTER = "HatEventer"
 _REPLY = "MsgQueryRes"
@@ -39,17 +44,22 @@ _REPLY = "MsgQueryRes"
 
 @dataclass(frozen=True, slots=True)
 class ReplyPlan:
-    """A planned reply: its whole ``body`` if small, else the ``positions`` to read it from."""
+    """A planned reply: its whole ``body`` if small, else the ``spool`` holding its items
+    (the body without its count); :meth:`close` it once sent."""
 
     count: int
     #: The size of the encoded body, in bytes.
     size: int
     body: bytes | None
-    positions: array[int]
+    spool: IO[bytes] | None = None
+
+    def close(self) -> None:
+        if self.spool is not None:
+            self.spool.close()
 
 
 #: The reply without events (to a query refused as invalid).
-EMPTY_REPLY = ReplyPlan(0, 1, codec.encode_integer(0), array("q"))
+EMPTY_REPLY = ReplyPlan(0, 1, codec.encode_integer(0))
 
 
 def is_bulk(query: QueryData) -> bool:
@@ -60,23 +70,24 @@ def is_bulk(query: QueryData) -> bool:
 
 def plan_reply(store: EventStore, query: QueryData) -> ReplyPlan:
     """Read and encode the query's result a chunk at a time (blocking: run it in a thread)."""
-    pieces: list[bytes] | None = []
-    positions: array[int] = array("q")
-    size = 0
-    for events in query_chunks(store, query, CHUNK_EVENTS):
-        for start in range(0, len(events), CHUNK_EVENTS):
-            chunk = events[start : start + CHUNK_EVENTS]
-            items = encode_items(chunk)
-            size += len(items)
-            positions.extend(event.position for event in chunk)
-            if pieces is not None:
-                pieces.append(items)
-                if size > INLINE_REPLY_BYTES:
-                    pieces = None  # too large to keep: streamed from the positions
-    head = codec.encode_integer(len(positions))
-    if pieces is not None:
-        return ReplyPlan(len(positions), len(head) + size, head + b"".join(pieces), array("q"))
-    return ReplyPlan(len(positions), len(head) + size, None, positions)
+    spool = tempfile.SpooledTemporaryFile(max_size=INLINE_REPLY_BYTES)  # noqa: SIM115
+    count = size = 0
+    try:
+        for events in query_chunks(store, query, CHUNK_EVENTS):
+            for start in range(0, len(events), CHUNK_EVENTS):
+                chunk = events[start : start + CHUNK_EVENTS]
+                size += spool.write(encode_items(chunk))
+                count += len(chunk)
+        head = codec.encode_integer(count)
+        spool.seek(0)
+        if size > INLINE_REPLY_BYTES:
+            return ReplyPlan(count, len(head) + size, None, spool)  # the plan closes it
+        body = head + spool.read()
+    except BaseException:
+        spool.close()
+        raise
+    spool.close()
+    return ReplyPlan(count, len(body), body)
 
 
 def encode_items(events: Sequence[StoredEvent]) -> bytes:
@@ -85,20 +96,10 @@ def encode_items(events: Sequence[StoredEvent]) -> bytes:
     return encoded[len(codec.encode_integer(len(events))) :]
 
 
-async def stream_body(engine: AsyncEngine, plan: ReplyPlan) -> AsyncIterator[bytes]:
-    """The body of a large planned reply, a chunk at a time, each read and encoded in the
-    query pool when the one before has been taken."""
+async def stream_body(plan: ReplyPlan) -> AsyncIterator[bytes]:
+    """The body of a large planned reply, a piece at a time from its spool (each read in a
+    thread: the file may not be in the page cache)."""
+    assert plan.spool is not None
     yield codec.encode_integer(plan.count)
-    for start in range(0, plan.count, CHUNK_EVENTS):
-        wanted = plan.positions[start : start + CHUNK_EVENTS]
-        yield await engine.read(_encode_at, engine.store, wanted, bulk=True)
-
-
-def _encode_at(store: EventStore, positions: Sequence[int]) -> bytes:
-    events = events_at(store, positions)
-    if len(events) != len(positions):
-        raise StoreError(
-            f"{len(positions) - len(events)} events of a query reply vanished from the store "
-            "while it was being sent"
-        )
-    return encode_items(events)
+    while piece := await asyncio.to_thread(plan.spool.read, _PIECE_BYTES):
+        yield piece
