@@ -27,8 +27,7 @@ from hat.event import eventer
 
 #: Rows (name -> what the one hostile client does), in the issue's order.
 ROWS = {
-    "bad_byte": "one invalid byte (not an issue row: the cost of any refused connection; the "
-    "first one in a server's life costs more)",
+    "bad_byte": "one invalid byte (reference, not in the issue: any refused connection)",
     "lying_count": "one ~30-byte Eventer frame whose SBS Array declares 2^31 items",
     "lying_count_x5": "five such frames in a row",
     "minimal_8mib": "one 8 MiB frame of minimal array items (one byte each)",
@@ -291,15 +290,21 @@ def _reset_peak(pid: int) -> None:
 
 
 def actions(target: Target, events: int) -> dict[str, Callable[[], Awaitable[str]]]:
-    return {
-        "bad_byte": lambda: send_and_wait_close(target.port, b"\x00"),
-        "lying_count": lambda: send_and_wait_close(target.port, lying_frame()),
-        "lying_count_x5": lambda: send_and_wait_close(target.port, lying_frame() * 5),
-        "minimal_8mib": lambda: send_and_wait_close(target.port, minimal_frame(8 * MIB)),
-        "minimal_32mib": lambda: send_and_wait_close(target.port, minimal_frame(32 * MIB)),
-        "queries_4x": lambda: query_all(target.address, 4, events),
-        "query_all": lambda: query_all(target.address, 1, events),
+    """Each row's action; frames are built here, before any row is timed."""
+    frames = {
+        "bad_byte": b"\x00",
+        "lying_count": lying_frame(),
+        "lying_count_x5": lying_frame() * 5,
+        "minimal_8mib": minimal_frame(8 * MIB),
+        "minimal_32mib": minimal_frame(32 * MIB),
     }
+    rows: dict[str, Callable[[], Awaitable[str]]] = {
+        name: lambda data=data: send_and_wait_close(target.port, data)
+        for name, data in frames.items()
+    }
+    rows["queries_4x"] = lambda: query_all(target.address, 4, events)
+    rows["query_all"] = lambda: query_all(target.address, 1, events)
+    return rows
 
 
 async def _settle(pid: int, timeout: float = 60.0) -> None:
@@ -373,11 +378,11 @@ def evaluate(rows: dict[str, dict[str, Any]], max_frame_bytes: int | None) -> di
             accepted = (
                 frames[name] if max_frame_bytes is None or frames[name] <= max_frame_bytes else 0
             )
-            bound = GOAL_FRAME_GROWTH * accepted / MIB
-            met = row["worst_ms"] <= GOAL_WORST_MS and row["rss_growth_mib"] <= max(bound, 5.0)
+            bound = max(GOAL_FRAME_GROWTH * accepted / MIB, 5.0)
+            met = row["worst_ms"] <= GOAL_WORST_MS and row["rss_growth_mib"] <= bound
             goals[name] = (
                 f"worst <= {GOAL_WORST_MS:g} ms, growth <= {bound:.0f} MiB "
-                f"(2 x accepted frame; 5 MiB noise floor): {'met' if met else 'NOT met'}"
+                f"(2 x the frame read, at least 5 MiB): {'met' if met else 'NOT met'}"
             )
         elif name == "query_all":
             met = row["outcome"].startswith("1 x all events") and (
