@@ -230,7 +230,7 @@ def main() -> int:
         [e for e in delivered if keys.get(e) == k] == [e for e in order if keys.get(e) == k]
         for k in {f"k{i}" for i in range(KEYS)}
     )
-    before = latencies(engine, t_start + 5, t_kill)
+    before = latencies(engine, t_start + 5, t_kill - 2)  # not those the kill caught in flight
     tail = latencies(engine, t_end - min(30.0, after_s / 2), t_end)
     foreign, _ = monitor.foreign_cpu()
     cores = os.cpu_count() or 1
