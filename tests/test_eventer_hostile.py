@@ -292,7 +292,7 @@ def test_a_big_reply_nobody_reads_closes_that_connection(
     assert "peer took nothing of a reply for 0.5 s" in line or "no ping reply within 0.5" in line
 
 
-def test_the_frame_head_of_a_streamed_reply_is_the_one_hat_expects(tmp_path: Path) -> None:
+def test_our_client_reads_a_streamed_reply_as_one_frame(tmp_path: Path) -> None:
     """Our own client reads a streamed reply as one frame too (the envelope and length are
     written before the body exists)."""
 
