@@ -18,7 +18,7 @@ from sqlalchemy import MetaData, create_engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from tidings.config import EventStoreTargetConfig
-from tidings.errors import SchemaError
+from tidings.errors import SchemaError, TargetCallFailed, TargetUnavailable
 from tidings.model import OutboxEvent
 from tidings.server.query import QueryData, query_events
 from tidings.server.store import (
@@ -990,14 +990,13 @@ def test_target_exposes_its_config_read_only(store_url: str) -> None:
 def test_target_fails_the_whole_call_on_an_invalid_type(store_url: str) -> None:
     target = _target(store_url)
     try:
-        results = target.publish([_outbox_event(1), _outbox_event(2, "*")])
+        with pytest.raises(TargetCallFailed) as raised:
+            target.publish([_outbox_event(1), _outbox_event(2, "*")])
     finally:
         target.close()
 
-    assert results[0] == results[1]
-    assert results[0] is not None
-    assert "'store'" in results[0]
-    assert "reserved as a query wildcard" in results[0]
+    assert "'store'" in str(raised.value)
+    assert "reserved as a query wildcard" in str(raised.value)
     store = EventStore(store_url, server_id=3)
     try:
         assert store.count() == 0
@@ -1005,25 +1004,24 @@ def test_target_fails_the_whole_call_on_an_invalid_type(store_url: str) -> None:
         store.close()
 
 
-def test_target_reports_an_unusable_database_per_event(tmp_path: Path) -> None:
+def test_target_reports_an_unusable_database_as_unavailable(tmp_path: Path) -> None:
     target = _target(f"sqlite:///{tmp_path / 'missing' / 'events.db'}", name="archive")
     try:
-        results = target.publish([_outbox_event(1), _outbox_event(2)])
+        with pytest.raises(TargetUnavailable) as raised:
+            target.publish([_outbox_event(1), _outbox_event(2)])
     finally:
         target.close()
 
-    assert len(results) == 2
-    assert results[0] == results[1]
-    assert results[0] is not None
-    assert "'archive'" in results[0]
-    assert "unable to open database file" in results[0]
+    assert "'archive'" in str(raised.value)
+    assert "unable to open database file" in str(raised.value)
 
 
 def test_target_opens_the_store_once_the_database_is_usable(tmp_path: Path) -> None:
     directory = tmp_path / "later"
     target = _target(f"sqlite:///{directory / 'events.db'}")
     try:
-        assert target.publish([_outbox_event(1)])[0] is not None
+        with pytest.raises(TargetUnavailable):
+            target.publish([_outbox_event(1)])
         directory.mkdir()
         assert target.publish([_outbox_event(1)]) == [None]
     finally:
