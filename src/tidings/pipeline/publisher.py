@@ -52,6 +52,8 @@ _LATENCY_SAMPLES = 512
 #: Pause before a FAILED event is tried again by a later run: doubles per failed run.
 RESUME_FIRST_S = 1.0
 RESUME_MAX_S = 30.0
+# Plain strings: reading a member off an enum class costs a descriptor call per event.
+_CONFIRMED, _FAILED = DeliveryState.CONFIRMED.value, DeliveryState.FAILED.value
 _UPDATE_COLUMNS = (
     "status = {m}, retry_count = {m}, error_details = {m}, deliveries = {m}, "
     "last_publish_at = COALESCE({m}, last_publish_at), updated_at = {m}, "
@@ -97,10 +99,10 @@ class LoggedEvent:
     changed: bool = False
 
     def confirmed_at(self, target: str) -> bool:
-        return self.deliveries.get(target, {}).get("state") == DeliveryState.CONFIRMED
+        return self.deliveries.get(target, {}).get("state") == _CONFIRMED
 
     def failed_at(self, target: str) -> bool:
-        return self.deliveries.get(target, {}).get("state") == DeliveryState.FAILED
+        return self.deliveries.get(target, {}).get("state") == _FAILED
 
     def settle(self, status: EventStatus, error: str | None = None) -> None:
         if (status, error) != (self.status, self.error_details):
@@ -188,6 +190,7 @@ class Publisher:
         self._dirty: list[LoggedEvent] = []
         self._waits: dict[int, dict[str, str]] = {}  # id(item) -> target -> why it waits
         self._open_targets: dict[int, set[str]] = {}  # id(item) -> targets still to confirm
+        self._now = utcnow()
         lanes: dict[tuple[str, str], deque[LoggedEvent]] = {}
         work: list[LoggedEvent] = []
         for item in sorted(logged, key=lambda e: e.event.seq):
@@ -218,6 +221,7 @@ class Publisher:
             if not units:
                 break
             self._deliver(units)
+            self._now = utcnow()
             self._after_round(units, lanes)
             self._flush()
         # Lanes left over wait for a target that is down (past the deadline they stay as is).
@@ -239,18 +243,19 @@ class Publisher:
     # -- ordering --------------------------------------------------------------------------
 
     def _outside_limits(self, work: list[LoggedEvent]) -> dict[tuple[str, str], int]:
-        """Per (key, target): the first open event outside this work set the lane must wait for.
+        """Per (key, target): the first earlier open event outside this work set to wait for.
 
-        Such events are earlier events of the key that another run handles (or that wait
-        there); an event of the work set later than one of them must not overtake it.
+        A work set holds, per key, every open event from its first one on (the source reads
+        new rows whole, and a carry-over that would be cut short carries no new rows), so
+        only events before a key's first one can be outside it: events another run handles,
+        or that wait there.
         """
-        mine = {item.event.seq for item in work}
-        last: dict[str, int] = {}
+        first: dict[str, int] = {}
         for item in work:
             if item.event.partition_key is not None:
-                last[item.event.partition_key] = item.event.seq
+                first.setdefault(item.event.partition_key, item.event.seq)
         limits: dict[tuple[str, str], int] = {}
-        keys = list(last)
+        keys = list(first)
         for start in range(0, len(keys), _KEY_CHUNK):
             chunk = keys[start : start + _KEY_CHUNK]
             query = select(
@@ -261,15 +266,15 @@ class Publisher:
             ).where(
                 outbox_event.c.partition_key.in_(chunk),
                 OPEN_ROW,
-                outbox_event.c.seq < max(last[k] for k in chunk),
+                outbox_event.c.seq < max(first[k] for k in chunk),
             )
             with self.engine.connect() as conn:
                 for key, seq, event_type, deliveries in conn.execute(query):
-                    if seq in mine or seq > last[key]:
+                    if seq >= first[key]:
                         continue
                     states = json.loads(deliveries) if deliveries else {}
                     for name in self.routes.targets_for(event_type):
-                        if states.get(name, {}).get("state") != DeliveryState.CONFIRMED:
+                        if states.get(name, {}).get("state") != _CONFIRMED:
                             lane = (key, name)
                             limits[lane] = min(seq, limits.get(lane, seq))
         return limits
@@ -384,7 +389,7 @@ class Publisher:
             with self._lock:
                 failures = culprit.deliveries.get(name, {}).get("failures", 0) + 1
                 culprit.deliveries[name] = {
-                    "state": DeliveryState.FAILED,
+                    "state": _FAILED,
                     "error": unit.error,
                     "at": now,
                     "failures": failures,
@@ -478,7 +483,7 @@ class Publisher:
         now = utcnow().isoformat()
         with self._lock:
             for item in items:
-                item.deliveries[name] = {"state": DeliveryState.CONFIRMED, "at": now}
+                item.deliveries[name] = {"state": _CONFIRMED, "at": now}
                 item.changed = True
 
     def _breaker(self, name: str) -> CircuitBreaker:
@@ -511,7 +516,7 @@ class Publisher:
         elif self._open_targets.get(id(item)):
             pass  # not attempted everywhere before the deadline: progress is recorded as is
         else:
-            now = utcnow()
+            now = self._now  # one stamp per round, so the round's rows share one UPDATE
             item.published_at = now
             item.settle(EventStatus.PUBLISHED)
             summary.published += 1

@@ -65,6 +65,9 @@ _RESERVED_PREFIX = "nats-"
 
 #: What a NATS server allows when it does not say otherwise (its ``max_payload`` default).
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+#: Bytes the target's own headers can take at most (emit bounds the type, key, correlation id
+#: and version), so a message without custom headers that is this far under the limit fits.
+_OWN_HEADERS_BOUND = 8 * 1024
 #: How long a producer that could not learn the server's limit uses the default before asking
 #: again (asking costs a connection attempt).
 _LIMIT_RETRY_S = 30.0
@@ -260,7 +263,7 @@ class JetStreamTarget(Target):
         A producer that has not connected yet learns the limit with one bounded connect;
         if the server cannot be reached it assumes NATS's default and asks again later.
         """
-        return self._oversize(event, self._limit())
+        return self._oversize(event, self._limit(), event.payload.encode(), message_headers(event))
 
     def close(self) -> None:
         """Drain the connection (flushing what was sent) and stop the loop thread."""
@@ -291,11 +294,12 @@ class JetStreamTarget(Target):
         replies: list[str] = []
         try:
             for event, subject in zip(events, subjects, strict=True):
-                refused = self._oversize(event, limit)
+                body, headers = event.payload.encode(), message_headers(event)
+                refused = self._oversize(event, limit, body, headers)
                 outcomes.append(
                     refused
                     if refused is not None
-                    else await self._send(inbox, event, subject, replies)
+                    else await self._send(inbox, subject, body, headers, replies)
                 )
             acks = [o for o in outcomes if not isinstance(o, str)]
             if acks:
@@ -316,15 +320,18 @@ class JetStreamTarget(Target):
         return results
 
     async def _send(
-        self, inbox: _AckInbox, event: OutboxEvent, subject: str, replies: list[str]
+        self,
+        inbox: _AckInbox,
+        subject: str,
+        body: bytes,
+        headers: dict[str, str],
+        replies: list[str],
     ) -> asyncio.Future[Msg] | str:
         """Send one message without waiting for its ack: its ack future, or why it failed."""
         reply, ack = inbox.expect()
         replies.append(reply)
         try:
-            await inbox.nc.publish(
-                subject, event.payload.encode(), reply=reply, headers=message_headers(event)
-            )
+            await inbox.nc.publish(subject, body, reply=reply, headers=headers)
         except Exception as exc:
             return _describe(exc)
         return ack
@@ -339,13 +346,18 @@ class JetStreamTarget(Target):
                 self._limit_unknown_until = time.monotonic() + _LIMIT_RETRY_S
         return self._max_payload or DEFAULT_MAX_PAYLOAD
 
-    def _oversize(self, event: OutboxEvent, limit: int) -> str | None:
-        payload, headers = message_size(event)
-        if payload + headers <= limit:
+    def _oversize(
+        self, event: OutboxEvent, limit: int, body: bytes, headers: dict[str, str]
+    ) -> str | None:
+        own = _OWN_HEADERS_BOUND + 4 * len(event.originator or "")
+        if not event.headers and len(body) + own <= limit:
+            return None  # the usual case, decided without sizing the headers
+        payload, size = len(body), header_block_size(headers)
+        if payload + size <= limit:
             return None
         return (
             f"jetstream target {self.name!r}: a message to {self._subject(event.event_type)!r} "
-            f"would be {payload + headers} bytes (payload {payload} + headers {headers}), over "
+            f"would be {payload + size} bytes (payload {payload} + headers {size}), over "
             f"the NATS server's max_payload of {limit} bytes"
         )
 
