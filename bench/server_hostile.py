@@ -171,6 +171,14 @@ class Bystander:
             else:
                 self.trips.append((float(end) - float(ms) / 1000, float(end), float(ms)))
 
+    async def caught_up(self, at: float, timeout: float = 5.0) -> None:
+        """Wait until a round trip begun after ``at`` was read: this process may read the
+        bystander's lines late (e.g. while it writes a 32 MiB frame), and a trip it has not
+        read yet would otherwise count as one still waiting."""
+        deadline = time.monotonic() + timeout
+        while not any(s >= at for s, _, _ in self.trips) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
     def worst_ms(self, start: float, end: float) -> float:
         """The longest round trip of a request that was in flight between the two times,
         counting one still waiting at ``end`` as lasting until then."""
@@ -335,7 +343,9 @@ async def hostile_phase(
     try:
         quiet_start = time.time()
         await asyncio.sleep(2)
-        baseline_ms = bystander.worst_ms(quiet_start, time.time())
+        quiet_end = time.time()
+        await bystander.caught_up(quiet_end)
+        baseline_ms = bystander.worst_ms(quiet_start, quiet_end)
         say(f"[{target.kind}]   bystander worst round trip alone: {baseline_ms:.1f} ms")
         rows["none"] = {"worst_ms": round(baseline_ms, 1), "outcome": "no hostile client"}
         for name, action in actions(target, events).items():
@@ -353,6 +363,7 @@ async def hostile_phase(
 
             await phase(f"hostile {name}", body)
             end = time.time()
+            await bystander.caught_up(end)
             peak = _status(target.pid)["VmHWM"]
             rows[name] = {
                 "worst_ms": round(bystander.worst_ms(start, end), 1),
