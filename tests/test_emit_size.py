@@ -27,7 +27,7 @@ from tidings.errors import EmitError
 from tidings.model import OutboxEvent
 from tidings.outbox.direct import RoutedTargets
 from tidings.outbox.envelope import identity
-from tidings.outbox.producer import EMIT_SEQ_PLACEHOLDER, Outbox
+from tidings.outbox.producer import EMIT_SEQ_PLACEHOLDER, Outbox, OutboxTransaction
 from tidings.outbox.schema import outbox_event
 from tidings.routing.table import add_route
 from tidings.targets.jetstream import header_block_size, message_headers
@@ -99,6 +99,13 @@ def _payload_of_body_size(size: int) -> str:
     return "x" * (size - 2)
 
 
+def _emit_big(tx: OutboxTransaction, body: int) -> None:
+    """Emit the Big event with ``HEADERS`` whose body is ``body`` bytes."""
+    tx.emit(
+        "Big", _payload_of_body_size(body), partition_key="k", event_id=EVENT_ID, headers=HEADERS
+    )
+
+
 def _count(engine: Engine) -> int:
     with engine.connect() as conn:
         return conn.execute(select(func.count()).select_from(outbox_event)).scalar_one()
@@ -116,13 +123,7 @@ def test_payload_plus_headers_over_the_servers_max_payload_is_refused_at_emit(
     assert body <= config.outbox.max_payload_bytes  # the outbox's own limit lets it pass
     outbox = Outbox.from_config(config, transformer=identity)
     with pytest.raises(EmitError) as raised, outbox.transaction() as tx:
-        tx.emit(
-            "Big",
-            _payload_of_body_size(body),
-            partition_key="k",
-            event_id=EVENT_ID,
-            headers=HEADERS,
-        )
+        _emit_big(tx, body)
     message = str(raised.value)
     assert f"jetstream target {TARGET!r}" in message
     assert f"would be {body + headers} bytes (payload {body} + headers {headers})" in message
@@ -137,13 +138,7 @@ def test_an_event_that_fits_with_its_headers_is_emitted_and_delivered(
     body = limit - _header_bytes(config)  # exactly at the limit
     outbox = Outbox.from_config(config, transformer=identity)
     with outbox.transaction() as tx:
-        tx.emit(
-            "Big",
-            _payload_of_body_size(body),
-            partition_key="k",
-            event_id=EVENT_ID,
-            headers=HEADERS,
-        )
+        _emit_big(tx, body)
         # the same size, excluded: published straight to the stream after commit
         tx.emit("Big", _payload_of_body_size(body), partition_key="k", exclude=True)
     assert _count(outbox.engine) == 1

@@ -27,8 +27,8 @@ from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
 from tidings.model import OutboxEvent
 from tidings.targets.jetstream import (
     JetStreamTarget,
+    header_block_size,
     message_headers,
-    message_size,
     subject_token,
 )
 
@@ -207,6 +207,11 @@ def test_a_bad_custom_header_fails_only_its_own_event(
     assert result[0] is None
     assert result[1] is not None and "BadHeaderError" in result[1]
     assert stream_info(names[0]).state.messages == 1
+
+
+def message_size(event: OutboxEvent) -> tuple[int, int]:
+    """``(payload bytes, header bytes)`` of the message ``event`` becomes."""
+    return len(event.payload.encode()), header_block_size(message_headers(event))
 
 
 def _just_over_the_limit(limit: int) -> OutboxEvent:

@@ -179,6 +179,7 @@ class Publisher:
         self.delete_published = delete_published
         self.resume_delays = resume_delays
         self._breakers = breakers
+        self._breaker_of: dict[str, CircuitBreaker] = {}  # looked up once per name
         self.sleep = sleep
         self._lock = threading.Lock()
 
@@ -487,9 +488,12 @@ class Publisher:
                 item.changed = True
 
     def _breaker(self, name: str) -> CircuitBreaker:
-        target = self.targets(name)
-        assert target is not None, "only defined targets have a breaker"
-        return self._breakers(target)
+        breaker = self._breaker_of.get(name)
+        if breaker is None:
+            target = self.targets(name)
+            assert target is not None, "only defined targets have a breaker"
+            breaker = self._breaker_of[name] = self._breakers(target)
+        return breaker
 
     # -- outcome ---------------------------------------------------------------------------
 

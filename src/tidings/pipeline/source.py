@@ -208,16 +208,17 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._until = self._mark().settle(_SETTLE_SECONDS)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        after = int(start["seq"])
+        after, carry = int(start["seq"]), int(start.get("carry", 0))
         carried = self._carry_due(after)
-        carry = int(start.get("carry", 0)) + (1 if carried else 0)
         upto = self._mark()() if self._until is None else self._until
         if carried and (self._open_below or 0) > self.max_rows:
             # Cut short, a carry-over could leave a key's later open events out while its new
             # ones came in: carry alone this time (the publisher relies on it).
             upto = after
+        if carried:
+            carry += 1
         if upto <= after:
-            return start if carry == int(start.get("carry", 0)) else {"seq": after, "carry": carry}
+            return {"seq": after, "carry": carry} if carried else start
         if not isinstance(limit, ReadAllAvailable):
             rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
             query = (

@@ -111,11 +111,6 @@ def header_block_size(headers: Mapping[str, str]) -> int:
     return size
 
 
-def message_size(event: OutboxEvent) -> tuple[int, int]:
-    """``(payload bytes, header bytes)`` of the message ``event`` becomes."""
-    return len(event.payload.encode()), header_block_size(message_headers(event))
-
-
 def _nanos(seconds: float) -> int:
     """JetStream keeps durations in nanoseconds; compare there, not as binary floats."""
     return round(seconds * 1e9)
