@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from sqlalchemy import MetaData, create_engine, inspect, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from tidings.config import EventStoreTargetConfig
 from tidings.errors import SchemaError, TargetCallFailed, TargetUnavailable
@@ -1068,3 +1068,35 @@ def test_plain_sql_column_order_matches_the_table() -> None:
     from tidings.server.store import EVENT_COLUMNS, events_table
 
     assert tuple(column.name for column in events_table.columns) == EVENT_COLUMNS
+
+
+def test_sqlite_registers_reach_the_database_file_without_a_commit_checkpointing(
+    tmp_path: Path,
+) -> None:
+    """The store's own thread copies the WAL into the database file: a register far below
+    SQLite's automatic checkpoint threshold is in the file (not only in the WAL) within a
+    few of the thread's intervals. A copy of the file alone, without its WAL, shows it."""
+    store = EventStore(f"sqlite:///{tmp_path / 'ev.db'}")
+    try:
+        stored = store.register(
+            [_event("checkpointed", payload=b"x" * 100, kind=PayloadKind.BINARY) for _ in range(50)]
+        )
+        copy = tmp_path / "copy.db"
+        deadline = time.monotonic() + 10
+        found = 0
+        while time.monotonic() < deadline:
+            copy.write_bytes((tmp_path / "ev.db").read_bytes())
+            engine = create_engine(f"sqlite:///{copy}")
+            try:
+                with engine.connect() as conn:
+                    found = conn.execute(text("SELECT count(*) FROM event_events")).scalar_one()
+            except OperationalError:  # not even the schema is in the file yet
+                found = 0
+            finally:
+                engine.dispose()
+            if found == len(stored):
+                break
+            time.sleep(0.2)
+        assert found == len(stored)
+    finally:
+        store.close()

@@ -16,6 +16,7 @@ import gc
 import logging
 import logging.config
 import signal
+import sys
 from dataclasses import dataclass, field
 
 from tidings.errors import ConfigError
@@ -28,6 +29,9 @@ from tidings.server.store import EventStore
 from tidings.server.syncer import SyncerClient, SyncerServer
 
 log = logging.getLogger(__name__)
+
+#: The interpreter's GIL switch interval while a server runs (see serve).
+_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -127,6 +131,11 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     # a full collection (which the reply threads' garbage triggers every second or so)
     # no longer walks it while holding the GIL: it cost every client ~50 ms each time.
     gc.freeze()
+    # A thread encoding a big reply holds the GIL until asked to drop it; the event loop,
+    # which needs it for each step of every other client's round trip, asks after the
+    # switch interval. 0.5 ms instead of 5 ms: the bystander's worst round trip during an
+    # unbounded query went from 19-54 ms to 13-26 ms, with no change in the query's time.
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     try:
         await stop.wait()
     finally:
