@@ -34,6 +34,8 @@ ROWS = {
     "minimal_32mib": "one 32 MiB frame of the same",
     "queries_4x": "four concurrent queries without max_results over every event",
     "query_all": "one query without max_results over every event (100-byte payloads)",
+    "big_register": "one register of 100,000 events (a legitimate ~13 MiB frame), the "
+    "client subscribed to them",
 }
 #: Goals (issue 8): worst bystander round trip during a single hostile connection, ...
 GOAL_WORST_MS = 50.0
@@ -250,6 +252,40 @@ async def query_all(address: str, clients: int, expected: int) -> str:
     return f"{clients} x {summary} in {elapsed:.1f} s"
 
 
+async def big_register(address: str, count: int = 100_000) -> str:
+    """One client, subscribed to them, registers ``count`` events in one request; how they
+    were stored and notified."""
+    prefix = (*EVENT_PREFIX, "reg")
+    notified = 0
+
+    async def receive_all() -> None:
+        nonlocal notified
+        while notified < count:
+            notified += len(await client.receive())
+
+    client = await eventer.connect(address, [(*prefix, "*")])
+    batch = [
+        hc.RegisterEvent(
+            event_type=(*prefix, f"t{i % 100}"),
+            source_timestamp=None,
+            payload=hc.EventPayload(type=hc.EventPayloadType.JSON, data="x" * 98),
+        )
+        for i in range(count)
+    ]
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(HOSTILE_TIMEOUT_S):
+            receiving = asyncio.create_task(receive_all())
+            results = await client.register_with_response(batch)
+            await receiving
+    except TimeoutError:
+        return f"{notified:,} of {count:,} notified after {HOSTILE_TIMEOUT_S:g} s"
+    finally:
+        await client.async_close()
+    stored = sum(r is not None for r in results)
+    return f"{stored:,} stored, {notified:,} notified in {time.perf_counter() - started:.1f} s"
+
+
 async def setup_events(address: str, count: int) -> None:
     """``count`` events with 100-byte JSON payloads, in batches of 1,000."""
     client = await eventer.connect(address, [])
@@ -312,6 +348,7 @@ def actions(target: Target, events: int) -> dict[str, Callable[[], Awaitable[str
     }
     rows["queries_4x"] = lambda: query_all(target.address, 4, events)
     rows["query_all"] = lambda: query_all(target.address, 1, events)
+    rows["big_register"] = lambda: big_register(target.address)
     return rows
 
 
@@ -401,6 +438,14 @@ def evaluate(rows: dict[str, dict[str, Any]], max_frame_bytes: int | None) -> di
             )
             goals[name] = (
                 f"answered, growth <= {GOAL_QUERY_GROWTH_MIB:g} MiB: {'met' if met else 'NOT met'}"
+            )
+        elif name == "big_register":
+            met = row["outcome"].startswith("100,000 stored, 100,000 notified") and (
+                row["worst_ms"] <= GOAL_WORST_MS
+            )
+            goals[name] = (
+                f"all stored and notified, worst <= {GOAL_WORST_MS:g} ms: "
+                f"{'met' if met else 'NOT met'}"
             )
         elif name == "queries_4x":
             met = row["outcome"].startswith("4 x all events")

@@ -575,3 +575,50 @@ def test_register_replies_come_in_request_order_even_for_empty_requests(tmp_path
             return replies
 
     assert run(main()) == [(1, 1), (2, 0)]
+
+
+def test_a_register_larger_than_the_lag_bound_reaches_a_subscriber_that_reads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One register of 100,000 events (its notification ~15 MB and its reply ~6 MB, more
+    than the default 16 MiB lag bound together, both encoded off the loop) from a client
+    subscribed to them: the client is not dropped, gets its reply and every event once, in
+    position order, followed by the small register another client made right after."""
+    count = 100_000
+
+    async def main() -> None:
+        async with (
+            running(tmp_path) as srv,
+            await connect(srv.address, [("big", "*")]) as client,
+            await connect(srv.address) as other,
+        ):
+            await client.query(QueryData(max_results=0))  # the subscription is in place
+            received: list[StoredEvent] = []
+
+            async def receive_all() -> None:
+                while len(received) < count + 1:
+                    received.extend(await client.receive())
+
+            receiving = asyncio.create_task(receive_all())
+            big = asyncio.create_task(
+                client.register_with_response(
+                    [
+                        NewEvent(("big", str(i % 10)), b"x" * 100, PayloadKind.BINARY)
+                        for i in range(count)
+                    ]
+                )
+            )
+            await until(lambda: srv.store.last_position() >= count)
+            [small] = await other.register_with_response(
+                [NewEvent(("big", "after"), b"y", PayloadKind.BINARY)]
+            )
+            stored = await asyncio.wait_for(big, 30)
+            await asyncio.wait_for(receiving, 30)
+            assert all(event is not None for event in stored)
+            assert [e.position for e in received] == [e.position for e in stored] + [
+                small.position  # type: ignore[union-attr]
+            ]
+            assert client.is_open
+
+    run(main(), timeout=60)
+    assert not [line for line in warnings_of(caplog) if "slow subscriber" in line]

@@ -4,6 +4,7 @@ chatter framing, addresses, conversations, pings and bad input on a socket pair.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from typing import Any
@@ -451,6 +452,36 @@ def test_request_reply_and_receive() -> None:
         with pytest.raises(ConnectionClosed):
             await b.receive()
         await b.aclose()
+
+    run(main())
+
+
+def test_a_peer_over_the_lag_bound_is_too_slow_only_once_it_stops_taking_bytes() -> None:
+    """lagging(): over the bound is fine while the peer takes bytes; taking nothing for the
+    grace period, or being four times over, makes it too slow."""
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair()  # theirs: read only when the test says so
+        connection = Connection(*await asyncio.open_connection(sock=ours), ping_interval=None)
+        limit, grace = 64 * 1024, 0.3
+        body = b"\x00" * 16384  # the raw peer never decodes it
+        while connection.send_buffer_bytes <= limit:  # the socket pair's buffers fill first
+            connection.send_encoded("HatEventer", "MsgNotify", body)
+        assert connection.lagging(limit, grace, "bound") is None  # just went over
+        await asyncio.sleep(grace + 0.1)
+        assert connection.lagging(limit, grace, "bound") is not None  # took nothing
+        theirs.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while theirs.recv(65536):  # the peer reads what the kernel holds, no more
+                pass
+        await asyncio.sleep(0.05)
+        assert connection.lagging(limit, grace, "bound") is None  # it is reading
+        while connection.send_buffer_bytes <= 4 * limit:
+            connection.send_encoded("HatEventer", "MsgNotify", body)
+        reason = connection.lagging(limit, grace, "bound")
+        assert reason is not None and "over 4 x bound=65536" in reason
+        connection.close(reason)
+        theirs.close()
 
     run(main())
 

@@ -23,9 +23,13 @@ sent, and the reply (``HatEventer.MsgRegisterRes``) holds the event stored first
 
 **Slow subscribers.** Notifications are written without waiting for the client's socket, so
 that registration never waits for a subscriber and one slow subscriber never delays others.
-What a client has not read yet waits in its connection's send buffer; once that exceeds
-``max_subscriber_lag_bytes`` the client is disconnected (logged with the reason "slow
-subscriber") and its buffer is dropped, which keeps the server's memory bounded. It may
+What a client has not read yet waits in its connection's send buffer. A client with more
+than ``max_subscriber_lag_bytes`` unsent that has taken nothing for ``ping_interval``, or
+with more than four times that unsent, is disconnected when a new message is due (logged
+with the reason "slow subscriber") and its buffer is dropped, which keeps the server's
+memory bounded; a burst over the bound (a big register's reply and notification) does not
+drop a client that reads it. Large notifications and register replies are encoded off the
+event loop. It may
 reconnect and catch up with a query. Small replies share that buffer; a query reply over
 1 MiB is streamed instead (:mod:`tidings.server.query_reply`), a chunk at a time as the
 client reads it, so it never counts as lag, and a client that takes nothing of it for
@@ -39,14 +43,16 @@ connection with one log line; every other client is served on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Self
 
 from tidings.errors import ConfigError, ProtocolError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.matching import TypeMatcher
+from tidings.server.notify import INLINE_EVENTS, Notifier
 from tidings.server.query_reply import EMPTY_REPLY, is_bulk, plan_reply, stream_body
 from tidings.server.store import EventType, NewEvent, PayloadKind, StoredEvent, StoreError
 from tidings.wire import chatter, codec
@@ -82,7 +88,14 @@ class _Client:
     """One connected client, its subscription (None until it subscribes) and its queued
     registrations."""
 
-    __slots__ = ("connection", "in_flight", "in_flight_bytes", "last_register", "matcher")
+    __slots__ = (
+        "connection",
+        "in_flight",
+        "in_flight_bytes",
+        "last_register",
+        "last_reply",
+        "matcher",
+    )
 
     def __init__(self, connection: chatter.Connection) -> None:
         self.connection = connection
@@ -91,6 +104,8 @@ class _Client:
         self.in_flight_bytes = 0
         #: The newest queued registration; the engine stores them in order.
         self.last_register: asyncio.Future[object] | None = None
+        #: The newest register reply still being encoded (off the loop), if any.
+        self.last_reply: asyncio.Task[None] | None = None
 
     async def wait_registered(self) -> None:
         """Wait until every registration this client queued so far is done."""
@@ -100,43 +115,6 @@ class _Client:
 
 
 _RequestHandler = Callable[[_Client, chatter.Message], Awaitable[None]]
-
-
-class _NotifyBatch:
-    """One stored batch as ``MsgNotify`` bodies for many clients.
-
-    Each event becomes its wire record once, and each distinct selection of events is
-    encoded once, so that clients with the same subscription (or all clients, when the whole
-    batch matches them) share one encoded body.
-    """
-
-    def __init__(self, events: Sequence[StoredEvent]) -> None:
-        self._events = events
-        #: Positions in the batch of the events of each type (a batch repeats few types).
-        self._by_type: dict[EventType, list[int]] = {}
-        for index, event in enumerate(events):
-            self._by_type.setdefault(event.type, []).append(index)
-        self._records: list[codec.Value] | None = None
-        self._bodies: dict[tuple[int, ...], bytes] = {}
-
-    def select(self, matcher: TypeMatcher) -> tuple[int, ...]:
-        """Positions of the events ``matcher`` accepts, in batch order."""
-        matching = [t for t in self._by_type if matcher.matches(t)]
-        if len(matching) == len(self._by_type):
-            return tuple(range(len(self._events)))
-        if len(matching) == 1:
-            return tuple(self._by_type[matching[0]])
-        return tuple(sorted(i for t in matching for i in self._by_type[t]))
-
-    def body(self, selection: tuple[int, ...]) -> bytes:
-        """The encoded ``MsgNotify`` of the events at ``selection``."""
-        body = self._bodies.get(selection)
-        if body is None:
-            if self._records is None:
-                self._records = [codec.event_to_sbs(event) for event in self._events]
-            records = [self._records[index] for index in selection]
-            body = self._bodies[selection] = codec.encode(_EVENTER, "MsgNotify", records)
-        return body
 
 
 class EventerServer:
@@ -155,6 +133,12 @@ class EventerServer:
         self._server: chatter.Server | None = None
         self._port = 0
         self._unsubscribe: Callable[[], None] | None = None
+        self._notifier: Notifier[_Client] = Notifier(
+            lambda client, body: self._send_notify(client.connection, body),
+            lambda client, reason: client.connection.close(reason),
+        )
+        #: Register replies being encoded off the loop (kept here until sent).
+        self._reply_tasks: set[asyncio.Task[None]] = set()
         self._requests: dict[tuple[str, str], _RequestHandler] = {
             (_EVENTER, "MsgSubscribe"): self._on_subscribe,
             (_EVENTER, "MsgRegisterReq"): self._on_register,
@@ -212,6 +196,7 @@ class EventerServer:
                 await self._server.aclose()
             if self._unsubscribe is not None:
                 self._unsubscribe()
+            await self._notifier.aclose()
         finally:
             self._closed.set()
         log.info("eventer server closed", extra={"port": self._port})
@@ -278,22 +263,10 @@ class EventerServer:
             client.connection.close(f"invalid subscription: {exc}")
 
     async def _on_register(self, client: _Client, message: chatter.Message) -> None:
-        new_events = [
-            _new_event(client, index, item, None) for index, item in enumerate(message.data)
-        ]
-        await self._register_and_reply(client, message, new_events)
+        await self._register_and_reply(client, message, await _new_events(client, message, False))
 
     async def _on_register_outbox(self, client: _Client, message: chatter.Message) -> None:
-        items = message.data if isinstance(message.data, list) else []
-        new_events: list[NewEvent | None] = []
-        for index, item in enumerate(items):
-            if isinstance(item, dict) and "outboxEventId" in item and "event" in item:
-                outbox_id = item["outboxEventId"]
-                new_events.append(_new_event(client, index, item["event"], outbox_id))
-            else:
-                _log_refused(client, index, "expected a record {outboxEventId, event}")
-                new_events.append(None)
-        await self._register_and_reply(client, message, new_events)
+        await self._register_and_reply(client, message, await _new_events(client, message, True))
 
     async def _register_and_reply(
         self,
@@ -353,10 +326,41 @@ class EventerServer:
     def _reply_register(
         self, client: _Client, message: chatter.Message, results: list[StoredEvent | None]
     ) -> None:
+        """Send a register reply, after the client's earlier ones; a large one is encoded
+        off the loop (as a large notification is, see :mod:`tidings.server.notify`)."""
         if message.last or not client.connection.is_open:
             return
-        body = codec.register_results_to_sbs(results)
-        self._send(client.connection, "MsgRegisterRes", body, message.conversation)
+        earlier = client.last_reply
+        if len(results) <= INLINE_EVENTS and (earlier is None or earlier.done()):
+            body = _register_reply_body(results)
+            self._send_encoded(client.connection, "MsgRegisterRes", body, message.conversation)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._reply_register_later(client, message, results, earlier)
+        )
+        client.last_reply = task
+        self._reply_tasks.add(task)
+        task.add_done_callback(self._reply_tasks.discard)
+
+    async def _reply_register_later(
+        self,
+        client: _Client,
+        message: chatter.Message,
+        results: list[StoredEvent | None],
+        earlier: asyncio.Task[None] | None,
+    ) -> None:
+        try:
+            if len(results) > INLINE_EVENTS:
+                body = await asyncio.to_thread(_register_reply_body, results)
+            else:
+                body = _register_reply_body(results)
+            if earlier is not None:
+                await asyncio.wait([earlier])
+        except Exception as exc:  # a bug: the client would wait for the reply for ever
+            log.error("eventer: cannot encode a register reply: %s", exc, exc_info=exc)
+            client.connection.close(f"register reply failed: {type(exc).__name__}: {exc}")
+            return
+        self._send_encoded(client.connection, "MsgRegisterRes", body, message.conversation)
 
     async def _on_query(self, client: _Client, message: chatter.Message) -> None:
         """Answer a query, always (as 0.8.5): an invalid one gets no events and a log line.
@@ -409,29 +413,17 @@ class EventerServer:
     def _notify(self, events: list[StoredEvent]) -> None:
         """Send each subscribed client the events of a newly stored batch it subscribed to.
 
-        Runs on the event loop for every batch; it never waits for a socket, and drops the
-        clients that fall more than ``max_subscriber_lag_bytes`` behind.
+        Runs on the event loop for every batch; it never waits for a socket (a large batch
+        is encoded off the loop, see :mod:`tidings.server.notify`), and drops the clients
+        that fall more than ``max_subscriber_lag_bytes`` behind.
         """
-        subscribed = [c for c in self._clients if c.matcher is not None and c.connection.is_open]
-        if not subscribed or not events:
-            return
-        batch = _NotifyBatch(events)
-        for client in subscribed:
-            assert client.matcher is not None
-            selection = batch.select(client.matcher)
-            if selection:
-                self._send_notify(client.connection, batch.body(selection))
-
-    def _send(
-        self,
-        connection: chatter.Connection,
-        type_name: str,
-        body: codec.Value,
-        conversation: chatter.Conversation,
-    ) -> None:
-        """Send a reply; see :meth:`_send_encoded`."""
-        self._send_encoded(
-            connection, type_name, codec.encode(_EVENTER, type_name, body), conversation
+        self._notifier.notify(
+            events,
+            [
+                (client, client.matcher)
+                for client in self._clients
+                if client.matcher is not None and client.connection.is_open
+            ],
         )
 
     def _send_encoded(
@@ -443,26 +435,51 @@ class EventerServer:
     ) -> None:
         """Send an encoded reply; a client that does not read its replies is dropped like a
         slow subscriber, so that its buffer cannot grow without bound."""
-        try:
-            connection.send_encoded(_EVENTER, type_name, body, conversation=conversation)
-        except chatter.ConnectionClosed:
-            return
-        self._check_lag(connection)
+        if self._keeps_up(connection):
+            with contextlib.suppress(chatter.ConnectionClosed):
+                connection.send_encoded(_EVENTER, type_name, body, conversation=conversation)
 
     def _send_notify(self, connection: chatter.Connection, body: bytes) -> None:
-        try:
-            connection.send_encoded(_EVENTER, "MsgNotify", body, last=True)
-        except chatter.ConnectionClosed:
-            return
-        self._check_lag(connection)
+        if self._keeps_up(connection):
+            with contextlib.suppress(chatter.ConnectionClosed):
+                connection.send_encoded(_EVENTER, "MsgNotify", body, last=True)
 
-    def _check_lag(self, connection: chatter.Connection) -> None:
-        lag = connection.send_buffer_bytes
-        if lag > self._max_lag:
-            connection.close(
-                f"slow subscriber: {lag} bytes unsent, over max_subscriber_lag_bytes="
-                f"{self._max_lag}"
-            )
+    def _keeps_up(self, connection: chatter.Connection) -> bool:
+        """Whether the client reads enough to be sent more; if not, it is dropped (see
+        :meth:`chatter.Connection.lagging`: a burst over the bound is fine while the client
+        takes it, up to four times the bound)."""
+        reason = connection.lagging(self._max_lag, self._stall_seconds, "max_subscriber_lag_bytes")
+        if reason is not None:
+            connection.close(f"slow subscriber: {reason}")
+        return connection.is_open
+
+
+async def _new_events(
+    client: _Client, message: chatter.Message, outbox: bool
+) -> list[NewEvent | None]:
+    """The NewEvents of a register request (``outbox``: the tidings extension's records);
+    a large request is converted off the loop, as its frame was decoded."""
+    items = message.data if isinstance(message.data, list) else []
+    if len(items) > INLINE_EVENTS:
+        return await asyncio.to_thread(_convert, client, items, outbox)
+    return _convert(client, items, outbox)
+
+
+def _convert(client: _Client, items: list[codec.Value], outbox: bool) -> list[NewEvent | None]:
+    new_events: list[NewEvent | None] = []
+    for index, item in enumerate(items):
+        if not outbox:
+            new_events.append(_new_event(client, index, item, None))
+        elif isinstance(item, dict) and "outboxEventId" in item and "event" in item:
+            new_events.append(_new_event(client, index, item["event"], item["outboxEventId"]))
+        else:
+            _log_refused(client, index, "expected a record {outboxEventId, event}")
+            new_events.append(None)
+    return new_events
+
+
+def _register_reply_body(results: list[StoredEvent | None]) -> bytes:
+    return codec.encode(_EVENTER, "MsgRegisterRes", codec.register_results_to_sbs(results))
 
 
 def _new_event(

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterable, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -118,6 +119,11 @@ class Connection:
         self._streaming = False
         self._held: list[bytes] = []
         self._held_bytes = 0
+        #: Every byte handed to the socket or held for it; minus what is unsent, what the
+        #: peer took (see lagging).
+        self._written = 0
+        #: Since when (and with how much taken) more than the lag bound waits unsent.
+        self._over_since: tuple[float, int] | None = None
         self._tasks = [asyncio.create_task(self._read_loop(), name=f"chatter read {self.peer}")]
         if ping_interval:
             pinger = self._ping_loop(ping_interval)
@@ -143,6 +149,31 @@ class Connection:
         if transport.is_closing():
             return 0
         return transport.get_write_buffer_size() + self._held_bytes
+
+    def lagging(self, limit: int, grace: float, name: str = "limit") -> str | None:
+        """Why the peer counts as too slow to be sent more, or None while it keeps up.
+
+        Unsent bytes over ``limit`` alone are not enough: a burst (a big reply and its
+        notification) briefly exceeds any bound while the peer reads it. The peer is too
+        slow once over ``limit`` it has taken nothing for ``grace`` seconds, or once over
+        four times ``limit`` (the hard bound on what it may cost). Judged when a message is
+        due, before it is sent, so a message never counts against itself. ``name`` names
+        the limit in the reason.
+        """
+        unsent = self.send_buffer_bytes
+        if unsent <= limit:
+            self._over_since = None
+            return None
+        if unsent > 4 * limit:
+            return f"{unsent} bytes unsent, over 4 x {name}={limit}"
+        taken = self._written - unsent
+        now = time.monotonic()
+        if self._over_since is None or taken > self._over_since[1]:
+            self._over_since = (now, taken)
+            return None
+        if now - self._over_since[0] > grace:
+            return f"{unsent} bytes unsent, over {name}={limit}, and nothing taken for {grace:g} s"
+        return None
 
     def send(
         self,
@@ -178,6 +209,7 @@ class Connection:
         """:meth:`send` with the body already SBS-encoded (one encoding for many receivers)."""
         message_id, conversation = self._next_id(conversation)
         frame = self._head(message_id, conversation, last, module, type_name, len(body)) + body
+        self._written += len(frame)
         if self._streaming:
             self._held.append(frame)
             self._held_bytes += len(frame)
@@ -209,7 +241,9 @@ class Connection:
         if self._streaming:
             raise RuntimeError("one streamed frame at a time per connection")
         message_id, conversation = self._next_id(conversation)
-        self._writer.write(self._head(message_id, conversation, last, module, type_name, body_size))
+        head = self._head(message_id, conversation, last, module, type_name, body_size)
+        self._writer.write(head)
+        self._written += len(head)
         self._streaming = True
         sent = 0
         try:
@@ -219,6 +253,7 @@ class Connection:
                     break
                 await self._drain_within(stall_seconds)
                 self._writer.write(piece)
+                self._written += len(piece)
         except BaseException:
             self.close(f"{module}.{type_name} could not be completed")
             raise
