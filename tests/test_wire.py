@@ -277,6 +277,24 @@ def test_a_choice_index_outside_the_schema_is_refused() -> None:
         codec.decode("HatEventer", "MsgRegisterReq", b"\x81" + bad)
 
 
+@pytest.mark.parametrize("count", [0, 1, 999, 1000, 1001, 2500])
+def test_chunked_encoding_equals_encoding_at_once(count: int) -> None:
+    events = [
+        StoredEvent(
+            i, EventId(1, i, 0), ("t", str(i)), i, None, b"x" * (i % 50), PayloadKind.BINARY, None
+        )
+        for i in range(1, count + 1)
+    ]
+    records = [codec.event_to_sbs(event) for event in events]
+    assert codec.encode_array("HatEventer", "MsgNotify", records) == codec.encode(
+        "HatEventer", "MsgNotify", records
+    )
+    results = codec.register_results_to_sbs([e if e.position % 3 else None for e in events])
+    assert codec.encode_array("HatEventer", "MsgRegisterRes", results) == codec.encode(
+        "HatEventer", "MsgRegisterRes", results
+    )
+
+
 @pytest.mark.parametrize("count", [0, 1, 999, 5000])
 def test_sliced_decoding_equals_decoding_at_once(count: int) -> None:
     items = [

@@ -479,7 +479,7 @@ def _convert(client: _Client, items: list[codec.Value], outbox: bool) -> list[Ne
 
 
 def _register_reply_body(results: list[StoredEvent | None]) -> bytes:
-    return codec.encode(_EVENTER, "MsgRegisterRes", codec.register_results_to_sbs(results))
+    return codec.encode_array(_EVENTER, "MsgRegisterRes", codec.register_results_to_sbs(results))
 
 
 def _new_event(

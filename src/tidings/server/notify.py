@@ -63,7 +63,7 @@ class NotifyBatch:
             if self._records is None:
                 self._records = [codec.event_to_sbs(event) for event in self._events]
             records = [self._records[index] for index in selection]
-            body = self._bodies[selection] = codec.encode(_EVENTER, "MsgNotify", records)
+            body = self._bodies[selection] = codec.encode_array(_EVENTER, "MsgNotify", records)
         return body
 
 

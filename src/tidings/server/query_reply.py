@@ -92,8 +92,7 @@ def plan_reply(store: EventStore, query: QueryData) -> ReplyPlan:
 
 def encode_items(events: Sequence[StoredEvent]) -> bytes:
     """``events`` as the items of an SBS ``Array(Event)``: its encoding without the count."""
-    encoded = codec.encode(_EVENTER, _REPLY, [codec.event_to_sbs(event) for event in events])
-    return encoded[len(codec.encode_integer(len(events))) :]
+    return codec.encode_array_items(_EVENTER, _REPLY, [codec.event_to_sbs(e) for e in events])
 
 
 async def stream_body(plan: ReplyPlan) -> AsyncIterator[bytes]:
