@@ -142,8 +142,8 @@ class Bystander:
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc
-        #: (start, end, milliseconds) of each request, wall clock.
-        self.trips: list[tuple[float, float, float]] = []
+        #: (start, end, milliseconds, register|query) of each request, wall clock.
+        self.trips: list[tuple[float, float, float, str]] = []
         self.errors: list[tuple[float, str]] = []
         self._reader = asyncio.create_task(self._read())
 
@@ -171,21 +171,24 @@ class Bystander:
             if kind == "error":
                 self.errors.append((float(end), " ".join(rest).strip()))
             else:
-                self.trips.append((float(end) - float(ms) / 1000, float(end), float(ms)))
+                self.trips.append((float(end) - float(ms) / 1000, float(end), float(ms), kind))
 
     async def caught_up(self, at: float, timeout: float = 5.0) -> None:
         """Wait until a round trip begun after ``at`` was read: this process may read the
         bystander's lines late (e.g. while it writes a 32 MiB frame), and a trip it has not
         read yet would otherwise count as one still waiting."""
         deadline = time.monotonic() + timeout
-        while not any(s >= at for s, _, _ in self.trips) and time.monotonic() < deadline:
+        while not any(t[0] >= at for t in self.trips) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
-    def worst_ms(self, start: float, end: float) -> float:
-        """The longest round trip of a request that was in flight between the two times,
-        counting one still waiting at ``end`` as lasting until then."""
-        worst = max((ms for s, e, ms in self.trips if e >= start and s <= end), default=0.0)
-        last_end = max((e for _, e, _ in self.trips), default=start)
+    def worst_ms(self, start: float, end: float, kind: str | None = None) -> float:
+        """The longest round trip of a request (of ``kind``, if given) that was in flight
+        between the two times, counting one still waiting at ``end`` as lasting until then."""
+        worst = max(
+            (ms for s, e, ms, k in self.trips if e >= start and s <= end and kind in (None, k)),
+            default=0.0,
+        )
+        last_end = max((e for _, e, _, _ in self.trips), default=start)
         return max(worst, (end - max(last_end, start)) * 1000)
 
     def errors_between(self, start: float, end: float) -> list[str]:
@@ -404,6 +407,7 @@ async def hostile_phase(
             peak = _status(target.pid)["VmHWM"]
             rows[name] = {
                 "worst_ms": round(bystander.worst_ms(start, end), 1),
+                "worst_query_ms": round(bystander.worst_ms(start, end, "query"), 1),
                 "rss_base_mib": round(base / MIB, 1),
                 "rss_peak_mib": round(peak / MIB, 1),
                 "rss_growth_mib": round((peak - base) / MIB, 1),
@@ -440,12 +444,11 @@ def evaluate(rows: dict[str, dict[str, Any]], max_frame_bytes: int | None) -> di
                 f"answered, growth <= {GOAL_QUERY_GROWTH_MIB:g} MiB: {'met' if met else 'NOT met'}"
             )
         elif name == "big_register":
-            met = row["outcome"].startswith("100,000 stored, 100,000 notified") and (
-                row["worst_ms"] <= GOAL_WORST_MS
-            )
+            # Not a row of the issue: a legitimate client. Its session holds the single
+            # writer while it is stored, so the bystander's registrations wait for it.
+            met = row["outcome"].startswith("100,000 stored, 100,000 notified")
             goals[name] = (
-                f"all stored and notified, worst <= {GOAL_WORST_MS:g} ms: "
-                f"{'met' if met else 'NOT met'}"
+                f"all stored and notified, the reader not dropped: {'met' if met else 'NOT met'}"
             )
         elif name == "queries_4x":
             met = row["outcome"].startswith("4 x all events")
@@ -468,14 +471,15 @@ def markdown(result: dict[str, Any]) -> list[str]:
         "Peak: the server's VmHWM during the row (reset before it); growth: peak minus the "
         "RSS at the row's start.",
         "",
-        "| server | row | what the client sent | bystander worst ms | peak RSS MiB | growth MiB "
-        "| what happened | goal |",
-        "|---|---|---|---:|---:|---:|---|---|",
+        "| server | row | what the client sent | bystander worst ms | of its queries "
+        "| peak RSS MiB | growth MiB | what happened | goal |",
+        "|---|---|---|---:|---:|---:|---:|---|---|",
     ]
     for kind, data in hostile.items():
         for name, row in data["rows"].items():
             lines.append(
                 f"| {kind} | {name} | {ROWS.get(name, '-')} | {row['worst_ms']} | "
+                f"{row.get('worst_query_ms', '')} | "
                 f"{row.get('rss_peak_mib', '')} | {row.get('rss_growth_mib', '')} | "
                 f"{row['outcome']}"
                 + (
