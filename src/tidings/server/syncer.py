@@ -34,9 +34,10 @@ syncing two installations by a configuration mistake; it is **not** authenticati
 SyncerServer serves anyone who can connect to its port (as hat-event's does).
 
 **Slow clients.** Live events are written to every synced client at once, from the loop, so
-that neither the engine nor the other clients ever wait for one of them. A client whose
-unsent bytes (the socket's write buffer) exceed ``max_unsent_bytes`` is disconnected with a
-logged reason; it reconnects and resumes from its last stored id. The backlog, by contrast,
+that neither the engine nor the other clients ever wait for one of them. A client with more
+than ``max_unsent_bytes`` unsent (the socket's write buffer) that takes nothing for the
+ping interval, or with four times that unsent, is disconnected with a logged reason; it
+reconnects and resumes from its last stored id. The backlog, by contrast,
 is sent at the client's pace (each chunk waits for the socket), since only that client waits.
 """
 
@@ -142,8 +143,11 @@ class SyncerServer:
         max_unsent_bytes: int,
         request_timeout: float,
         flush_timeout: float,
+        stall_seconds: float,
     ) -> None:
         self._engine = engine
+        #: A client over max_unsent_bytes that takes nothing for this long is dropped.
+        self._stall_seconds = stall_seconds
         self._backlog_chunk = backlog_chunk
         self._max_pending = max_pending
         self._max_unsent_bytes = max_unsent_bytes
@@ -185,6 +189,7 @@ class SyncerServer:
             max_unsent_bytes=max_unsent_bytes,
             request_timeout=request_timeout,
             flush_timeout=flush_timeout,
+            stall_seconds=ping_interval or chatter.DEFAULT_PING_INTERVAL,
         )
         self._unsubscribe = engine.subscribe(self._on_stored)
         try:
@@ -363,11 +368,14 @@ class SyncerServer:
         client.last_sent = events[-1].id
 
     def _check_unsent(self, client: _Client) -> None:
-        unsent = client.connection.send_buffer_bytes
-        if unsent > self._max_unsent_bytes:
+        """Drop a client that does not take what it is sent (the Eventer's rule, see
+        :meth:`chatter.Connection.lagging`)."""
+        reason = client.connection.lagging(
+            self._max_unsent_bytes, self._stall_seconds, "max_unsent_bytes"
+        )
+        if reason is not None:
             client.connection.close(
-                f"syncer client {client.name!r} is too slow: {unsent} unsent bytes exceed "
-                f"max_unsent_bytes {self._max_unsent_bytes}; it may reconnect and resume"
+                f"syncer client {client.name!r} is too slow: {reason}; it may reconnect and resume"
             )
 
     def _on_stored(self, events: list[StoredEvent]) -> None:
