@@ -9,9 +9,10 @@ import threading
 from pathlib import Path
 
 from server_helpers import run
+from tidings.events.model import EventId, NewEvent, StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine
-from tidings.server.store import EventId, EventStore, NewEvent, StoredEvent
+from tidings.server.store import EventStore
 
 
 def _event(name: str) -> NewEvent:

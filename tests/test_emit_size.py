@@ -24,7 +24,7 @@ from sqlalchemy import Engine, func, select
 from helpers import SHARED_URL, admin, stream_messages
 from tidings.config import TidingsConfig, load_config
 from tidings.errors import EmitError
-from tidings.model import OutboxEvent
+from tidings.events.outbox import OutboxEvent
 from tidings.outbox.direct import RoutedTargets
 from tidings.outbox.envelope import identity
 from tidings.outbox.producer import EMIT_SEQ_PLACEHOLDER, Outbox, OutboxTransaction

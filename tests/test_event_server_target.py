@@ -19,12 +19,12 @@ from tidings.client import connect
 from tidings.config import EventServerTargetConfig
 from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
-from tidings.model import OutboxEvent
+from tidings.events.model import StoredEvent
+from tidings.events.outbox import OutboxEvent
+from tidings.events.query import QueryData
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import start_relay
-from tidings.server.query import QueryData
-from tidings.server.store import StoredEvent
 from tidings.targets.event_server import EventServerTarget
 
 pytestmark = pytest.mark.server

@@ -20,13 +20,14 @@ from server_helpers import (
     wait_peer_closed,
     warnings_of,
 )
-from tidings.client import Client, ClientError, ConnectionClosed, connect, json_event, json_value
-from tidings.errors import ConfigError
+from tidings.client import Client, connect, json_event, json_value
+from tidings.errors import ClientError, ConfigError, ConnectionClosed
+from tidings.events.model import NewEvent, PayloadKind, StoredEvent
+from tidings.events.query import QueryData
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine, SessionEvent
 from tidings.server.eventer import EVENTER_EVENT_TYPE, EventerServer
-from tidings.server.query import QueryData
-from tidings.server.store import EventStore, NewEvent, PayloadKind, StoredEvent
+from tidings.server.store import EventStore
 from tidings.wire import chatter, codec
 
 pytestmark = pytest.mark.server

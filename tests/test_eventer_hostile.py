@@ -29,10 +29,10 @@ from server_helpers import (
     warnings_of,
 )
 from tidings.client import connect
+from tidings.events.model import NewEvent, PayloadKind
+from tidings.events.query import QueryData
 from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES
-from tidings.server.query import QueryData
 from tidings.server.query_reply import INLINE_REPLY_BYTES
-from tidings.server.store import NewEvent, PayloadKind
 from tidings.wire import codec
 
 pytestmark = pytest.mark.server

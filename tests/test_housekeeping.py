@@ -18,7 +18,7 @@ from sqlalchemy import Engine, select
 
 from tidings.config import TidingsConfig, load_config
 from tidings.db import shared_engine
-from tidings.model import EventStatus
+from tidings.events.outbox import EventStatus
 from tidings.outbox.envelope import EventDraft
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log, outbox_event, outbox_event_attribute

@@ -13,9 +13,9 @@ import pytest
 from helpers import hat_event_server
 from server_helpers import run, running
 from tidings.client import connect, json_event, json_value
+from tidings.events.model import NewEvent, PayloadKind
+from tidings.events.query import QueryData
 from tidings.server.eventer import EVENTER_EVENT_TYPE
-from tidings.server.query import QueryData
-from tidings.server.store import NewEvent, PayloadKind
 
 pytestmark = pytest.mark.server
 

@@ -24,7 +24,7 @@ from nats.js.errors import NotFoundError
 from helpers import SHARED_URL, PrivateServer, admin, free_port, stream_info, stream_messages
 from tidings.config import JetStreamTargetConfig
 from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
-from tidings.model import OutboxEvent
+from tidings.events.outbox import OutboxEvent
 from tidings.targets.jetstream import (
     JetStreamTarget,
     header_block_size,

@@ -8,11 +8,11 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from tidings.db import make_engine
+from tidings.events.timeutil import utcnow
 from tidings.metrics import BatchLogFollower
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log
 from tidings.pipeline.publisher import Summary
-from tidings.timeutil import utcnow
 
 
 def _value(name: str) -> float:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from server_helpers import run
-from tidings.server.matching import TypeMatcher
+from tidings.events.matching import TypeMatcher
+from tidings.events.model import EventId, PayloadKind, StoredEvent
 from tidings.server.notify import INLINE_EVENTS, Notifier, notify_bodies
-from tidings.server.store import EventId, PayloadKind, StoredEvent
 
 
 def _batch(first: int, count: int) -> list[StoredEvent]:

@@ -17,7 +17,8 @@ from sqlalchemy import Engine, select
 from tidings.config import EventStoreTargetConfig
 from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
-from tidings.model import EventStatus, OutboxEvent
+from tidings.events.outbox import EventStatus, OutboxEvent
+from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.breaker import CircuitBreaker
@@ -27,7 +28,6 @@ from tidings.server.store import EventStore
 from tidings.targets.base import Target
 from tidings.targets.event_store import EventStoreTarget
 from tidings.targets.faults import FaultInjectingTarget
-from tidings.timeutil import as_utc
 
 
 class Refusing(Target):

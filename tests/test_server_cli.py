@@ -13,7 +13,7 @@ import pytest
 
 from helpers import ServerProcess, free_port, wait_for_port
 from tidings import client
-from tidings.server.query import QueryData
+from tidings.events.query import QueryData
 
 pytestmark = pytest.mark.server
 

@@ -10,17 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tidings.errors import TidingsError
-from tidings.server.engine import (
-    ENGINE_EVENT_TYPE,
-    Engine,
-    EngineError,
-    Module,
-    ModuleLoadError,
-    SessionEvent,
-    load_module,
-)
-from tidings.server.store import EventStore, NewEvent, PayloadKind, StoredEvent
+from tidings.errors import EngineError, ModuleLoadError, TidingsError
+from tidings.events.model import NewEvent, PayloadKind, StoredEvent
+from tidings.server.engine import ENGINE_EVENT_TYPE, Engine, Module, SessionEvent, load_module
+from tidings.server.store import EventStore
 
 
 @pytest.fixture
@@ -374,7 +367,7 @@ def test_load_module_calls_create(store: EventStore, module_dir: Path) -> None:
         "    def on_session_start(self, session_id):\n"
         "        pass\n"
         "    def process(self, session_id, event):\n"
-        "        from tidings.server.store import NewEvent\n"
+        "        from tidings.events.model import NewEvent\n"
         "        return [NewEvent(('out', self.tag))]\n"
         "    def on_session_stop(self, session_id):\n"
         "        pass\n"

@@ -11,18 +11,14 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine, text
 
+from tidings.errors import StoreError
+from tidings.events.matching import TypeMatcher, matches, validate_query_type
+from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
+from tidings.events.query import QueryData
 from tidings.server import query as query_module
 from tidings.server import store as store_module
-from tidings.server.matching import TypeMatcher, matches, validate_query_type
-from tidings.server.query import QueryData, query_events
-from tidings.server.store import (
-    EventId,
-    EventStore,
-    NewEvent,
-    PayloadKind,
-    StoredEvent,
-    StoreError,
-)
+from tidings.server.query import query_events
+from tidings.server.store import EventStore
 
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 

@@ -17,8 +17,8 @@ import pytest
 
 from helpers import ServerProcess, free_port
 from tidings import client
-from tidings.server.query import QueryData
-from tidings.server.store import StoredEvent
+from tidings.events.model import StoredEvent
+from tidings.events.query import QueryData
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 

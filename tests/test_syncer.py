@@ -17,9 +17,10 @@ import pytest
 from helpers import free_port, hat_event_server
 from server_helpers import until
 from tidings.errors import ConfigError
+from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine
-from tidings.server.store import EventId, EventStore, NewEvent, PayloadKind, StoredEvent
+from tidings.server.store import EventStore
 from tidings.server.syncer import (
     SERVER_STATUS_TYPE,
     SyncerClient,

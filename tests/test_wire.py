@@ -22,11 +22,12 @@ from server_helpers import (
     wait_peer_closed,
     warnings_of,
 )
-from tidings.errors import ConfigError, ProtocolError
-from tidings.server.query import QueryData
-from tidings.server.store import EventId, NewEvent, PayloadKind, StoredEvent, StoreError
+from tidings.address import parse_address
+from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
+from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
+from tidings.events.query import QueryData
 from tidings.wire import chatter, codec, envelope, prescan
-from tidings.wire.chatter import Connection, ConnectionClosed, parse_address
+from tidings.wire.chatter import Connection
 
 # --- codec ----------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """An asyncio client of the Eventer protocol, for tidings' event server and hat-event 0.8.5.
 
-Events go in as :class:`~tidings.server.store.NewEvent` and come back as
-:class:`~tidings.server.store.StoredEvent`, the store's own model, so code using the client
+Events go in as :class:`~tidings.events.model.NewEvent` and come back as
+:class:`~tidings.events.model.StoredEvent`, the store's own model, so code using the client
 and code using the store directly read alike::
 
     async with await connect("tcp+sbs://127.0.0.1:23012", [("sensor", "*")]) as client:
@@ -26,12 +26,11 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from tidings.errors import ProtocolError, TidingsError
-from tidings.server.matching import validate_query_type
-from tidings.server.query import QueryData
-from tidings.server.store import EventType, NewEvent, PayloadKind, StoredEvent, StoreError
+from tidings.errors import ClientError, ConnectionClosed, ProtocolError, StoreError
+from tidings.events.matching import validate_query_type
+from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent
+from tidings.events.query import QueryData
 from tidings.wire import chatter, codec
-from tidings.wire.chatter import ConnectionClosed
 
 __all__ = [
     "Client",
@@ -45,10 +44,6 @@ __all__ = [
 
 _EVENTER = "HatEventer"
 _TIDINGS = "TidingsEventer"
-
-
-class ClientError(TidingsError):
-    """The client refused a request before sending it; the message says why."""
 
 
 async def connect(

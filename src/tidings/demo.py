@@ -22,13 +22,13 @@ from sqlalchemy import Engine, func, select
 
 from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
-from tidings.model import EventStatus
+from tidings.events.outbox import EventStatus
+from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.source import relay_watermark
 from tidings.server.store import EventStore
 from tidings.status import StatusReport, status_report
-from tidings.timeutil import as_utc
 
 ROUTES = {
     "AccountOpened": ["accounts"],

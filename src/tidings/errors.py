@@ -1,7 +1,9 @@
 """The exception hierarchy of tidings.
 
 Every error tidings raises on purpose derives from :class:`TidingsError`, so a caller can
-catch the whole family at one edge and still tell the kinds apart.
+catch the whole family at one edge and still tell the kinds apart. They all live here, at the
+bottom of the layers, so that any part can raise or catch any of them without importing the
+part that usually raises it (the client catches store errors without loading the store).
 """
 
 from __future__ import annotations
@@ -65,3 +67,27 @@ class RelayError(TidingsError):
 
 class ProtocolError(TidingsError):
     """A peer sent bytes that are not a valid message of the protocol; the link is closed."""
+
+
+class ConnectionClosed(TidingsError):
+    """The connection is closed (by either side, or after a protocol error)."""
+
+
+class StoreError(TidingsError):
+    """The event store refused the input or its database failed; the message says which."""
+
+
+class StoreBusy(StoreError):
+    """A write that was asked not to wait found the append lock held by another writer."""
+
+
+class EngineError(TidingsError):
+    """A processing session was aborted (nothing stored) or a module could not be used."""
+
+
+class ModuleLoadError(EngineError):
+    """A module path could not be imported, has no ``create``, or ``create`` failed."""
+
+
+class ClientError(TidingsError):
+    """The client refused a request before sending it; the message says why."""

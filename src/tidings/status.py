@@ -9,9 +9,9 @@ from datetime import timedelta
 
 from sqlalchemy import Engine, func, select
 
-from tidings.model import OPEN_STATUSES, EventStatus
+from tidings.events.outbox import OPEN_STATUSES, EventStatus
+from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.schema import ensure_schema, outbox_event
-from tidings.timeutil import as_utc, utcnow
 
 _SCAN = 20_000
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from sqlalchemy import Engine
 
 from tidings.config import TidingsConfig
-from tidings.model import OutboxEvent
+from tidings.events.outbox import OutboxEvent
 from tidings.routing.table import Routes, current_routes
 from tidings.targets.base import Target
 from tidings.targets.registry import shared_target

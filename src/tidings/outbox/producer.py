@@ -38,7 +38,8 @@ from sqlalchemy.orm import Session
 from tidings.config import OutboxConfig, TidingsConfig
 from tidings.db import make_engine, placeholder
 from tidings.errors import EmitError, TransactionDoomed
-from tidings.model import EventStatus, OutboxEvent
+from tidings.events.outbox import EventStatus, OutboxEvent
+from tidings.events.timeutil import driver_stamp, utcnow
 from tidings.outbox.envelope import (
     AttributeExtractor,
     EventDraft,
@@ -47,7 +48,6 @@ from tidings.outbox.envelope import (
     cloudevents_envelope,
 )
 from tidings.outbox.schema import ensure_schema
-from tidings.timeutil import driver_stamp, utcnow
 
 DirectPublisher = Callable[[Sequence[OutboxEvent]], None]
 #: Why a routed target will always refuse an event (that target's ``refusal``), or None.

@@ -38,10 +38,10 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
-from tidings.model import EventStatus
+from tidings.events.outbox import EventStatus
+from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log, ensure_schema, outbox_event, outbox_event_attribute
-from tidings.timeutil import as_utc, utcnow
 
 log = logging.getLogger(__name__)
 

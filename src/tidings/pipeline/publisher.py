@@ -37,12 +37,12 @@ from sqlalchemy import Engine, delete, select
 
 from tidings.db import placeholder
 from tidings.errors import TargetCallFailed, TargetUnavailable
-from tidings.model import OPEN_STATUSES, DeliveryState, EventStatus, OutboxEvent
+from tidings.events.outbox import OPEN_STATUSES, DeliveryState, EventStatus, OutboxEvent
+from tidings.events.timeutil import as_utc, driver_stamp, utcnow
 from tidings.outbox.schema import OPEN_ROW, outbox_event, outbox_event_attribute
 from tidings.pipeline.breaker import CircuitBreaker, breaker_for
 from tidings.routing.table import Routes
 from tidings.targets.base import Target
-from tidings.timeutil import as_utc, driver_stamp, utcnow
 
 TargetLookup = Callable[[str], Target | None]
 BreakerLookup = Callable[[Target], CircuitBreaker]

@@ -27,13 +27,13 @@ from pyspark.sql.datasource import (
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
-from tidings.model import EventStatus, OutboxEvent
+from tidings.events.outbox import EventStatus, OutboxEvent
+from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.schema import batch_log
 from tidings.pipeline.jobconfig import job_config
 from tidings.pipeline.publisher import LoggedEvent, Publisher, Summary
 from tidings.routing.table import current_routes
 from tidings.targets.registry import shared_target
-from tidings.timeutil import as_utc, utcnow
 
 
 @dataclass

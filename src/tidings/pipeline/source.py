@@ -43,11 +43,11 @@ from sqlalchemy import Engine, Select, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from tidings.db import shared_engine
-from tidings.model import OPEN_STATUSES
+from tidings.events.outbox import OPEN_STATUSES
+from tidings.events.timeutil import utcnow
 from tidings.outbox.schema import batch_log, ensure_schema, outbox_event
 from tidings.pipeline.jobconfig import job_config
 from tidings.pipeline.watermark import SafeWatermark
-from tidings.timeutil import utcnow
 
 SCHEMA = (
     "seq long, event_id string, event_type string, event_version string, "

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, delete, select
 
 from tidings.config import TidingsConfig
+from tidings.events.timeutil import utcnow
 from tidings.outbox.schema import route
-from tidings.timeutil import utcnow
 
 
 @dataclass(frozen=True)

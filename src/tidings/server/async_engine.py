@@ -27,8 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tidings.server.engine import Engine, EngineError
-from tidings.server.store import EventStore, NewEvent, StoreBusy, StoredEvent
+from tidings.errors import EngineError, StoreBusy
+from tidings.events.model import NewEvent, StoredEvent
+from tidings.server.engine import Engine
+from tidings.server.store import EventStore
 
 log = logging.getLogger(__name__)
 

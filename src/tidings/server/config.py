@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tidings.address import Address
 from tidings.config import read_config_data, resolve_path, validate_config
 from tidings.errors import ConfigError
 from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_SUBSCRIBER_LAG_BYTES
-from tidings.wire.address import Address
 
 DEFAULT_EVENTER_ADDRESS = "tcp+sbs://127.0.0.1:23012"
 DEFAULT_SYNCER_ADDRESS = "tcp+sbs://127.0.0.1:23013"

@@ -27,17 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from tidings.errors import TidingsError
-from tidings.server.matching import QueryType, TypeMatcher
-from tidings.server.store import (
-    EventStore,
-    EventType,
-    NewEvent,
-    PayloadKind,
-    StoredEvent,
-    StoreError,
-    validate_new_event,
-)
+from tidings.errors import EngineError, ModuleLoadError, StoreError
+from tidings.events.matching import QueryType, TypeMatcher
+from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent
+from tidings.events.validation import validate_new_event
+from tidings.server.store import EventStore
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +44,6 @@ STATUS_STOPPED = "STOPPED"
 
 #: A subscriber of stored sessions; gets the newly stored events of each session, in order.
 Callback = Callable[[list[StoredEvent]], None]
-
-
-class EngineError(TidingsError):
-    """A processing session was aborted (nothing stored) or a module could not be used."""
-
-
-class ModuleLoadError(EngineError):
-    """A module path could not be imported, has no ``create``, or ``create`` failed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,12 +49,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Self
 
-from tidings.errors import ConfigError, ProtocolError
+from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
+from tidings.events.matching import TypeMatcher
+from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.matching import TypeMatcher
 from tidings.server.notify import INLINE_EVENTS, Notifier
 from tidings.server.query_reply import EMPTY_REPLY, is_bulk, plan_reply, stream_body
-from tidings.server.store import EventType, NewEvent, PayloadKind, StoredEvent, StoreError
 from tidings.wire import chatter, codec
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class EventerServer:
         log.debug("eventer client %s connected", connection.peer, extra={"peer": connection.peer})
         try:
             await self._serve_requests(client)
-        except chatter.ConnectionClosed:
+        except ConnectionClosed:
             pass
         finally:
             self._clients.discard(client)
@@ -436,12 +436,12 @@ class EventerServer:
         """Send an encoded reply; a client that does not read its replies is dropped like a
         slow subscriber, so that its buffer cannot grow without bound."""
         if self._keeps_up(connection):
-            with contextlib.suppress(chatter.ConnectionClosed):
+            with contextlib.suppress(ConnectionClosed):
                 connection.send_encoded(_EVENTER, type_name, body, conversation=conversation)
 
     def _send_notify(self, connection: chatter.Connection, body: bytes) -> None:
         if self._keeps_up(connection):
-            with contextlib.suppress(chatter.ConnectionClosed):
+            with contextlib.suppress(ConnectionClosed):
                 connection.send_encoded(_EVENTER, "MsgNotify", body, last=True)
 
     def _keeps_up(self, connection: chatter.Connection) -> bool:

@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from tidings.server.matching import TypeMatcher
-from tidings.server.store import EventType, StoredEvent
+from tidings.events.matching import TypeMatcher
+from tidings.events.model import EventType, StoredEvent
 from tidings.wire import codec
 
 log = logging.getLogger(__name__)

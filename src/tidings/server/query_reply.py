@@ -26,8 +26,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from tidings.server.query import QueryData, query_chunks
-from tidings.server.store import EventStore, StoredEvent
+from tidings.events.model import StoredEvent
+from tidings.events.query import QueryData
+from tidings.server.query import query_chunks
+from tidings.server.store import EventStore
 from tidings.wire import codec
 
 #: A reply up to this size is built in memory and sent in one write; a larger one is

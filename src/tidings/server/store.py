@@ -1,8 +1,9 @@
 """The embedded event store: a durable, append-only event log in SQLite or PostgreSQL.
 
-It is the storage of a Hat-compatible event server, so it keeps Hat's event model: an event
-id is ``(server, session, instance)`` with 0 reserved for "before the first"; one register
-call is one session whose events share the server timestamp; the type is a list of strings.
+It is the storage of a Hat-compatible event server, so it keeps Hat's event model
+(:mod:`tidings.events`, checked by :mod:`tidings.events.validation`): an event id is
+``(server, session, instance)`` with 0 reserved for "before the first"; one register call is
+one session whose events share the server timestamp; the type is a list of strings.
 As in hat-event 0.8.5, ``session`` goes up by one per register call and ``instance`` is one
 counter per server over all its sessions (it does not restart in each session). On top of
 that every event gets a ``position``, an increasing 64-bit integer over the whole log, which
@@ -23,8 +24,8 @@ session and instance numbers come from a counter table rather than ``max()`` ove
 events, so they are never reused, even after retention has deleted old events.
 
 The names without a leading underscore are the store's public surface, also for the other
-modules of the server (queries, engine): the table definitions, row decoding, type encoding
-and the validation of new events.
+modules of the server (queries, engine): the table definitions, row decoding and type
+encoding.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
@@ -70,22 +70,21 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from tidings.db import driver_url
-from tidings.errors import SchemaError, TidingsError
+from tidings.errors import SchemaError, StoreBusy, StoreError
+from tidings.events.model import EventId, EventType, NewEvent, PayloadKind, StoredEvent
+from tidings.events.validation import (
+    check_new_event,
+    check_synced_event,
+    require_int,
+    require_outbox_id,
+)
 
 log = logging.getLogger(__name__)
-
-#: A Hat event type: a non-empty tuple of strings, none of them ``?`` or ``*``.
-EventType = tuple[str, ...]
 
 #: Version of the tables below; stored in ``event_store_meta`` so a later release can upgrade.
 #: 2 added ``event_types`` and the per-type query indexes (see _upgrade_from_1).
 SCHEMA_VERSION = 2
 
-#: The range of every integer the store keeps (the databases' BIGINT).
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
-#: Reserved type segments: they are wildcards in queries and subscriptions (Hat).
-_WILDCARDS = frozenset({"?", "*"})
 #: Bound parameters per ``IN`` list; keeps every statement well below driver limits.
 _IN_CHUNK = 500
 #: Key of the PostgreSQL advisory lock that serializes appends ("tidings1" in ASCII).
@@ -106,56 +105,6 @@ _SQLITE_PRAGMAS = (
 )
 #: How often the checkpoint thread copies the WAL into the database (SQLite).
 _CHECKPOINT_INTERVAL_S = 0.5
-
-
-class StoreError(TidingsError):
-    """The event store refused the input or its database failed; the message says which."""
-
-
-class StoreBusy(StoreError):
-    """A write that was asked not to wait found the append lock held by another writer."""
-
-
-class PayloadKind(StrEnum):
-    """How a payload is encoded (Hat: binary, JSON or SBS); the store never decodes it."""
-
-    BINARY = "binary"
-    JSON = "json"
-    SBS = "sbs"
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class EventId:
-    """Hat event id; ordered so that a later event of one server compares greater."""
-
-    server: int
-    session: int
-    instance: int
-
-
-@dataclass(frozen=True, slots=True)
-class NewEvent:
-    """What a register asks for; the store adds id, timestamp and position."""
-
-    type: EventType
-    payload: bytes | None = None
-    payload_kind: PayloadKind | None = None
-    source_timestamp_us: int | None = None
-    outbox_event_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
-    """An event as stored; timestamps are integer microseconds since the Unix epoch."""
-
-    position: int
-    id: EventId
-    type: EventType
-    timestamp_us: int
-    source_timestamp_us: int | None
-    payload: bytes | None
-    payload_kind: PayloadKind | None
-    outbox_event_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -652,7 +601,7 @@ class EventStore:
             raise StoreError("by_outbox_ids takes an iterable of ids, not one str")
         wanted = set(ids)
         for outbox_id in wanted:
-            _require_outbox_id(outbox_id)
+            require_outbox_id(outbox_id)
         with self._transaction("look up outbox ids") as conn:
             found: dict[str, list[StoredEvent]] = {}
             for event in _select_by_outbox_ids(DriverCursor.of(conn), wanted):
@@ -1160,20 +1109,6 @@ def _plan_synced(
     return fresh
 
 
-def validate_new_event(new_event: object) -> str | None:
-    """Why :meth:`EventStore.register` would refuse ``new_event``, or None if it takes it.
-
-    For callers that sort out bad events before registering a batch (the engine drops a
-    module's invalid event rather than failing the whole session); the message is the one
-    ``register`` would raise, without the event's index.
-    """
-    try:
-        _validate_new_event("", new_event)
-    except StoreError as exc:
-        return str(exc)
-    return None
-
-
 def _validate(events: Sequence[NewEvent], check: bool = True) -> dict[EventType, str]:
     """Refuse, before touching the database, anything the store could not keep faithfully
     (unless ``check`` is off: the caller checked already).
@@ -1184,7 +1119,7 @@ def _validate(events: Sequence[NewEvent], check: bool = True) -> dict[EventType,
     encoded_types: dict[EventType, str] = {}
     for index, new_event in enumerate(events):
         if check:
-            _validate_new_event(f"event {index}: ", new_event)
+            check_new_event(f"event {index}: ", new_event)
         if new_event.type not in encoded_types:
             encoded_types[new_event.type] = encode_type(new_event.type)
     return encoded_types
@@ -1194,110 +1129,10 @@ def _validate_synced(events: Sequence[StoredEvent]) -> dict[EventType, str]:
     """Like _validate, for events that come with their id and timestamp (append_synced)."""
     encoded_types: dict[EventType, str] = {}
     for index, synced in enumerate(events):
-        where = f"synced event {index}: "
-        if not isinstance(synced, StoredEvent):
-            raise StoreError(f"{where}expected a StoredEvent, got {type(synced).__name__}")
-        if not isinstance(synced.id, EventId):
-            raise StoreError(f"{where}id must be an EventId, not {synced.id!r}")
-        # The ids Hat numbers from 1; 0 means "before the first" and is never stored.
-        require_int(f"{where}id.server", synced.id.server, 1)
-        require_int(f"{where}id.session", synced.id.session, 1)
-        require_int(f"{where}id.instance", synced.id.instance, 1)
-        require_int(f"{where}timestamp_us", synced.timestamp_us, INT64_MIN)
-        _validate_fields(
-            where,
-            synced.type,
-            synced.payload,
-            synced.payload_kind,
-            synced.source_timestamp_us,
-            synced.outbox_event_id,
-        )
+        check_synced_event(f"synced event {index}: ", synced)
         if synced.type not in encoded_types:
             encoded_types[synced.type] = encode_type(synced.type)
     return encoded_types
-
-
-def _validate_new_event(where: str, new_event: object) -> None:
-    """Refuse ``new_event`` with a StoreError whose message starts with ``where``."""
-    if not isinstance(new_event, NewEvent):
-        raise StoreError(f"{where}expected a NewEvent, got {type(new_event).__name__}")
-    _validate_fields(
-        where,
-        new_event.type,
-        new_event.payload,
-        new_event.payload_kind,
-        new_event.source_timestamp_us,
-        new_event.outbox_event_id,
-    )
-
-
-def _validate_fields(
-    where: str,
-    event_type: object,
-    payload: object,
-    kind: object,
-    source_timestamp_us: object,
-    outbox_event_id: object,
-) -> None:
-    """The checks shared by new and synced events."""
-    _validate_type(where, event_type)
-    _validate_payload(where, payload, kind)
-    if source_timestamp_us is not None:
-        require_int(f"{where}source_timestamp_us", source_timestamp_us, INT64_MIN)
-    if outbox_event_id is not None:
-        _require_outbox_id(outbox_event_id, where)
-
-
-def _validate_type(where: str, event_type: object) -> None:
-    """A type is a non-empty tuple of strings without the query wildcards ``?`` and ``*``."""
-    if not isinstance(event_type, tuple) or not event_type:
-        raise StoreError(f"{where}type must be a non-empty tuple of str, not {event_type!r}")
-    for segment in event_type:
-        if not isinstance(segment, str):
-            raise StoreError(f"{where}type {event_type!r} has a non-str segment {segment!r}")
-        if segment in _WILDCARDS:
-            raise StoreError(
-                f"{where}type {event_type!r} has segment {segment!r}, "
-                "which is reserved as a query wildcard"
-            )
-
-
-def _validate_payload(where: str, payload: object, kind: object) -> None:
-    """A payload is bytes with its kind, or absent with no kind."""
-    if payload is not None and not isinstance(payload, bytes):
-        raise StoreError(f"{where}payload must be bytes, not {type(payload).__name__}")
-    if kind is not None and not isinstance(kind, PayloadKind):
-        raise StoreError(f"{where}payload_kind must be a PayloadKind, not {kind!r}")
-    if (payload is None) != (kind is None):
-        raise StoreError(f"{where}payload and payload_kind must be given together")
-
-
-def require_int(name: str, value: object, minimum: int) -> None:
-    """Refuse non-integers (bool included) and values outside ``minimum``..int64 max.
-
-    Raises :class:`StoreError` naming ``name``: every integer the store keeps or compares
-    in SQL must fit the databases' BIGINT.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise StoreError(f"{name} must be an int, not {value!r}")
-    if not minimum <= value <= INT64_MAX:
-        raise StoreError(f"{name} must be between {minimum} and {INT64_MAX}, not {value}")
-
-
-def _require_outbox_id(value: object, context: str = "") -> None:
-    """An outbox id is a non-empty str that both databases can store (no NUL, valid UTF-8)."""
-    if not isinstance(value, str) or not value:
-        raise StoreError(f"{context}outbox_event_id must be a non-empty str, not {value!r}")
-    if "\x00" in value or (not value.isascii() and not _encodable(value)):
-        raise StoreError(f"{context}outbox_event_id {value!r} has a NUL or a lone surrogate")
-
-
-def _encodable(value: str) -> bool:
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def encode_type(event_type: EventType) -> str:

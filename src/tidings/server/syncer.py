@@ -50,18 +50,12 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tidings.errors import ConfigError, ProtocolError, TidingsError
+from tidings.address import parse_address
+from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError, TidingsError
+from tidings.events.model import EventId, EventType, NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.store import (
-    EventId,
-    EventType,
-    NewEvent,
-    PayloadKind,
-    StoredEvent,
-    StoreError,
-)
 from tidings.wire import chatter, codec
-from tidings.wire.chatter import Connection, ConnectionClosed
+from tidings.wire.chatter import Connection
 
 log = logging.getLogger(__name__)
 
@@ -451,7 +445,7 @@ class SyncerClient:
         connect_timeout: float = 5.0,
         ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
     ) -> None:
-        chatter.parse_address(address)
+        parse_address(address)
         if isinstance(peer_server_id, bool) or not isinstance(peer_server_id, int):
             raise ConfigError(
                 f"syncer client: peer server id must be an int, not {peer_server_id!r}"

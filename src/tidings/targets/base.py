@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from tidings.model import OutboxEvent
+from tidings.events.outbox import OutboxEvent
 
 
 class Target(ABC):

@@ -22,8 +22,8 @@ from tidings.client import Client
 from tidings.client import connect as connect_client
 from tidings.config import EventServerTargetConfig
 from tidings.errors import TargetCallFailed, TargetUnavailable
-from tidings.model import OutboxEvent
-from tidings.server.store import StoredEvent
+from tidings.events.model import StoredEvent
+from tidings.events.outbox import OutboxEvent
 from tidings.targets.base import Target
 from tidings.targets.event_store import to_new_event
 

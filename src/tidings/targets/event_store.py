@@ -16,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 
 from tidings.config import EventStoreTargetConfig
 from tidings.errors import TargetCallFailed, TargetUnavailable
-from tidings.model import OutboxEvent
-from tidings.server.store import EventStore, NewEvent, PayloadKind
+from tidings.events.model import NewEvent, PayloadKind
+from tidings.events.outbox import OutboxEvent
+from tidings.server.store import EventStore
 from tidings.targets.base import Target
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

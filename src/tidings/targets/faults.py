@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from tidings.model import OutboxEvent
+from tidings.events.outbox import OutboxEvent
 from tidings.targets.base import Target
 
 

@@ -37,7 +37,7 @@ from nats.js.errors import NotFoundError
 
 from tidings.config import JetStreamTargetConfig
 from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
-from tidings.model import OutboxEvent
+from tidings.events.outbox import OutboxEvent
 from tidings.targets.base import Target
 
 _log = logging.getLogger(__name__)

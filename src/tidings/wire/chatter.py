@@ -33,9 +33,9 @@ from collections.abc import AsyncIterable, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tidings.errors import ProtocolError, TidingsError
+from tidings.address import parse_address
+from tidings.errors import ConnectionClosed, ProtocolError
 from tidings.wire import codec, envelope
-from tidings.wire.address import parse_address
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,6 @@ DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
 #: How long closing waits for unsent bytes to reach the peer before dropping them.
 _CLOSE_FLUSH_SECONDS = 5.0
 _PING = "HatPing"
-
-
-class ConnectionClosed(TidingsError):
-    """The connection is closed (by either side, or after a protocol error)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
-"""SBS encoding of hat-event 0.8.5 messages and their mapping to the store's event model.
+"""SBS encoding of hat-event 0.8.5 messages and their mapping to the one event model.
 
 The schemas ship as ``.sbs`` text beside this module (our transcription of the 0.8.5
 protocol) and are compiled once by ``hat-sbs``, the maintained SBS implementation. Values
 cross the codec as hat-sbs gives them (records as dicts, choices as ``(name, value)``); the
-functions below turn them into :mod:`tidings.server.store` objects and back, checking every
+functions below turn them into :mod:`tidings.events` objects and back, checking every
 field, so that nothing a peer sends reaches the engine unchecked.
 
 Every value the ``*_from_sbs`` functions take comes out of the SBS decoder, which already
@@ -29,8 +29,8 @@ from hat import sbs
 from hat.sbs import evaluator, parser
 
 from tidings.errors import ProtocolError
-from tidings.server.query import QueryData
-from tidings.server.store import EventId, NewEvent, PayloadKind, StoredEvent
+from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
+from tidings.events.query import QueryData
 from tidings.wire import prescan
 
 #: One hat-sbs value (dict, list, tuple, int, str, bytes, ...).

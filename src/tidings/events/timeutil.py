@@ -1,4 +1,8 @@
-"""Time helpers: tidings keeps every timestamp in UTC."""
+"""Time helpers: tidings keeps every timestamp in UTC.
+
+An event's times (logged-at, the server's timestamp, the source timestamp) are compared
+across the producer, the relay and the stores, so they are made and read back one way, here.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Addresses of chatter servers: ``tcp+sbs://HOST:PORT`` (kept import-light for config)."""
+"""Addresses of chatter servers: ``tcp+sbs://HOST:PORT``.
+
+The configuration checks them on load and the wire connects and listens on them, so they sit
+below both (beside the configuration, importing nothing of tidings but its errors) and the
+configuration does not have to import the wire.
+"""
 
 from __future__ import annotations
 

@@ -5,13 +5,16 @@ only as the last segment, matches zero or more segments. :func:`matches` answers
 type; :class:`TypeMatcher` answers for many at once with a trie over segments, because a
 server checks every new event against the subscriptions of all its clients and modules, and
 a loop over every query type would make that cost grow with the number of subscriptions.
+It sits with the event model because the server, the client (checking a subscription before
+sending it) and the query model all need the same rule for what a query type is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tidings.server.store import EventType, StoreError
+from tidings.errors import StoreError
+from tidings.events.model import EventType
 
 #: A query or subscription type: segments, ``?`` anywhere, ``*`` only last.
 QueryType = tuple[str, ...]

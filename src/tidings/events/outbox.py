@@ -2,7 +2,9 @@
 
 An :class:`OutboxEvent` is a committed row of the event log (the outbox) as the relay reads
 it. Targets receive it unchanged and map it to their own representation (an event-store
-event, a JetStream message); the ``event_id`` travels everywhere as the dedup key.
+event, a JetStream message); the ``event_id`` travels everywhere as the dedup key. It lives
+beside the server's model (:mod:`tidings.events.model`) because both are sides of one event:
+the producer, the relay and every target read it, and none of them owns it.
 """
 
 from __future__ import annotations

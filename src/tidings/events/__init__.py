@@ -1,0 +1,14 @@
+"""The one event model of tidings: the bottom of the layers, imported by every other part.
+
+An event is seen from several sides, and each side is a module here: the outbox row the
+producer writes and the relay reads (:mod:`~tidings.events.outbox`), the event as the event
+server stores and serves it (:mod:`~tidings.events.model`), the checks every edge applies
+before storing one (:mod:`~tidings.events.validation`), the queries and type patterns that
+select events (:mod:`~tidings.events.query`, :mod:`~tidings.events.matching`) and the UTC
+time helpers they share (:mod:`~tidings.events.timeutil`).
+
+Data flows up from here: the outbox, the wire codec, the server, the client and the targets
+all import these names, and nothing here imports them back. The package needs neither
+SQLAlchemy nor PySpark, so a client or a consumer loads the model without the database or
+Spark stacks.
+"""

@@ -1,0 +1,59 @@
+"""The event as the event server keeps it: Hat's model, shared by every part that handles one.
+
+The store, the engine, the wire codec, the client and the targets all speak of events in
+these terms, so they live here, below all of them, rather than in any one of them. As in
+Hat, an event id is ``(server, session, instance)`` with 0 reserved for "before the first",
+a type is a tuple of strings, and a payload is binary, JSON or SBS bytes that are never
+decoded on the way. A stored event also carries its ``position`` in one store's log (the
+cursor of stream consumers) and the outbox event id it came from (the dedup key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+#: A Hat event type: a non-empty tuple of strings, none of them ``?`` or ``*``.
+EventType = tuple[str, ...]
+
+
+class PayloadKind(StrEnum):
+    """How a payload is encoded (Hat: binary, JSON or SBS); the store never decodes it."""
+
+    BINARY = "binary"
+    JSON = "json"
+    SBS = "sbs"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class EventId:
+    """Hat event id; ordered so that a later event of one server compares greater."""
+
+    server: int
+    session: int
+    instance: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """What a register asks for; the store adds id, timestamp and position."""
+
+    type: EventType
+    payload: bytes | None = None
+    payload_kind: PayloadKind | None = None
+    source_timestamp_us: int | None = None
+    outbox_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event as stored; timestamps are integer microseconds since the Unix epoch."""
+
+    position: int
+    id: EventId
+    type: EventType
+    timestamp_us: int
+    source_timestamp_us: int | None
+    payload: bytes | None
+    payload_kind: PayloadKind | None
+    outbox_event_id: str | None

@@ -1,0 +1,138 @@
+"""The checks an event must pass before anything stores it, shared by every edge that takes one.
+
+The store refuses what it could not keep faithfully; the engine sorts a module's bad events
+out before a session is stored; the query model bounds its integers the same way. Keeping
+the rules here, beside the model they describe, gives every edge the same rule and the same
+message. Every refusal is a :class:`~tidings.errors.StoreError` naming the field.
+"""
+
+from __future__ import annotations
+
+from tidings.errors import StoreError
+from tidings.events.matching import ANY_ONE, ANY_REST
+from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
+
+#: The range of every integer the store keeps (the databases' BIGINT).
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+#: Reserved type segments: they are wildcards in queries and subscriptions (Hat).
+WILDCARDS = frozenset({ANY_ONE, ANY_REST})
+
+
+def validate_new_event(new_event: object) -> str | None:
+    """Why :meth:`EventStore.register` would refuse ``new_event``, or None if it takes it.
+
+    For callers that sort out bad events before registering a batch (the engine drops a
+    module's invalid event rather than failing the whole session); the message is the one
+    ``register`` would raise, without the event's index.
+    """
+    try:
+        check_new_event("", new_event)
+    except StoreError as exc:
+        return str(exc)
+    return None
+
+
+def check_new_event(where: str, new_event: object) -> None:
+    """Refuse ``new_event`` with a StoreError whose message starts with ``where``."""
+    if not isinstance(new_event, NewEvent):
+        raise StoreError(f"{where}expected a NewEvent, got {type(new_event).__name__}")
+    _check_fields(
+        where,
+        new_event.type,
+        new_event.payload,
+        new_event.payload_kind,
+        new_event.source_timestamp_us,
+        new_event.outbox_event_id,
+    )
+
+
+def check_synced_event(where: str, synced: object) -> None:
+    """Refuse an event that came with its id and timestamp (from a peer server) unless the
+    store can keep it as it is; the message starts with ``where``."""
+    if not isinstance(synced, StoredEvent):
+        raise StoreError(f"{where}expected a StoredEvent, got {type(synced).__name__}")
+    if not isinstance(synced.id, EventId):
+        raise StoreError(f"{where}id must be an EventId, not {synced.id!r}")
+    # The ids Hat numbers from 1; 0 means "before the first" and is never stored.
+    require_int(f"{where}id.server", synced.id.server, 1)
+    require_int(f"{where}id.session", synced.id.session, 1)
+    require_int(f"{where}id.instance", synced.id.instance, 1)
+    require_int(f"{where}timestamp_us", synced.timestamp_us, INT64_MIN)
+    _check_fields(
+        where,
+        synced.type,
+        synced.payload,
+        synced.payload_kind,
+        synced.source_timestamp_us,
+        synced.outbox_event_id,
+    )
+
+
+def require_int(name: str, value: object, minimum: int) -> None:
+    """Refuse non-integers (bool included) and values outside ``minimum``..int64 max.
+
+    Raises :class:`StoreError` naming ``name``: every integer the store keeps or compares
+    in SQL must fit the databases' BIGINT.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StoreError(f"{name} must be an int, not {value!r}")
+    if not minimum <= value <= INT64_MAX:
+        raise StoreError(f"{name} must be between {minimum} and {INT64_MAX}, not {value}")
+
+
+def require_outbox_id(value: object, context: str = "") -> None:
+    """An outbox id is a non-empty str that both databases can store (no NUL, valid UTF-8)."""
+    if not isinstance(value, str) or not value:
+        raise StoreError(f"{context}outbox_event_id must be a non-empty str, not {value!r}")
+    if "\x00" in value or (not value.isascii() and not _encodable(value)):
+        raise StoreError(f"{context}outbox_event_id {value!r} has a NUL or a lone surrogate")
+
+
+def _check_fields(
+    where: str,
+    event_type: object,
+    payload: object,
+    kind: object,
+    source_timestamp_us: object,
+    outbox_event_id: object,
+) -> None:
+    """The checks shared by new and synced events."""
+    _check_type(where, event_type)
+    _check_payload(where, payload, kind)
+    if source_timestamp_us is not None:
+        require_int(f"{where}source_timestamp_us", source_timestamp_us, INT64_MIN)
+    if outbox_event_id is not None:
+        require_outbox_id(outbox_event_id, where)
+
+
+def _check_type(where: str, event_type: object) -> None:
+    """A type is a non-empty tuple of strings without the query wildcards ``?`` and ``*``."""
+    if not isinstance(event_type, tuple) or not event_type:
+        raise StoreError(f"{where}type must be a non-empty tuple of str, not {event_type!r}")
+    for segment in event_type:
+        if not isinstance(segment, str):
+            raise StoreError(f"{where}type {event_type!r} has a non-str segment {segment!r}")
+        if segment in WILDCARDS:
+            raise StoreError(
+                f"{where}type {event_type!r} has segment {segment!r}, "
+                "which is reserved as a query wildcard"
+            )
+
+
+def _check_payload(where: str, payload: object, kind: object) -> None:
+    """A payload is bytes with its kind, or absent with no kind."""
+    if payload is not None and not isinstance(payload, bytes):
+        raise StoreError(f"{where}payload must be bytes, not {type(payload).__name__}")
+    if kind is not None and not isinstance(kind, PayloadKind):
+        raise StoreError(f"{where}payload_kind must be a PayloadKind, not {kind!r}")
+    if (payload is None) != (kind is None):
+        raise StoreError(f"{where}payload and payload_kind must be given together")
+
+
+def _encodable(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
