@@ -25,13 +25,13 @@ from helpers import SHARED_URL, admin, stream_messages
 from tidings.config import TidingsConfig, load_config
 from tidings.errors import EmitError
 from tidings.events.outbox import OutboxEvent
-from tidings.outbox.direct import RoutedTargets
 from tidings.outbox.envelope import identity
 from tidings.outbox.producer import EMIT_SEQ_PLACEHOLDER, Outbox, OutboxTransaction
 from tidings.outbox.schema import outbox_event
 from tidings.routing.table import add_route
 from tidings.targets.jetstream import header_block_size, message_headers
 from tidings.targets.registry import shared_target
+from tidings.targets.routed import RoutedTargets, outbox_from_config
 
 TARGET = "emit-js"
 EVENT_ID = "5d0b7c1e-8f0a-4a7e-9d7e-2b7c4f7e1a01"
@@ -121,7 +121,7 @@ def test_payload_plus_headers_over_the_servers_max_payload_is_refused_at_emit(
     headers = _header_bytes(config)
     body = limit - headers + 8  # 8 bytes over, even on a whole-second logged_at
     assert body <= config.outbox.max_payload_bytes  # the outbox's own limit lets it pass
-    outbox = Outbox.from_config(config, transformer=identity)
+    outbox = outbox_from_config(config, transformer=identity)
     with pytest.raises(EmitError) as raised, outbox.transaction() as tx:
         _emit_big(tx, body)
     message = str(raised.value)
@@ -136,7 +136,7 @@ def test_an_event_that_fits_with_its_headers_is_emitted_and_delivered(
 ) -> None:
     limit = _announced_max_payload()
     body = limit - _header_bytes(config)  # exactly at the limit
-    outbox = Outbox.from_config(config, transformer=identity)
+    outbox = outbox_from_config(config, transformer=identity)
     with outbox.transaction() as tx:
         _emit_big(tx, body)
         # the same size, excluded: published straight to the stream after commit
@@ -160,7 +160,7 @@ def test_a_plain_outbox_knows_no_targets_and_checks_only_its_own_limit(
 
 def test_routes_are_read_again_after_their_time_to_live(config: TidingsConfig) -> None:
     """Emit does not query the routing table per event, and still sees a new route soon."""
-    engine = Outbox.from_config(config).engine
+    engine = outbox_from_config(config).engine
     targets = RoutedTargets(config, engine, routes_ttl=0.2)
     assert [t.name for t in targets.targets_for("Small")] == []
     add_route(engine, "Small", TARGET)

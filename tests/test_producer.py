@@ -215,9 +215,10 @@ def test_schema_version_newer_than_library_is_refused(tmp_path: Path) -> None:
 def test_from_config_sends_excluded_events_to_their_routed_targets(tmp_path: Path) -> None:
     from helpers import relay_config
     from tidings.server.store import EventStore
+    from tidings.targets.routed import outbox_from_config
 
     config = relay_config(tmp_path, routes={"Heartbeat": ["store"]})
-    outbox = Outbox.from_config(config, exclude=lambda d: d.event_type == "Heartbeat")
+    outbox = outbox_from_config(config, exclude=lambda d: d.event_type == "Heartbeat")
     with outbox.transaction() as tx:
         tx.emit("Heartbeat", {"alive": True})
         tx.emit("Unrouted", {}, exclude=True)  # excluded and unrouted: goes nowhere

@@ -35,7 +35,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from tidings.config import OutboxConfig, TidingsConfig
+from tidings.config import OutboxConfig
 from tidings.db import make_engine, placeholder
 from tidings.errors import EmitError, TransactionDoomed
 from tidings.events.outbox import EventStatus, OutboxEvent
@@ -118,22 +118,6 @@ class Outbox:
         self._insert_event = _insert_sql("outbox_event", _EVENT_COLUMNS, style)
         self._insert_attribute = _insert_sql("outbox_event_attribute", _ATTRIBUTE_COLUMNS, style)
         self._stamp = driver_stamp(self.engine.dialect.name)
-
-    @classmethod
-    def from_config(cls, config: TidingsConfig, **hooks: Any) -> Outbox:
-        """An outbox on ``config.database`` that knows where each event type is routed.
-
-        Emit refuses an event a routed target will always refuse (e.g. larger than a
-        JetStream server's max_payload), so it fails alone at the producer instead of in
-        the relay; excluded events go straight to their routed targets after commit.
-        """
-        from tidings.outbox.direct import RoutedTargets
-
-        engine = make_engine(config.database.url)
-        targets = RoutedTargets(config, engine)
-        hooks.setdefault("direct_publisher", targets.publish)
-        hooks.setdefault("target_check", targets.refusal)
-        return cls(engine, config.outbox, **hooks)
 
     @contextmanager
     def transaction(self) -> Iterator[OutboxTransaction]:
@@ -303,8 +287,8 @@ class Outbox:
         if self.direct_publisher is None:
             raise EmitError(
                 f"event {draft.event_type!r} is excluded from the outbox but this Outbox has no "
-                "direct publisher: build it with Outbox.from_config(config) or pass "
-                "direct_publisher="
+                "direct publisher: build it with tidings.targets.routed.outbox_from_config(config) "
+                "or pass direct_publisher="
             )
         deferred = _event_of(draft, body, seq=0)  # not in the log: no sequence number
         if isinstance(bind, OutboxTransaction):

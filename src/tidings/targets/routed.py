@@ -1,12 +1,17 @@
 """The producer's view of the targets: emit-time refusals and excluded events.
 
-An outbox built from a configuration knows where each event type is routed. It uses that
+An outbox built from a configuration (:func:`outbox_from_config`) knows where each event
+type is routed. It uses that
 twice. At emit, it asks every routed target whether it will always refuse the event (too
 large for a JetStream server's max_payload, say), so such an event fails at the producer,
 alone, instead of holding its key in the relay. After commit, it publishes excluded events
 straight to their routed targets: the design document lets a service exclude events from
 outbox processing; they are not stored and get no delivery guarantee, and a failure is
 logged, never raised into the service's code path that already committed.
+
+This lives with the targets, not with the outbox: the outbox sits below the targets and
+takes these two jobs as plain hooks (``target_check``, ``direct_publisher``), which the
+constructor here fills in.
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import Engine
 
 from tidings.config import TidingsConfig
+from tidings.db import make_engine
 from tidings.events.outbox import OutboxEvent
+from tidings.outbox.producer import Outbox
 from tidings.routing.table import Routes, current_routes
 from tidings.targets.base import Target
 from tidings.targets.registry import shared_target
@@ -29,6 +37,24 @@ log = logging.getLogger(__name__)
 #: How long an emit trusts the routes it last read. The relay reads them per micro-batch; a
 #: producer emitting thousands of events a second must not query ``tidings_route`` for each.
 ROUTES_TTL_S = 1.0
+
+
+def outbox_from_config(config: TidingsConfig, engine: Engine | None = None, **hooks: Any) -> Outbox:
+    """An outbox on ``config.database`` (or ``engine``) that knows where each event type is
+    routed.
+
+    Emit refuses an event a routed target will always refuse (e.g. larger than a JetStream
+    server's max_payload), so it fails alone at the producer instead of in the relay;
+    excluded events go straight to their routed targets after commit. ``hooks`` are the
+    :class:`~tidings.outbox.producer.Outbox` hooks; a ``direct_publisher`` or
+    ``target_check`` given there replaces the routed one.
+    """
+    if engine is None:
+        engine = make_engine(config.database.url)
+    targets = RoutedTargets(config, engine)
+    hooks.setdefault("direct_publisher", targets.publish)
+    hooks.setdefault("target_check", targets.refusal)
+    return Outbox(engine, config.outbox, **hooks)
 
 
 class RoutedTargets:
