@@ -1,0 +1,162 @@
+"""The layers of tidings hold: a part imports only the parts below it.
+
+The order is ARCHITECTURE.md's "Layout: layers, bottom first", with the top-level modules
+placed among the packages. Every ``import`` and ``from ... import`` in ``src/tidings`` counts,
+at module level and inside functions alike (a lazy import is still a dependency), relative
+ones resolved. A second check loads the client and the event model in a fresh interpreter
+and looks for the database and Spark stacks, which neither may need.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tidings
+
+#: Bottom first. Where ARCHITECTURE.md lists parts side by side (``errors``, ``events``;
+#: ``config``, ``db``; ``outbox``, ``routing``; ``cli``, ``demo``) this fixes an order between
+#: them: the one their imports already follow (the CLI runs the demo, so ``demo`` comes
+#: first). ``tidings`` is the package itself, the public face above everything.
+LAYERS = (
+    "errors",
+    "events",  # the one event model: no SQLAlchemy, no Spark
+    "address",  # tcp+sbs:// addresses, checked by the configuration, used by the wire
+    "logs",
+    "config",
+    "db",
+    "outbox",
+    "routing",
+    "status",  # outbox counts for the CLI and the metrics
+    "wire",
+    "server",
+    "client",
+    "targets",
+    "pipeline",
+    "metrics",  # the relay's Spark listener and the status gauges
+    "streams",
+    "intermediary",
+    "demo",
+    "cli",
+    "tidings",
+)
+RANK = {name: rank for rank, name in enumerate(LAYERS)}
+PACKAGE = Path(tidings.__file__).resolve().parent
+HEAVY = ("sqlalchemy", "pyspark")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> str:
+    """The layer of a module of tidings: its top-level package or module under tidings."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "tidings"
+
+
+def _imported(path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules of tidings ``node`` imports (``from tidings import client`` is the client)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = _module_name(path).split(".")
+            if path.name != "__init__.py":
+                package = package[:-1]
+            package = package[: len(package) - (node.level - 1)]
+            base = ".".join([*package, *([base] if base else [])])
+        names = [base]
+        if base == "tidings":
+            names = [f"tidings.{alias.name}" for alias in node.names]
+    return [name for name in names if name == "tidings" or name.startswith("tidings.")]
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_is_placed_in_a_layer() -> None:
+    unplaced = sorted({_layer(_module_name(p)) for p in _sources()} - set(LAYERS))
+    assert not unplaced, f"parts of tidings missing from LAYERS: {unplaced}"
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    violations = []
+    for path in _sources():
+        own = _layer(_module_name(path))
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for target in _imported(path, node):
+                layer = _layer(target)
+                if layer not in RANK:  # ``from tidings import X`` of a name, not a module
+                    layer = "tidings"
+                if layer != own and RANK[layer] > RANK.get(own, -1):
+                    where = path.relative_to(PACKAGE.parent.parent)
+                    violations.append(
+                        f"{where}:{node.lineno}: {ast.unparse(node)} ({own} imports {layer})"
+                    )
+    assert not violations, "imports against the layers:\n" + "\n".join(violations)
+
+
+def test_the_layer_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
+    """The walker itself: imports inside functions and relative imports are resolved."""
+    source = (
+        "from . import codec\n"
+        "from ..server import store\n"
+        "def later():\n"
+        "    import tidings.pipeline.relay\n"
+        "    from tidings import client\n"
+    )
+    path = PACKAGE / "wire" / "example.py"
+    found = [
+        target
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for target in _imported(path, node)
+    ]
+    assert found == [
+        "tidings.wire",
+        "tidings.server",
+        "tidings.pipeline.relay",
+        "tidings.client",
+    ]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import tidings.client",
+        # every module of the event model, not just the package's __init__
+        "import importlib, pkgutil, tidings.events\n"
+        "for m in pkgutil.walk_packages(tidings.events.__path__, 'tidings.events.'):\n"
+        "    importlib.import_module(m.name)",
+    ],
+    ids=["client", "events"],
+)
+def test_the_client_and_the_event_model_load_neither_sqlalchemy_nor_pyspark(
+    statement: str,
+) -> None:
+    check = (
+        f"{statement}\n"
+        "import sys\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(PACKAGE.parent), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"{statement!r} loaded {done.stdout.strip()}"
