@@ -1,13 +1,6 @@
 """Hat queries (:class:`~tidings.events.query.QueryData`) answered from the event store's indexes.
 
-Type patterns become conditions on the stored type text (``encode_type``: canonical JSON,
-compared in byte order on both databases). The types sharing the segments before a
-pattern's first wildcard are one range of that text, and for a pattern without ``?`` that
-range is exactly the types it matches, so such patterns need no look-up at all. Patterns
-with ``?`` are resolved in Python (TypeMatcher) against the candidate ranges of the table of
-distinct types (``event_types``: thousands of rows where the log has millions); the result
-is cached per store until that table grows, and it is the candidate ranges again when every
-candidate matched, else the list of matched types.
+Type patterns become conditions on the stored type text (:mod:`tidings.server.query_types`).
 
 Each query shape gets the plan that reads the fewest rows; the database's own planner is
 left the choice only where every matching row is read anyway:
@@ -33,25 +26,20 @@ result, decoding each type's text once per query.
 
 from __future__ import annotations
 
-import json
 import math
-import threading
-import weakref
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Literal, TypeVar
 
 from tidings.errors import StoreError
-from tidings.events.matching import ANY_ONE, ANY_REST, QueryType, TypeMatcher
 from tidings.events.model import StoredEvent
 from tidings.events.query import Order, QueryData
+from tidings.server.query_types import TypeFilter, type_condition, type_filter
 from tidings.server.store import (
     EVENT_COLUMNS,
     DriverCursor,
     EventStore,
-    decode_type,
-    encode_type,
     events_from_rows,
 )
 
@@ -60,15 +48,11 @@ _COLUMNS = EVENT_COLUMNS
 _TYPE, _TIMESTAMP, _SOURCE = 4, 5, 6
 #: Event ids per statement (three bound parameters each).
 _ID_CHUNK = 500
-#: Up to this many exact types are inline parameters; longer lists are one JSON parameter.
-_INLINE_TYPES = 16
 #: The cost of one index seek, in rows read, for the choice of an ordered query's plan.
 _SEEK_ROWS = 2.0
 #: A latest-per-type result of up to this many events is ordered and cut by SQLite; a
 #: longer one is fetched whole and sorted in Python.
 _SORT_IN_PYTHON = 1000
-#: Resolved patterns kept per store.
-_CACHED_PATTERNS = 256
 
 _T = TypeVar("_T")
 
@@ -106,7 +90,7 @@ def _select(
     sql: DriverCursor, store: EventStore, query: QueryData, chunk_rows: int
 ) -> Iterator[list[tuple[Any, ...]]]:
     """The rows of the query's result, in order, in chunks."""
-    types = _type_filter(sql, store, query.event_types)
+    types = type_filter(sql, store, query.event_types)
     if types is not None and types.is_empty():
         return
     if query.event_ids is not None:
@@ -159,7 +143,7 @@ def _parts(query: QueryData) -> list[_Part]:
 
 
 def _in_order(
-    sql: DriverCursor, query: QueryData, types: _TypeFilter | None, part: _Part, limit: int | None
+    sql: DriverCursor, query: QueryData, types: TypeFilter | None, part: _Part, limit: int | None
 ) -> tuple[str, list[Any]]:
     """One part of an ordered query as one statement and its parameters.
 
@@ -167,15 +151,13 @@ def _in_order(
     the plan is the order index, stopping after ``limit`` rows, and the type condition only
     filters them. SQLite, which has no statistics, would rather read by the type or the
     event id index and sort every event they give: ``+type`` and ``+server`` keep it off
-    them; PostgreSQL would join a long list of types (see _type_condition). Without a limit
+    them; PostgreSQL would join a long list of types (see type_condition). Without a limit
     every matching event is read anyway, and the database plans.
     """
     unindexed = limit is not None and not sql.postgresql
     conditions, params = _filters(query, "e", part, unindexed_server=unindexed)
     if types is not None:
-        condition, type_params = _type_condition(
-            sql, types, "e.type", filter_only=limit is not None
-        )
+        condition, type_params = type_condition(sql, types, "e.type", filter_only=limit is not None)
         conditions.append(condition)
         params += type_params
     statement = f"SELECT {_columns('e')} FROM event_events e"
@@ -189,7 +171,7 @@ def _in_order(
 
 
 def _top_per_type(
-    sql: DriverCursor, query: QueryData, types: _TypeFilter, part: _Part, limit: int
+    sql: DriverCursor, query: QueryData, types: TypeFilter, part: _Part, limit: int
 ) -> tuple[str, list[Any]]:
     """One part of an ordered query as the first ``limit`` events of each type (an index
     range of the per-type index each), merged, ordered and cut by the database: one
@@ -197,7 +179,7 @@ def _top_per_type(
     filters, filter_params = _filters(query, "p", part)
     inner = " AND ".join(["p.type = t.type", *filters])
     inner_order = _order_by("p", part.key, query.order)
-    known, type_params = _type_condition(sql, types, "t.type")
+    known, type_params = type_condition(sql, types, "t.type")
     if sql.postgresql:
         statement = (
             f"SELECT {_columns('x')} FROM event_types t CROSS JOIN LATERAL "
@@ -218,7 +200,7 @@ def _top_per_type(
 
 
 def _first_per_type(
-    sql: DriverCursor, query: QueryData, types: _TypeFilter | None
+    sql: DriverCursor, query: QueryData, types: TypeFilter | None
 ) -> list[tuple[Any, ...]]:
     """``unique_type``: each type's first event in the query's order, found with one probe
     of the per-type index per row of ``event_types`` (per part: a type lacking events with
@@ -228,7 +210,7 @@ def _first_per_type(
     passing them.
     """
     parts = _parts(query)
-    known, type_params = ("", []) if types is None else _type_condition(sql, types, "t.type")
+    known, type_params = ("", []) if types is None else type_condition(sql, types, "t.type")
     params: list[Any] = []
     if sql.postgresql:
         arms = []
@@ -279,15 +261,13 @@ def _first_per_type(
     return sql.rows(statement, params)
 
 
-def _by_ids(
-    sql: DriverCursor, query: QueryData, types: _TypeFilter | None
-) -> list[tuple[Any, ...]]:
+def _by_ids(sql: DriverCursor, query: QueryData, types: TypeFilter | None) -> list[tuple[Any, ...]]:
     """The named events passing the other filters, read by id in chunks, then ordered,
     each type's first kept (``unique_type``) and cut in Python: a query names few events."""
     assert query.event_ids is not None
     conditions, filter_params = _filters(query, "e")
     if types is not None:
-        condition, type_params = _type_condition(sql, types, "e.type", filter_only=True)
+        condition, type_params = type_condition(sql, types, "e.type", filter_only=True)
         conditions.append(condition)
         filter_params += type_params
     # A join with the ids rather than "(server, session, instance) IN (VALUES ...)", for
@@ -322,7 +302,7 @@ def _sorted_rows(rows: list[tuple[Any, ...]], query: QueryData) -> list[tuple[An
     return present + absent
 
 
-def _per_type_is_cheaper(sql: DriverCursor, types: _TypeFilter, limit: int) -> bool:
+def _per_type_is_cheaper(sql: DriverCursor, types: TypeFilter, limit: int) -> bool:
     """Whether reading the first ``limit`` events of each matched type beats reading the
     order index until ``limit`` events of the matched types have passed.
 
@@ -345,7 +325,7 @@ def _per_type_is_cheaper(sql: DriverCursor, types: _TypeFilter, limit: int) -> b
     threshold = max(1, math.ceil(bound))
     if types.listed is not None:
         return len(types.listed) < threshold
-    condition, params = _type_condition(sql, types, "t.type")
+    condition, params = type_condition(sql, types, "t.type")
     matched = sql.rows(
         f"SELECT count(*) FROM (SELECT 1 FROM event_types t WHERE {condition} LIMIT ?) m",
         [*params, threshold],
@@ -409,149 +389,6 @@ def _filters(
     return conditions, params
 
 
-def _type_condition(
-    sql: DriverCursor, types: _TypeFilter, column: str, *, filter_only: bool = False
-) -> tuple[str, list[Any]]:
-    """``column`` (the type text) among ``types``; ``filter_only`` keeps the planners from
-    reading by type (see _in_order): SQLite through ``+column``, PostgreSQL by a long list
-    in an expression, which it cannot turn into a join (a hashed subplan filters rows)."""
-    if filter_only and not sql.postgresql:
-        column = f"+{column}"
-    if types.listed is not None:
-        return _among(sql, column, types.listed, filter_only)
-    terms: list[str] = []
-    params: list[Any] = []
-    for low, high in types.ranges:
-        terms.append(f"({column} >= ? AND {column} < ?)")
-        params += [low, high]
-    if types.equal:
-        term, values = _among(sql, column, types.equal, filter_only)
-        terms.append(term)
-        params += values
-    return f"({' OR '.join(terms)})", params
-
-
-def _among(
-    sql: DriverCursor, column: str, values: Sequence[str], filter_only: bool
-) -> tuple[str, list[Any]]:
-    """``column`` equal to one of ``values``: a few inline, more as one JSON array parameter
-    (no driver limit on the number of bound parameters then; psycopg takes 10 us per
-    element to send a text[], escaping each)."""
-    if len(values) <= _INLINE_TYPES:
-        return f"{column} IN ({', '.join('?' * len(values))})", list(values)
-    if not sql.postgresql:
-        return f"{column} IN (SELECT value FROM json_each(?))", [json.dumps(values)]
-    condition = f"{column} IN (SELECT json_array_elements_text(?::json))"
-    return f"({condition}) IS TRUE" if filter_only else condition, [json.dumps(values)]
-
-
 def _chunks(values: list[_T], size: int) -> Iterator[list[_T]]:
     for start in range(0, len(values), size):
         yield values[start : start + size]
-
-
-# --- type patterns --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _TypeFilter:
-    """Stored types, as type text: ``equal`` ones and ``[low, high)`` ``ranges`` of the
-    text, or, when those would take in types the patterns do not match, the ``listed``
-    matching types."""
-
-    equal: tuple[str, ...] = ()
-    ranges: tuple[tuple[str, str], ...] = ()
-    listed: tuple[str, ...] | None = None
-
-    def is_empty(self) -> bool:
-        if self.listed is not None:
-            return not self.listed
-        return not self.equal and not self.ranges
-
-
-@dataclass(slots=True)
-class _Resolved:
-    """A store's resolved patterns, valid while ``event_types`` has ``known`` rows: the
-    table only grows, so the same number of rows is the same set of types."""
-
-    known: int
-    filters: dict[tuple[QueryType, ...], _TypeFilter | None] = field(default_factory=dict)
-
-
-_resolved: weakref.WeakKeyDictionary[EventStore, _Resolved] = weakref.WeakKeyDictionary()
-_resolved_lock = threading.Lock()
-
-
-def _type_filter(
-    sql: DriverCursor, store: EventStore, query_types: tuple[QueryType, ...] | None
-) -> _TypeFilter | None:
-    """The stored types ``query_types`` select; None when every type is selected (no type
-    condition is needed then)."""
-    if query_types is None or (ANY_REST,) in query_types:
-        return None
-    candidates = _type_candidates(query_types)
-    if candidates is not None and not any(ANY_ONE in q for q in query_types):
-        return candidates  # without "?" the candidates are exactly the matching types
-    known: int = sql.rows("SELECT count(*) FROM event_types")[0][0]
-    with _resolved_lock:
-        cached = _resolved.get(store)
-        if cached is not None and cached.known == known and query_types in cached.filters:
-            return cached.filters[query_types]
-    types = _resolve(sql, query_types, candidates)
-    with _resolved_lock:
-        cached = _resolved.get(store)
-        if cached is None or cached.known < known:
-            cached = _resolved[store] = _Resolved(known)
-        if cached.known == known:  # else a newer snapshot has filled the cache
-            if len(cached.filters) >= _CACHED_PATTERNS:
-                cached.filters.clear()
-            cached.filters[query_types] = types
-    return types
-
-
-def _resolve(
-    sql: DriverCursor, query_types: Sequence[QueryType], candidates: _TypeFilter | None
-) -> _TypeFilter | None:
-    """Match the candidate types (every known type if ``candidates`` is None) in Python."""
-    statement = "SELECT t.type FROM event_types t"
-    params: list[Any] = []
-    if candidates is not None:
-        condition, params = _type_condition(sql, candidates, "t.type")
-        statement += f" WHERE {condition}"
-    read = [text for (text,) in sql.rows(statement, params)]
-    matcher = TypeMatcher(query_types)
-    matched = tuple(sorted(text for text in read if matcher.matches(decode_type(text))))
-    if len(matched) == len(read):
-        return candidates
-    return _TypeFilter(listed=matched)
-
-
-def _type_candidates(query_types: Sequence[QueryType]) -> _TypeFilter | None:
-    """The stored types that may match ``query_types``: for each pattern, the types of its
-    segments before the first wildcard followed by anything (a range of the type text) or
-    by nothing; None when every type may (a pattern starts with ``?``)."""
-    equal: set[str] = set()
-    prefixes: set[str] = set()
-    for query_type in query_types:
-        fixed = _fixed_prefix(query_type)
-        if fixed == query_type:
-            equal.add(encode_type(query_type))  # "[]" for (), which matches no stored type
-            continue
-        if not fixed:
-            return None  # starts with "?" (a lone "*" never gets here): every type
-        if query_type[len(fixed)] == ANY_REST:
-            equal.add(encode_type(fixed))  # "*" matching zero segments
-        prefixes.add(encode_type(fixed)[:-1] + ",")
-    # A prefix ends with ","; the texts starting with it are those from it up to the same
-    # text with "-" (the next character) instead: a range the indexes serve, unlike LIKE,
-    # which would also need escaping of the JSON text.
-    ranges = tuple((prefix, prefix[:-1] + "-") for prefix in sorted(prefixes))
-    return _TypeFilter(equal=tuple(sorted(equal)), ranges=ranges)
-
-
-def _fixed_prefix(query_type: QueryType) -> QueryType:
-    """The segments of ``query_type`` before its first wildcard."""
-    for index, segment in enumerate(query_type):
-        if segment in (ANY_ONE, ANY_REST):
-            return query_type[:index]
-    return query_type
