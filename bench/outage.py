@@ -35,16 +35,23 @@ from typing import Any
 import nats
 from sqlalchemy import func, select
 
-from relay import TreeMonitor, machine_info, percentile, say  # bench/relay.py
+from common import (
+    TreeMonitor,
+    free_port,
+    machine_info,
+    machine_text,
+    percentile,
+    publish_latencies_ms,
+    say,
+    write_report,
+)
 from tidings.config import load_config
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import run_relay
 from tidings.pipeline.spark import spark_session
-from tidings.timeutil import as_utc
 
-RESULTS = Path(__file__).resolve().parent / "results"
 NATS_SERVER = "/usr/sbin/nats-server"
 KEYS = 20
 STREAM = "OUTAGE_BENCH"
@@ -94,14 +101,6 @@ class Producer(threading.Thread):
                 time.sleep(delay)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def open_rows(engine: Any, upto: int | None = None) -> dict[str, int]:
     query = select(outbox_event.c.status, func.count()).group_by(outbox_event.c.status)
     if upto is not None:
@@ -113,21 +112,6 @@ def open_rows(engine: Any, upto: int | None = None) -> dict[str, int]:
 def max_seq(engine: Any) -> int:
     with engine.connect() as conn:
         return conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
-
-
-def latencies(engine: Any, since: float, until: float) -> list[float]:
-    """Commit -> PUBLISHED, in ms, of events logged in [since, until) (epoch seconds)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(outbox_event.c.logged_at, outbox_event.c.last_publish_at).where(
-                outbox_event.c.status == "PUBLISHED"
-            )
-        ).all()
-    return [
-        (as_utc(done) - as_utc(logged)).total_seconds() * 1000
-        for logged, done in rows
-        if since <= as_utc(logged).timestamp() < until
-    ]
 
 
 async def _stream_ids(url: str) -> list[str]:
@@ -230,10 +214,9 @@ def main() -> int:
         [e for e in delivered if keys.get(e) == k] == [e for e in order if keys.get(e) == k]
         for k in {f"k{i}" for i in range(KEYS)}
     )
-    before = latencies(engine, t_start + 5, t_kill - 2)  # not those the kill caught in flight
-    tail = latencies(engine, t_end - min(30.0, after_s / 2), t_end)
-    foreign, _ = monitor.foreign_cpu()
-    cores = os.cpu_count() or 1
+    # Not those the kill caught in flight.
+    before = publish_latencies_ms(engine, t_start + 5, t_kill - 2)
+    tail = publish_latencies_ms(engine, t_end - min(30.0, after_s / 2), t_end)
     result.update(
         {
             "events": len(rows),
@@ -248,13 +231,11 @@ def main() -> int:
             "all_published": {r.status for r in rows} == {"PUBLISHED"},
             "exactly_once": sorted(delivered) == sorted(order),
             "per_key_order": in_order,
-            "other_processes_cpu_share": round(foreign / (monitor.wall * cores), 3),
+            "other_processes_cpu_share": round(monitor.foreign_share(), 3),
         }
     )
     say(json.dumps(result, indent=2))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "outage.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "outage.md").write_text(markdown(result, args.quick))
+    write_report("outage", result, markdown(result, args.quick))
     shutil.rmtree(work, ignore_errors=True)
     return 0 if result["exactly_once"] and result["per_key_order"] else 1
 
@@ -266,7 +247,7 @@ def markdown(r: dict[str, Any], quick: bool) -> str:
             "# Relay recovery after a JetStream outage",
             "",
             f"`.venv/bin/python bench/outage.py{' --quick' if quick else ''}` on {m['date']}: "
-            f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB, Python {m['python']}, "
+            f"{machine_text(m)}, Python {m['python']}, "
             f"PySpark {m['pyspark']}. Other processes used "
             f"{r['other_processes_cpu_share']:.0%} of the cores meanwhile.",
             "",
