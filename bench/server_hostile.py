@@ -169,7 +169,7 @@ class Bystander:
     async def _read(self) -> None:
         assert self._proc.stdout is not None
         async for line in self._proc.stdout:
-            end, ms, kind, *rest = line.decode().split(" ", 3)
+            end, ms, kind, *rest = line.decode().strip().split(" ", 3)
             if kind == "error":
                 self.errors.append((float(end), " ".join(rest).strip()))
             else:
