@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from tidings.outbox.schema import outbox_event
 from tidings.timeutil import as_utc
@@ -76,6 +76,21 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def status_counts(engine: Any, upto: int | None = None) -> dict[str, int]:
+    """Outbox events per status (of those up to sequence ``upto``, if given)."""
+    query = select(outbox_event.c.status, func.count()).group_by(outbox_event.c.status)
+    if upto is not None:
+        query = query.where(outbox_event.c.seq <= upto)
+    with engine.connect() as conn:
+        return {status: count for status, count in conn.execute(query)}
+
+
+def max_seq(engine: Any) -> int:
+    """The outbox's newest sequence number (0 when empty)."""
+    with engine.connect() as conn:
+        return conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
 
 
 def publish_latencies_ms(

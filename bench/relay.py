@@ -42,7 +42,7 @@ from typing import Any
 
 import nats
 import yaml
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from common import (
     LOADED_SHARE,
@@ -52,10 +52,12 @@ from common import (
     cpu_share,
     machine_info,
     machine_text,
+    max_seq,
     percentile,
     publish_latencies_ms,
     runtime_s,
     say,
+    status_counts,
     write_report,
 )
 from tidings.config import TidingsConfig, load_config
@@ -132,12 +134,6 @@ class Report:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def status_counts(engine: Any) -> dict[str, int]:
-    with engine.connect() as conn:
-        query = select(outbox_event.c.status, func.count()).group_by(outbox_event.c.status)
-        return {status: count for status, count in conn.execute(query)}
 
 
 def wait_published(engine: Any, count: int, timeout: float) -> None:
@@ -509,8 +505,7 @@ def relay_breakdown(
     from tidings.targets.registry import build_target
 
     engine = make_engine(sqlite_url(app_db_copy))
-    with engine.connect() as conn:
-        upto = conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
+    upto = max_seq(engine)
     spec = cfg.targets[target_name]
     if spec.kind == "event_store":
         spec = spec.model_copy(update={"url": sqlite_url(work / "breakdown-events.db")})
