@@ -29,22 +29,32 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nats
-from sqlalchemy import func, select
+from sqlalchemy import select
 
-from relay import TreeMonitor, machine_info, percentile, say  # bench/relay.py
-from tidings.config import load_config
+from common import (
+    TreeMonitor,
+    free_port,
+    machine_info,
+    machine_text,
+    max_seq,
+    percentile,
+    publish_latencies_ms,
+    say,
+    status_counts,
+    write_report,
+)
+from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import run_relay
 from tidings.pipeline.spark import spark_session
-from tidings.timeutil import as_utc
 
-RESULTS = Path(__file__).resolve().parent / "results"
 NATS_SERVER = "/usr/sbin/nats-server"
 KEYS = 20
 STREAM = "OUTAGE_BENCH"
@@ -94,40 +104,9 @@ class Producer(threading.Thread):
                 time.sleep(delay)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def open_rows(engine: Any, upto: int | None = None) -> dict[str, int]:
-    query = select(outbox_event.c.status, func.count()).group_by(outbox_event.c.status)
-    if upto is not None:
-        query = query.where(outbox_event.c.seq <= upto)
-    with engine.connect() as conn:
-        return {s: n for s, n in conn.execute(query) if s != "PUBLISHED"}
-
-
-def max_seq(engine: Any) -> int:
-    with engine.connect() as conn:
-        return conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
-
-
-def latencies(engine: Any, since: float, until: float) -> list[float]:
-    """Commit -> PUBLISHED, in ms, of events logged in [since, until) (epoch seconds)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(outbox_event.c.logged_at, outbox_event.c.last_publish_at).where(
-                outbox_event.c.status == "PUBLISHED"
-            )
-        ).all()
-    return [
-        (as_utc(done) - as_utc(logged)).total_seconds() * 1000
-        for logged, done in rows
-        if since <= as_utc(logged).timestamp() < until
-    ]
+    """Outbox events not yet PUBLISHED, per status (up to sequence ``upto``, if given)."""
+    return {s: n for s, n in status_counts(engine, upto).items() if s != "PUBLISHED"}
 
 
 async def _stream_ids(url: str) -> list[str]:
@@ -140,20 +119,16 @@ async def _stream_ids(url: str) -> list[str]:
         await nc.close()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter phases (about 1 minute)")
-    args = parser.parse_args()
-    rate, warm_s, outage_s, after_s = QUICK if args.quick else FULL
-    work = Path(tempfile.mkdtemp(prefix="tidings-outage-"))
-    server = NatsServer(free_port(), work / "jetstream")
-    config = load_config(
+def outage_config(work: Path, url: str) -> TidingsConfig:
+    """The private server as the only target, with no scheduled replay: after the outage the
+    relay alone must resume the keys it held."""
+    return load_config(
         {
             "database": {"url": f"sqlite:///{work / 'app.db'}"},
             "targets": {
                 "js": {
                     "kind": "jetstream",
-                    "servers": [server.url],
+                    "servers": [url],
                     "stream": STREAM,
                     "subject_prefix": "outage",
                     "ack_timeout": "1s",
@@ -163,6 +138,123 @@ def main() -> int:
             "relay": {"checkpoint_dir": str(work / "checkpoint"), "replay_every": None},
         }
     )
+
+
+@dataclass
+class Timeline:
+    """When the traffic started, the target was killed and came back, and the traffic ended
+    (epoch seconds), with what the outbox held meanwhile."""
+
+    start: float
+    kill: float = 0.0
+    back: float = 0.0
+    end: float = 0.0
+    back_seq: int = 0  # the newest event logged before the restart
+    max_held: int = 0  # the most events HELD during the outage
+    during: dict[str, int] = field(default_factory=dict)  # open events at its end
+    recovery: float | None = None  # restart -> everything logged before it PUBLISHED
+
+
+def _outage(engine: Any, server: NatsServer, outage_s: float, t: Timeline) -> None:
+    """Kill the target for ``outage_s``, watching how many events the relay holds, and
+    start it again on its storage."""
+    server.kill()
+    t.kill = time.time()
+    say("target killed")
+    while time.time() < t.kill + outage_s:
+        t.max_held = max(t.max_held, open_rows(engine).get("HELD", 0))
+        time.sleep(0.5)
+    t.during = open_rows(engine)
+    server.start()
+    t.back, t.back_seq = time.time(), max_seq(engine)
+    say(f"target back; open then: {t.during}")
+
+
+def _note_recovery(engine: Any, t: Timeline) -> None:
+    """Record the recovery time once everything logged before the restart is PUBLISHED."""
+    if t.recovery is None and not open_rows(engine, t.back_seq):
+        t.recovery = time.time() - t.back
+        say(f"everything logged before the restart delivered after {t.recovery:.1f} s")
+
+
+def traffic(
+    engine: Any, producer: Producer, server: NatsServer, phases: tuple[float, float, float]
+) -> Timeline:
+    """A published warm-up event (Spark's start-up before the clock starts), then the paced
+    traffic: ``phases`` = (warm-up, outage, after the restart) in seconds; then waits up to
+    300 s until every event is PUBLISHED."""
+    warm_s, outage_s, after_s = phases
+    with producer.outbox.transaction() as tx:
+        tx.emit("Moved", {"warm": True}, partition_key="warm")
+    while open_rows(engine):
+        time.sleep(0.1)
+    producer.start()
+    t = Timeline(start=time.time())
+    time.sleep(warm_s)
+    _outage(engine, server, outage_s, t)
+    while time.time() < t.back + after_s:
+        _note_recovery(engine, t)
+        time.sleep(0.2)
+    producer.stop.set()
+    producer.join()
+    t.end = time.time()
+    deadline = time.time() + 300
+    while open_rows(engine) and time.time() < deadline:
+        _note_recovery(engine, t)
+        time.sleep(0.2)
+    return t
+
+
+def delivery(engine: Any, url: str, keys: dict[str, str]) -> dict[str, Any]:
+    """What the stream received against what the outbox logged: every event once, each key's
+    events in the order they were logged, and the retries the outage cost."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                outbox_event.c.event_id, outbox_event.c.retry_count, outbox_event.c.status
+            ).order_by(outbox_event.c.seq)
+        ).all()
+    delivered = asyncio.run(_stream_ids(url))
+    order = [r.event_id for r in rows]
+    in_order = all(
+        [e for e in delivered if keys.get(e) == k] == [e for e in order if keys.get(e) == k]
+        for k in {f"k{i}" for i in range(KEYS)}
+    )
+    return {
+        "events": len(rows),
+        "retries_charged": sum(r.retry_count for r in rows),
+        "all_published": {r.status for r in rows} == {"PUBLISHED"},
+        "exactly_once": sorted(delivered) == sorted(order),
+        "per_key_order": in_order,
+    }
+
+
+def figures(t: Timeline, engine: Any, after_s: float, checks: dict[str, Any]) -> dict[str, Any]:
+    """outage.json's figures, in report order."""
+    # Not those the kill caught in flight.
+    before = publish_latencies_ms(engine, t.start + 5, t.kill - 2)
+    tail = publish_latencies_ms(engine, t.end - min(30.0, after_s / 2), t.end)
+    return {
+        "events": checks["events"],
+        "recovery_s": None if t.recovery is None else round(t.recovery, 1),
+        "latency_before_p50_ms": round(percentile(before, 50)),
+        "latency_before_p99_ms": round(percentile(before, 99)),
+        "latency_after_p50_ms": round(percentile(tail, 50)),
+        "latency_after_p99_ms": round(percentile(tail, 99)),
+        "max_held_during_outage": t.max_held,
+        "failed_during_outage": t.during.get("FAILED", 0),
+        **{k: v for k, v in checks.items() if k != "events"},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter phases (about 1 minute)")
+    args = parser.parse_args()
+    rate, warm_s, outage_s, after_s = QUICK if args.quick else FULL
+    work = Path(tempfile.mkdtemp(prefix="tidings-outage-"))
+    server = NatsServer(free_port(), work / "jetstream")
+    config = outage_config(work, server.url)
     engine = make_engine(config.database.url)
     producer = Producer(Outbox(engine), rate)
     machine = machine_info()
@@ -178,83 +270,19 @@ def main() -> int:
     result: dict[str, Any] = {"machine": machine, "rate_ev_s": rate, "outage_s": outage_s}
     try:
         relay.start()
-        with producer.outbox.transaction() as tx:  # Spark's start-up before the clock starts
-            tx.emit("Moved", {"warm": True}, partition_key="warm")
-        while open_rows(engine):
-            time.sleep(0.1)
-        producer.start()
-        t_start = time.time()
-        time.sleep(warm_s)
-        server.kill()
-        t_kill = time.time()
-        say("target killed")
-        max_held = 0
-        while time.time() < t_kill + outage_s:
-            max_held = max(max_held, open_rows(engine).get("HELD", 0))
-            time.sleep(0.5)
-        during = open_rows(engine)
-        server.start()
-        t_back, back_seq = time.time(), max_seq(engine)
-        say(f"target back; open then: {during}")
-        recovery = None
-        while time.time() < t_back + after_s:
-            if recovery is None and not open_rows(engine, back_seq):
-                recovery = time.time() - t_back
-                say(f"everything logged before the restart delivered after {recovery:.1f} s")
-            time.sleep(0.2)
-        producer.stop.set()
-        producer.join()
-        t_end = time.time()
-        deadline = time.time() + 300
-        while open_rows(engine) and time.time() < deadline:
-            if recovery is None and not open_rows(engine, back_seq):
-                recovery = time.time() - t_back
-            time.sleep(0.2)
+        timeline = traffic(engine, producer, server, (warm_s, outage_s, after_s))
     finally:
         producer.stop.set()
         stop.set()
         relay.join(60)
         monitor.stop()
         spark.stop()
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(
-                outbox_event.c.event_id, outbox_event.c.retry_count, outbox_event.c.status
-            ).order_by(outbox_event.c.seq)
-        ).all()
-    delivered = asyncio.run(_stream_ids(server.url))
+    checks = delivery(engine, server.url, producer.keys)
     server.kill()
-    order = [r.event_id for r in rows]
-    keys = producer.keys
-    in_order = all(
-        [e for e in delivered if keys.get(e) == k] == [e for e in order if keys.get(e) == k]
-        for k in {f"k{i}" for i in range(KEYS)}
-    )
-    before = latencies(engine, t_start + 5, t_kill - 2)  # not those the kill caught in flight
-    tail = latencies(engine, t_end - min(30.0, after_s / 2), t_end)
-    foreign, _ = monitor.foreign_cpu()
-    cores = os.cpu_count() or 1
-    result.update(
-        {
-            "events": len(rows),
-            "recovery_s": None if recovery is None else round(recovery, 1),
-            "latency_before_p50_ms": round(percentile(before, 50)),
-            "latency_before_p99_ms": round(percentile(before, 99)),
-            "latency_after_p50_ms": round(percentile(tail, 50)),
-            "latency_after_p99_ms": round(percentile(tail, 99)),
-            "max_held_during_outage": max_held,
-            "failed_during_outage": during.get("FAILED", 0),
-            "retries_charged": sum(r.retry_count for r in rows),
-            "all_published": {r.status for r in rows} == {"PUBLISHED"},
-            "exactly_once": sorted(delivered) == sorted(order),
-            "per_key_order": in_order,
-            "other_processes_cpu_share": round(foreign / (monitor.wall * cores), 3),
-        }
-    )
+    result.update(figures(timeline, engine, after_s, checks))
+    result["other_processes_cpu_share"] = round(monitor.foreign_share(), 3)
     say(json.dumps(result, indent=2))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "outage.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "outage.md").write_text(markdown(result, args.quick))
+    write_report("outage", result, markdown(result, args.quick))
     shutil.rmtree(work, ignore_errors=True)
     return 0 if result["exactly_once"] and result["per_key_order"] else 1
 
@@ -266,7 +294,7 @@ def markdown(r: dict[str, Any], quick: bool) -> str:
             "# Relay recovery after a JetStream outage",
             "",
             f"`.venv/bin/python bench/outage.py{' --quick' if quick else ''}` on {m['date']}: "
-            f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB, Python {m['python']}, "
+            f"{machine_text(m)}, Python {m['python']}, "
             f"PySpark {m['pyspark']}. Other processes used "
             f"{r['other_processes_cpu_share']:.0%} of the cores meanwhile.",
             "",

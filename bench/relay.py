@@ -20,7 +20,6 @@ import contextlib
 import cProfile
 import json
 import os
-import platform
 import pstats
 import random
 import shutil
@@ -30,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import uuid
@@ -43,20 +41,32 @@ from pathlib import Path
 from typing import Any
 
 import nats
-import psutil
-import pyspark
 import yaml
-from sqlalchemy import func, select
+from sqlalchemy import select
 
+from common import (
+    LOADED_SHARE,
+    REPO,
+    TreeMonitor,
+    code_version,
+    cpu_share,
+    machine_info,
+    machine_text,
+    max_seq,
+    percentile,
+    publish_latencies_ms,
+    runtime_s,
+    say,
+    status_counts,
+    write_report,
+)
 from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
-from tidings.model import OPEN_STATUSES
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import ensure_schema, outbox_event
 from tidings.server.store import EventStore
 from tidings.timeutil import as_utc
 
-RESULTS = Path(__file__).resolve().parent / "results"
 NATS_URL = "nats://127.0.0.1:4222"
 EVENT_TYPE = "MoneyDeposited"
 ACCOUNTS = 1000  # rows of the domain table the producer updates
@@ -66,7 +76,6 @@ RAW_INSERT_SQL = (
     "partition_bucket, payload, headers, logged_at, status, retry_count, created_at, "
     "updated_at, concurrency_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-OPEN = sorted(s.value for s in OPEN_STATUSES)
 
 
 @dataclass(frozen=True)
@@ -95,12 +104,17 @@ GOALS: dict[str, dict[str, float]] = {
     "latency_p99_ms": {"max": 500},
     "peak_pss_mib": {"max": 1536},
 }
-
-_T0 = time.monotonic()
-
-
-def say(message: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", flush=True)
+#: The figures of relay.json, in report order: their format and unit in relay.md.
+UNITS = {
+    "producer_overhead_ratio": ("{:.2f}", "x raw sqlite3 time"),
+    "relay_embedded_ev_s": ("{:,.0f}", "ev/s"),
+    "relay_jetstream_ev_s": ("{:,.0f}", "ev/s"),
+    "raw_nats_publish_ev_s": ("{:,.0f}", "msg/s"),
+    "latency_p50_ms": ("{:,.0f}", "ms"),
+    "latency_p99_ms": ("{:,.0f}", "ms"),
+    "peak_pss_mib": ("{:,.0f}", "MiB"),
+}
+MIB = 2**20
 
 
 @dataclass
@@ -122,19 +136,11 @@ class Report:
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
-def status_counts(engine: Any) -> dict[str, int]:
-    with engine.connect() as conn:
-        query = select(outbox_event.c.status, func.count()).group_by(outbox_event.c.status)
-        return {status: count for status, count in conn.execute(query)}
+def wait_published(engine: Any, count: int, timeout: float) -> None:
+    """Wait until at least ``count`` outbox events are PUBLISHED, or ``timeout`` s passed."""
+    deadline = time.monotonic() + timeout
+    while status_counts(engine).get("PUBLISHED", 0) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def store_count(url: str) -> int:
@@ -158,8 +164,9 @@ def jetstream_target(stream: str, prefix: str) -> dict[str, Any]:
 
 
 def bench_config(
-    work: Path, name: str, targets: dict[str, Any], routes: dict[str, list[str]], **relay: Any
+    work: Path, name: str, targets: dict[str, Any], routes: dict[str, list[str]]
 ) -> TidingsConfig:
+    """A configuration with its own directory under ``work`` (database, checkpoints)."""
     directory = work / name
     directory.mkdir(parents=True, exist_ok=True)
     return load_config(
@@ -172,7 +179,6 @@ def bench_config(
                 "checkpoint_dir": str(directory / "checkpoint"),
                 "max_events_per_batch": 100_000,
                 "partitions": 2,
-                **relay,
             },
         }
     )
@@ -205,16 +211,10 @@ def create_accounts(execute: Callable[..., Any]) -> None:
 
 def progress_durations(query: Any) -> list[dict[str, Any]]:
     """Per micro-batch: batch id, input rows and Spark's durationMs map."""
-    out = []
-    for progress in query.recentProgress:
-        out.append(
-            {
-                "batch": progress.batchId,
-                "rows": progress.numInputRows,
-                "ms": dict(progress.durationMs),
-            }
-        )
-    return out
+    return [
+        {"batch": progress.batchId, "rows": progress.numInputRows, "ms": dict(progress.durationMs)}
+        for progress in query.recentProgress
+    ]
 
 
 def copy_sqlite(src: Path, dst: Path) -> None:
@@ -222,170 +222,13 @@ def copy_sqlite(src: Path, dst: Path) -> None:
         a.backup(b)
 
 
-class TreeMonitor:
-    """Samples a process tree (root and every descendant): CPU seconds and PSS per kind.
-
-    Kinds: the driver (root), the JVM, Python task workers (``pyspark.daemon
-    pyspark.worker``: the read and write tasks) and the other Python workers Spark starts
-    for data source planning, the streaming source and the commit. With ``baseline`` the
-    CPU used before the first sample is not counted. CPU of a process that exits between
-    two samples is counted up to its last sample only.
-    """
-
-    def __init__(self, root_pid: int, *, pss: bool = False, baseline: bool = True) -> None:
-        self.root = psutil.Process(root_pid)
-        self.pss = pss
-        self.kinds: dict[int, str] = {}
-        self.first: dict[int, float] = {}
-        self.last: dict[int, float] = {}
-        self.peak = 0
-        self.peak_parts: dict[str, int] = {}
-        self.peak_counts: dict[str, int] = {}
-        self.single_peak: dict[str, int] = defaultdict(int)
-        self.system_start = psutil.cpu_times()
-        self.system_end = self.system_start
-        self.samples = 0
-        self.started = time.perf_counter()
-        self.wall = 0.0
-        self._baseline = baseline
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.sample()
-        self._baseline = False
-
-    def _kind(self, proc: psutil.Process) -> str:
-        if proc.pid == self.root.pid:
-            return "driver"
-        name = proc.name()
-        if "java" in name:
-            return "JVM"
-        if "python" not in name:
-            return "other"
-        if proc.cmdline()[-1:] == ["pyspark.worker"]:
-            return "python task workers"
-        return "python planning/commit workers"
-
-    def sample(self) -> int:
-        """Take one sample; returns the tree's PSS in bytes (0 without ``pss``)."""
-        try:
-            procs = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            return 0
-        total, parts, counts = 0, defaultdict(int), defaultdict(int)
-        for proc in procs:
-            try:
-                kind = self.kinds.get(proc.pid, "other")
-                if kind == "other":  # spark-class is bash until it execs the JVM
-                    kind = self.kinds[proc.pid] = self._kind(proc)
-                times = proc.cpu_times()
-                cpu = times.user + times.system
-                self.first.setdefault(proc.pid, cpu if self._baseline else 0.0)
-                self.last[proc.pid] = cpu
-                if self.pss:
-                    pss = proc.memory_full_info().pss
-                    parts[kind] += pss
-                    counts[kind] += 1
-                    total += pss
-                    self.single_peak[kind] = max(self.single_peak[kind], pss)
-            except psutil.Error:
-                continue
-        self.samples += 1
-        if total > self.peak:
-            self.peak, self.peak_parts, self.peak_counts = total, dict(parts), dict(counts)
-        return total
-
-    def start(self, interval: float = 0.25) -> TreeMonitor:
-        def loop() -> None:
-            while not self._stop.wait(interval):
-                self.sample()
-
-        self._thread = threading.Thread(target=loop, name="tree-monitor", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> TreeMonitor:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.sample()
-        self.wall = time.perf_counter() - self.started
-        self.system_end = psutil.cpu_times()
-        return self
-
-    def foreign_cpu(self) -> tuple[float, float]:
-        """CPU-s used by processes outside the tree meanwhile, and CPU-s stolen (steal)."""
-        a, b = self.system_start, self.system_end
-        busy = sum(
-            getattr(b, f) - getattr(a, f)
-            for f in ("user", "nice", "system", "irq", "softirq")
-            if hasattr(a, f)
-        )
-        steal = getattr(b, "steal", 0.0) - getattr(a, "steal", 0.0)
-        return max(0.0, busy - sum(self.cpu_by_kind().values())), steal
-
-    def cpu_by_kind(self) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        for pid, last in self.last.items():
-            out[self.kinds[pid]] += last - self.first[pid]
-        return dict(out)
-
-    def describe_cpu(self) -> str:
-        cpu = self.cpu_by_kind()
-        total = sum(cpu.values())
-        cores = os.cpu_count() or 1
-        parts = ", ".join(
-            f"{k} {v:.1f} s" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 0.05
-        )
-        return (
-            f"CPU used by the process tree over {self.wall:.1f} s wall: {parts}; total "
-            f"{total:.1f} CPU-s = {total / (self.wall * cores):.0%} of {cores} cores"
-        )
+def sqlite_path(cfg: TidingsConfig) -> Path:
+    return Path(cfg.database.url.removeprefix("sqlite:///"))
 
 
-def code_version() -> str:
-    """The commit the benchmark ran against, and whether src/ differed from it."""
-    repo = RESULTS.parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(repo), "log", "-1", "--format=%h %s"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--", "src"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"unknown ({exc})"
-    return f"git {head}" + (" (src/ had uncommitted changes)" if dirty else " (src/ clean)")
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
-        java_version = (java.stderr or java.stdout).splitlines()[0].strip()
-    except (OSError, IndexError, subprocess.SubprocessError) as exc:
-        java_version = f"unknown ({exc})"
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-        "java": java_version,
-        "pyspark": pyspark.__version__,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+def mib_by_kind(values: dict[str, int]) -> str:
+    """``kind MiB, ...`` of the kinds holding at least 1 MiB, by name."""
+    return ", ".join(f"{k} {v / MIB:,.0f}" for k, v in sorted(values.items()) if v >= MIB)
 
 
 # -- 1. producer overhead --------------------------------------------------------------------
@@ -405,24 +248,32 @@ def _deposit(i: int) -> tuple[str, int]:
     return f"ACC{i % ACCOUNTS:05d}", i % 500 + 1
 
 
-def producer_tidings(path: Path, txns: int, warmup: int) -> float:
+def emit_deposit(outbox: Outbox, i: int) -> None:
+    """One producer transaction through tidings: an account UPDATE and its event."""
+    acct, amount = _deposit(i)
+    with outbox.transaction() as tx:
+        tx.connection.exec_driver_sql(UPDATE_SQL, (amount, acct))
+        tx.emit(EVENT_TYPE, {"account": acct, "amount": amount, "op": i}, partition_key=acct)
+
+
+def deposit_outbox(path: Path) -> Outbox:
+    """An Outbox on a fresh SQLite file that also holds the account table."""
     engine = make_engine(sqlite_url(path))
     outbox = Outbox(engine)
     with engine.begin() as conn:
         create_accounts(conn.exec_driver_sql)
+    return outbox
 
-    def one(i: int) -> None:
-        acct, amount = _deposit(i)
-        with outbox.transaction() as tx:
-            tx.connection.exec_driver_sql(UPDATE_SQL, (amount, acct))
-            tx.emit(EVENT_TYPE, {"account": acct, "amount": amount, "op": i}, partition_key=acct)
 
-    elapsed = _timed(one, txns, warmup)
-    engine.dispose()
+def producer_tidings(path: Path, txns: int, warmup: int) -> float:
+    outbox = deposit_outbox(path)
+    elapsed = _timed(lambda i: emit_deposit(outbox, i), txns, warmup)
+    outbox.engine.dispose()
     return elapsed
 
 
-def producer_raw(path: Path, txns: int, warmup: int) -> float:
+def _raw_db(path: Path) -> sqlite3.Connection:
+    """``sqlite3`` on a file with tidings' own outbox table, its PRAGMAs and the accounts."""
     engine = make_engine(sqlite_url(path))
     ensure_schema(engine)  # tidings' own outbox_event table and indexes
     engine.dispose()
@@ -432,33 +283,39 @@ def producer_raw(path: Path, txns: int, warmup: int) -> float:
     db.execute("PRAGMA busy_timeout=30000")
     create_accounts(lambda sql, rows=None: db.executemany(sql, rows) if rows else db.execute(sql))
     db.commit()
+    return db
 
-    def one(i: int) -> None:
-        acct, amount = _deposit(i)
-        now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-        db.execute(UPDATE_SQL, (amount, acct))
-        db.execute(
-            RAW_INSERT_SQL,
-            (
-                str(uuid.uuid4()),
-                EVENT_TYPE,
-                "1",
-                "bench",
-                acct,
-                zlib.crc32(acct.encode()) & 0x7FFFFFFF,
-                json.dumps({"account": acct, "amount": amount, "op": i}),
-                "{}",
-                now,
-                "PENDING",
-                0,
-                now,
-                now,
-                1,
-            ),
-        )
-        db.commit()
 
-    elapsed = _timed(one, txns, warmup)
+def _raw_deposit(db: sqlite3.Connection, i: int) -> None:
+    """The same transaction as ``emit_deposit``, written by hand: UPDATE, INSERT, commit."""
+    acct, amount = _deposit(i)
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    db.execute(UPDATE_SQL, (amount, acct))
+    db.execute(
+        RAW_INSERT_SQL,
+        (
+            str(uuid.uuid4()),
+            EVENT_TYPE,
+            "1",
+            "bench",
+            acct,
+            zlib.crc32(acct.encode()) & 0x7FFFFFFF,
+            json.dumps({"account": acct, "amount": amount, "op": i}),
+            "{}",
+            now,
+            "PENDING",
+            0,
+            now,
+            now,
+            1,
+        ),
+    )
+    db.commit()
+
+
+def producer_raw(path: Path, txns: int, warmup: int) -> float:
+    db = _raw_db(path)
+    elapsed = _timed(lambda i: _raw_deposit(db, i), txns, warmup)
     db.close()
     return elapsed
 
@@ -483,20 +340,13 @@ def _profile_group(filename: str, name: str) -> str:
 
 def profile_producer(work: Path, txns: int) -> list[tuple[str, float]]:
     """cProfile a tidings producer loop; own (tot) time per area, as a share of the total."""
-    path = work / "producer-profile.db"
-    engine = make_engine(sqlite_url(path))
-    outbox = Outbox(engine)
-    with engine.begin() as conn:
-        create_accounts(conn.exec_driver_sql)
+    outbox = deposit_outbox(work / "producer-profile.db")
     profiler = cProfile.Profile()
     profiler.enable()
     for i in range(txns):
-        acct, amount = _deposit(i)
-        with outbox.transaction() as tx:
-            tx.connection.exec_driver_sql(UPDATE_SQL, (amount, acct))
-            tx.emit(EVENT_TYPE, {"account": acct, "amount": amount, "op": i}, partition_key=acct)
+        emit_deposit(outbox, i)
     profiler.disable()
-    engine.dispose()
+    outbox.engine.dispose()
     groups: dict[str, float] = defaultdict(float)
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     for (filename, _line, name), (_cc, _nc, tottime, _ct, _callers) in stats.items():
@@ -505,27 +355,35 @@ def profile_producer(work: Path, txns: int) -> list[tuple[str, float]]:
     return sorted(((k, v / total) for k, v in groups.items()), key=lambda kv: -kv[1])
 
 
-def phase_producer(work: Path, sizes: Sizes, report: Report) -> None:
-    say(
-        f"phase 1: producer overhead, {sizes.producer_txns} transactions x "
-        f"{sizes.producer_rounds} rounds per side (alternating)"
-    )
-    tidings_s: list[float] = []
-    raw_s: list[float] = []
+def _producer_rounds(work: Path, sizes: Sizes) -> tuple[list[float], list[float]]:
+    """Seconds per round of each side (tidings, raw); the sides alternate which goes first,
+    on fresh files each round, so neither always runs on a warmer cache or a quieter moment."""
+    times: dict[str, list[float]] = {"tidings": [], "raw": []}
+    run = {"tidings": producer_tidings, "raw": producer_raw}
     for r in range(sizes.producer_rounds):
-        order = ["tidings", "raw"] if r % 2 == 0 else ["raw", "tidings"]
-        for side in order:
+        for side in ["tidings", "raw"] if r % 2 == 0 else ["raw", "tidings"]:
             path = work / f"producer-{side}-{r}.db"
-            if side == "tidings":
-                secs = producer_tidings(path, sizes.producer_txns, sizes.producer_warmup)
-                tidings_s.append(secs)
-            else:
-                secs = producer_raw(path, sizes.producer_txns, sizes.producer_warmup)
-                raw_s.append(secs)
+            secs = run[side](path, sizes.producer_txns, sizes.producer_warmup)
+            times[side].append(secs)
             say(
                 f"  round {r + 1} {side:7s}: {secs:.3f} s "
                 f"({secs / sizes.producer_txns * 1e6:.0f} us/txn)"
             )
+    return times["tidings"], times["raw"]
+
+
+def phase_producer(work: Path, sizes: Sizes, report: Report) -> None:
+    """Phase 1, ``producer_overhead_ratio``: a tidings transaction's time over raw sqlite3's.
+
+    The outbox's promise is that emitting an event inside the service's own transaction is
+    cheap; the baseline is the least a transactional outbox can cost, the same UPDATE and
+    INSERT by hand on the same table with the same PRAGMAs. Ratio of the medians.
+    """
+    say(
+        f"phase 1: producer overhead, {sizes.producer_txns} transactions x "
+        f"{sizes.producer_rounds} rounds per side (alternating)"
+    )
+    tidings_s, raw_s = _producer_rounds(work, sizes)
     t, raw = statistics.median(tidings_s), statistics.median(raw_s)
     ratio = t / raw
     report.figures["producer_overhead_ratio"] = round(ratio, 3)
@@ -545,16 +403,24 @@ def phase_producer(work: Path, sizes: Sizes, report: Report) -> None:
         f"(+{per_t - per_r:.0f} us)",
     )
     if ratio > GOALS["producer_overhead_ratio"]["max"]:
-        shares = profile_producer(work, min(sizes.producer_txns, 3000))
-        top = ", ".join(f"{name} {share:.0%}" for name, share in shares[:5])
-        report.note(
-            f"producer_overhead_ratio {ratio:.2f} misses the 1.25 goal by "
-            f"{ratio - 1.25:.2f} ({ratio / 1.25 - 1:.0%} over): a tidings transaction costs "
-            f"{per_t:.0f} us against {per_r:.0f} us for raw sqlite3 (+{per_t - per_r:.0f} us). "
-            f"The raw side's cost is almost all the SQLite work itself, so the gap is Python "
-            f"overhead per transaction. cProfile of the tidings loop (own time; profiler "
-            f"inflates Python shares): {top}."
-        )
+        _explain_producer(work, sizes, (ratio, per_t, per_r), report)
+
+
+def _explain_producer(
+    work: Path, sizes: Sizes, figures: tuple[float, float, float], report: Report
+) -> None:
+    """A note on a missed producer goal: where a tidings transaction's extra time goes."""
+    ratio, per_t, per_r = figures
+    shares = profile_producer(work, min(sizes.producer_txns, 3000))
+    top = ", ".join(f"{name} {share:.0%}" for name, share in shares[:5])
+    report.note(
+        f"producer_overhead_ratio {ratio:.2f} misses the 1.25 goal by "
+        f"{ratio - 1.25:.2f} ({ratio / 1.25 - 1:.0%} over): a tidings transaction costs "
+        f"{per_t:.0f} us against {per_r:.0f} us for raw sqlite3 (+{per_t - per_r:.0f} us). "
+        f"The raw side's cost is almost all the SQLite work itself, so the gap is Python "
+        f"overhead per transaction. cProfile of the tidings loop (own time; profiler "
+        f"inflates Python shares): {top}."
+    )
 
 
 # -- 2./3. relay throughput ------------------------------------------------------------------
@@ -586,16 +452,44 @@ def describe_batches(batches: list[dict[str, Any]], wall: float) -> str:
     )
 
 
-def to_events(batches: list[Any]) -> list[Any]:
-    """The sink's own Arrow -> LoggedEvent conversion (per batch, or per row dict in older code)."""
-    import inspect
+def _timing(timings: dict[str, float], key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, adding the seconds each call takes to ``timings[key]``."""
 
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            timings[key] += time.perf_counter() - t
+
+    return wrapper
+
+
+def _breakdown_slice(
+    engine: Any, cfg: TidingsConfig, target: Any, target_name: str, part: Any, timings: Any
+) -> None:
+    """One Spark task pair's work on one log slice, each stage timed into ``timings``."""
     from tidings.pipeline import sink
+    from tidings.pipeline.publisher import Publisher
+    from tidings.pipeline.source import read_slice
+    from tidings.routing.table import current_routes
 
-    convert = sink._logged
-    if next(iter(inspect.signature(convert).parameters)) == "batch":
-        return [item for batch in batches for item in convert(batch)]
-    return [convert(row) for batch in batches for row in batch.to_pylist()]
+    t = time.perf_counter()
+    batches = list(read_slice(engine, part))
+    timings["read log slice -> Arrow"] += time.perf_counter() - t
+    t = time.perf_counter()
+    rows = [event for batch in batches for event in sink._logged(batch)]
+    timings["Arrow -> events"] += time.perf_counter() - t
+    publisher = Publisher(
+        engine,
+        current_routes(cfg, engine),
+        lambda name: target if name == target_name else None,
+        [d.total_seconds() for d in cfg.relay.retry_backoff],
+    )
+    publisher._flush = _timing(timings, "status UPDATEs (flush)", publisher._flush)  # type: ignore[method-assign]
+    t = time.perf_counter()
+    publisher.run(rows)
+    timings["publisher total"] += time.perf_counter() - t
 
 
 def relay_breakdown(
@@ -607,51 +501,22 @@ def relay_breakdown(
     relay ran): reading the log slice into Arrow, turning rows into events, the target's
     publish calls, the status UPDATEs, and the rest of the publisher (ordering checks).
     """
-    from tidings.pipeline.publisher import Publisher
-    from tidings.pipeline.source import LogSlice, read_slice
-    from tidings.routing.table import current_routes
+    from tidings.pipeline.source import LogSlice
     from tidings.targets.registry import build_target
 
-    url = sqlite_url(app_db_copy)
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        upto = conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
+    engine = make_engine(sqlite_url(app_db_copy))
+    upto = max_seq(engine)
     spec = cfg.targets[target_name]
     if spec.kind == "event_store":
         spec = spec.model_copy(update={"url": sqlite_url(work / "breakdown-events.db")})
     target = build_target(target_name, spec)
-    timings = defaultdict(float)
-
-    def timed(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                timings[key] += time.perf_counter() - t
-
-        return wrapper
-
-    target.publish = timed("target publish calls", target.publish)  # type: ignore[method-assign]
+    timings: dict[str, float] = defaultdict(float)
+    target.publish = _timing(timings, "target publish calls", target.publish)  # type: ignore[method-assign]
     parts = cfg.relay.partitions
     try:
         for index in range(parts):
-            t = time.perf_counter()
-            batches = list(read_slice(engine, LogSlice(0, upto, index, parts)))
-            timings["read log slice -> Arrow"] += time.perf_counter() - t
-            t = time.perf_counter()
-            rows = to_events(batches)
-            timings["Arrow -> events"] += time.perf_counter() - t
-            publisher = Publisher(
-                engine,
-                current_routes(cfg, engine),
-                lambda name: target if name == target_name else None,
-                [d.total_seconds() for d in cfg.relay.retry_backoff],
-            )
-            publisher._flush = timed("status UPDATEs (flush)", publisher._flush)  # type: ignore[method-assign]
-            t = time.perf_counter()
-            publisher.run(rows)
-            timings["publisher total"] += time.perf_counter() - t
+            part = LogSlice(0, upto, index, parts)
+            _breakdown_slice(engine, cfg, target, target_name, part, timings)
     finally:
         target.close()
         engine.dispose()
@@ -689,6 +554,8 @@ def bound_text(timings: dict[str, float], events: int) -> str:
 
 
 def warm_spark(spark: Any, work: Path, report: Report) -> None:
+    """A 10-event relay to both kinds of target, so that phases 2-3 do not time Spark's and
+    the Python workers' first start (class loading, imports, connections)."""
     stream, prefix = f"BENCHWARM_{uuid.uuid4().hex[:8]}", f"benchwarm{uuid.uuid4().hex[:8]}"
     cfg = bench_config(
         work,
@@ -709,17 +576,22 @@ def warm_spark(spark: Any, work: Path, report: Report) -> None:
 
 
 def phase_embedded(spark: Any, work: Path, sizes: Sizes, report: Report) -> None:
+    """Phase 2, ``relay_embedded_ev_s``: events per second a relay drains into the event store.
+
+    The target costs little (a local SQLite file), so this is the relay's own ceiling: how
+    fast a backlog built up during an outage or a deploy clears. Counted only if every event
+    is PUBLISHED and stored; a missed goal gets the stages timed without Spark.
+    """
     n = sizes.embedded_events
     say(f"phase 2: relay to the embedded event store, backlog of {n:,} events")
     cfg = bench_config(
         work, "embedded", {"store": store_target(work / "embedded")}, {EVENT_TYPE: ["store"]}
     )
     engine = make_engine(cfg.database.url)
-    outbox = Outbox(engine, cfg.outbox)
-    secs = fill_backlog(outbox, n, sizes.partition_keys)
+    secs = fill_backlog(Outbox(engine, cfg.outbox), n, sizes.partition_keys)
     say(f"  backlog inserted in {secs:.1f} s ({n / secs:,.0f} ev/s via Outbox, 1000 per txn)")
     backup = work / "embedded-backlog-copy.db"
-    copy_sqlite(Path(cfg.database.url.removeprefix("sqlite:///")), backup)
+    copy_sqlite(sqlite_path(cfg), backup)
     secs, batches, monitor = relay_drain(spark, cfg)
     counts = status_counts(engine)
     stored = store_count(cfg.targets["store"].url)
@@ -735,17 +607,25 @@ def phase_embedded(spark: Any, work: Path, sizes: Sizes, report: Report) -> None
     report.detail("embedded", describe_batches(batches, secs))
     report.detail("embedded", monitor.describe_cpu())
     say(f"  {monitor.describe_cpu()}")
-    goal = GOALS["relay_embedded_ev_s"]["min"]
-    if rate < goal:
-        say("  goal missed: timing the relay's task stages without Spark ...")
-        timings = relay_breakdown(work, cfg, backup, "store")
-        report.detail("embedded", describe_breakdown(timings, n))
-        report.note(
-            f"relay_embedded_ev_s {rate:,.0f} misses the 50,000 goal by {goal - rate:,.0f} "
-            f"ev/s ({1 - rate / goal:.0%} under). {describe_batches(batches, secs)}. "
-            f"{monitor.describe_cpu()}. What bounds it: {bound_text(timings, n)}"
-        )
+    if rate < GOALS["relay_embedded_ev_s"]["min"]:
+        context = f"{describe_batches(batches, secs)}. {monitor.describe_cpu()}"
+        _explain_embedded(work, cfg, backup, n, rate, context, report)
     backup.unlink(missing_ok=True)
+
+
+def _explain_embedded(
+    work: Path, cfg: TidingsConfig, backup: Path, n: int, rate: float, context: str, report: Report
+) -> None:
+    """A note on a missed event-store goal: the relay's stages timed without Spark on the
+    backlog's copy show what bounds the relay short of Spark's own costs."""
+    goal = GOALS["relay_embedded_ev_s"]["min"]
+    say("  goal missed: timing the relay's task stages without Spark ...")
+    timings = relay_breakdown(work, cfg, backup, "store")
+    report.detail("embedded", describe_breakdown(timings, n))
+    report.note(
+        f"relay_embedded_ev_s {rate:,.0f} misses the 50,000 goal by {goal - rate:,.0f} "
+        f"ev/s ({1 - rate / goal:.0%} under). {context}. What bounds it: {bound_text(timings, n)}"
+    )
 
 
 async def delete_stream(stream: str) -> None:
@@ -765,6 +645,23 @@ async def stream_messages(stream: str) -> int:
         return info.state.messages
     finally:
         await nc.close()
+
+
+async def _publish_window(
+    js: Any, subject: str, payload: bytes, headers: dict[str, str], count: int, mode: str
+) -> list[Any]:
+    """``count`` pipelined publishes with fresh Nats-Msg-Ids, by ``js.publish`` calls
+    gathered or by ``js.publish_async`` futures; their acks."""
+
+    def with_id() -> dict[str, str]:
+        return {**headers, "Nats-Msg-Id": str(uuid.uuid4())}
+
+    if mode == "publish":
+        return await asyncio.gather(
+            *(js.publish(subject, payload, headers=with_id()) for _ in range(count))
+        )
+    futures = [await js.publish_async(subject, payload, headers=with_id()) for _ in range(count)]
+    return await asyncio.gather(*futures)
 
 
 async def raw_publish(
@@ -788,25 +685,7 @@ async def raw_publish(
             started = time.perf_counter()
             for start in range(0, events, window):
                 count = min(window, events - start)
-                if mode == "publish":
-                    acks = await asyncio.gather(
-                        *(
-                            js.publish(
-                                subject,
-                                payload,
-                                headers={**headers, "Nats-Msg-Id": str(uuid.uuid4())},
-                            )
-                            for _ in range(count)
-                        )
-                    )
-                else:
-                    futures = [
-                        await js.publish_async(
-                            subject, payload, headers={**headers, "Nats-Msg-Id": str(uuid.uuid4())}
-                        )
-                        for _ in range(count)
-                    ]
-                    acks = await asyncio.gather(*futures)
+                acks = await _publish_window(js, subject, payload, headers, count, mode)
                 if any(ack.stream != stream or ack.duplicate for ack in acks):
                     raise RuntimeError("raw publish: unexpected ack")
             elapsed = time.perf_counter() - started
@@ -822,14 +701,13 @@ async def raw_publish(
 
 def sample_message(cfg: TidingsConfig) -> tuple[bytes, dict[str, str]]:
     """Payload and header set of one real relay message, for same-size raw messages."""
+    from tidings.model import OutboxEvent
     from tidings.targets.jetstream import message_headers
 
     engine = make_engine(cfg.database.url)
     with engine.connect() as conn:
         row = conn.execute(select(outbox_event).order_by(outbox_event.c.seq).limit(1)).one()
     engine.dispose()
-    from tidings.model import OutboxEvent
-
     event = OutboxEvent(
         seq=row.seq,
         event_id=row.event_id,
@@ -846,7 +724,66 @@ def sample_message(cfg: TidingsConfig) -> tuple[bytes, dict[str, str]]:
     return row.payload.encode(), headers
 
 
+@dataclass
+class RawNats:
+    """The raw nats-py baseline of phase 3: msg/s per publish style, run before and after
+    the relay so that a change in the server's speed meanwhile shows."""
+
+    events: int
+    payload: bytes
+    headers: dict[str, str]
+    window: int
+    runs: dict[str, list[float]] = field(
+        default_factory=lambda: {"publish_async": [], "publish": []}
+    )
+
+    def round(self, label: str) -> None:
+        for mode in self.runs:
+            args = (self.events, self.payload, self.headers, self.window, mode)
+            secs = asyncio.run(raw_publish(*args))
+            self.runs[mode].append(self.events / secs)
+            say(f"  raw nats-py js.{mode} ({label}): {self.events / secs:,.0f} msg/s")
+
+    def best(self) -> tuple[str, float]:
+        """The faster publish style and its mean msg/s: the baseline the relay is held to."""
+        mode = max(self.runs, key=lambda m: statistics.mean(self.runs[m]))
+        return mode, statistics.mean(self.runs[mode])
+
+    def describe(self) -> str:
+        mode, _ = self.best()
+        return (
+            "raw nats-py msg/s, before and after the relay: "
+            + "; ".join(
+                f"js.{m}: {', '.join(f'{x:,.0f}' for x in v)}" for m, v in self.runs.items()
+            )
+            + f" (raw_nats_publish_ev_s is the mean of the faster mode, js.{mode}); "
+            f"payload {len(self.payload)} B plus the relay's {len(self.headers) + 1} headers, "
+            f"Nats-Msg-Id a fresh uuid4, acks awaited per window of {self.window}"
+        )
+
+
+def _drain_to_stream(
+    spark: Any, cfg: TidingsConfig, engine: Any, stream: str
+) -> tuple[float, list[dict[str, Any]], TreeMonitor, dict[str, int], int]:
+    """Relay the backlog to ``stream``; seconds, batches, monitor, statuses, messages stored.
+    The stream is deleted afterwards, whatever happened."""
+    try:
+        secs, batches, monitor = relay_drain(spark, cfg)
+        counts = status_counts(engine)
+        stored = asyncio.run(stream_messages(stream))
+    finally:
+        asyncio.run(delete_stream(stream))
+    return secs, batches, monitor, counts, stored
+
+
 def phase_jetstream(spark: Any, work: Path, sizes: Sizes, report: Report) -> None:
+    """Phase 3, ``relay_jetstream_ev_s`` against ``raw_nats_publish_ev_s``: a backlog relayed
+    to JetStream, and the same number of same-size messages published by nats-py alone.
+
+    The raw figure is what the broker and client allow; the relay's share of it is what the
+    outbox bookkeeping around each publish costs. Counted only if every event is PUBLISHED
+    and in the stream.
+    """
     n = sizes.jetstream_events
     say(f"phase 3: relay to NATS JetStream vs raw nats-py, {n:,} events each")
     stream, prefix = f"BENCH_{uuid.uuid4().hex[:8]}", f"bench{uuid.uuid4().hex[:8]}"
@@ -854,35 +791,21 @@ def phase_jetstream(spark: Any, work: Path, sizes: Sizes, report: Report) -> Non
         work, "jetstream", {"nats": jetstream_target(stream, prefix)}, {EVENT_TYPE: ["nats"]}
     )
     engine = make_engine(cfg.database.url)
-    outbox = Outbox(engine, cfg.outbox)
-    secs = fill_backlog(outbox, n, sizes.partition_keys)
+    secs = fill_backlog(Outbox(engine, cfg.outbox), n, sizes.partition_keys)
     say(f"  backlog inserted in {secs:.1f} s")
     payload, headers = sample_message(cfg)
     say(f"  message: {len(payload)} B payload, {len(headers) + 1} headers")
-    raw_runs: dict[str, list[float]] = {"publish_async": [], "publish": []}
-
-    def raw_round(label: str) -> None:
-        for mode in raw_runs:
-            secs = asyncio.run(raw_publish(n, payload, headers, sizes.raw_window, mode))
-            raw_runs[mode].append(n / secs)
-            say(f"  raw nats-py js.{mode} ({label}): {n / secs:,.0f} msg/s")
-
-    raw_round("before relay")
+    raw_nats = RawNats(n, payload, headers, sizes.raw_window)
+    raw_nats.round("before relay")
     backup = work / "jetstream-backlog-copy.db"
-    copy_sqlite(Path(cfg.database.url.removeprefix("sqlite:///")), backup)
-    try:
-        secs, batches, monitor = relay_drain(spark, cfg)
-        counts = status_counts(engine)
-        stored = asyncio.run(stream_messages(stream))
-    finally:
-        asyncio.run(delete_stream(stream))
-    raw_round("after relay")
+    copy_sqlite(sqlite_path(cfg), backup)
+    secs, batches, monitor, counts, stored = _drain_to_stream(spark, cfg, engine, stream)
+    raw_nats.round("after relay")
     rate = n / secs
     ok = counts.get("PUBLISHED") == n and stored == n
     if not ok:
         report.note(f"jetstream relay did not publish everything: {counts}, stream {stored}")
-    best_mode = max(raw_runs, key=lambda m: statistics.mean(raw_runs[m]))
-    raw = statistics.mean(raw_runs[best_mode])
+    best_mode, raw = raw_nats.best()
     report.figures["relay_jetstream_ev_s"] = round(rate) if ok else None
     report.figures["raw_nats_publish_ev_s"] = round(raw)
     say(
@@ -893,155 +816,45 @@ def phase_jetstream(spark: Any, work: Path, sizes: Sizes, report: Report) -> Non
     report.detail("jetstream", describe_batches(batches, secs))
     report.detail("jetstream", monitor.describe_cpu())
     say(f"  {monitor.describe_cpu()}")
-    report.detail(
-        "jetstream",
-        "raw nats-py msg/s, before and after the relay: "
-        + "; ".join(f"js.{m}: {', '.join(f'{x:,.0f}' for x in v)}" for m, v in raw_runs.items())
-        + f" (raw_nats_publish_ev_s is the mean of the faster mode, js.{best_mode}); "
-        f"payload {len(payload)} B plus the relay's {len(headers) + 1} headers, "
-        f"Nats-Msg-Id a fresh uuid4, acks awaited per window of {sizes.raw_window}",
-    )
-    target = GOALS["relay_jetstream_ev_s"]["min_ratio_of_raw_nats_publish_ev_s"] * raw
-    if rate < target:
-        say("  goal missed: timing the relay's task stages without Spark ...")
-        timings = relay_breakdown(work, cfg, backup, "nats")
-        asyncio.run(delete_stream(stream))
-        report.detail("jetstream", describe_breakdown(timings, n))
-        per_raw = 1e6 / raw
-        per_target = timings["target publish calls"] / n * 1e6
-        report.note(
-            f"relay_jetstream_ev_s {rate:,.0f} misses 0.8 x raw = {target:,.0f} by "
-            f"{target - rate:,.0f} ev/s (achieves {rate / raw:.2f} x raw). "
-            f"{describe_batches(batches, secs)}. {monitor.describe_cpu()}. Raw nats-py "
-            f"spends {per_raw:.0f} us per message; the relay's JetStream publish calls take "
-            f"{per_target:.0f} us per event (measured without Spark), so the gap is not the "
-            f"NATS side but the outbox work around it. What bounds it: "
-            f"{bound_text(timings, n)}"
-        )
+    report.detail("jetstream", raw_nats.describe())
+    if rate < GOALS["relay_jetstream_ev_s"]["min_ratio_of_raw_nats_publish_ev_s"] * raw:
+        context = f"{describe_batches(batches, secs)}. {monitor.describe_cpu()}"
+        _explain_jetstream(work, cfg, backup, stream, n, (rate, raw), context, report)
     backup.unlink(missing_ok=True)
 
 
-# -- 4. latency ------------------------------------------------------------------------------
-
-
-def phase_latency(spark: Any, work: Path, sizes: Sizes, report: Report) -> None:
-    from tidings.pipeline.relay import start_relay
-
-    rate, seconds, warm = sizes.latency_rate, sizes.latency_seconds, sizes.latency_warmup_s
-    total = int(rate * seconds)
-    say(f"phase 4: latency, streaming relay (trigger 100ms), {rate} ev/s offered for {seconds:g} s")
-    cfg = bench_config(
-        work, "latency", {"store": store_target(work / "latency")}, {EVENT_TYPE: ["store"]}
-    )
-    engine = make_engine(cfg.database.url)
-    outbox = Outbox(engine, cfg.outbox)
-    with engine.begin() as conn:
-        create_accounts(conn.exec_driver_sql)
-    query = start_relay(spark, cfg)
-    try:
-        with outbox.transaction() as tx:  # first micro-batch before the clock starts
-            tx.emit(EVENT_TYPE, {"warm": True}, partition_key="warm")
-        deadline = time.monotonic() + 120
-        while status_counts(engine).get("PUBLISHED", 0) < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        probe = idle_probe(engine, outbox)
-        say(
-            f"  relay is up; single events at idle took {', '.join(f'{x:.0f}' for x in probe)} "
-            f"ms; producing ..."
-        )
-        monitor = TreeMonitor(os.getpid()).start()
-        start_wall = datetime.now(UTC)
-        start = time.monotonic()
-        behind = 0.0
-        for i in range(total):
-            acct, amount = _deposit(i)
-            with outbox.transaction() as tx:
-                tx.connection.exec_driver_sql(UPDATE_SQL, (amount, acct))
-                tx.emit(
-                    EVENT_TYPE, {"account": acct, "amount": amount, "op": i}, partition_key=acct
-                )
-            delay = start + (i + 1) / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                behind = max(behind, -delay)
-        produced_s = time.monotonic() - start
-        say(f"  produced {total:,} events in {produced_s:.1f} s; waiting for the relay ...")
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            counts = status_counts(engine)
-            if counts.get("PUBLISHED", 0) >= total + 1 + len(probe):
-                break
-            time.sleep(0.1)
-        monitor.stop()
-        batches = progress_durations(query)
-    finally:
-        query.stop()
-    counts = status_counts(engine)
-    cutoff = start_wall.timestamp() + warm
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(outbox_event.c.logged_at, outbox_event.c.last_publish_at).where(
-                outbox_event.c.status == "PUBLISHED",
-                outbox_event.c.partition_key.not_in(["warm", "probe"]),
-            )
-        ).all()
-    latencies = [
-        (as_utc(done) - as_utc(logged)).total_seconds() * 1000
-        for logged, done in rows
-        if as_utc(logged).timestamp() >= cutoff
-    ]
-    if counts.get("PUBLISHED", 0) != total + 1 + len(probe):
-        report.note(f"latency run: not every event was PUBLISHED: {counts}")
-    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
-    report.figures["latency_p50_ms"] = round(p50, 1)
-    report.figures["latency_p99_ms"] = round(p99, 1)
-    say(
-        f"phase 4 result: latency_p50_ms = {p50:.0f}, latency_p99_ms = {p99:.0f} "
-        f"(max {max(latencies):.0f}) over {len(latencies):,} events"
-    )
+def _explain_jetstream(
+    work: Path,
+    cfg: TidingsConfig,
+    backup: Path,
+    stream: str,
+    n: int,
+    rates: tuple[float, float],
+    context: str,
+    report: Report,
+) -> None:
+    """A note on a missed JetStream goal (``rates``: the relay's and raw nats-py's): the
+    relay's stages timed without Spark on the backlog's copy, publishing to ``stream``
+    again, show whether the NATS side or the outbox work around it makes the gap."""
+    rate, raw = rates
+    target = GOALS["relay_jetstream_ev_s"]["min_ratio_of_raw_nats_publish_ev_s"] * raw
+    say("  goal missed: timing the relay's task stages without Spark ...")
+    timings = relay_breakdown(work, cfg, backup, "nats")
+    asyncio.run(delete_stream(stream))
+    report.detail("jetstream", describe_breakdown(timings, n))
+    per_raw = 1e6 / raw
+    per_target = timings["target publish calls"] / n * 1e6
     report.note(
-        f"latency: {total:,} events offered at {rate}/s for {seconds:g} s, one event per "
-        f"transaction (with the account UPDATE); latency = last_publish_at - logged_at from "
-        f"the outbox table; events logged in the first {warm:g} s are excluded as warm-up, "
-        f"{len(latencies):,} remain. Producer achieved {total / produced_s:,.0f} ev/s "
-        f"(worst lag behind schedule {behind * 1000:.0f} ms)."
+        f"relay_jetstream_ev_s {rate:,.0f} misses 0.8 x raw = {target:,.0f} by "
+        f"{target - rate:,.0f} ev/s (achieves {rate / raw:.2f} x raw). {context}. Raw nats-py "
+        f"spends {per_raw:.0f} us per message; the relay's JetStream publish calls take "
+        f"{per_target:.0f} us per event (measured without Spark), so the gap is not the "
+        f"NATS side but the outbox work around it. What bounds it: "
+        f"{bound_text(timings, n)}"
     )
-    report.detail(
-        "latency",
-        f"single events at idle, before the load (ms): {', '.join(f'{x:.0f}' for x in probe)}",
-    )
-    report.detail("latency", f"during the load: {monitor.describe_cpu()}")
-    busy = [b for b in batches if b["rows"]]
-    if busy:
-        trig = [b["ms"].get("triggerExecution", 0) for b in busy]
-        add = [b["ms"].get("addBatch", 0) for b in busy]
-        rows_per = [b["rows"] for b in busy]
-        summary = (
-            f"{len(busy)} non-empty micro-batches in Spark's recent progress (last "
-            f"{len(batches)} kept): median {statistics.median(rows_per):.0f} rows, trigger "
-            f"duration median {statistics.median(trig):.0f} ms / max {max(trig)} ms, "
-            f"addBatch median {statistics.median(add):.0f} ms"
-        )
-        report.detail("latency", summary)
-    else:
-        summary = "no micro-batch progress recorded"
-    misses = []
-    if p50 > GOALS["latency_p50_ms"]["max"]:
-        misses.append(f"p50 {p50:.0f} ms misses 150 by {p50 - 150:.0f} ms")
-    if p99 > GOALS["latency_p99_ms"]["max"]:
-        misses.append(f"p99 {p99:.0f} ms misses 500 by {p99 - 500:.0f} ms")
-    if misses:
-        report.note(
-            f"latency goal(s) missed: {'; '.join(misses)}. An event waits for the next "
-            f"trigger (100 ms interval, or the end of the running batch) and then for a "
-            f"whole micro-batch: {summary}. Even a single event on an idle relay took "
-            f"{statistics.median(probe):.0f} ms (median of {len(probe)}): that is the fixed "
-            f"cost of one micro-batch (offset query, planning and commit round trips to "
-            f"Python workers, a read task and a write task each handing its data through the "
-            f"JVM). Under load: {monitor.describe_cpu()}, so the relay and the producer "
-            f"compete for the cores and batches grow."
-        )
+
+
+# -- 4. latency ------------------------------------------------------------------------------
 
 
 def idle_probe(engine: Any, outbox: Outbox, count: int = 5) -> list[float]:
@@ -1065,27 +878,159 @@ def idle_probe(engine: Any, outbox: Outbox, count: int = 5) -> list[float]:
     return out
 
 
+@dataclass
+class Load:
+    """What phase 4's paced producer did while the streaming relay ran."""
+
+    probe: list[float]  # ms of single events at idle, before the load
+    started: datetime  # wall clock at the load's start
+    produced_s: float  # how long offering them took
+    behind_s: float  # the producer's worst lag behind its schedule
+    monitor: TreeMonitor  # CPU during the load
+    batches: list[dict[str, Any]]  # Spark's recent micro-batch progress
+
+
+def _paced_deposits(outbox: Outbox, total: int, rate: int) -> tuple[float, float]:
+    """Emit ``total`` deposits at ``rate`` per second; seconds taken, worst lag behind."""
+    start = time.monotonic()
+    behind = 0.0
+    for i in range(total):
+        emit_deposit(outbox, i)
+        delay = start + (i + 1) / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            behind = max(behind, -delay)
+    return time.monotonic() - start, behind
+
+
+def _latency_load(spark: Any, cfg: TidingsConfig, outbox: Outbox, total: int, rate: int) -> Load:
+    """Start a streaming relay, probe it at idle, then offer the paced load and wait until
+    the relay published it (up to 180 s)."""
+    from tidings.pipeline.relay import start_relay
+
+    engine = outbox.engine
+    query = start_relay(spark, cfg)
+    try:
+        with outbox.transaction() as tx:  # first micro-batch before the clock starts
+            tx.emit(EVENT_TYPE, {"warm": True}, partition_key="warm")
+        wait_published(engine, 1, 120)
+        probe = idle_probe(engine, outbox)
+        say(
+            f"  relay is up; single events at idle took {', '.join(f'{x:.0f}' for x in probe)} "
+            f"ms; producing ..."
+        )
+        monitor = TreeMonitor(os.getpid()).start()
+        started = datetime.now(UTC)
+        produced_s, behind = _paced_deposits(outbox, total, rate)
+        say(f"  produced {total:,} events in {produced_s:.1f} s; waiting for the relay ...")
+        wait_published(engine, total + 1 + len(probe), 180)
+        monitor.stop()
+        batches = progress_durations(query)
+    finally:
+        query.stop()
+    return Load(probe, started, produced_s, behind, monitor, batches)
+
+
+def _batch_summary(batches: list[dict[str, Any]]) -> str | None:
+    """Sizes and durations of the micro-batches that carried events; None if none did."""
+    busy = [b for b in batches if b["rows"]]
+    if not busy:
+        return None
+    trig = [b["ms"].get("triggerExecution", 0) for b in busy]
+    add = [b["ms"].get("addBatch", 0) for b in busy]
+    rows_per = [b["rows"] for b in busy]
+    return (
+        f"{len(busy)} non-empty micro-batches in Spark's recent progress (last "
+        f"{len(batches)} kept): median {statistics.median(rows_per):.0f} rows, trigger "
+        f"duration median {statistics.median(trig):.0f} ms / max {max(trig)} ms, "
+        f"addBatch median {statistics.median(add):.0f} ms"
+    )
+
+
+def phase_latency(spark: Any, work: Path, sizes: Sizes, report: Report) -> None:
+    """Phase 4, ``latency_p50_ms`` and ``latency_p99_ms``: commit -> PUBLISHED of a streaming
+    relay (trigger 100 ms) under a steady paced load, one event per transaction.
+
+    This is the delay a consumer sees in normal running, as opposed to the drain rates of
+    phases 2-3. Events logged in the warm-up seconds are left out; single events at idle
+    before the load show the fixed cost of one micro-batch.
+    """
+    rate, seconds, warm = sizes.latency_rate, sizes.latency_seconds, sizes.latency_warmup_s
+    total = int(rate * seconds)
+    say(f"phase 4: latency, streaming relay (trigger 100ms), {rate} ev/s offered for {seconds:g} s")
+    cfg = bench_config(
+        work, "latency", {"store": store_target(work / "latency")}, {EVENT_TYPE: ["store"]}
+    )
+    engine = make_engine(cfg.database.url)
+    outbox = Outbox(engine, cfg.outbox)
+    with engine.begin() as conn:
+        create_accounts(conn.exec_driver_sql)
+    load = _latency_load(spark, cfg, outbox, total, rate)
+    counts = status_counts(engine)
+    cutoff = load.started.timestamp() + warm
+    latencies = publish_latencies_ms(engine, cutoff, exclude_keys=("warm", "probe"))
+    if counts.get("PUBLISHED", 0) != total + 1 + len(load.probe):
+        report.note(f"latency run: not every event was PUBLISHED: {counts}")
+    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+    report.figures["latency_p50_ms"] = round(p50, 1)
+    report.figures["latency_p99_ms"] = round(p99, 1)
+    say(
+        f"phase 4 result: latency_p50_ms = {p50:.0f}, latency_p99_ms = {p99:.0f} "
+        f"(max {max(latencies):.0f}) over {len(latencies):,} events"
+    )
+    report.note(
+        f"latency: {total:,} events offered at {rate}/s for {seconds:g} s, one event per "
+        f"transaction (with the account UPDATE); latency = last_publish_at - logged_at from "
+        f"the outbox table; events logged in the first {warm:g} s are excluded as warm-up, "
+        f"{len(latencies):,} remain. Producer achieved {total / load.produced_s:,.0f} ev/s "
+        f"(worst lag behind schedule {load.behind_s * 1000:.0f} ms)."
+    )
+    report.detail(
+        "latency",
+        f"single events at idle, before the load (ms): {', '.join(f'{x:.0f}' for x in load.probe)}",
+    )
+    report.detail("latency", f"during the load: {load.monitor.describe_cpu()}")
+    summary = _batch_summary(load.batches)
+    if summary is not None:
+        report.detail("latency", summary)
+    _explain_latency(p50, p99, load, summary or "no micro-batch progress recorded", report)
+
+
+def _explain_latency(p50: float, p99: float, load: Load, summary: str, report: Report) -> None:
+    """A note on missed latency goals: what an event waits for (the next trigger, then a
+    whole micro-batch) and what one micro-batch costs at idle."""
+    misses = []
+    if p50 > GOALS["latency_p50_ms"]["max"]:
+        misses.append(f"p50 {p50:.0f} ms misses 150 by {p50 - 150:.0f} ms")
+    if p99 > GOALS["latency_p99_ms"]["max"]:
+        misses.append(f"p99 {p99:.0f} ms misses 500 by {p99 - 500:.0f} ms")
+    if not misses:
+        return
+    report.note(
+        f"latency goal(s) missed: {'; '.join(misses)}. An event waits for the next "
+        f"trigger (100 ms interval, or the end of the running batch) and then for a "
+        f"whole micro-batch: {summary}. Even a single event on an idle relay took "
+        f"{statistics.median(load.probe):.0f} ms (median of {len(load.probe)}): that is the "
+        f"fixed cost of one micro-batch (offset query, planning and commit round trips to "
+        f"Python workers, a read task and a write task each handing its data through the "
+        f"JVM). Under load: {load.monitor.describe_cpu()}, so the relay and the producer "
+        f"compete for the cores and batches grow."
+    )
+
+
 # -- 5. peak PSS -----------------------------------------------------------------------------
 
 
-def phase_pss(work: Path, sizes: Sizes, quick: bool, report: Report) -> None:
-    n = sizes.pss_events
-    say(f"phase 5: peak PSS of a relay subprocess draining {n:,} events (--once)")
-    cfg = bench_config(work, "pss", {"store": store_target(work / "pss")}, {EVENT_TYPE: ["store"]})
-    engine = make_engine(cfg.database.url)
-    outbox = Outbox(engine, cfg.outbox)
-    secs = fill_backlog(outbox, n, sizes.partition_keys)
-    say(f"  backlog inserted in {secs:.1f} s")
-    cfg_path = work / "pss" / "tidings.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    log_path = work / "pss" / "relay.log"
-    started = time.perf_counter()
+def _relay_once(cfg_path: Path, log_path: Path) -> tuple[int, TreeMonitor]:
+    """Run ``tidings.cli relay --once`` as a subprocess, summing its tree's PSS every 0.2 s;
+    its exit code and the monitor. Ended (the whole process group) after 900 s."""
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tidings.cli", "relay", "--config", str(cfg_path), "--once"],
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=work / "pss",
+            cwd=cfg_path.parent,
             start_new_session=True,  # its own process group, so a timeout can end the tree
         )
         monitor = TreeMonitor(proc.pid, pss=True, baseline=False)
@@ -1099,33 +1044,58 @@ def phase_pss(work: Path, sizes: Sizes, quick: bool, report: Report) -> None:
             total = monitor.sample()
             if time.monotonic() >= next_say:
                 say(
-                    f"  ... running, tree PSS now {total / 2**20:,.0f} MiB, "
-                    f"peak {monitor.peak / 2**20:,.0f}"
+                    f"  ... running, tree PSS now {total / MIB:,.0f} MiB, "
+                    f"peak {monitor.peak / MIB:,.0f}"
                 )
                 next_say += 15
             time.sleep(0.2)
         monitor.stop()
+    return proc.returncode, monitor
+
+
+def phase_pss(work: Path, sizes: Sizes, quick: bool, report: Report) -> None:
+    """Phase 5, ``peak_pss_mib``: the most memory a relay's whole process tree (driver, JVM,
+    Python workers) holds while it drains a big backlog.
+
+    PSS shares the pages the processes have in common fairly, so the sum is what the relay
+    costs the machine. It runs as a subprocess before this process starts its own JVM.
+    """
+    n = sizes.pss_events
+    say(f"phase 5: peak PSS of a relay subprocess draining {n:,} events (--once)")
+    cfg = bench_config(work, "pss", {"store": store_target(work / "pss")}, {EVENT_TYPE: ["store"]})
+    engine = make_engine(cfg.database.url)
+    secs = fill_backlog(Outbox(engine, cfg.outbox), n, sizes.partition_keys)
+    say(f"  backlog inserted in {secs:.1f} s")
+    cfg_path = work / "pss" / "tidings.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    log_path = work / "pss" / "relay.log"
+    started = time.perf_counter()
+    returncode, monitor = _relay_once(cfg_path, log_path)
     elapsed = time.perf_counter() - started
     counts = status_counts(engine)
     stored = store_count(cfg.targets["store"].url)
-    if proc.returncode != 0 or counts.get("PUBLISHED") != n or stored != n:
+    if returncode != 0 or counts.get("PUBLISHED") != n or stored != n:
         tail = log_path.read_text(errors="replace")[-1500:]
         report.note(
-            f"PSS run: relay exited {proc.returncode}, statuses {counts}, store {stored}; "
+            f"PSS run: relay exited {returncode}, statuses {counts}, store {stored}; "
             f"log tail: {tail}"
         )
-    mib = monitor.peak / 2**20
+    mib = monitor.peak / MIB
     report.figures["peak_pss_mib"] = round(mib, 1)
-    at_peak = ", ".join(
-        f"{k} {v / 2**20:,.0f}" for k, v in sorted(monitor.peak_parts.items()) if v >= 2**20
-    )
-    single = ", ".join(
-        f"{k} {v / 2**20:,.0f}" for k, v in sorted(monitor.single_peak.items()) if v >= 2**20
-    )
+    _pss_details(monitor, n, elapsed, report)
+    if quick:
+        report.note(f"--quick: peak PSS measured on a {n:,}-event backlog, not 1M")
+    if mib > GOALS["peak_pss_mib"]["max"]:
+        _explain_pss(monitor, report)
+
+
+def _pss_details(monitor: TreeMonitor, n: int, elapsed: float, report: Report) -> None:
+    """Where the peak's memory was, by kind of process, and the drain's speed and CPU."""
+    at_peak = mib_by_kind(monitor.peak_parts)
     workers = len([k for k in monitor.kinds.values() if k.startswith("python")])
     say(
-        f"phase 5 result: peak_pss_mib = {mib:,.0f} (at peak, MiB: {at_peak}); relay drained "
-        f"{n:,} in {elapsed:.1f} s incl. Spark start ({n / elapsed:,.0f} ev/s); "
+        f"phase 5 result: peak_pss_mib = {monitor.peak / MIB:,.0f} (at peak, MiB: {at_peak}); "
+        f"relay drained {n:,} in {elapsed:.1f} s incl. Spark start ({n / elapsed:,.0f} ev/s); "
         f"{monitor.samples} samples"
     )
     report.detail(
@@ -1135,36 +1105,39 @@ def phase_pss(work: Path, sizes: Sizes, quick: bool, report: Report) -> None:
         f"{workers} Python worker processes seen over the run",
     )
     report.detail("pss", f"PSS by kind at the peak (MiB): {at_peak}")
-    report.detail("pss", f"largest single process of each kind (MiB): {single}")
+    report.detail(
+        "pss", f"largest single process of each kind (MiB): {mib_by_kind(monitor.single_peak)}"
+    )
     report.detail("pss", monitor.describe_cpu())
-    if quick:
-        report.note(f"--quick: peak PSS measured on a {n:,}-event backlog, not 1M")
-    if mib > GOALS["peak_pss_mib"]["max"]:
-        parts = monitor.peak_parts
-        counts = monitor.peak_counts
-        mb = 2**20
-        task = parts.get("python task workers", 0) / mb
-        other = parts.get("python planning/commit workers", 0) / mb
-        n_task = counts.get("python task workers", 0)
-        n_other = counts.get("python planning/commit workers", 0)
-        report.note(
-            f"peak_pss_mib {mib:,.0f} misses the 1536 MiB goal by {mib - 1536:,.0f} MiB "
-            f"({mib / 1536 - 1:.0%} over). At the peak: JVM "
-            f"{parts.get('JVM', 0) / mb:,.0f} MiB (default 1 GiB heap); {n_task} Python task "
-            f"processes {task:,.0f} MiB (largest "
-            f"{monitor.single_peak.get('python task workers', 0) / mb:,.0f}); {n_other} other "
-            f"Python workers (data source lookup/planning, streaming source and sink runners) "
-            f"{other:,.0f} MiB, ~{other / max(n_other, 1):,.0f} MiB each, which is what a "
-            f"Python process costs once pyspark, pyarrow, pandas, SQLAlchemy, pydantic and "
-            f"tidings are imported; driver {parts.get('driver', 0) / mb:,.0f} MiB. The task "
-            f"workers are the variable part: a write task holds its whole slice of the "
-            f"micro-batch as Python objects (sink.write lists every row, up to "
-            f"max_events_per_batch / partitions = 50,000 events), next to the read task's "
-            f"Arrow batches; a smaller max_events_per_batch would lower it."
-        )
 
 
-# -- main ------------------------------------------------------------------------------------
+def _explain_pss(monitor: TreeMonitor, report: Report) -> None:
+    """A note on a missed memory goal: what each kind of process held at the peak, and which
+    part varies with the configuration."""
+    mib = monitor.peak / MIB
+    parts, counts = monitor.peak_parts, monitor.peak_counts
+    task = parts.get("python task workers", 0) / MIB
+    other = parts.get("python planning/commit workers", 0) / MIB
+    n_task = counts.get("python task workers", 0)
+    n_other = counts.get("python planning/commit workers", 0)
+    report.note(
+        f"peak_pss_mib {mib:,.0f} misses the 1536 MiB goal by {mib - 1536:,.0f} MiB "
+        f"({mib / 1536 - 1:.0%} over). At the peak: JVM "
+        f"{parts.get('JVM', 0) / MIB:,.0f} MiB (default 1 GiB heap); {n_task} Python task "
+        f"processes {task:,.0f} MiB (largest "
+        f"{monitor.single_peak.get('python task workers', 0) / MIB:,.0f}); {n_other} other "
+        f"Python workers (data source lookup/planning, streaming source and sink runners) "
+        f"{other:,.0f} MiB, ~{other / max(n_other, 1):,.0f} MiB each, which is what a "
+        f"Python process costs once pyspark, pyarrow, pandas, SQLAlchemy, pydantic and "
+        f"tidings are imported; driver {parts.get('driver', 0) / MIB:,.0f} MiB. The task "
+        f"workers are the variable part: a write task holds its whole slice of the "
+        f"micro-batch as Python objects (sink.write lists every row, up to "
+        f"max_events_per_batch / partitions = 50,000 events), next to the read task's "
+        f"Arrow batches; a smaller max_events_per_batch would lower it."
+    )
+
+
+# -- report ----------------------------------------------------------------------------------
 
 
 def evaluate(figures: dict[str, float | None]) -> tuple[dict[str, Any], dict[str, bool]]:
@@ -1195,6 +1168,51 @@ def goal_text(name: str, figures: dict[str, float | None]) -> str:
     return f">= {ratio:g} x raw" + (f" = {ratio * raw:,.0f}" if raw else "")
 
 
+DETAIL_TITLES = {
+    "producer": "Producer (1)",
+    "embedded": "Relay to the event store (2)",
+    "jetstream": "Relay to JetStream (3)",
+    "latency": "Latency (4)",
+    "pss": "Peak PSS (5)",
+    "load": "Machine load by other processes",
+}
+METHOD = [
+    "## Method",
+    "",
+    "1. Producer: SQLite files in WAL with synchronous=NORMAL; each transaction updates one "
+    "account row and adds one event. tidings: `outbox.transaction()` + `tx.emit`; raw: "
+    "`sqlite3` on its own file with the same PRAGMAs and tidings' own `outbox_event` table "
+    "(created by `ensure_schema`), UPDATE + INSERT (uuid4, json.dumps payload) + commit. "
+    "Rounds alternate sides on fresh files after a short warm-up; ratio of medians.",
+    "2. Embedded: a backlog emitted via Outbox (1000 per transaction, ~10k partition keys) "
+    "drained by `start_relay(..., available_now=True)` into an event_store target on "
+    "SQLite; Spark started and warmed by a 10-event relay first; max_events_per_batch "
+    "100000, partitions 2; the clock covers query start to termination.",
+    "3. JetStream: the same with a jetstream target (unique stream, deleted afterwards); "
+    "raw baseline: nats-py pipelined publishes of same-size messages with Nats-Msg-Id to "
+    "a fresh stream, acks awaited per window; measured before and after the relay.",
+    "4. Latency: streaming relay (trigger 100 ms) on a fresh database; paced producer, "
+    "one event per transaction; latency = last_publish_at - logged_at.",
+    "5. PSS: `python -m tidings.cli relay --config cfg.yaml --once` as a subprocess; the "
+    "PSS of its whole process tree (driver, JVM, Python workers) summed every 0.2 s.",
+    "",
+]
+
+
+def _figure_rows(result: dict[str, Any], figures: dict[str, float | None]) -> list[str]:
+    """The table's rows: each figure with its unit, goal and whether it was met."""
+    lines = []
+    for name, (fmt, unit) in UNITS.items():
+        value = result.get(name)
+        shown = "n/a" if value is None else f"{fmt.format(value)} {unit}"
+        if name in GOALS:
+            ok = "yes" if result["met"][name] else "**no**"
+            lines.append(f"| {name} | {shown} | {goal_text(name, figures)} | {ok} |")
+        else:
+            lines.append(f"| {name} | {shown} | (baseline) | |")
+    return lines
+
+
 def write_markdown(result: dict[str, Any], report: Report, quick: bool, runtime: float) -> str:
     m = result["machine"]
     lines = [
@@ -1203,66 +1221,111 @@ def write_markdown(result: dict[str, Any], report: Report, quick: bool, runtime:
         f"Run `{'.venv/bin/python bench/relay.py' + (' --quick' if quick else '')}` on "
         f"{m['date']}, {runtime / 60:.1f} min.",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM; Python "
-        f"{m['python']}, {m['java']}, PySpark {m['pyspark']}.",
+        f"Machine: {machine_text(m)}; Python {m['python']}, {m['java']}, PySpark {m['pyspark']}.",
         "",
         "| measure | value | goal | met |",
         "|---|---:|---|:---:|",
+        *_figure_rows(result, report.figures),
+        "",
+        "## Notes",
+        "",
     ]
-    units = {
-        "producer_overhead_ratio": ("{:.2f}", "x raw sqlite3 time"),
-        "relay_embedded_ev_s": ("{:,.0f}", "ev/s"),
-        "relay_jetstream_ev_s": ("{:,.0f}", "ev/s"),
-        "raw_nats_publish_ev_s": ("{:,.0f}", "msg/s"),
-        "latency_p50_ms": ("{:,.0f}", "ms"),
-        "latency_p99_ms": ("{:,.0f}", "ms"),
-        "peak_pss_mib": ("{:,.0f}", "MiB"),
-    }
-    figures = report.figures
-    for name, (fmt, unit) in units.items():
-        value = result.get(name)
-        shown = "n/a" if value is None else f"{fmt.format(value)} {unit}"
-        if name in GOALS:
-            ok = "yes" if result["met"][name] else "**no**"
-            lines.append(f"| {name} | {shown} | {goal_text(name, figures)} | {ok} |")
-        else:
-            lines.append(f"| {name} | {shown} | (baseline) | |")
-    lines += ["", "## Notes", ""]
     lines += [f"- {n}" for n in result["notes"]] or ["- none"]
-    titles = {
-        "producer": "Producer (1)",
-        "embedded": "Relay to the event store (2)",
-        "jetstream": "Relay to JetStream (3)",
-        "latency": "Latency (4)",
-        "pss": "Peak PSS (5)",
-        "load": "Machine load by other processes",
-    }
     lines += ["", "## Details", ""]
-    for key, title in titles.items():
+    for key, title in DETAIL_TITLES.items():
         if key in report.details:
             lines += [f"### {title}", ""] + [f"- {d}" for d in report.details[key]] + [""]
-    lines += [
-        "## Method",
-        "",
-        "1. Producer: SQLite files in WAL with synchronous=NORMAL; each transaction updates one "
-        "account row and adds one event. tidings: `outbox.transaction()` + `tx.emit`; raw: "
-        "`sqlite3` on its own file with the same PRAGMAs and tidings' own `outbox_event` table "
-        "(created by `ensure_schema`), UPDATE + INSERT (uuid4, json.dumps payload) + commit. "
-        "Rounds alternate sides on fresh files after a short warm-up; ratio of medians.",
-        "2. Embedded: a backlog emitted via Outbox (1000 per transaction, ~10k partition keys) "
-        "drained by `start_relay(..., available_now=True)` into an event_store target on "
-        "SQLite; Spark started and warmed by a 10-event relay first; max_events_per_batch "
-        "100000, partitions 2; the clock covers query start to termination.",
-        "3. JetStream: the same with a jetstream target (unique stream, deleted afterwards); "
-        "raw baseline: nats-py pipelined publishes of same-size messages with Nats-Msg-Id to "
-        "a fresh stream, acks awaited per window; measured before and after the relay.",
-        "4. Latency: streaming relay (trigger 100 ms) on a fresh database; paced producer, "
-        "one event per transaction; latency = last_publish_at - logged_at.",
-        "5. PSS: `python -m tidings.cli relay --config cfg.yaml --once` as a subprocess; the "
-        "PSS of its whole process tree (driver, JVM, Python workers) summed every 0.2 s.",
-        "",
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + METHOD)
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def measured(name: str, fn: Callable[[], None], report: Report) -> None:
+    """Run one phase, noting a failure instead of ending the run, and the CPU other
+    processes used meanwhile: a phase that shared the cores gets a note saying so."""
+    monitor = TreeMonitor(os.getpid()).start(1.0)
+    try:
+        fn()
+    except Exception as exc:
+        traceback.print_exc()
+        report.note(f"{name} failed: {type(exc).__name__}: {exc}")
+    finally:
+        monitor.stop()
+    foreign, steal = monitor.foreign_cpu()
+    cores = os.cpu_count() or 1
+    share = cpu_share(foreign, monitor.wall)
+    text = (
+        f"{name}: other processes on the machine used {foreign:.1f} CPU-s "
+        f"({share:.0%} of {cores} cores) over its {monitor.wall:.0f} s; steal {steal:.1f} s"
+    )
+    say(f"  {text}")
+    report.detail("load", text)
+    if share > LOADED_SHARE:
+        report.note(
+            f"{text}: concurrent work (e.g. other test runs) competed for the cores, so "
+            f"this phase's figures are lower/slower than on an idle machine"
+        )
+
+
+def start_spark(work: Path, report: Report) -> Any | None:
+    """A local Spark session in this process for phases 2-4; None (noted) if it fails."""
+    say("starting Spark (local) in this process and warming it up ...")
+    try:
+        from tidings.pipeline.spark import spark_session
+
+        boot = bench_config(work, "boot", {}, {})
+        started = time.perf_counter()
+        spark = spark_session(boot.relay, app_name="tidings-bench")
+        say(f"  Spark session up in {time.perf_counter() - started:.1f} s")
+        return spark
+    except Exception as exc:
+        traceback.print_exc()
+        report.note(f"Spark did not start, phases 2-4 skipped: {type(exc).__name__}: {exc}")
+        return None
+
+
+def run_phases(work: Path, sizes: Sizes, quick: bool, report: Report) -> None:
+    """Every phase in turn, in ``work`` (the current directory meanwhile)."""
+    measured("phase 1 (producer)", lambda: phase_producer(work, sizes, report), report)
+    # The PSS subprocess runs before this process starts its own JVM, so nothing else
+    # competes with it for the two cores.
+    measured("phase 5 (peak PSS)", lambda: phase_pss(work, sizes, quick, report), report)
+    spark = start_spark(work, report)
+    if spark is None:
+        return
+    try:
+        measured("warm-up", lambda: warm_spark(spark, work, report), report)
+        phases = [
+            ("phase 2 (embedded relay)", phase_embedded),
+            ("phase 3 (jetstream relay)", phase_jetstream),
+            ("phase 4 (latency)", phase_latency),
+        ]
+        for name, phase in phases:
+            measured(name, lambda phase=phase: phase(spark, work, sizes, report), report)
+    finally:
+        spark.stop()
+
+
+def build_result(
+    machine: dict[str, Any], code: str, sizes: Sizes, quick: bool, report: Report
+) -> dict[str, Any]:
+    """relay.json's content: the machine, each figure, the goals and the notes."""
+    report.notes.insert(0, f"code measured: {code}")
+    if quick:
+        report.notes.insert(
+            0,
+            f"--quick run: smaller sizes ({sizes.producer_txns} producer txns, "
+            f"{sizes.embedded_events:,} / {sizes.jetstream_events:,} relay events, "
+            f"{sizes.latency_seconds:g} s latency load, {sizes.pss_events:,} PSS backlog)",
+        )
+    goals, met = evaluate(report.figures)
+    result: dict[str, Any] = {"machine": machine}
+    result.update({name: report.figures.get(name) for name in UNITS})
+    result["goals"] = goals
+    result["met"] = met
+    result["notes"] = report.notes
+    return result
 
 
 def main() -> int:
@@ -1279,92 +1342,19 @@ def main() -> int:
     say(f"machine: {machine}")
     code = code_version()
     say(f"code: {code}")
-
-    def run(name: str, fn: Callable[[], None]) -> None:
-        monitor = TreeMonitor(os.getpid()).start(1.0)
-        try:
-            fn()
-        except Exception as exc:
-            traceback.print_exc()
-            report.note(f"{name} failed: {type(exc).__name__}: {exc}")
-        finally:
-            monitor.stop()
-        foreign, steal = monitor.foreign_cpu()
-        cores = os.cpu_count() or 1
-        share = foreign / (monitor.wall * cores)
-        text = (
-            f"{name}: other processes on the machine used {foreign:.1f} CPU-s "
-            f"({share:.0%} of {cores} cores) over its {monitor.wall:.0f} s; steal {steal:.1f} s"
-        )
-        say(f"  {text}")
-        report.detail("load", text)
-        if share > 0.1:
-            report.note(
-                f"{text}: concurrent work (e.g. other test runs) competed for the cores, so "
-                f"this phase's figures are lower/slower than on an idle machine"
-            )
-
-    spark = None
     try:
-        run("phase 1 (producer)", lambda: phase_producer(work, sizes, report))
-        # The PSS subprocess runs before this process starts its own JVM, so nothing else
-        # competes with it for the two cores.
-        run("phase 5 (peak PSS)", lambda: phase_pss(work, sizes, args.quick, report))
-        say("starting Spark (local) in this process and warming it up ...")
-        try:
-            from tidings.pipeline.spark import spark_session
-
-            boot = bench_config(work, "boot", {}, {})
-            started = time.perf_counter()
-            spark = spark_session(boot.relay, app_name="tidings-bench")
-            say(f"  Spark session up in {time.perf_counter() - started:.1f} s")
-        except Exception as exc:
-            traceback.print_exc()
-            report.note(f"Spark did not start, phases 2-4 skipped: {type(exc).__name__}: {exc}")
-        if spark is not None:
-            run("warm-up", lambda: warm_spark(spark, work, report))
-            run("phase 2 (embedded relay)", lambda: phase_embedded(spark, work, sizes, report))
-            run("phase 3 (jetstream relay)", lambda: phase_jetstream(spark, work, sizes, report))
-            run("phase 4 (latency)", lambda: phase_latency(spark, work, sizes, report))
+        run_phases(work, sizes, args.quick, report)
     finally:
-        if spark is not None:
-            spark.stop()
-        os.chdir(RESULTS.parent.parent)
+        os.chdir(REPO)
         if args.keep:
             say(f"work dir kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-
-    report.notes.insert(0, f"code measured: {code}")
-    if args.quick:
-        report.notes.insert(
-            0,
-            f"--quick run: smaller sizes ({sizes.producer_txns} producer txns, "
-            f"{sizes.embedded_events:,} / {sizes.jetstream_events:,} relay events, "
-            f"{sizes.latency_seconds:g} s latency load, {sizes.pss_events:,} PSS backlog)",
-        )
-    figures = report.figures
-    goals, met = evaluate(figures)
-    result: dict[str, Any] = {"machine": machine}
-    for name in (
-        "producer_overhead_ratio",
-        "relay_embedded_ev_s",
-        "relay_jetstream_ev_s",
-        "raw_nats_publish_ev_s",
-        "latency_p50_ms",
-        "latency_p99_ms",
-        "peak_pss_mib",
-    ):
-        result[name] = figures.get(name)
-    result["goals"] = goals
-    result["met"] = met
-    result["notes"] = report.notes
-    runtime = time.monotonic() - _T0
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "relay.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "relay.md").write_text(write_markdown(result, report, args.quick, runtime))
-    say(f"done in {runtime / 60:.1f} min; met: {met}")
-    say(f"wrote {RESULTS / 'relay.json'} and {RESULTS / 'relay.md'}")
+    result = build_result(machine, code, sizes, args.quick, report)
+    runtime = runtime_s()
+    paths = write_report("relay", result, write_markdown(result, report, args.quick, runtime))
+    say(f"done in {runtime / 60:.1f} min; met: {result['met']}")
+    say(f"wrote {paths[0]} and {paths[1]}")
     return 0
 
 

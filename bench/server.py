@@ -25,11 +25,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,16 +44,28 @@ import psutil
 import yaml
 from hat.event import eventer
 
-from relay import code_version, machine_info, percentile, say
+from common import (
+    LOADED_SHARE,
+    MachineCpu,
+    code_version,
+    cpu_seconds,
+    cpu_share,
+    free_port,
+    machine_info,
+    machine_text,
+    percentile,
+    runtime_s,
+    say,
+    wait_idle,
+    write_report,
+)
 from server_hostile import Target, hostile_phase
 from server_hostile import evaluate as evaluate_hostile
 from server_hostile import markdown as hostile_markdown
 from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES
 
-RESULTS = Path(__file__).resolve().parent / "results"
 VENV_BIN = Path(sys.executable).parent
 SERVERS = ("hat", "tidings")
-_START = time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -113,12 +123,6 @@ def check(condition: bool, message: str) -> None:
 
 
 # -- servers ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def hat_config(work: Path, port: int) -> dict[str, Any]:
@@ -223,13 +227,7 @@ class ServerProcess:
         say(f"[{self.kind}] listening on {self.port} after {time.perf_counter() - started:.1f} s")
 
     def cpu_seconds(self) -> float:
-        if self.ps is None:
-            return 0.0
-        try:
-            times = self.ps.cpu_times()
-        except psutil.Error:
-            return 0.0
-        return times.user + times.system
+        return 0.0 if self.ps is None else cpu_seconds(self.ps)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -278,24 +276,21 @@ class Run:
     hostile: dict[str, dict[str, Any]] = field(default_factory=dict)  # row -> figures
 
     async def phase(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        """Run ``body``, recording the CPU the server, this client and every other process
+        used meanwhile: a ratio is only fair if neither side was starved of cores."""
         me = psutil.Process()
-        server0, client0 = self.server.cpu_seconds(), sum(me.cpu_times()[:2])
-        system0, wall0 = psutil.cpu_times(), time.perf_counter()
+        server0, client0 = self.server.cpu_seconds(), cpu_seconds(me)
+        machine, wall0 = MachineCpu(), time.perf_counter()
         await body()
         wall = time.perf_counter() - wall0
         server = self.server.cpu_seconds() - server0
-        client = sum(me.cpu_times()[:2]) - client0
-        system1 = psutil.cpu_times()
-        busy = sum(
-            getattr(system1, f) - getattr(system0, f)
-            for f in ("user", "nice", "system", "irq", "softirq")
-            if hasattr(system0, f)
-        )
+        client = cpu_seconds(me) - client0
+        machine.stop()
         self.cpu[name] = {
             "wall_s": round(wall, 2),
             "server_cpu_s": round(server, 2),
             "client_cpu_s": round(client, 2),
-            "other_cpu_s": round(max(0.0, busy - server - client), 2),
+            "other_cpu_s": round(machine.other_s(server + client), 2),
         }
         say(
             f"[{self.kind}]   {name}: {wall:.1f} s wall, server {server:.1f} CPU-s, "
@@ -587,13 +582,8 @@ NEEDS = {"latest queries": "query setup", "ordered query": "query setup"}
 async def settle(server: ServerProcess, timeout: float = 120.0) -> None:
     """Wait until the server is idle (under 10% of a core for 0.5 s), e.g. still working off
     a dropped client's backlog, so that it does not slow the next measure."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < timeout:
-        before = server.cpu_seconds()
-        await asyncio.sleep(0.5)
-        if server.cpu_seconds() - before < 0.05:
-            return
-    say(f"[{server.kind}] still busy after {timeout:g} s")
+    if server.ps is None or not await wait_idle(server.ps, max_cores=0.1, timeout=timeout):
+        say(f"[{server.kind}] still busy after {timeout:g} s")
 
 
 async def bench_server(run: Run, sizes: Sizes, hostile: str) -> None:
@@ -631,7 +621,7 @@ async def bench_server(run: Run, sizes: Sizes, hostile: str) -> None:
             say(f"[{kind}] hostile clients ...")
             target = Target(kind, server.address, server.port, server.proc.pid)
             try:
-                run.hostile = await hostile_phase(target, sizes.hostile_events, run.phase, say)
+                run.hostile = await hostile_phase(target, sizes.hostile_events, run.phase)
             except Exception as exc:
                 traceback.print_exc()
                 run.errors["hostile"] = f"{type(exc).__name__}: {exc}"
@@ -717,7 +707,7 @@ def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtim
         "",
         f"Run `{cmd}` on {m['date']}, {runtime / 60:.1f} min; {result['code']}.",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM; {m['os']}; Python "
+        f"Machine: {machine_text(m)}; {m['os']}; Python "
         f"{m['python']}; hat-event {m['hat_event']}. Client and server share the machine.",
         "",
         "| measure | hat 0.8.5 (lmdb) | tidings (sqlite) | tidings/hat | goal | met |",
@@ -811,8 +801,8 @@ def load_notes(runs: dict[str, Run]) -> list[str]:
     for kind, run in runs.items():
         wall = sum(c["wall_s"] for c in run.cpu.values())
         other = sum(c["other_cpu_s"] for c in run.cpu.values())
-        share = other / (wall * cores) if wall else 0.0
-        if share > 0.1:
+        share = cpu_share(other, wall)
+        if share > LOADED_SHARE:
             notes.append(
                 f"{kind}: other processes used {other:.1f} CPU-s ({share:.0%} of {cores} cores) "
                 f"over its {wall:.0f} s of measuring; its figures are slower than on an idle "
@@ -853,9 +843,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     say(f"server benchmark ({'quick' if args.quick else 'full'})")
-    machine = machine_info()
-    for key in ("java", "pyspark"):  # not involved here
-        machine.pop(key, None)
+    machine = machine_info(spark=False)
     machine["os"] = platform.platform()
     machine["hat_event"] = version("hat-event")
     say(f"machine: {machine}")
@@ -889,14 +877,12 @@ def main() -> int:
         if run.hostile
     }
     result["sizes"] = asdict(sizes)
-    runtime = time.monotonic() - _START
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "server.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "server.md").write_text(write_markdown(result, args.quick, args.only, runtime))
+    runtime = runtime_s()
+    paths = write_report("server", result, write_markdown(result, args.quick, args.only, runtime))
     print()
     print_table(result)
     print()
-    say(f"wrote {RESULTS / 'server.json'} and {RESULTS / 'server.md'} ({runtime / 60:.1f} min)")
+    say(f"wrote {paths[0]} and {paths[1]} ({runtime / 60:.1f} min)")
     if errors:
         for kind, error in errors.items():
             say(f"!! {kind} FAILED: {error}")

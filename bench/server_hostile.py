@@ -25,6 +25,8 @@ import hat.event.common as hc
 import psutil
 from hat.event import eventer
 
+from common import say, wait_idle
+
 #: Rows (name -> what the one hostile client does), in the issue's order.
 ROWS = {
     "bad_byte": "one invalid byte (reference, not in the issue: any refused connection)",
@@ -167,7 +169,7 @@ class Bystander:
     async def _read(self) -> None:
         assert self._proc.stdout is not None
         async for line in self._proc.stdout:
-            end, ms, kind, *rest = line.decode().split(" ", 3)
+            end, ms, kind, *rest = line.decode().strip().split(" ", 3)
             if kind == "error":
                 self.errors.append((float(end), " ".join(rest).strip()))
             else:
@@ -355,23 +357,10 @@ def actions(target: Target, events: int) -> dict[str, Callable[[], Awaitable[str
     return rows
 
 
-async def _settle(pid: int, timeout: float = 60.0) -> None:
-    """Wait until the server uses under half a core for 0.5 s (the bystander alone uses
-    less), so that a row does not start while the last one's work goes on."""
-    server = psutil.Process(pid)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        before = sum(server.cpu_times()[:2])
-        await asyncio.sleep(0.5)
-        if sum(server.cpu_times()[:2]) - before < 0.25:
-            return
-
-
 async def hostile_phase(
     target: Target,
     events: int,
     phase: Callable[[str, Callable[[], Awaitable[None]]], Awaitable[None]],
-    say: Callable[[str], None],
 ) -> dict[str, dict[str, Any]]:
     """Run every row against ``target``; ``phase`` records CPU use around each row."""
     started = time.perf_counter()
@@ -379,6 +368,7 @@ async def hostile_phase(
     elapsed = time.perf_counter() - started
     say(f"[{target.kind}]   hostile setup: {events:,} events in {elapsed:.1f} s")
     bystander = await Bystander.start(target.address)
+    server = psutil.Process(target.pid)
     rows: dict[str, dict[str, Any]] = {}
     try:
         quiet_start = time.time()
@@ -389,7 +379,9 @@ async def hostile_phase(
         say(f"[{target.kind}]   bystander worst round trip alone: {baseline_ms:.1f} ms")
         rows["none"] = {"worst_ms": round(baseline_ms, 1), "outcome": "no hostile client"}
         for name, action in actions(target, events).items():
-            await _settle(target.pid)
+            # Under half a core (the bystander alone makes it use less), so that a row does
+            # not start while the last one's work goes on.
+            await wait_idle(server, max_cores=0.5, timeout=60.0)
             _reset_peak(target.pid)
             base = _status(target.pid)["VmRSS"]
             outcome: list[str] = []
