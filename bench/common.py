@@ -24,8 +24,8 @@ from typing import Any
 import psutil
 from sqlalchemy import func, select
 
+from tidings.events.timeutil import as_utc
 from tidings.outbox.schema import outbox_event
-from tidings.timeutil import as_utc
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = RESULTS.parent.parent

@@ -62,10 +62,10 @@ from common import (
 )
 from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
+from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import ensure_schema, outbox_event
 from tidings.server.store import EventStore
-from tidings.timeutil import as_utc
 
 NATS_URL = "nats://127.0.0.1:4222"
 EVENT_TYPE = "MoneyDeposited"
@@ -701,7 +701,7 @@ async def raw_publish(
 
 def sample_message(cfg: TidingsConfig) -> tuple[bytes, dict[str, str]]:
     """Payload and header set of one real relay message, for same-size raw messages."""
-    from tidings.model import OutboxEvent
+    from tidings.events.outbox import OutboxEvent
     from tidings.targets.jetstream import message_headers
 
     engine = make_engine(cfg.database.url)
