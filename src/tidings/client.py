@@ -1,5 +1,9 @@
 """An asyncio client of the Eventer protocol, for tidings' event server and hat-event 0.8.5.
 
+The application's end of the event server: a module (not a package) that stands on the wire
+and the event model alone, so a program that only talks to a server loads neither SQLAlchemy
+nor PySpark; everything its calls take, return and raise is importable from here.
+
 Events go in as :class:`~tidings.events.model.NewEvent` and come back as
 :class:`~tidings.events.model.StoredEvent`, the store's own model, so code using the client
 and code using the store directly read alike::
@@ -27,16 +31,35 @@ from types import TracebackType
 from typing import Any, Self
 
 from tidings.errors import ClientError, ConnectionClosed, ProtocolError, StoreError
-from tidings.events.matching import validate_query_type
-from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent
-from tidings.events.query import QueryData
+from tidings.events import (
+    EventId,
+    EventType,
+    NewEvent,
+    Order,
+    OrderBy,
+    PayloadKind,
+    QueryData,
+    QueryType,
+    StoredEvent,
+    validate_query_type,
+)
 from tidings.wire import chatter, codec
 
+#: Everything the client's calls take, return and raise, so a user needs no other import.
 __all__ = [
     "Client",
     "ClientError",
     "ConnectionClosed",
+    "EventId",
+    "EventType",
+    "NewEvent",
+    "Order",
+    "OrderBy",
+    "PayloadKind",
+    "ProtocolError",
     "QueryData",
+    "QueryType",
+    "StoredEvent",
     "connect",
     "json_event",
     "json_value",

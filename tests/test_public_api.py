@@ -1,0 +1,100 @@
+"""The public API: what ``tidings``, ``tidings.client`` and ``tidings.events`` promise exists.
+
+A user imports from these three places only (the README's quick starts do), so every name
+they list in ``__all__`` must resolve. ``tidings`` exports the outbox, engines and the
+configuration lazily, because importing any submodule (``tidings.client`` included) runs
+``tidings/__init__.py`` first; a fresh interpreter shows that ``import tidings`` stays free
+of the database and Spark stacks until such a name is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tidings
+
+PUBLIC = ("tidings", "tidings.client", "tidings.events")
+HEAVY = ("sqlalchemy", "pyspark")
+
+
+def _heavy_modules_after(statement: str) -> dict[str, list[str]]:
+    """The database and Spark modules a fresh interpreter holds after running ``statement``."""
+    check = (
+        f"{statement}\n"
+        "import sys\n"
+        f"print({{top: sorted(m for m in sys.modules if m.split('.')[0] == top)[:3]"
+        f" for top in {HEAVY!r}}})\n"
+    )
+    src = str(Path(tidings.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run(
+        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout.strip())
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [(module, name) for module in PUBLIC for name in importlib.import_module(module).__all__],
+)
+def test_every_exported_name_resolves(module: str, name: str) -> None:
+    assert getattr(importlib.import_module(module), name) is not None
+
+
+@pytest.mark.parametrize("module", PUBLIC)
+def test_exports_are_listed_once_and_shown_by_dir(module: str) -> None:
+    exported = importlib.import_module(module).__all__
+    assert len(exported) == len(set(exported))
+    assert set(exported) <= set(dir(importlib.import_module(module)))
+
+
+def test_a_name_tidings_does_not_export_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = tidings.no_such_name  # type: ignore[attr-defined]
+
+
+def test_submodules_still_import_from_the_package() -> None:
+    """``from tidings import client`` finds the module, not a lazily exported name."""
+    from tidings import client
+
+    assert client is importlib.import_module("tidings.client")
+
+
+def test_the_lazy_names_are_the_ones_type_checkers_see() -> None:
+    """The ``TYPE_CHECKING`` imports of ``tidings/__init__.py`` and its lazy map agree."""
+    tree = ast.parse(inspect.getsource(tidings))
+    [block] = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    seen = {
+        alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert seen == tidings._LAZY
+
+
+def test_import_tidings_loads_neither_sqlalchemy_nor_pyspark() -> None:
+    assert _heavy_modules_after("import tidings") == {top: [] for top in HEAVY}
+
+
+def test_a_heavy_name_loads_sqlalchemy_when_used_and_never_spark() -> None:
+    """Every name of ``tidings.__all__`` serves a producer or a server: none needs Spark."""
+    loaded = _heavy_modules_after(
+        "import tidings\nfor name in tidings.__all__: getattr(tidings, name)"
+    )
+    assert loaded["sqlalchemy"], "tidings.Outbox and the others should have loaded SQLAlchemy"
+    assert loaded["pyspark"] == []
