@@ -91,6 +91,33 @@ def test_peers_need_matching_tokens_and_distinct_ids() -> None:
         load_server_config(minimal(syncer_token="x", syncer_peers=[peer, peer]))
 
 
+def test_peer_token_must_match_and_peer_id_and_address_must_be_valid() -> None:
+    """The peer checks the Syncer client trusts (it checked them itself before): a missing
+    token on either side differs from a set one, both absent are equal, as in hat-event."""
+    peer = {"server_id": 2, "address": "tcp+sbs://127.0.0.1:1234"}
+    mismatch = r"syncer_peers.0.syncer_token.*does not match"
+    with pytest.raises(ConfigError, match=mismatch):
+        load_server_config(
+            minimal(syncer_token="ours", syncer_peers=[{**peer, "syncer_token": "theirs"}])
+        )
+    with pytest.raises(ConfigError, match=mismatch):
+        load_server_config(minimal(syncer_token="ours", syncer_peers=[peer]))
+    with pytest.raises(ConfigError, match=mismatch):
+        load_server_config(minimal(syncer_peers=[{**peer, "syncer_token": "theirs"}]))
+    with pytest.raises(ConfigError, match=r"this server.s own engine\.server_id"):
+        load_server_config(minimal(syncer_peers=[{**peer, "server_id": 1}]))
+    with pytest.raises(ConfigError, match=r"syncer_peers.0.address"):
+        load_server_config(minimal(syncer_peers=[{**peer, "address": "http://127.0.0.1:1234"}]))
+    for bad_id in (0, "two"):
+        with pytest.raises(ConfigError, match=r"syncer_peers.0.server_id"):
+            load_server_config(minimal(syncer_peers=[{**peer, "server_id": bad_id}]))
+    same = load_server_config(
+        minimal(syncer_token="same", syncer_peers=[{**peer, "syncer_token": "same"}])
+    )
+    assert same.syncer_peers[0].syncer_token == "same"
+    assert load_server_config(minimal(syncer_peers=[peer])).syncer_peers[0].server_id == 2
+
+
 def test_default_path_is_under_xdg_config_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,17 +16,13 @@ import pytest
 
 from helpers import free_port, hat_event_server
 from server_helpers import until
-from tidings.errors import ConfigError
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine
 from tidings.server.store import EventStore
-from tidings.server.syncer import (
-    SERVER_STATUS_TYPE,
-    SyncerClient,
-    SyncerServer,
-    client_status_type,
-)
+from tidings.server.syncer.client import SyncerClient
+from tidings.server.syncer.common import SERVER_STATUS_TYPE, client_status_type
+from tidings.server.syncer.server import SyncerServer
 from tidings.wire import chatter, codec
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
@@ -189,23 +185,6 @@ def test_client_resumes_after_its_last_event_id(tmp_path: Path) -> None:
             }
             await client.aclose()
             await server.aclose()
-
-    asyncio.run(main())
-
-
-def test_token_must_match_and_peer_id_must_differ(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with node(tmp_path, 1) as a:
-            with pytest.raises(ConfigError, match="syncer token"):
-                SyncerClient(address(1234), a, 2, token="ours", peer_token="theirs")
-            with pytest.raises(ConfigError, match="syncer token"):
-                SyncerClient(address(1234), a, 2, token="ours")
-            with pytest.raises(ConfigError, match="our own"):
-                SyncerClient(address(1234), a, 1)
-            with pytest.raises(ConfigError):
-                SyncerClient("http://127.0.0.1:1234", a, 2)
-            SyncerClient(address(1234), a, 2, token="same", peer_token="same")
-            SyncerClient(address(1234), a, 2)
 
     asyncio.run(main())
 

@@ -26,7 +26,7 @@ from tidings.address import parse_address
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
-from tidings.wire import chatter, codec, envelope, prescan
+from tidings.wire import chatter, chatter_server, codec, envelope, frame_reader, prescan
 from tidings.wire.chatter import Connection
 
 # --- codec ----------------------------------------------------------------------------------
@@ -665,7 +665,7 @@ def test_server_close_waits_for_handlers() -> None:
                 await asyncio.sleep(0.05)
                 done.append(connection.peer)
 
-        server = await chatter.listen("tcp+sbs://127.0.0.1:0", handler, ping_interval=None)
+        server = await chatter_server.listen("tcp+sbs://127.0.0.1:0", handler, ping_interval=None)
         client = await chatter.connect(f"tcp+sbs://127.0.0.1:{server.port}", ping_interval=None)
         while not server.connections:
             await asyncio.sleep(0.01)
@@ -699,7 +699,9 @@ def test_a_large_message_arrives_whole_and_a_large_hostile_one_is_refused(
         await connection.aclose()
         return connection.close_reason
 
-    assert len(codec.encode("HatEventer", "MsgRegisterReq", items)) > chatter.INLINE_DECODE_BYTES
+    assert (
+        len(codec.encode("HatEventer", "MsgRegisterReq", items)) > frame_reader.INLINE_DECODE_BYTES
+    )
     reason = run(main())
     assert reason is not None and "exceeds the message's budget of values" in reason
     [line] = warnings_of(caplog)

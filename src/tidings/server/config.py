@@ -83,7 +83,7 @@ class SyncerPeerConfig(_Model):
     #: The peer's ``engine.server_id``: the Syncer asks for that server's events.
     server_id: int = Field(ge=1, le=2**63 - 1)
     address: Address
-    #: The peer's ``syncer_token``; it must equal ours, or the peer is refused at start.
+    #: The peer's ``syncer_token``; it must equal ours, or the configuration is refused.
     syncer_token: str | None = None
 
 
@@ -118,6 +118,14 @@ class ServerConfig(_Model):
 
     @model_validator(mode="after")
     def _peers(self) -> ServerConfig:
+        """Refuse a peer the Syncer must not sync with: the one check of the peers, which
+        the Syncer client (:mod:`tidings.server.syncer.client`) trusts.
+
+        hat-event's ``syncer_token`` makes servers sync only with peers of the same token
+        (both absent counts as equal); ``HatSyncer.MsgReq`` carries no token, so it is
+        checked here, against the token configured for the peer. This guards against syncing
+        two installations by a configuration mistake; it is not authentication.
+        """
         for index, peer in enumerate(self.syncer_peers):
             if peer.server_id == self.engine.server_id:
                 raise ValueError(

@@ -7,19 +7,11 @@ JSON payload ``"CONNECTED"`` for every connection before it handles any of its m
 ``"DISCONNECTED"`` when the connection ends.
 
 Each connection is served by a task of its own, in request order; connections never wait
-for each other's sockets. Registrations are pipelined: the server queues a connection's
-register requests with the engine without waiting for each to be stored (up to
-``_MAX_IN_FLIGHT`` at a time), so that requests waiting together are stored in one
-transaction, each still its own session, and replies go out in request order as they
-complete. A query waits for the connection's earlier registrations, so a client always
-reads its own writes. A register request is one engine
-session; events that cannot be stored (a wildcard in the type, a bad payload) fail alone, and
-a session a module aborts fails as a whole, while the server goes on. A query always gets a
-reply: an invalid one is answered with no events, and logged.
-
-The tidings extension ``TidingsEventer.MsgRegisterReq`` registers events carrying the id of
-the outbox event they come from; the store keeps each outbox event once, however often it is
-sent, and the reply (``HatEventer.MsgRegisterRes``) holds the event stored first.
+for each other's sockets. Register requests (hat-event's and the tidings extension
+``TidingsEventer.MsgRegisterReq``) are pipelined with the engine and answered in request
+order (:mod:`tidings.server.eventer_register`). A query waits for the connection's earlier
+registrations, so a client always reads its own writes. A query always gets a reply: an
+invalid one is answered with no events, and logged.
 
 **Slow subscribers.** Notifications are written without waiting for the client's socket, so
 that registration never waits for a subscriber and one slow subscriber never delays others.
@@ -29,11 +21,10 @@ with more than four times that unsent, is disconnected when a new message is due
 with the reason "slow subscriber") and its buffer is dropped, which keeps the server's
 memory bounded; a burst over the bound (a big register's reply and notification) does not
 drop a client that reads it. Large notifications and register replies are encoded off the
-event loop. It may
-reconnect and catch up with a query. Small replies share that buffer; a query reply over
-1 MiB is streamed instead (:mod:`tidings.server.query_reply`), a chunk at a time as the
-client reads it, so it never counts as lag, and a client that takes nothing of it for
-``ping_interval`` is closed.
+event loop. It may reconnect and catch up with a query. Small replies share that buffer; a
+query reply over 1 MiB is streamed instead (:mod:`tidings.server.query_reply`), a chunk at a
+time as the client reads it, so it never counts as lag, and a client that takes nothing of
+it for ``ping_interval`` is closed.
 
 Bad input on a socket (garbage, a truncated or oversize frame, an unknown message type,
 undecodable SBS, a message a client must not send, an invalid subscription) closes that
@@ -53,9 +44,10 @@ from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreEr
 from tidings.events.matching import TypeMatcher
 from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.notify import INLINE_EVENTS, Notifier
+from tidings.server.eventer_register import Registrations
+from tidings.server.notify import Notifier
 from tidings.server.query_reply import EMPTY_REPLY, is_bulk, plan_reply, stream_body
-from tidings.wire import chatter, codec
+from tidings.wire import chatter, chatter_server, codec
 
 log = logging.getLogger(__name__)
 
@@ -78,40 +70,16 @@ _EVENTER = "HatEventer"
 _TIDINGS = "TidingsEventer"
 
 
-#: Register requests, and their payload bytes, of one connection queued with the engine
-#: before the server stops reading that connection (TCP then pushes back on the client).
-_MAX_IN_FLIGHT = 1000
-_MAX_IN_FLIGHT_BYTES = 16 * 1024 * 1024
-
-
 class _Client:
-    """One connected client, its subscription (None until it subscribes) and its queued
-    registrations."""
+    """One connected client: its subscription (None until it subscribes) and its register
+    requests."""
 
-    __slots__ = (
-        "connection",
-        "in_flight",
-        "in_flight_bytes",
-        "last_register",
-        "last_reply",
-        "matcher",
-    )
+    __slots__ = ("connection", "matcher", "registrations")
 
-    def __init__(self, connection: chatter.Connection) -> None:
+    def __init__(self, connection: chatter.Connection, registrations: Registrations) -> None:
         self.connection = connection
         self.matcher: TypeMatcher | None = None
-        self.in_flight = 0
-        self.in_flight_bytes = 0
-        #: The newest queued registration; the engine stores them in order.
-        self.last_register: asyncio.Future[object] | None = None
-        #: The newest register reply still being encoded (off the loop), if any.
-        self.last_reply: asyncio.Task[None] | None = None
-
-    async def wait_registered(self) -> None:
-        """Wait until every registration this client queued so far is done."""
-        last = self.last_register
-        if last is not None and not last.done():
-            await asyncio.wait([last])
+        self.registrations = registrations
 
 
 _RequestHandler = Callable[[_Client, chatter.Message], Awaitable[None]]
@@ -130,7 +98,7 @@ class EventerServer:
         self._clients: set[_Client] = set()
         self._closing = False
         self._closed = asyncio.Event()
-        self._server: chatter.Server | None = None
+        self._server: chatter_server.Server | None = None
         self._port = 0
         self._unsubscribe: Callable[[], None] | None = None
         self._notifier: Notifier[_Client] = Notifier(
@@ -160,7 +128,7 @@ class EventerServer:
         _require_positive("max_frame_bytes", max_frame_bytes)
         _require_positive("max_subscriber_lag_bytes", max_subscriber_lag_bytes)
         server = cls(engine, max_subscriber_lag_bytes, ping_interval)
-        server._server = await chatter.listen(
+        server._server = await chatter_server.listen(
             address, server._serve, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
         )
         server._port = server._server.port
@@ -208,7 +176,10 @@ class EventerServer:
         if self._closing:
             return
         await self._register_status(connection, STATUS_CONNECTED)
-        client = _Client(connection)
+        registrations = Registrations(
+            connection, self._engine, self._send_encoded, self._reply_tasks
+        )
+        client = _Client(connection, registrations)
         self._clients.add(client)
         log.debug("eventer client %s connected", connection.peer, extra={"peer": connection.peer})
         try:
@@ -263,104 +234,10 @@ class EventerServer:
             client.connection.close(f"invalid subscription: {exc}")
 
     async def _on_register(self, client: _Client, message: chatter.Message) -> None:
-        await self._register_and_reply(client, message, await _new_events(client, message, False))
+        await client.registrations.register(message, outbox=False)
 
     async def _on_register_outbox(self, client: _Client, message: chatter.Message) -> None:
-        await self._register_and_reply(client, message, await _new_events(client, message, True))
-
-    async def _register_and_reply(
-        self,
-        client: _Client,
-        message: chatter.Message,
-        new_events: list[NewEvent | None],
-    ) -> None:
-        """Queue the convertible events as one session and go on; the reply (unless the
-        request was sent with ``last``, hat-event's fire-and-forget) is sent when it is
-        stored."""
-        valid = [event for event in new_events if event is not None]
-        if not valid:
-            # Nothing to store; the reply still waits for the replies before it.
-            self._after_earlier(
-                client, lambda: self._reply_register(client, message, [None] * len(new_events))
-            )
-            return
-        size = sum(len(event.payload or b"") for event in valid)
-        if client.in_flight >= _MAX_IN_FLIGHT or client.in_flight_bytes >= _MAX_IN_FLIGHT_BYTES:
-            await client.wait_registered()
-        future = self._engine.submit(valid)
-        client.in_flight += 1
-        client.in_flight_bytes += size
-        client.last_register = future  # type: ignore[assignment]
-
-        def done(future: asyncio.Future[list[StoredEvent | None]]) -> None:
-            client.in_flight -= 1
-            client.in_flight_bytes -= size
-            if future.cancelled():
-                return
-            error = future.exception()
-            if error is not None:  # a module aborted the session, or the database failed
-                log.error(
-                    "eventer: register of %d events from %s failed: %s",
-                    len(valid),
-                    client.connection.peer,
-                    error,
-                    extra={"peer": client.connection.peer, "events": len(valid)},
-                )
-                stored = iter([None] * len(valid))
-            else:
-                stored = iter(future.result())
-            results = [None if event is None else next(stored) for event in new_events]
-            self._reply_register(client, message, results)
-
-        future.add_done_callback(done)
-
-    @staticmethod
-    def _after_earlier(client: _Client, action: Callable[[], None]) -> None:
-        """Run ``action`` once the client's queued registrations are done (now if none)."""
-        last = client.last_register
-        if last is None or last.done():
-            action()
-        else:
-            last.add_done_callback(lambda _: action())
-
-    def _reply_register(
-        self, client: _Client, message: chatter.Message, results: list[StoredEvent | None]
-    ) -> None:
-        """Send a register reply, after the client's earlier ones; a large one is encoded
-        off the loop (as a large notification is, see :mod:`tidings.server.notify`)."""
-        if message.last or not client.connection.is_open:
-            return
-        earlier = client.last_reply
-        if len(results) <= INLINE_EVENTS and (earlier is None or earlier.done()):
-            body = _register_reply_body(results)
-            self._send_encoded(client.connection, "MsgRegisterRes", body, message.conversation)
-            return
-        task = asyncio.get_running_loop().create_task(
-            self._reply_register_later(client, message, results, earlier)
-        )
-        client.last_reply = task
-        self._reply_tasks.add(task)
-        task.add_done_callback(self._reply_tasks.discard)
-
-    async def _reply_register_later(
-        self,
-        client: _Client,
-        message: chatter.Message,
-        results: list[StoredEvent | None],
-        earlier: asyncio.Task[None] | None,
-    ) -> None:
-        try:
-            if len(results) > INLINE_EVENTS:
-                body = await asyncio.to_thread(_register_reply_body, results)
-            else:
-                body = _register_reply_body(results)
-            if earlier is not None:
-                await asyncio.wait([earlier])
-        except Exception as exc:  # a bug: the client would wait for the reply for ever
-            log.error("eventer: cannot encode a register reply: %s", exc, exc_info=exc)
-            client.connection.close(f"register reply failed: {type(exc).__name__}: {exc}")
-            return
-        self._send_encoded(client.connection, "MsgRegisterRes", body, message.conversation)
+        await client.registrations.register(message, outbox=True)
 
     async def _on_query(self, client: _Client, message: chatter.Message) -> None:
         """Answer a query, always (as 0.8.5): an invalid one gets no events and a log line.
@@ -370,7 +247,7 @@ class EventerServer:
         takes nothing of it for ``ping_interval`` is closed instead. The connection's next
         request waits until the reply is sent.
         """
-        await client.wait_registered()
+        await client.registrations.wait()
         connection = client.connection
         try:
             query = codec.query_from_sbs(message.data)
@@ -452,59 +329,6 @@ class EventerServer:
         if reason is not None:
             connection.close(f"slow subscriber: {reason}")
         return connection.is_open
-
-
-async def _new_events(
-    client: _Client, message: chatter.Message, outbox: bool
-) -> list[NewEvent | None]:
-    """The NewEvents of a register request (``outbox``: the tidings extension's records);
-    a large request is converted off the loop, as its frame was decoded."""
-    items = message.data if isinstance(message.data, list) else []
-    if len(items) > INLINE_EVENTS:
-        return await asyncio.to_thread(_convert, client, items, outbox)
-    return _convert(client, items, outbox)
-
-
-def _convert(client: _Client, items: list[codec.Value], outbox: bool) -> list[NewEvent | None]:
-    new_events: list[NewEvent | None] = []
-    for index, item in enumerate(items):
-        if not outbox:
-            new_events.append(_new_event(client, index, item, None))
-        elif isinstance(item, dict) and "outboxEventId" in item and "event" in item:
-            new_events.append(_new_event(client, index, item["event"], item["outboxEventId"]))
-        else:
-            _log_refused(client, index, "expected a record {outboxEventId, event}")
-            new_events.append(None)
-    return new_events
-
-
-def _register_reply_body(results: list[StoredEvent | None]) -> bytes:
-    return codec.encode_array(_EVENTER, "MsgRegisterRes", codec.register_results_to_sbs(results))
-
-
-def _new_event(
-    client: _Client, index: int, item: codec.Value, outbox_event_id: object
-) -> NewEvent | None:
-    """The NewEvent of one register item, or None (logged) if it cannot be one; such an item
-    fails alone, as an event with an invalid type does in the engine."""
-    if outbox_event_id is not None and not isinstance(outbox_event_id, str):
-        _log_refused(client, index, f"outboxEventId {outbox_event_id!r} is not a string")
-        return None
-    try:
-        return codec.register_event_from_sbs(item, f"event {index}", outbox_event_id)
-    except ProtocolError as exc:
-        _log_refused(client, index, str(exc))
-        return None
-
-
-def _log_refused(client: _Client, index: int, problem: str) -> None:
-    log.warning(
-        "eventer: event %d from %s refused: %s",
-        index,
-        client.connection.peer,
-        problem,
-        extra={"peer": client.connection.peer, "index": index},
-    )
 
 
 def _require_positive(name: str, value: object) -> None:

@@ -26,7 +26,8 @@ from tidings.server.config import ServerConfig
 from tidings.server.engine import Engine
 from tidings.server.eventer import EventerServer
 from tidings.server.store import EventStore
-from tidings.server.syncer import SyncerClient, SyncerServer
+from tidings.server.syncer.client import SyncerClient
+from tidings.server.syncer.server import SyncerServer
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +73,7 @@ class RunningServer:
             undo.push_async_callback(eventer.aclose)
             running = cls(config, store, async_engine, eventer, syncer)
             for peer in config.syncer_peers:
-                client = SyncerClient(
-                    peer.address,
-                    async_engine,
-                    peer.server_id,
-                    token=config.syncer_token,
-                    peer_token=peer.syncer_token,
-                )
+                client = SyncerClient(peer.address, async_engine, peer.server_id)
                 await client.start()
                 undo.push_async_callback(client.aclose)
                 running.peers.append(client)

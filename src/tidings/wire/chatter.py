@@ -9,17 +9,17 @@ answer within the same time.
 
 :class:`Connection` reads in a task of its own: pings are answered there, replies to our own
 requests resolve their futures there, and every other message is decoded and queued for
-:meth:`Connection.receive`. The queue is bounded, so a peer that sends faster than it is
-served stops being read (TCP pushes back) instead of growing our memory. Anything malformed
-(garbage, a truncated or oversize frame, an unknown message type, undecodable SBS) closes
-that connection with one log line naming the reason; nothing else is affected.
+:meth:`Connection.receive`. The queue is bounded (:mod:`tidings.wire.receive_queue`), so a
+peer that sends faster than it is served stops being read instead of growing our memory.
+Anything malformed (garbage, a truncated or oversize frame, an unknown message type,
+undecodable SBS) closes that connection with one log line naming the reason; nothing else
+is affected.
 
-One frame is read and decoded at a time per connection. A large frame is read in pieces as
-its bytes arrive, and its body is pre-scanned (:mod:`tidings.wire.prescan`: lying counts
-and messages over their budget of values are refused before anything is allocated) and
-decoded in the process's decode thread, so that neither stalls the event loop. A large
-outgoing message can be streamed (:meth:`Connection.send_stream`): frames sent meanwhile
-wait behind it, so frames never interleave.
+One frame is read and decoded at a time per connection, a large one without stalling the
+event loop (:mod:`tidings.wire.frame_reader`). A large outgoing message can be streamed
+(:meth:`Connection.send_stream`): frames sent meanwhile wait behind it, so frames never
+interleave. :func:`connect` opens a connection; :mod:`tidings.wire.chatter_server` listens
+for them.
 """
 
 from __future__ import annotations
@@ -28,26 +28,21 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
-from collections.abc import AsyncIterable, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 
 from tidings.address import parse_address
 from tidings.errors import ConnectionClosed, ProtocolError
 from tidings.wire import codec, envelope
+from tidings.wire.frame_reader import decode_body, read_frame
+from tidings.wire.lag import LagWatch
+from tidings.wire.receive_queue import ReceiveQueue
 
 log = logging.getLogger(__name__)
 
 #: Default bound on one frame's SBS envelope (the whole message), in bytes. A client reading
 #: replies keeps this; the Eventer server sets its own, lower bound on what clients send.
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
-#: Bodies up to this size are decoded on the event loop (tens of microseconds); larger ones
-#: in the decode thread, a run of :data:`_DECODE_SLICE_BYTES` at a time.
-INLINE_DECODE_BYTES = 64 * 1024
-_DECODE_SLICE_BYTES = 64 * 1024
-#: Reading a large frame takes the socket's bytes this many at a time.
-_READ_CHUNK = 256 * 1024
 #: hat-event 0.8.5's keep-alive period, in seconds.
 DEFAULT_PING_INTERVAL = 20.0
 #: Received messages waiting for :meth:`Connection.receive` before reading pauses.
@@ -82,7 +77,8 @@ class Message:
 
 
 class Connection:
-    """One chatter connection; use :func:`connect` or :func:`listen` to get one."""
+    """One chatter connection; use :func:`connect` or :func:`.chatter_server.listen` to get
+    one."""
 
     def __init__(
         self,
@@ -96,17 +92,11 @@ class Connection:
         self._reader = reader
         self._writer = writer
         self._max_frame_bytes = max_frame_bytes
-        self._max_queued_bytes = max_queued_bytes
-        #: Bytes of the messages in the queue; reading pauses (``_room`` clear) above the max,
-        #: so a connection holds at most that plus one frame, whatever its peer sends.
-        self._queued_bytes = 0
-        self._room = asyncio.Event()
-        self._room.set()
         self._ping_interval = ping_interval
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._ids = itertools.count(1)
-        self._queue: asyncio.Queue[tuple[Message, int] | None] = asyncio.Queue(_RECEIVE_QUEUE)
+        self._received: ReceiveQueue[Message] = ReceiveQueue(_RECEIVE_QUEUE, max_queued_bytes)
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._closed = asyncio.Event()
         self._close_reason: str | None = None
@@ -118,8 +108,7 @@ class Connection:
         #: Every byte handed to the socket or held for it; minus what is unsent, what the
         #: peer took (see lagging).
         self._written = 0
-        #: Since when (and with how much taken) more than the lag bound waits unsent.
-        self._over_since: tuple[float, int] | None = None
+        self._lag = LagWatch()
         self._tasks = [asyncio.create_task(self._read_loop(), name=f"chatter read {self.peer}")]
         if ping_interval:
             pinger = self._ping_loop(ping_interval)
@@ -147,29 +136,10 @@ class Connection:
         return transport.get_write_buffer_size() + self._held_bytes
 
     def lagging(self, limit: int, grace: float, name: str = "limit") -> str | None:
-        """Why the peer counts as too slow to be sent more, or None while it keeps up.
-
-        Unsent bytes over ``limit`` alone are not enough: a burst (a big reply and its
-        notification) briefly exceeds any bound while the peer reads it. The peer is too
-        slow once over ``limit`` it has taken nothing for ``grace`` seconds, or once over
-        four times ``limit`` (the hard bound on what it may cost). Judged when a message is
-        due, before it is sent, so a message never counts against itself. ``name`` names
-        the limit in the reason.
-        """
-        unsent = self.send_buffer_bytes
-        if unsent <= limit:
-            self._over_since = None
-            return None
-        if unsent > 4 * limit:
-            return f"{unsent} bytes unsent, over 4 x {name}={limit}"
-        taken = self._written - unsent
-        now = time.monotonic()
-        if self._over_since is None or taken > self._over_since[1]:
-            self._over_since = (now, taken)
-            return None
-        if now - self._over_since[0] > grace:
-            return f"{unsent} bytes unsent, over {name}={limit}, and nothing taken for {grace:g} s"
-        return None
+        """Why the peer counts as too slow to be sent more, or None while it keeps up (the
+        rule of :class:`~tidings.wire.lag.LagWatch`). Judged when a message is due, before
+        it is sent, so a message never counts against itself."""
+        return self._lag.judge(self.send_buffer_bytes, self._written, limit, grace, name)
 
     def send(
         self,
@@ -203,8 +173,8 @@ class Connection:
         last: bool = True,
     ) -> Conversation:
         """:meth:`send` with the body already SBS-encoded (one encoding for many receivers)."""
-        message_id, conversation = self._next_id(conversation)
-        frame = self._head(message_id, conversation, last, module, type_name, len(body)) + body
+        head, conversation = self._frame_head(conversation, last, module, type_name, len(body))
+        frame = head + body
         self._written += len(frame)
         if self._streaming:
             self._held.append(frame)
@@ -236,8 +206,7 @@ class Connection:
         """
         if self._streaming:
             raise RuntimeError("one streamed frame at a time per connection")
-        message_id, conversation = self._next_id(conversation)
-        head = self._head(message_id, conversation, last, module, type_name, body_size)
+        head, conversation = self._frame_head(conversation, last, module, type_name, body_size)
         self._writer.write(head)
         self._written += len(head)
         self._streaming = True
@@ -263,24 +232,21 @@ class Connection:
             self._writer.writelines(held)
         return conversation
 
-    def _next_id(self, conversation: Conversation | None) -> tuple[int, Conversation]:
+    def _frame_head(
+        self,
+        conversation: Conversation | None,
+        last: bool,
+        module: str,
+        type_name: str,
+        body_size: int,
+    ) -> tuple[bytes, Conversation]:
+        """The head of our next frame, and its conversation (a new one unless given)."""
         if self._closed.is_set():
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         message_id = next(self._ids)
         if conversation is None:
             conversation = Conversation(owner=True, first_id=message_id)
-        return message_id, conversation
-
-    @staticmethod
-    def _head(
-        message_id: int,
-        conversation: Conversation,
-        last: bool,
-        module: str,
-        type_name: str,
-        body_size: int,
-    ) -> bytes:
-        return envelope.frame_head(
+        head = envelope.frame_head(
             message_id,
             conversation.first_id,
             conversation.owner,
@@ -289,6 +255,7 @@ class Connection:
             type_name,
             body_size,
         )
+        return head, conversation
 
     async def _drain_within(self, seconds: float) -> None:
         """:meth:`drain`, closing the connection if the peer takes nothing for ``seconds``."""
@@ -332,16 +299,11 @@ class Connection:
 
     async def receive(self) -> Message:
         """The next received message that is not a ping or a reply to :meth:`request`."""
-        if self._closed.is_set() and self._queue.empty():
+        if self._closed.is_set() and self._received.empty():
             raise ConnectionClosed(f"connection to {self.peer} is closed")
-        item = await self._queue.get()
-        if item is None:
-            self._queue.put_nowait(None)  # wake other receivers too
+        message = await self._received.get()
+        if message is None:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
-        message, size = item
-        self._queued_bytes -= size
-        if self._queued_bytes <= self._max_queued_bytes:
-            self._room.set()
         return message
 
     async def wait_closed(self) -> None:
@@ -374,13 +336,7 @@ class Connection:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(ConnectionClosed(f"connection to {self.peer} closed"))
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(None)
-        if self._queue.full():
-            # Make room for the end marker: receivers stop at it, queued messages are moot.
-            with contextlib.suppress(asyncio.QueueEmpty):
-                self._queue.get_nowait()
-            self._queue.put_nowait(None)
+        self._received.end()
 
     async def aclose(self) -> None:
         """Close and wait until the socket and the tasks are done.
@@ -403,7 +359,7 @@ class Connection:
         reason: str | None = None
         try:
             while True:
-                await self._dispatch(await self._read_frame())
+                await self._dispatch(await read_frame(self._reader, self._max_frame_bytes))
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
                 reason = f"truncated frame ({len(exc.partial)} of {exc.expected} bytes)"
@@ -414,27 +370,6 @@ class Connection:
         except asyncio.CancelledError:
             return
         self.close(reason)
-
-    async def _read_frame(self) -> bytes | bytearray:
-        length_size = (await self._reader.readexactly(1))[0]
-        if not 1 <= length_size <= envelope.MAX_LENGTH_BYTES:
-            raise ProtocolError(f"invalid frame: length of length {length_size}")
-        size = int.from_bytes(await self._reader.readexactly(length_size), "big")
-        if size > self._max_frame_bytes:
-            raise ProtocolError(
-                f"frame of {size} bytes exceeds the limit of {self._max_frame_bytes} bytes"
-            )
-        if size <= _READ_CHUNK:
-            return await self._reader.readexactly(size)
-        # Grown as the bytes arrive (not allocated from the announced size), and never held
-        # twice: readexactly would gather the whole frame in the reader's buffer and copy it.
-        frame = bytearray()
-        while len(frame) < size:
-            piece = await self._reader.read(min(size - len(frame), _READ_CHUNK))
-            if not piece:
-                raise ProtocolError(f"truncated frame ({len(frame)} of {size} bytes)")
-            frame += piece
-        return frame
 
     async def _dispatch(self, frame: bytes | bytearray) -> None:
         received = envelope.parse(frame)
@@ -452,18 +387,14 @@ class Connection:
             last=received.last,
             module=module,
             type=type_name,
-            data=await _decode_body(module, type_name, received.body),
+            data=await decode_body(module, type_name, received.body),
         )
         if conversation.owner:
             future = self._pending.get(conversation.first_id)
             if future is not None and not future.done():
                 future.set_result(message)
                 return
-        self._queued_bytes += len(frame)
-        if self._queued_bytes > self._max_queued_bytes:
-            self._room.clear()
-        await self._queue.put((message, len(frame)))
-        await self._room.wait()
+        await self._received.put(message, len(frame))
 
     def _on_ping(self, type_name: str, conversation: Conversation) -> None:
         if type_name == "MsgPing":
@@ -481,7 +412,7 @@ class Connection:
                 try:
                     await asyncio.wait_for(pong.wait(), interval)
                 except TimeoutError:
-                    if self._queue.full() or not self._room.is_set():
+                    if self._received.paused:
                         # We stopped reading (backpressure): the reply may be waiting in the
                         # socket behind messages we have not taken yet; the peer is not idle.
                         continue
@@ -497,29 +428,6 @@ class Connection:
             return
 
 
-async def _decode_body(module: str, type_name: str, body: memoryview) -> codec.Value:
-    """The decoded body: on the loop if small, else in the decode thread, one run of items
-    at a time, so that neither a large message nor its pre-scan holds up other
-    connections."""
-    if len(body) <= INLINE_DECODE_BYTES:
-        return codec.decode(module, type_name, body)
-    return await asyncio.get_running_loop().run_in_executor(
-        _decoder(), codec.decode_in_slices, module, type_name, body, _DECODE_SLICE_BYTES
-    )
-
-
-_DECODER: ThreadPoolExecutor | None = None
-
-
-def _decoder() -> ThreadPoolExecutor:
-    """The process's one decode thread: large messages are decoded one at a time, so the
-    memory they take while decoding is that of one message, however many peers send them."""
-    global _DECODER
-    if _DECODER is None:
-        _DECODER = ThreadPoolExecutor(1, thread_name_prefix="tidings-decode")
-    return _DECODER
-
-
 async def connect(
     address: str,
     *,
@@ -531,78 +439,3 @@ async def connect(
     host, port = parse_address(address)
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     return Connection(reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval)
-
-
-#: Serves one accepted connection; the connection is closed when it returns.
-Handler = Callable[[Connection], Awaitable[None]]
-
-
-class Server:
-    """A listening chatter server; every accepted connection is served by ``handler``."""
-
-    def __init__(
-        self,
-        server: asyncio.Server,
-        connections: set[Connection],
-        handlers: set[asyncio.Task[None]],
-    ) -> None:
-        self._server = server
-        self._connections = connections
-        self._handlers = handlers
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful after listening on port 0)."""
-        return self._server.sockets[0].getsockname()[1]
-
-    @property
-    def connections(self) -> frozenset[Connection]:
-        return frozenset(self._connections)
-
-    async def aclose(self) -> None:
-        """Stop accepting, close every connection and wait for their handlers."""
-        self._server.close()
-        for connection in list(self._connections):
-            connection.close()
-        # Python 3.11's Server.wait_closed returns at once once closed, so the handlers are
-        # awaited here (tasks accepted just before the close included; not a handler that
-        # closes the server itself, which would wait for itself).
-        current = asyncio.current_task()
-        while pending := [task for task in self._handlers if task is not current]:
-            await asyncio.gather(*pending, return_exceptions=True)
-        await self._server.wait_closed()
-
-
-async def listen(
-    address: str,
-    handler: Handler,
-    *,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-    ping_interval: float | None = DEFAULT_PING_INTERVAL,
-) -> Server:
-    """Listen on ``address`` and serve each connection with ``handler``."""
-    host, port = parse_address(address)
-    connections: set[Connection] = set()
-    handlers: set[asyncio.Task[None]] = set()
-
-    async def on_accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task: asyncio.Task[None] = asyncio.current_task()  # type: ignore[assignment]
-        handlers.add(task)
-        task.add_done_callback(handlers.discard)
-        connection = Connection(
-            reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
-        )
-        connections.add(connection)
-        try:
-            if server.is_serving():  # else accepted just as the server closed: drop it
-                await handler(connection)
-        except ConnectionClosed:
-            pass
-        except Exception:
-            log.exception("chatter handler failed for %s", connection.peer)
-        finally:
-            connections.discard(connection)
-            await connection.aclose()
-
-    server = await asyncio.start_server(on_accept, host, port, limit=2**16)
-    return Server(server, connections, handlers)

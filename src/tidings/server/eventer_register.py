@@ -1,0 +1,215 @@
+"""The Eventer's register requests: converted, stored pipelined, answered in request order.
+
+Registrations are pipelined: a connection's register requests are queued with the engine
+without waiting for each to be stored (up to ``_MAX_IN_FLIGHT`` at a time), so that
+requests waiting together are stored in one transaction, each still its own session, and
+replies go out in request order as they complete. A register request is one engine
+session; events that cannot be stored (a wildcard in the type, a bad payload) fail alone,
+and a session a module aborts fails as a whole, while the server goes on.
+
+The tidings extension ``TidingsEventer.MsgRegisterReq`` registers events carrying the id of
+the outbox event they come from; the store keeps each outbox event once, however often it is
+sent, and the reply (``HatEventer.MsgRegisterRes``) holds the event stored first.
+
+A large request is converted, and a large reply encoded, off the event loop (as a large
+notification is, see :mod:`tidings.server.notify`), so that one client's big batch does not
+hold up the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from tidings.errors import ProtocolError
+from tidings.events.model import NewEvent, StoredEvent
+from tidings.server.async_engine import AsyncEngine
+from tidings.server.notify import INLINE_EVENTS
+from tidings.wire import chatter, codec
+
+log = logging.getLogger(__name__)
+
+_EVENTER = "HatEventer"
+
+#: Register requests, and their payload bytes, of one connection queued with the engine
+#: before the server stops reading that connection (TCP then pushes back on the client).
+_MAX_IN_FLIGHT = 1000
+_MAX_IN_FLIGHT_BYTES = 16 * 1024 * 1024
+
+#: Sends an encoded reply on a connection in a conversation (the server's, which drops a
+#: client that does not read its replies).
+SendReply = Callable[[chatter.Connection, str, bytes, chatter.Conversation], None]
+
+
+class Registrations:
+    """The register requests of one connection, from queued with the engine to replied."""
+
+    __slots__ = (
+        "_engine",
+        "_reply_tasks",
+        "_send_reply",
+        "connection",
+        "in_flight",
+        "in_flight_bytes",
+        "last_register",
+        "last_reply",
+    )
+
+    def __init__(
+        self,
+        connection: chatter.Connection,
+        engine: AsyncEngine,
+        send_reply: SendReply,
+        reply_tasks: set[asyncio.Task[None]],
+    ) -> None:
+        self.connection = connection
+        self._engine = engine
+        self._send_reply = send_reply
+        #: The server's register replies being encoded off the loop (kept there until sent).
+        self._reply_tasks = reply_tasks
+        self.in_flight = 0
+        self.in_flight_bytes = 0
+        #: The newest queued registration; the engine stores them in order.
+        self.last_register: asyncio.Future[object] | None = None
+        #: The newest register reply still being encoded (off the loop), if any.
+        self.last_reply: asyncio.Task[None] | None = None
+
+    async def wait(self) -> None:
+        """Wait until every registration this connection queued so far is done."""
+        last = self.last_register
+        if last is not None and not last.done():
+            await asyncio.wait([last])
+
+    async def register(self, message: chatter.Message, outbox: bool) -> None:
+        """Queue the convertible events of a register request (``outbox``: the tidings
+        extension's records) as one session and go on; the reply (unless the request was
+        sent with ``last``, hat-event's fire-and-forget) is sent when it is stored."""
+        new_events = await _new_events(self.connection.peer, message, outbox)
+        valid = [event for event in new_events if event is not None]
+        if not valid:
+            # Nothing to store; the reply still waits for the replies before it.
+            self._after_earlier(lambda: self._reply(message, [None] * len(new_events)))
+            return
+        size = sum(len(event.payload or b"") for event in valid)
+        if self.in_flight >= _MAX_IN_FLIGHT or self.in_flight_bytes >= _MAX_IN_FLIGHT_BYTES:
+            await self.wait()
+        future = self._engine.submit(valid)
+        self.in_flight += 1
+        self.in_flight_bytes += size
+        self.last_register = future  # type: ignore[assignment]
+
+        def done(future: asyncio.Future[list[StoredEvent | None]]) -> None:
+            self.in_flight -= 1
+            self.in_flight_bytes -= size
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is not None:  # a module aborted the session, or the database failed
+                log.error(
+                    "eventer: register of %d events from %s failed: %s",
+                    len(valid),
+                    self.connection.peer,
+                    error,
+                    extra={"peer": self.connection.peer, "events": len(valid)},
+                )
+                stored = iter([None] * len(valid))
+            else:
+                stored = iter(future.result())
+            results = [None if event is None else next(stored) for event in new_events]
+            self._reply(message, results)
+
+        future.add_done_callback(done)
+
+    def _after_earlier(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the queued registrations are done (now if none)."""
+        last = self.last_register
+        if last is None or last.done():
+            action()
+        else:
+            last.add_done_callback(lambda _: action())
+
+    def _reply(self, message: chatter.Message, results: list[StoredEvent | None]) -> None:
+        """Send a register reply, after the earlier ones; a large one is encoded off the
+        loop."""
+        if message.last or not self.connection.is_open:
+            return
+        earlier = self.last_reply
+        if len(results) <= INLINE_EVENTS and (earlier is None or earlier.done()):
+            body = _reply_body(results)
+            self._send_reply(self.connection, "MsgRegisterRes", body, message.conversation)
+            return
+        task = asyncio.get_running_loop().create_task(self._reply_later(message, results, earlier))
+        self.last_reply = task
+        self._reply_tasks.add(task)
+        task.add_done_callback(self._reply_tasks.discard)
+
+    async def _reply_later(
+        self,
+        message: chatter.Message,
+        results: list[StoredEvent | None],
+        earlier: asyncio.Task[None] | None,
+    ) -> None:
+        try:
+            if len(results) > INLINE_EVENTS:
+                body = await asyncio.to_thread(_reply_body, results)
+            else:
+                body = _reply_body(results)
+            if earlier is not None:
+                await asyncio.wait([earlier])
+        except Exception as exc:  # a bug: the client would wait for the reply for ever
+            log.error("eventer: cannot encode a register reply: %s", exc, exc_info=exc)
+            self.connection.close(f"register reply failed: {type(exc).__name__}: {exc}")
+            return
+        self._send_reply(self.connection, "MsgRegisterRes", body, message.conversation)
+
+
+def _reply_body(results: list[StoredEvent | None]) -> bytes:
+    return codec.encode_array(_EVENTER, "MsgRegisterRes", codec.register_results_to_sbs(results))
+
+
+async def _new_events(peer: str, message: chatter.Message, outbox: bool) -> list[NewEvent | None]:
+    """The NewEvents of a register request (``outbox``: the tidings extension's records);
+    a large request is converted off the loop, as its frame was decoded."""
+    items = message.data if isinstance(message.data, list) else []
+    if len(items) > INLINE_EVENTS:
+        return await asyncio.to_thread(_convert, peer, items, outbox)
+    return _convert(peer, items, outbox)
+
+
+def _convert(peer: str, items: list[codec.Value], outbox: bool) -> list[NewEvent | None]:
+    new_events: list[NewEvent | None] = []
+    for index, item in enumerate(items):
+        if not outbox:
+            new_events.append(_new_event(peer, index, item, None))
+        elif isinstance(item, dict) and "outboxEventId" in item and "event" in item:
+            new_events.append(_new_event(peer, index, item["event"], item["outboxEventId"]))
+        else:
+            _log_refused(peer, index, "expected a record {outboxEventId, event}")
+            new_events.append(None)
+    return new_events
+
+
+def _new_event(
+    peer: str, index: int, item: codec.Value, outbox_event_id: object
+) -> NewEvent | None:
+    """The NewEvent of one register item, or None (logged) if it cannot be one; such an item
+    fails alone, as an event with an invalid type does in the engine."""
+    if outbox_event_id is not None and not isinstance(outbox_event_id, str):
+        _log_refused(peer, index, f"outboxEventId {outbox_event_id!r} is not a string")
+        return None
+    try:
+        return codec.register_event_from_sbs(item, f"event {index}", outbox_event_id)
+    except ProtocolError as exc:
+        _log_refused(peer, index, str(exc))
+        return None
+
+
+def _log_refused(peer: str, index: int, problem: str) -> None:
+    log.warning(
+        "eventer: event %d from %s refused: %s",
+        index,
+        peer,
+        problem,
+        extra={"peer": peer, "index": index},
+    )

@@ -1,0 +1,203 @@
+"""The Syncer's client side: keeping this store up to date with one peer's own events.
+
+A :class:`SyncerClient` connects to one peer's syncer server, asks for the peer's own events
+after the last one our store holds (``store.last_event_id(peer_server_id)``), stores them with
+their own ids (:meth:`AsyncEngine.register_synced`), answers the flush handshake, and after
+any disconnect or failure reconnects with a growing delay, resuming from the store's last id
+of that server again: the store is the only cursor, so nothing is lost or stored twice. It
+registers the ``('event', 'syncer', 'client', <peer>, 'synced')`` status event (see
+:mod:`.common`) when its synced state changes.
+
+The peer it is given is trusted: the configuration (:mod:`tidings.server.config`) refuses a
+peer whose server id is our own or whose ``syncer_token`` differs from ours (both absent
+counts as equal, as in hat-event) when it is loaded. hat-event 0.8.5 checks the token on
+the Monitor data, which tidings does not implement, and ``HatSyncer.MsgReq`` has no token
+field, so the peer's configuration is the one place to check it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, TidingsError
+from tidings.server.async_engine import AsyncEngine
+from tidings.server.syncer.common import SYNCER, client_status_type, status_event
+from tidings.wire import chatter, codec
+from tidings.wire.chatter import Connection
+
+log = logging.getLogger(__name__)
+
+
+class SyncerClient:
+    """Keeps this store up to date with one peer server's own events.
+
+    ``peer_server_id`` must be configured: MsgReq names the server whose events are wanted,
+    and the resume point is our store's last event of that server. The address and the id
+    come from a validated configuration (a peer's ``syncer_peers`` entry) and are not checked
+    again here (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        engine: AsyncEngine,
+        peer_server_id: int,
+        *,
+        client_name: str | None = None,
+        min_delay: float = 0.5,
+        max_delay: float = 5.0,
+        connect_timeout: float = 5.0,
+        ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
+    ) -> None:
+        if not 0 < min_delay <= max_delay:
+            raise ConfigError(
+                f"syncer client: need 0 < min_delay <= max_delay, not {min_delay}, {max_delay}"
+            )
+        self.address = address
+        self.peer_server_id = peer_server_id
+        self.client_name = str(engine.server_id) if client_name is None else client_name
+        self._engine = engine
+        self._min_delay = min_delay
+        self._max_delay = max_delay
+        self._connect_timeout = connect_timeout
+        self._ping_interval = ping_interval
+        self._synced = asyncio.Event()
+        self._reported: bool | None = None
+        self._connection: Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._state = "stopped"
+
+    @property
+    def synced(self) -> bool:
+        """Connected and the peer has sent everything it had (MsgSynced)."""
+        return self._synced.is_set()
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and self._connection.is_open
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait until :attr:`synced` (TimeoutError after ``timeout`` seconds)."""
+        await asyncio.wait_for(self._synced.wait(), timeout)
+
+    async def start(self) -> None:
+        """Start connecting in the background (returns at once)."""
+        if self._task is None:
+            name = f"syncer client {self.address}"
+            self._task = asyncio.create_task(self._run(), name=name)
+
+    async def aclose(self) -> None:
+        """Disconnect and stop reconnecting."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._connection is not None:
+            await self._connection.aclose()
+            self._connection = None
+        self._synced.clear()
+        self._set_state("stopped")
+
+    def _set_state(self, state: str, detail: str = "") -> None:
+        """Log a change of connection state (repeated failures are logged once)."""
+        if state == self._state:
+            return
+        self._state = state
+        level = logging.WARNING if state == "unreachable" else logging.INFO
+        log.log(
+            level,
+            "syncer client of server %d at %s: %s%s",
+            self.peer_server_id,
+            self.address,
+            state,
+            f" ({detail})" if detail else "",
+        )
+
+    async def _run(self) -> None:
+        delay = self._min_delay
+        while True:
+            try:
+                connection = await chatter.connect(
+                    self.address, ping_interval=self._ping_interval, timeout=self._connect_timeout
+                )
+            except (OSError, TimeoutError) as exc:
+                self._set_state(
+                    "unreachable", f"{exc!r}; retrying every {self._max_delay} s at most"
+                )
+            else:
+                self._connection = connection
+                self._set_state("connected")
+                reason = await self._session(connection)
+                was_synced = self.synced
+                self._synced.clear()
+                await connection.aclose()
+                self._connection = None
+                self._set_state("disconnected", reason)
+                if was_synced:
+                    delay = self._min_delay
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._max_delay)
+
+    async def _session(self, connection: Connection) -> str:
+        """Sync over one connection until it ends; returns why it ended."""
+        try:
+            await self._sync(connection)
+        except ConnectionClosed:
+            return connection.close_reason or "closed by the peer"
+        except TidingsError as exc:
+            connection.close(str(exc))
+            return str(exc)
+        except Exception as exc:
+            log.exception("syncer client of server %d failed", self.peer_server_id)
+            connection.close(repr(exc))
+            return repr(exc)
+        return "closed"
+
+    async def _sync(self, connection: Connection) -> None:
+        last = await self._engine.read(self._engine.store.last_event_id, self.peer_server_id)
+        request = {"lastEventId": codec.event_id_to_sbs(last), "clientName": self.client_name}
+        connection.send(SYNCER, "MsgReq", request)
+        log.debug(
+            "syncer client of server %d: asked for events after %s", self.peer_server_id, last
+        )
+        while True:
+            message = await connection.receive()
+            kind = (message.module, message.type)
+            if kind == (SYNCER, "MsgEvents"):
+                events = codec.events_from_sbs(message.data, "MsgEvents")
+                if events and not self.synced:
+                    await self._report(False)
+                await self._engine.register_synced(events)
+            elif kind == (SYNCER, "MsgSynced"):
+                self._synced.set()
+                self._set_state("synced")
+                await self._report(True)
+            elif kind == (SYNCER, "MsgFlushReq"):
+                # Events received before it are stored by now: they are handled in order.
+                connection.send(
+                    SYNCER, "MsgFlushRes", None, conversation=message.conversation, last=True
+                )
+                log.debug("syncer client of server %d: answered MsgFlushReq", self.peer_server_id)
+            else:
+                raise ProtocolError(
+                    f"unexpected {message.module}.{message.type} from syncer server"
+                )
+
+    async def _report(self, synced: bool) -> None:
+        """Register the synced status event if it differs from the last one registered."""
+        if self._reported == synced:
+            return
+        self._reported = synced
+        try:
+            await self._engine.register(
+                [status_event(client_status_type(self.peer_server_id), synced)]
+            )
+        except Exception as exc:
+            log.warning(
+                "syncer client of server %d: cannot register its status event: %r",
+                self.peer_server_id,
+                exc,
+            )

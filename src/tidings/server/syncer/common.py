@@ -1,0 +1,34 @@
+"""What both sides of the Syncer share: the protocol's module and the status events.
+
+Status events, as hat-event registers them (protocol notes §6, JSON payloads):
+
+- ``('event', 'syncer', 'server')``: the list of ``{"client_name", "synced"}`` of the
+  connected clients, registered when the server starts (``[]``) and on every change (a
+  client sent its MsgReq, was sent MsgSynced, disconnected).
+- ``('event', 'syncer', 'client', <peer server id>, 'synced')``: ``false`` when a connection
+  receives events before MsgSynced (we were behind and are catching up), ``true`` on
+  MsgSynced; registered only when the value differs from the last one registered, so a
+  reconnect that finds nothing new registers nothing.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tidings.events.model import EventType, NewEvent, PayloadKind
+
+#: The chatter module of every Syncer message.
+SYNCER = "HatSyncer"
+
+#: Type of the event listing the syncer server's clients.
+SERVER_STATUS_TYPE: EventType = ("event", "syncer", "server")
+
+
+def client_status_type(peer_server_id: int) -> EventType:
+    """Type of the event telling whether our client of ``peer_server_id`` is synced."""
+    return ("event", "syncer", "client", str(peer_server_id), "synced")
+
+
+def status_event(event_type: EventType, value: object) -> NewEvent:
+    """A status event with ``value`` as its JSON payload, as hat-event registers them."""
+    return NewEvent(event_type, json.dumps(value).encode(), PayloadKind.JSON)
