@@ -44,6 +44,7 @@ import nats
 import yaml
 from sqlalchemy import select
 
+import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
 from common import (
     LOADED_SHARE,
     REPO,
@@ -702,7 +703,7 @@ async def raw_publish(
 def sample_message(cfg: TidingsConfig) -> tuple[bytes, dict[str, str]]:
     """Payload and header set of one real relay message, for same-size raw messages."""
     from tidings.events.outbox import OutboxEvent
-    from tidings.targets.jetstream import message_headers
+    from tidings.targets.jetstream_messages import message_headers
 
     engine = make_engine(cfg.database.url)
     with engine.connect() as conn:

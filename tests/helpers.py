@@ -19,6 +19,7 @@ import yaml
 from nats.js.api import RawStreamMsg, StreamInfo
 from sqlalchemy import Engine, select
 
+import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
 from tidings.config import TidingsConfig, load_config
 from tidings.outbox.schema import outbox_event
 

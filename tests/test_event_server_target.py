@@ -16,7 +16,6 @@ from sqlalchemy import select
 
 from helpers import ServerProcess, free_port, relay_config, statuses
 from tidings.client import connect
-from tidings.config import EventServerTargetConfig
 from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.model import StoredEvent
@@ -25,7 +24,7 @@ from tidings.events.query import QueryData
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import start_relay
-from tidings.targets.event_server import EventServerTarget
+from tidings.targets.event_server import EventServerTarget, EventServerTargetConfig
 
 pytestmark = pytest.mark.server
 

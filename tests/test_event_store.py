@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import MetaData, create_engine, inspect, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from tidings.config import EventStoreTargetConfig
 from tidings.errors import SchemaError, StoreError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.outbox import OutboxEvent
@@ -25,7 +24,7 @@ from tidings.events.query import QueryData
 from tidings.events.validation import validate_new_event
 from tidings.server.query import query_events
 from tidings.server.store import EventStore
-from tidings.targets.event_store import EventStoreTarget
+from tidings.targets.event_store import EventStoreTarget, EventStoreTargetConfig
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_HOST_URL = "postgresql://postgres@127.0.0.1:5432"

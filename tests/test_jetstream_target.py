@@ -22,15 +22,10 @@ from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
 from helpers import SHARED_URL, PrivateServer, admin, free_port, stream_info, stream_messages
-from tidings.config import JetStreamTargetConfig
 from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
-from tidings.targets.jetstream import (
-    JetStreamTarget,
-    header_block_size,
-    message_headers,
-    subject_token,
-)
+from tidings.targets.jetstream import JetStreamTarget, JetStreamTargetConfig
+from tidings.targets.jetstream_messages import header_block_size, message_headers, subject_token
 
 pytestmark = pytest.mark.nats
 

@@ -27,6 +27,8 @@ ConfigOption = Annotated[
 
 
 def _load(path: Path | None) -> TidingsConfig:
+    import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
+
     try:
         return load_config_file(path) if path else load_config({})
     except TidingsError as exc:

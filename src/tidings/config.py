@@ -7,16 +7,21 @@ Relative paths in a configuration *file* (SQLite URLs, the checkpoint and archiv
 directories, fault files), defaults included, are relative to the file's directory, so a
 configuration means the same from any working directory; a mapping validated without a
 file keeps them as given (relative to the process's working directory).
+
+The ``targets:`` section is the one part not spelled out here: each target kind's model is
+defined by its module in :mod:`tidings.targets`, which this layer sits below, and entered
+into a table this module validates ``targets:`` entries against (:class:`TargetConfig`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args
 
 import yaml
 from pydantic import (
@@ -24,6 +29,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
+    SerializeAsAny,
     TypeAdapter,
     ValidationError,
     ValidationInfo,
@@ -32,7 +39,6 @@ from pydantic import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from tidings.address import Address
 from tidings.errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -104,7 +110,7 @@ LocalPath = Annotated[str, _relative_to_config_file(resolve_location)]
 DatabaseUrl = Annotated[str, _relative_to_config_file(resolve_database_url)]
 #: Defaults are resolved too: a file that leaves a path out means the same default path
 #: beside it, from whichever directory it is loaded.
-_RESOLVED_DEFAULT: dict[str, Any] = {"validate_default": True}
+RESOLVED_DEFAULT: dict[str, Any] = {"validate_default": True}
 
 
 class _Model(BaseModel):
@@ -114,7 +120,7 @@ class _Model(BaseModel):
 class DatabaseConfig(_Model):
     """Where the service's tables and the event log live."""
 
-    url: DatabaseUrl = Field(default="sqlite:///tidings.db", **_RESOLVED_DEFAULT)
+    url: DatabaseUrl = Field(default="sqlite:///tidings.db", **RESOLVED_DEFAULT)
 
     @field_validator("url")
     @classmethod
@@ -131,53 +137,59 @@ class OutboxConfig(_Model):
     max_payload_bytes: int = Field(default=1024 * 1024, gt=0)
 
 
-class EventStoreTargetConfig(_Model):
-    """The embedded event store: a durable append-only log in SQLite or PostgreSQL."""
+class TargetConfig(_Model):
+    """What the configuration of every target kind holds; each kind's model extends it.
 
-    kind: Literal["event_store"]
-    url: DatabaseUrl = Field(default="sqlite:///tidings-events.db", **_RESOLVED_DEFAULT)
-    type_prefix: list[str] = Field(default_factory=list)
-    server_id: int = Field(default=1, gt=0)
-    fault_file: LocalPath | None = None
-
-
-class JetStreamTargetConfig(_Model):
-    """A NATS JetStream stream; subjects are ``<subject_prefix>.<event type>``."""
-
-    kind: Literal["jetstream"]
-    servers: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
-    stream: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
-    subject_prefix: str = Field(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
-    duplicate_window: Duration = timedelta(minutes=10)
-    ack_timeout: Duration = timedelta(seconds=5)
-    create_stream: bool = True
-    fault_file: LocalPath | None = None
-
-    _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
-        lambda cls, v: parse_duration(v)
-    )
-
-
-class EventServerTargetConfig(_Model):
-    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``).
-
-    Events travel with their outbox event id (a tidings extension of the protocol), so the
-    server stores each outbox event once however often it is published.
+    A target module declares its kind and its model (a subclass naming the kind as
+    ``kind: Literal["<kind>"]``); the target registry enters the model here with
+    :func:`register_target_config`. The models live with their targets, above this layer,
+    so ``targets:`` entries are validated against the models entered by the time a
+    configuration is validated (see :mod:`tidings.targets.registry` for why).
     """
 
-    kind: Literal["event_server"]
-    address: Address = "tcp+sbs://127.0.0.1:23012"
-    type_prefix: list[str] = Field(default_factory=list)
-    timeout: Duration = timedelta(seconds=10)
+    kind: str
     fault_file: LocalPath | None = None
 
-    _durations = field_validator("timeout", mode="before")(lambda cls, v: parse_duration(v))
+
+#: Target kind -> its configuration model, as the target registry entered them.
+_TARGET_CONFIGS: dict[str, type[TargetConfig]] = {}
 
 
-TargetConfig = Annotated[
-    EventStoreTargetConfig | JetStreamTargetConfig | EventServerTargetConfig,
-    Field(discriminator="kind"),
-]
+def register_target_config(model: type[TargetConfig]) -> str:
+    """Validate ``targets:`` entries of the kind ``model`` names with ``model``; the kind."""
+    kinds = get_args(model.model_fields["kind"].annotation)
+    if len(kinds) != 1:
+        raise ConfigError(f"{model.__qualname__} must name its kind as kind: Literal['<kind>']")
+    (kind,) = kinds
+    known = _TARGET_CONFIGS.setdefault(kind, model)
+    if known is not model:
+        raise ConfigError(
+            f"target kind {kind!r} is declared twice: by {known.__module__} and {model.__module__}"
+        )
+    return kind
+
+
+@functools.cache
+def _kinds_adapter(models: tuple[type[TargetConfig], ...]) -> TypeAdapter[TargetConfig]:
+    """The entered models as one union tagged by ``kind``, built once per set of kinds."""
+    union = Union[models]  # noqa: UP007 - X | Y cannot spread a tuple built at run time
+    return TypeAdapter(Annotated[union, Field(discriminator="kind")])
+
+
+def _of_its_kind(value: Any, info: ValidationInfo) -> TargetConfig:
+    """A ``targets:`` entry validated as the model of its kind (errors name the kind, as
+    ``targets.<name>.<kind>.<key>``, and an unknown kind lists the known ones)."""
+    if not _TARGET_CONFIGS:
+        raise ValueError(
+            "no target kinds are loaded: import tidings.targets.registry before validating "
+            "a configuration that has targets"
+        )
+    adapter = _kinds_adapter(tuple(_TARGET_CONFIGS.values()))
+    return adapter.validate_python(value, context=info.context)
+
+
+#: A ``targets:`` entry: validated as its kind's model, dumped with all of that model's keys.
+_KindTargetConfig = Annotated[SerializeAsAny[TargetConfig], PlainValidator(_of_its_kind)]
 
 
 class RoutingConfig(_Model):
@@ -191,7 +203,7 @@ class RelayConfig(_Model):
     """The Spark relay pipeline."""
 
     spark_master: str = "local[*]"
-    checkpoint_dir: LocalPath = Field(default=".tidings/checkpoint", **_RESOLVED_DEFAULT)
+    checkpoint_dir: LocalPath = Field(default=".tidings/checkpoint", **RESOLVED_DEFAULT)
     trigger_interval: Duration = timedelta(milliseconds=100)
     max_events_per_batch: int = Field(default=100_000, gt=0)
     partitions: int = Field(default=2, gt=0)
@@ -232,7 +244,7 @@ class HousekeepingConfig(_Model):
 
     older_than: Duration = timedelta(days=7)
     mode: Literal["archive", "delete"] = "archive"
-    archive_dir: LocalPath = Field(default=".tidings/archive", **_RESOLVED_DEFAULT)
+    archive_dir: LocalPath = Field(default=".tidings/archive", **RESOLVED_DEFAULT)
     delete_on_success: bool = False
     event_limit: int | None = Field(default=None, gt=0)
 
@@ -250,13 +262,13 @@ class TidingsConfig(_Model):
 
     # Sections holding paths are built by validation, so a file's directory reaches their
     # defaults too (a default instance would skip that).
-    database: DatabaseConfig = Field(default_factory=dict, **_RESOLVED_DEFAULT)
+    database: DatabaseConfig = Field(default_factory=dict, **RESOLVED_DEFAULT)
     outbox: OutboxConfig = OutboxConfig()
-    targets: dict[str, TargetConfig] = Field(default_factory=dict)
+    targets: dict[str, _KindTargetConfig] = Field(default_factory=dict)
     routing: RoutingConfig = RoutingConfig()
-    relay: RelayConfig = Field(default_factory=dict, **_RESOLVED_DEFAULT)
+    relay: RelayConfig = Field(default_factory=dict, **RESOLVED_DEFAULT)
     replay: ReplayConfig = ReplayConfig()
-    housekeeping: HousekeepingConfig = Field(default_factory=dict, **_RESOLVED_DEFAULT)
+    housekeeping: HousekeepingConfig = Field(default_factory=dict, **RESOLVED_DEFAULT)
     metrics: MetricsConfig = MetricsConfig()
 
     @field_validator("targets")

@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Mapping
 
+import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
 from tidings.config import RoutingConfig, TidingsConfig, load_config_file
 from tidings.errors import ConfigError
 

@@ -1,14 +1,18 @@
 """The interface every target implements.
 
 A target is a place the relay publishes to: the embedded event store, a JetStream stream,
-any other real broker. It is deliberately small so that adding one is one module.
+any other real broker. It is deliberately small so that adding one is one module: that
+module defines the configuration model of its kind and a :class:`Target` subclass naming it
+as ``config_model``, and :mod:`tidings.targets.registry` finds both.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import ClassVar
 
+from tidings.config import TargetConfig
 from tidings.events.outbox import OutboxEvent
 
 
@@ -34,6 +38,10 @@ class Target(ABC):
     """
 
     atomic: bool = False
+    #: The configuration model of this kind (its ``kind: Literal[...]`` names the kind). A
+    #: target module's class sets it and is built as ``cls(name, config)``; a wrapper (fault
+    #: injection, a test's stand-in) leaves it None and is no kind of its own.
+    config_model: ClassVar[type[TargetConfig] | None] = None
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -17,10 +17,15 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Sequence
+from datetime import timedelta
+from typing import Literal
 
+from pydantic import Field, field_validator
+
+from tidings.address import Address
 from tidings.client import Client
 from tidings.client import connect as connect_client
-from tidings.config import EventServerTargetConfig
+from tidings.config import Duration, TargetConfig, parse_duration
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.model import StoredEvent
 from tidings.events.outbox import OutboxEvent
@@ -30,6 +35,21 @@ from tidings.targets.event_store import to_new_event
 #: Bytes of payload per register request: far below the server's frame limit (16 MiB by
 #: default), large enough that requests, not round trips, carry the throughput.
 _REQUEST_BYTES = 4 * 1024 * 1024
+
+
+class EventServerTargetConfig(TargetConfig):
+    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``).
+
+    Events travel with their outbox event id (a tidings extension of the protocol), so the
+    server stores each outbox event once however often it is published.
+    """
+
+    kind: Literal["event_server"]
+    address: Address = "tcp+sbs://127.0.0.1:23012"
+    type_prefix: list[str] = Field(default_factory=list)
+    timeout: Duration = timedelta(seconds=10)
+
+    _durations = field_validator("timeout", mode="before")(lambda cls, v: parse_duration(v))
 
 
 def _requests(events: Sequence[OutboxEvent]) -> list[Sequence[OutboxEvent]]:
@@ -55,6 +75,7 @@ class EventServerTarget(Target):
     """
 
     atomic = True
+    config_model = EventServerTargetConfig
 
     def __init__(self, name: str, config: EventServerTargetConfig) -> None:
         super().__init__(name)

@@ -13,8 +13,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
-from tidings.config import EventStoreTargetConfig
+from pydantic import Field
+
+from tidings.config import RESOLVED_DEFAULT, DatabaseUrl, TargetConfig
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.outbox import OutboxEvent
@@ -25,6 +28,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
+class EventStoreTargetConfig(TargetConfig):
+    """The embedded event store: a durable append-only log in SQLite or PostgreSQL."""
+
+    kind: Literal["event_store"]
+    url: DatabaseUrl = Field(default="sqlite:///tidings-events.db", **RESOLVED_DEFAULT)
+    type_prefix: list[str] = Field(default_factory=list)
+    server_id: int = Field(default=1, gt=0)
+
+
 class EventStoreTarget(Target):
     """Publishes to an :class:`EventStore`, opened on first use.
 
@@ -33,6 +45,7 @@ class EventStoreTarget(Target):
     """
 
     atomic = True
+    config_model = EventStoreTargetConfig
 
     def __init__(self, name: str, config: EventStoreTargetConfig) -> None:
         super().__init__(name)

@@ -1,4 +1,23 @@
-"""Building targets from configuration, once per process.
+"""Target kinds, and building targets from configuration once per process.
+
+A target kind is one module of this package: it defines the configuration model of the kind
+(a :class:`~tidings.config.TargetConfig` subclass whose ``kind: Literal["..."]`` names it)
+and a :class:`~tidings.targets.base.Target` subclass that sets ``config_model`` to it. When
+this module is first imported it imports every module of the package and maps each kind to
+its class, so adding a kind is writing that one module: no list, union or ``isinstance``
+chain to extend.
+
+Why the registry enters the configuration models into :mod:`tidings.config`: validating
+``targets:`` needs every kind's model, yet ``config`` sits below ``targets`` in the layers
+and may not import them (importing them by name at validation time would be the same
+dependency, hidden, and would load nats-py and the event store with every configuration).
+So ``config`` keeps the base model and a kind -> model table that it reads when it
+validates, not when it is defined, and this registry fills the table. Entries are checked
+against the models of their kind by pydantic as one union tagged by ``kind``, so an unknown
+kind or a bad key gives the same message as a union written out by hand. The price is an
+order: a configuration that names targets is validated after this module was imported.
+The targets, the pipeline's job configuration and the CLI import it before they read one;
+anything else that validates one first is told so by the error.
 
 Spark reuses its Python workers across tasks, so a target (a database engine, a NATS
 connection) is built on first use in a worker and then shared by every later task there.
@@ -6,38 +25,27 @@ connection) is built on first use in a worker and then shared by every later tas
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import threading
+from collections.abc import Callable
+from typing import Any
 
-from tidings.config import (
-    EventServerTargetConfig,
-    EventStoreTargetConfig,
-    JetStreamTargetConfig,
-    TargetConfig,
-)
+import tidings.targets
+from tidings.config import TargetConfig, register_target_config
 from tidings.targets.base import Target
 from tidings.targets.faults import FaultInjectingTarget
+
+#: How a kind's target is made from its name and configuration: the kind's class.
+TargetFactory = Callable[[str, Any], Target]
 
 _cache: dict[tuple[str, str], Target] = {}
 _lock = threading.Lock()
 
 
 def build_target(name: str, config: TargetConfig) -> Target:
-    """A new target for ``config``."""
-    target: Target
-    if isinstance(config, EventStoreTargetConfig):
-        from tidings.targets.event_store import EventStoreTarget
-
-        target = EventStoreTarget(name, config)
-    elif isinstance(config, JetStreamTargetConfig):
-        from tidings.targets.jetstream import JetStreamTarget
-
-        target = JetStreamTarget(name, config)
-    elif isinstance(config, EventServerTargetConfig):
-        from tidings.targets.event_server import EventServerTarget
-
-        target = EventServerTarget(name, config)
-    else:  # pragma: no cover - the config model admits no other kind
-        raise TypeError(f"unknown target config {config!r}")
+    """A new target for ``config``, wrapped in fault injection if it names a fault file."""
+    target = _KINDS[config.kind](name, config)
     if config.fault_file:
         target = FaultInjectingTarget(target, config.fault_file)
     return target
@@ -51,3 +59,24 @@ def shared_target(name: str, config: TargetConfig) -> Target:
         if target is None:
             target = _cache[key] = build_target(name, config)
         return target
+
+
+def _declared_kinds() -> dict[str, TargetFactory]:
+    """Every kind the modules of this package declare, its model entered into the config."""
+    kinds: dict[str, TargetFactory] = {}
+    for found in pkgutil.iter_modules(tidings.targets.__path__, "tidings.targets."):
+        module = importlib.import_module(found.name)
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, Target)
+                and value.__module__ == module.__name__
+                and value.config_model is not None
+            ):
+                kinds[register_target_config(value.config_model)] = value
+    return kinds
+
+
+#: Kind -> the class that builds its targets. Filled last: the modules imported here may
+#: import this one (``routed`` does), and find its functions defined.
+_KINDS = _declared_kinds()
