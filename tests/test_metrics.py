@@ -12,7 +12,7 @@ from tidings.events.timeutil import utcnow
 from tidings.metrics import BatchLogFollower
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log
-from tidings.pipeline.publisher import Summary
+from tidings.pipeline.outcome import Summary
 
 
 def _value(name: str) -> float:

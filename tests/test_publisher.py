@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from tidings.config import EventStoreTargetConfig
 from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.outbox import EventStatus, OutboxEvent
@@ -22,11 +21,12 @@ from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.breaker import CircuitBreaker
-from tidings.pipeline.publisher import LoggedEvent, Publisher
+from tidings.pipeline.outcome import LoggedEvent
+from tidings.pipeline.publisher import Publisher
 from tidings.routing.table import merge_routes
 from tidings.server.store import EventStore
 from tidings.targets.base import Target
-from tidings.targets.event_store import EventStoreTarget
+from tidings.targets.event_store import EventStoreTarget, EventStoreTargetConfig
 from tidings.targets.faults import FaultInjectingTarget
 
 

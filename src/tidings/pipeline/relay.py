@@ -16,7 +16,7 @@ from tidings.db import shared_engine
 from tidings.errors import RelayError
 from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
-from tidings.pipeline.publisher import Summary
+from tidings.pipeline.outcome import Summary
 from tidings.pipeline.spark import activate
 
 log = logging.getLogger(__name__)

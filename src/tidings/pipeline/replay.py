@@ -23,7 +23,7 @@ from tidings.db import shared_engine
 from tidings.outbox.schema import batch_log, ensure_schema
 from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.lease import held
-from tidings.pipeline.publisher import Summary
+from tidings.pipeline.outcome import Summary
 from tidings.pipeline.spark import activate
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The publishing sink (``tidings_publish``): Spark tasks hand it slices of the log.
 
-Each task turns its rows into :class:`~tidings.pipeline.publisher.LoggedEvent` and runs the
+Each task turns its rows into :class:`~tidings.pipeline.outcome.LoggedEvent` and runs the
 :class:`~tidings.pipeline.publisher.Publisher`, which publishes and records every outcome in
 the event log as it goes. Publishing in ``write()`` is safe to repeat: a batch that Spark
 replays after a crash skips what is already PUBLISHED, re-sends only to unconfirmed targets,
@@ -31,7 +31,8 @@ from tidings.events.outbox import EventStatus, OutboxEvent
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.schema import batch_log
 from tidings.pipeline.jobconfig import job_config
-from tidings.pipeline.publisher import LoggedEvent, Publisher, Summary
+from tidings.pipeline.outcome import LoggedEvent, Summary
+from tidings.pipeline.publisher import Publisher
 from tidings.routing.table import current_routes
 from tidings.targets.registry import shared_target
 

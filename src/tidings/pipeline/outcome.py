@@ -1,0 +1,154 @@
+"""What a publishing run knows of each event, what it did, and how it writes that back.
+
+A :class:`LoggedEvent` is an event with its publication state as the event log holds it (its
+status, retry count and per-target delivery states); the publisher changes these in memory
+and :func:`record_outcomes` writes the changed ones back in one transaction. A
+:class:`Summary` is what one Spark task did, sent to the driver in its commit message.
+
+Kept apart from the delivery algorithm (:mod:`tidings.pipeline.publisher`) because this is
+the shape of the data and the SQL that stores it: the replay and relay drivers read the
+summaries without the algorithm, and the UPDATEs are tuned here (one per distinct outcome).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, delete
+
+from tidings.db import placeholder
+from tidings.events.outbox import DeliveryState, EventStatus, OutboxEvent
+from tidings.events.timeutil import driver_stamp, utcnow
+from tidings.outbox.schema import outbox_event, outbox_event_attribute
+
+# Plain strings: reading a member off an enum class costs a descriptor call per event.
+CONFIRMED, FAILED = DeliveryState.CONFIRMED.value, DeliveryState.FAILED.value
+#: Latencies a summary carries to the driver (a run samples up to four times as many).
+LATENCY_SAMPLES = 512
+_SEQ_CHUNK = 500
+_UPDATE_COLUMNS = (
+    "status = {m}, retry_count = {m}, error_details = {m}, deliveries = {m}, "
+    "last_publish_at = COALESCE({m}, last_publish_at), updated_at = {m}, "
+    "concurrency_version = concurrency_version + 1"
+)
+
+
+@dataclass(slots=True)
+class LoggedEvent:
+    """An event with its publication state as stored in the log."""
+
+    event: OutboxEvent
+    status: EventStatus
+    retry_count: int = 0
+    deliveries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    error_details: str | None = None
+    published_at: datetime | None = None
+    changed: bool = False
+
+    def confirmed_at(self, target: str) -> bool:
+        return self.deliveries.get(target, {}).get("state") == CONFIRMED
+
+    def failed_at(self, target: str) -> bool:
+        return self.deliveries.get(target, {}).get("state") == FAILED
+
+    def settle(self, status: EventStatus, error: str | None = None) -> None:
+        if (status, error) != (self.status, self.error_details):
+            self.status, self.error_details, self.changed = status, error, True
+
+
+@dataclass
+class Summary:
+    """What one task did; travels to the driver in the Spark commit message."""
+
+    events: int = 0
+    published: int = 0
+    failed: int = 0
+    held: int = 0
+    unroutable: int = 0
+    skipped: int = 0
+    retries: int = 0
+    max_seq: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def merge(self, other: Summary) -> None:
+        for name in ("events", "published", "failed", "held", "unroutable", "skipped", "retries"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_seq = max(self.max_seq, other.max_seq)
+        self.latencies_ms.extend(other.latencies_ms)
+        self.errors = (self.errors + other.errors)[-20:]
+
+    def as_dict(self) -> dict[str, object]:
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        data["latencies_ms"] = self.latencies_ms[:LATENCY_SAMPLES]
+        return data
+
+
+def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_published: bool) -> None:
+    """Write the state of ``settled`` events to the log, in one transaction.
+
+    With ``delete_published`` (the design document's delete-on-success mode) a PUBLISHED
+    event and its attributes are deleted instead.
+    """
+    done = [i for i in settled if delete_published and i.status == EventStatus.PUBLISHED]
+    if done:
+        settled = [i for i in settled if i.status != EventStatus.PUBLISHED]
+    if not (settled or done):
+        return
+    stamp = driver_stamp(engine.dialect.name)
+    now = stamp(utcnow())
+    style = engine.dialect.paramstyle
+    with engine.begin() as conn:
+        for (status, retries, error, deliveries, published), seqs in _outcome_groups(
+            settled
+        ).items():
+            values = (
+                status,
+                retries,
+                error,
+                json.dumps({n: dict(d) for n, d in deliveries}, separators=(",", ":")),
+                None if published is None else stamp(published),
+                now,
+            )
+            for start in range(0, len(seqs), _SEQ_CHUNK):
+                chunk = seqs[start : start + _SEQ_CHUNK]
+                conn.exec_driver_sql(_update_sql(style, len(chunk)), (*values, *chunk))
+        for start in range(0, len(done), _SEQ_CHUNK):
+            chunk = done[start : start + _SEQ_CHUNK]
+            conn.execute(
+                delete(outbox_event_attribute).where(
+                    outbox_event_attribute.c.event_id.in_([i.event.event_id for i in chunk])
+                )
+            )
+            conn.execute(
+                delete(outbox_event).where(outbox_event.c.seq.in_([i.event.seq for i in chunk]))
+            )
+
+
+def _update_sql(paramstyle: str, rows: int) -> str:
+    mark = placeholder(paramstyle)
+    seqs = ", ".join([mark] * rows)
+    return f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq IN ({seqs})"
+
+
+def _outcome_groups(items: Iterable[LoggedEvent]) -> dict[tuple[Any, ...], list[int]]:
+    """Seqs grouped by identical outcome: a batch mostly shares one, so few UPDATEs do it.
+
+    Delivery states are keyed by their content (cheaper than encoding each to JSON), and
+    each distinct one is encoded once by the caller.
+    """
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for item in items:
+        key = (
+            item.status.value,
+            item.retry_count,
+            item.error_details,
+            tuple((name, tuple(d.items())) for name, d in item.deliveries.items()),
+            item.published_at,
+        )
+        groups.setdefault(key, []).append(item.event.seq)
+    return groups
