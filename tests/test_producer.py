@@ -12,13 +12,9 @@ from sqlalchemy.orm import Session
 from tidings.config import OutboxConfig
 from tidings.db import make_engine
 from tidings.errors import EmitError, TransactionDoomed
+from tidings.outbox.checks import MAX_HEADER_NAME_BYTES, MAX_HEADER_VALUE_BYTES, MAX_HEADERS_BYTES
 from tidings.outbox.envelope import identity
-from tidings.outbox.producer import (
-    MAX_HEADER_NAME_BYTES,
-    MAX_HEADER_VALUE_BYTES,
-    MAX_HEADERS_BYTES,
-    Outbox,
-)
+from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event, outbox_event_attribute
 
 domain = MetaData()

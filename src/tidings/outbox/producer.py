@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import uuid
 import weakref
 import zlib
@@ -40,6 +39,7 @@ from tidings.db import make_engine, placeholder
 from tidings.errors import EmitError, TransactionDoomed
 from tidings.events.outbox import EventStatus, OutboxEvent
 from tidings.events.timeutil import driver_stamp, utcnow
+from tidings.outbox.checks import encode_body, make_draft
 from tidings.outbox.envelope import (
     AttributeExtractor,
     EventDraft,
@@ -61,14 +61,6 @@ _EVENT_COLUMNS = (
 )
 _ATTRIBUTE_COLUMNS = "attribute_id, event_id, attribute_key, attribute_value, updated_at"
 _PENDING_KEY = "tidings_excluded_events"
-# An HTTP/NATS header token: what every broker accepts as a header name.
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-#: Header bounds, in UTF-8 bytes. Headers travel with every copy of the event (NATS counts
-#: them in max_payload, HTTP stacks commonly cap a header block at 8-16 KiB); they are for
-#: routing metadata, not data, so the bounds are generous for the one and tight for the other.
-MAX_HEADER_NAME_BYTES = 256
-MAX_HEADER_VALUE_BYTES = 8 * 1024
-MAX_HEADERS_BYTES = 16 * 1024
 #: The relay numbers an event only when it commits; a target sizing it at emit sees the
 #: widest sequence number, so a header carrying it is counted at its largest.
 EMIT_SEQ_PLACEHOLDER = 2**63 - 1
@@ -155,10 +147,17 @@ class Outbox:
         """
         _refuse_emit(bind)
         try:
-            draft = self._draft(
-                event_type, payload, partition_key, correlation_id, headers, version, event_id
+            draft = make_draft(
+                event_type,
+                payload,
+                partition_key=partition_key,
+                correlation_id=correlation_id,
+                headers=headers,
+                version=version,
+                event_id=event_id,
+                originator=self.config.originator,
             )
-            body = self._body(draft)
+            body = encode_body(draft, self.transformer, self.config.max_payload_bytes)
             self._check_targets(draft, body)
             excluded = exclude or (self.exclude is not None and self.exclude(draft))
             if excluded:
@@ -175,67 +174,6 @@ class Outbox:
         return draft.event_id
 
     # -- internals -------------------------------------------------------------------------
-
-    def _draft(
-        self,
-        event_type: Any,
-        payload: Any,
-        partition_key: Any,
-        correlation_id: Any,
-        headers: Mapping[str, str] | None,
-        version: Any,
-        event_id: Any,
-    ) -> EventDraft:
-        _check_text("event type", event_type, required=True)
-        if event_type.strip() in ("*", "?"):
-            raise EmitError(f"event type {event_type!r} is a wildcard in event-server queries")
-        _check_text("partition key", partition_key)
-        _check_text("correlation id", correlation_id, limit=64)
-        _check_text("version", version, required=True, limit=32)
-        if event_id is None:
-            event_id = str(uuid.uuid4())
-        else:
-            try:
-                event_id = str(uuid.UUID(str(event_id)))
-            except ValueError:
-                raise EmitError(f"event id {event_id!r} is not a UUID") from None
-        clean_headers = _check_headers(headers)
-        return EventDraft(
-            event_id=event_id,
-            event_type=event_type,
-            payload=payload,
-            logged_at=utcnow(),
-            version=version,
-            originator=self.config.originator,
-            correlation_id=correlation_id,
-            partition_key=partition_key,
-            headers=clean_headers,
-        )
-
-    def _body(self, draft: EventDraft) -> str:
-        try:
-            body = json.dumps(
-                self.transformer(draft),
-                separators=(",", ":"),
-                ensure_ascii=False,
-                allow_nan=False,
-            )
-        except (TypeError, ValueError) as exc:
-            raise EmitError(
-                f"payload of {draft.event_type!r} event is not JSON-serialisable: {exc}"
-            ) from None
-        try:
-            size = len(body.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise EmitError(
-                f"payload of {draft.event_type!r} event is not valid UTF-8 text: {exc.reason}"
-            ) from None
-        if size > self.config.max_payload_bytes:
-            raise EmitError(
-                f"payload of {draft.event_type!r} event is {size} bytes, over the limit of "
-                f"{self.config.max_payload_bytes} bytes (outbox.max_payload_bytes)"
-            )
-        return body
 
     def _check_targets(self, draft: EventDraft, body: str) -> None:
         """Refuse now what a routed target will always refuse, sized as it will travel."""
@@ -433,67 +371,3 @@ def _refuse_connection_commit(conn: Connection) -> None:
 
 def _forget_excluded(session: Session, _previous: object) -> None:
     session.info.pop(_PENDING_KEY, None)
-
-
-def _check_text(what: str, value: Any, *, required: bool = False, limit: int = 256) -> None:
-    if value is None:
-        if required:
-            raise EmitError(f"{what} is required")
-        return
-    if not isinstance(value, str) or not value.strip():
-        raise EmitError(f"{what} must be a non-empty string, got {value!r}")
-    if len(value) > limit:
-        raise EmitError(f"{what} is {len(value)} characters, over the limit of {limit}")
-    if not _storable(value):
-        raise EmitError(f"{what} {value!r} holds a NUL character or an unpaired surrogate")
-
-
-def _storable(value: str) -> bool:
-    """Text every backend and broker keeps as it is: no NUL, valid UTF-8."""
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    if headers is None:
-        return {}
-    if not isinstance(headers, Mapping):
-        raise EmitError(f"headers must be a mapping of strings, got {headers!r}")
-    total = 0
-    for key, value in headers.items():
-        if not isinstance(key, str) or not key or not isinstance(value, str):
-            raise EmitError(f"header {key!r}: {value!r} is not a pair of strings")
-        if not _HEADER_NAME.fullmatch(key):
-            raise EmitError(
-                f"header name {key!r} is not a token (letters, digits, !#$%&'*+-.^_`|~)"
-            )
-        if "\r" in value or "\n" in value or not _storable(value):
-            raise EmitError(f"header {key!r} value holds a line break, NUL or unpaired surrogate")
-        total += _check_header_size(key, value)
-    if total > MAX_HEADERS_BYTES:
-        raise EmitError(
-            f"headers are {total} bytes (names + values), over the limit of "
-            f"{MAX_HEADERS_BYTES} bytes"
-        )
-    return dict(headers)
-
-
-def _check_header_size(name: str, value: str) -> int:
-    """The UTF-8 bytes of one header (name + value), refusing an oversize name or value."""
-    name_bytes, value_bytes = len(name), len(value.encode("utf-8"))  # a token is ASCII
-    if name_bytes > MAX_HEADER_NAME_BYTES:
-        raise EmitError(
-            f"header name {name[:32]!r}... is {name_bytes} bytes, over the limit of "
-            f"{MAX_HEADER_NAME_BYTES} bytes"
-        )
-    if value_bytes > MAX_HEADER_VALUE_BYTES:
-        raise EmitError(
-            f"header {name!r} value is {value_bytes} bytes, over the limit of "
-            f"{MAX_HEADER_VALUE_BYTES} bytes"
-        )
-    return name_bytes + value_bytes
