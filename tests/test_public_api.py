@@ -25,22 +25,27 @@ PUBLIC = ("tidings", "tidings.client", "tidings.events")
 HEAVY = ("sqlalchemy", "pyspark")
 
 
+def _fresh(program: str) -> str:
+    """What ``program`` prints in a fresh interpreter (nothing of tidings imported yet)."""
+    src = str(Path(tidings.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def _heavy_modules_after(statement: str) -> dict[str, list[str]]:
     """The database and Spark modules a fresh interpreter holds after running ``statement``."""
-    check = (
+    loaded = _fresh(
         f"{statement}\n"
         "import sys\n"
         f"print({{top: sorted(m for m in sys.modules if m.split('.')[0] == top)[:3]"
         f" for top in {HEAVY!r}}})\n"
     )
-    src = str(Path(tidings.__file__).resolve().parent.parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-    done = subprocess.run(
-        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return ast.literal_eval(done.stdout.strip())
+    return ast.literal_eval(loaded)
 
 
 @pytest.mark.parametrize(
@@ -98,3 +103,19 @@ def test_a_heavy_name_loads_sqlalchemy_when_used_and_never_spark() -> None:
     )
     assert loaded["sqlalchemy"], "tidings.Outbox and the others should have loaded SQLAlchemy"
     assert loaded["pyspark"] == []
+
+
+def test_load_config_file_validates_targets_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    """``tidings.load_config_file`` knows every target kind without another import first."""
+    path = tmp_path / "tidings.yaml"
+    path.write_text(
+        "targets:\n"
+        "  orders: {kind: event_store, url: 'sqlite:///events.db'}\n"
+        "  orders-js: {kind: jetstream, stream: ORDERS, subject_prefix: orders}\n"
+    )
+    kinds = _fresh(
+        "import tidings\n"
+        f"config = tidings.load_config_file({str(path)!r})\n"
+        "print(sorted(t.kind for t in config.targets.values()))"
+    )
+    assert kinds == "['event_store', 'jetstream']"

@@ -13,7 +13,9 @@ that flow, what a user imports::
 The event model and the errors are loaded with the package: they are the bottom layers and
 light. The names above them (the outbox, the configuration, engines, the event store) load
 SQLAlchemy and pydantic, so they are imported on first use (PEP 562): ``import tidings.client``
-runs this file first and must stay free of the database stack.
+runs this file first and must stay free of the database stack. The configuration's names
+bring the target registry with them, since a configuration that names targets validates
+only once the target kinds are known (:mod:`tidings.targets.registry` says why).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ _LAZY = {
     "make_engine": "tidings.db",
     "outbox_from_config": "tidings.targets.routed",
 }
+#: Names that validate configurations: they need the target kinds entered first.
+_WITH_TARGET_KINDS = frozenset({"TidingsConfig", "load_config", "load_config_file"})
 
 __all__ = [
     "ClientError",
@@ -113,6 +117,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tidings' has no attribute {name!r}")
+    if name in _WITH_TARGET_KINDS:
+        importlib.import_module("tidings.targets.registry")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
