@@ -3,6 +3,7 @@
 The first step of the flow (guarantee 1: a domain write commits if and only if its events
 do). :mod:`~tidings.outbox.schema` creates and upgrades the event log's tables,
 :mod:`~tidings.outbox.producer` is the :class:`~tidings.outbox.producer.Outbox` a service
-emits through, and :mod:`~tidings.outbox.envelope` holds the hooks it calls on every event.
-The relay (:mod:`tidings.pipeline`) reads what is written here, in sequence order.
+emits through and its transactions, :mod:`~tidings.outbox.checks` decides what an emit
+accepts, and :mod:`~tidings.outbox.envelope` holds the hooks it calls on every event. The
+relay (:mod:`tidings.pipeline`) reads what is written here, in sequence order.
 """
