@@ -16,9 +16,9 @@ from tidings.events.matching import TypeMatcher, matches, validate_query_type
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
 from tidings.server import query as query_module
-from tidings.server import store as store_module
 from tidings.server.query import query_events
 from tidings.server.store import EventStore
+from tidings.server.store import planning as store_planning
 
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
@@ -138,7 +138,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     fake = _Clock()
-    monkeypatch.setattr(store_module, "time", SimpleNamespace(time_ns=fake.time_ns))
+    monkeypatch.setattr(store_planning, "time", SimpleNamespace(time_ns=fake.time_ns))
     return fake
 
 

@@ -1,23 +1,33 @@
 """Engines for SQLite and PostgreSQL, configured the same way everywhere in tidings.
 
-SQLite gets WAL (readers never block the writer), a long busy timeout (the relay and the
-producer write the same file) and ``synchronous=NORMAL`` (durable at checkpoints, the
-usual choice with WAL). PostgreSQL URLs are pointed at the psycopg 3 driver.
+:func:`make_engine` is the one way tidings makes an engine. SQLite gets WAL (readers never
+block the writer), a long busy timeout (the relay and the producer write the same file) and
+``synchronous=NORMAL`` (durable at checkpoints, the usual choice with WAL); a caller with
+needs of its own (the event store) gives its pragmas and its own ``BEGIN``. PostgreSQL URLs
+are pointed at the psycopg 3 driver and pooled connections are checked before use.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
+
+#: The pragmas of every SQLite connection whose caller gives none of its own.
+SQLITE_PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=NORMAL",
+    "PRAGMA busy_timeout=30000",
+)
 
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
 
 
-def driver_url(url: str) -> URL:
+def driver_url(url: str | URL) -> URL:
     """Parse ``url``; a bare ``postgresql://`` (or ``postgres://``) gets the psycopg 3 driver."""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
@@ -35,23 +45,40 @@ def placeholder(paramstyle: str) -> str:
     return "?" if paramstyle == "qmark" else "%s"
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
+def make_engine(
+    url: str | URL,
+    *,
+    sqlite_pragmas: Sequence[str] = SQLITE_PRAGMAS,
+    sqlite_begin: Callable[[Connection], None] | None = None,
+    **kwargs: Any,
+) -> Engine:
+    """Create a new engine with tidings' connection settings.
 
+    On SQLite every new connection runs ``sqlite_pragmas`` in order. ``sqlite_begin``, if
+    given, begins every transaction instead of pysqlite, whose implicit ``BEGIN`` cannot be
+    ``IMMEDIATE``: the driver's own transaction handling is turned off for it. Other
+    ``kwargs`` go to :func:`sqlalchemy.create_engine`.
+    """
+    parsed = driver_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        kwargs.setdefault("pool_pre_ping", True)
+        return create_engine(parsed, **kwargs)
+    engine = create_engine(parsed, **kwargs)
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create a new engine with tidings' connection settings."""
-    url = normalise_url(url)
-    if url.startswith("sqlite"):
-        engine = create_engine(url, **kwargs)
-        event.listen(engine, "connect", _sqlite_pragmas)
-        return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    def configure(dbapi_connection: Any, _record: Any) -> None:
+        if sqlite_begin is not None:
+            dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            for pragma in sqlite_pragmas:
+                cursor.execute(pragma)
+        finally:
+            cursor.close()
+
+    event.listen(engine, "connect", configure)
+    if sqlite_begin is not None:
+        event.listen(engine, "begin", sqlite_begin)
+    return engine
 
 
 def shared_engine(url: str) -> Engine:

@@ -1,0 +1,44 @@
+"""The embedded event store: a durable, append-only event log in SQLite or PostgreSQL.
+
+It is the storage of a Hat-compatible event server, so it keeps Hat's event model
+(:mod:`tidings.events`, checked by :mod:`tidings.events.validation`): an event id is
+``(server, session, instance)`` with 0 reserved for "before the first"; one register call is
+one session whose events share the server timestamp; the type is a list of strings. On top
+of that every event gets a ``position``, an increasing 64-bit integer over the whole log,
+which stream consumers (FTN18) keep as their cursor, and the outbox event id it came from,
+by which (with its type) a re-published event is recognised and not stored twice.
+
+Events of other servers, received by a Hat syncer, are stored with their own ids and
+timestamps (:meth:`EventStore.append_synced`); :meth:`EventStore.events_after` serves a
+syncer's backlog. A table of the distinct event types lets queries resolve type patterns to
+exact types (:mod:`tidings.server.query`). The same SQLAlchemy Core code runs on both
+databases.
+
+One module per concern: :mod:`.schema` (tables, creation, upgrades, the row format),
+:mod:`.driver` (engine, transactions, the append lock, the plain-SQL cursor, the WAL
+checkpoint thread), :mod:`.planning` (dedup, numbering and the counters) and :mod:`.facade`
+(the :class:`EventStore`). The names below are the store's surface for the rest of the
+server (engine, queries).
+"""
+
+from tidings.server.store.driver import DriverCursor
+from tidings.server.store.facade import EventStore
+from tidings.server.store.planning import Registered
+from tidings.server.store.schema import (
+    EVENT_COLUMNS,
+    decode_type,
+    encode_type,
+    events_from_rows,
+    events_table,
+)
+
+__all__ = [
+    "EVENT_COLUMNS",
+    "DriverCursor",
+    "EventStore",
+    "Registered",
+    "decode_type",
+    "encode_type",
+    "events_from_rows",
+    "events_table",
+]

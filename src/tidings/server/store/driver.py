@@ -1,0 +1,289 @@
+"""The database layer under the event store: its engine, transactions and append lock.
+
+The store's engine comes from :func:`tidings.db.make_engine` with the store's SQLite pragmas
+and its own ``BEGIN``. Appends are serialized database-wide (SQLite ``BEGIN IMMEDIATE``,
+PostgreSQL transaction-scoped advisory lock), so positions become visible in increasing
+order and a reader following positions never skips one. Registrations run plain SQL on one
+kept connection (:class:`Writer`, :class:`DriverCursor`); on SQLite a thread of the store's
+own copies the write-ahead log into the database (:class:`Checkpointer`). Database failures
+leave as :class:`~tidings.errors.StoreError` naming the store and what it was doing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+
+from tidings.db import driver_url, make_engine
+from tidings.errors import StoreBusy, StoreError
+
+log = logging.getLogger(__name__)
+
+#: Key of the PostgreSQL advisory lock that serializes appends ("tidings1" in ASCII).
+_PG_APPEND_LOCK_KEY = 0x74696469_6E677331
+_PG_APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+#: Execution option telling the SQLite ``begin`` hook to take the write lock up front.
+_APPEND_OPTION = "tidings_event_store_append"
+_BUSY_TIMEOUT = "PRAGMA busy_timeout = 30000"
+_SQLITE_PRAGMAS = (
+    _BUSY_TIMEOUT,
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA foreign_keys = ON",
+    # 32 MiB per connection (allocated as used): random outbox ids touch the whole index.
+    "PRAGMA cache_size = -32768",
+    # Commits leave checkpoints to the store's own thread (Checkpointer); this one, at
+    # ~40 MiB of WAL, is only the backstop if that thread falls behind.
+    "PRAGMA wal_autocheckpoint = 10000",
+)
+#: How often the checkpoint thread copies the WAL into the database (SQLite).
+_CHECKPOINT_INTERVAL_S = 0.5
+
+
+def parse_url(url: str) -> URL:
+    """Parse and check ``url``; a bare ``postgresql://`` gets the psycopg 3 driver."""
+    try:
+        parsed = driver_url(url)
+    except ArgumentError as exc:
+        raise StoreError(f"event store: invalid database url {url!r}: {exc}") from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise StoreError("event store: an in-memory SQLite database is not durable; give a file")
+    if backend not in ("sqlite", "postgresql"):
+        raise StoreError(f"event store: unsupported database {backend!r}; use sqlite or postgresql")
+    return parsed
+
+
+def store_engine(url: URL) -> Engine:
+    """The store's engine: on SQLite with its pragmas and its own ``BEGIN``."""
+    return make_engine(url, sqlite_pragmas=_SQLITE_PRAGMAS, sqlite_begin=_begin_sqlite_transaction)
+
+
+def _begin_sqlite_transaction(conn: Connection) -> None:
+    """Begin an append with the write lock held, so appends cannot interleave or deadlock."""
+    immediate = conn.get_execution_options().get(_APPEND_OPTION, False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+@contextmanager
+def transaction(
+    engine: Engine, url: str, action: str, *, append: bool = False, snapshot: bool = False
+) -> Iterator[Connection]:
+    """Run one transaction; an append one holds the database-wide append lock, a snapshot
+    one reads a single state of the database (``REPEATABLE READ READ ONLY`` on PostgreSQL).
+
+    Database failures leave as :class:`StoreError` naming the store (``url``) and ``action``.
+    """
+    try:
+        with engine.connect() as conn:
+            postgresql = conn.dialect.name == "postgresql"
+            if append:
+                conn.execution_options(**{_APPEND_OPTION: True})
+            if snapshot and postgresql:
+                conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            with conn.begin():
+                if append and postgresql:
+                    conn.execute(_PG_APPEND_LOCK, {"key": _PG_APPEND_LOCK_KEY})
+                yield conn
+    except SQLAlchemyError as exc:
+        raise StoreError(f"event store {url}: cannot {action}: {_cause(exc)}") from exc
+
+
+def _cause(exc: SQLAlchemyError) -> str:
+    """The driver's own error if there is one: shorter than SQLAlchemy's statement dump."""
+    cause: BaseException = exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc
+    return f"{type(cause).__name__}: {cause}"
+
+
+class DriverCursor:
+    """A DBAPI cursor for plain SQL written with ``?`` marks (``%s`` for psycopg).
+
+    Registration and queries are the server's hot paths; SQLAlchemy's per-statement work
+    cost more than a small register or a small query itself, so they run fixed SQL strings
+    on the driver directly. No statement has a ``?`` other than its parameter marks.
+    """
+
+    __slots__ = ("cursor", "error", "postgresql")
+
+    def __init__(self, cursor: Any, postgresql: bool, error: type[Exception]) -> None:
+        self.cursor = cursor
+        self.postgresql = postgresql
+        #: The driver's base exception class, for callers that turn it into StoreError.
+        self.error = error
+
+    @classmethod
+    def of(cls, conn: Connection) -> DriverCursor:
+        """The driver cursor of a SQLAlchemy connection, in its current transaction."""
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        return cls(
+            driver.cursor(), conn.dialect.name == "postgresql", conn.dialect.loaded_dbapi.Error
+        )
+
+    def rows(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run ``statement``; its rows, if it returns any."""
+        self.cursor.execute(self._marked(statement), params)
+        return self.cursor.fetchall() if self.cursor.description else []
+
+    def chunks(
+        self, statement: str, params: Sequence[Any], size: int
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """Run ``statement`` and yield its rows ``size`` at a time as they are read.
+
+        On PostgreSQL through a server-side cursor, since psycopg's ordinary cursor fetches
+        the whole result into memory first.
+        """
+        connection = self.cursor.connection
+        cursor = (
+            connection.cursor(name="tidings_chunks") if self.postgresql else connection.cursor()
+        )
+        try:
+            cursor.execute(self._marked(statement), params)
+            while rows := cursor.fetchmany(size):
+                yield rows
+        finally:
+            cursor.close()
+
+    def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
+        self.cursor.executemany(self._marked(statement), rows)
+
+    def _marked(self, statement: str) -> str:
+        return statement.replace("?", "%s") if self.postgresql else statement
+
+
+class Writer:
+    """The connection registrations are written on, kept for the store's whole life.
+
+    Checking a connection out of the pool for every register, with its events, cost more
+    than a small register; one kept connection, used under a lock, costs nothing. Appends of
+    other stores and processes are still serialized by the database (``BEGIN IMMEDIATE`` on
+    SQLite, the advisory lock on PostgreSQL). A connection that fails is dropped and the
+    next register opens a new one.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._postgresql = engine.dialect.name == "postgresql"
+        self._driver_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._lock = threading.Lock()
+        self._connection: Any = None
+
+    @contextmanager
+    def transaction(self, url: str, wait: bool = True) -> Iterator[DriverCursor]:
+        """One append transaction; database errors leave as :class:`StoreError`, and
+        :class:`StoreBusy` if ``wait`` is off and another writer holds the append lock."""
+        with self._lock:
+            try:
+                if self._connection is None:
+                    self._connection = self._engine.raw_connection()
+                driver = self._connection.driver_connection
+                raw = DriverCursor(driver.cursor(), self._postgresql, self._driver_error)
+                self._lock_appends(raw, url, wait)
+                yield raw
+                if self._postgresql:
+                    driver.commit()
+                else:
+                    raw.rows("COMMIT")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, self._driver_error):
+                    raise StoreError(
+                        f"event store {url}: cannot register: {type(exc).__name__}: {exc}"
+                    ) from exc
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._discard()
+
+    def _lock_appends(self, raw: DriverCursor, url: str, wait: bool) -> None:
+        """Begin the transaction holding the database-wide append lock."""
+        if self._postgresql:
+            if wait:
+                raw.rows("SELECT pg_advisory_xact_lock(?)", (_PG_APPEND_LOCK_KEY,))
+                return
+            [(locked,)] = raw.rows("SELECT pg_try_advisory_xact_lock(?)", (_PG_APPEND_LOCK_KEY,))
+        elif wait:
+            raw.rows("BEGIN IMMEDIATE")
+            return
+        else:
+            raw.rows("PRAGMA busy_timeout = 0")
+            try:
+                raw.rows("BEGIN IMMEDIATE")
+                locked = True
+            except self._driver_error as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                locked = False
+            finally:
+                raw.rows(_BUSY_TIMEOUT)
+        if not locked:
+            raise StoreBusy(f"event store {url}: another writer holds the append lock")
+
+    def _rollback(self) -> None:
+        """Roll back; a connection that cannot even do that is dropped."""
+        if self._connection is None:
+            return
+        try:
+            driver = self._connection.driver_connection
+            if self._postgresql:
+                driver.rollback()
+            elif driver.in_transaction:
+                driver.execute("ROLLBACK")
+        except Exception:
+            self._discard()
+
+    def _discard(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.invalidate()
+            self._connection = None
+
+
+class Checkpointer:
+    """Copies SQLite's write-ahead log into the database from a thread of its own.
+
+    SQLite's automatic checkpoint runs inside the commit that crosses its threshold and
+    syncs the file there: a small register written on the server's event loop (inline)
+    then held every client for the 30-60 ms of that sync. Here a PASSIVE checkpoint, which
+    waits for no reader or writer, runs every :data:`_CHECKPOINT_INTERVAL_S` on its own
+    connection, so commits stay well below the automatic threshold and never sync.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        connection: Any = None
+        try:
+            while not self._stop.wait(_CHECKPOINT_INTERVAL_S):
+                try:
+                    if connection is None:
+                        connection = self._engine.raw_connection()
+                    connection.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except Exception as exc:
+                    # Commits' automatic checkpoint still bounds the WAL meanwhile.
+                    log.warning("event store checkpoint failed: %s: %s", type(exc).__name__, exc)
+                    if connection is not None:
+                        with contextlib.suppress(Exception):
+                            connection.invalidate()
+                    connection = None
+        finally:
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.close()

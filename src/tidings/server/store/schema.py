@@ -1,0 +1,253 @@
+"""The event store's tables: their definitions, creation and upgrades, and the row format.
+
+Every statement of the store and of the queries (:mod:`tidings.server.query`) reads and
+writes these tables; the plain-SQL ones list the event columns in :data:`EVENT_COLUMNS`
+order and turn rows back into events with :func:`events_from_rows`. A type is stored as its
+:func:`encode_type` text, so that equal types are equal text and a type prefix is a range
+of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Connection,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    insert,
+    select,
+    update,
+)
+
+from tidings.errors import SchemaError
+from tidings.events.model import EventId, EventType, PayloadKind, StoredEvent
+
+log = logging.getLogger(__name__)
+
+#: Version of the tables below; stored in ``event_store_meta`` so a later release can upgrade.
+#: 2 added ``event_types`` and the per-type query indexes (see _upgrade_from_1).
+SCHEMA_VERSION = 2
+
+_metadata = MetaData()
+
+_meta = Table(
+    "event_store_meta",
+    _metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", String(256), nullable=False),
+)
+
+#: Named counters (positions, and session and instance numbers per server) that only grow,
+#: so that numbers are never reused, even after retention has deleted old events.
+counters_table = Table(
+    "event_counters",
+    _metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)
+
+events_table = Table(
+    "event_events",
+    _metadata,
+    # INTEGER (not BIGINT) on SQLite makes it the rowid: the table is clustered by position.
+    Column(
+        "position",
+        BigInteger().with_variant(Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column("server", BigInteger, nullable=False),
+    Column("session", BigInteger, nullable=False),
+    Column("instance", BigInteger, nullable=False),
+    # Canonical JSON array, see encode_type. Byte order ("C") on PostgreSQL, as SQLite
+    # already has, so that a type prefix is a contiguous index range (tidings.server.query).
+    Column("type", Text().with_variant(Text(collation="C"), "postgresql"), nullable=False),
+    Column("timestamp_us", BigInteger, nullable=False),
+    Column("source_timestamp_us", BigInteger),
+    Column("payload", LargeBinary),
+    Column("payload_kind", String(8)),
+    Column("outbox_event_id", Text),
+    CheckConstraint("session > 0 AND instance > 0", name="event_events_id_check"),
+    CheckConstraint(
+        "payload_kind IN ('binary', 'json', 'sbs')", name="event_events_payload_kind_check"
+    ),
+    CheckConstraint(
+        "(payload IS NULL) = (payload_kind IS NULL)", name="event_events_payload_check"
+    ),
+    UniqueConstraint("server", "session", "instance", name="event_events_id_key"),
+    # Leading with outbox_event_id, it also serves the lookups by outbox id alone.
+    UniqueConstraint("outbox_event_id", "type", name="event_events_outbox_key"),
+    # The query indexes (tidings.server.query): each ends with the columns of the order it
+    # serves, the event id breaking ties, so that ordered, limited queries read no more rows
+    # than they return. The two led by type make "the first event of this type in this
+    # order" (unique_type) one index probe, even when a whole session shares the type and
+    # the timestamp.
+    Index("event_events_type_time_idx", "type", "timestamp_us", "server", "session", "instance"),
+    Index(
+        "event_events_type_source_idx",
+        "type",
+        "source_timestamp_us",
+        "server",
+        "session",
+        "instance",
+    ),
+    Index("event_events_timestamp_idx", "timestamp_us", "server", "session", "instance"),
+    Index(
+        "event_events_source_timestamp_idx",
+        "source_timestamp_us",
+        "server",
+        "session",
+        "instance",
+    ),
+)
+
+#: Every type that has been stored (encode_type text), so that a query can turn its type
+#: patterns into a list of exact types (a few thousand rows) instead of matching patterns
+#: against millions of events. Only grows: a type whose events retention deleted stays, which
+#: costs a query one empty index probe. Same collation as ``event_events.type``, so that a
+#: type prefix is a range here too.
+event_types_table = Table(
+    "event_types",
+    _metadata,
+    Column(
+        "type",
+        Text().with_variant(Text(collation="C"), "postgresql"),
+        primary_key=True,
+    ),
+    sqlite_with_rowid=False,
+)
+
+#: The v1 index that event_events_type_time_idx replaces (see _upgrade_from_1).
+_V1_TYPE_INDEX = "event_events_type_idx"
+
+#: The columns of an event row in the order of every plain-SQL statement (insert, select).
+EVENT_COLUMNS = (
+    "position",
+    "server",
+    "session",
+    "instance",
+    "type",
+    "timestamp_us",
+    "source_timestamp_us",
+    "payload",
+    "payload_kind",
+    "outbox_event_id",
+)
+#: The insert of one event row, parameters in :data:`EVENT_COLUMNS` order.
+INSERT_EVENT_SQL = (
+    f"INSERT INTO event_events ({', '.join(EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(EVENT_COLUMNS))})"
+)
+_KINDS: dict[str | None, PayloadKind | None] = {None: None, **{k.value: k for k in PayloadKind}}
+
+
+def prepare_schema(conn: Connection, url: str) -> None:
+    """Create the tables of a new database, upgrade a version 1 one, refuse any other.
+
+    The version is checked before anything else is created, so that a database of a newer
+    tidings is left untouched.
+    """
+    _meta.create(conn, checkfirst=True)
+    stored = conn.scalar(select(_meta.c.value).where(_meta.c.key == "schema_version"))
+    if stored == "1":
+        _upgrade_from_1(conn, url)
+    elif stored is not None and stored != str(SCHEMA_VERSION):
+        raise SchemaError(
+            f"event store {url}: schema version {stored!r} in the database, "
+            f"this tidings supports {SCHEMA_VERSION} (and upgrades 1)"
+        )
+    _metadata.create_all(conn)
+    if stored is None:
+        conn.execute(insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+
+
+def _upgrade_from_1(conn: Connection, url: str) -> None:
+    """Upgrade a version 1 database in place, in the caller's transaction.
+
+    Adds ``event_types`` filled from the stored events, and replaces the ``(type,
+    timestamp_us)`` index by the two per-type indexes of version 2. Instance numbers of
+    version 1 restarted in each session; the instance counters are seeded afterwards from
+    ``max(instance)``, so new ids still never repeat an old one (their session is new).
+    """
+    log.info("event store %s: upgrading schema version 1 to %s", url, SCHEMA_VERSION)
+    event_types_table.create(conn, checkfirst=True)
+    conn.execute(
+        insert(event_types_table).from_select(["type"], select(events_table.c.type).distinct())
+    )
+    conn.exec_driver_sql(f"DROP INDEX IF EXISTS {_V1_TYPE_INDEX}")
+    for index in events_table.indexes:
+        index.create(conn, checkfirst=True)
+    conn.execute(
+        update(_meta).where(_meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
+    )
+
+
+def event_row(event: StoredEvent, encoded_type: str) -> tuple[Any, ...]:
+    """The insert parameters of ``event``, in :data:`EVENT_COLUMNS` order."""
+    kind = event.payload_kind
+    return (
+        event.position,
+        event.id.server,
+        event.id.session,
+        event.id.instance,
+        encoded_type,
+        event.timestamp_us,
+        event.source_timestamp_us,
+        event.payload,
+        None if kind is None else kind.value,
+        event.outbox_event_id,
+    )
+
+
+def events_from_rows(rows: Iterable[Sequence[Any]]) -> list[StoredEvent]:
+    """The events of plain rows selected as :data:`EVENT_COLUMNS`."""
+    events: list[StoredEvent] = []
+    for position, server, session, instance, stored_type, ts, source, payload, kind, outbox in rows:
+        if payload is not None and type(payload) is not bytes:
+            payload = bytes(payload)  # memoryview from some drivers
+        events.append(
+            StoredEvent(
+                position,
+                EventId(server, session, instance),
+                decode_type(stored_type),
+                ts,
+                source,
+                payload,
+                _KINDS[kind],
+                outbox,
+            )
+        )
+    return events
+
+
+def encode_type(event_type: EventType) -> str:
+    """Canonical compact JSON, so equal types give equal, indexable text.
+
+    ASCII-only escaping keeps any string storable, lone surrogates and NUL included; type
+    queries must encode their prefixes with this same function.
+    """
+    return json.dumps(list(event_type), separators=(",", ":"))
+
+
+@lru_cache(maxsize=65_536)
+def decode_type(encoded: str) -> EventType:
+    """The type whose stored text (:func:`encode_type`) is ``encoded``.
+
+    Cached: the text of a type never changes, results and type tables repeat few types, and
+    decoding is most of the time of turning rows into events or resolving patterns.
+    """
+    return tuple(json.loads(encoded))
