@@ -1,15 +1,15 @@
-"""Helpers shared by the test modules."""
+"""Helpers shared by the test modules: relay configurations and what they produced (outbox
+statuses, the event store's events, JetStream streams), and the real services the tests start
+themselves (``tidings`` subprocesses, a private ``nats-server``, a hat-event 0.8.5 server)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,14 +17,21 @@ from typing import Any
 import nats
 import yaml
 from nats.js.api import RawStreamMsg, StreamInfo
+from nats.js.errors import NotFoundError
 from sqlalchemy import Engine, select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
 from tidings.config import TidingsConfig, load_config
+from tidings.events.model import StoredEvent
 from tidings.outbox.schema import outbox_event
+from tidings.server.store import EventStore
+from waiting import run, wait_for_port
 
 SHARED_URL = "nats://127.0.0.1:4222"
 NATS_SERVER = "/usr/sbin/nats-server"
+
+
+# --- relay configurations and what the relay made of them ----------------------------------------
 
 
 def store_target(workdir: Path, **extra: object) -> dict:
@@ -56,6 +63,33 @@ def relay_config(
     )
 
 
+def write_config(config: TidingsConfig, path: Path) -> Path:
+    """``config`` as the YAML file a ``--config`` option reads; returns ``path``."""
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    return path
+
+
+def statuses(engine: Engine) -> dict[int, str]:
+    """Status of every event-log row, by seq, in seq order."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(outbox_event.c.seq, outbox_event.c.status).order_by(outbox_event.c.seq)
+        )
+        return dict(rows.all())
+
+
+def store_events(config: TidingsConfig, target: str = "store") -> list[StoredEvent]:
+    """Every event in the embedded event store of ``target``, in log order."""
+    store = EventStore(config.targets[target].url)
+    try:
+        return store.read(0, 1_000_000)
+    finally:
+        store.close()
+
+
+# --- JetStream on the shared server (or a private one, by url) -----------------------------------
+
+
 async def _admin(url: str, action: Callable[[Any], Any]) -> Any:
     nc = await nats.connect(
         url, allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0
@@ -68,7 +102,7 @@ async def _admin(url: str, action: Callable[[Any], Any]) -> Any:
 
 def admin(action: Callable[[Any], Any], url: str = SHARED_URL) -> Any:
     """Run one JetStream management call in a throwaway connection of its own."""
-    return asyncio.run(_admin(url, action))
+    return run(_admin(url, action))
 
 
 def stream_info(stream: str, url: str = SHARED_URL) -> StreamInfo:
@@ -85,22 +119,100 @@ def stream_messages(stream: str, url: str = SHARED_URL) -> list[RawStreamMsg]:
     return admin(read, url)
 
 
+def delete_stream(stream: str, url: str = SHARED_URL) -> None:
+    """Remove a stream a test made on the shared server, if it made one, so that runs do not
+    pile them up."""
+    with contextlib.suppress(NotFoundError):
+        admin(lambda js: js.delete_stream(stream), url)
+
+
+# --- processes: tidings as a user runs it, a private nats-server, hat-event 0.8.5 ----------------
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+def local_address(port: int) -> str:
+    """The event-server address (Eventer or Syncer) of ``port`` on the loopback."""
+    return f"tcp+sbs://127.0.0.1:{port}"
+
+
+def tidings_cli(*args: str, **popen: Any) -> subprocess.Popen[bytes]:
+    """``tidings ARGS`` as a user runs it, in a subprocess of this interpreter; ``popen``
+    goes to :class:`subprocess.Popen` (cwd, env, output)."""
+    return subprocess.Popen([sys.executable, "-m", "tidings.cli", *args], **popen)
+
+
+def kill_tree(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGKILL a process started with ``start_new_session=True`` and everything it started
+    (the relay's JVM), as a crash would."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout)
+
+
+class ServerProcess:
+    """A ``tidings server`` subprocess that can be killed and started again."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        server_id: int,
+        ports: dict[str, int],
+        peers: Sequence[tuple[int, str]] = (),
+        token: str | None = None,
+        backend: dict[str, str] | None = None,
+        eventer: dict[str, Any] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.eventer = local_address(ports["eventer"])
+        self.port = ports["eventer"]
+        self.config = workdir / "server.yaml"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(
+            yaml.safe_dump(
+                {
+                    "type": "event",
+                    "backend": backend
+                    or {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"},
+                    "engine": {"server_id": server_id, "modules": []},
+                    "eventer_server": {"address": self.eventer, **(eventer or {})},
+                    "syncer_server": {"address": local_address(ports["syncer"])},
+                    "syncer_token": token,
+                    "syncer_peers": [
+                        {"server_id": peer_id, "address": address, "syncer_token": token}
+                        for peer_id, address in peers
+                    ],
+                }
+            )
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = (self.workdir / "server.log").open("ab")
+        self.proc = tidings_cli(
+            "server",
+            "--conf",
+            str(self.config),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for_port(self.port, timeout=30)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        kill_tree(self.proc, 10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
 
 class PrivateServer:
@@ -124,84 +236,6 @@ class PrivateServer:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
-
-
-def statuses(engine: Engine) -> dict[int, str]:
-    """Status of every event-log row, by seq, in seq order."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(outbox_event.c.seq, outbox_event.c.status).order_by(outbox_event.c.seq)
-        )
-        return dict(rows.all())
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 90) -> None:
-    """Poll ``predicate`` until true; fail the test if it is not within ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
-
-
-class ServerProcess:
-    """A ``tidings server`` subprocess that can be killed and started again."""
-
-    def __init__(
-        self,
-        workdir: Path,
-        server_id: int,
-        ports: dict[str, int],
-        peers: Sequence[tuple[int, str]] = (),
-        token: str | None = None,
-        backend: dict[str, str] | None = None,
-        eventer: dict[str, Any] | None = None,
-    ) -> None:
-        self.workdir = workdir
-        self.eventer = f"tcp+sbs://127.0.0.1:{ports['eventer']}"
-        self.port = ports["eventer"]
-        self.config = workdir / "server.yaml"
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(
-            yaml.safe_dump(
-                {
-                    "type": "event",
-                    "backend": backend
-                    or {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"},
-                    "engine": {"server_id": server_id, "modules": []},
-                    "eventer_server": {"address": self.eventer, **(eventer or {})},
-                    "syncer_server": {"address": f"tcp+sbs://127.0.0.1:{ports['syncer']}"},
-                    "syncer_token": token,
-                    "syncer_peers": [
-                        {"server_id": peer_id, "address": address, "syncer_token": token}
-                        for peer_id, address in peers
-                    ],
-                }
-            )
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = (self.workdir / "server.log").open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tidings.cli", "server", "--conf", str(self.config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        wait_for_port(self.port, timeout=30)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 #: A hat-event 0.8.5 server with the lmdb backend (its memory backend is broken in 0.8.5).

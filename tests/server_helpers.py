@@ -1,33 +1,26 @@
-"""Helpers of the event-server tests: running coroutines, raw chatter frames on sockets,
-an Eventer server on a free port, polling on the loop."""
+"""Helpers of the event-server tests: raw chatter frames on sockets, an engine on a SQLite
+store of its own, an Eventer server on a free port."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
+from helpers import local_address
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine, Module
 from tidings.server.eventer import EventerServer
 from tidings.server.store import EventStore
 from tidings.wire import codec
 from tidings.wire.chatter import Connection
-
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-    """Run ``coro`` on a fresh event loop, failing the test if it takes over ``timeout`` s."""
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
 
 # --- raw frames, written from the specification (not with chatter's own sender) -------------
 
@@ -110,6 +103,20 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+@asynccontextmanager
+async def async_engine(
+    database: Path, modules: Sequence[Module] = (), server_id: int = 1
+) -> AsyncIterator[AsyncEngine]:
+    """An engine on a SQLite store in the file ``database``, both closed afterwards."""
+    store = EventStore(f"sqlite:///{database}", server_id)
+    engine = AsyncEngine(Engine(store, list(modules)))
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
+        store.close()
+
+
 @dataclass
 class Running:
     server: EventerServer
@@ -118,7 +125,7 @@ class Running:
 
     @property
     def address(self) -> str:
-        return f"tcp+sbs://127.0.0.1:{self.server.port}"
+        return local_address(self.server.port)
 
 
 @asynccontextmanager
@@ -126,20 +133,9 @@ async def running(
     tmp_path: Path, modules: list[Module] | None = None, **options: Any
 ) -> AsyncIterator[Running]:
     """An Eventer server on a free port over a SQLite store in ``tmp_path``."""
-    store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
-    engine = AsyncEngine(Engine(store, modules or []))
-    server = await EventerServer.start("tcp+sbs://127.0.0.1:0", engine, **options)
-    try:
-        yield Running(server, engine, store)
-    finally:
-        await server.aclose()
-        await engine.aclose()
-        store.close()
-
-
-async def until(predicate: Any, timeout: float = 15.0) -> None:
-    """Wait (polling the loop) until ``predicate()`` holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
+    async with async_engine(tmp_path / "events.db", modules or ()) as engine:
+        server = await EventerServer.start("tcp+sbs://127.0.0.1:0", engine, **options)
+        try:
+            yield Running(server, engine, engine.store)
+        finally:
+            await server.aclose()

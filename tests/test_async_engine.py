@@ -8,11 +8,12 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from server_helpers import run
+from server_helpers import async_engine
 from tidings.events.model import EventId, NewEvent, StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine
 from tidings.server.store import EventStore
+from waiting import run
 
 
 def _event(name: str) -> NewEvent:
@@ -21,14 +22,9 @@ def _event(name: str) -> NewEvent:
 
 def test_requests_submitted_together_are_sessions_of_one_group(tmp_path: Path) -> None:
     async def main() -> list[list[StoredEvent | None]]:
-        store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
-        engine = AsyncEngine(Engine(store, []))
-        try:
+        async with async_engine(tmp_path / "events.db") as engine:
             futures = [engine.submit([_event(str(n)), _event("x")]) for n in range(50)]
             return list(await asyncio.gather(*futures))
-        finally:
-            await engine.aclose()
-            store.close()
 
     results = run(main())
     sessions = [r[0].id.session for r in results if r[0] is not None]
@@ -39,18 +35,13 @@ def test_requests_submitted_together_are_sessions_of_one_group(tmp_path: Path) -
 
 def test_listeners_hear_synced_and_local_batches_in_storage_order(tmp_path: Path) -> None:
     async def main() -> list[int]:
-        store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
-        engine = AsyncEngine(Engine(store, []))
-        heard: list[int] = []
-        engine.subscribe(lambda events: heard.extend(e.position for e in events))
-        peer_event = StoredEvent(0, EventId(2, 1, 1), ("p",), 1, None, None, None, None)
-        try:
+        async with async_engine(tmp_path / "events.db") as engine:
+            heard: list[int] = []
+            engine.subscribe(lambda events: heard.extend(e.position for e in events))
+            peer_event = StoredEvent(0, EventId(2, 1, 1), ("p",), 1, None, None, None, None)
             synced = asyncio.ensure_future(engine.register_synced([peer_event]))
             local = engine.submit([_event("local")])
             await asyncio.gather(synced, local)
-        finally:
-            await engine.aclose()
-            store.close()
         return heard
 
     heard = run(main())

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
-from helpers import relay_config
+from helpers import relay_config, write_config
 from tidings.cli import app
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
@@ -17,9 +16,7 @@ runner = CliRunner()
 
 
 def _config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "tidings.yaml"
-    path.write_text(yaml.safe_dump(relay_config(tmp_path).model_dump(mode="json")))
-    return path
+    return write_config(relay_config(tmp_path), tmp_path / "tidings.yaml")
 
 
 def test_bad_config_file_exits_2_naming_key_and_value(tmp_path: Path) -> None:

@@ -6,26 +6,28 @@ real JetStream stream), in per-key order, and every row must be PUBLISHED.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import random
-import signal
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
-import nats
 import pytest
-import yaml
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select
 
-from helpers import relay_config, store_target
+from helpers import (
+    delete_stream,
+    kill_tree,
+    relay_config,
+    store_events,
+    store_target,
+    stream_messages,
+    tidings_cli,
+    write_config,
+)
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
-from tidings.server.store import EventStore
+from waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.nats]
 
@@ -33,45 +35,42 @@ EVENTS = 12_000
 KEYS = 40
 
 
-def _start_relay(config_path: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tidings.cli", "relay", "--config", str(config_path)],
+def _start_relay(config_path: Path, log: Path) -> subprocess.Popen[bytes]:
+    return tidings_cli(
+        "relay",
+        "--config",
+        str(config_path),
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: the JVM dies with it
     )
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-
-
-def _published(engine) -> int:
+def _published(engine: Engine) -> int:
     with engine.connect() as conn:
         return conn.execute(
             select(func.count()).where(outbox_event.c.status == "PUBLISHED")
         ).scalar_one()
 
 
-async def _jetstream_messages(stream: str, prefix: str, expected: int) -> list[tuple[str, str]]:
-    nc = await nats.connect("nats://127.0.0.1:4222")
-    try:
-        js = nc.jetstream()
-        sub = await js.pull_subscribe(f"{prefix}.>", stream=stream)
-        got: list[tuple[str, str]] = []
-        while True:
-            try:
-                batch = await sub.fetch(1000, timeout=2)
-            except TimeoutError:  # nats-py raises its own or asyncio's, depending on timing
-                break
-            for msg in batch:
-                got.append((msg.headers["Nats-Msg-Id"], msg.headers.get("Tidings-Partition-Key")))
-                await msg.ack()
-        await js.delete_stream(stream)
-        return got
-    finally:
-        await nc.close()
+def _wait_published(
+    engine: Engine,
+    count: int,
+    relay: subprocess.Popen[bytes],
+    log: Path,
+    *,
+    timeout: float,
+    interval: float,
+) -> None:
+    """Wait until ``count`` rows are PUBLISHED; fail at once if the relay died meanwhile."""
+
+    def reached() -> bool:
+        if _published(engine) >= count:
+            return True
+        assert relay.poll() is None, log.read_text()[-3000:]
+        return False
+
+    wait_until(reached, timeout, interval=interval, explain=lambda: log.read_text()[-3000:])
 
 
 def test_sigkilled_relay_restarts_and_delivers_exactly_once_in_order(tmp_path: Path) -> None:
@@ -86,8 +85,7 @@ def test_sigkilled_relay_restarts_and_delivers_exactly_once_in_order(tmp_path: P
         max_events_per_batch=1500,
         replay_every=None,
     )
-    config_path = tmp_path / "tidings.yaml"
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    config_path = write_config(config, tmp_path / "tidings.yaml")
     engine = make_engine(config.database.url)
     outbox = Outbox(engine)
     rng = random.Random(42)
@@ -103,19 +101,13 @@ def test_sigkilled_relay_restarts_and_delivers_exactly_once_in_order(tmp_path: P
     for low, high in ((0.1, 0.3), (0.4, 0.6), (0.7, 0.9)):
         proc = _start_relay(config_path, log)
         target = max(int(EVENTS * rng.uniform(low, high)), _published(engine) + 1)
-        deadline = time.monotonic() + 300
-        while _published(engine) < target:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "relay made no progress"
-            time.sleep(0.05)
-        _kill_tree(proc)
+        _wait_published(engine, target, proc, log, timeout=300, interval=0.05)
+        kill_tree(proc)
     proc = _start_relay(config_path, log)
     try:
-        deadline = time.monotonic() + 600
-        while _published(engine) < EVENTS and time.monotonic() < deadline:
-            time.sleep(0.5)
+        _wait_published(engine, EVENTS, proc, log, timeout=600, interval=0.5)
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
     assert _published(engine) == EVENTS, log.read_text()[-3000:]
 
     with engine.connect() as conn:
@@ -132,10 +124,7 @@ def test_sigkilled_relay_restarts_and_delivers_exactly_once_in_order(tmp_path: P
             assert rank[event_id] > last.get(key, -1), f"key {key} out of order"
             last[key] = rank[event_id]
 
-    store = EventStore(config.targets["store"].url)
-    try:
-        check([e.outbox_event_id for e in store.read(0, EVENTS * 2)])
-    finally:
-        store.close()
-    messages = asyncio.run(_jetstream_messages(stream, prefix, EVENTS))
-    check([msg_id for msg_id, _ in messages])
+    check([e.outbox_event_id for e in store_events(config)])
+    messages = stream_messages(stream)
+    delete_stream(stream)
+    check([m.headers["Nats-Msg-Id"] for m in messages])

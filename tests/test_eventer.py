@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 
 from server_helpers import (
+    async_engine,
     raw_frame,
     raw_message,
     read_raw_frame,
-    run,
     running,
-    until,
     wait_peer_closed,
     warnings_of,
 )
@@ -24,11 +23,11 @@ from tidings.client import Client, connect, json_event, json_value
 from tidings.errors import ClientError, ConfigError, ConnectionClosed
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
-from tidings.server.async_engine import AsyncEngine
-from tidings.server.engine import Engine, SessionEvent
+from tidings.server.engine import SessionEvent
 from tidings.server.eventer import EVENTER_EVENT_TYPE, EventerServer
 from tidings.server.store import EventStore
 from tidings.wire import chatter, codec
+from waiting import run, until
 
 pytestmark = pytest.mark.server
 
@@ -518,15 +517,10 @@ def test_unanswered_pings_drop_the_client(tmp_path: Path, caplog: pytest.LogCapt
 
 def test_start_refuses_bad_limits(tmp_path: Path) -> None:
     async def main() -> None:
-        store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
-        engine = AsyncEngine(Engine(store, []))
-        try:
+        async with async_engine(tmp_path / "events.db") as engine:
             for options in ({"max_frame_bytes": 0}, {"max_subscriber_lag_bytes": True}):
                 with pytest.raises(ConfigError, match="must be a positive int"):
                     await EventerServer.start("tcp+sbs://127.0.0.1:0", engine, **options)
-        finally:
-            await engine.aclose()
-            store.close()
 
     run(main())
 

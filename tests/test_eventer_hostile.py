@@ -19,21 +19,14 @@ import hat.event.common as hat
 import hat.event.eventer as hat_eventer
 import pytest
 
-from server_helpers import (
-    raw_frame,
-    raw_message,
-    run,
-    running,
-    until,
-    wait_peer_closed,
-    warnings_of,
-)
+from server_helpers import raw_frame, raw_message, running, wait_peer_closed, warnings_of
 from tidings.client import connect
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.query import QueryData
 from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES
 from tidings.server.query_reply import INLINE_REPLY_BYTES
 from tidings.wire import codec
+from waiting import run, until
 
 pytestmark = pytest.mark.server
 

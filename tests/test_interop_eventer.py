@@ -10,12 +10,13 @@ import hat.event.common as hat
 import hat.event.eventer as hat_eventer
 import pytest
 
-from helpers import hat_event_server
-from server_helpers import run, running
+from helpers import hat_event_server, local_address
+from server_helpers import running
 from tidings.client import connect, json_event, json_value
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.query import QueryData
 from tidings.server.eventer import EVENTER_EVENT_TYPE
+from waiting import run
 
 pytestmark = pytest.mark.server
 
@@ -154,7 +155,7 @@ def test_hat_client_sees_eventer_events_of_others(tmp_path: Path) -> None:
 def hat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A hat-event 0.8.5 server with the lmdb backend; yields its eventer address."""
     with hat_event_server(tmp_path_factory.mktemp("hat-event"), 1) as (eventer_port, _, _):
-        yield f"tcp+sbs://127.0.0.1:{eventer_port}"
+        yield local_address(eventer_port)
 
 
 def test_our_client_against_hat_event_server(hat_server: str) -> None:

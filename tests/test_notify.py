@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from server_helpers import run
 from tidings.events.matching import TypeMatcher
 from tidings.events.model import EventId, PayloadKind, StoredEvent
 from tidings.server.notify import INLINE_EVENTS, Notifier, notify_bodies
+from waiting import run
 
 
 def _batch(first: int, count: int) -> list[StoredEvent]:

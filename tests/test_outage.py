@@ -18,15 +18,15 @@ from helpers import (
     free_port,
     relay_config,
     statuses,
+    store_events,
     store_target,
     stream_messages,
-    wait_until,
 )
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import run_relay
-from tidings.server.store import EventStore
+from waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.nats]
 KEYS = 10
@@ -89,7 +89,7 @@ def _run_outage(spark, tmp_path: Path, server: PrivateServer) -> None:
         killed_at = max(statuses(engine))
         time.sleep(5)
         # The healthy target went on receiving while the other was down.
-        wait_until(lambda: _stored_count(config) > killed_at + 100)
+        wait_until(lambda: len(store_events(config)) > killed_at + 100)
         during = _rows(engine, after=killed_at)
         assert during and {r.status for r in during} <= {"HELD", "PUBLISHED", "PENDING"}
         assert all(r.retry_count == 0 for r in during)  # a down target charges no retries
@@ -111,7 +111,7 @@ def _run_outage(spark, tmp_path: Path, server: PrivateServer) -> None:
         order = [r[0] for r in conn.execute(select(outbox_event.c.event_id).order_by("seq"))]
     delivered = [m.headers["Nats-Msg-Id"] for m in stream_messages(stream, server.url)]
     assert sorted(delivered) == sorted(order)  # every event, each exactly once
-    stored = [e.outbox_event_id for e in _store_events(config)]
+    stored = [e.outbox_event_id for e in store_events(config)]
     assert sorted(stored) == sorted(order)
     keys = producer.keys
     for key in {f"k{i}" for i in range(KEYS)}:
@@ -124,15 +124,3 @@ def _run_outage(spark, tmp_path: Path, server: PrivateServer) -> None:
 def _rows(engine, after: int) -> list:
     with engine.connect() as conn:
         return conn.execute(select(outbox_event).where(outbox_event.c.seq > after)).all()
-
-
-def _store_events(config) -> list:
-    store = EventStore(config.targets["store"].url)
-    try:
-        return store.read(0, 1_000_000)
-    finally:
-        store.close()
-
-
-def _stored_count(config) -> int:
-    return len(_store_events(config))

@@ -10,15 +10,14 @@ import pytest
 import yaml
 from sqlalchemy import select, text
 
-from helpers import relay_config, statuses, store_target, wait_until
-from tidings.config import TidingsConfig
+from helpers import relay_config, statuses, store_events, store_target, write_config
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import start_relay
 from tidings.pipeline.replay import ReplayLimits, run_replay
 from tidings.routing.table import add_route
-from tidings.server.store import EventStore
+from waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -31,18 +30,9 @@ def _emit(outbox: Outbox, event_type: str, key: str | None, n: int = 1) -> list[
     return ids
 
 
-def _store_events(config: TidingsConfig, target: str = "store") -> list:
-    store = EventStore(config.targets[target].url)
-    try:
-        return store.read(0, 1_000_000)
-    finally:
-        store.close()
-
-
 def test_streaming_relay_routes_and_reloads_routes_without_restart(spark, tmp_path: Path) -> None:
     config = relay_config(tmp_path, routes={"Created": ["store"]})
-    path = tmp_path / "tidings.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    path = write_config(config, tmp_path / "tidings.yaml")
     engine = make_engine(config.database.url)
     outbox = Outbox(engine)
     query = start_relay(spark, config, str(path))
@@ -63,7 +53,7 @@ def test_streaming_relay_routes_and_reloads_routes_without_restart(spark, tmp_pa
         wait_until(lambda: statuses(engine).get(6) == "PUBLISHED")
     finally:
         query.stop()
-    types = [e.type for e in _store_events(config)]
+    types = [e.type for e in store_events(config)]
     assert types == [("t", "Created")] * 3 + [("t", "Renamed"), ("t", "Deleted")]
 
 
@@ -76,7 +66,7 @@ def test_restart_from_checkpoint_resumes_without_loss_or_duplicate(spark, tmp_pa
     _emit(outbox, "Created", "a", 5)
     start_relay(spark, config, available_now=True).awaitTermination()
     assert set(statuses(engine).values()) == {"PUBLISHED"}
-    stored = _store_events(config)
+    stored = store_events(config)
     assert len(stored) == 25
     assert len({e.outbox_event_id for e in stored}) == 25
     with engine.connect() as conn:
@@ -127,7 +117,7 @@ def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path:
     keys = {1: "a", 2: "b", 3: "a", 4: "b", 5: "a"}
     with engine.connect() as conn:
         seq_of = dict(conn.execute(select(outbox_event.c.event_id, outbox_event.c.seq)).all())
-    order = [seq_of[e.outbox_event_id] for e in _store_events(config)]
+    order = [seq_of[e.outbox_event_id] for e in store_events(config)]
     assert [s for s in order if keys[s] == "a"] == [1, 3, 5]
     assert [s for s in order if keys[s] == "b"] == [2, 4]
 
@@ -168,7 +158,7 @@ def test_postgres_rows_committed_out_of_order_are_not_skipped(
         query.stop()
     with engine.connect() as conn:
         seq_of = dict(conn.execute(select(outbox_event.c.event_id, outbox_event.c.seq)).all())
-    assert [seq_of[e.outbox_event_id] for e in _store_events(config)] == [1, 2, 3]
+    assert [seq_of[e.outbox_event_id] for e in store_events(config)] == [1, 2, 3]
 
 
 @pytest.mark.postgres

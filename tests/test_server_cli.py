@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ServerProcess, free_port, wait_for_port
+from helpers import ServerProcess, free_port, local_address, tidings_cli
 from tidings import client
 from tidings.events.query import QueryData
+from waiting import run, wait_for_port
 
 pytestmark = pytest.mark.server
 
@@ -21,12 +20,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "server.yaml"
 
 
 def _server(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tidings.cli", "server", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    """``tidings server ARGS`` in ``cwd``, its output kept for the test to read."""
+    return tidings_cli("server", *args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 async def _round_trip(address: str) -> list[str]:
@@ -50,7 +45,7 @@ def test_the_example_runs_as_is_from_another_directory(tmp_path: Path) -> None:
     try:
         wait_for_port(23012, timeout=30)
         wait_for_port(23013, timeout=30)
-        types = asyncio.run(_round_trip("tcp+sbs://127.0.0.1:23012"))
+        types = run(_round_trip(local_address(23012)))
         # The port probes above connected too: each connection has its eventer events.
         assert types[:2] == ["event/engine", "event/syncer/server"]
         assert set(types[2:-1]) == {"event/eventer"} and len(types) >= 4
@@ -76,13 +71,13 @@ def test_the_example_runs_as_is_from_another_directory(tmp_path: Path) -> None:
         (
             "type: event\nbackend: {module: no.such.backend}\n"
             "engine: {server_id: 1, modules: []}\n"
-            f"eventer_server: {{address: 'tcp+sbs://127.0.0.1:{free_port()}'}}\n",
+            f"eventer_server: {{address: '{local_address(free_port())}'}}\n",
             "cannot import 'no.such.backend'",
         ),
         (
             "type: event\nbackend: {module: tidings.server.backends.sqlite, db_path: x.db}\n"
             "engine: {server_id: 1, modules: [{module: no.such.module}]}\n"
-            f"eventer_server: {{address: 'tcp+sbs://127.0.0.1:{free_port()}'}}\n",
+            f"eventer_server: {{address: '{local_address(free_port())}'}}\n",
             "module 'no.such.module': cannot import it",
         ),
     ],
@@ -99,8 +94,8 @@ def test_bad_configuration_exits_2_with_the_reason(
 
 
 def test_missing_default_configuration_names_the_place(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tidings.cli", "server"],
+    proc = tidings_cli(
+        "server",
         cwd=tmp_path,
         env={"XDG_CONFIG_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
         stdout=subprocess.PIPE,
@@ -134,7 +129,7 @@ def test_server_on_the_postgresql_backend(tmp_path: Path, pg_url: str) -> None:
     )
     server.start()
     try:
-        types = asyncio.run(_round_trip(server.eventer))
+        types = run(_round_trip(server.eventer))
     finally:
         server.stop()
     assert types[-1] == "cli/test"

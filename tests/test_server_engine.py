@@ -409,7 +409,7 @@ def test_load_module_without_create(store: EventStore, module_dir: Path) -> None
 
 
 def test_register_many_runs_sessions_in_order_and_an_aborted_one_fails_alone(
-    tmp_path: Path,
+    store: EventStore,
 ) -> None:
     class Refuser:
         subscription = (("refuse",),)
@@ -421,19 +421,15 @@ def test_register_many_runs_sessions_in_order_and_an_aborted_one_fails_alone(
 
         def on_session_stop(self, session_id: int) -> None: ...
 
-    store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
-    try:
-        engine = Engine(store, [Refuser()])
-        seen: list[list[StoredEvent]] = []
-        engine.on_registered(seen.append)
-        results = engine.register_many([[ev("a")], [ev("refuse")], [ev("b", "*")], [ev("c")]])
-        assert isinstance(results[1], EngineError)
-        assert results[2] == [None]
-        first, last = results[0], results[3]
-        assert isinstance(first, list) and isinstance(last, list)
-        assert first[0] is not None and last[0] is not None
-        assert first[0].id.session + 1 == last[0].id.session
-        assert [[e.type for e in batch] for batch in seen] == [[("a",)], [("c",)]]
-        assert [e.type for e in store.read(0, 10)] == [("a",), ("c",)]
-    finally:
-        store.close()
+    engine = Engine(store, [Refuser()])
+    seen: list[list[StoredEvent]] = []
+    engine.on_registered(seen.append)
+    results = engine.register_many([[ev("a")], [ev("refuse")], [ev("b", "*")], [ev("c")]])
+    assert isinstance(results[1], EngineError)
+    assert results[2] == [None]
+    first, last = results[0], results[3]
+    assert isinstance(first, list) and isinstance(last, list)
+    assert first[0] is not None and last[0] is not None
+    assert first[0].id.session + 1 == last[0].id.session
+    assert [[e.type for e in batch] for batch in seen] == [[("a",)], [("c",)]]
+    assert [e.type for e in store.read(0, 10)] == [("a",), ("c",)]

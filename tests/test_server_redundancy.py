@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import ServerProcess, free_port
+from helpers import ServerProcess, free_port, local_address
 from tidings import client
 from tidings.events.model import StoredEvent
 from tidings.events.query import QueryData
+from waiting import run, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
@@ -28,17 +28,14 @@ TOKEN = "test-pair"
 @pytest.fixture
 def pair(tmp_path: Path):
     ports = {name: {"eventer": free_port(), "syncer": free_port()} for name in "ab"}
-    a = ServerProcess(tmp_path / "a", 1, ports["a"], [(2, _syncer(ports["b"]))], TOKEN)
-    b = ServerProcess(tmp_path / "b", 2, ports["b"], [(1, _syncer(ports["a"]))], TOKEN)
+    syncers = {name: local_address(port["syncer"]) for name, port in ports.items()}
+    a = ServerProcess(tmp_path / "a", 1, ports["a"], [(2, syncers["b"])], TOKEN)
+    b = ServerProcess(tmp_path / "b", 2, ports["b"], [(1, syncers["a"])], TOKEN)
     a.start()
     b.start()
     yield a, b
     a.stop()
     b.stop()
-
-
-def _syncer(ports: dict[str, int]) -> str:
-    return f"tcp+sbs://127.0.0.1:{ports['syncer']}"
 
 
 class Writer:
@@ -96,16 +93,18 @@ def test_two_servers_converge_after_one_is_killed_under_load(pair) -> None:
         assert acked_before_kill, "server b took no load before it was killed"
         return writers[0], writers[1]
 
-    writer_a, writer_b = asyncio.run(scenario())
+    writer_a, writer_b = run(scenario(), 60)
 
-    deadline = time.monotonic() + 60
-    while True:
-        on_a = asyncio.run(_load_events(a))
-        on_b = asyncio.run(_load_events(b))
-        if {_key(e) for e in on_a} == {_key(e) for e in on_b} or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    def keys(server: ServerProcess) -> set[tuple]:
+        return {_key(e) for e in run(_load_events(server))}
 
+    wait_until(
+        lambda: keys(a) == keys(b),
+        60,
+        interval=0.5,
+        explain=lambda: f"only one side holds {list(keys(a) ^ keys(b))[:5]}",
+    )
+    on_a, on_b = run(_load_events(a)), run(_load_events(b))
     assert {_key(e) for e in on_a} == {_key(e) for e in on_b}
     for events in (on_a, on_b):
         ids = [e.id for e in events]

@@ -4,50 +4,35 @@ real hat-event 0.8.5 client and server for interop."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
 
-from helpers import free_port, hat_event_server
-from server_helpers import until
+from helpers import free_port, hat_event_server, local_address
+from server_helpers import async_engine, raw_message
+from tidings.client import json_event
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.engine import Engine
 from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
 from tidings.server.syncer.common import SERVER_STATUS_TYPE, client_status_type
 from tidings.server.syncer.server import SyncerServer
 from tidings.wire import chatter, codec
+from waiting import run, until
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
 
 LOCAL = "tcp+sbs://127.0.0.1:0"
 
 
-def address(port: int) -> str:
-    return f"tcp+sbs://127.0.0.1:{port}"
-
-
-@contextlib.asynccontextmanager
-async def node(tmp_path: Path, server_id: int) -> AsyncIterator[AsyncEngine]:
-    """An engine without modules on a SQLite store of its own, closed afterwards."""
-    store = EventStore(f"sqlite:///{tmp_path / f'server{server_id}.db'}", server_id)
-    engine = AsyncEngine(Engine(store, modules=[]))
-    try:
-        yield engine
-    finally:
-        await engine.aclose()
-        store.close()
-
-
-def json_event(event_type: tuple[str, ...], value: object) -> NewEvent:
-    return NewEvent(event_type, json.dumps(value).encode(), PayloadKind.JSON)
+def node(tmp_path: Path, server_id: int) -> AbstractAsyncContextManager[AsyncEngine]:
+    """Server ``server_id``'s engine, without modules, on a SQLite store of its own."""
+    return async_engine(tmp_path / f"server{server_id}.db", server_id=server_id)
 
 
 async def register(engine: AsyncEngine, tag: str, sessions: int, size: int = 3) -> None:
@@ -78,7 +63,7 @@ def of_type(engine: AsyncEngine, event_type: tuple[str, ...]) -> list[object]:
 
 async def raw_client(port: int, last: EventId, name: str = "raw") -> chatter.Connection:
     """A bare chatter connection that has sent its MsgReq."""
-    connection = await chatter.connect(address(port))
+    connection = await chatter.connect(local_address(port))
     request = {"lastEventId": codec.event_id_to_sbs(last), "clientName": name}
     connection.send("HatSyncer", "MsgReq", request)
     return connection
@@ -109,8 +94,8 @@ def test_two_servers_sync_each_other(tmp_path: Path) -> None:
             await register(b, "b-before", 2)
             server_a = await SyncerServer.start(LOCAL, a)
             server_b = await SyncerServer.start(LOCAL, b)
-            client_a = SyncerClient(address(server_b.port), a, 2, min_delay=0.05)
-            client_b = SyncerClient(address(server_a.port), b, 1, min_delay=0.05)
+            client_a = SyncerClient(local_address(server_b.port), a, 2, min_delay=0.05)
+            client_b = SyncerClient(local_address(server_a.port), b, 1, min_delay=0.05)
             await client_a.start()
             await client_b.start()
             # Registered while syncing, on both sides, interleaved.
@@ -145,7 +130,7 @@ def test_two_servers_sync_each_other(tmp_path: Path) -> None:
             await server_a.aclose()
             await server_b.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_client_resumes_after_its_last_event_id(tmp_path: Path) -> None:
@@ -153,7 +138,7 @@ def test_client_resumes_after_its_last_event_id(tmp_path: Path) -> None:
         async with node(tmp_path, 1) as a, node(tmp_path, 2) as b:
             server = await SyncerServer.start(LOCAL, a)
             await register(a, "first", 3)
-            client = SyncerClient(address(server.port), b, 1, min_delay=0.05)
+            client = SyncerClient(local_address(server.port), b, 1, min_delay=0.05)
             await client.start()
             await client.wait_synced(10)
             await until(lambda: b.store.last_event_id(1) == a.store.last_event_id())
@@ -170,7 +155,7 @@ def test_client_resumes_after_its_last_event_id(tmp_path: Path) -> None:
                 return await original(events)
 
             b.register_synced = spy  # type: ignore[method-assign]
-            client = SyncerClient(address(server.port), b, 1)
+            client = SyncerClient(local_address(server.port), b, 1)
             await client.start()
             await client.wait_synced(10)
             await until(lambda: b.store.last_event_id(1) == a.store.last_event_id())
@@ -186,7 +171,7 @@ def test_client_resumes_after_its_last_event_id(tmp_path: Path) -> None:
             await client.aclose()
             await server.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 # --- the server's side of the protocol, seen by a raw chatter client ------------------------
@@ -224,7 +209,7 @@ def test_backlog_one_session_per_message_then_synced_then_live(tmp_path: Path) -
             await connection.aclose()
             await server.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_backlog_resumes_within_a_session_and_skips_other_servers(tmp_path: Path) -> None:
@@ -251,7 +236,7 @@ def test_backlog_resumes_within_a_session_and_skips_other_servers(tmp_path: Path
             await connection.aclose()
             await server.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_events_stored_during_the_backlog_arrive_once_in_order(tmp_path: Path) -> None:
@@ -278,14 +263,14 @@ def test_events_stored_during_the_backlog_arrive_once_in_order(tmp_path: Path) -
             await connection.aclose()
             await server.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_first_message_must_be_msgreq(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         async with node(tmp_path, 1) as a:
             server = await SyncerServer.start(LOCAL, a)
-            bad = await chatter.connect(address(server.port))
+            bad = await chatter.connect(local_address(server.port))
             bad.send("HatSyncer", "MsgSynced", None)
             await asyncio.wait_for(bad.wait_closed(), 10)
 
@@ -295,7 +280,7 @@ def test_first_message_must_be_msgreq(tmp_path: Path, caplog: pytest.LogCaptureF
             await server.aclose()
 
     with caplog.at_level(logging.WARNING, logger="tidings.wire.chatter"):
-        asyncio.run(main())
+        run(main())
     assert "first message must be HatSyncer.MsgReq, not HatSyncer.MsgSynced" in caplog.text
 
 
@@ -318,7 +303,7 @@ def test_server_status_events(tmp_path: Path) -> None:
             ]
             await server.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_close_sends_flush_request_and_accepts_the_reply(tmp_path: Path) -> None:
@@ -341,7 +326,7 @@ def test_close_sends_flush_request_and_accepts_the_reply(tmp_path: Path) -> None
             assert time.monotonic() - started < 5, "the reply was not taken as the answer"
             await asyncio.wait_for(connection.wait_closed(), 10)
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_close_does_not_wait_long_for_a_silent_client(tmp_path: Path) -> None:
@@ -355,7 +340,7 @@ def test_close_does_not_wait_long_for_a_silent_client(tmp_path: Path) -> None:
             assert time.monotonic() - started < 3
             await connection.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_slow_client_is_disconnected_without_blocking_others(
@@ -370,23 +355,10 @@ def test_slow_client_is_disconnected_without_blocking_others(
                 "lastEventId": codec.event_id_to_sbs(EventId(1, 0, 0)),
                 "clientName": "stuck",
             }
-            envelope = {
-                "id": 1,
-                "first": 1,
-                "owner": True,
-                "token": True,
-                "last": True,
-                "data": {
-                    "module": ("value", "HatSyncer"),
-                    "type": "MsgReq",
-                    "data": codec.encode("HatSyncer", "MsgReq", request),
-                },
-            }
-            frame = codec.encode("Hat", "Msg", envelope)
-            writer.write(bytes([1, len(frame)]) + frame)
+            writer.write(raw_message("HatSyncer", "MsgReq", request))
             await until(lambda: ("stuck", True) in server.clients)
 
-            healthy = SyncerClient(address(server.port), b, 1, min_delay=0.05)
+            healthy = SyncerClient(local_address(server.port), b, 1, min_delay=0.05)
             await healthy.start()
             await healthy.wait_synced(10)
 
@@ -401,7 +373,7 @@ def test_slow_client_is_disconnected_without_blocking_others(
             await server.aclose()
 
     with caplog.at_level(logging.WARNING, logger="tidings.wire.chatter"):
-        asyncio.run(main())
+        run(main(), 60)
     assert "'stuck' is too slow" in caplog.text
 
 
@@ -409,15 +381,15 @@ def test_client_reconnects_when_the_server_restarts(tmp_path: Path) -> None:
     async def main() -> None:
         async with node(tmp_path, 1) as a, node(tmp_path, 2) as b:
             port = free_port()
-            server = await SyncerServer.start(address(port), a)
+            server = await SyncerServer.start(local_address(port), a)
             await register(a, "one", 2)
-            client = SyncerClient(address(port), b, 1, min_delay=0.05, max_delay=0.2)
+            client = SyncerClient(local_address(port), b, 1, min_delay=0.05, max_delay=0.2)
             await client.start()
             await client.wait_synced(10)
             await server.aclose()
             await until(lambda: not client.synced)
             await register(a, "two", 2)
-            server = await SyncerServer.start(address(port), a)
+            server = await SyncerServer.start(local_address(port), a)
             await client.wait_synced(10)
             await until(lambda: b.store.last_event_id(1) == a.store.last_event_id())
             # Each connection had events to catch up before MsgSynced: false, then true.
@@ -425,7 +397,7 @@ def test_client_reconnects_when_the_server_restarts(tmp_path: Path) -> None:
             await client.aclose()
             await server.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 # --- interop with hat-event 0.8.5 -----------------------------------------------------------
@@ -442,7 +414,7 @@ def test_hat_event_syncer_client_syncs_from_our_server(tmp_path: Path) -> None:
             synced = asyncio.Event()
             got: list[hat_common.Event] = []
             client = await hat_syncer_client.connect(
-                address(server.port),
+                local_address(server.port),
                 "hat-probe",
                 hat_common.EventId(1, 0, 0),
                 synced_cb=synced.set,
@@ -469,7 +441,7 @@ def test_hat_event_syncer_client_syncs_from_our_server(tmp_path: Path) -> None:
             assert time.monotonic() - started < 1.5
             await client.async_close()
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_our_client_syncs_from_a_hat_event_server(
@@ -480,7 +452,7 @@ def test_our_client_syncs_from_a_hat_event_server(
 
     async def main(eventer_port: int, syncer_port: int, process: subprocess.Popen[bytes]) -> None:
         async with node(tmp_path, 1) as a:
-            eventer = await hat_eventer.connect(address(eventer_port))
+            eventer = await hat_eventer.connect(local_address(eventer_port))
             results = await eventer.register_with_response(
                 [
                     hat_common.RegisterEvent(
@@ -497,7 +469,7 @@ def test_our_client_syncs_from_a_hat_event_server(
                 (e.event_id.server, e.event_id.session, e.event_id.instance): tuple(e.event_type)
                 for e in results
             }
-            client = SyncerClient(address(syncer_port), a, 7, min_delay=0.1)
+            client = SyncerClient(local_address(syncer_port), a, 7, min_delay=0.1)
             await client.start()
             await client.wait_synced(15)
 
@@ -530,7 +502,7 @@ def test_our_client_syncs_from_a_hat_event_server(
         caplog.at_level(logging.DEBUG, logger="tidings.server.syncer"),
         hat_event_server(tmp_path, 7) as (eventer_port, syncer_port, process),
     ):
-        asyncio.run(main(eventer_port, syncer_port, process))
+        run(main(eventer_port, syncer_port, process), 60)
     assert "syncer client of server 7: answered MsgFlushReq" in caplog.text
 
 
@@ -547,8 +519,8 @@ def test_events_another_process_appends_reach_subscribers_and_peers_in_order(
             outside = EventStore(f"sqlite:///{tmp_path / 'server1.db'}", 1)
             heard: list[int] = []
             a.subscribe(lambda events: heard.extend(e.position for e in events))
-            server = await SyncerServer.start("tcp+sbs://127.0.0.1:0", a)
-            client = SyncerClient(address(server.port), b, 1, min_delay=0.05)
+            server = await SyncerServer.start(LOCAL, a)
+            client = SyncerClient(local_address(server.port), b, 1, min_delay=0.05)
             try:
                 await client.start()
                 await client.wait_synced(10)
@@ -566,4 +538,4 @@ def test_events_another_process_appends_reach_subscribers_and_peers_in_order(
                 await server.aclose()
                 outside.close()
 
-    asyncio.run(main())
+    run(main())

@@ -12,12 +12,12 @@ from typing import Any
 import hat.event.common as hat_common
 import pytest
 
+from helpers import local_address
 from server_helpers import (
     length_prefixed,
     raw_frame,
     raw_message,
     read_raw_frame,
-    run,
     socket_pair,
     wait_peer_closed,
     warnings_of,
@@ -28,6 +28,7 @@ from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
 from tidings.wire import chatter, chatter_server, codec, envelope, frame_reader, prescan
 from tidings.wire.chatter import Connection
+from waiting import run
 
 # --- codec ----------------------------------------------------------------------------------
 
@@ -666,7 +667,7 @@ def test_server_close_waits_for_handlers() -> None:
                 done.append(connection.peer)
 
         server = await chatter_server.listen("tcp+sbs://127.0.0.1:0", handler, ping_interval=None)
-        client = await chatter.connect(f"tcp+sbs://127.0.0.1:{server.port}", ping_interval=None)
+        client = await chatter.connect(local_address(server.port), ping_interval=None)
         while not server.connections:
             await asyncio.sleep(0.01)
         await server.aclose()
