@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,14 +26,9 @@ Body = Callable[[Execute, Emit], None]
 DEPOSIT = "UPDATE account SET balance = balance + 10 WHERE id = 'A1'"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    url = (
-        f"sqlite:///{tmp_path / 'app.db'}"
-        if request.param == "sqlite"
-        else request.getfixturevalue("pg_url")
-    )
-    eng = make_engine(url)
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    eng = make_engine(database_url)
     with eng.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE account (id VARCHAR(8) PRIMARY KEY, balance INT)")
         conn.exec_driver_sql("INSERT INTO account VALUES ('A1', 0)")

@@ -7,8 +7,6 @@ only the stored body.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -18,10 +16,9 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.js.errors import NotFoundError
 from sqlalchemy import Engine, func, select
 
-from helpers import SHARED_URL, admin, stream_messages
+from helpers import SHARED_URL, delete_stream, stream_messages
 from tidings.config import TidingsConfig, load_config
 from tidings.errors import EmitError
 from tidings.events.outbox import OutboxEvent
@@ -32,6 +29,7 @@ from tidings.routing.table import add_route
 from tidings.targets.jetstream_messages import header_block_size, message_headers
 from tidings.targets.registry import shared_target
 from tidings.targets.routed import RoutedTargets, outbox_from_config
+from waiting import run
 
 TARGET = "emit-js"
 EVENT_ID = "5d0b7c1e-8f0a-4a7e-9d7e-2b7c4f7e1a01"
@@ -46,7 +44,7 @@ def _announced_max_payload() -> int:
         finally:
             await nc.close()
 
-    return asyncio.run(ask())
+    return run(ask())
 
 
 @pytest.fixture
@@ -71,8 +69,7 @@ def config(tmp_path: Path) -> Iterator[TidingsConfig]:
     )
     yield cfg
     shared_target(TARGET, cfg.targets[TARGET]).close()
-    with contextlib.suppress(NotFoundError):
-        admin(lambda js: js.delete_stream(stream))
+    delete_stream(stream)
 
 
 def _header_bytes(config: TidingsConfig) -> int:

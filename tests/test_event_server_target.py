@@ -5,7 +5,6 @@ The server is a real ``tidings server`` process; the target talks to it over a r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 from datetime import UTC, datetime
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from helpers import ServerProcess, free_port, relay_config, statuses
+from helpers import ServerProcess, free_port, local_address, relay_config, statuses
 from tidings.client import connect
 from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
@@ -25,6 +24,7 @@ from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import start_relay
 from tidings.targets.event_server import EventServerTarget, EventServerTargetConfig
+from waiting import run
 
 pytestmark = pytest.mark.server
 
@@ -52,7 +52,7 @@ def _events(server: ServerProcess, types: tuple[str, ...] = ("t", "*")) -> list[
         async with await connect(server.eventer) as client:
             return await client.query(QueryData(event_types=(types,), order="ascending"))
 
-    return asyncio.run(query())
+    return run(query())
 
 
 def _target(server: ServerProcess, **extra: object) -> EventServerTarget:
@@ -93,7 +93,7 @@ def test_server_down_is_unavailable_then_recovers(server) -> None:
 def test_a_hat_style_server_without_the_extension_is_a_clear_error(tmp_path: Path) -> None:
     """A port where nothing listens stands for any unreachable server."""
     config = EventServerTargetConfig(
-        kind="event_server", address=f"tcp+sbs://127.0.0.1:{free_port()}", timeout="1s"
+        kind="event_server", address=local_address(free_port()), timeout="1s"
     )
     target = EventServerTarget("remote", config)
     try:
@@ -114,7 +114,7 @@ def test_a_server_that_never_answers_times_out_and_the_next_call_starts_afresh(
         silent.listen()
         config = EventServerTargetConfig(
             kind="event_server",
-            address=f"tcp+sbs://127.0.0.1:{silent.getsockname()[1]}",
+            address=local_address(silent.getsockname()[1]),
             timeout="500ms",
         )
         target = EventServerTarget("remote", config)

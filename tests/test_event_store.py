@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 
-import psycopg
 import pytest
-from sqlalchemy import MetaData, create_engine, inspect, text
+from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from tidings.db import driver_url
 from tidings.errors import SchemaError, StoreError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.outbox import OutboxEvent
@@ -26,53 +26,10 @@ from tidings.server.query import query_events
 from tidings.server.store import EventStore
 from tidings.targets.event_store import EventStoreTarget, EventStoreTargetConfig
 
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-PG_HOST_URL = "postgresql://postgres@127.0.0.1:5432"
-
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-
-
-@pytest.fixture(scope="module")
-def pg_database() -> Iterator[str]:
-    """A fresh PostgreSQL database for this module, dropped afterwards."""
-    name = f"tidings_test_store_{uuid.uuid4().hex[:12]}"
-    try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"{PG_HOST_URL}/{name}"
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _drop_store_tables(url: str) -> None:
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
-    try:
-        tables = MetaData()
-        tables.reflect(engine, only=lambda name, _: name.startswith("event_"))
-        tables.drop_all(engine)
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The URL of an empty event-store database on each backend."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'events.db'}"
-        return
-    url: str = request.getfixturevalue("pg_database")
-    _drop_store_tables(url)
-    yield url
-    _drop_store_tables(url)
-
 
 @pytest.fixture
-def store(store_url: str) -> Iterator[EventStore]:
-    opened = EventStore(store_url)
+def store(database_url: str) -> Iterator[EventStore]:
+    opened = EventStore(database_url)
     yield opened
     opened.close()
 
@@ -95,7 +52,7 @@ def _event(
 
 def _execute(url: str, sql: str) -> None:
     """Run raw SQL against the store's database, behind the store's back."""
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    engine = create_engine(driver_url(url))
     try:
         with engine.begin() as conn:
             conn.execute(text(sql))
@@ -158,8 +115,8 @@ def test_sessions_and_positions_increase_across_registers(store: EventStore) -> 
     assert store.last_event_id() == EventId(1, 3, 6)
 
 
-def test_servers_number_their_sessions_independently(store_url: str) -> None:
-    one, two = EventStore(store_url, server_id=1), EventStore(store_url, server_id=2)
+def test_servers_number_their_sessions_independently(database_url: str) -> None:
+    one, two = EventStore(database_url, server_id=1), EventStore(database_url, server_id=2)
     try:
         first = one.register([_event()])
         second = two.register([_event(), _event()])
@@ -179,13 +136,13 @@ def test_servers_number_their_sessions_independently(store_url: str) -> None:
         two.close()
 
 
-def test_types_keep_any_characters(store_url: str) -> None:
+def test_types_keep_any_characters(database_url: str) -> None:
     odd = ("a,b", '"q"', "[x]", "ü€😀", "\x00nul", "\ud800", "", " ", "\\", "?x", "a*")
-    store = EventStore(store_url)
+    store = EventStore(database_url)
     store.register([_event(*odd)])
     store.close()
 
-    reopened = EventStore(store_url)
+    reopened = EventStore(database_url)
     try:
         assert reopened.read()[0].type == odd
     finally:
@@ -295,9 +252,9 @@ def test_the_same_id_and_type_twice_in_one_call_is_stored_once(store: EventStore
     assert store.by_outbox_ids(["A"]) == {"A": stored[:2]}
 
 
-def test_the_database_enforces_one_event_per_outbox_id_and_type(store_url: str) -> None:
-    EventStore(store_url).close()
-    engine = create_engine(store_url.replace("postgresql://", "postgresql+psycopg://", 1))
+def test_the_database_enforces_one_event_per_outbox_id_and_type(database_url: str) -> None:
+    EventStore(database_url).close()
+    engine = create_engine(driver_url(database_url))
     try:
         constraints = inspect(engine).get_unique_constraints("event_events")
     finally:
@@ -310,12 +267,12 @@ def test_the_database_enforces_one_event_per_outbox_id_and_type(store_url: str) 
         "INSERT INTO event_events (position, server, session, instance, type, timestamp_us,"
         " outbox_event_id) VALUES ({}, 99, {}, 1, '{}', 0, 'A')"
     )
-    _execute(store_url, row.format(1, 1, '["x"]'))
-    _execute(store_url, row.format(2, 2, '["y"]'))
+    _execute(database_url, row.format(1, 1, '["x"]'))
+    _execute(database_url, row.format(2, 2, '["y"]'))
     # PostgreSQL names the constraint, SQLite its columns.
     duplicate = r"event_events_outbox_key|event_events\.outbox_event_id, event_events\.type"
     with pytest.raises(IntegrityError, match=duplicate):
-        _execute(store_url, row.format(3, 3, '["x"]'))
+        _execute(database_url, row.format(3, 3, '["x"]'))
 
 
 def test_lookup_lists_every_type_of_ids_spread_over_chunks(store: EventStore) -> None:
@@ -378,12 +335,12 @@ def test_validate_new_event_names_the_problem_without_an_index() -> None:
 
 
 def test_a_database_failure_mid_insert_rolls_everything_back(
-    store: EventStore, store_url: str
+    store: EventStore, database_url: str
 ) -> None:
     store.register([_event()])
     # A row planted behind the store's back collides with the 6th position of the next call.
     _execute(
-        store_url,
+        database_url,
         "INSERT INTO event_events (position, server, session, instance, type, timestamp_us)"
         " VALUES (7, 99, 1, 1, '[\"planted\"]', 0)",
     )
@@ -393,7 +350,7 @@ def test_a_database_failure_mid_insert_rolls_everything_back(
 
     assert store.count() == 2
     assert store.by_outbox_ids([f"o{i}" for i in range(10)]) == {}
-    _execute(store_url, "DELETE FROM event_events WHERE server = 99")
+    _execute(database_url, "DELETE FROM event_events WHERE server = 99")
     retried = store.register([_event(outbox_id=f"o{i}") for i in range(10)])
     assert retried[0].id == EventId(1, 2, 2)
     assert retried[0].position == 2
@@ -402,12 +359,12 @@ def test_a_database_failure_mid_insert_rolls_everything_back(
 # --- durability and reading ----------------------------------------------------------------
 
 
-def test_events_and_counters_survive_reopening(store_url: str) -> None:
-    store = EventStore(store_url)
+def test_events_and_counters_survive_reopening(database_url: str) -> None:
+    store = EventStore(database_url)
     first = store.register([_event(outbox_id="A"), _event()])
     store.close()
 
-    reopened = EventStore(store_url)
+    reopened = EventStore(database_url)
     try:
         assert reopened.read() == first
         assert reopened.last_event_id() == EventId(1, 1, 2)
@@ -419,12 +376,12 @@ def test_events_and_counters_survive_reopening(store_url: str) -> None:
         reopened.close()
 
 
-def test_a_schema_of_another_version_is_refused(store_url: str) -> None:
-    EventStore(store_url).close()
-    _execute(store_url, "UPDATE event_store_meta SET value = '999' WHERE key = 'schema_version'")
+def test_a_schema_of_another_version_is_refused(database_url: str) -> None:
+    EventStore(database_url).close()
+    _execute(database_url, "UPDATE event_store_meta SET value = '999' WHERE key = 'schema_version'")
 
     with pytest.raises(SchemaError, match="schema version '999'"):
-        EventStore(store_url)
+        EventStore(database_url)
 
 
 def test_read_pages_in_position_order(store: EventStore) -> None:
@@ -555,22 +512,22 @@ def test_concurrent_registers_of_the_same_outbox_ids_store_each_once(store: Even
 # --- instance numbering (hat-event 0.8.5) ----------------------------------------------------
 
 
-def test_instance_counter_is_seeded_from_the_events_and_never_reused(store_url: str) -> None:
-    store = EventStore(store_url)
+def test_instance_counter_is_seeded_from_the_events_and_never_reused(database_url: str) -> None:
+    store = EventStore(database_url)
     store.register([_event(), _event(), _event()])
     store.register([_event(outbox_id="last")])
     store.close()
     # Retention deleted the newest events; a lost counter row is re-seeded from the events.
-    _execute(store_url, "DELETE FROM event_events WHERE instance >= 3")
-    reopened = EventStore(store_url)
+    _execute(database_url, "DELETE FROM event_events WHERE instance >= 3")
+    reopened = EventStore(database_url)
     try:
         (after_retention,) = reopened.register([_event()])
         assert after_retention.id == EventId(1, 3, 5)
     finally:
         reopened.close()
 
-    _execute(store_url, "DELETE FROM event_counters WHERE name IN ('instance:1', 'session:1')")
-    reseeded = EventStore(store_url)
+    _execute(database_url, "DELETE FROM event_counters WHERE name IN ('instance:1', 'session:1')")
+    reseeded = EventStore(database_url)
     try:
         assert reseeded.register([_event(), _event()])[0].id == EventId(1, 4, 6)
     finally:
@@ -639,9 +596,9 @@ def test_synced_events_are_idempotent(store: EventStore) -> None:
     assert store.append_synced([]) == []
 
 
-def test_our_own_events_sent_back_advance_our_counters(store_url: str) -> None:
+def test_our_own_events_sent_back_advance_our_counters(database_url: str) -> None:
     """A peer restored from a backup sends this server's events back to it."""
-    one, two = EventStore(store_url, server_id=1), EventStore(store_url, server_id=2)
+    one, two = EventStore(database_url, server_id=1), EventStore(database_url, server_id=2)
     try:
         one.register([_event()])
         two.register([_event()])
@@ -660,7 +617,7 @@ def test_our_own_events_sent_back_advance_our_counters(store_url: str) -> None:
         one.close()
         two.close()
     # A server with no counters yet seeds them from the synced events when it opens.
-    seven = EventStore(store_url, server_id=7)
+    seven = EventStore(database_url, server_id=7)
     try:
         assert seven.register([_event()])[0].id == EventId(7, 2, 2)
     finally:
@@ -825,20 +782,20 @@ INSERT INTO event_events (position, server, session, instance, type, timestamp_u
 """
 
 
-def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None:
-    postgresql = store_url.startswith("postgresql")
+def test_a_version_1_database_is_upgraded_in_place(database_url: str) -> None:
+    postgresql = database_url.startswith("postgresql")
     schema = _V1_SCHEMA.format(
         position="BIGINT" if postgresql else "INTEGER",
         type='TEXT COLLATE "C"' if postgresql else "TEXT",
         blob="BYTEA" if postgresql else "BLOB",
     )
     for statement in schema.split(";"):
-        _execute(store_url, statement)
+        _execute(database_url, statement)
 
-    store = EventStore(store_url)
+    store = EventStore(database_url)
     try:
-        assert _scalars(store_url, "SELECT value FROM event_store_meta") == ["2"]
-        assert _scalars(store_url, "SELECT type FROM event_types ORDER BY type") == [
+        assert _scalars(database_url, "SELECT value FROM event_store_meta") == ["2"]
+        assert _scalars(database_url, "SELECT type FROM event_types ORDER BY type") == [
             '["a"]',
             '["b","c"]',
             '["q\\"\\u00fc"]',
@@ -852,7 +809,7 @@ def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None:
     finally:
         store.close()
 
-    engine = create_engine(store_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    engine = create_engine(driver_url(database_url))
     try:
         indexes = {index["name"] for index in inspect(engine).get_indexes("event_events")}
     finally:
@@ -861,7 +818,7 @@ def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None:
     assert {"event_events_type_time_idx", "event_events_type_source_idx"} <= indexes
 
     # Opening again finds version 2 and changes nothing; the other server continues too.
-    again = EventStore(store_url, server_id=2)
+    again = EventStore(database_url, server_id=2)
     try:
         assert again.register([_event()])[0].id == EventId(2, 2, 2)
         assert again.count() == 7
@@ -870,7 +827,7 @@ def test_a_version_1_database_is_upgraded_in_place(store_url: str) -> None:
 
 
 def _scalars(url: str, sql: str) -> list[object]:
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    engine = create_engine(driver_url(url))
     try:
         with engine.connect() as conn:
             return list(conn.execute(text(sql)).scalars())
@@ -898,8 +855,8 @@ def _target(url: str, name: str = "store") -> EventStoreTarget:
     return EventStoreTarget(name, config)
 
 
-def test_target_maps_outbox_events(store_url: str) -> None:
-    target = _target(store_url)
+def test_target_maps_outbox_events(database_url: str) -> None:
+    target = _target(database_url)
     events = [_outbox_event(1), _outbox_event(2, "order.paid")]
     try:
         assert target.atomic is True
@@ -909,7 +866,7 @@ def test_target_maps_outbox_events(store_url: str) -> None:
     finally:
         target.close()
 
-    store = EventStore(store_url, server_id=3)
+    store = EventStore(database_url, server_id=3)
     try:
         stored = store.read()
     finally:
@@ -932,13 +889,13 @@ def test_target_maps_outbox_events(store_url: str) -> None:
 
 
 def test_targets_with_different_prefixes_on_one_store_each_store_the_event(
-    store_url: str,
+    database_url: str,
 ) -> None:
     """The relay routes one outbox event to two targets that are the same store."""
     orders, audit = (
         EventStoreTarget(
             name,
-            EventStoreTargetConfig(kind="event_store", url=store_url, type_prefix=[name]),
+            EventStoreTargetConfig(kind="event_store", url=database_url, type_prefix=[name]),
         )
         for name in ("orders", "audit")
     )
@@ -951,7 +908,7 @@ def test_targets_with_different_prefixes_on_one_store_each_store_the_event(
         orders.close()
         audit.close()
 
-    store = EventStore(store_url)
+    store = EventStore(database_url)
     try:
         stored = store.read()
         by_id = store.by_outbox_ids([e.event_id for e in events])
@@ -969,10 +926,10 @@ def test_targets_with_different_prefixes_on_one_store_each_store_the_event(
     }
 
 
-def test_target_exposes_its_config_read_only(store_url: str) -> None:
-    target = _target(store_url)
+def test_target_exposes_its_config_read_only(database_url: str) -> None:
+    target = _target(database_url)
     try:
-        assert target.config.url == store_url
+        assert target.config.url == database_url
         assert target.config.type_prefix == ["tidings", "orders"]
         assert target.config.server_id == 3
         with pytest.raises(AttributeError):
@@ -981,8 +938,8 @@ def test_target_exposes_its_config_read_only(store_url: str) -> None:
         target.close()
 
 
-def test_target_fails_the_whole_call_on_an_invalid_type(store_url: str) -> None:
-    target = _target(store_url)
+def test_target_fails_the_whole_call_on_an_invalid_type(database_url: str) -> None:
+    target = _target(database_url)
     try:
         with pytest.raises(TargetCallFailed) as raised:
             target.publish([_outbox_event(1), _outbox_event(2, "*")])
@@ -991,7 +948,7 @@ def test_target_fails_the_whole_call_on_an_invalid_type(store_url: str) -> None:
 
     assert "'store'" in str(raised.value)
     assert "reserved as a query wildcard" in str(raised.value)
-    store = EventStore(store_url, server_id=3)
+    store = EventStore(database_url, server_id=3)
     try:
         assert store.count() == 0
     finally:

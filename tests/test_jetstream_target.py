@@ -8,7 +8,6 @@ prefix so they never see each other's messages. Outage and recovery tests run a 
 from __future__ import annotations
 
 import base64
-import contextlib
 import threading
 import time
 import uuid
@@ -19,9 +18,16 @@ from typing import Any
 
 import pytest
 from nats.js.api import RawStreamMsg
-from nats.js.errors import NotFoundError
 
-from helpers import SHARED_URL, PrivateServer, admin, free_port, stream_info, stream_messages
+from helpers import (
+    SHARED_URL,
+    PrivateServer,
+    admin,
+    delete_stream,
+    free_port,
+    stream_info,
+    stream_messages,
+)
 from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.jetstream import JetStreamTarget, JetStreamTargetConfig
@@ -89,8 +95,7 @@ def make_target(names: tuple[str, str]) -> Iterator[Callable[..., JetStreamTarge
     for target in built:
         target.close()
     # Streams on private servers vanish with their store; only the shared one needs cleaning.
-    with contextlib.suppress(NotFoundError):
-        admin(lambda js: js.delete_stream(stream))
+    delete_stream(stream)
 
 
 # -- subjects and headers -------------------------------------------------------------------

@@ -28,13 +28,9 @@ def _count(engine: Engine, table: Table) -> int:
         return conn.execute(select(func.count()).select_from(table)).scalar_one()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'app.db'}"
-    else:
-        url = request.getfixturevalue("pg_url")
-    eng = make_engine(url)
+@pytest.fixture
+def engine(database_url: str) -> Engine:
+    eng = make_engine(database_url)
     domain.create_all(eng)
     return eng
 

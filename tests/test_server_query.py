@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import create_engine, text
 
+from tidings.db import driver_url
 from tidings.errors import StoreError
 from tidings.events.matching import TypeMatcher, matches, validate_query_type
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
@@ -19,8 +19,6 @@ from tidings.server import query as query_module
 from tidings.server.query import query_events
 from tidings.server.store import EventStore
 from tidings.server.store import planning as store_planning
-
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
 # --- matching ----------------------------------------------------------------------------
 
@@ -127,14 +125,6 @@ class _Clock:
         return self.now_us * 1000
 
 
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'events.db'}"
-    url: str = request.getfixturevalue("pg_url")
-    return url
-
-
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     fake = _Clock()
@@ -143,9 +133,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
 
 
 @pytest.fixture
-def stores(store_url: str) -> Iterator[tuple[EventStore, EventStore]]:
+def stores(database_url: str) -> Iterator[tuple[EventStore, EventStore]]:
     """Two servers' stores on one database: server 1 and server 2."""
-    first, second = EventStore(store_url, server_id=1), EventStore(store_url, server_id=2)
+    first, second = EventStore(database_url, server_id=1), EventStore(database_url, server_id=2)
     yield first, second
     first.close()
     second.close()
@@ -531,10 +521,10 @@ def test_several_patterns_with_a_leading_wildcard(
 
 
 def test_a_known_type_without_events_is_simply_absent(
-    stores: tuple[EventStore, EventStore], store_url: str, corpus: list[StoredEvent]
+    stores: tuple[EventStore, EventStore], database_url: str, corpus: list[StoredEvent]
 ) -> None:
     """Retention may delete every event of a type; the types table keeps the type."""
-    engine = create_engine(store_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    engine = create_engine(driver_url(database_url))
     try:
         with engine.begin() as conn:
             conn.execute(text("""DELETE FROM event_events WHERE type = '["a","bc"]'"""))
@@ -572,11 +562,11 @@ def test_queries_over_more_types_than_one_statement_takes(
 
 
 @pytest.mark.slow
-def test_latest_per_type_over_many_events_agrees_with_brute_force(store_url: str) -> None:
+def test_latest_per_type_over_many_events_agrees_with_brute_force(database_url: str) -> None:
     """150,000 events over 3,000 types, each type's events spread over many sessions."""
     rng = random.Random(11)
     types = [("load", f"group{i % 7}", f"type{i}") for i in range(3000)]
-    store = EventStore(store_url)
+    store = EventStore(database_url)
     try:
         for _ in range(30):
             store.register(
