@@ -18,19 +18,20 @@ import contextlib
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
 from tidings.address import Address
-from tidings.client import Client
-from tidings.client import connect as connect_client
 from tidings.config import Duration, TargetConfig, parse_duration
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.model import StoredEvent
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.base import Target
 from tidings.targets.event_store import to_new_event
+
+if TYPE_CHECKING:  # the client (and the wire) load where a connection is made
+    from tidings.client import Client
 
 #: Bytes of payload per register request: far below the server's frame limit (16 MiB by
 #: default), large enough that requests, not round trips, carry the throughput.
@@ -150,7 +151,9 @@ class EventServerTarget(Target):
             async with asyncio.timeout(self._timeout):  # connecting and registering together
                 if self._client is None:
                     try:
-                        self._client = await connect_client(self._config.address)
+                        from tidings.client import connect
+
+                        self._client = await connect(self._config.address)
                     except OSError as exc:
                         raise TargetUnavailable(
                             f"event server target {self.name!r}: cannot connect to "

@@ -23,13 +23,8 @@ import threading
 import time
 from collections.abc import Coroutine, Sequence
 from datetime import timedelta
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import nats
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 from pydantic import Field, field_validator
 
 from tidings.config import Duration, TargetConfig, parse_duration
@@ -43,6 +38,12 @@ from tidings.targets.jetstream_messages import (
     message_headers,
     subject_token,
 )
+
+if TYPE_CHECKING:  # nats-py is imported where a connection is made: a process that only
+    # validates configurations (every Spark worker does) does not load it.
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
 
 _log = logging.getLogger(__name__)
 
@@ -300,6 +301,8 @@ class JetStreamTarget(Target):
         return inbox
 
     async def _connect_any(self, lost: asyncio.Event) -> Client:
+        import nats
+
         """Try the servers in configured order; fail within a few ``ack_timeout``s at most."""
         causes: list[str] = []
 
@@ -336,6 +339,8 @@ class JetStreamTarget(Target):
         _log.debug("jetstream target %s: %s", self.name, _describe(exc))
 
     async def _ensure_stream(self, js: JetStreamContext) -> None:
+        from nats.js.errors import NotFoundError
+
         """Create the stream, or update it if it lacks our subjects or our dedup window.
 
         Subjects other producers put on the stream are kept: the target only adds its own.

@@ -17,11 +17,13 @@ import asyncio
 import json
 import re
 from collections.abc import Mapping
-
-from nats.aio.client import Client
-from nats.aio.msg import Msg
+from typing import TYPE_CHECKING
 
 from tidings.events.outbox import OutboxEvent
+
+if TYPE_CHECKING:  # nats-py is loaded only by a process that connects (see jetstream.py)
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
 
 _UNSAFE_TOKEN_CHARS = re.compile(r"[\s.*>]")
 
