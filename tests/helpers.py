@@ -20,7 +20,7 @@ from nats.js.api import RawStreamMsg, StreamInfo
 from nats.js.errors import NotFoundError
 from sqlalchemy import Engine, select
 
-import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
+import tidings.targets.registry
 from tidings.config import TidingsConfig, load_config
 from tidings.events.model import StoredEvent
 from tidings.outbox.schema import outbox_event
@@ -300,3 +300,16 @@ def hat_event_server(
             process.kill()
             process.wait()
         log_file.close()
+
+
+def fresh_interpreter(program: str) -> str:
+    """What ``program`` prints in a fresh interpreter (nothing of tidings imported yet),
+    with this checkout's sources first on its path."""
+    src = str(Path(tidings.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()

@@ -10,14 +10,12 @@ and looks for the database and Spark stacks, which neither may need.
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import tidings
+from helpers import fresh_interpreter
 
 #: Bottom first. Where ARCHITECTURE.md lists parts side by side (``errors``, ``events``;
 #: ``config``, ``db``; ``outbox``, ``routing``; ``cli``, ``demo``) this fixes an order between
@@ -151,12 +149,5 @@ def test_the_client_and_the_event_model_load_neither_sqlalchemy_nor_pyspark(
         "import sys\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
     )
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(PACKAGE.parent), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", f"{statement!r} loaded {done.stdout.strip()}"
+    loaded = fresh_interpreter(check)
+    assert loaded == "[]", f"{statement!r} loaded {loaded}"

@@ -12,34 +12,20 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import tidings
+from helpers import fresh_interpreter
 
 PUBLIC = ("tidings", "tidings.client", "tidings.events")
 HEAVY = ("sqlalchemy", "pyspark")
 
 
-def _fresh(program: str) -> str:
-    """What ``program`` prints in a fresh interpreter (nothing of tidings imported yet)."""
-    src = str(Path(tidings.__file__).resolve().parent.parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-    done = subprocess.run(
-        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
 def _heavy_modules_after(statement: str) -> dict[str, list[str]]:
     """The database and Spark modules a fresh interpreter holds after running ``statement``."""
-    loaded = _fresh(
+    loaded = fresh_interpreter(
         f"{statement}\n"
         "import sys\n"
         f"print({{top: sorted(m for m in sys.modules if m.split('.')[0] == top)[:3]"
@@ -113,7 +99,7 @@ def test_load_config_file_validates_targets_in_a_fresh_interpreter(tmp_path: Pat
         "  orders: {kind: event_store, url: 'sqlite:///events.db'}\n"
         "  orders-js: {kind: jetstream, stream: ORDERS, subject_prefix: orders}\n"
     )
-    kinds = _fresh(
+    kinds = fresh_interpreter(
         "import tidings\n"
         f"config = tidings.load_config_file({str(path)!r})\n"
         "print(sorted(t.kind for t in config.targets.values()))"
