@@ -249,17 +249,19 @@ def server(
         str, typer.Option(help="Log level, unless the configuration has a log section.")
     ] = "INFO",
 ) -> None:
-    """Run a hat-event 0.8.5 compatible event server (Eventer, Syncer, modules)."""
+    """Run a hat-event 0.8.5 compatible event server (Eventer, Syncer, modules), and the
+    FTN18 streams its configuration lists under streams:."""
     import asyncio
 
-    from tidings.server.config import load_server_config_file
     from tidings.server.runner import apply_logging, serve
+    from tidings.streams.config import load_stream_server_config_file
+    from tidings.streams.runner import streams_attachment
 
     configure_logging(log_level)
     try:
-        cfg = load_server_config_file(conf)
+        cfg = load_stream_server_config_file(conf)
         apply_logging(cfg)
-        asyncio.run(serve(cfg))
+        asyncio.run(serve(cfg, attach=streams_attachment(cfg)))
     except TidingsError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -91,3 +91,17 @@ class ModuleLoadError(EngineError):
 
 class ClientError(TidingsError):
     """The client refused a request before sending it; the message says why."""
+
+
+class StreamError(TidingsError):
+    """An FTN18 stream call failed; ``name`` is the FutoIn error name the peer sees.
+
+    FutoIn errors travel as a name (``NotRegistered``, ``SecurityError``, …) and a text, so
+    the stream server raises this with both, and the stream client raises it with what the
+    server sent.
+    """
+
+    def __init__(self, name: str, description: str = "") -> None:
+        super().__init__(f"{name}: {description}" if description else name)
+        self.name = name
+        self.description = description

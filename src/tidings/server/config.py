@@ -148,11 +148,14 @@ class ServerConfig(_Model):
         return resolve_path(path, self.base_dir)
 
 
-def load_server_config(data: Any, base_dir: Path | None = None) -> ServerConfig:
-    """Validate a server configuration mapping."""
+def load_server_config(
+    data: Any, base_dir: Path | None = None, model: type[ServerConfig] = ServerConfig
+) -> ServerConfig:
+    """Validate a server configuration mapping as ``model`` (a layer above may extend the
+    model with sections of its own, as the streams do)."""
     if isinstance(data, dict) and base_dir is not None:
         data = {**data, "base_dir": base_dir}
-    return validate_config(ServerConfig, data, "server configuration")
+    return validate_config(model, data, "server configuration")
 
 
 def default_config_path() -> Path:
@@ -167,7 +170,9 @@ def default_config_path() -> Path:
     )
 
 
-def load_server_config_file(path: str | Path | None = None) -> ServerConfig:
+def load_server_config_file(
+    path: str | Path | None = None, model: type[ServerConfig] = ServerConfig
+) -> ServerConfig:
     """Load and validate a server configuration file (default: :func:`default_config_path`)."""
     path = Path(path) if path is not None else default_config_path()
-    return load_server_config(read_config_data(path), base_dir=path.resolve().parent)
+    return load_server_config(read_config_data(path), path.resolve().parent, model)

@@ -17,6 +17,7 @@ import logging
 import logging.config
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tidings.errors import ConfigError
@@ -114,14 +115,29 @@ def apply_logging(config: ServerConfig) -> None:
         raise ConfigError(f"log: not a valid logging configuration: {exc}") from exc
 
 
-async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None:
-    """Run a server until ``stop`` is set or the process gets SIGINT/SIGTERM."""
+#: Starts a part that runs on top of a started server (the streams); returns its stop.
+Attachment = Callable[[RunningServer], Awaitable[Callable[[], Awaitable[None]]]]
+
+
+async def serve(
+    config: ServerConfig, stop: asyncio.Event | None = None, attach: Attachment | None = None
+) -> None:
+    """Run a server until ``stop`` is set or the process gets SIGINT/SIGTERM.
+
+    ``attach`` starts what a layer above runs in the same process once the server is up
+    (``tidings server`` attaches the FTN18 streams); it is stopped first.
+    """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
     running = await RunningServer.start(config)
+    try:
+        detach = await attach(running) if attach is not None else None
+    except BaseException:
+        await running.aclose()
+        raise
     # Everything start-up created lives as long as the server: out of the collector's sight,
     # a full collection (which the reply threads' garbage triggers every second or so)
     # no longer walks it while holding the GIL: it cost every client ~50 ms each time.
@@ -134,4 +150,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     try:
         await stop.wait()
     finally:
-        await running.aclose()
+        try:
+            if detach is not None:
+                await detach()
+        finally:
+            await running.aclose()

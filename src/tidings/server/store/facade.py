@@ -252,6 +252,16 @@ class EventStore:
         with self._transaction(action, snapshot=True) as conn:
             yield conn
 
+    @contextmanager
+    def transaction(self, action: str) -> Iterator[Connection]:
+        """A read-write transaction on the store's database, for the tables that parts
+        above the server keep beside the log (the streams' consumer positions). It does not
+        take the append lock: do not write the log's tables in it. Errors leave as
+        :class:`StoreError` naming ``action``.
+        """
+        with self._transaction(action) as conn:
+            yield conn
+
     def close(self) -> None:
         """Close all database connections; the store is not used afterwards."""
         self._closed = True

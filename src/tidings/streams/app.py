@@ -1,0 +1,159 @@
+"""The streams' HTTP and WebSocket transport: a Starlette application.
+
+Each stream's path takes FTN3 requests both ways FutoIn's client sends them: ``POST`` with
+one JSON request as the body (``Content-Type: application/futoin+json``), and a WebSocket
+at the same URL carrying one JSON message per frame (text or binary), where the server's
+pushes travel too. Every reply is ``application/futoin+json``, an error included, so the
+caller always learns the FTN3 error name. One bad request (malformed, too large, unknown
+function, failing) is answered with its error and affects nothing else; a WebSocket runs up
+to :data:`MAX_CONCURRENT_REQUESTS` requests of its peer at once and reads no more frames
+until one finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from tidings.errors import ConnectionClosed, StreamError
+from tidings.streams import ftn3
+from tidings.streams.channel import Channel
+from tidings.streams.push import stop_session
+from tidings.streams.service import RawJson, StreamService
+
+log = logging.getLogger(__name__)
+
+MEDIA_TYPE = "application/futoin+json"
+#: Requests of one WebSocket peer run at once, at most.
+MAX_CONCURRENT_REQUESTS = 16
+
+
+def build_app(services: Mapping[str, StreamService]) -> Starlette:
+    """The application serving ``services`` by path."""
+    routes: list[Any] = []
+    for path, service in services.items():
+        routes.append(Route(path, _http_endpoint(service), methods=["POST"]))
+        routes.append(WebSocketRoute(path, _ws_endpoint(service)))
+    return Starlette(routes=routes)
+
+
+async def answer(
+    service: StreamService, data: bytes, channel: Channel | None, secure: bool
+) -> bytes:
+    """The encoded reply to one encoded request."""
+    rid = None
+    try:
+        if len(data) > service.config.max_request_bytes:
+            raise StreamError(
+                ftn3.INVALID_REQUEST,
+                f"the request has {len(data)} bytes; this stream takes up to "
+                f"{service.config.max_request_bytes}",
+            )
+        message = ftn3.decode(data)
+        if isinstance(message.get("rid"), str):
+            rid = message["rid"]
+        request = ftn3.parse_request(message)
+        result = await service.call(request, channel, secure)
+    except StreamError as exc:
+        return ftn3.error(exc, rid)
+    except Exception:
+        log.exception("stream request failed", extra={"stream": service.name})
+        return ftn3.error(StreamError(ftn3.INTERNAL_ERROR, "the request failed"), rid)
+    if isinstance(result, RawJson):
+        tail = b"}" if rid is None else b',"rid":"' + rid.encode() + b'"}'
+        return b'{"r":' + result + tail
+    return ftn3.result(result, rid)
+
+
+def _http_endpoint(service: StreamService) -> Any:
+    async def endpoint(request: HttpRequest) -> Response:
+        body = bytearray()
+        limit = service.config.max_request_bytes
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                break  # answer() refuses it by its size
+        reply = await answer(
+            service, bytes(body), None, _is_secure(service, request.scope, request.headers)
+        )
+        return Response(reply, media_type=MEDIA_TYPE)
+
+    return endpoint
+
+
+def _ws_endpoint(service: StreamService) -> Any:
+    async def endpoint(websocket: WebSocket) -> None:
+        await websocket.accept()
+        peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
+        channel = Channel(websocket.send_bytes, websocket.close, peer)
+        secure = _is_secure(service, websocket.scope, websocket.headers)
+        slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
+        running: set[asyncio.Task[None]] = set()
+
+        async def serve(data: bytes) -> None:
+            try:
+                await channel.send(await answer(service, data, channel, secure))
+            except ConnectionClosed:
+                pass
+            finally:
+                slots.release()
+
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                data = message.get("bytes")
+                if data is None:
+                    data = (message.get("text") or "").encode()
+                if _is_reply(data, channel):
+                    continue
+                await slots.acquire()
+                task = asyncio.get_running_loop().create_task(serve(data))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            channel.close()
+            if channel.push is not None:
+                await stop_session(*channel.push)
+            for task in list(running):
+                task.cancel()
+
+    return endpoint
+
+
+def _is_reply(data: bytes, channel: Channel) -> bool:
+    """Hand a reply to one of our calls to the channel; True if ``data`` was one."""
+    try:
+        message = ftn3.decode(data)
+    except StreamError:
+        return False  # answer() reports it
+    if ftn3.is_request(message):
+        return False
+    try:
+        channel.answer(ftn3.parse_reply(message))
+    except StreamError as exc:
+        log.warning(
+            "bad reply from a stream consumer", extra={"peer": channel.peer, "error": str(exc)}
+        )
+    return True
+
+
+def _is_secure(
+    service: StreamService, scope: Mapping[str, Any], headers: Mapping[str, str]
+) -> bool:
+    """FTN3's SecureChannel: TLS here, a trusted proxy's TLS, or a channel declared secure."""
+    config = service.config
+    if scope.get("scheme") in ("https", "wss") or config.secure_channel:
+        return True
+    return config.trust_proxy and headers.get("x-forwarded-proto", "").lower() == "https"

@@ -1,0 +1,189 @@
+"""Configuration of FTN18 streams: the ``streams:`` and ``stream_users:`` sections of the
+event server's configuration.
+
+They extend the server's own model (:class:`StreamServerConfig`), so one file configures the
+event server and the streams it serves, and ``tidings server`` starts both. Each stream is an
+HTTP and WebSocket endpoint (``host``, ``port``, ``path``; several streams may share a port
+under different paths) carrying the event types its ``types`` map names. Users are shared by
+all streams; only password hashes are configured, directly or from an environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from tidings.config import parse_duration
+from tidings.errors import ConfigError
+from tidings.server.config import ServerConfig, load_server_config, load_server_config_file
+from tidings.streams.auth import check_hash
+from tidings.streams.typemap import TypeMap, type_map_from_config
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StreamUserConfig(_Model):
+    """A user of the streams: the scrypt hash of its password, or the variable holding it."""
+
+    password_hash: str | None = None
+    password_hash_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StreamUserConfig:
+        if (self.password_hash is None) == (self.password_hash_env is None):
+            raise ValueError("give exactly one of password_hash and password_hash_env")
+        if self.password_hash is not None:
+            _as_value_error(check_hash, self.password_hash)
+        return self
+
+    def resolved_hash(self, user: str) -> str:
+        """The hash, read from the environment if configured so (at start-up)."""
+        if self.password_hash is not None:
+            return self.password_hash
+        assert self.password_hash_env is not None
+        value = os.environ.get(self.password_hash_env)
+        if not value:
+            raise ConfigError(
+                f"stream_users.{user}.password_hash_env: the variable "
+                f"{self.password_hash_env} is not set"
+            )
+        try:
+            return check_hash(value)
+        except ConfigError as exc:
+            raise ConfigError(f"stream_users.{user} ({self.password_hash_env}): {exc}") from None
+
+
+class PushConfig(_Model):
+    """How events are pushed over a WebSocket (``readyToReceive``)."""
+
+    #: onEvents calls sent before the first of them is answered.
+    max_in_flight: int = Field(default=2, ge=1, le=64)
+    #: How long new events wait for more to share their onEvents call.
+    group_delay: Duration = timedelta(milliseconds=2)
+    #: Events per onEvents call (FTN18 allows up to 1,000).
+    max_group_events: int = Field(default=1000, ge=1, le=1000)
+    #: Events a live consumer may fall behind before its oldest waiting groups are skipped.
+    live_queue_events: int = Field(default=10_000, ge=1)
+    #: A reliable consumer that leaves a group unanswered this long is disconnected (it
+    #: gets the group again when it reconnects).
+    ack_timeout: Duration = timedelta(seconds=30)
+
+
+class StreamConfig(_Model):
+    """One FTN18 stream."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    path: str = Field(default="/", pattern=r"^/[A-Za-z0-9_./-]*$")
+    #: FTN18 type name -> one event type pattern, or a list of them.
+    types: dict[str, list[Any]]
+    push: PushConfig = PushConfig()
+    #: The largest request a peer may send (FTN3's default limit is 64 KiB).
+    max_request_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
+    #: Serve TLS with this certificate chain and key (PEM files).
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
+    #: Treat plain connections as secure: the endpoint is reached only through a trusted
+    #: channel (FutoIn's ``secureChannel``; its client says ``secure+ws://``).
+    secure_channel: bool = False
+    #: Trust ``X-Forwarded-Proto: https`` from a TLS-terminating proxy in front.
+    trust_proxy: bool = False
+
+    @field_validator("types")
+    @classmethod
+    def _types(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        _as_value_error(type_map_from_config, value)
+        return value
+
+    @model_validator(mode="after")
+    def _tls(self) -> StreamConfig:
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("give both tls_certfile and tls_keyfile, or neither")
+        return self
+
+    def type_map(self) -> TypeMap:
+        return type_map_from_config(self.types)
+
+    @property
+    def endpoint(self) -> str:
+        scheme = "https" if self.tls_certfile else "http"
+        return f"{scheme}://{self.host}:{self.port}{self.path}"
+
+
+class StreamServerConfig(ServerConfig):
+    """The event server's configuration with the streams it serves."""
+
+    stream_users: dict[str, StreamUserConfig] = Field(default_factory=dict)
+    streams: list[StreamConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _streams(self) -> StreamServerConfig:
+        names = [s.name for s in self.streams]
+        if len(names) != len(set(names)):
+            raise ValueError("streams: two streams have the same name")
+        endpoints = [(s.host, s.port, s.path.rstrip("/")) for s in self.streams]
+        if len(endpoints) != len(set(endpoints)):
+            raise ValueError("streams: two streams have the same host, port and path")
+        for user in self.stream_users:
+            if not user or ":" in user or user.startswith("-"):
+                raise ValueError(
+                    f"stream_users: {user!r} is not a user name (no ':', no '-' first)"
+                )
+        if self.streams and not self.stream_users:
+            raise ValueError("streams need at least one entry under stream_users")
+        return self
+
+    def resolved(self) -> StreamServerConfig:
+        """TLS paths made absolute against the configuration file's directory."""
+        streams = [
+            s.model_copy(
+                update={
+                    "tls_certfile": s.tls_certfile and self.resolve(s.tls_certfile),
+                    "tls_keyfile": s.tls_keyfile and self.resolve(s.tls_keyfile),
+                }
+            )
+            for s in self.streams
+        ]
+        return self.model_copy(update={"streams": streams})
+
+
+def load_stream_server_config(data: Any, base_dir: Path | None = None) -> StreamServerConfig:
+    """Validate a server configuration that may hold streams."""
+    config = load_server_config(data, base_dir, model=StreamServerConfig)
+    assert isinstance(config, StreamServerConfig)
+    return config.resolved()
+
+
+def load_stream_server_config_file(path: str | Path | None = None) -> StreamServerConfig:
+    """Load a server configuration file that may hold streams (default path as the server's)."""
+    config = load_server_config_file(path, model=StreamServerConfig)
+    assert isinstance(config, StreamServerConfig)
+    return config.resolved()
+
+
+def _as_value_error(check: Any, value: Any) -> Any:
+    """Run a check that raises ConfigError inside a pydantic validator (which reports
+    ValueErrors with the key path)."""
+    try:
+        return check(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+__all__ = [
+    "PushConfig",
+    "StreamConfig",
+    "StreamServerConfig",
+    "StreamUserConfig",
+    "load_stream_server_config",
+    "load_stream_server_config_file",
+]

@@ -1,0 +1,187 @@
+"""Pushing a stream to a consumer over its WebSocket (``readyToReceive``).
+
+FTN18: events go out in groups, ``onEvents(seq, events)``, several groups in flight, seq
+from 0. Each group has the position it covers (the last event's, or further when the events
+in between were not wanted).
+
+- **Reliable** (a registered component): seq has no gaps, and a reply (any reply that is not
+  an error: FutoIn's stock receivers answer ``true`` or ``{}``) acknowledges its group. Groups
+  are acknowledged in seq order, so the consumer's stored position moves to the covered
+  position of the newest group whose earlier groups are all answered. An error reply, no
+  reply within ``ack_timeout`` or a closed socket ends the session and closes the socket:
+  the consumer reconnects, and the groups it never acknowledged are sent again from its
+  stored position (nothing lost; nothing it acknowledged sent twice). A new session of the
+  same consumer replaces an older one, whose later replies no longer count.
+- **Live** (component ``LIVE``): starts at the newest event, keeps no state, and when the
+  consumer falls more than ``live_queue_events`` behind, skips to the newest events and adds
+  1 to seq, the gap that tells the consumer a group was skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from tidings.errors import ConnectionClosed, StoreError
+from tidings.streams.channel import Channel
+from tidings.streams.config import PushConfig
+from tidings.streams.encoding import event_list
+from tidings.streams.ftn3 import Reply
+from tidings.streams.reader import StreamReader
+
+log = logging.getLogger(__name__)
+
+#: Acknowledges a reliable consumer's position (persisted before it returns).
+Acknowledge = Callable[[int], Awaitable[int]]
+#: Bytes of an onEvents call besides its events.
+_CALL_OVERHEAD = 128
+#: How often a consumer's position moves past events it does not want, at most.
+_SKIP_ACK_SECONDS = 1.0
+
+
+@dataclass
+class _Group:
+    seq: int
+    covers: int
+    reply: asyncio.Future[Reply]
+
+
+class PushSession:
+    """One push to one consumer on one channel; :meth:`run` until the channel closes."""
+
+    def __init__(
+        self,
+        reader: StreamReader,
+        channel: Channel,
+        config: PushConfig,
+        *,
+        function: str,
+        message_bytes: int,
+        want: Sequence[str] | None,
+        start: int,
+        acknowledge: Acknowledge | None,
+        ack_timeout: float,
+    ) -> None:
+        self._reader = reader
+        self._channel = channel
+        self._config = config
+        self._function = function
+        self._max_bytes = message_bytes - _CALL_OVERHEAD
+        self._want = want
+        self._sent = start
+        self._acknowledge = acknowledge
+        self._ack_timeout = ack_timeout
+        self._seq = 0
+        self._skip_ack_at = 0.0
+        self._in_flight: deque[_Group] = deque()
+        self.stopped = asyncio.Event()
+
+    @property
+    def reliable(self) -> bool:
+        return self._acknowledge is not None
+
+    async def run(self) -> None:
+        """Push until the channel closes, the consumer fails a group, or :meth:`stop`."""
+        try:
+            await self._loop()
+        except ConnectionClosed:
+            pass
+        except (StoreError, TimeoutError) as exc:
+            log.warning("stream push ended", extra={"peer": self._channel.peer, "error": str(exc)})
+        finally:
+            self.stopped.set()
+            if self.reliable:
+                self._channel.close()  # reconnect: resend what was not acknowledged
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    async def _loop(self) -> None:
+        feed = self._reader.feed
+        while not self.stopped.is_set():
+            if len(self._in_flight) < self._config.max_in_flight and await self._send_group():
+                continue
+            waits = [asyncio.ensure_future(self.stopped.wait())]
+            waits.append(asyncio.ensure_future(self._channel.closed.wait()))
+            if self._in_flight:
+                waits.append(asyncio.ensure_future(asyncio.shield(self._in_flight[0].reply)))
+            if len(self._in_flight) < self._config.max_in_flight:
+                waits.append(asyncio.ensure_future(feed.wait_beyond(self._sent)))
+            timeout = self._ack_timeout if self._in_flight else None
+            try:
+                done, _ = await asyncio.wait(
+                    waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            if self._channel.closed.is_set():
+                return
+            if not done:
+                raise TimeoutError(
+                    f"consumer did not answer onEvents seq {self._in_flight[0].seq} within "
+                    f"{self._ack_timeout:g} s"
+                )
+            await self._settle()
+
+    async def _send_group(self) -> bool:
+        """Send the next group if there is one; True if a group went out."""
+        config = self._config
+        feed = self._reader.feed
+        if not self.reliable and feed.pending(self._sent) > config.live_queue_events:
+            self._sent = feed.newest(config.live_queue_events)
+            self._seq += 1  # the gap that marks the skipped events
+        if 0 < feed.pending(self._sent) < config.max_group_events and not self._in_flight:
+            await asyncio.sleep(config.group_delay.total_seconds())  # let a group fill up
+        batch = await self._reader.read(
+            self._sent, self._want, config.max_group_events, self._max_bytes
+        )
+        if self.stopped.is_set():
+            return False
+        if not batch.events:
+            self._sent = max(self._sent, batch.scanned)
+            now = time.monotonic()
+            if self._acknowledge and not self._in_flight and now >= self._skip_ack_at:
+                # Nothing wanted up to there: move the stored position past it (at most
+                # once a second; a restart before that only reads those events again).
+                self._skip_ack_at = now + _SKIP_ACK_SECONDS
+                await self._acknowledge(self._sent)
+            return False
+        params = b'{"seq":%d,"events":' % self._seq + event_list(batch.events) + b"}"
+        reply = await self._channel.call(self._function, params)
+        self._in_flight.append(_Group(self._seq, batch.scanned, reply))
+        self._seq += 1
+        self._sent = batch.scanned
+        return True
+
+    async def _settle(self) -> None:
+        """Take the answered groups at the head of the queue, in seq order."""
+        covered = None
+        while self._in_flight and self._in_flight[0].reply.done():
+            group = self._in_flight.popleft()
+            reply = group.reply.result()  # ConnectionClosed ends the session
+            if reply.error is not None:
+                if self.reliable:
+                    raise ConnectionClosed(
+                        f"consumer refused onEvents seq {group.seq}: {reply.error} "
+                        f"{reply.description}"
+                    )
+                log.info("live consumer refused a group", extra={"error": reply.error})
+            covered = group.covers
+        if covered is not None and self._acknowledge is not None and not self.stopped.is_set():
+            await self._acknowledge(covered)
+
+
+async def stop_session(session: PushSession | None, task: asyncio.Task[None] | None) -> None:
+    """Stop a session and wait for it to end."""
+    if session is not None:
+        session.stop()
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

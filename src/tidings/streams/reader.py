@@ -1,0 +1,63 @@
+"""Reading a stream after a position: from the feed when it covers it, else from the store.
+
+Both paths give the same events in position order (see :mod:`.feed`); a store read runs in
+a worker thread and encodes its events there, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import Executor
+
+from tidings.server.positions import read_positions
+from tidings.server.store import EventStore
+from tidings.streams.encoding import WireEvent, wire_event
+from tidings.streams.feed import Batch, StreamFeed
+from tidings.streams.typemap import TypeMap
+
+
+class StreamReader:
+    """Reads one stream's events for its consumers."""
+
+    def __init__(
+        self, store: EventStore, feed: StreamFeed, type_map: TypeMap, executor: Executor
+    ) -> None:
+        self._store = store
+        self.feed = feed
+        self._type_map = type_map
+        self._executor = executor
+
+    async def read(
+        self, after: int, want: Sequence[str] | None, limit: int, max_bytes: int
+    ) -> Batch:
+        """Up to ``limit`` events of the types in ``want`` (None: all) after ``after``,
+        within ``max_bytes`` of encoded events (at least one event, however large)."""
+        wanted = None if want is None else frozenset(want)
+        batch = self.feed.read(after, wanted, limit, max_bytes)
+        if batch is not None:
+            return batch
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, self.read_store, after, want, limit, max_bytes
+        )
+
+    def read_store(
+        self, after: int, want: Sequence[str] | None, limit: int, max_bytes: int
+    ) -> Batch:
+        """:meth:`read` from the store only (blocking)."""
+        patterns = self._type_map.wanted_patterns(want)
+        if not patterns:
+            return Batch([], max(after, self._store.last_position()))
+        found = read_positions(self._store, after, limit, patterns)
+        chosen: list[WireEvent] = []
+        size = 0
+        for event in found.events:
+            name = self._type_map.name_of(event.type)
+            assert name is not None  # the patterns select only the stream's types
+            encoded = wire_event(event, name)
+            size += len(encoded.encoded) + 1
+            if chosen and size > max_bytes:
+                return Batch(chosen, chosen[-1].position)
+            chosen.append(encoded)
+        return Batch(chosen, found.scanned)

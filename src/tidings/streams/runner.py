@@ -1,0 +1,170 @@
+"""The streams of a running event server: their services and HTTP servers.
+
+Started after the event server's own parts (``tidings server`` does it when the
+configuration has ``streams:``), on the same event loop and engine: ``addEvent`` is a session
+of that engine, and the feeds follow its listener. Streams sharing a host and port share one
+HTTP server (uvicorn, on sockets bound here so that a port in use is an error at start-up),
+each under its own path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from tidings.errors import ConfigError
+from tidings.server.runner import Attachment, RunningServer
+from tidings.streams.app import build_app
+from tidings.streams.auth import Users
+from tidings.streams.config import StreamConfig, StreamServerConfig
+from tidings.streams.consumers import Consumers
+from tidings.streams.feed import StreamFeed
+from tidings.streams.reader import StreamReader
+from tidings.streams.service import StreamService
+
+log = logging.getLogger(__name__)
+
+#: Threads for the streams' blocking work (store reads, consumer positions, password checks).
+_WORKERS = 4
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the event server owns SIGINT and SIGTERM and
+    stops the streams with everything else."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class RunningStreams:
+    """The started streams; :meth:`aclose` stops them."""
+
+    services: dict[str, StreamService]
+    servers: list[tuple[_Server, asyncio.Task[None]]] = field(default_factory=list)
+    executor: ThreadPoolExecutor | None = None
+    unsubscribe: list[object] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, config: StreamServerConfig, server: RunningServer) -> RunningStreams:
+        users = Users(
+            {name: user.resolved_hash(name) for name, user in config.stream_users.items()}
+        )
+        executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="tidings-streams")
+        loop = asyncio.get_running_loop()
+        running = cls({}, executor=executor)
+        try:
+            consumers = await loop.run_in_executor(executor, Consumers, server.store)
+            by_address: dict[tuple[str, int], list[StreamConfig]] = {}
+            for stream in config.streams:
+                by_address.setdefault((stream.host, stream.port), []).append(stream)
+                running.services[stream.name] = _service(
+                    stream, server, consumers, users, executor, running
+                )
+            for (host, port), streams in by_address.items():
+                services = {s.path: running.services[s.name] for s in streams}
+                running.servers.append(await _serve(host, port, streams, build_app(services)))
+                log.info(
+                    "streams serving",
+                    extra={"address": f"{host}:{port}", "streams": [s.name for s in streams]},
+                )
+        except BaseException:
+            await running.aclose()
+            raise
+        return running
+
+    async def aclose(self) -> None:
+        for remove in self.unsubscribe:
+            remove()  # type: ignore[operator]
+        for service in self.services.values():
+            await service.aclose()
+        for server, _ in self.servers:
+            server.should_exit = True
+        for _, task in self.servers:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def streams_attachment(config: StreamServerConfig) -> Attachment | None:
+    """What :func:`tidings.server.runner.serve` attaches to run ``config``'s streams."""
+    if not config.streams:
+        return None
+
+    async def attach(server: RunningServer) -> Callable[[], Awaitable[None]]:
+        return (await RunningStreams.start(config, server)).aclose
+
+    return attach
+
+
+def _service(
+    stream: StreamConfig,
+    server: RunningServer,
+    consumers: Consumers,
+    users: Users,
+    executor: ThreadPoolExecutor,
+    running: RunningStreams,
+) -> StreamService:
+    """A stream's service, its feed following the engine from the store's last position.
+
+    The position is read and the listener added in one step on the loop, so no batch falls
+    between them.
+    """
+    type_map = stream.type_map()
+    feed = StreamFeed(type_map, server.store.last_position())
+    running.unsubscribe.append(server.engine.subscribe(feed.add))
+    reader = StreamReader(server.store, feed, type_map, executor)
+    return StreamService(stream, type_map, server.engine, reader, consumers, users, executor)
+
+
+async def _serve(
+    host: str, port: int, streams: list[StreamConfig], app: object
+) -> tuple[_Server, asyncio.Task[None]]:
+    """Start uvicorn for ``app`` on ``host:port``; return once it accepts connections."""
+    tls = {s.tls_certfile for s in streams}
+    if len(tls) > 1:
+        raise ConfigError(f"streams on {host}:{port} must all use the same TLS certificate")
+    first = streams[0]
+    try:
+        sock = socket.create_server((host, port), family=_family(host))
+    except OSError as exc:
+        raise ConfigError(f"streams: cannot listen on {host}:{port}: {exc.strerror}") from None
+    options: dict[str, object] = {}
+    if first.tls_certfile is not None:
+        options = {"ssl_certfile": str(first.tls_certfile), "ssl_keyfile": str(first.tls_keyfile)}
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        ws="websockets-sansio",
+        ws_max_size=max(s.max_request_bytes for s in streams) + 1024,
+        ws_per_message_deflate=False,
+        **options,  # type: ignore[arg-type]
+    )
+    try:
+        server = _Server(config)
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                task.result()
+                raise ConfigError(f"streams: the HTTP server on {host}:{port} did not start")
+            await asyncio.sleep(0.01)
+    except (ssl.SSLError, OSError) as exc:
+        sock.close()
+        raise ConfigError(f"streams on {host}:{port}: cannot use the TLS files: {exc}") from None
+    return server, task
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

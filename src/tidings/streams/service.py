@@ -1,0 +1,271 @@
+"""One stream's FTN18 functions: what a checked request does.
+
+The transport (:mod:`.app`) hands every request here with its channel (a WebSocket, or
+None for HTTP) and whether that channel is secure. This module applies the interface's
+requirements (FTN3 ``requires``: a secure channel for ``futoin.evt.gen``, a bi-directional
+one for ``futoin.evt.push``, a user for everything but ping), authenticates the caller and
+runs the function. Consumers belong to the calling user: ``(user, component)``.
+
+- ``registerConsumer``: persisted, repeatable; ``LIVE`` is ``LiveNotAllowed``.
+- ``pollEvents``: ``last_id`` acknowledges (never backwards) and the reply holds the events
+  after the consumer's stored position in id order, at most 1,000 and within the reply size
+  the caller's interface version allows. When nothing it wants is there, its position moves
+  past what it does not want (FTN18: skipped events count as delivered). ``LIVE`` keeps no
+  state: events after ``last_id``, or the newest ones without it.
+- ``readyToReceive``: starts a push session on the channel (:mod:`.push`).
+- ``addEvent``: one event registered through the engine (a session: modules run,
+  subscribers notified); its id. The native ``addXferEvent`` is :meth:`tidings.Outbox.emit`
+  in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Executor
+from typing import Any
+
+from tidings.errors import EngineError, StoreError, StreamError
+from tidings.events.model import NewEvent, PayloadKind
+from tidings.server.async_engine import AsyncEngine
+from tidings.streams.auth import Users
+from tidings.streams.channel import Channel
+from tidings.streams.config import StreamConfig
+from tidings.streams.consumers import Consumers
+from tidings.streams.encoding import event_list
+from tidings.streams.ftn3 import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    LIVE_NOT_ALLOWED,
+    SECURITY_ERROR,
+    Request,
+)
+from tidings.streams.interfaces import (
+    LIVE,
+    PING_FUNCTION,
+    RECEIVER,
+    interface_of,
+    message_limit,
+)
+from tidings.streams.push import PushSession, stop_session
+from tidings.streams.reader import StreamReader
+from tidings.streams.typemap import TypeMap
+
+log = logging.getLogger(__name__)
+
+#: FTN18's largest event list.
+MAX_EVENTS = 1000
+#: Bytes of a reply besides its events.
+_REPLY_OVERHEAD = 64
+
+
+class RawJson(bytes):
+    """A result already encoded as JSON (an event list), put into the reply as it is."""
+
+
+class StreamService:
+    """The functions of one stream."""
+
+    def __init__(
+        self,
+        config: StreamConfig,
+        type_map: TypeMap,
+        engine: AsyncEngine,
+        reader: StreamReader,
+        consumers: Consumers,
+        users: Users,
+        executor: Executor,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self._type_map = type_map
+        self._engine = engine
+        self._reader = reader
+        self._consumers = consumers
+        self._users = users
+        self._executor = executor
+        #: The running push session of each reliable consumer (a newer one replaces it).
+        self._sessions: dict[tuple[str, str], tuple[PushSession, asyncio.Task[None]]] = {}
+        self._consumer_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def call(self, request: Request, channel: Channel | None, secure: bool) -> Any:
+        """Run one request; its result, or StreamError with the FTN3 error to send."""
+        interface, function = interface_of(request)
+        if interface.bidirect and channel is None:
+            raise StreamError(INVALID_REQUEST, "Bi-Direct Channel is required")
+        if interface.secure and not secure:
+            raise StreamError(SECURITY_ERROR, "Insecure channel")
+        params = function.check(request.params)
+        if function is PING_FUNCTION:
+            return {"echo": params["echo"]}
+        if interface.anonymous:
+            raise StreamError(
+                INVALID_REQUEST, f"{request.func} is not a function of {request.iface}"
+            )
+        user = await self._blocking(self._users.authenticate, request.sec)
+        if request.func == "registerConsumer":
+            return await self._register(user, params["component"])
+        if request.func == "pollEvents":
+            limit = message_limit(request.minor) - _REPLY_OVERHEAD
+            return await self._poll(
+                user, params["component"], params["last_id"], params["want"], limit
+            )
+        if request.func == "readyToReceive":
+            assert channel is not None
+            return await self._ready(
+                channel, user, params["component"], params["want"], request.minor
+            )
+        assert request.func == "addEvent"
+        return await self._add_event(params["type"], params["data"])
+
+    async def aclose(self) -> None:
+        """Stop every push session."""
+        for session, task in list(self._sessions.values()):
+            await stop_session(session, task)
+        self._sessions.clear()
+
+    async def _register(self, user: str, component: str) -> bool:
+        if component == LIVE:
+            raise StreamError(LIVE_NOT_ALLOWED, "the LIVE component cannot be registered")
+        created = await self._blocking(self._consumers.register, self.name, user, component)
+        if created:
+            log.info(
+                "stream consumer registered",
+                extra={"stream": self.name, "user": user, "component": component},
+            )
+        return True
+
+    async def _poll(
+        self,
+        user: str,
+        component: str,
+        last_id: int | None,
+        want: Sequence[str] | None,
+        max_bytes: int,
+    ) -> RawJson:
+        if component == LIVE:
+            feed = self._reader.feed
+            after = last_id if last_id is not None else feed.newest(MAX_EVENTS)
+            batch = await self._reader.read(after, want, MAX_EVENTS, max_bytes)
+            return RawJson(event_list(batch.events))
+        async with self._lock(user, component):
+            if last_id is not None:
+                position = await self._acknowledge(user, component, last_id)
+            else:
+                position = await self._blocking(
+                    self._consumers.position, self.name, user, component
+                )
+            batch = await self._reader.read(position, want, MAX_EVENTS, max_bytes)
+            if not batch.events and batch.scanned > position:
+                await self._acknowledge(user, component, batch.scanned)
+        return RawJson(event_list(batch.events))
+
+    async def _ready(
+        self,
+        channel: Channel,
+        user: str,
+        component: str,
+        want: Sequence[str] | None,
+        minor: int,
+    ) -> bool:
+        """Start pushing to ``channel``; the call returns at once, the pushes follow."""
+        if channel.push is not None:
+            await stop_session(*channel.push)
+        config = self.config.push
+        function = f"{RECEIVER}:1.{minor}:onEvents"
+        common = {
+            "function": function,
+            "message_bytes": message_limit(minor),
+            "want": want,
+            "ack_timeout": config.ack_timeout.total_seconds(),
+        }
+        if component == LIVE:
+            session = PushSession(
+                self._reader,
+                channel,
+                config,
+                start=self._reader.feed.high,
+                acknowledge=None,
+                **common,
+            )
+        else:
+            key = (user, component)
+            async with self._lock(user, component):
+                previous = self._sessions.pop(key, None)
+                if previous is not None:
+                    await stop_session(*previous)
+                start = await self._blocking(self._consumers.position, self.name, user, component)
+
+                async def acknowledge(position: int) -> int:
+                    async with self._lock(user, component):
+                        if self._sessions.get(key, (None,))[0] is not session:
+                            return position  # replaced: its replies no longer count
+                        return await self._acknowledge(user, component, position)
+
+                session = PushSession(
+                    self._reader, channel, config, start=start, acknowledge=acknowledge, **common
+                )
+        task = asyncio.get_running_loop().create_task(session.run(), name=f"push {self.name}")
+        channel.push = (session, task)
+        if component != LIVE:
+            self._sessions[(user, component)] = (session, task)
+            task.add_done_callback(lambda _: self._forget(user, component, session))
+        return True
+
+    async def _add_event(self, name: str, data: Any) -> str:
+        event_type = self._type_map.event_type_of(name)
+        if event_type is None:
+            raise StreamError(
+                INVALID_REQUEST,
+                f"stream {self.name} cannot generate events of type {name}: "
+                + (
+                    "its patterns are not one exact event type"
+                    if name in self._type_map.names
+                    else f"it carries only {', '.join(self._type_map.names)}"
+                ),
+            )
+        try:
+            payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except ValueError as exc:
+            raise StreamError(INVALID_REQUEST, f"data is not JSON: {exc}") from None
+        event = NewEvent(event_type, payload.encode(), PayloadKind.JSON)
+        try:
+            [stored] = await self._engine.register([event])
+        except (EngineError, StoreError) as exc:
+            raise StreamError(INTERNAL_ERROR, f"the event was not stored: {exc}") from exc
+        if stored is None:
+            raise StreamError(INTERNAL_ERROR, "the event was not stored")
+        return str(stored.position)
+
+    async def _acknowledge(self, user: str, component: str, position: int) -> int:
+        return await self._blocking(
+            self._consumers.acknowledge, self.name, user, component, position
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, user: str, component: str) -> AsyncIterator[None]:
+        """Hold the consumer's lock: its acknowledgements and session changes take turns.
+        Dropped when unused, so that polls of unknown components leave nothing behind."""
+        key = (user, component)
+        lock = self._consumer_locks.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._consumer_locks.get(key) is lock:
+                del self._consumer_locks[key]
+
+    def _forget(self, user: str, component: str, session: PushSession) -> None:
+        key = (user, component)
+        if self._sessions.get(key, (None,))[0] is session:
+            del self._sessions[key]
+
+    async def _blocking(self, function: Any, *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, function, *args)
+        except StoreError as exc:
+            raise StreamError(INTERNAL_ERROR, f"stream {self.name}: {exc}") from exc
