@@ -18,6 +18,8 @@ from tidings.logs import configure_logging
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 routes_app = typer.Typer(no_args_is_help=True, help="Show and change the routing table.")
 app.add_typer(routes_app, name="routes")
+streams_app = typer.Typer(no_args_is_help=True, help="FTN18 streams: users, consumers, jobs.")
+app.add_typer(streams_app, name="streams")
 console = Console()
 err = Console(stderr=True)
 
@@ -318,6 +320,93 @@ def routes_remove(event_type: str, target: str, config: ConfigOption = None) -> 
         err.print(f"no route {event_type} -> {target} in the table")
         raise typer.Exit(1)
     console.print(f"{event_type} -> {target} removed")
+
+
+@app.command()
+def consume(
+    url: Annotated[str, typer.Argument(help="The stream's URL, e.g. http://127.0.0.1:8090/evt")],
+    component: Annotated[
+        str, typer.Argument(help="Consumer component (1-16 of A-Z a-z 0-9 _); LIVE is live.")
+    ],
+    live: Annotated[bool, typer.Option(help="Consume live (component LIVE).")] = False,
+    want: Annotated[
+        str | None, typer.Option(help="Only these FTN18 types, comma separated.")
+    ] = None,
+    poll: Annotated[bool, typer.Option(help="Poll over HTTP instead of push.")] = False,
+    count: Annotated[int | None, typer.Option(min=1, help="Stop after this many events.")] = None,
+    user: Annotated[
+        str, typer.Option(envvar="TIDINGS_STREAM_USER", help="User (env TIDINGS_STREAM_USER).")
+    ] = "",
+    password: Annotated[
+        str,
+        typer.Option(
+            envvar="TIDINGS_STREAM_PASSWORD",
+            help="Password (env TIDINGS_STREAM_PASSWORD; prompted for if unset).",
+        ),
+    ] = "",
+) -> None:
+    """Consume an FTN18 stream and print its events as JSON lines (reliable unless --live)."""
+    import asyncio
+    import json
+
+    from tidings.errors import StreamError
+    from tidings.streams.client import LIVE, StreamEvent, consume
+
+    if not user:
+        err.print("[red]error:[/red] give --user or set TIDINGS_STREAM_USER")
+        raise typer.Exit(2)
+    if not password:
+        password = typer.prompt("password", hide_input=True)
+    if live:
+        component = LIVE
+    wanted = [t.strip() for t in want.split(",") if t.strip()] if want is not None else None
+    printed = 0
+    done = asyncio.Event()
+
+    async def show(event: StreamEvent) -> None:
+        nonlocal printed
+        if done.is_set():
+            await asyncio.Event().wait()  # past --count: never acknowledge more
+        sys.stdout.write(json.dumps(event.as_dict(), separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+        printed += 1
+        if count is not None and printed >= count:
+            done.set()
+
+    async def run() -> None:
+        task = asyncio.create_task(
+            consume(url, user, password, component, show, want=wanted, push=not poll)
+        )
+        waiter = asyncio.create_task(done.wait())
+        finished, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        for pending in (task, waiter):
+            pending.cancel()
+        if task in finished:
+            task.result()
+
+    try:
+        asyncio.run(run())
+    except StreamError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@streams_app.command("hash-password")
+def streams_hash_password() -> None:
+    """Print the hash of a password (read from stdin, or prompted for) for stream_users."""
+    from tidings.streams.auth import hash_password
+
+    if sys.stdin.isatty():
+        password = typer.prompt("password", hide_input=True, confirmation_prompt=True)
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    try:
+        sys.stdout.write(hash_password(password) + "\n")
+    except TidingsError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,14 +5,17 @@ one JSON request as the body (``Content-Type: application/futoin+json``), and a 
 at the same URL carrying one JSON message per frame (text or binary), where the server's
 pushes travel too. Every reply is ``application/futoin+json``, an error included, so the
 caller always learns the FTN3 error name. One bad request (malformed, too large, unknown
-function, failing) is answered with its error and affects nothing else; a WebSocket runs up
-to :data:`MAX_CONCURRENT_REQUESTS` requests of its peer at once and reads no more frames
-until one finishes.
+function, failing) is answered with its error and affects nothing else. A WebSocket's
+requests run one after the other in the order they came, so a consumer may send
+``registerConsumer`` and ``readyToReceive`` without waiting between them; the replies to the
+server's pushes are taken as they come, and reading pauses while
+:data:`MAX_QUEUED_REQUESTS` requests wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -32,8 +35,10 @@ from tidings.streams.service import RawJson, StreamService
 log = logging.getLogger(__name__)
 
 MEDIA_TYPE = "application/futoin+json"
-#: Requests of one WebSocket peer run at once, at most.
-MAX_CONCURRENT_REQUESTS = 16
+#: Requests of one WebSocket peer waiting their turn, at most; reading stops while full.
+MAX_QUEUED_REQUESTS = 16
+#: How long a closed WebSocket's push session may take to record the replies that came.
+_ACK_GRACE_S = 5.0
 
 
 def build_app(services: Mapping[str, StreamService]) -> Starlette:
@@ -95,39 +100,33 @@ def _ws_endpoint(service: StreamService) -> Any:
         peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
         channel = Channel(websocket.send_bytes, websocket.close, peer)
         secure = _is_secure(service, websocket.scope, websocket.headers)
-        slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
-        running: set[asyncio.Task[None]] = set()
+        requests: asyncio.Queue[bytes] = asyncio.Queue(MAX_QUEUED_REQUESTS)
 
-        async def serve(data: bytes) -> None:
-            try:
-                await channel.send(await answer(service, data, channel, secure))
-            except ConnectionClosed:
-                pass
-            finally:
-                slots.release()
-
-        try:
+        async def serve_in_order() -> None:
             while True:
+                data = await requests.get()
+                await channel.send(await answer(service, data, channel, secure))
+
+        worker = asyncio.get_running_loop().create_task(serve_in_order())
+        try:
+            while not worker.done():
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
                 data = message.get("bytes")
                 if data is None:
                     data = (message.get("text") or "").encode()
-                if _is_reply(data, channel):
-                    continue
-                await slots.acquire()
-                task = asyncio.get_running_loop().create_task(serve(data))
-                running.add(task)
-                task.add_done_callback(running.discard)
+                if not _is_reply(data, channel):
+                    await requests.put(data)
         except (WebSocketDisconnect, RuntimeError):
             pass
         finally:
             channel.close()
             if channel.push is not None:
-                await stop_session(*channel.push)
-            for task in list(running):
-                task.cancel()
+                await stop_session(*channel.push, grace=_ACK_GRACE_S)
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
+                await worker
 
     return endpoint
 

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from tidings.errors import ConnectionClosed, StoreError
+from tidings.errors import ConnectionClosed, StoreError, StreamError
 from tidings.streams.channel import Channel
 from tidings.streams.config import PushConfig
 from tidings.streams.encoding import event_list
@@ -89,9 +89,9 @@ class PushSession:
         """Push until the channel closes, the consumer fails a group, or :meth:`stop`."""
         try:
             await self._loop()
-        except ConnectionClosed:
+        except (ConnectionClosed, asyncio.CancelledError):
             pass
-        except (StoreError, TimeoutError) as exc:
+        except (StoreError, StreamError, TimeoutError) as exc:
             log.warning("stream push ended", extra={"peer": self._channel.peer, "error": str(exc)})
         finally:
             self.stopped.set()
@@ -120,14 +120,17 @@ class PushSession:
             finally:
                 for wait in waits:
                     wait.cancel()
+            await self._settle()  # first: replies that came before a close still count
             if self._channel.closed.is_set():
+                # Replies may have come while the settle above was recording; once the
+                # channel is closed no more can, so this one takes all that are left.
+                await self._settle()
                 return
             if not done:
                 raise TimeoutError(
                     f"consumer did not answer onEvents seq {self._in_flight[0].seq} within "
                     f"{self._ack_timeout:g} s"
                 )
-            await self._settle()
 
     async def _send_group(self) -> bool:
         """Send the next group if there is one; True if a group went out."""
@@ -163,8 +166,10 @@ class PushSession:
         """Take the answered groups at the head of the queue, in seq order."""
         covered = None
         while self._in_flight and self._in_flight[0].reply.done():
+            if self._in_flight[0].reply.exception() is not None:
+                break  # the channel closed before this reply: it never came
             group = self._in_flight.popleft()
-            reply = group.reply.result()  # ConnectionClosed ends the session
+            reply = group.reply.result()
             if reply.error is not None:
                 if self.reliable:
                     raise ConnectionClosed(
@@ -173,15 +178,19 @@ class PushSession:
                     )
                 log.info("live consumer refused a group", extra={"error": reply.error})
             covered = group.covers
-        if covered is not None and self._acknowledge is not None and not self.stopped.is_set():
+        if covered is not None and self._acknowledge is not None:
             await self._acknowledge(covered)
 
 
-async def stop_session(session: PushSession | None, task: asyncio.Task[None] | None) -> None:
-    """Stop a session and wait for it to end."""
-    if session is not None:
-        session.stop()
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+async def stop_session(
+    session: PushSession, task: asyncio.Task[None], *, grace: float = 0.0
+) -> None:
+    """Stop a session and wait for it to end. With a ``grace`` period (its channel closed),
+    it first takes the replies that arrived, so their acknowledgements are kept."""
+    if grace:
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
+            await asyncio.wait_for(asyncio.shield(task), grace)
+    session.stop()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task

@@ -150,6 +150,9 @@ async def _serve(
         ws="websockets-sansio",
         ws_max_size=max(s.max_request_bytes for s in streams) + 1024,
         ws_per_message_deflate=False,
+        # The stream's trust_proxy decides whether X-Forwarded-Proto counts; uvicorn's own
+        # default would trust it from any local peer and make a plain channel "secure".
+        proxy_headers=False,
         **options,  # type: ignore[arg-type]
     )
     try:

@@ -1,0 +1,328 @@
+"""An asyncio consumer of FTN18 streams (tidings' or any FTN18 generator's).
+
+:class:`StreamClient` makes single calls over HTTP (``addEvent``, ``registerConsumer``,
+``pollEvents``). :func:`consume` runs a consumer until cancelled, by polling or by push:
+
+- polling sends the last handled id with each poll (the acknowledgement), and waits between
+  polls adaptively: not at all while replies come full, a little after a partial one, and
+  doubling up to ``max_delay`` while they come empty;
+- push opens a WebSocket, registers, calls ``readyToReceive`` and handles each
+  ``onEvents`` group in seq order, however the groups arrive, replying only once the
+  handler has returned for every event of the group: the reply is the acknowledgement, so
+  an event whose handler did not finish comes again after a reconnect. A live consumer is
+  told of the seq gaps that mark skipped groups (``on_gap``).
+
+Both reconnect after a failure with a growing delay and resume where the server has the
+consumer; a live consumer resumes at the newest events. Errors the server names arrive as
+:class:`~tidings.errors.StreamError` with the FutoIn error name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import websockets
+
+from tidings.errors import ConnectionClosed, StreamError
+
+log = logging.getLogger(__name__)
+
+LIVE = "LIVE"
+_MEDIA_TYPE = "application/futoin+json"
+_VERSION = "1.1"
+#: The largest frame the consumer takes (onEvents of receiver 1.1 may be 8 MiB).
+_MAX_FRAME = 8 * 1024 * 1024 + 4096
+_FULL_POLL = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One FTN18 event: ``id`` as an integer, ``ts`` as FTN18 writes it."""
+
+    id: int
+    type: str
+    data: Any
+    ts: str
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> StreamEvent:
+        return cls(int(raw["id"]), raw["type"], raw.get("data"), raw["ts"])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": str(self.id), "type": self.type, "data": self.data, "ts": self.ts}
+
+
+Handler = Callable[[StreamEvent], Awaitable[None]]
+
+
+class StreamClient:
+    """FTN18 calls over HTTP to one stream endpoint (``http://`` or ``https://``)."""
+
+    def __init__(self, url: str, user: str, password: str, *, timeout: float = 30.0) -> None:
+        self.url = http_url(url)
+        self._sec = f"{user}:{password}"
+        self._http = httpx.AsyncClient(timeout=timeout)
+
+    async def call(self, iface: str, func: str, params: dict[str, Any]) -> Any:
+        """One call; its result, or StreamError with the server's error name."""
+        body = json.dumps({"f": f"{iface}:{_VERSION}:{func}", "p": params, "sec": self._sec})
+        try:
+            response = await self._http.post(
+                self.url, content=body, headers={"Content-Type": _MEDIA_TYPE}
+            )
+        except httpx.HTTPError as exc:
+            raise ConnectionClosed(f"stream {self.url}: {type(exc).__name__}: {exc}") from exc
+        if not response.headers.get("content-type", "").startswith("application/futoin+"):
+            raise StreamError(
+                "InternalError", f"stream {self.url}: HTTP {response.status_code}, not FTN3"
+            )
+        return _result(response.json())
+
+    async def register(self, component: str) -> None:
+        await self.call("futoin.evt.poll", "registerConsumer", {"component": component})
+
+    async def poll(
+        self, component: str, last_id: int | None = None, want: Sequence[str] | None = None
+    ) -> list[StreamEvent]:
+        """The events after the consumer's position; ``last_id`` acknowledges first."""
+        params = {
+            "component": component,
+            "last_id": None if last_id is None else str(last_id),
+            "want": None if want is None else list(want),
+        }
+        raw = await self.call("futoin.evt.poll", "pollEvents", params)
+        return [StreamEvent.from_wire(item) for item in raw]
+
+    async def add_event(self, event_type: str, data: Any) -> int:
+        """Generate one event (the stream must allow it over this channel); its id."""
+        return int(
+            await self.call("futoin.evt.gen", "addEvent", {"type": event_type, "data": data})
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> StreamClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def consume(
+    url: str,
+    user: str,
+    password: str,
+    component: str,
+    handler: Handler,
+    *,
+    want: Sequence[str] | None = None,
+    push: bool = True,
+    on_gap: Callable[[int, int], None] | None = None,
+    max_delay: float = 1.0,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Consume a stream until cancelled (see the module docstring); ``component`` LIVE
+    consumes live. Errors that retrying cannot fix (SecurityError, NotRegistered,
+    InvalidRequest, …) are raised; connection failures are retried."""
+    retry = 0.1
+    while True:
+        try:
+            if push:
+                await _push(url, user, password, component, handler, want, on_gap, on_ready)
+            else:
+                await _poll_loop(url, user, password, component, handler, want, max_delay, on_ready)
+        except (ConnectionClosed, OSError, websockets.ConnectionClosed) as exc:
+            log.warning("stream connection lost; reconnecting", extra={"error": str(exc)})
+        await asyncio.sleep(retry)
+        retry = min(retry * 2, 5.0)
+
+
+async def _poll_loop(
+    url: str,
+    user: str,
+    password: str,
+    component: str,
+    handler: Handler,
+    want: Sequence[str] | None,
+    max_delay: float,
+    on_ready: Callable[[], None] | None,
+) -> None:
+    async with StreamClient(url, user, password) as client:
+        if component != LIVE:
+            await client.register(component)
+        if on_ready is not None:
+            on_ready()
+        last_id: int | None = None
+        delay = 0.0
+        while True:
+            events = await client.poll(component, last_id, want)
+            for event in events:
+                await handler(event)
+                last_id = event.id
+            if len(events) >= _FULL_POLL:
+                delay = 0.0
+            elif events:
+                delay = 0.01
+            else:
+                delay = min(max(delay * 2, 0.02), max_delay)
+            if delay:
+                await asyncio.sleep(delay)
+
+
+async def _push(
+    url: str,
+    user: str,
+    password: str,
+    component: str,
+    handler: Handler,
+    want: Sequence[str] | None,
+    on_gap: Callable[[int, int], None] | None,
+    on_ready: Callable[[], None] | None,
+) -> None:
+    sec = f"{user}:{password}"
+    async with websockets.connect(ws_url(url), max_size=_MAX_FRAME, compression=None) as ws:
+        receiver = _Receiver(ws, handler, on_gap, live=component == LIVE)
+        calls = 0
+
+        async def call(func: str, params: dict[str, Any]) -> None:
+            nonlocal calls
+            calls += 1
+            rid = f"C{calls}"
+            message = {"f": f"futoin.evt.push:{_VERSION}:{func}", "p": params, "rid": rid}
+            await ws.send(json.dumps({**message, "sec": sec}))
+            await receiver.wait_reply(rid)
+
+        reading = asyncio.create_task(receiver.read())
+        try:
+            if component != LIVE:
+                await _racing(call("registerConsumer", {"component": component}), reading)
+            ready = {"component": component, "want": None if want is None else list(want)}
+            await _racing(call("readyToReceive", ready), reading)
+            if on_ready is not None:
+                on_ready()
+            await reading
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reading
+
+
+async def _racing(call: Awaitable[None], reading: asyncio.Task[None]) -> None:
+    """Await ``call`` unless the reader ends first (then its error is raised)."""
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task, reading}, return_when=asyncio.FIRST_COMPLETED)
+    if task not in done:
+        task.cancel()
+        reading.result()
+        raise ConnectionClosed("the stream closed the connection")
+    task.result()
+
+
+class _Receiver:
+    """Reads the consumer's socket: replies to its calls, and onEvents groups handled in seq
+    order."""
+
+    def __init__(
+        self,
+        ws: Any,
+        handler: Handler,
+        on_gap: Callable[[int, int], None] | None,
+        live: bool,
+    ) -> None:
+        self._ws = ws
+        self._handler = handler
+        self._on_gap = on_gap
+        self._live = live
+        self._replies: dict[str, asyncio.Future[Any]] = {}
+        self._groups: dict[int, tuple[str, list[StreamEvent]]] = {}
+        self._next_seq: int | None = 0 if not live else None
+        self._handling: asyncio.Task[None] | None = None
+
+    async def wait_reply(self, rid: str) -> Any:
+        future = self._replies[rid] = asyncio.get_running_loop().create_future()
+        return await future
+
+    async def read(self) -> None:
+        try:
+            async for frame in self._ws:
+                message = json.loads(frame)
+                if "f" in message:
+                    self._on_call(message)
+                else:
+                    future = self._replies.pop(message.get("rid"), None)
+                    if future is not None and not future.done():
+                        if "e" in message:
+                            future.set_exception(
+                                StreamError(message["e"], message.get("edesc", ""))
+                            )
+                        else:
+                            future.set_result(message.get("r"))
+        finally:
+            if self._handling is not None:
+                self._handling.cancel()
+        raise ConnectionClosed("the stream closed the connection")
+
+    def _on_call(self, message: dict[str, Any]) -> None:
+        rid = message.get("rid")
+        if not str(message.get("f", "")).endswith(":onEvents"):
+            log.warning("stream called %s, which a consumer does not serve", message.get("f"))
+            return
+        params = message.get("p", {})
+        seq = int(params["seq"])
+        events = [StreamEvent.from_wire(raw) for raw in params["events"]]
+        self._groups[seq] = (rid, events)
+        if self._handling is None or self._handling.done():
+            self._handling = asyncio.ensure_future(self._handle_ready())
+
+    async def _handle_ready(self) -> None:
+        """Handle the groups that are next in seq order; each reply after its handlers."""
+        while self._groups:
+            if self._next_seq is None:  # live: start at the first group seen
+                self._next_seq = min(self._groups)
+            seq = self._next_seq
+            if seq not in self._groups:
+                if not self._live or not self._groups:
+                    return  # an earlier group is still on its way
+                newer = min(self._groups)
+                if self._on_gap is not None:
+                    self._on_gap(seq, newer)
+                seq = newer
+            rid, events = self._groups.pop(seq)
+            for event in events:
+                await self._handler(event)
+            await self._ws.send(json.dumps({"r": True, "rid": rid}))
+            self._next_seq = seq + 1
+
+
+def http_url(url: str) -> str:
+    """``url`` with an HTTP scheme (``ws`` becomes ``http``, ``wss`` becomes ``https``)."""
+    return _with_scheme(url, {"ws": "http", "wss": "https", "http": "http", "https": "https"})
+
+
+def ws_url(url: str) -> str:
+    """``url`` with a WebSocket scheme."""
+    return _with_scheme(url, {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"})
+
+
+def _with_scheme(url: str, schemes: dict[str, str]) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in schemes or not parts.netloc:
+        raise StreamError(
+            "InvalidRequest", f"{url!r} is not a stream URL (http://, https://, ws:// or wss://)"
+        )
+    return urlunsplit(parts._replace(scheme=schemes[parts.scheme]))
+
+
+def _result(message: dict[str, Any]) -> Any:
+    if "e" in message:
+        raise StreamError(str(message["e"]), str(message.get("edesc", "")))
+    return message.get("r")
