@@ -23,3 +23,16 @@ fi
 extra=""
 [ "${1:-}" = "--dev" ] && extra="[dev]"
 .venv/bin/python -m pip install -q -e ".${extra}"
+
+# The real FutoIn FTN18 client for the stream interop tests and benchmark (pinned by its
+# lockfile); only with --dev, and only where Node is installed.
+if [ -n "$extra" ]; then
+  futoin=tests/interop/futoin
+  if [ "$futoin/node_modules/.package-lock.json" -nt "$futoin/package-lock.json" ]; then
+    :  # installed from this lockfile already
+  elif command -v npm >/dev/null 2>&1; then
+    npm ci --prefix "$futoin" --no-audit --no-fund --loglevel=error >/dev/null
+  else
+    echo "setup: npm not found: the FutoIn interop tests will fail (install Node 20)" >&2
+  fi
+fi
