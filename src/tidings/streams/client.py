@@ -5,7 +5,8 @@
 
 - polling sends the last handled id with each poll (the acknowledgement), and waits between
   polls adaptively: not at all while replies come full, a little after a partial one, and
-  doubling up to ``max_delay`` while they come empty;
+  doubling up to ``max_delay`` while they come empty; cancelled, it acknowledges what it
+  handled before it stops;
 - push opens a WebSocket, registers, calls ``readyToReceive`` and handles each
   ``onEvents`` group in seq order, however the groups arrive, replying only once the
   handler has returned for every event of the group: the reply is the acknowledgement, so
@@ -162,20 +163,30 @@ async def _poll_loop(
         if on_ready is not None:
             on_ready()
         last_id: int | None = None
+        acknowledged: int | None = None
         delay = 0.0
-        while True:
-            events = await client.poll(component, last_id, want)
-            for event in events:
-                await handler(event)
-                last_id = event.id
-            if len(events) >= _FULL_POLL:
-                delay = 0.0
-            elif events:
-                delay = 0.01
-            else:
-                delay = min(max(delay * 2, 0.02), max_delay)
-            if delay:
-                await asyncio.sleep(delay)
+        try:
+            while True:
+                events = await client.poll(component, last_id, want)
+                acknowledged = last_id
+                for event in events:
+                    await handler(event)
+                    last_id = event.id
+                if len(events) >= _FULL_POLL:
+                    delay = 0.0
+                elif events:
+                    delay = 0.01
+                else:
+                    delay = min(max(delay * 2, 0.02), max_delay)
+                if delay:
+                    await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            if component != LIVE and last_id is not None and last_id != acknowledged:
+                # Stopped: acknowledge what was handled (the events this poll returns come
+                # again to the next consumer of the component).
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.poll(component, last_id, want), 2.0)
+            raise
 
 
 async def _push(
