@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -14,6 +14,10 @@ from rich.table import Table
 from tidings.config import TidingsConfig, load_config, load_config_file, parse_duration
 from tidings.errors import TidingsError
 from tidings.logs import configure_logging
+
+if TYPE_CHECKING:
+    from tidings.server.store import EventStore
+    from tidings.streams.config import StreamServerConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 routes_app = typer.Typer(no_args_is_help=True, help="Show and change the routing table.")
@@ -391,6 +395,87 @@ def consume(
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+ServerConfOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--conf",
+        help="Server configuration (YAML or JSON). Default: "
+        "$XDG_CONFIG_HOME/tidings/event.{yaml,yml,json}.",
+    ),
+]
+
+
+def _stream_store(conf: Path | None) -> tuple[StreamServerConfig, EventStore]:
+    """The server configuration with streams and its store, or a clear exit."""
+    from tidings.streams.admin import open_store
+    from tidings.streams.config import load_stream_server_config_file
+
+    try:
+        config = load_stream_server_config_file(conf)
+        return config, open_store(config)
+    except TidingsError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+
+
+@streams_app.command("status")
+def streams_status(
+    conf: ServerConfOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Each stream's retained ids and its consumers' positions and lag."""
+    import json
+
+    from tidings.streams.admin import stream_status
+
+    config, store = _stream_store(conf)
+    try:
+        statuses = [stream_status(store, stream) for stream in config.streams]
+    except TidingsError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    finally:
+        store.close()
+    if as_json:
+        sys.stdout.write(json.dumps([s.as_dict() for s in statuses], indent=2) + "\n")
+        return
+    if not statuses:
+        console.print("no streams configured")
+    for status in statuses:
+        span = (
+            f"ids {status.first_id}..{status.last_id}" if status.last_id is not None else "empty"
+        )
+        retention = "retention on" if status.retention else "keeps everything"
+        console.print(f"{status.name} ({status.endpoint}): {span}, {retention}", markup=False)
+        for c in status.consumers:
+            acked = c.acked_at.isoformat(timespec="seconds") if c.acked_at else "never"
+            console.print(
+                f"  {c.user}:{c.component} at {c.position}, {c.behind} behind, "
+                f"last acknowledged {acked}",
+                markup=False,
+            )
+
+
+@streams_app.command("unregister")
+def streams_unregister(
+    stream: str, user: str, component: str, conf: ServerConfOption = None
+) -> None:
+    """Forget a registered consumer, so that it no longer holds events back."""
+    from tidings.streams.admin import unregister
+
+    config, store = _stream_store(conf)
+    try:
+        if stream not in {s.name for s in config.streams}:
+            err.print(f"error: no stream {stream!r} in the configuration", markup=False)
+            raise typer.Exit(2)
+        if not unregister(store, stream, user, component):
+            err.print(f"no consumer {user}:{component} of stream {stream}", markup=False)
+            raise typer.Exit(1)
+    finally:
+        store.close()
+    console.print(f"{user}:{component} of {stream} unregistered", markup=False)
 
 
 @streams_app.command("hash-password")

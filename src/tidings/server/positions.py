@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tidings.errors import StoreError
 from tidings.events.matching import QueryType
@@ -49,15 +50,11 @@ def read_positions(
             [(last,)] = sql.rows(f"SELECT coalesce(max(position), 0) FROM {events_table.name}")
             if last <= after:
                 return PositionRead([], after)
-            condition, params = "position > ? AND position <= ?", [after, last]
-            if types is not None:
-                found = type_filter(sql, store, tuple(types))
-                if found is not None:
-                    if found.is_empty():
-                        return PositionRead([], last)
-                    term, values = type_condition(sql, found, "type", filter_only=True)
-                    condition += f" AND {term}"
-                    params += values
+            condition, params = type_condition_of(
+                sql, store, "position > ? AND position <= ?", [after, last], types
+            )
+            if condition is None:
+                return PositionRead([], last)
             rows = sql.rows(
                 f"SELECT {', '.join(EVENT_COLUMNS)} FROM {events_table.name} WHERE {condition} "
                 "ORDER BY position LIMIT ?",
@@ -70,3 +67,39 @@ def read_positions(
     events = events_from_rows(rows)
     scanned = events[-1].position if len(events) == limit else last
     return PositionRead(events, scanned)
+
+
+def count_after(store: EventStore, after: int, types: Sequence[QueryType] | None = None) -> int:
+    """How many events after position ``after`` match ``types`` (a consumer's lag)."""
+    with store.snapshot("count by position") as conn:
+        sql = DriverCursor.of(conn)
+        condition, params = type_condition_of(sql, store, "position > ?", [after], types)
+        if condition is None:
+            return 0
+        try:
+            [(count,)] = sql.rows(
+                f"SELECT count(*) FROM {events_table.name} WHERE {condition}", params
+            )
+        except sql.error as exc:
+            raise StoreError(f"event store {store.url}: cannot count events: {exc}") from exc
+    return int(count)
+
+
+def type_condition_of(
+    sql: DriverCursor,
+    store: EventStore,
+    condition: str,
+    params: list[Any],
+    types: Sequence[QueryType] | None,
+) -> tuple[str | None, list[Any]]:
+    """``condition`` joined with the condition on the type column that selects ``types``
+    (``None``: any type); None instead of a condition when no stored type can match."""
+    if types is None:
+        return condition, params
+    found = type_filter(sql, store, tuple(types))
+    if found is None:
+        return condition, params
+    if found.is_empty():
+        return None, params
+    term, values = type_condition(sql, found, "type", filter_only=True)
+    return f"{condition} AND {term}", [*params, *values]

@@ -77,6 +77,19 @@ class PushConfig(_Model):
     ack_timeout: Duration = timedelta(seconds=30)
 
 
+class RetentionConfig(_Model):
+    """When a stream's events leave the active store (see :mod:`tidings.streams.retention`)."""
+
+    enabled: bool = False
+    #: Events younger than this stay, so that a re-published outbox event is still
+    #: recognised by its stored copy (the store's duplicate window).
+    min_age: Duration = timedelta(days=1)
+    #: How often a retention pass runs.
+    every: Duration = timedelta(seconds=10)
+    #: Events deleted per transaction.
+    batch: int = Field(default=10_000, ge=1, le=1_000_000)
+
+
 class StreamConfig(_Model):
     """One FTN18 stream."""
 
@@ -87,6 +100,7 @@ class StreamConfig(_Model):
     #: FTN18 type name -> one event type pattern, or a list of them.
     types: dict[str, list[Any]]
     push: PushConfig = PushConfig()
+    retention: RetentionConfig = RetentionConfig()
     #: The largest request a peer may send (FTN3's default limit is 64 KiB).
     max_request_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
     #: Serve TLS with this certificate chain and key (PEM files).
@@ -181,6 +195,7 @@ def _as_value_error(check: Any, value: Any) -> Any:
 
 __all__ = [
     "PushConfig",
+    "RetentionConfig",
     "StreamConfig",
     "StreamServerConfig",
     "StreamUserConfig",

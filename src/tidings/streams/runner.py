@@ -28,6 +28,7 @@ from tidings.streams.config import StreamConfig, StreamServerConfig
 from tidings.streams.consumers import Consumers
 from tidings.streams.feed import StreamFeed
 from tidings.streams.reader import StreamReader
+from tidings.streams.retention import run_retention
 from tidings.streams.service import StreamService
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class RunningStreams:
     servers: list[tuple[_Server, asyncio.Task[None]]] = field(default_factory=list)
     executor: ThreadPoolExecutor | None = None
     unsubscribe: list[object] = field(default_factory=list)
+    retention: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, config: StreamServerConfig, server: RunningServer) -> RunningStreams:
@@ -77,12 +79,20 @@ class RunningStreams:
                     "streams serving",
                     extra={"address": f"{host}:{port}", "streams": [s.name for s in streams]},
                 )
+            if any(s.retention.enabled for s in config.streams):
+                running.retention = loop.create_task(
+                    run_retention(server.store, consumers, config.streams, executor)
+                )
         except BaseException:
             await running.aclose()
             raise
         return running
 
     async def aclose(self) -> None:
+        if self.retention is not None:
+            self.retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.retention
         for remove in self.unsubscribe:
             remove()  # type: ignore[operator]
         for service in self.services.values():

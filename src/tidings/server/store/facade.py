@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
-from sqlalchemy import Connection, func, or_, select
+from sqlalchemy import Connection, delete, func, or_, select
 
 from tidings.errors import StoreError
 from tidings.events.model import EventId, EventType, NewEvent, StoredEvent
@@ -37,6 +37,9 @@ from tidings.server.store.planning import (
     select_by_outbox_ids,
 )
 from tidings.server.store.schema import events_from_rows, events_table, prepare_schema
+
+#: Positions per DELETE statement.
+_DELETE_CHUNK = 500
 
 
 class EventStore:
@@ -251,6 +254,18 @@ class EventStore:
         """
         with self._transaction(action, snapshot=True) as conn:
             yield conn
+
+    def delete_positions(self, positions: Sequence[int]) -> int:
+        """Delete the events at ``positions`` (retention: :mod:`tidings.server.retention`
+        decides which); how many there were. Positions are never reused: the counters
+        keep growing past deleted events."""
+        deleted = 0
+        c = events_table.c
+        with self._transaction("delete events", append=True) as conn:
+            for start in range(0, len(positions), _DELETE_CHUNK):
+                chunk = list(positions[start : start + _DELETE_CHUNK])
+                deleted += conn.execute(delete(events_table).where(c.position.in_(chunk))).rowcount
+        return deleted
 
     @contextmanager
     def transaction(self, action: str) -> Iterator[Connection]:

@@ -1,0 +1,87 @@
+"""Discarding events every reader is done with, so that the active log stays small.
+
+FTN18 (2.3.1) keeps an event in the active store until the last registered consumer has
+read it; the streams decide what that means for them and call :func:`discard` with it:
+delete the events of some types up to a position, except those another reader still needs
+(``keep``: events of those types above that reader's position), and except the latest
+event of each type (by timestamp, the order of Hat's latest-value queries), so that a query
+for a type's current value still answers. Events younger than ``older_than_us`` stay too:
+the store recognises a re-published outbox event by the stored copy, so the age is how long
+that recognition is guaranteed (like JetStream's duplicate window).
+
+A pass reads its candidates from a snapshot, then deletes at most ``limit`` of them in one
+short transaction under the append lock; a caller repeats passes until one deletes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tidings.errors import StoreError
+from tidings.events.matching import QueryType, TypeMatcher
+from tidings.server.positions import type_condition_of
+from tidings.server.store import DriverCursor, EventStore, decode_type, events_table
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """Events of ``types`` above ``position`` are still needed by some reader."""
+
+    types: Sequence[QueryType]
+    position: int
+
+
+def discard(
+    store: EventStore,
+    types: Sequence[QueryType],
+    up_to: int,
+    keep: Sequence[Keep],
+    older_than_us: int,
+    limit: int = 10_000,
+) -> int:
+    """Delete at most ``limit`` events (see the module docstring); how many were deleted."""
+    if up_to <= 0 or not types:
+        return 0
+    table = events_table.name
+    with store.snapshot("select events to discard") as conn:
+        sql = DriverCursor.of(conn)
+        try:
+            condition, params = type_condition_of(
+                sql, store, "position <= ? AND timestamp_us < ?", [up_to, older_than_us], types
+            )
+            if condition is None:
+                return 0
+            rows = sql.rows(
+                f"SELECT position, type FROM {table} WHERE {condition} ORDER BY position LIMIT ?",
+                [*params, limit],
+            )
+            latest = _latest_of_types(sql, {text for _, text in rows})
+        except sql.error as exc:
+            raise StoreError(
+                f"event store {store.url}: cannot select events to discard: {exc}"
+            ) from exc
+    keepers = [(TypeMatcher(k.types), k.position) for k in keep]
+    doomed = []
+    decoded: dict[str, tuple[str, ...]] = {}
+    for position, text in rows:
+        if position in latest:
+            continue
+        event_type = decoded.setdefault(text, decode_type(text))
+        if any(position > bound and m.matches(event_type) for m, bound in keepers):
+            continue
+        doomed.append(position)
+    return store.delete_positions(doomed) if doomed else 0
+
+
+def _latest_of_types(sql: DriverCursor, texts: set[str]) -> set[int]:
+    """The position of each type's latest event by timestamp (one index probe per type)."""
+    latest = set()
+    for text in texts:
+        found = sql.rows(
+            f"SELECT position FROM {events_table.name} WHERE type = ? ORDER BY timestamp_us "
+            "DESC, server DESC, session DESC, instance DESC LIMIT 1",
+            [text],
+        )
+        latest.update(position for (position,) in found)
+    return latest

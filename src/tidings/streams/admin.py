@@ -1,0 +1,112 @@
+"""What an operator asks of the streams from the command line, with the server running or
+not: where each stream and each registered consumer stands, and forgetting a consumer.
+
+These read and write the store's database directly (the backend of the server's
+configuration), so they work on a stopped server too; a running one sees an unregistered
+consumer gone at its next call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tidings.server.backends import open_backend
+from tidings.server.positions import count_after, read_positions
+from tidings.server.store import EventStore
+from tidings.streams.config import StreamConfig, StreamServerConfig
+from tidings.streams.consumers import Consumers
+
+
+@dataclass(frozen=True)
+class ConsumerStatus:
+    """A registered consumer: its position and how many of the stream's events it lacks."""
+
+    user: str
+    component: str
+    position: int
+    behind: int
+    acked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    """A stream: its newest and oldest retained event ids and its consumers."""
+
+    name: str
+    endpoint: str
+    first_id: int | None
+    last_id: int | None
+    retention: bool
+    consumers: list[ConsumerStatus]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "endpoint": self.endpoint,
+            "first_id": self.first_id,
+            "last_id": self.last_id,
+            "retention": self.retention,
+            "consumers": [
+                {
+                    "user": c.user,
+                    "component": c.component,
+                    "position": c.position,
+                    "behind": c.behind,
+                    "acked_at": None if c.acked_at is None else c.acked_at.isoformat(),
+                }
+                for c in self.consumers
+            ],
+        }
+
+
+def open_store(config: StreamServerConfig) -> EventStore:
+    """The store of the server's configuration."""
+    return open_backend(
+        config.backend.module, config.backend.options(), config.engine.server_id, config.base_dir
+    )
+
+
+def stream_status(store: EventStore, stream: StreamConfig) -> StreamStatus:
+    """Where ``stream`` and its consumers stand."""
+    consumers = Consumers(store)
+    patterns = stream.type_map().all_patterns()
+    first = read_positions(store, 0, 1, patterns).events
+    last = _last_id(store, patterns)
+    return StreamStatus(
+        stream.name,
+        stream.endpoint,
+        first[0].position if first else None,
+        last,
+        stream.retention.enabled,
+        [
+            ConsumerStatus(
+                c.user,
+                c.component,
+                c.last_id,
+                count_after(store, c.last_id, patterns),
+                c.acked_at,
+            )
+            for c in consumers.of_stream(stream.name)
+        ],
+    )
+
+
+def unregister(store: EventStore, stream: str, user: str, component: str) -> bool:
+    """Forget a consumer, so that it no longer holds the stream's events back."""
+    return Consumers(store).unregister(stream, user, component)
+
+
+def _last_id(store: EventStore, patterns: list[tuple[str, ...]]) -> int | None:
+    """The newest id of the stream: read backwards in steps until an event of it shows."""
+    top = store.last_position()
+    step = 1000
+    low = top
+    while low > 0:
+        low = max(0, low - step)
+        found = read_positions(store, low, top - low, patterns).events
+        if found:
+            return found[-1].position
+        top, step = low, step * 10
+    return None
