@@ -1,0 +1,256 @@
+"""``tidings`` commands of the publishing pipeline: demo, relay, replay, housekeep, status,
+routes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tidings.cli.common import (
+    ConfigOption,
+    app,
+    console,
+    err,
+    load_or_exit,
+    routes_app,
+    seconds_option,
+)
+from tidings.errors import TidingsError
+
+
+@app.command()
+def demo(
+    operations: Annotated[int, typer.Option(min=1, help="Domain operations to perform.")] = 3000,
+    rate: Annotated[float, typer.Option(min=1, help="Operations per second offered.")] = 1000,
+    workdir: Annotated[Path, typer.Option(help="Scratch directory (wiped).")] = Path(
+        ".tidings/demo"
+    ),
+) -> None:
+    """Run the publishing core end to end on the embedded default and report."""
+    from tidings.demo import percentile, run_demo
+
+    result = run_demo(workdir, operations, rate, say=lambda m: console.print(f"[dim]{m}[/dim]"))
+    table = Table(title="events per status")
+    table.add_column("status")
+    table.add_column("events", justify="right")
+    for status, count in sorted(result.report.by_status.items()):
+        table.add_row(status, str(count))
+    console.print(table)
+    targets = Table(title="deliveries per target")
+    targets.add_column("target")
+    targets.add_column("confirmed", justify="right")
+    targets.add_column("failed", justify="right")
+    for name, counts in sorted(result.report.by_target.items()):
+        targets.add_row(name, str(counts.get("confirmed", 0)), str(counts.get("failed", 0)))
+    console.print(targets)
+    lat = result.latencies_ms
+    console.print(
+        f"retries: {result.report.retries} (one transient failure injected on 'accounts')\n"
+        f"latency commit -> all targets: p50 {percentile(lat, 50):.0f} ms, "
+        f"p99 {percentile(lat, 99):.0f} ms, max {max(lat, default=float('nan')):.0f} ms\n"
+        f"checked in the stores: missing {result.missing}, duplicates {result.duplicates}, "
+        f"out of order {result.out_of_order}; wall time {result.seconds:.1f} s"
+    )
+    if result.ok:
+        console.print("[bold green]OK: every routed event was delivered exactly once, in order.")
+    else:
+        console.print("[bold red]FAILED: some routed events were not delivered correctly.")
+        raise typer.Exit(1)
+
+
+@app.command()
+def relay(
+    config: ConfigOption = None,
+    once: Annotated[bool, typer.Option(help="Drain what is committed, then stop.")] = False,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics.")] = None,
+) -> None:
+    """Run the relay pipeline on Spark until interrupted (or once with --once)."""
+    from tidings.db import shared_engine
+    from tidings.metrics import BatchLogFollower, MetricsListener, serve_metrics
+    from tidings.outbox.schema import ensure_schema
+    from tidings.pipeline.relay import run_relay
+    from tidings.pipeline.spark import spark_session
+
+    cfg = load_or_exit(config)
+    port = metrics_port or cfg.metrics.port
+    if port:
+        serve_metrics(port)
+    spark = spark_session(cfg.relay, app_name="tidings-relay")
+    engine = shared_engine(cfg.database.url)
+    ensure_schema(engine)
+    spark.streams.addListener(MetricsListener(BatchLogFollower(engine)))
+    console.print("relay running; Ctrl-C stops it" if not once else "relay draining the log ...")
+    try:
+        run_relay(
+            spark,
+            cfg,
+            str(config) if config else None,
+            once=once,
+            on_replay=lambda s: console.print(
+                f"replay: {s.published} published, {s.failed} failed, {s.held} held"
+            ),
+        )
+    except KeyboardInterrupt:
+        console.print("relay stopped")
+    except TidingsError as exc:
+        err.print(f"[red]relay failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def replay(
+    config: ConfigOption = None,
+    every: Annotated[str | None, typer.Option(help="Run on a schedule, e.g. 30m.")] = None,
+    older_than: Annotated[str | None, typer.Option(help="Only events older than this.")] = None,
+    time_limit: Annotated[str | None, typer.Option(help="Start no new work after this.")] = None,
+    event_limit: Annotated[int | None, typer.Option(min=1, help="At most this many.")] = None,
+    retry_threshold: Annotated[
+        int | None, typer.Option(min=1, help="Skip FAILED events retried this often.")
+    ] = None,
+) -> None:
+    """Re-publish PENDING, HELD and FAILED events, once or on a schedule."""
+    from datetime import timedelta
+
+    from tidings.pipeline.replay import ReplayLimits, run_replay
+    from tidings.pipeline.spark import spark_session
+
+    cfg = load_or_exit(config)
+    period = seconds_option(every, "--every")
+    base = ReplayLimits.from_config(cfg)
+    older = seconds_option(older_than, "--older-than")
+    limit = seconds_option(time_limit, "--time-limit")
+    limits = ReplayLimits(
+        timedelta(seconds=older) if older is not None else base.older_than,
+        retry_threshold or base.retry_count_threshold,
+        timedelta(seconds=limit) if limit is not None else base.time_limit,
+        event_limit or base.event_limit,
+    )
+    spark = spark_session(cfg.relay, app_name="tidings-replay")
+    while True:
+        with console.status("replaying ..."):
+            s = run_replay(spark, cfg, str(config) if config else None, limits)
+        console.print(
+            f"replay: {s.events} considered, {s.published} published, {s.failed} failed, "
+            f"{s.held} held, {s.unroutable} unroutable, {s.retries} retries"
+        )
+        if period is None:
+            return
+        time.sleep(period)
+
+
+@app.command()
+def housekeep(
+    config: ConfigOption = None,
+    older_than: Annotated[
+        str | None, typer.Option(help="Override housekeeping.older_than.")
+    ] = None,
+    event_limit: Annotated[int | None, typer.Option(min=1, help="At most this many.")] = None,
+) -> None:
+    """Archive (Parquet) and delete published events older than the configured interval."""
+    from datetime import timedelta
+
+    from rich.progress import Progress
+
+    from tidings.pipeline.housekeeping import run_housekeeping
+    from tidings.pipeline.spark import spark_session
+
+    cfg = load_or_exit(config)
+    older = seconds_option(older_than, "--older-than")
+    spark = spark_session(cfg.relay, app_name="tidings-housekeeping")
+    with Progress(console=console) as progress:
+        task = progress.add_task("housekeeping", total=None)
+        result = run_housekeeping(
+            spark,
+            cfg,
+            older_than=timedelta(seconds=older) if older is not None else None,
+            event_limit=event_limit,
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    where = f" into {result.archive_path}" if result.archive_path else ""
+    console.print(f"{result.mode}: deleted {result.deleted}, archived {result.archived}{where}")
+
+
+@app.command()
+def status(config: ConfigOption = None) -> None:
+    """Counts per status and per target, the oldest open event's age, the last errors."""
+    from tidings.db import make_engine
+    from tidings.status import status_report
+
+    cfg = load_or_exit(config)
+    try:
+        report = status_report(make_engine(cfg.database.url))
+    except TidingsError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    table = Table(title="events per status")
+    table.add_column("status")
+    table.add_column("events", justify="right")
+    for name, count in sorted(report.by_status.items()):
+        table.add_row(name, str(count))
+    console.print(table)
+    targets = Table(title="deliveries per target")
+    for col in ("target", "confirmed", "failed"):
+        targets.add_column(col)
+    for name, counts in sorted(report.by_target.items()):
+        targets.add_row(name, str(counts.get("confirmed", 0)), str(counts.get("failed", 0)))
+    console.print(targets)
+    age = report.oldest_open_age
+    console.print(
+        f"oldest open event: {age.total_seconds():.1f} s old" if age else "no open events"
+    )
+    for seq, etype, error in report.last_errors:
+        console.print(f"[red]seq {seq}[/red] {etype}: {error}")
+
+
+@routes_app.command("list")
+def routes_list(config: ConfigOption = None) -> None:
+    """Show the routes in force (configuration merged with the database table)."""
+    from tidings.db import make_engine
+    from tidings.outbox.schema import ensure_schema
+    from tidings.routing.table import current_routes
+
+    cfg = load_or_exit(config)
+    engine = make_engine(cfg.database.url)
+    ensure_schema(engine)
+    for event_type, targets in sorted(current_routes(cfg, engine).by_type.items()):
+        console.print(f"{event_type} -> {', '.join(targets)}")
+
+
+@routes_app.command("add")
+def routes_add(event_type: str, target: str, config: ConfigOption = None) -> None:
+    """Route EVENT_TYPE to TARGET from the next micro-batch on."""
+    from tidings.db import make_engine
+    from tidings.outbox.schema import ensure_schema
+    from tidings.routing.table import add_route
+
+    cfg = load_or_exit(config)
+    if target not in cfg.targets:
+        err.print(
+            f"[red]error:[/red] unknown target {target!r} "
+            f"(defined: {', '.join(sorted(cfg.targets)) or 'none'})"
+        )
+        raise typer.Exit(2)
+    engine = make_engine(cfg.database.url)
+    ensure_schema(engine)
+    add_route(engine, event_type, target)
+    console.print(f"{event_type} -> {target} added")
+
+
+@routes_app.command("remove")
+def routes_remove(event_type: str, target: str, config: ConfigOption = None) -> None:
+    """Stop routing EVENT_TYPE to TARGET (routes in the database table only)."""
+    from tidings.db import make_engine
+    from tidings.outbox.schema import ensure_schema
+    from tidings.routing.table import remove_route
+
+    cfg = load_or_exit(config)
+    engine = make_engine(cfg.database.url)
+    ensure_schema(engine)
+    if not remove_route(engine, event_type, target):
+        err.print(f"no route {event_type} -> {target} in the table")
+        raise typer.Exit(1)
+    console.print(f"{event_type} -> {target} removed")

@@ -1,0 +1,173 @@
+"""``tidings`` commands of the FTN18 streams: consume, and streams status, unregister,
+hash-password."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tidings.cli.common import ServerConfOption, app, console, err, streams_app
+from tidings.errors import TidingsError
+
+if TYPE_CHECKING:
+    from tidings.server.store import EventStore
+    from tidings.streams.config import StreamServerConfig
+
+
+@app.command()
+def consume(
+    url: Annotated[str, typer.Argument(help="The stream's URL, e.g. http://127.0.0.1:8090/evt")],
+    component: Annotated[
+        str, typer.Argument(help="Consumer component (1-16 of A-Z a-z 0-9 _); LIVE is live.")
+    ],
+    live: Annotated[bool, typer.Option(help="Consume live (component LIVE).")] = False,
+    want: Annotated[
+        str | None, typer.Option(help="Only these FTN18 types, comma separated.")
+    ] = None,
+    poll: Annotated[bool, typer.Option(help="Poll over HTTP instead of push.")] = False,
+    count: Annotated[int | None, typer.Option(min=1, help="Stop after this many events.")] = None,
+    user: Annotated[
+        str, typer.Option(envvar="TIDINGS_STREAM_USER", help="User (env TIDINGS_STREAM_USER).")
+    ] = "",
+    password: Annotated[
+        str,
+        typer.Option(
+            envvar="TIDINGS_STREAM_PASSWORD",
+            help="Password (env TIDINGS_STREAM_PASSWORD; prompted for if unset).",
+        ),
+    ] = "",
+) -> None:
+    """Consume an FTN18 stream and print its events as JSON lines (reliable unless --live)."""
+    import asyncio
+    import json
+
+    from tidings.errors import StreamError
+    from tidings.streams.client import LIVE, StreamEvent, consume
+
+    if not user:
+        err.print("[red]error:[/red] give --user or set TIDINGS_STREAM_USER")
+        raise typer.Exit(2)
+    if not password:
+        password = typer.prompt("password", hide_input=True)
+    if live:
+        component = LIVE
+    wanted = [t.strip() for t in want.split(",") if t.strip()] if want is not None else None
+    printed = 0
+    done = asyncio.Event()
+
+    async def show(event: StreamEvent) -> None:
+        nonlocal printed
+        if done.is_set():
+            await asyncio.Event().wait()  # past --count: never acknowledge more
+        sys.stdout.write(json.dumps(event.as_dict(), separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+        printed += 1
+        if count is not None and printed >= count:
+            done.set()
+
+    async def run() -> None:
+        task = asyncio.create_task(
+            consume(url, user, password, component, show, want=wanted, push=not poll)
+        )
+        waiter = asyncio.create_task(done.wait())
+        finished, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        for pending in (task, waiter):
+            pending.cancel()
+        if task in finished:
+            task.result()
+
+    try:
+        asyncio.run(run())
+    except StreamError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _stream_store(conf: Path | None) -> tuple[StreamServerConfig, EventStore]:
+    """The server configuration with streams and its store, or a clear exit."""
+    from tidings.streams.admin import open_store
+    from tidings.streams.config import load_stream_server_config_file
+
+    try:
+        config = load_stream_server_config_file(conf)
+        return config, open_store(config)
+    except TidingsError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+
+
+@streams_app.command("status")
+def streams_status(
+    conf: ServerConfOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Each stream's retained ids and its consumers' positions and lag."""
+    import json
+
+    from tidings.streams.admin import stream_status
+
+    config, store = _stream_store(conf)
+    try:
+        statuses = [stream_status(store, stream) for stream in config.streams]
+    except TidingsError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    finally:
+        store.close()
+    if as_json:
+        sys.stdout.write(json.dumps([s.as_dict() for s in statuses], indent=2) + "\n")
+        return
+    if not statuses:
+        console.print("no streams configured")
+    for status in statuses:
+        span = f"ids {status.first_id}..{status.last_id}" if status.last_id is not None else "empty"
+        retention = "retention on" if status.retention else "keeps everything"
+        console.print(f"{status.name} ({status.endpoint}): {span}, {retention}", markup=False)
+        for c in status.consumers:
+            acked = c.acked_at.isoformat(timespec="seconds") if c.acked_at else "never"
+            console.print(
+                f"  {c.user}:{c.component} at {c.position}, {c.behind} behind, "
+                f"last acknowledged {acked}",
+                markup=False,
+            )
+
+
+@streams_app.command("unregister")
+def streams_unregister(
+    stream: str, user: str, component: str, conf: ServerConfOption = None
+) -> None:
+    """Forget a registered consumer, so that it no longer holds events back."""
+    from tidings.streams.admin import unregister
+
+    config, store = _stream_store(conf)
+    try:
+        if stream not in {s.name for s in config.streams}:
+            err.print(f"error: no stream {stream!r} in the configuration", markup=False)
+            raise typer.Exit(2)
+        if not unregister(store, stream, user, component):
+            err.print(f"no consumer {user}:{component} of stream {stream}", markup=False)
+            raise typer.Exit(1)
+    finally:
+        store.close()
+    console.print(f"{user}:{component} of {stream} unregistered", markup=False)
+
+
+@streams_app.command("hash-password")
+def streams_hash_password() -> None:
+    """Print the hash of a password (read from stdin, or prompted for) for stream_users."""
+    from tidings.streams.auth import hash_password
+
+    if sys.stdin.isatty():
+        password = typer.prompt("password", hide_input=True, confirmation_prompt=True)
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    try:
+        sys.stdout.write(hash_password(password) + "\n")
+    except TidingsError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
