@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import json
 import shutil
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,37 @@ async def serving(config: dict[str, Any]) -> AsyncIterator[Serving]:
     finally:
         stop.set()
         await task
+
+
+@contextlib.contextmanager
+def serving_in_thread(config: dict[str, Any]) -> Iterator[Serving]:
+    """:func:`serving` on an event loop of its own thread, for tests whose own code blocks
+    (Spark)."""
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    async def main() -> None:
+        state["stop"] = asyncio.Event()
+        state["loop"] = asyncio.get_running_loop()
+        try:
+            async with serving(config) as server:
+                state["server"] = server
+                ready.set()
+                await state["stop"].wait()
+        except BaseException as exc:
+            state["error"] = exc
+            ready.set()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(30), "the stream server did not start"
+    if "error" in state:
+        raise state["error"]
+    try:
+        yield state["server"]
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(30)
 
 
 async def call(

@@ -207,3 +207,23 @@ def test_wire_events_are_valid_ftn18_whatever_the_payload() -> None:
         "payload_kind": "binary",
         "base64": "AAE=",
     }
+
+
+def test_aggregation_configuration_is_checked() -> None:
+    from tidings.config import validate_config
+    from tidings.streams.config import AggregateConfig
+
+    source = {"url": "http://h:1/evt", "user": "u", "password_env": "P", "component": "AGG"}
+    good = {"sources": {"eu": source}, "destination": {"database": "sqlite:///a.db"}}
+    config = validate_config(AggregateConfig, good, "aggregation")
+    assert config.sources["eu"].options()["password_env"] == "P"
+    assert config.destination.type_prefix == ["aggregate"]
+    for bad, fragment in [
+        (good | {"sources": {}}, "at least one source"),
+        (good | {"sources": {"bad name": source}}, "source name"),
+        (good | {"sources": {"eu": source | {"component": "LIVE"}}}, "LIVE cannot"),
+        (good | {"sources": {"eu": source | {"password": "x"}}}, "unknown key"),
+        (good | {"sources": {"eu": source | {"url": "ftp://x"}}}, "url"),
+    ]:
+        with pytest.raises(ConfigError, match=fragment):
+            validate_config(AggregateConfig, bad, "aggregation")

@@ -162,7 +162,7 @@ def run_housekeeping(
     ensure_schema(engine)
     selection = _Selection.at(now, older_than)
     total = _count(engine, selection, event_limit)
-    archive_path = _archive_location(settings.archive_dir) if settings.mode == "archive" else None
+    archive_path = archive_location(settings.archive_dir) if settings.mode == "archive" else None
     log.info(
         "housekeeping started",
         extra={
@@ -206,8 +206,9 @@ def _check_arguments(older_than: timedelta, event_limit: int | None, chunk_size:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
 
 
-def _archive_location(archive_dir: str) -> str:
-    """Spark would resolve a bare path against its own working directory; URIs stay as-is."""
+def archive_location(archive_dir: str) -> str:
+    """An archive directory as Spark must be given it: a bare path would be resolved against
+    Spark's own working directory, so it is made absolute; URIs stay as they are."""
     return archive_dir if "://" in archive_dir else str(Path(archive_dir).absolute())
 
 

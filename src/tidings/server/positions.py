@@ -103,3 +103,23 @@ def type_condition_of(
         return None, params
     term, values = type_condition(sql, found, "type", filter_only=True)
     return f"{condition} AND {term}", [*params, *values]
+
+
+def read_newest(
+    store: EventStore, limit: int, types: Sequence[QueryType] | None = None
+) -> list[StoredEvent]:
+    """The newest ``limit`` events matching ``types``, in position order."""
+    with store.snapshot("read the newest events") as conn:
+        sql = DriverCursor.of(conn)
+        condition, params = type_condition_of(sql, store, "1 = 1", [], types)
+        if condition is None:
+            return []
+        try:
+            rows = sql.rows(
+                f"SELECT {', '.join(EVENT_COLUMNS)} FROM {events_table.name} "
+                f"WHERE {condition} ORDER BY position DESC LIMIT ?",
+                [*params, limit],
+            )
+        except sql.error as exc:
+            raise StoreError(f"event store {store.url}: cannot read the newest: {exc}") from exc
+    return events_from_rows(rows[::-1])

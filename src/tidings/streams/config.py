@@ -11,6 +11,7 @@ all streams; only password hashes are configured, directly or from an environmen
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -170,6 +171,64 @@ class StreamServerConfig(ServerConfig):
         return self.model_copy(update={"streams": streams})
 
 
+class StreamSourceConfig(_Model):
+    """A stream a Spark job consumes as a registered consumer."""
+
+    url: str = Field(pattern=r"^(https?|wss?)://")
+    user: str = Field(min_length=1)
+    #: The variable holding the password (passwords are not written in files).
+    password_env: str = Field(min_length=1)
+    component: str = Field(pattern=r"^[A-Za-z0-9_]{1,16}$")
+    want: list[str] | None = None
+
+    @field_validator("component")
+    @classmethod
+    def _registrable(cls, value: str) -> str:
+        if value == "LIVE":
+            raise ValueError("LIVE cannot be registered: a job consumes as a reliable consumer")
+        return value
+
+    def options(self) -> dict[str, str]:
+        """The ``tidings_stream`` source options."""
+        options = {
+            "url": self.url,
+            "user": self.user,
+            "password_env": self.password_env,
+            "component": self.component,
+        }
+        if self.want is not None:
+            options["want"] = ",".join(self.want)
+        return options
+
+
+class AggregateDestination(_Model):
+    """The event store the aggregated stream lives in (a tidings server serves it)."""
+
+    database: str = Field(min_length=1)
+    server_id: int = Field(default=1, ge=1)
+    type_prefix: list[str] = Field(default_factory=lambda: ["aggregate"])
+
+
+class AggregateConfig(_Model):
+    """``tidings streams aggregate -c FILE``: FTN18 2.3.3's aggregation of partitioned streams."""
+
+    sources: dict[str, StreamSourceConfig]
+    destination: AggregateDestination
+    checkpoint_dir: str = ".tidings/aggregate"
+    trigger_interval: Duration = timedelta(seconds=1)
+    spark_master: str = "local[*]"
+
+    @field_validator("sources")
+    @classmethod
+    def _names(cls, value: dict[str, StreamSourceConfig]) -> dict[str, StreamSourceConfig]:
+        if not value:
+            raise ValueError("give at least one source")
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+                raise ValueError(f"source name {name!r}: use 1-64 of letters, digits, _ . -")
+        return value
+
+
 def load_stream_server_config(data: Any, base_dir: Path | None = None) -> StreamServerConfig:
     """Validate a server configuration that may hold streams."""
     config = load_server_config(data, base_dir, model=StreamServerConfig)
@@ -194,10 +253,13 @@ def _as_value_error(check: Any, value: Any) -> Any:
 
 
 __all__ = [
+    "AggregateConfig",
+    "AggregateDestination",
     "PushConfig",
     "RetentionConfig",
     "StreamConfig",
     "StreamServerConfig",
+    "StreamSourceConfig",
     "StreamUserConfig",
     "load_stream_server_config",
     "load_stream_server_config_file",

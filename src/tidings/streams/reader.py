@@ -10,7 +10,8 @@ import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Executor
 
-from tidings.server.positions import read_positions
+from tidings.events.model import StoredEvent
+from tidings.server.positions import read_newest, read_positions
 from tidings.server.store import EventStore
 from tidings.streams.encoding import WireEvent, wire_event
 from tidings.streams.feed import Batch, StreamFeed
@@ -50,14 +51,33 @@ class StreamReader:
         if not patterns:
             return Batch([], max(after, self._store.last_position()))
         found = read_positions(self._store, after, limit, patterns)
+        chosen = self._encoded(found.events, max_bytes)
+        if len(chosen) < len(found.events):
+            return Batch(chosen, chosen[-1].position)
+        return Batch(chosen, found.scanned)
+
+    async def newest(self, want: Sequence[str] | None, limit: int, max_bytes: int) -> Batch:
+        """The newest ``limit`` events of the types in ``want``, in id order, within
+        ``max_bytes`` (the newest kept): where a live consumer without a position starts."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._newest, want, limit, max_bytes)
+
+    def _newest(self, want: Sequence[str] | None, limit: int, max_bytes: int) -> Batch:
+        patterns = self._type_map.wanted_patterns(want)
+        found = read_newest(self._store, limit, patterns) if patterns else []
+        chosen = self._encoded(found[::-1], max_bytes)[::-1]
+        return Batch(chosen, chosen[-1].position if chosen else 0)
+
+    def _encoded(self, events: Sequence[StoredEvent], max_bytes: int) -> list[WireEvent]:
+        """``events`` encoded, as many as fit ``max_bytes`` (at least one)."""
         chosen: list[WireEvent] = []
         size = 0
-        for event in found.events:
+        for event in events:
             name = self._type_map.name_of(event.type)
             assert name is not None  # the patterns select only the stream's types
             encoded = wire_event(event, name)
             size += len(encoded.encoded) + 1
             if chosen and size > max_bytes:
-                return Batch(chosen, chosen[-1].position)
+                break
             chosen.append(encoded)
-        return Batch(chosen, found.scanned)
+        return chosen

@@ -147,9 +147,10 @@ class StreamService:
         max_bytes: int,
     ) -> RawJson:
         if component == LIVE:
-            feed = self._reader.feed
-            after = last_id if last_id is not None else feed.newest(MAX_EVENTS)
-            batch = await self._reader.read(after, want, MAX_EVENTS, max_bytes)
+            if last_id is None:
+                batch = await self._reader.newest(want, MAX_EVENTS, max_bytes)
+            else:
+                batch = await self._reader.read(last_id, want, MAX_EVENTS, max_bytes)
             return RawJson(event_list(batch.events))
         async with self._lock(user, component):
             if last_id is not None:
