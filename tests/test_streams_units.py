@@ -227,3 +227,16 @@ def test_aggregation_configuration_is_checked() -> None:
     ]:
         with pytest.raises(ConfigError, match=fragment):
             validate_config(AggregateConfig, bad, "aggregation")
+
+
+def test_the_example_stream_configuration_loads(monkeypatch) -> None:
+    from pathlib import Path
+
+    from tidings.streams.config import load_stream_server_config_file
+
+    monkeypatch.setenv("TIDINGS_APP_HASH", hash_password("s3cret", n=2**4))
+    example = Path(__file__).parent.parent / "examples" / "server-streams.yaml"
+    config = load_stream_server_config_file(example)
+    [stream] = config.streams
+    assert stream.type_map().event_type_of("ORDER_PLACED") == ("orders", "OrderPlaced")
+    assert config.stream_users["app"].resolved_hash("app").startswith("scrypt$")
