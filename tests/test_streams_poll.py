@@ -3,6 +3,7 @@ filters, limits, users, generation and the errors of each."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -257,3 +258,37 @@ def test_bad_requests_get_their_error_and_harm_nothing(tmp_path) -> None:
             assert _ids(await poll(server.url, "OK")) == ids  # nothing was lost or moved
 
     run(scenario())
+
+
+def test_a_flood_of_wrong_passwords_does_not_hold_up_known_callers(tmp_path) -> None:
+    """Each wrong password costs a full scrypt check (tens of ms at the default cost); they
+    queue in a thread of their own, so a caller already verified is answered meanwhile."""
+    from tidings.streams.auth import hash_password
+
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
+    config["stream_users"]["slow"] = {"password_hash": hash_password("right")}  # default cost
+
+    async def scenario() -> None:
+        async with serving(config) as server:
+            await call(server.url, "futoin.evt.poll:1.1:registerConsumer", {"component": "OK"})
+            finished: list[str] = []
+
+            async def wrong(index: int) -> None:
+                reply = await call(
+                    server.url,
+                    "futoin.evt.poll:1.1:pollEvents",
+                    {"component": "OK"},
+                    sec=f"slow:wrong{index}",
+                )
+                assert reply["e"] == "SecurityError"
+                finished.append("wrong")
+
+            flood = [asyncio.create_task(wrong(i)) for i in range(30)]
+            await asyncio.sleep(0.05)
+            reply = await poll(server.url, "OK")
+            finished.append("known")
+            assert "r" in reply
+            await asyncio.gather(*flood)
+            assert finished.index("known") < len(finished) - 1  # answered inside the flood
+
+    run(scenario(), timeout=60)

@@ -50,9 +50,20 @@ class Users:
         self._verified: set[bytes] = set()
         self._lock = Lock()
 
+    def remembered(self, sec: str | None) -> str | None:
+        """The user of ``sec`` if that pair verified before (one HMAC: call it anywhere)."""
+        if sec is None or len(sec) > _MAX_SEC_CHARS:
+            return None
+        token = hmac.digest(self._key, sec.encode(), "sha256")
+        with self._lock:
+            if token in self._verified:
+                return sec.partition(":")[0]
+        return None
+
     def authenticate(self, sec: str | None) -> str:
         """The user named by an FTN8 basic ``sec`` (``user:password``); SecurityError if
-        there is none, the mode is not basic, or the password is wrong."""
+        there is none, the mode is not basic, or the password is wrong. Slow (scrypt) for
+        a pair not verified before: call it from a worker thread."""
         if sec is None:
             raise StreamError(SECURITY_ERROR, "Anonymous not allowed: send sec user:password")
         if len(sec) > _MAX_SEC_CHARS:

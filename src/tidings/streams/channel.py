@@ -78,7 +78,7 @@ class Channel:
         """A reply from the peer to one of our calls."""
         future = self._pending.pop(reply.rid, None)
         if future is None:
-            log.warning(
+            log.debug(
                 "stream channel: reply to no pending call",
                 extra={"peer": self.peer, "rid": reply.rid},
             )

@@ -90,9 +90,7 @@ def ordered(rows: Sequence[Any]) -> list[AggregatedEvent]:
     """A micro-batch's rows as events, each source's in id order (sources interleave by
     timestamp, so the aggregate follows the order things happened across them)."""
     events = [
-        AggregatedEvent(
-            row["source"], int(row["id"]), row["type"], row["data"], _micros(row["ts"])
-        )
+        AggregatedEvent(row["source"], int(row["id"]), row["type"], row["data"], _micros(row["ts"]))
         for row in rows
     ]
     by_source: dict[str, list[AggregatedEvent]] = {}

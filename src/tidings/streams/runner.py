@@ -53,6 +53,7 @@ class RunningStreams:
     services: dict[str, StreamService]
     servers: list[tuple[_Server, asyncio.Task[None]]] = field(default_factory=list)
     executor: ThreadPoolExecutor | None = None
+    password_checks: ThreadPoolExecutor | None = None
     unsubscribe: list[object] = field(default_factory=list)
     retention: asyncio.Task[None] | None = None
 
@@ -62,8 +63,9 @@ class RunningStreams:
             {name: user.resolved_hash(name) for name, user in config.stream_users.items()}
         )
         executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="tidings-streams")
+        checks = ThreadPoolExecutor(1, thread_name_prefix="tidings-passwords")
         loop = asyncio.get_running_loop()
-        running = cls({}, executor=executor)
+        running = cls({}, executor=executor, password_checks=checks)
         try:
             consumers = await loop.run_in_executor(executor, Consumers, server.store)
             by_address: dict[tuple[str, int], list[StreamConfig]] = {}
@@ -102,8 +104,9 @@ class RunningStreams:
         for _, task in self.servers:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(task, 10)
-        if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+        for pool in (self.executor, self.password_checks):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
 
 def streams_attachment(config: StreamServerConfig) -> Attachment | None:
@@ -134,7 +137,10 @@ def _service(
     feed = StreamFeed(type_map, server.store.last_position())
     running.unsubscribe.append(server.engine.subscribe(feed.add))
     reader = StreamReader(server.store, feed, type_map, executor)
-    return StreamService(stream, type_map, server.engine, reader, consumers, users, executor)
+    assert running.password_checks is not None
+    return StreamService(
+        stream, type_map, server.engine, reader, consumers, users, executor, running.password_checks
+    )
 
 
 async def _serve(

@@ -78,6 +78,7 @@ class StreamService:
         consumers: Consumers,
         users: Users,
         executor: Executor,
+        password_checks: Executor,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -87,6 +88,7 @@ class StreamService:
         self._consumers = consumers
         self._users = users
         self._executor = executor
+        self._password_checks = password_checks
         #: The running push session of each reliable consumer (a newer one replaces it).
         self._sessions: dict[tuple[str, str], tuple[PushSession, asyncio.Task[None]]] = {}
         self._consumer_locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -105,7 +107,7 @@ class StreamService:
             raise StreamError(
                 INVALID_REQUEST, f"{request.func} is not a function of {request.iface}"
             )
-        user = await self._blocking(self._users.authenticate, request.sec)
+        user = self._users.remembered(request.sec) or await self._authenticate(request.sec)
         if request.func == "registerConsumer":
             return await self._register(user, params["component"])
         if request.func == "pollEvents":
@@ -240,6 +242,12 @@ class StreamService:
         if stored is None:
             raise StreamError(INTERNAL_ERROR, "the event was not stored")
         return str(stored.position)
+
+    async def _authenticate(self, sec: str | None) -> str:
+        """A full check (scrypt) in the password thread, which only such checks use: a
+        flood of wrong passwords queues there, never in front of consumers' work."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._password_checks, self._users.authenticate, sec)
 
     async def _acknowledge(self, user: str, component: str, position: int) -> int:
         return await self._blocking(
