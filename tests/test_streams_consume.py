@@ -182,3 +182,32 @@ def test_no_event_is_skipped_or_reordered_while_several_writers_commit(database_
                 assert all(ns == list(range(per_writer)) for ns in per.values())
 
     run(scenario(), timeout=120)
+
+
+@pytest.mark.parametrize("push", [True, False], ids=["push", "poll"])
+def test_python_consumer_reconnects_across_a_server_restart(tmp_path, push: bool) -> None:
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
+
+    async def scenario() -> None:
+        got: list[StreamEvent] = []
+
+        async def handler(event: StreamEvent) -> None:
+            got.append(event)
+
+        async with serving(config) as server:
+            url = server.url
+            before = await add_events(url, 10)
+            task = asyncio.create_task(
+                consume(url, USER, PASSWORD, "RECON", handler, push=push, max_delay=0.1)
+            )
+            await until(lambda: len(got) >= 10, 20)
+            await asyncio.sleep(0.3)  # the acknowledgement goes out
+        async with serving(config):  # the same port, after a restart
+            after = await add_events(url, 10)
+            try:
+                await until(lambda: len(got) >= 20, 30)
+            finally:
+                task.cancel()
+        assert [e.id for e in got] == before + after
+
+    run(scenario(), timeout=90)
