@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import tidings
+import tidings.errors
 from helpers import fresh_interpreter
 
 PUBLIC = ("tidings", "tidings.client", "tidings.events")
@@ -47,6 +48,19 @@ def test_exports_are_listed_once_and_shown_by_dir(module: str) -> None:
     exported = importlib.import_module(module).__all__
     assert len(exported) == len(set(exported))
     assert set(exported) <= set(dir(importlib.import_module(module)))
+
+
+def test_every_error_of_tidings_errors_is_exported_by_tidings() -> None:
+    """One error hierarchy, all of it public: each :class:`TidingsError` (the base included)
+    defined in ``tidings.errors`` is in ``tidings.__all__``."""
+    defined = {
+        name
+        for name, value in vars(tidings.errors).items()
+        if isinstance(value, type)
+        and issubclass(value, tidings.errors.TidingsError)
+        and value.__module__ == "tidings.errors"
+    }
+    assert defined - set(tidings.__all__) == set()
 
 
 def test_a_name_tidings_does_not_export_is_an_attribute_error() -> None:

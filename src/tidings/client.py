@@ -30,7 +30,15 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from tidings.errors import ClientError, ConnectionClosed, ProtocolError, StoreError
+from tidings.errors import (
+    ClientError,
+    ConfigError,
+    ConnectionClosed,
+    ProtocolError,
+    RequestTimeout,
+    StoreError,
+    TidingsError,
+)
 from tidings.events import (
     EventId,
     EventType,
@@ -49,6 +57,7 @@ from tidings.wire import chatter, codec
 __all__ = [
     "Client",
     "ClientError",
+    "ConfigError",
     "ConnectionClosed",
     "EventId",
     "EventType",
@@ -59,7 +68,10 @@ __all__ = [
     "ProtocolError",
     "QueryData",
     "QueryType",
+    "RequestTimeout",
+    "StoreError",
     "StoredEvent",
+    "TidingsError",
     "connect",
     "json_event",
     "json_value",
@@ -83,7 +95,7 @@ async def connect(
     ``subscriptions`` are event types in which ``?`` stands for one segment and a final
     ``*`` for any number; if any are given they are subscribed at once (as hat-event's
     client does). ``timeout`` bounds connecting, ``request_timeout`` (None: no bound) each
-    request with a reply.
+    request with a reply (:class:`RequestTimeout` when it runs out).
     """
     connection = await chatter.connect(
         address, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval, timeout=timeout

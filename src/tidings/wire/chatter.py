@@ -32,7 +32,7 @@ from collections.abc import AsyncIterable
 from dataclasses import dataclass
 
 from tidings.address import parse_address
-from tidings.errors import ConnectionClosed, ProtocolError
+from tidings.errors import ConnectionClosed, ProtocolError, RequestTimeout
 from tidings.wire import codec, envelope
 from tidings.wire.frame_reader import decode_body, read_frame
 from tidings.wire.lag import LagWatch
@@ -275,7 +275,10 @@ class Connection:
     async def request(
         self, module: str, type_name: str, value: codec.Value, timeout: float | None = None
     ) -> Message:
-        """Open a conversation with a message and return the peer's reply in it."""
+        """Open a conversation with a message and return the peer's reply in it.
+
+        :class:`RequestTimeout` if no reply came within ``timeout`` seconds (None: no bound).
+        """
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         conversation = self.send(module, type_name, value, last=False)
         self._pending[conversation.first_id] = future
@@ -291,7 +294,9 @@ class Connection:
             if future in done:
                 return future.result()
             if not done:
-                raise TimeoutError(f"{module}.{type_name}: no reply from {self.peer} in {timeout}s")
+                raise RequestTimeout(
+                    f"{module}.{type_name}: no reply from {self.peer} in {timeout}s"
+                )
             reason = self._close_reason or "closed"
             raise ConnectionClosed(f"connection to {self.peer} closed before the reply: {reason}")
         finally:
