@@ -49,6 +49,7 @@ from tidings.events import (
     QueryData,
     QueryType,
     StoredEvent,
+    json_event,
     validate_query_type,
 )
 from tidings.wire import chatter, codec
@@ -214,20 +215,6 @@ class Client:
         return await self._connection.request(
             module, type_name, value, timeout=self._request_timeout
         )
-
-
-def json_event(
-    event_type: EventType,
-    value: Any,
-    source_timestamp_us: int | None = None,
-    *,
-    outbox_event_id: str | None = None,
-) -> NewEvent:
-    """A new event with ``value`` as its JSON payload (the common case in hat-event)."""
-    payload = json.dumps(value).encode()
-    return NewEvent(
-        tuple(event_type), payload, PayloadKind.JSON, source_timestamp_us, outbox_event_id
-    )
 
 
 def json_value(event: StoredEvent | NewEvent) -> Any:

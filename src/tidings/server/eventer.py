@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Self
 
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
 from tidings.events.matching import TypeMatcher
-from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent
+from tidings.events.model import EventType, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.eventer_register import Registrations
 from tidings.server.notify import Notifier
@@ -212,7 +211,7 @@ class EventerServer:
     async def _register_status(self, connection: chatter.Connection, status: str) -> None:
         """Register the eventer event ``status``; a failure is logged, never raised, since
         serving or closing the connection must go on regardless."""
-        event = NewEvent(EVENTER_EVENT_TYPE, json.dumps(status).encode(), PayloadKind.JSON)
+        event = json_event(EVENTER_EVENT_TYPE, status)
         try:
             await self._engine.register([event])
         except Exception as exc:

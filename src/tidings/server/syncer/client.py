@@ -22,8 +22,9 @@ import contextlib
 import logging
 
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, TidingsError
+from tidings.events.model import json_event
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.syncer.common import SYNCER, client_status_type, status_event
+from tidings.server.syncer.common import SYNCER, client_status_type
 from tidings.wire import chatter, codec
 from tidings.wire.chatter import Connection
 
@@ -193,7 +194,7 @@ class SyncerClient:
         self._reported = synced
         try:
             await self._engine.register(
-                [status_event(client_status_type(self.peer_server_id), synced)]
+                [json_event(client_status_type(self.peer_server_id), synced)]
             )
         except Exception as exc:
             log.warning(

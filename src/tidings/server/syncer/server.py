@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
-from tidings.events.model import EventId, StoredEvent
+from tidings.events.model import EventId, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.syncer.common import SERVER_STATUS_TYPE, SYNCER, status_event
+from tidings.server.syncer.common import SERVER_STATUS_TYPE, SYNCER
 from tidings.wire import chatter, chatter_server, codec
 from tidings.wire.chatter import Connection
 
@@ -372,7 +372,7 @@ class SyncerServer:
         status = [{"client_name": client.name, "synced": client.synced} for client in self._clients]
         async with self._status_lock:
             try:
-                await self._engine.register([status_event(SERVER_STATUS_TYPE, status)])
+                await self._engine.register([json_event(SERVER_STATUS_TYPE, status)])
             except Exception as exc:
                 log.warning("syncer server: cannot register its status event: %r", exc)
 
