@@ -65,9 +65,6 @@ DEFAULT_MAX_SUBSCRIBER_LAG_BYTES = 16 * 1024 * 1024
 #: decodes into at most 8 M values (see tidings.wire.prescan), about half a gigabyte.
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
-_EVENTER = "HatEventer"
-_TIDINGS = "TidingsEventer"
-
 
 class _Client:
     """One connected client: its subscription (None until it subscribes) and its register
@@ -107,10 +104,10 @@ class EventerServer:
         #: Register replies being encoded off the loop (kept here until sent).
         self._reply_tasks: set[asyncio.Task[None]] = set()
         self._requests: dict[tuple[str, str], _RequestHandler] = {
-            (_EVENTER, "MsgSubscribe"): self._on_subscribe,
-            (_EVENTER, "MsgRegisterReq"): self._on_register,
-            (_EVENTER, "MsgQueryReq"): self._on_query,
-            (_TIDINGS, "MsgRegisterReq"): self._on_register_outbox,
+            (codec.EVENTER, "MsgSubscribe"): self._on_subscribe,
+            (codec.EVENTER, "MsgRegisterReq"): self._on_register,
+            (codec.EVENTER, "MsgQueryReq"): self._on_query,
+            (codec.TIDINGS_EVENTER, "MsgRegisterReq"): self._on_register_outbox,
         }
 
     @classmethod
@@ -274,7 +271,7 @@ class EventerServer:
         )
         try:
             await connection.send_stream(
-                _EVENTER,
+                codec.EVENTER,
                 "MsgQueryRes",
                 plan.size,
                 stream_body(plan),
@@ -313,12 +310,12 @@ class EventerServer:
         slow subscriber, so that its buffer cannot grow without bound."""
         if self._keeps_up(connection):
             with contextlib.suppress(ConnectionClosed):
-                connection.send_encoded(_EVENTER, type_name, body, conversation=conversation)
+                connection.send_encoded(codec.EVENTER, type_name, body, conversation=conversation)
 
     def _send_notify(self, connection: chatter.Connection, body: bytes) -> None:
         if self._keeps_up(connection):
             with contextlib.suppress(ConnectionClosed):
-                connection.send_encoded(_EVENTER, "MsgNotify", body, last=True)
+                connection.send_encoded(codec.EVENTER, "MsgNotify", body, last=True)
 
     def _keeps_up(self, connection: chatter.Connection) -> bool:
         """Whether the client reads enough to be sent more; if not, it is dropped (see

@@ -51,7 +51,6 @@ _RECEIVE_QUEUE = 256
 DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
 #: How long closing waits for unsent bytes to reach the peer before dropping them.
 _CLOSE_FLUSH_SECONDS = 5.0
-_PING = "HatPing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +382,7 @@ class Connection:
             raise ProtocolError(f"unknown message type {module}.{type_name}")
         # The conversation as seen from here: ours if the sender is not its owner.
         conversation = Conversation(owner=not received.owner, first_id=received.first)
-        if module == _PING:
+        if module == codec.PING:
             self._on_ping(type_name, conversation)
             return
         message = Message(
@@ -403,7 +402,7 @@ class Connection:
 
     def _on_ping(self, type_name: str, conversation: Conversation) -> None:
         if type_name == "MsgPing":
-            self.send(_PING, "MsgPong", None, conversation=conversation, last=True)
+            self.send(codec.PING, "MsgPong", None, conversation=conversation, last=True)
         elif conversation.owner and conversation.first_id in self._pongs:
             self._pongs[conversation.first_id].set()
 
@@ -412,7 +411,7 @@ class Connection:
             while True:
                 await asyncio.sleep(interval)
                 pong = asyncio.Event()
-                conversation = self.send(_PING, "MsgPing", None, last=False)
+                conversation = self.send(codec.PING, "MsgPing", None, last=False)
                 self._pongs[conversation.first_id] = pong
                 try:
                     await asyncio.wait_for(pong.wait(), interval)

@@ -1,4 +1,5 @@
-"""What both sides of the Syncer share: the protocol's module and the status events.
+"""What both sides of the Syncer share: the status events (the protocol module, HatSyncer,
+is :data:`tidings.wire.codec.SYNCER`).
 
 Status events, as hat-event registers them (protocol notes §6, JSON payloads, made with
 :func:`~tidings.events.model.json_event`):
@@ -15,9 +16,6 @@ Status events, as hat-event registers them (protocol notes §6, JSON payloads, m
 from __future__ import annotations
 
 from tidings.events.model import EventType
-
-#: The chatter module of every Syncer message.
-SYNCER = "HatSyncer"
 
 #: Type of the event listing the syncer server's clients.
 SERVER_STATUS_TYPE: EventType = ("event", "syncer", "server")
