@@ -62,7 +62,7 @@ from common import (
 from server_hostile import Target, hostile_phase
 from server_hostile import evaluate as evaluate_hostile
 from server_hostile import markdown as hostile_markdown
-from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES
+from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
 
 VENV_BIN = Path(sys.executable).parent
 SERVERS = ("hat", "tidings")

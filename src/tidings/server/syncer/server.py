@@ -30,9 +30,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
+from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
+from tidings.server.config import require_positive_ints
 from tidings.server.syncer.common import SERVER_STATUS_TYPE
 from tidings.wire import chatter, chatter_server, codec
 from tidings.wire.chatter import Connection
@@ -133,13 +134,12 @@ class SyncerServer:
     ) -> SyncerServer:
         """Listen on ``address`` (``tcp+sbs://HOST:PORT``, port 0 for any) and register the
         empty client list, as hat-event does when its syncer server starts."""
-        for name, value in (
-            ("backlog_chunk", backlog_chunk),
-            ("max_pending", max_pending),
-            ("max_unsent_bytes", max_unsent_bytes),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"syncer server: {name} must be a positive int, not {value!r}")
+        require_positive_ints(
+            "syncer server",
+            backlog_chunk=backlog_chunk,
+            max_pending=max_pending,
+            max_unsent_bytes=max_unsent_bytes,
+        )
         self = cls(
             engine,
             backlog_chunk=backlog_chunk,
