@@ -62,7 +62,7 @@ from common import (
     write_report,
 )
 from tidings.config import TidingsConfig, load_config
-from tidings.db import make_engine
+from tidings.db import SQLITE_PRAGMAS, make_engine
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import ensure_schema, outbox_event
@@ -279,9 +279,8 @@ def _raw_db(path: Path) -> sqlite3.Connection:
     ensure_schema(engine)  # tidings' own outbox_event table and indexes
     engine.dispose()
     db = sqlite3.connect(path)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA busy_timeout=30000")
+    for pragma in SQLITE_PRAGMAS:
+        db.execute(pragma)
     create_accounts(lambda sql, rows=None: db.executemany(sql, rows) if rows else db.execute(sql))
     db.commit()
     return db

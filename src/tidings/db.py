@@ -16,11 +16,14 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
-#: The pragmas of every SQLite connection whose caller gives none of its own.
+#: The pragmas of every SQLite connection whose caller gives none of its own (a caller with
+#: more adds to these). The busy timeout comes first, so that switching to WAL waits for a
+#: writer of another connection instead of failing at once.
+SQLITE_BUSY_TIMEOUT = "PRAGMA busy_timeout=30000"
 SQLITE_PRAGMAS = (
+    SQLITE_BUSY_TIMEOUT,
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
-    "PRAGMA busy_timeout=30000",
 )
 
 _engines: dict[str, Engine] = {}
