@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tidings.address import Address
-from tidings.config import read_config_data, resolve_path, validate_config
+from tidings.config import StrictModel, read_config_data, resolve_path, validate_config
 from tidings.errors import ConfigError
 
 DEFAULT_EVENTER_ADDRESS = "tcp+sbs://127.0.0.1:23012"
@@ -36,10 +36,6 @@ DEFAULT_MAX_SUBSCRIBER_LAG_BYTES = 16 * 1024 * 1024
 #: 100,000: 12 MiB); a query for 3,000 types is 53 KB, for 10,000 ids 80 KB. A frame at the
 #: limit decodes into at most 8 M values (see tidings.wire.prescan), about half a gigabyte.
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class BackendConfig(BaseModel):
@@ -66,14 +62,14 @@ class ModuleConfig(BaseModel):
         return {"module": self.module, **(self.model_extra or {})}
 
 
-class EngineConfig(_Model):
+class EngineConfig(StrictModel):
     server_id: int = Field(ge=1, le=2**63 - 1)
     modules: list[ModuleConfig] = Field(default_factory=list)
     #: tidings: events the modules may add to one session before it is aborted as a loop.
     max_session_events: int = Field(default=10_000, ge=1)
 
 
-class EventerServerConfig(_Model):
+class EventerServerConfig(StrictModel):
     address: Address = DEFAULT_EVENTER_ADDRESS
     #: tidings: the largest frame a client may send; a larger one closes that connection.
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
@@ -81,11 +77,11 @@ class EventerServerConfig(_Model):
     max_subscriber_lag_bytes: int = Field(default=DEFAULT_MAX_SUBSCRIBER_LAG_BYTES, ge=1024)
 
 
-class SyncerServerConfig(_Model):
+class SyncerServerConfig(StrictModel):
     address: Address = DEFAULT_SYNCER_ADDRESS
 
 
-class SyncerPeerConfig(_Model):
+class SyncerPeerConfig(StrictModel):
     """A redundant peer server this one keeps in sync with (replaces Monitor discovery)."""
 
     #: The peer's ``engine.server_id``: the Syncer asks for that server's events.
@@ -95,7 +91,7 @@ class SyncerPeerConfig(_Model):
     syncer_token: str | None = None
 
 
-class ServerConfig(_Model):
+class ServerConfig(StrictModel):
     """The whole ``tidings server`` configuration."""
 
     type: Literal["event"]
