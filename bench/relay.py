@@ -65,7 +65,12 @@ from tidings.config import TidingsConfig, load_config
 from tidings.db import SQLITE_PRAGMAS, make_engine
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
-from tidings.outbox.schema import ensure_schema, outbox_event
+from tidings.outbox.schema import (
+    OUTBOX_EVENT_COLUMNS,
+    ensure_schema,
+    outbox_event,
+    outbox_event_from_row,
+)
 from tidings.server.store import EventStore
 
 NATS_URL = "nats://127.0.0.1:4222"
@@ -701,27 +706,17 @@ async def raw_publish(
 
 def sample_message(cfg: TidingsConfig) -> tuple[bytes, dict[str, str]]:
     """Payload and header set of one real relay message, for same-size raw messages."""
-    from tidings.events.outbox import OutboxEvent
     from tidings.targets.jetstream_messages import message_headers
 
     engine = make_engine(cfg.database.url)
+    columns = [outbox_event.c[name] for name in OUTBOX_EVENT_COLUMNS]
     with engine.connect() as conn:
-        row = conn.execute(select(outbox_event).order_by(outbox_event.c.seq).limit(1)).one()
+        row = conn.execute(select(*columns).order_by(outbox_event.c.seq).limit(1)).one()
     engine.dispose()
-    event = OutboxEvent(
-        seq=row.seq,
-        event_id=row.event_id,
-        event_type=row.event_type,
-        payload=row.payload,
-        logged_at=as_utc(row.logged_at),
-        version=row.event_version,
-        originator=row.originator,
-        partition_key=row.partition_key,
-        headers=json.loads(row.headers),
-    )
+    event = outbox_event_from_row(*row)
     headers = message_headers(event)
     headers.pop("Nats-Msg-Id")
-    return row.payload.encode(), headers
+    return event.payload.encode(), headers
 
 
 @dataclass
