@@ -4,6 +4,7 @@ themselves (``tidings`` subprocesses, a private ``nats-server``, a hat-event 0.8
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import signal
@@ -313,3 +314,19 @@ def fresh_interpreter(program: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+#: The stacks the client, the event model and ``import tidings`` must not load.
+HEAVY = ("sqlalchemy", "pyspark")
+
+
+def heavy_modules_after(statement: str) -> dict[str, list[str]]:
+    """The database and Spark modules (:data:`HEAVY`, the first few of each) a fresh
+    interpreter holds after running ``statement``."""
+    loaded = fresh_interpreter(
+        f"{statement}\n"
+        "import sys\n"
+        f"print({{top: sorted(m for m in sys.modules if m.split('.')[0] == top)[:3]"
+        f" for top in {HEAVY!r}}})\n"
+    )
+    return ast.literal_eval(loaded)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tidings
-from helpers import fresh_interpreter
+from helpers import HEAVY, fresh_interpreter, heavy_modules_after
 
 #: Bottom first. Where ARCHITECTURE.md lists parts side by side (``errors``, ``events``;
 #: ``config``, ``db``; ``outbox``, ``routing``; ``cli``, ``demo``) this fixes an order between
@@ -46,7 +46,6 @@ LAYERS = (
 )
 RANK = {name: rank for rank, name in enumerate(LAYERS)}
 PACKAGE = Path(tidings.__file__).resolve().parent
-HEAVY = ("sqlalchemy", "pyspark")
 
 
 def _module_name(path: Path) -> str:
@@ -168,13 +167,8 @@ def test_the_layer_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
 def test_the_client_and_the_event_model_load_neither_sqlalchemy_nor_pyspark(
     statement: str,
 ) -> None:
-    check = (
-        f"{statement}\n"
-        "import sys\n"
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
-    )
-    loaded = fresh_interpreter(check)
-    assert loaded == "[]", f"{statement!r} loaded {loaded}"
+    loaded = heavy_modules_after(statement)
+    assert loaded == {top: [] for top in HEAVY}, f"{statement!r} loaded {loaded}"
 
 
 def test_a_server_configuration_loads_no_other_part_of_the_server() -> None:

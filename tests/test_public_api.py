@@ -18,21 +18,9 @@ import pytest
 
 import tidings
 import tidings.errors
-from helpers import fresh_interpreter
+from helpers import HEAVY, fresh_interpreter, heavy_modules_after
 
 PUBLIC = ("tidings", "tidings.client", "tidings.events")
-HEAVY = ("sqlalchemy", "pyspark")
-
-
-def _heavy_modules_after(statement: str) -> dict[str, list[str]]:
-    """The database and Spark modules a fresh interpreter holds after running ``statement``."""
-    loaded = fresh_interpreter(
-        f"{statement}\n"
-        "import sys\n"
-        f"print({{top: sorted(m for m in sys.modules if m.split('.')[0] == top)[:3]"
-        f" for top in {HEAVY!r}}})\n"
-    )
-    return ast.literal_eval(loaded)
 
 
 @pytest.mark.parametrize(
@@ -93,12 +81,12 @@ def test_the_lazy_names_are_the_ones_type_checkers_see() -> None:
 
 
 def test_import_tidings_loads_neither_sqlalchemy_nor_pyspark() -> None:
-    assert _heavy_modules_after("import tidings") == {top: [] for top in HEAVY}
+    assert heavy_modules_after("import tidings") == {top: [] for top in HEAVY}
 
 
 def test_a_heavy_name_loads_sqlalchemy_when_used_and_never_spark() -> None:
     """Every name of ``tidings.__all__`` serves a producer or a server: none needs Spark."""
-    loaded = _heavy_modules_after(
+    loaded = heavy_modules_after(
         "import tidings\nfor name in tidings.__all__: getattr(tidings, name)"
     )
     assert loaded["sqlalchemy"], "tidings.Outbox and the others should have loaded SQLAlchemy"
