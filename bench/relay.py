@@ -23,7 +23,6 @@ import os
 import pstats
 import random
 import shutil
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -61,6 +60,7 @@ from common import (
     status_counts,
     write_report,
 )
+from processes import kill_tree, tidings_cli
 from tidings.config import TidingsConfig, load_config
 from tidings.db import SQLITE_PRAGMAS, make_engine
 from tidings.events.timeutil import as_utc
@@ -1021,8 +1021,11 @@ def _relay_once(cfg_path: Path, log_path: Path) -> tuple[int, TreeMonitor]:
     """Run ``tidings.cli relay --once`` as a subprocess, summing its tree's PSS every 0.2 s;
     its exit code and the monitor. Ended (the whole process group) after 900 s."""
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tidings.cli", "relay", "--config", str(cfg_path), "--once"],
+        proc = tidings_cli(
+            "relay",
+            "--config",
+            str(cfg_path),
+            "--once",
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cfg_path.parent,
@@ -1033,8 +1036,7 @@ def _relay_once(cfg_path: Path, log_path: Path) -> tuple[int, TreeMonitor]:
         next_say = time.monotonic() + 15
         while proc.poll() is None:
             if time.monotonic() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
+                kill_tree(proc, 30)
                 raise RuntimeError("relay subprocess did not finish within 900 s")
             total = monitor.sample()
             if time.monotonic() >= next_say:
