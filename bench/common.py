@@ -3,7 +3,8 @@
 One percentile definition, one way of describing the machine and the code measured, one way
 of counting the CPU that other processes took meanwhile (a busy machine slows every figure,
 and the reports say so), one monitor of a process tree's CPU and memory, and one writer of
-the report files in ``bench/results/``.
+the report files in ``bench/results/``. The servers a benchmark starts are started by
+``processes.py``, which the tests share.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import threading
 import time
@@ -179,13 +179,6 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError) as exc:
         return f"unknown ({exc})"
     return f"git {head}" + (" (src/ had uncommitted changes)" if dirty else " (src/ clean)")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on now, for a server the benchmark starts."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # -- CPU -------------------------------------------------------------------------------------

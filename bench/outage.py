@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +37,6 @@ from sqlalchemy import select
 
 from common import (
     TreeMonitor,
-    free_port,
     machine_info,
     machine_text,
     max_seq,
@@ -48,6 +46,7 @@ from common import (
     status_counts,
     write_report,
 )
+from processes import NatsServer, free_port
 from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
@@ -55,32 +54,11 @@ from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay import run_relay
 from tidings.pipeline.spark import spark_session
 
-NATS_SERVER = "/usr/sbin/nats-server"
 KEYS = 20
 STREAM = "OUTAGE_BENCH"
 #: (rate ev/s, warm-up s, outage s, traffic after the restart s)
 FULL = (150, 20.0, 20.0, 60.0)
 QUICK = (100, 10.0, 10.0, 25.0)
-
-
-class NatsServer:
-    """A private ``nats-server -js`` that can be killed and started again on its storage."""
-
-    def __init__(self, port: int, store: Path) -> None:
-        self.port, self.store = port, store
-        self.url = f"nats://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        args = ["-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)]
-        self.proc = subprocess.Popen([NATS_SERVER, *args], stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
 
 class Producer(threading.Thread):

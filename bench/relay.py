@@ -23,7 +23,6 @@ import os
 import pstats
 import random
 import shutil
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -61,11 +60,17 @@ from common import (
     status_counts,
     write_report,
 )
+from processes import kill_tree, tidings_cli
 from tidings.config import TidingsConfig, load_config
-from tidings.db import make_engine
+from tidings.db import SQLITE_PRAGMAS, make_engine
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
-from tidings.outbox.schema import ensure_schema, outbox_event
+from tidings.outbox.schema import (
+    OUTBOX_EVENT_COLUMNS,
+    ensure_schema,
+    outbox_event,
+    outbox_event_from_row,
+)
 from tidings.server.store import EventStore
 
 NATS_URL = "nats://127.0.0.1:4222"
@@ -279,9 +284,8 @@ def _raw_db(path: Path) -> sqlite3.Connection:
     ensure_schema(engine)  # tidings' own outbox_event table and indexes
     engine.dispose()
     db = sqlite3.connect(path)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA busy_timeout=30000")
+    for pragma in SQLITE_PRAGMAS:
+        db.execute(pragma)
     create_accounts(lambda sql, rows=None: db.executemany(sql, rows) if rows else db.execute(sql))
     db.commit()
     return db
@@ -702,27 +706,17 @@ async def raw_publish(
 
 def sample_message(cfg: TidingsConfig) -> tuple[bytes, dict[str, str]]:
     """Payload and header set of one real relay message, for same-size raw messages."""
-    from tidings.events.outbox import OutboxEvent
     from tidings.targets.jetstream_messages import message_headers
 
     engine = make_engine(cfg.database.url)
+    columns = [outbox_event.c[name] for name in OUTBOX_EVENT_COLUMNS]
     with engine.connect() as conn:
-        row = conn.execute(select(outbox_event).order_by(outbox_event.c.seq).limit(1)).one()
+        row = conn.execute(select(*columns).order_by(outbox_event.c.seq).limit(1)).one()
     engine.dispose()
-    event = OutboxEvent(
-        seq=row.seq,
-        event_id=row.event_id,
-        event_type=row.event_type,
-        payload=row.payload,
-        logged_at=as_utc(row.logged_at),
-        version=row.event_version,
-        originator=row.originator,
-        partition_key=row.partition_key,
-        headers=json.loads(row.headers),
-    )
+    event = outbox_event_from_row(*row)
     headers = message_headers(event)
     headers.pop("Nats-Msg-Id")
-    return row.payload.encode(), headers
+    return event.payload.encode(), headers
 
 
 @dataclass
@@ -1027,8 +1021,11 @@ def _relay_once(cfg_path: Path, log_path: Path) -> tuple[int, TreeMonitor]:
     """Run ``tidings.cli relay --once`` as a subprocess, summing its tree's PSS every 0.2 s;
     its exit code and the monitor. Ended (the whole process group) after 900 s."""
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tidings.cli", "relay", "--config", str(cfg_path), "--once"],
+        proc = tidings_cli(
+            "relay",
+            "--config",
+            str(cfg_path),
+            "--once",
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cfg_path.parent,
@@ -1039,8 +1036,7 @@ def _relay_once(cfg_path: Path, log_path: Path) -> tuple[int, TreeMonitor]:
         next_say = time.monotonic() + 15
         while proc.poll() is None:
             if time.monotonic() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
+                kill_tree(proc, 30)
                 raise RuntimeError("relay subprocess did not finish within 900 s")
             total = monitor.sample()
             if time.monotonic() >= next_say:

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,6 @@ from typing import Any
 
 import hat.event.common as hc
 import psutil
-import yaml
 from hat.event import eventer
 
 from common import (
@@ -50,7 +48,6 @@ from common import (
     code_version,
     cpu_seconds,
     cpu_share,
-    free_port,
     machine_info,
     machine_text,
     percentile,
@@ -59,12 +56,12 @@ from common import (
     wait_idle,
     write_report,
 )
+from processes import ServerProcess, free_port
 from server_hostile import Target, hostile_phase
 from server_hostile import evaluate as evaluate_hostile
 from server_hostile import markdown as hostile_markdown
-from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES
+from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
 
-VENV_BIN = Path(sys.executable).parent
 SERVERS = ("hat", "tidings")
 
 
@@ -125,66 +122,31 @@ def check(condition: bool, message: str) -> None:
 # -- servers ---------------------------------------------------------------------------------
 
 
-def hat_config(work: Path, port: int) -> dict[str, Any]:
-    return {
-        "type": "event",
-        "log": {
-            "version": 1,
-            "formatters": {"f": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-            "handlers": {"c": {"class": "logging.StreamHandler", "formatter": "f"}},
-            "root": {"level": "WARNING", "handlers": ["c"]},
-            "disable_existing_loggers": False,
-        },
-        "backend": {
-            "module": "hat.event.server.backends.lmdb",
-            "db_path": str(work / "event.db"),
-            "max_db_size": 1 << 30,
-            "flush_period": 1,
-            "conditions": [],
-            "latest": {"subscriptions": [["*"]]},
-            "ordered": [{"order_by": "TIMESTAMP", "subscriptions": [["*"]]}],
-        },
-        "engine": {"server_id": 1, "modules": []},
-        "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{port}"},
-    }
-
-
-def tidings_config(port: int) -> dict[str, Any]:
-    return {
-        "type": "event",
-        "backend": {"module": "tidings.server.backends.sqlite", "db_path": "events.db"},
-        "engine": {"server_id": 1, "modules": []},
-        "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{port}"},
-    }
-
-
-class ServerProcess:
-    """One server subprocess in its own temporary directory."""
+class BenchServer:
+    """One server (``hat`` or ``tidings``) on a free port in a fresh temporary directory,
+    with what the benchmark asks of it besides starting and stopping: its CPU time and the
+    problems in its log."""
 
     def __init__(self, kind: str, keep: bool) -> None:
         self.kind = kind
         self.keep = keep
-        self.work = Path(tempfile.mkdtemp(prefix=f"tidings-bench-{kind}-"))
-        self.port = free_port()
-        self.address = f"tcp+sbs://127.0.0.1:{self.port}"
-        self.log_path = self.work / "server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        work = Path(tempfile.mkdtemp(prefix=f"tidings-bench-{kind}-"))
+        ports = {"eventer": free_port()}
+        if kind == "hat":
+            # The hostile phase stores a few hundred thousand events: a map of 1 GiB.
+            self.process = ServerProcess.hat_event(work, 1, ports, max_db_size=1 << 30)
+        else:
+            self.process = ServerProcess.tidings(work, 1, ports)
+        self.port = self.process.port
+        self.address = self.process.eventer
         self.ps: psutil.Process | None = None
 
-    def command(self) -> list[str]:
-        if self.kind == "hat":
-            conf = self.work / "hat.yaml"
-            conf.write_text(yaml.safe_dump(hat_config(self.work, self.port)))
-            return [str(VENV_BIN / "hat-event-server"), "--conf", str(conf)]
-        conf = self.work / "tidings.yaml"
-        conf.write_text(yaml.safe_dump(tidings_config(self.port), sort_keys=False))
-        return [sys.executable, "-m", "tidings.cli", "server", "--conf", str(conf)]
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return self.process.log_tail(lines)
 
     def log_problems(self, lines: int = 3) -> str:
         """The last warnings and errors in the server's log."""
@@ -196,54 +158,24 @@ class ServerProcess:
         return " | ".join(found[-lines:])
 
     async def start(self, timeout: float = 60.0) -> None:
-        cmd = self.command()
-        say(f"[{self.kind}] starting {' '.join(cmd)} in {self.work}")
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                cmd, cwd=self.work, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        self.ps = psutil.Process(self.proc.pid)
+        say(f"[{self.kind}] starting {self.process.config} in {self.process.workdir}")
         started = time.perf_counter()
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.kind} server exited with {self.proc.returncode} before listening:\n"
-                    f"{self.log_tail()}"
-                )
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            except OSError:
-                if time.perf_counter() - started > timeout:
-                    raise RuntimeError(
-                        f"{self.kind} server not listening on {self.port} after {timeout:g} s:\n"
-                        f"{self.log_tail()}"
-                    ) from None
-                await asyncio.sleep(0.05)
-                continue
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            break
+        await asyncio.to_thread(self.process.start, timeout)
+        assert self.proc is not None
+        self.ps = psutil.Process(self.proc.pid)
         say(f"[{self.kind}] listening on {self.port} after {time.perf_counter() - started:.1f} s")
 
     def cpu_seconds(self) -> float:
         return 0.0 if self.ps is None else cpu_seconds(self.ps)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                say(f"[{self.kind}] did not stop within 30 s of SIGTERM; killing it")
-                self.proc.kill()
-                self.proc.wait(10)
+        self.process.stop(30)
         if self.proc is not None:
             say(f"[{self.kind}] stopped (exit code {self.proc.returncode})")
         if self.keep:
-            say(f"[{self.kind}] work dir kept: {self.work}")
+            say(f"[{self.kind}] work dir kept: {self.process.workdir}")
         else:
-            shutil.rmtree(self.work, ignore_errors=True)
+            shutil.rmtree(self.process.workdir, ignore_errors=True)
 
 
 # -- workload --------------------------------------------------------------------------------
@@ -268,7 +200,7 @@ class Run:
     """The figures of one server, plus CPU use per phase."""
 
     kind: str
-    server: ServerProcess
+    server: BenchServer
     figures: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, dict[str, float]] = field(default_factory=dict)
     last_event: hc.Event | None = None  # newest event the benchmark registered
@@ -579,7 +511,7 @@ STEPS: list[tuple[str, Callable[[eventer.Client, Run, Sizes], Awaitable[None]]]]
 NEEDS = {"latest queries": "query setup", "ordered query": "query setup"}
 
 
-async def settle(server: ServerProcess, timeout: float = 120.0) -> None:
+async def settle(server: BenchServer, timeout: float = 120.0) -> None:
     """Wait until the server is idle (under 10% of a core for 0.5 s), e.g. still working off
     a dropped client's backlog, so that it does not slow the next measure."""
     if server.ps is None or not await wait_idle(server.ps, max_cores=0.1, timeout=timeout):
@@ -819,7 +751,7 @@ async def run_all(
     errors: dict[str, str] = {}
     for kind in kinds:
         say(f"== {kind} ==")
-        run = runs[kind] = Run(kind, ServerProcess(kind, keep))
+        run = runs[kind] = Run(kind, BenchServer(kind, keep))
         try:
             await bench_server(run, sizes, hostile)
         except Exception as exc:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from helpers import local_address
+from processes import local_address
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine, Module
 from tidings.server.eventer import EventerServer

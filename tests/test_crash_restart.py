@@ -16,14 +16,13 @@ from sqlalchemy import Engine, func, select
 
 from helpers import (
     delete_stream,
-    kill_tree,
     relay_config,
     store_events,
     store_target,
     stream_messages,
-    tidings_cli,
     write_config,
 )
+from processes import kill_tree, tidings_cli
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event

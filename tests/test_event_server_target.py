@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from helpers import ServerProcess, free_port, local_address, relay_config, statuses
+from helpers import relay_config, statuses
+from processes import ServerProcess, free_port, local_address
 from tidings.client import connect
 from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
@@ -31,7 +32,8 @@ pytestmark = pytest.mark.server
 
 @pytest.fixture
 def server(tmp_path: Path):
-    process = ServerProcess(tmp_path / "server", 1, {"eventer": free_port(), "syncer": free_port()})
+    ports = {"eventer": free_port(), "syncer": free_port()}
+    process = ServerProcess.tidings(tmp_path / "server", 1, ports)
     process.start()
     yield process
     process.stop()
@@ -164,7 +166,7 @@ def test_relay_into_a_remote_server_is_exactly_once(spark, server, tmp_path: Pat
 def test_an_event_the_server_refuses_fails_alone(spark, tmp_path: Path) -> None:
     """A real server with a small frame limit closes the connection on a request holding one
     too-large event: the relay narrows the call down, the others are stored once, in order."""
-    server = ServerProcess(
+    server = ServerProcess.tidings(
         tmp_path / "server",
         1,
         {"eventer": free_port(), "syncer": free_port()},

@@ -23,7 +23,7 @@ from server_helpers import raw_frame, raw_message, running, wait_peer_closed, wa
 from tidings.client import connect
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.query import QueryData
-from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES
+from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
 from tidings.server.query_reply import INLINE_REPLY_BYTES
 from tidings.wire import codec
 from waiting import run, until

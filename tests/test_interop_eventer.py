@@ -10,7 +10,8 @@ import hat.event.common as hat
 import hat.event.eventer as hat_eventer
 import pytest
 
-from helpers import hat_event_server, local_address
+from helpers import hat_event_server
+from processes import local_address
 from server_helpers import running
 from tidings.client import connect, json_event, json_value
 from tidings.events.model import NewEvent, PayloadKind

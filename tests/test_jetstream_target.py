@@ -21,13 +21,12 @@ from nats.js.api import RawStreamMsg
 
 from helpers import (
     SHARED_URL,
-    PrivateServer,
     admin,
     delete_stream,
-    free_port,
     stream_info,
     stream_messages,
 )
+from processes import NatsServer, free_port
 from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.jetstream import JetStreamTarget, JetStreamTargetConfig
@@ -59,8 +58,8 @@ def raw_headers(msg: RawStreamMsg) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def private_server(tmp_path: Path) -> Iterator[PrivateServer]:
-    server = PrivateServer(free_port(), tmp_path / "jetstream")
+def private_server(tmp_path: Path) -> Iterator[NatsServer]:
+    server = NatsServer(free_port(), tmp_path / "jetstream")
     yield server
     server.kill()
 
@@ -344,7 +343,7 @@ def test_unreachable_server_is_reported_as_unavailable_quickly(
 
 def test_recovers_once_the_server_becomes_reachable(
     make_target: Callable[..., JetStreamTarget],
-    private_server: PrivateServer,
+    private_server: NatsServer,
     names: tuple[str, str],
 ) -> None:
     target = make_target(servers=[private_server.url])
@@ -360,7 +359,7 @@ def test_recovers_once_the_server_becomes_reachable(
 
 def test_survives_a_server_outage_and_comes_back(
     make_target: Callable[..., JetStreamTarget],
-    private_server: PrivateServer,
+    private_server: NatsServer,
     names: tuple[str, str],
 ) -> None:
     target = make_target(servers=[private_server.url])

@@ -3,8 +3,9 @@
 The order is ARCHITECTURE.md's "Layout: layers, bottom first", with the top-level modules
 placed among the packages. Every ``import`` and ``from ... import`` in ``src/tidings`` counts,
 at module level and inside functions alike (a lazy import is still a dependency), relative
-ones resolved. A second check loads the client and the event model in a fresh interpreter
-and looks for the database and Spark stacks, which neither may need.
+ones resolved, and so does ``importlib.import_module`` of a constant name. A second check
+loads the client and the event model in a fresh interpreter and looks for the database and
+Spark stacks, which neither may need.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tidings
-from helpers import fresh_interpreter
+from helpers import HEAVY, fresh_interpreter, heavy_modules_after
 
 #: Bottom first. Where ARCHITECTURE.md lists parts side by side (``errors``, ``events``;
 #: ``config``, ``db``; ``outbox``, ``routing``; ``cli``, ``demo``) this fixes an order between
@@ -45,7 +46,6 @@ LAYERS = (
 )
 RANK = {name: rank for rank, name in enumerate(LAYERS)}
 PACKAGE = Path(tidings.__file__).resolve().parent
-HEAVY = ("sqlalchemy", "pyspark")
 
 
 def _module_name(path: Path) -> str:
@@ -59,9 +59,26 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else "tidings"
 
 
-def _imported(path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
-    """The modules of tidings ``node`` imports (``from tidings import client`` is the client)."""
-    if isinstance(node, ast.Import):
+def _import_module_argument(node: ast.Call) -> str | None:
+    """The module an ``importlib.import_module("...")`` (or a bare ``import_module``) call
+    with a constant string names; None for any other call."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name != "import_module" or not node.args:
+        return None
+    argument = node.args[0]
+    if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+        return argument.value
+    return None
+
+
+def _imported(path: Path, node: ast.Import | ast.ImportFrom | ast.Call) -> list[str]:
+    """The modules of tidings ``node`` imports (``from tidings import client`` is the client,
+    ``importlib.import_module("tidings.x")`` imports ``tidings.x``)."""
+    if isinstance(node, ast.Call):
+        argument = _import_module_argument(node)
+        names = [] if argument is None else [argument]
+    elif isinstance(node, ast.Import):
         names = [alias.name for alias in node.names]
     else:
         base = node.module or ""
@@ -92,7 +109,7 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
         own = _layer(_module_name(path))
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
-            if not isinstance(node, ast.Import | ast.ImportFrom):
+            if not isinstance(node, ast.Import | ast.ImportFrom | ast.Call):
                 continue
             for target in _imported(path, node):
                 layer = _layer(target)
@@ -107,26 +124,32 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 
 
 def test_the_layer_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
-    """The walker itself: imports inside functions and relative imports are resolved."""
+    """The walker itself: imports inside functions and relative imports are resolved, and
+    ``import_module`` with a constant name counts as an import (with a variable it cannot)."""
     source = (
         "from . import codec\n"
         "from ..server import store\n"
-        "def later():\n"
+        "def later(name):\n"
         "    import tidings.pipeline.relay\n"
         "    from tidings import client\n"
+        "    importlib.import_module('tidings.metrics')\n"
+        "    import_module('tidings.streams.app')\n"
+        "    importlib.import_module(name)\n"
     )
     path = PACKAGE / "wire" / "example.py"
     found = [
         target
         for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Import | ast.ImportFrom)
+        if isinstance(node, ast.Import | ast.ImportFrom | ast.Call)
         for target in _imported(path, node)
     ]
-    assert found == [
-        "tidings.wire",
-        "tidings.server",
-        "tidings.pipeline.relay",
+    assert sorted(found) == [
         "tidings.client",
+        "tidings.metrics",
+        "tidings.pipeline.relay",
+        "tidings.server",
+        "tidings.streams.app",
+        "tidings.wire",
     ]
 
 
@@ -144,10 +167,15 @@ def test_the_layer_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
 def test_the_client_and_the_event_model_load_neither_sqlalchemy_nor_pyspark(
     statement: str,
 ) -> None:
-    check = (
-        f"{statement}\n"
-        "import sys\n"
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
+    loaded = heavy_modules_after(statement)
+    assert loaded == {top: [] for top in HEAVY}, f"{statement!r} loaded {loaded}"
+
+
+def test_a_server_configuration_loads_no_other_part_of_the_server() -> None:
+    """Validating ``tidings server``'s configuration needs neither the engine nor the store
+    (nor their SQLAlchemy tables): ``tidings.server.config`` imports nothing of the server."""
+    loaded = fresh_interpreter(
+        "import sys, tidings.server.config\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tidings.server.')))"
     )
-    loaded = fresh_interpreter(check)
-    assert loaded == "[]", f"{statement!r} loaded {loaded}"
+    assert loaded == "['tidings.server.config']"

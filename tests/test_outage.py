@@ -14,14 +14,13 @@ import pytest
 from sqlalchemy import select
 
 from helpers import (
-    PrivateServer,
-    free_port,
     relay_config,
     statuses,
     store_events,
     store_target,
     stream_messages,
 )
+from processes import NatsServer, free_port
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
@@ -33,7 +32,7 @@ KEYS = 10
 
 
 def test_outage_under_traffic_recovers_by_the_relay_alone(spark, tmp_path: Path) -> None:
-    server = PrivateServer(free_port(), tmp_path / "jetstream")
+    server = NatsServer(free_port(), tmp_path / "jetstream")
     server.start()
     try:
         _run_outage(spark, tmp_path, server)
@@ -60,7 +59,7 @@ class _Producer(threading.Thread):
             time.sleep(0.01)
 
 
-def _run_outage(spark, tmp_path: Path, server: PrivateServer) -> None:
+def _run_outage(spark, tmp_path: Path, server: NatsServer) -> None:
     stream = f"OUTAGE_{uuid.uuid4().hex[:8]}"
     config = relay_config(
         tmp_path,

@@ -17,21 +17,10 @@ from pathlib import Path
 import pytest
 
 import tidings
-from helpers import fresh_interpreter
+import tidings.errors
+from helpers import HEAVY, fresh_interpreter, heavy_modules_after
 
 PUBLIC = ("tidings", "tidings.client", "tidings.events")
-HEAVY = ("sqlalchemy", "pyspark")
-
-
-def _heavy_modules_after(statement: str) -> dict[str, list[str]]:
-    """The database and Spark modules a fresh interpreter holds after running ``statement``."""
-    loaded = fresh_interpreter(
-        f"{statement}\n"
-        "import sys\n"
-        f"print({{top: sorted(m for m in sys.modules if m.split('.')[0] == top)[:3]"
-        f" for top in {HEAVY!r}}})\n"
-    )
-    return ast.literal_eval(loaded)
 
 
 @pytest.mark.parametrize(
@@ -47,6 +36,19 @@ def test_exports_are_listed_once_and_shown_by_dir(module: str) -> None:
     exported = importlib.import_module(module).__all__
     assert len(exported) == len(set(exported))
     assert set(exported) <= set(dir(importlib.import_module(module)))
+
+
+def test_every_error_of_tidings_errors_is_exported_by_tidings() -> None:
+    """One error hierarchy, all of it public: each :class:`TidingsError` (the base included)
+    defined in ``tidings.errors`` is in ``tidings.__all__``."""
+    defined = {
+        name
+        for name, value in vars(tidings.errors).items()
+        if isinstance(value, type)
+        and issubclass(value, tidings.errors.TidingsError)
+        and value.__module__ == "tidings.errors"
+    }
+    assert defined - set(tidings.__all__) == set()
 
 
 def test_a_name_tidings_does_not_export_is_an_attribute_error() -> None:
@@ -79,12 +81,12 @@ def test_the_lazy_names_are_the_ones_type_checkers_see() -> None:
 
 
 def test_import_tidings_loads_neither_sqlalchemy_nor_pyspark() -> None:
-    assert _heavy_modules_after("import tidings") == {top: [] for top in HEAVY}
+    assert heavy_modules_after("import tidings") == {top: [] for top in HEAVY}
 
 
 def test_a_heavy_name_loads_sqlalchemy_when_used_and_never_spark() -> None:
     """Every name of ``tidings.__all__`` serves a producer or a server: none needs Spark."""
-    loaded = _heavy_modules_after(
+    loaded = heavy_modules_after(
         "import tidings\nfor name in tidings.__all__: getattr(tidings, name)"
     )
     assert loaded["sqlalchemy"], "tidings.Outbox and the others should have loaded SQLAlchemy"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ServerProcess, free_port, local_address, tidings_cli
+from processes import ServerProcess, free_port, local_address, tidings_cli, wait_for_port
 from tidings import client
 from tidings.events.query import QueryData
-from waiting import run, wait_for_port
+from waiting import run
 
 pytestmark = pytest.mark.server
 
@@ -43,8 +43,8 @@ def test_the_example_runs_as_is_from_another_directory(tmp_path: Path) -> None:
     elsewhere.mkdir()
     proc = _server(["--conf", str(config_dir / "server.yaml")], elsewhere)
     try:
-        wait_for_port(23012, timeout=30)
-        wait_for_port(23013, timeout=30)
+        wait_for_port(23012, timeout=30, process=proc)
+        wait_for_port(23013, timeout=30, process=proc)
         types = run(_round_trip(local_address(23012)))
         # The port probes above connected too: each connection has its eventer events.
         assert types[:2] == ["event/engine", "event/syncer/server"]
@@ -107,10 +107,13 @@ def test_missing_default_configuration_names_the_place(tmp_path: Path) -> None:
 
 
 def test_address_in_use_is_a_clear_error(tmp_path: Path) -> None:
-    first = ServerProcess(tmp_path / "a", 1, {"eventer": free_port(), "syncer": free_port()})
+    first = ServerProcess.tidings(
+        tmp_path / "a", 1, {"eventer": free_port(), "syncer": free_port()}
+    )
     first.start()
     try:
-        second = ServerProcess(tmp_path / "b", 1, {"eventer": first.port, "syncer": free_port()})
+        ports = {"eventer": first.port, "syncer": free_port()}
+        second = ServerProcess.tidings(tmp_path / "b", 1, ports)
         proc = _server(["--conf", str(second.config)], tmp_path)
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 2
@@ -121,7 +124,7 @@ def test_address_in_use_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_server_on_the_postgresql_backend(tmp_path: Path, pg_url: str) -> None:
-    server = ServerProcess(
+    server = ServerProcess.tidings(
         tmp_path,
         7,
         {"eventer": free_port(), "syncer": free_port()},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ServerProcess, free_port, local_address
+from processes import ServerProcess, free_port, local_address
 from tidings import client
 from tidings.events.model import StoredEvent
 from tidings.events.query import QueryData
@@ -29,8 +29,8 @@ TOKEN = "test-pair"
 def pair(tmp_path: Path):
     ports = {name: {"eventer": free_port(), "syncer": free_port()} for name in "ab"}
     syncers = {name: local_address(port["syncer"]) for name, port in ports.items()}
-    a = ServerProcess(tmp_path / "a", 1, ports["a"], [(2, syncers["b"])], TOKEN)
-    b = ServerProcess(tmp_path / "b", 2, ports["b"], [(1, syncers["a"])], TOKEN)
+    a = ServerProcess.tidings(tmp_path / "a", 1, ports["a"], [(2, syncers["b"])], TOKEN)
+    b = ServerProcess.tidings(tmp_path / "b", 2, ports["b"], [(1, syncers["a"])], TOKEN)
     a.start()
     b.start()
     yield a, b

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port, hat_event_server, local_address
+from helpers import hat_event_server
+from processes import free_port, local_address
 from server_helpers import async_engine, raw_message
 from tidings.client import json_event
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent

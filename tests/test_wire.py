@@ -12,7 +12,7 @@ from typing import Any
 import hat.event.common as hat_common
 import pytest
 
-from helpers import local_address
+from processes import local_address
 from server_helpers import (
     length_prefixed,
     raw_frame,

@@ -1,11 +1,11 @@
 """Waiting in tests, always bounded: a coroutine run with a deadline, a condition polled from a
-thread or on the event loop, a port polled until it accepts. A wait that runs out fails the test
-with what it waited for, instead of hanging the run until pytest-timeout kills it."""
+thread or on the event loop (a port is waited for by ``processes.wait_for_port``, shared with
+the benchmarks). A wait that runs out fails the test with what it waited for, instead of
+hanging the run until pytest-timeout kills it."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -42,18 +42,3 @@ async def until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
     while not predicate():
         assert loop.time() < deadline, f"condition not reached in {timeout} s"
         await asyncio.sleep(0.01)
-
-
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
-    """Wait until something accepts connections on 127.0.0.1:``port`` (a server started)."""
-
-    def accepting() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        except OSError:
-            return False
-        return True
-
-    wait_until(
-        accepting, timeout, interval=0.05, explain=lambda: f"nothing listens on 127.0.0.1:{port}"
-    )

@@ -32,14 +32,17 @@ from tidings.errors import (
     ModuleLoadError,
     ProtocolError,
     RelayError,
+    RequestTimeout,
     SchemaError,
     StoreBusy,
     StoreError,
+    StreamError,
     TargetCallFailed,
     TargetError,
     TargetUnavailable,
     TidingsError,
     TransactionDoomed,
+    UsageError,
 )
 from tidings.events import (
     EventId,
@@ -53,7 +56,7 @@ from tidings.events import (
 )
 
 if TYPE_CHECKING:  # the names _LAZY resolves, for type checkers and editors
-    from tidings.config import TidingsConfig, load_config, load_config_file
+    from tidings.config import OutboxConfig, TidingsConfig, load_config, load_config_file
     from tidings.db import make_engine
     from tidings.outbox.envelope import EventDraft
     from tidings.outbox.producer import Outbox, OutboxTransaction
@@ -65,6 +68,7 @@ _LAZY = {
     "EventDraft": "tidings.outbox.envelope",
     "EventStore": "tidings.server.store",
     "Outbox": "tidings.outbox.producer",
+    "OutboxConfig": "tidings.config",
     "OutboxTransaction": "tidings.outbox.producer",
     "TidingsConfig": "tidings.config",
     "load_config": "tidings.config",
@@ -89,22 +93,26 @@ __all__ = [
     "ModuleLoadError",
     "NewEvent",
     "Outbox",
+    "OutboxConfig",
     "OutboxEvent",
     "OutboxTransaction",
     "PayloadKind",
     "ProtocolError",
     "QueryData",
     "RelayError",
+    "RequestTimeout",
     "SchemaError",
     "StoreBusy",
     "StoreError",
     "StoredEvent",
+    "StreamError",
     "TargetCallFailed",
     "TargetError",
     "TargetUnavailable",
     "TidingsConfig",
     "TidingsError",
     "TransactionDoomed",
+    "UsageError",
     "load_config",
     "load_config_file",
     "make_engine",

@@ -30,7 +30,15 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from tidings.errors import ClientError, ConnectionClosed, ProtocolError, StoreError
+from tidings.errors import (
+    ClientError,
+    ConfigError,
+    ConnectionClosed,
+    ProtocolError,
+    RequestTimeout,
+    StoreError,
+    TidingsError,
+)
 from tidings.events import (
     EventId,
     EventType,
@@ -41,6 +49,7 @@ from tidings.events import (
     QueryData,
     QueryType,
     StoredEvent,
+    json_event,
     validate_query_type,
 )
 from tidings.wire import chatter, codec
@@ -49,6 +58,7 @@ from tidings.wire import chatter, codec
 __all__ = [
     "Client",
     "ClientError",
+    "ConfigError",
     "ConnectionClosed",
     "EventId",
     "EventType",
@@ -59,14 +69,14 @@ __all__ = [
     "ProtocolError",
     "QueryData",
     "QueryType",
+    "RequestTimeout",
+    "StoreError",
     "StoredEvent",
+    "TidingsError",
     "connect",
     "json_event",
     "json_value",
 ]
-
-_EVENTER = "HatEventer"
-_TIDINGS = "TidingsEventer"
 
 
 async def connect(
@@ -83,7 +93,7 @@ async def connect(
     ``subscriptions`` are event types in which ``?`` stands for one segment and a final
     ``*`` for any number; if any are given they are subscribed at once (as hat-event's
     client does). ``timeout`` bounds connecting, ``request_timeout`` (None: no bound) each
-    request with a reply.
+    request with a reply (:class:`RequestTimeout` when it runs out).
     """
     connection = await chatter.connect(
         address, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval, timeout=timeout
@@ -115,7 +125,7 @@ class Client:
         It returns once the request is handed to the socket (so a fast producer is held back
         by a slow server); a later request's reply means this one was handled.
         """
-        self._connection.send(_EVENTER, "MsgRegisterReq", _register_items(events), last=True)
+        self._connection.send(codec.EVENTER, "MsgRegisterReq", _register_items(events), last=True)
         await self._connection.drain()
 
     async def register_with_response(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
@@ -124,7 +134,7 @@ class Client:
         An event fails alone if the server cannot store it (a ``?`` or ``*`` in its type, for
         example); all fail if a server module aborts the session.
         """
-        reply = await self._request(_EVENTER, "MsgRegisterReq", _register_items(events))
+        reply = await self._request(codec.EVENTER, "MsgRegisterReq", _register_items(events))
         return _register_results(reply, len(events))
 
     async def register_outbox(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
@@ -140,7 +150,7 @@ class Client:
                 raise ClientError(f"register_outbox: event {index} has no outbox_event_id")
             item = {"outboxEventId": event.outbox_event_id, "event": _register_item(event, index)}
             items.append(item)
-        reply = await self._request(_TIDINGS, "MsgRegisterReq", items)
+        reply = await self._request(codec.TIDINGS_EVENTER, "MsgRegisterReq", items)
         results = _register_results(reply, len(events))
         return [
             None if result is None else dataclasses.replace(result, outbox_event_id=sent)
@@ -153,7 +163,7 @@ class Client:
             query = QueryData()
         if not isinstance(query, QueryData):
             raise ClientError(f"query must be a tidings QueryData, not {type(query).__name__}")
-        reply = await self._request(_EVENTER, "MsgQueryReq", codec.query_to_sbs(query))
+        reply = await self._request(codec.EVENTER, "MsgQueryReq", codec.query_to_sbs(query))
         _expect(reply, "MsgQueryRes")
         return codec.events_from_sbs(reply.data, "MsgQueryRes")
 
@@ -168,7 +178,7 @@ class Client:
                 checked.append(list(validate_query_type(tuple(query_type))))
             except (StoreError, TypeError) as exc:
                 raise ClientError(f"subscribe: {exc}") from exc
-        self._connection.send(_EVENTER, "MsgSubscribe", checked, last=True)
+        self._connection.send(codec.EVENTER, "MsgSubscribe", checked, last=True)
         await self._connection.drain()
 
     async def receive(self) -> list[StoredEvent]:
@@ -177,7 +187,7 @@ class Client:
         Raises :class:`ConnectionClosed` once the connection is closed.
         """
         message = await self._connection.receive()
-        if (message.module, message.type) != (_EVENTER, "MsgNotify"):
+        if (message.module, message.type) != (codec.EVENTER, "MsgNotify"):
             reason = f"unexpected message {message.module}.{message.type} from the server"
             self._connection.close(reason)
             raise ProtocolError(reason)
@@ -202,20 +212,6 @@ class Client:
         return await self._connection.request(
             module, type_name, value, timeout=self._request_timeout
         )
-
-
-def json_event(
-    event_type: EventType,
-    value: Any,
-    source_timestamp_us: int | None = None,
-    *,
-    outbox_event_id: str | None = None,
-) -> NewEvent:
-    """A new event with ``value`` as its JSON payload (the common case in hat-event)."""
-    payload = json.dumps(value).encode()
-    return NewEvent(
-        tuple(event_type), payload, PayloadKind.JSON, source_timestamp_us, outbox_event_id
-    )
 
 
 def json_value(event: StoredEvent | NewEvent) -> Any:
@@ -252,5 +248,7 @@ def _register_results(reply: chatter.Message, expected: int) -> list[StoredEvent
 
 
 def _expect(reply: chatter.Message, type_name: str) -> None:
-    if (reply.module, reply.type) != (_EVENTER, type_name):
-        raise ProtocolError(f"expected {_EVENTER}.{type_name}, got {reply.module}.{reply.type}")
+    if (reply.module, reply.type) != (codec.EVENTER, type_name):
+        raise ProtocolError(
+            f"expected {codec.EVENTER}.{type_name}, got {reply.module}.{reply.type}"
+        )

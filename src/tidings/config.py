@@ -113,11 +113,14 @@ DatabaseUrl = Annotated[str, _relative_to_config_file(resolve_database_url)]
 RESOLVED_DEFAULT: dict[str, Any] = {"validate_default": True}
 
 
-class _Model(BaseModel):
+class StrictModel(BaseModel):
+    """The base of every configuration model of tidings: an unknown key is an error (a typo
+    must not pass silently) and a validated configuration cannot be changed."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class DatabaseConfig(_Model):
+class DatabaseConfig(StrictModel):
     """Where the service's tables and the event log live."""
 
     url: DatabaseUrl = Field(default="sqlite:///tidings.db", **RESOLVED_DEFAULT)
@@ -130,14 +133,14 @@ class DatabaseConfig(_Model):
         return v
 
 
-class OutboxConfig(_Model):
+class OutboxConfig(StrictModel):
     """Producer-side settings."""
 
     originator: str = "tidings"
     max_payload_bytes: int = Field(default=1024 * 1024, gt=0)
 
 
-class TargetConfig(_Model):
+class TargetConfig(StrictModel):
     """What the configuration of every target kind holds; each kind's model extends it.
 
     A target module declares its kind and its model (a subclass naming the kind as
@@ -192,14 +195,14 @@ def _of_its_kind(value: Any, info: ValidationInfo) -> TargetConfig:
 _KindTargetConfig = Annotated[SerializeAsAny[TargetConfig], PlainValidator(_of_its_kind)]
 
 
-class RoutingConfig(_Model):
+class RoutingConfig(StrictModel):
     """Event type -> target names. The database table ``tidings_route`` adds to these."""
 
     routes: dict[str, list[str]] = Field(default_factory=dict)
     use_table: bool = True
 
 
-class RelayConfig(_Model):
+class RelayConfig(StrictModel):
     """The Spark relay pipeline."""
 
     spark_master: str = "local[*]"
@@ -226,7 +229,7 @@ class RelayConfig(_Model):
         return [parse_duration(x) for x in v]
 
 
-class ReplayConfig(_Model):
+class ReplayConfig(StrictModel):
     """The scheduled replay of PENDING, HELD and FAILED events (design doc: Event Replay)."""
 
     older_than: Duration = timedelta(seconds=60)
@@ -239,7 +242,7 @@ class ReplayConfig(_Model):
     )
 
 
-class HousekeepingConfig(_Model):
+class HousekeepingConfig(StrictModel):
     """Archiving and deleting published events (design doc: House keeping)."""
 
     older_than: Duration = timedelta(days=7)
@@ -251,13 +254,13 @@ class HousekeepingConfig(_Model):
     _durations = field_validator("older_than", mode="before")(lambda cls, v: parse_duration(v))
 
 
-class MetricsConfig(_Model):
+class MetricsConfig(StrictModel):
     """Prometheus metrics; ``port`` None means no HTTP endpoint is started."""
 
     port: int | None = Field(default=None, gt=0, lt=65536)
 
 
-class TidingsConfig(_Model):
+class TidingsConfig(StrictModel):
     """The whole configuration."""
 
     # Sections holding paths are built by validation, so a file's directory reaches their

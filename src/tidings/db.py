@@ -4,23 +4,29 @@
 block the writer), a long busy timeout (the relay and the producer write the same file) and
 ``synchronous=NORMAL`` (durable at checkpoints, the usual choice with WAL); a caller with
 needs of its own (the event store) gives its pragmas and its own ``BEGIN``. PostgreSQL URLs
-are pointed at the psycopg 3 driver and pooled connections are checked before use.
+are pointed at the psycopg 3 driver and pooled connections are checked before use. Code that
+writes through the raw driver (the producer, the publisher's outcomes) passes datetimes as
+:func:`driver_stamp` says, so that SQLAlchemy reads them back as it wrote them.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
-#: The pragmas of every SQLite connection whose caller gives none of its own.
+#: The pragmas of every SQLite connection whose caller gives none of its own (a caller with
+#: more adds to these). The busy timeout comes first, so that switching to WAL waits for a
+#: writer of another connection instead of failing at once.
+SQLITE_BUSY_TIMEOUT = "PRAGMA busy_timeout=30000"
 SQLITE_PRAGMAS = (
+    SQLITE_BUSY_TIMEOUT,
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
-    "PRAGMA busy_timeout=30000",
 )
 
 _engines: dict[str, Engine] = {}
@@ -43,6 +49,20 @@ def normalise_url(url: str) -> str:
 def placeholder(paramstyle: str) -> str:
     """The raw driver's parameter mark: sqlite3 uses ``?``, psycopg ``%s``."""
     return "?" if paramstyle == "qmark" else "%s"
+
+
+def sqlite_text(value: datetime) -> str:
+    """The text form SQLAlchemy's SQLite DateTime type stores, for raw driver inserts."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def driver_stamp(dialect: str) -> Callable[[datetime], Any]:
+    """How to pass a datetime to the raw driver so that SQLAlchemy reads it back the same."""
+    return sqlite_text if dialect == "sqlite" else _unchanged
+
+
+def _unchanged(value: datetime) -> datetime:
+    return value
 
 
 def make_engine(

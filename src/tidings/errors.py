@@ -17,6 +17,14 @@ class ConfigError(TidingsError):
     """The configuration is invalid; the message names the offending key and value."""
 
 
+class UsageError(TidingsError, ValueError):
+    """A call got an argument it cannot use; the message names the argument and its value.
+
+    It is also a :class:`ValueError`, what Python raises for such an argument, so a caller
+    that catches that keeps working.
+    """
+
+
 class EmitError(TidingsError):
     """An event could not be emitted; the surrounding transaction must not commit."""
 
@@ -71,6 +79,15 @@ class ProtocolError(TidingsError):
 
 class ConnectionClosed(TidingsError):
     """The connection is closed (by either side, or after a protocol error)."""
+
+
+class RequestTimeout(TidingsError, TimeoutError):
+    """A request got no reply within its timeout; the connection stays open.
+
+    It is also the built-in :class:`TimeoutError`, what a request timing out raised before
+    it had a type of its own, so code that catches that (or ``asyncio.wait_for``'s) keeps
+    working while a caller can still catch the whole family as :class:`TidingsError`.
+    """
 
 
 class StoreError(TidingsError):

@@ -15,7 +15,14 @@ and the time helpers stay in their modules.
 """
 
 from tidings.events.matching import QueryType, TypeMatcher, matches, validate_query_type
-from tidings.events.model import EventId, EventType, NewEvent, PayloadKind, StoredEvent
+from tidings.events.model import (
+    EventId,
+    EventType,
+    NewEvent,
+    PayloadKind,
+    StoredEvent,
+    json_event,
+)
 from tidings.events.outbox import OPEN_STATUSES, DeliveryState, EventStatus, OutboxEvent
 from tidings.events.query import Order, OrderBy, QueryData
 from tidings.events.validation import validate_new_event
@@ -35,6 +42,7 @@ __all__ = [
     "QueryType",
     "StoredEvent",
     "TypeMatcher",
+    "json_event",
     "matches",
     "validate_new_event",
     "validate_query_type",

@@ -10,8 +10,10 @@ cursor of stream consumers) and the outbox event id it came from (the dedup key)
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 #: A Hat event type: a non-empty tuple of strings, none of them ``?`` or ``*``.
 EventType = tuple[str, ...]
@@ -57,3 +59,18 @@ class StoredEvent:
     payload: bytes | None
     payload_kind: PayloadKind | None
     outbox_event_id: str | None
+
+
+def json_event(
+    event_type: EventType,
+    value: Any,
+    source_timestamp_us: int | None = None,
+    *,
+    outbox_event_id: str | None = None,
+) -> NewEvent:
+    """A new event with ``value`` as its JSON payload (the common case in hat-event, and
+    how the server's own status events are made)."""
+    payload = json.dumps(value).encode()
+    return NewEvent(
+        tuple(event_type), payload, PayloadKind.JSON, source_timestamp_us, outbox_event_id
+    )

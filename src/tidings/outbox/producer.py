@@ -35,10 +35,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tidings.config import OutboxConfig
-from tidings.db import make_engine, placeholder
+from tidings.db import driver_stamp, make_engine, placeholder
 from tidings.errors import EmitError, TransactionDoomed
 from tidings.events.outbox import EventStatus, OutboxEvent
-from tidings.events.timeutil import driver_stamp, utcnow
+from tidings.events.timeutil import utcnow
 from tidings.outbox.checks import encode_body, make_draft
 from tidings.outbox.envelope import (
     AttributeExtractor,

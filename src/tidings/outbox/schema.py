@@ -13,6 +13,9 @@ when every transaction that could still commit a lower ``seq`` has finished (see
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -33,6 +36,8 @@ from sqlalchemy import (
 )
 
 from tidings.errors import SchemaError
+from tidings.events.outbox import OutboxEvent
+from tidings.events.timeutil import as_utc
 
 SCHEMA_VERSION = 1
 
@@ -77,6 +82,50 @@ outbox_event = Table(
     ),
     sqlite_autoincrement=True,  # never reuse a seq after housekeeping deleted the newest rows
 )
+
+#: The ``outbox_event`` columns an :class:`OutboxEvent` is made of, in the order
+#: :func:`outbox_event_from_row` takes them.
+OUTBOX_EVENT_COLUMNS = (
+    "seq",
+    "event_id",
+    "event_type",
+    "event_version",
+    "correlation_id",
+    "originator",
+    "partition_key",
+    "payload",
+    "headers",
+    "logged_at",
+)
+
+
+def outbox_event_from_row(
+    seq: int,
+    event_id: str,
+    event_type: str,
+    event_version: str,
+    correlation_id: str | None,
+    originator: str | None,
+    partition_key: str | None,
+    payload: str,
+    headers: str | None,
+    logged_at: datetime,
+) -> OutboxEvent:
+    """The event of one ``outbox_event`` row, from its :data:`OUTBOX_EVENT_COLUMNS` values
+    (a row selected with those columns, or the same values taken column-wise)."""
+    return OutboxEvent(
+        seq=seq,
+        event_id=event_id,
+        event_type=event_type,
+        payload=payload,
+        logged_at=as_utc(logged_at),
+        version=event_version,
+        correlation_id=correlation_id,
+        originator=originator,
+        partition_key=partition_key,
+        headers=json.loads(headers) if headers and headers != "{}" else {},
+    )
+
 
 outbox_event_attribute = Table(
     "outbox_event_attribute",

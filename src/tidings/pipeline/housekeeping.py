@@ -38,6 +38,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
+from tidings.errors import UsageError
 from tidings.events.outbox import EventStatus
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.producer import Outbox
@@ -199,11 +200,11 @@ def run_housekeeping(
 
 def _check_arguments(older_than: timedelta, event_limit: int | None, chunk_size: int) -> None:
     if older_than < timedelta(0):
-        raise ValueError(f"older_than must not be negative, got {older_than}")
+        raise UsageError(f"older_than must not be negative, got {older_than}")
     if event_limit is not None and event_limit <= 0:
-        raise ValueError(f"event_limit must be positive, got {event_limit}")
+        raise UsageError(f"event_limit must be positive, got {event_limit}")
     if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        raise UsageError(f"chunk_size must be positive, got {chunk_size}")
 
 
 def archive_location(archive_dir: str) -> str:

@@ -20,9 +20,9 @@ from typing import Any
 
 from sqlalchemy import Engine, delete
 
-from tidings.db import placeholder
+from tidings.db import driver_stamp, placeholder
 from tidings.events.outbox import DeliveryState, EventStatus, OutboxEvent
-from tidings.events.timeutil import driver_stamp, utcnow
+from tidings.events.timeutil import utcnow
 from tidings.outbox.schema import outbox_event, outbox_event_attribute
 
 # Plain strings: reading a member off an enum class costs a descriptor call per event.

@@ -27,9 +27,9 @@ from pyspark.sql.datasource import (
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
-from tidings.events.outbox import EventStatus, OutboxEvent
-from tidings.events.timeutil import as_utc, utcnow
-from tidings.outbox.schema import batch_log
+from tidings.events.outbox import EventStatus
+from tidings.events.timeutil import utcnow
+from tidings.outbox.schema import OUTBOX_EVENT_COLUMNS, batch_log, outbox_event_from_row
 from tidings.pipeline.jobconfig import job_config
 from tidings.pipeline.outcome import LoggedEvent, Summary
 from tidings.pipeline.publisher import Publisher
@@ -45,50 +45,12 @@ class SummaryMessage(WriterCommitMessage):
 def _logged(batch: pa.RecordBatch) -> Iterator[LoggedEvent]:
     """Rows of one Arrow batch as logged events (column-wise: far cheaper than row dicts)."""
     c = batch.to_pydict()
-    for (
-        seq,
-        event_id,
-        etype,
-        version,
-        corr,
-        orig,
-        key,
-        payload,
-        headers,
-        logged,
-        status,
-        retries,
-        deliveries,
-    ) in zip(
-        c["seq"],
-        c["event_id"],
-        c["event_type"],
-        c["event_version"],
-        c["correlation_id"],
-        c["originator"],
-        c["partition_key"],
-        c["payload"],
-        c["headers"],
-        c["logged_at"],
-        c["status"],
-        c["retry_count"],
-        c["deliveries"],
-        strict=True,
+    rows = zip(*(c[name] for name in OUTBOX_EVENT_COLUMNS), strict=True)
+    for values, status, retries, deliveries in zip(
+        rows, c["status"], c["retry_count"], c["deliveries"], strict=True
     ):
-        event = OutboxEvent(
-            seq=seq,
-            event_id=event_id,
-            event_type=etype,
-            payload=payload,
-            logged_at=as_utc(logged),
-            version=version,
-            correlation_id=corr,
-            originator=orig,
-            partition_key=key,
-            headers=json.loads(headers) if headers and headers != "{}" else {},
-        )
         yield LoggedEvent(
-            event=event,
+            event=outbox_event_from_row(*values),
             status=EventStatus(status),
             retry_count=retries or 0,
             deliveries=json.loads(deliveries) if deliveries else {},

@@ -20,18 +20,22 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tidings.address import Address
-from tidings.config import read_config_data, resolve_path, validate_config
+from tidings.config import StrictModel, read_config_data, resolve_path, validate_config
 from tidings.errors import ConfigError
-from tidings.server.eventer import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_SUBSCRIBER_LAG_BYTES
 
 DEFAULT_EVENTER_ADDRESS = "tcp+sbs://127.0.0.1:23012"
 DEFAULT_SYNCER_ADDRESS = "tcp+sbs://127.0.0.1:23013"
 #: Names tried, in order, in ``$XDG_CONFIG_HOME/tidings/`` when no ``--conf`` is given.
 DEFAULT_CONFIG_NAMES = ("event.yaml", "event.yml", "event.json")
 
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+#: Unsent bytes after which an Eventer client is dropped as a slow subscriber.
+DEFAULT_MAX_SUBSCRIBER_LAG_BYTES = 16 * 1024 * 1024
+#: The largest frame an Eventer client may send. Measured needs: a hat client's batch of 100
+#: events is ~4 KB; the relay's event_server target sends a whole batch of a Spark task in one
+#: call, ~126 bytes per event with the relay benchmark's payloads (50,000 events: 6 MiB,
+#: 100,000: 12 MiB); a query for 3,000 types is 53 KB, for 10,000 ids 80 KB. A frame at the
+#: limit decodes into at most 8 M values (see tidings.wire.prescan), about half a gigabyte.
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 
 class BackendConfig(BaseModel):
@@ -58,14 +62,14 @@ class ModuleConfig(BaseModel):
         return {"module": self.module, **(self.model_extra or {})}
 
 
-class EngineConfig(_Model):
+class EngineConfig(StrictModel):
     server_id: int = Field(ge=1, le=2**63 - 1)
     modules: list[ModuleConfig] = Field(default_factory=list)
     #: tidings: events the modules may add to one session before it is aborted as a loop.
     max_session_events: int = Field(default=10_000, ge=1)
 
 
-class EventerServerConfig(_Model):
+class EventerServerConfig(StrictModel):
     address: Address = DEFAULT_EVENTER_ADDRESS
     #: tidings: the largest frame a client may send; a larger one closes that connection.
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
@@ -73,11 +77,11 @@ class EventerServerConfig(_Model):
     max_subscriber_lag_bytes: int = Field(default=DEFAULT_MAX_SUBSCRIBER_LAG_BYTES, ge=1024)
 
 
-class SyncerServerConfig(_Model):
+class SyncerServerConfig(StrictModel):
     address: Address = DEFAULT_SYNCER_ADDRESS
 
 
-class SyncerPeerConfig(_Model):
+class SyncerPeerConfig(StrictModel):
     """A redundant peer server this one keeps in sync with (replaces Monitor discovery)."""
 
     #: The peer's ``engine.server_id``: the Syncer asks for that server's events.
@@ -87,7 +91,7 @@ class SyncerPeerConfig(_Model):
     syncer_token: str | None = None
 
 
-class ServerConfig(_Model):
+class ServerConfig(StrictModel):
     """The whole ``tidings server`` configuration."""
 
     type: Literal["event"]
@@ -146,6 +150,15 @@ class ServerConfig(_Model):
     def resolve(self, path: str | Path) -> Path:
         """``path`` made absolute against the configuration file's directory."""
         return resolve_path(path, self.base_dir)
+
+
+def require_positive_ints(owner: str, **values: object) -> None:
+    """Refuse any of ``values`` that is not a positive int (a bool is not one), naming
+    ``owner`` and the argument: the servers check what they are started with from code, which
+    no configuration model has checked."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{owner}: {name} must be a positive int, not {value!r}")
 
 
 def load_server_config(

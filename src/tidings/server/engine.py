@@ -20,7 +20,6 @@ sessions of its own later, outside ``process``.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from tidings.errors import EngineError, ModuleLoadError, StoreError
 from tidings.events.matching import QueryType, TypeMatcher
-from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent
+from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent, json_event
 from tidings.events.validation import validate_new_event
 from tidings.server.store import EventStore
 
@@ -214,8 +213,7 @@ class Engine:
                 self._in_session = False
 
     def _engine_event(self, status: str) -> StoredEvent:
-        payload = json.dumps(status).encode()
-        [stored] = self.register([NewEvent(ENGINE_EVENT_TYPE, payload, PayloadKind.JSON)])
+        [stored] = self.register([json_event(ENGINE_EVENT_TYPE, status)])
         assert stored is not None
         return stored
 

@@ -35,15 +35,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Self
 
-from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
+from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.matching import TypeMatcher
-from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent
+from tidings.events.model import EventType, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
+from tidings.server.config import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
+    require_positive_ints,
+)
 from tidings.server.eventer_register import Registrations
 from tidings.server.notify import Notifier
 from tidings.server.query_reply import EMPTY_REPLY, is_bulk, plan_reply, stream_body
@@ -56,18 +60,6 @@ EVENTER_EVENT_TYPE: EventType = ("event", "eventer")
 #: JSON payloads of the eventer event (``hat-event://server.yaml#/definitions/events/eventer``).
 STATUS_CONNECTED = "CONNECTED"
 STATUS_DISCONNECTED = "DISCONNECTED"
-
-#: Unsent bytes after which a client is dropped as a slow subscriber.
-DEFAULT_MAX_SUBSCRIBER_LAG_BYTES = 16 * 1024 * 1024
-#: The largest frame a client may send. Measured needs: a hat client's batch of 100 events
-#: is ~4 KB; the relay's event_server target sends a whole batch of a Spark task in one call,
-#: ~126 bytes per event with the relay benchmark's payloads (50,000 events: 6 MiB, 100,000:
-#: 12 MiB); a query for 3,000 types is 53 KB, for 10,000 ids 80 KB. A frame at the limit
-#: decodes into at most 8 M values (see tidings.wire.prescan), about half a gigabyte.
-DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
-
-_EVENTER = "HatEventer"
-_TIDINGS = "TidingsEventer"
 
 
 class _Client:
@@ -108,10 +100,10 @@ class EventerServer:
         #: Register replies being encoded off the loop (kept here until sent).
         self._reply_tasks: set[asyncio.Task[None]] = set()
         self._requests: dict[tuple[str, str], _RequestHandler] = {
-            (_EVENTER, "MsgSubscribe"): self._on_subscribe,
-            (_EVENTER, "MsgRegisterReq"): self._on_register,
-            (_EVENTER, "MsgQueryReq"): self._on_query,
-            (_TIDINGS, "MsgRegisterReq"): self._on_register_outbox,
+            (codec.EVENTER, "MsgSubscribe"): self._on_subscribe,
+            (codec.EVENTER, "MsgRegisterReq"): self._on_register,
+            (codec.EVENTER, "MsgQueryReq"): self._on_query,
+            (codec.TIDINGS_EVENTER, "MsgRegisterReq"): self._on_register_outbox,
         }
 
     @classmethod
@@ -125,8 +117,11 @@ class EventerServer:
         ping_interval: float = chatter.DEFAULT_PING_INTERVAL,
     ) -> Self:
         """Listen on ``address`` (``tcp+sbs://host:port``, port 0 for any free port)."""
-        _require_positive("max_frame_bytes", max_frame_bytes)
-        _require_positive("max_subscriber_lag_bytes", max_subscriber_lag_bytes)
+        require_positive_ints(
+            "eventer server",
+            max_frame_bytes=max_frame_bytes,
+            max_subscriber_lag_bytes=max_subscriber_lag_bytes,
+        )
         server = cls(engine, max_subscriber_lag_bytes, ping_interval)
         server._server = await chatter_server.listen(
             address, server._serve, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
@@ -212,7 +207,7 @@ class EventerServer:
     async def _register_status(self, connection: chatter.Connection, status: str) -> None:
         """Register the eventer event ``status``; a failure is logged, never raised, since
         serving or closing the connection must go on regardless."""
-        event = NewEvent(EVENTER_EVENT_TYPE, json.dumps(status).encode(), PayloadKind.JSON)
+        event = json_event(EVENTER_EVENT_TYPE, status)
         try:
             await self._engine.register([event])
         except Exception as exc:
@@ -275,7 +270,7 @@ class EventerServer:
         )
         try:
             await connection.send_stream(
-                _EVENTER,
+                codec.EVENTER,
                 "MsgQueryRes",
                 plan.size,
                 stream_body(plan),
@@ -314,12 +309,12 @@ class EventerServer:
         slow subscriber, so that its buffer cannot grow without bound."""
         if self._keeps_up(connection):
             with contextlib.suppress(ConnectionClosed):
-                connection.send_encoded(_EVENTER, type_name, body, conversation=conversation)
+                connection.send_encoded(codec.EVENTER, type_name, body, conversation=conversation)
 
     def _send_notify(self, connection: chatter.Connection, body: bytes) -> None:
         if self._keeps_up(connection):
             with contextlib.suppress(ConnectionClosed):
-                connection.send_encoded(_EVENTER, "MsgNotify", body, last=True)
+                connection.send_encoded(codec.EVENTER, "MsgNotify", body, last=True)
 
     def _keeps_up(self, connection: chatter.Connection) -> bool:
         """Whether the client reads enough to be sent more; if not, it is dropped (see
@@ -329,8 +324,3 @@ class EventerServer:
         if reason is not None:
             connection.close(f"slow subscriber: {reason}")
         return connection.is_open
-
-
-def _require_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"eventer server: {name} must be a positive int, not {value!r}")

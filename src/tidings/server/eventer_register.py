@@ -30,8 +30,6 @@ from tidings.wire import chatter, codec
 
 log = logging.getLogger(__name__)
 
-_EVENTER = "HatEventer"
-
 #: Register requests, and their payload bytes, of one connection queued with the engine
 #: before the server stops reading that connection (TCP then pushes back on the client).
 _MAX_IN_FLIGHT = 1000
@@ -165,7 +163,9 @@ class Registrations:
 
 
 def _reply_body(results: list[StoredEvent | None]) -> bytes:
-    return codec.encode_array(_EVENTER, "MsgRegisterRes", codec.register_results_to_sbs(results))
+    return codec.encode_array(
+        codec.EVENTER, "MsgRegisterRes", codec.register_results_to_sbs(results)
+    )
 
 
 async def _new_events(peer: str, message: chatter.Message, outbox: bool) -> list[NewEvent | None]:

@@ -25,8 +25,6 @@ log = logging.getLogger(__name__)
 #: Largest batch (or register reply, see the Eventer) encoded on the event loop: ~3 ms.
 INLINE_EVENTS = 256
 
-_EVENTER = "HatEventer"
-
 K = TypeVar("K")
 
 
@@ -63,7 +61,7 @@ class NotifyBatch:
             if self._records is None:
                 self._records = [codec.event_to_sbs(event) for event in self._events]
             records = [self._records[index] for index in selection]
-            body = self._bodies[selection] = codec.encode_array(_EVENTER, "MsgNotify", records)
+            body = self._bodies[selection] = codec.encode_array(codec.EVENTER, "MsgNotify", records)
         return body
 
 

@@ -40,7 +40,6 @@ CHUNK_EVENTS = 1000
 #: Bytes of a spooled reply read per piece written to the socket.
 _PIECE_BYTES = 256 * 1024
 
-_EVENTER = "HatEventer"
 _REPLY = "MsgQueryRes"
 
 
@@ -94,7 +93,7 @@ def plan_reply(store: EventStore, query: QueryData) -> ReplyPlan:
 
 def encode_items(events: Sequence[StoredEvent]) -> bytes:
     """``events`` as the items of an SBS ``Array(Event)``: its encoding without the count."""
-    return codec.encode_array_items(_EVENTER, _REPLY, [codec.event_to_sbs(e) for e in events])
+    return codec.encode_array_items(codec.EVENTER, _REPLY, [codec.event_to_sbs(e) for e in events])
 
 
 async def stream_body(plan: ReplyPlan) -> AsyncIterator[bytes]:

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterable
 from dataclasses import dataclass
 
 from tidings.address import parse_address
-from tidings.errors import ConnectionClosed, ProtocolError
+from tidings.errors import ConnectionClosed, ProtocolError, RequestTimeout
 from tidings.wire import codec, envelope
 from tidings.wire.frame_reader import decode_body, read_frame
 from tidings.wire.lag import LagWatch
@@ -51,7 +51,6 @@ _RECEIVE_QUEUE = 256
 DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
 #: How long closing waits for unsent bytes to reach the peer before dropping them.
 _CLOSE_FLUSH_SECONDS = 5.0
-_PING = "HatPing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +274,10 @@ class Connection:
     async def request(
         self, module: str, type_name: str, value: codec.Value, timeout: float | None = None
     ) -> Message:
-        """Open a conversation with a message and return the peer's reply in it."""
+        """Open a conversation with a message and return the peer's reply in it.
+
+        :class:`RequestTimeout` if no reply came within ``timeout`` seconds (None: no bound).
+        """
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         conversation = self.send(module, type_name, value, last=False)
         self._pending[conversation.first_id] = future
@@ -291,7 +293,9 @@ class Connection:
             if future in done:
                 return future.result()
             if not done:
-                raise TimeoutError(f"{module}.{type_name}: no reply from {self.peer} in {timeout}s")
+                raise RequestTimeout(
+                    f"{module}.{type_name}: no reply from {self.peer} in {timeout}s"
+                )
             reason = self._close_reason or "closed"
             raise ConnectionClosed(f"connection to {self.peer} closed before the reply: {reason}")
         finally:
@@ -378,7 +382,7 @@ class Connection:
             raise ProtocolError(f"unknown message type {module}.{type_name}")
         # The conversation as seen from here: ours if the sender is not its owner.
         conversation = Conversation(owner=not received.owner, first_id=received.first)
-        if module == _PING:
+        if module == codec.PING:
             self._on_ping(type_name, conversation)
             return
         message = Message(
@@ -398,7 +402,7 @@ class Connection:
 
     def _on_ping(self, type_name: str, conversation: Conversation) -> None:
         if type_name == "MsgPing":
-            self.send(_PING, "MsgPong", None, conversation=conversation, last=True)
+            self.send(codec.PING, "MsgPong", None, conversation=conversation, last=True)
         elif conversation.owner and conversation.first_id in self._pongs:
             self._pongs[conversation.first_id].set()
 
@@ -407,7 +411,7 @@ class Connection:
             while True:
                 await asyncio.sleep(interval)
                 pong = asyncio.Event()
-                conversation = self.send(_PING, "MsgPing", None, last=False)
+                conversation = self.send(codec.PING, "MsgPing", None, last=False)
                 self._pongs[conversation.first_id] = pong
                 try:
                     await asyncio.wait_for(pong.wait(), interval)

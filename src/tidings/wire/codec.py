@@ -51,10 +51,17 @@ REPOSITORY = sbs.Repository(*_SCHEMA_TEXTS)
 #: The same schemas as scanners, which bound every decode (see :mod:`tidings.wire.prescan`).
 SCHEMAS = prescan.Schemas(evaluator.evaluate_modules(parser.parse(t) for t in _SCHEMA_TEXTS))
 
+#: The protocol modules, as messages name them on the wire: chatter's keep-alive,
+#: hat-event's client protocol and its servers' sync, and tidings' one extension.
+PING = "HatPing"
+EVENTER = "HatEventer"
+SYNCER = "HatSyncer"
+TIDINGS_EVENTER = "TidingsEventer"
+
 #: The message types each protocol module defines; anything else is a protocol error.
 MESSAGE_TYPES: dict[str, frozenset[str]] = {
-    "HatPing": frozenset({"MsgPing", "MsgPong"}),
-    "HatEventer": frozenset(
+    PING: frozenset({"MsgPing", "MsgPong"}),
+    EVENTER: frozenset(
         {
             "MsgSubscribe",
             "MsgNotify",
@@ -64,8 +71,8 @@ MESSAGE_TYPES: dict[str, frozenset[str]] = {
             "MsgQueryRes",
         }
     ),
-    "HatSyncer": frozenset({"MsgReq", "MsgSynced", "MsgEvents", "MsgFlushReq", "MsgFlushRes"}),
-    "TidingsEventer": frozenset({"MsgRegisterReq"}),
+    SYNCER: frozenset({"MsgReq", "MsgSynced", "MsgEvents", "MsgFlushReq", "MsgFlushRes"}),
+    TIDINGS_EVENTER: frozenset({"MsgRegisterReq"}),
 }
 
 

@@ -2,8 +2,9 @@
 
 A backend module defines ``create(options: dict, server_id: int, base_dir: Path) ->
 EventStore``: ``options`` are the ``backend`` keys other than ``module``, and relative paths
-are resolved against ``base_dir`` (the configuration file's directory). tidings ships
-:mod:`~tidings.server.backends.sqlite` (the default, the store the relay writes into) and
+are resolved against ``base_dir`` (the configuration file's directory). There is no
+default backend: a configuration names its module. tidings ships
+:mod:`~tidings.server.backends.sqlite` (one SQLite file) and
 :mod:`~tidings.server.backends.postgresql`; both are the same :class:`EventStore` over
 SQLAlchemy, so they answer every query the same way.
 """

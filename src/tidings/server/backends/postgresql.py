@@ -5,15 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from tidings.config import validate_config
+from tidings.config import StrictModel, validate_config
 from tidings.server.store import EventStore
 
 
-class PostgresqlBackendConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class PostgresqlBackendConfig(StrictModel):
     url: str = Field(pattern=r"^postgresql(\+psycopg)?://")
 
 

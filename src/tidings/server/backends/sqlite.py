@@ -5,15 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from tidings.config import resolve_path, validate_config
+from tidings.config import StrictModel, resolve_path, validate_config
 from tidings.server.store import EventStore
 
 
-class SqliteBackendConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class SqliteBackendConfig(StrictModel):
     db_path: str = Field(min_length=1)
 
 

@@ -11,19 +11,20 @@ by which (with its type) a re-published event is recognised and not stored twice
 Events of other servers, received by a Hat syncer, are stored with their own ids and
 timestamps (:meth:`EventStore.append_synced`); :meth:`EventStore.events_after` serves a
 syncer's backlog. A table of the distinct event types lets queries resolve type patterns to
-exact types (:mod:`tidings.server.query`). The same SQLAlchemy Core code runs on both
+exact types (:mod:`tidings.server.query_types`). The same SQLAlchemy Core code runs on both
 databases.
 
 One module per concern: :mod:`.schema` (tables, creation, upgrades, the row format),
 :mod:`.driver` (engine, transactions, the append lock, the plain-SQL cursor, the WAL
 checkpoint thread), :mod:`.planning` (dedup, numbering and the counters) and :mod:`.facade`
 (the :class:`EventStore`). The names below are the store's surface for the rest of the
-server (engine, queries).
+server (engine, queries, reads by position); what only the store's own modules use (the
+planner's ``Registered``, which :meth:`EventStore.register_sessions` returns) stays in its
+module.
 """
 
 from tidings.server.store.driver import DriverCursor
 from tidings.server.store.facade import EventStore
-from tidings.server.store.planning import Registered
 from tidings.server.store.schema import (
     EVENT_COLUMNS,
     decode_type,
@@ -36,7 +37,6 @@ __all__ = [
     "EVENT_COLUMNS",
     "DriverCursor",
     "EventStore",
-    "Registered",
     "decode_type",
     "encode_type",
     "events_from_rows",

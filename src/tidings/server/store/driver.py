@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
-from tidings.db import driver_url, make_engine
+from tidings.db import SQLITE_BUSY_TIMEOUT, SQLITE_PRAGMAS, driver_url, make_engine
 from tidings.errors import StoreBusy, StoreError
 
 log = logging.getLogger(__name__)
@@ -32,11 +32,9 @@ _PG_APPEND_LOCK_KEY = 0x74696469_6E677331
 _PG_APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 #: Execution option telling the SQLite ``begin`` hook to take the write lock up front.
 _APPEND_OPTION = "tidings_event_store_append"
-_BUSY_TIMEOUT = "PRAGMA busy_timeout = 30000"
+#: tidings' pragmas of every SQLite connection (WAL, the busy timeout), then the store's own.
 _SQLITE_PRAGMAS = (
-    _BUSY_TIMEOUT,
-    "PRAGMA journal_mode = WAL",
-    "PRAGMA synchronous = NORMAL",
+    *SQLITE_PRAGMAS,
     "PRAGMA foreign_keys = ON",
     # 32 MiB per connection (allocated as used): random outbox ids touch the whole index.
     "PRAGMA cache_size = -32768",
@@ -224,7 +222,7 @@ class Writer:
                     raise
                 locked = False
             finally:
-                raw.rows(_BUSY_TIMEOUT)
+                raw.rows(SQLITE_BUSY_TIMEOUT)
         if not locked:
             raise StoreBusy(f"event store {url}: another writer holds the append lock")
 

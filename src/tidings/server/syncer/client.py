@@ -22,8 +22,9 @@ import contextlib
 import logging
 
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, TidingsError
+from tidings.events.model import json_event
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.syncer.common import SYNCER, client_status_type, status_event
+from tidings.server.syncer.common import client_status_type
 from tidings.wire import chatter, codec
 from tidings.wire.chatter import Connection
 
@@ -159,26 +160,26 @@ class SyncerClient:
     async def _sync(self, connection: Connection) -> None:
         last = await self._engine.read(self._engine.store.last_event_id, self.peer_server_id)
         request = {"lastEventId": codec.event_id_to_sbs(last), "clientName": self.client_name}
-        connection.send(SYNCER, "MsgReq", request)
+        connection.send(codec.SYNCER, "MsgReq", request)
         log.debug(
             "syncer client of server %d: asked for events after %s", self.peer_server_id, last
         )
         while True:
             message = await connection.receive()
             kind = (message.module, message.type)
-            if kind == (SYNCER, "MsgEvents"):
+            if kind == (codec.SYNCER, "MsgEvents"):
                 events = codec.events_from_sbs(message.data, "MsgEvents")
                 if events and not self.synced:
                     await self._report(False)
                 await self._engine.register_synced(events)
-            elif kind == (SYNCER, "MsgSynced"):
+            elif kind == (codec.SYNCER, "MsgSynced"):
                 self._synced.set()
                 self._set_state("synced")
                 await self._report(True)
-            elif kind == (SYNCER, "MsgFlushReq"):
+            elif kind == (codec.SYNCER, "MsgFlushReq"):
                 # Events received before it are stored by now: they are handled in order.
                 connection.send(
-                    SYNCER, "MsgFlushRes", None, conversation=message.conversation, last=True
+                    codec.SYNCER, "MsgFlushRes", None, conversation=message.conversation, last=True
                 )
                 log.debug("syncer client of server %d: answered MsgFlushReq", self.peer_server_id)
             else:
@@ -193,7 +194,7 @@ class SyncerClient:
         self._reported = synced
         try:
             await self._engine.register(
-                [status_event(client_status_type(self.peer_server_id), synced)]
+                [json_event(client_status_type(self.peer_server_id), synced)]
             )
         except Exception as exc:
             log.warning(

@@ -1,6 +1,8 @@
-"""What both sides of the Syncer share: the protocol's module and the status events.
+"""What both sides of the Syncer share: the status events (the protocol module, HatSyncer,
+is :data:`tidings.wire.codec.SYNCER`).
 
-Status events, as hat-event registers them (protocol notes §6, JSON payloads):
+Status events, as hat-event registers them (protocol notes §6, JSON payloads, made with
+:func:`~tidings.events.model.json_event`):
 
 - ``('event', 'syncer', 'server')``: the list of ``{"client_name", "synced"}`` of the
   connected clients, registered when the server starts (``[]``) and on every change (a
@@ -13,12 +15,7 @@ Status events, as hat-event registers them (protocol notes §6, JSON payloads):
 
 from __future__ import annotations
 
-import json
-
-from tidings.events.model import EventType, NewEvent, PayloadKind
-
-#: The chatter module of every Syncer message.
-SYNCER = "HatSyncer"
+from tidings.events.model import EventType
 
 #: Type of the event listing the syncer server's clients.
 SERVER_STATUS_TYPE: EventType = ("event", "syncer", "server")
@@ -27,8 +24,3 @@ SERVER_STATUS_TYPE: EventType = ("event", "syncer", "server")
 def client_status_type(peer_server_id: int) -> EventType:
     """Type of the event telling whether our client of ``peer_server_id`` is synced."""
     return ("event", "syncer", "client", str(peer_server_id), "synced")
-
-
-def status_event(event_type: EventType, value: object) -> NewEvent:
-    """A status event with ``value`` as its JSON payload, as hat-event registers them."""
-    return NewEvent(event_type, json.dumps(value).encode(), PayloadKind.JSON)

@@ -30,10 +30,11 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
-from tidings.events.model import EventId, StoredEvent
+from tidings.errors import ConnectionClosed, ProtocolError, StoreError
+from tidings.events.model import EventId, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.syncer.common import SERVER_STATUS_TYPE, SYNCER, status_event
+from tidings.server.config import require_positive_ints
+from tidings.server.syncer.common import SERVER_STATUS_TYPE
 from tidings.wire import chatter, chatter_server, codec
 from tidings.wire.chatter import Connection
 
@@ -67,7 +68,7 @@ def _sessions(events: Sequence[StoredEvent]) -> list[list[StoredEvent]]:
 
 
 def _encode_events(events: Sequence[StoredEvent]) -> bytes:
-    return codec.encode(SYNCER, "MsgEvents", [codec.event_to_sbs(e) for e in events])
+    return codec.encode(codec.SYNCER, "MsgEvents", [codec.event_to_sbs(e) for e in events])
 
 
 @dataclass(eq=False)
@@ -133,13 +134,12 @@ class SyncerServer:
     ) -> SyncerServer:
         """Listen on ``address`` (``tcp+sbs://HOST:PORT``, port 0 for any) and register the
         empty client list, as hat-event does when its syncer server starts."""
-        for name, value in (
-            ("backlog_chunk", backlog_chunk),
-            ("max_pending", max_pending),
-            ("max_unsent_bytes", max_unsent_bytes),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"syncer server: {name} must be a positive int, not {value!r}")
+        require_positive_ints(
+            "syncer server",
+            backlog_chunk=backlog_chunk,
+            max_pending=max_pending,
+            max_unsent_bytes=max_unsent_bytes,
+        )
         self = cls(
             engine,
             backlog_chunk=backlog_chunk,
@@ -196,7 +196,7 @@ class SyncerServer:
     async def _flush(self, client: _Client) -> None:
         try:
             await client.connection.request(
-                SYNCER, "MsgFlushReq", None, timeout=self._flush_timeout
+                codec.SYNCER, "MsgFlushReq", None, timeout=self._flush_timeout
             )
         except TimeoutError:
             log.info(
@@ -234,7 +234,7 @@ class SyncerServer:
                 await self._register_status()
                 while True:
                     message = await connection.receive()
-                    if (message.module, message.type) != (SYNCER, "MsgFlushRes"):
+                    if (message.module, message.type) != (codec.SYNCER, "MsgFlushRes"):
                         break
                     # A reply that came after its flush timed out: harmless.
                 connection.close(
@@ -262,7 +262,7 @@ class SyncerServer:
         except TimeoutError:
             connection.close(f"no HatSyncer.MsgReq within {self._request_timeout} s")
             return None
-        if (message.module, message.type) != (SYNCER, "MsgReq"):
+        if (message.module, message.type) != (codec.SYNCER, "MsgReq"):
             connection.close(
                 f"first message must be HatSyncer.MsgReq, not {message.module}.{message.type}"
             )
@@ -304,7 +304,7 @@ class SyncerServer:
                 client.pending.clear()
                 continue
             break
-        connection.send(SYNCER, "MsgSynced", None)
+        connection.send(codec.SYNCER, "MsgSynced", None)
         pending = sorted(client.pending, key=lambda event: event.id)
         client.pending = []
         for group in _sessions(pending):
@@ -324,7 +324,7 @@ class SyncerServer:
             events = [event for event in events if event.id > client.last_sent]
             encoded = None
         body = _encode_events(events) if encoded is None else encoded
-        client.connection.send_encoded(SYNCER, "MsgEvents", body)
+        client.connection.send_encoded(codec.SYNCER, "MsgEvents", body)
         client.last_sent = events[-1].id
 
     def _check_unsent(self, client: _Client) -> None:
@@ -372,7 +372,7 @@ class SyncerServer:
         status = [{"client_name": client.name, "synced": client.synced} for client in self._clients]
         async with self._status_lock:
             try:
-                await self._engine.register([status_event(SERVER_STATUS_TYPE, status)])
+                await self._engine.register([json_event(SERVER_STATUS_TYPE, status)])
             except Exception as exc:
                 log.warning("syncer server: cannot register its status event: %r", exc)
 

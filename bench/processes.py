@@ -1,0 +1,246 @@
+"""The processes the benchmarks and the tests start: servers in subprocesses, on free ports.
+
+One way of starting each, shared by ``bench/`` (a script's own folder is on its path) and
+``tests/`` (pytest's ``pythonpath`` in pyproject.toml lists ``bench``): ``tidings`` as a user
+runs it (:func:`tidings_cli`), a ``tidings server`` or a hat-event 0.8.5 server in a working
+directory of its own (:class:`ServerProcess`) and a private ``nats-server`` with JetStream
+(:class:`NatsServer`). Every start waits until the server's ports accept connections, and
+fails with what went wrong (the process's exit, its log's tail) if they do not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NATS_SERVER = "/usr/sbin/nats-server"
+#: hat-event 0.8.5's server, installed beside this interpreter (a development dependency).
+HAT_EVENT_SERVER = Path(sys.executable).with_name("hat-event-server")
+#: ``tidings`` as a user runs it, on this interpreter.
+TIDINGS = (sys.executable, "-m", "tidings.cli")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now, for a server about to be started."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def local_address(port: int) -> str:
+    """The event-server address (Eventer or Syncer) of ``port`` on the loopback."""
+    return f"tcp+sbs://127.0.0.1:{port}"
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file ('' if it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_for_port(
+    port: int,
+    timeout: float = 10.0,
+    *,
+    process: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
+    """Wait until something accepts connections on 127.0.0.1:``port`` (a server started).
+
+    A RuntimeError if nothing does within ``timeout`` seconds, or as soon as ``process`` (the
+    server, if given) has exited; the message ends with the tail of ``log``, if given.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            pass
+        if process is not None and process.poll() is not None:
+            problem = f"exited with code {process.returncode} before listening on port {port}"
+        elif time.monotonic() >= deadline:
+            problem = f"nothing listens on 127.0.0.1:{port} after {timeout:g} s"
+        else:
+            time.sleep(0.05)
+            continue
+        raise RuntimeError(problem + (f"; the end of {log}:\n{log_tail(log)}" if log else ""))
+
+
+def tidings_cli(*args: str, **popen: Any) -> subprocess.Popen[bytes]:
+    """``tidings ARGS`` as a user runs it, in a subprocess of this interpreter; ``popen``
+    goes to :class:`subprocess.Popen` (cwd, env, output)."""
+    return subprocess.Popen([*TIDINGS, *args], **popen)
+
+
+def kill_tree(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGKILL a process started with ``start_new_session=True`` and everything it started
+    (the relay's JVM), as a crash would."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout)
+
+
+class ServerProcess:
+    """A server in a subprocess, configured by ``server.yaml`` in its working directory and
+    logging to ``server.log`` there; started, stopped (SIGTERM) or killed (SIGKILL to its
+    process group, as a crash would) at will, and started again on the same files.
+
+    Make one with :meth:`tidings` or :meth:`hat_event`. ``ports`` are its Eventer's
+    (``"eventer"``) and, if it serves one, its Syncer's (``"syncer"``).
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        workdir: Path,
+        config: dict[str, Any],
+        ports: Mapping[str, int],
+    ) -> None:
+        self.workdir = workdir
+        self.ports = dict(ports)
+        self.port = ports["eventer"]
+        self.eventer = local_address(self.port)
+        self.config = workdir / "server.yaml"
+        self.log_path = workdir / "server.log"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
+        self._command = [*command, "--conf", str(self.config)]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def tidings(
+        cls,
+        workdir: Path,
+        server_id: int,
+        ports: Mapping[str, int],
+        peers: Sequence[tuple[int, str]] = (),
+        token: str | None = None,
+        backend: dict[str, str] | None = None,
+        eventer: dict[str, Any] | None = None,
+    ) -> ServerProcess:
+        """``tidings server`` on the SQLite backend (``ev.db``) unless ``backend`` says
+        otherwise, ``eventer`` added to its Eventer's keys, syncing with ``peers`` ((server id,
+        Syncer address) pairs) under ``token``."""
+        config: dict[str, Any] = {
+            "type": "event",
+            "backend": backend or {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"},
+            "engine": {"server_id": server_id, "modules": []},
+            "eventer_server": {"address": local_address(ports["eventer"]), **(eventer or {})},
+        }
+        if "syncer" in ports:
+            config["syncer_server"] = {"address": local_address(ports["syncer"])}
+        config["syncer_token"] = token
+        config["syncer_peers"] = [
+            {"server_id": peer_id, "address": address, "syncer_token": token}
+            for peer_id, address in peers
+        ]
+        return cls([*TIDINGS, "server"], workdir, config, ports)
+
+    @classmethod
+    def hat_event(
+        cls,
+        workdir: Path,
+        server_id: int,
+        ports: Mapping[str, int],
+        *,
+        max_db_size: int = 100 * 2**20,
+    ) -> ServerProcess:
+        """hat-event 0.8.5's own server on its lmdb backend (its memory backend is broken in
+        0.8.5), logging warnings and errors only."""
+        config: dict[str, Any] = {
+            "type": "event",
+            "log": {
+                "version": 1,
+                "formatters": {"f": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+                "handlers": {
+                    "c": {"class": "logging.StreamHandler", "formatter": "f", "level": "WARNING"}
+                },
+                "root": {"level": "WARNING", "handlers": ["c"]},
+                "disable_existing_loggers": False,
+            },
+            "backend": {
+                "module": "hat.event.server.backends.lmdb",
+                "db_path": str(workdir / "hat-event.db"),
+                "max_db_size": max_db_size,
+                "flush_period": 1,
+                "conditions": [],
+                "latest": {"subscriptions": [["*"]]},
+                "ordered": [{"order_by": "TIMESTAMP", "subscriptions": [["*"]]}],
+            },
+            "engine": {"server_id": server_id, "modules": []},
+            "eventer_server": {"address": local_address(ports["eventer"])},
+        }
+        if "syncer" in ports:
+            config["syncer_server"] = {"address": local_address(ports["syncer"])}
+        return cls([str(HAT_EVENT_SERVER)], workdir, config, ports)
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the server (again, after :meth:`stop` or :meth:`kill`) and wait until its
+        ports listen; if they do not, it is killed and the error says why."""
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self._command,
+                cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        try:
+            for port in self.ports.values():
+                wait_for_port(port, timeout, process=self.proc, log=self.log_path)
+        except BaseException:
+            self.kill()
+            raise
+
+    def log_tail(self, lines: int = 30) -> str:
+        return log_tail(self.log_path, lines)
+
+    def kill(self) -> None:
+        """SIGKILL the server and whatever it started, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            kill_tree(self.proc, 10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the server and wait for it to exit; killed if it takes over ``timeout`` s."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class NatsServer:
+    """A private ``nats-server -js`` storing in ``store``, killed and started again at will
+    (on the same storage)."""
+
+    def __init__(self, port: int, store: Path) -> None:
+        self.port = port
+        self.url = f"nats://127.0.0.1:{port}"
+        self._store = store
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        args = ["-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self._store)]
+        self._proc = subprocess.Popen(
+            [NATS_SERVER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_for_port(self.port, timeout, process=self._proc)
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
