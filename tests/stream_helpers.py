@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from helpers import free_port, local_address
+from processes import free_port, local_address
 from tidings.server.runner import serve
 from tidings.streams.auth import hash_password
 from tidings.streams.config import StreamServerConfig, load_stream_server_config

@@ -190,3 +190,29 @@ def test_futoin_sees_the_ftn18_errors_by_name(tmp_path) -> None:
                 assert [line["error"] for line in client.errors] == [name], client.lines
 
     run(scenario(), timeout=60)
+
+
+def test_futoin_reliable_receiver_reconnects_across_a_server_restart(tmp_path) -> None:
+    """FutoIn's receiver reconnects at once, into the restart's gap; that attempt's call
+    then waits for the client's 30 s call timeout before it retries (its behaviour, seen in
+    its log lines), so this test takes ~30 s."""
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
+
+    async def scenario() -> None:
+        async with serving(config) as server:
+            url = server.url
+            before = await add_events(url, 10)
+            receiver = await FutoInClient(
+                mode="reliable", url=server.ws_url, creds=SEC, component="RECON", count=20
+            ).start()
+            await receiver.wait_events(10)
+            await asyncio.sleep(0.3)  # its acknowledgement arrives
+        try:
+            async with serving(config):  # same port: the receiver reconnects by itself
+                after = await add_events(url, 10)
+                await receiver.wait_events(20, timeout=30)
+                assert _ids(receiver.events) == before + after
+        finally:
+            await receiver.kill()
+
+    run(scenario(), timeout=90)

@@ -29,6 +29,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from tidings.errors import ConnectionClosed, StreamError
 from tidings.streams import ftn3
 from tidings.streams.channel import Channel
+from tidings.streams.metrics import CONTENT_TYPE
 from tidings.streams.push import stop_session
 from tidings.streams.service import RawJson, StreamService
 
@@ -47,6 +48,10 @@ def build_app(services: Mapping[str, StreamService]) -> Starlette:
     for path, service in services.items():
         routes.append(Route(path, _http_endpoint(service), methods=["POST"]))
         routes.append(WebSocketRoute(path, _ws_endpoint(service)))
+        if service.config.metrics:
+            routes.append(
+                Route(path.rstrip("/") + "/metrics", _metrics_endpoint(service), methods=["GET"])
+            )
     return Starlette(routes=routes)
 
 
@@ -90,6 +95,13 @@ def _http_endpoint(service: StreamService) -> Any:
             service, bytes(body), None, _is_secure(service, request.scope, request.headers)
         )
         return Response(reply, media_type=MEDIA_TYPE)
+
+    return endpoint
+
+
+def _metrics_endpoint(service: StreamService) -> Any:
+    async def endpoint(_request: HttpRequest) -> Response:
+        return Response(await service.metrics(), media_type=CONTENT_TYPE)
 
     return endpoint
 

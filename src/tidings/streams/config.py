@@ -16,9 +16,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from tidings.config import parse_duration
+from tidings.config import StrictModel, parse_duration
 from tidings.errors import ConfigError
 from tidings.server.config import ServerConfig, load_server_config, load_server_config_file
 from tidings.streams.auth import check_hash
@@ -27,11 +27,7 @@ from tidings.streams.typemap import TypeMap, type_map_from_config
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StreamUserConfig(_Model):
+class StreamUserConfig(StrictModel):
     """A user of the streams: the scrypt hash of its password, or the variable holding it."""
 
     password_hash: str | None = None
@@ -62,7 +58,7 @@ class StreamUserConfig(_Model):
             raise ConfigError(f"stream_users.{user} ({self.password_hash_env}): {exc}") from None
 
 
-class PushConfig(_Model):
+class PushConfig(StrictModel):
     """How events are pushed over a WebSocket (``readyToReceive``)."""
 
     #: onEvents calls sent before the first of them is answered.
@@ -78,7 +74,7 @@ class PushConfig(_Model):
     ack_timeout: Duration = timedelta(seconds=30)
 
 
-class RetentionConfig(_Model):
+class RetentionConfig(StrictModel):
     """When a stream's events leave the active store (see :mod:`tidings.streams.retention`)."""
 
     enabled: bool = False
@@ -91,7 +87,7 @@ class RetentionConfig(_Model):
     batch: int = Field(default=10_000, ge=1, le=1_000_000)
 
 
-class StreamConfig(_Model):
+class StreamConfig(StrictModel):
     """One FTN18 stream."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
@@ -112,6 +108,8 @@ class StreamConfig(_Model):
     secure_channel: bool = False
     #: Trust ``X-Forwarded-Proto: https`` from a TLS-terminating proxy in front.
     trust_proxy: bool = False
+    #: Serve Prometheus metrics at ``<path>/metrics`` (consumer positions and lag).
+    metrics: bool = False
 
     @field_validator("types")
     @classmethod
@@ -171,7 +169,7 @@ class StreamServerConfig(ServerConfig):
         return self.model_copy(update={"streams": streams})
 
 
-class StreamSourceConfig(_Model):
+class StreamSourceConfig(StrictModel):
     """A stream a Spark job consumes as a registered consumer."""
 
     url: str = Field(pattern=r"^(https?|wss?)://")
@@ -201,7 +199,7 @@ class StreamSourceConfig(_Model):
         return options
 
 
-class AggregateDestination(_Model):
+class AggregateDestination(StrictModel):
     """The event store the aggregated stream lives in (a tidings server serves it)."""
 
     database: str = Field(min_length=1)
@@ -209,7 +207,7 @@ class AggregateDestination(_Model):
     type_prefix: list[str] = Field(default_factory=lambda: ["aggregate"])
 
 
-class AggregateConfig(_Model):
+class AggregateConfig(StrictModel):
     """``tidings streams aggregate -c FILE``: FTN18 2.3.3's aggregation of partitioned streams."""
 
     sources: dict[str, StreamSourceConfig]

@@ -91,19 +91,21 @@ class RunningStreams:
         return running
 
     async def aclose(self) -> None:
+        """Stop accepting and close every connection first (a consumer reconnecting must
+        find the port closed, not a server on its way out), then the rest."""
+        for server, _ in self.servers:
+            server.should_exit = True
+        for _, task in self.servers:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
+        for service in self.services.values():
+            await service.aclose()
         if self.retention is not None:
             self.retention.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.retention
         for remove in self.unsubscribe:
             remove()  # type: ignore[operator]
-        for service in self.services.values():
-            await service.aclose()
-        for server, _ in self.servers:
-            server.should_exit = True
-        for _, task in self.servers:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(task, 10)
         for pool in (self.executor, self.password_checks):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)

@@ -50,6 +50,7 @@ from tidings.streams.interfaces import (
     interface_of,
     message_limit,
 )
+from tidings.streams.metrics import stream_metrics
 from tidings.streams.push import PushSession, stop_session
 from tidings.streams.reader import StreamReader
 from tidings.streams.typemap import TypeMap
@@ -122,6 +123,13 @@ class StreamService:
             )
         assert request.func == "addEvent"
         return await self._add_event(params["type"], params["data"])
+
+    async def metrics(self) -> bytes:
+        """The stream's Prometheus metrics (read from the store in a worker thread)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, stream_metrics, self._engine.store, self.config, self._sessions
+        )
 
     async def aclose(self) -> None:
         """Stop every push session."""
