@@ -82,47 +82,38 @@ def test_python_client_calls_and_errors(tmp_path) -> None:
     run(scenario(), timeout=60)
 
 
+async def _consume_cli(url: str, component: str, *flags: str, password: str = PASSWORD):
+    """Run ``tidings consume``; its return code, stdout and stderr."""
+    env = os.environ | {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": password}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tidings.cli",
+        "consume",
+        url,
+        component,
+        *flags,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    return process.returncode, out, err
+
+
 def test_consume_cli_prints_json_lines(tmp_path) -> None:
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
 
     async def scenario() -> None:
         async with serving(config) as server:
             ids = await add_events(server.url, 3)
-            env = os.environ | {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASSWORD}
             for component, extra in (("CLIPUSH", []), ("CLIPOLL", ["--poll"])):
-                process = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "tidings.cli",
-                    "consume",
-                    server.url,
-                    component,
-                    "--count",
-                    "3",
-                    *extra,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                )
-                out, err = await asyncio.wait_for(process.communicate(), 30)
-                assert process.returncode == 0, err
+                code, out, err = await _consume_cli(server.url, component, "--count", "3", *extra)
+                assert code == 0, err
                 lines = [line for line in out.decode().splitlines() if line]
                 assert [int(json.loads(line)["id"]) for line in lines] == ids
-            bad = env | {"TIDINGS_STREAM_PASSWORD": "wrong"}
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "tidings.cli",
-                "consume",
-                server.url,
-                "CLI",
-                "--poll",
-                env=bad,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            _, err = await asyncio.wait_for(process.communicate(), 30)
-            assert process.returncode == 2 and b"SecurityError" in err
+            code, _, err = await _consume_cli(server.url, "CLI", "--poll", password="wrong")
+            assert code == 2 and b"SecurityError" in err
 
     run(scenario(), timeout=90)
 

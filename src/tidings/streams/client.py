@@ -118,6 +118,25 @@ class StreamClient:
         await self.aclose()
 
 
+@dataclass(frozen=True)
+class _Consumption:
+    """What :func:`consume` was asked for, handed to the poll or push loop."""
+
+    url: str
+    user: str
+    password: str
+    component: str
+    handler: Handler
+    want: Sequence[str] | None
+    on_gap: Callable[[int, int], None] | None
+    on_ready: Callable[[], None] | None
+    max_delay: float
+
+    def ready(self) -> None:
+        if self.on_ready is not None:
+            self.on_ready()
+
+
 async def consume(
     url: str,
     user: str,
@@ -134,34 +153,23 @@ async def consume(
     """Consume a stream until cancelled (see the module docstring); ``component`` LIVE
     consumes live. Errors that retrying cannot fix (SecurityError, NotRegistered,
     InvalidRequest, …) are raised; connection failures are retried."""
+    asked = _Consumption(url, user, password, component, handler, want, on_gap, on_ready, max_delay)
     retry = 0.1
     while True:
         try:
-            if push:
-                await _push(url, user, password, component, handler, want, on_gap, on_ready)
-            else:
-                await _poll_loop(url, user, password, component, handler, want, max_delay, on_ready)
+            await (_push(asked) if push else _poll_loop(asked))
         except (ConnectionClosed, OSError, websockets.ConnectionClosed) as exc:
             log.warning("stream connection lost; reconnecting", extra={"error": str(exc)})
         await asyncio.sleep(retry)
         retry = min(retry * 2, 5.0)
 
 
-async def _poll_loop(
-    url: str,
-    user: str,
-    password: str,
-    component: str,
-    handler: Handler,
-    want: Sequence[str] | None,
-    max_delay: float,
-    on_ready: Callable[[], None] | None,
-) -> None:
-    async with StreamClient(url, user, password) as client:
+async def _poll_loop(asked: _Consumption) -> None:
+    component, want = asked.component, asked.want
+    async with StreamClient(asked.url, asked.user, asked.password) as client:
         if component != LIVE:
             await client.register(component)
-        if on_ready is not None:
-            on_ready()
+        asked.ready()
         last_id: int | None = None
         acknowledged: int | None = None
         delay = 0.0
@@ -170,14 +178,14 @@ async def _poll_loop(
                 events = await client.poll(component, last_id, want)
                 acknowledged = last_id
                 for event in events:
-                    await handler(event)
+                    await asked.handler(event)
                     last_id = event.id
                 if len(events) >= _FULL_POLL:
                     delay = 0.0
                 elif events:
                     delay = 0.01
                 else:
-                    delay = min(max(delay * 2, 0.02), max_delay)
+                    delay = min(max(delay * 2, 0.02), asked.max_delay)
                 if delay:
                     await asyncio.sleep(delay)
         except asyncio.CancelledError:
@@ -189,19 +197,11 @@ async def _poll_loop(
             raise
 
 
-async def _push(
-    url: str,
-    user: str,
-    password: str,
-    component: str,
-    handler: Handler,
-    want: Sequence[str] | None,
-    on_gap: Callable[[int, int], None] | None,
-    on_ready: Callable[[], None] | None,
-) -> None:
-    sec = f"{user}:{password}"
-    async with websockets.connect(ws_url(url), max_size=_MAX_FRAME, compression=None) as ws:
-        receiver = _Receiver(ws, handler, on_gap, live=component == LIVE)
+async def _push(asked: _Consumption) -> None:
+    sec = f"{asked.user}:{asked.password}"
+    component = asked.component
+    async with websockets.connect(ws_url(asked.url), max_size=_MAX_FRAME, compression=None) as ws:
+        receiver = _Receiver(ws, asked.handler, asked.on_gap, live=component == LIVE)
         calls = 0
 
         async def call(func: str, params: dict[str, Any]) -> None:
@@ -216,10 +216,9 @@ async def _push(
         try:
             if component != LIVE:
                 await _racing(call("registerConsumer", {"component": component}), reading)
-            ready = {"component": component, "want": None if want is None else list(want)}
-            await _racing(call("readyToReceive", ready), reading)
-            if on_ready is not None:
-                on_ready()
+            want = None if asked.want is None else list(asked.want)
+            await _racing(call("readyToReceive", {"component": component, "want": want}), reading)
+            asked.ready()
             await reading
         finally:
             reading.cancel()
