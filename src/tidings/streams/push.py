@@ -44,6 +44,45 @@ _CALL_OVERHEAD = 128
 _SKIP_ACK_SECONDS = 1.0
 
 
+class _Acknowledger:
+    """Records a reliable consumer's position in the background, the newest wins: the
+    session goes on pushing while the database writes, and replies that arrive together
+    cost one write. An acknowledgement that fails ends the session (:meth:`check`)."""
+
+    def __init__(self, acknowledge: Acknowledge) -> None:
+        self._acknowledge = acknowledge
+        self._target = 0
+        self._written = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def advance(self, position: int) -> None:
+        if position <= self._target:
+            return
+        self._target = position
+        if self._task is None or self._task.done():
+            self.check()
+            self._task = asyncio.get_running_loop().create_task(self._write())
+
+    def check(self) -> None:
+        """Raise the error of a write that failed."""
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            error = self._task.exception()
+            if error is not None:
+                raise error
+
+    async def flush(self) -> None:
+        """Wait until everything advanced to is written."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+        self.check()
+
+    async def _write(self) -> None:
+        while self._target > self._written:
+            target = self._target
+            await self._acknowledge(target)
+            self._written = target
+
+
 @dataclass
 class _Group:
     seq: int
@@ -74,7 +113,7 @@ class PushSession:
         self._max_bytes = message_bytes - _CALL_OVERHEAD
         self._want = want
         self._sent = start
-        self._acknowledge = acknowledge
+        self._acks = None if acknowledge is None else _Acknowledger(acknowledge)
         self._ack_timeout = ack_timeout
         self._seq = 0
         self._skip_ack_at = 0.0
@@ -83,12 +122,14 @@ class PushSession:
 
     @property
     def reliable(self) -> bool:
-        return self._acknowledge is not None
+        return self._acks is not None
 
     async def run(self) -> None:
         """Push until the channel closes, the consumer fails a group, or :meth:`stop`."""
         try:
             await self._loop()
+            if self._acks is not None:
+                await self._acks.flush()
         except (ConnectionClosed, asyncio.CancelledError):
             pass
         except (StoreError, StreamError, TimeoutError) as exc:
@@ -120,11 +161,8 @@ class PushSession:
             finally:
                 for wait in waits:
                     wait.cancel()
-            await self._settle()  # first: replies that came before a close still count
+            self._settle()  # first: replies that came before a close still count
             if self._channel.closed.is_set():
-                # Replies may have come while the settle above was recording; once the
-                # channel is closed no more can, so this one takes all that are left.
-                await self._settle()
                 return
             if not done:
                 raise TimeoutError(
@@ -149,11 +187,11 @@ class PushSession:
         if not batch.events:
             self._sent = max(self._sent, batch.scanned)
             now = time.monotonic()
-            if self._acknowledge and not self._in_flight and now >= self._skip_ack_at:
+            if self._acks is not None and not self._in_flight and now >= self._skip_ack_at:
                 # Nothing wanted up to there: move the stored position past it (at most
                 # once a second; a restart before that only reads those events again).
                 self._skip_ack_at = now + _SKIP_ACK_SECONDS
-                await self._acknowledge(self._sent)
+                self._acks.advance(self._sent)
             return False
         params = b'{"seq":%d,"events":' % self._seq + event_list(batch.events) + b"}"
         reply = await self._channel.call(self._function, params)
@@ -162,9 +200,10 @@ class PushSession:
         self._sent = batch.scanned
         return True
 
-    async def _settle(self) -> None:
+    def _settle(self) -> None:
         """Take the answered groups at the head of the queue, in seq order."""
-        covered = None
+        if self._acks is not None:
+            self._acks.check()
         while self._in_flight and self._in_flight[0].reply.done():
             if self._in_flight[0].reply.exception() is not None:
                 break  # the channel closed before this reply: it never came
@@ -177,9 +216,8 @@ class PushSession:
                         f"{reply.description}"
                     )
                 log.info("live consumer refused a group", extra={"error": reply.error})
-            covered = group.covers
-        if covered is not None and self._acknowledge is not None:
-            await self._acknowledge(covered)
+            if self._acks is not None:
+                self._acks.advance(group.covers)
 
 
 async def stop_session(
