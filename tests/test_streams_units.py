@@ -4,6 +4,7 @@ and the configuration."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -240,3 +241,30 @@ def test_the_example_stream_configuration_loads(monkeypatch) -> None:
     [stream] = config.streams
     assert stream.type_map().event_type_of("ORDER_PLACED") == ("orders", "OrderPlaced")
     assert config.stream_users["app"].resolved_hash("app").startswith("scrypt$")
+
+
+def test_tidings_server_refuses_bad_streams_before_it_starts(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
+    config["stream_users"] = {USER: {"password_hash_env": "TIDINGS_TEST_UNSET_HASH"}}
+    path = tmp_path / "server.yaml"
+    for mutate, message in [
+        (lambda c: None, "TIDINGS_TEST_UNSET_HASH is not set"),
+        (lambda c: c["streams"][0]["types"].update({"LOW": [["orders", "*"]]}), "collide"),
+    ]:
+        mutate(config)
+        path.write_text(yaml.safe_dump(config))
+        done = subprocess.run(
+            [sys.executable, "-m", "tidings.cli", "server", "--conf", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k != "TIDINGS_TEST_UNSET_HASH"},
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert not (tmp_path / "e.db").exists()  # refused before the store was opened

@@ -58,10 +58,9 @@ class RunningStreams:
     retention: asyncio.Task[None] | None = None
 
     @classmethod
-    async def start(cls, config: StreamServerConfig, server: RunningServer) -> RunningStreams:
-        users = Users(
-            {name: user.resolved_hash(name) for name, user in config.stream_users.items()}
-        )
+    async def start(
+        cls, config: StreamServerConfig, server: RunningServer, users: Users
+    ) -> RunningStreams:
         executor = ThreadPoolExecutor(_WORKERS, thread_name_prefix="tidings-streams")
         checks = ThreadPoolExecutor(1, thread_name_prefix="tidings-passwords")
         loop = asyncio.get_running_loop()
@@ -112,12 +111,17 @@ class RunningStreams:
 
 
 def streams_attachment(config: StreamServerConfig) -> Attachment | None:
-    """What :func:`tidings.server.runner.serve` attaches to run ``config``'s streams."""
+    """What :func:`tidings.server.runner.serve` attaches to run ``config``'s streams.
+
+    The users' password hashes are read here, before the server starts, so that a missing
+    environment variable stops ``tidings server`` before it opens anything.
+    """
     if not config.streams:
         return None
+    users = Users({name: user.resolved_hash(name) for name, user in config.stream_users.items()})
 
     async def attach(server: RunningServer) -> Callable[[], Awaitable[None]]:
-        return (await RunningStreams.start(config, server)).aclose
+        return (await RunningStreams.start(config, server, users)).aclose
 
     return attach
 
