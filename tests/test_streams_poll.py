@@ -256,6 +256,8 @@ def test_bad_requests_get_their_error_and_harm_nothing(tmp_path) -> None:
                     assert response.headers["content-type"] == "application/futoin+json"
                     assert response.json()["e"] == name, (body[:80], response.json())
             assert _ids(await poll(server.url, "OK")) == ids  # nothing was lost or moved
+            ping = await call(server.url, "futoin.ping:1.0:ping", {"echo": 7}, sec=None)
+            assert ping == {"r": {"echo": 7}}  # futoin.ping needs no user
 
     run(scenario())
 

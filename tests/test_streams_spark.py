@@ -121,3 +121,55 @@ def test_aggregation_stores_each_source_event_once_in_its_order(spark, tmp_path)
     assert len(stored) == len(east_ids) + len(west_ids) + len(more)
     positions = [event.position for event in stored]
     assert positions == sorted(set(positions))  # new ids, increasing
+
+
+def test_aggregate_command_runs_from_its_configuration(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    source = stream_server_config(f"sqlite:///{tmp_path}/src.db", secure_channel=True)
+    destination = f"sqlite:///{tmp_path}/aggregate.db"
+    with serving_in_thread(source) as server:
+        ids = run(add_events(server.url, 7))
+        config = {
+            "sources": {
+                "src": {
+                    "url": server.url,
+                    "user": USER,
+                    "password_env": "TIDINGS_TEST_SOURCE_PASSWORD",
+                    "component": "AGGCLI",
+                }
+            },
+            "destination": {"database": destination, "type_prefix": ["agg"]},
+            "checkpoint_dir": str(tmp_path / "cp"),
+            "spark_master": "local[1]",
+        }
+        path = tmp_path / "aggregate.yaml"
+        path.write_text(yaml.safe_dump(config))
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tidings.cli",
+                "streams",
+                "aggregate",
+                "-c",
+                str(path),
+                "--once",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=os.environ | {"TIDINGS_TEST_SOURCE_PASSWORD": PASSWORD},
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    store = EventStore(destination)
+    try:
+        stored = store.read(0, 100)
+    finally:
+        store.close()
+    assert [json.loads(e.payload)["i"] for e in stored] == list(range(len(ids)))
+    assert {e.type for e in stored} == {("agg", "src", "ORDER")}
