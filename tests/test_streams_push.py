@@ -323,3 +323,26 @@ def test_bad_frames_get_errors_and_the_connection_goes_on(tmp_path) -> None:
             await consumer.close()
 
     run(scenario())
+
+
+def test_pipelined_add_events_are_stored_in_request_order(database_url: str) -> None:
+    config = stream_server_config(database_url, secure_channel=True)
+
+    async def scenario() -> None:
+        async with serving(config) as server:
+            producer = await RawConsumer.connect(server.ws_url)
+            rids = []
+            for index in range(200):  # sent without waiting for any reply
+                params = {"type": "ORDER", "data": {"i": index}}
+                rids.append(await producer.request("addEvent", params, iface="futoin.evt.gen"))
+            replies = {}
+            while len(replies) < len(rids):
+                message = json.loads(await asyncio.wait_for(producer.ws.recv(), 10))
+                replies[message["rid"]] = int(message["r"])
+            ids = [replies[rid] for rid in rids]
+            assert ids == sorted(ids) and len(set(ids)) == 200
+            stored = (await poll(server.url, "LIVE", ids[0] - 1))["r"]
+            assert [e["data"]["i"] for e in stored] == list(range(200))
+            await producer.close()
+
+    run(scenario(), timeout=60)

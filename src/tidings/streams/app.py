@@ -6,10 +6,11 @@ at the same URL carrying one JSON message per frame (text or binary), where the 
 pushes travel too. Every reply is ``application/futoin+json``, an error included, so the
 caller always learns the FTN3 error name. One bad request (malformed, too large, unknown
 function, failing) is answered with its error and affects nothing else. A WebSocket's
-requests run one after the other in the order they came, so a consumer may send
-``registerConsumer`` and ``readyToReceive`` without waiting between them; the replies to the
-server's pushes are taken as they come, and reading pauses while
-:data:`MAX_QUEUED_REQUESTS` requests wait.
+requests take their turns in the order they came, so a consumer may send
+``registerConsumer`` and ``readyToReceive`` without waiting between them; an ``addEvent``'s
+turn ends once its event is queued for the engine (in order), so pipelined ones share
+commits and their replies follow as they are stored. The replies to the server's pushes are
+taken as they come, and reading pauses while :data:`MAX_QUEUED_REQUESTS` requests wait.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -31,7 +32,7 @@ from tidings.streams import ftn3
 from tidings.streams.channel import Channel
 from tidings.streams.metrics import CONTENT_TYPE
 from tidings.streams.push import stop_session
-from tidings.streams.service import RawJson, StreamService
+from tidings.streams.service import Deferred, RawJson, StreamService
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,9 @@ def build_app(services: Mapping[str, StreamService]) -> Starlette:
 
 async def answer(
     service: StreamService, data: bytes, channel: Channel | None, secure: bool
-) -> bytes:
-    """The encoded reply to one encoded request."""
+) -> bytes | Awaitable[bytes]:
+    """The encoded reply to one encoded request, or, when its work goes on after the
+    request's turn (:class:`~tidings.streams.service.Deferred`), what will give it."""
     rid = None
     try:
         if len(data) > service.config.max_request_bytes:
@@ -75,12 +77,31 @@ async def answer(
     except StreamError as exc:
         return ftn3.error(exc, rid)
     except Exception:
-        log.exception("stream request failed", extra={"stream": service.name})
-        return ftn3.error(StreamError(ftn3.INTERNAL_ERROR, "the request failed"), rid)
+        return _failed(service, rid)
+    if isinstance(result, Deferred):
+        return _reply_later(service, result, rid)
+    return _reply(result, rid)
+
+
+async def _reply_later(service: StreamService, deferred: Deferred, rid: str | None) -> bytes:
+    try:
+        return _reply(await deferred.result, rid)
+    except StreamError as exc:
+        return ftn3.error(exc, rid)
+    except Exception:
+        return _failed(service, rid)
+
+
+def _reply(result: Any, rid: str | None) -> bytes:
     if isinstance(result, RawJson):
         tail = b"}" if rid is None else b',"rid":"' + rid.encode() + b'"}'
         return b'{"r":' + result + tail
     return ftn3.result(result, rid)
+
+
+def _failed(service: StreamService, rid: str | None) -> bytes:
+    log.exception("stream request failed", extra={"stream": service.name})
+    return ftn3.error(StreamError(ftn3.INTERNAL_ERROR, "the request failed"), rid)
 
 
 def _http_endpoint(service: StreamService) -> Any:
@@ -91,9 +112,10 @@ def _http_endpoint(service: StreamService) -> Any:
             body += chunk
             if len(body) > limit:
                 break  # answer() refuses it by its size
-        reply = await answer(
-            service, bytes(body), None, _is_secure(service, request.scope, request.headers)
-        )
+        secure = _is_secure(service, request.scope, request.headers)
+        reply = await answer(service, bytes(body), None, secure)
+        if not isinstance(reply, bytes):
+            reply = await reply
         return Response(reply, media_type=MEDIA_TYPE)
 
     return endpoint
@@ -113,11 +135,21 @@ def _ws_endpoint(service: StreamService) -> Any:
         channel = Channel(websocket.send_bytes, websocket.close, peer)
         secure = _is_secure(service, websocket.scope, websocket.headers)
         requests: asyncio.Queue[bytes] = asyncio.Queue(MAX_QUEUED_REQUESTS)
+        later: set[asyncio.Task[None]] = set()
 
         async def serve_in_order() -> None:
             while True:
                 data = await requests.get()
-                await channel.send(await answer(service, data, channel, secure))
+                reply = await answer(service, data, channel, secure)
+                if isinstance(reply, bytes):
+                    await channel.send(reply)
+                else:
+                    later.add(task := asyncio.get_running_loop().create_task(send(reply)))
+                    task.add_done_callback(later.discard)
+
+        async def send(reply: Awaitable[bytes]) -> None:
+            with contextlib.suppress(ConnectionClosed):
+                await channel.send(await reply)
 
         worker = asyncio.get_running_loop().create_task(serve_in_order())
         try:
@@ -137,6 +169,8 @@ def _ws_endpoint(service: StreamService) -> Any:
             if channel.push is not None:
                 await stop_session(*channel.push, grace=_ACK_GRACE_S)
             worker.cancel()
+            for task in later:
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
                 await worker
 

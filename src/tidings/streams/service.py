@@ -24,12 +24,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
 from tidings.errors import EngineError, StoreError, StreamError
-from tidings.events.model import NewEvent, PayloadKind
+from tidings.events.model import NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.streams.auth import Users
 from tidings.streams.channel import Channel
@@ -65,6 +65,16 @@ _REPLY_OVERHEAD = 64
 
 class RawJson(bytes):
     """A result already encoded as JSON (an event list), put into the reply as it is."""
+
+
+class Deferred:
+    """A result whose work the request's turn has set going, in order (an event submitted
+    to the engine), and that is known later: the connection goes on to its next request
+    meanwhile, so a consumer's pipelined ``addEvent`` calls share the engine's group
+    commits instead of waiting for one commit each."""
+
+    def __init__(self, result: Awaitable[Any]) -> None:
+        self.result = result
 
 
 class StreamService:
@@ -226,7 +236,7 @@ class StreamService:
             task.add_done_callback(lambda _: self._forget(user, component, session))
         return True
 
-    async def _add_event(self, name: str, data: Any) -> str:
+    async def _add_event(self, name: str, data: Any) -> Deferred:
         event_type = self._type_map.event_type_of(name)
         if event_type is None:
             raise StreamError(
@@ -243,13 +253,7 @@ class StreamService:
         except ValueError as exc:
             raise StreamError(INVALID_REQUEST, f"data is not JSON: {exc}") from None
         event = NewEvent(event_type, payload.encode(), PayloadKind.JSON)
-        try:
-            [stored] = await self._engine.register([event])
-        except (EngineError, StoreError) as exc:
-            raise StreamError(INTERNAL_ERROR, f"the event was not stored: {exc}") from exc
-        if stored is None:
-            raise StreamError(INTERNAL_ERROR, "the event was not stored")
-        return str(stored.position)
+        return Deferred(_stored_id(self._engine.submit([event])))
 
     async def _authenticate(self, sec: str | None) -> str:
         """A full check (scrypt) in the password thread, which only such checks use: a
@@ -286,3 +290,14 @@ class StreamService:
             return await loop.run_in_executor(self._executor, function, *args)
         except StoreError as exc:
             raise StreamError(INTERNAL_ERROR, f"stream {self.name}: {exc}") from exc
+
+
+async def _stored_id(stored: Awaitable[list[StoredEvent | None]]) -> str:
+    """The id of an event ``addEvent`` submitted, once it is stored."""
+    try:
+        [event] = await stored
+    except (EngineError, StoreError) as exc:
+        raise StreamError(INTERNAL_ERROR, f"the event was not stored: {exc}") from exc
+    if event is None:
+        raise StreamError(INTERNAL_ERROR, "the event was not stored")
+    return str(event.position)
