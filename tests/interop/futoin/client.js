@@ -10,8 +10,8 @@
 //                                the ms until the first event (first_ms), the CPU ms the
 //                                process used since it started running (cpu_ms) and until
 //                                the first event (first_cpu_ms), and the monotonic time of
-//                                the first event in microseconds (first_us); start_ms is
-//                                the start in ms since the epoch
+//                                the first event in microseconds (first_us, and start_us
+//                                for the start); start_ms is the start in ms since the epoch
 //   {"latencies": [...], ...}    latency mode's result (see latency() below)
 // Options: mode (reliable | live | poll | gen | call), url, creds, component, want, count
 // (stop after this many events), crash_after (reliable: exit without acknowledging the
@@ -32,6 +32,7 @@ const LiveReceiver = require( 'futoin-eventstream/LiveReceiver' );
 const opts = JSON.parse( process.argv[2] );
 const out = ( obj ) => process.stdout.write( JSON.stringify( obj ) + '\n' );
 const started = Date.now();
+const startedUs = Number( process.hrtime.bigint() / 1000n );
 const startedCpu = process.cpuUsage();
 let received = 0;
 let firstMs = null;
@@ -50,7 +51,7 @@ function finish()
 {
     finished = true;
     out( { done: true, ms: Date.now() - started, first_ms: firstMs, cpu_ms: cpuMs(),
-        first_cpu_ms: firstCpuMs, first_us: firstUs, start_ms: started } );
+        first_cpu_ms: firstCpuMs, first_us: firstUs, start_ms: started, start_us: startedUs } );
     if ( opts.linger_ms )
     {
         // let the reply to the last onEvents go out first (FutoIn's server dies when a
@@ -204,7 +205,7 @@ function call()
 // Prints {"latencies": [ms, or null if it never came, by i], "gen_rtt": [addEvent's round
 // trip in ms, or null, by i], "sent", "received",
 // "gen_errors", "max_lag_ms" (the generator's worst lateness), "cpu_ms"} once every event
-// arrived or `seconds` + 15 s passed.
+// arrived or `seconds` + wait_s (default 15) seconds passed.
 const now = () => performance.timeOrigin + performance.now();
 
 function latency()
@@ -264,7 +265,7 @@ function latency()
                 {
                     const faces = gens.map( ( c ) => c.iface( 'gen' ) );
                     const go = () => generate( faces, total, state );
-                    setTimeout( report, ( opts.seconds + 15 ) * 1000 );
+                    setTimeout( report, ( opts.seconds + ( opts.wait_s || 15 ) ) * 1000 );
                     if ( opts.consumer === 'push' )
                     {
                         pushLatency( onEvent, go );
