@@ -268,3 +268,18 @@ def test_tidings_server_refuses_bad_streams_before_it_starts(tmp_path) -> None:
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
         assert not (tmp_path / "e.db").exists()  # refused before the store was opened
+
+
+def test_stream_sockets_ask_for_tcp_nodelay() -> None:
+    """asyncio sets TCP_NODELAY on accepted connections only when the listening socket says
+    it is TCP; without it each reply on a kept-alive HTTP connection waited ~40 ms."""
+    import socket
+
+    from tidings.streams.runner import _listen
+
+    sock = _listen("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        sock.close()

@@ -30,9 +30,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
+from tidings.db import driver_stamp
 from tidings.errors import StoreError, StreamError
 from tidings.events.timeutil import as_utc, utcnow
-from tidings.server.store import EventStore
+from tidings.server.store import DriverCursor, EventStore
 from tidings.streams.ftn3 import NOT_REGISTERED
 
 _metadata = MetaData()
@@ -119,6 +120,17 @@ class Consumers:
         if found is None:
             raise _not_registered(stream, component)
         return int(found[0])
+
+    def advance(self, stream: str, user: str, component: str, last_id: int) -> None:
+        """:meth:`acknowledge` for a push session's replies: one plain statement (they
+        come many a second), and no check that the consumer still exists."""
+        with self._store.transaction("acknowledge pushed events") as conn:
+            now = driver_stamp(conn.dialect.name)(utcnow())
+            DriverCursor.of(conn).rows(
+                f"UPDATE {consumers_table.name} SET last_id = ?, acked_at = ? WHERE stream = ? "
+                "AND user_name = ? AND component = ? AND last_id < ?",
+                (last_id, now, stream, user, component, last_id),
+            )
 
     def unregister(self, stream: str, user: str, component: str) -> bool:
         """Forget a consumer (its position no longer holds events back); True if it existed."""

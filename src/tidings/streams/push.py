@@ -37,7 +37,7 @@ from tidings.streams.reader import StreamReader
 log = logging.getLogger(__name__)
 
 #: Acknowledges a reliable consumer's position (persisted before it returns).
-Acknowledge = Callable[[int], Awaitable[int]]
+Acknowledge = Callable[[int], Awaitable[None]]
 #: Bytes of an onEvents call besides its events.
 _CALL_OVERHEAD = 128
 #: How often a consumer's position moves past events it does not want, at most.

@@ -220,11 +220,12 @@ class StreamService:
                     await stop_session(*previous)
                 start = await self._blocking(self._consumers.position, self.name, user, component)
 
-                async def acknowledge(position: int) -> int:
+                async def acknowledge(position: int) -> None:
                     async with self._lock(user, component):
-                        if self._sessions.get(key, (None,))[0] is not session:
-                            return position  # replaced: its replies no longer count
-                        return await self._acknowledge(user, component, position)
+                        if self._sessions.get(key, (None,))[0] is session:  # not replaced
+                            await self._blocking(
+                                self._consumers.advance, self.name, user, component, position
+                            )
 
                 session = PushSession(
                     self._reader, channel, config, start=start, acknowledge=acknowledge, **common
