@@ -26,7 +26,6 @@ from sqlalchemy import (
     func,
     insert,
     select,
-    update,
 )
 from sqlalchemy.exc import IntegrityError
 
@@ -107,30 +106,21 @@ class Consumers:
     def acknowledge(self, stream: str, user: str, component: str, last_id: int) -> int:
         """Move the consumer's position up to ``last_id`` (never back); the position now.
 
-        NotRegistered if there is no such consumer.
+        One plain statement (polls and push replies come many a second). NotRegistered if
+        there is no such consumer.
         """
-        c = consumers_table.c
         with self._store.transaction("acknowledge stream events") as conn:
-            conn.execute(
-                update(consumers_table)
-                .where(_key(stream, user, component), c.last_id < last_id)
-                .values(last_id=last_id, acked_at=utcnow())
-            )
-            found = conn.execute(select(c.last_id).where(_key(stream, user, component))).first()
-        if found is None:
-            raise _not_registered(stream, component)
-        return int(found[0])
-
-    def advance(self, stream: str, user: str, component: str, last_id: int) -> None:
-        """:meth:`acknowledge` for a push session's replies: one plain statement (they
-        come many a second), and no check that the consumer still exists."""
-        with self._store.transaction("acknowledge pushed events") as conn:
             now = driver_stamp(conn.dialect.name)(utcnow())
-            DriverCursor.of(conn).rows(
-                f"UPDATE {consumers_table.name} SET last_id = ?, acked_at = ? WHERE stream = ? "
-                "AND user_name = ? AND component = ? AND last_id < ?",
-                (last_id, now, stream, user, component, last_id),
+            found = DriverCursor.of(conn).rows(
+                f"UPDATE {consumers_table.name} SET "
+                "acked_at = CASE WHEN last_id < ? THEN ? ELSE acked_at END, "
+                "last_id = CASE WHEN last_id < ? THEN ? ELSE last_id END "
+                "WHERE stream = ? AND user_name = ? AND component = ? RETURNING last_id",
+                (last_id, now, last_id, last_id, stream, user, component),
             )
+        if not found:
+            raise _not_registered(stream, component)
+        return int(found[0][0])
 
     def unregister(self, stream: str, user: str, component: str) -> bool:
         """Forget a consumer (its position no longer holds events back); True if it existed."""

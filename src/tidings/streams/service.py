@@ -223,9 +223,7 @@ class StreamService:
                 async def acknowledge(position: int) -> None:
                     async with self._lock(user, component):
                         if self._sessions.get(key, (None,))[0] is session:  # not replaced
-                            await self._blocking(
-                                self._consumers.advance, self.name, user, component, position
-                            )
+                            await self._acknowledge(user, component, position)
 
                 session = PushSession(
                     self._reader, channel, config, start=start, acknowledge=acknowledge, **common
