@@ -318,11 +318,17 @@ class Endpoint:
 
 
 def tidings_server(work: Path, url: str) -> tuple[ServerProcess, Endpoint]:
-    """``tidings server`` on ``url`` with one stream ``bench`` at ``/`` (not started)."""
+    """``tidings server`` on ``url`` (PostgreSQL, or a SQLite file: the embedded default)
+    with one stream ``bench`` at ``/`` (not started)."""
     eventer, port = free_port(), free_port()
+    backend = (
+        {"module": "tidings.server.backends.sqlite", "db_path": url.removeprefix("sqlite:///")}
+        if url.startswith("sqlite:///")
+        else {"module": "tidings.server.backends.postgresql", "url": url}
+    )
     config = {
         "type": "event",
-        "backend": {"module": "tidings.server.backends.postgresql", "url": url},
+        "backend": backend,
         "engine": {"server_id": 1},
         "eventer_server": {"address": local_address(eventer)},
         "stream_users": {USER: {"password_hash": hash_password(PASSWORD, n=2**10)}},
@@ -856,6 +862,26 @@ def phase_latency_low(
             report.figures[f"latency_{consumer}_p99_ms_{name}_at_{LOW_RATE}"] = round(lat.p99, 2)
 
 
+def phase_latency_sqlite(work: Path, sizes: Sizes, report: Report) -> None:
+    """The latency once more with tidings on its embedded default, a SQLite file (no
+    FutoIn equivalent): what a commit costs there against PostgreSQL's."""
+    server, ep = tidings_server(work, f"sqlite:///{work / 'sqlite' / 'events.db'}")
+    with running(server):
+        results = {}
+        for consumer in ("push", "poll"):
+            lat = latency_run(
+                ep, server.proc.pid if server.proc else None, consumer, RATE, sizes, report
+            )
+            results[consumer] = lat
+            say(f"  SQLite: {lat.text}")
+            report.detail("latency, tidings on SQLite", lat.text)
+            for q, value in (("p50", lat.p50), ("p99", lat.p99)):
+                report.figures[f"latency_{consumer}_{q}_ms_tidings_sqlite"] = round(value, 2)
+        worse = max(results.values(), key=lambda lat: lat.p99)
+        report.figures["latency_p50_ms_tidings_sqlite"] = round(worse.p50, 2)
+        report.figures["latency_p99_ms_tidings_sqlite"] = round(worse.p99, 2)
+
+
 # -- phase (b): tidings' Python consumer against a JetStream pull consumer -------------------
 
 
@@ -1257,6 +1283,11 @@ def table_a(f: dict[str, float | None], met: dict[str, bool]) -> list[str]:
     for consumer in ("push", "poll"):
         key = f"latency_{consumer}_p99_ms_tidings_at_{LOW_RATE}"
         lines.append(pair(f"latency p99, {consumer}, at {LOW_RATE} ev/s", f, key, "ms", met))
+    for consumer in ("push", "poll"):
+        for q in ("p50", "p99"):
+            key = f"latency_{consumer}_{q}_ms_tidings_sqlite"
+            label = f"latency {q}, {consumer}, at {RATE} ev/s, tidings on SQLite (its default)"
+            lines.append(pair(label, f, key, "ms", met))
     return lines
 
 
@@ -1410,6 +1441,9 @@ def part_a(work: Path, sizes: Sizes, report: Report, stack: contextlib.ExitStack
     latency_note(report)
     measured(
         f"(a) latency at {LOW_RATE} ev/s", lambda: phase_latency_low(servers, sizes, report), report
+    )
+    measured(
+        "(a) latency, tidings on SQLite", lambda: phase_latency_sqlite(work, sizes, report), report
     )
     report.note(
         "FutoIn's server exits when a consumer leaves with an onEvents call unanswered "
