@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import shutil
 import threading
@@ -43,7 +44,8 @@ def backend_of(database_url: str) -> dict[str, str]:
 
 def stream_server_config(database_url: str, **stream: Any) -> dict[str, Any]:
     """A server configuration with one stream ``s`` on a free port at ``/evt``."""
-    entry = {"name": "s", "port": free_port(), "path": "/evt", "types": TYPES} | stream
+    entry = {"name": "s", "port": free_port(), "path": "/evt", "types": copy.deepcopy(TYPES)}
+    entry |= stream
     return {
         "type": "event",
         "backend": backend_of(database_url),

@@ -1051,3 +1051,39 @@ def test_sqlite_registers_reach_the_database_file_without_a_commit_checkpointing
         assert found == len(stored)
     finally:
         store.close()
+
+
+def test_a_side_transaction_may_read_then_write_while_others_append(tmp_path) -> None:
+    """On SQLite a transaction begun for reading cannot write once another connection has
+    committed ("database is locked" at once, no waiting): the stream server failed to start
+    that way on a fresh database. Side transactions hold the write lock from the start."""
+    import threading
+    import time
+
+    from tidings.events.model import NewEvent
+    from tidings.server.store import EventStore
+
+    url = f"sqlite:///{tmp_path}/side.db"
+    store, other = EventStore(url), EventStore(url)
+    done = threading.Event()
+
+    def append() -> None:
+        while not done.is_set():
+            other.register([NewEvent(("side", "load"))])
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    try:
+        for index in range(30):
+            with store.transaction("read, then write") as conn:
+                conn.exec_driver_sql("SELECT count(*) FROM event_events").all()
+                time.sleep(0.005)  # the other writer would commit here
+                conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS side_rows (n INTEGER)")
+                conn.exec_driver_sql(f"INSERT INTO side_rows VALUES ({index})")
+    finally:
+        done.set()
+        thread.join()
+        other.close()
+    with store.transaction("count") as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM side_rows").scalar() == 30
+    store.close()

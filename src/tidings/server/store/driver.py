@@ -73,17 +73,28 @@ def _begin_sqlite_transaction(conn: Connection) -> None:
 
 @contextmanager
 def transaction(
-    engine: Engine, url: str, action: str, *, append: bool = False, snapshot: bool = False
+    engine: Engine,
+    url: str,
+    action: str,
+    *,
+    append: bool = False,
+    snapshot: bool = False,
+    write: bool = False,
 ) -> Iterator[Connection]:
     """Run one transaction; an append one holds the database-wide append lock, a snapshot
     one reads a single state of the database (``REPEATABLE READ READ ONLY`` on PostgreSQL).
+
+    A ``write`` one (and an append one) takes SQLite's write lock when it begins, waiting
+    for it as long as the busy timeout allows: a transaction begun for reading that then
+    writes fails at once with "database is locked" when another connection has committed
+    since it began (WAL mode cannot let it write on a stale snapshot).
 
     Database failures leave as :class:`StoreError` naming the store (``url``) and ``action``.
     """
     try:
         with engine.connect() as conn:
             postgresql = conn.dialect.name == "postgresql"
-            if append:
+            if append or write:
                 conn.execution_options(**{_APPEND_OPTION: True})
             if snapshot and postgresql:
                 conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)

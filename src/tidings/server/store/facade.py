@@ -270,11 +270,12 @@ class EventStore:
     @contextmanager
     def transaction(self, action: str) -> Iterator[Connection]:
         """A read-write transaction on the store's database, for the tables that parts
-        above the server keep beside the log (the streams' consumer positions). It does not
-        take the append lock: do not write the log's tables in it. Errors leave as
-        :class:`StoreError` naming ``action``.
+        above the server keep beside the log (the streams' consumer positions). On SQLite it
+        holds the write lock from its start (waiting for it), so reading before writing in it
+        is safe; it does not take the append lock: do not write the log's tables in it.
+        Errors leave as :class:`StoreError` naming ``action``.
         """
-        with self._transaction(action) as conn:
+        with self._transaction(action, write=True) as conn:
             yield conn
 
     def close(self) -> None:
@@ -297,10 +298,12 @@ class EventStore:
 
     @contextmanager
     def _transaction(
-        self, action: str, *, append: bool = False, snapshot: bool = False
+        self, action: str, *, append: bool = False, snapshot: bool = False, write: bool = False
     ) -> Iterator[Connection]:
         """One transaction of :func:`.driver.transaction`, refused once the store is closed."""
         if self._closed:
             raise StoreError(f"event store {self.url}: cannot {action}: the store is closed")
-        with transaction(self._engine, self.url, action, append=append, snapshot=snapshot) as conn:
+        with transaction(
+            self._engine, self.url, action, append=append, snapshot=snapshot, write=write
+        ) as conn:
             yield conn
