@@ -202,3 +202,42 @@ def test_python_consumer_reconnects_across_a_server_restart(tmp_path, push: bool
         assert [e.id for e in got] == before + after
 
     run(scenario(), timeout=90)
+
+
+def test_consume_cli_live_prints_new_events(tmp_path) -> None:
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
+
+    async def scenario() -> None:
+        async with serving(config) as server:
+            old = await add_events(server.url, 3)  # before: a live consumer does not get them
+            env = os.environ | {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASSWORD}
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tidings.cli",
+                "consume",
+                server.url,
+                "X",
+                "--live",
+                "--want",
+                "PAY",
+                "--count",
+                "2",
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            added: list[int] = []
+            communicate = asyncio.ensure_future(process.communicate())
+            while not communicate.done():
+                await add_events(server.url, 1, "ORDER")  # not wanted
+                added += await add_events(server.url, 1, "PAY")
+                await asyncio.wait({communicate}, timeout=0.2)
+                assert len(added) < 100, "the live consumer printed nothing"
+            out, err = communicate.result()
+            assert process.returncode == 0, err
+            ids = [int(json.loads(line)["id"]) for line in out.decode().splitlines() if line]
+            assert len(ids) == 2 and set(ids) <= set(added) and ids == sorted(ids)
+            assert not set(ids) & set(old)
+
+    run(scenario(), timeout=90)

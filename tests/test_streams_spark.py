@@ -173,3 +173,40 @@ def test_aggregate_command_runs_from_its_configuration(tmp_path) -> None:
         store.close()
     assert [json.loads(e.payload)["i"] for e in stored] == list(range(len(ids)))
     assert {e.type for e in stored} == {("agg", "src", "ORDER")}
+
+
+def test_archive_command_archives_what_is_there(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
+    with serving_in_thread(config) as server:
+        ids = run(add_events(server.url, 6))
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tidings.cli",
+                "streams",
+                "archive",
+                server.url,
+                "--dir",
+                str(tmp_path / "archive"),
+                "--checkpoint",
+                str(tmp_path / "cp"),
+                "--once",
+                "--spark-master",
+                "local[1]",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=os.environ | {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASSWORD},
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert run(poll(server.url, "ARCHIVER"))["r"] == []  # acknowledged
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "archive")
+    assert sorted(table.column("id").to_pylist()) == ids
