@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/futoin+json"
 #: Requests of one WebSocket peer waiting their turn, at most; reading stops while full.
 MAX_QUEUED_REQUESTS = 16
-#: How long a closed WebSocket's push session may take to record the replies that came.
-_ACK_GRACE_S = 5.0
 
 
 def build_app(services: Mapping[str, StreamService]) -> Starlette:
@@ -167,7 +165,7 @@ def _ws_endpoint(service: StreamService) -> Any:
         finally:
             channel.close()
             if channel.push is not None:
-                await stop_session(*channel.push, grace=_ACK_GRACE_S)
+                await stop_session(*channel.push)
             worker.cancel()
             for task in later:
                 task.cancel()

@@ -41,6 +41,8 @@ class Channel:
         self._next_rid = 1
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self.closed = asyncio.Event()
+        #: Called once when the channel closes (the push session's wake-up).
+        self.on_close: Callable[[], None] | None = None
         #: The push session ``readyToReceive`` started on this channel, and its task.
         self.push: tuple[PushSession, asyncio.Task[None]] | None = None
 
@@ -90,6 +92,8 @@ class Channel:
         if not self.closed.is_set():
             self._closing = asyncio.get_running_loop().create_task(self._close_socket())
         self.closed.set()
+        if self.on_close is not None:
+            self.on_close()
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():

@@ -3,7 +3,7 @@
 The engine tells its listeners of every stored batch in position order, whoever wrote it
 (a session here, a Syncer peer, a relay appending to the same database: see
 :mod:`tidings.server.async_engine`). The feed keeps the stream's events of the last
-``capacity`` positions, each encoded once (:mod:`.encoding`), and wakes the push sessions
+``capacity`` events, each encoded once (:mod:`.encoding`), and wakes the push sessions
 waiting for new ones. It covers the positions ``(floor, high]``: every event of the stream
 in that range is in memory, so a consumer whose position is at least ``floor`` is served
 from here; one further behind reads the store (:mod:`.reader`). Both give the same events in
@@ -12,9 +12,8 @@ the same order, because the store's positions become visible in increasing order
 
 from __future__ import annotations
 
-import asyncio
 from bisect import bisect_right
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from tidings.events.model import StoredEvent
@@ -43,7 +42,9 @@ class StreamFeed:
         self._start = 0
         self.floor = last_position
         self.high = last_position
-        self._changed = asyncio.Event()
+        #: Called (on the loop) whenever the feed has seen new positions: the push
+        #: sessions' wake-ups.
+        self.waiters: set[Callable[[], None]] = set()
 
     def add(self, events: list[StoredEvent]) -> None:
         """A newly stored batch, in position order (the engine's listener)."""
@@ -60,13 +61,8 @@ class StreamFeed:
         if len(self._positions) - self._start > self._capacity:
             self._trim(len(self._positions) - self._start - self._capacity)
         if events:
-            self._changed.set()
-            self._changed = asyncio.Event()
-
-    async def wait_beyond(self, position: int) -> None:
-        """Return once the feed has seen a position above ``position``."""
-        while self.high <= position:
-            await self._changed.wait()
+            for wake in list(self.waiters):
+                wake()
 
     def pending(self, after: int) -> int:
         """How many of the stream's events in memory lie after ``after``."""

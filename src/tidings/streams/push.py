@@ -119,6 +119,7 @@ class PushSession:
         self._skip_ack_at = 0.0
         self._in_flight: deque[_Group] = deque()
         self.stopped = asyncio.Event()
+        self._wake = asyncio.Event()
 
     @property
     def reliable(self) -> bool:
@@ -141,34 +142,44 @@ class PushSession:
 
     def stop(self) -> None:
         self.stopped.set()
+        self._wake.set()
 
     async def _loop(self) -> None:
+        """Send while groups may be in flight, else sleep until something happens: new
+        events in the feed, a reply, the channel closing, :meth:`stop` (one event, set by
+        each of them, so a turn creates no tasks)."""
+        wake = self._wake
         feed = self._reader.feed
-        while not self.stopped.is_set():
-            if len(self._in_flight) < self._config.max_in_flight and await self._send_group():
-                continue
-            waits = [asyncio.ensure_future(self.stopped.wait())]
-            waits.append(asyncio.ensure_future(self._channel.closed.wait()))
-            if self._in_flight:
-                waits.append(asyncio.ensure_future(asyncio.shield(self._in_flight[0].reply)))
-            if len(self._in_flight) < self._config.max_in_flight:
-                waits.append(asyncio.ensure_future(feed.wait_beyond(self._sent)))
-            timeout = self._ack_timeout if self._in_flight else None
-            try:
-                done, _ = await asyncio.wait(
-                    waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                for wait in waits:
-                    wait.cancel()
-            self._settle()  # first: replies that came before a close still count
-            if self._channel.closed.is_set():
-                return
-            if not done:
+        feed.waiters.add(wake.set)
+        self._channel.on_close = wake.set
+        try:
+            while True:
+                wake.clear()
+                self._settle()  # replies that came before a close still count
+                if self._channel.closed.is_set() or self.stopped.is_set():
+                    return
+                room = len(self._in_flight) < self._config.max_in_flight
+                if room and await self._send_group():
+                    continue
+                if room and feed.high > self._sent:
+                    continue  # the feed moved while the group was read
+                await self._sleep(wake)
+        finally:
+            feed.waiters.discard(wake.set)
+
+    async def _sleep(self, wake: asyncio.Event) -> None:
+        """Wait for a wake-up; TimeoutError if the oldest group stays unanswered."""
+        if not self._in_flight:
+            await wake.wait()
+            return
+        try:
+            await asyncio.wait_for(wake.wait(), self._ack_timeout)
+        except TimeoutError:
+            if self._in_flight and not self._in_flight[0].reply.done():
                 raise TimeoutError(
                     f"consumer did not answer onEvents seq {self._in_flight[0].seq} within "
                     f"{self._ack_timeout:g} s"
-                )
+                ) from None
 
     async def _send_group(self) -> bool:
         """Send the next group if there is one; True if a group went out."""
@@ -195,6 +206,7 @@ class PushSession:
             return False
         params = b'{"seq":%d,"events":' % self._seq + event_list(batch.events) + b"}"
         reply = await self._channel.call(self._function, params)
+        reply.add_done_callback(lambda _: self._wake.set())
         self._in_flight.append(_Group(self._seq, batch.scanned, reply))
         self._seq += 1
         self._sent = batch.scanned
@@ -221,14 +233,13 @@ class PushSession:
 
 
 async def stop_session(
-    session: PushSession, task: asyncio.Task[None], *, grace: float = 0.0
+    session: PushSession, task: asyncio.Task[None], *, grace: float = 5.0
 ) -> None:
-    """Stop a session and wait for it to end. With a ``grace`` period (its channel closed),
-    it first takes the replies that arrived, so their acknowledgements are kept."""
-    if grace:
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
-            await asyncio.wait_for(asyncio.shield(task), grace)
+    """Stop a session and wait for it to end: first up to ``grace`` seconds for it to take
+    the replies that arrived and record their acknowledgements, then it is cancelled."""
     session.stop()
+    with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
+        await asyncio.wait_for(asyncio.shield(task), grace)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task

@@ -214,6 +214,10 @@ class StreamService:
             )
         else:
             key = (user, component)
+            # The whole change under the consumer's lock: a session replaced first records
+            # the replies it got (stop_session's grace), then the new one starts from the
+            # position that leaves, so nothing acknowledged is sent again; two
+            # readyToReceive of one consumer cannot both start.
             async with self._lock(user, component):
                 previous = self._sessions.pop(key, None)
                 if previous is not None:
@@ -221,19 +225,22 @@ class StreamService:
                 start = await self._blocking(self._consumers.position, self.name, user, component)
 
                 async def acknowledge(position: int) -> None:
-                    async with self._lock(user, component):
-                        if self._sessions.get(key, (None,))[0] is session:  # not replaced
-                            await self._acknowledge(user, component, position)
+                    await self._acknowledge(user, component, position)
 
                 session = PushSession(
                     self._reader, channel, config, start=start, acknowledge=acknowledge, **common
                 )
+                task = self._start(session, channel)
+                self._sessions[key] = (session, task)
+                task.add_done_callback(lambda _: self._forget(user, component, session))
+            return True
+        self._start(session, channel)
+        return True
+
+    def _start(self, session: PushSession, channel: Channel) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(session.run(), name=f"push {self.name}")
         channel.push = (session, task)
-        if component != LIVE:
-            self._sessions[(user, component)] = (session, task)
-            task.add_done_callback(lambda _: self._forget(user, component, session))
-        return True
+        return task
 
     async def _add_event(self, name: str, data: Any) -> Deferred:
         event_type = self._type_map.event_type_of(name)
