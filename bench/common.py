@@ -63,6 +63,25 @@ def write_report(name: str, result: dict[str, Any], markdown: str) -> tuple[Path
 # -- figures ---------------------------------------------------------------------------------
 
 
+def goals_met(figures: dict[str, Any], goals: dict[str, dict[str, Any]]) -> dict[str, bool]:
+    """Whether each goal is met: ``{"max": x}``, ``{"min": x}``, or ``{"min_ratio": r,
+    "of": other}`` (at least ``r`` times figure ``other`` of the same run); a figure that is
+    missing meets nothing."""
+    met: dict[str, bool] = {}
+    for name, goal in goals.items():
+        value = figures.get(name)
+        if value is None:
+            met[name] = False
+        elif "max" in goal:
+            met[name] = value <= goal["max"]
+        elif "min" in goal:
+            met[name] = value >= goal["min"]
+        else:
+            other = figures.get(goal["of"])
+            met[name] = other is not None and value >= goal["min_ratio"] * other
+    return met
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-th percentile (0-100) by linear interpolation between the closest ranks.
 

@@ -49,6 +49,7 @@ from common import (
     code_version,
     cpu_seconds,
     cpu_share,
+    goals_met,
     machine_info,
     machine_text,
     percentile,
@@ -1202,20 +1203,6 @@ GOALS: dict[str, dict[str, Any]] = {
 }
 
 
-def evaluate(figures: dict[str, float | None]) -> dict[str, bool]:
-    met = {}
-    for name, goal in GOALS.items():
-        value = figures.get(name)
-        if value is None:
-            met[name] = False
-        elif "max" in goal:
-            met[name] = value <= goal["max"]
-        else:
-            other = figures.get(goal["of"])
-            met[name] = bool(other) and value >= goal["min_ratio"] * other  # type: ignore[operator]
-    return met
-
-
 def shown(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
@@ -1529,7 +1516,7 @@ def build_result(machine: dict[str, Any], report: Report, runtime: float) -> dic
     result: dict[str, Any] = {"machine": machine}
     result.update(report.figures)
     result["goals"] = GOALS
-    result["met"] = evaluate(report.figures)
+    result["met"] = goals_met(report.figures, GOALS)
     result["cpu"] = report.cpu
     result["notes"] = report.notes
     result["details"] = report.details
