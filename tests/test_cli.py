@@ -62,3 +62,28 @@ def test_demo_delivers_everything_and_says_so(spark, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "OK: every routed event was delivered exactly once, in order." in result.output
     assert "UNROUTABLE" in result.output and "missing 0, duplicates 0" in result.output
+
+
+def test_a_bad_log_level_is_a_usage_error_not_a_traceback(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["--log-level", "NOPE", "status", "-c", str(_config_file(tmp_path))]
+    )
+    assert result.exit_code == 2
+    assert "not a log level" in result.output and "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize("event_type", ["", " ", "*", "?", "x" * 257])
+def test_routes_add_refuses_types_emit_refuses(tmp_path: Path, event_type: str) -> None:
+    path = _config_file(tmp_path)
+    result = runner.invoke(app, ["routes", "add", event_type, "store", "-c", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "cannot route it: event type" in result.output
+    listed = runner.invoke(app, ["routes", "list", "-c", str(path)])
+    assert f"{event_type} ->" not in listed.output.replace("Created ->", "")
+
+
+def test_routes_add_prints_names_literally(tmp_path: Path) -> None:
+    path = _config_file(tmp_path)
+    result = runner.invoke(app, ["routes", "add", "Order[red]", "store", "-c", str(path)])
+    assert result.exit_code == 0 and "Order[red] -> store added" in result.output

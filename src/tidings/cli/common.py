@@ -52,7 +52,19 @@ def seconds_option(value: str | None, flag: str) -> float | None:
 @app.callback()
 def main(log_level: Annotated[str, typer.Option(help="Log level.")] = "WARNING") -> None:
     """tidings: every database change out to everyone who needs it."""
-    configure_logging(log_level)
+    configure_logging(log_level_option(log_level, "--log-level"))
+
+
+def log_level_option(value: str, flag: str) -> str:
+    """A logging level name given on the command line, or a usage error naming the choices."""
+    if value.upper() not in LOG_LEVELS:
+        raise typer.BadParameter(
+            f"{value!r} is not a log level (use one of {', '.join(LOG_LEVELS)})", param_hint=flag
+        )
+    return value.upper()
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 ServerConfOption = Annotated[

@@ -236,8 +236,12 @@ def routes_add(event_type: str, target: str, config: ConfigOption = None) -> Non
         raise typer.Exit(2)
     engine = make_engine(cfg.database.url)
     ensure_schema(engine)
-    add_route(engine, event_type, target)
-    console.print(f"{event_type} -> {target} added")
+    try:
+        add_route(engine, event_type, target)
+    except TidingsError as exc:
+        err.print(f"error: cannot route it: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    console.print(f"{event_type} -> {target} added", markup=False)
 
 
 @routes_app.command("remove")

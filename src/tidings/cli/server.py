@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tidings.cli.common import app, err
+from tidings.cli.common import app, err, log_level_option
 from tidings.errors import TidingsError
 from tidings.logs import configure_logging
 
@@ -34,7 +34,7 @@ def server(
     from tidings.streams.config import load_stream_server_config_file
     from tidings.streams.runner import streams_attachment
 
-    configure_logging(log_level)
+    configure_logging(log_level_option(log_level, "--log-level"))
     try:
         cfg = load_stream_server_config_file(conf)
         apply_logging(cfg)

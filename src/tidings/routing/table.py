@@ -15,6 +15,7 @@ from sqlalchemy import Engine, delete, select
 
 from tidings.config import TidingsConfig
 from tidings.events.timeutil import utcnow
+from tidings.outbox.checks import check_event_type
 from tidings.outbox.schema import route
 
 
@@ -57,7 +58,9 @@ def table_routes(engine: Engine) -> dict[str, list[str]]:
 
 
 def add_route(engine: Engine, event_type: str, target: str) -> None:
-    """Route ``event_type`` to ``target`` from the next micro-batch on."""
+    """Route ``event_type`` to ``target`` from the next micro-batch on; EmitError for a type
+    no event may have (the rules of emit)."""
+    check_event_type(event_type)
     with engine.begin() as conn:
         conn.execute(
             delete(route).where(route.c.event_type == event_type, route.c.target == target)
