@@ -87,3 +87,12 @@ def test_routes_add_prints_names_literally(tmp_path: Path) -> None:
     path = _config_file(tmp_path)
     result = runner.invoke(app, ["routes", "add", "Order[red]", "store", "-c", str(path)])
     assert result.exit_code == 0 and "Order[red] -> store added" in result.output
+
+
+def test_error_messages_keep_brackets(tmp_path: Path) -> None:
+    """Errors are printed literally: rich markup would eat a [...] in a path or a name."""
+    missing = tmp_path / "conf[prod]" / "tidings.yaml"
+    result = runner.invoke(app, ["status", "-c", str(missing)])
+    assert result.exit_code == 2 and "conf[prod]" in result.output
+    unknown = runner.invoke(app, ["routes", "add", "A", "t[1]", "-c", str(_config_file(tmp_path))])
+    assert unknown.exit_code == 2 and "'t[1]'" in unknown.output

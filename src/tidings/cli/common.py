@@ -36,7 +36,7 @@ def load_or_exit(path: Path | None) -> TidingsConfig:
     try:
         return load_config_file(path) if path else load_config({})
     except TidingsError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
 
 

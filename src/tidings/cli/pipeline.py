@@ -97,7 +97,7 @@ def relay(
     except KeyboardInterrupt:
         console.print("relay stopped")
     except TidingsError as exc:
-        err.print(f"[red]relay failed:[/red] {exc}")
+        err.print(f"relay failed: {exc}", markup=False)
         raise typer.Exit(1) from None
 
 
@@ -184,7 +184,7 @@ def status(config: ConfigOption = None) -> None:
     try:
         report = status_report(make_engine(cfg.database.url))
     except TidingsError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
     table = Table(title="events per status")
     table.add_column("status")
@@ -203,7 +203,7 @@ def status(config: ConfigOption = None) -> None:
         f"oldest open event: {age.total_seconds():.1f} s old" if age else "no open events"
     )
     for seq, etype, error in report.last_errors:
-        console.print(f"[red]seq {seq}[/red] {etype}: {error}")
+        console.print(f"seq {seq} {etype}: {error}", markup=False, style="red")
 
 
 @routes_app.command("list")
@@ -217,7 +217,7 @@ def routes_list(config: ConfigOption = None) -> None:
     engine = make_engine(cfg.database.url)
     ensure_schema(engine)
     for event_type, targets in sorted(current_routes(cfg, engine).by_type.items()):
-        console.print(f"{event_type} -> {', '.join(targets)}")
+        console.print(f"{event_type} -> {', '.join(targets)}", markup=False)
 
 
 @routes_app.command("add")
@@ -230,8 +230,9 @@ def routes_add(event_type: str, target: str, config: ConfigOption = None) -> Non
     cfg = load_or_exit(config)
     if target not in cfg.targets:
         err.print(
-            f"[red]error:[/red] unknown target {target!r} "
-            f"(defined: {', '.join(sorted(cfg.targets)) or 'none'})"
+            f"error: unknown target {target!r} "
+            f"(defined: {', '.join(sorted(cfg.targets)) or 'none'})",
+            markup=False,
         )
         raise typer.Exit(2)
     engine = make_engine(cfg.database.url)
@@ -255,6 +256,6 @@ def routes_remove(event_type: str, target: str, config: ConfigOption = None) -> 
     engine = make_engine(cfg.database.url)
     ensure_schema(engine)
     if not remove_route(engine, event_type, target):
-        err.print(f"no route {event_type} -> {target} in the table")
+        err.print(f"no route {event_type} -> {target} in the table", markup=False)
         raise typer.Exit(1)
-    console.print(f"{event_type} -> {target} removed")
+    console.print(f"{event_type} -> {target} removed", markup=False)

@@ -40,8 +40,8 @@ def server(
         apply_logging(cfg)
         asyncio.run(serve(cfg, attach=streams_attachment(cfg)))
     except TidingsError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
     except OSError as exc:  # e.g. the address is in use
-        err.print(f"[red]error:[/red] cannot start the server: {exc}")
+        err.print(f"error: cannot start the server: {exc}", markup=False)
         raise typer.Exit(2) from None

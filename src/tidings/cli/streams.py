@@ -48,7 +48,7 @@ def consume(
     from tidings.streams.client import LIVE, StreamEvent, consume
 
     if not user:
-        err.print("[red]error:[/red] give --user or set TIDINGS_STREAM_USER")
+        err.print("error: give --user or set TIDINGS_STREAM_USER", markup=False)
         raise typer.Exit(2)
     if not password:
         password = typer.prompt("password", hide_input=True)
@@ -222,9 +222,7 @@ def streams_archive(
         raise typer.Exit(2) from None
     spark = spark_session(RelayConfig(spark_master=spark_master), "tidings-stream-archive")
     try:
-        query = start_archive(
-            spark, source.options(), str(archive_dir), str(checkpoint), once=once
-        )
+        query = start_archive(spark, source.options(), str(archive_dir), str(checkpoint), once=once)
     except TidingsError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
