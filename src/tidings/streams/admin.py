@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from tidings.server.backends import open_backend
-from tidings.server.positions import count_after, read_positions
+from tidings.server.positions import count_after, read_newest, read_positions
 from tidings.server.store import EventStore
 from tidings.streams.config import StreamConfig, StreamServerConfig
 from tidings.streams.consumers import Consumers
@@ -73,12 +73,12 @@ def stream_status(store: EventStore, stream: StreamConfig) -> StreamStatus:
     consumers = Consumers(store)
     patterns = stream.type_map().all_patterns()
     first = read_positions(store, 0, 1, patterns).events
-    last = _last_id(store, patterns)
+    newest = read_newest(store, 1, patterns)
     return StreamStatus(
         stream.name,
         stream.endpoint,
         first[0].position if first else None,
-        last,
+        newest[0].position if newest else None,
         stream.retention.enabled,
         [
             ConsumerStatus(
@@ -96,17 +96,3 @@ def stream_status(store: EventStore, stream: StreamConfig) -> StreamStatus:
 def unregister(store: EventStore, stream: str, user: str, component: str) -> bool:
     """Forget a consumer, so that it no longer holds the stream's events back."""
     return Consumers(store).unregister(stream, user, component)
-
-
-def _last_id(store: EventStore, patterns: list[tuple[str, ...]]) -> int | None:
-    """The newest id of the stream: read backwards in steps until an event of it shows."""
-    top = store.last_position()
-    step = 1000
-    low = top
-    while low > 0:
-        low = max(0, low - step)
-        found = read_positions(store, low, top - low, patterns).events
-        if found:
-            return found[-1].position
-        top, step = low, step * 10
-    return None

@@ -33,6 +33,7 @@ import httpx
 import websockets
 
 from tidings.errors import ConnectionClosed, StreamError
+from tidings.streams import ftn3
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class StreamClient:
 
     async def call(self, iface: str, func: str, params: dict[str, Any]) -> Any:
         """One call; its result, or StreamError with the server's error name."""
-        body = json.dumps({"f": f"{iface}:{_VERSION}:{func}", "p": params, "sec": self._sec})
+        body = ftn3.request(f"{iface}:{_VERSION}:{func}", params, None, self._sec)
         try:
             response = await self._http.post(
                 self.url, content=body, headers={"Content-Type": _MEDIA_TYPE}
@@ -85,7 +86,7 @@ class StreamClient:
             raise StreamError(
                 "InternalError", f"stream {self.url}: HTTP {response.status_code}, not FTN3"
             )
-        return _result(response.json())
+        return ftn3.outcome(response.json())
 
     async def register(self, component: str) -> None:
         await self.call("futoin.evt.poll", "registerConsumer", {"component": component})
@@ -208,8 +209,7 @@ async def _push(asked: _Consumption) -> None:
             nonlocal calls
             calls += 1
             rid = f"C{calls}"
-            message = {"f": f"futoin.evt.push:{_VERSION}:{func}", "p": params, "rid": rid}
-            await ws.send(json.dumps({**message, "sec": sec}))
+            await ws.send(ftn3.request(f"futoin.evt.push:{_VERSION}:{func}", params, rid, sec))
             await receiver.wait_reply(rid)
 
         reading = asyncio.create_task(receiver.read())
@@ -270,12 +270,10 @@ class _Receiver:
                 else:
                     future = self._replies.pop(message.get("rid"), None)
                     if future is not None and not future.done():
-                        if "e" in message:
-                            future.set_exception(
-                                StreamError(message["e"], message.get("edesc", ""))
-                            )
-                        else:
-                            future.set_result(message.get("r"))
+                        try:
+                            future.set_result(ftn3.outcome(message))
+                        except StreamError as exc:
+                            future.set_exception(exc)
         finally:
             if self._handling is not None:
                 self._handling.cancel()
@@ -309,7 +307,7 @@ class _Receiver:
             rid, events = self._groups.pop(seq)
             for event in events:
                 await self._handler(event)
-            await self._ws.send(json.dumps({"r": True, "rid": rid}))
+            await self._ws.send(ftn3.result(True, rid))
             self._next_seq = seq + 1
 
 
@@ -331,8 +329,3 @@ def _with_scheme(url: str, schemes: dict[str, str]) -> str:
         )
     return urlunsplit(parts._replace(scheme=schemes[parts.scheme]))
 
-
-def _result(message: dict[str, Any]) -> Any:
-    if "e" in message:
-        raise StreamError(str(message["e"]), str(message.get("edesc", "")))
-    return message.get("r")

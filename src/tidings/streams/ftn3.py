@@ -125,6 +125,13 @@ def parse_reply(message: dict[str, Any]) -> Reply:
     return Reply(rid, result=message["r"])
 
 
+def outcome(message: dict[str, Any]) -> Any:
+    """The result a decoded reply carries, or the StreamError it names (a caller's view)."""
+    if "e" in message:
+        raise StreamError(str(message["e"]), str(message.get("edesc", "")))
+    return message.get("r")
+
+
 def request(function: str, params: dict[str, Any], rid: str | None, sec: str | None) -> bytes:
     """An encoded request (``sec`` omitted when ``None``, as the FutoIn client does)."""
     message: dict[str, Any] = {"f": function, "p": params}

@@ -35,6 +35,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from tidings.errors import ConfigError, StreamError
+from tidings.streams import ftn3
 from tidings.streams.client import LIVE, http_url
 from tidings.streams.interfaces import COMPONENT
 
@@ -80,7 +81,7 @@ class StreamOptions:
 
     def call(self, func: str, params: dict[str, Any]) -> Any:
         """One call of ``futoin.evt.poll:1.1``; its result or StreamError."""
-        body = json.dumps({"f": f"futoin.evt.poll:1.1:{func}", "p": params, "sec": self.sec})
+        body = ftn3.request(f"futoin.evt.poll:1.1:{func}", params, None, self.sec)
         try:
             response = httpx.post(
                 self.url,
@@ -90,10 +91,7 @@ class StreamOptions:
             )
         except httpx.HTTPError as exc:
             raise StreamError("CommError", f"{self.url}: {type(exc).__name__}: {exc}") from exc
-        message = response.json()
-        if "e" in message:
-            raise StreamError(str(message["e"]), str(message.get("edesc", "")))
-        return message["r"]
+        return ftn3.outcome(response.json())
 
     def poll(self, component: str, last_id: int | None) -> list[dict[str, Any]]:
         params = {
