@@ -16,10 +16,16 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="The tidings command line: demo, relay, replay, housekeep, status, server, routes, "
-    "consume, streams.",
+    "events, config, consume, streams.",
 )
 routes_app = typer.Typer(no_args_is_help=True, help="Show and change the routing table.")
 app.add_typer(routes_app, name="routes")
+events_app = typer.Typer(
+    no_args_is_help=True, help="Incomplete events: list, resubmit, park and unpark them."
+)
+app.add_typer(events_app, name="events")
+config_app = typer.Typer(no_args_is_help=True, help="Check the configuration, export its schema.")
+app.add_typer(config_app, name="config")
 streams_app = typer.Typer(no_args_is_help=True, help="FTN18 streams: users, consumers, jobs.")
 app.add_typer(streams_app, name="streams")
 console = Console()

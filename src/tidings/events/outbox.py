@@ -21,10 +21,12 @@ class EventStatus(StrEnum):
     HELD = "HELD"  # waits behind an earlier unpublished event of the same partition key
     PUBLISHED = "PUBLISHED"  # every routed target confirmed
     FAILED = "FAILED"  # a target still refuses it after every retry; replay may try again
-    UNROUTABLE = "UNROUTABLE"  # no route for its type when it was relayed; never retried
+    UNROUTABLE = "UNROUTABLE"  # no route for its type when it was relayed; resubmit re-drives
+    PARKED = "PARKED"  # set aside by an operator with a reason: its key flows on without it
 
 
-#: Statuses that still owe a delivery; housekeeping never deletes them.
+#: Statuses the relay still works on (a PARKED or UNROUTABLE event waits for an operator's
+#: resubmit instead). Housekeeping deletes none of these, nor parked or unroutable events.
 OPEN_STATUSES: frozenset[EventStatus] = frozenset(
     {EventStatus.PENDING, EventStatus.HELD, EventStatus.FAILED}
 )
