@@ -73,7 +73,7 @@ def test_a_bad_log_level_is_a_usage_error_not_a_traceback(tmp_path: Path) -> Non
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
-@pytest.mark.parametrize("event_type", ["", " ", "*", "?", "x" * 257])
+@pytest.mark.parametrize("event_type", ["", " ", "**", "a*b", "?", "x" * 257])
 def test_routes_add_refuses_types_emit_refuses(tmp_path: Path, event_type: str) -> None:
     path = _config_file(tmp_path)
     result = runner.invoke(app, ["routes", "add", event_type, "store", "-c", str(path)])

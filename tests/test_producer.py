@@ -100,6 +100,7 @@ def test_connection_form(engine: Engine) -> None:
         ({"event_type": "X", "payload": {}, "partition_key": "\ud800"}, "unpaired surrogate"),
         ({"event_type": "X", "payload": {"s": "\ud800"}}, "not valid UTF-8"),
         ({"event_type": "*", "payload": {}}, "wildcard"),
+        ({"event_type": "orders.*", "payload": {}}, "the wildcard of route patterns"),
         (
             {"event_type": "X", "payload": {}, "headers": {"h" * (MAX_HEADER_NAME_BYTES + 1): ""}},
             f"is {MAX_HEADER_NAME_BYTES + 1} bytes, over the limit of {MAX_HEADER_NAME_BYTES}",

@@ -12,62 +12,25 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
+from publisher_helpers import (
+    Refusing,
+    emit_all,
+    local_store,
+    logged_rows,
+    rows_by_seq,
+    stored_seqs,
+)
 from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.outbox import EventStatus, OutboxEvent
-from tidings.events.timeutil import as_utc
-from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.breaker import CircuitBreaker
-from tidings.pipeline.outcome import LoggedEvent
 from tidings.pipeline.publisher import Publisher
 from tidings.routing.table import merge_routes
-from tidings.server.store import EventStore
 from tidings.targets.base import Target
-from tidings.targets.event_store import EventStoreTarget, EventStoreTargetConfig
 from tidings.targets.faults import FaultInjectingTarget
-
-
-class Refusing(Target):
-    """Fault injection: refuses the events whose payload mentions a chosen word."""
-
-    def __init__(self, name: str, inner: Target, word: str) -> None:
-        super().__init__(name)
-        self.inner, self.word, self.calls = inner, word, []
-
-    def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
-        self.calls.append([e.seq for e in events])
-        ok = [e for e in events if self.word not in e.payload]
-        results = dict(zip([e.seq for e in ok], self.inner.publish(ok), strict=True))
-        return [results.get(e.seq, f"refused {e.seq}") for e in events]
-
-
-def _logged(engine: Engine) -> list[LoggedEvent]:
-    with engine.connect() as conn:
-        rows = conn.execute(select(outbox_event).order_by(outbox_event.c.seq)).all()
-    return [
-        LoggedEvent(
-            OutboxEvent(
-                r.seq,
-                r.event_id,
-                r.event_type,
-                r.payload,
-                as_utc(r.logged_at),
-                partition_key=r.partition_key,
-            ),
-            EventStatus(r.status),
-            r.retry_count,
-            json.loads(r.deliveries) if r.deliveries else {},
-        )
-        for r in rows
-    ]
-
-
-def _rows(engine: Engine) -> dict[int, object]:
-    with engine.connect() as conn:
-        return {r.seq: r for r in conn.execute(select(outbox_event))}
 
 
 @pytest.fixture
@@ -75,56 +38,31 @@ def engine(tmp_path: Path) -> Engine:
     return make_engine(f"sqlite:///{tmp_path / 'app.db'}")
 
 
-def _store(tmp_path: Path, name: str) -> EventStoreTarget:
-    url = f"sqlite:///{tmp_path / (name + '.db')}"
-    return EventStoreTarget(
-        name, EventStoreTargetConfig(kind="event_store", url=url, type_prefix=[name])
-    )
-
-
-def _emit(engine: Engine, events: list[tuple[str, str | None, dict]]) -> None:
-    outbox = Outbox(engine)
-    for event_type, key, payload in events:
-        with outbox.transaction() as tx:
-            tx.emit(event_type, payload, partition_key=key)
-
-
-def _stored_seqs(target: Target, engine: Engine) -> list[int]:
-    """The log seqs of what the store named like ``target`` holds, in store order."""
-    by_id = {r.event_id: r.seq for r in _rows(engine).values()}
-    db = Path(engine.url.database).parent / f"{target.name}.db"
-    store = EventStore(f"sqlite:///{db}")
-    try:
-        return [by_id[e.outbox_event_id] for e in store.read(0, 100_000)]
-    finally:
-        store.close()
-
-
 def test_one_type_to_many_targets_and_unroutable(engine: Engine, tmp_path: Path) -> None:
-    _emit(engine, [("A", "k", {"n": 1}), ("B", "k", {"n": 2}), ("Nowhere", "k", {"n": 3})])
-    a, b = _store(tmp_path, "a"), _store(tmp_path, "b")
+    emit_all(engine, [("A", "k", {"n": 1}), ("B", "k", {"n": 2}), ("Nowhere", "k", {"n": 3})])
+    a, b = local_store(tmp_path, "a"), local_store(tmp_path, "b")
     targets = {"a": a, "b": b}
     routes = merge_routes({"A": ["a", "b"], "B": ["b"]})
-    summary = Publisher(engine, routes, targets.get, [0.0]).run(_logged(engine))
-    rows = _rows(engine)
+    summary = Publisher(engine, routes, targets.get, [0.0]).run(logged_rows(engine))
+    rows = rows_by_seq(engine)
     assert [rows[s].status for s in (1, 2, 3)] == ["PUBLISHED", "PUBLISHED", "UNROUTABLE"]
     assert "no route for event type 'Nowhere'" in rows[3].error_details
     assert set(json.loads(rows[1].deliveries)) == {"a", "b"}
-    assert _stored_seqs(a, engine) == [1] and _stored_seqs(b, engine) == [1, 2]
+    assert stored_seqs(a, engine) == [1] and stored_seqs(b, engine) == [1, 2]
     assert (summary.published, summary.unroutable) == (2, 1)
     # Running again changes nothing: final rows are skipped, nothing is re-sent.
-    again = Publisher(engine, routes, targets.get, [0.0]).run(_logged(engine))
-    assert again.skipped == 3 and _stored_seqs(b, engine) == [1, 2]
+    again = Publisher(engine, routes, targets.get, [0.0]).run(logged_rows(engine))
+    assert again.skipped == 3 and stored_seqs(b, engine) == [1, 2]
 
 
 def test_retry_goes_only_to_the_failed_target_with_growing_backoff(
     engine: Engine, tmp_path: Path
 ) -> None:
-    _emit(engine, [("A", "k", {"n": 1})])
+    emit_all(engine, [("A", "k", {"n": 1})])
     fault = tmp_path / "b.fault"
     fault.write_text("2")  # the next two calls to b fail
-    a = _store(tmp_path, "a")
-    b = FaultInjectingTarget(_store(tmp_path, "b"), str(fault))
+    a = local_store(tmp_path, "a")
+    b = FaultInjectingTarget(local_store(tmp_path, "b"), str(fault))
     calls: list[str] = []
     for t in (a, b):
         original = t.publish
@@ -134,24 +72,24 @@ def test_retry_goes_only_to_the_failed_target_with_growing_backoff(
     slept: list[float] = []
     routes = merge_routes({"A": ["a", "b"]})
     Publisher(engine, routes, {"a": a, "b": b}.get, [0.01, 0.025, 0.04], sleep=slept.append).run(
-        _logged(engine)
+        logged_rows(engine)
     )
     assert slept == [0.01, 0.025]
     assert calls.count("a") == 1 and calls.count("b") == 3
-    row = _rows(engine)[1]
+    row = rows_by_seq(engine)[1]
     assert row.status == "PUBLISHED" and row.retry_count == 2
 
 
 def test_failed_after_retry_limit_with_error_details(engine: Engine, tmp_path: Path) -> None:
-    _emit(engine, [("A", "k", {"n": 1})])
+    emit_all(engine, [("A", "k", {"n": 1})])
     fault = tmp_path / "a.fault"
     fault.write_text("down")
-    a = FaultInjectingTarget(_store(tmp_path, "a"), str(fault))
+    a = FaultInjectingTarget(local_store(tmp_path, "a"), str(fault))
     slept: list[float] = []
     Publisher(
         engine, merge_routes({"A": ["a"]}), {"a": a}.get, [0.01, 0.025, 0.04], sleep=slept.append
-    ).run(_logged(engine))
-    row = _rows(engine)[1]
+    ).run(logged_rows(engine))
+    row = rows_by_seq(engine)[1]
     assert slept == [0.01, 0.025, 0.04]
     assert row.status == "FAILED" and row.retry_count == 3
     assert "injected failure" in json.loads(row.error_details)["a"]
@@ -161,7 +99,7 @@ def test_failed_after_retry_limit_with_error_details(engine: Engine, tmp_path: P
 def test_key_with_failed_event_holds_later_ones_other_keys_go_on(
     engine: Engine, tmp_path: Path
 ) -> None:
-    _emit(
+    emit_all(
         engine,
         [
             ("A", "k1", {"n": "poison"}),
@@ -171,10 +109,12 @@ def test_key_with_failed_event_holds_later_ones_other_keys_go_on(
             ("A", None, {"n": 4}),
         ],
     )
-    store = _store(tmp_path, "a")
+    store = local_store(tmp_path, "a")
     refusing = Refusing("a", store, "poison")
-    Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(_logged(engine))
-    rows = _rows(engine)
+    Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(
+        logged_rows(engine)
+    )
+    rows = rows_by_seq(engine)
     assert [rows[s].status for s in range(1, 6)] == [
         "FAILED",
         "PUBLISHED",
@@ -183,22 +123,22 @@ def test_key_with_failed_event_holds_later_ones_other_keys_go_on(
         "PUBLISHED",
     ]
     assert "seq 1" in rows[3].error_details
-    assert sorted(_stored_seqs(store, engine)) == [2, 4, 5]  # keys interleave freely
+    assert sorted(stored_seqs(store, engine)) == [2, 4, 5]  # keys interleave freely
     # A later batch with a new k1 event is held behind the failed one (outside its set).
-    _emit(engine, [("A", "k1", {"n": 5}), ("A", "k2", {"n": 6})])
-    later = [e for e in _logged(engine) if e.event.seq > 5]
+    emit_all(engine, [("A", "k1", {"n": 5}), ("A", "k2", {"n": 6})])
+    later = [e for e in logged_rows(engine) if e.event.seq > 5]
     Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(later)
-    rows = _rows(engine)
+    rows = rows_by_seq(engine)
     assert rows[6].status == "HELD" and rows[7].status == "PUBLISHED"
     # Once the target accepts it again, a replay-like pass delivers k1 in log order.
     refusing.word = "never-matches"
     Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(
-        [e for e in _logged(engine) if e.status in (EventStatus.FAILED, EventStatus.HELD)]
+        [e for e in logged_rows(engine) if e.status in (EventStatus.FAILED, EventStatus.HELD)]
     )
-    assert all(r.status == "PUBLISHED" for r in _rows(engine).values())
-    stored = _stored_seqs(store, engine)
+    assert all(r.status == "PUBLISHED" for r in rows_by_seq(engine).values())
+    stored = stored_seqs(store, engine)
     assert sorted(stored) == [1, 2, 3, 4, 5, 6, 7]
-    keys = {seq: row.partition_key for seq, row in _rows(engine).items()}
+    keys = {seq: row.partition_key for seq, row in rows_by_seq(engine).items()}
     assert [s for s in stored if keys[s] == "k1"] == [1, 3, 6]
     assert [s for s in stored if keys[s] == "k2"] == [2, 4, 7]
 
@@ -206,15 +146,17 @@ def test_key_with_failed_event_holds_later_ones_other_keys_go_on(
 def test_non_atomic_target_never_gets_two_events_of_a_key_in_one_call(
     engine: Engine, tmp_path: Path
 ) -> None:
-    _emit(engine, [("A", "k1", {}), ("A", "k1", {}), ("A", "k2", {}), ("A", "k1", {})])
-    refusing = Refusing("a", _store(tmp_path, "a"), "nothing")
+    emit_all(engine, [("A", "k1", {}), ("A", "k1", {}), ("A", "k2", {}), ("A", "k1", {})])
+    refusing = Refusing("a", local_store(tmp_path, "a"), "nothing")
     refusing.atomic = False
-    Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(_logged(engine))
+    Publisher(engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0]).run(
+        logged_rows(engine)
+    )
     assert refusing.calls == [[1, 3], [2], [4]]
 
 
 def test_retry_threshold_skips_and_keeps_later_events_held(engine: Engine, tmp_path: Path) -> None:
-    _emit(engine, [("A", "k", {}), ("A", "k", {})])
+    emit_all(engine, [("A", "k", {}), ("A", "k", {})])
     with engine.begin() as conn:
         conn.execute(
             outbox_event.update()
@@ -222,29 +164,29 @@ def test_retry_threshold_skips_and_keeps_later_events_held(engine: Engine, tmp_p
             .values(status="FAILED", retry_count=9)
         )
         conn.execute(outbox_event.update().where(outbox_event.c.seq == 2).values(status="HELD"))
-    store = _store(tmp_path, "a")
+    store = local_store(tmp_path, "a")
     Publisher(engine, merge_routes({"A": ["a"]}), {"a": store}.get, [0.0], retry_threshold=5).run(
-        _logged(engine)
+        logged_rows(engine)
     )
-    rows = _rows(engine)
+    rows = rows_by_seq(engine)
     assert (rows[1].status, rows[2].status) == ("FAILED", "HELD")
-    assert _stored_seqs(store, engine) == []
+    assert stored_seqs(store, engine) == []
 
 
 def test_unknown_target_in_a_route_fails_the_event(engine: Engine, tmp_path: Path) -> None:
-    _emit(engine, [("A", "k", {})])
-    Publisher(engine, merge_routes({"A": ["ghost"]}), {}.get, []).run(_logged(engine))
-    row = _rows(engine)[1]
+    emit_all(engine, [("A", "k", {})])
+    Publisher(engine, merge_routes({"A": ["ghost"]}), {}.get, []).run(logged_rows(engine))
+    row = rows_by_seq(engine)[1]
     assert row.status == "FAILED" and "unknown target 'ghost'" in row.error_details
 
 
 def test_delete_on_success_removes_published_rows_only(engine: Engine, tmp_path: Path) -> None:
-    _emit(engine, [("A", "k", {"n": "poison"}), ("A", "j", {}), ("B", "j", {})])
-    refusing = Refusing("a", _store(tmp_path, "a"), "poison")
+    emit_all(engine, [("A", "k", {"n": "poison"}), ("A", "j", {}), ("B", "j", {})])
+    refusing = Refusing("a", local_store(tmp_path, "a"), "poison")
     Publisher(
         engine, merge_routes({"A": ["a"]}), {"a": refusing}.get, [0.0], delete_published=True
-    ).run(_logged(engine))
-    assert {s: r.status for s, r in _rows(engine).items()} == {1: "FAILED", 3: "UNROUTABLE"}
+    ).run(logged_rows(engine))
+    assert {s: r.status for s, r in rows_by_seq(engine).items()} == {1: "FAILED", 3: "UNROUTABLE"}
 
 
 # -- failures charged to their cause, targets that are down ----------------------------------
@@ -304,29 +246,29 @@ def test_a_call_failing_as_a_whole_is_narrowed_to_the_culprit(
 ) -> None:
     events = [("A", f"k{k}", {"k": k}) for k in range(16)]
     events[9] = ("A", "k9", {"n": "poison"})
-    _emit(engine, [*events, ("A", "k9", {"after": 1})])
-    target = CallFailing("a", _store(tmp_path, "a"), "poison", atomic=False)
+    emit_all(engine, [*events, ("A", "k9", {"after": 1})])
+    target = CallFailing("a", local_store(tmp_path, "a"), "poison", atomic=False)
     Publisher(
         engine,
         merge_routes({"A": ["a"]}),
         {"a": target}.get,
         [0.0, 0.0],
         breakers=_fresh_breakers(),
-    ).run(_logged(engine))
-    rows = _rows(engine)
+    ).run(logged_rows(engine))
+    rows = rows_by_seq(engine)
     assert rows[10].status == "FAILED" and rows[10].retry_count == 2
     assert "connection closed by a" in json.loads(rows[10].error_details)["a"]
     assert rows[17].status == "HELD" and "seq 10" in rows[17].error_details
     innocent = [r for s, r in rows.items() if s not in (10, 17)]
     assert {r.status for r in innocent} == {"PUBLISHED"}
     assert all(r.retry_count == 0 for r in innocent)
-    assert sorted(_stored_seqs(target, engine)) == [s for s in range(1, 17) if s != 10]
+    assert sorted(stored_seqs(target, engine)) == [s for s in range(1, 17) if s != 10]
     # halving: 16 → 8 → 4 → 2 → 1, each failing half split again, then two retries alone
     assert len(target.calls) <= 2 * 4 + 1 + 2
 
 
 def test_an_atomic_run_is_narrowed_in_log_order(engine: Engine, tmp_path: Path) -> None:
-    _emit(
+    emit_all(
         engine,
         [
             ("A", "k", {"n": 1}),
@@ -336,15 +278,15 @@ def test_an_atomic_run_is_narrowed_in_log_order(engine: Engine, tmp_path: Path) 
             ("A", "j", {"n": 5}),
         ],
     )
-    target = CallFailing("a", _store(tmp_path, "a"), "poison", atomic=True)
+    target = CallFailing("a", local_store(tmp_path, "a"), "poison", atomic=True)
     Publisher(
         engine,
         merge_routes({"A": ["a"]}),
         {"a": target}.get,
         [0.0],
         breakers=_fresh_breakers(),
-    ).run(_logged(engine))
-    rows = _rows(engine)
+    ).run(logged_rows(engine))
+    rows = rows_by_seq(engine)
     assert [rows[s].status for s in range(1, 6)] == [
         "PUBLISHED",
         "PUBLISHED",
@@ -352,42 +294,42 @@ def test_an_atomic_run_is_narrowed_in_log_order(engine: Engine, tmp_path: Path) 
         "HELD",
         "PUBLISHED",
     ]
-    assert _stored_seqs(target, engine) in ([1, 2, 5], [5, 1, 2])
+    assert stored_seqs(target, engine) in ([1, 2, 5], [5, 1, 2])
     assert [r.retry_count for r in rows.values()] == [0, 0, 1, 0, 0]
 
 
 def test_a_target_that_is_down_holds_without_charging_and_resumes_in_order(
     engine: Engine, tmp_path: Path
 ) -> None:
-    _emit(engine, [("A", f"k{i % 3}", {"i": i}) for i in range(9)])
-    up = _store(tmp_path, "up")
-    down = Switchable("down", _store(tmp_path, "down"))
+    emit_all(engine, [("A", f"k{i % 3}", {"i": i}) for i in range(9)])
+    up = local_store(tmp_path, "up")
+    down = Switchable("down", local_store(tmp_path, "down"))
     clock = Clock()
     breakers = _fresh_breakers(clock)
     targets = {"up": up, "down": down}
     routes = merge_routes({"A": ["up", "down"]})
     slept: list[float] = []
     Publisher(engine, routes, targets.get, [0.01, 0.02], breakers=breakers, sleep=slept.append).run(
-        _logged(engine)
+        logged_rows(engine)
     )
-    rows = _rows(engine)
+    rows = rows_by_seq(engine)
     # The healthy target got everything, in order; the down one was called once, no retries.
-    assert _per_key(_stored_seqs(up, engine)) == _per_key(list(range(1, 10)))
+    assert _per_key(stored_seqs(up, engine)) == _per_key(list(range(1, 10)))
     assert down.calls == 1 and slept == []
     assert {r.status for r in rows.values()} == {"HELD"}
     assert all(r.retry_count == 0 for r in rows.values())
     assert all(json.loads(r.deliveries)["up"]["state"] == "confirmed" for r in rows.values())
     assert "'down' is unavailable" in rows[1].error_details
     # Still down to the breaker: no call at all within its pause.
-    Publisher(engine, routes, targets.get, [0.0], breakers=breakers).run(_logged(engine))
+    Publisher(engine, routes, targets.get, [0.0], breakers=breakers).run(logged_rows(engine))
     assert down.calls == 1
     # Back, and the pause is over: a probe, then every held key resumes in key order.
     down.up = True
     clock.now += 10
-    Publisher(engine, routes, targets.get, [0.0], breakers=breakers).run(_logged(engine))
-    assert {r.status for r in _rows(engine).values()} == {"PUBLISHED"}
-    assert _per_key(_stored_seqs(down, engine)) == _per_key(list(range(1, 10)))
-    assert len(_stored_seqs(up, engine)) == 9  # nothing re-sent to the healthy one
+    Publisher(engine, routes, targets.get, [0.0], breakers=breakers).run(logged_rows(engine))
+    assert {r.status for r in rows_by_seq(engine).values()} == {"PUBLISHED"}
+    assert _per_key(stored_seqs(down, engine)) == _per_key(list(range(1, 10)))
+    assert len(stored_seqs(up, engine)) == 9  # nothing re-sent to the healthy one
 
 
 def _per_key(seqs: list[int]) -> list[list[int]]:
@@ -398,28 +340,28 @@ def _per_key(seqs: list[int]) -> list[list[int]]:
 def test_a_failed_event_waits_its_pause_in_the_relay_but_not_in_a_replay(
     engine: Engine, tmp_path: Path
 ) -> None:
-    _emit(engine, [("A", "k", {"n": "poison"}), ("A", "k", {"n": 2})])
-    refusing = Refusing("a", _store(tmp_path, "a"), "poison")
+    emit_all(engine, [("A", "k", {"n": "poison"}), ("A", "k", {"n": 2})])
+    refusing = Refusing("a", local_store(tmp_path, "a"), "poison")
     routes = merge_routes({"A": ["a"]})
 
     def run(**options) -> None:
         Publisher(
             engine, routes, {"a": refusing}.get, [0.0], breakers=_fresh_breakers(), **options
-        ).run(_logged(engine))
+        ).run(logged_rows(engine))
 
     run(resume_delays=True)
-    assert _rows(engine)[1].retry_count == 1
+    assert rows_by_seq(engine)[1].retry_count == 1
     calls = len(refusing.calls)
     run(resume_delays=True)  # the first pause (1 s) is not over: not retried
-    assert len(refusing.calls) == calls and _rows(engine)[1].status == "FAILED"
+    assert len(refusing.calls) == calls and rows_by_seq(engine)[1].status == "FAILED"
     run(resume_delays=False)  # a replay retries it now
-    assert len(refusing.calls) == calls + 2 and _rows(engine)[1].retry_count == 3
-    assert json.loads(_rows(engine)[1].deliveries)["a"]["failures"] == 2
+    assert len(refusing.calls) == calls + 2 and rows_by_seq(engine)[1].retry_count == 3
+    assert json.loads(rows_by_seq(engine)[1].deliveries)["a"]["failures"] == 2
     refusing.word = "never-matches"
     run(resume_delays=False, retry_threshold=3)  # at the threshold: left as it is
-    assert _rows(engine)[1].status == "FAILED"
+    assert rows_by_seq(engine)[1].status == "FAILED"
     run(resume_delays=False, retry_threshold=4)
-    assert [r.status for r in _rows(engine).values()] == ["PUBLISHED", "PUBLISHED"]
+    assert [r.status for r in rows_by_seq(engine).values()] == ["PUBLISHED", "PUBLISHED"]
 
 
 class ClosingMidCall(Target):
@@ -440,15 +382,15 @@ class ClosingMidCall(Target):
 
 
 def test_what_was_confirmed_before_a_call_failed_is_kept(engine: Engine, tmp_path: Path) -> None:
-    _emit(engine, [("A", f"k{k}", {"n": "poison" if k == 3 else k}) for k in range(7)])
-    store = _store(tmp_path, "a")
+    emit_all(engine, [("A", f"k{k}", {"n": "poison" if k == 3 else k}) for k in range(7)])
+    store = local_store(tmp_path, "a")
     target = ClosingMidCall("a", store, "poison")
     Publisher(
         engine, merge_routes({"A": ["a"]}), {"a": target}.get, [0.0], breakers=_fresh_breakers()
-    ).run(_logged(engine))
-    rows = _rows(engine)
+    ).run(logged_rows(engine))
+    rows = rows_by_seq(engine)
     assert [rows[s].status for s in range(1, 8)] == ["PUBLISHED"] * 3 + ["FAILED"] + [
         "PUBLISHED"
     ] * 3
-    assert _stored_seqs(store, engine) == [1, 2, 3, 5, 6, 7]  # each once
+    assert stored_seqs(store, engine) == [1, 2, 3, 5, 6, 7]  # each once
     assert [r.retry_count for r in rows.values()] == [0, 0, 0, 1, 0, 0, 0]

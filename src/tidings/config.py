@@ -196,10 +196,22 @@ _KindTargetConfig = Annotated[SerializeAsAny[TargetConfig], PlainValidator(_of_i
 
 
 class RoutingConfig(StrictModel):
-    """Event type -> target names. The database table ``tidings_route`` adds to these."""
+    """Event type (or ``prefix*`` / ``*`` pattern) -> target names; ``default``: the targets
+    of a type no route matches. The database table ``tidings_route`` adds to these."""
 
     routes: dict[str, list[str]] = Field(default_factory=dict)
+    default: list[str] = Field(default_factory=list)
     use_table: bool = True
+
+    @field_validator("routes")
+    @classmethod
+    def _route_keys(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for key in v:
+            if not key.strip() or key != key.strip() or "?" in key or "*" in key[:-1]:
+                raise ValueError(
+                    f"route key {key!r} must be an event type, a prefix ending in '*' or '*'"
+                )
+        return v
 
 
 class RelayConfig(StrictModel):
@@ -283,11 +295,12 @@ class TidingsConfig(StrictModel):
         return v
 
     def model_post_init(self, _context: Any) -> None:
-        for event_type, names in self.routing.routes.items():
+        named = [(f"routing.routes.{key}", names) for key, names in self.routing.routes.items()]
+        for where, names in [*named, ("routing.default", self.routing.default)]:
             for name in names:
                 if name not in self.targets:
                     raise ConfigError(
-                        f"routing.routes.{event_type}: unknown target {name!r} "
+                        f"{where}: unknown target {name!r} "
                         f"(defined targets: {', '.join(sorted(self.targets)) or 'none'})"
                     )
 

@@ -99,6 +99,8 @@ def check_event_type(event_type: Any) -> str:
     _check_text("event type", event_type, required=True)
     if event_type.strip() in ("*", "?"):
         raise EmitError(f"event type {event_type!r} is a wildcard in event-server queries")
+    if "*" in event_type:
+        raise EmitError(f"event type {event_type!r} holds a '*', the wildcard of route patterns")
     return str(event_type)
 
 

@@ -27,6 +27,7 @@ from tidings.outbox.schema import outbox_event, outbox_event_attribute
 
 # Plain strings: reading a member off an enum class costs a descriptor call per event.
 CONFIRMED, FAILED = DeliveryState.CONFIRMED.value, DeliveryState.FAILED.value
+_PUBLISHED, _PARKED = EventStatus.PUBLISHED.value, EventStatus.PARKED.value
 #: Latencies a summary carries to the driver (a run samples up to four times as many).
 LATENCY_SAMPLES = 512
 _SEQ_CHUNK = 500
@@ -116,7 +117,8 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
             )
             for start in range(0, len(seqs), _SEQ_CHUNK):
                 chunk = seqs[start : start + _SEQ_CHUNK]
-                conn.exec_driver_sql(_update_sql(style, len(chunk)), (*values, *chunk))
+                sql = _update_sql(style, len(chunk), over_parked=status == _PUBLISHED)
+                conn.exec_driver_sql(sql, (*values, *chunk))
         for start in range(0, len(done), _SEQ_CHUNK):
             chunk = done[start : start + _SEQ_CHUNK]
             conn.execute(
@@ -129,10 +131,16 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
             )
 
 
-def _update_sql(paramstyle: str, rows: int) -> str:
+def _update_sql(paramstyle: str, rows: int, *, over_parked: bool) -> str:
+    """The UPDATE of one outcome group. Only a PUBLISHED outcome may overwrite an event an
+    operator parked while this run had it in hand: it was delivered after all; a failure
+    or a wait must not undo the park (the key would be held again)."""
     mark = placeholder(paramstyle)
     seqs = ", ".join([mark] * rows)
-    return f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq IN ({seqs})"
+    guard = "" if over_parked else f" AND status <> '{_PARKED}'"
+    return (
+        f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq IN ({seqs}){guard}"
+    )
 
 
 def _outcome_groups(items: Iterable[LoggedEvent]) -> dict[tuple[Any, ...], list[int]]:

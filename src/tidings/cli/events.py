@@ -1,0 +1,217 @@
+"""``tidings events``: the incomplete events, listed, resubmitted, parked and unparked.
+
+The commands are the command-line face of :class:`tidings.outbox.incomplete.IncompleteEvents`
+(filters by status, id, type, target, key and age); the routes in force tell which targets
+each event is owed to.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from tidings.cli.common import ConfigOption, console, err, events_app, load_or_exit, seconds_option
+from tidings.errors import TidingsError
+
+if TYPE_CHECKING:
+    from tidings.outbox.incomplete import EventFilter, IncompleteEvents
+
+StatusOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--status",
+        help="PENDING, HELD, FAILED, PARKED or UNROUTABLE (repeatable).",
+        case_sensitive=False,
+    ),
+]
+IdOption = Annotated[list[str] | None, typer.Option("--id", help="An event id (repeatable).")]
+TypeOption = Annotated[
+    str | None, typer.Option("--type", help="Event type, or a prefix ending in '*'.")
+]
+TargetOption = Annotated[
+    str | None, typer.Option("--target", help="Events this target has not confirmed.")
+]
+KeyOption = Annotated[str | None, typer.Option("--key", help="Partition key.")]
+AgeOption = Annotated[
+    str | None, typer.Option("--older-than", help="Logged longer ago than this, e.g. 10m.")
+]
+
+
+def _incomplete(config: Path | None) -> IncompleteEvents:
+    from tidings.db import make_engine
+    from tidings.outbox.incomplete import IncompleteEvents
+    from tidings.outbox.schema import ensure_schema
+    from tidings.routing.table import current_routes
+
+    cfg = load_or_exit(config)
+    engine = make_engine(cfg.database.url)
+    ensure_schema(engine)
+    return IncompleteEvents(engine, current_routes(cfg, engine).targets_for)
+
+
+def _filter(
+    statuses: list[str] | None,
+    ids: list[str] | None,
+    event_type: str | None,
+    target: str | None,
+    key: str | None,
+    older_than: str | None,
+    limit: int | None,
+    *,
+    default: frozenset[str] | None = None,
+) -> EventFilter:
+    from datetime import timedelta
+
+    from tidings.events.outbox import EventStatus
+    from tidings.outbox.incomplete import INCOMPLETE_STATUSES, EventFilter
+
+    chosen: set[EventStatus] = set()
+    for name in statuses or []:
+        try:
+            chosen.add(EventStatus(name.upper()))
+        except ValueError:
+            raise typer.BadParameter(
+                f"{name!r} is not a status (use {', '.join(sorted(INCOMPLETE_STATUSES))})",
+                param_hint="--status",
+            ) from None
+    age = seconds_option(older_than, "--older-than")
+    try:
+        return EventFilter(
+            statuses=frozenset(chosen) or frozenset(default or INCOMPLETE_STATUSES),
+            event_ids=tuple(ids or ()),
+            event_type=event_type,
+            target=target,
+            partition_key=key,
+            older_than=timedelta(seconds=age) if age is not None else None,
+            limit=limit,
+        )
+    except TidingsError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+@events_app.command("list")
+def events_list(
+    config: ConfigOption = None,
+    status: StatusOption = None,
+    event_id: IdOption = None,
+    event_type: TypeOption = None,
+    target: TargetOption = None,
+    key: KeyOption = None,
+    older_than: AgeOption = None,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """The incomplete events in log order, with each target's state, error and failures."""
+    where = _filter(status, event_id, event_type, target, key, older_than, limit)
+    found = _incomplete(config).find(where)
+    if as_json:
+        for event in found:
+            record = {
+                "seq": event.seq,
+                "event_id": event.event_id,
+                "event_type": event.event_type,
+                "partition_key": event.partition_key,
+                "status": event.status.value,
+                "retry_count": event.retry_count,
+                "logged_at": event.logged_at.isoformat(),
+                "reason": event.reason,
+                "targets": {n: vars(s) for n, s in event.targets.items()},
+            }
+            console.print_json(json.dumps(record))
+        return
+    table = Table(title=f"incomplete events ({len(found)} shown)")
+    for column in ("seq", "event id", "type", "key", "status", "retries", "targets", "reason"):
+        table.add_column(column, overflow="fold")
+    for event in found:
+        targets = "\n".join(
+            f"{name}: {s.state}" + (f" x{s.failures}" if s.failures else "")
+            for name, s in event.targets.items()
+        )
+        errors = [f"{n}: {s.error}" for n, s in event.targets.items() if s.error]
+        reason = "\n".join([event.reason or "", *errors]).strip()
+        table.add_row(
+            *map(Text, (str(event.seq), event.event_id, event.event_type)),
+            *map(Text, (event.partition_key or "", event.status.value, str(event.retry_count))),
+            Text(targets),
+            Text(reason),
+        )
+    console.print(table)
+
+
+@events_app.command("resubmit")
+def events_resubmit(
+    config: ConfigOption = None,
+    status: StatusOption = None,
+    event_id: IdOption = None,
+    event_type: TypeOption = None,
+    target: TargetOption = None,
+    key: KeyOption = None,
+    older_than: AgeOption = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most this many.")] = None,
+) -> None:
+    """Hand events back to the relay (default: FAILED ones); confirmed targets are not
+    sent them again. --status UNROUTABLE re-drives events whose route was added since."""
+    from tidings.outbox.incomplete import RESUBMIT_DEFAULT
+
+    where = _filter(
+        status, event_id, event_type, target, key, older_than, limit, default=RESUBMIT_DEFAULT
+    )
+    count = _incomplete(config).resubmit(where)
+    console.print(f"resubmitted {count} event(s); the relay sends them in key order")
+
+
+@events_app.command("park")
+def events_park(
+    event_ids: Annotated[list[str], typer.Argument(help="Ids of open events to set aside.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (kept with the event).")],
+    config: ConfigOption = None,
+) -> None:
+    """Set open events aside: their keys flow on without them; unpark resubmits them."""
+    try:
+        parked = _incomplete(config).park(event_ids, reason)
+    except TidingsError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    for event_id in parked:
+        console.print(f"parked {event_id}", markup=False)
+    missed = [i for i in dict.fromkeys(event_ids) if i not in parked]
+    for event_id in missed:
+        err.print(f"not parked: {event_id} is not a PENDING, HELD or FAILED event", markup=False)
+    if missed:
+        raise typer.Exit(1)
+
+
+@events_app.command("unpark")
+def events_unpark(
+    event_ids: Annotated[list[str], typer.Argument(help="Ids of parked events.")],
+    config: ConfigOption = None,
+) -> None:
+    """Resubmit parked events to the relay."""
+    count = _incomplete(config).unpark(event_ids)
+    console.print(f"unparked and resubmitted {count} event(s)")
+    if count < len(set(event_ids)):
+        err.print(f"{len(set(event_ids)) - count} of the ids were not parked events")
+        raise typer.Exit(1)
+
+
+@events_app.command("blocked")
+def events_blocked(
+    config: ConfigOption = None,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 100,
+) -> None:
+    """FAILED events that hold later events of their key, with how many wait behind each."""
+    blocking = _incomplete(config).blocking(limit)
+    if not blocking:
+        console.print("no key is held behind a FAILED event")
+        return
+    table = Table(title="keys held behind FAILED events")
+    for column in ("key", "failed seq", "event id", "type", "held behind it"):
+        table.add_column(column, overflow="fold")
+    for b in blocking:
+        row = (b.partition_key, str(b.seq), b.event_id, b.event_type, str(b.held))
+        table.add_row(*map(Text, row))
+    console.print(table)

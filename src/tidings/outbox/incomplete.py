@@ -1,0 +1,292 @@
+"""Incomplete events, for an operator: find them, resubmit them, park a poison one.
+
+What Spring Modulith's ``IncompleteEventPublications`` offers, on the event log: every
+event that is not PUBLISHED (PENDING, HELD, FAILED, PARKED, UNROUTABLE) can be listed with
+its per-target state, and selected by status, id, type, target, key and age.
+
+* **Resubmit** hands events back to the relay: status PENDING, retry count 0, and the failed
+  state of each target it did not confirm cleared (confirmed targets are never sent it
+  again; with a target filter only that target's state is cleared). The running relay picks
+  them up with its next carry-over, in key order, as it does any open event below its
+  offset; an UNROUTABLE event resubmitted after its route was added is re-driven this way.
+* **Park** sets an open event aside with a reason: it no longer counts as open, so the later
+  events of its key flow on without it, and nothing deletes it. Unpark resubmits it; it then
+  reaches its targets after the later events of its key that flowed meanwhile: parking is
+  the operator's decision to let a key go on out of order around one event.
+
+Every change is one conditional UPDATE per event (``WHERE status = <the status it was
+found in>``), so an event that moved on in the meantime is left alone and not counted. The
+relay in turn never writes a non-PUBLISHED outcome over a PARKED row
+(:func:`tidings.pipeline.outcome.record_outcomes`), so a park is not undone by a retry that
+was in flight.
+
+This module sits below routing, so the routes come in as a function (``targets_for``); the
+CLI passes the routes in force.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, bindparam, func, select, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from tidings.errors import UsageError
+from tidings.events.outbox import OPEN_STATUSES, DeliveryState, EventStatus
+from tidings.events.timeutil import as_utc, utcnow
+from tidings.outbox.schema import ensure_schema, outbox_event
+
+#: Every status of an event that has not reached all its targets.
+INCOMPLETE_STATUSES: frozenset[EventStatus] = frozenset(
+    {*OPEN_STATUSES, EventStatus.PARKED, EventStatus.UNROUTABLE}
+)
+#: What ``resubmit`` takes when no status is named: the events the relay gave up on.
+RESUBMIT_DEFAULT: frozenset[EventStatus] = frozenset({EventStatus.FAILED})
+_PARKABLE = sorted(s.value for s in OPEN_STATUSES)
+_FETCH = 1_000
+_CONFIRMED = DeliveryState.CONFIRMED.value
+
+RoutedTargets = Callable[[str], Sequence[str]]
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """Which incomplete events an operation applies to; every given criterion must hold.
+
+    ``event_type`` is a type, or a prefix ending in ``*`` (``orders.*``); ``target`` keeps
+    the events routed to that target that it has not confirmed; ``older_than`` compares the
+    time the event was logged.
+    """
+
+    statuses: frozenset[EventStatus] = INCOMPLETE_STATUSES
+    event_ids: tuple[str, ...] = ()
+    event_type: str | None = None
+    target: str | None = None
+    partition_key: str | None = None
+    older_than: timedelta | None = None
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        wrong = [s for s in self.statuses if s not in INCOMPLETE_STATUSES]
+        if wrong or not self.statuses:
+            raise UsageError(
+                f"status must be one of {', '.join(sorted(INCOMPLETE_STATUSES))}, "
+                f"got {', '.join(map(str, wrong)) or 'none'}"
+            )
+        if self.limit is not None and self.limit < 1:
+            raise UsageError(f"limit must be at least 1, got {self.limit}")
+        if self.older_than is not None and self.older_than < timedelta(0):
+            raise UsageError(f"older_than must not be negative, got {self.older_than}")
+
+
+@dataclass(frozen=True)
+class TargetState:
+    """One routed target's view of an event: ``pending`` until it was tried."""
+
+    state: str
+    error: str | None = None
+    failures: int = 0
+
+
+@dataclass(frozen=True)
+class IncompleteEvent:
+    """An event that has not reached every target, with what each target made of it."""
+
+    seq: int
+    event_id: str
+    event_type: str
+    partition_key: str | None
+    status: EventStatus
+    retry_count: int
+    logged_at: datetime
+    reason: str | None
+    targets: dict[str, TargetState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BlockingEvent:
+    """A FAILED event and how many later open events of its key wait behind it."""
+
+    seq: int
+    event_id: str
+    event_type: str
+    partition_key: str
+    held: int
+
+
+class IncompleteEvents:
+    """The incomplete events of one event log (the routes say which targets each owes)."""
+
+    def __init__(self, engine: Engine, targets_for: RoutedTargets) -> None:
+        self.engine = engine
+        self.targets_for = targets_for
+        ensure_schema(engine)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def find(self, where: EventFilter = EventFilter()) -> list[IncompleteEvent]:
+        """The matching events in log order (at most ``where.limit``)."""
+        return [self._event(row) for row in self._rows(where)]
+
+    def blocking(self, limit: int = 100) -> list[BlockingEvent]:
+        """FAILED events that hold later events of their key, oldest first."""
+        oe = outbox_event.c
+        later = outbox_event.alias("later")
+        held = (
+            select(func.count())
+            .where(later.c.partition_key == oe.partition_key, later.c.seq > oe.seq)
+            .where(later.c.status.in_(_PARKABLE))
+            .scalar_subquery()
+        )
+        query = (
+            select(oe.seq, oe.event_id, oe.event_type, oe.partition_key, held)
+            .where(oe.status == EventStatus.FAILED.value, oe.partition_key.is_not(None))
+            .order_by(oe.seq)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [BlockingEvent(*row) for row in conn.execute(query) if row[4]]
+
+    # -- changing --------------------------------------------------------------------------
+
+    def resubmit(self, where: EventFilter = EventFilter(statuses=RESUBMIT_DEFAULT)) -> int:
+        """Hand the matching events back to the relay; the number resubmitted."""
+        changes = []
+        for row in self._rows(where):
+            states = _states(row.deliveries)
+            for name in [where.target] if where.target else list(states):
+                if states.get(name, {}).get("state") != _CONFIRMED:
+                    states.pop(name, None)
+            changes.append(
+                {
+                    "b_seq": row.seq,
+                    "b_was": row.status,
+                    "b_status": EventStatus.PENDING.value,
+                    "b_error": None,
+                    "b_deliveries": json.dumps(states, separators=(",", ":")) if states else None,
+                    "b_retries": 0,
+                }
+            )
+        return self._apply(changes)
+
+    def park(self, event_ids: Iterable[str], reason: str) -> list[str]:
+        """Set the given open events aside; the ids that were parked."""
+        reason = reason.strip()
+        if not reason:
+            raise UsageError("a park needs a reason (say why this event is set aside)")
+        ids = _ids(event_ids)
+        where = EventFilter(statuses=OPEN_STATUSES, event_ids=ids)
+        rows = list(self._rows(where))
+        changes = [
+            {
+                "b_seq": row.seq,
+                "b_was": row.status,
+                "b_status": EventStatus.PARKED.value,
+                "b_error": f"parked: {reason}",
+                "b_deliveries": row.deliveries,
+                "b_retries": row.retry_count,
+            }
+            for row in rows
+        ]
+        done = self._apply(changes, returning=True)
+        return [row.event_id for row in rows if row.seq in done]
+
+    def unpark(self, event_ids: Iterable[str]) -> int:
+        """Resubmit the given parked events; the number resubmitted."""
+        ids = _ids(event_ids)
+        return self.resubmit(EventFilter(statuses=frozenset({EventStatus.PARKED}), event_ids=ids))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _rows(self, where: EventFilter) -> Iterator[Any]:
+        oe = outbox_event.c
+        conditions: list[ColumnElement[bool]] = [oe.status.in_(sorted(where.statuses))]
+        if where.event_ids:
+            conditions.append(oe.event_id.in_(where.event_ids))
+        if where.event_type is not None:
+            if where.event_type.endswith("*"):
+                prefix = where.event_type[:-1]
+                conditions.append(func.substr(oe.event_type, 1, len(prefix)) == prefix)
+            else:
+                conditions.append(oe.event_type == where.event_type)
+        if where.partition_key is not None:
+            conditions.append(oe.partition_key == where.partition_key)
+        if where.older_than is not None:
+            conditions.append(oe.logged_at < utcnow() - where.older_than)
+        query = select(outbox_event).where(and_(*conditions)).order_by(oe.seq)
+        taken = 0
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=_FETCH).execute(query):
+                if where.target is not None and not self._owes(row, where.target):
+                    continue
+                yield row
+                taken += 1
+                if where.limit is not None and taken >= where.limit:
+                    return
+
+    def _owes(self, row: Any, target: str) -> bool:
+        """Is ``target`` routed this event and has not confirmed it?"""
+        states = _states(row.deliveries)
+        if states.get(target, {}).get("state") == _CONFIRMED:
+            return False
+        return target in states or target in self.targets_for(row.event_type)
+
+    def _event(self, row: Any) -> IncompleteEvent:
+        states = _states(row.deliveries)
+        targets = {
+            name: TargetState(
+                state=states.get(name, {}).get("state", "pending"),
+                error=states.get(name, {}).get("error"),
+                failures=states.get(name, {}).get("failures", 0),
+            )
+            for name in dict.fromkeys([*self.targets_for(row.event_type), *states])
+        }
+        return IncompleteEvent(
+            seq=row.seq,
+            event_id=row.event_id,
+            event_type=row.event_type,
+            partition_key=row.partition_key,
+            status=EventStatus(row.status),
+            retry_count=row.retry_count,
+            logged_at=as_utc(row.logged_at),
+            reason=row.error_details,
+            targets=targets,
+        )
+
+    def _apply(self, changes: list[dict[str, Any]], *, returning: bool = False) -> Any:
+        """Each change only if its row still has the status it was found in."""
+        statement = (
+            update(outbox_event)
+            .where(outbox_event.c.seq == bindparam("b_seq"))
+            .where(outbox_event.c.status == bindparam("b_was"))
+            .values(
+                status=bindparam("b_status"),
+                error_details=bindparam("b_error"),
+                deliveries=bindparam("b_deliveries"),
+                retry_count=bindparam("b_retries"),
+                updated_at=utcnow(),
+                concurrency_version=outbox_event.c.concurrency_version + 1,
+            )
+        )
+        done: set[int] = set()
+        with self.engine.begin() as conn:
+            for change in changes:  # one by one: each row's own count says if it changed
+                if conn.execute(statement, change).rowcount:
+                    done.add(change["b_seq"])
+        return done if returning else len(done)
+
+
+def _states(deliveries: str | None) -> dict[str, dict[str, Any]]:
+    return json.loads(deliveries) if deliveries else {}
+
+
+def _ids(event_ids: Iterable[str]) -> tuple[str, ...]:
+    ids = tuple(dict.fromkeys(event_ids))
+    if not ids:
+        raise UsageError("name at least one event id")
+    return ids
+
