@@ -224,6 +224,8 @@ def test_filters_by_type_key_age_ids_and_limit(database_url: str, tmp_path: Path
     ids = [e.event_id for e in events.find()]
     assert found(event_ids=(ids[2], ids[0])) == [0, 2]
     assert found(statuses=frozenset({EventStatus.FAILED})) == []
+    assert events.count() == 3 and events.count(EventFilter(event_type="orders.*")) == 2
+    assert events.count(EventFilter(partition_key="k1", limit=1)) == 1
 
 
 def test_route_patterns_and_the_default_route() -> None:

@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from tidings.cli.common import ConfigOption, console, err, events_app, load_or_exit, seconds_option
 from tidings.errors import TidingsError
@@ -122,25 +120,26 @@ def events_list(
                 "reason": event.reason,
                 "targets": {n: vars(s) for n, s in event.targets.items()},
             }
-            console.print_json(json.dumps(record))
+            typer.echo(json.dumps(record, ensure_ascii=False))
         return
-    table = Table(title=f"incomplete events ({len(found)} shown)")
-    for column in ("seq", "event id", "type", "key", "status", "retries", "targets", "reason"):
-        table.add_column(column, overflow="fold")
     for event in found:
-        targets = "\n".join(
-            f"{name}: {s.state}" + (f" x{s.failures}" if s.failures else "")
-            for name, s in event.targets.items()
+        key = "" if event.partition_key is None else f" key={event.partition_key}"
+        console.print(
+            f"seq {event.seq} {event.status.value} {event.event_type}{key} "
+            f"retries={event.retry_count} logged={event.logged_at:%Y-%m-%d %H:%M:%S} "
+            f"id={event.event_id}",
+            markup=False,
+            highlight=False,
         )
-        errors = [f"{n}: {s.error}" for n, s in event.targets.items() if s.error]
-        reason = "\n".join([event.reason or "", *errors]).strip()
-        table.add_row(
-            *map(Text, (str(event.seq), event.event_id, event.event_type)),
-            *map(Text, (event.partition_key or "", event.status.value, str(event.retry_count))),
-            Text(targets),
-            Text(reason),
-        )
-    console.print(table)
+        if event.reason:
+            console.print(f"  {event.reason}", markup=False, highlight=False)
+        for name, state in event.targets.items():
+            failures = f" x{state.failures}" if state.failures else ""
+            error = f": {state.error}" if state.error else ""
+            console.print(
+                f"  {name}: {state.state}{failures}{error}", markup=False, highlight=False
+            )
+    console.print(f"{len(found)} incomplete event(s) shown", highlight=False)
 
 
 @events_app.command("resubmit")
@@ -208,10 +207,10 @@ def events_blocked(
     if not blocking:
         console.print("no key is held behind a FAILED event")
         return
-    table = Table(title="keys held behind FAILED events")
-    for column in ("key", "failed seq", "event id", "type", "held behind it"):
-        table.add_column(column, overflow="fold")
     for b in blocking:
-        row = (b.partition_key, str(b.seq), b.event_id, b.event_type, str(b.held))
-        table.add_row(*map(Text, row))
-    console.print(table)
+        console.print(
+            f"key {b.partition_key}: {b.held} event(s) held behind FAILED seq {b.seq} "
+            f"{b.event_type} id={b.event_id}",
+            markup=False,
+            highlight=False,
+        )

@@ -221,11 +221,21 @@ def routes_list(config: ConfigOption = None) -> None:
 
 
 @routes_app.command("add")
-def routes_add(event_type: str, target: str, config: ConfigOption = None) -> None:
-    """Route EVENT_TYPE to TARGET from the next micro-batch on."""
+def routes_add(
+    event_type: str,
+    target: str,
+    config: ConfigOption = None,
+    redrive: Annotated[
+        bool, typer.Option(help="Also resubmit the UNROUTABLE events this route now matches.")
+    ] = False,
+) -> None:
+    """Route EVENT_TYPE (a type, a prefix ending in '*', or '*') to TARGET from the next
+    micro-batch on."""
     from tidings.db import make_engine
+    from tidings.events.outbox import EventStatus
+    from tidings.outbox.incomplete import EventFilter, IncompleteEvents
     from tidings.outbox.schema import ensure_schema
-    from tidings.routing.table import add_route
+    from tidings.routing.table import add_route, current_routes
 
     cfg = load_or_exit(config)
     if target not in cfg.targets:
@@ -243,6 +253,16 @@ def routes_add(event_type: str, target: str, config: ConfigOption = None) -> Non
         err.print(f"error: cannot route it: {exc}", markup=False)
         raise typer.Exit(2) from None
     console.print(f"{event_type} -> {target} added", markup=False)
+    events = IncompleteEvents(engine, current_routes(cfg, engine).targets_for)
+    waiting = EventFilter(statuses=frozenset({EventStatus.UNROUTABLE}), event_type=event_type)
+    if redrive:
+        console.print(f"re-driven: {events.resubmit(waiting)} unroutable event(s)")
+    elif waiting_count := events.count(waiting):
+        console.print(
+            f"{waiting_count} UNROUTABLE event(s) match it; send them with: tidings events "
+            f"resubmit --status UNROUTABLE --type {event_type!r} (or routes add --redrive)",
+            markup=False,
+        )
 
 
 @routes_app.command("remove")

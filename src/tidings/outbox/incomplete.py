@@ -132,6 +132,14 @@ class IncompleteEvents:
         """The matching events in log order (at most ``where.limit``)."""
         return [self._event(row) for row in self._rows(where)]
 
+    def count(self, where: EventFilter = EventFilter()) -> int:
+        """How many events match (counted in the database unless a target is named)."""
+        if where.target is not None or where.limit is not None:
+            return sum(1 for _ in self._rows(where))
+        query = select(func.count()).select_from(outbox_event).where(*self._conditions(where))
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar() or 0)
+
     def blocking(self, limit: int = 100) -> list[BlockingEvent]:
         """FAILED events that hold later events of their key, oldest first."""
         oe = outbox_event.c
@@ -202,7 +210,7 @@ class IncompleteEvents:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _rows(self, where: EventFilter) -> Iterator[Any]:
+    def _conditions(self, where: EventFilter) -> list[ColumnElement[bool]]:
         oe = outbox_event.c
         conditions: list[ColumnElement[bool]] = [oe.status.in_(sorted(where.statuses))]
         if where.event_ids:
@@ -217,7 +225,11 @@ class IncompleteEvents:
             conditions.append(oe.partition_key == where.partition_key)
         if where.older_than is not None:
             conditions.append(oe.logged_at < utcnow() - where.older_than)
-        query = select(outbox_event).where(and_(*conditions)).order_by(oe.seq)
+        return conditions
+
+    def _rows(self, where: EventFilter) -> Iterator[Any]:
+        query = select(outbox_event).where(and_(*self._conditions(where)))
+        query = query.order_by(outbox_event.c.seq)
         taken = 0
         with self.engine.connect() as conn:
             for row in conn.execution_options(yield_per=_FETCH).execute(query):
