@@ -490,7 +490,7 @@ def _breakdown_slice(
         engine,
         current_routes(cfg, engine),
         lambda name: target if name == target_name else None,
-        [d.total_seconds() for d in cfg.relay.retry_backoff],
+        cfg.relay.retry,
     )
     publisher._flush = _timing(timings, "status UPDATEs (flush)", publisher._flush)  # type: ignore[method-assign]
     t = time.perf_counter()

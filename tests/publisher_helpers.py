@@ -7,6 +7,7 @@ as the relay reads them, and what the targets (embedded event stores) ended up h
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -85,3 +86,18 @@ def stored_seqs(target: Target, engine: Engine) -> list[int]:
         return [by_id[e.outbox_event_id] for e in store.read(0, 100_000)]
     finally:
         store.close()
+
+
+class SteppedClock:
+    """A wall clock that moves only when slept on: a run's pauses, recorded, take no time."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+        self.slept: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(round(seconds, 3))
+        self.now += seconds

@@ -22,7 +22,8 @@ def test_defaults_are_the_embedded_setup() -> None:
     config = load_config({})
     assert config.database.url.startswith("sqlite:///")
     assert config.relay.spark_master == "local[*]"
-    assert config.relay.retry_backoff == [timedelta(milliseconds=ms) for ms in (10, 25, 40)]
+    retry = config.relay.retry
+    assert (retry.attempts, retry.backoff, retry.max_backoff) == (None, None, timedelta(seconds=30))
     assert config.outbox.max_payload_bytes == 1024 * 1024
 
 
@@ -31,7 +32,11 @@ def test_defaults_are_the_embedded_setup() -> None:
     [
         ({"relay": {"partitions": 0}}, "relay.partitions"),
         ({"relay": {"trigger_interval": "soon"}}, "'soon'"),
-        ({"relay": {"retry_backoff": "10ms"}}, "relay.retry_backoff"),
+        ({"relay": {"retry": {"backoff": "10ms"}}}, "relay.retry.backoff"),
+        ({"relay": {"retry_backoff": ["10ms"]}}, "now relay.retry.backoff"),
+        ({"relay": {"retry": {"backoff": ["1s"], "attempts": 3}}}, "not both"),
+        ({"relay": {"retry": {"jitter": 1.5}}}, "relay.retry.jitter"),
+        ({"relay": {"retry": {"attempts": 0}}}, "relay.retry.attempts"),
         ({"databse": {"url": "x"}}, "databse: unknown key"),
         ({"database": {"url": "mysql://x"}}, "mysql://x"),
         ({"targets": {"t": {"kind": "kafka"}}}, "kafka"),
@@ -58,7 +63,7 @@ def test_durations() -> None:
 
 
 def test_config_survives_json_round_trip() -> None:
-    config = load_config({"relay": {"retry_backoff": ["10ms", "2s"], "replay_every": "30m"}})
+    config = load_config({"relay": {"retry": {"backoff": ["10ms", "2s"]}, "replay_every": "30m"}})
     again = type(config).model_validate_json(config.model_dump_json())
     assert again == config
 

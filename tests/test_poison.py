@@ -38,7 +38,7 @@ def test_a_near_limit_poison_fails_alone_among_other_keys(spark, tmp_path: Path)
         },
         routes={"Moved": ["js"]},
         partitions=1,  # every key in the same task, so the same publish calls
-        retry_backoff=["1ms", "1ms", "1ms"],
+        retry={"backoff": ["1ms", "1ms", "1ms"]},
         replay_every=None,
     )
     engine = make_engine(config.database.url)

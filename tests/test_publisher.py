@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from publisher_helpers import (
     Refusing,
+    SteppedClock,
     emit_all,
     local_store,
     logged_rows,
@@ -69,12 +70,17 @@ def test_retry_goes_only_to_the_failed_target_with_growing_backoff(
         t.publish = lambda events, t=t, original=original: (calls.append(t.name), original(events))[
             1
         ]
-    slept: list[float] = []
+    clock = SteppedClock()
     routes = merge_routes({"A": ["a", "b"]})
-    Publisher(engine, routes, {"a": a, "b": b}.get, [0.01, 0.025, 0.04], sleep=slept.append).run(
-        logged_rows(engine)
-    )
-    assert slept == [0.01, 0.025]
+    Publisher(
+        engine,
+        routes,
+        {"a": a, "b": b}.get,
+        [0.01, 0.025, 0.04],
+        clock=clock.time,
+        sleep=clock.sleep,
+    ).run(logged_rows(engine))
+    assert clock.slept == [0.01, 0.025]
     assert calls.count("a") == 1 and calls.count("b") == 3
     row = rows_by_seq(engine)[1]
     assert row.status == "PUBLISHED" and row.retry_count == 2
@@ -85,12 +91,17 @@ def test_failed_after_retry_limit_with_error_details(engine: Engine, tmp_path: P
     fault = tmp_path / "a.fault"
     fault.write_text("down")
     a = FaultInjectingTarget(local_store(tmp_path, "a"), str(fault))
-    slept: list[float] = []
+    clock = SteppedClock()
     Publisher(
-        engine, merge_routes({"A": ["a"]}), {"a": a}.get, [0.01, 0.025, 0.04], sleep=slept.append
+        engine,
+        merge_routes({"A": ["a"]}),
+        {"a": a}.get,
+        [0.01, 0.025, 0.04],
+        clock=clock.time,
+        sleep=clock.sleep,
     ).run(logged_rows(engine))
     row = rows_by_seq(engine)[1]
-    assert slept == [0.01, 0.025, 0.04]
+    assert clock.slept == [0.01, 0.025, 0.04]
     assert row.status == "FAILED" and row.retry_count == 3
     assert "injected failure" in json.loads(row.error_details)["a"]
     assert json.loads(row.deliveries)["a"]["state"] == "failed"
@@ -308,14 +319,20 @@ def test_a_target_that_is_down_holds_without_charging_and_resumes_in_order(
     breakers = _fresh_breakers(clock)
     targets = {"up": up, "down": down}
     routes = merge_routes({"A": ["up", "down"]})
-    slept: list[float] = []
-    Publisher(engine, routes, targets.get, [0.01, 0.02], breakers=breakers, sleep=slept.append).run(
-        logged_rows(engine)
-    )
+    stepped = SteppedClock()
+    Publisher(
+        engine,
+        routes,
+        targets.get,
+        [0.01, 0.02],
+        breakers=breakers,
+        clock=stepped.time,
+        sleep=stepped.sleep,
+    ).run(logged_rows(engine))
     rows = rows_by_seq(engine)
     # The healthy target got everything, in order; the down one was called once, no retries.
     assert _per_key(stored_seqs(up, engine)) == _per_key(list(range(1, 10)))
-    assert down.calls == 1 and slept == []
+    assert down.calls == 1 and stepped.slept == []
     assert {r.status for r in rows.values()} == {"HELD"}
     assert all(r.retry_count == 0 for r in rows.values())
     assert all(json.loads(r.deliveries)["up"]["state"] == "confirmed" for r in rows.values())
@@ -337,31 +354,79 @@ def _per_key(seqs: list[int]) -> list[list[int]]:
     return [[s for s in seqs if (s - 1) % 3 == k] for k in range(3)]
 
 
-def test_a_failed_event_waits_its_pause_in_the_relay_but_not_in_a_replay(
+def test_the_relay_waits_each_retry_pause_then_stops_a_replay_tries_at_once(
     engine: Engine, tmp_path: Path
 ) -> None:
-    emit_all(engine, [("A", "k", {"n": "poison"}), ("A", "k", {"n": 2})])
+    emit_all(engine, [("A", "k", {"n": "poison"}), ("A", "k", {"n": 2}), ("A", "j", {"n": 3})])
     refusing = Refusing("a", local_store(tmp_path, "a"), "poison")
     routes = merge_routes({"A": ["a"]})
+    clock = SteppedClock()
 
     def run(**options) -> None:
         Publisher(
-            engine, routes, {"a": refusing}.get, [0.0], breakers=_fresh_breakers(), **options
+            engine,
+            routes,
+            {"a": refusing}.get,
+            [5.0, 5.0],  # three tries, 5 s apart: longer than a run waits
+            breakers=_fresh_breakers(),
+            clock=clock.time,
+            sleep=clock.sleep,
+            **options,
         ).run(logged_rows(engine))
 
+    def state() -> tuple[str, str, int, int]:
+        rows = rows_by_seq(engine)
+        failures = json.loads(rows[1].deliveries)["a"]["failures"]
+        return rows[1].status, rows[2].status, rows[1].retry_count, failures
+
     run(resume_delays=True)
-    assert rows_by_seq(engine)[1].retry_count == 1
+    assert state() == ("PENDING", "HELD", 0, 1) and rows_by_seq(engine)[3].status == "PUBLISHED"
+    assert "a: try 1 of 3 failed, next at" in rows_by_seq(engine)[1].error_details
+    assert clock.slept == []  # the run did not wait 5 s for it
     calls = len(refusing.calls)
-    run(resume_delays=True)  # the first pause (1 s) is not over: not retried
-    assert len(refusing.calls) == calls and rows_by_seq(engine)[1].status == "FAILED"
-    run(resume_delays=False)  # a replay retries it now
-    assert len(refusing.calls) == calls + 2 and rows_by_seq(engine)[1].retry_count == 3
-    assert json.loads(rows_by_seq(engine)[1].deliveries)["a"]["failures"] == 2
+    run(resume_delays=True)  # its pause is not over: not tried
+    assert len(refusing.calls) == calls and state() == ("PENDING", "HELD", 0, 1)
+    clock.now += 5
+    run(resume_delays=True)
+    assert state() == ("PENDING", "HELD", 1, 2)
+    clock.now += 5
+    run(resume_delays=True)  # the last try: FAILED, its key held
+    assert state() == ("FAILED", "HELD", 2, 3)
+    clock.now += 100
+    calls = len(refusing.calls)
+    run(resume_delays=True)  # the relay does not try again after the last try
+    assert len(refusing.calls) == calls
+    run(resume_delays=False)  # a replay tries it at once, once
+    assert len(refusing.calls) == calls + 1 and state() == ("FAILED", "HELD", 3, 4)
     refusing.word = "never-matches"
     run(resume_delays=False, retry_threshold=3)  # at the threshold: left as it is
-    assert rows_by_seq(engine)[1].status == "FAILED"
+    assert state()[0] == "FAILED"
     run(resume_delays=False, retry_threshold=4)
-    assert [r.status for r in rows_by_seq(engine).values()] == ["PUBLISHED", "PUBLISHED"]
+    assert [r.status for r in rows_by_seq(engine).values()] == ["PUBLISHED"] * 3
+
+
+def test_a_retry_pause_does_not_hold_other_keys(engine: Engine, tmp_path: Path) -> None:
+    emit_all(engine, [("A", "k", {"n": "poison"})] + [("A", "j", {"n": n}) for n in range(3)])
+    clock = SteppedClock()
+    refusing = Refusing("a", local_store(tmp_path, "a"), "poison")
+    refusing.atomic = False  # one event per key per call
+    pauses_at_call: list[int] = []
+    publish = refusing.publish
+    refusing.publish = lambda events: (pauses_at_call.append(len(clock.slept)), publish(events))[1]
+    Publisher(
+        engine,
+        merge_routes({"A": ["a"]}),
+        {"a": refusing}.get,
+        [0.3, 0.3],
+        breakers=_fresh_breakers(),
+        clock=clock.time,
+        sleep=clock.sleep,
+    ).run(logged_rows(engine))
+    sent_j = [n for n, seqs in enumerate(refusing.calls) if set(seqs) & {2, 3, 4}]
+    assert all(pauses_at_call[n] == 0 for n in sent_j)  # every j event went before any pause
+    assert clock.slept == [0.3, 0.3]  # then the run waited for k's retries, which are due soon
+    assert rows_by_seq(engine)[1].status == "FAILED"
+    assert [rows_by_seq(engine)[s].status for s in (2, 3, 4)] == ["PUBLISHED"] * 3
 
 
 class ClosingMidCall(Target):

@@ -79,7 +79,7 @@ def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path:
     config = relay_config(
         tmp_path,
         targets={"store": store_target(tmp_path, fault_file=str(fault))},
-        retry_backoff=["1ms"],
+        retry={"backoff": ["1ms"]},
     )
     engine = make_engine(config.database.url)
     outbox = Outbox(engine)

@@ -35,6 +35,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -214,6 +215,43 @@ class RoutingConfig(StrictModel):
         return v
 
 
+class RetryConfig(StrictModel):
+    """Tries per target before an event is FAILED there, and the pauses between them.
+
+    Exponential by default (200 ms doubling to 30 s, ±20 % jitter: eight tries span about
+    25 s, so a network blip of a few seconds costs retries, not a FAILED event); ``backoff``
+    gives an explicit schedule instead (one pause per retry, e.g. the patent's
+    ``[10ms, 25ms, 40ms]``), and then ``attempts`` is its length plus one.
+    """
+
+    attempts: int | None = Field(default=None, ge=1)  # None: 8, or the schedule's length + 1
+    initial_backoff: Duration = timedelta(milliseconds=200)
+    multiplier: float = Field(default=2.0, ge=1.0)
+    max_backoff: Duration = timedelta(seconds=30)
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+    backoff: list[Duration] | None = None
+
+    _durations = field_validator("initial_backoff", "max_backoff", mode="before")(
+        lambda cls, v: parse_duration(v)
+    )
+
+    @field_validator("backoff", mode="before")
+    @classmethod
+    def _schedule(cls, v: Any) -> list[timedelta] | None:
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            raise ValueError("backoff must be a list of durations, e.g. [10ms, 25ms, 40ms]")
+        return [parse_duration(x) for x in v]
+
+    def model_post_init(self, _context: Any) -> None:
+        if self.backoff is not None and self.attempts is not None:
+            raise ConfigError(
+                "relay.retry: give attempts (exponential backoff) or backoff (an explicit "
+                "schedule, attempts = its length + 1), not both"
+            )
+
+
 class RelayConfig(StrictModel):
     """The Spark relay pipeline."""
 
@@ -222,9 +260,7 @@ class RelayConfig(StrictModel):
     trigger_interval: Duration = timedelta(milliseconds=100)
     max_events_per_batch: int = Field(default=100_000, gt=0)
     partitions: int = Field(default=2, gt=0)
-    retry_backoff: list[Duration] = Field(
-        default_factory=lambda: [timedelta(milliseconds=ms) for ms in (10, 25, 40)]
-    )
+    retry: RetryConfig = RetryConfig()
     replay_every: Duration | None = None  # the relay resumes held keys by itself
     shuffle_partitions: int = Field(default=2, gt=0)
     driver_memory: str = Field(default="512m", pattern=r"^\d+[kmgt]$")
@@ -233,12 +269,15 @@ class RelayConfig(StrictModel):
         lambda cls, v: None if v is None else parse_duration(v)
     )
 
-    @field_validator("retry_backoff", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _backoffs(cls, v: Any) -> list[timedelta]:
-        if not isinstance(v, list):
-            raise ValueError("retry_backoff must be a list of durations, e.g. [10ms, 25ms, 40ms]")
-        return [parse_duration(x) for x in v]
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "retry_backoff" in data:
+            raise ValueError(
+                "relay.retry_backoff is now relay.retry.backoff (an explicit schedule), "
+                "or use relay.retry.attempts with exponential backoff"
+            )
+        return data
 
 
 class ReplayConfig(StrictModel):

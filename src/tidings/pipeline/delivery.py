@@ -7,8 +7,9 @@ sends each target's units, the targets in parallel, and finds out whom to blame:
 * a call that fails as a whole (:class:`~tidings.errors.TargetCallFailed`, any exception)
   is narrowed: split until the failing event is alone, so the others are published and not
   charged a retry;
-* an event that failed on its own is retried after the configured pauses, each try charged,
-  then marked FAILED at that target with its failure count and the error;
+* an event that failed on its own gets its failure recorded at that target with the error
+  and, while tries are left, when the next one is due (:mod:`tidings.pipeline.retry`); the
+  publisher sends the retry when it is due, each retry charged, without holding the others;
 * a target that is unavailable (:class:`~tidings.errors.TargetUnavailable`) charges nothing:
   its circuit breaker opens and its units wait.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.timeutil import utcnow
 from tidings.pipeline.breaker import CircuitBreaker, breaker_for
 from tidings.pipeline.outcome import CONFIRMED, FAILED, LoggedEvent, Summary
+from tidings.pipeline.retry import RetryPolicy
 from tidings.targets.base import Target
 
 TargetLookup = Callable[[str], Target | None]
@@ -52,17 +54,17 @@ class Delivery:
     def __init__(
         self,
         targets: TargetLookup,
-        backoff: Sequence[float],
+        retry: RetryPolicy,
         *,
         breakers: BreakerLookup = breaker_for,
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._lookup = targets
         self._targets: dict[str, Target | None] = {}
-        self.backoff = list(backoff)
+        self.retry = retry
         self._breakers = breakers
         self._breaker_of: dict[str, CircuitBreaker] = {}
-        self.sleep = sleep
+        self.clock = clock
         self._lock = threading.Lock()
         self._summary = Summary()
 
@@ -91,44 +93,26 @@ class Delivery:
             list(pool.map(lambda kv: self._deliver_to(*kv), units.items()))
 
     def _deliver_to(self, name: str, units: list[Unit]) -> None:
-        """Try, then retry the failing events alone after growing pauses; then FAILED.
+        """One try; each failing event's failure is recorded with when to try it again.
 
-        Sending again an event that failed in an earlier run counts as a retry too.
+        Sending again an event that failed before counts as a retry.
         """
         again = {id(u.items[0]) for u in units if u.items[0].failed_at(name)}
         failing = self._try(name, units)
         for unit in units:
             if unit.waiting is None and id(unit.items[0]) in again:
                 self._charge(unit.items[0])
-        for pause in self.backoff:
-            if not failing:
-                break
-            self.sleep(pause)
-            retried = [Unit(u.key, [u.culprit]) for u in failing]  # type: ignore[list-item]
-            still = {id(u.items[0]) for u in self._try(name, retried)}
-            waiting = {id(r.items[0]): r.waiting for r in retried if r.waiting is not None}
-            for unit in failing:
-                culprit = unit.culprit
-                assert culprit is not None
-                if id(culprit) in waiting:  # the target went down: no retry is charged
-                    unit.culprit, unit.waiting = None, waiting[id(culprit)]
-                    continue
-                self._charge(culprit)
-                if id(culprit) not in still:
-                    unit.culprit = None  # confirmed: its followers go in the next round
-            failing = [u for u in failing if u.culprit is not None]
-        now = utcnow().isoformat()
+        now = self.clock()
+        stamp = utcnow().isoformat()
         for unit in failing:
             culprit = unit.culprit
             assert culprit is not None
             with self._lock:
                 failures = culprit.deliveries.get(name, {}).get("failures", 0) + 1
-                culprit.deliveries[name] = {
-                    "state": FAILED,
-                    "error": unit.error,
-                    "at": now,
-                    "failures": failures,
-                }
+                state = {"state": FAILED, "error": unit.error, "at": stamp, "failures": failures}
+                if failures < self.retry.attempts:
+                    state["retry_at"] = round(now + self.retry.delay(failures), 3)
+                culprit.deliveries[name] = state
                 culprit.changed = True
 
     def _charge(self, item: LoggedEvent) -> None:

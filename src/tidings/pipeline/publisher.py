@@ -12,10 +12,13 @@ Guarantees kept here:
 * a failure is charged to the event that caused it alone: a call that fails as a whole is
   split until the failing event is alone, the others are published on the next call and
   are not charged a retry (:class:`~tidings.errors.TargetCallFailed`);
-* a failed publish is retried after growing intervals, then the event is FAILED at that
-  target with its retry count and the error (claims 11-12); the later events of its key
-  wait for it at that target (HELD). In a later run it is retried once its pause is over
-  (``resume_delays``) and while under the retry-count threshold;
+* a failed publish is retried after growing pauses (:mod:`tidings.pipeline.retry`) while
+  the other lanes go on: the event stays PENDING with the reason, its key's later events
+  wait for it at that target (HELD), and the retry is sent in this run when it is due soon,
+  else by a later run (the relay's carry-over) once it is due. After the last try it is
+  FAILED at that target with its retry count and the error (claims 11-12); the relay stops
+  there, a replay (``resume_delays`` off) tries it again while under the retry-count
+  threshold;
 * a target known to be down (:mod:`tidings.pipeline.breaker`) gets no calls but a probe;
   its events wait (HELD) without being charged, and resume in key order once it is back;
 * an event whose type has no route is UNROUTABLE, once, with the reason (claim 6).
@@ -32,10 +35,11 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime
 
 from sqlalchemy import Engine, select
 
+from tidings.config import RetryConfig
 from tidings.events.outbox import OPEN_STATUSES, EventStatus
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.schema import OPEN_ROW, outbox_event
@@ -48,12 +52,10 @@ from tidings.pipeline.outcome import (
     Summary,
     record_outcomes,
 )
+from tidings.pipeline.retry import IN_RUN_WAIT_S, RetryPolicy
 from tidings.routing.table import Routes
 
 _KEY_CHUNK = 500
-#: Pause before a FAILED event is tried again by a later run: doubles per failed run.
-RESUME_FIRST_S = 1.0
-RESUME_MAX_S = 30.0
 
 
 class Publisher:
@@ -64,22 +66,25 @@ class Publisher:
         engine: Engine,
         routes: Routes,
         targets: TargetLookup,
-        backoff: Sequence[float],
+        retry: RetryPolicy | RetryConfig | Sequence[float],
         *,
         retry_threshold: int | None = None,
         deadline: float | None = None,
         delete_published: bool = False,
         resume_delays: bool = False,
         breakers: BreakerLookup = breaker_for,
+        clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.engine = engine
         self.routes = routes
+        self.retry = RetryPolicy.of(retry)
         self.retry_threshold = retry_threshold
         self.deadline = deadline
         self.delete_published = delete_published
         self.resume_delays = resume_delays
-        self._delivery = Delivery(targets, backoff, breakers=breakers, sleep=sleep)
+        self.clock, self.sleep = clock, sleep
+        self._delivery = Delivery(targets, self.retry, breakers=breakers, clock=clock)
 
     # -- one run ---------------------------------------------------------------------------
 
@@ -89,6 +94,8 @@ class Publisher:
         self._dirty: list[LoggedEvent] = []
         self._waits: dict[int, dict[str, str]] = {}  # id(item) -> target -> why it waits
         self._open_targets: dict[int, set[str]] = {}  # id(item) -> targets still to confirm
+        self._due: dict[tuple[str, str], float] = {}  # lane -> when its head may be retried
+        self._failed_here: set[tuple[int, str]] = set()  # (id(item), target) failed this run
         self._now = utcnow()
         lanes: dict[tuple[str, str], deque[LoggedEvent]] = {}
         work: list[LoggedEvent] = []
@@ -118,14 +125,20 @@ class Publisher:
         while lanes and not self._past_deadline():
             units = self._next_round(lanes, limits)
             if not units:
-                break
+                if not self._wait_for_a_retry():
+                    break
+                continue
             self._delivery.deliver(units, summary)
             self._now = utcnow()
             self._after_round(units, lanes)
             self._flush()
-        # Lanes left over wait for a target that is down (past the deadline they stay as is).
-        for (_, name), lane in lanes.items():
-            if self._delivery.target(name) is not None and self._delivery.breaker(name).is_open:
+        # Lanes left over wait for a retry or for a target that is down (past the deadline
+        # they stay as they are).
+        for lane_id, lane in lanes.items():
+            name = lane_id[1]
+            if lane_id in self._due:
+                self._wait(list(lane)[1:], name, f"held behind unpublished seq {lane[0].event.seq}")
+            elif self._delivery.target(name) is not None and self._delivery.breaker(name).is_open:
                 self._wait(lane, name, self._delivery.breaker(name).reason())
         for item in work:
             if self._open_targets[id(item)] and (self._waits.get(id(item)) or item.changed):
@@ -186,10 +199,15 @@ class Publisher:
                 self._wait(lanes.pop(lane_id), name, f"held behind unpublished seq {behind}")
                 continue
             failed = head.failed_at(name) or head.status == EventStatus.FAILED
-            if failed and not self._may_retry(head, name):
+            due = self._retry_due(head, name) if failed else 0.0
+            if due is None:
                 lanes.pop(lane_id).popleft()  # stays FAILED as it is
                 self._wait(lane, name, f"held behind unpublished seq {head.event.seq}")
                 continue
+            if due > self.clock():
+                self._due[lane_id] = due  # other lanes go on meanwhile
+                continue
+            self._due.pop(lane_id, None)
             target = self._delivery.target(name)
             if target is not None and not self._delivery.breaker(name).allows():
                 continue  # waits this round; a probe may reopen the target for later rounds
@@ -201,19 +219,38 @@ class Publisher:
                 del lanes[lane_id]
         return units
 
-    def _may_retry(self, item: LoggedEvent, name: str) -> bool:
-        """A FAILED event is tried again under the threshold, once its pause is over."""
-        if self.retry_threshold is not None and item.retry_count >= self.retry_threshold:
+    def _retry_due(self, item: LoggedEvent, name: str) -> float | None:
+        """When ``item``, which failed before, may be tried again at ``name`` (epoch
+        seconds), or None if not by this run: past the retry-count threshold, or after its
+        last try. A replay tries an event that failed in an earlier run at once."""
+        if self._over_threshold(item):
+            return None
+        if not self.resume_delays and (id(item), name) not in self._failed_here:
+            return 0.0
+        retry_at = item.deliveries.get(name, {}).get("retry_at")
+        if isinstance(retry_at, int | float):
+            return float(retry_at)
+        return None if item.failed_at(name) else 0.0
+
+    def _tries_left(self, item: LoggedEvent, name: str) -> bool:
+        return "retry_at" in item.deliveries.get(name, {}) and not self._over_threshold(item)
+
+    def _over_threshold(self, item: LoggedEvent) -> bool:
+        return self.retry_threshold is not None and item.retry_count >= self.retry_threshold
+
+    def _wait_for_a_retry(self) -> bool:
+        """With nothing to send now: wait for the first retry if it is due soon (and before
+        the deadline); False when the run should end instead."""
+        if not self._due:
             return False
-        if not self.resume_delays:
-            return True
-        state = item.deliveries.get(name, {})
-        pause = min(RESUME_MAX_S, RESUME_FIRST_S * 2 ** max(0, state.get("failures", 1) - 1))
-        try:
-            failed_at = datetime.fromisoformat(state["at"])
-        except (KeyError, TypeError, ValueError):
-            return True
-        return utcnow() >= as_utc(failed_at) + timedelta(seconds=pause)
+        pause = max(0.0, min(self._due.values()) - self.clock())
+        if pause > IN_RUN_WAIT_S:
+            return False
+        if self.deadline is not None and time.monotonic() + pause >= self.deadline:
+            return False
+        self.sleep(pause)
+        self._now = utcnow()
+        return True
 
     def _after_round(
         self, units: dict[str, list[Unit]], lanes: dict[tuple[str, str], deque[LoggedEvent]]
@@ -223,8 +260,14 @@ class Publisher:
             for unit in batch:
                 lane_id = (unit.key, name)
                 rest = [i for i in unit.items if not i.confirmed_at(name) and i is not unit.culprit]
-                if unit.waiting is not None or unit.culprit is not None:
-                    reason = unit.waiting or f"held behind unpublished seq {unit.culprit.event.seq}"
+                culprit = unit.culprit
+                if culprit is not None:
+                    self._failed_here.add((id(culprit), name))
+                if culprit is not None and self._tries_left(culprit, name):
+                    # tries are left: the lane goes on from the culprit once its retry is due
+                    lanes[lane_id] = deque([culprit, *rest, *lanes.pop(lane_id, ())])
+                elif unit.waiting is not None or culprit is not None:
+                    reason = unit.waiting or f"held behind unpublished seq {culprit.event.seq}"
                     self._wait(rest + list(lanes.pop(lane_id, ())), name, reason)
                 elif rest:  # an atomic run cut short by narrowing: the rest goes next round
                     lanes.setdefault(lane_id, deque()).extendleft(reversed(rest))
@@ -244,17 +287,17 @@ class Publisher:
         """Settle ``item`` from its per-target states and queue it for recording."""
         summary = self._summary
         routed = self.routes.targets_for(item.event.event_type)
-        failures = {
-            name: item.deliveries[name].get("error")
-            for name in routed
-            if item.failed_at(name) and name not in self._waits.get(id(item), {})
-        }
         waits = self._waits.get(id(item), {})
+        failed = [n for n in routed if item.failed_at(n) and n not in waits]
+        retrying = {n: item.deliveries[n] for n in failed if self._tries_left(item, n)}
+        failures = {n: item.deliveries[n].get("error") for n in failed if n not in retrying}
         if failures:
             item.settle(EventStatus.FAILED, json.dumps(failures, ensure_ascii=False))
             if item.changed:
                 summary.failed += 1
                 summary.errors = [*summary.errors, f"seq {item.event.seq}: {failures}"][-20:]
+        elif retrying:
+            item.settle(EventStatus.PENDING, self._retry_reason(retrying, waits))
         elif waits:
             reason = "; ".join(f"{name}: {why}" for name, why in sorted(waits.items()))
             item.settle(EventStatus.HELD, reason)
@@ -273,6 +316,15 @@ class Publisher:
         if item.changed:
             self._dirty.append(item)
 
+    def _retry_reason(self, retrying: dict[str, dict], waits: dict[str, str]) -> str:
+        """Why a PENDING event has not gone yet: its retries to come, and its waits."""
+        reasons = [
+            f"{name}: try {state.get('failures', 1)} of {self.retry.attempts} failed, "
+            f"next at {_clock_time(state.get('retry_at'))}: {state.get('error')}"
+            for name, state in sorted(retrying.items())
+        ]
+        return "; ".join([*reasons, *(f"{name}: {why}" for name, why in sorted(waits.items()))])
+
     def _flush(self) -> None:
         """Record the outcome of everything settled so far, in one transaction."""
         dirty, self._dirty = [i for i in self._dirty if i.changed], []
@@ -282,3 +334,7 @@ class Publisher:
 
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def _clock_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")

@@ -33,6 +33,7 @@ from tidings.outbox.schema import OUTBOX_EVENT_COLUMNS, batch_log, outbox_event_
 from tidings.pipeline.jobconfig import job_config
 from tidings.pipeline.outcome import LoggedEvent, Summary
 from tidings.pipeline.publisher import Publisher
+from tidings.pipeline.retry import RetryPolicy
 from tidings.routing.table import current_routes
 from tidings.targets.registry import shared_target
 
@@ -75,11 +76,12 @@ def publish_rows(
         engine,
         current_routes(config, engine),
         lookup,
-        [d.total_seconds() for d in config.relay.retry_backoff],
+        RetryPolicy.of(config.relay.retry),
         retry_threshold=int(options.get("retry_threshold") or config.replay.retry_count_threshold),
         deadline=deadline,
         delete_published=config.housekeeping.delete_on_success,
-        # The relay retries a FAILED event after growing pauses; a replay retries it now.
+        # The relay waits for each retry's pause and stops after the last try; a replay
+        # tries an event that failed in an earlier run at once, below the threshold.
         resume_delays=not replay,
     )
     return publisher.run(rows)
