@@ -1,11 +1,12 @@
 """The ``tidings`` command line, one module per part: :mod:`.pipeline` (demo, relay,
-replay, housekeep, status, routes), :mod:`.server` and :mod:`.streams` (consume, streams).
+replay, housekeep, status, routes), :mod:`.server`, :mod:`.streams` (consume, streams) and
+:mod:`.config` (config check, config schema).
 
 Commands import what they run inside their bodies, so that ``tidings --help`` and a quick
 command do not pay for Spark, SQLAlchemy or the server.
 """
 
-from tidings.cli import pipeline, server, streams
+from tidings.cli import config, pipeline, server, streams
 from tidings.cli.common import app
 
-__all__ = ["app", "pipeline", "server", "streams"]
+__all__ = ["app", "config", "pipeline", "server", "streams"]
