@@ -181,3 +181,108 @@ def test_the_cli_run_from_another_directory_writes_beside_the_config(tmp_path: P
     engine = make_engine(f"sqlite:///{conf_dir / 'app.db'}")
     assert table_routes(engine) == {"Created": ["store"]}
     engine.dispose()
+
+
+# --- ${VAR} substitution, TIDINGS_CONFIG, the JSON Schema (issue 11, item 7) ----------------
+
+
+def _file(tmp_path: Path, text: str, name: str = "tidings.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_variables_are_substituted_in_values_with_defaults_and_escapes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DB_PASSWORD", 's3"cr#t\nx: y')  # YAML syntax in a secret stays data
+    monkeypatch.setenv("METRICS_PORT", "9108")
+    monkeypatch.setenv("EMPTY", "")
+    monkeypatch.delenv("ORIGINATOR", raising=False)
+    path = _file(
+        tmp_path,
+        'database: {url: "postgresql://app:${DB_PASSWORD}@db/app"}\n'
+        "metrics:\n  port: ${METRICS_PORT}\n"  # unquoted works in block style
+        "outbox: {originator: '${ORIGINATOR:-billing}-${EMPTY:-svc}'}\n"
+        "relay: {spark_master: '$${NOT_A_VAR} and $$'}\n",
+    )
+    config = load_config_file(path)
+    assert config.database.url == 'postgresql://app:s3"cr#t\nx: y@db/app'
+    assert config.metrics.port == 9108  # a wholly substituted value is converted as a scalar
+    assert config.outbox.originator == "billing-svc"  # :- also covers an empty variable
+    assert config.relay.spark_master == "${NOT_A_VAR} and $$"
+
+
+def test_an_unset_variable_without_default_names_it_and_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TIDINGS_TEST_UNSET", raising=False)
+    path = _file(tmp_path, "relay:\n  retry_backoff: [10ms, '${TIDINGS_TEST_UNSET}']\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config_file(path)
+    message = str(caught.value)
+    assert "relay.retry_backoff[1]" in message and "TIDINGS_TEST_UNSET is not set" in message
+    assert str(path) in message
+
+
+def test_a_malformed_reference_is_an_error_not_kept(tmp_path: Path) -> None:
+    path = _file(tmp_path, "outbox: {originator: '${not a name}'}\n")
+    with pytest.raises(ConfigError, match=r"outbox.originator: \$\{not a name\} is not a variable"):
+        load_config_file(path)
+
+
+def test_the_event_server_configuration_is_substituted_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidings.server.config import load_server_config_file
+
+    monkeypatch.setenv("SYNC_TOKEN", "t0ken")
+    path = _file(
+        tmp_path,
+        "type: event\nbackend: {module: tidings.server.backends.sqlite, db_path: e.db}\n"
+        "engine: {server_id: 1}\nsyncer_token: ${SYNC_TOKEN}\n",
+        "event.yaml",
+    )
+    assert load_server_config_file(path).syncer_token == "t0ken"
+
+
+def test_the_file_to_use_named_found_or_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidings.config import find_config_file
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TIDINGS_CONFIG", raising=False)
+    assert find_config_file(None) is None
+    _file(tmp_path, "{}\n")
+    assert find_config_file(None) == Path("tidings.yaml")
+    monkeypatch.setenv("TIDINGS_CONFIG", str(tmp_path / "missing.yaml"))
+    assert find_config_file(None) == tmp_path / "missing.yaml"  # named: never a fallback
+    assert find_config_file("other.yaml") == Path("other.yaml")
+
+
+def _readme_tidings_yaml() -> dict:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("Example `tidings.yaml`:", 1)[1].split("```yaml", 1)[1].split("```")[0]
+    return yaml.safe_load(block)
+
+
+def test_the_json_schema_accepts_the_readme_example_and_refuses_what_loading_refuses() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from tidings.config import config_json_schema
+
+    schema = config_json_schema()
+    example = _readme_tidings_yaml()
+    load_config(example)  # the example is a valid configuration ...
+    jsonschema.validate(example, schema)  # ... and the schema says so
+    jsonschema.validate({"relay": {"retry_backoff": ["10ms", 0.5, "PT1S"]}}, schema)
+    for bad in (
+        {"databse": {}},
+        {"targets": {"t": {"kind": "kafka"}}},
+        {"targets": {"t": {"kind": "jetstream", "stream": "S", "subject_prefix": "s", "x": 1}}},
+        {"relay": {"partitions": 0}},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+        with pytest.raises(ConfigError):
+            load_config(bad)

@@ -58,7 +58,7 @@ from tidings.events import (
 if TYPE_CHECKING:  # the names _LAZY resolves, for type checkers and editors
     from tidings.config import OutboxConfig, TidingsConfig, load_config, load_config_file
     from tidings.db import make_engine
-    from tidings.outbox.envelope import EventDraft
+    from tidings.outbox.envelope import EventDraft, json_default
     from tidings.outbox.producer import Outbox, OutboxTransaction
     from tidings.server.store import EventStore
     from tidings.targets.routed import outbox_from_config
@@ -73,6 +73,7 @@ _LAZY = {
     "TidingsConfig": "tidings.config",
     "load_config": "tidings.config",
     "load_config_file": "tidings.config",
+    "json_default": "tidings.outbox.envelope",
     "make_engine": "tidings.db",
     "outbox_from_config": "tidings.targets.routed",
 }
@@ -113,6 +114,7 @@ __all__ = [
     "TidingsError",
     "TransactionDoomed",
     "UsageError",
+    "json_default",
     "load_config",
     "load_config_file",
     "make_engine",

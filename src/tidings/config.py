@@ -8,6 +8,10 @@ directories, fault files), defaults included, are relative to the file's directo
 configuration means the same from any working directory; a mapping validated without a
 file keeps them as given (relative to the process's working directory).
 
+Values may come from the environment: ``${VAR}`` and ``${VAR:-default}`` in a file's string
+values are replaced when the file is read (:func:`substitute_env`), so secrets need not be
+written in it; ``$${`` writes a literal ``${``.
+
 The ``targets:`` section is the one part not spelled out here: each target kind's model is
 defined by its module in :mod:`tidings.targets`, which this layer sits below, and entered
 into a table this module validates ``targets:`` entries against (:class:`TargetConfig`).
@@ -18,7 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args
@@ -34,6 +38,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -59,7 +64,20 @@ def parse_duration(value: Any) -> timedelta:
     raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 30s, 30m, 2h, 7d)")
 
 
-Duration = Annotated[timedelta, Field(json_schema_extra={"format": "duration"})]
+#: In the JSON Schema a duration is what a file may hold: ``"250ms"``, ``"30m"``, an ISO 8601
+#: duration (what a dump writes) or a number of seconds.
+Duration = Annotated[
+    timedelta,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$|^P"},
+                {"type": "number", "minimum": 0},
+            ],
+            "format": "duration",
+        }
+    ),
+]
 
 
 def resolve_path(path: str | Path, base_dir: Path) -> Path:
@@ -377,17 +395,84 @@ def validate_config(
         ) from None
 
 
-def read_config_data(path: str | Path) -> Any:
-    """The parsed content of a YAML (or JSON, a subset of YAML) configuration file."""
+#: ``${NAME}``, ``${NAME:-default}``, or ``$${...}`` (an escaped, literal ``${...}``).
+_REFERENCE = re.compile(r"\$(\$?)\{([^}]*)\}")
+_VARIABLE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
+
+
+def substitute_env(
+    data: Any,
+    environ: Mapping[str, str] | None = None,
+    *,
+    origin: str = "configuration",
+    used: set[str] | None = None,
+) -> Any:
+    """``data`` (parsed YAML) with ``${NAME}`` / ``${NAME:-default}`` in its string values
+    replaced from ``environ`` (default: the process environment).
+
+    Substitution works on parsed values, never on the file's text, so a secret holding
+    quotes, ``#`` or a newline cannot change the document's structure; a value that is
+    wholly ``${PORT}`` becomes the string of the variable, which validation then converts
+    like any scalar (``"9108"`` to a port number, ``"true"`` to a boolean). As in the shell,
+    ``:-`` takes the default when the variable is unset *or empty*. ``$${`` keeps a literal
+    ``${``. An unset variable without a default is a ConfigError naming it and the key path
+    (a secret must not silently become an empty password). Keys are not substituted.
+    ``used`` collects the names of the variables read (to mask their values on display).
+    """
+    env = os.environ if environ is None else environ
+
+    def value(text: str, path: str) -> str:
+        def replace(match: re.Match[str]) -> str:
+            escaped, inner = match.groups()
+            if escaped:
+                return "${" + inner + "}"
+            reference = _VARIABLE.fullmatch(inner)
+            if reference is None:
+                raise ConfigError(
+                    f"{origin}: {path}: ${{{inner}}} is not a variable reference "
+                    "(use ${NAME} or ${NAME:-default}; $${ keeps a literal ${)"
+                )
+            name, default = reference.groups()
+            if used is not None:
+                used.add(name)
+            found = env.get(name)
+            if found is None or (found == "" and default is not None):
+                if default is None:
+                    raise ConfigError(
+                        f"{origin}: {path}: environment variable {name} is not set "
+                        f"(set it, or write ${{{name}:-default}})"
+                    )
+                return default
+            return found
+
+        return _REFERENCE.sub(replace, text)
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, str):
+            return value(node, path or "(top level)") if "${" in node else node
+        if isinstance(node, dict):
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(node)]
+        return node
+
+    return walk(data, "")
+
+
+def read_config_data(path: str | Path, *, used: set[str] | None = None) -> Any:
+    """The parsed content of a YAML (or JSON, a subset of YAML) configuration file, with
+    environment variables substituted (:func:`substitute_env`; ``used`` collects their
+    names)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read configuration file {str(path)!r}: {exc.strerror}") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return substitute_env(data, origin=str(path), used=used)
 
 
 def load_config(data: dict[str, Any] | None = None) -> TidingsConfig:
@@ -395,7 +480,43 @@ def load_config(data: dict[str, Any] | None = None) -> TidingsConfig:
     return validate_config(TidingsConfig, data)
 
 
-def load_config_file(path: str | Path) -> TidingsConfig:
-    """Load and validate a YAML configuration file; its relative paths are relative to it."""
+def load_config_file(path: str | Path, *, used: set[str] | None = None) -> TidingsConfig:
+    """Load and validate a YAML configuration file; its relative paths are relative to it,
+    and ``${VAR}`` in its values come from the environment (``used`` collects their names)."""
     path = Path(path)
-    return validate_config(TidingsConfig, read_config_data(path), base_dir=path.resolve().parent)
+    return validate_config(
+        TidingsConfig, read_config_data(path, used=used), base_dir=path.resolve().parent
+    )
+
+
+#: The environment variable naming the configuration file when no ``-c`` is given.
+CONFIG_ENV = "TIDINGS_CONFIG"
+#: The file looked for in the working directory when neither ``-c`` nor CONFIG_ENV names one.
+DEFAULT_CONFIG_FILE = "tidings.yaml"
+
+
+def find_config_file(path: str | Path | None = None) -> Path | None:
+    """The configuration file to use: ``path`` if given, else ``$TIDINGS_CONFIG`` if set,
+    else ``./tidings.yaml`` if it exists, else None (the defaults).
+
+    A file that is named (by ``path`` or the variable) is returned whether or not it
+    exists, so that reading it fails with its name rather than falling back to defaults.
+    """
+    if path:
+        return Path(path)
+    if named := os.environ.get(CONFIG_ENV):
+        return Path(named)
+    default = Path(DEFAULT_CONFIG_FILE)
+    return default if default.is_file() else None
+
+
+def config_json_schema() -> dict[str, Any]:
+    """The JSON Schema of :class:`TidingsConfig` (what a file holds after substitution),
+    ``targets:`` entries being the union of the target kinds entered by then (import
+    :mod:`tidings.targets.registry` first)."""
+    schema = TidingsConfig.model_json_schema()
+    if _TARGET_CONFIGS:
+        kinds = _kinds_adapter(tuple(_TARGET_CONFIGS.values())).json_schema()
+        schema.setdefault("$defs", {}).update(kinds.pop("$defs", {}))
+        schema["properties"]["targets"]["additionalProperties"] = kinds
+    return schema

@@ -66,7 +66,9 @@ def demo(
 def relay(
     config: ConfigOption = None,
     once: Annotated[bool, typer.Option(help="Drain what is committed, then stop.")] = False,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics.")
+    ] = None,
 ) -> None:
     """Run the relay pipeline on Spark until interrupted (or once with --once)."""
     from tidings.db import shared_engine

@@ -17,7 +17,7 @@ from typing import Any
 
 from tidings.errors import EmitError
 from tidings.events.timeutil import utcnow
-from tidings.outbox.envelope import EventDraft, Transformer
+from tidings.outbox.envelope import EventDraft, JsonDefault, Transformer
 
 # An HTTP/NATS header token: what every broker accepts as a header name.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -66,14 +66,22 @@ def make_draft(
     )
 
 
-def encode_body(draft: EventDraft, transformer: Transformer, max_payload_bytes: int) -> str:
-    """The message ``transformer`` makes of ``draft``, as compact JSON within the size limit."""
+def encode_body(
+    draft: EventDraft,
+    transformer: Transformer,
+    max_payload_bytes: int,
+    json_default: JsonDefault | None = None,
+) -> str:
+    """The message ``transformer`` makes of ``draft``, as compact JSON within the size limit;
+    ``json_default`` encodes what JSON has no type for (its results are checked as strictly:
+    no NaN or Infinity)."""
     try:
         body = json.dumps(
             transformer(draft),
             separators=(",", ":"),
             ensure_ascii=False,
             allow_nan=False,
+            default=json_default,
         )
     except (TypeError, ValueError) as exc:
         raise EmitError(

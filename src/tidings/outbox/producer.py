@@ -44,6 +44,7 @@ from tidings.outbox.envelope import (
     AttributeExtractor,
     EventDraft,
     ExclusionPredicate,
+    JsonDefault,
     Transformer,
     cloudevents_envelope,
 )
@@ -95,8 +96,12 @@ class Outbox:
         exclude: ExclusionPredicate | None = None,
         direct_publisher: DirectPublisher | None = None,
         target_check: TargetCheck | None = None,
+        json_default: JsonDefault | None = None,
         create_schema: bool = True,
     ) -> None:
+        """``json_default`` (``json.dumps``'s ``default``) encodes payload values JSON has no
+        type for; :func:`tidings.json_default` handles dates, decimals, UUIDs, dataclasses
+        and pydantic models. Without it such a value is an :class:`EmitError`."""
         self.engine = make_engine(engine) if isinstance(engine, str) else engine
         self.config = config or OutboxConfig()
         self.transformer = transformer
@@ -104,6 +109,7 @@ class Outbox:
         self.exclude = exclude
         self.direct_publisher = direct_publisher
         self.target_check = target_check
+        self.json_default = json_default
         if create_schema:
             ensure_schema(self.engine)
         style = self.engine.dialect.paramstyle
@@ -157,7 +163,9 @@ class Outbox:
                 event_id=event_id,
                 originator=self.config.originator,
             )
-            body = encode_body(draft, self.transformer, self.config.max_payload_bytes)
+            body = encode_body(
+                draft, self.transformer, self.config.max_payload_bytes, self.json_default
+            )
             self._check_targets(draft, body)
             excluded = exclude or (self.exclude is not None and self.exclude(draft))
             if excluded:

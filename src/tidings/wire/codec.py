@@ -38,6 +38,15 @@ Value = Any
 
 _US = 1_000_000
 _JSON = json.JSONDecoder()
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number (JSON has no NaN or Infinity)")
+
+
+#: What a registered payload must be: strict JSON (RFC 8259), as emit writes it. Python's
+#: decoder accepts NaN and Infinity, which every other JSON reader of the event refuses.
+_STRICT_JSON = json.JSONDecoder(parse_constant=_not_json)
 _JSON_WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -187,14 +196,19 @@ def payload_to_sbs(kind: PayloadKind, data: bytes) -> tuple[str, Value]:
     return ("sbs", REPOSITORY.decode("Hat", "Data", data))
 
 
-def payload_from_sbs(value: Value, field: str) -> tuple[PayloadKind, bytes]:
-    """A wire ``EventPayload`` as the store keeps it; a JSON text must parse as JSON."""
+def payload_from_sbs(
+    value: Value, field: str, *, strict: bool = False
+) -> tuple[PayloadKind, bytes]:
+    """A wire ``EventPayload`` as the store keeps it; a JSON text must parse as JSON, and
+    with ``strict`` (events being registered) hold no NaN or Infinity. Events already stored
+    (from a peer, in a reply) are taken as Python's reader takes them, so an event a server
+    kept once does not close every link that carries it later."""
     name, inner = value
     if name == "binary":
         return PayloadKind.BINARY, bytes(inner)
     if name == "json":
         try:
-            _parse_json(inner)
+            _parse_json(inner, _STRICT_JSON if strict else _JSON)
         except ValueError as exc:
             raise ProtocolError(f"{field}: json payload is not valid JSON: {exc}") from exc
         return PayloadKind.JSON, inner.encode()
@@ -210,9 +224,11 @@ def _optional_payload_to_sbs(kind: PayloadKind | None, data: bytes | None) -> tu
 
 
 def _optional_payload_from_sbs(
-    value: Value, field: str
+    value: Value, field: str, *, strict: bool = False
 ) -> tuple[PayloadKind, bytes] | tuple[None, None]:
-    return (None, None) if value[0] == "none" else payload_from_sbs(value[1], field)
+    if value[0] == "none":
+        return (None, None)
+    return payload_from_sbs(value[1], field, strict=strict)
 
 
 # --- ids and types --------------------------------------------------------------------------
@@ -270,8 +286,9 @@ def register_event_from_sbs(
     value: Value, field: str = "event", outbox_event_id: str | None = None
 ) -> NewEvent:
     """A wire ``RegisterEvent``; its type is checked later by the engine, which fails that
-    event alone if it holds a wildcard."""
-    kind, data = _optional_payload_from_sbs(value["payload"], f"{field}.payload")
+    event alone if it holds a wildcard. A JSON payload must be strict JSON (no NaN or
+    Infinity), as emit refuses them: the event fails alone."""
+    kind, data = _optional_payload_from_sbs(value["payload"], f"{field}.payload", strict=True)
     source = value["sourceTimestamp"]
     return NewEvent(
         type=tuple(value["type"]),
@@ -357,8 +374,8 @@ def _optional(value: Value) -> Value:
     return None if value[0] == "none" else value[1]
 
 
-def _parse_json(text: str) -> None:
+def _parse_json(text: str, decoder: json.JSONDecoder = _JSON) -> None:
     """Check that ``text`` is JSON (the decoder's C scanner, without the wrapper layers)."""
-    end = _JSON_WS.match(text, _JSON.raw_decode(text, _JSON_WS.match(text, 0).end())[1]).end()
+    end = _JSON_WS.match(text, decoder.raw_decode(text, _JSON_WS.match(text, 0).end())[1]).end()
     if end != len(text):
         raise ValueError(f"extra data at character {end}")
