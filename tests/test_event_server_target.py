@@ -16,8 +16,9 @@ from sqlalchemy import select
 from helpers import relay_config, statuses
 from processes import ServerProcess, free_port, local_address
 from tidings.client import connect
+from tidings.config import load_config
 from tidings.db import make_engine
-from tidings.errors import TargetCallFailed, TargetUnavailable
+from tidings.errors import ConfigError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import StoredEvent
 from tidings.events.outbox import OutboxEvent
 from tidings.events.query import QueryData
@@ -207,3 +208,71 @@ def test_an_event_the_server_refuses_fails_alone(spark, tmp_path: Path) -> None:
 def _log_rows(engine) -> list:
     with engine.connect() as conn:
         return conn.execute(select(outbox_event)).all()
+
+
+# -- type templates ------------------------------------------------------------------------
+
+
+def _typed_event(seq: int, key: str, headers: dict[str, str]) -> OutboxEvent:
+    return OutboxEvent(
+        seq=seq,
+        event_id=f"evt-{seq}",
+        event_type="Created",
+        payload=json.dumps({"n": seq}),
+        logged_at=datetime(2026, 1, 1, tzinfo=UTC),
+        partition_key=key,
+        headers=headers,
+    )
+
+
+def test_types_come_from_a_template_and_an_event_without_its_header_fails_alone(
+    server,
+) -> None:
+    config = EventServerTargetConfig(
+        kind="event_server",
+        address=server.eventer,
+        timeout="3s",
+        type_template=["orders", "${headers.aggregate_type}", "${event_type}"],
+    )
+    target = EventServerTarget("remote", config)
+    events = [
+        _typed_event(1, "a", {"aggregate_type": "order"}),
+        _typed_event(2, "b", {}),  # no aggregate_type header
+        _typed_event(3, "c", {"aggregate_type": "invoice"}),
+        _typed_event(4, "b", {"aggregate_type": "order"}),  # behind seq 2 of its key
+    ]
+    try:
+        results = target.publish(events)
+        refusal = target.refusal(events[1])
+    finally:
+        target.close()
+
+    assert results[0] is None and results[2] is None
+    assert results[1] == (
+        "event server target 'remote': no type for event evt-2 (seq 2): placeholder "
+        "${headers.aggregate_type} of '${headers.aggregate_type}': the event has no header "
+        "'aggregate_type'"
+    )
+    assert results[3] == "event server target 'remote': not sent, behind seq 2 of its key"
+    assert refusal == results[1]
+    stored = _events(server, ("orders", "*"))
+    assert [(e.type, json.loads(e.payload)["n"]) for e in stored] == [
+        (("orders", "order", "Created"), 1),
+        (("orders", "invoice", "Created"), 3),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"type_template": ["orders", "${aggregate_type}"]}, "unknown placeholder"),
+        ({"type_template": ["orders", "*"]}, "segment '*' is a query wildcard"),
+        ({"type_template": []}, "at least one segment"),
+        ({"type_template": ["${event_type}"], "type_prefix": ["t"]}, "not both"),
+    ],
+)
+def test_a_bad_type_template_is_a_config_error_naming_it(entry: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config({"targets": {"remote": {"kind": "event_server", **entry}}})
+
+    assert "targets.remote" in str(raised.value) and message in str(raised.value)

@@ -8,29 +8,49 @@ prefix so they never see each other's messages. Outage and recovery tests run a 
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
+import os
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import nkeys
 import pytest
-from nats.js.api import RawStreamMsg
+import yaml
+from nats.js.api import RawStreamMsg, StorageType
+from nats.js.errors import NotFoundError
+from sqlalchemy import select
 
+import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
 from helpers import (
     SHARED_URL,
     admin,
     delete_stream,
+    relay_config,
+    statuses,
     stream_info,
     stream_messages,
 )
-from processes import NatsServer, free_port
-from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
+from processes import NATS_SERVER, NatsServer, free_port, wait_for_port
+from tidings.config import load_config, load_config_file
+from tidings.db import make_engine
+from tidings.errors import ConfigError, TargetCallFailed, TargetError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
+from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import outbox_event
+from tidings.pipeline.breaker import MAX_PAUSE_S
+from tidings.pipeline.relay import start_relay
+from tidings.pipeline.replay import ReplayLimits, run_replay
 from tidings.targets.jetstream import JetStreamTarget, JetStreamTargetConfig
 from tidings.targets.jetstream_messages import header_block_size, message_headers, subject_token
+from tidings.targets.jetstream_stream import subject_covers
 
 pytestmark = pytest.mark.nats
 
@@ -300,18 +320,28 @@ def test_creates_the_stream_with_its_subjects_and_dedup_window(
     assert config.duplicate_window == 90
 
 
-def test_updates_an_existing_stream_and_keeps_its_other_subjects(
-    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+def test_create_stream_true_updates_what_is_missing_and_says_what_it_changed(
+    make_target: Callable[..., JetStreamTarget],
+    names: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     stream, prefix = names
     other = f"{prefix}_other.>"
-    admin(lambda js: js.add_stream(name=stream, subjects=[other], duplicate_window=120))
+    admin(
+        lambda js: js.add_stream(name=stream, subjects=[other], duplicate_window=120, max_msgs=50)
+    )
 
-    assert make_target(duplicate_window="30s").publish([event(1)]) == [None]
+    target = make_target(create_stream=True, duplicate_window="300s")
+    assert target.publish([event(1)]) == [None]
 
     config = stream_info(stream).config
-    assert config.subjects == [other, f"{prefix}.>"]
-    assert config.duplicate_window == 30
+    assert config.subjects == [other, f"{prefix}.>"]  # others' subjects are kept
+    assert config.duplicate_window == 300
+    assert config.max_msgs == 50  # nothing else is touched
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"updated existing stream {stream!r}" in warning
+    assert f"added subject '{prefix}.>'" in warning
+    assert "raised duplicate_window from 120s to 300s" in warning
 
 
 def test_without_create_stream_a_missing_stream_is_an_error(
@@ -397,3 +427,467 @@ def test_close_stops_the_loop_thread_and_is_idempotent(
     assert "tidings-jetstream-js-test" not in {t.name for t in threading.enumerate()}
     with pytest.raises(TargetError):
         target.publish([event(2)])
+
+
+# -- a stream ops manage (create_stream, on_mismatch) ----------------------------------------
+
+
+def ops_stream(stream: str, subjects: list[str], window: float) -> dict[str, Any]:
+    """A stream made by "ops" with nats-py directly (its own max_msgs too); its settings."""
+    admin(
+        lambda js: js.add_stream(
+            name=stream, subjects=subjects, duplicate_window=window, max_msgs=1000
+        )
+    )
+    return stream_info(stream).config.as_dict()
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("create_stream", ["if-missing", False])
+def test_an_ops_stream_that_fits_is_used_and_left_unchanged(
+    make_target: Callable[..., JetStreamTarget],
+    names: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+    create_stream: object,
+) -> None:
+    stream, prefix = names
+    before = ops_stream(stream, [f"{prefix}_audit", f"{prefix}.>"], window=1200)
+
+    target = make_target(create_stream=create_stream, on_mismatch="fail")
+    assert target.publish([event(1), event(2)]) == [None, None]
+
+    assert stream_info(stream).config.as_dict() == before
+    assert stream_info(stream).state.messages == 2
+    assert warnings_of(caplog) == []
+
+
+def test_the_default_never_rewrites_a_stream_that_does_not_fit(
+    make_target: Callable[..., JetStreamTarget],
+    names: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Default create_stream ("if-missing") and on_mismatch ("warn"): the stream stays as
+    ops made it, the warning names each missing setting, and the publish results say why
+    the events were not stored."""
+    stream, prefix = names
+    before = ops_stream(stream, [f"{prefix}_other.>"], window=30)
+
+    results = make_target().publish([event(1)])
+
+    assert results[0] is not None and "no stream takes this subject" in results[0]
+    assert stream_info(stream).config.as_dict() == before
+    (warning,) = warnings_of(caplog)
+    assert f"stream {stream!r} does not fit" in warning
+    assert f"do not capture '{prefix}.*' (add '{prefix}.>')" in warning
+    assert "duplicate_window is 30s, shorter than the target's duplicate_window of 600s" in (
+        warning
+    )
+
+
+def test_on_mismatch_fail_makes_the_target_unavailable_until_ops_fix_the_stream(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    stream, prefix = names
+    before = ops_stream(stream, [f"{prefix}.>"], window=60)
+    target = make_target(on_mismatch="fail", duplicate_window="2m")
+
+    with pytest.raises(TargetUnavailable) as raised:
+        target.publish([event(1)])
+
+    message = str(raised.value)
+    assert message.startswith(f"jetstream target 'js-test': stream {stream!r} does not fit")
+    assert "duplicate_window is 60s, shorter than the target's duplicate_window of 120s" in message
+    assert stream_info(stream).config.as_dict() == before
+    assert stream_info(stream).state.messages == 0
+
+    fixed = stream_info(stream).config.evolve(duplicate_window=120)
+    admin(lambda js: js.update_stream(fixed))
+    assert target.publish([event(1)]) == [None]  # the next connection checks again
+
+
+def test_create_stream_false_with_no_stream_fails_naming_it(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    target = make_target(create_stream=False, on_mismatch="fail")
+
+    with pytest.raises(TargetUnavailable, match="it does not exist \\(create_stream is false\\)"):
+        target.publish([event(1)])
+
+    with pytest.raises(NotFoundError):
+        stream_info(names[0])
+
+
+def test_if_missing_creates_the_stream_with_storage_replicas_and_max_age(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    stream, prefix = names
+
+    target = make_target(storage="memory", replicas=1, max_age="2h", duplicate_window="90s")
+    assert target.publish([event(1)]) == [None]
+
+    config = stream_info(stream).config
+    assert config.subjects == [f"{prefix}.>"]
+    assert config.storage == StorageType.MEMORY
+    assert config.num_replicas == 1
+    assert config.max_age == 7200
+    assert config.duplicate_window == 90
+
+
+def test_a_stream_subject_with_wildcards_that_captures_ours_fits() -> None:
+    assert subject_covers("orders.>", "orders.*")
+    assert subject_covers("orders.*", "orders.*")
+    assert subject_covers("*.*", "orders.*")
+    assert subject_covers(">", "orders.*.*")
+    assert not subject_covers("orders.*", "orders.*.*")
+    assert not subject_covers("orders.created", "orders.*")
+    assert not subject_covers("orders.*.>", "orders.*")
+    assert not subject_covers("orders", "orders.*")
+
+
+@pytest.mark.spark
+def test_the_relay_holds_events_while_the_stream_does_not_fit_then_delivers_them(
+    spark: Any, names: tuple[str, str], tmp_path: Path
+) -> None:
+    """on_mismatch: fail is the target being down for the relay: no event is charged a
+    retry or FAILED; they wait (HELD) with the reason, and go once ops fixed the stream."""
+    stream, prefix = names
+    ops_stream(stream, [f"{prefix}_other.>"], window=600)
+    target = {
+        "kind": "jetstream",
+        "stream": stream,
+        "subject_prefix": prefix,
+        "on_mismatch": "fail",
+        "ack_timeout": "2s",
+    }
+    config = relay_config(tmp_path, targets={"js": target}, routes={"Created": ["js"]})
+    engine = make_engine(config.database.url)
+    outbox = Outbox(engine)
+    for n in range(3):
+        with outbox.transaction() as tx:
+            tx.emit("Created", {"n": n}, partition_key="k")
+    try:
+        start_relay(spark, config, available_now=True).awaitTermination()
+        with engine.connect() as conn:
+            rows = conn.execute(select(outbox_event).order_by(outbox_event.c.seq)).all()
+        assert [r.status for r in rows] == ["HELD"] * 3
+        assert all(r.retry_count == 0 for r in rows)
+        assert f"stream {stream!r} does not fit" in rows[0].error_details
+
+        fixed = stream_info(stream).config.evolve(subjects=[f"{prefix}.>"])
+        admin(lambda js: js.update_stream(fixed))
+        time.sleep(MAX_PAUSE_S + 0.5)  # the breaker's longest pause: a probe is due now
+        now = ReplayLimits.from_config(config)
+        run_replay(spark, config, limits=replace(now, older_than=timedelta(0)))
+        assert set(statuses(engine).values()) == {"PUBLISHED"}
+        assert stream_info(stream).state.messages == 3
+    finally:
+        delete_stream(stream)
+
+
+# -- subject templates -----------------------------------------------------------------------
+
+
+def test_subjects_come_from_a_header_and_a_payload_field(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    stream, prefix = names
+    template = f"{prefix}.${{headers.aggregate_type}}.${{payload.region}}"
+    target = make_target(subject_prefix=None, subject_template=template)
+    order = event(1, headers={"aggregate_type": "order"}, payload='{"region": "eu", "n": 1}')
+    invoice = event(2, headers={"aggregate_type": "invoice"}, payload='{"region": "us"}')
+
+    assert target.publish([order, invoice]) == [None, None]
+
+    stored = stream_messages(stream)
+    assert [m.subject for m in stored] == [f"{prefix}.order.eu", f"{prefix}.invoice.us"]
+    assert stored[0].headers is not None and stored[0].headers["Nats-Msg-Id"] == order.event_id
+    # The stream it created captures exactly what the template can produce.
+    assert stream_info(stream).config.subjects == [f"{prefix}.*.*"]
+
+
+def test_an_event_whose_placeholder_cannot_be_filled_fails_alone(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    stream, prefix = names
+    target = make_target(subject_prefix=None, subject_template=f"{prefix}.${{headers.kind}}")
+    first, last = event(1, headers={"kind": "order"}), event(4, headers={"kind": "refund"})
+    missing, dotted = event(2), event(3, headers={"kind": "order.v2"})
+
+    results = target.publish([first, missing, dotted, last])
+
+    assert results[0] is None and results[3] is None
+    assert results[1] == (
+        f"jetstream target 'js-test': no subject for event {missing.event_id} (seq 2): "
+        f"placeholder ${{headers.kind}} of '{prefix}.${{headers.kind}}': the event has no "
+        "header 'kind'"
+    )
+    assert (
+        results[2] is not None
+        and "is 'order.v2': a NATS subject token cannot hold '.'" in (results[2])
+    )
+    assert [m.subject for m in stream_messages(stream)] == [f"{prefix}.order", f"{prefix}.refund"]
+    # The producer is told the same at emit time (a routed outbox asks refusal).
+    assert target.refusal(missing) == results[1]
+    assert target.refusal(first) is None
+
+
+def test_an_ops_stream_is_checked_against_the_template_subjects(
+    make_target: Callable[..., JetStreamTarget],
+    names: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stream, prefix = names
+    ops_stream(stream, [f"{prefix}.*"], window=600)  # one token after the prefix, not two
+    target = make_target(
+        subject_prefix=None,
+        subject_template=f"{prefix}.${{partition_key}}.${{event_type}}",
+        on_mismatch="fail",
+    )
+
+    with pytest.raises(TargetUnavailable, match=f"do not capture '{prefix}.\\*.\\*'"):
+        target.publish([event(1, partition_key="k", event_type="Created")])
+
+
+def jetstream_config(tmp_path: Path | None = None, **entry: Any) -> Any:
+    """A configuration with one jetstream target ``js``; from a file in ``tmp_path`` if
+    given (so relative paths are relative to it)."""
+    target = {"kind": "jetstream", "stream": "S", "subject_prefix": "p", **entry}
+    data = {"targets": {"js": target}}
+    if tmp_path is None:
+        return load_config(data).targets["js"]
+    path = tmp_path / "tidings.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config_file(path).targets["js"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"subject_prefix": None, "subject_template": "orders.${aggregate}"},
+            "unknown placeholder ${aggregate}",
+        ),
+        ({"subject_prefix": None, "subject_template": "orders.${headers.x"}, "unterminated"),
+        (
+            {"subject_prefix": None, "subject_template": "orders.${event_type}.>"},
+            "is not a NATS subject",
+        ),
+        ({"subject_template": "orders.${event_type}"}, "exactly one of subject_prefix"),
+        ({"subject_prefix": None}, "exactly one of subject_prefix"),
+        ({"create_stream": "sometimes"}, "create_stream"),
+        ({"on_mismatch": "shrug"}, "on_mismatch"),
+        ({"storage": "tape"}, "storage"),
+        ({"max_age": "forever"}, "not a duration"),
+    ],
+)
+def test_a_bad_jetstream_configuration_is_a_config_error_naming_it(
+    entry: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        jetstream_config(**entry)
+
+    assert "targets.js" in str(raised.value) and message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "key", "missing"),
+    [
+        ({"credentials": "user.creds"}, "credentials", "user.creds"),
+        ({"nkey": "user.nk"}, "nkey", "user.nk"),
+        ({"tls": {"ca_file": "ca.pem"}}, "tls.ca_file", "ca.pem"),
+        ({"tls": {"ca_file": __file__, "cert_file": "c.pem"}}, "tls.cert_file", "c.pem"),
+    ],
+)
+def test_a_missing_credentials_nkey_or_tls_file_is_a_config_error_naming_it(
+    tmp_path: Path, entry: dict[str, Any], key: str, missing: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        jetstream_config(tmp_path, **entry)
+
+    assert f"{key} file '{tmp_path / missing}' does not exist" in str(raised.value)
+
+
+def test_credential_paths_are_relative_to_the_configuration_file(tmp_path: Path) -> None:
+    (tmp_path / "user.creds").write_text("creds")
+    (tmp_path / "ca.pem").write_text("ca")
+
+    config = jetstream_config(tmp_path, credentials="user.creds", tls={"ca_file": "ca.pem"})
+
+    assert config.credentials == str(tmp_path / "user.creds")
+    assert config.tls.ca_file == str(tmp_path / "ca.pem")
+    with pytest.raises(ConfigError, match="credentials or nkey, not both"):
+        jetstream_config(tmp_path, credentials="user.creds", nkey="user.creds")
+
+
+@pytest.mark.spark
+def test_the_relay_fails_only_the_event_without_a_subject(
+    spark: Any, names: tuple[str, str], tmp_path: Path
+) -> None:
+    stream, prefix = names
+    target = {
+        "kind": "jetstream",
+        "stream": stream,
+        "subject_template": f"{prefix}.${{payload.data.region}}",
+        "ack_timeout": "2s",
+    }
+    config = relay_config(
+        tmp_path, targets={"js": target}, routes={"Created": ["js"]}, retry_backoff=["1ms"]
+    )
+    engine = make_engine(config.database.url)
+    outbox = Outbox(engine)  # no routed targets: the relay meets the bad event
+    for n, region in enumerate(["eu", None, "us"]):
+        with outbox.transaction() as tx:
+            tx.emit("Created", {"n": n, "region": region}, partition_key=f"k{n}")
+    try:
+        start_relay(spark, config, available_now=True).awaitTermination()
+        assert statuses(engine) == {1: "PUBLISHED", 2: "FAILED", 3: "PUBLISHED"}
+        with engine.connect() as conn:
+            error = conn.execute(
+                select(outbox_event.c.error_details).where(outbox_event.c.seq == 2)
+            ).scalar_one()
+        assert "placeholder ${payload.data.region}" in error
+        assert "the payload has no field 'data.region'" in error
+        assert [m.subject for m in stream_messages(stream)] == [f"{prefix}.eu", f"{prefix}.us"]
+    finally:
+        delete_stream(stream)
+
+
+# -- credentials, nkey and TLS, against a private nats-server that requires them -------------
+
+
+@contextlib.contextmanager
+def secured_server(tmp_path: Path, settings: str) -> Iterator[str]:
+    """A private ``nats-server -js`` started with a generated configuration (``settings``
+    adds its authorization or TLS blocks); its URL. Killed afterwards."""
+    port = free_port()
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f'listen: "127.0.0.1:{port}"\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n{settings}'
+    )
+    process = subprocess.Popen(
+        [NATS_SERVER, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_port(port, 10.0, process=process)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_an_nkey_seed_file_authenticates(
+    make_target: Callable[..., JetStreamTarget], tmp_path: Path
+) -> None:
+    user = nkeys.from_seed(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    seed = tmp_path / "user.nk"
+    seed.write_bytes(user.seed)
+    users = f'authorization {{ users = [ {{ nkey: "{user.public_key.decode()}" }} ] }}\n'
+
+    with secured_server(tmp_path, users) as url:
+        assert make_target(servers=[url], nkey=str(seed)).publish([event(1)]) == [None]
+        with pytest.raises(TargetUnavailable, match="Authorization Violation"):
+            make_target(servers=[url]).publish([event(2)])
+
+
+def _keypair(prefix: int) -> nkeys.KeyPair:
+    return nkeys.from_seed(nkeys.encode_seed(os.urandom(32), prefix))
+
+
+def _jwt(issuer: nkeys.KeyPair, subject: nkeys.KeyPair, nats_claims: dict[str, Any]) -> str:
+    """A NATS JWT (v2) for ``subject`` signed by ``issuer``, as ``nsc`` would make it."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    claims = {
+        "jti": base64.b32encode(os.urandom(20)).decode().rstrip("="),
+        "iat": int(time.time()),
+        "iss": issuer.public_key.decode(),
+        "sub": subject.public_key.decode(),
+        "name": "tidings-test",
+        "nats": {**nats_claims, "version": 2},
+    }
+    signed = f"{b64(json.dumps({'typ': 'JWT', 'alg': 'ed25519-nkey'}).encode())}."
+    signed += b64(json.dumps(claims).encode())
+    return f"{signed}.{b64(issuer.sign(signed.encode()))}"
+
+
+def test_a_user_credentials_file_authenticates(
+    make_target: Callable[..., JetStreamTarget], tmp_path: Path
+) -> None:
+    """Operator mode, as nsc sets it up: operator, system account and an account with
+    JetStream, all preloaded; the user's JWT and seed in one credentials file."""
+    operator = _keypair(nkeys.PREFIX_BYTE_OPERATOR)
+    system, account = _keypair(nkeys.PREFIX_BYTE_ACCOUNT), _keypair(nkeys.PREFIX_BYTE_ACCOUNT)
+    user = _keypair(nkeys.PREFIX_BYTE_USER)
+    limits = {"subs": -1, "data": -1, "payload": -1, "conn": -1, "wildcards": True}
+    jetstream = {"mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}
+    (tmp_path / "operator.jwt").write_text(_jwt(operator, operator, {"type": "operator"}))
+    accounts = {
+        system: _jwt(operator, system, {"type": "account", "limits": limits}),
+        account: _jwt(operator, account, {"type": "account", "limits": limits | jetstream}),
+    }
+    preload = ", ".join(f'{k.public_key.decode()}: "{v}"' for k, v in accounts.items())
+    settings = (
+        f'operator: "{tmp_path / "operator.jwt"}"\nresolver: MEMORY\n'
+        f"system_account: {system.public_key.decode()}\nresolver_preload: {{ {preload} }}\n"
+    )
+    user_jwt = _jwt(account, user, {"type": "user", "pub": {}, "sub": {}, **limits})
+    creds = tmp_path / "user.creds"
+    creds.write_text(
+        f"-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{user.seed.decode()}\n------END USER NKEY SEED------\n"
+    )
+
+    with secured_server(tmp_path, settings) as url:
+        assert make_target(servers=[url], credentials=str(creds)).publish([event(1)]) == [None]
+        with pytest.raises(TargetUnavailable, match="Authorization Violation"):
+            make_target(servers=[url]).publish([event(2)])
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _certificates(directory: Path) -> dict[str, str]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
+    files = {n: str(directory / n) for n in ("ca.pem", "ca.key", "server.pem", "server.key")}
+    files |= {n: str(directory / n) for n in ("client.pem", "client.key")}
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+             "-keyout", files["ca.key"], "-out", files["ca.pem"])  # fmt: skip
+    for name, extension in (("server", "subjectAltName=IP:127.0.0.1"), ("client", None)):
+        csr = str(directory / f"{name}.csr")
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                 "-keyout", files[f"{name}.key"], "-out", csr)  # fmt: skip
+        extra = ["-extfile", str(directory / f"{name}.ext")] if extension else []
+        if extension:
+            (directory / f"{name}.ext").write_text(extension + "\n")
+        _openssl("x509", "-req", "-in", csr, "-CA", files["ca.pem"], "-CAkey", files["ca.key"],
+                 "-CAcreateserial", "-days", "1", "-out", files[f"{name}.pem"], *extra)  # fmt: skip
+    return files
+
+
+def test_tls_with_a_client_certificate(
+    make_target: Callable[..., JetStreamTarget], tmp_path: Path
+) -> None:
+    files = _certificates(tmp_path)
+    tls = (
+        f'tls {{ cert_file: "{files["server.pem"]}", key_file: "{files["server.key"]}", '
+        f'ca_file: "{files["ca.pem"]}", verify: true }}\n'
+    )
+    client = {
+        "ca_file": files["ca.pem"],
+        "cert_file": files["client.pem"],
+        "key_file": files["client.key"],
+    }
+
+    with secured_server(tmp_path, tls) as url:
+        assert make_target(servers=[url], tls=client).publish([event(1)]) == [None]
+        without_cert = {"ca_file": files["ca.pem"]}
+        with pytest.raises(TargetUnavailable, match="jetstream target 'js-test'"):
+            make_target(servers=[url], tls=without_cert).publish([event(2)])
+        with pytest.raises(TargetUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+            make_target(servers=[url]).publish([event(3)])  # the system CAs do not know ours

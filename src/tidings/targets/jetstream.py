@@ -10,8 +10,11 @@ Delivery is at-least-once made effectively-once by JetStream: each message carri
 event id as ``Nats-Msg-Id``, so a batch replayed after a crash is acknowledged as a
 duplicate inside the stream's ``duplicate_window`` instead of being stored twice.
 
-Subjects are ``<subject_prefix>.<token>`` of the event type, and every message carries the
-event's fields as headers (:mod:`tidings.targets.jetstream_messages`).
+Subjects are ``<subject_prefix>.<token>`` of the event type, or a ``subject_template``
+filled from each event (:mod:`tidings.targets.destination`); every message carries the
+event's fields as headers (:mod:`tidings.targets.jetstream_messages`). What the target may
+do to its stream (create it, check it, never rewrite an ops-managed one unasked) is
+:mod:`tidings.targets.jetstream_stream`. Credentials, nkey and TLS are nats-py's own options.
 """
 
 from __future__ import annotations
@@ -19,31 +22,37 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import re
+import ssl
 import threading
 import time
 from collections.abc import Coroutine, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from tidings.config import Duration, TargetConfig, parse_duration
+from tidings.config import Duration, LocalPath, StrictModel, TargetConfig, parse_duration
 from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.base import Target
+from tidings.targets.destination import RenderError
 from tidings.targets.jetstream_messages import (
     AckInbox,
     ack_error,
     header_block_size,
     message_headers,
+    subject_filter,
+    subject_template,
     subject_token,
 )
+from tidings.targets.jetstream_stream import CreateStream, StreamNeeds, ensure_stream
 
 if TYPE_CHECKING:  # nats-py is imported where a connection is made: a process that only
     # validates configurations (every Spark worker does) does not load it.
     from nats.aio.client import Client
     from nats.aio.msg import Msg
-    from nats.js import JetStreamContext
 
 _log = logging.getLogger(__name__)
 
@@ -59,25 +68,117 @@ _OWN_HEADERS_BOUND = 8 * 1024
 _LIMIT_RETRY_S = 30.0
 
 
+#: What ``subject_prefix`` may hold, and a subject template once its placeholders are filled.
+_SUBJECT = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
+
+
+def _existing_file(what: str, path: str | None) -> str | None:
+    """A configured file must be there when the configuration is read, not at first publish."""
+    if path is not None and not Path(path).is_file():
+        raise ValueError(f"{what} file {path!r} does not exist (or is not a file)")
+    return path
+
+
+class JetStreamTls(StrictModel):
+    """TLS to the NATS servers: the CA that signed their certificates, and a client
+    certificate when the servers verify clients (``verify: true``)."""
+
+    ca_file: LocalPath | None = None
+    cert_file: LocalPath | None = None
+    key_file: LocalPath | None = None
+    #: The name the servers' certificate is checked against, when it is not the URL's host.
+    server_name: str | None = None
+
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _existing_file(f"tls.{info.field_name}", v)
+
+    @model_validator(mode="after")
+    def _key_needs_cert(self) -> JetStreamTls:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("tls.key_file is set without tls.cert_file")
+        return self
+
+
 class JetStreamTargetConfig(TargetConfig):
-    """A NATS JetStream stream; subjects are ``<subject_prefix>.<event type>``."""
+    """A NATS JetStream stream; subjects are ``<subject_prefix>.<event type>`` or come from
+    ``subject_template`` (:mod:`tidings.targets.destination`)."""
 
     kind: Literal["jetstream"]
     servers: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
     stream: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
-    subject_prefix: str = Field(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+    # The template first: the prefix's check reads it (so an error names subject_prefix).
+    subject_template: str | None = None
+    subject_prefix: str | None = Field(default=None, pattern=_SUBJECT, validate_default=True)
     duplicate_window: Duration = timedelta(minutes=10)
     ack_timeout: Duration = timedelta(seconds=5)
-    create_stream: bool = True
+    create_stream: CreateStream = "if-missing"
+    on_mismatch: Literal["warn", "fail"] = "warn"
+    # Used only when the target creates the stream.
+    storage: Literal["file", "memory"] = "file"
+    replicas: int = Field(default=1, ge=1, le=5)
+    max_age: Duration | None = None
+    # Authentication: a user credentials file (JWT + nkey seed) or an nkey seed file.
+    credentials: LocalPath | None = None
+    nkey: LocalPath | None = None
+    tls: JetStreamTls | None = None
 
     _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
         lambda cls, v: parse_duration(v)
     )
+    _max_age = field_validator("max_age", mode="before")(
+        lambda cls, v: None if v is None else parse_duration(v)
+    )
 
+    @field_validator("credentials", "nkey")
+    @classmethod
+    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _existing_file(str(info.field_name), v)
 
-def _nanos(seconds: float) -> int:
-    """JetStream keeps durations in nanoseconds; compare there, not as binary floats."""
-    return round(seconds * 1e9)
+    @field_validator("subject_template")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v is not None:
+            shape = subject_template(v).literal_shape("X")
+            if not re.fullmatch(_SUBJECT, shape):
+                raise ValueError(
+                    f"{v!r} is not a NATS subject: tokens of letters, digits, _ and - "
+                    "separated by '.', placeholders included"
+                )
+        return v
+
+    @field_validator("subject_prefix")
+    @classmethod
+    def _one_subject_rule(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if "subject_template" not in info.data:
+            return v  # the template itself was refused; that error says why
+        if (v is None) == (info.data["subject_template"] is None):
+            raise ValueError("set exactly one of subject_prefix and subject_template")
+        return v
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> JetStreamTargetConfig:
+        if self.credentials is not None and self.nkey is not None:
+            raise ValueError("set credentials or nkey, not both (a credentials file holds one)")
+        return self
+
+    def stream_needs(self) -> StreamNeeds:
+        """The subjects and settings this target needs of its stream."""
+        if self.subject_template is not None:
+            publishes = subject_filter(subject_template(self.subject_template))
+            creates = publishes
+        else:
+            publishes, creates = f"{self.subject_prefix}.*", f"{self.subject_prefix}.>"
+        return StreamNeeds(
+            stream=self.stream,
+            publishes=publishes,
+            creates=creates,
+            duplicate_window=self.duplicate_window,
+            storage=self.storage,
+            replicas=self.replicas,
+            max_age=self.max_age,
+        )
 
 
 def _describe(exc: BaseException) -> str:
@@ -109,6 +210,19 @@ class _LoopThread:
         self.loop.close()
 
 
+def _tls_context(tls: JetStreamTls) -> ssl.SSLContext:
+    """A client context that verifies the servers against ``ca_file`` (else the system's
+    CAs) and presents ``cert_file``/``key_file`` if given."""
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+        if tls.cert_file is not None:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        files = ", ".join(f for f in (tls.ca_file, tls.cert_file, tls.key_file) if f)
+        raise TargetError(f"cannot load the TLS files ({files}): {_describe(exc)}") from None
+    return context
+
+
 class JetStreamTarget(Target):
     """Publishes events to one JetStream stream; connects lazily, reconnects after failures.
 
@@ -126,6 +240,11 @@ class JetStreamTarget(Target):
         self.config = config
         self._ack_timeout = config.ack_timeout.total_seconds()
         self._subjects: dict[str, str] = {}
+        self._template = (
+            subject_template(config.subject_template) if config.subject_template else None
+        )
+        self._stream_needs = config.stream_needs()
+        self._tls: ssl.SSLContext | None = None
         self._inbox: AckInbox | None = None
         self._connect_lock = asyncio.Lock()
         self._last_error: Exception | None = None
@@ -151,12 +270,18 @@ class JetStreamTarget(Target):
             ) from None
 
     def refusal(self, event: OutboxEvent) -> str | None:
-        """The message is larger than the server's ``max_payload`` (payload + headers).
+        """The event has no subject (its ``subject_template`` cannot be filled from it), or
+        the message is larger than the server's ``max_payload`` (payload + headers).
 
         A producer that has not connected yet learns the limit with one bounded connect;
         if the server cannot be reached it assumes NATS's default and asks again later.
         """
-        return self._oversize(event, self._limit(), event.payload.encode(), message_headers(event))
+        try:
+            subject = self._subject(event)
+        except RenderError as exc:
+            return self._no_subject(event, exc)
+        body, headers = event.payload.encode(), message_headers(event)
+        return self._oversize(event, subject, self._limit(), body, headers)
 
     def close(self) -> None:
         """Drain the connection (flushing what was sent) and stop the loop thread."""
@@ -182,13 +307,20 @@ class JetStreamTarget(Target):
         except TargetError as exc:
             raise TargetUnavailable(f"jetstream target {self.name!r}: {exc}") from None
         limit = inbox.nc.max_payload
-        subjects = [self._subject(e.event_type) for e in events]
+        subjects: list[str | None] = []
         outcomes: list[asyncio.Future[Msg] | str] = []
         replies: list[str] = []
         try:
-            for event, subject in zip(events, subjects, strict=True):
+            for event in events:
+                try:
+                    subject = self._subject(event)
+                except RenderError as exc:  # this event fails here; the others go on
+                    subjects.append(None)
+                    outcomes.append(self._no_subject(event, exc))
+                    continue
+                subjects.append(subject)
                 body, headers = event.payload.encode(), message_headers(event)
-                refused = self._oversize(event, limit, body, headers)
+                refused = self._oversize(event, subject, limit, body, headers)
                 outcomes.append(
                     refused
                     if refused is not None
@@ -240,7 +372,7 @@ class JetStreamTarget(Target):
         return self._max_payload or DEFAULT_MAX_PAYLOAD
 
     def _oversize(
-        self, event: OutboxEvent, limit: int, body: bytes, headers: dict[str, str]
+        self, event: OutboxEvent, subject: str, limit: int, body: bytes, headers: dict[str, str]
     ) -> str | None:
         own = _OWN_HEADERS_BOUND + 4 * len(event.originator or "")
         if not event.headers and len(body) + own <= limit:
@@ -249,12 +381,14 @@ class JetStreamTarget(Target):
         if payload + size <= limit:
             return None
         return (
-            f"jetstream target {self.name!r}: a message to {self._subject(event.event_type)!r} "
+            f"jetstream target {self.name!r}: a message to {subject!r} "
             f"would be {payload + size} bytes (payload {payload} + headers {size}), over "
             f"the NATS server's max_payload of {limit} bytes"
         )
 
-    def _result(self, outcome: asyncio.Future[Msg] | str, subject: str) -> str | None:
+    def _result(self, outcome: asyncio.Future[Msg] | str, subject: str | None) -> str | None:
+        if subject is None:  # no subject: the outcome is the whole message already
+            return outcome if isinstance(outcome, str) else None
         if isinstance(outcome, str):
             cause: str | None = outcome
         elif outcome.done():
@@ -266,12 +400,21 @@ class JetStreamTarget(Target):
     def _error(self, subject: str, cause: str) -> str:
         return f"jetstream target {self.name!r}: publish to {subject!r} failed: {cause}"
 
-    def _subject(self, event_type: str) -> str:
-        subject = self._subjects.get(event_type)
+    def _subject(self, event: OutboxEvent) -> str:
+        """``event``'s subject; RenderError if its template cannot be filled from it."""
+        if self._template is not None:
+            return self._template.render(event)
+        subject = self._subjects.get(event.event_type)
         if subject is None:
-            subject = f"{self.config.subject_prefix}.{subject_token(event_type)}"
-            self._subjects[event_type] = subject
+            subject = f"{self.config.subject_prefix}.{subject_token(event.event_type)}"
+            self._subjects[event.event_type] = subject
         return subject
+
+    def _no_subject(self, event: OutboxEvent, exc: RenderError) -> str:
+        return (
+            f"jetstream target {self.name!r}: no subject for event {event.event_id} "
+            f"(seq {event.seq}): {exc}"
+        )
 
     # -- connection ----------------------------------------------------------------------
 
@@ -289,10 +432,18 @@ class JetStreamTarget(Target):
         lost = asyncio.Event()
         nc = await self._connect_any(lost)
         try:
-            if self.config.create_stream:
-                await self._ensure_stream(nc.jetstream(timeout=self._ack_timeout))
+            await ensure_stream(
+                nc.jetstream(timeout=self._ack_timeout),
+                self._stream_needs,
+                self.config.create_stream,
+                self.config.on_mismatch,
+                f"jetstream target {self.name!r}",
+            )
             inbox = AckInbox(nc, lost)
             await inbox.start()
+        except TargetError:  # the stream does not fit and on_mismatch is fail
+            await nc.close()
+            raise
         except Exception as exc:
             await nc.close()
             raise TargetError(
@@ -305,6 +456,7 @@ class JetStreamTarget(Target):
 
         """Try the servers in configured order; fail within a few ``ack_timeout``s at most."""
         causes: list[str] = []
+        security = self._security()
 
         async def on_lost() -> None:
             lost.set()
@@ -327,6 +479,7 @@ class JetStreamTarget(Target):
                     error_cb=self._on_error,
                     disconnected_cb=on_lost,
                     closed_cb=on_lost,
+                    **security,
                 )
             except Exception as exc:
                 # nats-py reports the real cause (refused, timed out) only to error_cb.
@@ -338,28 +491,25 @@ class JetStreamTarget(Target):
         self._last_error = exc
         _log.debug("jetstream target %s: %s", self.name, _describe(exc))
 
-    async def _ensure_stream(self, js: JetStreamContext) -> None:
-        from nats.js.errors import NotFoundError
+    def _security(self) -> dict[str, Any]:
+        """nats-py's own options for the configured credentials, nkey and TLS.
 
-        """Create the stream, or update it if it lacks our subjects or our dedup window.
-
-        Subjects other producers put on the stream are kept: the target only adds its own.
+        The TLS context is built once; a file that cannot be loaded (deleted or unreadable
+        since the configuration was read) is a TargetError naming it.
         """
-        subject = f"{self.config.subject_prefix}.>"
-        window = self.config.duplicate_window.total_seconds()
-        try:
-            info = await js.stream_info(self.config.stream)
-        except NotFoundError:
-            await js.add_stream(
-                name=self.config.stream, subjects=[subject], duplicate_window=window
-            )
-            return
-        subjects = info.config.subjects or []
-        if subject in subjects and _nanos(info.config.duplicate_window) == _nanos(window):
-            return
-        if subject not in subjects:
-            subjects = [*subjects, subject]
-        await js.update_stream(info.config.evolve(subjects=subjects, duplicate_window=window))
+        config = self.config
+        options: dict[str, Any] = {}
+        if config.credentials is not None:
+            options["user_credentials"] = config.credentials
+        if config.nkey is not None:
+            options["nkeys_seed"] = config.nkey
+        if config.tls is not None:
+            if self._tls is None:
+                self._tls = _tls_context(config.tls)
+            options["tls"] = self._tls
+            if config.tls.server_name is not None:
+                options["tls_hostname"] = config.tls.server_name
+        return options
 
     async def _disconnect(self) -> None:
         """Drain a live connection, close a broken one; never raise."""

@@ -4,7 +4,9 @@ Subjects are ``<subject_prefix>.<token>``, where the token is the event type wit
 character a NATS subject token may not hold (whitespace, ``.``, ``*``, ``>``) replaced by
 ``_`` (and ``_`` for an empty type). The mapping is deterministic but not injective
 (``order.created`` and ``order_created`` share a subject), so consumers that need the exact
-type read the ``Tidings-Event-Type`` header.
+type read the ``Tidings-Event-Type`` header. A ``subject_template`` instead fills each
+placeholder with the event's value as it is; a value that is not one valid token fails that
+event at the target (:func:`token_problem`).
 
 The message is one concern (what consumers read, what the server counts against its
 ``max_payload``, what an ack says), the connection another: :mod:`tidings.targets.jetstream`
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tidings.events.outbox import OutboxEvent
+from tidings.targets.destination import DestinationTemplate
 
 if TYPE_CHECKING:  # nats-py is loaded only by a process that connects (see jetstream.py)
     from nats.aio.client import Client
@@ -47,6 +50,31 @@ _RESERVED_PREFIX = "nats-"
 def subject_token(event_type: str) -> str:
     """Map an event type to one valid NATS subject token (see the module docstring)."""
     return _UNSAFE_TOKEN_CHARS.sub("_", event_type) or "_"
+
+
+def token_problem(value: str) -> str | None:
+    """Why a placeholder's value cannot stand in a subject (None if it can).
+
+    Unlike an event type under ``subject_prefix``, a template's value is used as it is:
+    mapping it would silently send two different values to one subject.
+    """
+    if not value:
+        return "empty, and a NATS subject token cannot be"
+    if bad := sorted(set(_UNSAFE_TOKEN_CHARS.findall(value))):
+        return f"a NATS subject token cannot hold {' '.join(repr(c) for c in bad)}"
+    return None
+
+
+def subject_template(text: str) -> DestinationTemplate:
+    """A ``subject_template`` parsed with the NATS token rule (ValueError if it is bad)."""
+    return DestinationTemplate(text, token_problem)
+
+
+def subject_filter(template: DestinationTemplate) -> str:
+    """The NATS subject filter of every subject ``template`` can render (a token with a
+    placeholder becomes ``*``): what the stream must capture."""
+    tokens = template.literal_shape("\0").split(".")
+    return ".".join("*" if "\0" in token else token for token in tokens)
 
 
 def _is_reserved(header: str) -> bool:
