@@ -43,12 +43,12 @@ def _no_dots(value: str) -> str | None:
 @pytest.mark.parametrize(
     ("text", "rendered"),
     [
-        ("${event_type}", "OrderPlaced"),
-        ("${partition_key}/${originator}/${version}/${correlation_id}", "order-1/shop/2/corr"),
-        ("orders.${headers.aggregate_type}", "orders.order"),
-        ("${payload.region}-${payload.qty}-${payload.paid}-${payload.ratio}", "eu-3-true-0.5"),
-        ("${payload.data.shop.id}", "s1"),
-        ("cost $5 $${literal}", "cost $5 ${literal}"),
+        ("{event_type}", "OrderPlaced"),
+        ("{partition_key}/{originator}/{version}/{correlation_id}", "order-1/shop/2/corr"),
+        ("orders.{headers.aggregate_type}", "orders.order"),
+        ("{payload.region}-{payload.qty}-{payload.paid}-{payload.ratio}", "eu-3-true-0.5"),
+        ("{payload.data.shop.id}", "s1"),
+        ("cost $5 {{literal}}", "cost $5 {literal}"),
         ("plain", "plain"),
     ],
 )
@@ -59,11 +59,11 @@ def test_placeholders_are_filled_from_the_event(text: str, rendered: str) -> Non
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("${aggregate_type}", "unknown placeholder ${aggregate_type}"),
-        ("${header.x}", "unknown placeholder ${header.x}"),
-        ("${payload.}", "unknown placeholder ${payload.}"),
-        ("${payload.data..id}", "unknown placeholder ${payload.data..id}"),
-        ("orders.${event_type", "unterminated placeholder"),
+        ("{aggregate_type}", "unknown placeholder {aggregate_type}"),
+        ("{header.x}", "unknown placeholder {header.x}"),
+        ("{payload.}", "unknown placeholder {payload.}"),
+        ("{payload.data..id}", "unknown placeholder {payload.data..id}"),
+        ("orders.{event_type", "unterminated placeholder"),
     ],
 )
 def test_a_bad_placeholder_is_refused_when_the_template_is_parsed(text: str, message: str) -> None:
@@ -74,19 +74,19 @@ def test_a_bad_placeholder_is_refused_when_the_template_is_parsed(text: str, mes
 @pytest.mark.parametrize(
     ("text", "event", "reason"),
     [
-        ("${headers.tenant}", _event(), "the event has no header 'tenant'"),
-        ("${correlation_id}", _event(correlation_id=None), "the event has no correlation_id"),
-        ("${payload.missing}", _event(), "the payload has no field 'missing' (or it is null)"),
-        ("${payload.tags}", _event(), "payload field 'tags' is a JSON list"),
+        ("{headers.tenant}", _event(), "the event has no header 'tenant'"),
+        ("{correlation_id}", _event(correlation_id=None), "the event has no correlation_id"),
+        ("{payload.missing}", _event(), "the payload has no field 'missing' (or it is null)"),
+        ("{payload.tags}", _event(), "payload field 'tags' is a JSON list"),
         (
-            "${payload.data.shop.x}",
+            "{payload.data.shop.x}",
             _event(),
             "the payload has no field 'data.shop.x' (or it is null)",
         ),
-        ("${payload.region.x}", _event(), "the payload has no field 'region.x' (or it is null)"),
-        ("${payload.x}", _event(payload="[1]"), "the payload is a JSON list, not an object"),
-        ("${payload.x}", _event(payload="{bad"), "the payload is not JSON"),
-        ("${headers.aggregate_type}", _event(headers={"aggregate_type": "a.b"}), "holds a dot"),
+        ("{payload.region.x}", _event(), "the payload has no field 'region.x' (or it is null)"),
+        ("{payload.x}", _event(payload="[1]"), "the payload is a JSON list, not an object"),
+        ("{payload.x}", _event(payload="{bad"), "the payload is not JSON"),
+        ("{headers.aggregate_type}", _event(headers={"aggregate_type": "a.b"}), "holds a dot"),
     ],
 )
 def test_a_value_that_cannot_be_used_names_its_placeholder(
@@ -106,7 +106,7 @@ def test_a_template_of_the_event_type_alone_is_rendered_once_per_type() -> None:
         seen.append(value)
         return "a dot" if "." in value else None
 
-    template = DestinationTemplate("t.${event_type}", rule)
+    template = DestinationTemplate("t.{event_type}", rule)
     for _ in range(3):
         assert template.render(_event()) == "t.OrderPlaced"
         with pytest.raises(RenderError, match="a dot"):

@@ -232,7 +232,7 @@ def test_types_come_from_a_template_and_an_event_without_its_header_fails_alone(
         kind="event_server",
         address=server.eventer,
         timeout="3s",
-        type_template=["orders", "${headers.aggregate_type}", "${event_type}"],
+        type_template=["orders", "{headers.aggregate_type}", "{event_type}"],
     )
     target = EventServerTarget("remote", config)
     events = [
@@ -250,7 +250,7 @@ def test_types_come_from_a_template_and_an_event_without_its_header_fails_alone(
     assert results[0] is None and results[2] is None
     assert results[1] == (
         "event server target 'remote': no type for event evt-2 (seq 2): placeholder "
-        "${headers.aggregate_type} of '${headers.aggregate_type}': the event has no header "
+        "{headers.aggregate_type} of '{headers.aggregate_type}': the event has no header "
         "'aggregate_type'"
     )
     assert results[3] == "event server target 'remote': not sent, behind seq 2 of its key"
@@ -265,10 +265,10 @@ def test_types_come_from_a_template_and_an_event_without_its_header_fails_alone(
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ({"type_template": ["orders", "${aggregate_type}"]}, "unknown placeholder"),
+        ({"type_template": ["orders", "{aggregate_type}"]}, "unknown placeholder"),
         ({"type_template": ["orders", "*"]}, "segment '*' is a query wildcard"),
         ({"type_template": []}, "at least one segment"),
-        ({"type_template": ["${event_type}"], "type_prefix": ["t"]}, "not both"),
+        ({"type_template": ["{event_type}"], "type_prefix": ["t"]}, "not both"),
     ],
 )
 def test_a_bad_type_template_is_a_config_error_naming_it(entry: dict, message: str) -> None:

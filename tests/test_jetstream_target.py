@@ -594,7 +594,7 @@ def test_subjects_come_from_a_header_and_a_payload_field(
     make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
 ) -> None:
     stream, prefix = names
-    template = f"{prefix}.${{headers.aggregate_type}}.${{payload.region}}"
+    template = f"{prefix}.{{headers.aggregate_type}}.{{payload.region}}"
     target = make_target(subject_prefix=None, subject_template=template)
     order = event(1, headers={"aggregate_type": "order"}, payload='{"region": "eu", "n": 1}')
     invoice = event(2, headers={"aggregate_type": "invoice"}, payload='{"region": "us"}')
@@ -612,7 +612,7 @@ def test_an_event_whose_placeholder_cannot_be_filled_fails_alone(
     make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
 ) -> None:
     stream, prefix = names
-    target = make_target(subject_prefix=None, subject_template=f"{prefix}.${{headers.kind}}")
+    target = make_target(subject_prefix=None, subject_template=f"{prefix}.{{headers.kind}}")
     first, last = event(1, headers={"kind": "order"}), event(4, headers={"kind": "refund"})
     missing, dotted = event(2), event(3, headers={"kind": "order.v2"})
 
@@ -621,7 +621,7 @@ def test_an_event_whose_placeholder_cannot_be_filled_fails_alone(
     assert results[0] is None and results[3] is None
     assert results[1] == (
         f"jetstream target 'js-test': no subject for event {missing.event_id} (seq 2): "
-        f"placeholder ${{headers.kind}} of '{prefix}.${{headers.kind}}': the event has no "
+        f"placeholder {{headers.kind}} of '{prefix}.{{headers.kind}}': the event has no "
         "header 'kind'"
     )
     assert (
@@ -643,7 +643,7 @@ def test_an_ops_stream_is_checked_against_the_template_subjects(
     ops_stream(stream, [f"{prefix}.*"], window=600)  # one token after the prefix, not two
     target = make_target(
         subject_prefix=None,
-        subject_template=f"{prefix}.${{partition_key}}.${{event_type}}",
+        subject_template=f"{prefix}.{{partition_key}}.{{event_type}}",
         on_mismatch="fail",
     )
 
@@ -667,15 +667,15 @@ def jetstream_config(tmp_path: Path | None = None, **entry: Any) -> Any:
     ("entry", "message"),
     [
         (
-            {"subject_prefix": None, "subject_template": "orders.${aggregate}"},
-            "unknown placeholder ${aggregate}",
+            {"subject_prefix": None, "subject_template": "orders.{aggregate}"},
+            "unknown placeholder {aggregate}",
         ),
-        ({"subject_prefix": None, "subject_template": "orders.${headers.x"}, "unterminated"),
+        ({"subject_prefix": None, "subject_template": "orders.{headers.x"}, "unterminated"),
         (
-            {"subject_prefix": None, "subject_template": "orders.${event_type}.>"},
+            {"subject_prefix": None, "subject_template": "orders.{event_type}.>"},
             "is not a NATS subject",
         ),
-        ({"subject_template": "orders.${event_type}"}, "exactly one of subject_prefix"),
+        ({"subject_template": "orders.{event_type}"}, "exactly one of subject_prefix"),
         ({"subject_prefix": None}, "exactly one of subject_prefix"),
         ({"create_stream": "sometimes"}, "create_stream"),
         ({"on_mismatch": "shrug"}, "on_mismatch"),
@@ -730,7 +730,7 @@ def test_the_relay_fails_only_the_event_without_a_subject(
     target = {
         "kind": "jetstream",
         "stream": stream,
-        "subject_template": f"{prefix}.${{payload.data.region}}",
+        "subject_template": f"{prefix}.{{payload.data.region}}",
         "ack_timeout": "2s",
     }
     config = relay_config(
@@ -748,7 +748,7 @@ def test_the_relay_fails_only_the_event_without_a_subject(
             error = conn.execute(
                 select(outbox_event.c.error_details).where(outbox_event.c.seq == 2)
             ).scalar_one()
-        assert "placeholder ${payload.data.region}" in error
+        assert "placeholder {payload.data.region}" in error
         assert "the payload has no field 'data.region'" in error
         assert [m.subject for m in stream_messages(stream)] == [f"{prefix}.eu", f"{prefix}.us"]
     finally:

@@ -5,15 +5,17 @@ Debezium's outbox router picks a topic per event with ``route.by.field`` and
 wildcard route) can fan 200 event types out to 200 subjects without listing them. A template
 is text with placeholders::
 
-    orders.${headers.aggregate_type}            (a JetStream subject)
-    ["orders", "${payload.region}", "${event_type}"]   (an event-server type, per segment)
+    orders.{headers.aggregate_type}            (a JetStream subject)
+    ["orders", "{payload.region}", "{event_type}"]   (an event-server type, per segment)
 
-Placeholders: ``${event_type}``, ``${partition_key}``, ``${originator}``, ``${version}``,
-``${correlation_id}``, ``${headers.NAME}`` (a custom header, exact name) and
-``${payload.FIELD}`` (a field of the JSON payload as published: a string, a number or a
-boolean; ``FIELD`` may be a dotted path into nested objects, as ``${payload.data.region}``
-under the default CloudEvents envelope, where the service's own payload is ``data``). A
-lone ``$`` is literal; ``$${`` writes a literal ``${``.
+Placeholders: ``{event_type}``, ``{partition_key}``, ``{originator}``, ``{version}``,
+``{correlation_id}``, ``{headers.NAME}`` (a custom header, exact name) and
+``{payload.FIELD}`` (a field of the JSON payload as published: a string, a number or a
+boolean; ``FIELD`` may be a dotted path into nested objects, as ``{payload.data.region}``
+under the default CloudEvents envelope, where the service's own payload is ``data``).
+``{{`` and ``}}`` write literal braces. Braces, not ``${...}``: a configuration file's
+``${NAME}`` is an environment variable (:mod:`tidings.config`), replaced when the file is
+read, and a template must reach the target as written.
 
 A template is parsed when the configuration is validated, so an unknown placeholder is a
 configuration error naming it. Rendering happens per event: a value that is missing, or
@@ -36,7 +38,7 @@ from tidings.events.outbox import OutboxEvent
 
 #: Placeholders that read one attribute of the event (the name is the attribute).
 EVENT_FIELDS = ("event_type", "partition_key", "originator", "version", "correlation_id")
-_PLACEHOLDER = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _QUALIFIED = re.compile(r"^(headers|payload)\.(.+)$")
 #: How many event types' renderings a template that reads only the type keeps.
 _CACHE_LIMIT = 10_000
@@ -58,7 +60,7 @@ class _Field:
 
     @property
     def text(self) -> str:
-        return f"${{{self.name}}}" if self.source == "event" else f"${{{self.source}.{self.name}}}"
+        return f"{{{self.name}}}" if self.source == "event" else f"{{{self.source}.{self.name}}}"
 
 
 def _placeholder(name: str) -> _Field:
@@ -68,8 +70,8 @@ def _placeholder(name: str) -> _Field:
     if (m := _QUALIFIED.match(name)) and not (m.group(1) == "payload" and "" in m[2].split(".")):
         return _Field(m.group(1), m.group(2))
     raise ValueError(
-        f"unknown placeholder ${{{name}}} (use ${{{'}, ${'.join(EVENT_FIELDS)}}}, "
-        "${headers.NAME} or ${payload.FIELD})"
+        f"unknown placeholder {{{name}}} (use {{{'}, {'.join(EVENT_FIELDS)}}}, "
+        "{headers.NAME} or {payload.FIELD})"
     )
 
 
@@ -85,10 +87,13 @@ class DestinationTemplate:
         for m in _PLACEHOLDER.finditer(text):
             parts.append(text[end : m.start()])
             token = m.group(0)
-            if token == "$${":
-                parts.append("${")
+            if token in ("{{", "}}"):
+                parts.append(token[0])
             elif m.group(1) is None:
-                raise ValueError(f"unterminated placeholder in {text!r} (write ${{NAME}})")
+                raise ValueError(
+                    f"unterminated placeholder in {text!r} (write {{NAME}}; {{{{ and }}}} "
+                    "are literal braces)"
+                )
             else:
                 parts.append(_placeholder(m.group(1)))
             end = m.end()

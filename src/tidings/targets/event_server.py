@@ -9,8 +9,8 @@ and closes the connection, which shows up as a clear target error.
 
 An event's type on the server is ``type_prefix`` plus the outbox type, or, with
 ``type_template``, one segment per template segment filled from the event
-(:mod:`tidings.targets.destination`), e.g. ``["orders", "${headers.aggregate_type}",
-"${event_type}"]``. An event whose template cannot be filled fails alone at this target.
+(:mod:`tidings.targets.destination`), e.g. ``["orders", "{headers.aggregate_type}",
+"{event_type}"]``. An event whose template cannot be filled fails alone at this target.
 
 The target is synchronous (Spark tasks call it) while the client is asyncio, so each target
 owns a small event loop in a daemon thread; calls wait on it with the configured timeout.
