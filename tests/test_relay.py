@@ -122,6 +122,35 @@ def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path:
     assert [s for s in order if keys[s] == "b"] == [2, 4]
 
 
+def test_a_stuck_key_does_not_eat_the_replay_limit(spark, tmp_path: Path) -> None:
+    """A key whose FAILED event is past the retry threshold is skipped as a whole: its 30
+    held events would otherwise fill a replay's event limit and the others would starve."""
+    fault = tmp_path / "store.fault"
+    config = relay_config(
+        tmp_path,
+        targets={"store": store_target(tmp_path, fault_file=str(fault))},
+        retry={"backoff": ["1ms"]},
+    )
+    engine = make_engine(config.database.url)
+    outbox = Outbox(engine)
+    fault.write_text("down")
+    _emit(outbox, "Created", "stuck", 31)
+    for key in ("k0", "k1", "k2"):
+        _emit(outbox, "Created", key)
+    start_relay(spark, config, available_now=True).awaitTermination()
+    assert [statuses(engine)[s] for s in (1, 2, 32, 33, 34)] == ["FAILED", "HELD"] + ["FAILED"] * 3
+    with engine.begin() as conn:  # a long history of failed tries, as a month of replays leaves
+        conn.execute(text("UPDATE outbox_event SET retry_count = 50 WHERE seq = 1"))
+    fault.unlink()
+    base = ReplayLimits.from_config(config)
+    limits = ReplayLimits(base.older_than * 0, 20, base.time_limit, event_limit=3)
+    done = run_replay(spark, config, limits=limits)
+    assert (done.events, done.published) == (3, 3)
+    rows = statuses(engine)
+    assert [rows[s] for s in (32, 33, 34)] == ["PUBLISHED"] * 3
+    assert rows[1] == "FAILED" and {rows[s] for s in range(2, 32)} == {"HELD"}
+
+
 @pytest.mark.postgres
 def test_postgres_rows_committed_out_of_order_are_not_skipped(
     spark, tmp_path: Path, pg_url: str

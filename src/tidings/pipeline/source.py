@@ -7,15 +7,19 @@ checkpoint resumes without loss or skip. Rows are split into partitions by
 ``partition_bucket`` so that every event of a key is read, in ``seq`` order, by the same
 task.
 
-Carry-over: while events at or below the offset are still open (HELD behind a failed or
-waiting event, FAILED, waiting for a target that was down), the reader bumps ``carry`` and
-that micro-batch also reads them, before the new rows of the same buckets. So the running
+Carry-over: while events at or below the offset are still open (HELD behind a waiting
+event, waiting for a retry or for a target that was down), the reader bumps ``carry`` and
+that micro-batch also reads them, before the new rows of the same buckets. A FAILED event
+(past its last try) and the later events of its key are not carried: they wait for a
+replay or an operator, and must not crowd out the keys that can move. So the running
 relay resumes held keys itself, in key order, as soon as their targets take events again:
 no scheduled replay is needed for that. Carry-overs come quickly while they make progress
 and back off (up to a few seconds) while nothing moves; a batch needs no new rows to carry.
 
 Batch (``mode=replay``): the open rows (PENDING, HELD, FAILED) older than a threshold, up to
-an event-number limit taken in log order, again partitioned by key bucket.
+an event-number limit taken in log order, again partitioned by key bucket. A key whose
+FAILED event is past the retry-count threshold is left out as a whole (it cannot move until
+an operator acts), so its held events never eat the limit of the keys that can.
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from sqlalchemy import Engine, Select, func, select
+from sqlalchemy import Engine, Select, and_, exists, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from tidings.db import shared_engine
-from tidings.events.outbox import OPEN_STATUSES
+from tidings.events.outbox import OPEN_STATUSES, EventStatus
 from tidings.events.timeutil import utcnow
 from tidings.outbox.schema import batch_log, ensure_schema, outbox_event
 from tidings.pipeline.jobconfig import job_config
@@ -91,6 +95,7 @@ class LogSlice(InputPartition):
     index: int
     count: int
     open_before: float | None = None  # replay: only open rows logged before this epoch time
+    stuck_at: int | None = None  # replay: leave out keys with a FAILED event retried this often
     carry_upto: int | None = None  # carry-over: first the open rows with seq <= this
     carry_limit: int = 0  # ... at most this many of them, oldest first
 
@@ -112,7 +117,7 @@ def read_slice(engine: Engine, part: LogSlice) -> Iterator[pa.RecordBatch]:
         carried = (
             select(*_COLUMNS)
             .where(outbox_event.c.status.in_(_OPEN), outbox_event.c.seq <= part.carry_upto)
-            .where(*bucket)
+            .where(not_stuck(0), *bucket)
             .order_by(outbox_event.c.seq)
             .limit(part.carry_limit)
         )
@@ -121,7 +126,30 @@ def read_slice(engine: Engine, part: LogSlice) -> Iterator[pa.RecordBatch]:
     if part.open_before is not None:
         where.append(outbox_event.c.status.in_(_OPEN))
         where.append(outbox_event.c.logged_at < _epoch_to_datetime(part.open_before))
+    if part.stuck_at is not None:
+        where.append(not_stuck(part.stuck_at))
     yield from _record_batches(engine, select(*_COLUMNS).where(*where).order_by(outbox_event.c.seq))
+
+
+def not_stuck(threshold: int) -> ColumnElement[bool]:
+    """Neither the row nor an earlier event of its key is FAILED with ``threshold`` retries
+    or more (0: FAILED at all, which the relay no longer retries).
+
+    Such an event waits for an operator (resubmit or park) or a replay, and so does every
+    later open event of its key: a run that read them would spend its limit on rows it
+    cannot move. The lookup uses the open-row index (key, seq).
+    """
+    stuck = outbox_event.alias("stuck")
+    failed = outbox_event.c.status == EventStatus.FAILED.value
+    return and_(
+        ~and_(failed, outbox_event.c.retry_count >= threshold),
+        ~exists().where(
+            stuck.c.partition_key == outbox_event.c.partition_key,
+            stuck.c.seq < outbox_event.c.seq,
+            stuck.c.status == EventStatus.FAILED.value,
+            stuck.c.retry_count >= threshold,
+        ),
+    )
 
 
 def _record_batches(engine: Engine, query: Select[Any]) -> Iterator[pa.RecordBatch]:
@@ -243,7 +271,7 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         now = time.monotonic()
         if now < self._next_carry or (self._until is not None and self._carried_once):
             return False
-        query = select(func.count()).where(outbox_event.c.status.in_(_OPEN))
+        query = select(func.count()).where(outbox_event.c.status.in_(_OPEN), not_stuck(0))
         with self.engine.connect() as conn:
             count = conn.execute(query.where(outbox_event.c.seq <= after)).scalar() or 0
         progress = self._open_below is None or count < self._open_below
@@ -284,6 +312,7 @@ class ReplayReader(DataSourceReader):
         older_than = timedelta(seconds=float(self.options.get("older_than_s", "0")))
         self.open_before = (utcnow() - older_than).timestamp()
         self.event_limit = int(self.options.get("event_limit", "0")) or None
+        self.stuck_at = int(self.options.get("retry_threshold") or 0) or None
 
     def partitions(self) -> list[LogSlice]:
         engine = shared_engine(self.url)
@@ -297,6 +326,8 @@ class ReplayReader(DataSourceReader):
             outbox_event.c.logged_at < cutoff,
             outbox_event.c.seq <= upto,
         )
+        if self.stuck_at is not None:
+            base = base.where(not_stuck(self.stuck_at))
         if self.event_limit is not None:
             with engine.connect() as conn:
                 nth = conn.execute(
@@ -304,7 +335,7 @@ class ReplayReader(DataSourceReader):
                 ).scalar()
             upto = nth if nth is not None else upto
         n = self.partition_count
-        return [LogSlice(0, upto, i, n, self.open_before) for i in range(n)]
+        return [LogSlice(0, upto, i, n, self.open_before, self.stuck_at) for i in range(n)]
 
     def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
         yield from read_slice(shared_engine(self.url), partition)
