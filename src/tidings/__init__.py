@@ -29,6 +29,7 @@ from tidings.errors import (
     ConnectionClosed,
     EmitError,
     EngineError,
+    HousekeepingError,
     ModuleLoadError,
     ProtocolError,
     RelayError,
@@ -59,13 +60,17 @@ if TYPE_CHECKING:  # the names _LAZY resolves, for type checkers and editors
     from tidings.config import OutboxConfig, TidingsConfig, load_config, load_config_file
     from tidings.db import make_engine
     from tidings.outbox.envelope import EventDraft, json_default
+    from tidings.outbox.incomplete import EventFilter, IncompleteEvents
     from tidings.outbox.producer import Outbox, OutboxTransaction
     from tidings.server.store import EventStore
-    from tidings.targets.routed import outbox_from_config
+    from tidings.targets.routed import incomplete_events_from_config, outbox_from_config
 
 #: Each name exported on first use, and the module that defines it.
 _LAZY = {
     "EventDraft": "tidings.outbox.envelope",
+    "EventFilter": "tidings.outbox.incomplete",
+    "IncompleteEvents": "tidings.outbox.incomplete",
+    "incomplete_events_from_config": "tidings.targets.routed",
     "EventStore": "tidings.server.store",
     "Outbox": "tidings.outbox.producer",
     "OutboxConfig": "tidings.config",
@@ -87,10 +92,13 @@ __all__ = [
     "EmitError",
     "EngineError",
     "EventDraft",
+    "EventFilter",
     "EventId",
     "EventStatus",
     "EventStore",
     "EventType",
+    "HousekeepingError",
+    "IncompleteEvents",
     "ModuleLoadError",
     "NewEvent",
     "Outbox",
@@ -114,6 +122,7 @@ __all__ = [
     "TidingsError",
     "TransactionDoomed",
     "UsageError",
+    "incomplete_events_from_config",
     "json_default",
     "load_config",
     "load_config_file",

@@ -73,6 +73,11 @@ class RelayError(TidingsError):
     """The relay pipeline could not start or run."""
 
 
+class HousekeepingError(TidingsError):
+    """An archive step failed (e.g. a staged chunk could not be moved in); nothing was lost:
+    the next run settles the chunk by what the database says."""
+
+
 class ProtocolError(TidingsError):
     """A peer sent bytes that are not a valid message of the protocol; the link is closed."""
 

@@ -41,15 +41,9 @@ AgeOption = Annotated[
 
 
 def _incomplete(config: Path | None) -> IncompleteEvents:
-    from tidings.db import make_engine
-    from tidings.outbox.incomplete import IncompleteEvents
-    from tidings.outbox.schema import ensure_schema
-    from tidings.routing.table import current_routes
+    from tidings.targets.routed import incomplete_events_from_config
 
-    cfg = load_or_exit(config)
-    engine = make_engine(cfg.database.url)
-    ensure_schema(engine)
-    return IncompleteEvents(engine, current_routes(cfg, engine).targets_for)
+    return incomplete_events_from_config(load_or_exit(config))
 
 
 def _filter(

@@ -7,10 +7,14 @@ are always there for support queries.
 
 The rows are handled in chunks in log (``seq``) order, so a million of them never sit in
 memory at once. In ``archive`` mode a chunk is written to Parquet through Spark,
-partitioned by ``day`` (of ``logged_at``, UTC) and ``event_type``, and only after that
-write succeeded are exactly its rows deleted, attributes first, in one transaction. A crash
-between the two leaves the rows in place and the next run archives them again: the archive
-may hold an event twice (deduplicate by ``event_id``), it never lacks one that was deleted.
+partitioned by ``day`` (of ``logged_at``, UTC) and ``event_type``, into a staging directory
+of its own (``_staging/chunk-<first seq>-<last seq>``, which readers of the archive skip
+like every ``_`` path); only after that write succeeded are exactly its rows deleted,
+attributes first, in one transaction; then its files are moved into the archive. A run
+first settles what a crashed one staged, by the database's word: a chunk whose rows are
+still in the log was never deleted and is dropped (its rows are archived again), one whose
+rows are gone is moved in. So the archive holds every deleted event exactly once, whatever
+step a crash interrupted.
 Readers of the archive should turn off Spark's partition type inference
 (``spark.sql.sources.partitionColumnTypeInference.enabled=false``) if event types can look
 like numbers.
@@ -38,7 +42,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
-from tidings.errors import UsageError
+from tidings.errors import HousekeepingError, UsageError
 from tidings.events.outbox import EventStatus
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.producer import Outbox
@@ -48,6 +52,9 @@ log = logging.getLogger(__name__)
 
 DELETION_EVENT = "OutboxDeletionCompleted"
 CHUNK_SIZE = 100_000
+#: Where a chunk is written before its rows are deleted (Spark and readers skip ``_`` paths).
+STAGING_DIR = "_staging"
+_CHECK_ROWS = 1_000  # a staged chunk's rows went in one transaction: a sample tells
 _PUBLISHED = EventStatus.PUBLISHED.value
 _ARROW_TYPES: dict[type, pa.DataType] = {
     int: pa.int64(),
@@ -177,6 +184,7 @@ def run_housekeeping(
     if archive_path is None:
         step: ChunkStep = partial(_delete_chunk, engine, selection)
     else:
+        _settle_staged(spark, engine, archive_path)
         step = partial(_archive_chunk, spark, engine, selection, archive_path)
     tally = _Tally()
     try:
@@ -289,10 +297,64 @@ def _archive_chunk(
         attributes = _attributes(conn, selection, rows[0].seq, rows[-1].seq) if rows else {}
     if not rows:
         return None
-    _write_parquet(spark, _archive_table(rows, attributes), path)
-    return _finish_chunk(
+    staged = f"{path}/{STAGING_DIR}/chunk-{rows[0].seq}-{rows[-1].seq}"
+    _write_parquet(spark, _archive_table(rows, attributes), staged)
+    outcome = _finish_chunk(
         engine, [r.seq for r in rows], [r.logged_at for r in rows], archived=len(rows)
     )
+    _move_into_archive(spark, staged, path)
+    return outcome
+
+
+def _settle_staged(spark: SparkSession, engine: Engine, path: str) -> None:
+    """Finish or drop the chunks a crashed run left in the staging directory."""
+    fs, staging = _filesystem(spark, f"{path}/{STAGING_DIR}")
+    if not fs.exists(staging):
+        return
+    for status in fs.listStatus(staging):
+        staged = status.getPath().toString()
+        seqs = [row.seq for row in spark.read.parquet(staged).select("seq").collect()]
+        with engine.connect() as conn:
+            left = conn.execute(
+                select(func.count()).where(outbox_event.c.seq.in_(seqs[:_CHECK_ROWS]))
+            ).scalar_one()
+        if left or not seqs:
+            log.warning(
+                "dropping a staged chunk whose rows were not deleted", extra={"path": staged}
+            )
+            fs.delete(status.getPath(), True)
+        else:
+            log.warning("moving in a staged chunk whose rows were deleted", extra={"path": staged})
+            _move_into_archive(spark, staged, path)
+
+
+def _move_into_archive(spark: SparkSession, staged: str, path: str) -> None:
+    """Move a staged chunk's files to their partition directories in the archive, named
+    after the chunk, then remove the staging directory. Safe to repeat after a crash: a
+    moved file is no longer in the staging directory."""
+    fs, source = _filesystem(spark, staged)
+    chunk = source.getName()
+    files = fs.listFiles(source, True)
+    jvm = spark.sparkContext._jvm
+    while files.hasNext():
+        status = files.next()
+        name = status.getPath().getName()
+        if not name.endswith(".parquet"):
+            continue
+        partition = status.getPath().getParent().toString()[len(source.toString()) :]
+        target = jvm.org.apache.hadoop.fs.Path(f"{path}{partition}/{chunk}-{name}")
+        fs.mkdirs(target.getParent())
+        if not fs.rename(status.getPath(), target):
+            raise HousekeepingError(f"could not move {status.getPath()} to {target}")
+    fs.delete(source, True)
+
+
+def _filesystem(spark: SparkSession, location: str) -> tuple[Any, Any]:
+    """The Hadoop file system of ``location`` (local, HDFS, S3A ...) and its path object."""
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(location)
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    return hadoop_path.getFileSystem(conf), hadoop_path
 
 
 def _attributes(conn: Connection, selection: _Selection, first: int, last: int) -> dict[str, str]:
@@ -330,9 +392,10 @@ def _arrow_column(values: Sequence[Any], field: pa.Field) -> pa.Array:
 
 
 def _write_parquet(spark: SparkSession, table: pa.Table, path: str) -> None:
-    """Append the chunk; one file per (day, event type) rather than one per Arrow batch."""
+    """Write the chunk (again, if a crashed run staged it); one file per (day, event type)
+    rather than one per Arrow batch."""
     frame = spark.createDataFrame(table).repartition("day", "event_type")
-    frame.write.mode("append").partitionBy("day", "event_type").parquet(path)
+    frame.write.mode("overwrite").partitionBy("day", "event_type").parquet(path)
 
 
 def _finish_chunk(

@@ -1,4 +1,5 @@
-"""The producer's view of the targets: emit-time refusals and excluded events.
+"""The producer's view of the targets: emit-time refusals, excluded events, and the
+incomplete events with the targets each is owed (:func:`incomplete_events_from_config`).
 
 An outbox built from a configuration (:func:`outbox_from_config`) knows where each event
 type is routed. It uses that
@@ -27,6 +28,7 @@ from sqlalchemy import Engine
 from tidings.config import TidingsConfig
 from tidings.db import make_engine
 from tidings.events.outbox import OutboxEvent
+from tidings.outbox.incomplete import IncompleteEvents
 from tidings.outbox.producer import Outbox
 from tidings.routing.table import Routes, current_routes
 from tidings.targets.base import Target
@@ -55,6 +57,18 @@ def outbox_from_config(config: TidingsConfig, engine: Engine | None = None, **ho
     hooks.setdefault("direct_publisher", targets.publish)
     hooks.setdefault("target_check", targets.refusal)
     return Outbox(engine, config.outbox, **hooks)
+
+
+def incomplete_events_from_config(
+    config: TidingsConfig, engine: Engine | None = None
+) -> IncompleteEvents:
+    """The incomplete events of ``config.database`` (or ``engine``), each with the targets
+    the routes in force owe it (re-read at most every second), as Spring Modulith's
+    ``IncompleteEventPublications``: find, resubmit, park, unpark."""
+    if engine is None:
+        engine = make_engine(config.database.url)
+    routed = RoutedTargets(config, engine)
+    return IncompleteEvents(engine, lambda event_type: routed.routes().targets_for(event_type))
 
 
 class RoutedTargets:
