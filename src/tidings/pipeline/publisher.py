@@ -105,6 +105,8 @@ class Publisher:
                 )
                 self._dirty.append(item)
                 summary.unroutable += 1
+                etype = item.event.event_type
+                summary.unroutable_types[etype] = summary.unroutable_types.get(etype, 0) + 1
                 continue
             work.append(item)
             todo = {name for name in routed if not item.confirmed_at(name)}
@@ -255,6 +257,7 @@ class Publisher:
             if item.changed:
                 summary.failed += 1
                 summary.errors = [*summary.errors, f"seq {item.event.seq}: {failures}"][-20:]
+                _count(summary.failed_at, failures, item.event.event_type)
         elif waits:
             reason = "; ".join(f"{name}: {why}" for name, why in sorted(waits.items()))
             item.settle(EventStatus.HELD, reason)
@@ -267,9 +270,11 @@ class Publisher:
             item.published_at = now
             item.settle(EventStatus.PUBLISHED)
             summary.published += 1
+            _count(summary.published_to, routed, item.event.event_type)
             if len(summary.latencies_ms) < LATENCY_SAMPLES * 4:
                 delay = (now - as_utc(item.event.logged_at)).total_seconds() * 1000
                 summary.latencies_ms.append(round(delay, 3))
+                summary.latency_types.append(item.event.event_type)
         if item.changed:
             self._dirty.append(item)
 
@@ -282,3 +287,10 @@ class Publisher:
 
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def _count(into: dict[str, dict[str, int]], targets: Iterable[str], event_type: str) -> None:
+    """One more event of ``event_type`` at each of ``targets``."""
+    for name in targets:
+        by_type = into.setdefault(name, {})
+        by_type[event_type] = by_type.get(event_type, 0) + 1
