@@ -5,13 +5,17 @@ report, and served on the configured address only."""
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
+from helpers import relay_config, write_config
 from processes import free_port
+from tidings.cli import app
 from tidings.config import load_config
 from tidings.db import make_engine
 from tidings.errors import ConfigError
@@ -148,3 +152,20 @@ def test_metrics_config_is_checked() -> None:
         load_config({"metrics": {"max_event_types": 0}})
     with pytest.raises(ConfigError, match=r"metrics\.port"):
         load_config({"metrics": {"port": 70000}})
+
+
+def test_relay_refuses_a_metrics_port_it_cannot_bind(tmp_path: Path) -> None:
+    """One line and exit 2, before Spark starts (the port is held by a real socket)."""
+    path = write_config(relay_config(tmp_path), tmp_path / "tidings.yaml")
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        result = CliRunner().invoke(
+            app, ["relay", "-c", str(path), "--metrics-port", str(port), "--once"]
+        )
+    assert result.exit_code == 2
+    assert (
+        result.output.strip()
+        == f"error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    )

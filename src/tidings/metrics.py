@@ -196,7 +196,7 @@ class BatchLogFollower:
         metrics: RelayMetrics | None = None,
         routes: Callable[[], Routes] | None = None,
         *,
-        refresh_every: float = 2.0,
+        refresh_every: float = 5.0,
         job: str | None = None,
     ) -> None:
         self.engine = engine

@@ -124,7 +124,7 @@ def relay(
     except TidingsError as exc:
         err.print(f"relay failed: {exc}", markup=False)
         raise typer.Exit(1) from None
-    follower.poll(refresh=True)
+    follower.poll()  # what the last batches logged
     what = "relay --once" if once else "relay stopped"
     console.print(
         f"{what}: {run_summary(follower.total, time.monotonic() - started)}",
