@@ -22,7 +22,7 @@ from sqlalchemy import Engine, func, select, text
 
 from tidings.events.outbox import OPEN_STATUSES, EventStatus
 from tidings.events.timeutil import as_utc, utcnow
-from tidings.outbox.schema import batch_log, ensure_schema, outbox_event
+from tidings.outbox.schema import OPEN_ROW, batch_log, ensure_schema, outbox_event
 from tidings.routing.table import Routes
 
 _SCAN = 20_000
@@ -93,7 +93,7 @@ _KEYS_BEHIND_FAILED = text(
     "SELECT count(DISTINCT f.partition_key) FROM outbox_event f "
     "WHERE f.status = 'FAILED' AND f.partition_key IS NOT NULL AND EXISTS ("
     "SELECT 1 FROM outbox_event WHERE outbox_event.partition_key = f.partition_key "
-    "AND outbox_event.seq > f.seq AND status IN ('PENDING', 'HELD', 'FAILED'))"
+    f"AND outbox_event.seq > f.seq AND {OPEN_ROW.text})"
 )
 
 
