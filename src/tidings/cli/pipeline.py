@@ -274,7 +274,7 @@ def status(
 
 
 def _print_status(report: HealthReport) -> None:
-    table = Table(title="events per status (PUBLISHED not counted)")
+    table = Table(title="not published, per status")
     for col in ("status", "events", "oldest"):
         table.add_column(col, justify="right" if col != "status" else "left")
     for name, count in sorted(report.counts.items()):
@@ -287,7 +287,7 @@ def _print_status(report: HealthReport) -> None:
         targets.add_row(name, str(f.pending), str(f.held), str(f.failed), str(f.parked))
     console.print(targets)
     if report.unroutable_by_type:
-        types = Table(title="unroutable events per type")
+        types = Table(title="unroutable, per type")
         types.add_column("event type")
         types.add_column("events", justify="right")
         for etype, count in sorted(report.unroutable_by_type.items()):
