@@ -327,6 +327,10 @@ class MetricsConfig(StrictModel):
     """Prometheus metrics; ``port`` None means no HTTP endpoint is started."""
 
     port: int | None = Field(default=None, gt=0, lt=65536)
+    #: The interface /metrics listens on; 0.0.0.0 exposes it on every interface.
+    address: str = Field(default="127.0.0.1", min_length=1)
+    #: Distinct ``event_type`` label values kept; later types are counted as "other".
+    max_event_types: int = Field(default=100, gt=0)
 
 
 class TidingsConfig(StrictModel):

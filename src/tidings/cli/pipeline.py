@@ -3,12 +3,15 @@ routes."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
+from sqlalchemy.exc import SQLAlchemyError
 
 from tidings.cli.common import (
     ConfigOption,
@@ -19,7 +22,11 @@ from tidings.cli.common import (
     routes_app,
     seconds_option,
 )
+from tidings.cli.relay_progress import RelayProgress, run_summary, stop_on_signals
 from tidings.errors import TidingsError
+
+if TYPE_CHECKING:
+    from tidings.status import HealthReport
 
 
 @app.command()
@@ -69,38 +76,70 @@ def relay(
     metrics_port: Annotated[
         int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics.")
     ] = None,
+    metrics_address: Annotated[
+        str | None, typer.Option(help="Interface for /metrics (default metrics.address).")
+    ] = None,
 ) -> None:
-    """Run the relay pipeline on Spark until interrupted (or once with --once)."""
+    """Run the relay pipeline on Spark until interrupted (or once with --once).
+
+    SIGINT (Ctrl-C) and SIGTERM stop it cleanly: the query stops, a summary line is
+    printed and the exit code is 0.
+    """
     from tidings.db import shared_engine
-    from tidings.metrics import BatchLogFollower, MetricsListener, serve_metrics
+    from tidings.metrics import BatchLogFollower, RelayMetrics, serve_metrics
     from tidings.outbox.schema import ensure_schema
     from tidings.pipeline.relay import run_relay
     from tidings.pipeline.spark import spark_session
+    from tidings.routing.table import current_routes
 
     cfg = load_or_exit(config)
-    port = metrics_port or cfg.metrics.port
-    if port:
-        serve_metrics(port)
-    spark = spark_session(cfg.relay, app_name="tidings-relay")
     engine = shared_engine(cfg.database.url)
-    ensure_schema(engine)
-    spark.streams.addListener(MetricsListener(BatchLogFollower(engine)))
-    console.print("relay running; Ctrl-C stops it" if not once else "relay draining the log ...")
+    metrics = RelayMetrics(cfg.metrics.max_event_types)
     try:
-        run_relay(
-            spark,
-            cfg,
-            str(config) if config else None,
-            once=once,
-            on_replay=lambda s: console.print(
-                f"replay: {s.published} published, {s.failed} failed, {s.held} held"
-            ),
-        )
-    except KeyboardInterrupt:
-        console.print("relay stopped")
+        ensure_schema(engine)
+        port = metrics_port or cfg.metrics.port
+        if port:
+            serve_metrics(metrics.registry, port, metrics_address or cfg.metrics.address)
+    except (TidingsError, SQLAlchemyError) as exc:
+        err.print(f"error: {_one_line(exc)}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    follower = BatchLogFollower(engine, metrics, lambda: current_routes(cfg, engine))
+    spark = spark_session(cfg.relay, app_name="tidings-relay")
+    console.print("relay running; Ctrl-C stops it" if not once else "relay draining the log ...")
+    started = time.monotonic()
+    progress = RelayProgress(follower, started)
+    try:
+        with stop_on_signals() as stop, progress:
+            run_relay(
+                spark,
+                cfg,
+                str(config) if config else None,
+                once=once,
+                stop=stop,
+                on_replay=lambda s: console.print(
+                    f"replay: {s.published} published, {s.failed} failed, {s.held} held"
+                ),
+                on_tick=progress.tick,
+            )
     except TidingsError as exc:
         err.print(f"relay failed: {exc}", markup=False)
         raise typer.Exit(1) from None
+    follower.poll()  # what the last batches logged
+    what = "relay --once" if once else "relay stopped"
+    console.print(
+        f"{what}: {run_summary(follower.total, time.monotonic() - started)}",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line: a database driver's own message (psycopg's
+    spans lines) without SQLAlchemy's SQL and background link."""
+    orig = getattr(exc, "orig", None)
+    if orig is None:
+        return (str(exc).splitlines() or [type(exc).__name__])[0]
+    return " ".join(str(orig).split())
 
 
 @app.command()
@@ -177,35 +216,97 @@ def housekeep(
 
 
 @app.command()
-def status(config: ConfigOption = None) -> None:
-    """Counts per status and per target, the oldest open event's age, the last errors."""
+def status(
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Health check: exit 1 and name each problem.")
+    ] = False,
+    errors: Annotated[int, typer.Option(min=0, help="How many last errors to show.")] = 10,
+    max_lag: Annotated[
+        int | None, typer.Option(min=0, help="--check: most events the relay may lag.")
+    ] = None,
+    max_lag_seconds: Annotated[
+        str | None, typer.Option(help="--check: oldest event not yet relayed, e.g. 5m.")
+    ] = "5m",
+    max_batch_age: Annotated[
+        str | None,
+        typer.Option(
+            help="--check: longest time without a relay batch while events wait, e.g. 5m."
+        ),
+    ] = "5m",
+) -> None:
+    """Events per status and per target, relay lag, last batch, the last errors.
+
+    Reads only indexed, bounded parts of the log (never every row). With --check: exit 0
+    when healthy, 1 with one line per problem (FAILED or PARKED events, lag or batch age
+    over the thresholds), 2 when the configuration or database cannot be read.
+    """
     from tidings.db import make_engine
-    from tidings.status import status_report
+    from tidings.routing.table import current_routes
+    from tidings.status import health_problems, health_report
 
     cfg = load_or_exit(config)
+    lag_s = seconds_option(max_lag_seconds, "--max-lag-seconds")
+    batch_s = seconds_option(max_batch_age, "--max-batch-age")
+    engine = make_engine(cfg.database.url)
     try:
-        report = status_report(make_engine(cfg.database.url))
-    except TidingsError as exc:
-        err.print(f"error: {exc}", markup=False)
+        report = health_report(engine, current_routes(cfg, engine), errors=errors)
+    except (TidingsError, SQLAlchemyError) as exc:
+        err.print(f"error: {_one_line(exc)}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    table = Table(title="events per status")
-    table.add_column("status")
-    table.add_column("events", justify="right")
-    for name, count in sorted(report.by_status.items()):
-        table.add_row(name, str(count))
+    finally:
+        engine.dispose()
+    if as_json:
+        typer.echo(json.dumps(report.as_json(), indent=2))  # plain: rich would wrap
+    elif not check:
+        _print_status(report)
+    if check:
+        problems = health_problems(
+            report, max_lag=max_lag, max_lag_seconds=lag_s, max_batch_age_seconds=batch_s
+        )
+        for problem in problems:
+            console.print(problem, markup=False, soft_wrap=True)
+        if problems:
+            raise typer.Exit(1)
+        if not as_json:
+            console.print("healthy")
+
+
+def _print_status(report: HealthReport) -> None:
+    table = Table(title="not published, per status")
+    for col in ("status", "events", "oldest"):
+        table.add_column(col, justify="right" if col != "status" else "left")
+    for name, count in sorted(report.counts.items()):
+        table.add_row(name, str(count), f"{report.oldest_age_seconds.get(name, 0):.1f} s")
     console.print(table)
-    targets = Table(title="deliveries per target")
-    for col in ("target", "confirmed", "failed"):
-        targets.add_column(col)
-    for name, counts in sorted(report.by_target.items()):
-        targets.add_row(name, str(counts.get("confirmed", 0)), str(counts.get("failed", 0)))
+    targets = Table(title="events not yet confirmed, per target")
+    for col in ("target", "pending", "held", "failed", "parked"):
+        targets.add_column(col, justify="right" if col != "target" else "left")
+    for name, f in sorted(report.targets.items()):
+        targets.add_row(name, str(f.pending), str(f.held), str(f.failed), str(f.parked))
     console.print(targets)
-    age = report.oldest_open_age
+    if report.unroutable_by_type:
+        types = Table(title="unroutable, per type")
+        types.add_column("event type")
+        types.add_column("events", justify="right")
+        for etype, count in sorted(report.unroutable_by_type.items()):
+            types.add_row(Text(etype), str(count))
+        console.print(types)
+    batch = report.last_batch_age_seconds
     console.print(
-        f"oldest open event: {age.total_seconds():.1f} s old" if age else "no open events"
+        f"relay: newest seq {report.newest_seq}, relayed up to {report.relayed_seq}, "
+        f"lag {report.lag_events} events ({report.lag_seconds:.1f} s); last batch "
+        + (f"{batch:.1f} s ago" if batch is not None else "never"),
+        markup=False,
     )
-    for seq, etype, error in report.last_errors:
-        console.print(f"seq {seq} {etype}: {error}", markup=False, style="red")
+    console.print(f"keys held behind a FAILED event: {report.keys_held_behind_failed}")
+    age = report.oldest_open_age_seconds
+    console.print(f"oldest open event: {age:.1f} s old" if age is not None else "no open events")
+    for e in report.last_errors:
+        console.print(
+            f"seq {e.seq} {e.event_type} ({e.updated_at}): {e.error}", markup=False, style="red"
+        )
 
 
 @routes_app.command("list")

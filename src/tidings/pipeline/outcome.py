@@ -75,18 +75,41 @@ class Summary:
     max_seq: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: Per target, per event type: events that became PUBLISHED (counted at each routed
+    #: target) and events that became FAILED at that target. The metrics' labels.
+    published_to: dict[str, dict[str, int]] = field(default_factory=dict)
+    failed_at: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Event type -> events found UNROUTABLE.
+    unroutable_types: dict[str, int] = field(default_factory=dict)
+    #: The event type of each ``latencies_ms`` sample, in the same order.
+    latency_types: list[str] = field(default_factory=list)
 
     def merge(self, other: Summary) -> None:
         for name in ("events", "published", "failed", "held", "unroutable", "skipped", "retries"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_seq = max(self.max_seq, other.max_seq)
         self.latencies_ms.extend(other.latencies_ms)
+        self.latency_types.extend(other.latency_types)
         self.errors = (self.errors + other.errors)[-20:]
+        for mine, theirs in (
+            (self.published_to, other.published_to),
+            (self.failed_at, other.failed_at),
+        ):
+            for target, by_type in theirs.items():
+                add_counts(mine.setdefault(target, {}), by_type)
+        add_counts(self.unroutable_types, other.unroutable_types)
 
     def as_dict(self) -> dict[str, object]:
         data = {k: getattr(self, k) for k in self.__dataclass_fields__}
         data["latencies_ms"] = self.latencies_ms[:LATENCY_SAMPLES]
+        data["latency_types"] = self.latency_types[:LATENCY_SAMPLES]
         return data
+
+
+def add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
+    """Add ``counts`` to ``into``, key by key."""
+    for key, count in counts.items():
+        into[key] = into.get(key, 0) + count
 
 
 def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_published: bool) -> None:

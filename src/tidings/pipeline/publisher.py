@@ -112,6 +112,8 @@ class Publisher:
                 )
                 self._dirty.append(item)
                 summary.unroutable += 1
+                etype = item.event.event_type
+                summary.unroutable_types[etype] = summary.unroutable_types.get(etype, 0) + 1
                 continue
             work.append(item)
             todo = {name for name in routed if not item.confirmed_at(name)}
@@ -296,6 +298,7 @@ class Publisher:
             if item.changed:
                 summary.failed += 1
                 summary.errors = [*summary.errors, f"seq {item.event.seq}: {failures}"][-20:]
+                _count(summary.failed_at, failures, item.event.event_type)
         elif retrying:
             item.settle(EventStatus.PENDING, self._retry_reason(retrying, waits))
         elif waits:
@@ -310,9 +313,11 @@ class Publisher:
             item.published_at = now
             item.settle(EventStatus.PUBLISHED)
             summary.published += 1
+            _count(summary.published_to, routed, item.event.event_type)
             if len(summary.latencies_ms) < LATENCY_SAMPLES * 4:
                 delay = (now - as_utc(item.event.logged_at)).total_seconds() * 1000
                 summary.latencies_ms.append(round(delay, 3))
+                summary.latency_types.append(item.event.event_type)
         if item.changed:
             self._dirty.append(item)
 
@@ -338,3 +343,10 @@ class Publisher:
 
 def _clock_time(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def _count(into: dict[str, dict[str, int]], targets: Iterable[str], event_type: str) -> None:
+    """One more event of ``event_type`` at each of ``targets``."""
+    for name in targets:
+        by_type = into.setdefault(name, {})
+        by_type[event_type] = by_type.get(event_type, 0) + 1

@@ -20,6 +20,8 @@ from tidings.pipeline.outcome import Summary
 from tidings.pipeline.spark import activate
 
 log = logging.getLogger(__name__)
+#: How long a stop request waits for the batch in flight to commit.
+STOP_GRACE_S = 30.0
 
 
 def start_relay(
@@ -52,6 +54,14 @@ def start_relay(
     return query
 
 
+def _wait_between_batches(query: StreamingQuery, timeout: float) -> None:
+    """Wait until ``query`` runs no trigger (or ``timeout`` passed): stopping it then
+    interrupts no batch between its publishing and its commit."""
+    deadline = time.monotonic() + timeout
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def run_relay(
     spark: SparkSession,
     config: TidingsConfig,
@@ -60,6 +70,7 @@ def run_relay(
     once: bool = False,
     stop: threading.Event | None = None,
     on_replay: Callable[[Summary], None] | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> None:
     """Run the relay until ``stop`` is set (or, with ``once``, until the log is drained).
 
@@ -67,6 +78,14 @@ def run_relay(
     after growing pauses (carry-over, :mod:`tidings.pipeline.source`). If
     ``relay.replay_every`` is set, the replay job also runs on that schedule in the same
     Spark session and retries FAILED events at once, pause or not.
+
+    ``on_tick`` is called from this loop about twice a second and once after the query
+    stopped: the driver's own thread, where following the batch log for metrics and progress
+    is safe (a Spark listener called back through Py4J fails while the session shuts down).
+    Setting ``stop`` (the CLI does on SIGINT and SIGTERM) stops the query between two
+    batches, with no exception: the batch in flight may finish and commit first (for up to
+    :data:`STOP_GRACE_S`); a batch stopped before its commit is taken again by the next run
+    and its events are not sent twice to a target that deduplicates.
     """
     from tidings.pipeline.replay import run_replay
 
@@ -77,6 +96,8 @@ def run_relay(
     try:
         while query.isActive and not (stop is not None and stop.is_set()):
             query.awaitTermination(0.5)
+            if on_tick is not None:
+                on_tick()
             if next_replay is not None and time.monotonic() >= next_replay:
                 try:
                     summary = run_replay(spark, config, config_path)
@@ -86,7 +107,11 @@ def run_relay(
                     if on_replay is not None and summary.events:
                         on_replay(summary)
                 next_replay = time.monotonic() + period
+        if query.isActive:  # asked to stop: let the batch in flight commit first
+            _wait_between_batches(query, STOP_GRACE_S)
     finally:
         query.stop()
+    if on_tick is not None:
+        on_tick()
     if query.exception() is not None:
         raise RelayError(f"the relay query failed: {query.exception()}")

@@ -91,6 +91,14 @@ class SyncerPeerConfig(StrictModel):
     syncer_token: str | None = None
 
 
+class MetricsEndpointConfig(StrictModel):
+    """tidings: serve Prometheus metrics at ``http://<address>:<port>/metrics``."""
+
+    port: int = Field(ge=1, le=65535)
+    #: 127.0.0.1 by default: metrics are not exposed beyond the host unless asked for.
+    address: str = Field(default="127.0.0.1", min_length=1)
+
+
 class ServerConfig(StrictModel):
     """The whole ``tidings server`` configuration."""
 
@@ -104,6 +112,8 @@ class ServerConfig(StrictModel):
     syncer_server: SyncerServerConfig | None = None
     syncer_token: str | None = None
     syncer_peers: list[SyncerPeerConfig] = Field(default_factory=list)
+    #: tidings: the server's own metrics endpoint (absent: none).
+    metrics: MetricsEndpointConfig | None = None
     #: Directory relative paths are resolved against (the configuration file's).
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
 

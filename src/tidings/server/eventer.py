@@ -49,6 +49,7 @@ from tidings.server.config import (
     require_positive_ints,
 )
 from tidings.server.eventer_register import Registrations
+from tidings.server.metrics import EventerCounters
 from tidings.server.notify import Notifier
 from tidings.server.query_reply import EMPTY_REPLY, is_bulk, plan_reply, stream_body
 from tidings.wire import chatter, chatter_server, codec
@@ -88,6 +89,8 @@ class EventerServer:
         #: A streamed reply of which the client takes nothing for this long closes it.
         self._stall_seconds = stall_seconds
         self._clients: set[_Client] = set()
+        #: What it served, for the server's metrics (:mod:`tidings.server.metrics`).
+        self.counters = EventerCounters()
         self._closing = False
         self._closed = asyncio.Event()
         self._server: chatter_server.Server | None = None
@@ -229,9 +232,11 @@ class EventerServer:
             client.connection.close(f"invalid subscription: {exc}")
 
     async def _on_register(self, client: _Client, message: chatter.Message) -> None:
+        self.counters.register_requests += 1
         await client.registrations.register(message, outbox=False)
 
     async def _on_register_outbox(self, client: _Client, message: chatter.Message) -> None:
+        self.counters.register_requests += 1
         await client.registrations.register(message, outbox=True)
 
     async def _on_query(self, client: _Client, message: chatter.Message) -> None:
@@ -243,6 +248,7 @@ class EventerServer:
         request waits until the reply is sent.
         """
         await client.registrations.wait()
+        self.counters.queries += 1
         connection = client.connection
         try:
             query = codec.query_from_sbs(message.data)
@@ -315,6 +321,7 @@ class EventerServer:
         if self._keeps_up(connection):
             with contextlib.suppress(ConnectionClosed):
                 connection.send_encoded(codec.EVENTER, "MsgNotify", body, last=True)
+                self.counters.notifications += 1
 
     def _keeps_up(self, connection: chatter.Connection) -> bool:
         """Whether the client reads enough to be sent more; if not, it is dropped (see

@@ -26,6 +26,7 @@ from tidings.server.backends import open_backend
 from tidings.server.config import ServerConfig
 from tidings.server.engine import Engine
 from tidings.server.eventer import EventerServer
+from tidings.server.metrics import MetricsEndpoint
 from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
 from tidings.server.syncer.server import SyncerServer
@@ -46,6 +47,7 @@ class RunningServer:
     eventer: EventerServer
     syncer: SyncerServer | None = None
     peers: list[SyncerClient] = field(default_factory=list)
+    metrics: MetricsEndpoint | None = None
 
     @classmethod
     async def start(cls, config: ServerConfig) -> RunningServer:
@@ -78,6 +80,11 @@ class RunningServer:
                 await client.start()
                 undo.push_async_callback(client.aclose)
                 running.peers.append(client)
+            if config.metrics is not None:
+                running.metrics = MetricsEndpoint(
+                    running, config.metrics.address, config.metrics.port
+                )
+                undo.callback(running.metrics.close)
             undo.pop_all()  # all started: from now on aclose() stops them
         log.info(
             "event server %d started",
@@ -92,6 +99,8 @@ class RunningServer:
         return running
 
     async def aclose(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         for client in self.peers:
             await client.aclose()
         await self.eventer.aclose()

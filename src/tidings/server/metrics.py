@@ -1,0 +1,137 @@
+"""Prometheus metrics of a running event server, at ``http://<address>:<port>/metrics`` when
+its configuration has a ``metrics:`` section.
+
+The Eventer server keeps plain counters (:class:`EventerCounters`: requests, queries,
+notifications) and this module counts the stored events by listening to the engine, as
+the Eventer's notifications do; the rest is read at scrape time from the running parts
+(connected clients, Syncer peers), as :mod:`tidings.streams.metrics` reads its stream. Each
+server has a registry of its own, so several servers in one process (tests, a pair in sync)
+do not share or clash over metric names; the endpoint is prometheus_client's HTTP server
+thread, stopped with the server.
+
+Per-peer lag in events is not exported: the Syncer protocol tells a client only that it has
+caught up (``MsgSynced``), not how far behind it is; ``tidings_server_syncer_peer_synced``
+is 1 when it has.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tidings.errors import ConfigError
+from tidings.events.model import StoredEvent
+
+if TYPE_CHECKING:
+    from tidings.server.runner import RunningServer
+
+
+@dataclass
+class EventerCounters:
+    """What the Eventer server counts as it serves (plain ints: increments on the loop)."""
+
+    register_requests: int = 0
+    queries: int = 0
+    notifications: int = 0
+
+
+class _StoredCounter:
+    """Counts the events the engine stores, by whether this server registered them or a
+    Syncer brought them from a peer (their id names another server)."""
+
+    def __init__(self, server_id: int) -> None:
+        self.server_id = server_id
+        self.local = 0
+        self.synced = 0
+
+    def __call__(self, events: list[StoredEvent]) -> None:
+        synced = sum(1 for e in events if e.id.server != self.server_id)
+        self.synced += synced
+        self.local += len(events) - synced
+
+
+class _ServerCollector(Collector):
+    def __init__(self, running: RunningServer, stored: _StoredCounter) -> None:
+        self._running = running
+        self._stored = stored
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        running = self._running
+        registered = CounterMetricFamily(
+            "tidings_server_events_registered",
+            "Events stored, by source: local (Eventer clients, modules, the server's own) "
+            "or syncer (from a peer server)",
+            labels=["source"],
+        )
+        registered.add_metric(["local"], self._stored.local)
+        registered.add_metric(["syncer"], self._stored.synced)
+        yield registered
+        counters = running.eventer.counters
+        for name, value, doc in (
+            ("register_requests", counters.register_requests, "Eventer register requests"),
+            ("queries", counters.queries, "Eventer queries answered"),
+            ("notifications", counters.notifications, "Eventer notify messages sent"),
+        ):
+            yield CounterMetricFamily(f"tidings_server_{name}", doc, value=value)
+        yield GaugeMetricFamily(
+            "tidings_server_eventer_clients",
+            "Eventer clients connected",
+            value=running.eventer.client_count,
+        )
+        peers = GaugeMetricFamily(
+            "tidings_server_syncer_peer_connected",
+            "Syncer client connected to the peer (1) or not (0)",
+            labels=["peer"],
+        )
+        synced = GaugeMetricFamily(
+            "tidings_server_syncer_peer_synced",
+            "The peer has sent every event it had (1), or not yet (0)",
+            labels=["peer"],
+        )
+        for client in running.peers:
+            peers.add_metric([str(client.peer_server_id)], int(client.connected))
+            synced.add_metric([str(client.peer_server_id)], int(client.synced))
+        yield peers
+        yield synced
+        if running.syncer is not None:
+            clients = GaugeMetricFamily(
+                "tidings_server_syncer_clients",
+                "Peer servers connected to this server's Syncer, by whether they caught up",
+                labels=["synced"],
+            )
+            states = [s for _, s in running.syncer.clients]
+            clients.add_metric(["true"], sum(states))
+            clients.add_metric(["false"], len(states) - sum(states))
+            yield clients
+
+
+class MetricsEndpoint:
+    """The ``/metrics`` endpoint of one running server."""
+
+    def __init__(self, running: RunningServer, address: str, port: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._stored = _StoredCounter(running.engine.server_id)
+        self._unsubscribe = running.engine.subscribe(self._stored)
+        self.registry.register(_ServerCollector(running, self._stored))
+        try:
+            self._http, self._thread = start_http_server(port, addr=address, registry=self.registry)
+        except OSError as exc:
+            self._unsubscribe()
+            raise ConfigError(
+                f"metrics: cannot serve on {address}:{port}: {exc.strerror or exc}"
+            ) from None
+        self.port = self._http.server_port
+
+    def close(self) -> None:
+        """Stop serving (the HTTP thread ends) and stop counting."""
+        self._unsubscribe()
+        self._http.shutdown()
+        self._http.server_close()
+        if isinstance(self._thread, threading.Thread):
+            self._thread.join(5)
