@@ -22,6 +22,7 @@ from tidings.events.outbox import EventStatus
 from tidings.outbox.envelope import EventDraft
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log, outbox_event, outbox_event_attribute
+from tidings.pipeline import housekeeping
 from tidings.pipeline.housekeeping import DELETION_EVENT, HousekeepingResult, run_housekeeping
 
 pytestmark = pytest.mark.spark
@@ -353,3 +354,39 @@ def test_postgres_archives_and_deletes_exactly_the_old_published_rows(
     assert attribute_owners(config) == kept
     assert deletion_events(config)[0]["count"] == 3
     engine_of(config).dispose()  # close pooled connections before the database is dropped
+
+
+@pytest.mark.parametrize("crash_after", ["_write_parquet", "_finish_chunk"])
+def test_a_crash_between_write_and_delete_archives_nothing_twice(
+    spark: SparkSession,
+    config: TidingsConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    crash_after: str,
+) -> None:
+    """A crash after a chunk's Parquet write (before its delete, or after the delete but
+    before its files moved in) is settled by the next run: every event archived once.
+    The crash is injected (a real one cannot be made to fall between the two steps)."""
+    kept = {emit(config, EventStatus.PUBLISHED, OLD + timedelta(minutes=i), n=i) for i in range(5)}
+    step = getattr(housekeeping, crash_after)
+
+    def crashing(*args: Any, **kwargs: Any) -> Any:
+        step(*args, **kwargs)  # the step itself happens, then the process "dies"
+        raise KeyboardInterrupt("crash")
+
+    monkeypatch.setattr(housekeeping, crash_after, crashing)
+    with pytest.raises(KeyboardInterrupt):
+        run(spark, config, chunk_size=3)
+    monkeypatch.undo()
+    staged = tmp_path / "archive" / housekeeping.STAGING_DIR
+    assert [p.name for p in staged.iterdir()] == ["chunk-1-3"]
+    deleted_before = crash_after == "_finish_chunk"  # else written, not yet deleted
+    assert len(event_ids(config) & kept) == (2 if deleted_before else 5)
+
+    result = run(spark, config, chunk_size=3)
+    assert result.deleted == (2 if deleted_before else 5)
+    assert not staged.exists() or not any(staged.iterdir())
+    frame = spark.read.parquet(str(tmp_path / "archive"))
+    ids = [row.event_id for row in frame.select("event_id").collect()]
+    assert sorted(ids) == sorted(kept)  # each exactly once
+    assert event_ids(config) & kept == set()

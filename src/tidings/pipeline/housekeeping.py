@@ -333,6 +333,7 @@ def _move_into_archive(spark: SparkSession, staged: str, path: str) -> None:
     after the chunk, then remove the staging directory. Safe to repeat after a crash: a
     moved file is no longer in the staging directory."""
     fs, source = _filesystem(spark, staged)
+    source = fs.makeQualified(source)  # listed files come qualified (file:/..., hdfs://...)
     chunk = source.getName()
     files = fs.listFiles(source, True)
     jvm = spark.sparkContext._jvm
@@ -343,6 +344,7 @@ def _move_into_archive(spark: SparkSession, staged: str, path: str) -> None:
             continue
         partition = status.getPath().getParent().toString()[len(source.toString()) :]
         target = jvm.org.apache.hadoop.fs.Path(f"{path}{partition}/{chunk}-{name}")
+        target = fs.makeQualified(target)
         fs.mkdirs(target.getParent())
         if not fs.rename(status.getPath(), target):
             raise HousekeepingError(f"could not move {status.getPath()} to {target}")
