@@ -54,8 +54,6 @@ def _filter(
     key: str | None,
     older_than: str | None,
     limit: int | None,
-    *,
-    default: frozenset[str] | None = None,
 ) -> EventFilter:
     from datetime import timedelta
 
@@ -74,7 +72,7 @@ def _filter(
     age = seconds_option(older_than, "--older-than")
     try:
         return EventFilter(
-            statuses=frozenset(chosen) or frozenset(default or INCOMPLETE_STATUSES),
+            statuses=frozenset(chosen) or None,
             event_ids=tuple(ids or ()),
             event_type=event_type,
             target=target,
@@ -149,11 +147,7 @@ def events_resubmit(
 ) -> None:
     """Hand events back to the relay (default: FAILED ones); confirmed targets are not
     sent them again. --status UNROUTABLE re-drives events whose route was added since."""
-    from tidings.outbox.incomplete import RESUBMIT_DEFAULT
-
-    where = _filter(
-        status, event_id, event_type, target, key, older_than, limit, default=RESUBMIT_DEFAULT
-    )
+    where = _filter(status, event_id, event_type, target, key, older_than, limit)
     count = _incomplete(config).resubmit(where)
     console.print(f"resubmitted {count} event(s); the relay sends them in key order")
 

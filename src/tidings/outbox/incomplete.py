@@ -59,10 +59,12 @@ class EventFilter:
 
     ``event_type`` is a type, or a prefix ending in ``*`` (``orders.*``); ``target`` keeps
     the events routed to that target that it has not confirmed; ``older_than`` compares the
-    time the event was logged.
+    time the event was logged. Without ``statuses``, finding takes every incomplete status
+    and resubmitting only FAILED events (a parked or unroutable event is resubmitted only
+    when asked for by name).
     """
 
-    statuses: frozenset[EventStatus] = INCOMPLETE_STATUSES
+    statuses: frozenset[EventStatus] | None = None  # None: find all, resubmit FAILED ones
     event_ids: tuple[str, ...] = ()
     event_type: str | None = None
     target: str | None = None
@@ -71,12 +73,17 @@ class EventFilter:
     limit: int | None = None
 
     def __post_init__(self) -> None:
+        if self.statuses is None:
+            return self._check_bounds()
         wrong = [s for s in self.statuses if s not in INCOMPLETE_STATUSES]
         if wrong or not self.statuses:
             raise UsageError(
                 f"status must be one of {', '.join(sorted(INCOMPLETE_STATUSES))}, "
                 f"got {', '.join(map(str, wrong)) or 'none'}"
             )
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise UsageError(f"limit must be at least 1, got {self.limit}")
         if self.older_than is not None and self.older_than < timedelta(0):
@@ -161,10 +168,11 @@ class IncompleteEvents:
 
     # -- changing --------------------------------------------------------------------------
 
-    def resubmit(self, where: EventFilter = EventFilter(statuses=RESUBMIT_DEFAULT)) -> int:
-        """Hand the matching events back to the relay; the number resubmitted."""
+    def resubmit(self, where: EventFilter = EventFilter()) -> int:
+        """Hand the matching events back to the relay (FAILED ones unless the filter names
+        statuses); the number resubmitted."""
         changes = []
-        for row in self._rows(where):
+        for row in self._rows(where, RESUBMIT_DEFAULT):
             states = _states(row.deliveries)
             for name in [where.target] if where.target else list(states):
                 if states.get(name, {}).get("state") != _CONFIRMED:
@@ -210,9 +218,12 @@ class IncompleteEvents:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _conditions(self, where: EventFilter) -> list[ColumnElement[bool]]:
+    def _conditions(
+        self, where: EventFilter, statuses: frozenset[EventStatus] = INCOMPLETE_STATUSES
+    ) -> list[ColumnElement[bool]]:
         oe = outbox_event.c
-        conditions: list[ColumnElement[bool]] = [oe.status.in_(sorted(where.statuses))]
+        chosen = where.statuses if where.statuses is not None else statuses
+        conditions: list[ColumnElement[bool]] = [oe.status.in_(sorted(chosen))]
         if where.event_ids:
             conditions.append(oe.event_id.in_(where.event_ids))
         if where.event_type is not None:
@@ -227,8 +238,10 @@ class IncompleteEvents:
             conditions.append(oe.logged_at < utcnow() - where.older_than)
         return conditions
 
-    def _rows(self, where: EventFilter) -> Iterator[Any]:
-        query = select(outbox_event).where(and_(*self._conditions(where)))
+    def _rows(
+        self, where: EventFilter, statuses: frozenset[EventStatus] = INCOMPLETE_STATUSES
+    ) -> Iterator[Any]:
+        query = select(outbox_event).where(and_(*self._conditions(where, statuses)))
         query = query.order_by(outbox_event.c.seq)
         taken = 0
         with self.engine.connect() as conn:
