@@ -37,7 +37,7 @@ LAYERS = (
     "client",
     "targets",
     "pipeline",
-    "metrics",  # the relay's Spark listener and the status gauges
+    "metrics",  # the relay's metrics, fed from the batch log and the status report
     "streams",
     "intermediary",
     "demo",

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy.exc import SQLAlchemyError
 
 from tidings.cli.common import (
     ConfigOption,
@@ -95,14 +94,10 @@ def relay(
     cfg = load_or_exit(config)
     engine = shared_engine(cfg.database.url)
     metrics = RelayMetrics(cfg.metrics.max_event_types)
-    try:
-        ensure_schema(engine)
-        port = metrics_port or cfg.metrics.port
-        if port:
-            serve_metrics(metrics.registry, port, metrics_address or cfg.metrics.address)
-    except (TidingsError, SQLAlchemyError) as exc:
-        err.print(f"error: {_one_line(exc)}", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    ensure_schema(engine)  # an unreachable database or a port in use: one line, exit 2
+    port = metrics_port or cfg.metrics.port
+    if port:
+        serve_metrics(metrics.registry, port, metrics_address or cfg.metrics.address)
     follower = BatchLogFollower(engine, metrics, lambda: current_routes(cfg, engine))
     spark = spark_session(cfg.relay, app_name="tidings-relay")
     console.print("relay running; Ctrl-C stops it" if not once else "relay draining the log ...")
@@ -131,15 +126,6 @@ def relay(
         markup=False,
         soft_wrap=True,
     )
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception's message on one line: a database driver's own message (psycopg's
-    spans lines) without SQLAlchemy's SQL and background link."""
-    orig = getattr(exc, "orig", None)
-    if orig is None:
-        return (str(exc).splitlines() or [type(exc).__name__])[0]
-    return " ".join(str(orig).split())
 
 
 @app.command()
@@ -243,6 +229,7 @@ def status(
     over the thresholds), 2 when the configuration or database cannot be read.
     """
     from tidings.db import make_engine
+    from tidings.outbox.schema import ensure_schema
     from tidings.routing.table import current_routes
     from tidings.status import health_problems, health_report
 
@@ -250,11 +237,9 @@ def status(
     lag_s = seconds_option(max_lag_seconds, "--max-lag-seconds")
     batch_s = seconds_option(max_batch_age, "--max-batch-age")
     engine = make_engine(cfg.database.url)
-    try:
+    try:  # an unreachable database: one line, exit 2 (cli.common)
+        ensure_schema(engine)
         report = health_report(engine, current_routes(cfg, engine), errors=errors)
-    except (TidingsError, SQLAlchemyError) as exc:
-        err.print(f"error: {_one_line(exc)}", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
     finally:
         engine.dispose()
     if as_json:
