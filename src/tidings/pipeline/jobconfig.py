@@ -6,14 +6,25 @@ its ``routing`` section, so a routing change takes effect on the next micro-batc
 [0055]). Everything else (database, targets, relay) stays as the job started with it: a
 task must never start writing statuses to another database because an editor left the file
 half-written. An empty or invalid file is reported and the last good routing stays.
+
+A file that is *missing* or cannot be read is an error (:class:`ConfigError`) that fails the
+task, and with it the batch: on a Spark cluster it means the path does not resolve on that
+executor's host, and falling back to the routing the driver read at start would have some
+executors route by an old table while the operator's changes reach the others. Only a file
+that reappears within a moment is waited for: an editor that saves by moving the old file
+away or deleting it before writing the new one leaves the path empty that long (one that
+writes a temporary file and renames it over the old one never does).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
 from tidings.config import RoutingConfig, TidingsConfig, load_config_file
@@ -22,6 +33,10 @@ from tidings.errors import ConfigError
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _file_cache: dict[str, tuple[float, RoutingConfig]] = {}
+#: Pauses (seconds, 0.75 in all) before a missing file counts as missing: far longer than
+#: an editor's delete-then-write save takes, short enough not to stall a batch for long.
+MISSING_FILE_PAUSES = (0.05, 0.1, 0.2, 0.4)
+_T = TypeVar("_T")
 
 
 def job_options(config: TidingsConfig, config_path: str | None) -> dict[str, str]:
@@ -33,15 +48,16 @@ def job_options(config: TidingsConfig, config_path: str | None) -> dict[str, str
 
 
 def job_config(options: Mapping[str, str]) -> TidingsConfig:
-    """The configuration in force for this task."""
+    """The configuration in force for this task.
+
+    Raises :class:`ConfigError` if the job names a configuration file that this host cannot
+    read (see the module's docstring).
+    """
     base = TidingsConfig.model_validate_json(options["config_json"])
     path = options.get("config_path") or ""
     if not path:
         return base
-    try:
-        mtime = os.stat(path).st_mtime
-    except OSError:
-        return base
+    mtime = _patiently(path, lambda: os.stat(path).st_mtime)
     with _lock:
         cached = _file_cache.get(path)
         if cached is None or cached[0] != mtime:
@@ -51,12 +67,41 @@ def job_config(options: Mapping[str, str]) -> TidingsConfig:
 
 
 def _routing_from_file(path: str, last_good: RoutingConfig) -> RoutingConfig:
+    content = _patiently(path, lambda: _read(path))
     try:
-        with open(path, encoding="utf-8") as handle:
-            empty = not handle.read().strip()
-        if empty:
+        if not content.strip():
             raise ConfigError(f"{path} is empty")
         return load_config_file(path).routing
-    except (OSError, ConfigError) as exc:
+    except (ConfigError, UnicodeDecodeError) as exc:
         log.error("configuration file changed but is unusable, keeping the last routes: %s", exc)
         return last_good
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _patiently(path: str, action: Callable[[], _T]) -> _T:
+    """``action`` on the file at ``path``, tried again while the file is missing for a moment
+    (:data:`MISSING_FILE_PAUSES`); a file still missing, or unreadable, is a ConfigError."""
+    pauses = iter(MISSING_FILE_PAUSES)
+    while True:
+        try:
+            return action()
+        except FileNotFoundError as exc:
+            pause = next(pauses, None)
+            if pause is None:
+                raise _unreadable(path, exc) from None
+            time.sleep(pause)
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: str, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"configuration file {path!r} cannot be read on host {socket.gethostname()!r}: "
+        f"{exc.strerror or exc}; Spark tasks re-read it for routing changes, so it must be "
+        "at this path on the driver and on every executor host (shared storage, or a copy "
+        "at the same path)"
+    )

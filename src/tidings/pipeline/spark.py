@@ -17,9 +17,21 @@ _CHECKPOINT_MANAGER = (
 
 
 def spark_session(config: RelayConfig, app_name: str = "tidings") -> SparkSession:
-    """Get or create the session and register tidings' data sources on it."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    """Get or create the session and register tidings' data sources on it.
+
+    In local mode everything runs on this interpreter, bound to the loopback. On a cluster
+    (any other master URL) the operator's ``SPARK_LOCAL_IP`` and ``PYSPARK_PYTHON`` are
+    kept: the driver must be reachable from the executors' hosts, and the executors may
+    run tidings from an interpreter of their own (Spark also starts that interpreter on the
+    driver, to plan tidings' Python data sources, so it must exist on both). Other Spark
+    settings (executor memory and cores, ``spark.executorEnv.*``, ``spark.submit.pyFiles``)
+    come from Spark's own ``spark-defaults.conf`` or ``PYSPARK_SUBMIT_ARGS``.
+    """
+    if is_local(config.spark_master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     spark = (
         SparkSession.builder.master(config.spark_master)
@@ -43,6 +55,11 @@ def spark_session(config: RelayConfig, app_name: str = "tidings") -> SparkSessio
     spark.dataSource.register(OutboxDataSource)
     spark.dataSource.register(PublishSink)
     return spark
+
+
+def is_local(master: str) -> bool:
+    """Whether ``master`` runs Spark inside this process (``local``, ``local[4]``, ...)."""
+    return master == "local" or master.startswith("local[")
 
 
 def activate(spark: SparkSession) -> None:
