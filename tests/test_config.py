@@ -217,11 +217,11 @@ def test_an_unset_variable_without_default_names_it_and_the_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("TIDINGS_TEST_UNSET", raising=False)
-    path = _file(tmp_path, "relay:\n  retry_backoff: [10ms, '${TIDINGS_TEST_UNSET}']\n")
+    path = _file(tmp_path, "relay:\n  retry:\n    backoff: [10ms, '${TIDINGS_TEST_UNSET}']\n")
     with pytest.raises(ConfigError) as caught:
         load_config_file(path)
     message = str(caught.value)
-    assert "relay.retry_backoff[1]" in message and "TIDINGS_TEST_UNSET is not set" in message
+    assert "relay.retry.backoff[1]" in message and "TIDINGS_TEST_UNSET is not set" in message
     assert str(path) in message
 
 
@@ -275,7 +275,7 @@ def test_the_json_schema_accepts_the_readme_example_and_refuses_what_loading_ref
     example = _readme_tidings_yaml()
     load_config(example)  # the example is a valid configuration ...
     jsonschema.validate(example, schema)  # ... and the schema says so
-    jsonschema.validate({"relay": {"retry_backoff": ["10ms", 0.5, "PT1S"]}}, schema)
+    jsonschema.validate({"relay": {"retry": {"backoff": ["10ms", 0.5, "PT1S"]}}}, schema)
     for bad in (
         {"databse": {}},
         {"targets": {"t": {"kind": "kafka"}}},

@@ -734,7 +734,7 @@ def test_the_relay_fails_only_the_event_without_a_subject(
         "ack_timeout": "2s",
     }
     config = relay_config(
-        tmp_path, targets={"js": target}, routes={"Created": ["js"]}, retry_backoff=["1ms"]
+        tmp_path, targets={"js": target}, routes={"Created": ["js"]}, retry={"backoff": ["1ms"]}
     )
     engine = make_engine(config.database.url)
     outbox = Outbox(engine)  # no routed targets: the relay meets the bad event

@@ -313,7 +313,7 @@ def test_relay_replay_and_housekeeping_on_a_standalone_cluster(tmp_path: Path, p
         tmp_path,
         pg_url,
         targets={"store": store_target(tmp_path, fault_file=str(tmp_path / "store.fault"))},
-        retry_backoff=["1ms"],
+        retry={"backoff": ["1ms"]},
     )
     data = config.model_dump(mode="json")
     data["housekeeping"]["archive_dir"] = str(tmp_path / "archive")

@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -47,6 +46,7 @@ from tidings.events.outbox import EventStatus
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log, ensure_schema, outbox_event, outbox_event_attribute
+from tidings.pipeline.spark import spark_location
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def run_housekeeping(
     ensure_schema(engine)
     selection = _Selection.at(now, older_than)
     total = _count(engine, selection, event_limit)
-    archive_path = archive_location(settings.archive_dir) if settings.mode == "archive" else None
+    archive_path = spark_location(settings.archive_dir) if settings.mode == "archive" else None
     log.info(
         "housekeeping started",
         extra={
@@ -213,12 +213,6 @@ def _check_arguments(older_than: timedelta, event_limit: int | None, chunk_size:
         raise UsageError(f"event_limit must be positive, got {event_limit}")
     if chunk_size <= 0:
         raise UsageError(f"chunk_size must be positive, got {chunk_size}")
-
-
-def archive_location(archive_dir: str) -> str:
-    """An archive directory as Spark must be given it: a bare path would be resolved against
-    Spark's own working directory, so it is made absolute; URIs stay as they are."""
-    return archive_dir if "://" in archive_dir else str(Path(archive_dir).absolute())
 
 
 def _count(engine: Engine, selection: _Selection, event_limit: int | None) -> int:

@@ -47,13 +47,20 @@ def job_options(config: TidingsConfig, config_path: str | None) -> dict[str, str
     }
 
 
+def started_config(options: Mapping[str, str]) -> TidingsConfig:
+    """The configuration the job started with, as the driver passed it: what the driver's
+    own steps need (database, relay settings), which a file change never alters, so they do
+    not read the file (nor fail when it is briefly gone)."""
+    return TidingsConfig.model_validate_json(options["config_json"])
+
+
 def job_config(options: Mapping[str, str]) -> TidingsConfig:
     """The configuration in force for this task.
 
     Raises :class:`ConfigError` if the job names a configuration file that this host cannot
     read (see the module's docstring).
     """
-    base = TidingsConfig.model_validate_json(options["config_json"])
+    base = started_config(options)
     path = options.get("config_path") or ""
     if not path:
         return base

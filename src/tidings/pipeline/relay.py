@@ -6,8 +6,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -17,7 +17,7 @@ from tidings.errors import RelayError
 from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.outcome import Summary
-from tidings.pipeline.spark import activate
+from tidings.pipeline.spark import activate, spark_location
 
 log = logging.getLogger(__name__)
 #: How long a stop request waits for the batch in flight to commit.
@@ -35,13 +35,12 @@ def start_relay(
     ensure_schema(shared_engine(config.database.url))
     activate(spark)
     options = job_options(config, config_path)
-    checkpoint = Path(config.relay.checkpoint_dir).absolute()
-    checkpoint.mkdir(parents=True, exist_ok=True)
+    checkpoint = spark_location(config.relay.checkpoint_dir)  # Spark creates it, also on HDFS
     stream = spark.readStream.format("tidings_outbox").options(**options).load()
     writer = (
         stream.writeStream.format("tidings_publish")
         .options(**options)
-        .option("checkpointLocation", str(checkpoint))
+        .option("checkpointLocation", checkpoint)
         .queryName("tidings-relay")
     )
     if available_now:
@@ -50,7 +49,7 @@ def start_relay(
         ms = int(config.relay.trigger_interval.total_seconds() * 1000)
         writer = writer.trigger(processingTime=f"{ms} milliseconds")
     query = writer.start()
-    log.info("relay started", extra={"checkpoint": str(checkpoint), "id": str(query.id)})
+    log.info("relay started", extra={"checkpoint": checkpoint, "id": str(query.id)})
     return query
 
 
@@ -74,10 +73,10 @@ def run_relay(
 ) -> None:
     """Run the relay until ``stop`` is set (or, with ``once``, until the log is drained).
 
-    The relay itself resumes events held while a target was down, and retries FAILED ones
-    after growing pauses (carry-over, :mod:`tidings.pipeline.source`). If
-    ``relay.replay_every`` is set, the replay job also runs on that schedule in the same
-    Spark session and retries FAILED events at once, pause or not.
+    The relay itself resumes events held while a target was down and sends retries when
+    they are due (carry-over, :mod:`tidings.pipeline.source`). If ``relay.replay_every`` is
+    set, the replay job also runs on that schedule in the same Spark session and tries
+    FAILED events (past their last try) again at once.
 
     ``on_tick`` is called from this loop about twice a second and once after the query
     stopped: the driver's own thread, where following the batch log for metrics and progress
@@ -95,7 +94,10 @@ def run_relay(
     next_replay = time.monotonic() + period if period is not None else None
     try:
         while query.isActive and not (stop is not None and stop.is_set()):
-            query.awaitTermination(0.5)
+            try:
+                query.awaitTermination(0.5)
+            except StreamingQueryException:
+                break  # raised below as a RelayError, with Spark's reason
             if on_tick is not None:
                 on_tick()
             if next_replay is not None and time.monotonic() >= next_replay:

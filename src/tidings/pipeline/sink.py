@@ -30,7 +30,7 @@ from tidings.db import shared_engine
 from tidings.events.outbox import EventStatus
 from tidings.events.timeutil import utcnow
 from tidings.outbox.schema import OUTBOX_EVENT_COLUMNS, batch_log, outbox_event_from_row
-from tidings.pipeline.jobconfig import job_config
+from tidings.pipeline.jobconfig import job_config, started_config
 from tidings.pipeline.outcome import LoggedEvent, Summary
 from tidings.pipeline.publisher import Publisher
 from tidings.pipeline.retry import RetryPolicy
@@ -107,7 +107,7 @@ class _PublishWriter:
                 total.merge(Summary(**message.summary))
         if not total.events:
             return
-        config = job_config(self.options)
+        config = started_config(self.options)
         with shared_engine(config.database.url).begin() as conn:
             conn.execute(
                 batch_log.insert().values(

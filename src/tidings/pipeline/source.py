@@ -50,7 +50,7 @@ from tidings.db import shared_engine
 from tidings.events.outbox import OPEN_STATUSES, EventStatus
 from tidings.events.timeutil import utcnow
 from tidings.outbox.schema import batch_log, ensure_schema, outbox_event
-from tidings.pipeline.jobconfig import job_config
+from tidings.pipeline.jobconfig import started_config
 from tidings.pipeline.watermark import SafeWatermark
 
 SCHEMA = (
@@ -204,7 +204,7 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = dict(options)
-        config = job_config(self.options)
+        config = started_config(self.options)
         self.url = config.database.url
         self.partition_count = config.relay.partitions
         self.max_rows = config.relay.max_events_per_batch
@@ -306,7 +306,7 @@ class ReplayReader(DataSourceReader):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = dict(options)
-        config = job_config(self.options)
+        config = started_config(self.options)
         self.url = config.database.url
         self.partition_count = config.relay.partitions
         older_than = timedelta(seconds=float(self.options.get("older_than_s", "0")))

@@ -72,3 +72,10 @@ def activate(spark: SparkSession) -> None:
     SparkSession._activeSession = spark
     jvm_class = SparkSession._get_j_spark_session_class(spark._jvm)
     jvm_class.setActiveSession(spark._jsparkSession)
+
+
+def spark_location(location: str) -> str:
+    """A directory as Spark must be given it (a checkpoint, an archive): a bare path would
+    be resolved against Spark's own working directory, so it is made absolute; URIs
+    (``hdfs://``, ``s3a://``, ``file:///``) stay as they are."""
+    return location if "://" in location else os.path.abspath(location)

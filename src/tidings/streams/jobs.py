@@ -28,7 +28,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from tidings.errors import StreamError
 from tidings.events.model import NewEvent, PayloadKind
-from tidings.pipeline.housekeeping import archive_location
+from tidings.pipeline.spark import spark_location
 from tidings.server.store import EventStore
 from tidings.streams.spark_source import TidingsStreamDataSource
 
@@ -61,8 +61,8 @@ def start_archive(
     writer = (
         frame.writeStream.format("parquet")
         .partitionBy("day", "type")
-        .option("path", archive_location(archive_dir))
-        .option("checkpointLocation", archive_location(checkpoint_dir))
+        .option("path", spark_location(archive_dir))
+        .option("checkpointLocation", spark_location(checkpoint_dir))
         .queryName("tidings-stream-archive")
     )
     trigger: dict[str, Any] = (
@@ -150,7 +150,7 @@ def start_aggregate(
     return (
         union_sources(spark, sources)
         .writeStream.foreachBatch(store_batch)
-        .option("checkpointLocation", archive_location(checkpoint_dir))
+        .option("checkpointLocation", spark_location(checkpoint_dir))
         .queryName("tidings-stream-aggregate")
         .trigger(**trigger)
         .start()
