@@ -122,15 +122,15 @@ def events_list(
             f"id={event.event_id}",
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
         if event.reason:
-            console.print(f"  {event.reason}", markup=False, highlight=False)
+            console.print(f"  {event.reason}", markup=False, highlight=False, soft_wrap=True)
         for name, state in event.targets.items():
             failures = f" x{state.failures}" if state.failures else ""
             error = f": {state.error}" if state.error else ""
-            console.print(
-                f"  {name}: {state.state}{failures}{error}", markup=False, highlight=False
-            )
+            line = f"  {name}: {state.state}{failures}{error}"
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"{len(found)} incomplete event(s) shown", highlight=False)
 
 
@@ -201,4 +201,5 @@ def events_blocked(
             f"{b.event_type} id={b.event_id}",
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )

@@ -280,10 +280,12 @@ def _print_status(report: HealthReport) -> None:
         console.print(types)
     batch = report.last_batch_age_seconds
     console.print(
-        f"relay: newest seq {report.newest_seq}, relayed up to {report.relayed_seq}, "
+        f"relay: newest seq {report.newest_seq}, relayed up to "
+        f"{'nothing yet' if report.relayed_seq is None else report.relayed_seq}, "
         f"lag {report.lag_events} events ({report.lag_seconds:.1f} s); last batch "
         + (f"{batch:.1f} s ago" if batch is not None else "never"),
         markup=False,
+        soft_wrap=True,
     )
     console.print(f"keys held behind a FAILED event: {report.keys_held_behind_failed}")
     age = report.oldest_open_age_seconds
