@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
 from publisher_helpers import (
     Refusing,
+    SteppedClock,
     emit_all,
     local_store,
     logged_rows,
@@ -30,6 +31,7 @@ from tidings.errors import ConfigError, EmitError, UsageError
 from tidings.events.outbox import EventStatus
 from tidings.outbox.incomplete import EventFilter, IncompleteEvents
 from tidings.pipeline.publisher import Publisher
+from tidings.pipeline.source import LogSlice, read_slice
 from tidings.routing.table import Routes, add_route, check_route_key, current_routes, merge_routes
 
 
@@ -259,3 +261,72 @@ def test_route_keys_and_default_are_validated_in_the_configuration(tmp_path: Pat
     for key in ("a*b", "?", " x"):
         with pytest.raises(ConfigError, match="route key"):
             load_config({"targets": {"a": target}, "routing": {"routes": {key: ["a"]}}})
+
+
+def test_a_failed_event_does_not_stop_its_key_at_its_other_targets(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """E1 fails for good at a; E2 of its key waits for a retry at b. The relay's carry-over
+    must still read E2 (and E3 behind it) so that b gets them, while a keeps holding them."""
+    emit_all(engine, [("T", "k", {"n": "poison"})])
+    a = Refusing("a", local_store(tmp_path, "a"), "poison")
+    b = Refusing("b", local_store(tmp_path, "b"), "blip")
+    routes = merge_routes({"T": ["a", "b"]})
+    clock = SteppedClock()
+
+    def run(rows: list, pauses: list[float]) -> None:
+        Publisher(
+            engine,
+            routes,
+            {"a": a, "b": b}.get,
+            pauses,
+            clock=clock.time,
+            sleep=clock.sleep,
+            resume_delays=True,
+        ).run(rows)
+
+    run(logged_rows(engine), [0.01])
+    emit_all(engine, [("T", "k", {"n": "blip"}), ("T", "k", {"n": 3})])
+    run([r for r in logged_rows(engine) if r.event.seq > 1], [5.0])  # b refuses E2 once
+    assert _statuses(engine) == {1: "FAILED", 2: "PENDING", 3: "HELD"}
+    b.word, clock.now = "never-matches", clock.now + 10
+    carry = LogSlice(3, 3, 0, 1, carry_upto=3, carry_limit=1000)
+    carried = [seq for batch in read_slice(engine, carry) for seq in batch.to_pydict()["seq"]]
+    assert carried == [1, 2, 3]
+    run([r for r in logged_rows(engine) if r.event.seq in carried], [5.0])
+    assert stored_seqs(b.inner, engine) == [1, 2, 3]  # b got the key's events, in order
+    assert stored_seqs(a.inner, engine) == []  # a holds them behind the poison
+    assert _statuses(engine) == {1: "FAILED", 2: "HELD", 3: "HELD"}
+
+
+def test_a_retry_with_no_try_left_is_settled_failed(engine: Engine, tmp_path: Path) -> None:
+    """A PENDING event whose tries ran out by a lower threshold (or a route change) is
+    settled FAILED, not left PENDING with a retry time in the past."""
+    emit_all(engine, [("A", "k", {"n": "poison"}), ("A", "k", {"n": 2})])
+    refusing = Refusing("a", local_store(tmp_path, "a"), "poison")
+    routes = merge_routes({"A": ["a"]})
+    clock = SteppedClock()
+    options = {"clock": clock.time, "sleep": clock.sleep, "resume_delays": True}
+    Publisher(engine, routes, {"a": refusing}.get, [5.0, 5.0, 5.0], **options).run(
+        logged_rows(engine)
+    )
+    assert _statuses(engine) == {1: "PENDING", 2: "HELD"}
+    clock.now += 10
+    Publisher(
+        engine, routes, {"a": refusing}.get, [5.0, 5.0, 5.0], retry_threshold=0, **options
+    ).run(logged_rows(engine))
+    assert _statuses(engine) == {1: "FAILED", 2: "HELD"}
+
+
+def test_a_stale_copy_never_undoes_a_publication(engine: Engine, tmp_path: Path) -> None:
+    """A replay beside the relay read the same open events; the relay delivered them, then
+    the replay's copy fails: its outcome must not turn PUBLISHED back into FAILED/HELD."""
+    emit_all(engine, [("A", "k", {"n": 1}), ("A", "k", {"n": 2})])
+    store = Refusing("a", local_store(tmp_path, "a"), "nothing")
+    routes = merge_routes({"A": ["a"]})
+    stale = logged_rows(engine)
+    Publisher(engine, routes, {"a": store}.get, [0.0]).run(logged_rows(engine))
+    assert _statuses(engine) == {1: "PUBLISHED", 2: "PUBLISHED"}
+    store.word = '"n"'  # the target now refuses both
+    Publisher(engine, routes, {"a": store}.get, [0.0]).run(stale)
+    assert _statuses(engine) == {1: "PUBLISHED", 2: "PUBLISHED"}

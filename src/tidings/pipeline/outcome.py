@@ -155,12 +155,13 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
 
 
 def _update_sql(paramstyle: str, rows: int, *, over_parked: bool) -> str:
-    """The UPDATE of one outcome group. Only a PUBLISHED outcome may overwrite an event an
-    operator parked while this run had it in hand: it was delivered after all; a failure
-    or a wait must not undo the park (the key would be held again)."""
+    """The UPDATE of one outcome group. A failure or a wait never overwrites a PUBLISHED
+    row (another run, a replay beside the relay, delivered it meanwhile: this run's copy is
+    stale) nor a PARKED one (an operator set it aside while this run had it in hand; the
+    key would be held again). A PUBLISHED outcome may overwrite a park: it was delivered."""
     mark = placeholder(paramstyle)
     seqs = ", ".join([mark] * rows)
-    guard = "" if over_parked else f" AND status <> '{_PARKED}'"
+    guard = "" if over_parked else f" AND status NOT IN ('{_PARKED}', '{_PUBLISHED}')"
     return (
         f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq IN ({seqs}){guard}"
     )

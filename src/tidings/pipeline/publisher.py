@@ -96,6 +96,7 @@ class Publisher:
         self._open_targets: dict[int, set[str]] = {}  # id(item) -> targets still to confirm
         self._due: dict[tuple[str, str], float] = {}  # lane -> when its head may be retried
         self._failed_here: set[tuple[int, str]] = set()  # (id(item), target) failed this run
+        self._stopped: set[int] = set()  # id(item) of heads with no try left here
         self._now = utcnow()
         lanes: dict[tuple[str, str], deque[LoggedEvent]] = {}
         work: list[LoggedEvent] = []
@@ -143,7 +144,10 @@ class Publisher:
             elif self._delivery.target(name) is not None and self._delivery.breaker(name).is_open:
                 self._wait(lane, name, self._delivery.breaker(name).reason())
         for item in work:
-            if self._open_targets[id(item)] and (self._waits.get(id(item)) or item.changed):
+            stopped = id(item) in self._stopped
+            if self._open_targets[id(item)] and (
+                self._waits.get(id(item)) or item.changed or stopped
+            ):
                 self._conclude(item)
         self._flush()
         return summary
@@ -203,7 +207,8 @@ class Publisher:
             failed = head.failed_at(name) or head.status == EventStatus.FAILED
             due = self._retry_due(head, name) if failed else 0.0
             if due is None:
-                lanes.pop(lane_id).popleft()  # stays FAILED as it is
+                lanes.pop(lane_id).popleft()  # no try left: settled FAILED at the end
+                self._stopped.add(id(head))
                 self._wait(lane, name, f"held behind unpublished seq {head.event.seq}")
                 continue
             if due > self.clock():
@@ -294,8 +299,9 @@ class Publisher:
         retrying = {n: item.deliveries[n] for n in failed if self._tries_left(item, n)}
         failures = {n: item.deliveries[n].get("error") for n in failed if n not in retrying}
         if failures:
+            was_failed = item.status == EventStatus.FAILED
             item.settle(EventStatus.FAILED, json.dumps(failures, ensure_ascii=False))
-            if item.changed:
+            if item.changed and not was_failed:  # counted once, not once per replay
                 summary.failed += 1
                 summary.errors = [*summary.errors, f"seq {item.event.seq}: {failures}"][-20:]
                 _count(summary.failed_at, failures, item.event.event_type)

@@ -69,5 +69,8 @@ class RetryPolicy:
         """Seconds to wait after the ``failures``-th failed try (1 = after the first)."""
         if self.delays is not None:
             return self.delays[min(failures, len(self.delays)) - 1] if self.delays else 0.0
-        base = min(self.maximum, self.initial * self.multiplier ** (failures - 1))
+        try:
+            base = min(self.maximum, self.initial * self.multiplier ** (failures - 1))
+        except OverflowError:  # far past the cap
+            base = self.maximum
         return base * (1 + self.jitter * random.uniform(-1.0, 1.0))
