@@ -22,7 +22,7 @@ from tidings.events.outbox import EventStatus
 from tidings.outbox.envelope import EventDraft
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log, outbox_event, outbox_event_attribute
-from tidings.pipeline import housekeeping
+from tidings.pipeline import housekeeping, lease
 from tidings.pipeline.housekeeping import DELETION_EVENT, HousekeepingResult, run_housekeeping
 
 pytestmark = pytest.mark.spark
@@ -390,3 +390,34 @@ def test_a_crash_between_write_and_delete_archives_nothing_twice(
     ids = [row.event_id for row in frame.select("event_id").collect()]
     assert sorted(ids) == sorted(kept)  # each exactly once
     assert event_ids(config) & kept == set()
+
+
+@pytest.mark.parametrize(
+    "leftover",
+    [
+        "_temporary/0/_temporary/attempt_0/part-00000.snappy.parquet",  # killed mid-write
+        "_SUCCESS",  # written and moved in, killed before its directory went
+    ],
+)
+def test_what_a_kill_leaves_in_staging_does_not_block_the_next_run(
+    spark: SparkSession, config: TidingsConfig, tmp_path: Path, leftover: str
+) -> None:
+    kept = {emit(config, EventStatus.PUBLISHED, OLD + timedelta(minutes=i), n=i) for i in range(3)}
+    chunk = tmp_path / "archive" / housekeeping.STAGING_DIR / "chunk-1-3"
+    (chunk / leftover).parent.mkdir(parents=True, exist_ok=True)
+    (chunk / leftover).write_bytes(b"PAR1 truncated")
+    result = run(spark, config)
+    assert result.deleted == 3 and not chunk.exists()
+    frame = spark.read.parquet(str(tmp_path / "archive"))
+    assert sorted(r.event_id for r in frame.select("event_id").collect()) == sorted(kept)
+
+
+def test_two_runs_never_work_at_once(spark: SparkSession, config: TidingsConfig) -> None:
+    emit(config, EventStatus.PUBLISHED, OLD)
+    owner = lease.new_owner()
+    assert lease.try_acquire(engine_of(config), housekeeping.LEASE, owner, 60)
+    try:
+        assert run(spark, config).deleted == 0  # the other run holds the lease: skipped
+    finally:
+        lease.release(engine_of(config), housekeeping.LEASE, owner)
+    assert run(spark, config).deleted == 1

@@ -46,12 +46,16 @@ from tidings.events.outbox import EventStatus
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log, ensure_schema, outbox_event, outbox_event_attribute
+from tidings.pipeline.lease import new_owner, release, try_acquire
 from tidings.pipeline.spark import spark_location
 
 log = logging.getLogger(__name__)
 
 DELETION_EVENT = "OutboxDeletionCompleted"
 CHUNK_SIZE = 100_000
+#: The lease that keeps two runs from settling each other's staged chunks.
+LEASE = "housekeeping"
+_LEASE_S = 30 * 60.0  # renewed before every chunk
 #: Where a chunk is written before its rows are deleted (Spark and readers skip ``_`` paths).
 STAGING_DIR = "_staging"
 _CHECK_ROWS = 1_000  # a staged chunk's rows went in one transaction: a sample tells
@@ -181,15 +185,20 @@ def run_housekeeping(
             "archive_path": archive_path,
         },
     )
-    if archive_path is None:
-        step: ChunkStep = partial(_delete_chunk, engine, selection)
-    else:
-        _settle_staged(spark, engine, archive_path)
-        step = partial(_archive_chunk, spark, engine, selection, archive_path)
     tally = _Tally()
+    owner = new_owner()
+    if not try_acquire(engine, LEASE, owner, _LEASE_S):
+        log.warning("another housekeeping run holds the lease; skipping this run")
+        return HousekeepingResult(0, 0, archive_path, None, None, settings.mode)
     try:
-        _run_chunks(step, tally, total, event_limit, chunk_size, progress)
+        if archive_path is None:
+            step: ChunkStep = partial(_delete_chunk, engine, selection)
+        else:
+            _settle_staged(spark, engine, archive_path)
+            step = partial(_archive_chunk, spark, engine, selection, archive_path)
+        _run_chunks(_leased(step, engine, owner), tally, total, event_limit, chunk_size, progress)
     finally:
+        release(engine, LEASE, owner)
         if tally.deleted:
             _announce(engine, config, tally, settings.mode)
     trimmed = _trim_batch_log(engine, now - older_than)
@@ -204,6 +213,17 @@ def run_housekeeping(
     )
     log.info("housekeeping finished", extra=_log_fields(result))
     return result
+
+
+def _leased(step: ChunkStep, engine: Engine, owner: str) -> ChunkStep:
+    """``step``, with the lease renewed before each chunk (a run may outlast one TTL)."""
+
+    def renewed(after: int, size: int) -> _ChunkOutcome | None:
+        if not try_acquire(engine, LEASE, owner, _LEASE_S):
+            raise HousekeepingError("lost the housekeeping lease to another run; stopping")
+        return step(after, size)
+
+    return renewed
 
 
 def _check_arguments(older_than: timedelta, event_limit: int | None, chunk_size: int) -> None:
@@ -301,25 +321,48 @@ def _archive_chunk(
 
 
 def _settle_staged(spark: SparkSession, engine: Engine, path: str) -> None:
-    """Finish or drop the chunks a crashed run left in the staging directory."""
+    """Finish or drop the chunks a crashed run left in the staging directory.
+
+    A chunk without Spark's ``_SUCCESS`` marker was never fully written, so its rows were
+    never deleted: dropped. A written one whose data files are all moved already (a crash
+    just before its directory went): removed. Otherwise the database decides: rows still
+    there, dropped (they are archived again); rows gone, moved in.
+    """
     fs, staging = _filesystem(spark, f"{path}/{STAGING_DIR}")
     if not fs.exists(staging):
         return
+    jvm = spark.sparkContext._jvm
     for status in fs.listStatus(staging):
-        staged = status.getPath().toString()
-        seqs = [row.seq for row in spark.read.parquet(staged).select("seq").collect()]
-        with engine.connect() as conn:
-            left = conn.execute(
-                select(func.count()).where(outbox_event.c.seq.in_(seqs[:_CHECK_ROWS]))
-            ).scalar_one()
-        if left or not seqs:
-            log.warning(
-                "dropping a staged chunk whose rows were not deleted", extra={"path": staged}
-            )
-            fs.delete(status.getPath(), True)
-        else:
-            log.warning("moving in a staged chunk whose rows were deleted", extra={"path": staged})
-            _move_into_archive(spark, staged, path)
+        staged = status.getPath()
+        written = fs.exists(jvm.org.apache.hadoop.fs.Path(staged, "_SUCCESS"))
+        seqs = _staged_seqs(spark, fs, staged) if written else []
+        if seqs:
+            with engine.connect() as conn:
+                query = select(func.count()).where(outbox_event.c.seq.in_(seqs[:_CHECK_ROWS]))
+                left = conn.execute(query).scalar_one()
+            if not left:
+                log.warning(
+                    "moving in a staged chunk whose rows were deleted", extra={"path": str(staged)}
+                )
+                _move_into_archive(spark, staged.toString(), path)
+                continue
+        log.warning("dropping a staged chunk", extra={"path": str(staged), "written": written})
+        fs.delete(staged, True)
+
+
+def _staged_seqs(spark: SparkSession, fs: Any, staged: Any) -> list[int]:
+    """The seqs of a staged chunk's data files (none if they were all moved in)."""
+    files = fs.listFiles(staged, True)
+    found = False
+    while files.hasNext() and not found:
+        status = files.next()
+        found = (
+            status.getPath().getName().endswith(".parquet")
+            and "/_" not in status.getPath().toString()[len(staged.toString()) :]
+        )
+    if not found:
+        return []
+    return [row.seq for row in spark.read.parquet(staged.toString()).select("seq").collect()]
 
 
 def _move_into_archive(spark: SparkSession, staged: str, path: str) -> None:

@@ -1,8 +1,10 @@
-"""A lease in the database, so that only one replay runs at a time across processes.
+"""A lease in the database, so that only one replay (or housekeeping) runs at a time.
 
-Two replays working on the same held key could interleave its events; a lease row taken
-with a conditional UPDATE (the same on SQLite and PostgreSQL) prevents that. A lease
-expires, so a replay that died does not block the next one for longer than its TTL.
+Two replays working on the same held key could interleave its events, and two housekeeping
+runs could each settle the other's staged chunk; a lease row taken with a conditional
+UPDATE (the same on SQLite and PostgreSQL) prevents that. A lease expires, so a job that
+died does not block the next one for longer than its TTL; its holder renews it by taking
+it again with the same owner.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from sqlalchemy.exc import IntegrityError
 from tidings.outbox.schema import lease
 
 
-def _owner() -> str:
+def new_owner() -> str:
+    """A lease owner name unique to this call (host, process, random part)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
@@ -53,7 +56,7 @@ def release(engine: Engine, name: str, owner: str) -> None:
 @contextmanager
 def held(engine: Engine, name: str, ttl: float) -> Iterator[bool]:
     """``with held(engine, "replay", 600) as mine:`` — ``mine`` says whether it was taken."""
-    owner = _owner()
+    owner = new_owner()
     mine = try_acquire(engine, name, owner, ttl)
     try:
         yield mine
