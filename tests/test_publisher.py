@@ -23,13 +23,16 @@ from publisher_helpers import (
     rows_by_seq,
     stored_seqs,
 )
+from tidings.config import load_config
 from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.outbox import EventStatus, OutboxEvent
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.breaker import CircuitBreaker
 from tidings.pipeline.publisher import Publisher
+from tidings.pipeline.retry import RetryPolicy
 from tidings.routing.table import merge_routes
+from tidings.status import health_report
 from tidings.targets.base import Target
 from tidings.targets.faults import FaultInjectingTarget
 
@@ -381,6 +384,8 @@ def test_the_relay_waits_each_retry_pause_then_stops_a_replay_tries_at_once(
 
     run(resume_delays=True)
     assert state() == ("PENDING", "HELD", 0, 1) and rows_by_seq(engine)[3].status == "PUBLISHED"
+    figures = health_report(engine, routes).targets["a"]
+    assert (figures.pending, figures.held, figures.failed) == (1, 1, 0)  # a retry is no failure
     assert "a: try 1 of 3 failed, next at" in rows_by_seq(engine)[1].error_details
     assert clock.slept == []  # the run did not wait 5 s for it
     calls = len(refusing.calls)
@@ -392,6 +397,8 @@ def test_the_relay_waits_each_retry_pause_then_stops_a_replay_tries_at_once(
     clock.now += 5
     run(resume_delays=True)  # the last try: FAILED, its key held
     assert state() == ("FAILED", "HELD", 2, 3)
+    figures = health_report(engine, routes).targets["a"]
+    assert (figures.pending, figures.held, figures.failed) == (0, 1, 1)
     clock.now += 100
     calls = len(refusing.calls)
     run(resume_delays=True)  # the relay does not try again after the last try
@@ -459,3 +466,16 @@ def test_what_was_confirmed_before_a_call_failed_is_kept(engine: Engine, tmp_pat
     ] * 3
     assert stored_seqs(store, engine) == [1, 2, 3, 5, 6, 7]  # each once
     assert [r.retry_count for r in rows.values()] == [0, 0, 0, 1, 0, 0, 0]
+
+
+def test_the_backoff_grows_to_its_cap_with_jitter_and_never_overflows() -> None:
+    config = load_config({"relay": {"retry": {"attempts": 20}}}).relay.retry
+    policy = RetryPolicy.of(config)
+    assert policy.attempts == 20
+    pauses = [policy.delay(n) for n in range(1, 12)]
+    assert 0.16 <= pauses[0] <= 0.24 and 0.32 <= pauses[1] <= 0.48  # 200 ms, 400 ms ±20 %
+    assert all(24.0 <= p <= 36.0 for p in pauses[8:])  # capped at 30 s ±20 %
+    assert len({round(policy.delay(3), 6) for _ in range(20)}) > 1  # jittered
+    assert RetryPolicy(attempts=5000, initial=1, multiplier=10, maximum=30).delay(4000) == 30
+    explicit = RetryPolicy.of([0.01, 0.025, 0.04])
+    assert (explicit.attempts, explicit.delay(1), explicit.delay(3)) == (4, 0.01, 0.04)

@@ -262,6 +262,13 @@ class RetryConfig(StrictModel):
             raise ValueError("backoff must be a list of durations, e.g. [10ms, 25ms, 40ms]")
         return [parse_duration(x) for x in v]
 
+    @property
+    def tries(self) -> int:
+        """Tries per target: the schedule's length + 1, else ``attempts`` (default 8)."""
+        if self.backoff is not None:
+            return len(self.backoff) + 1
+        return self.attempts or 8
+
     def model_post_init(self, _context: Any) -> None:
         if self.backoff is not None and self.attempts is not None:
             raise ConfigError(
@@ -356,6 +363,14 @@ class TidingsConfig(StrictModel):
         return v
 
     def model_post_init(self, _context: Any) -> None:
+        retry, threshold = self.relay.retry, self.replay.retry_count_threshold
+        attempts = retry.tries
+        if attempts - 1 > threshold:
+            raise ConfigError(
+                f"relay.retry allows {attempts} tries ({attempts - 1} retries), over "
+                f"replay.retry_count_threshold ({threshold}), which ends every retry of an "
+                "event: raise the threshold or lower the tries"
+            )
         named = [(f"routing.routes.{key}", names) for key, names in self.routing.routes.items()]
         for where, names in [*named, ("routing.default", self.routing.default)]:
             for name in names:

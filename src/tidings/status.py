@@ -263,12 +263,17 @@ def _count_targets(
         figures = targets.setdefault(name, TargetFigures())
         if status == EventStatus.PARKED.value:
             figures.parked += count
-        elif states.get(name, {}).get("state") == "failed" and name not in held:
+        elif _failed_for_good(states.get(name, {})) and name not in held:
             figures.failed += count
         elif name in held:
             figures.held += count
         else:
             figures.pending += count
+
+
+def _failed_for_good(state: dict[str, Any]) -> bool:
+    """Failed past its last try: a failure with a retry to come (``retry_at``) is pending."""
+    return state.get("state") == "failed" and "retry_at" not in state
 
 
 def _held_targets(error: str | None) -> set[str]:

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, func, select, update
+from sqlalchemy import Engine, and_, bindparam, func, select, text, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from tidings.errors import UsageError
 from tidings.events.outbox import OPEN_STATUSES, DeliveryState, EventStatus
 from tidings.events.timeutil import as_utc, utcnow
-from tidings.outbox.schema import ensure_schema, outbox_event
+from tidings.outbox.schema import OPEN_ROW, ensure_schema, outbox_event
 
 #: Every status of an event that has not reached all its targets.
 INCOMPLETE_STATUSES: frozenset[EventStatus] = frozenset(
@@ -48,6 +48,7 @@ INCOMPLETE_STATUSES: frozenset[EventStatus] = frozenset(
 RESUBMIT_DEFAULT: frozenset[EventStatus] = frozenset({EventStatus.FAILED})
 _PARKABLE = sorted(s.value for s in OPEN_STATUSES)
 _FETCH = 1_000
+_WRITE_CHUNK = 1_000
 _CONFIRMED = DeliveryState.CONFIRMED.value
 
 RoutedTargets = Callable[[str], Sequence[str]]
@@ -148,23 +149,22 @@ class IncompleteEvents:
             return int(conn.execute(query).scalar() or 0)
 
     def blocking(self, limit: int = 100) -> list[BlockingEvent]:
-        """FAILED events that hold later events of their key, oldest first."""
-        oe = outbox_event.c
-        later = outbox_event.alias("later")
-        held = (
-            select(func.count())
-            .where(later.c.partition_key == oe.partition_key, later.c.seq > oe.seq)
-            .where(later.c.status.in_(_PARKABLE))
-            .scalar_subquery()
-        )
-        query = (
-            select(oe.seq, oe.event_id, oe.event_type, oe.partition_key, held)
-            .where(oe.status == EventStatus.FAILED.value, oe.partition_key.is_not(None))
-            .order_by(oe.seq)
-            .limit(limit)
+        """FAILED events that hold later events of their key, oldest first.
+
+        Spelled with the open-row index's literal condition, so that each probe is an index
+        range on (key, seq) rather than a scan of the open rows.
+        """
+        query = text(
+            "SELECT f.seq, f.event_id, f.event_type, f.partition_key, "
+            "(SELECT count(*) FROM outbox_event WHERE outbox_event.partition_key = "
+            f"f.partition_key AND outbox_event.seq > f.seq AND {OPEN_ROW.text}) AS held "
+            "FROM outbox_event f WHERE f.status = 'FAILED' AND f.partition_key IS NOT NULL "
+            "AND EXISTS (SELECT 1 FROM outbox_event WHERE outbox_event.partition_key = "
+            f"f.partition_key AND outbox_event.seq > f.seq AND {OPEN_ROW.text}) "
+            "ORDER BY f.seq LIMIT :limit"
         )
         with self.engine.connect() as conn:
-            return [BlockingEvent(*row) for row in conn.execute(query) if row[4]]
+            return [BlockingEvent(*row) for row in conn.execute(query, {"limit": limit})]
 
     # -- changing --------------------------------------------------------------------------
 
@@ -298,10 +298,13 @@ class IncompleteEvents:
             )
         )
         done: set[int] = set()
-        with self.engine.begin() as conn:
-            for change in changes:  # one by one: each row's own count says if it changed
-                if conn.execute(statement, change).rowcount:
-                    done.add(change["b_seq"])
+        for start in range(0, len(changes), _WRITE_CHUNK):
+            # one transaction per chunk: a resubmit of a million events must not hold
+            # SQLite's single writer (and the service's emits) for the whole of it
+            with self.engine.begin() as conn:
+                for change in changes[start : start + _WRITE_CHUNK]:
+                    if conn.execute(statement, change).rowcount:  # this row's own count
+                        done.add(change["b_seq"])
         return done if returning else len(done)
 
 
@@ -314,4 +317,3 @@ def _ids(event_ids: Iterable[str]) -> tuple[str, ...]:
     if not ids:
         raise UsageError("name at least one event id")
     return ids
-

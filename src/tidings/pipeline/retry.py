@@ -22,8 +22,6 @@ from tidings.errors import UsageError
 #: A run whose only work left is a retry due within this many seconds waits for it instead
 #: of leaving it to the next carry-over (which comes after 0.5 s at the soonest).
 IN_RUN_WAIT_S = 0.5
-#: Tries per target with exponential backoff when the configuration names no number.
-DEFAULT_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class RetryPolicy:
             if retry.backoff is not None:
                 return cls.of([d.total_seconds() for d in retry.backoff])
             return cls(
-                attempts=retry.attempts or DEFAULT_ATTEMPTS,
+                attempts=retry.tries,
                 initial=retry.initial_backoff.total_seconds(),
                 multiplier=retry.multiplier,
                 maximum=retry.max_backoff.total_seconds(),
