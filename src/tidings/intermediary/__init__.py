@@ -1,0 +1,26 @@
+"""Intermediaries: live views of fast-changing state for very many subscribers (the Hadean
+design, seed 001; issue 12).
+
+An intermediary sits between a publisher of state (the event server, a spatial simulation)
+and many subscribers. Each subscriber states what it wants to see; the intermediary keeps
+three stores (claims 1, 4): the publisher store (subscriber -> its subscriptions, with
+priority), the subscriber store (its own upstream subscriptions, which collectively cover
+every subscriber's) and the state store, double-buffered so that generation never sees a
+half-applied epoch ([147]-[151]). It subscribes upstream only for what is not covered
+already, and generates each subscriber's view from its own state, at the rate and priority
+the subscriber can take.
+
+Modules, bottom first:
+
+* :mod:`.geometry` -- spatial regions (boxes, spheres, sectors; 2D and 3D), validated, with
+  vectorised containment over many entities;
+* :mod:`.coverage` -- whether upstream regions cover a subscriber's, the uncovered part, and
+  the upstream set a set of live subscriptions needs (exact, bounding box or margin);
+* :mod:`.state` -- the columnar, double-buffered state store;
+* :mod:`.scheduling` -- per-subscriber rates and the priority queue with aging;
+* :mod:`.sqlviews` -- read-only SQL views parsed and checked with sqlglot, decomposed into
+  primitive queries, covered and executed on the state store.
+
+It stands on the event model and the public client only: it does not reach into the
+server's or the pipeline's internals.
+"""
