@@ -17,14 +17,16 @@ became due when ``s0`` serves had been made has, after ``S`` serves, the priorit
 O(log n) (lazy deletion, compacted when stale entries outnumber live ones). Ties go to the
 entry that became due first.
 
-**Bound on waiting.** Let ``n`` be the number of subscribers, ``P`` the largest base
-priority allowed (``max_priority``), ``a`` the aging increment and ``p`` the base priority of
-a subscriber ``x`` that became due at serve count ``s0`` and stays ready. Another entry
-``y`` (base ``p_y`` <= ``P``, due since ``s_y``) is served before ``x`` only if its aged
-priority is higher at that moment, i.e. ``s_y < s0 + (p_y - p) / a <= s0 + W`` with
+**Bound on waiting.** Let ``n`` be the number of subscribers scheduled at some time during
+the wait (those added meanwhile count), ``P`` the largest base priority allowed
+(``max_priority``), ``a`` the aging increment and ``p`` the base priority of a subscriber
+``x`` that became due at serve count ``s0`` and stays ready. Another entry ``y`` (base
+``p_y`` <= ``P``, due since ``s_y``) is served before ``x`` only if its aged priority is
+higher at that moment, i.e. ``s_y < s0 + (p_y - p) / a <= s0 + W`` with
 ``W = (P - p) / a``. Entries due before ``x`` are at most one per other subscriber
-(``n - 1``); an entry becoming due after ``s0`` and before ``s0 + W`` needs an earlier
-serve of its subscriber inside that window, and there are fewer than ``ceil(W)`` of those.
+(``n - 1``); every further entry of a subscriber that is *served* before ``x`` follows an
+earlier serve of that subscriber inside the window ``(s0, s0 + W)`` (an entry ended by a
+dropped frame is not a serve), and there are at most ``ceil(W)`` serves in that window.
 So at most ``n - 1 + ceil((P - p) / a)`` other serves happen before ``x`` is served
 (:meth:`Scheduler.max_wait_serves`); with ``budget`` serves per generation round that is at
 most ``ceil((n + ceil((P - p) / a)) / budget)`` rounds. A subscriber with the top priority
@@ -242,7 +244,9 @@ class Scheduler:
 
     def max_wait_serves(self, priority: float) -> int:
         """The most serves of others before a ready, due subscriber of base ``priority`` is
-        served: ``n - 1 + ceil((max_priority - priority) / aging)`` (see the module doc)."""
+        served: ``n - 1 + ceil((max_priority - priority) / aging)``, ``n`` being the
+        subscribers scheduled now (see the module doc: add any added and removed during a
+        wait)."""
         self._check_priority(priority, "(bound)")
         return max(len(self._subs) - 1, 0) + math.ceil((self.max_priority - priority) / self.aging)
 
