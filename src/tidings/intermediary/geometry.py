@@ -185,11 +185,17 @@ class Sphere:
 
 
 def _unit(field: str, direction: Vector) -> Vector:
-    """``direction`` scaled to length 1 (scaled down first, so huge entries do not overflow)."""
+    """``direction`` scaled to length 1 (scaled down first, so huge entries do not overflow).
+
+    A vector already of length 1 to rounding is kept bit for bit, so that a sector read back
+    from its wire form (:func:`dump_region`) is equal to the one written.
+    """
     d = np.array(direction)
     largest = float(np.max(np.abs(d)))
     if largest == 0.0:
         raise IntermediaryError(f"{field}: must not be the zero vector")
+    if largest <= 1.0 and abs(float(np.linalg.norm(d)) - 1.0) <= 4 * np.finfo(float).eps:
+        return direction
     d = d / largest
     return tuple((d / np.linalg.norm(d)).tolist())
 
@@ -267,7 +273,10 @@ class Sector:
         )
         if self.half_angle < math.pi:
             along = offsets @ np.array(self.direction)
-            inside &= along >= np.sqrt(squared) * math.cos(self.half_angle)
+            # Half a dozen units of rounding of slack: a point on the cone's surface (e.g. on
+            # the edge of a half plane, where cos(pi/2) rounds to 6e-17) is inside.
+            length = np.sqrt(squared)
+            inside &= along >= length * (math.cos(self.half_angle) - 8 * np.finfo(float).eps)
         return inside
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Sector:
