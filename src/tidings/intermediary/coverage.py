@@ -286,17 +286,19 @@ def _subtract(wanted: Sequence[Box], existing: Sequence[Box]) -> list[Box]:
     return _to_boxes(axes, _paint(axes, wanted) & ~_paint(axes, relevant))
 
 
-def _grown(box: Box, distance: float, world: Box | None) -> Box:
-    """``box`` grown by ``distance`` on every side; the growth stops at the world's edge
-    (the box itself is kept whole, even where it reaches outside the world)."""
-    lo = np.array(box.lo) - distance
-    hi = np.array(box.hi) + distance
+def _grown(box: Box, distance: float, world: Box | None) -> list[Box]:
+    """``box`` and its neighbourhood: grown by ``distance`` on every side, the growth cut at
+    the world's edge. The box itself is kept whole even where it reaches outside the world
+    (a subscriber may ask for that), so this is the box plus the grown box within the world:
+    the margin never adds anything outside the world."""
+    lo = np.maximum(np.array(box.lo) - distance, -MAX_EXTENT)
+    hi = np.minimum(np.array(box.hi) + distance, MAX_EXTENT)
     if world is not None:
         lo = np.maximum(lo, np.array(world.lo))
         hi = np.minimum(hi, np.array(world.hi))
-    lo = np.maximum(np.minimum(lo, np.array(box.lo)), -MAX_EXTENT)
-    hi = np.minimum(np.maximum(hi, np.array(box.hi)), MAX_EXTENT)
-    return Box(tuple(lo.tolist()), tuple(hi.tolist()))
+    if not np.all(lo < hi):
+        return [box]
+    return [box, Box(tuple(lo.tolist()), tuple(hi.tolist()))]
 
 
 def _merge_to(boxes: list[Box], limit: int) -> list[Box]:
@@ -377,7 +379,8 @@ def add(
         return [box], [box]
     pieces = uncovered(current, region)
     if policy.kind == "margin" and policy.distance > 0:
-        pieces = _subtract([_grown(p, policy.distance, world) for p in pieces], current)
+        grown = [part for piece in pieces for part in _grown(piece, policy.distance, world)]
+        pieces = _subtract(grown, current)
     if len(pieces) > policy.max_boxes:
         pieces = [_hull(pieces)]
     new = _merge_to([*current, *pieces], policy.max_boxes)
