@@ -10,6 +10,7 @@ every unit cell in it is.
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidings.errors import IntermediaryError
+from tidings.intermediary import coverage
 from tidings.intermediary.coverage import (
     UpstreamPolicy,
     add,
@@ -259,6 +261,41 @@ def test_covers_is_exact_on_boxes(data, dim: int) -> None:
             overlap = np.minimum(p.hi, q.hi) - np.maximum(p.lo, q.lo)
             assert (overlap <= 0).any()
     assert (in_some_box(middles, pieces) != in_some_box(middles, upstream)).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), dim=dims, seed=st.integers(0, 2**32 - 1))
+def test_a_grid_too_large_for_one_pass_is_split_with_the_same_answer(
+    data, dim: int, seed: int
+) -> None:
+    """With a tiny one-pass limit every question is answered by halving the extent: the
+    answers stay exact on boxes and never wrong on spheres and sectors."""
+    upstream = data.draw(st.lists(lattice_boxes(dim), max_size=8))
+    box = data.draw(lattice_boxes(dim))
+    round_ = data.draw(st.one_of(spheres(dim), sectors(dim)))
+    whole = covers(upstream, box)
+    with mock.patch.object(coverage, "MAX_GRID_CELLS", 4):
+        assert covers(upstream, box) is whole
+        round_covered = covers(upstream, round_)
+        pieces = uncovered(upstream, box)
+        round_pieces = uncovered(upstream, round_)
+    assert (round_pieces == []) is round_covered
+    middles = cell_middles(box)
+    assert (in_some_box(middles, pieces) != in_some_box(middles, upstream)).all()
+    points = sample(round_, np.random.default_rng(seed))
+    assert in_some_box(points, upstream + round_pieces).all()
+    if round_covered:
+        assert in_some_box(points, upstream).all()
+
+
+def test_coverage_gives_up_with_a_clear_error_when_it_cannot_split() -> None:
+    upstream = [Box((i, 0), (i + 0.5, 1)) for i in range(10)]
+    with (
+        mock.patch.object(coverage, "MAX_GRID_CELLS", 1),
+        mock.patch.object(coverage, "_MAX_SPLITS", 0),
+        pytest.raises(IntermediaryError, match=r"upstream: \d+ boxes cut a region too finely"),
+    ):
+        covers(upstream, Box((0, 0), (10, 1)))
 
 
 @settings(max_examples=200, deadline=None)

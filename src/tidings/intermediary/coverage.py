@@ -43,13 +43,15 @@ from typing import Literal
 import numpy as np
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.geometry import MAX_EXTENT, Box, Region, Sector
+from tidings.intermediary.geometry import MAX_EXTENT, Box, Region, Sector, Sphere
 
 #: The default bound on the number of upstream boxes an intermediary holds.
 MAX_UPSTREAM_BOXES = 64
-#: The largest compressed grid one coverage question may build (cells); far beyond what
-#: ``max_boxes`` upstream boxes can make (3D, 64 boxes: 130^3 = 2.2 million).
+#: The largest compressed grid built in one pass (cells); a larger one is halved first. 64
+#: upstream boxes cut a 3D region into at most 130^3 = 2.2 million cells: one pass.
 MAX_GRID_CELLS = 4_000_000
+#: How many times a grid too large for one pass may be halved before coverage gives up.
+_MAX_SPLITS = 48
 #: Relative slack of the touch tests: a cell within this of a sphere or sector counts as
 #: touching it, so rounding can only make coverage more conservative.
 _TOUCH_SLACK = 1e-9
@@ -132,12 +134,6 @@ def _axes(extent: Box, boxes: Sequence[Box]) -> list[np.ndarray]:
         for box in boxes:
             cuts.extend(x for x in (box.lo[axis], box.hi[axis]) if lo < x < hi)
         axes.append(np.unique(np.array(cuts)))
-    cells = math.prod(len(a) - 1 for a in axes)
-    if cells > MAX_GRID_CELLS:
-        raise IntermediaryError(
-            f"upstream: {len(boxes)} boxes cut the region into {cells} cells, more than "
-            f"{MAX_GRID_CELLS}; keep the upstream set small (UpstreamPolicy.max_boxes)"
-        )
     return axes
 
 
@@ -250,11 +246,48 @@ def _inside(inner: Box, outer: Box) -> bool:
 # -- coverage ------------------------------------------------------------------------------
 
 
-def _uncovered_mask(upstream: Sequence[Box], region: Region) -> tuple[list[np.ndarray], np.ndarray]:
-    extent = region.bounds()
-    relevant = _overlapping(_check_dims(upstream, region.dim, "upstream"), extent)
-    axes = _axes(extent, relevant)
-    return axes, ~_paint(axes, relevant) & _touching(region, axes)
+def _difference(
+    extent: Box,
+    wanted: Region | Sequence[Box],
+    existing: Sequence[Box],
+    first_only: bool = False,
+    depth: int = 0,
+) -> list[Box]:
+    """Disjoint boxes inside ``extent`` holding every point of ``wanted`` (a region, or the
+    union of boxes) that no ``existing`` box holds; with ``first_only``, stop at the first.
+
+    A grid too large for one pass (many boundaries inside the extent) is split in two at
+    the median boundary of its busiest axis, and each half answered alone: fewer boxes cut
+    each half, and a box that holds a whole half settles it at once.
+    """
+    relevant = _overlapping(existing, extent)
+    if any(_inside(extent, box) for box in relevant):
+        return []
+    parts = [] if isinstance(wanted, (Box, Sphere, Sector)) else _overlapping(wanted, extent)
+    if not parts and not isinstance(wanted, (Box, Sphere, Sector)):
+        return []
+    axes = _axes(extent, [*relevant, *parts])
+    if math.prod(len(a) - 1 for a in axes) > MAX_GRID_CELLS:
+        if depth >= _MAX_SPLITS:
+            raise IntermediaryError(
+                f"upstream: {len(relevant)} boxes cut a region too finely to decide coverage; "
+                "keep the upstream set small (UpstreamPolicy.max_boxes)"
+            )
+        axis = int(np.argmax([len(a) for a in axes]))
+        cut = float(axes[axis][len(axes[axis]) // 2])
+        lower = Box(extent.lo, tuple(cut if k == axis else x for k, x in enumerate(extent.hi)))
+        upper = Box(tuple(cut if k == axis else x for k, x in enumerate(extent.lo)), extent.hi)
+        pieces = _difference(lower, wanted, relevant, first_only, depth + 1)
+        if first_only and pieces:
+            return pieces
+        return pieces + _difference(upper, wanted, relevant, first_only, depth + 1)
+    if isinstance(wanted, (Box, Sphere, Sector)):
+        mask = _touching(wanted, axes) & ~_paint(axes, relevant)
+    else:
+        mask = _paint(axes, parts) & ~_paint(axes, relevant)
+    if first_only:
+        return [extent] if mask.any() else []
+    return _to_boxes(axes, mask)
 
 
 def covers(upstream: Sequence[Box], region: Region) -> bool:
@@ -263,7 +296,8 @@ def covers(upstream: Sequence[Box], region: Region) -> bool:
     Exact for a box; conservative for a sphere or a sector (it may say False for a region
     that is covered, never True for one that is not).
     """
-    return not _uncovered_mask(upstream, region)[1].any()
+    upstream = _check_dims(upstream, region.dim, "upstream")
+    return not _difference(region.bounds(), region, upstream, first_only=True)
 
 
 def uncovered(upstream: Sequence[Box], region: Region) -> list[Box]:
@@ -274,16 +308,13 @@ def uncovered(upstream: Sequence[Box], region: Region) -> list[Box]:
     part of the bounding box that touches the region (so a sphere's corners that lie outside
     it are not asked for).
     """
-    axes, mask = _uncovered_mask(upstream, region)
-    return _to_boxes(axes, mask)
+    upstream = _check_dims(upstream, region.dim, "upstream")
+    return _difference(region.bounds(), region, upstream)
 
 
 def _subtract(wanted: Sequence[Box], existing: Sequence[Box]) -> list[Box]:
     """Disjoint boxes whose union is the union of ``wanted`` minus the union of ``existing``."""
-    extent = _hull(wanted)
-    relevant = _overlapping(existing, extent)
-    axes = _axes(extent, [*wanted, *relevant])
-    return _to_boxes(axes, _paint(axes, wanted) & ~_paint(axes, relevant))
+    return _difference(_hull(wanted), wanted, existing)
 
 
 def _grown(box: Box, distance: float, world: Box | None) -> list[Box]:
@@ -372,17 +403,19 @@ def add(
     current = _check_dims(current_upstream, region.dim, "upstream")
     if world is not None:
         _check_dims([world], region.dim, "world")
-    if covers(current, region):
+    pieces = uncovered(current, region)
+    if not pieces:
         return current, []
     if policy.kind == "bounding":
         box = _hull([*current, region.bounds()])
         return [box], [box]
-    pieces = uncovered(current, region)
+    if len(pieces) > policy.max_boxes:
+        pieces = [_hull(pieces)]
     if policy.kind == "margin" and policy.distance > 0:
         grown = [part for piece in pieces for part in _grown(piece, policy.distance, world)]
         pieces = _subtract(grown, current)
-    if len(pieces) > policy.max_boxes:
-        pieces = [_hull(pieces)]
+        if len(pieces) > policy.max_boxes:
+            pieces = [_hull(pieces)]
     new = _merge_to([*current, *pieces], policy.max_boxes)
     known = set(current)
     return new, [b for b in new if b not in known]
