@@ -170,6 +170,13 @@ def test_known_sector_bounds() -> None:
     assert Sector((0, 0, 0), 1, (1, 0, 0), math.pi).bounds() == Box((-1, -1, -1), (1, 1, 1))
 
 
+def test_sector_bounds_next_to_an_axis_keep_every_digit() -> None:
+    """A direction a hair off an axis: the angle to it is computed without cancellation,
+    so the box reaches the sector's edge to the last bits (it was 2e-9 short)."""
+    sector = Sector((0, 0), 1, (1.0, 2e-9), 2.0)
+    assert sector.bounds().lo[0] == pytest.approx(math.cos(2.0 + 2e-9), abs=1e-15)
+
+
 def test_sector_direction_is_stored_as_a_unit_vector() -> None:
     assert Sector((0, 0), 1, (3, 4), 1.0).direction == pytest.approx((0.6, 0.8))
     assert Sector((0, 0), 1, (1e300, 1e300), 1.0).direction == pytest.approx(

@@ -17,6 +17,8 @@ ball), always with a small tolerance outwards. So :func:`covers` is exact on box
 conservative on spheres and sectors: it may answer "not covered" for a region that is
 covered (a cell that only grazes a sector's cone), never "covered" for one that is not. The
 same grid works in 2D and 3D, so shapely (2D only, polygonal circles) is not needed here.
+A grid too large for one pass (``MAX_GRID_CELLS``) is halved at a boundary and each half
+answered alone, so a large upstream set costs time, not a refusal.
 
 What is subscribed upstream is set by an :class:`UpstreamPolicy` (claim 2): ``exact``
 subscribes to just the uncovered pieces, ``bounding`` keeps one box around everything

@@ -247,8 +247,11 @@ class Sector:
         """
         u = np.array(self.direction)
         c = np.array(self.center)
-        theta_plus = np.arccos(np.clip(u, -1.0, 1.0))
-        theta_minus = math.pi - theta_plus
+        # atan2, not arccos: arccos loses half the digits next to an axis (u_i near 1).
+        square = u * u
+        across = np.sqrt([np.delete(square, axis).sum() for axis in range(self.dim)])
+        theta_plus = np.arctan2(across, u)
+        theta_minus = np.arctan2(across, -u)
         reach_plus = self.radius * np.maximum(
             0.0, np.cos(np.maximum(0.0, theta_plus - self.half_angle))
         )
