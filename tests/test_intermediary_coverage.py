@@ -26,7 +26,7 @@ from tidings.intermediary.coverage import (
     plan,
     uncovered,
 )
-from tidings.intermediary.geometry import Box, Sector, Sphere
+from tidings.intermediary.geometry import Box, Relative, Sector, Sphere
 
 SETTINGS = settings(max_examples=120, deadline=None)
 
@@ -400,6 +400,14 @@ def test_the_box_count_stays_bounded() -> None:
             r"live_regions\[1\]: has 3 dimensions, expected 2",
         ),
         (lambda: covers([(0, 0, 1, 1)], Box((0, 0), (1, 1))), r"upstream\[0\]: expected a Box"),
+        (
+            lambda: covers([], Relative(Sphere((0, 0), 1), "me")),
+            r"region: a relative region is placed first",
+        ),
+        (
+            lambda: plan([Box((0, 0), (1, 1)), {"box": 1}], UpstreamPolicy.exact()),
+            r"live_regions\[1\]: expected a region",
+        ),
     ],
 )
 def test_bad_arguments_are_refused(call, message: str) -> None:

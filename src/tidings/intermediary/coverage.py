@@ -45,7 +45,7 @@ from typing import Literal
 import numpy as np
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.geometry import MAX_EXTENT, Box, Region, Sector, Sphere
+from tidings.intermediary.geometry import MAX_EXTENT, Box, Region, Relative, Sector, Sphere
 
 #: The default bound on the number of upstream boxes an intermediary holds.
 MAX_UPSTREAM_BOXES = 64
@@ -118,6 +118,17 @@ def _check_dims(boxes: Iterable[Box], dim: int, field: str) -> list[Box]:
         if box.dim != dim:
             raise IntermediaryError(f"{field}[{index}]: has {box.dim} dimensions, expected {dim}")
     return boxes
+
+
+def _check_region(region: object, field: str = "region") -> Region:
+    if isinstance(region, Relative):
+        raise IntermediaryError(
+            f"{field}: a relative region is placed first (Relative.resolve at its entity's "
+            "position); coverage is decided on where it is now"
+        )
+    if not isinstance(region, (Box, Sphere, Sector)):
+        raise IntermediaryError(f"{field}: expected a region, got {type(region).__name__}")
+    return region
 
 
 def _overlapping(boxes: Sequence[Box], extent: Box) -> list[Box]:
@@ -298,6 +309,7 @@ def covers(upstream: Sequence[Box], region: Region) -> bool:
     Exact for a box; conservative for a sphere or a sector (it may say False for a region
     that is covered, never True for one that is not).
     """
+    region = _check_region(region)
     upstream = _check_dims(upstream, region.dim, "upstream")
     return not _difference(region.bounds(), region, upstream, first_only=True)
 
@@ -310,6 +322,7 @@ def uncovered(upstream: Sequence[Box], region: Region) -> list[Box]:
     part of the bounding box that touches the region (so a sphere's corners that lie outside
     it are not asked for).
     """
+    region = _check_region(region)
     upstream = _check_dims(upstream, region.dim, "upstream")
     return _difference(region.bounds(), region, upstream)
 
@@ -402,6 +415,7 @@ def add(
     may be missing from the result: the caller unsubscribes those after subscribing the
     added ones (the new set covers everything the old one did).
     """
+    region = _check_region(region)
     current = _check_dims(current_upstream, region.dim, "upstream")
     if world is not None:
         _check_dims([world], region.dim, "world")
@@ -436,7 +450,7 @@ def plan(
     bounding box of all of them grown by the margin. Under ``bounding`` it is the one
     bounding box of the live regions.
     """
-    regions = list(live_regions)
+    regions = [_check_region(r, f"live_regions[{i}]") for i, r in enumerate(live_regions)]
     if not regions:
         return []
     dim = regions[0].dim
