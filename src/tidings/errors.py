@@ -127,3 +127,8 @@ class StreamError(TidingsError):
         super().__init__(f"{name}: {description}" if description else name)
         self.name = name
         self.description = description
+
+
+class IntermediaryError(TidingsError):
+    """An intermediary refused a subscription or could not serve it; the message names the
+    problem."""
