@@ -407,6 +407,11 @@ class TableState:
             if self.catalog is not None:
                 allowed = self.catalog.tables[name]
                 incoming = incoming.select([c for c in lowered if c in allowed or c in cols])
+            if incoming.num_rows == 0:
+                if name not in self._tables and incoming.num_columns:
+                    self._tables[name] = incoming  # nothing yet, but the columns are known
+                    self._versions[name] = self._versions.get(name, 0) + 1
+                return
             for c in cols:
                 if c not in incoming.column_names or incoming[c].null_count:
                     raise IntermediaryError(f"every row for {name} needs its key column {c}")
