@@ -18,8 +18,9 @@ Modules, bottom first:
   the upstream set a set of live subscriptions needs (exact, bounding box or margin);
 * :mod:`.state` -- the columnar, double-buffered state store;
 * :mod:`.scheduling` -- per-subscriber rates and the priority queue with aging;
-* :mod:`.sqlviews` -- read-only SQL views parsed and checked with sqlglot, decomposed into
-  primitive queries, covered and executed on the state store.
+* :mod:`.sqlviews` -- read-only SQL views parsed and checked with sqlglot and decomposed into
+  primitive queries; :mod:`.sqltables` -- the primitives' coverage and merging, and the
+  tables the views are evaluated on.
 
 It stands on the event model and the public client only: it does not reach into the
 server's or the pipeline's internals.
