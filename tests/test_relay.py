@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sqlalchemy import select, text
+from sqlalchemy import Engine, select, text
 
 from helpers import relay_config, statuses, store_events, store_target, write_config
+from tidings.config import TidingsConfig
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
@@ -74,16 +75,21 @@ def test_restart_from_checkpoint_resumes_without_loss_or_duplicate(spark, tmp_pa
     assert [e.outbox_event_id for e in stored] == [r[0] for r in logged]
 
 
-def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path: Path) -> None:
+def _store_down(tmp_path: Path) -> tuple[TidingsConfig, Path, Engine, Outbox]:
+    """A relay to an event store whose fault file says it is down (one retry, 1 ms)."""
     fault = tmp_path / "store.fault"
     config = relay_config(
         tmp_path,
         targets={"store": store_target(tmp_path, fault_file=str(fault))},
         retry={"backoff": ["1ms"]},
     )
-    engine = make_engine(config.database.url)
-    outbox = Outbox(engine)
     fault.write_text("down")
+    engine = make_engine(config.database.url)
+    return config, fault, engine, Outbox(engine)
+
+
+def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path: Path) -> None:
+    config, fault, engine, outbox = _store_down(tmp_path)
     for key in ("a", "b", "a", "b", "a"):
         _emit(outbox, "Created", key)
     start_relay(spark, config, available_now=True).awaitTermination()
@@ -125,15 +131,7 @@ def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path:
 def test_a_stuck_key_does_not_eat_the_replay_limit(spark, tmp_path: Path) -> None:
     """A key whose FAILED event is past the retry threshold is skipped as a whole: its 30
     held events would otherwise fill a replay's event limit and the others would starve."""
-    fault = tmp_path / "store.fault"
-    config = relay_config(
-        tmp_path,
-        targets={"store": store_target(tmp_path, fault_file=str(fault))},
-        retry={"backoff": ["1ms"]},
-    )
-    engine = make_engine(config.database.url)
-    outbox = Outbox(engine)
-    fault.write_text("down")
+    config, fault, engine, outbox = _store_down(tmp_path)
     _emit(outbox, "Created", "stuck", 31)
     for key in ("k0", "k1", "k2"):
         _emit(outbox, "Created", key)
