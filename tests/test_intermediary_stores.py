@@ -234,3 +234,23 @@ def test_bounding_policy_keeps_one_upstream_box() -> None:
     outcome = subscribe_request(publishers, upstream, None, "b", "v", _box(10, 11))
     assert upstream.boxes == (_box(0, 11),)
     assert outcome.upstream.added == [_box(0, 11)] and outcome.upstream.removed == [_box(0, 1)]
+
+
+def test_a_request_refused_by_coverage_leaves_both_stores_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    publishers, upstream = PublisherStore(2), SubscriberStore(2)
+    subscribe_request(publishers, upstream, None, "a", "v", _box(0, 1), priority=2)
+
+    def refuse(*args: object, **kwargs: object) -> bool:
+        raise IntermediaryError("upstream: too finely cut")
+
+    monkeypatch.setattr(coverage, "covers", refuse)
+    with pytest.raises(IntermediaryError, match="too finely cut"):
+        subscribe_request(publishers, upstream, None, "a", "v", _box(5, 6))
+    with pytest.raises(IntermediaryError, match="too finely cut"):
+        subscribe_request(publishers, upstream, None, "b", "v", _box(5, 6))
+    assert publishers.subscribers() == ["a"] and len(publishers) == 1
+    assert publishers.subscriptions("a")["v"].subscription == _box(0, 1)
+    assert publishers.subscriptions("a")["v"].priority == 2.0
+    assert upstream.boxes == (_box(0, 1),) and not upstream.stale

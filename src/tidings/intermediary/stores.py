@@ -387,7 +387,8 @@ def subscribe_request(
 
     Replacing a subscription marks the subscriber store stale (the old region may no longer
     be needed). A relative region whose entity is not in the state is recorded but not
-    placed; :meth:`SubscriberStore.track` covers it once it appears.
+    placed; :meth:`SubscriberStore.track` covers it once it appears. A request refused at any
+    step leaves both stores as they were.
     """
     if publishers.dim != upstream.dim:
         raise IntermediaryError(
@@ -395,13 +396,25 @@ def subscribe_request(
             f"{upstream.dim}D"
         )
     record, replaced = publishers.put(subscriber, key, subscription, priority, capabilities)
-    if replaced is not None:
-        upstream.unsubscribe()
     placed = place(subscription, snapshot)
     if isinstance(placed, str):
+        if replaced is not None:
+            upstream.unsubscribe()
         return SubscribeOutcome(record, replaced, None, placed, False, UpstreamDiff([], []))
-    covered = upstream.covers(placed)
-    diff = UpstreamDiff([], []) if covered else upstream.subscribe(placed)
+    try:
+        covered = upstream.covers(placed)
+        diff = UpstreamDiff([], []) if covered else upstream.subscribe(placed)
+    except IntermediaryError:
+        # Coverage could not be decided (or the region does not fit the upstream set): the
+        # request is refused as a whole, so the publisher store is as it was.
+        publishers.remove(subscriber, key)
+        if replaced is not None:
+            publishers.put(
+                subscriber, key, replaced.subscription, replaced.priority, replaced.capabilities
+            )
+        raise
+    if replaced is not None:
+        upstream.unsubscribe()
     return SubscribeOutcome(record, replaced, placed, None, covered, diff)
 
 
