@@ -10,7 +10,7 @@ import pytest
 from tidings.errors import IntermediaryError
 from tidings.intermediary import coverage
 from tidings.intermediary.coverage import UpstreamPolicy
-from tidings.intermediary.generation import Capabilities
+from tidings.intermediary.generation import Capabilities, decode_frame, generate
 from tidings.intermediary.geometry import Box, Relative, Sphere
 from tidings.intermediary.state import Snapshot, StateStore, UpdateBatch
 from tidings.intermediary.stores import (
@@ -254,3 +254,17 @@ def test_a_request_refused_by_coverage_leaves_both_stores_as_they_were(
     assert publishers.subscriptions("a")["v"].subscription == _box(0, 1)
     assert publishers.subscriptions("a")["v"].priority == 2.0
     assert upstream.boxes == (_box(0, 1),) and not upstream.stale
+
+
+def test_a_relative_record_generates_its_view_around_its_entity() -> None:
+    state = _state({1: (10.0, 10.0), 2: (11.0, 10.5), 3: (50.0, 50.0)})
+    snap = state.snapshot()
+    publishers = PublisherStore(2)
+    caps = Capabilities(relative=True, float32=True)
+    record, _ = publishers.put("p1", "near", Relative(Sphere((0.0, 0.0), 3.0), 1), 1, caps)
+    ((placed_record, region),) = publishers.live_regions(snap).regions
+    assert placed_record is record
+    own = snap.position_of(1)
+    header, ids, positions = decode_frame(generate(snap, region, record.capabilities, own).data)
+    assert ids.tolist() == [1, 2] and header.origin == (10.0, 10.0)
+    assert positions.tolist() == [[0.0, 0.0], [1.0, 0.5]]
