@@ -18,6 +18,10 @@ Modules, bottom first:
   the upstream set a set of live subscriptions needs (exact, bounding box or margin);
 * :mod:`.state` -- the columnar, double-buffered state store;
 * :mod:`.scheduling` -- per-subscriber rates and the priority queue with aging;
+* :mod:`.stores` -- the publisher store (subscriber -> subscriptions, priority,
+  capabilities) and the subscriber store (upstream boxes), wired as claim 1 says;
+* :mod:`.generation` -- a subscriber's view from the active state, transformed to its
+  capabilities, as a binary frame (with the empty and unchanged frames);
 * :mod:`.sqlviews` -- read-only SQL views parsed and checked with sqlglot and decomposed into
   primitive queries; :mod:`.sqltables` -- the primitives' coverage and merging, and the
   tables the views are evaluated on.
