@@ -23,8 +23,8 @@ Modules, bottom first:
 * :mod:`.generation` -- a subscriber's view from the active state, transformed to its
   capabilities, as a binary frame (with the empty and unchanged frames);
 * :mod:`.sqlviews` -- read-only SQL views parsed and checked with sqlglot and decomposed into
-  primitive queries; :mod:`.sqltables` -- the primitives' coverage and merging, and the
-  tables the views are evaluated on.
+  primitive queries; :mod:`.primitives` -- whether upstream primitives cover a new one, and
+  merging them; :mod:`.sqltables` -- the tables the views are evaluated on, in SQLite.
 
 It stands on the event model and the public client only: it does not reach into the
 server's or the pipeline's internals.

@@ -30,7 +30,8 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.sqltables import Primitive, TableState, covers, merge
+from tidings.intermediary.primitives import Primitive, covers, merge
+from tidings.intermediary.sqltables import TableState
 
 if TYPE_CHECKING:
     import pyarrow as pa
