@@ -24,6 +24,8 @@ from sqlglot.errors import SqlglotError
 
 #: Past this many clauses a filter's normal form is not expanded: it becomes one opaque atom.
 MAX_CLAUSES = 32
+
+
 @dataclass(frozen=True)
 class Primitive:
     """What the intermediary subscribes upstream for: the rows of ``table`` matching

@@ -37,7 +37,6 @@ _AFFINITY = {"integer": "INTEGER", "real": "REAL", "numeric": "NUMERIC", "text":
              "blob": "BLOB"}  # fmt: skip
 
 
-
 def _authorizer(tables: frozenset[str]) -> Any:
     """Allow reading the view's tables and calling allowed functions; deny all else."""
 
