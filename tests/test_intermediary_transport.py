@@ -229,3 +229,23 @@ def test_a_subscriber_that_never_reads_is_dropped_with_a_reason_while_another_go
         await good.close()
 
     run(body, n=400, max_dropped=3, limits=TransportLimits(send_buffer_bytes=4096))
+
+
+def test_an_oversized_message_closes_with_1009_and_a_full_server_refuses_with_1013() -> None:
+    async def body(rig: Rig) -> None:
+        async with websockets.connect(rig.url) as big:
+            await big.recv()  # hello
+            await big.send("x" * 5000)
+            with pytest.raises(websockets.ConnectionClosed):
+                await big.recv()
+            assert big.close_code == 1009
+        await until(lambda: not rig.server.connections)
+        first = await IntermediaryClient.connect(rig.url)
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            async with websockets.connect(rig.url) as second:
+                await second.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        await first.subscribe("k", SMALL)
+        await first.close()
+
+    run(body, limits=TransportLimits(max_message_bytes=4096, max_connections=1))

@@ -231,10 +231,11 @@ class IntermediaryServer:
     # -- connections -------------------------------------------------------------------
 
     async def _endpoint(self, websocket: WebSocket) -> None:
+        await websocket.accept()
         if len(self.connections) >= self.limits.max_connections:
+            # Accepted first so the client reads a close code and reason, not a bare 403.
             await websocket.close(FULL_CLOSE_CODE, "too many connections")
             return
-        await websocket.accept()
         self._next_id += 1
         conn = _Connection(
             self._next_id, websocket, tokens=float(self.limits.burst), refilled=self.clock()
