@@ -1,0 +1,159 @@
+"""A small Python subscriber of an intermediary (issue 12 item 7), over :mod:`.transport`'s
+WebSocket protocol, with the ``websockets`` library.
+
+One background task reads the connection: JSON replies go to the request waiting for them
+(requests are sent one at a time, and the server answers each in order), binary frames are
+decoded (:func:`.generation.decode_frame`) into a bounded buffer that :meth:`frames`
+iterates. The buffer keeps the latest frames: a caller slower than the server loses the
+oldest (counted in :attr:`IntermediaryClient.overflowed`), as the server itself would drop
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import websockets
+
+from tidings.errors import IntermediaryError
+from tidings.intermediary.generation import FrameHeader, decode_frame
+from tidings.intermediary.transport import open_envelope
+
+
+@dataclass(frozen=True)
+class ReceivedFrame:
+    """A decoded frame of subscription ``key``."""
+
+    key: str
+    header: FrameHeader
+    ids: np.ndarray
+    positions: np.ndarray
+
+    def world_positions(self) -> np.ndarray:
+        """Positions in world coordinates (relative ones shifted by the frame's origin)."""
+        if self.header.origin is None:
+            return self.positions.astype(np.float64)
+        return self.positions.astype(np.float64) + np.asarray(self.header.origin)
+
+
+class IntermediaryClient:
+    """A connected subscriber; use :meth:`connect` (``async with`` closes it)."""
+
+    def __init__(self, websocket: Any, subscriber: int, max_buffered: int) -> None:
+        self.websocket = websocket
+        self.subscriber = subscriber
+        self.overflowed = 0
+        self.close_code: int | None = None
+        self.close_reason: str | None = None
+        self._frames: deque[ReceivedFrame] = deque(maxlen=max_buffered)
+        self._frame_ready = asyncio.Event()
+        self._replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._lock = asyncio.Lock()
+        self._closed = asyncio.Event()
+        self._task = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, max_buffered: int = 1024, **options: Any
+    ) -> IntermediaryClient:
+        """Connect to ``url`` (``ws://host:port/``) and wait for the server's hello."""
+        websocket = await websockets.connect(url, **options)
+        hello = json.loads(await websocket.recv())
+        if hello.get("op") != "hello":
+            await websocket.close()
+            raise IntermediaryError(f"client: expected a hello, got {hello!r}")
+        return cls(websocket, int(hello["subscriber"]), max_buffered)
+
+    async def __aenter__(self) -> IntermediaryClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def subscribe(
+        self,
+        key: str,
+        region: dict[str, Any],
+        *,
+        priority: float = 0.0,
+        rate_hz: float = 10.0,
+        capabilities: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Subscribe (or replace) ``key``; the server's reply. A refusal raises
+        :class:`IntermediaryError` with the server's message."""
+        request = {
+            "op": "subscribe",
+            "key": key,
+            "region": region,
+            "priority": priority,
+            "rate_hz": rate_hz,
+        }
+        if capabilities is not None:
+            request["capabilities"] = capabilities
+        return await self.request(request)
+
+    async def unsubscribe(self, key: str) -> dict[str, Any]:
+        return await self.request({"op": "unsubscribe", "key": key})
+
+    async def request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and wait for its reply (an error reply raises)."""
+        async with self._lock:
+            await self.websocket.send(json.dumps(request))
+            reply_task = asyncio.ensure_future(self._replies.get())
+            closed_task = asyncio.ensure_future(self._closed.wait())
+            await asyncio.wait({reply_task, closed_task}, return_when=asyncio.FIRST_COMPLETED)
+            closed_task.cancel()
+            if not reply_task.done():
+                reply_task.cancel()
+                raise IntermediaryError(
+                    f"client: connection closed ({self.close_code} {self.close_reason})"
+                )
+            reply = reply_task.result()
+        if reply.get("op") == "error":
+            raise IntermediaryError(str(reply.get("message")))
+        return reply
+
+    async def frames(self) -> AsyncIterator[ReceivedFrame]:
+        """The frames as they arrive, until the connection closes."""
+        while True:
+            while self._frames:
+                yield self._frames.popleft()
+            if self._closed.is_set():
+                return
+            self._frame_ready.clear()
+            waiter = asyncio.ensure_future(self._frame_ready.wait())
+            closed = asyncio.ensure_future(self._closed.wait())
+            await asyncio.wait({waiter, closed}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            closed.cancel()
+
+    async def close(self) -> None:
+        await self.websocket.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _read(self) -> None:
+        try:
+            async for message in self.websocket:
+                if isinstance(message, str):
+                    self._replies.put_nowait(json.loads(message))
+                    continue
+                key, data = open_envelope(message)
+                header, ids, positions = decode_frame(data)
+                if len(self._frames) == self._frames.maxlen:
+                    self.overflowed += 1
+                self._frames.append(ReceivedFrame(key, header, ids, positions))
+                self._frame_ready.set()
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            self.close_code = self.websocket.close_code
+            self.close_reason = self.websocket.close_reason
+            self._closed.set()

@@ -1,0 +1,245 @@
+"""The intermediary itself: the stores, the state, the scheduler and generation wired
+together (issue 12 item 4; claim 1, [76]-[93], [138]-[151]).
+
+:class:`Intermediary` is transport-free and single-writer: the caller (the WebSocket
+server in :mod:`.transport`, or a test) hands it subscribe and unsubscribe requests,
+upstream update batches, epoch ends and generation rounds, from one thread or one event
+loop. Everything it refuses is an :class:`~tidings.errors.IntermediaryError` (the
+scheduler's usage errors are converted at this edge), so a transport catches one type and
+answers the subscriber that sent the bad request while the others go on.
+
+A subscriber is scheduled once whatever number of subscriptions it holds; when it is due,
+each of its subscriptions (by key) gets one frame, so a round returns
+``(subscriber, key, frame)`` triples. The wire frame carries no key: the transport adds it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tidings.errors import IntermediaryError, UsageError
+from tidings.intermediary import stores
+from tidings.intermediary.coverage import UpstreamPolicy
+from tidings.intermediary.generation import (
+    Capabilities,
+    Frame,
+    LastFrames,
+    empty_frame,
+    generate,
+)
+from tidings.intermediary.geometry import Box, Relative, parse_region
+from tidings.intermediary.scheduling import Scheduler, SubscriberStatus
+from tidings.intermediary.state import StateStore, UpdateBatch
+from tidings.intermediary.stores import PublisherStore, SubscriberStore, UpstreamDiff
+
+#: The longest subscription key accepted (it travels in every frame's envelope).
+MAX_KEY_BYTES = 64
+#: The highest rate a subscriber may ask for.
+MAX_RATE_HZ = 1000.0
+
+
+class Upstream(Protocol):
+    """What an intermediary subscribes to: a publisher (a :class:`.simulation.SimulationFeed`,
+    or another intermediary) that takes boxes and later delivers the state inside them."""
+
+    def subscribe(self, boxes: Sequence[Box]) -> None: ...
+
+    def unsubscribe(self, boxes: Sequence[Box]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Served:
+    """One frame of one round: for ``subscriber``'s subscription ``key``."""
+
+    subscriber: Hashable
+    key: str
+    frame: Frame
+
+
+class Intermediary:
+    """One intermediary: publisher store, subscriber store, state, scheduler, last frames."""
+
+    def __init__(
+        self,
+        dim: int,
+        upstream: Upstream,
+        *,
+        world: Box | None = None,
+        policy: UpstreamPolicy | None = None,
+        scheduler: Scheduler | None = None,
+        state: StateStore | None = None,
+        publishers: PublisherStore | None = None,
+    ) -> None:
+        self.dim = dim
+        self.upstream = upstream
+        self.state = state if state is not None else StateStore(dim)
+        if self.state.dim != dim:
+            raise IntermediaryError(
+                f"intermediary: the state store is {self.state.dim}D, not {dim}D"
+            )
+        self.publishers = publishers if publishers is not None else PublisherStore(dim)
+        self.subscriptions = SubscriberStore(dim, policy, world)
+        self.scheduler = scheduler if scheduler is not None else Scheduler()
+        self.last = LastFrames()
+
+    # -- subscribers -------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        subscriber: Hashable,
+        key: str,
+        spec: object,
+        priority: float = 0.0,
+        rate_hz: float = 10.0,
+        capabilities: object = None,
+    ) -> stores.SubscribeOutcome:
+        """Subscribe (or replace) ``subscriber``'s subscription ``key`` to the region
+        ``spec`` (:func:`.geometry.parse_region`'s wire form); what upstream must add is
+        requested at once (claim 1). ``capabilities`` is a :class:`Capabilities` or its wire
+        form."""
+        if not isinstance(key, str) or not key or len(key.encode()) > MAX_KEY_BYTES:
+            raise IntermediaryError(
+                f"key: expected a non-empty string of at most {MAX_KEY_BYTES} bytes"
+            )
+        if (
+            isinstance(rate_hz, bool)
+            or not isinstance(rate_hz, (int, float))
+            or not (math.isfinite(rate_hz) and 0 < rate_hz <= MAX_RATE_HZ)
+        ):
+            raise IntermediaryError(
+                f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r}"
+            )
+        if isinstance(priority, bool) or not isinstance(priority, (int, float)):
+            raise IntermediaryError(f"priority: expected a number, got {priority!r}")
+        subscription = parse_region(spec)
+        caps = (
+            capabilities
+            if isinstance(capabilities, Capabilities)
+            else Capabilities.parse(capabilities)
+        )
+        if caps.relative and not isinstance(subscription, Relative):
+            raise IntermediaryError(
+                "capabilities.relative: relative coordinates need a region relative_to an entity"
+            )
+        outcome = stores.subscribe_request(
+            self.publishers,
+            self.subscriptions,
+            self.state.snapshot(),
+            subscriber,
+            key,
+            subscription,
+            float(priority),
+            caps,
+        )
+        self._push(outcome.upstream)
+        top = max(r.priority for r in self.publishers.subscriptions(subscriber).values())
+        try:
+            if self._scheduled(subscriber):
+                self.scheduler.set_priority(subscriber, top)
+                self.scheduler.set_rate(subscriber, float(rate_hz))
+            else:
+                self.scheduler.add(subscriber, top, float(rate_hz))
+        except UsageError as exc:
+            stores.unsubscribe_request(self.publishers, self.subscriptions, subscriber, key)
+            raise IntermediaryError(f"schedule: {exc}") from None
+        if outcome.replaced is not None:
+            self.last.forget((subscriber, key))
+        return outcome
+
+    def unsubscribe(self, subscriber: Hashable, key: str | None = None) -> int:
+        """Drop one subscription (or, with ``key`` None, all of the subscriber's); upstream
+        shrinks at the next :meth:`end_epoch`. Returns how many were removed."""
+        removed = stores.unsubscribe_request(self.publishers, self.subscriptions, subscriber, key)
+        for record in removed:
+            self.last.forget((subscriber, record.key))
+        if not self.publishers.subscriptions(subscriber) and self._scheduled(subscriber):
+            self.scheduler.remove(subscriber)
+        return len(removed)
+
+    def set_ready(self, subscriber: Hashable, ready: bool) -> None:
+        """Whether ``subscriber``'s channel can take a frame now (ignored when it is not
+        scheduled: it has no subscription or was reported for disconnection)."""
+        if self._scheduled(subscriber):
+            self.scheduler.set_ready(subscriber, ready)
+
+    def take_disconnects(self) -> list[tuple[Hashable, str]]:
+        """Subscribers to disconnect, with the reason (too many frames dropped)."""
+        return self.scheduler.take_disconnects()
+
+    def status(self, subscriber: Hashable) -> SubscriberStatus:
+        try:
+            return self.scheduler.info(subscriber)
+        except UsageError as exc:
+            raise IntermediaryError(f"schedule: {exc}") from None
+
+    def _scheduled(self, subscriber: Hashable) -> bool:
+        try:
+            self.scheduler.info(subscriber)
+        except (UsageError, KeyError):
+            return False
+        return True
+
+    # -- upstream and epochs -----------------------------------------------------------
+
+    def apply(self, batch: UpdateBatch) -> None:
+        """An update from upstream, into the inert buffer (invisible until :meth:`end_epoch`)."""
+        self.state.apply(batch)
+
+    def end_epoch(self) -> int:
+        """Make the epoch's updates visible, then bring the upstream set up to date: re-plan
+        once if something was unsubscribed, and cover relative regions where their entities
+        are now. Returns the new epoch."""
+        epoch = self.state.end_epoch()
+        snapshot = self.state.snapshot()
+        self._push(stores.replan(self.publishers, self.subscriptions, snapshot))
+        placed = self.publishers.live_regions(snapshot)
+        moving = [
+            region for record, region in placed.regions if isinstance(record.subscription, Relative)
+        ]
+        if moving:
+            self._push(self.subscriptions.track(moving))
+        try:
+            self.scheduler.state_updated(epoch)
+        except UsageError as exc:
+            raise IntermediaryError(f"schedule: {exc}") from None
+        return epoch
+
+    def _push(self, diff: UpstreamDiff) -> None:
+        """Subscribe to the added boxes first, then drop the removed ones (nothing missed)."""
+        if diff.added:
+            self.upstream.subscribe(diff.added)
+        if diff.removed:
+            self.upstream.unsubscribe(diff.removed)
+
+    # -- generation --------------------------------------------------------------------
+
+    def round(self, now: float, budget: int) -> list[Served]:
+        """One generation round: up to ``budget`` due subscribers, one frame per
+        subscription, from one snapshot. A relative subscription whose entity is not in the
+        state gets the EMPTY frame."""
+        try:
+            due = self.scheduler.due(now, budget)
+        except UsageError as exc:
+            raise IntermediaryError(f"schedule: {exc}") from None
+        if not due:
+            return []
+        snapshot = self.state.snapshot()
+        served: list[Served] = []
+        for subscriber in due:
+            records: Mapping[str, stores.SubscriptionRecord] = self.publishers.subscriptions(
+                subscriber
+            )
+            for key, record in records.items():
+                region = stores.place(record.subscription, snapshot)
+                if isinstance(region, str):
+                    frame = empty_frame(int(snapshot.epoch), self.dim)
+                else:
+                    own = None
+                    if isinstance(record.subscription, Relative):
+                        own = snapshot.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
+                    frame = generate(snapshot, region, record.capabilities, own)
+                served.append(Served(subscriber, key, self.last.filter((subscriber, key), frame)))
+        return served

@@ -1,0 +1,140 @@
+"""A spatial simulation publisher: agents moving in a 2D or 3D world (issue 12, [134]-[137]).
+
+It is the upstream an intermediary subscribes to in the demo, the tests and the benchmark.
+Agents have positions and velocities (numpy, ``float64[N, dim]``), move in straight lines
+and bounce off the world's walls. Each intermediary connects through its own
+:class:`SimulationFeed`: it subscribes to boxes, and per tick the publisher computes that
+intermediary's relevant set ([134]-[137]: the agents inside the union of its boxes) and
+hands it over as one :class:`~tidings.intermediary.state.UpdateBatch`, with deletions for
+the agents that left the union since the previous batch, so the intermediary's state holds
+exactly the agents its boxes cover. The feed counts the bytes it would send (the ids,
+positions and deletions arrays), for the benchmark's upstream-bandwidth figure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from tidings.errors import IntermediaryError
+from tidings.intermediary.geometry import Box
+from tidings.intermediary.state import UpdateBatch
+
+#: The most agents one simulation holds (a bound on memory, not a tuning knob).
+MAX_AGENTS = 10_000_000
+#: The most boxes one feed may subscribe to at once (the intermediary keeps far fewer).
+MAX_FEED_BOXES = 4096
+
+
+class Simulation:
+    """``n`` agents in ``world`` (a :class:`Box`, 2D or 3D), ids ``0..n-1``, uniformly placed
+    with random directions and speeds up to ``max_speed`` (units per second); ``seed`` makes
+    a run reproducible."""
+
+    def __init__(self, n: int, world: Box, *, max_speed: float = 1.0, seed: int = 0) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_AGENTS:
+            raise IntermediaryError(f"simulation: n must be an int in [0, {MAX_AGENTS}], not {n!r}")
+        if not isinstance(world, Box):
+            raise IntermediaryError(f"simulation: world must be a Box, not {type(world).__name__}")
+        if not (
+            isinstance(max_speed, (int, float)) and math.isfinite(max_speed) and max_speed >= 0
+        ):
+            raise IntermediaryError(
+                f"simulation: max_speed must be finite and >= 0, not {max_speed!r}"
+            )
+        self.world = world
+        self.dim = world.dim
+        rng = np.random.default_rng(seed)
+        self._lo = np.asarray(world.lo, dtype=np.float64)
+        self._hi = np.asarray(world.hi, dtype=np.float64)
+        self.ids = np.arange(n, dtype=np.int64)
+        self.positions = self._lo + rng.random((n, self.dim)) * (self._hi - self._lo)
+        direction = rng.normal(size=(n, self.dim))
+        norms = np.linalg.norm(direction, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0
+        self.velocities = direction / norms * (rng.random((n, 1)) * max_speed)
+        self.tick = 0
+        self.feeds: list[SimulationFeed] = []
+
+    def step(self, dt: float) -> None:
+        """Advance ``dt`` seconds: move every agent, reflecting off the walls (a step longer
+        than the world is wide folds back as many times as needed)."""
+        if not (isinstance(dt, (int, float)) and math.isfinite(dt) and dt >= 0):
+            raise IntermediaryError(f"simulation: dt must be finite and >= 0, not {dt!r}")
+        span = self._hi - self._lo
+        moved = self.positions + self.velocities * dt - self._lo
+        # Reflection as a triangle wave of period 2*span: position and velocity sign.
+        phase = np.mod(moved, 2 * span)
+        back = phase > span
+        self.positions = self._lo + np.where(back, 2 * span - phase, phase)
+        laps = np.floor_divide(moved, span).astype(np.int64)
+        flip = (laps % 2) != 0
+        self.velocities = np.where(flip, -self.velocities, self.velocities)
+        self.tick += 1
+
+    def feed(self) -> SimulationFeed:
+        """A new upstream connection for one intermediary (no boxes yet)."""
+        feed = SimulationFeed(self)
+        self.feeds.append(feed)
+        return feed
+
+
+class SimulationFeed:
+    """One intermediary's subscription to a :class:`Simulation`: its boxes (a multiset: the
+    same box subscribed twice needs two unsubscribes) and the ids it was last sent. It
+    implements the intermediary's ``Upstream`` protocol."""
+
+    def __init__(self, simulation: Simulation) -> None:
+        self.simulation = simulation
+        self._boxes: list[Box] = []
+        self._sent = np.empty(0, dtype=np.int64)
+        self.bytes_sent = 0
+        self.batches = 0
+
+    @property
+    def boxes(self) -> tuple[Box, ...]:
+        """The boxes subscribed now."""
+        return tuple(self._boxes)
+
+    def subscribe(self, boxes: Sequence[Box]) -> None:
+        """Add ``boxes`` to the relevant set (from the next batch on)."""
+        boxes = list(boxes)
+        for box in boxes:
+            if not isinstance(box, Box) or box.dim != self.simulation.dim:
+                raise IntermediaryError(
+                    f"simulation: expected {self.simulation.dim}D boxes, got {box!r}"
+                )
+        if len(self._boxes) + len(boxes) > MAX_FEED_BOXES:
+            raise IntermediaryError(f"simulation: more than {MAX_FEED_BOXES} boxes on one feed")
+        self._boxes.extend(boxes)
+
+    def unsubscribe(self, boxes: Sequence[Box]) -> None:
+        """Remove one occurrence of each of ``boxes``; a box not subscribed is refused."""
+        for box in boxes:
+            try:
+                self._boxes.remove(box)
+            except ValueError:
+                raise IntermediaryError(f"simulation: {box!r} is not subscribed") from None
+
+    def relevant(self) -> np.ndarray:
+        """The row mask of the agents inside the union of the boxes, now."""
+        positions = self.simulation.positions
+        mask = np.zeros(len(positions), dtype=bool)
+        for box in self._boxes:
+            mask |= box.contains(positions)
+        return mask
+
+    def batch(self) -> UpdateBatch:
+        """This tick's update for the intermediary: the relevant agents' positions, and the
+        deletion of those sent before that are no longer relevant."""
+        sim = self.simulation
+        mask = self.relevant()
+        ids = sim.ids[mask]
+        positions = sim.positions[mask]
+        gone = np.setdiff1d(self._sent, ids, assume_unique=True)
+        self._sent = ids
+        self.bytes_sent += ids.nbytes + positions.nbytes + gone.nbytes
+        self.batches += 1
+        return UpdateBatch(ids=ids, positions=positions, delete=gone)

@@ -1,0 +1,376 @@
+"""Serving an intermediary's subscribers over WebSocket (issue 12 item 7, [84]-[88], [146]).
+
+One Starlette WebSocket endpoint. A subscriber sends JSON text requests::
+
+    {"op": "subscribe", "key": "k", "region": {...}, "priority": 0, "rate_hz": 10,
+     "capabilities": {...}}
+    {"op": "unsubscribe", "key": "k"}
+
+and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "covered"}``,
+``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error", "message"}``; a bad
+request is answered and the connection goes on) and binary messages, one per frame: a
+one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s layout). The first
+message is ``{"op": "hello", "subscriber": <id>}``.
+
+Slow subscribers never hold the others ([146]): each connection has one outgoing slot
+holding the latest round's frames; a writer task per connection empties it. While the slot is
+full or being sent, the scheduler is told the channel is not ready, so the subscriber's
+frames are dropped (and counted) instead of queued; after the scheduler's ``max_dropped`` in a
+row the connection is closed with :data:`DROPPED_CLOSE_CODE` and the scheduler's reason.
+Request messages are bounded in size (uvicorn refuses a bigger frame with 1009) and in rate
+(a token bucket per connection; a request over it is refused with an error reply).
+
+A background loop runs at ``tick_s``: it asks ``source`` for the upstream batches that
+arrived, applies them and ends the epoch if there were any, then runs one generation round.
+Everything runs on the server's event loop (a slice: generation of a round is not moved to a
+thread yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+
+from tidings.errors import IntermediaryError
+from tidings.intermediary.process import MAX_KEY_BYTES, Intermediary, Served
+from tidings.intermediary.state import UpdateBatch
+
+log = logging.getLogger(__name__)
+
+#: The close code of a subscriber disconnected for dropping too many frames (application
+#: range 4000-4999: "too slow").
+DROPPED_CLOSE_CODE = 4008
+#: The close code when the server is at its connection limit.
+FULL_CLOSE_CODE = 1013
+#: The most bytes of a close reason (the WebSocket limit is 123).
+MAX_REASON_BYTES = 120
+
+
+@dataclass(frozen=True)
+class TransportLimits:
+    """Bounds per server and per connection."""
+
+    max_message_bytes: int = 64 * 1024
+    #: Requests (subscribe/unsubscribe) per connection: a bucket of ``burst`` refilled at
+    #: ``requests_per_s``.
+    requests_per_s: float = 20.0
+    burst: int = 40
+    max_connections: int = 10_000
+    close_timeout_s: float = 10.0
+    #: SO_SNDBUF of accepted connections (None: the kernel's default and autotuning).
+    send_buffer_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Disconnect:
+    """A connection the server closed, and why."""
+
+    subscriber: int
+    code: int
+    reason: str
+
+
+def envelope(key: str, frame: bytes) -> bytes:
+    """The binary message of one frame: key length (u8), key (UTF-8), frame."""
+    raw = key.encode()
+    if len(raw) > MAX_KEY_BYTES:
+        raise IntermediaryError(f"key: longer than {MAX_KEY_BYTES} bytes")
+    return bytes((len(raw),)) + raw + frame
+
+
+def open_envelope(message: bytes) -> tuple[str, bytes]:
+    """The key and the frame of a binary message (see :func:`envelope`)."""
+    if not message:
+        raise IntermediaryError("frame: empty message")
+    n = message[0]
+    if len(message) < 1 + n:
+        raise IntermediaryError("frame: message shorter than its key")
+    try:
+        key = message[1 : 1 + n].decode()
+    except UnicodeDecodeError:
+        raise IntermediaryError("frame: the key is not UTF-8") from None
+    return key, message[1 + n :]
+
+
+@dataclass
+class _Connection:
+    id: int
+    websocket: WebSocket
+    slot: list[Served] | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    kicked: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+    replaced: int = 0
+    tokens: float = 0.0
+    refilled: float = 0.0
+
+
+class IntermediaryServer:
+    """An :class:`Intermediary` served over WebSocket; :meth:`start`, then :meth:`aclose`."""
+
+    def __init__(
+        self,
+        intermediary: Intermediary,
+        *,
+        source: Callable[[], Sequence[UpdateBatch]] | None = None,
+        tick_s: float = 0.02,
+        budget: int = 1000,
+        limits: TransportLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.intermediary = intermediary
+        self.source = source
+        self.tick_s = tick_s
+        self.budget = budget
+        self.limits = limits or TransportLimits()
+        self.clock = clock
+        self.connections: dict[int, _Connection] = {}
+        #: The latest connections closed by the server, with why (bounded, for metrics).
+        self.disconnects: deque[Disconnect] = deque(maxlen=1000)
+        self.app = Starlette(routes=[WebSocketRoute("/", self._endpoint)])
+        self._next_id = 0
+        self._server: uvicorn.Server | None = None
+        self._serve_task: asyncio.Task[None] | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self.port = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Listen on ``host:port`` (0: any free port, see :attr:`port`) and start the loop;
+        returns once connections are accepted. A port in use is an error here."""
+        try:
+            sock = _listen(host, port, self.limits.send_buffer_bytes)
+        except OSError as exc:
+            raise IntermediaryError(
+                f"transport: cannot listen on {host}:{port}: {exc.strerror}"
+            ) from None
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            ws="websockets-sansio",
+            ws_max_size=self.limits.max_message_bytes,
+            ws_per_message_deflate=False,
+            proxy_headers=False,
+        )
+        self._server = _Server(config)
+        self._serve_task = asyncio.get_running_loop().create_task(
+            self._server.serve(sockets=[sock])
+        )
+        while not self._server.started:
+            if self._serve_task.done():
+                self._serve_task.result()
+                raise IntermediaryError(f"transport: the server on {host}:{port} did not start")
+            await asyncio.sleep(0.01)
+        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def aclose(self) -> None:
+        """Stop the loop, then stop accepting and close every connection."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        if self._server is not None and self._serve_task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._serve_task, self.limits.close_timeout_s)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.step()
+            except Exception:  # one bad tick must not stop serving everyone
+                log.exception("intermediary tick failed")
+            await asyncio.sleep(self.tick_s)
+
+    def step(self) -> None:
+        """One tick: upstream batches -> epoch; one round; disconnect reported subscribers."""
+        batches = self.source() if self.source is not None else ()
+        if batches:
+            for batch in batches:
+                self.intermediary.apply(batch)
+            self.intermediary.end_epoch()
+        by_subscriber: dict[object, list[Served]] = {}
+        for served in self.intermediary.round(self.clock(), self.budget):
+            by_subscriber.setdefault(served.subscriber, []).append(served)
+        for subscriber, items in by_subscriber.items():
+            conn = self.connections.get(subscriber)  # type: ignore[call-overload]
+            if conn is not None:
+                self._offer(conn, items)
+        for subscriber, reason in self.intermediary.take_disconnects():
+            conn = self.connections.get(subscriber)  # type: ignore[call-overload]
+            if conn is not None and not conn.kicked.is_set():
+                conn.reason = reason
+                conn.kicked.set()
+
+    def _offer(self, conn: _Connection, items: list[Served]) -> None:
+        """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""
+        if conn.slot is not None:
+            conn.replaced += 1
+        conn.slot = items
+        self.intermediary.set_ready(conn.id, False)
+        conn.wake.set()
+
+    # -- connections -------------------------------------------------------------------
+
+    async def _endpoint(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        if len(self.connections) >= self.limits.max_connections:
+            # Accepted first so the client reads a close code and reason, not a bare 403.
+            await websocket.close(FULL_CLOSE_CODE, "too many connections")
+            return
+        self._next_id += 1
+        conn = _Connection(
+            self._next_id, websocket, tokens=float(self.limits.burst), refilled=self.clock()
+        )
+        self.connections[conn.id] = conn
+        writer = asyncio.create_task(self._writer(conn))
+        reader = asyncio.create_task(self._reader(conn))
+        kicked = asyncio.create_task(conn.kicked.wait())
+        try:
+            await websocket.send_text(json.dumps({"op": "hello", "subscriber": conn.id}))
+            await asyncio.wait({reader, writer, kicked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, writer, kicked):
+                task.cancel()
+            for task in (reader, writer, kicked):
+                with contextlib.suppress(BaseException):
+                    await task
+            self.connections.pop(conn.id, None)
+            self.intermediary.unsubscribe(conn.id)
+        if conn.kicked.is_set():
+            reason = _clip(conn.reason or "too many frames dropped")
+            self.disconnects.append(Disconnect(conn.id, DROPPED_CLOSE_CODE, reason))
+            with contextlib.suppress(Exception, asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    websocket.close(DROPPED_CLOSE_CODE, reason), self.limits.close_timeout_s
+                )
+
+    async def _writer(self, conn: _Connection) -> None:
+        while True:
+            await conn.wake.wait()
+            conn.wake.clear()
+            items, conn.slot = conn.slot, None
+            for served in items or ():
+                await conn.websocket.send_bytes(envelope(served.key, served.frame.data))
+            if conn.slot is None:
+                self.intermediary.set_ready(conn.id, True)
+
+    async def _reader(self, conn: _Connection) -> None:
+        while True:
+            message = await conn.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                reply: dict[str, object] = {
+                    "op": "error",
+                    "message": "request: expected a JSON text message",
+                }
+            elif len(text) > self.limits.max_message_bytes:
+                reply = {"op": "error", "message": "request: too long"}
+            elif not self._take_token(conn):
+                reply = {"op": "error", "message": "request: too many requests, slow down"}
+            else:
+                reply = self._handle(conn, text)
+            await conn.websocket.send_text(json.dumps(reply))
+
+    def _take_token(self, conn: _Connection) -> bool:
+        now = self.clock()
+        conn.tokens = min(
+            float(self.limits.burst),
+            conn.tokens + (now - conn.refilled) * self.limits.requests_per_s,
+        )
+        conn.refilled = now
+        if conn.tokens < 1:
+            return False
+        conn.tokens -= 1
+        return True
+
+    def _handle(self, conn: _Connection, text: str) -> dict[str, object]:
+        try:
+            request = json.loads(text)
+        except ValueError as exc:
+            return {"op": "error", "message": f"request: not JSON ({exc})"}
+        if not isinstance(request, dict):
+            return {"op": "error", "message": "request: expected a JSON object"}
+        op, key = request.get("op"), request.get("key")
+        try:
+            if op == "subscribe":
+                unknown = sorted(
+                    set(request) - {"op", "key", "region", "priority", "rate_hz", "capabilities"}
+                )
+                if unknown:
+                    raise IntermediaryError(f"request.{unknown[0]}: unknown field")
+                outcome = self.intermediary.subscribe(
+                    conn.id,
+                    key,  # type: ignore[arg-type]
+                    request.get("region"),
+                    request.get("priority", 0.0),
+                    request.get("rate_hz", 10.0),
+                    request.get("capabilities"),
+                )
+                return {"op": "subscribed", "key": key, "covered": outcome.covered}
+            if op == "unsubscribe":
+                if not isinstance(key, str):
+                    raise IntermediaryError("key: expected a string")
+                return {
+                    "op": "unsubscribed",
+                    "key": key,
+                    "removed": self.intermediary.unsubscribe(conn.id, key),
+                }
+            raise IntermediaryError(
+                f"op: expected 'subscribe' or 'unsubscribe', got {str(op)[:40]!r}"
+            )
+        except IntermediaryError as exc:
+            reply: dict[str, object] = {"op": "error", "message": str(exc)}
+            if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
+                reply["key"] = key
+            return reply
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the embedding process owns SIGINT and SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _clip(reason: str) -> str:
+    return reason.encode()[:MAX_REASON_BYTES].decode(errors="ignore")
+
+
+def _listen(host: str, port: int, send_buffer: int | None) -> socket.socket:
+    """A listening TCP socket (TCP_NODELAY, inherited by accepted connections, as is
+    SO_SNDBUF when ``send_buffer`` is set)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if send_buffer is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
