@@ -26,6 +26,13 @@ Modules, bottom first:
   primitive queries; :mod:`.primitives` -- whether upstream primitives cover a new one, and
   merging them; :mod:`.sqltables` -- the tables the views are evaluated on, in SQLite.
 
+* :mod:`.process` -- the intermediary: the stores, state and scheduler wired together, fed by
+  an :class:`~tidings.intermediary.process.Upstream`; epochs and generation rounds;
+* :mod:`.simulation` -- a spatial simulation publisher (agents moving in 2D/3D) that sends
+  each intermediary only the agents inside its boxes ([134]-[137]);
+* :mod:`.transport` -- the WebSocket server subscribers connect to (JSON requests, binary
+  frames, a latest-wins slot per connection); :mod:`.client` -- its Python subscriber client.
+
 It stands on the event model and the public client only: it does not reach into the
 server's or the pipeline's internals.
 """
