@@ -177,3 +177,33 @@ def test_simulation_refuses_bad_input() -> None:
         Simulation(1, WORLD).step(math.nan)
     with pytest.raises(IntermediaryError, match="not subscribed"):
         Simulation(1, WORLD).feed().unsubscribe([Box((0.0, 0.0), (1.0, 1.0))])
+
+
+class RefusingOnce:
+    """Fault injection: an upstream whose next subscribe fails (a publisher that is down or
+    refuses cannot be made to fail on cue); otherwise it forwards to the simulation feed."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.fail = inner, True
+
+    def subscribe(self, boxes: list[Box]) -> None:
+        if self.fail:
+            self.fail = False
+            raise ConnectionError("publisher unreachable")
+        self.inner.subscribe(boxes)
+
+    def unsubscribe(self, boxes: list[Box]) -> None:
+        self.inner.unsubscribe(boxes)
+
+
+def test_a_subscription_upstream_did_not_take_is_undone() -> None:
+    sim = Simulation(50, WORLD, seed=2)
+    feed = sim.feed()
+    node = Intermediary(2, RefusingOnce(feed), world=WORLD, scheduler=Scheduler())
+    with pytest.raises(IntermediaryError, match="publisher unreachable"):
+        node.subscribe("a", "k", SMALL)
+    assert node.subscriptions.boxes == () and not node.publishers.subscriptions("a")
+    assert feed.boxes == ()
+    again = node.subscribe("a", "k", SMALL)  # the stores say what upstream holds: retried
+    assert not again.covered and feed.boxes == node.subscriptions.boxes
+    assert covers(list(feed.boxes), Sphere((30.0, 40.0), 15.0))

@@ -134,7 +134,13 @@ class Intermediary:
             float(priority),
             caps,
         )
-        self._push(outcome.upstream)
+        try:
+            self._push(outcome.upstream)
+        except Exception as exc:  # the publisher refused or failed: the request is undone
+            self._undo(subscriber, key, outcome)
+            raise IntermediaryError(
+                f"upstream: the publisher did not take the subscription: {exc}"
+            ) from exc
         top = max(r.priority for r in self.publishers.subscriptions(subscriber).values())
         try:
             if self._scheduled(subscriber):
@@ -206,6 +212,14 @@ class Intermediary:
         except UsageError as exc:
             raise IntermediaryError(f"schedule: {exc}") from None
         return epoch
+
+    def _undo(self, subscriber: Hashable, key: str, outcome: stores.SubscribeOutcome) -> None:
+        """Both stores as they were before a subscription upstream did not take."""
+        self.subscriptions.revert(outcome.upstream)
+        self.publishers.remove(subscriber, key)
+        old = outcome.replaced
+        if old is not None:
+            self.publishers.put(subscriber, key, old.subscription, old.priority, old.capabilities)
 
     def _push(self, diff: UpstreamDiff) -> None:
         """Subscribe to the added boxes first, then drop the removed ones (nothing missed)."""

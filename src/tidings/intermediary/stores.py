@@ -291,6 +291,13 @@ class SubscriberStore:
         """Whether something was unsubscribed since the last :meth:`replan`."""
         return self._stale
 
+    def revert(self, diff: UpstreamDiff) -> None:
+        """Undo ``diff`` here, when the publisher did not take it: the boxes it added are
+        dropped and those it removed come back (the store says what upstream holds)."""
+        added = set(diff.added)
+        self._boxes = [b for b in self._boxes if b not in added]
+        self._boxes.extend(b for b in diff.removed if b not in self._boxes)
+
     def _check(self, region: object) -> Region:
         if isinstance(region, Relative):
             raise IntermediaryError(
