@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from intermediary_helpers import SMALL, WHOLE, WORLD, inside
 from tidings.errors import IntermediaryError
 from tidings.intermediary.coverage import covers
 from tidings.intermediary.generation import FrameKind, decode_frame
@@ -19,9 +20,6 @@ from tidings.intermediary.process import Intermediary
 from tidings.intermediary.scheduling import Scheduler
 from tidings.intermediary.simulation import Simulation
 
-WORLD = Box((0.0, 0.0), (100.0, 100.0))
-WHOLE = {"box": {"lo": [0, 0], "hi": [100, 100]}}
-SMALL = {"sphere": {"center": [30, 40], "radius": 15}}
 NEAR_7 = {"sphere": {"center": [0, 0], "radius": 20}, "relative_to": 7}
 
 
@@ -35,18 +33,6 @@ def tick(sim: Simulation, node: Intermediary) -> int:
     sim.step(0.1)
     node.apply(sim.feeds[0].batch())
     return node.end_epoch()
-
-
-def brute(positions: np.ndarray, spec: dict, sim: Simulation) -> np.ndarray:
-    if "box" in spec:
-        lo, hi = np.array(spec["box"]["lo"]), np.array(spec["box"]["hi"])
-        inside = np.all((positions >= lo) & (positions <= hi), axis=1)
-    else:
-        center = np.array(spec["sphere"]["center"], dtype=float)
-        if "relative_to" in spec:
-            center = center + positions[spec["relative_to"]]
-        inside = np.linalg.norm(positions - center, axis=1) <= spec["sphere"]["radius"]
-    return sim.ids[inside]
 
 
 def test_views_equal_a_brute_force_selection_from_the_publishers_positions() -> None:
@@ -63,7 +49,7 @@ def test_views_equal_a_brute_force_selection_from_the_publishers_positions() -> 
         for served in node.round(now, budget=10):
             header, ids, positions = decode_frame(served.frame.data)
             assert header.epoch == epoch
-            expected = brute(sim.positions, specs[served.subscriber], sim)
+            expected = sim.ids[inside(sim.positions, specs[served.subscriber])]
             if served.frame.kind is FrameKind.EMPTY:
                 assert expected.size == 0
                 continue

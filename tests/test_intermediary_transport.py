@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import websockets
 
+from intermediary_helpers import SMALL, WHOLE, WORLD, inside
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client import IntermediaryClient, ReceivedFrame
 from tidings.intermediary.coverage import covers
@@ -28,9 +29,6 @@ from tidings.intermediary.transport import DROPPED_CLOSE_CODE, IntermediaryServe
 
 pytestmark = pytest.mark.server
 
-WORLD = Box((0.0, 0.0), (100.0, 100.0))
-WHOLE = {"box": {"lo": [0, 0], "hi": [100, 100]}}
-SMALL = {"sphere": {"center": [30, 40], "radius": 15}}
 INNER = {"box": {"lo": [25, 35], "hi": [35, 45]}}
 NEAR_7 = {"sphere": {"center": [0, 0], "radius": 20}, "relative_to": 7}
 WAIT = 60.0
@@ -78,18 +76,6 @@ async def until(check: Callable[[], bool]) -> None:
         await asyncio.sleep(0.01)
 
 
-def brute(positions: np.ndarray, spec: dict) -> np.ndarray:
-    if "box" in spec:
-        lo, hi = np.array(spec["box"]["lo"]), np.array(spec["box"]["hi"])
-        inside = np.all((positions >= lo) & (positions <= hi), axis=1)
-    else:
-        center = np.array(spec["sphere"]["center"], dtype=float)
-        if "relative_to" in spec:
-            center = center + positions[spec["relative_to"]]
-        inside = np.linalg.norm(positions - center, axis=1) <= spec["sphere"]["radius"]
-    return np.flatnonzero(inside)  # agent ids are 0..n-1
-
-
 async def views(client: IntermediaryClient, count: int) -> list[ReceivedFrame]:
     """The next ``count`` VIEW frames (EMPTY and UNCHANGED skipped)."""
     got: list[ReceivedFrame] = []
@@ -115,7 +101,9 @@ def test_three_subscribers_get_views_equal_to_a_brute_force_selection() -> None:
         for client in (a, b, c):
             for frame in await views(client, 5):
                 positions = rig.history[frame.header.epoch]
-                np.testing.assert_array_equal(frame.ids, brute(positions, specs[frame.key]))
+                np.testing.assert_array_equal(
+                    frame.ids, np.flatnonzero(inside(positions, specs[frame.key]))
+                )
                 np.testing.assert_allclose(frame.world_positions(), positions[frame.ids], atol=1e-3)
         for client in (a, b, c):
             await client.close()

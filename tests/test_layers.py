@@ -27,6 +27,7 @@ LAYERS = (
     "events",  # the one event model: no SQLAlchemy, no Spark
     "address",  # tcp+sbs:// addresses, checked by the configuration, used by the wire
     "logs",
+    "serving",  # uvicorn on a socket bound here, for the streams and the intermediaries
     "config",
     "db",
     "outbox",

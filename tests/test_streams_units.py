@@ -275,9 +275,9 @@ def test_stream_sockets_ask_for_tcp_nodelay() -> None:
     it is TCP; without it each reply on a kept-alive HTTP connection waited ~40 ms."""
     import socket
 
-    from tidings.streams.runner import _listen
+    from tidings.serving import listen
 
-    sock = _listen("127.0.0.1", 0)
+    sock = listen("127.0.0.1", 0)
     try:
         assert sock.proto == socket.IPPROTO_TCP
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

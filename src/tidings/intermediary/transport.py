@@ -32,10 +32,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -46,6 +45,7 @@ from starlette.websockets import WebSocket
 from tidings.errors import IntermediaryError
 from tidings.intermediary.process import MAX_KEY_BYTES, Intermediary, Served
 from tidings.intermediary.state import UpdateBatch
+from tidings.serving import QuietServer, listen
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class IntermediaryServer:
         """Listen on ``host:port`` (0: any free port, see :attr:`port`) and start the loop;
         returns once connections are accepted. A port in use is an error here."""
         try:
-            sock = _listen(host, port, self.limits.send_buffer_bytes)
+            sock = listen(host, port, self.limits.send_buffer_bytes)
         except OSError as exc:
             raise IntermediaryError(
                 f"transport: cannot listen on {host}:{port}: {exc.strerror}"
@@ -168,7 +168,7 @@ class IntermediaryServer:
             ws_per_message_deflate=False,
             proxy_headers=False,
         )
-        self._server = _Server(config)
+        self._server = QuietServer(config)
         self._serve_task = asyncio.get_running_loop().create_task(
             self._server.serve(sockets=[sock])
         )
@@ -346,31 +346,5 @@ class IntermediaryServer:
             return reply
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the embedding process owns SIGINT and SIGTERM."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 def _clip(reason: str) -> str:
     return reason.encode()[:MAX_REASON_BYTES].decode(errors="ignore")
-
-
-def _listen(host: str, port: int, send_buffer: int | None) -> socket.socket:
-    """A listening TCP socket (TCP_NODELAY, inherited by accepted connections, as is
-    SO_SNDBUF when ``send_buffer`` is set)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if send_buffer is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
-        sock.bind((host, port))
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    return sock

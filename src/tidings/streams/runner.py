@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ import uvicorn
 
 from tidings.errors import ConfigError
 from tidings.server.runner import Attachment, RunningServer
+from tidings.serving import QuietServer, listen
 from tidings.streams.app import build_app
 from tidings.streams.auth import Users
 from tidings.streams.config import StreamConfig, StreamServerConfig
@@ -37,21 +37,12 @@ log = logging.getLogger(__name__)
 _WORKERS = 4
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the event server owns SIGINT and SIGTERM and
-    stops the streams with everything else."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 @dataclass
 class RunningStreams:
     """The started streams; :meth:`aclose` stops them."""
 
     services: dict[str, StreamService]
-    servers: list[tuple[_Server, asyncio.Task[None]]] = field(default_factory=list)
+    servers: list[tuple[QuietServer, asyncio.Task[None]]] = field(default_factory=list)
     executor: ThreadPoolExecutor | None = None
     password_checks: ThreadPoolExecutor | None = None
     unsubscribe: list[object] = field(default_factory=list)
@@ -151,14 +142,14 @@ def _service(
 
 async def _serve(
     host: str, port: int, streams: list[StreamConfig], app: object
-) -> tuple[_Server, asyncio.Task[None]]:
+) -> tuple[QuietServer, asyncio.Task[None]]:
     """Start uvicorn for ``app`` on ``host:port``; return once it accepts connections."""
     tls = {s.tls_certfile for s in streams}
     if len(tls) > 1:
         raise ConfigError(f"streams on {host}:{port} must all use the same TLS certificate")
     first = streams[0]
     try:
-        sock = _listen(host, port)
+        sock = listen(host, port)
     except OSError as exc:
         raise ConfigError(f"streams: cannot listen on {host}:{port}: {exc.strerror}") from None
     options: dict[str, object] = {}
@@ -178,7 +169,7 @@ async def _serve(
         **options,  # type: ignore[arg-type]
     )
     try:
-        server = _Server(config)
+        server = QuietServer(config)
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         while not server.started:
             if task.done():
@@ -189,24 +180,3 @@ async def _serve(
         sock.close()
         raise ConfigError(f"streams on {host}:{port}: cannot use the TLS files: {exc}") from None
     return server, task
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket whose connections send small replies at once.
-
-    Made with ``IPPROTO_TCP`` named: asyncio sets TCP_NODELAY on accepted connections only
-    for sockets whose protocol says TCP, and ``socket.create_server`` leaves it 0. Without
-    it, Nagle's algorithm held each reply on a kept-alive HTTP connection until the client's
-    delayed ACK: ~40 ms a request.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host, port))
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    return sock

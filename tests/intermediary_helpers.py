@@ -1,0 +1,24 @@
+"""Shared by the intermediary process and transport tests: the 2D world they simulate, the
+regions their subscribers ask for, and the brute-force reference a view is checked against."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tidings.intermediary.geometry import Box
+
+WORLD = Box((0.0, 0.0), (100.0, 100.0))
+WHOLE = {"box": {"lo": [0, 0], "hi": [100, 100]}}
+SMALL = {"sphere": {"center": [30, 40], "radius": 15}}
+
+
+def inside(positions: np.ndarray, spec: dict) -> np.ndarray:
+    """Which agents a box or (relative) sphere subscription holds, one agent at a time in
+    spirit: plain comparisons and distances, none of the code under test."""
+    if "box" in spec:
+        lo, hi = np.array(spec["box"]["lo"]), np.array(spec["box"]["hi"])
+        return np.all((positions >= lo) & (positions <= hi), axis=1)
+    center = np.array(spec["sphere"]["center"], dtype=float)
+    if "relative_to" in spec:
+        center = center + positions[spec["relative_to"]]
+    return np.linalg.norm(positions - center, axis=1) <= spec["sphere"]["radius"]
