@@ -88,11 +88,21 @@ async def snapshot_after(page: Page, epoch: int) -> dict[str, Any]:
     return await page.evaluate(SNAPSHOT)
 
 
-def check_against_reference(rig: Rig, spec: dict[str, Any], seen: dict[str, Any]) -> None:
-    """What the page decoded is the brute-force selection at its epoch, and it is drawn."""
+def check_against_reference(
+    rig: Rig, spec: dict[str, Any], seen: dict[str, Any], nearest: tuple[int, Any] | None = None
+) -> None:
+    """What the page decoded is the brute-force selection at its epoch (with ``nearest =
+    (n, point)``: its ``n`` entities nearest ``point``, as a capped frame holds), and it is
+    drawn."""
     positions = rig.history[seen["epoch"]]
     ids = np.array(seen["ids"], dtype=np.int64)
-    np.testing.assert_array_equal(ids, np.flatnonzero(inside(positions, spec)))
+    expected = np.flatnonzero(inside(positions, spec))
+    if nearest is not None:
+        count, point = nearest
+        distance = np.linalg.norm(positions[expected] - np.asarray(point), axis=1)
+        expected = np.sort(expected[np.argsort(distance)[:count]])
+        assert "truncated" in seen["status"]
+    np.testing.assert_array_equal(ids, expected)
     assert len(ids) > 0, "the region should hold agents for the test to mean something"
     world = np.array(seen["positions"]).reshape(-1, seen["dim"])
     if seen["origin"] is not None:
@@ -177,7 +187,9 @@ def test_the_page_shows_the_servers_errors_and_close_reason(tmp_path: Path) -> N
     run(tmp_path, body, limits=TransportLimits(max_connections=1))
 
 
-def test_a_bare_page_shows_the_whole_world(tmp_path: Path) -> None:
+def test_a_bare_page_shows_the_whole_world_and_a_capped_one_what_is_nearest(
+    tmp_path: Path,
+) -> None:
     async def body(rig: Rig, browser: Browser) -> None:
         page = await browser.open(page_url(rig, ""))
         seen = await snapshot_after(page, 0)
@@ -186,5 +198,11 @@ def test_a_bare_page_shows_the_whole_world(tmp_path: Path) -> None:
         spec = {"box": {"lo": list(world.lo), "hi": list(world.hi)}}
         check_against_reference(rig, spec, seen)
         assert len(seen["ids"]) == len(rig.sim.ids)
+        assert "truncated" not in seen["status"]
+
+        capped = await browser.open(page_url(rig, "max_entities=5"))
+        seen = await snapshot_after(capped, 0)
+        middle = (np.array(world.lo) + np.array(world.hi)) / 2
+        check_against_reference(rig, spec, seen, nearest=(5, middle))
 
     run(tmp_path, body)

@@ -5,7 +5,8 @@ JavaScript module (package data in ``static/``, no framework, no build step):
 
 * ``GET /view`` -- the page. Its query string is the subscription: ``?box=x0,y0,x1,y1``,
   ``?sphere=x,y,r`` (3D: one more coordinate each), ``&relative_to=ID`` for a region around
-  an entity, ``&rate_hz=``, ``&priority=``, ``&float32=0|1``, ``&compress=0|1``;
+  an entity, ``&rate_hz=``, ``&priority=``, ``&float32=0|1``, ``&compress=0|1``,
+  ``&max_entities=``;
 * ``GET /view.js`` -- the module: it opens a WebSocket to the same server, subscribes, decodes
   the binary frames (:mod:`.generation`'s layout, :func:`.transport.envelope`'s envelope) and
   draws them on a canvas;
@@ -29,6 +30,8 @@ from tidings.intermediary.process import Intermediary
 
 #: The page's files are small and never change while a server runs: read once.
 _STATIC = resources.files("tidings.intermediary") / "static"
+#: A browser keeps no stale page or module across an upgrade of the server.
+_REVALIDATE = {"Cache-Control": "no-cache"}
 
 
 def page_routes(intermediary: Intermediary) -> list[Route]:
@@ -37,10 +40,10 @@ def page_routes(intermediary: Intermediary) -> list[Route]:
     script = (_STATIC / "view.js").read_bytes()
 
     async def page(request: Request) -> Response:
-        return Response(html, media_type="text/html; charset=utf-8")
+        return Response(html, media_type="text/html; charset=utf-8", headers=_REVALIDATE)
 
     async def module(request: Request) -> Response:
-        return Response(script, media_type="text/javascript; charset=utf-8")
+        return Response(script, media_type="text/javascript; charset=utf-8", headers=_REVALIDATE)
 
     async def defaults(request: Request) -> Response:
         world = intermediary.subscriptions.world

@@ -19,7 +19,16 @@ const FLAG_RELATIVE = 2;
 const FLAG_COMPRESSED = 4;
 const FLAG_TRUNCATED = 8;
 const KNOWN_FLAGS = FLAG_FLOAT32 | FLAG_RELATIVE | FLAG_COMPRESSED | FLAG_TRUNCATED;
-const PARAMETERS = ["box", "sphere", "relative_to", "rate_hz", "priority", "float32", "compress"];
+const PARAMETERS = [
+  "box",
+  "sphere",
+  "relative_to",
+  "rate_hz",
+  "priority",
+  "float32",
+  "compress",
+  "max_entities",
+];
 const COLOURS = {
   background: "#0b1020",
   grid: "#1c2540",
@@ -97,17 +106,19 @@ function subscription(params, defaults) {
     }
     region.box = defaults.world;
   }
+  const capabilities = {
+    float32: flag(params, "float32", true),
+    compress: flag(params, "compress", false),
+    relative: relativeTo !== null,
+  };
+  if (params.has("max_entities")) capabilities.max_entities = scalar(params.get("max_entities"));
   return {
     op: "subscribe",
     key: KEY,
     region,
     priority: scalar(params.get("priority") ?? "0"),
     rate_hz: scalar(params.get("rate_hz") ?? "10"),
-    capabilities: {
-      float32: flag(params, "float32", true),
-      compress: flag(params, "compress", false),
-      relative: relativeTo !== null,
-    },
+    capabilities,
   };
 }
 
