@@ -90,6 +90,8 @@ class Browser:
                 "`bash scripts/setup.sh --dev` installs it (apt-get install chromium)"
             )
         profile.mkdir(parents=True, exist_ok=True)
+        port_file = profile / "DevToolsActivePort"
+        port_file.unlink(missing_ok=True)  # a previous run's
         log = (profile / "chromium.log").open("wb")
         process = await asyncio.create_subprocess_exec(
             str(CHROMIUM),
@@ -110,7 +112,6 @@ class Browser:
             stderr=log,
         )
         log.close()
-        port_file = profile / "DevToolsActivePort"
         try:
             async with asyncio.timeout(WAIT_S):
                 while not port_file.exists() or len(port_file.read_text().split()) < 2:
@@ -184,6 +185,8 @@ class Browser:
                 future = self._pending.pop(reply.get("id"), None)  # events have no id
                 if future is not None and not future.done():
                     future.set_result(reply)
+        except websockets.ConnectionClosed:
+            pass  # Chromium exiting: the pending commands fail below
         finally:
             for future in self._pending.values():
                 if not future.done():

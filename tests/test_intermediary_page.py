@@ -205,4 +205,4 @@ def test_a_bare_page_shows_the_whole_world_and_a_capped_one_what_is_nearest(
         middle = (np.array(world.lo) + np.array(world.hi)) / 2
         check_against_reference(rig, spec, seen, nearest=(5, middle))
 
-    run(tmp_path, body)
+    run(tmp_path, body, n=2500)  # more than the page draws as circles

@@ -29,6 +29,7 @@ const PARAMETERS = [
   "compress",
   "max_entities",
 ];
+const MANY_ENTITIES = 2000;
 const COLOURS = {
   background: "#0b1020",
   grid: "#1c2540",
@@ -276,11 +277,18 @@ function draw(frame) {
   }
 
   ctx.fillStyle = COLOURS.entity;
+  // Dots; squares when there are many (a circle each costs too much for tens of thousands).
+  const many = frame.ids.length > MANY_ENTITIES;
+  const r = (many ? 1 : 3) * ratio;
   ctx.beginPath();
   for (let i = 0; i < frame.ids.length; i++) {
     const [px, py] = project(frame.positions[i * frame.dim], frame.positions[i * frame.dim + 1]);
-    ctx.moveTo(px + 3 * ratio, py);
-    ctx.arc(px, py, 3 * ratio, 0, 2 * Math.PI);
+    if (many) {
+      ctx.rect(px - r, py - r, 2 * r, 2 * r);
+    } else {
+      ctx.moveTo(px + r, py);
+      ctx.arc(px, py, r, 0, 2 * Math.PI);
+    }
   }
   ctx.fill();
 }
