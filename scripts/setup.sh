@@ -35,4 +35,10 @@ if [ -n "$extra" ]; then
   else
     echo "setup: npm not found: the FutoIn interop tests will fail (install Node 20)" >&2
   fi
+  # Debian's Chromium, headless, for the web page tests; never fatal: without it those tests
+  # fail saying Chromium is missing.
+  if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+      >/dev/null 2>&1 || echo "setup: could not install chromium: the web page tests will fail" >&2
+  fi
 fi

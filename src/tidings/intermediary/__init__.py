@@ -31,7 +31,8 @@ Modules, bottom first:
 * :mod:`.simulation` -- a spatial simulation publisher (agents moving in 2D/3D) that sends
   each intermediary only the agents inside its boxes ([134]-[137]);
 * :mod:`.transport` -- the WebSocket server subscribers connect to (JSON requests, binary
-  frames, a latest-wins slot per connection); :mod:`.client` -- its Python subscriber client.
+  frames, a latest-wins slot per connection); :mod:`.client` -- its Python subscriber client;
+  :mod:`.webpage` -- the web page it serves that shows one subscriber's view as a moving map.
 
 It stands on the event model and the public client only: it does not reach into the
 server's or the pipeline's internals.

@@ -10,7 +10,8 @@ and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "c
 ``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error", "message"}``; a bad
 request is answered and the connection goes on) and binary messages, one per frame: a
 one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s layout). The first
-message is ``{"op": "hello", "subscriber": <id>}``.
+message is ``{"op": "hello", "subscriber": <id>}``. The same server serves the web page of
+one subscriber's live view (:mod:`.webpage`: ``GET /view``).
 
 Slow subscribers never hold the others ([146]): each connection has one outgoing slot
 holding the latest round's frames; a writer task per connection empties it. While the slot is
@@ -45,6 +46,7 @@ from starlette.websockets import WebSocket
 from tidings.errors import IntermediaryError
 from tidings.intermediary.process import MAX_KEY_BYTES, Intermediary, Served
 from tidings.intermediary.state import UpdateBatch
+from tidings.intermediary.webpage import page_routes
 from tidings.serving import QuietServer, listen
 
 log = logging.getLogger(__name__)
@@ -139,7 +141,9 @@ class IntermediaryServer:
         self.connections: dict[int, _Connection] = {}
         #: The latest connections closed by the server, with why (bounded, for metrics).
         self.disconnects: deque[Disconnect] = deque(maxlen=1000)
-        self.app = Starlette(routes=[WebSocketRoute("/", self._endpoint)])
+        self.app = Starlette(
+            routes=[WebSocketRoute("/", self._endpoint), *page_routes(intermediary)]
+        )
         self._next_id = 0
         self._server: uvicorn.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None

@@ -1,0 +1,61 @@
+"""The web page that shows one subscriber's live view as a moving map (issue 12 item 8).
+
+An intermediary's server serves, beside its WebSocket endpoint, one HTML file and one
+JavaScript module (package data in ``static/``, no framework, no build step):
+
+* ``GET /view`` -- the page. Its query string is the subscription: ``?box=x0,y0,x1,y1``,
+  ``?sphere=x,y,r`` (3D: one more coordinate each), ``&relative_to=ID`` for a region around
+  an entity, ``&rate_hz=``, ``&priority=``, ``&float32=0|1``, ``&compress=0|1``,
+  ``&max_entities=``;
+* ``GET /view.js`` -- the module: it opens a WebSocket to the same server, subscribes, decodes
+  the binary frames (:mod:`.generation`'s layout, :func:`.transport.envelope`'s envelope) and
+  draws them on a canvas;
+* ``GET /view.json`` -- what the page cannot know by itself: the intermediary's dimension and
+  world box, so that a bare ``/view`` shows the whole world (``"world": null`` if the
+  intermediary has none, and the page then asks for a region).
+
+The page does not validate the region: it passes the numbers as they are and shows the
+server's ``{"op": "error"}`` message, so there is one validation, the server's.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tidings.intermediary.process import Intermediary
+
+#: The page's files are small and never change while a server runs: read once.
+_STATIC = resources.files("tidings.intermediary") / "static"
+#: A browser keeps no stale page or module across an upgrade of the server.
+_REVALIDATE = {"Cache-Control": "no-cache"}
+
+
+def page_routes(intermediary: Intermediary) -> list[Route]:
+    """The page's routes, for the intermediary's Starlette application."""
+    html = (_STATIC / "view.html").read_bytes()
+    script = (_STATIC / "view.js").read_bytes()
+
+    async def page(request: Request) -> Response:
+        return Response(html, media_type="text/html; charset=utf-8", headers=_REVALIDATE)
+
+    async def module(request: Request) -> Response:
+        return Response(script, media_type="text/javascript; charset=utf-8", headers=_REVALIDATE)
+
+    async def defaults(request: Request) -> Response:
+        world = intermediary.subscriptions.world
+        return JSONResponse(
+            {
+                "dim": intermediary.dim,
+                "world": None if world is None else {"lo": world.lo, "hi": world.hi},
+            }
+        )
+
+    return [
+        Route("/view", page, methods=["GET"]),
+        Route("/view.js", module, methods=["GET"]),
+        Route("/view.json", defaults, methods=["GET"]),
+    ]
