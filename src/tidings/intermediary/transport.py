@@ -24,6 +24,15 @@ A background loop runs at ``tick_s``: it asks ``source`` for the upstream batche
 arrived, applies them and ends the epoch if there were any, then runs one generation round.
 Everything runs on the server's event loop (a slice: generation of a round is not moved to a
 thread yet).
+
+With ``views`` (an :class:`~.eventviews.EventViews` over the event server), a subscribe
+request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instead of
+``"region"`` (exactly one of the three). Those subscriptions get JSON text messages
+(``{"op": "event", "key", ...}``, ``{"op": "view", "key", ...}``, see :mod:`.eventviews`),
+which are a stream and are not dropped: they wait in a per-connection queue of at most
+``max_queued_messages``, and a subscriber that lets it overflow is closed with
+:data:`DROPPED_CLOSE_CODE` and a reason. A key names one subscription whatever its kind: a
+subscribe replaces the key's previous subscription of any kind.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -46,6 +56,9 @@ from tidings.errors import IntermediaryError
 from tidings.intermediary.process import MAX_KEY_BYTES, Intermediary, Served
 from tidings.intermediary.state import UpdateBatch
 from tidings.serving import QuietServer, listen
+
+if TYPE_CHECKING:
+    from tidings.intermediary.eventviews import EventViews
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +84,9 @@ class TransportLimits:
     close_timeout_s: float = 10.0
     #: SO_SNDBUF of accepted connections (None: the kernel's default and autotuning).
     send_buffer_bytes: int | None = None
+    #: JSON messages (events, views) waiting to be sent on one connection; past this the
+    #: subscriber is too slow and is closed.
+    max_queued_messages: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -109,6 +125,7 @@ class _Connection:
     id: int
     websocket: WebSocket
     slot: list[Served] | None = None
+    texts: deque[str] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     kicked: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = ""
@@ -129,8 +146,10 @@ class IntermediaryServer:
         budget: int = 1000,
         limits: TransportLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        views: EventViews | None = None,
     ) -> None:
         self.intermediary = intermediary
+        self.views = views
         self.source = source
         self.tick_s = tick_s
         self.budget = budget
@@ -214,11 +233,29 @@ class IntermediaryServer:
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
             if conn is not None:
                 self._offer(conn, items)
-        for subscriber, reason in self.intermediary.take_disconnects():
+        kicks = self.intermediary.take_disconnects()
+        if self.views is not None:
+            kicks += self._queue(self.views.step(self.clock(), self.budget))
+        for subscriber, reason in kicks:
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
             if conn is not None and not conn.kicked.is_set():
                 conn.reason = reason
                 conn.kicked.set()
+
+    def _queue(self, messages: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str]]:
+        """Queue JSON messages on their connections; the ones that overflowed, to close."""
+        limit = self.limits.max_queued_messages
+        over = []
+        for subscriber, message in messages:
+            conn = self.connections.get(subscriber)
+            if conn is None or conn.kicked.is_set():
+                continue
+            if len(conn.texts) >= limit:
+                over.append((subscriber, f"too slow: more than {limit} messages queued"))
+                continue
+            conn.texts.append(json.dumps(message, default=str))
+            conn.wake.set()
+        return over
 
     def _offer(self, conn: _Connection, items: list[Served]) -> None:
         """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""
@@ -255,6 +292,8 @@ class IntermediaryServer:
                     await task
             self.connections.pop(conn.id, None)
             self.intermediary.unsubscribe(conn.id)
+            if self.views is not None:
+                await self.views.unsubscribe(conn.id)
         if conn.kicked.is_set():
             reason = _clip(conn.reason or "too many frames dropped")
             self.disconnects.append(Disconnect(conn.id, DROPPED_CLOSE_CODE, reason))
@@ -267,6 +306,8 @@ class IntermediaryServer:
         while True:
             await conn.wake.wait()
             conn.wake.clear()
+            while conn.texts:
+                await conn.websocket.send_text(conn.texts.popleft())
             items, conn.slot = conn.slot, None
             for served in items or ():
                 await conn.websocket.send_bytes(envelope(served.key, served.frame.data))
@@ -289,7 +330,7 @@ class IntermediaryServer:
             elif not self._take_token(conn):
                 reply = {"op": "error", "message": "request: too many requests, slow down"}
             else:
-                reply = self._handle(conn, text)
+                reply = await self._handle(conn, text)
             await conn.websocket.send_text(json.dumps(reply))
 
     def _take_token(self, conn: _Connection) -> bool:
@@ -304,7 +345,7 @@ class IntermediaryServer:
         conn.tokens -= 1
         return True
 
-    def _handle(self, conn: _Connection, text: str) -> dict[str, object]:
+    async def _handle(self, conn: _Connection, text: str) -> dict[str, object]:
         try:
             request = json.loads(text)
         except ValueError as exc:
@@ -314,11 +355,19 @@ class IntermediaryServer:
         op, key = request.get("op"), request.get("key")
         try:
             if op == "subscribe":
-                unknown = sorted(
-                    set(request) - {"op", "key", "region", "priority", "rate_hz", "capabilities"}
-                )
+                unknown = sorted(set(request) - _SUBSCRIBE_FIELDS)
                 if unknown:
                     raise IntermediaryError(f"request.{unknown[0]}: unknown field")
+                kinds = [k for k in ("region", "events", "sql") if k in request]
+                if len(kinds) != 1:
+                    raise IntermediaryError(
+                        "subscribe: expected exactly one of region, events and sql, got "
+                        + (", ".join(kinds) or "none")
+                    )
+                if kinds != ["region"]:
+                    return await self._subscribe_views(conn, request, key)
+                if self.views is not None and key in self.views.subscriptions(conn.id):
+                    await self.views.unsubscribe(conn.id, key)
                 outcome = self.intermediary.subscribe(
                     conn.id,
                     key,  # type: ignore[arg-type]
@@ -331,11 +380,10 @@ class IntermediaryServer:
             if op == "unsubscribe":
                 if not isinstance(key, str):
                     raise IntermediaryError("key: expected a string")
-                return {
-                    "op": "unsubscribed",
-                    "key": key,
-                    "removed": self.intermediary.unsubscribe(conn.id, key),
-                }
+                removed = self.intermediary.unsubscribe(conn.id, key)
+                if self.views is not None:
+                    removed += await self.views.unsubscribe(conn.id, key)
+                return {"op": "unsubscribed", "key": key, "removed": removed}
             raise IntermediaryError(
                 f"op: expected 'subscribe' or 'unsubscribe', got {str(op)[:40]!r}"
             )
@@ -344,6 +392,35 @@ class IntermediaryServer:
             if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
                 reply["key"] = key
             return reply
+
+    async def _subscribe_views(
+        self, conn: _Connection, request: dict[str, Any], key: object
+    ) -> dict[str, object]:
+        """An ``events`` or ``sql`` subscription (they take no capabilities, and events, a
+        stream, no rate or priority); it replaces a spatial one of the same key."""
+        if self.views is None:
+            raise IntermediaryError("subscribe: this intermediary serves regions only")
+        if "capabilities" in request:
+            raise IntermediaryError("capabilities: only a region subscription takes them")
+        if "events" in request and ("rate_hz" in request or "priority" in request):
+            raise IntermediaryError(
+                "events: a stream of events takes no rate_hz or priority (every event is sent)"
+            )
+        was_covered = await self.views.subscribe(
+            conn.id,
+            key,  # type: ignore[arg-type]
+            events=request.get("events"),
+            sql=request.get("sql"),
+            priority=request.get("priority", 0.0),
+            rate_hz=request.get("rate_hz", 10.0),
+        )
+        self.intermediary.unsubscribe(conn.id, key)  # type: ignore[arg-type]
+        return {"op": "subscribed", "key": key, "covered": was_covered}
+
+
+_SUBSCRIBE_FIELDS = frozenset(
+    {"op", "key", "region", "events", "sql", "priority", "rate_hz", "capabilities"}
+)
 
 
 def _clip(reason: str) -> str:
