@@ -148,6 +148,7 @@ class EventViews:
         #: The upstream pattern set and the tables folded, as upstream has them now.
         self.patterns: tuple[QueryType, ...] = ()
         self.tables: frozenset[str] = frozenset()
+        self._folding: frozenset[str] = frozenset()
         self.active = TableState(catalog)
         self.epoch = 0
         #: Row events that could not be folded (logged; the others go on).
@@ -257,10 +258,17 @@ class EventViews:
         )
         if same and tables == self.tables:
             return
-        await self.upstream.update(wanted, types)
+        # Batches (a new table's load among them) may be taken while the update is under
+        # way: fold the tables of both the old and the new set meanwhile.
+        self._folding = self.tables | tables
+        try:
+            await self.upstream.update(wanted, types)
+        finally:
+            self._folding = self.tables
         for table in self.tables - tables:
             self._inert.drop(table)
         self.patterns, self.tables = wanted, tables
+        self._folding = tables
 
     # -- epochs and messages -----------------------------------------------------------
 
@@ -277,7 +285,7 @@ class EventViews:
                         message = message or event_message(event)
                         out.append((subscriber, {**message, "key": key}))
             for table, events in batch.rows.items():
-                if table in self.tables:
+                if table in self._folding:
                     self._fold(table, events)
         if batches:
             self.epoch += 1
@@ -289,7 +297,9 @@ class EventViews:
         except UsageError as exc:
             raise IntermediaryError(f"schedule: {exc}") from None
         for sid in due:
-            out.append((sid[0], self._view_message(sid[1], self._views[sid])))
+            record = self._views.get(sid)
+            if record is not None:  # None: being replaced, while upstream takes the new one
+                out.append((sid[0], self._view_message(sid[1], record)))
         return out
 
     def _fold(self, table: str, events: Sequence[StoredEvent]) -> None:

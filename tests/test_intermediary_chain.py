@@ -1,0 +1,300 @@
+"""Event-type and SQL-view subscriptions through the tidings chain, without Spark: a real
+event server on a real socket (events registered with the public client), the real chain,
+an intermediary served over WebSocket and real subscriber clients. No test asserts timings:
+waits are bounded only so that a broken build fails instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chain_helpers import CATALOG, DDL, chain_rig, next_view, reference
+from server_helpers import running
+from tidings.client import Client, StoredEvent, connect, json_event
+from tidings.errors import IntermediaryError
+from tidings.events.matching import matches
+from tidings.intermediary.sqltables import TableState
+
+pytestmark = pytest.mark.server
+
+WAIT = 60.0
+
+
+def run(main: Any) -> None:
+    asyncio.run(asyncio.wait_for(main, WAIT))
+
+
+def _id(event: StoredEvent) -> tuple[int, int, int]:
+    return (event.id.server, event.id.session, event.id.instance)
+
+
+def test_event_subscribers_get_exactly_their_matching_events_in_order(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
+            a, b = await rig.client(), await rig.client()
+            assert (await a.subscribe_events("a", [["app", "a", "*"]]))["covered"] is False
+            assert (await b.subscribe_events("b", [["app", "?", "x"]]))["covered"] is False
+            types = [("app", "a"), ("app", "a", "x"), ("app", "b", "x"), ("app", "b"),
+                     ("other", "a", "x"), ("app", "a", "y", "z")]  # fmt: skip
+            sent: list[StoredEvent] = []
+            async with await connect(srv.address) as producer:
+                for n in range(60):  # sessions of 1 to 3 events, mixed types
+                    batch = [
+                        json_event(types[(n + i) % len(types)], {"n": n, "i": i}, 1000 + n)
+                        for i in range(n % 3 + 1)
+                    ]
+                    sent += [e for e in await producer.register_with_response(batch) if e]
+                [end] = await producer.register_with_response([json_event(("app", "a", "x"), 0)])
+            assert end is not None
+            for client, key, pattern in ((a, "a", ("app", "a", "*")), (b, "b", ("app", "?", "x"))):
+                expected = [e for e in sent if matches(e.type, pattern)] + [end]
+                got = [await client.message(WAIT) for _ in expected]
+                # Exactly these, in the server's order: a duplicate or an extra event would
+                # come before the last one and break the equality.
+                assert [tuple(m["id"]) for m in got] == [_id(e) for e in expected]
+                assert {m["key"] for m in got} == {key}
+                assert [tuple(m["type"]) for m in got] == [e.type for e in expected]
+                assert [m["timestamp"] for m in got] == [e.timestamp_us for e in expected]
+                assert [m["source_timestamp"] for m in got[:-1]] == [
+                    e.source_timestamp_us for e in expected[:-1]
+                ]
+                assert [m["payload"] for m in got] == [json.loads(e.payload) for e in expected]
+            await a.close()
+            await b.close()
+
+    run(main())
+
+
+async def _sentinel(producer: Client, event_type: tuple[str, ...]) -> StoredEvent:
+    [event] = await producer.register_with_response([json_event(event_type, "sentinel")])
+    assert event is not None
+    return event
+
+
+async def _until_id(client: Any, event: StoredEvent) -> list[dict[str, Any]]:
+    """The messages up to and including ``event``'s."""
+    got = []
+    while not got or tuple(got[-1]["id"]) != _id(event):
+        got.append(await client.message(WAIT))
+    return got
+
+
+def test_covered_patterns_ask_nothing_upstream_and_unsubscribing_shrinks_the_set(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with (
+            running(tmp_path) as srv,
+            chain_rig(srv.address) as rig,
+            await connect(srv.address) as producer,
+        ):
+            a, b = await rig.client(), await rig.client()
+            assert (await a.subscribe_events("wide", [["app", "*"]]))["covered"] is False
+            assert rig.views.patterns == (("app", "*"),)
+            assert (await a.subscribe_events("narrow", [["app", "a", "?"]]))["covered"] is True
+            # Covered by the union of two upstream patterns only: ("app", "a") alone is not.
+            assert (await b.subscribe_events("pair", [["app", "a"], ["app", "a", "?", "*"]]))[
+                "covered"
+            ] is True
+            assert len(rig.tap.updates) == 1  # the covered ones asked nothing upstream
+
+            await a.unsubscribe("wide")
+            assert rig.views.patterns == (("app", "a"), ("app", "a", "?", "*"))
+            assert rig.tap.updates[-1][0] == rig.views.patterns
+            # The server's subscription shrank: ("app", "zzz") is no longer delivered. Events
+            # are notified in order, so once the later sentinel is through, it would be too.
+            async with await connect(srv.address) as other:
+                await other.register_with_response([json_event(("app", "zzz"), 1)])
+            end = await _sentinel(producer, ("app", "a", "b"))
+            assert [tuple(m["type"]) for m in await _until_id(a, end)] == [("app", "a", "b")]
+            assert [tuple(m["type"]) for m in await _until_id(b, end)] == [("app", "a", "b")]
+            assert ("app", "zzz") not in rig.tap.event_types()
+
+            # Not covered again: the set grows, and the new subscriber gets its events.
+            assert (await b.subscribe_events("q", [["app", "q"]]))["covered"] is False
+            assert rig.views.patterns == (("app", "a"), ("app", "a", "?", "*"), ("app", "q"))
+            end = await _sentinel(producer, ("app", "q"))
+            assert [m["key"] for m in await _until_id(b, end)] == ["q"]
+
+            await a.close()  # a disconnect unsubscribes everything of a
+            await b.unsubscribe("pair")
+            await b.unsubscribe("q")
+            await asyncio.wait_for(_until(lambda: rig.views.patterns == ()), WAIT)
+            assert rig.tap.updates[-1] == ((), {})
+            await b.close()
+
+    run(main())
+
+
+async def _until(check: Any) -> None:
+    while not check():
+        await asyncio.sleep(0.01)
+
+
+VIEW = (
+    "SELECT u.name, u.city, count(o.id) AS n, sum(o.amount) AS total FROM users AS u "
+    "LEFT JOIN orders AS o ON o.user_id = u.id WHERE u.age >= 30 GROUP BY u.id ORDER BY u.id"
+)
+
+
+class Service:
+    """Writes rows as row events straight into the server, and the same rows into a SQLite
+    reference; ``results[k]`` is the view on the reference after the first k changes."""
+
+    def __init__(self, producer: Client, sql: str) -> None:
+        self.producer = producer
+        self.sql = sql
+        self.db = sqlite3.connect(":memory:")
+        for ddl in DDL:
+            self.db.execute(ddl)
+        self.results = [reference(self.db, sql)]
+        self.rng = random.Random(7)
+
+    async def change(self, table: str, key: int, row: dict[str, Any] | None) -> None:
+        payload: dict[str, Any] = {"key": key, "row": row} if row else {"key": key, "deleted": True}
+        [stored] = await self.producer.register_with_response(
+            [json_event(("db", f"rows.{table}"), payload)]
+        )
+        assert stored is not None
+        self.db.execute(f"DELETE FROM {table} WHERE id = ?", (key,))
+        if row is not None:
+            columns = ", ".join(row)
+            marks = ", ".join("?" for _ in row)
+            self.db.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", list(row.values()))
+        self.results.append(reference(self.db, self.sql))
+
+    async def round(self, changes: int) -> None:
+        for _ in range(changes):
+            r = self.rng.random()
+            if r < 0.4:
+                uid = self.rng.randrange(30)
+                city = self.rng.choice(["Oslo", "Lima", "Pune"])
+                row = {
+                    "id": uid,
+                    "name": f"u{uid}",
+                    "city": city,
+                    "age": self.rng.randrange(18, 60),
+                }
+                await self.change("users", uid, row)
+            elif r < 0.85:
+                oid = self.rng.randrange(80)
+                row = {
+                    "id": oid,
+                    "user_id": self.rng.randrange(30),
+                    "amount": self.rng.randrange(1, 500) / 4,
+                }
+                await self.change("orders", oid, row)
+            else:
+                table = self.rng.choice(["users", "orders"])
+                await self.change(table, self.rng.randrange(30), None)
+
+
+def test_a_sql_view_follows_the_row_events_and_never_shows_a_half_applied_epoch(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with (
+            running(tmp_path) as srv,
+            chain_rig(srv.address, row_type_prefix=("db",)) as rig,
+            await connect(srv.address) as producer,
+        ):
+            service = Service(producer, VIEW)
+            await service.round(40)  # before anyone subscribes: loaded with a query
+            client = await rig.client()
+            assert (await client.subscribe_sql("v", VIEW, rate_hz=500))["covered"] is False
+            assert rig.views.tables == {"users", "orders"}
+            first = await next_view(client, "v")
+            assert first["columns"] == ["name", "city", "n", "total"]
+            assert first["rows"] == service.results[-1]
+            # A malformed row event is skipped (counted), the others are folded.
+            await producer.register_with_response([json_event(("db", "rows.users"), {"no": 1})])
+            for _ in range(4):
+                await service.round(25)
+                while (view := await next_view(client, "v"))["rows"] != service.results[-1]:
+                    # Every view in between is the result after some prefix of the changes:
+                    # an epoch is applied whole, in the server's order.
+                    assert view["rows"] in service.results
+            assert rig.views.bad_rows == 1
+
+            other = await rig.client()
+            assert (await other.subscribe_sql("o", "SELECT id, amount FROM orders ORDER BY id"))[
+                "covered"
+            ] is True
+            assert (await next_view(other, "o"))["rows"] == reference(
+                service.db, "SELECT id, amount FROM orders ORDER BY id"
+            )
+            await service.change("users", 1000, {"id": 1000, "name": "x", "city": "y", "age": 1})
+            message = await other.message(WAIT)  # its table did not change: said explicitly
+            assert message == {
+                "op": "view",
+                "key": "o",
+                "epoch": message["epoch"],
+                "unchanged": True,
+            }
+            await other.subscribe_sql("none", "SELECT id FROM users WHERE age > 1000")
+            assert (await next_view(other, "none")) == {
+                "op": "view", "key": "none", "epoch": rig.views.epoch, "columns": ["id"], "rows": []
+            }  # fmt: skip
+
+            await client.close()
+            await other.unsubscribe("o")
+            await asyncio.wait_for(_until(lambda: rig.views.tables == {"users"}), WAIT)
+            assert rig.views.patterns == (("db", "rows.users"),)
+            await other.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        ({"events": [["a", "*", "b"]]}, r"events\[0\]: .*'\*' is allowed only as the last"),
+        ({"events": "a.*"}, "events: expected a non-empty list of patterns"),
+        ({"events": [["a"]], "rate_hz": 5}, "takes no rate_hz or priority"),
+        ({"sql": "DELETE FROM users"}, "SELECT"),
+        ({"sql": "SELECT * FROM secrets"}, "secrets"),
+        ({"sql": "SELECT password FROM users"}, "password"),
+        ({"sql": "SELECT id FROM users", "capabilities": {}}, "only a region subscription"),
+        (
+            {"sql": "SELECT id FROM users", "region": {"box": {"lo": [0, 0], "hi": [1, 1]}}},
+            "exactly one of region, events and sql, got region, sql",
+        ),
+        ({}, "exactly one of region, events and sql, got none"),
+        ({"sql": "SELECT id FROM users", "rate_hz": -1}, "rate_hz"),
+    ],
+)
+def test_bad_requests_get_a_clear_error_and_the_connection_goes_on(
+    tmp_path: Path, request_: dict[str, Any], message: str
+) -> None:
+    async def main() -> None:
+        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
+            client = await rig.client()
+            with pytest.raises(IntermediaryError, match=message):
+                await client.request({"op": "subscribe", "key": "k", **request_})
+            assert rig.views.patterns == ()
+            await client.subscribe_sql("k", "SELECT id FROM users")
+            assert (await next_view(client, "k"))["rows"] == []
+            await client.close()
+
+    run(main())
+
+
+def test_the_active_tables_change_only_when_an_epoch_is_swapped_in() -> None:
+    inert, active = TableState(CATALOG), TableState(CATALOG)
+    inert.upsert("users", [{"id": 1, "name": "a"}], "id")
+    assert active.table("users") is None
+    assert active.adopt(inert) == {"users"}
+    inert.upsert("users", [{"id": 2, "name": "b"}], "id")
+    inert.delete("users", [1])
+    assert active.table("users").to_pylist() == [
+        {"id": 1, "name": "a"}
+    ]  # the inert side's changes are not seen
+    assert active.adopt(inert) == {"users"}
+    assert active.table("users").column("id").to_pylist() == [2]
+    assert active.adopt(inert) == frozenset()
