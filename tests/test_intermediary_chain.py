@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
+import websockets
 
 from chain_helpers import CATALOG, DDL, chain_rig, next_view, reference
 from server_helpers import running
@@ -20,6 +22,7 @@ from tidings.client import Client, StoredEvent, connect, json_event
 from tidings.errors import IntermediaryError
 from tidings.events.matching import matches
 from tidings.intermediary.sqltables import TableState
+from tidings.intermediary.transport import DROPPED_CLOSE_CODE, TransportLimits
 
 pytestmark = pytest.mark.server
 
@@ -298,3 +301,46 @@ def test_the_active_tables_change_only_when_an_epoch_is_swapped_in() -> None:
     assert active.adopt(inert) == {"users"}
     assert active.table("users").column("id").to_pylist() == [2]
     assert active.adopt(inert) == frozenset()
+
+
+def test_an_event_subscriber_that_never_reads_is_closed_with_a_reason_and_loses_nothing_before(
+    tmp_path: Path,
+) -> None:
+    """Events are never dropped: a subscriber whose queue backs up past the limit is closed
+    (4008 and the reason) while another, reading, gets every event."""
+
+    async def main() -> None:
+        limits = TransportLimits(send_buffer_bytes=4096, max_queued_messages=20)
+        async with (
+            running(tmp_path) as srv,
+            chain_rig(srv.address, limits=limits) as rig,
+            await connect(srv.address) as producer,
+        ):
+            good = await rig.client()
+            await good.subscribe_events("all", [["app", "*"]])
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", rig.server.port))
+            slow = await websockets.connect(rig.url, sock=sock, max_queue=1)
+            hello = json.loads(await slow.recv())
+            await slow.send(json.dumps({"op": "subscribe", "key": "s", "events": [["app", "*"]]}))
+            assert json.loads(await slow.recv())["op"] == "subscribed"
+            sent: list[StoredEvent] = []
+            while not any(d.subscriber == hello["subscriber"] for d in rig.server.disconnects):
+                batch = [json_event(("app", "x"), {"pad": "x" * 2000}) for _ in range(10)]
+                sent += [e for e in await producer.register_with_response(batch) if e]
+                got = [await good.message(WAIT) for _ in range(10)]
+                assert [tuple(m["id"]) for m in got] == [_id(e) for e in sent[-10:]]
+            record = next(d for d in rig.server.disconnects if d.subscriber == hello["subscriber"])
+            assert record.code == DROPPED_CLOSE_CODE
+            assert record.reason == "too slow: more than 20 messages waiting to be sent"
+            with pytest.raises(websockets.ConnectionClosed):
+                while True:
+                    await slow.recv()
+            assert slow.close_code == DROPPED_CLOSE_CODE
+            await asyncio.wait_for(
+                _until(lambda: not rig.views.subscriptions(hello["subscriber"])), WAIT
+            )
+            await good.close()
+
+    run(main())

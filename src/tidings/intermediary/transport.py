@@ -243,19 +243,23 @@ class IntermediaryServer:
                 conn.kicked.set()
 
     def _queue(self, messages: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str]]:
-        """Queue JSON messages on their connections; the ones that overflowed, to close."""
+        """Queue a tick's JSON messages on their connections. A connection whose backlog
+        from earlier ticks is over the limit is too slow: it is returned, to close (a large
+        tick alone never closes anyone; the memory bound is the limit plus one tick)."""
         limit = self.limits.max_queued_messages
-        over = []
+        over: dict[Any, str] = {}
+        backlog = {s: len(c.texts) for s, c in self.connections.items()}
         for subscriber, message in messages:
             conn = self.connections.get(subscriber)
-            if conn is None or conn.kicked.is_set():
+            if conn is None or conn.kicked.is_set() or subscriber in over:
                 continue
-            if len(conn.texts) >= limit:
-                over.append((subscriber, f"too slow: more than {limit} messages queued"))
+            if backlog[subscriber] > limit:
+                over[subscriber] = f"too slow: more than {limit} messages waiting to be sent"
+                conn.texts.clear()
                 continue
             conn.texts.append(json.dumps(message, default=str))
             conn.wake.set()
-        return over
+        return list(over.items())
 
     def _offer(self, conn: _Connection, items: list[Served]) -> None:
         """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""
