@@ -270,6 +270,8 @@ def test_a_sql_view_follows_the_row_events_and_never_shows_a_half_applied_epoch(
         ),
         ({}, "exactly one of region, events and sql, got none"),
         ({"sql": "SELECT id FROM users", "rate_hz": -1}, "rate_hz"),
+        ({"sql": "SELECT id FROM users", "priority": 1e300}, "priority: expected a number in"),
+        ({"sql": "SELECT id FROM users WHERE", "priority": 1}, "sql|SQL|parse"),
     ],
 )
 def test_bad_requests_get_a_clear_error_and_the_connection_goes_on(

@@ -114,9 +114,16 @@ def event_message(event: StoredEvent) -> dict[str, Any]:
     return message
 
 
-def _check_schedule(priority: object, rate_hz: object) -> tuple[float, float]:
-    if isinstance(priority, bool) or not isinstance(priority, (int, float)):
-        raise IntermediaryError(f"priority: expected a number, got {priority!r}")
+def _check_schedule(priority: object, rate_hz: object, max_priority: float) -> tuple[float, float]:
+    """Checked here, before anything changes upstream, so the scheduler cannot refuse later."""
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, (int, float))
+        or not 0 <= priority <= max_priority
+    ):
+        raise IntermediaryError(
+            f"priority: expected a number in [0, {max_priority}], got {priority!r}"
+        )
     if (
         isinstance(rate_hz, bool)
         or not isinstance(rate_hz, (int, float))
@@ -187,7 +194,7 @@ class EventViews:
                 was_covered = all(covered(self.patterns, p) for p in patterns)
             else:
                 view = self._parse_view(sql)
-                prio, rate = _check_schedule(priority, rate_hz)
+                prio, rate = _check_schedule(priority, rate_hz, self.scheduler.max_priority)
                 record = _ViewSub(view)
                 held = [self._primitive(t) for t in self.tables]
                 was_covered = all(covers(held, p) for p in view.primitives)
