@@ -346,3 +346,35 @@ def test_an_event_subscriber_that_never_reads_is_closed_with_a_reason_and_loses_
             await good.close()
 
     run(main())
+
+
+def test_a_view_subscribed_while_the_service_writes_loads_and_folds_each_change_once(
+    tmp_path: Path,
+) -> None:
+    """The load races the notifications: changes registered before, during and after the
+    load query. Every view is the result after some prefix of the changes (none folded twice
+    or out of order), and the last equals the reference."""
+
+    async def main() -> None:
+        async with (
+            running(tmp_path) as srv,
+            chain_rig(srv.address, row_type_prefix=("db",)) as rig,
+            await connect(srv.address) as producer,
+        ):
+            service = Service(producer, VIEW)
+            await service.round(20)
+            client = await rig.client()
+            writing = asyncio.create_task(service.round(150))
+            await asyncio.sleep(0)  # let the writer start first
+            await client.subscribe_sql("v", VIEW, rate_hz=1000)
+            seen = 0
+            rows = None
+            while not (writing.done() and rows == service.results[-1]):
+                rows = (await next_view(client, "v"))["rows"]
+                assert rows in service.results
+                seen += 1
+            assert seen > 1
+            await writing
+            await client.close()
+
+    run(main())
