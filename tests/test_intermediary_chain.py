@@ -17,6 +17,7 @@ import pytest
 import websockets
 
 from chain_helpers import CATALOG, DDL, chain_rig, next_view, reference
+from intermediary_helpers import WHOLE
 from server_helpers import running
 from tidings.client import Client, StoredEvent, connect, json_event
 from tidings.errors import IntermediaryError
@@ -375,6 +376,50 @@ def test_a_view_subscribed_while_the_service_writes_loads_and_folds_each_change_
                 seen += 1
             assert seen > 1
             await writing
+            await client.close()
+
+    run(main())
+
+
+def test_a_key_names_one_subscription_whatever_its_kind(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
+            client = await rig.client()
+            spatial = rig.server.intermediary.publishers
+            await client.subscribe("k", WHOLE)
+            assert set(spatial.subscriptions(client.subscriber)) == {"k"}
+            await client.subscribe_events("k", [["app", "*"]])
+            assert not spatial.subscriptions(client.subscriber)
+            assert rig.views.subscriptions(client.subscriber) == ["k"]
+            await client.subscribe_sql("k", "SELECT id FROM users")
+            assert rig.views.subscriptions(client.subscriber) == ["k"]
+            assert rig.views.patterns == (("rows.users",),)  # the events' pattern is gone
+            await client.subscribe("k", WHOLE)
+            assert rig.views.subscriptions(client.subscriber) == []
+            assert rig.views.patterns == ()
+            assert (await client.unsubscribe("k"))["removed"] == 1
+            await client.close()
+
+    run(main())
+
+
+def test_when_the_event_server_goes_away_new_upstream_needs_get_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
+            client = await rig.client()
+            await client.subscribe_events("a", [["app", "*"]])
+            await srv.server.aclose()
+            await asyncio.wait_for(_until(lambda: rig.tap.chain.closed is not None), WAIT)
+            with pytest.raises(IntermediaryError, match="chain: not connected"):
+                await client.subscribe_events("b", [["other"]])
+            # What needs nothing new upstream is still taken, and the connection goes on.
+            assert (await client.subscribe_events("c", [["app", "x"]]))["covered"] is True
+            assert sorted(rig.views.subscriptions(client.subscriber)) == ["a", "c"]
+            # Unsubscribing still works; upstream cannot shrink, which only costs events.
+            assert (await client.unsubscribe("a"))["removed"] == 1
+            assert rig.views.patterns == (("app", "*"),)
             await client.close()
 
     run(main())

@@ -54,6 +54,8 @@ from tidings.intermediary.sqlviews import Catalog, SqlLimits, SqlView
 
 log = logging.getLogger(__name__)
 
+#: The most event types whose matching subscriptions are remembered.
+MAX_ROUTES = 10_000
 #: A subscription: (subscriber, key).
 Sid = tuple[Hashable, str]
 #: What :meth:`EventViews.step` returns: who gets which JSON message.
@@ -162,6 +164,8 @@ class EventViews:
         self.bad_rows = 0
         self._inert = TableState(catalog)
         self._events: dict[Sid, _EventSub] = {}
+        #: event type -> the event subscriptions it matches (cleared on any change of them).
+        self._routes: dict[tuple[str, ...], list[Sid]] = {}
         self._views: dict[Sid, _ViewSub] = {}
         self._changed_at: dict[str, int] = {}
         self._lock = asyncio.Lock()
@@ -199,6 +203,7 @@ class EventViews:
                 held = [self._primitive(t) for t in self.tables]
                 was_covered = all(covers(held, p) for p in view.primitives)
             old_event, old_view = self._events.pop(sid, None), self._views.pop(sid, None)
+            self._routes.clear()
             if isinstance(record, _EventSub):
                 self._events[sid] = record
             else:
@@ -206,6 +211,7 @@ class EventViews:
             try:
                 await self._sync()
             except Exception as exc:  # upstream refused: as it was before
+                self._routes.clear()
                 self._events.pop(sid, None)
                 self._views.pop(sid, None)
                 if old_event is not None:
@@ -227,12 +233,16 @@ class EventViews:
         async with self._lock:
             gone = [s for s in (*self._events, *self._views)
                     if s[0] == subscriber and (key is None or s[1] == key)]  # fmt: skip
+            self._routes.clear()
             for sid in gone:
                 self._events.pop(sid, None)
                 if self._views.pop(sid, None) is not None:
                     self.scheduler.remove(sid)
             if gone:
-                await self._sync()
+                try:
+                    await self._sync()
+                except IntermediaryError as exc:  # upstream keeps a superset: harmless
+                    log.warning("intermediary: upstream not shrunk after unsubscribe: %s", exc)
             return len(gone)
 
     def subscriptions(self, subscriber: Hashable) -> list[str]:
@@ -286,11 +296,10 @@ class EventViews:
         batches = self.upstream.take()
         for batch in batches:
             for event in batch.events:
-                message: dict[str, Any] | None = None
-                for (subscriber, key), record in self._events.items():
-                    if record.matcher.matches(event.type):
-                        message = message or event_message(event)
-                        out.append((subscriber, {**message, "key": key}))
+                sids = self._subscribers_of(event.type)
+                if sids:
+                    message = event_message(event)
+                    out.extend((subscriber, {**message, "key": key}) for subscriber, key in sids)
             for table, events in batch.rows.items():
                 if table in self._folding:
                     self._fold(table, events)
@@ -308,6 +317,17 @@ class EventViews:
             if record is not None:  # None: being replaced, while upstream takes the new one
                 out.append((sid[0], self._view_message(sid[1], record)))
         return out
+
+    def _subscribers_of(self, event_type: tuple[str, ...]) -> list[Sid]:
+        """The event subscriptions ``event_type`` matches; matched once per type (a server's
+        types are few next to its events), the cache bounded by :data:`MAX_ROUTES`."""
+        sids = self._routes.get(event_type)
+        if sids is None:
+            if len(self._routes) >= MAX_ROUTES:
+                self._routes.clear()
+            sids = [sid for sid, r in self._events.items() if r.matcher.matches(event_type)]
+            self._routes[event_type] = sids
+        return sids
 
     def _fold(self, table: str, events: Sequence[StoredEvent]) -> None:
         """Row events into the inert tables: per key the last change wins (changes of
@@ -355,4 +375,4 @@ class EventViews:
         if digest == record.digest:
             return {**head, "unchanged": True}
         record.digest = digest
-        return {**head, "columns": columns, "rows": json.loads(body)[1]}
+        return {**head, "columns": columns, "rows": rows}

@@ -370,8 +370,6 @@ class IntermediaryServer:
                     )
                 if kinds != ["region"]:
                     return await self._subscribe_views(conn, request, key)
-                if self.views is not None and key in self.views.subscriptions(conn.id):
-                    await self.views.unsubscribe(conn.id, key)
                 outcome = self.intermediary.subscribe(
                     conn.id,
                     key,  # type: ignore[arg-type]
@@ -380,6 +378,8 @@ class IntermediaryServer:
                     request.get("rate_hz", 10.0),
                     request.get("capabilities"),
                 )
+                if self.views is not None and key in self.views.subscriptions(conn.id):
+                    await self.views.unsubscribe(conn.id, key)  # type: ignore[arg-type]
                 return {"op": "subscribed", "key": key, "covered": outcome.covered}
             if op == "unsubscribe":
                 if not isinstance(key, str):
