@@ -7,7 +7,7 @@ decoded (:func:`.generation.decode_frame`) into a bounded buffer that :meth:`fra
 iterates. The buffer keeps the latest frames: a caller slower than the server loses the
 oldest (counted in :attr:`IntermediaryClient.overflowed`), as the server itself would drop
 them. JSON messages of event and SQL-view subscriptions (``op`` ``event`` or ``view``) are a
-stream: they are all kept, in order, for :meth:`IntermediaryClient.messages`.
+stream: they are all kept, in order, for :meth:`IntermediaryClient.message`.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ With ``views`` (an :class:`~.eventviews.EventViews` over the event server), a su
 request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instead of
 ``"region"`` (exactly one of the three). Those subscriptions get JSON text messages
 (``{"op": "event", "key", ...}``, ``{"op": "view", "key", ...}``, see :mod:`.eventviews`),
-which are a stream and are not dropped: they wait in a per-connection queue of at most
-``max_queued_messages``, and a subscriber that lets it overflow is closed with
+which are a stream and are not dropped: they wait in a per-connection queue, and a
+subscriber whose backlog from earlier ticks is over ``max_queued_messages`` is closed with
 :data:`DROPPED_CLOSE_CODE` and a reason. A key names one subscription whatever its kind: a
 subscribe replaces the key's previous subscription of any kind.
 """
