@@ -116,7 +116,9 @@ class IntermediaryClient:
     async def message(self, timeout: float | None = None) -> dict[str, Any]:
         """The next event or view message (TimeoutError after ``timeout`` s; an
         :class:`IntermediaryError` once the connection closed and none is left)."""
-        if self._messages.empty() and self._closed.is_set():
+        if not self._messages.empty():
+            return self._messages.get_nowait()
+        if self._closed.is_set():
             raise IntermediaryError(
                 f"client: connection closed ({self.close_code} {self.close_reason})"
             )
