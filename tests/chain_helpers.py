@@ -16,7 +16,7 @@ from tidings.intermediary.client import IntermediaryClient
 from tidings.intermediary.eventviews import ChainBatch, EventViews
 from tidings.intermediary.process import Intermediary
 from tidings.intermediary.simulation import Simulation
-from tidings.intermediary.sqlviews import Catalog
+from tidings.intermediary.sqlviews import Catalog, SqlLimits
 from tidings.intermediary.transport import IntermediaryServer, TransportLimits
 
 #: The domain tables of the tests' service, as the catalog allows them.
@@ -70,13 +70,17 @@ class ChainRig:
 
 @asynccontextmanager
 async def chain_rig(
-    address: str, *, row_type_prefix: Sequence[str] = (), limits: TransportLimits | None = None
+    address: str,
+    *,
+    row_type_prefix: Sequence[str] = (),
+    limits: TransportLimits | None = None,
+    sql_limits: SqlLimits | None = None,
 ) -> AsyncIterator[ChainRig]:
     """An intermediary on a free port, chained to the event server at ``address``."""
     chain = TidingsChain(address)
     await chain.start()
     tap = Tap(chain)
-    views = EventViews(tap, CATALOG, row_type_prefix=row_type_prefix)
+    views = EventViews(tap, CATALOG, row_type_prefix=row_type_prefix, limits=sql_limits)
     spatial = Intermediary(2, Simulation(0, WORLD).feed(), world=WORLD)
     server = IntermediaryServer(spatial, views=views, tick_s=0.01, limits=limits)
     await server.start()

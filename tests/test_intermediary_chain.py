@@ -23,6 +23,7 @@ from tidings.client import Client, StoredEvent, connect, json_event
 from tidings.errors import IntermediaryError
 from tidings.events.matching import matches
 from tidings.intermediary.sqltables import TableState
+from tidings.intermediary.sqlviews import SqlLimits
 from tidings.intermediary.transport import DROPPED_CLOSE_CODE, TransportLimits
 
 pytestmark = pytest.mark.server
@@ -420,6 +421,47 @@ def test_when_the_event_server_goes_away_new_upstream_needs_get_a_clear_error(
             # Unsubscribing still works; upstream cannot shrink, which only costs events.
             assert (await client.unsubscribe("a"))["removed"] == 1
             assert rig.views.patterns == (("app", "*"),)
+            await client.close()
+
+    run(main())
+
+
+def test_a_view_stopped_by_its_bounds_says_so_and_the_subscription_goes_on(
+    tmp_path: Path,
+) -> None:
+    heavy = "SELECT count(*) AS n FROM users AS a JOIN users AS b JOIN users AS c"
+
+    async def main() -> None:
+        async with (
+            running(tmp_path) as srv,
+            chain_rig(
+                srv.address, row_type_prefix=("db",), sql_limits=SqlLimits(max_steps=20_000)
+            ) as rig,
+            await connect(srv.address) as producer,
+        ):
+            service = Service(producer, "SELECT 1")
+            for uid in range(40):
+                await service.change("users", uid, {"id": uid, "name": "n", "city": "c", "age": 1})
+            client = await rig.client()
+            await client.subscribe_sql("h", heavy)
+            await client.subscribe_sql("ok", "SELECT count(*) AS n FROM users")
+            got: dict[str, dict[str, Any]] = {}
+            while len(got) < 2:
+                message = await client.message(WAIT)
+                got[message["key"]] = message
+            assert got["h"]["error"] == "the view was stopped: it took more than 20000 steps"
+            assert got["ok"]["rows"] == [[40]]
+            await client.close()
+
+    run(main())
+
+
+def test_a_view_reading_no_column_of_an_empty_table_counts_zero(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
+            client = await rig.client()
+            await client.subscribe_sql("n", "SELECT count(*) AS n FROM orders")
+            assert (await next_view(client, "n"))["rows"] == [[0]]
             await client.close()
 
     run(main())

@@ -364,7 +364,9 @@ class EventViews:
         record.evaluated = self.epoch
         try:
             result = record.view.evaluate(self.active)
-        except IntermediaryError as exc:
+        except Exception as exc:  # one view's failure must not stop the tick for the others
+            if not isinstance(exc, IntermediaryError):
+                log.exception("intermediary: view %s failed", record.view)
             record.digest = None
             return {**head, "error": str(exc)}
         columns = result.column_names

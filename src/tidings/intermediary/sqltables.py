@@ -251,7 +251,10 @@ class TableState:
             return
         held = self._tables.get(name)
         kinds = self.catalog.tables[name] if self.catalog is not None else {}
-        columns = list(held.column_names) if held is not None else sorted(needed)
+        # Nothing held yet: the columns the view reads, else (``count(*)``) the catalog's, or
+        # one placeholder, since SQLite has no table without columns.
+        columns = list(held.column_names) if held is not None else sorted(needed) or list(kinds)
+        columns = columns or ["_"]
         missing = sorted(needed - set(columns))
         if missing:
             raise IntermediaryError(f"the state of {name} holds no column {', '.join(missing)}")
