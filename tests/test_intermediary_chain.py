@@ -19,6 +19,7 @@ import websockets
 from chain_helpers import CATALOG, DDL, chain_rig, next_view, reference
 from intermediary_helpers import WHOLE
 from server_helpers import running
+from test_intermediary_patterns import brute
 from tidings.client import Client, StoredEvent, connect, json_event
 from tidings.errors import IntermediaryError
 from tidings.events.matching import matches
@@ -463,5 +464,42 @@ def test_a_view_reading_no_column_of_an_empty_table_counts_zero(tmp_path: Path) 
             await client.subscribe_sql("n", "SELECT count(*) AS n FROM orders")
             assert (await next_view(client, "n"))["rows"] == [[0]]
             await client.close()
+
+    run(main())
+
+
+def test_random_subscribes_and_unsubscribes_keep_upstream_exactly_the_union(
+    tmp_path: Path,
+) -> None:
+    """Through the real chain: after every request the upstream set covers every live
+    subscription and holds nothing none of them needs (brute force over a small alphabet),
+    ``covered`` is what brute force says of the set before, and the event server was sent
+    the set the intermediary reports."""
+    rng = random.Random(5)
+
+    def pattern() -> tuple[str, ...]:
+        body = tuple(rng.choice(["a", "b", "?"]) for _ in range(rng.randrange(4)))
+        return (*body, "*") if rng.random() < 0.4 or not body else body
+
+    async def main() -> None:
+        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
+            live: dict[tuple[int, str], list[tuple[str, ...]]] = {}
+            for _ in range(150):
+                sid = (rng.randrange(3), rng.choice("xyz"))
+                if live and rng.random() < 0.35:
+                    sid = rng.choice(sorted(live))
+                    assert await rig.views.unsubscribe(*sid) == 1
+                    del live[sid]
+                else:
+                    patterns = [pattern() for _ in range(rng.randrange(1, 3))]
+                    before = list(rig.views.patterns)
+                    was = await rig.views.subscribe(*sid, events=[list(p) for p in patterns])
+                    assert was == all(brute(before, p) for p in patterns)
+                    live[sid] = patterns
+                wanted = [p for ps in live.values() for p in ps]
+                upstream = list(rig.views.patterns)
+                assert all(brute(upstream, p) for p in wanted)
+                assert all(brute(wanted, p) for p in upstream)
+                assert not rig.tap.updates or rig.tap.updates[-1][0] == rig.views.patterns
 
     run(main())
