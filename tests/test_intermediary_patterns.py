@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tidings.errors import IntermediaryError
 from tidings.events.matching import matches
-from tidings.intermediary.patterns import covered, minimal, parse_patterns
+from tidings.intermediary.patterns import covered, minimal, parse_patterns, widen
 
 ALPHABET = ("a", "b")
 FRESH = "z"
@@ -87,3 +87,21 @@ def test_examples(upstream, pattern, expected) -> None:
 def test_bad_patterns_are_named(spec, message) -> None:
     with pytest.raises(IntermediaryError, match=message):
         parse_patterns(spec)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(patterns(), max_size=8), st.integers(1, 4))
+def test_widen_covers_everything_within_the_limit(ps, limit) -> None:
+    wide = widen(ps, limit)
+    assert len(wide) <= limit
+    for p in ps:
+        assert brute(list(wide), p)
+    if len(minimal(ps)) <= limit:
+        assert wide == minimal(ps)  # nothing widened that did not have to be
+
+
+def test_widen_cuts_to_the_longest_prefix_that_fits() -> None:
+    ps = [("app", "a", "x"), ("app", "a", "y"), ("app", "b", "x"), ("db", "rows.t")]
+    assert widen(ps, 3) == (("app", "a", "*"), ("app", "b", "*"), ("db", "rows.t"))
+    assert widen(ps, 2) == (("app", "*"), ("db", "*"))
+    assert widen(ps, 1) == (("*",),)

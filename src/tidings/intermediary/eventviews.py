@@ -8,7 +8,8 @@ messages to send, as ``(subscriber, message)`` pairs in the order to send them.
 
 Its stores, as claim 1 says: the publisher store is the two dictionaries of subscriptions
 (subscriber and key -> patterns, or -> view); the subscriber store is :attr:`patterns` (the
-upstream pattern set, kept minimal with :func:`.patterns.minimal`) and :attr:`tables` (the
+upstream pattern set, kept minimal and at most :data:`.patterns.MAX_UPSTREAM` patterns by
+:func:`.patterns.widen`) and :attr:`tables` (the
 tables whose row events it folds). A new event subscription is *covered* when the upstream
 patterns together already match every type it matches (:func:`.patterns.covered`); a new
 view is covered when the tables it reads are already held (:func:`.primitives.covers`: a
@@ -44,7 +45,7 @@ from typing import Any, Protocol
 
 from tidings.errors import IntermediaryError, UsageError
 from tidings.events import PayloadKind, QueryType, StoredEvent, TypeMatcher
-from tidings.intermediary.patterns import covered, minimal, parse_patterns
+from tidings.intermediary.patterns import covered, parse_patterns, widen
 from tidings.intermediary.primitives import Primitive, covers
 from tidings.intermediary.process import MAX_KEY_BYTES, MAX_RATE_HZ
 from tidings.intermediary.rows import parse_row_change, row_server_type
@@ -268,8 +269,8 @@ class EventViews:
         """Bring upstream to what the subscriptions need, if that is not what it has."""
         tables = frozenset(t for v in self._views.values() for t in v.view.tables)
         types = {t: row_server_type(self.row_type_prefix, t) for t in sorted(tables)}
-        wanted = minimal([*(p for s in self._events.values() for p in s.patterns),
-                          *types.values()])  # fmt: skip
+        wanted = widen({*(p for s in self._events.values() for p in s.patterns),
+                        *types.values()})  # fmt: skip
         same = all(covered(self.patterns, p) for p in wanted) and all(
             covered(wanted, p) for p in self.patterns
         )

@@ -28,6 +28,8 @@ MAX_SEGMENTS = 16
 MAX_SEGMENT_BYTES = 256
 #: The most patterns in one subscription.
 MAX_PATTERNS = 64
+#: The most patterns an intermediary subscribes upstream for; past it they are widened.
+MAX_UPSTREAM = 256
 
 #: A segment value equal to no literal: stands for all values no pattern names.
 _FRESH = object()
@@ -115,3 +117,16 @@ def minimal(patterns: Iterable[QueryType]) -> tuple[QueryType, ...]:
         if covered(others, p):
             kept = others
     return tuple(kept)
+
+
+def widen(patterns: Iterable[QueryType], limit: int = MAX_UPSTREAM) -> tuple[QueryType, ...]:
+    """At most ``limit`` patterns matching at least what ``patterns`` match (the patent's
+    bounding region, for types): each pattern is cut to its first ``d`` segments followed by
+    ``*``, with the largest ``d`` that gives few enough; ``("*",)`` at worst. Extra events
+    upstream cost bandwidth, never correctness: each subscriber's own patterns select."""
+    kept = minimal(patterns)
+    depth = max((len(p) for p in kept), default=0)
+    while len(kept) > limit and depth > 0:
+        depth -= 1
+        kept = minimal(p if len(p) <= depth else (*p[:depth], ANY_REST) for p in kept)
+    return kept if len(kept) <= limit else ((ANY_REST,),)
