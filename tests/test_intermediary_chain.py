@@ -503,3 +503,24 @@ def test_random_subscribes_and_unsubscribes_keep_upstream_exactly_the_union(
                 assert not rig.tap.updates or rig.tap.updates[-1][0] == rig.views.patterns
 
     run(main())
+
+
+def test_a_subscriber_holds_at_most_its_share_of_event_and_view_subscriptions(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
+            client = await rig.client()
+            limit = rig.views.max_per_subscriber
+            for n in range(limit):
+                await client.subscribe_events(f"k{n}", [["app", str(n)]])
+            with pytest.raises(IntermediaryError, match=f"at most {limit} event and SQL"):
+                await client.subscribe_sql("one-more", "SELECT id FROM users")
+            await client.subscribe_events("k0", [["app", "again"]])  # replacing is fine
+            await client.unsubscribe("k1")
+            await client.subscribe_sql("one-more", "SELECT id FROM users")
+            assert len(rig.views.subscriptions(client.subscriber)) == limit
+            await client.close()
+            await asyncio.wait_for(_until(lambda: rig.views.patterns == ()), WAIT)
+
+    run(main())

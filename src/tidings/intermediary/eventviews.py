@@ -52,6 +52,7 @@ from tidings.intermediary.rows import parse_row_change, row_server_type
 from tidings.intermediary.scheduling import Scheduler
 from tidings.intermediary.sqltables import TableState
 from tidings.intermediary.sqlviews import Catalog, SqlLimits, SqlView
+from tidings.intermediary.stores import DEFAULT_MAX_PER_SUBSCRIBER
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,10 @@ class EventViews:
         row_type_prefix: Sequence[str] = (),
         limits: SqlLimits | None = None,
         scheduler: Scheduler | None = None,
+        max_per_subscriber: int = DEFAULT_MAX_PER_SUBSCRIBER,
     ) -> None:
         self.upstream = upstream
+        self.max_per_subscriber = max_per_subscriber
         self.catalog = catalog
         self.row_type_prefix = tuple(row_type_prefix)
         self.limits = limits or SqlLimits()
@@ -168,6 +171,8 @@ class EventViews:
         #: event type -> the event subscriptions it matches (cleared on any change of them).
         self._routes: dict[tuple[str, ...], list[Sid]] = {}
         self._views: dict[Sid, _ViewSub] = {}
+        #: subscriber -> its keys (both kinds), so one subscriber's requests cost O(its own).
+        self._keys: dict[Hashable, set[str]] = {}
         self._changed_at: dict[str, int] = {}
         self._lock = asyncio.Lock()
 
@@ -193,6 +198,12 @@ class EventViews:
             raise IntermediaryError("subscribe: expected exactly one of events and sql")
         sid = (subscriber, key)
         async with self._lock:
+            held_keys = self._keys.get(subscriber, set())
+            if key not in held_keys and len(held_keys) >= self.max_per_subscriber:
+                raise IntermediaryError(
+                    f"subscribe: at most {self.max_per_subscriber} event and SQL subscriptions "
+                    "per subscriber"
+                )
             if events is not None:
                 patterns = parse_patterns(events)
                 record: _EventSub | _ViewSub = _EventSub(patterns, TypeMatcher(patterns))
@@ -226,14 +237,18 @@ class EventViews:
                 self.scheduler.remove(sid)
             if isinstance(record, _ViewSub):
                 self.scheduler.add(sid, prio, rate)
+            self._keys.setdefault(subscriber, set()).add(key)
         return was_covered
 
     async def unsubscribe(self, subscriber: Hashable, key: str | None = None) -> int:
         """Drop one subscription (``key`` None: all of the subscriber's) and shrink upstream
         to what the others need. Returns how many were removed."""
         async with self._lock:
-            gone = [s for s in (*self._events, *self._views)
-                    if s[0] == subscriber and (key is None or s[1] == key)]  # fmt: skip
+            held = self._keys.get(subscriber, set())
+            gone = [(subscriber, k) for k in (set(held) if key is None else held & {key})]
+            held.difference_update(k for _, k in gone)
+            if not held:
+                self._keys.pop(subscriber, None)
             self._routes.clear()
             for sid in gone:
                 self._events.pop(sid, None)
@@ -248,7 +263,7 @@ class EventViews:
 
     def subscriptions(self, subscriber: Hashable) -> list[str]:
         """The keys ``subscriber`` holds here."""
-        return [k for s, k in (*self._events, *self._views) if s == subscriber]
+        return sorted(self._keys.get(subscriber, ()))
 
     def _parse_view(self, sql: object) -> SqlView:
         if self.catalog is None:

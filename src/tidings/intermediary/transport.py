@@ -28,11 +28,13 @@ thread yet).
 With ``views`` (an :class:`~.eventviews.EventViews` over the event server), a subscribe
 request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instead of
 ``"region"`` (exactly one of the three). Those subscriptions get JSON text messages
-(``{"op": "event", "key", ...}``, ``{"op": "view", "key", ...}``, see :mod:`.eventviews`),
-which are a stream and are not dropped: they wait in a per-connection queue, and a
+(``{"op": "event", "key", ...}``, ``{"op": "view", "key", ...}``, see :mod:`.eventviews`).
+Events are a stream and are not dropped: they wait in a per-connection queue, and a
 subscriber whose backlog from earlier ticks is over ``max_queued_messages`` is closed with
-:data:`DROPPED_CLOSE_CODE` and a reason. A key names one subscription whatever its kind: a
-subscribe replaces the key's previous subscription of any kind.
+:data:`DROPPED_CLOSE_CODE` and a reason. A view is a latest value: per key, a view message
+not sent yet is replaced by the next one (counted like a replaced frame). A key names one
+subscription whatever its kind: a subscribe replaces the key's previous subscription of any
+kind.
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ class _Connection:
     websocket: WebSocket
     slot: list[Served] | None = None
     texts: deque[str] = field(default_factory=deque)
+    #: The latest view message per key not sent yet (a view is a latest value).
+    views: dict[str, str] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     kicked: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = ""
@@ -257,7 +261,12 @@ class IntermediaryServer:
                 over[subscriber] = f"too slow: more than {limit} messages waiting to be sent"
                 conn.texts.clear()
                 continue
-            conn.texts.append(json.dumps(message, default=str))
+            text = json.dumps(message, default=str)
+            if message["op"] == "view":
+                conn.replaced += message["key"] in conn.views
+                conn.views[message["key"]] = text
+            else:
+                conn.texts.append(text)
             conn.wake.set()
         return list(over.items())
 
@@ -312,6 +321,9 @@ class IntermediaryServer:
             conn.wake.clear()
             while conn.texts:
                 await conn.websocket.send_text(conn.texts.popleft())
+            views, conn.views = conn.views, {}
+            for text in views.values():
+                await conn.websocket.send_text(text)
             items, conn.slot = conn.slot, None
             for served in items or ():
                 await conn.websocket.send_bytes(envelope(served.key, served.frame.data))
