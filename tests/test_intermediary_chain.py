@@ -524,3 +524,34 @@ def test_a_subscriber_holds_at_most_its_share_of_event_and_view_subscriptions(
             await asyncio.wait_for(_until(lambda: rig.views.patterns == ()), WAIT)
 
     run(main())
+
+
+def test_a_view_subscriber_that_never_reads_holds_one_pending_view_not_a_backlog(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        limits = TransportLimits(send_buffer_bytes=4096)
+        async with (
+            running(tmp_path) as srv,
+            chain_rig(srv.address, row_type_prefix=("db",), limits=limits) as rig,
+            await connect(srv.address) as producer,
+        ):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", rig.server.port))
+            slow = await websockets.connect(rig.url, sock=sock, max_queue=1, close_timeout=0.5)
+            hello = json.loads(await slow.recv())
+            sql = "SELECT id, name FROM users ORDER BY id"
+            await slow.send(json.dumps({"op": "subscribe", "key": "v", "sql": sql}))
+            assert json.loads(await slow.recv())["op"] == "subscribed"
+            conn = rig.server.connections[hello["subscriber"]]
+            service = Service(producer, sql)
+            n = 0
+            while conn.replaced < 5:  # it never reads: views pile up unless replaced
+                await service.change("users", n, {"id": n, "name": "x" * 20_000})
+                n += 1
+                assert len(conn.views) <= 1 and not conn.texts
+            assert hello["subscriber"] in rig.server.connections  # not closed for it
+            await slow.close()
+
+    run(main())
