@@ -17,15 +17,22 @@ import pytest
 import websockets
 
 from chain_helpers import CATALOG, DDL, chain_rig, next_view, reference
-from intermediary_helpers import WHOLE
+from intermediary_helpers import WHOLE, WORLD
 from server_helpers import running
 from test_intermediary_patterns import brute
 from tidings.client import Client, StoredEvent, connect, json_event
 from tidings.errors import IntermediaryError
 from tidings.events.matching import matches
+from tidings.intermediary.process import Intermediary
+from tidings.intermediary.simulation import Simulation
 from tidings.intermediary.sqltables import TableState
 from tidings.intermediary.sqlviews import SqlLimits
-from tidings.intermediary.transport import DROPPED_CLOSE_CODE, TransportLimits
+from tidings.intermediary.transport import (
+    DROPPED_CLOSE_CODE,
+    IntermediaryServer,
+    TransportLimits,
+    _Connection,
+)
 
 pytestmark = pytest.mark.server
 
@@ -555,3 +562,17 @@ def test_a_view_subscriber_that_never_reads_holds_one_pending_view_not_a_backlog
             await slow.close()
 
     run(main())
+
+
+def test_an_unchanged_view_never_replaces_the_pending_one_it_refers_to() -> None:
+    """Unit level, on the server's queueing alone (no socket needed to decide it)."""
+    rig = IntermediaryServer(Intermediary(2, Simulation(0, WORLD).feed(), world=WORLD))
+    conn = _Connection(1, None)  # type: ignore[arg-type]
+    rig.connections[1] = conn
+    rows = {"op": "view", "key": "v", "epoch": 1, "columns": ["a"], "rows": [[1]]}
+    same = {"op": "view", "key": "v", "epoch": 2, "unchanged": True}
+    newer = {"op": "view", "key": "v", "epoch": 3, "columns": ["a"], "rows": [[2]]}
+    rig._queue([(1, rows), (1, same)])
+    assert json.loads(conn.views["v"]) == rows
+    rig._queue([(1, newer)])
+    assert json.loads(conn.views["v"]) == newer and conn.replaced == 1

@@ -261,12 +261,13 @@ class IntermediaryServer:
                 over[subscriber] = f"too slow: more than {limit} messages waiting to be sent"
                 conn.texts.clear()
                 continue
-            text = json.dumps(message, default=str)
-            if message["op"] == "view":
-                conn.replaced += message["key"] in conn.views
-                conn.views[message["key"]] = text
-            else:
-                conn.texts.append(text)
+            if message["op"] != "view":
+                conn.texts.append(json.dumps(message, default=str))
+            elif message["key"] not in conn.views:
+                conn.views[message["key"]] = json.dumps(message, default=str)
+            elif not message.get("unchanged"):  # "unchanged" means: as the one still pending
+                conn.replaced += 1
+                conn.views[message["key"]] = json.dumps(message, default=str)
             conn.wake.set()
         return list(over.items())
 
