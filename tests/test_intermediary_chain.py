@@ -555,7 +555,8 @@ def test_a_view_subscriber_that_never_reads_holds_one_pending_view_not_a_backlog
             service = Service(producer, sql)
             n = 0
             while conn.replaced < 5:  # it never reads: views pile up unless replaced
-                await service.change("users", n, {"id": n, "name": "x" * 20_000})
+                name = f"{n}" + "x" * 20_000  # a few rows, each view ~100 kB
+                await service.change("users", n % 5, {"id": n % 5, "name": name})
                 n += 1
                 assert len(conn.views) <= 1 and not conn.texts
             assert hello["subscriber"] in rig.server.connections  # not closed for it
