@@ -33,6 +33,11 @@ Modules, bottom first:
 * :mod:`.transport` -- the WebSocket server subscribers connect to (JSON requests, binary
   frames, a latest-wins slot per connection); :mod:`.client` -- its Python subscriber client;
   :mod:`.webpage` -- the web page it serves that shows one subscriber's view as a moving map.
+* :mod:`.patterns` -- exact coverage of hat event-type patterns by a union of upstream ones;
+  :mod:`.rows` -- the row-change event convention that carries domain tables to SQL views;
+  :mod:`.eventviews` -- event-type and SQL-view subscriptions, their upstream set and the
+  double-buffered tables; :mod:`.chain` -- the event server as their upstream, through the
+  public client.
 
 It stands on the event model and the public client only: it does not reach into the
 server's or the pipeline's internals.

@@ -6,7 +6,8 @@ One background task reads the connection: JSON replies go to the request waiting
 decoded (:func:`.generation.decode_frame`) into a bounded buffer that :meth:`frames`
 iterates. The buffer keeps the latest frames: a caller slower than the server loses the
 oldest (counted in :attr:`IntermediaryClient.overflowed`), as the server itself would drop
-them.
+them. JSON messages of event and SQL-view subscriptions (``op`` ``event`` or ``view``) are a
+stream: they are all kept, in order, for :meth:`IntermediaryClient.message`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class IntermediaryClient:
         self._frames: deque[ReceivedFrame] = deque(maxlen=max_buffered)
         self._frame_ready = asyncio.Event()
         self._replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self._task = asyncio.create_task(self._read())
@@ -98,6 +100,45 @@ class IntermediaryClient:
         if capabilities is not None:
             request["capabilities"] = capabilities
         return await self.request(request)
+
+    async def subscribe_events(self, key: str, patterns: list[list[str]]) -> dict[str, Any]:
+        """Subscribe (or replace) ``key`` to the events whose types match ``patterns``."""
+        return await self.request({"op": "subscribe", "key": key, "events": patterns})
+
+    async def subscribe_sql(
+        self, key: str, sql: str, *, priority: float = 0.0, rate_hz: float = 10.0
+    ) -> dict[str, Any]:
+        """Subscribe (or replace) ``key`` to the rows of the view ``sql``."""
+        return await self.request(
+            {"op": "subscribe", "key": key, "sql": sql, "priority": priority, "rate_hz": rate_hz}
+        )
+
+    async def message(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next event or view message (TimeoutError after ``timeout`` s; an
+        :class:`IntermediaryError` once the connection closed and none is left)."""
+        if not self._messages.empty():
+            return self._messages.get_nowait()
+        if self._closed.is_set():
+            raise IntermediaryError(
+                f"client: connection closed ({self.close_code} {self.close_reason})"
+            )
+        getter = asyncio.ensure_future(self._messages.get())
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait(
+                {getter, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            closed.cancel()
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        if self._closed.is_set():
+            raise IntermediaryError(
+                f"client: connection closed ({self.close_code} {self.close_reason})"
+            )
+        raise TimeoutError(f"client: no message within {timeout} s")
 
     async def unsubscribe(self, key: str) -> dict[str, Any]:
         return await self.request({"op": "unsubscribe", "key": key})
@@ -143,7 +184,11 @@ class IntermediaryClient:
         try:
             async for message in self.websocket:
                 if isinstance(message, str):
-                    self._replies.put_nowait(json.loads(message))
+                    decoded = json.loads(message)
+                    if decoded.get("op") in ("event", "view"):
+                        self._messages.put_nowait(decoded)
+                    else:
+                        self._replies.put_nowait(decoded)
                     continue
                 key, data = open_envelope(message)
                 header, ids, positions = decode_frame(data)

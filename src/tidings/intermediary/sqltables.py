@@ -196,6 +196,30 @@ class TableState:
             self._tables[name] = self._without(name, cols, gone) or held.slice(0, 0)
             self._versions[name] = self._versions.get(name, 0) + 1
 
+    def drop(self, table: str) -> None:
+        """Forget a table's rows and key (no view needs it any more)."""
+        name = self._name(table)
+        with self._lock:
+            if self._tables.pop(name, None) is not None:
+                self._versions[name] = self._versions.get(name, 0) + 1
+            self._keys.pop(name, None)
+
+    def adopt(self, source: TableState) -> frozenset[str]:
+        """Hold exactly ``source``'s tables from now on: the epoch swap of a double buffer
+        whose inert side is ``source`` (Arrow tables are immutable, so this shares them and
+        copies nothing). It happens under this state's lock, so an evaluation sees the
+        tables wholly before or wholly after. Returns the names of the tables that changed."""
+        with source._lock, self._lock:
+            names = set(source._tables) | set(self._tables)
+            changed = frozenset(
+                n for n in names if source._tables.get(n) is not self._tables.get(n)
+            )
+            self._tables = dict(source._tables)
+            self._keys = dict(source._keys)
+            for name in changed:
+                self._versions[name] = self._versions.get(name, 0) + 1
+        return changed
+
     @staticmethod
     def _key_values(rows: pa.Table, cols: tuple[str, ...]) -> list[tuple[Any, ...]]:
         return list(zip(*(rows[c].to_pylist() for c in cols), strict=True))
@@ -227,7 +251,10 @@ class TableState:
             return
         held = self._tables.get(name)
         kinds = self.catalog.tables[name] if self.catalog is not None else {}
-        columns = list(held.column_names) if held is not None else sorted(needed)
+        # Nothing held yet: the columns the view reads, else (``count(*)``) the catalog's, or
+        # one placeholder, since SQLite has no table without columns.
+        columns = list(held.column_names) if held is not None else sorted(needed) or list(kinds)
+        columns = columns or ["_"]
         missing = sorted(needed - set(columns))
         if missing:
             raise IntermediaryError(f"the state of {name} holds no column {', '.join(missing)}")

@@ -21,8 +21,8 @@ conservative: it says ``True`` only when it can prove it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import sqlglot
@@ -77,11 +77,18 @@ class Catalog:
     """
 
     tables: Mapping[str, Mapping[str, str | None]]
+    #: table -> its key column(s), for tables fed by row-change events (:mod:`.rows`).
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
-    def from_mapping(cls, spec: Mapping[str, Iterable[str] | Mapping[str, str | None]]) -> Catalog:
+    def from_mapping(
+        cls,
+        spec: Mapping[str, Iterable[str] | Mapping[str, str | None]],
+        keys: Mapping[str, str | Sequence[str]] | None = None,
+    ) -> Catalog:
         """Build from configuration: ``{"users": ["id", "name"]}`` or with kinds
-        ``{"users": {"id": "integer", "name": "text"}}``; bad names or kinds are refused."""
+        ``{"users": {"id": "integer", "name": "text"}}``, and optionally each table's key
+        column(s), ``{"users": "id"}``; bad names, kinds or keys are refused."""
         if not isinstance(spec, Mapping) or not spec:
             raise IntermediaryError("the SQL catalog must map at least one table to its columns")
         tables: dict[str, dict[str, str | None]] = {}
@@ -106,7 +113,23 @@ class Catalog:
             if not cols:
                 raise IntermediaryError(f"table {name!r} in the SQL catalog allows no column")
             tables[name] = cols
-        return cls(tables)
+        declared: dict[str, tuple[str, ...]] = {}
+        for table, key in (keys or {}).items():
+            name = _catalog_name(table, "table")
+            columns = (key,) if isinstance(key, str) else tuple(key)
+            if name not in tables:
+                raise IntermediaryError(f"a key is declared for {name!r}, which is not a table")
+            if not columns or any(_catalog_name(c, "key") not in tables[name] for c in columns):
+                raise IntermediaryError(f"the key of {name} must name columns of it, got {key!r}")
+            declared[name] = tuple(c.lower() for c in columns)
+        return cls(tables, declared)
+
+    def key(self, table: str) -> tuple[str, ...]:
+        """The key column(s) of a table; refused when none is declared."""
+        try:
+            return self.keys[table]
+        except KeyError:
+            raise IntermediaryError(f"table {table!r} has no key column declared") from None
 
     def columns(self, table: str) -> list[str]:
         """The allowed columns of a table, in catalog order."""

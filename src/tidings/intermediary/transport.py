@@ -25,6 +25,17 @@ A background loop runs at ``tick_s``: it asks ``source`` for the upstream batche
 arrived, applies them and ends the epoch if there were any, then runs one generation round.
 Everything runs on the server's event loop (a slice: generation of a round is not moved to a
 thread yet).
+
+With ``views`` (an :class:`~.eventviews.EventViews` over the event server), a subscribe
+request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instead of
+``"region"`` (exactly one of the three). Those subscriptions get JSON text messages
+(``{"op": "event", "key", ...}``, ``{"op": "view", "key", ...}``, see :mod:`.eventviews`).
+Events are a stream and are not dropped: they wait in a per-connection queue, and a
+subscriber whose backlog from earlier ticks is over ``max_queued_messages`` is closed with
+:data:`DROPPED_CLOSE_CODE` and a reason. A view is a latest value: per key, a view message
+not sent yet is replaced by the next one (counted like a replaced frame). A key names one
+subscription whatever its kind: a subscribe replaces the key's previous subscription of any
+kind.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -48,6 +60,9 @@ from tidings.intermediary.process import MAX_KEY_BYTES, Intermediary, Served
 from tidings.intermediary.state import UpdateBatch
 from tidings.intermediary.webpage import page_routes
 from tidings.serving import QuietServer, listen
+
+if TYPE_CHECKING:
+    from tidings.intermediary.eventviews import EventViews
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +88,9 @@ class TransportLimits:
     close_timeout_s: float = 10.0
     #: SO_SNDBUF of accepted connections (None: the kernel's default and autotuning).
     send_buffer_bytes: int | None = None
+    #: JSON messages (events, views) waiting to be sent on one connection; past this the
+    #: subscriber is too slow and is closed.
+    max_queued_messages: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,9 @@ class _Connection:
     id: int
     websocket: WebSocket
     slot: list[Served] | None = None
+    texts: deque[str] = field(default_factory=deque)
+    #: The latest view message per key not sent yet (a view is a latest value).
+    views: dict[str, str] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     kicked: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = ""
@@ -131,8 +152,10 @@ class IntermediaryServer:
         budget: int = 1000,
         limits: TransportLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        views: EventViews | None = None,
     ) -> None:
         self.intermediary = intermediary
+        self.views = views
         self.source = source
         self.tick_s = tick_s
         self.budget = budget
@@ -218,11 +241,39 @@ class IntermediaryServer:
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
             if conn is not None:
                 self._offer(conn, items)
-        for subscriber, reason in self.intermediary.take_disconnects():
+        kicks = self.intermediary.take_disconnects()
+        if self.views is not None:
+            kicks += self._queue(self.views.step(self.clock(), self.budget))
+        for subscriber, reason in kicks:
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
             if conn is not None and not conn.kicked.is_set():
                 conn.reason = reason
                 conn.kicked.set()
+
+    def _queue(self, messages: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str]]:
+        """Queue a tick's JSON messages on their connections. A connection whose backlog
+        from earlier ticks is over the limit is too slow: it is returned, to close (a large
+        tick alone never closes anyone; the memory bound is the limit plus one tick)."""
+        limit = self.limits.max_queued_messages
+        over: dict[Any, str] = {}
+        backlog = {s: len(c.texts) for s, c in self.connections.items()}
+        for subscriber, message in messages:
+            conn = self.connections.get(subscriber)
+            if conn is None or conn.kicked.is_set() or subscriber in over:
+                continue
+            if backlog[subscriber] > limit:
+                over[subscriber] = f"too slow: more than {limit} messages waiting to be sent"
+                conn.texts.clear()
+                continue
+            if message["op"] != "view":
+                conn.texts.append(json.dumps(message, default=str))
+            elif message["key"] not in conn.views:
+                conn.views[message["key"]] = json.dumps(message, default=str)
+            elif not message.get("unchanged"):  # "unchanged" means: as the one still pending
+                conn.replaced += 1
+                conn.views[message["key"]] = json.dumps(message, default=str)
+            conn.wake.set()
+        return list(over.items())
 
     def _offer(self, conn: _Connection, items: list[Served]) -> None:
         """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""
@@ -259,6 +310,8 @@ class IntermediaryServer:
                     await task
             self.connections.pop(conn.id, None)
             self.intermediary.unsubscribe(conn.id)
+            if self.views is not None:
+                await self.views.unsubscribe(conn.id)
         if conn.kicked.is_set():
             reason = _clip(conn.reason or "too many frames dropped")
             self.disconnects.append(Disconnect(conn.id, DROPPED_CLOSE_CODE, reason))
@@ -271,6 +324,11 @@ class IntermediaryServer:
         while True:
             await conn.wake.wait()
             conn.wake.clear()
+            while conn.texts:
+                await conn.websocket.send_text(conn.texts.popleft())
+            views, conn.views = conn.views, {}
+            for text in views.values():
+                await conn.websocket.send_text(text)
             items, conn.slot = conn.slot, None
             for served in items or ():
                 await conn.websocket.send_bytes(envelope(served.key, served.frame.data))
@@ -293,7 +351,7 @@ class IntermediaryServer:
             elif not self._take_token(conn):
                 reply = {"op": "error", "message": "request: too many requests, slow down"}
             else:
-                reply = self._handle(conn, text)
+                reply = await self._handle(conn, text)
             await conn.websocket.send_text(json.dumps(reply))
 
     def _take_token(self, conn: _Connection) -> bool:
@@ -308,7 +366,7 @@ class IntermediaryServer:
         conn.tokens -= 1
         return True
 
-    def _handle(self, conn: _Connection, text: str) -> dict[str, object]:
+    async def _handle(self, conn: _Connection, text: str) -> dict[str, object]:
         try:
             request = json.loads(text)
         except ValueError as exc:
@@ -318,11 +376,17 @@ class IntermediaryServer:
         op, key = request.get("op"), request.get("key")
         try:
             if op == "subscribe":
-                unknown = sorted(
-                    set(request) - {"op", "key", "region", "priority", "rate_hz", "capabilities"}
-                )
+                unknown = sorted(set(request) - _SUBSCRIBE_FIELDS)
                 if unknown:
                     raise IntermediaryError(f"request.{unknown[0]}: unknown field")
+                kinds = [k for k in ("region", "events", "sql") if k in request]
+                if len(kinds) != 1:
+                    raise IntermediaryError(
+                        "subscribe: expected exactly one of region, events and sql, got "
+                        + (", ".join(kinds) or "none")
+                    )
+                if kinds != ["region"]:
+                    return await self._subscribe_views(conn, request, key)
                 outcome = self.intermediary.subscribe(
                     conn.id,
                     key,  # type: ignore[arg-type]
@@ -331,15 +395,16 @@ class IntermediaryServer:
                     request.get("rate_hz", 10.0),
                     request.get("capabilities"),
                 )
+                if self.views is not None and key in self.views.subscriptions(conn.id):
+                    await self.views.unsubscribe(conn.id, key)  # type: ignore[arg-type]
                 return {"op": "subscribed", "key": key, "covered": outcome.covered}
             if op == "unsubscribe":
                 if not isinstance(key, str):
                     raise IntermediaryError("key: expected a string")
-                return {
-                    "op": "unsubscribed",
-                    "key": key,
-                    "removed": self.intermediary.unsubscribe(conn.id, key),
-                }
+                removed = self.intermediary.unsubscribe(conn.id, key)
+                if self.views is not None:
+                    removed += await self.views.unsubscribe(conn.id, key)
+                return {"op": "unsubscribed", "key": key, "removed": removed}
             raise IntermediaryError(
                 f"op: expected 'subscribe' or 'unsubscribe', got {str(op)[:40]!r}"
             )
@@ -348,6 +413,35 @@ class IntermediaryServer:
             if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
                 reply["key"] = key
             return reply
+
+    async def _subscribe_views(
+        self, conn: _Connection, request: dict[str, Any], key: object
+    ) -> dict[str, object]:
+        """An ``events`` or ``sql`` subscription (they take no capabilities, and events, a
+        stream, no rate or priority); it replaces a spatial one of the same key."""
+        if self.views is None:
+            raise IntermediaryError("subscribe: this intermediary serves regions only")
+        if "capabilities" in request:
+            raise IntermediaryError("capabilities: only a region subscription takes them")
+        if "events" in request and ("rate_hz" in request or "priority" in request):
+            raise IntermediaryError(
+                "events: a stream of events takes no rate_hz or priority (every event is sent)"
+            )
+        was_covered = await self.views.subscribe(
+            conn.id,
+            key,  # type: ignore[arg-type]
+            events=request.get("events"),
+            sql=request.get("sql"),
+            priority=request.get("priority", 0.0),
+            rate_hz=request.get("rate_hz", 10.0),
+        )
+        self.intermediary.unsubscribe(conn.id, key)  # type: ignore[arg-type]
+        return {"op": "subscribed", "key": key, "covered": was_covered}
+
+
+_SUBSCRIBE_FIELDS = frozenset(
+    {"op", "key", "region", "events", "sql", "priority", "rate_hz", "capabilities"}
+)
 
 
 def _clip(reason: str) -> str:
