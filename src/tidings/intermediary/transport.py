@@ -21,7 +21,12 @@ Request messages are bounded in size (uvicorn refuses a bigger frame with 1009) 
 (a token bucket per connection; a request over it is refused with an error reply).
 
 A background loop runs at ``tick_s``: it asks ``source`` for the upstream batches that
-arrived, applies them and ends the epoch if there were any, then runs one generation round.
+arrived, applies them and ends the epoch if there were any (numbered with the publisher's
+tick when the batches carry one), then runs one generation round. With ``tick_s`` None there
+is no loop: the owner (a cluster stepping several intermediaries together) calls
+:meth:`IntermediaryServer.ingest` and :meth:`IntermediaryServer.serve` itself. Messages the
+server pushes unasked (:meth:`IntermediaryServer.notify`) go out after the frames already
+offered to that connection, in order.
 Everything runs on the server's event loop (a slice: generation of a round is not moved to a
 thread yet).
 """
@@ -109,6 +114,7 @@ class _Connection:
     id: int
     websocket: WebSocket
     slot: list[Served] | None = None
+    notices: list[str] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     kicked: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = ""
@@ -125,7 +131,7 @@ class IntermediaryServer:
         intermediary: Intermediary,
         *,
         source: Callable[[], Sequence[UpdateBatch]] | None = None,
-        tick_s: float = 0.02,
+        tick_s: float | None = 0.02,
         budget: int = 1000,
         limits: TransportLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -177,7 +183,8 @@ class IntermediaryServer:
                 self._serve_task.result()
                 raise IntermediaryError(f"transport: the server on {host}:{port} did not start")
             await asyncio.sleep(0.01)
-        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        if self.tick_s is not None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._run(self.tick_s))
 
     async def aclose(self) -> None:
         """Stop the loop, then stop accepting and close every connection."""
@@ -192,21 +199,31 @@ class IntermediaryServer:
 
     # -- the loop ----------------------------------------------------------------------
 
-    async def _run(self) -> None:
+    async def _run(self, tick_s: float) -> None:
         while True:
             try:
                 self.step()
             except Exception:  # one bad tick must not stop serving everyone
                 log.exception("intermediary tick failed")
-            await asyncio.sleep(self.tick_s)
+            await asyncio.sleep(tick_s)
 
     def step(self) -> None:
         """One tick: upstream batches -> epoch; one round; disconnect reported subscribers."""
+        self.ingest()
+        self.serve()
+
+    def ingest(self) -> None:
+        """Apply the upstream batches that arrived and end the epoch if there were any (at
+        the latest publisher tick they carry, if they carry one)."""
         batches = self.source() if self.source is not None else ()
         if batches:
             for batch in batches:
                 self.intermediary.apply(batch)
-            self.intermediary.end_epoch()
+            ticks = [batch.tick for batch in batches if batch.tick is not None]
+            self.intermediary.end_epoch(max(ticks) if ticks else None)
+
+    def serve(self) -> None:
+        """One generation round; disconnect the subscribers the scheduler reported."""
         by_subscriber: dict[object, list[Served]] = {}
         for served in self.intermediary.round(self.clock(), self.budget):
             by_subscriber.setdefault(served.subscriber, []).append(served)
@@ -219,6 +236,16 @@ class IntermediaryServer:
             if conn is not None and not conn.kicked.is_set():
                 conn.reason = reason
                 conn.kicked.set()
+
+    def notify(self, subscriber: int, message: dict[str, object]) -> bool:
+        """Push ``message`` (JSON) to ``subscriber`` after every frame already offered to it;
+        False if it is not connected."""
+        conn = self.connections.get(subscriber)
+        if conn is None:
+            return False
+        conn.notices.append(json.dumps(message))
+        conn.wake.set()
+        return True
 
     def _offer(self, conn: _Connection, items: list[Served]) -> None:
         """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""
@@ -268,8 +295,11 @@ class IntermediaryServer:
             await conn.wake.wait()
             conn.wake.clear()
             items, conn.slot = conn.slot, None
+            notices, conn.notices = conn.notices, []
             for served in items or ():
                 await conn.websocket.send_bytes(envelope(served.key, served.frame.data))
+            for notice in notices:
+                await conn.websocket.send_text(notice)
             if conn.slot is None:
                 self.intermediary.set_ready(conn.id, True)
 
@@ -311,39 +341,50 @@ class IntermediaryServer:
             return {"op": "error", "message": f"request: not JSON ({exc})"}
         if not isinstance(request, dict):
             return {"op": "error", "message": "request: expected a JSON object"}
-        op, key = request.get("op"), request.get("key")
         try:
-            if op == "subscribe":
-                unknown = sorted(
-                    set(request) - {"op", "key", "region", "priority", "rate_hz", "capabilities"}
-                )
-                if unknown:
-                    raise IntermediaryError(f"request.{unknown[0]}: unknown field")
-                outcome = self.intermediary.subscribe(
-                    conn.id,
-                    key,  # type: ignore[arg-type]
-                    request.get("region"),
-                    request.get("priority", 0.0),
-                    request.get("rate_hz", 10.0),
-                    request.get("capabilities"),
-                )
-                return {"op": "subscribed", "key": key, "covered": outcome.covered}
-            if op == "unsubscribe":
-                if not isinstance(key, str):
-                    raise IntermediaryError("key: expected a string")
-                return {
-                    "op": "unsubscribed",
-                    "key": key,
-                    "removed": self.intermediary.unsubscribe(conn.id, key),
-                }
-            raise IntermediaryError(
-                f"op: expected 'subscribe' or 'unsubscribe', got {str(op)[:40]!r}"
-            )
+            return self.handle_request(conn.id, request)
         except IntermediaryError as exc:
             reply: dict[str, object] = {"op": "error", "message": str(exc)}
+            key = request.get("key")
             if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
                 reply["key"] = key
             return reply
+
+    def handle_request(self, subscriber: int, request: dict[str, object]) -> dict[str, object]:
+        """The reply to one parsed request of ``subscriber`` (an :class:`IntermediaryError`
+        becomes an error reply); a subclass adds operations here. ``subscribed`` says from
+        which epoch on the subscription's frames see everything its upstream brings
+        (``from_epoch``: the next one)."""
+        op, key = request.get("op"), request.get("key")
+        if op == "subscribe":
+            unknown = sorted(
+                set(request) - {"op", "key", "region", "priority", "rate_hz", "capabilities"}
+            )
+            if unknown:
+                raise IntermediaryError(f"request.{unknown[0]}: unknown field")
+            outcome = self.intermediary.subscribe(
+                subscriber,
+                key,  # type: ignore[arg-type]
+                request.get("region"),
+                request.get("priority", 0.0),  # type: ignore[arg-type]
+                request.get("rate_hz", 10.0),  # type: ignore[arg-type]
+                request.get("capabilities"),
+            )
+            return {
+                "op": "subscribed",
+                "key": key,
+                "covered": outcome.covered,
+                "from_epoch": self.intermediary.state.epoch + 1,
+            }
+        if op == "unsubscribe":
+            if not isinstance(key, str):
+                raise IntermediaryError("key: expected a string")
+            return {
+                "op": "unsubscribed",
+                "key": key,
+                "removed": self.intermediary.unsubscribe(subscriber, key),
+            }
+        raise IntermediaryError(f"op: expected 'subscribe' or 'unsubscribe', got {str(op)[:40]!r}")
 
 
 def _clip(reason: str) -> str:
