@@ -222,10 +222,12 @@ class IntermediaryServer:
             ticks = [batch.tick for batch in batches if batch.tick is not None]
             self.intermediary.end_epoch(max(ticks) if ticks else None)
 
-    def serve(self) -> None:
-        """One generation round; disconnect the subscribers the scheduler reported."""
+    def serve(self) -> int:
+        """One generation round; disconnect the subscribers the scheduler reported. Returns
+        the number of frames generated."""
         by_subscriber: dict[object, list[Served]] = {}
-        for served in self.intermediary.round(self.clock(), self.budget):
+        round_ = self.intermediary.round(self.clock(), self.budget)
+        for served in round_:
             by_subscriber.setdefault(served.subscriber, []).append(served)
         for subscriber, items in by_subscriber.items():
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
@@ -236,6 +238,7 @@ class IntermediaryServer:
             if conn is not None and not conn.kicked.is_set():
                 conn.reason = reason
                 conn.kicked.set()
+        return len(round_)
 
     def notify(self, subscriber: int, message: dict[str, object]) -> bool:
         """Push ``message`` (JSON) to ``subscriber`` after every frame already offered to it;

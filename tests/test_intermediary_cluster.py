@@ -1,0 +1,284 @@
+"""Many intermediaries (issue 12 item 5; claims 9, 11): responsibility by region or hash,
+redirects, split and merge with handovers while subscribers receive, a view generated from
+two members' states -- on real sockets, the members in one process stepped tick by tick
+(so every epoch's frame can be checked against a brute-force view of that tick). Waits are
+bounded only so that a broken build fails instead of hanging; nothing asserts a timing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from intermediary_helpers import WORLD, inside
+from tidings.errors import IntermediaryError
+from tidings.intermediary.client import ReceivedFrame
+from tidings.intermediary.generation import FrameKind
+from tidings.intermediary.handover import ClusterClient
+from tidings.intermediary.responsibility import HashPartition, Partition, RegionPartition
+from tidings.intermediary.scaling import Cluster, LoadPolicy
+from tidings.intermediary.simulation import Simulation
+
+pytestmark = pytest.mark.server
+
+WAIT = 120.0
+GRID = RegionPartition(WORLD, (4, 4))
+#: Regions of all kinds and places: inside one cell, across two, across four, the whole.
+REGIONS: list[dict[str, Any]] = [
+    {"box": {"lo": [5, 5], "hi": [20, 20]}},
+    {"box": {"lo": [60, 10], "hi": [90, 20]}},
+    {"sphere": {"center": [50, 50], "radius": 12}},
+    {"sphere": {"center": [80, 80], "radius": 8}},
+    {"box": {"lo": [30, 60], "hi": [45, 95]}},
+    {"box": {"lo": [0, 0], "hi": [100, 100]}},
+    {"sphere": {"center": [20, 70], "radius": 20}},
+    {"box": {"lo": [70, 40], "hi": [99, 60]}},
+]
+
+
+class Rig:
+    """A cluster on a simulation, stepped by the test; ``history[tick]`` is every agent's
+    position at that tick (the brute-force reference)."""
+
+    def __init__(self, partition: Partition, policy: LoadPolicy | None = None) -> None:
+        self.sim = Simulation(400, WORLD, max_speed=5.0, seed=7)
+        self.cluster = Cluster(self.sim, partition, policy=policy)
+        self.history: dict[int, np.ndarray] = {}
+        self.clients: list[ClusterClient] = []
+        self.specs: dict[tuple[int, str], dict[str, Any]] = {}
+        self.live: set[tuple[int, str]] = set()
+        self.got: dict[tuple[int, str], list[ReceivedFrame]] = {}
+        self._readers: list[asyncio.Task[None]] = []
+
+    def url(self, i: int = 0) -> str:
+        return list(self.cluster.members.values())[i].url
+
+    async def subscriber(self, entry: str, key: str, spec: dict[str, Any]) -> ClusterClient:
+        client = await ClusterClient.connect(entry, client_id=f"c{len(self.clients)}")
+        await client.subscribe(key, spec, rate_hz=1000)
+        index = len(self.clients)
+        self.clients.append(client)
+        self.specs[(index, key)] = spec
+        self.live.add((index, key))
+        self.got[(index, key)] = []
+
+        async def read() -> None:
+            async for frame in client.frames():
+                self.got[(index, frame.key)].append(frame)
+
+        self._readers.append(asyncio.create_task(read()))
+        return client
+
+    async def tick(self) -> int:
+        """One publisher tick; returns once every subscription got (or holds) its frame."""
+        tick = self.cluster.step()
+        self.history[tick] = self.sim.positions.copy()
+        await self.cluster.balance()
+        for index, key in self.live:
+            client = self.clients[index]
+            await until(lambda c=client, k=key: c.latest(k) >= tick)
+        return tick
+
+    async def settle(self) -> None:
+        """Tick until no handover is under way."""
+        while any(m.handing() for m in self.cluster.members.values()) or any(
+            c.moving() for c in self.clients
+        ):
+            await self.tick()
+
+    def check(self) -> int:
+        """Every subscription's frames: strictly increasing epochs with none missing, each
+        equal to the brute-force view of its tick. Returns the frames checked."""
+        checked = 0
+        for ident, frames in self.got.items():
+            spec = self.specs[ident]
+            epochs = [f.header.epoch for f in frames]
+            assert epochs == list(range(epochs[0], epochs[0] + len(epochs))), (ident, epochs)
+            previous: np.ndarray | None = None
+            for frame in frames:
+                positions = self.history[frame.header.epoch]
+                expected = np.flatnonzero(inside(positions, spec))
+                if frame.header.kind is FrameKind.EMPTY:
+                    assert expected.size == 0
+                    previous = expected
+                    continue
+                if frame.header.kind is FrameKind.UNCHANGED:
+                    assert previous is not None
+                    np.testing.assert_array_equal(expected, previous)
+                    continue
+                np.testing.assert_array_equal(frame.ids, expected)
+                np.testing.assert_allclose(frame.world_positions(), positions[frame.ids])
+                previous = expected
+                checked += 1
+        for client in self.clients:
+            assert client.stale == 0 and client.overflowed == 0 and not client.errors
+        return checked
+
+    async def aclose(self) -> None:
+        for task in self._readers:
+            task.cancel()
+        for client in self.clients:
+            await client.close()
+        await self.cluster.aclose()
+
+
+async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.002)
+
+
+def run(
+    body: Callable[[Rig], Awaitable[None]],
+    partition: Partition = GRID,
+    policy: LoadPolicy | None = None,
+) -> None:
+    async def main() -> None:
+        rig = Rig(partition, policy)
+        await rig.cluster.start()
+        try:
+            await asyncio.wait_for(body(rig), WAIT)
+        finally:
+            await rig.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("partition", [GRID, HashPartition(16)], ids=["region", "hash"])
+def test_split_and_merge_while_subscribers_receive_lose_and_repeat_no_epoch(
+    partition: Partition,
+) -> None:
+    async def body(rig: Rig) -> None:
+        for i in range(16):
+            await rig.subscriber(rig.url(), f"k{i}", REGIONS[i % len(REGIONS)])
+        for _ in range(3):
+            await rig.tick()
+        first = rig.cluster.members["i0"]
+        second = await rig.cluster.split(first)
+        assert second is not None
+        for _ in range(4):
+            await rig.tick()
+        third = await rig.cluster.split(first)
+        assert third is not None
+        # New subscribers enter at any member while handovers run; wrong ones redirect.
+        for i in range(16, 20):
+            await rig.subscriber(rig.url(i % 3), f"k{i}", REGIONS[i % len(REGIONS)])
+        await rig.settle()
+        assert all(m.subscriptions() > 0 for m in rig.cluster.members.values())
+        rig.cluster.merge(third)
+        for _ in range(3):
+            await rig.tick()
+        rig.cluster.merge(second)
+        await rig.settle()
+        for _ in range(3):
+            await rig.tick()
+        assert list(rig.cluster.members) == ["i0"]
+        assert first.subscriptions() == 20
+        handovers = sum(c.handovers for c in rig.clients)
+        assert handovers >= 10, handovers
+        assert rig.check() > 20 * 10
+
+    run(body, partition)
+
+
+def test_a_request_at_the_wrong_member_is_redirected_and_served_where_it_belongs() -> None:
+    async def body(rig: Rig) -> None:
+        await rig.cluster.split(rig.cluster.members["i0"])  # i1 owns x >= 50
+        client = await rig.subscriber(rig.url(0), "east", REGIONS[1])
+        assert client.where("east") == rig.url(1)
+        for _ in range(5):
+            await rig.tick()
+        assert rig.cluster.members["i1"].subscriptions() == 1
+        assert rig.cluster.members["i0"].subscriptions() == 0
+        assert rig.check() >= 5
+
+    run(body)
+
+
+def test_a_view_spanning_two_members_areas_is_generated_from_both_states() -> None:
+    async def body(rig: Rig) -> None:
+        west, east = rig.cluster.members["i0"], await rig.cluster.split(rig.cluster.members["i0"])
+        assert east is not None
+        wide = {"box": {"lo": [10, 10], "hi": [90, 60]}}  # middle (50, 35): east's cell
+        client = await rig.subscriber(rig.url(0), "wide", wide)
+        assert client.where("wide") == east.url
+        for _ in range(6):
+            await rig.tick()
+        # Each member keeps only its own area, yet the view holds agents of both.
+        assert np.all(west.intermediary.state.snapshot().positions[:, 0] <= 50)
+        assert np.all(east.intermediary.state.snapshot().positions[:, 0] >= 50)
+        frames = rig.got[(0, "wide")]
+        last = frames[-1]
+        xs = last.world_positions()[:, 0]
+        assert np.any(xs < 50) and np.any(xs > 50)
+        assert rig.check() >= 6
+
+    run(body)
+
+
+def test_load_splits_an_overloaded_member_and_merges_it_back_when_load_falls() -> None:
+    async def body(rig: Rig) -> None:
+        clients = [
+            await rig.subscriber(rig.url(), f"k{i}", REGIONS[i % len(REGIONS)]) for i in range(10)
+        ]
+        await rig.tick()
+        assert rig.cluster.splits >= 1 and len(rig.cluster.members) >= 2
+        await rig.settle()
+        for index, client in enumerate(clients[:8]):
+            await client.unsubscribe(f"k{index}")
+            rig.live.discard((index, f"k{index}"))
+        for _ in range(30):
+            if list(rig.cluster.members) == ["i0"]:
+                break
+            await rig.tick()
+        assert rig.cluster.merges >= 1 and list(rig.cluster.members) == ["i0"]
+        assert rig.check() > 0
+
+    run(body, HashPartition(8), LoadPolicy(high=6, low=3))
+
+
+def test_bad_redirects_give_clear_errors_and_the_members_go_on() -> None:
+    async def body(rig: Rig) -> None:
+        first = rig.cluster.members["i0"]
+        second = await rig.cluster.split(first)
+        assert second is not None
+        directory = rig.cluster.directory
+        # A member the directory names but that is dead: nothing listens at its URL.
+        directory.join("ghost", "ws://127.0.0.1:9/")
+        directory.assign([15], "ghost")
+        client = await ClusterClient.connect(rig.url(0))
+        with pytest.raises(IntermediaryError, match="cannot reach intermediary 'ghost'"):
+            await client.subscribe("far", {"box": {"lo": [80, 80], "hi": [90, 90]}})
+        # A slot nobody may own: the directory refuses; an unknown member is named.
+        with pytest.raises(IntermediaryError, match="not a member"):
+            directory.assign([15], "nobody")
+        with pytest.raises(IntermediaryError, match="no intermediary called 'nobody'"):
+            directory.member("nobody")
+        with pytest.raises(IntermediaryError, match="still owns"):
+            directory.leave("ghost")
+        # A forward loop (a client claiming it came through the owner) is named.
+        with pytest.raises(IntermediaryError, match="forward loop: i1 -> i0 -> i1"):
+            await client._links[rig.url(0)].request(
+                {"op": "subscribe", "key": "k", "region": REGIONS[1], "via": ["i1"]}
+            )
+        for bad in ({"via": "i1"}, {"via": ["x"] * 9}):
+            with pytest.raises(IntermediaryError, match="request.via"):
+                await client._links[rig.url(0)].request(
+                    {"op": "subscribe", "key": "k", "region": REGIONS[0], **bad}
+                )
+        with pytest.raises(IntermediaryError, match="release: no subscription"):
+            await client._links[rig.url(0)].request({"op": "release", "key": "nope", "before": 3})
+        # The client and both members go on.
+        await client.close()
+        await rig.subscriber(rig.url(0), "east", REGIONS[1])
+        await rig.subscriber(rig.url(1), "west", REGIONS[0])
+        for _ in range(4):
+            await rig.tick()
+        assert rig.check() >= 8
+
+    run(body)
