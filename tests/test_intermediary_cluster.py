@@ -267,7 +267,7 @@ def test_bad_redirects_give_clear_errors_and_the_members_go_on() -> None:
                 {"op": "subscribe", "key": "k", "region": REGIONS[1], "via": ["i1"]}
             )
         for bad in ({"via": "i1"}, {"via": ["x"] * 9}):
-            with pytest.raises(IntermediaryError, match="request.via"):
+            with pytest.raises(IntermediaryError, match=r"request\.via"):
                 await client._links[rig.url(0)].request(
                     {"op": "subscribe", "key": "k", "region": REGIONS[0], **bad}
                 )

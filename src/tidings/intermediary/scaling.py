@@ -190,28 +190,28 @@ class Cluster:
             member.refresh()
 
     async def balance(self) -> None:
-        """Split overloaded members, merge underloaded ones, stop drained ones."""
+        """Stop drained members; then, when no handover is under way, split the first
+        overloaded member or merge the first underloaded one (one change at a time, each
+        judged on loads measured after the previous change settled)."""
+        quiet = not any(member.handing() for member in self.members.values())
         for name in list(self.draining):
-            member = self.members[name]
-            if member.subscriptions() == 0 and not any(
-                name == parent for parent in self.parents.values()
-            ):
-                await self._stop(member)
+            if quiet and self.members[name].subscriptions() == 0:
+                await self._stop(self.members[name])
         policy = self.policy
-        if policy is None:
+        if policy is None or not quiet or self.draining:
             return
         for member in list(self.members.values()):
-            if member.name in self.draining or member.handing():
-                continue
             load = self.load(member)
             if load > policy.high and len(self.members) < policy.max_members:
-                await self.split(member)
+                if await self.split(member) is not None:
+                    return
             elif (
                 load < policy.low
                 and member.name in self.parents
-                and not any(member.name == parent for parent in self.parents.values())
+                and member.name not in self.parents.values()  # its own splits merge first
             ):
                 self.merge(member)
+                return
 
     async def _stop(self, member: ClusterServer) -> None:
         self.draining.discard(member.name)
