@@ -282,3 +282,48 @@ def test_bad_redirects_give_clear_errors_and_the_members_go_on() -> None:
         assert rig.check() >= 8
 
     run(body)
+
+
+def test_a_handover_to_a_member_running_ahead_keeps_every_epoch_in_order() -> None:
+    """The members are stepped apart here (as members of one publisher are, each at its own
+    pace): the new member ingests and serves a tick before the old one has served the tick
+    before it. The old member must still serve that tick, and the client must deliver it
+    before the new member's frames it holds."""
+
+    async def body(rig: Rig) -> None:
+        for i in range(8):
+            await rig.subscriber(rig.url(), f"k{i}", REGIONS[i % len(REGIONS)])
+        for _ in range(3):
+            await rig.tick()
+        old = rig.cluster.members["i0"]
+        new = await rig.cluster.split(old)
+        assert new is not None
+        sim, moved = rig.sim, old.handing()
+        assert moved > 0
+        sim.step(rig.cluster.dt)
+        ahead = sim.tick
+        rig.history[ahead] = sim.positions.copy()
+        new.ingest()  # the new member is at the new tick, the old one not yet
+        await until(lambda: old.releasing() == moved)
+        old.serve()  # nothing new to serve, and the last epoch is not reached: it keeps them
+        assert old.releasing() == moved
+        old.ingest()
+        sim.step(rig.cluster.dt)
+        rig.history[sim.tick] = sim.positions.copy()
+        new.ingest()
+        new.serve()  # the new member's frames of the next tick arrive first, and are held
+        movers = [(rig.clients[i], k) for i, k in rig.live if rig.clients[i].moving()]
+        assert len(movers) == moved
+        await until(lambda: all(c.latest(k) >= sim.tick for c, k in movers))
+        old.serve()  # the old member's last frames, then released
+        await until(lambda: all(rig.clients[i].latest(k) >= ahead for i, k in rig.live))
+        old.ingest()
+        old.serve()
+        await until(lambda: all(rig.clients[i].latest(k) >= sim.tick for i, k in rig.live))
+        await rig.settle()
+        for _ in range(3):
+            await rig.tick()
+        assert sum(c.handovers for c in rig.clients) == moved
+        assert rig.check() > 8 * 6
+
+    run(body, HashPartition(16))  # no areas: a view is never composed from members apart

@@ -238,6 +238,10 @@ class ClusterServer(IntermediaryServer):
                 self.handed_over += 1
         return self.last_frames
 
+    def releasing(self) -> int:
+        """Subscriptions released to another member, served here until their last epoch."""
+        return len(self._releasing)
+
     def handing(self) -> int:
         """Subscriptions whose handover is under way. One the subscriber does not follow
         within :attr:`handover_epochs` is forgotten (it stays served here, and the next
