@@ -16,6 +16,8 @@ import pytest
 from intermediary_helpers import WORLD, inside
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client import ReceivedFrame
+from tidings.intermediary.cluster import ClusterServer
+from tidings.intermediary.directory import Directory
 from tidings.intermediary.generation import FrameKind
 from tidings.intermediary.handover import ClusterClient
 from tidings.intermediary.responsibility import HashPartition, Partition, RegionPartition
@@ -221,7 +223,18 @@ def test_a_view_spanning_two_members_areas_is_generated_from_both_states() -> No
     run(body)
 
 
-def test_load_splits_an_overloaded_member_and_merges_it_back_when_load_falls() -> None:
+@pytest.mark.parametrize(
+    "policy",
+    [
+        LoadPolicy(high=6, low=3),
+        # 10 subscriptions served every 50 ms tick are 200 frames/s; 2 are 40.
+        LoadPolicy(high=120, low=70, measure="frames_per_s"),
+    ],
+    ids=["subscriptions", "frames_per_s"],
+)
+def test_load_splits_an_overloaded_member_and_merges_it_back_when_load_falls(
+    policy: LoadPolicy,
+) -> None:
     async def body(rig: Rig) -> None:
         clients = [
             await rig.subscriber(rig.url(), f"k{i}", REGIONS[i % len(REGIONS)]) for i in range(10)
@@ -239,7 +252,7 @@ def test_load_splits_an_overloaded_member_and_merges_it_back_when_load_falls() -
         assert rig.cluster.merges >= 1 and list(rig.cluster.members) == ["i0"]
         assert rig.check() > 0
 
-    run(body, HashPartition(8), LoadPolicy(high=6, low=3))
+    run(body, HashPartition(8), policy)
 
 
 def test_bad_redirects_give_clear_errors_and_the_members_go_on() -> None:
@@ -273,6 +286,19 @@ def test_bad_redirects_give_clear_errors_and_the_members_go_on() -> None:
                 )
         with pytest.raises(IntermediaryError, match="release: no subscription"):
             await client._links[rig.url(0)].request({"op": "release", "key": "nope", "before": 3})
+        # Two members whose directories disagree send a client back and forth: the second
+        # one names the loop.
+        loop_members = [await _standalone(rig, name) for name in ("x", "y")]
+        for member, other in zip(loop_members, reversed(loop_members), strict=True):
+            for each in loop_members:
+                member.directory.join(each.name, each.url)
+            member.directory.assign([0], other.name)
+        looped = await ClusterClient.connect(loop_members[0].url)
+        with pytest.raises(IntermediaryError, match="forward loop: x -> y -> x"):
+            await looped.subscribe("k", REGIONS[0])
+        await looped.close()
+        for member in loop_members:
+            await member.aclose()
         # The client and both members go on.
         await client.close()
         await rig.subscriber(rig.url(0), "east", REGIONS[1])
@@ -327,3 +353,10 @@ def test_a_handover_to_a_member_running_ahead_keeps_every_epoch_in_order() -> No
         assert rig.check() > 8 * 6
 
     run(body, HashPartition(16))  # no areas: a view is never composed from members apart
+
+
+async def _standalone(rig: Rig, name: str) -> ClusterServer:
+    """A member outside the rig's cluster, with a directory of its own."""
+    member = ClusterServer(name, rig.sim.feed(), Directory(), HashPartition(1), dim=2, source=None)
+    await member.start()
+    return member
