@@ -1,7 +1,8 @@
 """Members of a cluster of intermediaries in separate OS processes sharing a SQLite directory
-(issue 12 item 5): a request at the wrong member is redirected, a handover follows the
-directory across processes, a view spanning both areas is right, and a dead member named by
-the directory gives a clear error while the others go on. Frames are checked against the
+(issue 12 item 5): a request at the wrong member is redirected, handovers follow the
+directory across processes both ways, a view spanning both areas is right, a dead member
+named by the directory gives a clear error while the others go on, and once the directory
+names a live member the client's subscriptions recover there. Frames are checked against the
 publisher replayed in this process (``intermediary_node.simulation``). Waits are bounded
 only so that a broken build fails instead of hanging; nothing asserts a timing."""
 
@@ -109,7 +110,7 @@ async def until(check_: Callable[[], bool], timeout: float = 30.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_members_in_separate_processes_redirect_hand_over_and_survive_a_dead_one(
+def test_members_in_separate_processes_redirect_hand_over_and_outlive_a_dead_one(
     members: tuple[Directory, dict[str, subprocess.Popen[str]]],
 ) -> None:
     directory, procs = members
@@ -132,28 +133,37 @@ def test_members_in_separate_processes_redirect_hand_over_and_survive_a_dead_one
         assert client.where("east") == b and client.where("west") == a
         await until(lambda: all(len(frames) >= 10 for frames in got.values()))
 
-        # The directory gives b's cell to a: b hands its subscriptions over by itself.
+        async def more_frames(keys: tuple[str, ...] = tuple(specs)) -> None:
+            counts = {key: len(got[key]) for key in keys}
+            await until(lambda: all(len(got[k]) >= counts[k] + 10 for k in keys))
+
+        # The directory gives b's cell to a, then back: the members hand the subscriptions
+        # over by themselves, each way.
         directory.assign([1], "a")
         await until(lambda: client.handovers == 2 and not client.moving())
         assert client.where("east") == a and client.where("across") == a
-        counts = {key: len(frames) for key, frames in got.items()}
-        await until(lambda: all(len(got[k]) >= counts[k] + 10 for k in specs))
+        await more_frames()
+        directory.assign([1], "b")
+        await until(lambda: client.handovers == 4 and not client.moving())
+        assert client.where("east") == b and client.where("across") == b
+        await more_frames()
 
-        # b dies, and the directory still names it: a newcomer gets a clear error ...
+        # b dies while the directory still names it: the client tries again and says why,
+        # a newcomer gets a clear error, and a goes on serving what it holds.
         procs["b"].kill()
         procs["b"].wait(10)
-        directory.assign([1], "b")
+        await until(lambda: len(client.errors) == 2)
+        assert all("cannot reach intermediary 'b'" in e for e in client.errors.values())
         newcomer = await ClusterClient.connect(a)
         with pytest.raises(IntermediaryError, match="cannot reach intermediary 'b'"):
             await newcomer.subscribe("east", EAST)
         await newcomer.close()
-        # ... and a goes on serving what it holds: the client could not follow its offer to
-        # hand them over to b, says why, and stays with a.
-        await until(lambda: len(client.errors) == 2)
-        assert all("cannot reach intermediary 'b'" in e for e in client.errors.values())
-        assert client.where("east") == a
-        counts = {key: len(frames) for key, frames in got.items()}
-        await until(lambda: all(len(got[k]) >= counts[k] + 10 for k in specs))
+        await more_frames(("west",))
+        # The operator gives b's cell to a: the client's retries land there.
+        directory.assign([1], "a")
+        await until(lambda: not client.errors and not client.moving())
+        assert client.where("east") == a and client.where("across") == a
+        await more_frames()
         reader.cancel()
         await client.close()
         assert client.stale == 0

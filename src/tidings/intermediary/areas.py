@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 
 import numpy as np
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.directory import Directory
-from tidings.intermediary.geometry import Box
+from tidings.intermediary.geometry import Box, Subscription
 from tidings.intermediary.process import Upstream
 from tidings.intermediary.responsibility import RegionPartition
 from tidings.intermediary.state import Snapshot, StateStore, UpdateBatch
@@ -37,10 +37,18 @@ from tidings.intermediary.stores import SubscriptionRecord
 
 log = logging.getLogger(__name__)
 
+#: The slots' owners as the member last read them from the directory (slot -> name).
+Owners = Callable[[], Mapping[int, str]]
 #: Given a member's name, the publisher feed it holds boxes on (None: not reachable here).
 Feeds = Callable[[str], Upstream | None]
 #: Given a member's name, its active state snapshot (None: not reachable here).
 States = Callable[[str], Snapshot | None]
+
+
+@lru_cache(maxsize=65_536)
+def areas(partition: RegionPartition, region: Subscription) -> tuple[int, ...]:
+    """The cells ``region`` overlaps (cached: generation asks for every view every round)."""
+    return tuple(partition.areas(region))
 
 
 class AreaUpstream:
@@ -49,12 +57,10 @@ class AreaUpstream:
     :meth:`recut` re-sends them after ownership changed (new pieces first, then the pieces
     that moved away are dropped, so nothing is missed)."""
 
-    def __init__(
-        self, name: str, partition: RegionPartition, directory: Directory, feeds: Feeds
-    ) -> None:
+    def __init__(self, name: str, partition: RegionPartition, owners: Owners, feeds: Feeds) -> None:
         self.name = name
         self.partition = partition
-        self.directory = directory
+        self.owners = owners
         self.feeds = feeds
         self._requested: list[Box] = []
         self._placed: dict[str, Counter[Box]] = {}
@@ -78,10 +84,10 @@ class AreaUpstream:
 
     def pieces(self) -> dict[str, Counter[Box]]:
         """Each owner's pieces of the requested boxes, as ownership is now."""
-        owners = self.directory.owners()
+        owners = self.owners()
         wanted: dict[str, Counter[Box]] = {}
         for box in self._requested:
-            for slot in self.partition.areas(box):
+            for slot in areas(self.partition, box):
                 owner = owners.get(slot)
                 if owner is None:
                     raise IntermediaryError(f"directory: no intermediary owns slot {slot}")
@@ -123,18 +129,18 @@ class Composer:
     subscription's view is generated from (see the module docstring)."""
 
     def __init__(
-        self, name: str, partition: RegionPartition, directory: Directory, states: States
+        self, name: str, partition: RegionPartition, owners: Owners, states: States
     ) -> None:
         self.name = name
         self.partition = partition
-        self.directory = directory
+        self.owners = owners
         self.states = states
         self._cache: dict[tuple[int, frozenset[tuple[str, int]]], Snapshot] = {}
 
     def __call__(self, record: SubscriptionRecord, own: Snapshot) -> Snapshot:
-        owners = self.directory.owners()
-        areas = self.partition.areas(record.subscription)
-        parts = frozenset((owners.get(slot, ""), slot) for slot in areas)
+        owners = self.owners()
+        slots = areas(self.partition, record.subscription)
+        parts = frozenset((owners.get(slot, ""), slot) for slot in slots)
         if own.epoch == 0 or all(owner == self.name for owner, _ in parts):
             return own
         key = (int(own.epoch), parts)

@@ -81,7 +81,7 @@ class ClusterServer(IntermediaryServer):
         self.area: AreaUpstream | None = None
         upstream: Upstream = feed
         if isinstance(partition, RegionPartition):
-            self.area = AreaUpstream(name, partition, directory, self._feed_of)
+            self.area = AreaUpstream(name, partition, self.owners, self._feed_of)
             upstream = self.area
         node = Intermediary(
             dim,
@@ -90,7 +90,7 @@ class ClusterServer(IntermediaryServer):
             scheduler=scheduler if scheduler is not None else Scheduler(per_epoch=True),
         )
         if isinstance(partition, RegionPartition):
-            node.compose = Composer(name, partition, directory, self._state_of)
+            node.compose = Composer(name, partition, self.owners, self._state_of)
         super().__init__(node, tick_s=tick_s, **options)  # type: ignore[arg-type]
         #: The client id each subscriber declared (for responsibility by hash).
         self._clients: dict[Hashable, str | None] = {}
@@ -108,6 +108,10 @@ class ClusterServer(IntermediaryServer):
     @property
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/"
+
+    def owners(self) -> dict[int, str]:
+        """The slots' owners as this member last read them (:meth:`refresh`)."""
+        return self._owners
 
     def subscriptions(self) -> int:
         """How many subscriptions this member serves (the subscriptions load measure)."""
@@ -160,6 +164,7 @@ class ClusterServer(IntermediaryServer):
                 "owner": owner.name,
                 "via": [*via, self.name],
             }
+        self.refresh()  # the upstream is cut along the owners just read
         plain = {name: value for name, value in request.items() if name not in CLUSTER_FIELDS}
         reply = super().handle_request(subscriber, plain)
         self._clients[subscriber] = client if isinstance(client, str) else None
@@ -228,6 +233,7 @@ class ClusterServer(IntermediaryServer):
         except IntermediaryError as exc:  # a directory being changed must not stop serving
             log.warning("%s: %s", self.name, exc)
         self.last_frames = super().serve()
+        self._forget_gone()
         epoch = self.intermediary.state.epoch
         for (subscriber, key), before in list(self._releasing.items()):
             if epoch >= before - 1:
@@ -237,6 +243,14 @@ class ClusterServer(IntermediaryServer):
                 self.notify(subscriber, {"op": "released", "key": key, "epoch": epoch})  # type: ignore[arg-type]
                 self.handed_over += 1
         return self.last_frames
+
+    def _forget_gone(self) -> None:
+        """Drop what is kept about subscribers that disconnected."""
+        if len(self._clients) > len(self.connections):
+            self._clients = {s: c for s, c in self._clients.items() if s in self.connections}
+            for table in (self._handing, self._releasing):
+                for ident in [i for i in table if i[0] not in self.connections]:
+                    del table[ident]
 
     def releasing(self) -> int:
         """Subscriptions released to another member, served here until their last epoch."""

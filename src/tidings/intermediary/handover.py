@@ -11,6 +11,11 @@ is not above the last delivered one is dropped and counted in :attr:`ClusterClie
 (it cannot happen when the members follow the protocol; the count is there so a test can say
 so). A handover that fails (the new member is unreachable or refuses) leaves the
 subscription where it was, still served, and the error in :attr:`ClusterClient.errors`.
+
+**A member that dies.** The subscriptions it served are subscribed again through the entry
+(which redirects to whoever the directory names now), retried with a growing pause for
+:data:`RECOVER_S` seconds; the epochs published meanwhile are lost, the stream's epochs
+still strictly increase, and each failed try is in :attr:`ClusterClient.errors`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from tidings.intermediary.client import IntermediaryClient, ReceivedFrame
 
 #: The most redirects one subscribe follows.
 MAX_HOPS = 4
+#: How long a subscription whose member died is tried again, and the longest pause between.
+RECOVER_S = 60.0
+MAX_PAUSE_S = 1.0
 #: The messages members push unasked (the rest are replies to requests).
 PUSHED = frozenset({"handover", "released"})
 
@@ -326,11 +334,39 @@ class ClusterClient:
             if stream.next is not None and stream.start is not None:
                 self._switch(stream, stream.next, stream.start)
                 self.handovers += 1
-            else:
+            elif not stream.moving:
                 self.errors[key] = (
                     f"client: the connection to {link.url} closed "
                     f"({link.close_code} {link.close_reason})"
                 )
+                self._spawn(self._recover(key))
+        self._links.pop(link.url, None)
+
+    async def _recover(self, key: str) -> None:
+        """Subscribe ``key`` again through the entry until it works or :data:`RECOVER_S`
+        passes (see the module docstring)."""
+        stream = self._streams.get(key)
+        if stream is None:
+            return
+        stream.moving = True
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + RECOVER_S, 0.05
+        try:
+            while key in self._streams:
+                try:
+                    link, reply = await self._place(stream, self.entry)
+                except IntermediaryError as exc:
+                    self.errors[key] = str(exc)
+                    if loop.time() + pause > deadline:
+                        return
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, MAX_PAUSE_S)
+                    continue
+                self._switch(stream, link, max(int(reply["from_epoch"]), stream.last + 1))
+                self.errors.pop(key, None)
+                return
+        finally:
+            stream.moving = False
 
     def _close_idle(self, link: _Link) -> None:
         """Close a connection no subscription uses any more (the entry's stays open)."""
