@@ -104,10 +104,16 @@ class ClusterServer(IntermediaryServer):
         #: Epochs a subscriber has to follow a handover before it is forgotten.
         self.handover_epochs = 200
         self._owners: dict[int, str] = directory.owners()
+        self.host = "127.0.0.1"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        await super().start(host, port)
+        self.host = host
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/"
+        """Where subscribers reach this member (what it writes in the directory)."""
+        return f"ws://{self.host}:{self.port}/"
 
     def owners(self) -> dict[int, str]:
         """The slots' owners as this member last read them (:meth:`refresh`)."""

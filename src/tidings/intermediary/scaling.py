@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,7 +30,8 @@ from tidings.intermediary.cluster import ClusterServer
 from tidings.intermediary.directory import Directory
 from tidings.intermediary.responsibility import Partition
 from tidings.intermediary.scheduling import Scheduler
-from tidings.intermediary.simulation import Simulation
+from tidings.intermediary.simulation import Simulation, SimulationFeed
+from tidings.intermediary.state import UpdateBatch
 
 log = logging.getLogger(__name__)
 
@@ -98,32 +100,31 @@ class Cluster:
     async def _add(self) -> ClusterServer:
         name = f"i{self._serial}"
         self._serial += 1
+        feed = self.simulation.feed()
         member = ClusterServer(
             name,
-            self.simulation.feed(),
+            feed,
             self.directory,
             self.partition,
             dim=self.simulation.dim,
             peers=self.members.get,
             scheduler=Scheduler(per_epoch=True, max_dropped=self.max_dropped),
-            source=None,
+            source=self._source(feed),
         )
-        member.source = self._source(member)
         await member.start(self.host)
         self.directory.join(name, member.url)
         self.members[name] = member
         return member
 
-    def _source(self, member: ClusterServer):  # type: ignore[no-untyped-def]
-        """The member's batches: one per publisher tick it has not seen yet."""
+    def _source(self, feed: SimulationFeed) -> Callable[[], list[UpdateBatch]]:
+        """A member's batches: one per publisher tick it has not seen yet."""
         seen = [self.simulation.tick]
-        feed = member.feed
 
-        def source() -> list:  # type: ignore[type-arg]
+        def source() -> list[UpdateBatch]:
             if self.simulation.tick == seen[0]:
                 return []
             seen[0] = self.simulation.tick
-            return [feed.batch()]  # type: ignore[attr-defined]
+            return [feed.batch()]
 
         return source
 
