@@ -360,3 +360,72 @@ async def _standalone(rig: Rig, name: str) -> ClusterServer:
     member = ClusterServer(name, rig.sim.feed(), Directory(), HashPartition(1), dim=2, source=None)
     await member.start()
     return member
+
+
+class RecordedSimulation(Simulation):
+    """The real simulation, keeping every tick's positions for the brute-force check."""
+
+    def __init__(self) -> None:
+        super().__init__(400, WORLD, max_speed=5.0, seed=7)
+        self.history: dict[int, np.ndarray] = {}
+
+    def step(self, dt: float) -> None:
+        super().step(dt)
+        self.history[self.tick] = self.positions.copy()
+
+
+def test_a_cluster_running_on_its_own_splits_and_merges_under_load_with_clean_streams() -> None:
+    """The cluster's own loop ticks in real time and balances by itself while subscribers
+    read: epochs still strictly increase and every frame is its tick's brute-force view
+    (frames may be dropped here, as a slow channel may drop them, so gaps are allowed)."""
+
+    async def main() -> None:
+        sim = RecordedSimulation()
+        cluster = Cluster(sim, HashPartition(8), policy=LoadPolicy(high=6, low=3), tick_s=0.02)
+        await cluster.start()
+        cluster.start_loop()
+        clients: list[ClusterClient] = []
+        got: dict[str, list[ReceivedFrame]] = {}
+        readers = []
+
+        async def read(client: ClusterClient) -> None:
+            async for frame in client.frames():
+                got[frame.key].append(frame)
+
+        try:
+            for i in range(10):
+                client = await ClusterClient.connect(cluster.members["i0"].url)
+                got[f"k{i}"] = []
+                await client.subscribe(f"k{i}", REGIONS[i % len(REGIONS)], rate_hz=1000)
+                clients.append(client)
+                readers.append(asyncio.create_task(read(client)))
+            await until(lambda: cluster.splits >= 1 and not any(c.moving() for c in clients))
+            counts = {key: len(frames) for key, frames in got.items()}
+            await until(lambda: all(len(got[k]) > counts[k] + 10 for k in got))
+            for i, client in enumerate(clients[:8]):
+                await client.unsubscribe(f"k{i}")
+            await until(lambda: list(cluster.members) == ["i0"])
+            counts = {key: len(frames) for key, frames in got.items()}
+            await until(lambda: all(len(got[k]) > counts[k] + 10 for k in ("k8", "k9")))
+        finally:
+            for task in readers:
+                task.cancel()
+            for client in clients:
+                await client.close()
+            await cluster.aclose()
+        assert sum(c.handovers for c in clients) > 0 and cluster.merges >= 1
+        for i, client in enumerate(clients):
+            assert client.stale == 0 and not client.errors
+            frames = got[f"k{i}"]
+            epochs = [f.header.epoch for f in frames]
+            assert epochs == sorted(set(epochs))
+            for frame in frames:
+                positions = sim.history[frame.header.epoch]
+                expected = np.flatnonzero(inside(positions, REGIONS[i % len(REGIONS)]))
+                if frame.header.kind is FrameKind.VIEW:
+                    np.testing.assert_array_equal(frame.ids, expected)
+                    np.testing.assert_allclose(frame.world_positions(), positions[frame.ids])
+                elif frame.header.kind is FrameKind.EMPTY:
+                    assert expected.size == 0
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
