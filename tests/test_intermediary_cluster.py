@@ -22,7 +22,8 @@ from tidings.intermediary.generation import FrameKind
 from tidings.intermediary.handover import ClusterClient
 from tidings.intermediary.responsibility import HashPartition, Partition, RegionPartition
 from tidings.intermediary.scaling import Cluster, LoadPolicy
-from tidings.intermediary.simulation import Simulation
+from tidings.intermediary.simulation import Simulation, SimulationFeed
+from tidings.intermediary.state import UpdateBatch
 
 pytestmark = pytest.mark.server
 
@@ -427,5 +428,77 @@ def test_a_cluster_running_on_its_own_splits_and_merges_under_load_with_clean_st
                     np.testing.assert_allclose(frame.world_positions(), positions[frame.ids])
                 elif frame.header.kind is FrameKind.EMPTY:
                     assert expected.size == 0
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
+def test_members_that_cannot_read_each_others_state_compose_a_view_over_the_wire() -> None:
+    """Two members that do not share a process in spirit (neither can read the other's
+    state): the home member of a view spanning both areas subscribes to the other member
+    for the pieces in its cells, and composes each epoch from its own state and those
+    frames. Each member's publisher feed carries its own cells only."""
+
+    async def main() -> None:
+        sim = RecordedSimulation()
+        partition = RegionPartition(WORLD, (2, 1))
+        directory = Directory()
+        ticked = [0, 0]
+
+        def source_of(feed: SimulationFeed, i: int) -> Callable[[], list[UpdateBatch]]:
+            def source() -> list[UpdateBatch]:
+                if sim.tick == ticked[i]:
+                    return []
+                ticked[i] = sim.tick
+                return [feed.batch()]
+
+            return source
+
+        members = []
+        for i, name in enumerate(("west", "east")):
+            feed = sim.feed()
+            member = ClusterServer(
+                name, feed, directory, partition, dim=2, source=source_of(feed, i)
+            )
+            await member.start()
+            directory.join(name, member.url)
+            members.append(member)
+        west, east = members
+        directory.assign([0], "west")
+        directory.assign([1], "east")
+        spec = {"sphere": {"center": [55, 50], "radius": 20}}
+        client = await ClusterClient.connect(west.url)
+        got: list[ReceivedFrame] = []
+
+        async def read() -> None:
+            async for frame in client.frames():
+                got.append(frame)
+
+        reader = asyncio.create_task(read())
+        try:
+            reply = await client.subscribe("across", spec, rate_hz=1000)
+            assert reply["intermediary"] == "east"
+            while len(got) < 20:
+                sim.step(0.05)
+                for member in members:
+                    member.ingest()
+                for member in members:
+                    member.serve()
+                await asyncio.sleep(0.01)
+            assert all(box.lo[0] >= 50 for box in east.feed.boxes)  # type: ignore[attr-defined]
+            assert any(box.hi[0] <= 50 for box in west.feed.boxes)  # type: ignore[attr-defined]
+        finally:
+            reader.cancel()
+            await client.close()
+            for member in members:
+                await member.aclose()
+        epochs = [f.header.epoch for f in got]
+        assert epochs == sorted(set(epochs))
+        for frame in got:
+            positions = sim.history[frame.header.epoch]
+            expected = np.flatnonzero(inside(positions, spec))
+            assert frame.header.kind is FrameKind.VIEW
+            np.testing.assert_array_equal(frame.ids, expected)
+            np.testing.assert_allclose(frame.world_positions(), positions[frame.ids])
+        assert np.any(got[-1].world_positions()[:, 0] < 50)
 
     asyncio.run(asyncio.wait_for(main(), WAIT))

@@ -30,6 +30,7 @@ import numpy as np
 
 from tidings.errors import IntermediaryError
 from tidings.intermediary.geometry import Box, Subscription
+from tidings.intermediary.peers import HISTORY, RemotePart
 from tidings.intermediary.process import Upstream
 from tidings.intermediary.responsibility import RegionPartition
 from tidings.intermediary.state import Snapshot, StateStore, UpdateBatch
@@ -126,51 +127,113 @@ class AreaUpstream:
 
 class Composer:
     """The ``compose`` hook of a member's :class:`~.process.Intermediary`: the state a
-    subscription's view is generated from (see the module docstring)."""
+    subscription's view is generated from (see the module docstring), or None when this
+    round has nothing newer to give it (a remote part of a newer epoch has not arrived)."""
 
     def __init__(
-        self, name: str, partition: RegionPartition, owners: Owners, states: States
+        self,
+        name: str,
+        partition: RegionPartition,
+        owners: Owners,
+        states: States,
+        remote: Callable[[str], RemotePart | None] = lambda name: None,
     ) -> None:
         self.name = name
         self.partition = partition
         self.owners = owners
         self.states = states
+        self.remote = remote
         self._cache: dict[tuple[int, frozenset[tuple[str, int]]], Snapshot] = {}
+        #: Own snapshots of recent epochs, kept while views wait for remote parts.
+        self._held: dict[int, Snapshot] = {}
+        #: The epoch each view with remote parts was last generated at.
+        self._served: dict[tuple[object, str], int] = {}
 
-    def __call__(self, record: SubscriptionRecord, own: Snapshot) -> Snapshot:
+    def __call__(self, record: SubscriptionRecord, own: Snapshot) -> Snapshot | None:
         owners = self.owners()
         slots = areas(self.partition, record.subscription)
         parts = frozenset((owners.get(slot, ""), slot) for slot in slots)
         if own.epoch == 0 or all(owner == self.name for owner, _ in parts):
             return own
-        key = (int(own.epoch), parts)
-        if key not in self._cache:
-            if len(self._cache) > 64 or any(epoch != own.epoch for epoch, _ in self._cache):
-                self._cache.clear()
-            try:
-                self._cache[key] = self._merge(own, parts)
-            except IntermediaryError:
-                # One bad view must not stop the round for every other subscriber: this
-                # one is generated from the own state alone, and the problem is logged.
-                log.exception("compose: %s serves a view from its own state only", self.name)
-                return own
-        return self._cache[key]
+        try:
+            remote = {
+                owner: part
+                for owner, _ in parts
+                if owner != self.name
+                and self.states(owner) is None
+                and (part := self.remote(owner)) is not None
+            }
+            if remote:
+                return self._latest_complete(record, own, parts, remote)
+            key = (int(own.epoch), parts)
+            if key not in self._cache:
+                if len(self._cache) > 64 or any(epoch != own.epoch for epoch, _ in self._cache):
+                    self._cache.clear()
+                self._cache[key] = self._merge(own, parts, {})
+            return self._cache[key]
+        except IntermediaryError:
+            # One bad view must not stop the round for every other subscriber: this one is
+            # generated from the own state alone, and the problem is logged.
+            log.exception("compose: %s serves a view from its own state only", self.name)
+            return own
 
-    def _merge(self, own: Snapshot, parts: frozenset[tuple[str, int]]) -> Snapshot:
+    def _latest_complete(
+        self,
+        record: SubscriptionRecord,
+        own: Snapshot,
+        parts: frozenset[tuple[str, int]],
+        remote: dict[str, RemotePart],
+    ) -> Snapshot | None:
+        """The view's state at the newest epoch, newer than its last one, for which every
+        remote part has arrived (own snapshots of recent epochs are held for this)."""
+        self._held[int(own.epoch)] = own
+        while len(self._held) > HISTORY:
+            del self._held[min(self._held)]
+        ident = (record.subscriber, record.key)
+        done = self._served.get(ident, 0)
+        local_peers = any(o not in remote and o != self.name for o, _ in parts)
+        for epoch in sorted(self._held, reverse=True):
+            if epoch <= done:
+                break
+            if local_peers and epoch != own.epoch:
+                continue  # peers in this process have their current state only
+            got = {owner: part.part(epoch) for owner, part in remote.items()}
+            if any(value is None for value in got.values()):
+                continue
+            if len(self._served) > 65_536:
+                self._served.clear()
+            self._served[ident] = epoch
+            return self._merge(self._held[epoch], parts, got)  # type: ignore[arg-type]
+        return None
+
+    def _merge(
+        self,
+        own: Snapshot,
+        parts: frozenset[tuple[str, int]],
+        remote: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    ) -> Snapshot:
         ids: list[np.ndarray] = []
         positions: list[np.ndarray] = []
         for owner, slot in sorted(parts):
             if owner == "":
                 raise IntermediaryError(f"directory: no intermediary owns slot {slot}")
+            cell = self.partition.cell(slot)
+            if owner in remote:
+                part_ids, part_positions = remote[owner]
+                if len(part_ids):
+                    rows = np.flatnonzero(cell.contains(part_positions))
+                    ids.append(part_ids[rows])
+                    positions.append(part_positions[rows])
+                continue
             state = own if owner == self.name else self.states(owner)
-            if state is None:  # in another process: this member holds the cell itself
+            if state is None:  # not reachable: this member holds the cell itself
                 state = own
             if state.epoch != own.epoch:
                 raise IntermediaryError(
                     f"compose: intermediary {owner!r} is at epoch {state.epoch}, "
                     f"this one at {own.epoch}; members are stepped together"
                 )
-            rows = np.flatnonzero(self.partition.cell(slot).contains(state.positions))
+            rows = np.flatnonzero(cell.contains(state.positions))
             ids.append(state.ids[rows])
             positions.append(state.positions[rows])
         all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)

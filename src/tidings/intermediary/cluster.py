@@ -36,6 +36,7 @@ from tidings.errors import IntermediaryError
 from tidings.intermediary.areas import AreaUpstream, Composer
 from tidings.intermediary.directory import Directory, Member
 from tidings.intermediary.geometry import parse_region
+from tidings.intermediary.peers import RemotePart
 from tidings.intermediary.process import Intermediary, Upstream
 from tidings.intermediary.responsibility import Partition, RegionPartition
 from tidings.intermediary.scheduling import Scheduler
@@ -79,6 +80,8 @@ class ClusterServer(IntermediaryServer):
         self.partition = partition
         self.peers = peers
         self.area: AreaUpstream | None = None
+        #: Members in other processes this one takes pieces of its views from.
+        self._remotes: dict[str, RemotePart] = {}
         upstream: Upstream = feed
         if isinstance(partition, RegionPartition):
             self.area = AreaUpstream(name, partition, self.owners, self._feed_of)
@@ -90,7 +93,7 @@ class ClusterServer(IntermediaryServer):
             scheduler=scheduler if scheduler is not None else Scheduler(per_epoch=True),
         )
         if isinstance(partition, RegionPartition):
-            node.compose = Composer(name, partition, self.owners, self._state_of)
+            node.compose = Composer(name, partition, self.owners, self._state_of, self._remotes.get)
         super().__init__(node, tick_s=tick_s, **options)  # type: ignore[arg-type]
         #: The client id each subscriber declared (for responsibility by hash).
         self._clients: dict[Hashable, str | None] = {}
@@ -126,10 +129,25 @@ class ClusterServer(IntermediaryServer):
     # -- peers -------------------------------------------------------------------------
 
     def _feed_of(self, name: str) -> Upstream | None:
+        """Who holds pieces in ``name``'s cells: its feed in this process, else the member
+        itself over the wire (None: not in the directory, so this member holds them)."""
         if name == self.name:
             return self.feed
         peer = self.peers(name)
-        return None if peer is None else peer.feed
+        if peer is not None:
+            return peer.feed
+        if name not in self._remotes:
+            try:
+                member = self.directory.member(name)
+            except IntermediaryError:
+                return None
+            self._remotes[name] = RemotePart(name, member.url)
+        return self._remotes[name]
+
+    async def aclose(self) -> None:
+        for remote in self._remotes.values():
+            await remote.aclose()
+        await super().aclose()
 
     def _state_of(self, name: str) -> Snapshot | None:
         peer = self.peers(name)

@@ -87,7 +87,8 @@ class Intermediary:
         #: Optional: the state a subscription's view is generated from, given the own
         #: snapshot (the cluster merges peers' states here for a view spanning several
         #: intermediaries' areas, claim 9); None: the own snapshot.
-        self.compose: Callable[[stores.SubscriptionRecord, Snapshot], Snapshot] | None = None
+        #: It may return None: nothing newer for this subscription this round.
+        self.compose: Callable[[stores.SubscriptionRecord, Snapshot], Snapshot | None] | None = None
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -255,6 +256,8 @@ class Intermediary:
             )
             for key, record in records.items():
                 view = snapshot if self.compose is None else self.compose(record, snapshot)
+                if view is None:
+                    continue
                 region = stores.place(record.subscription, view)
                 if isinstance(region, str):
                     frame = empty_frame(int(view.epoch), self.dim)
