@@ -18,7 +18,7 @@ import numpy as np
 
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client import IntermediaryClient
-from tidings.intermediary.generation import FrameKind
+from tidings.intermediary.generation import MAX_ENTITIES_CAP, FrameKind
 from tidings.intermediary.geometry import Box
 from tidings.intermediary.process import MAX_RATE_HZ
 
@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 #: How many epochs of each piece are kept (a view waits at most this long for a remote part).
 HISTORY = 32
+
+#: A piece is taken whole and exact: never truncated, float64.
+WHOLE_PIECE = {"max_entities": MAX_ENTITIES_CAP}
 
 Part = tuple[np.ndarray, np.ndarray]
 
@@ -44,6 +47,9 @@ class RemotePart:
         self._keys: dict[Box, str] = {}
         self._frames: dict[str, dict[int, Part]] = {}
         self._latest: dict[str, Part] = {}
+        #: From which epoch a piece's frames are complete (the remote member's upstream
+        #: covers it from its ``from_epoch`` on; earlier frames may miss entities).
+        self._start: dict[str, int] = {}
         self._serial = 0
         #: Subscribe (key, box) or unsubscribe (key, None), in order.
         self._ops: asyncio.Queue[tuple[str, Box | None]] = asyncio.Queue()
@@ -69,16 +75,17 @@ class RemotePart:
                 key = self._keys.pop(box)
                 self._frames.pop(key, None)
                 self._latest.pop(key, None)
+                self._start.pop(key, None)
                 self._ops.put_nowait((key, None))
 
     def part(self, epoch: int) -> Part | None:
-        """The entities of every piece at ``epoch``, or None while one piece's frame of
-        that epoch has not arrived."""
+        """The entities of every piece at ``epoch``, or None while one piece's complete
+        frame of that epoch has not arrived."""
         ids: list[np.ndarray] = []
         positions: list[np.ndarray] = []
         for key in self._keys.values():
             got = self._frames[key].get(epoch)
-            if got is None:
+            if got is None or epoch < self._start.get(key, epoch + 1):
                 return None
             ids.append(got[0])
             positions.append(got[1])
@@ -105,7 +112,11 @@ class RemotePart:
                 try:
                     if box is not None:
                         region = {"box": {"lo": list(box.lo), "hi": list(box.hi)}}
-                        await client.subscribe(key, region, rate_hz=MAX_RATE_HZ)
+                        reply = await client.subscribe(
+                            key, region, rate_hz=MAX_RATE_HZ, capabilities=WHOLE_PIECE
+                        )
+                        if key in self._frames:
+                            self._start[key] = int(reply["from_epoch"])
                     else:
                         await client.unsubscribe(key)
                 except IntermediaryError as exc:
