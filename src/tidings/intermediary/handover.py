@@ -155,9 +155,13 @@ class ClusterClient:
         return reply
 
     async def unsubscribe(self, key: str) -> dict[str, Any]:
+        """Unsubscribe ``key`` wherever it is served (both members during a handover)."""
         stream = self._streams.pop(key, None)
         if stream is None or stream.current is None:
             raise IntermediaryError(f"client: {key!r} is not subscribed")
+        if stream.next is not None and stream.next is not stream.current:
+            with contextlib.suppress(IntermediaryError):
+                await stream.next.unsubscribe(key)
         return await stream.current.unsubscribe(key)
 
     def last_epoch(self, key: str) -> int:
