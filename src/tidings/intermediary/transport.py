@@ -6,11 +6,11 @@ One Starlette WebSocket endpoint. A subscriber sends JSON text requests::
      "capabilities": {...}}
     {"op": "unsubscribe", "key": "k"}
 
-and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "covered"}``,
-``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error", "message"}``; a bad
-request is answered and the connection goes on) and binary messages, one per frame: a
-one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s layout). The first
-message is ``{"op": "hello", "subscriber": <id>}``.
+and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "covered",
+"from_epoch"}``, ``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error",
+"message"}``; a bad request is answered and the connection goes on) and binary messages,
+one per frame: a one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s
+layout). The first message is ``{"op": "hello", "subscriber": <id>}``.
 
 Slow subscribers never hold the others ([146]): each connection has one outgoing slot
 holding the latest round's frames; a writer task per connection empties it. While the slot is
