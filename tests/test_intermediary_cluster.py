@@ -15,7 +15,7 @@ import pytest
 
 from intermediary_helpers import WORLD, inside
 from tidings.errors import IntermediaryError
-from tidings.intermediary.client import ReceivedFrame
+from tidings.intermediary.client import IntermediaryClient, ReceivedFrame
 from tidings.intermediary.cluster import ClusterServer
 from tidings.intermediary.directory import Directory
 from tidings.intermediary.generation import FrameKind
@@ -291,6 +291,10 @@ def test_bad_redirects_give_clear_errors_and_the_members_go_on() -> None:
                 await client._links[rig.url(0)].request(
                     {"op": "subscribe", "key": "k", "region": REGIONS[0], **bad}
                 )
+        with pytest.raises(IntermediaryError, match="relative to an entity"):
+            await client.subscribe(
+                "rel", {"sphere": {"center": [0, 0], "radius": 5}, "relative_to": 7}
+            )
         with pytest.raises(IntermediaryError, match="release: no subscription"):
             await client._links[rig.url(0)].request({"op": "release", "key": "nope", "before": 3})
         # Two members whose directories disagree send a client back and forth: the second
@@ -304,6 +308,10 @@ def test_bad_redirects_give_clear_errors_and_the_members_go_on() -> None:
         with pytest.raises(IntermediaryError, match="forward loop: x -> y -> x"):
             await looped.subscribe("k", REGIONS[0])
         await looped.close()
+        # Responsibility by hash needs the client's id, which a plain client does not send.
+        async with await IntermediaryClient.connect(loop_members[0].url) as plain:
+            with pytest.raises(IntermediaryError, match=r"request\.client"):
+                await plain.subscribe("k", REGIONS[0])
         for member in loop_members:
             await member.aclose()
         # The client and both members go on.
