@@ -301,13 +301,13 @@ class ClusterClient:
         if stream is None:
             return
         epoch = frame.header.epoch
-        if link is stream.next:
-            stream.held.append(frame)
-        elif link is stream.current:
+        if link is stream.current:  # first: a redirect may lead back to it while moving
             if stream.start is not None and epoch >= stream.start:
                 return  # the next member serves this epoch
             if epoch >= stream.floor:
                 self._deliver(stream, frame)
+        elif link is stream.next:
+            stream.held.append(frame)
 
     def _deliver(self, stream: _Stream, frame: ReceivedFrame) -> None:
         if frame.header.epoch <= stream.last:
