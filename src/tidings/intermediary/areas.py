@@ -25,6 +25,7 @@ member's own state but never mixes epochs.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
@@ -47,6 +48,12 @@ Owners = Callable[[], Mapping[int, str]]
 Feeds = Callable[[str], Upstream | None]
 #: Given a member's name, its active state snapshot (None: not reachable here).
 States = Callable[[str], Snapshot | None]
+
+
+def _hull(boxes: Sequence[Box]) -> Box:
+    lo = np.min([box.lo for box in boxes], axis=0)
+    hi = np.max([box.hi for box in boxes], axis=0)
+    return Box(tuple(float(v) for v in lo), tuple(float(v) for v in hi))
 
 
 @lru_cache(maxsize=65_536)
@@ -87,16 +94,23 @@ class AreaUpstream:
         self.recut()
 
     def pieces(self) -> dict[str, Counter[Box]]:
-        """Each owner's pieces of the requested boxes, as ownership is now."""
+        """Each owner's pieces of the requested boxes, as ownership is now: one per cell,
+        or one box where an owner's pieces of a box make a box together (fewer boxes for
+        the publisher to test every tick)."""
         owners = self.owners()
         wanted: dict[str, Counter[Box]] = {}
         for box in self._requested:
+            mine: dict[str, list[Box]] = {}
             for slot in areas(self.partition, box):
                 owner = owners.get(slot)
                 if owner is None:
                     raise IntermediaryError(f"directory: no intermediary owns slot {slot}")
-                for piece in self.partition.clip(box, [slot]):
-                    wanted.setdefault(owner, Counter())[piece] += 1
+                mine.setdefault(owner, []).extend(self.partition.clip(box, [slot]))
+            for owner, parts in mine.items():
+                hull = _hull(parts)
+                if math.isclose(sum(part.volume() for part in parts), hull.volume()):
+                    parts = [hull]  # disjoint pieces filling their hull are the hull
+                wanted.setdefault(owner, Counter()).update(parts)
         return wanted
 
     def recut(self) -> None:
