@@ -39,6 +39,17 @@ Modules, bottom first:
   double-buffered tables; :mod:`.chain` -- the event server as their upstream, through the
   public client.
 
+Many intermediaries (claims 9, 11; [108]-[111]):
+
+* :mod:`.responsibility` -- slots of responsibility, by region (grid cells) or by hash;
+  :mod:`.directory` -- who owns which slot and where it listens (SQLite, shared);
+* :mod:`.areas` -- each member's upstream cut to its cells, and views spanning several
+  members' cells generated from their states together; :mod:`.peers` -- a member in
+  another process as the source of its cells' part;
+* :mod:`.cluster` -- a member: redirects requests it is not responsible for, hands
+  subscriptions over; :mod:`.handover` -- the client that follows both, one stream per key;
+* :mod:`.scaling` -- members of one process stepped together, split and merged under load.
+
 It stands on the event model and the public client only: it does not reach into the
 server's or the pipeline's internals.
 """

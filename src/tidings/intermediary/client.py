@@ -180,22 +180,31 @@ class IntermediaryClient:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
+    def _on_text(self, message: dict[str, Any]) -> None:
+        """A JSON message from the server: here, the reply to the request waiting (a
+        subclass that follows the cluster's pushed messages routes those elsewhere), or an
+        event or view message of an event-type or SQL subscription."""
+        if message.get("op") in ("event", "view"):
+            self._messages.put_nowait(message)
+        else:
+            self._replies.put_nowait(message)
+
+    def _on_frame(self, frame: ReceivedFrame) -> None:
+        """A decoded frame, in arrival order with :meth:`_on_text`: into the buffer."""
+        if len(self._frames) == self._frames.maxlen:
+            self.overflowed += 1
+        self._frames.append(frame)
+        self._frame_ready.set()
+
     async def _read(self) -> None:
         try:
             async for message in self.websocket:
                 if isinstance(message, str):
-                    decoded = json.loads(message)
-                    if decoded.get("op") in ("event", "view"):
-                        self._messages.put_nowait(decoded)
-                    else:
-                        self._replies.put_nowait(decoded)
+                    self._on_text(json.loads(message))
                     continue
                 key, data = open_envelope(message)
                 header, ids, positions = decode_frame(data)
-                if len(self._frames) == self._frames.maxlen:
-                    self.overflowed += 1
-                self._frames.append(ReceivedFrame(key, header, ids, positions))
-                self._frame_ready.set()
+                self._on_frame(ReceivedFrame(key, header, ids, positions))
         except websockets.ConnectionClosed:
             pass
         finally:

@@ -16,7 +16,7 @@ each of its subscriptions (by key) gets one frame, so a round returns
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,7 +32,7 @@ from tidings.intermediary.generation import (
 )
 from tidings.intermediary.geometry import Box, Relative, parse_region
 from tidings.intermediary.scheduling import Scheduler, SubscriberStatus
-from tidings.intermediary.state import StateStore, UpdateBatch
+from tidings.intermediary.state import Snapshot, StateStore, UpdateBatch
 from tidings.intermediary.stores import PublisherStore, SubscriberStore, UpstreamDiff
 
 #: The longest subscription key accepted (it travels in every frame's envelope).
@@ -84,6 +84,11 @@ class Intermediary:
         self.subscriptions = SubscriberStore(dim, policy, world)
         self.scheduler = scheduler if scheduler is not None else Scheduler()
         self.last = LastFrames()
+        #: Optional: the state a subscription's view is generated from, given the own
+        #: snapshot (the cluster merges peers' states here for a view spanning several
+        #: intermediaries' areas, claim 9); None: the own snapshot.
+        #: It may return None: nothing newer for this subscription this round.
+        self.compose: Callable[[stores.SubscriptionRecord, Snapshot], Snapshot | None] | None = None
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -194,11 +199,14 @@ class Intermediary:
         """An update from upstream, into the inert buffer (invisible until :meth:`end_epoch`)."""
         self.state.apply(batch)
 
-    def end_epoch(self) -> int:
+    def end_epoch(self, epoch: int | None = None) -> int:
         """Make the epoch's updates visible, then bring the upstream set up to date: re-plan
         once if something was unsubscribed, and cover relative regions where their entities
-        are now. Returns the new epoch."""
-        epoch = self.state.end_epoch()
+        are now. Returns the new epoch (``epoch``, the publisher's tick, if given)."""
+        try:
+            epoch = self.state.end_epoch(epoch)
+        except UsageError as exc:
+            raise IntermediaryError(f"epoch: {exc}") from None
         snapshot = self.state.snapshot()
         self._push(stores.replan(self.publishers, self.subscriptions, snapshot))
         placed = self.publishers.live_regions(snapshot)
@@ -247,13 +255,16 @@ class Intermediary:
                 subscriber
             )
             for key, record in records.items():
-                region = stores.place(record.subscription, snapshot)
+                view = snapshot if self.compose is None else self.compose(record, snapshot)
+                if view is None:
+                    continue
+                region = stores.place(record.subscription, view)
                 if isinstance(region, str):
-                    frame = empty_frame(int(snapshot.epoch), self.dim)
+                    frame = empty_frame(int(view.epoch), self.dim)
                 else:
                     own = None
                     if isinstance(record.subscription, Relative):
-                        own = snapshot.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
-                    frame = generate(snapshot, region, record.capabilities, own)
+                        own = view.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
+                    frame = generate(view, region, record.capabilities, own)
                 served.append(Served(subscriber, key, self.last.filter((subscriber, key), frame)))
         return served

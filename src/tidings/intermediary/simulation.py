@@ -128,7 +128,7 @@ class SimulationFeed:
 
     def batch(self) -> UpdateBatch:
         """This tick's update for the intermediary: the relevant agents' positions, and the
-        deletion of those sent before that are no longer relevant."""
+        deletion of those sent before that are no longer relevant, numbered with the tick."""
         sim = self.simulation
         mask = self.relevant()
         ids = sim.ids[mask]
@@ -137,4 +137,4 @@ class SimulationFeed:
         self._sent = ids
         self.bytes_sent += ids.nbytes + positions.nbytes + gone.nbytes
         self.batches += 1
-        return UpdateBatch(ids=ids, positions=positions, delete=gone)
+        return UpdateBatch(ids=ids, positions=positions, delete=gone, tick=sim.tick)

@@ -98,6 +98,9 @@ class UpdateBatch:
     positions: npt.ArrayLike | None = None
     columns: Mapping[str, npt.ArrayLike] = field(default_factory=dict)
     delete: npt.ArrayLike = ()
+    #: The publisher's tick this batch is of, if the publisher numbers them: the epoch it
+    #: ends becomes that tick, so epochs mean the same thing at every intermediary.
+    tick: int | None = None
 
 
 @dataclass(frozen=True)
@@ -384,16 +387,22 @@ class StateStore:
             self._inert.apply(ops)
             self._log.append(ops)
 
-    def end_epoch(self) -> int:
-        """Make this epoch's updates visible atomically and return the new epoch number.
+    def end_epoch(self, epoch: int | None = None) -> int:
+        """Make this epoch's updates visible atomically and return the new epoch number:
+        ``epoch`` if given (the publisher's tick; it must be greater than the current one),
+        else the current one plus one.
 
         Readers of the old epoch keep it; the new inert buffer is then brought up to date,
         by re-applying the epoch's log or, if a reader still holds it, by a copy."""
+        if epoch is not None and (
+            isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= self._epoch
+        ):
+            raise UsageError(f"epoch must be an int > {self._epoch}, not {epoch!r}")
         with self._write_lock:
             with self._swap_lock:
                 old_active = self._active
                 self._active = self._inert
-                self._epoch += 1
+                self._epoch = self._epoch + 1 if epoch is None else epoch
                 epoch = self._epoch
             # No snapshot of old_active can start any more; only earlier ones can hold it.
             if _in_use(old_active):

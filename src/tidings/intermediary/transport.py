@@ -6,12 +6,12 @@ One Starlette WebSocket endpoint. A subscriber sends JSON text requests::
      "capabilities": {...}}
     {"op": "unsubscribe", "key": "k"}
 
-and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "covered"}``,
-``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error", "message"}``; a bad
-request is answered and the connection goes on) and binary messages, one per frame: a
-one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s layout). The first
-message is ``{"op": "hello", "subscriber": <id>}``. The same server serves the web page of
-one subscriber's live view (:mod:`.webpage`: ``GET /view``).
+and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "covered",
+"from_epoch"}``, ``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error",
+"message"}``; a bad request is answered and the connection goes on) and binary messages,
+one per frame: a one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s
+layout). The first message is ``{"op": "hello", "subscriber": <id>}``. The same server
+serves the web page of one subscriber's live view (:mod:`.webpage`: ``GET /view``).
 
 Slow subscribers never hold the others ([146]): each connection has one outgoing slot
 holding the latest round's frames; a writer task per connection empties it. While the slot is
@@ -22,7 +22,12 @@ Request messages are bounded in size (uvicorn refuses a bigger frame with 1009) 
 (a token bucket per connection; a request over it is refused with an error reply).
 
 A background loop runs at ``tick_s``: it asks ``source`` for the upstream batches that
-arrived, applies them and ends the epoch if there were any, then runs one generation round.
+arrived, applies them and ends the epoch if there were any (numbered with the publisher's
+tick when the batches carry one), then runs one generation round. With ``tick_s`` None there
+is no loop: the owner (a cluster stepping several intermediaries together) calls
+:meth:`IntermediaryServer.ingest` and :meth:`IntermediaryServer.serve` itself. Messages the
+server pushes unasked (:meth:`IntermediaryServer.notify`) go out after the frames already
+offered to that connection, in order.
 Everything runs on the server's event loop (a slice: generation of a round is not moved to a
 thread yet).
 
@@ -132,6 +137,7 @@ class _Connection:
     texts: deque[str] = field(default_factory=deque)
     #: The latest view message per key not sent yet (a view is a latest value).
     views: dict[str, str] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     kicked: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = ""
@@ -148,7 +154,7 @@ class IntermediaryServer:
         intermediary: Intermediary,
         *,
         source: Callable[[], Sequence[UpdateBatch]] | None = None,
-        tick_s: float = 0.02,
+        tick_s: float | None = 0.02,
         budget: int = 1000,
         limits: TransportLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -204,7 +210,8 @@ class IntermediaryServer:
                 self._serve_task.result()
                 raise IntermediaryError(f"transport: the server on {host}:{port} did not start")
             await asyncio.sleep(0.01)
-        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        if self.tick_s is not None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._run(self.tick_s))
 
     async def aclose(self) -> None:
         """Stop the loop, then stop accepting and close every connection."""
@@ -219,23 +226,35 @@ class IntermediaryServer:
 
     # -- the loop ----------------------------------------------------------------------
 
-    async def _run(self) -> None:
+    async def _run(self, tick_s: float) -> None:
         while True:
             try:
                 self.step()
             except Exception:  # one bad tick must not stop serving everyone
                 log.exception("intermediary tick failed")
-            await asyncio.sleep(self.tick_s)
+            await asyncio.sleep(tick_s)
 
     def step(self) -> None:
         """One tick: upstream batches -> epoch; one round; disconnect reported subscribers."""
+        self.ingest()
+        self.serve()
+
+    def ingest(self) -> None:
+        """Apply the upstream batches that arrived and end the epoch if there were any (at
+        the latest publisher tick they carry, if they carry one)."""
         batches = self.source() if self.source is not None else ()
         if batches:
             for batch in batches:
                 self.intermediary.apply(batch)
-            self.intermediary.end_epoch()
+            ticks = [batch.tick for batch in batches if batch.tick is not None]
+            self.intermediary.end_epoch(max(ticks) if ticks else None)
+
+    def serve(self) -> int:
+        """One generation round; disconnect the subscribers the scheduler reported. Returns
+        the number of frames generated."""
         by_subscriber: dict[object, list[Served]] = {}
-        for served in self.intermediary.round(self.clock(), self.budget):
+        round_ = self.intermediary.round(self.clock(), self.budget)
+        for served in round_:
             by_subscriber.setdefault(served.subscriber, []).append(served)
         for subscriber, items in by_subscriber.items():
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
@@ -249,6 +268,17 @@ class IntermediaryServer:
             if conn is not None and not conn.kicked.is_set():
                 conn.reason = reason
                 conn.kicked.set()
+        return len(round_)
+
+    def notify(self, subscriber: int, message: dict[str, object]) -> bool:
+        """Push ``message`` (JSON) to ``subscriber`` after every frame already offered to it;
+        False if it is not connected."""
+        conn = self.connections.get(subscriber)
+        if conn is None:
+            return False
+        conn.notices.append(json.dumps(message))
+        conn.wake.set()
+        return True
 
     def _queue(self, messages: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str]]:
         """Queue a tick's JSON messages on their connections. A connection whose backlog
@@ -330,8 +360,11 @@ class IntermediaryServer:
             for text in views.values():
                 await conn.websocket.send_text(text)
             items, conn.slot = conn.slot, None
+            notices, conn.notices = conn.notices, []
             for served in items or ():
                 await conn.websocket.send_bytes(envelope(served.key, served.frame.data))
+            for notice in notices:
+                await conn.websocket.send_text(notice)
             if conn.slot is None:
                 self.intermediary.set_ready(conn.id, True)
 
@@ -373,49 +406,62 @@ class IntermediaryServer:
             return {"op": "error", "message": f"request: not JSON ({exc})"}
         if not isinstance(request, dict):
             return {"op": "error", "message": "request: expected a JSON object"}
-        op, key = request.get("op"), request.get("key")
         try:
-            if op == "subscribe":
-                unknown = sorted(set(request) - _SUBSCRIBE_FIELDS)
-                if unknown:
-                    raise IntermediaryError(f"request.{unknown[0]}: unknown field")
-                kinds = [k for k in ("region", "events", "sql") if k in request]
-                if len(kinds) != 1:
-                    raise IntermediaryError(
-                        "subscribe: expected exactly one of region, events and sql, got "
-                        + (", ".join(kinds) or "none")
-                    )
-                if kinds != ["region"]:
-                    return await self._subscribe_views(conn, request, key)
-                outcome = self.intermediary.subscribe(
-                    conn.id,
-                    key,  # type: ignore[arg-type]
-                    request.get("region"),
-                    request.get("priority", 0.0),
-                    request.get("rate_hz", 10.0),
-                    request.get("capabilities"),
-                )
-                if self.views is not None and key in self.views.subscriptions(conn.id):
-                    await self.views.unsubscribe(conn.id, key)  # type: ignore[arg-type]
-                return {"op": "subscribed", "key": key, "covered": outcome.covered}
-            if op == "unsubscribe":
-                if not isinstance(key, str):
-                    raise IntermediaryError("key: expected a string")
-                removed = self.intermediary.unsubscribe(conn.id, key)
-                if self.views is not None:
-                    removed += await self.views.unsubscribe(conn.id, key)
-                return {"op": "unsubscribed", "key": key, "removed": removed}
-            raise IntermediaryError(
-                f"op: expected 'subscribe' or 'unsubscribe', got {str(op)[:40]!r}"
-            )
+            return await self.handle_request(conn.id, request)
         except IntermediaryError as exc:
             reply: dict[str, object] = {"op": "error", "message": str(exc)}
+            key = request.get("key")
             if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
                 reply["key"] = key
             return reply
 
+    async def handle_request(
+        self, subscriber: int, request: dict[str, object]
+    ) -> dict[str, object]:
+        """The reply to one parsed request of ``subscriber`` (an :class:`IntermediaryError`
+        becomes an error reply); a subclass adds operations here. ``subscribed`` says from
+        which epoch on the subscription's frames see everything its upstream brings
+        (``from_epoch``: the next one)."""
+        op, key = request.get("op"), request.get("key")
+        if op == "subscribe":
+            unknown = sorted(set(request) - _SUBSCRIBE_FIELDS)
+            if unknown:
+                raise IntermediaryError(f"request.{unknown[0]}: unknown field")
+            kinds = [k for k in ("region", "events", "sql") if k in request]
+            if len(kinds) != 1:
+                raise IntermediaryError(
+                    "subscribe: expected exactly one of region, events and sql, got "
+                    + (", ".join(kinds) or "none")
+                )
+            if kinds != ["region"]:
+                return await self._subscribe_views(subscriber, request, key)
+            outcome = self.intermediary.subscribe(
+                subscriber,
+                key,  # type: ignore[arg-type]
+                request.get("region"),
+                request.get("priority", 0.0),  # type: ignore[arg-type]
+                request.get("rate_hz", 10.0),  # type: ignore[arg-type]
+                request.get("capabilities"),
+            )
+            if self.views is not None and key in self.views.subscriptions(subscriber):
+                await self.views.unsubscribe(subscriber, key)  # type: ignore[arg-type]
+            return {
+                "op": "subscribed",
+                "key": key,
+                "covered": outcome.covered,
+                "from_epoch": self.intermediary.state.epoch + 1,
+            }
+        if op == "unsubscribe":
+            if not isinstance(key, str):
+                raise IntermediaryError("key: expected a string")
+            removed = self.intermediary.unsubscribe(subscriber, key)
+            if self.views is not None:
+                removed += await self.views.unsubscribe(subscriber, key)
+            return {"op": "unsubscribed", "key": key, "removed": removed}
+        raise IntermediaryError(f"op: expected 'subscribe' or 'unsubscribe', got {str(op)[:40]!r}")
+
     async def _subscribe_views(
-        self, conn: _Connection, request: dict[str, Any], key: object
+        self, subscriber: int, request: dict[str, Any], key: object
     ) -> dict[str, object]:
         """An ``events`` or ``sql`` subscription (they take no capabilities, and events, a
         stream, no rate or priority); it replaces a spatial one of the same key."""
@@ -428,14 +474,14 @@ class IntermediaryServer:
                 "events: a stream of events takes no rate_hz or priority (every event is sent)"
             )
         was_covered = await self.views.subscribe(
-            conn.id,
+            subscriber,
             key,  # type: ignore[arg-type]
             events=request.get("events"),
             sql=request.get("sql"),
             priority=request.get("priority", 0.0),
             rate_hz=request.get("rate_hz", 10.0),
         )
-        self.intermediary.unsubscribe(conn.id, key)  # type: ignore[arg-type]
+        self.intermediary.unsubscribe(subscriber, key)  # type: ignore[arg-type]
         return {"op": "subscribed", "key": key, "covered": was_covered}
 
 

@@ -1,0 +1,142 @@
+"""A member of the cluster in another process as the source of its cells' state (claims 9,
+11): this member subscribes to it over the subscriber wire, like any subscriber, for the
+pieces of its upstream boxes that lie in that member's cells, and keeps the last epochs of
+each piece's frames. The remote member is then responsible for those pieces (its own
+upstream covers them), and a view spanning both areas is composed per epoch from this
+member's state and the remote frames of the same epoch (:class:`.areas.Composer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from tidings.errors import IntermediaryError
+from tidings.intermediary.client import IntermediaryClient
+from tidings.intermediary.generation import MAX_ENTITIES_CAP, FrameKind
+from tidings.intermediary.geometry import Box
+from tidings.intermediary.process import MAX_RATE_HZ
+
+log = logging.getLogger(__name__)
+
+#: How many epochs of each piece are kept (a view waits at most this long for a remote part).
+HISTORY = 32
+
+#: A piece is taken whole and exact: never truncated, float64.
+WHOLE_PIECE = {"max_entities": MAX_ENTITIES_CAP}
+
+Part = tuple[np.ndarray, np.ndarray]
+
+
+class RemotePart:
+    """The member called ``name`` at ``url``, as an upstream of this member (it implements
+    the ``Upstream`` protocol) and as the source of :meth:`part`. Must be created on the
+    running event loop; :meth:`aclose` ends its connection."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = url
+        #: Why the remote member could not be used (empty while all is well).
+        self.error = ""
+        self._count: Counter[Box] = Counter()
+        self._keys: dict[Box, str] = {}
+        self._frames: dict[str, dict[int, Part]] = {}
+        self._latest: dict[str, Part] = {}
+        #: From which epoch a piece's frames are complete (the remote member's upstream
+        #: covers it from its ``from_epoch`` on; earlier frames may miss entities).
+        self._start: dict[str, int] = {}
+        self._serial = 0
+        #: Subscribe (key, box) or unsubscribe (key, None), in order.
+        self._ops: asyncio.Queue[tuple[str, Box | None]] = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def subscribe(self, boxes: Sequence[Box]) -> None:
+        for box in boxes:
+            if self._count[box] == 0:
+                self._serial += 1
+                key = f"p{self._serial}"
+                self._keys[box] = key
+                self._frames[key] = {}
+                self._ops.put_nowait((key, box))
+            self._count[box] += 1
+
+    def unsubscribe(self, boxes: Sequence[Box]) -> None:
+        for box in boxes:
+            if self._count[box] == 0:
+                raise IntermediaryError(f"upstream: {box!r} is not subscribed at {self.name!r}")
+            self._count[box] -= 1
+            if self._count[box] == 0:
+                del self._count[box]
+                key = self._keys.pop(box)
+                self._frames.pop(key, None)
+                self._latest.pop(key, None)
+                self._start.pop(key, None)
+                self._ops.put_nowait((key, None))
+
+    def part(self, epoch: int) -> Part | None:
+        """The entities of every piece at ``epoch``, or None while one piece's complete
+        frame of that epoch has not arrived."""
+        ids: list[np.ndarray] = []
+        positions: list[np.ndarray] = []
+        for key in self._keys.values():
+            got = self._frames[key].get(epoch)
+            if got is None or epoch < self._start.get(key, epoch + 1):
+                return None
+            ids.append(got[0])
+            positions.append(got[1])
+        if not ids:
+            return np.zeros(0, np.int64), np.zeros((0, 0))
+        return np.concatenate(ids), np.concatenate(positions)
+
+    async def aclose(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
+
+    async def _run(self) -> None:
+        try:
+            client = await IntermediaryClient.connect(self.url)
+        except Exception as exc:  # refused, not a member: named, and views wait for it
+            self.error = f"peer: cannot reach intermediary {self.name!r} at {self.url}: {exc}"
+            log.warning("%s", self.error)
+            return
+        reader = asyncio.create_task(self._read(client))
+        try:
+            while True:
+                key, box = await self._ops.get()
+                try:
+                    if box is not None:
+                        region = {"box": {"lo": list(box.lo), "hi": list(box.hi)}}
+                        reply = await client.subscribe(
+                            key, region, rate_hz=MAX_RATE_HZ, capabilities=WHOLE_PIECE
+                        )
+                        if key in self._frames:
+                            self._start[key] = int(reply["from_epoch"])
+                    else:
+                        await client.unsubscribe(key)
+                except IntermediaryError as exc:
+                    self.error = f"peer {self.name!r}: {exc}"
+                    log.warning("%s", self.error)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await client.close()
+
+    async def _read(self, client: IntermediaryClient) -> None:
+        async for frame in client.frames():
+            frames = self._frames.get(frame.key)
+            if frame.header.kind is FrameKind.UNCHANGED:
+                content = self._latest.get(frame.key)
+            else:
+                content = (frame.ids, frame.world_positions())
+            if frames is None or content is None:
+                continue
+            self._latest[frame.key] = content
+            frames[frame.header.epoch] = content
+            while len(frames) > HISTORY:
+                del frames[next(iter(frames))]
