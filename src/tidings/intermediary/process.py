@@ -249,7 +249,9 @@ class Intermediary:
             for key, record in records.items():
                 region = stores.place(record.subscription, snapshot)
                 if isinstance(region, str):
-                    frame = empty_frame(int(snapshot.epoch), self.dim)
+                    frame = empty_frame(
+                        int(snapshot.epoch), self.dim, snapshot.tick, snapshot.tick_time
+                    )
                 else:
                     own = None
                     if isinstance(record.subscription, Relative):

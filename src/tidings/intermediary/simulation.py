@@ -7,14 +7,17 @@ and bounce off the world's walls. Each intermediary connects through its own
 intermediary's relevant set ([134]-[137]: the agents inside the union of its boxes) and
 hands it over as one :class:`~tidings.intermediary.state.UpdateBatch`, with deletions for
 the agents that left the union since the previous batch, so the intermediary's state holds
-exactly the agents its boxes cover. The feed counts the bytes it would send (the ids,
+exactly the agents its boxes cover. Each batch carries the tick it brings the state to and
+the publisher's wall-clock time of that tick (``time.time()`` when :meth:`Simulation.step`
+ended), which every frame generated from it carries on, for the subscribers' staleness. The feed counts the bytes it would send (the ids,
 positions and deletions arrays), for the benchmark's upstream-bandwidth figure.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -33,7 +36,15 @@ class Simulation:
     with random directions and speeds up to ``max_speed`` (units per second); ``seed`` makes
     a run reproducible."""
 
-    def __init__(self, n: int, world: Box, *, max_speed: float = 1.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        n: int,
+        world: Box,
+        *,
+        max_speed: float = 1.0,
+        seed: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_AGENTS:
             raise IntermediaryError(f"simulation: n must be an int in [0, {MAX_AGENTS}], not {n!r}")
         if not isinstance(world, Box):
@@ -56,6 +67,9 @@ class Simulation:
         norms[norms == 0] = 1.0
         self.velocities = direction / norms * (rng.random((n, 1)) * max_speed)
         self.tick = 0
+        #: The wall-clock time (``clock``, Unix seconds) the current tick was computed at.
+        self.tick_time = 0.0
+        self._clock = clock
         self.feeds: list[SimulationFeed] = []
 
     def step(self, dt: float) -> None:
@@ -73,6 +87,7 @@ class Simulation:
         flip = (laps % 2) != 0
         self.velocities = np.where(flip, -self.velocities, self.velocities)
         self.tick += 1
+        self.tick_time = self._clock()
 
     def feed(self) -> SimulationFeed:
         """A new upstream connection for one intermediary (no boxes yet)."""
@@ -137,4 +152,6 @@ class SimulationFeed:
         self._sent = ids
         self.bytes_sent += ids.nbytes + positions.nbytes + gone.nbytes
         self.batches += 1
-        return UpdateBatch(ids=ids, positions=positions, delete=gone)
+        return UpdateBatch(
+            ids=ids, positions=positions, delete=gone, tick=sim.tick, tick_time=sim.tick_time
+        )

@@ -98,6 +98,12 @@ class UpdateBatch:
     positions: npt.ArrayLike | None = None
     columns: Mapping[str, npt.ArrayLike] = field(default_factory=dict)
     delete: npt.ArrayLike = ()
+    #: The publisher's tick this batch brings the state to, and the publisher's wall-clock
+    #: time of that tick (Unix seconds); 0 when the publisher has no ticks. The epoch that
+    #: makes the batch visible carries them, and so does every frame generated from it, so a
+    #: subscriber measures staleness as its receipt time less ``tick_time``.
+    tick: int = 0
+    tick_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -243,11 +249,14 @@ class Snapshot:
     is done, so the store can reuse the buffer instead of copying.
     """
 
-    __slots__ = ("columns", "dim", "epoch", "ids", "positions")
+    __slots__ = ("columns", "dim", "epoch", "ids", "positions", "tick", "tick_time")
 
-    def __init__(self, epoch: int, buffer: _Buffer) -> None:
+    def __init__(self, epoch: int, buffer: _Buffer, tick: int = 0, tick_time: float = 0.0) -> None:
         n = buffer.n
         self.epoch = epoch
+        #: The newest publisher tick (and its wall-clock time) this epoch's state holds.
+        self.tick = tick
+        self.tick_time = tick_time
         self.dim = int(buffer.arrays["positions"].shape[1])
         self.ids = _read_only(buffer.arrays["ids"][:n])
         self.positions = _read_only(buffer.arrays["positions"][:n])
@@ -350,6 +359,8 @@ class StateStore:
         self._active = _Buffer(dim, self._specs, capacity)
         self._inert = _Buffer(dim, self._specs, capacity)
         self._epoch = 0
+        self._tick = (0, 0.0)  # the active epoch's newest publisher tick and its time
+        self._pending_tick = (0, 0.0)  # the same for the batches applied since
         self._log: list[_Ops] = []
         self._write_lock = threading.Lock()
         self._swap_lock = threading.Lock()
@@ -374,7 +385,7 @@ class StateStore:
     def snapshot(self) -> Snapshot:
         """The active state and its epoch, read-only and without a copy."""
         with self._swap_lock:
-            return Snapshot(self._epoch, self._active)
+            return Snapshot(self._epoch, self._active, *self._tick)
 
     def apply(self, batch: UpdateBatch) -> None:
         """Validate ``batch`` and apply it to the inert buffer; it becomes visible at the next
@@ -383,6 +394,8 @@ class StateStore:
             ops = self._validate(batch)
             self._inert.apply(ops)
             self._log.append(ops)
+            if batch.tick >= self._pending_tick[0]:
+                self._pending_tick = (batch.tick, batch.tick_time)
 
     def end_epoch(self) -> int:
         """Make this epoch's updates visible atomically and return the new epoch number.
@@ -394,6 +407,7 @@ class StateStore:
                 old_active = self._active
                 self._active = self._inert
                 self._epoch += 1
+                self._tick = self._pending_tick
                 epoch = self._epoch
             # No snapshot of old_active can start any more; only earlier ones can hold it.
             if _in_use(old_active):
@@ -418,6 +432,13 @@ class StateStore:
     def _validate(self, batch: UpdateBatch) -> _Ops:
         if not isinstance(batch, UpdateBatch):
             raise UsageError(f"apply takes an UpdateBatch, not {type(batch).__name__}")
+        tick, tick_time = batch.tick, batch.tick_time
+        if isinstance(tick, bool) or not isinstance(tick, int) or not 0 <= tick < 2**63:
+            raise UsageError(f"tick must be an int in [0, 2**63), not {tick!r}")
+        if not isinstance(tick_time, (int, float)) or not (
+            np.isfinite(tick_time) and tick_time >= 0
+        ):
+            raise UsageError(f"tick_time must be finite and >= 0, not {tick_time!r}")
         ids = _as_ids(batch.ids, "ids")
         deletes = np.unique(_as_ids(batch.delete, "delete"))
         n = len(ids)
