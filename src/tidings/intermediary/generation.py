@@ -366,9 +366,7 @@ def decode_frame(data: bytes) -> tuple[FrameHeader, np.ndarray, np.ndarray]:
         raise IntermediaryError(
             f"frame: truncated header ({len(data)} bytes, a header has {HEADER.size})"
         )
-    magic, version, kind_value, epoch, count, dim, flags, tick, tick_time = HEADER.unpack_from(
-        data
-    )
+    magic, version, kind_value, epoch, count, dim, flags, tick, tick_time = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise IntermediaryError(f"frame: bad magic {magic!r} (expected {MAGIC!r})")
     if version != VERSION:

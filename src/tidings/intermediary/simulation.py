@@ -9,8 +9,9 @@ hands it over as one :class:`~tidings.intermediary.state.UpdateBatch`, with dele
 the agents that left the union since the previous batch, so the intermediary's state holds
 exactly the agents its boxes cover. Each batch carries the tick it brings the state to and
 the publisher's wall-clock time of that tick (``time.time()`` when :meth:`Simulation.step`
-ended), which every frame generated from it carries on, for the subscribers' staleness. The feed counts the bytes it would send (the ids,
-positions and deletions arrays), for the benchmark's upstream-bandwidth figure.
+ended), which every frame generated from it carries on, for the subscribers' staleness.
+The feed counts the bytes it would send (the ids, positions and deletions arrays), for the
+benchmark's upstream-bandwidth figure.
 """
 
 from __future__ import annotations
