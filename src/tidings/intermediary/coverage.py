@@ -134,8 +134,13 @@ def _check_region(region: object, field: str = "region") -> Region:
 def _overlapping(boxes: Sequence[Box], extent: Box) -> list[Box]:
     """The boxes that share a positive volume with ``extent`` (a box touching it only on a
     face covers none of it: the uncovered rest of a full-dimensional box has volume)."""
-    lo, hi = np.array(extent.lo), np.array(extent.hi)
-    return [b for b in boxes if np.all(np.array(b.lo) < hi) and np.all(np.array(b.hi) > lo)]
+    lo, hi = extent.lo, extent.hi
+    return [
+        b
+        for b in boxes
+        if all(x < y for x, y in zip(b.lo, hi, strict=True))
+        and all(x > y for x, y in zip(b.hi, lo, strict=True))
+    ]
 
 
 def _axes(extent: Box, boxes: Sequence[Box]) -> list[np.ndarray]:

@@ -248,8 +248,12 @@ def generate(
     region: Region,
     caps: Capabilities,
     own_position: Sequence[float] | np.ndarray | None = None,
+    candidates: np.ndarray | None = None,
 ) -> Frame:
     """The frame of ``region``'s view of ``snapshot``, shaped by ``caps`` ([89]-[93]).
+
+    ``candidates``, if given, are the ascending rows that may lie in the region (a superset,
+    e.g. from a :class:`.grid.GridIndex` of this snapshot): only they are tested.
 
     ``region`` is already resolved (a :class:`Relative` one is placed with
     :meth:`Relative.resolve` first). ``own_position`` is the subscriber's own entity's
@@ -276,7 +280,10 @@ def generate(
             "entity's position is not known"
         )
     epoch = int(snapshot.epoch)
-    rows = np.flatnonzero(region.contains(snapshot.positions))
+    if candidates is None:
+        rows = np.flatnonzero(region.contains(snapshot.positions))
+    else:
+        rows = candidates[region.contains(snapshot.positions[candidates])]
     tick, tick_time = int(snapshot.tick), float(snapshot.tick_time)
     if rows.size == 0:
         return empty_frame(epoch, dim, tick, tick_time)

@@ -77,15 +77,16 @@ def _number(field: str, value: object) -> float:
     return number
 
 
-def _within_extent(kind: str, lo: np.ndarray, hi: np.ndarray) -> None:
-    """Refuse a region whose bounding box reaches beyond ``MAX_EXTENT``."""
-    beyond = (lo < -MAX_EXTENT) | (hi > MAX_EXTENT)
-    if beyond.any():
-        axis = int(np.argmax(beyond))
-        raise IntermediaryError(
-            f"{kind}: reaches [{lo[axis]:g}, {hi[axis]:g}] on axis {axis}, beyond the "
-            f"largest allowed extent ±{MAX_EXTENT:g}"
-        )
+def _within_extent(kind: str, lo: Sequence[float], hi: Sequence[float]) -> None:
+    """Refuse a region whose bounding box reaches beyond ``MAX_EXTENT``. (Plain Python on a
+    few numbers: regions are built per subscriber per epoch, and numpy's per-call cost would
+    dominate.)"""
+    for axis, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        if a < -MAX_EXTENT or b > MAX_EXTENT:
+            raise IntermediaryError(
+                f"{kind}: reaches [{a:g}, {b:g}] on axis {axis}, beyond the "
+                f"largest allowed extent ±{MAX_EXTENT:g}"
+            )
 
 
 def _points(points: object, dim: int) -> np.ndarray:
@@ -120,7 +121,7 @@ class Box:
                     f"box.hi[{axis}]: must be greater than box.lo[{axis}] ({b:g} <= {a:g}); "
                     "a box must have a positive size on every axis"
                 )
-        _within_extent("box", np.array(lo), np.array(hi))
+        _within_extent("box", lo, hi)
         object.__setattr__(self, "lo", lo)
         object.__setattr__(self, "hi", hi)
 
@@ -137,9 +138,10 @@ class Box:
         return _in_box(array, np.array(self.lo), np.array(self.hi))
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Box:
-        shift = np.array(_vector("offset", offset, self.dim))
+        shift = _vector("offset", offset, self.dim)
         return Box(
-            tuple((np.array(self.lo) + shift).tolist()), tuple((np.array(self.hi) + shift).tolist())
+            tuple(a + d for a, d in zip(self.lo, shift, strict=True)),
+            tuple(b + d for b, d in zip(self.hi, shift, strict=True)),
         )
 
     def volume(self) -> float:
@@ -159,8 +161,9 @@ class Sphere:
         radius = _number("sphere.radius", self.radius)
         if radius <= 0:
             raise IntermediaryError(f"sphere.radius: must be positive, got {radius:g}")
-        c = np.array(center)
-        _within_extent("sphere", c - radius, c + radius)
+        _within_extent(
+            "sphere", [x - radius for x in center], [x + radius for x in center]
+        )
         object.__setattr__(self, "center", center)
         object.__setattr__(self, "radius", radius)
 
@@ -169,8 +172,8 @@ class Sphere:
         return len(self.center)
 
     def bounds(self) -> Box:
-        c = np.array(self.center)
-        return Box(tuple((c - self.radius).tolist()), tuple((c + self.radius).tolist()))
+        r = self.radius
+        return Box(tuple(x - r for x in self.center), tuple(x + r for x in self.center))
 
     def contains(self, points: np.ndarray) -> np.ndarray:
         array = _points(points, self.dim)
@@ -180,8 +183,8 @@ class Sphere:
         return inside & _in_box(array, np.array(box.lo), np.array(box.hi))
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Sphere:
-        shift = np.array(_vector("offset", offset, self.dim))
-        return Sphere(tuple((np.array(self.center) + shift).tolist()), self.radius)
+        shift = _vector("offset", offset, self.dim)
+        return Sphere(tuple(c + d for c, d in zip(self.center, shift, strict=True)), self.radius)
 
 
 def _unit(field: str, direction: Vector) -> Vector:

@@ -30,9 +30,10 @@ from tidings.intermediary.generation import (
     empty_frame,
     generate,
 )
-from tidings.intermediary.geometry import Box, Relative, parse_region
+from tidings.intermediary.geometry import Box, Region, Relative, parse_region
+from tidings.intermediary.grid import GridIndex
 from tidings.intermediary.scheduling import Scheduler, SubscriberStatus
-from tidings.intermediary.state import StateStore, UpdateBatch
+from tidings.intermediary.state import Snapshot, StateStore, UpdateBatch
 from tidings.intermediary.stores import PublisherStore, SubscriberStore, UpstreamDiff
 
 #: The longest subscription key accepted (it travels in every frame's envelope).
@@ -84,6 +85,7 @@ class Intermediary:
         self.subscriptions = SubscriberStore(dim, policy, world)
         self.scheduler = scheduler if scheduler is not None else Scheduler()
         self.last = LastFrames()
+        self._index: tuple[int, GridIndex] | None = None
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -241,6 +243,10 @@ class Intermediary:
         if not due:
             return []
         snapshot = self.state.snapshot()
+        index = self._grid(snapshot)
+        # Subscribers asking for the same view (region, capabilities, own position) in one
+        # round share one selection and one encoding.
+        made: dict[tuple[Region, Capabilities, tuple[float, ...] | None], Frame] = {}
         served: list[Served] = []
         for subscriber in due:
             records: Mapping[str, stores.SubscriptionRecord] = self.publishers.subscriptions(
@@ -256,6 +262,18 @@ class Intermediary:
                     own = None
                     if isinstance(record.subscription, Relative):
                         own = snapshot.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
-                    frame = generate(snapshot, region, record.capabilities, own)
+                    view = (region, record.capabilities, None if own is None else tuple(own))
+                    frame = made.get(view)  # type: ignore[assignment]
+                    if frame is None:
+                        candidates = index.candidates(region.bounds())
+                        frame = made[view] = generate(
+                            snapshot, region, record.capabilities, own, candidates
+                        )
                 served.append(Served(subscriber, key, self.last.filter((subscriber, key), frame)))
         return served
+
+    def _grid(self, snapshot: Snapshot) -> GridIndex:
+        """The grid index of this epoch's positions, built once per epoch."""
+        if self._index is None or self._index[0] != snapshot.epoch:
+            self._index = (snapshot.epoch, GridIndex(snapshot.positions))
+        return self._index[1]

@@ -24,6 +24,7 @@ import numpy as np
 
 from tidings.errors import IntermediaryError
 from tidings.intermediary.geometry import Box
+from tidings.intermediary.grid import GridIndex
 from tidings.intermediary.state import UpdateBatch
 
 #: The most agents one simulation holds (a bound on memory, not a tuning knob).
@@ -72,6 +73,7 @@ class Simulation:
         self.tick_time = 0.0
         self._clock = clock
         self.feeds: list[SimulationFeed] = []
+        self._index: tuple[int, GridIndex] | None = None
 
     def step(self, dt: float) -> None:
         """Advance ``dt`` seconds: move every agent, reflecting off the walls (a step longer
@@ -89,6 +91,12 @@ class Simulation:
         self.velocities = np.where(flip, -self.velocities, self.velocities)
         self.tick += 1
         self.tick_time = self._clock()
+
+    def index(self) -> GridIndex:
+        """The grid index of this tick's positions (built once per tick, shared by feeds)."""
+        if self._index is None or self._index[0] != self.tick:
+            self._index = (self.tick, GridIndex(self.positions))
+        return self._index[1]
 
     def feed(self) -> SimulationFeed:
         """A new upstream connection for one intermediary (no boxes yet)."""
@@ -137,9 +145,14 @@ class SimulationFeed:
     def relevant(self) -> np.ndarray:
         """The row mask of the agents inside the union of the boxes, now."""
         positions = self.simulation.positions
+        index = self.simulation.index()
         mask = np.zeros(len(positions), dtype=bool)
         for box in self._boxes:
-            mask |= box.contains(positions)
+            rows = index.candidates(box)
+            if rows is None:
+                mask |= box.contains(positions)
+            else:
+                mask[rows[box.contains(positions[rows])]] = True
         return mask
 
     def batch(self) -> UpdateBatch:
