@@ -5,10 +5,10 @@ Run as ``python -m tidings.intermediary.fanout_subscribers`` with a JSON plan on
 first line (``{"subscribers": [{"url", "region", "rate_hz", "capabilities"}, ...]}``). It
 connects and subscribes every subscriber, prints ``ready``, and waits for ``go T0 T1``
 (wall-clock Unix seconds) on stdin. Frames received in ``[T0, T1)`` are counted per
-subscriber, with their staleness (receipt time less the frame's ``tick_time``: the same
-machine clock as the publisher's) and the size of the view the subscriber holds after each
-(what a publisher would have sent it directly). At ``T1`` it prints one JSON line of results
-and exits.
+subscriber (and the time from the first to the last), with their staleness (receipt time
+less the frame's ``tick_time``: the same machine clock as the publisher's) and the size of
+the view the subscriber holds after each (what a publisher would have sent it directly).
+At ``T1`` it prints one JSON line of results and exits.
 
 Only the frame header is read (:data:`.generation.HEADER`): decoding the payload is the
 subscriber's business, not the measurement's, and would make the subscriber processes the
@@ -34,6 +34,8 @@ class Counts:
     """What one subscriber received within the window."""
 
     frames: int = 0
+    first: float = 0.0  # receipt time of the window's first frame
+    last: float = 0.0  # and of its last
     view_entities: int = 0  # summed over the frames: the view held after each
     staleness_ms: list[float] = field(default_factory=list)
     closed: str | None = None
@@ -49,6 +51,9 @@ def _count(message: bytes, counts: Counts, held: int, t0: float, t1: float) -> i
     elif kind == FrameKind.EMPTY:
         held = 0
     if t0 <= now < t1:
+        if not counts.frames:
+            counts.first = now
+        counts.last = now
         counts.frames += 1
         counts.view_entities += held
         if tick_time > 0:
@@ -106,12 +111,9 @@ async def main() -> None:
     plan = json.loads(await reader.readline())
     window: asyncio.Future[tuple[float, float]] = loop.create_future()
     counts = [Counts() for _ in plan["subscribers"]]
-    sockets = await asyncio.gather(
-        *(_subscriber(p) for p in plan["subscribers"])
-    )
+    sockets = await asyncio.gather(*(_subscriber(p) for p in plan["subscribers"]))
     tasks = [
-        asyncio.create_task(_receive(ws, c, window))
-        for ws, c in zip(sockets, counts, strict=True)
+        asyncio.create_task(_receive(ws, c, window)) for ws, c in zip(sockets, counts, strict=True)
     ]
     print("ready", flush=True)
     _, t0, t1 = (await reader.readline()).decode().split()
@@ -119,6 +121,7 @@ async def main() -> None:
     await asyncio.sleep(max(0.0, float(t1) - time.time()) + 0.05)
     result = {
         "frames": [c.frames for c in counts],
+        "spans": [c.last - c.first for c in counts],
         "view_entities": [c.view_entities for c in counts],
         "staleness_ms": [s for c in counts for s in c.staleness_ms],
         "closed": [c.closed for c in counts if c.closed is not None],

@@ -149,6 +149,15 @@ class Box:
         return float(np.prod(np.array(self.hi) - np.array(self.lo)))
 
 
+def _derived_box(lo: Vector, hi: Vector) -> Box:
+    """A box computed from a region that was validated already (its bounds), built without
+    validating again: that costs more than the rest of a view's selection, per view."""
+    box = object.__new__(Box)
+    object.__setattr__(box, "lo", lo)
+    object.__setattr__(box, "hi", hi)
+    return box
+
+
 @dataclass(frozen=True)
 class Sphere:
     """All points within ``radius`` of ``center`` (a disc in 2D), boundary included."""
@@ -161,9 +170,7 @@ class Sphere:
         radius = _number("sphere.radius", self.radius)
         if radius <= 0:
             raise IntermediaryError(f"sphere.radius: must be positive, got {radius:g}")
-        _within_extent(
-            "sphere", [x - radius for x in center], [x + radius for x in center]
-        )
+        _within_extent("sphere", [x - radius for x in center], [x + radius for x in center])
         object.__setattr__(self, "center", center)
         object.__setattr__(self, "radius", radius)
 
@@ -173,14 +180,15 @@ class Sphere:
 
     def bounds(self) -> Box:
         r = self.radius
-        return Box(tuple(x - r for x in self.center), tuple(x + r for x in self.center))
+        return _derived_box(tuple(x - r for x in self.center), tuple(x + r for x in self.center))
 
     def contains(self, points: np.ndarray) -> np.ndarray:
         array = _points(points, self.dim)
-        box = self.bounds()
-        offsets = array - np.array(self.center)
+        center = np.array(self.center)
+        offsets = array - center
         inside = np.einsum("ij,ij->i", offsets, offsets) <= self.radius * self.radius
-        return inside & _in_box(array, np.array(box.lo), np.array(box.hi))
+        # The bounding-box test on the same numbers bounds() gives (see the module doc).
+        return inside & _in_box(array, center - self.radius, center + self.radius)
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Sphere:
         shift = _vector("offset", offset, self.dim)

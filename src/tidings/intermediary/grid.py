@@ -12,7 +12,8 @@ it, ascending (the state store's id order, which frames keep).
 Cell size: about :data:`ENTITIES_PER_CELL` entities per cell on average over the positions'
 bounding box, so a typical view touches a handful of cells. A box touching more than
 :data:`MAX_SLICES` runs of cells is answered with None ("test them all"): for a region
-larger than a good part of the world, the full vectorised pass is as cheap.
+larger than a good part of the world, the full vectorised pass is as cheap; so is one
+touching more than :data:`FULL_PASS` of the cells.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from tidings.intermediary.geometry import Box
 ENTITIES_PER_CELL = 8
 #: The most runs of cells (rows of the grid along its last axis) one query gathers.
 MAX_SLICES = 256
+#: A box touching more than this share of the cells gets None: gathering and sorting most
+#: of the rows costs more than one vectorised pass over all of them.
+FULL_PASS = 0.25
 
 
 class GridIndex:
@@ -51,6 +55,7 @@ class GridIndex:
         keys = np.ravel_multi_index(tuple(coords.T), tuple(self._shape)) if n else coords[:, 0]
         self._order = np.argsort(keys, kind="stable")
         self._starts = np.searchsorted(keys[self._order], np.arange(int(np.prod(self._shape)) + 1))
+        self._cells = int(np.prod(self._shape))
         self._origin = [float(x) for x in self._lo]
         self._top = [int(x) - 1 for x in self._shape]
         # The key stride of every axis but the last (row-major, as ravel_multi_index).
@@ -75,7 +80,8 @@ class GridIndex:
                 return empty
             span.append((max(first, 0), min(last, top)))
         outer = [range(first, last + 1) for first, last in span[:-1]]
-        if math.prod(len(r) for r in outer) > MAX_SLICES:
+        runs = math.prod(len(r) for r in outer)
+        if runs > MAX_SLICES or runs * (span[-1][1] - span[-1][0] + 1) > self._cells * FULL_PASS:
             return None
         first, last = span[-1]
         starts, order = self._starts, self._order
