@@ -34,6 +34,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
+
 from tidings.errors import IntermediaryError
 from tidings.intermediary import coverage
 from tidings.intermediary.coverage import UpstreamPolicy
@@ -348,13 +350,26 @@ class SubscriberStore:
         self._stale = False
         return diff
 
+    def _inside_one_box(self, regions: Sequence[Region]) -> list[bool]:
+        """Whether each region's bounding box lies inside one upstream box: one vectorised
+        test for every moving region (most are, most epochs), so only the rest pay for the
+        exact :func:`coverage.covers`."""
+        if not regions or not self._boxes:
+            return [False] * len(regions)
+        bounds = [region.bounds() for region in regions]
+        rlo, rhi = np.array([b.lo for b in bounds]), np.array([b.hi for b in bounds])
+        blo = np.array([b.lo for b in self._boxes])
+        bhi = np.array([b.hi for b in self._boxes])
+        inside = (blo[None] <= rlo[:, None]) & (rhi[:, None] <= bhi[None])
+        return inside.all(axis=2).any(axis=1).tolist()
+
     def track(self, live_regions: Sequence[Region]) -> UpstreamDiff:
         """Cover every live region that is not covered any more (a relative subscription
         follows its entity): the subscribe path for each, the diffs combined."""
         before = list(self._boxes)
-        for region in live_regions:
-            region = self._check(region)
-            if not coverage.covers(self._boxes, region):
+        regions = [self._check(region) for region in live_regions]
+        for region, inside_one in zip(regions, self._inside_one_box(regions), strict=True):
+            if not inside_one and not coverage.covers(self._boxes, region):
                 self.subscribe(region)
         old, kept = set(before), set(self._boxes)
         return UpstreamDiff(
@@ -442,7 +457,10 @@ def unsubscribe_request(
 def replan(
     publishers: PublisherStore, upstream: SubscriberStore, snapshot: Snapshot | None
 ) -> UpstreamDiff:
-    """Re-plan the upstream set over the live regions placed at ``snapshot`` (if stale)."""
+    """Re-plan the upstream set over the live regions placed at ``snapshot`` (if stale; the
+    regions are not even placed otherwise: this runs every epoch)."""
+    if not upstream.stale:
+        return UpstreamDiff([], [])
     return upstream.replan(publishers.live_regions(snapshot).only_regions())
 
 
