@@ -52,10 +52,13 @@ class GridIndex:
             self._cell = float((np.prod(extent) / cells) ** (1 / dim))
             self._shape = np.floor(extent / self._cell).astype(np.int64) + 1
         coords = self._coords(positions)
-        keys = np.ravel_multi_index(tuple(coords.T), tuple(self._shape)) if n else coords[:, 0]
-        self._order = np.argsort(keys, kind="stable")
-        self._starts = np.searchsorted(keys[self._order], np.arange(int(np.prod(self._shape)) + 1))
         self._cells = int(np.prod(self._shape))
+        keys = np.ravel_multi_index(tuple(coords.T), tuple(self._shape)) if n else coords[:, 0]
+        if self._cells <= 1 << 16:
+            keys = keys.astype(np.uint16)  # numpy sorts 16-bit keys by radix: ~9x faster
+        self._order = np.argsort(keys, kind="stable")
+        counts = np.bincount(keys, minlength=self._cells)
+        self._starts = np.concatenate(([0], np.cumsum(counts)))
         self._origin = [float(x) for x in self._lo]
         self._top = [int(x) - 1 for x in self._shape]
         # The key stride of every axis but the last (row-major, as ravel_multi_index).

@@ -203,9 +203,12 @@ class Intermediary:
         epoch = self.state.end_epoch()
         snapshot = self.state.snapshot()
         self._push(stores.replan(self.publishers, self.subscriptions, snapshot))
-        placed = self.publishers.live_regions(snapshot)
+        # Only relative regions move; placing every region each epoch cost more than the rest.
         moving = [
-            region for record, region in placed.regions if isinstance(record.subscription, Relative)
+            region
+            for record in self.publishers.records()
+            if isinstance(record.subscription, Relative)
+            and not isinstance(region := stores.place(record.subscription, snapshot), str)
         ]
         if moving:
             self._push(self.subscriptions.track(moving))
