@@ -163,8 +163,9 @@ def markdown(result: dict[str, Any], quick: bool) -> str:
         f"{c['subscribers']:,} subscribers in {c['processes']} processes, {c['entities']:,} "
         f"agents (2D, world {c['world_size']:g}², max speed {c['max_speed']:g}/s) at "
         f"{c['tick_hz']:g} Hz; {c['intermediaries']} intermediaries in the publisher's process; "
-        f"each subscriber a sphere of radius {c['radius']:g} near one of {c['hotspots']} "
-        f"hotspots ({c['relative_share']:.0%} following an agent), asking {c['rate_hz']:g} Hz, "
+        f"each subscriber a sphere of radius {c['radius']:g} about {c['spread']:g} from one of "
+        f"{c['hotspots']} hotspots ({c['relative_share']:.0%} following an agent), asking "
+        f"{c['rate_hz']:g} Hz, "
         f"float32. Window {c['duration_s']:g} s after {c['warmup_s']:g} s of warm-up.",
         "",
         "| figure | value | goal |",

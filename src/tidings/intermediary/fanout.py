@@ -9,10 +9,13 @@ more tier processes would only contend with them; and in-process feeds count the
 bytes exactly. The **subscribers** run in ``processes`` child processes
 (:mod:`.fanout_subscribers`), each holding many WebSocket connections, one subscriber each.
 
-Where subscribers look: around ``hotspots`` places (players gather where something happens),
-each a sphere of ``radius`` at a place drawn near its hotspot, or (``relative_share`` of
-them) around the agent nearest that place, moving with it. Responsibility is by region: a
-hotspot belongs to one intermediary, and its subscribers connect there.
+Where subscribers look: around ``hotspots`` places (viewers gather where something happens:
+the patent's case, many subscribers wanting overlapping views), each a sphere of ``radius``
+at a place drawn ``spread`` (normal) from its hotspot, or (``relative_share`` of them) around
+the agent nearest that place, moving with it. The upstream saving is the views' overlap: the
+tier's upstream over the direct bytes is about the union of the views over their sum.
+Responsibility is by region: a hotspot belongs to one intermediary, and its subscribers
+connect there.
 
 Figures, over a window of ``duration_s`` after ``warmup_s``:
 
@@ -75,13 +78,15 @@ class FanoutConfig:
     duration_s: float = 10.0
     warmup_s: float = 3.0
     world_size: float = 1000.0
-    hotspots: int = 20
+    hotspots: int = 5
     radius: float = 20.0
+    #: How far (standard deviation) a subscriber's place lies from its hotspot.
+    spread: float = 10.0
     relative_share: float = 0.25
     max_speed: float = 5.0
     #: Upstream boxes are grown by this (claim 2's neighbourhood), so a moving view stays
     #: covered for a while instead of asking upstream again every epoch.
-    upstream_margin: float = 20.0
+    upstream_margin: float = 10.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -89,7 +94,7 @@ class FanoutConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise IntermediaryError(f"fanout: {name} must be an integer >= 1, not {value!r}")
-        for name in ("tick_hz", "rate_hz", "duration_s", "world_size", "radius"):
+        for name in ("tick_hz", "rate_hz", "duration_s", "world_size", "radius", "spread"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise IntermediaryError(f"fanout: {name} must be a number > 0, not {value!r}")
@@ -147,7 +152,7 @@ def plan_subscribers(
     plans: list[dict[str, Any]] = []
     for i in range(config.subscribers):
         hotspot = i % config.hotspots
-        place = np.clip(centres[hotspot] + rng.normal(0, config.radius, sim.dim), 0, size)
+        place = np.clip(centres[hotspot] + rng.normal(0, config.spread, sim.dim), 0, size)
         if rng.random() < config.relative_share:
             agent = int(np.argmin(np.sum((sim.positions - place) ** 2, axis=1)))
             region = {

@@ -97,8 +97,16 @@ def _points(points: object, dim: int) -> np.ndarray:
     return array
 
 
-def _in_box(points: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    return np.all((points >= lo) & (points <= hi), axis=1)
+def _in_box(
+    points: np.ndarray, lo: Sequence[float] | np.ndarray, hi: Sequence[float] | np.ndarray
+) -> np.ndarray:
+    """``lo <= p <= hi`` on every axis, a column at a time (a reduction along rows of 2 or 3
+    costs several times more on the few hundred points of a view)."""
+    inside = (points[:, 0] >= lo[0]) & (points[:, 0] <= hi[0])
+    for axis in range(1, points.shape[1]):
+        column = points[:, axis]
+        inside &= (column >= lo[axis]) & (column <= hi[axis])
+    return inside
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,7 @@ class Box:
     def contains(self, points: np.ndarray) -> np.ndarray:
         """Which of the ``(N, dim)`` points lie in the box (boundary included)."""
         array = _points(points, self.dim)
-        return _in_box(array, np.array(self.lo), np.array(self.hi))
+        return _in_box(array, self.lo, self.hi)
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Box:
         shift = _vector("offset", offset, self.dim)
@@ -188,7 +196,10 @@ class Sphere:
         offsets = array - center
         inside = np.einsum("ij,ij->i", offsets, offsets) <= self.radius * self.radius
         # The bounding-box test on the same numbers bounds() gives (see the module doc).
-        return inside & _in_box(array, center - self.radius, center + self.radius)
+        r = self.radius
+        return inside & _in_box(
+            array, [x - r for x in self.center], [x + r for x in self.center]
+        )
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Sphere:
         shift = _vector("offset", offset, self.dim)

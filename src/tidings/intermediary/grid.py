@@ -58,7 +58,8 @@ class GridIndex:
             keys = keys.astype(np.uint16)  # numpy sorts 16-bit keys by radix: ~9x faster
         self._order = np.argsort(keys, kind="stable")
         counts = np.bincount(keys, minlength=self._cells)
-        self._starts = np.concatenate(([0], np.cumsum(counts)))
+        # A list: indexed a few times per query, where numpy's scalar indexing costs more.
+        self._starts: list[int] = [0, *np.cumsum(counts).tolist()]
         self._origin = [float(x) for x in self._lo]
         self._top = [int(x) - 1 for x in self._shape]
         # The key stride of every axis but the last (row-major, as ravel_multi_index).
@@ -91,7 +92,7 @@ class GridIndex:
         slices = []
         for cell in itertools.product(*outer):
             base = sum(c * stride for c, stride in zip(cell, self._strides, strict=True))
-            begin, end = int(starts[base + first]), int(starts[base + last + 1])
+            begin, end = starts[base + first], starts[base + last + 1]
             if end > begin:
                 slices.append(order[begin:end])
         if not slices:
