@@ -197,9 +197,7 @@ class Sphere:
         inside = np.einsum("ij,ij->i", offsets, offsets) <= self.radius * self.radius
         # The bounding-box test on the same numbers bounds() gives (see the module doc).
         r = self.radius
-        return inside & _in_box(
-            array, [x - r for x in self.center], [x + r for x in self.center]
-        )
+        return inside & _in_box(array, [x - r for x in self.center], [x + r for x in self.center])
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Sphere:
         shift = _vector("offset", offset, self.dim)

@@ -34,11 +34,10 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-import numpy as np
-
 from tidings.errors import IntermediaryError
 from tidings.intermediary import coverage
 from tidings.intermediary.coverage import UpstreamPolicy
+from tidings.intermediary.coveredcells import CoveredCells
 from tidings.intermediary.generation import Capabilities
 from tidings.intermediary.geometry import Box, Region, Relative, Sector, Sphere, Subscription
 from tidings.intermediary.scheduling import DEFAULT_MAX_PRIORITY
@@ -282,6 +281,7 @@ class SubscriberStore:
         self.world = world
         self._boxes: list[Box] = []
         self._stale = False
+        self._covered: tuple[tuple[Box, ...], CoveredCells] | None = None
 
     @property
     def boxes(self) -> tuple[Box, ...]:
@@ -350,26 +350,24 @@ class SubscriberStore:
         self._stale = False
         return diff
 
-    def _inside_one_box(self, regions: Sequence[Region]) -> list[bool]:
-        """Whether each region's bounding box lies inside one upstream box: one vectorised
-        test for every moving region (most are, most epochs), so only the rest pay for the
-        exact :func:`coverage.covers`."""
-        if not regions or not self._boxes:
-            return [False] * len(regions)
-        bounds = [region.bounds() for region in regions]
-        rlo, rhi = np.array([b.lo for b in bounds]), np.array([b.hi for b in bounds])
-        blo = np.array([b.lo for b in self._boxes])
-        bhi = np.array([b.hi for b in self._boxes])
-        inside = (blo[None] <= rlo[:, None]) & (rhi[:, None] <= bhi[None])
-        return inside.all(axis=2).any(axis=1).tolist()
+    def _cells(self) -> CoveredCells:
+        """The quick coverage index of the current boxes (rebuilt when they change)."""
+        boxes = tuple(self._boxes)
+        if self._covered is None or self._covered[0] != boxes:
+            self._covered = (boxes, CoveredCells(boxes))
+        return self._covered[1]
 
     def track(self, live_regions: Sequence[Region]) -> UpstreamDiff:
         """Cover every live region that is not covered any more (a relative subscription
         follows its entity): the subscribe path for each, the diffs combined."""
         before = list(self._boxes)
-        regions = [self._check(region) for region in live_regions]
-        for region, inside_one in zip(regions, self._inside_one_box(regions), strict=True):
-            if not inside_one and not coverage.covers(self._boxes, region):
+        for region in live_regions:
+            region = self._check(region)
+            # Most moving regions are still well inside the upstream set: the quick,
+            # conservative test answers them; the rest get the exact one.
+            if self._cells().covers(region.bounds()):
+                continue
+            if not coverage.covers(self._boxes, region):
                 self.subscribe(region)
         old, kept = set(before), set(self._boxes)
         return UpstreamDiff(
