@@ -147,7 +147,8 @@ class SimulationFeed:
         positions = self.simulation.positions
         index = self.simulation.index()
         mask = np.zeros(len(positions), dtype=bool)
-        for box in self._boxes:
+        # A copy: the intermediary may subscribe from another thread meanwhile.
+        for box in tuple(self._boxes):
             rows = index.candidates(box)
             if rows is None:
                 mask |= box.contains(positions)
