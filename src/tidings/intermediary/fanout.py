@@ -323,6 +323,10 @@ async def run_fanout(
         for child in children:
             assert child.stdout is not None
             line = await asyncio.wait_for(child.stdout.readline(), READY_TIMEOUT_S)
+            if not line:
+                raise IntermediaryError(
+                    f"fanout: subscriber process {child.pid} ended without its results"
+                )
             results.append(json.loads(line))
     finally:
         for child in children:
