@@ -50,6 +50,7 @@ from tidings.errors import IntermediaryError
 from tidings.intermediary.coverage import UpstreamPolicy
 from tidings.intermediary.geometry import Box
 from tidings.intermediary.process import Intermediary
+from tidings.intermediary.scheduling import Scheduler
 from tidings.intermediary.simulation import Simulation, SimulationFeed
 from tidings.intermediary.state import UpdateBatch
 from tidings.intermediary.transport import IntermediaryServer, TransportLimits
@@ -194,7 +195,10 @@ class Tier:
             feed = self.sim.feed()
             pending: list[UpdateBatch] = []
             policy = UpstreamPolicy.margin(self.config.upstream_margin)
-            node = Intermediary(2, feed, world=self.world, policy=policy)
+            # Served when new state arrives ([89]'s "state updated" trigger), at most at the
+            # asked rate: a frame leaves right after its epoch rather than up to a period later.
+            scheduler = Scheduler(per_epoch=True)
+            node = Intermediary(2, feed, world=self.world, policy=policy, scheduler=scheduler)
             server = IntermediaryServer(
                 node,
                 source=self._source(pending),
