@@ -7,7 +7,8 @@ its docstring says what runs where and how each figure is taken). This script ru
 issue's size, records the CPU other processes took meanwhile (a loaded run is marked), then
 searches for the largest subscriber count that still holds the goals (staleness p99 <=
 200 ms and every subscriber at >= 95 % of its asked rate, none disconnected): doubling from
-the full size while it holds, halving while it does not, then two bisection steps. It
+the full size while it holds, halving while it does not, then bisection; a run that fails
+while other processes took over a quarter of the cores is measured once more. It
 writes ``bench/results/fanout.json`` and ``bench/results/fanout.md``.
 """
 
@@ -45,6 +46,9 @@ SEARCH_S = {"full": 5.0, "quick": 1.0}
 SEARCH_MAX = 16_000
 SEARCH_MIN = 10
 SEARCH_RUNS = {"full": 6, "quick": 2}
+#: A search run that fails while other processes took more than this share of the cores is
+#: measured once more (this machine is shared; one loaded window should not end the search).
+RETRY_SHARE = 0.25
 GOALS: dict[str, dict[str, Any]] = {
     "staleness_p99_ms": {"max": 200.0},
     "min_rate_fraction": {"min": 0.95},
@@ -90,6 +94,9 @@ async def search(base: FanoutConfig, first: FanoutResult, runs: int) -> tuple[in
             break
         config = replace(base, subscribers=count, processes=min(base.processes, count))
         result, other = await measure(config)
+        if not result.holds() and other > RETRY_SHARE:
+            say(f"others took {other:.0%} of the cores: measuring {count} once more")
+            result, other = await measure(config)
         tried.append(
             {
                 "subscribers": count,
