@@ -258,9 +258,10 @@ def _pss() -> int:
 
 
 async def _start_subscribers(
-    plans: list[dict[str, Any]], processes: int
-) -> list[asyncio.subprocess.Process]:
-    children = []
+    plans: list[dict[str, Any]], processes: int, children: list[asyncio.subprocess.Process]
+) -> None:
+    """Start the subscriber processes into ``children`` (the caller's, so it ends even those
+    started before one failed) and wait until each has subscribed everyone."""
     for part in range(processes):
         mine = plans[part::processes]
         if not mine:
@@ -281,7 +282,6 @@ async def _start_subscribers(
         line = await asyncio.wait_for(child.stdout.readline(), READY_TIMEOUT_S)
         if line.strip() != b"ready":
             raise IntermediaryError(f"fanout: a subscriber process did not start: {line!r}")
-    return children
 
 
 def _cpu(pids: list[psutil.Process]) -> float:
@@ -305,7 +305,7 @@ async def run_fanout(
         await asyncio.sleep(2 / config.tick_hz)
         pss0 = _pss()
         plans = plan_subscribers(config, tier.sim, urls)
-        children = await _start_subscribers(plans, config.processes)
+        await _start_subscribers(plans, config.processes, children)
         procs = [psutil.Process(child.pid) for child in children]
         # The tier's long-lived objects (state, stores, a thousand connections) out of the
         # cyclic collector's reach: a full collection over them held the event loop for
