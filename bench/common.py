@@ -50,11 +50,13 @@ def say(message: str) -> None:
     print(f"[{runtime_s():7.1f}s] {message}", flush=True)
 
 
-def write_report(name: str, result: dict[str, Any], markdown: str) -> tuple[Path, Path]:
+def write_report(
+    name: str, result: dict[str, Any], markdown: str, folder: Path = RESULTS
+) -> tuple[Path, Path]:
     """Write ``results/<name>.json`` (for comparing runs) and ``results/<name>.md`` (for
-    reading, and the README's figures); returns both paths."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
+    reading, and the README's figures), or into ``folder``; returns both paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = folder / f"{name}.json", folder / f"{name}.md"
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     md_path.write_text(markdown)
     return json_path, md_path

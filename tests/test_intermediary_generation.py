@@ -280,7 +280,7 @@ def test_every_truncation_is_refused(compress: bool, relative: bool) -> None:
 def _with_header(data: bytes, **fields: int) -> bytes:
     values = dict(
         zip(
-            ("magic", "version", "kind", "epoch", "count", "dim", "flags"),
+            ("magic", "version", "kind", "epoch", "count", "dim", "flags", "tick", "tick_time"),
             HEADER.unpack_from(data),
             strict=True,
         )
@@ -310,18 +310,18 @@ def test_garbled_frames_are_refused_naming_the_problem() -> None:
 
 
 def test_non_finite_positions_and_origin_are_refused() -> None:
-    header = HEADER.pack(b"TDGF", 1, 1, 0, 1, 2, 0)
+    header = HEADER.pack(b"TDGF", 2, 1, 0, 1, 2, 0, 0, 0.0)
     bad = header + struct.pack("<q", 1) + struct.pack("<2d", 1.0, math.inf)
     with pytest.raises(IntermediaryError, match="non-finite"):
         decode_frame(bad)
-    header = HEADER.pack(b"TDGF", 1, 1, 0, 1, 2, 0x02)
+    header = HEADER.pack(b"TDGF", 2, 1, 0, 1, 2, 0x02, 0, 0.0)
     bad = header + struct.pack("<2d", math.nan, 0) + struct.pack("<q", 1) + bytes(16)
     with pytest.raises(IntermediaryError, match="origin is not finite"):
         decode_frame(bad)
 
 
 def test_a_compression_bomb_is_bounded_by_the_announced_size() -> None:
-    header = HEADER.pack(b"TDGF", 1, 1, 0, 1, 2, 0x04)
+    header = HEADER.pack(b"TDGF", 2, 1, 0, 1, 2, 0x04, 0, 0.0)
     bomb = header + zlib.compress(bytes(50_000_000), 9)
     with pytest.raises(IntermediaryError, match="holds more than the 24 bytes"):
         decode_frame(bomb)

@@ -193,3 +193,21 @@ def test_a_subscription_upstream_did_not_take_is_undone() -> None:
     again = node.subscribe("a", "k", SMALL)  # the stores say what upstream holds: retried
     assert not again.covered and feed.boxes == node.subscriptions.boxes
     assert covers(list(feed.boxes), Sphere((30.0, 40.0), 15.0))
+
+
+def test_every_frame_carries_the_publishers_tick_and_its_wall_clock_time() -> None:
+    """Staleness needs the tick's time at the subscriber: VIEW, UNCHANGED and EMPTY frames
+    all carry the newest tick their epoch holds, and the time the publisher stamped it."""
+    times = iter(1000.0 + 0.1 * i for i in range(100))
+    sim = Simulation(300, WORLD, max_speed=0.0, seed=1, clock=lambda: next(times))
+    node = Intermediary(2, sim.feed(), world=WORLD, scheduler=Scheduler())
+    node.subscribe("a", "k", SMALL, rate_hz=1000)
+    node.subscribe("e", "k", {"box": {"lo": [0, 0], "hi": [1e-9, 1e-9]}}, rate_hz=1000)
+    kinds: set[FrameKind] = set()
+    for step in range(1, 4):
+        tick(sim, node)
+        for served in node.round(float(step), budget=10):
+            header, _, _ = decode_frame(served.frame.data)
+            kinds.add(header.kind)
+            assert (header.tick, header.tick_time) == (step, 1000.0 + 0.1 * (step - 1))
+    assert kinds == {FrameKind.VIEW, FrameKind.UNCHANGED, FrameKind.EMPTY}

@@ -1,12 +1,13 @@
 """The ``tidings`` command line, one module per part: :mod:`.pipeline` (demo, relay,
 replay, housekeep, status, routes), :mod:`.events` (incomplete events), :mod:`.server`,
-:mod:`.streams` (consume, streams) and :mod:`.config` (config check, config schema).
+:mod:`.streams` (consume, streams), :mod:`.fanout` (fanout-demo) and :mod:`.config` (config
+check, config schema).
 
 Commands import what they run inside their bodies, so that ``tidings --help`` and a quick
 command do not pay for Spark, SQLAlchemy or the server.
 """
 
-from tidings.cli import config, events, pipeline, server, streams
+from tidings.cli import config, events, fanout, pipeline, server, streams
 from tidings.cli.common import app
 
-__all__ = ["app", "config", "events", "pipeline", "server", "streams"]
+__all__ = ["app", "config", "events", "fanout", "pipeline", "server", "streams"]

@@ -134,8 +134,19 @@ def _check_region(region: object, field: str = "region") -> Region:
 def _overlapping(boxes: Sequence[Box], extent: Box) -> list[Box]:
     """The boxes that share a positive volume with ``extent`` (a box touching it only on a
     face covers none of it: the uncovered rest of a full-dimensional box has volume)."""
-    lo, hi = np.array(extent.lo), np.array(extent.hi)
-    return [b for b in boxes if np.all(np.array(b.lo) < hi) and np.all(np.array(b.hi) > lo)]
+    if len(boxes) < 8:
+        lo, hi = extent.lo, extent.hi
+        return [
+            b
+            for b in boxes
+            if all(x < y for x, y in zip(b.lo, hi, strict=True))
+            and all(x > y for x, y in zip(b.hi, lo, strict=True))
+        ]
+    # One vectorised test for many boxes (an intermediary holds up to max_boxes of them).
+    blo = np.array([b.lo for b in boxes])
+    bhi = np.array([b.hi for b in boxes])
+    hit = ((blo < np.array(extent.hi)) & (bhi > np.array(extent.lo))).all(axis=1)
+    return [boxes[i] for i in np.flatnonzero(hit)]
 
 
 def _axes(extent: Box, boxes: Sequence[Box]) -> list[np.ndarray]:

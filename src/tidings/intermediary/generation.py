@@ -15,7 +15,7 @@ Frame layout (all little-endian; :data:`HEADER` is the fixed part):
 offset  size  field      meaning
 ======  ====  =========  ==============================================================
 0       4     magic      ``b"TDGF"``
-4       1     version    1
+4       1     version    2 (version 1 had no tick fields: 20-byte header)
 5       1     kind       1 = VIEW (entities follow), 2 = EMPTY (the view is empty, [139]),
                          3 = UNCHANGED (same ids and positions as this subscriber's
                          previous frame)
@@ -25,14 +25,18 @@ offset  size  field      meaning
 19      1     flags      bit 0 float32 positions (else float64), bit 1 relative
                          coordinates, bit 2 zlib-compressed payload, bit 3 truncated to
                          the subscriber's ``max_entities``; other bits must be 0
-20      8*dim origin     only with the relative flag: the float64 position the
+20      8     tick       u64, the newest publisher tick the epoch's state holds (0: none)
+28      8     tick_time  f64, the publisher's wall-clock time of that tick (Unix seconds;
+                         0: unknown); staleness = receipt time - tick_time
+36      8*dim origin     only with the relative flag: the float64 position the
                          coordinates are relative to (the subscriber's own entity)
 ..      ..    payload    ``count`` ids (int64), then ``count * dim`` positions (float32 or
                          float64, row-major); the whole payload zlib-compressed when
                          flag bit 2 is set
 ======  ====  =========  ==============================================================
 
-EMPTY and UNCHANGED frames carry no origin and no payload: 20 bytes. Ids are ascending (the
+EMPTY and UNCHANGED frames carry no origin and no payload: 36 bytes (with the tick, so
+a still scene still tells its staleness). Ids are ascending (the
 state store's order). When the selection exceeds ``max_entities``, the entities nearest to
 the subscriber's own position (or to the middle of its region) are kept, and the frame says
 so (flag bit 3) rather than silently cutting.
@@ -61,9 +65,9 @@ from tidings.intermediary.geometry import Box, Region, Relative, Sector, Sphere
 from tidings.intermediary.state import Snapshot
 
 MAGIC = b"TDGF"
-VERSION = 1
-#: The fixed header: magic, version, kind, epoch, count, dim, flags.
-HEADER = struct.Struct("<4sBBQIBB")
+VERSION = 2
+#: The fixed header: magic, version, kind, epoch, count, dim, flags, tick, tick_time.
+HEADER = struct.Struct("<4sBBQIBBQd")
 
 FLAG_FLOAT32 = 0x01
 FLAG_RELATIVE = 0x02
@@ -155,6 +159,8 @@ class FrameHeader:
     dim: int
     flags: int
     origin: tuple[float, ...] | None = None
+    tick: int = 0
+    tick_time: float = 0.0
 
     @property
     def float32(self) -> bool:
@@ -183,25 +189,30 @@ class Frame:
     count: int
     data: bytes
     digest: bytes
+    tick: int = 0
+    tick_time: float = 0.0
 
     def __len__(self) -> int:
         return len(self.data)
 
 
-def _header(kind: FrameKind, epoch: int, count: int, dim: int, flags: int) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, int(kind), epoch, count, dim, flags)
+def _header(
+    kind: FrameKind, epoch: int, count: int, dim: int, flags: int, tick: int, tick_time: float
+) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, int(kind), epoch, count, dim, flags, tick, tick_time)
 
 
-def empty_frame(epoch: int, dim: int) -> Frame:
+def empty_frame(epoch: int, dim: int, tick: int = 0, tick_time: float = 0.0) -> Frame:
     """The explicit "the view is empty" frame ([139])."""
-    data = _header(FrameKind.EMPTY, epoch, 0, dim, 0)
-    return Frame(FrameKind.EMPTY, epoch, 0, data, _digest(FrameKind.EMPTY, 0, b"", b""))
+    data = _header(FrameKind.EMPTY, epoch, 0, dim, 0, tick, tick_time)
+    digest = _digest(FrameKind.EMPTY, 0, b"", b"")
+    return Frame(FrameKind.EMPTY, epoch, 0, data, digest, tick, tick_time)
 
 
-def unchanged_frame(epoch: int, dim: int) -> Frame:
+def unchanged_frame(epoch: int, dim: int, tick: int = 0, tick_time: float = 0.0) -> Frame:
     """The "same as your previous frame" frame; its digest is that previous frame's."""
-    data = _header(FrameKind.UNCHANGED, epoch, 0, dim, 0)
-    return Frame(FrameKind.UNCHANGED, epoch, 0, data, b"")
+    data = _header(FrameKind.UNCHANGED, epoch, 0, dim, 0, tick, tick_time)
+    return Frame(FrameKind.UNCHANGED, epoch, 0, data, b"", tick, tick_time)
 
 
 def _digest(kind: FrameKind, flags: int, origin: bytes, payload: bytes) -> bytes:
@@ -237,8 +248,12 @@ def generate(
     region: Region,
     caps: Capabilities,
     own_position: Sequence[float] | np.ndarray | None = None,
+    candidates: np.ndarray | None = None,
 ) -> Frame:
     """The frame of ``region``'s view of ``snapshot``, shaped by ``caps`` ([89]-[93]).
+
+    ``candidates``, if given, are the ascending rows that may lie in the region (a superset,
+    e.g. from a :class:`.grid.GridIndex` of this snapshot): only they are tested.
 
     ``region`` is already resolved (a :class:`Relative` one is placed with
     :meth:`Relative.resolve` first). ``own_position`` is the subscriber's own entity's
@@ -265,9 +280,13 @@ def generate(
             "entity's position is not known"
         )
     epoch = int(snapshot.epoch)
-    rows = np.flatnonzero(region.contains(snapshot.positions))
+    if candidates is None:
+        rows = np.flatnonzero(region.contains(snapshot.positions))
+    else:
+        rows = candidates[region.contains(snapshot.positions[candidates])]
+    tick, tick_time = int(snapshot.tick), float(snapshot.tick_time)
     if rows.size == 0:
-        return empty_frame(epoch, dim)
+        return empty_frame(epoch, dim, tick, tick_time)
     flags = caps.flags
     if rows.size > caps.max_entities:
         reference = own if own is not None else _middle(region)
@@ -289,8 +308,9 @@ def generate(
     if caps.compress:
         payload = zlib.compress(payload, ZLIB_LEVEL)
     count = int(rows.size)
-    data = b"".join((_header(FrameKind.VIEW, epoch, count, dim, flags), origin, payload))
-    return Frame(FrameKind.VIEW, epoch, count, data, digest)
+    header = _header(FrameKind.VIEW, epoch, count, dim, flags, tick, tick_time)
+    data = b"".join((header, origin, payload))
+    return Frame(FrameKind.VIEW, epoch, count, data, digest, tick, tick_time)
 
 
 class LastFrames:
@@ -333,7 +353,7 @@ class LastFrames:
             self._last.popitem(last=False)
         if frame.kind is FrameKind.VIEW and previous == frame.digest:
             header = HEADER.unpack_from(frame.data)
-            return unchanged_frame(frame.epoch, header[5])
+            return unchanged_frame(frame.epoch, header[5], frame.tick, frame.tick_time)
         return frame
 
 
@@ -353,7 +373,7 @@ def decode_frame(data: bytes) -> tuple[FrameHeader, np.ndarray, np.ndarray]:
         raise IntermediaryError(
             f"frame: truncated header ({len(data)} bytes, a header has {HEADER.size})"
         )
-    magic, version, kind_value, epoch, count, dim, flags = HEADER.unpack_from(data)
+    magic, version, kind_value, epoch, count, dim, flags, tick, tick_time = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise IntermediaryError(f"frame: bad magic {magic!r} (expected {MAGIC!r})")
     if version != VERSION:
@@ -373,7 +393,7 @@ def decode_frame(data: bytes) -> tuple[FrameHeader, np.ndarray, np.ndarray]:
                 f"frame: a {kind.name} frame has no entities, flags or payload "
                 f"(count {count}, flags 0x{flags:02x}, {len(data)} bytes)"
             )
-        header = FrameHeader(kind, epoch, 0, dim, 0)
+        header = FrameHeader(kind, epoch, 0, dim, 0, None, tick, tick_time)
         return header, np.zeros(0, np.int64), np.zeros((0, dim), float_type)
     if count == 0:
         raise IntermediaryError("frame: a VIEW frame with 0 entities (an empty view is EMPTY)")
@@ -417,7 +437,7 @@ def decode_frame(data: bytes) -> tuple[FrameHeader, np.ndarray, np.ndarray]:
     positions = np.frombuffer(payload, float_type, count * dim, count * 8).reshape(count, dim)
     if not np.all(np.isfinite(positions)):
         raise IntermediaryError("frame: positions hold a non-finite number")
-    header = FrameHeader(kind, epoch, count, dim, flags, origin)
+    header = FrameHeader(kind, epoch, count, dim, flags, origin, tick, tick_time)
     return header, ids, positions.copy()
 
 

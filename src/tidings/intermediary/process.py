@@ -30,7 +30,8 @@ from tidings.intermediary.generation import (
     empty_frame,
     generate,
 )
-from tidings.intermediary.geometry import Box, Relative, parse_region
+from tidings.intermediary.geometry import Box, Region, Relative, parse_region
+from tidings.intermediary.grid import GridIndex
 from tidings.intermediary.scheduling import Scheduler, SubscriberStatus
 from tidings.intermediary.state import Snapshot, StateStore, UpdateBatch
 from tidings.intermediary.stores import PublisherStore, SubscriberStore, UpstreamDiff
@@ -89,6 +90,7 @@ class Intermediary:
         #: intermediaries' areas, claim 9); None: the own snapshot.
         #: It may return None: nothing newer for this subscription this round.
         self.compose: Callable[[stores.SubscriptionRecord, Snapshot], Snapshot | None] | None = None
+        self._index: tuple[int, GridIndex] | None = None
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -209,9 +211,12 @@ class Intermediary:
             raise IntermediaryError(f"epoch: {exc}") from None
         snapshot = self.state.snapshot()
         self._push(stores.replan(self.publishers, self.subscriptions, snapshot))
-        placed = self.publishers.live_regions(snapshot)
+        # Only relative regions move; placing every region each epoch cost more than the rest.
         moving = [
-            region for record, region in placed.regions if isinstance(record.subscription, Relative)
+            region
+            for record in self.publishers.records()
+            if isinstance(record.subscription, Relative)
+            and not isinstance(region := stores.place(record.subscription, snapshot), str)
         ]
         if moving:
             self._push(self.subscriptions.track(moving))
@@ -249,22 +254,41 @@ class Intermediary:
         if not due:
             return []
         snapshot = self.state.snapshot()
+        index = self._grid(snapshot)
+        # Subscribers asking for the same view (region, capabilities, own position) in one
+        # round share one selection and one encoding.
+        made: dict[tuple[Region, Capabilities, tuple[float, ...] | None], Frame] = {}
         served: list[Served] = []
         for subscriber in due:
             records: Mapping[str, stores.SubscriptionRecord] = self.publishers.subscriptions(
                 subscriber
             )
             for key, record in records.items():
-                view = snapshot if self.compose is None else self.compose(record, snapshot)
-                if view is None:
+                state = snapshot if self.compose is None else self.compose(record, snapshot)
+                if state is None:
                     continue
-                region = stores.place(record.subscription, view)
+                region = stores.place(record.subscription, state)
                 if isinstance(region, str):
-                    frame = empty_frame(int(view.epoch), self.dim)
+                    frame = empty_frame(int(state.epoch), self.dim, state.tick, state.tick_time)
                 else:
                     own = None
                     if isinstance(record.subscription, Relative):
-                        own = view.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
-                    frame = generate(view, region, record.capabilities, own)
+                        own = state.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
+                    if state is not snapshot:  # composed from several members' states
+                        frame = generate(state, region, record.capabilities, own)
+                    else:
+                        view = (region, record.capabilities, None if own is None else tuple(own))
+                        frame = made.get(view)  # type: ignore[assignment]
+                        if frame is None:
+                            candidates = index.candidates(region.bounds())
+                            frame = made[view] = generate(
+                                snapshot, region, record.capabilities, own, candidates
+                            )
                 served.append(Served(subscriber, key, self.last.filter((subscriber, key), frame)))
         return served
+
+    def _grid(self, snapshot: Snapshot) -> GridIndex:
+        """The grid index of this epoch's positions, built once per epoch."""
+        if self._index is None or self._index[0] != snapshot.epoch:
+            self._index = (snapshot.epoch, GridIndex(snapshot.positions))
+        return self._index[1]

@@ -7,19 +7,24 @@ and bounce off the world's walls. Each intermediary connects through its own
 intermediary's relevant set ([134]-[137]: the agents inside the union of its boxes) and
 hands it over as one :class:`~tidings.intermediary.state.UpdateBatch`, with deletions for
 the agents that left the union since the previous batch, so the intermediary's state holds
-exactly the agents its boxes cover. The feed counts the bytes it would send (the ids,
-positions and deletions arrays), for the benchmark's upstream-bandwidth figure.
+exactly the agents its boxes cover. Each batch carries the tick it brings the state to and
+the publisher's wall-clock time of that tick (``time.time()`` when :meth:`Simulation.step`
+ended), which every frame generated from it carries on, for the subscribers' staleness.
+The feed counts the bytes it would send (the ids, positions and deletions arrays), for the
+benchmark's upstream-bandwidth figure.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from tidings.errors import IntermediaryError
 from tidings.intermediary.geometry import Box
+from tidings.intermediary.grid import GridIndex
 from tidings.intermediary.state import UpdateBatch
 
 #: The most agents one simulation holds (a bound on memory, not a tuning knob).
@@ -33,7 +38,15 @@ class Simulation:
     with random directions and speeds up to ``max_speed`` (units per second); ``seed`` makes
     a run reproducible."""
 
-    def __init__(self, n: int, world: Box, *, max_speed: float = 1.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        n: int,
+        world: Box,
+        *,
+        max_speed: float = 1.0,
+        seed: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_AGENTS:
             raise IntermediaryError(f"simulation: n must be an int in [0, {MAX_AGENTS}], not {n!r}")
         if not isinstance(world, Box):
@@ -56,7 +69,11 @@ class Simulation:
         norms[norms == 0] = 1.0
         self.velocities = direction / norms * (rng.random((n, 1)) * max_speed)
         self.tick = 0
+        #: The wall-clock time (``clock``, Unix seconds) the current tick was computed at.
+        self.tick_time = 0.0
+        self._clock = clock
         self.feeds: list[SimulationFeed] = []
+        self._index: tuple[int, GridIndex] | None = None
 
     def step(self, dt: float) -> None:
         """Advance ``dt`` seconds: move every agent, reflecting off the walls (a step longer
@@ -73,6 +90,13 @@ class Simulation:
         flip = (laps % 2) != 0
         self.velocities = np.where(flip, -self.velocities, self.velocities)
         self.tick += 1
+        self.tick_time = self._clock()
+
+    def index(self) -> GridIndex:
+        """The grid index of this tick's positions (built once per tick, shared by feeds)."""
+        if self._index is None or self._index[0] != self.tick:
+            self._index = (self.tick, GridIndex(self.positions))
+        return self._index[1]
 
     def feed(self) -> SimulationFeed:
         """A new upstream connection for one intermediary (no boxes yet)."""
@@ -121,9 +145,15 @@ class SimulationFeed:
     def relevant(self) -> np.ndarray:
         """The row mask of the agents inside the union of the boxes, now."""
         positions = self.simulation.positions
+        index = self.simulation.index()
         mask = np.zeros(len(positions), dtype=bool)
-        for box in self._boxes:
-            mask |= box.contains(positions)
+        # A copy: the intermediary may subscribe from another thread meanwhile.
+        for box in tuple(self._boxes):
+            rows = index.candidates(box)
+            if rows is None:
+                mask |= box.contains(positions)
+            else:
+                mask[rows[box.contains(positions[rows])]] = True
         return mask
 
     def batch(self) -> UpdateBatch:
@@ -137,4 +167,6 @@ class SimulationFeed:
         self._sent = ids
         self.bytes_sent += ids.nbytes + positions.nbytes + gone.nbytes
         self.batches += 1
-        return UpdateBatch(ids=ids, positions=positions, delete=gone, tick=sim.tick)
+        return UpdateBatch(
+            ids=ids, positions=positions, delete=gone, tick=sim.tick, tick_time=sim.tick_time
+        )

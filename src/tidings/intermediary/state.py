@@ -98,9 +98,13 @@ class UpdateBatch:
     positions: npt.ArrayLike | None = None
     columns: Mapping[str, npt.ArrayLike] = field(default_factory=dict)
     delete: npt.ArrayLike = ()
-    #: The publisher's tick this batch is of, if the publisher numbers them: the epoch it
-    #: ends becomes that tick, so epochs mean the same thing at every intermediary.
+    #: The publisher's tick this batch brings the state to, if the publisher numbers them
+    #: (the epoch it ends becomes that tick, so epochs mean the same thing at every
+    #: intermediary), and the publisher's wall-clock time of that tick (Unix seconds; 0:
+    #: unknown). Every frame generated from it carries both, so a subscriber measures
+    #: staleness as its receipt time less ``tick_time``.
     tick: int | None = None
+    tick_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -246,11 +250,14 @@ class Snapshot:
     is done, so the store can reuse the buffer instead of copying.
     """
 
-    __slots__ = ("columns", "dim", "epoch", "ids", "positions")
+    __slots__ = ("columns", "dim", "epoch", "ids", "positions", "tick", "tick_time")
 
-    def __init__(self, epoch: int, buffer: _Buffer) -> None:
+    def __init__(self, epoch: int, buffer: _Buffer, tick: int = 0, tick_time: float = 0.0) -> None:
         n = buffer.n
         self.epoch = epoch
+        #: The newest publisher tick (and its wall-clock time) this epoch's state holds.
+        self.tick = tick
+        self.tick_time = tick_time
         self.dim = int(buffer.arrays["positions"].shape[1])
         self.ids = _read_only(buffer.arrays["ids"][:n])
         self.positions = _read_only(buffer.arrays["positions"][:n])
@@ -353,6 +360,8 @@ class StateStore:
         self._active = _Buffer(dim, self._specs, capacity)
         self._inert = _Buffer(dim, self._specs, capacity)
         self._epoch = 0
+        self._tick = (0, 0.0)  # the active epoch's newest publisher tick and its time
+        self._pending_tick = (0, 0.0)  # the same for the batches applied since
         self._log: list[_Ops] = []
         self._write_lock = threading.Lock()
         self._swap_lock = threading.Lock()
@@ -377,7 +386,7 @@ class StateStore:
     def snapshot(self) -> Snapshot:
         """The active state and its epoch, read-only and without a copy."""
         with self._swap_lock:
-            return Snapshot(self._epoch, self._active)
+            return Snapshot(self._epoch, self._active, *self._tick)
 
     def apply(self, batch: UpdateBatch) -> None:
         """Validate ``batch`` and apply it to the inert buffer; it becomes visible at the next
@@ -386,6 +395,8 @@ class StateStore:
             ops = self._validate(batch)
             self._inert.apply(ops)
             self._log.append(ops)
+            if batch.tick is not None and batch.tick >= self._pending_tick[0]:
+                self._pending_tick = (batch.tick, batch.tick_time)
 
     def end_epoch(self, epoch: int | None = None) -> int:
         """Make this epoch's updates visible atomically and return the new epoch number:
@@ -403,6 +414,7 @@ class StateStore:
                 old_active = self._active
                 self._active = self._inert
                 self._epoch = self._epoch + 1 if epoch is None else epoch
+                self._tick = self._pending_tick
                 epoch = self._epoch
             # No snapshot of old_active can start any more; only earlier ones can hold it.
             if _in_use(old_active):
@@ -427,6 +439,15 @@ class StateStore:
     def _validate(self, batch: UpdateBatch) -> _Ops:
         if not isinstance(batch, UpdateBatch):
             raise UsageError(f"apply takes an UpdateBatch, not {type(batch).__name__}")
+        tick, tick_time = batch.tick, batch.tick_time
+        if tick is not None and (
+            isinstance(tick, bool) or not isinstance(tick, int) or not 0 <= tick < 2**63
+        ):
+            raise UsageError(f"tick must be None or an int in [0, 2**63), not {tick!r}")
+        if not isinstance(tick_time, (int, float)) or not (
+            np.isfinite(tick_time) and tick_time >= 0
+        ):
+            raise UsageError(f"tick_time must be finite and >= 0, not {tick_time!r}")
         ids = _as_ids(batch.ids, "ids")
         deletes = np.unique(_as_ids(batch.delete, "delete"))
         n = len(ids)

@@ -37,6 +37,7 @@ from types import MappingProxyType
 from tidings.errors import IntermediaryError
 from tidings.intermediary import coverage
 from tidings.intermediary.coverage import UpstreamPolicy
+from tidings.intermediary.coveredcells import CoveredCells
 from tidings.intermediary.generation import Capabilities
 from tidings.intermediary.geometry import Box, Region, Relative, Sector, Sphere, Subscription
 from tidings.intermediary.scheduling import DEFAULT_MAX_PRIORITY
@@ -280,6 +281,7 @@ class SubscriberStore:
         self.world = world
         self._boxes: list[Box] = []
         self._stale = False
+        self._covered: tuple[tuple[Box, ...], CoveredCells] | None = None
 
     @property
     def boxes(self) -> tuple[Box, ...]:
@@ -348,12 +350,23 @@ class SubscriberStore:
         self._stale = False
         return diff
 
+    def _cells(self) -> CoveredCells:
+        """The quick coverage index of the current boxes (rebuilt when they change)."""
+        boxes = tuple(self._boxes)
+        if self._covered is None or self._covered[0] != boxes:
+            self._covered = (boxes, CoveredCells(boxes))
+        return self._covered[1]
+
     def track(self, live_regions: Sequence[Region]) -> UpstreamDiff:
         """Cover every live region that is not covered any more (a relative subscription
         follows its entity): the subscribe path for each, the diffs combined."""
         before = list(self._boxes)
         for region in live_regions:
             region = self._check(region)
+            # Most moving regions are still well inside the upstream set: the quick,
+            # conservative test answers them; the rest get the exact one.
+            if self._cells().covers(region.bounds()):
+                continue
             if not coverage.covers(self._boxes, region):
                 self.subscribe(region)
         old, kept = set(before), set(self._boxes)
@@ -442,7 +455,10 @@ def unsubscribe_request(
 def replan(
     publishers: PublisherStore, upstream: SubscriberStore, snapshot: Snapshot | None
 ) -> UpstreamDiff:
-    """Re-plan the upstream set over the live regions placed at ``snapshot`` (if stale)."""
+    """Re-plan the upstream set over the live regions placed at ``snapshot`` (if stale; the
+    regions are not even placed otherwise: this runs every epoch)."""
+    if not upstream.stale:
+        return UpstreamDiff([], [])
     return upstream.replan(publishers.live_regions(snapshot).only_regions())
 
 

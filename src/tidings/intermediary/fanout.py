@@ -1,0 +1,399 @@
+"""Measuring the fan-out tier: a simulation publisher, intermediaries and many subscribers in
+other processes (issue 12's benchmark and ``tidings fanout-demo``: one piece of code).
+
+The **tier** runs in the calling process, on its event loop: the :class:`.simulation.Simulation`
+ticking at ``tick_hz`` and ``intermediaries`` :class:`.transport.IntermediaryServer`, each fed
+through its own :class:`.simulation.SimulationFeed`. Why in one process: on a 2-core machine
+the subscribers' processes need the other core to receive ten thousand frames a second, so
+more tier processes would only contend with them; and in-process feeds count the upstream
+bytes exactly. The **subscribers** run in ``processes`` child processes
+(:mod:`.fanout_subscribers`), each holding many WebSocket connections, one subscriber each.
+
+Where subscribers look: around ``hotspots`` places (viewers gather where something happens:
+the patent's case, many subscribers wanting overlapping views), each a sphere of ``radius``
+at a place drawn ``spread`` (normal) from its hotspot, or (``relative_share`` of them) around
+the agent nearest that place, moving with it. The upstream saving is the views' overlap: the
+tier's upstream over the direct bytes is about the union of the views over their sum.
+Responsibility is by region: a hotspot belongs to one intermediary, and its subscribers
+connect there.
+
+Figures, over a window of ``duration_s`` after ``warmup_s``:
+
+* ``delivered_updates_s``: frames received per second, all subscribers;
+* ``staleness_p50_ms`` / ``p99``: receipt time less the frame's publisher tick time;
+* ``min_rate_fraction``: the worst subscriber's frames per second (from its first frame in
+  the window to its last) over its asked rate;
+* ``upstream_bytes_s``: what the feeds sent the intermediaries (ids int64 + positions
+  float64 + deletions), against ``direct_bytes_s``: what the publisher would send if every
+  subscriber connected to it directly, its own view each tick in the same encoding (from the
+  view sizes the subscribers held); ``upstream_ratio_vs_direct`` is the first over the second;
+* ``memory_per_subscriber_kib``: growth of this process's PSS from before the subscribers
+  connected to the window's end, per subscriber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import psutil
+
+from tidings.errors import IntermediaryError
+from tidings.intermediary.coverage import UpstreamPolicy
+from tidings.intermediary.geometry import Box
+from tidings.intermediary.process import Intermediary
+from tidings.intermediary.scheduling import Scheduler
+from tidings.intermediary.simulation import Simulation, SimulationFeed
+from tidings.intermediary.state import UpdateBatch
+from tidings.intermediary.transport import IntermediaryServer, TransportLimits
+
+#: The intermediaries' round period: the scheduler's rate is a minimum interval, so a
+#: subscriber is served up to one round late each time; short rounds keep its achieved rate
+#: near the asked one (a round with nobody due costs a few microseconds).
+ROUND_S = 0.002
+#: The most subscribers one round serves: a round holds the event loop, so frames of the
+#: ones served early are sent while later ones are generated, rather than after all.
+ROUND_BUDGET = 100
+#: Seconds a subscriber process may take to connect and subscribe all its subscribers.
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class FanoutConfig:
+    """One measured run: sizes, rates and timings."""
+
+    subscribers: int = 1000
+    entities: int = 50_000
+    tick_hz: float = 10.0
+    rate_hz: float = 10.0
+    intermediaries: int = 2
+    processes: int = 10
+    duration_s: float = 10.0
+    warmup_s: float = 3.0
+    world_size: float = 1000.0
+    hotspots: int = 5
+    radius: float = 20.0
+    #: How far (standard deviation) a subscriber's place lies from its hotspot.
+    spread: float = 10.0
+    relative_share: float = 0.25
+    max_speed: float = 5.0
+    #: Upstream boxes are grown by this (claim 2's neighbourhood), so a moving view stays
+    #: covered for a while instead of asking upstream again every epoch.
+    upstream_margin: float = 10.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("subscribers", "entities", "intermediaries", "processes", "hotspots"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise IntermediaryError(f"fanout: {name} must be an integer >= 1, not {value!r}")
+        for name in ("tick_hz", "rate_hz", "duration_s", "world_size", "radius", "spread"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise IntermediaryError(f"fanout: {name} must be a number > 0, not {value!r}")
+        if not 0 <= self.relative_share <= 1:
+            raise IntermediaryError(
+                f"fanout: relative_share must be in [0, 1], not {self.relative_share!r}"
+            )
+
+
+@dataclass(frozen=True)
+class FanoutResult:
+    """The figures of one run (see the module docstring)."""
+
+    config: FanoutConfig
+    window_s: float
+    delivered_updates_s: float
+    staleness_p50_ms: float
+    staleness_p99_ms: float
+    min_rate_fraction: float
+    mean_rate_fraction: float
+    upstream_bytes_s: float
+    direct_bytes_s: float
+    upstream_ratio_vs_direct: float
+    memory_per_subscriber_kib: float
+    tier_cpu_s: float
+    subscribers_cpu_s: float
+    disconnected: int
+    staleness_ms: list[float]
+
+    def figures(self) -> dict[str, Any]:
+        """The result without the raw staleness samples (for a report)."""
+        out = asdict(self)
+        out.pop("staleness_ms")
+        out["config"] = asdict(self.config)
+        return out
+
+    def holds(self, *, max_p99_ms: float = 200.0, min_fraction: float = 0.95) -> bool:
+        """Whether the run met the goals (staleness p99 and every subscriber's rate)."""
+        return (
+            self.staleness_p99_ms <= max_p99_ms
+            and self.min_rate_fraction >= min_fraction
+            and self.disconnected == 0
+        )
+
+
+def plan_subscribers(
+    config: FanoutConfig, sim: Simulation, urls: list[str]
+) -> list[dict[str, Any]]:
+    """Each subscriber's connection: its intermediary's URL and its region (see the module
+    docstring), reproducible from ``config.seed``."""
+    rng = np.random.default_rng(config.seed + 1)
+    size = config.world_size
+    margin = min(size / 4, 3 * config.radius)
+    centres = rng.uniform(margin, size - margin, size=(config.hotspots, sim.dim))
+    plans: list[dict[str, Any]] = []
+    for i in range(config.subscribers):
+        hotspot = i % config.hotspots
+        place = np.clip(centres[hotspot] + rng.normal(0, config.spread, sim.dim), 0, size)
+        if rng.random() < config.relative_share:
+            agent = int(np.argmin(np.sum((sim.positions - place) ** 2, axis=1)))
+            region = {
+                "sphere": {"center": [0.0] * sim.dim, "radius": config.radius},
+                "relative_to": agent,
+            }
+        else:
+            region = {"sphere": {"center": place.tolist(), "radius": config.radius}}
+        plans.append(
+            {
+                "url": urls[hotspot % len(urls)],
+                "region": region,
+                "rate_hz": config.rate_hz,
+                "capabilities": {"float32": True},
+            }
+        )
+    return plans
+
+
+class Tier:
+    """The simulation and its intermediaries, served on this event loop."""
+
+    def __init__(self, config: FanoutConfig) -> None:
+        self.config = config
+        size = config.world_size
+        self.world = Box((0.0, 0.0), (size, size))
+        self.sim = Simulation(
+            config.entities, self.world, max_speed=config.max_speed, seed=config.seed
+        )
+        self.feeds: list[SimulationFeed] = []
+        self.servers: list[IntermediaryServer] = []
+        self._pending: list[list[UpdateBatch]] = []
+        self._ticker: asyncio.Task[None] | None = None
+
+    async def start(self) -> list[str]:
+        """Start the intermediaries and the ticking; the subscribers' URLs."""
+        limits = TransportLimits(max_connections=max(10_000, 2 * self.config.subscribers))
+        for _ in range(self.config.intermediaries):
+            feed = self.sim.feed()
+            pending: list[UpdateBatch] = []
+            policy = UpstreamPolicy.margin(self.config.upstream_margin)
+            # Served when new state arrives ([89]'s "state updated" trigger), at most at the
+            # asked rate: a frame leaves right after its epoch rather than up to a period later.
+            scheduler = Scheduler(per_epoch=True)
+            node = Intermediary(2, feed, world=self.world, policy=policy, scheduler=scheduler)
+            server = IntermediaryServer(
+                node,
+                source=self._source(pending),
+                tick_s=ROUND_S,
+                budget=ROUND_BUDGET,
+                limits=limits,
+            )
+            await server.start()
+            self.feeds.append(feed)
+            self._pending.append(pending)
+            self.servers.append(server)
+        self._ticker = asyncio.get_running_loop().create_task(self._tick())
+        return [f"ws://127.0.0.1:{server.port}/" for server in self.servers]
+
+    @staticmethod
+    def _source(pending: list[UpdateBatch]) -> Callable[[], list[UpdateBatch]]:
+        def take() -> list[UpdateBatch]:
+            batches = pending[:]
+            pending.clear()
+            return batches
+
+        return take
+
+    async def _tick(self) -> None:
+        period = 1.0 / self.config.tick_hz
+        next_at = time.monotonic()
+        while True:
+            # The publisher's work (moving 50,000 agents, indexing them, each feed's relevant
+            # set) runs in a thread: its big numpy passes release the GIL, so it overlaps the
+            # intermediaries' serving on the other core instead of stalling their loop.
+            batches = await asyncio.to_thread(self._advance, period)
+            for batch, pending in zip(batches, self._pending, strict=True):
+                pending.append(batch)
+            next_at += period
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    def _advance(self, period: float) -> list[UpdateBatch]:
+        self.sim.step(period)
+        return [feed.batch() for feed in self.feeds]
+
+    def upstream_bytes(self) -> int:
+        return sum(feed.bytes_sent for feed in self.feeds)
+
+    async def aclose(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        for server in self.servers:
+            await server.aclose()
+
+
+def _pss() -> int:
+    info = psutil.Process().memory_full_info()
+    return int(getattr(info, "pss", info.rss))
+
+
+async def _start_subscribers(
+    plans: list[dict[str, Any]], processes: int, children: list[asyncio.subprocess.Process]
+) -> None:
+    """Start the subscriber processes into ``children`` (the caller's, so it ends even those
+    started before one failed) and wait until each has subscribed everyone."""
+    for part in range(processes):
+        mine = plans[part::processes]
+        if not mine:
+            continue
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tidings.intermediary.fanout_subscribers",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert child.stdin is not None
+        child.stdin.write(json.dumps({"subscribers": mine}).encode() + b"\n")
+        await child.stdin.drain()
+        children.append(child)
+    for child in children:
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), READY_TIMEOUT_S)
+        if line.strip() != b"ready":
+            raise IntermediaryError(f"fanout: a subscriber process did not start: {line!r}")
+
+
+def _cpu(pids: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in pids:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+async def run_fanout(
+    config: FanoutConfig, *, window: Callable[[str], None] | None = None
+) -> FanoutResult:
+    """One measured run (see the module docstring). ``window`` is called with ``"start"``
+    and ``"stop"`` at the measuring window's edges (e.g. to count the machine's CPU)."""
+    tier = Tier(config)
+    urls = await tier.start()
+    children: list[asyncio.subprocess.Process] = []
+    try:
+        await asyncio.sleep(2 / config.tick_hz)
+        pss0 = _pss()
+        plans = plan_subscribers(config, tier.sim, urls)
+        await _start_subscribers(plans, config.processes, children)
+        procs = [psutil.Process(child.pid) for child in children]
+        # The tier's long-lived objects (state, stores, a thousand connections) out of the
+        # cyclic collector's reach: a full collection over them held the event loop for
+        # ~150 ms, every frame of that moment late by as much (undone at the end).
+        gc.collect()
+        gc.freeze()
+        await asyncio.sleep(config.warmup_s)
+        t0 = time.time() + 0.2
+        t1 = t0 + config.duration_s
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(f"go {t0} {t1}\n".encode())
+            await child.stdin.drain()
+        await asyncio.sleep(max(0.0, t0 - time.time()))
+        if window is not None:
+            window("start")
+        me = psutil.Process()
+        bytes0, own0, subs0 = tier.upstream_bytes(), _cpu([me]), _cpu(procs)
+        await asyncio.sleep(max(0.0, t1 - time.time()))
+        bytes1, own1, subs1 = tier.upstream_bytes(), _cpu([me]), _cpu(procs)
+        if window is not None:
+            window("stop")
+        pss1 = _pss()
+        results = []
+        for child in children:
+            assert child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), READY_TIMEOUT_S)
+            if not line:
+                raise IntermediaryError(
+                    f"fanout: subscriber process {child.pid} ended without its results"
+                )
+            results.append(json.loads(line))
+    finally:
+        gc.unfreeze()
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            await child.wait()
+        await tier.aclose()
+    return _figures(
+        config, results, t1 - t0, bytes1 - bytes0, own1 - own0, subs1 - subs0, pss1 - pss0
+    )
+
+
+def _figures(
+    config: FanoutConfig,
+    results: list[dict[str, Any]],
+    window_s: float,
+    upstream_bytes: int,
+    tier_cpu_s: float,
+    subscribers_cpu_s: float,
+    pss_growth: int,
+) -> FanoutResult:
+    frames = np.array([f for r in results for f in r["frames"]], dtype=np.float64)
+    entities = np.array([e for r in results for e in r["view_entities"]], dtype=np.float64)
+    staleness = [s for r in results for s in r["staleness_ms"]]
+    spans = np.array([s for r in results for s in r["spans"]], dtype=np.float64)
+    # A subscriber's rate: frames after its first one over the time from the first to the
+    # last (the window's edges would cost up to a frame each); none or one frame: by count.
+    timed = (frames >= 2) & (spans > 0)
+    rates = (
+        np.where(timed, (frames - 1) / np.where(timed, spans, 1.0), frames / window_s)
+        / config.rate_hz
+    )
+    # The direct publisher sends each subscriber its view every tick, ids int64 and
+    # positions float64, as the feeds count theirs.
+    mean_view = np.divide(entities, frames, out=np.zeros_like(entities), where=frames > 0)
+    direct = float(mean_view.sum()) * (8 + 8 * 2) * config.tick_hz
+    upstream = upstream_bytes / window_s
+    p50, p99 = (
+        (float(np.percentile(staleness, 50)), float(np.percentile(staleness, 99)))
+        if staleness
+        else (math.inf, math.inf)
+    )
+    return FanoutResult(
+        config=config,
+        window_s=window_s,
+        delivered_updates_s=float(frames.sum()) / window_s,
+        staleness_p50_ms=p50,
+        staleness_p99_ms=p99,
+        min_rate_fraction=float(rates.min()) if rates.size else 0.0,
+        mean_rate_fraction=float(rates.mean()) if rates.size else 0.0,
+        upstream_bytes_s=upstream,
+        direct_bytes_s=direct,
+        upstream_ratio_vs_direct=upstream / direct if direct else math.inf,
+        memory_per_subscriber_kib=pss_growth / 1024 / config.subscribers,
+        tier_cpu_s=tier_cpu_s,
+        subscribers_cpu_s=subscribers_cpu_s,
+        disconnected=sum(len(r["closed"]) for r in results),
+        staleness_ms=staleness,
+    )
