@@ -3,8 +3,9 @@
 // The query string is the subscription (webpage.py lists the parameters). The protocol is
 // transport.py's: the server says hello, the page sends one subscribe request and gets
 // "subscribed" or {"op": "error", "message"}; then binary messages arrive, each one byte of
-// key length, the key and a frame (README "The binary frame", generation.py): a 20-byte
-// header (magic "TDGF", version 1, kind, epoch u64, count u32, dim u8, flags u8), the
+// key length, the key and a frame (README "The binary frame", generation.py): a 36-byte
+// header (magic "TDGF", version 2, kind, epoch u64, count u32, dim u8, flags u8, the
+// publisher's tick u64 and its wall-clock time f64 in Unix seconds), the
 // float64 origin of relative frames, then `count` int64 ids and `count * dim` float32 or
 // float64 positions, zlib-compressed as a whole when flagged. All little-endian.
 //
@@ -12,7 +13,8 @@
 // reason, the projection last drawn with), for the console and the tests.
 
 const KEY = "view";
-const HEADER_BYTES = 20;
+const HEADER_BYTES = 36;
+const VERSION = 2;
 const KINDS = { 1: "VIEW", 2: "EMPTY", 3: "UNCHANGED" };
 const FLAG_FLOAT32 = 1;
 const FLAG_RELATIVE = 2;
@@ -45,7 +47,7 @@ const canvas = document.getElementById("map");
 const view = {
   state: "loading",
   request: null, // the subscribe request sent
-  last: null, // {kind, epoch, dim, ids, positions (flat), origin, truncated}
+  last: null, // {kind, epoch, dim, tick, tickTime, ids, positions (flat), origin, truncated}
   frames: 0,
   error: null,
   closed: null, // {code, reason}
@@ -134,7 +136,8 @@ function extent(region) {
 
 // --- decoding -------------------------------------------------------------------------
 
-// One binary message -> {key, kind, epoch, dim, ids, positions, origin, truncated}.
+// One binary message -> {key, kind, epoch, dim, tick, tickTime, ids, positions, origin,
+// truncated}.
 async function decode(buffer) {
   const bytes = new Uint8Array(buffer);
   if (bytes.length === 0 || bytes.length < 1 + bytes[0]) {
@@ -146,7 +149,7 @@ async function decode(buffer) {
   const header = new DataView(buffer, start, HEADER_BYTES);
   const magic = String.fromCharCode(...bytes.subarray(start, start + 4));
   if (magic !== "TDGF") throw new Error(`frame: bad magic ${JSON.stringify(magic)}`);
-  if (header.getUint8(4) !== 1) throw new Error(`frame: unknown version ${header.getUint8(4)}`);
+  if (header.getUint8(4) !== VERSION) throw new Error(`frame: unknown version ${header.getUint8(4)}`);
   const kind = KINDS[header.getUint8(5)];
   if (!kind) throw new Error(`frame: unknown kind ${header.getUint8(5)}`);
   const frame = {
@@ -154,6 +157,8 @@ async function decode(buffer) {
     kind,
     epoch: Number(header.getBigUint64(6, true)),
     dim: header.getUint8(18),
+    tick: Number(header.getBigUint64(20, true)),
+    tickTime: header.getFloat64(28, true),
     ids: [],
     positions: new Float64Array(0),
     origin: null,
@@ -303,6 +308,8 @@ function showStatus() {
   if (last) {
     parts.push(`epoch ${last.epoch}`, `${last.ids.length} entities`);
     if (last.truncated) parts.push("truncated");
+    // The publisher's clock is this machine's only when they share one: shown as given.
+    if (last.tickTime > 0) parts.push(`${Math.round(Date.now() - last.tickTime * 1000)} ms old`);
     if (last.origin) {
       const at = last.origin.map((v) => v.toFixed(1)).join(", ");
       parts.push(`around ${view.request.region.relative_to} at (${at})`);
@@ -329,7 +336,7 @@ function show(frame) {
   view.frames += 1;
   arrivals.push(performance.now());
   // UNCHANGED: the same entities as the previous frame, at a newer epoch.
-  view.last = frame.kind === "UNCHANGED" && view.last ? { ...view.last, epoch: frame.epoch } : frame;
+  view.last = frame.kind === "UNCHANGED" && view.last ? { ...view.last, epoch: frame.epoch, tick: frame.tick, tickTime: frame.tickTime } : frame;
   draw(view.last);
   showStatus();
 }
