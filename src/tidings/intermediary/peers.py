@@ -65,6 +65,10 @@ class RemotePart:
                 self._ops.put_nowait((key, box))
             self._count[box] += 1
 
+    def follow(self, entities: frozenset[int]) -> None:
+        """Refused: a member follows entities through its own feed, never a peer's area."""
+        raise IntermediaryError(f"upstream: member {self.name!r} only holds pieces of boxes")
+
     def unsubscribe(self, boxes: Sequence[Box]) -> None:
         for box in boxes:
             if self._count[box] == 0:

@@ -49,6 +49,12 @@ class Upstream(Protocol):
 
     def unsubscribe(self, boxes: Sequence[Box]) -> None: ...
 
+    def follow(self, entities: frozenset[int]) -> None:
+        """Deliver these entities wherever they are, besides the boxes (replacing the set
+        given before): the entities of relative regions, which must be in the state before
+        their regions can be placed and covered."""
+        ...
+
 
 @dataclass(frozen=True)
 class Served:
@@ -89,6 +95,8 @@ class Intermediary:
         #: intermediaries' areas, claim 9); None: the own snapshot.
         #: It may return None: nothing newer for this subscription this round.
         self.compose: Callable[[stores.SubscriptionRecord, Snapshot], Snapshot | None] | None = None
+        #: The entities upstream was last asked to follow (:meth:`_follow`).
+        self._followed: frozenset[int] = frozenset()
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -141,6 +149,7 @@ class Intermediary:
         )
         try:
             self._push(outcome.upstream)
+            self._follow()
         except Exception as exc:  # the publisher refused or failed: the request is undone
             self._undo(subscriber, key, outcome)
             raise IntermediaryError(
@@ -215,6 +224,7 @@ class Intermediary:
         ]
         if moving:
             self._push(self.subscriptions.track(moving))
+        self._follow()
         try:
             self.scheduler.state_updated(epoch)
         except UsageError as exc:
@@ -228,6 +238,20 @@ class Intermediary:
         old = outcome.replaced
         if old is not None:
             self.publishers.put(subscriber, key, old.subscription, old.priority, old.capabilities)
+
+    def _follow(self) -> None:
+        """Ask upstream for exactly the entities of the relative regions (when that set
+        changed): without it, one whose entity no other subscription covers is never placed."""
+        entities = frozenset(
+            record.subscription.entity_id
+            for record in self.publishers.records()
+            if isinstance(record.subscription, Relative)
+            and isinstance(record.subscription.entity_id, int)
+            and -(2**63) <= record.subscription.entity_id < 2**63
+        )
+        if entities != self._followed:
+            self.upstream.follow(entities)
+            self._followed = entities
 
     def _push(self, diff: UpstreamDiff) -> None:
         """Subscribe to the added boxes first, then drop the removed ones (nothing missed)."""

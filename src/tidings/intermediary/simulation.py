@@ -90,6 +90,7 @@ class SimulationFeed:
         self.simulation = simulation
         self._boxes: list[Box] = []
         self._sent = np.empty(0, dtype=np.int64)
+        self._followed = np.empty(0, dtype=np.int64)
         self.bytes_sent = 0
         self.batches = 0
 
@@ -118,12 +119,25 @@ class SimulationFeed:
             except ValueError:
                 raise IntermediaryError(f"simulation: {box!r} is not subscribed") from None
 
+    @property
+    def followed(self) -> frozenset[int]:
+        """The entities sent wherever they are (see :meth:`follow`)."""
+        return frozenset(int(entity) for entity in self._followed)
+
+    def follow(self, entities: frozenset[int]) -> None:
+        """Send these agents in every batch besides those in the boxes (replaces the set)."""
+        if not all(type(e) is int and -(2**63) <= e < 2**63 for e in entities):
+            raise IntermediaryError("simulation: follow expects int64 agent ids")
+        self._followed = np.fromiter(entities, dtype=np.int64, count=len(entities))
+
     def relevant(self) -> np.ndarray:
-        """The row mask of the agents inside the union of the boxes, now."""
+        """The row mask of the agents inside the union of the boxes or followed, now."""
         positions = self.simulation.positions
         mask = np.zeros(len(positions), dtype=bool)
         for box in self._boxes:
             mask |= box.contains(positions)
+        if self._followed.size:
+            mask |= np.isin(self.simulation.ids, self._followed)
         return mask
 
     def batch(self) -> UpdateBatch:
