@@ -370,6 +370,38 @@ def test_a_handover_to_a_member_running_ahead_keeps_every_epoch_in_order() -> No
     run(body, HashPartition(16))  # no areas: a view is never composed from members apart
 
 
+def test_hostile_requests_at_a_member_get_clear_errors_and_leave_nothing_behind() -> None:
+    """Event and SQL subscriptions at a member without event views, a release forged for
+    another subscriber's key, and a flood of release-then-unsubscribe: clear errors, the
+    forged release harms nobody, and the member keeps nothing for subscriptions gone."""
+
+    async def body(rig: Rig) -> None:
+        member = rig.cluster.members["i0"]
+        victim = await rig.subscriber(rig.url(0), "v", REGIONS[5])
+        async with await IntermediaryClient.connect(rig.url(0)) as hostile:
+            for kind in (
+                {"events": [["order", "*"]]},
+                {"sql": "SELECT 1"},
+                {"events": [["a"]], "region": REGIONS[0]},
+                {},
+            ):
+                with pytest.raises(IntermediaryError, match=r"regions only|exactly one of region"):
+                    await hostile.request({"op": "subscribe", "key": "e", **kind})
+            with pytest.raises(IntermediaryError, match="release: no subscription 'v'"):
+                await hostile.request({"op": "release", "key": "v", "before": 1})
+            for i in range(10):
+                await hostile.subscribe(f"k{i}", REGIONS[0])
+                reply = await hostile.request({"op": "release", "key": f"k{i}", "before": 10**9})
+                assert reply["op"] == "releasing"
+                await hostile.unsubscribe(f"k{i}")
+            assert member.releasing() == 0
+        for _ in range(3):
+            await rig.tick()
+        assert await rig.check() >= 3 and victim.latest("v") == rig.sim.tick
+
+    run(body)
+
+
 async def _standalone(rig: Rig, name: str) -> ClusterServer:
     """A member outside the rig's cluster, with a directory of its own."""
     member = ClusterServer(name, rig.sim.feed(), Directory(), HashPartition(1), dim=2, source=None)

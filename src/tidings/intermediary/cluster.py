@@ -159,11 +159,16 @@ class ClusterServer(IntermediaryServer):
         self, subscriber: int, request: dict[str, object]
     ) -> dict[str, object]:
         op = request.get("op")
-        if op == "subscribe":
+        if op == "subscribe" and "region" in request and not {"events", "sql"} & set(request):
             return await self._subscribe(subscriber, request)
         if op == "release":
             return self._release(subscriber, request)
-        return await super().handle_request(subscriber, request)
+        plain = {name: value for name, value in request.items() if name not in CLUSTER_FIELDS}
+        reply = await super().handle_request(subscriber, plain)
+        if op in ("subscribe", "unsubscribe"):  # no region of that key is handed over now
+            self._handing.pop((subscriber, str(request.get("key"))), None)
+            self._releasing.pop((subscriber, str(request.get("key"))), None)
+        return reply
 
     async def _subscribe(self, subscriber: int, request: dict[str, object]) -> dict[str, object]:
         client = request.get("client")
