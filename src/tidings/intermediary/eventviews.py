@@ -45,7 +45,6 @@ import base64
 import hashlib
 import json
 import logging
-import math
 from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -145,15 +144,15 @@ def _check_schedule(priority: object, rate_hz: object, max_priority: float) -> t
         or not 0 <= priority <= max_priority
     ):
         raise IntermediaryError(
-            f"priority: expected a number in [0, {max_priority}], got {priority!r}"
+            f"priority: expected a number in [0, {max_priority}], got {priority!r:.40}"
         )
     if (
         isinstance(rate_hz, bool)
         or not isinstance(rate_hz, (int, float))
-        or not (math.isfinite(rate_hz) and 0 < rate_hz <= MAX_RATE_HZ)
+        or not 0 < rate_hz <= MAX_RATE_HZ  # NaN fails; an int beyond float is compared
     ):
         raise IntermediaryError(
-            f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r}"
+            f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r:.40}"
         )
     return float(priority), float(rate_hz)
 

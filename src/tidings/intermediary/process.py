@@ -15,7 +15,6 @@ each of its subscriptions (by key) gets one frame, so a round returns
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -120,14 +119,28 @@ class Intermediary:
         if (
             isinstance(rate_hz, bool)
             or not isinstance(rate_hz, (int, float))
-            or not (math.isfinite(rate_hz) and 0 < rate_hz <= MAX_RATE_HZ)
+            or not 0 < rate_hz <= MAX_RATE_HZ  # NaN fails; an int beyond float is compared
         ):
             raise IntermediaryError(
-                f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r}"
+                f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r:.40}"
             )
-        if isinstance(priority, bool) or not isinstance(priority, (int, float)):
-            raise IntermediaryError(f"priority: expected a number, got {priority!r}")
+        top_priority = self.scheduler.max_priority
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, (int, float))
+            or not 0 <= priority <= top_priority
+        ):
+            raise IntermediaryError(
+                f"priority: expected a number in [0, {top_priority}], got {priority!r:.40}"
+            )
         subscription = parse_region(spec)
+        if isinstance(subscription, Relative) and not (
+            isinstance(subscription.entity_id, int) and -(2**63) <= subscription.entity_id < 2**63
+        ):
+            raise IntermediaryError(
+                f"relative_to: expected an int64 entity id (the state keys entities by int64), "
+                f"got {subscription.entity_id!r:.40}"
+            )
         caps = (
             capabilities
             if isinstance(capabilities, Capabilities)

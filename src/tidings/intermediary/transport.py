@@ -406,6 +406,8 @@ class IntermediaryServer:
             request = json.loads(text)
         except ValueError as exc:
             return {"op": "error", "message": f"request: not JSON ({exc})"}
+        except RecursionError:
+            return {"op": "error", "message": "request: JSON nested too deeply"}
         if not isinstance(request, dict):
             return {"op": "error", "message": "request: expected a JSON object"}
         try:
