@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from tidings.errors import IntermediaryError, UsageError
 from tidings.events import PayloadKind, QueryType, StoredEvent, TypeMatcher
-from tidings.intermediary.patterns import covered, parse_patterns, widen
+from tidings.intermediary.patterns import covers_all, parse_patterns, widen
 from tidings.intermediary.primitives import Primitive, covers
 from tidings.intermediary.process import MAX_KEY_BYTES, MAX_RATE_HZ
 from tidings.intermediary.rows import parse_row_change, row_server_type
@@ -230,7 +230,7 @@ class EventViews:
             if events is not None:
                 patterns = parse_patterns(events)
                 record: _EventSub | _ViewSub = _EventSub(patterns, TypeMatcher(patterns))
-                was_covered = all(covered(self.patterns, p) for p in patterns)
+                was_covered = covers_all(self.patterns, patterns)
             else:
                 view = self._parse_view(sql)
                 prio, rate = _check_schedule(priority, rate_hz, self.scheduler.max_priority)
@@ -309,9 +309,7 @@ class EventViews:
         types = {t: row_server_type(self.row_type_prefix, t) for t in sorted(tables)}
         wanted = widen({*(p for s in self._events.values() for p in s.patterns),
                         *types.values()})  # fmt: skip
-        same = all(covered(self.patterns, p) for p in wanted) and all(
-            covered(wanted, p) for p in self.patterns
-        )
+        same = covers_all(self.patterns, wanted) and covers_all(wanted, self.patterns)
         if same and tables == self.tables:
             return
         # Batches (a new table's load among them) may be taken while the update is under
