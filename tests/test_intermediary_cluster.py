@@ -7,7 +7,9 @@ bounded only so that a broken build fails instead of hanging; nothing asserts a 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -400,6 +402,42 @@ def test_hostile_requests_at_a_member_get_clear_errors_and_leave_nothing_behind(
         assert await rig.check() >= 3 and victim.latest("v") == rig.sim.tick
 
     run(body)
+
+
+def test_a_locked_or_corrupt_directory_gives_clear_errors_and_serving_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Real SQLite faults: a file that is not a database, and another connection holding the
+    directory's write lock while the cluster splits (it must not leave a member behind)."""
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"garbage" * 1000)
+    with pytest.raises(IntermediaryError, match=r"directory .*bad\.db: file is not a database"):
+        Directory(bad)
+
+    async def main() -> None:
+        path = tmp_path / "directory.db"
+        sim = Simulation(400, WORLD, max_speed=5.0, seed=7)
+        cluster = Cluster(sim, HashPartition(8), directory=Directory(path, timeout_s=0.2))
+        first = await cluster.start()
+        client = await ClusterClient.connect(first.url, client_id="c0")
+        try:
+            await client.subscribe("k", REGIONS[0], rate_hz=1000)
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("UPDATE members SET url = url")
+            with pytest.raises(IntermediaryError, match=r"directory .*: database is locked"):
+                await cluster.split(first)
+            assert list(cluster.members) == ["i0"]
+            tick = cluster.step()  # the member goes on serving from the owners it read
+            await until(lambda: client.latest("k") >= tick)
+            other.execute("COMMIT")
+            other.close()
+            assert await cluster.split(first) is not None
+        finally:
+            await client.close()
+            await cluster.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
 
 
 async def _standalone(rig: Rig, name: str) -> ClusterServer:
