@@ -15,7 +15,7 @@ each of its subscriptions (by key) gets one frame, so a round returns
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -162,7 +162,8 @@ class Intermediary:
         )
         try:
             self._push(outcome.upstream)
-            self._follow()
+            if isinstance(subscription, Relative):  # a new entity to follow, at once
+                self._follow(self.publishers.records())
         except Exception as exc:  # the publisher refused or failed: the request is undone
             self._undo(subscriber, key, outcome)
             raise IntermediaryError(
@@ -237,7 +238,7 @@ class Intermediary:
         ]
         if moving:
             self._push(self.subscriptions.track(moving))
-        self._follow()
+        self._follow(record for record, _ in (*placed.regions, *placed.unplaced))
         try:
             self.scheduler.state_updated(epoch)
         except UsageError as exc:
@@ -252,15 +253,15 @@ class Intermediary:
         if old is not None:
             self.publishers.put(subscriber, key, old.subscription, old.priority, old.capabilities)
 
-    def _follow(self) -> None:
-        """Ask upstream for exactly the entities of the relative regions (when that set
-        changed): without it, one whose entity no other subscription covers is never placed."""
+    def _follow(self, records: Iterable[stores.SubscriptionRecord]) -> None:
+        """Ask upstream for exactly the entities of the relative regions among ``records``
+        (every live subscription; when that set changed): without it, one whose entity no
+        other subscription covers is never placed. Entities no longer needed are dropped at
+        the next :meth:`end_epoch`, like boxes."""
         entities = frozenset(
-            record.subscription.entity_id
-            for record in self.publishers.records()
+            int(record.subscription.entity_id)
+            for record in records
             if isinstance(record.subscription, Relative)
-            and isinstance(record.subscription.entity_id, int)
-            and -(2**63) <= record.subscription.entity_id < 2**63
         )
         if entities != self._followed:
             self.upstream.follow(entities)
