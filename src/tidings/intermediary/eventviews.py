@@ -34,8 +34,10 @@ Views are evaluated in one worker thread, each on the active tables of the epoch
 in (a copy made by :meth:`~.TableState.adopt`: Arrow tables are shared, not copied), and its
 message goes out with the first :meth:`EventViews.step` after it finished, carrying that
 epoch. So a view that runs to its bounds (:class:`~.sqlviews.SqlLimits`) delays other views
-at most, never the event loop that serves frames, events and requests; a view whose
-evaluation is under way is skipped when due (a latest value: the next one is newer).
+at most, never the event loop that serves frames, events and requests. A subscriber has
+one evaluation in the worker at a time (its other due views wait their turn), so a subscriber
+whose views run to their bounds delays another's view by one evaluation at most per such
+subscriber.
 """
 
 from __future__ import annotations
@@ -198,6 +200,10 @@ class EventViews:
         self._evaluating = TableState(catalog)
         #: Views whose evaluation was handed to the worker and not yet answered.
         self._running: dict[Sid, _ViewSub] = {}
+        #: Views due and not served yet, in order: a subscriber has one evaluation in the
+        #: worker at a time, so its other due views (and one due while its own evaluation
+        #: runs) wait here instead of being skipped, which would lose an epoch's result.
+        self._waiting: dict[Sid, None] = {}
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -354,12 +360,18 @@ class EventViews:
                 del self._running[sid]
                 if self._views.get(sid) is record:  # not replaced or unsubscribed meanwhile
                     out.append((sid[0], self._finished(sid[1], record)))
-        for sid in due:
+        self._waiting.update(dict.fromkeys(due))
+        busy = {subscriber for subscriber, _ in self._running}
+        for sid in list(self._waiting):
             record = self._views.get(sid)
-            # None: being replaced, while upstream takes the new one.
-            if record is not None and record.running is None:
+            if record is None:  # unsubscribed
+                del self._waiting[sid]
+            elif sid[0] not in busy:
+                del self._waiting[sid]
                 message = self._view_message(sid, record)
-                if message is not None:
+                if message is None:
+                    busy.add(sid[0])
+                else:
                     out.append((sid[0], message))
         return out
 
