@@ -124,3 +124,12 @@ def test_a_crafted_subscription_cannot_make_coverage_exponential() -> None:
         for value in ("x0", "x1", "z"):
             t = tuple(value if s == "?" else ("w" if s == "*" else s) for s in p)
             assert any(matches(t, w) for w in wide), t
+
+
+def test_widen_of_many_subscribers_patterns_stays_linear() -> None:
+    """50,000 distinct patterns (about 50 subscribers of 16 keys x 64 patterns): the
+    quadratic minimal walk would take hours on the event loop; cut first, it is a set."""
+    many = [("s", f"t{i % 500}", f"u{i}") for i in range(50_000)]
+    wide = widen(many)
+    assert len(wide) <= 256
+    assert all(any(matches(p, w) for w in wide) for p in many[::97])

@@ -37,6 +37,9 @@ MAX_SEGMENT_BYTES = 256
 MAX_PATTERNS = 64
 #: The most patterns an intermediary subscribes upstream for; past it they are widened.
 MAX_UPSTREAM = 256
+#: The most distinct patterns :func:`widen` makes minimal as they are (quadratic); more are
+#: cut first.
+MAX_MINIMAL = 256
 
 #: The most branches one coverage decision (:func:`covers_all`, :func:`widen`) explores
 #: before it answers "not covered" (a few tens of milliseconds of CPU).
@@ -177,11 +180,22 @@ def widen(patterns: Iterable[QueryType], limit: int = MAX_UPSTREAM) -> tuple[Que
     """At most ``limit`` patterns matching at least what ``patterns`` match (the patent's
     bounding region, for types): each pattern is cut to its first ``d`` segments followed by
     ``*``, with the largest ``d`` that gives few enough; ``("*",)`` at worst. Extra events
-    upstream cost bandwidth, never correctness: each subscriber's own patterns select."""
+    upstream cost bandwidth, never correctness: each subscriber's own patterns select.
+    :func:`minimal` is quadratic, so past :data:`MAX_MINIMAL` distinct patterns they are cut
+    (a set, linear) until that few remain, then made minimal."""
+    kept = tuple(sorted(set(patterns)))
+    depth = max((len(p) for p in kept), default=0)
+    while len(kept) > max(limit, MAX_MINIMAL) and depth > 0:
+        depth -= 1
+        kept = tuple(sorted({_cut(p, depth) for p in kept}))
     with _bounded():
-        kept = minimal(patterns)
-        depth = max((len(p) for p in kept), default=0)
+        kept = minimal(kept)
         while len(kept) > limit and depth > 0:
             depth -= 1
-            kept = minimal(p if len(p) <= depth else (*p[:depth], ANY_REST) for p in kept)
+            kept = minimal(_cut(p, depth) for p in kept)
     return kept if len(kept) <= limit else ((ANY_REST,),)
+
+
+def _cut(pattern: QueryType, depth: int) -> QueryType:
+    """``pattern``'s first ``depth`` segments then ``*`` (itself if it is no longer)."""
+    return pattern if len(pattern) <= depth else (*pattern[:depth], ANY_REST)
