@@ -516,6 +516,67 @@ def test_a_cluster_running_on_its_own_splits_and_merges_under_load_with_clean_st
     asyncio.run(asyncio.wait_for(main(), WAIT))
 
 
+def test_more_pieces_at_another_member_than_one_subscriber_may_hold_are_all_served() -> None:
+    """20 views, each spanning both members' areas with its own piece in the other member's
+    cell: more pieces than the 16 subscriptions one subscriber may hold there. Every view
+    must still get frames equal to brute force (a refused piece would stall its view)."""
+
+    async def main() -> None:
+        sim = RecordedSimulation()
+        partition = RegionPartition(WORLD, (2, 1))
+        directory = Directory()
+        members = []
+        for name in ("west", "east"):
+            feed = sim.feed()
+            member = ClusterServer(
+                name, feed, directory, partition, dim=2, source=lambda feed=feed: [feed.batch()]
+            )
+            await member.start()
+            directory.join(name, member.url)
+            members.append(member)
+        directory.assign([0], "west")
+        directory.assign([1], "east")
+        specs = {
+            f"v{i}": {"box": {"lo": [48, 4.6 * i], "hi": [53, 4.6 * i + 3]}} for i in range(20)
+        }
+        clients = [await ClusterClient.connect(members[1].url) for _ in range(2)]
+        got: dict[str, list[ReceivedFrame]] = {key: [] for key in specs}
+
+        async def read(client: ClusterClient) -> None:
+            async for frame in client.frames():
+                got[frame.key].append(frame)
+
+        readers = [asyncio.create_task(read(client)) for client in clients]
+        try:
+            for i, (key, spec) in enumerate(specs.items()):
+                reply = await clients[i % 2].subscribe(key, spec, rate_hz=1000)
+                assert reply["intermediary"] == "east"
+            for _ in range(200):
+                if all(len(frames) >= 3 for frames in got.values()):
+                    break
+                sim.step(0.05)
+                for member in members:
+                    member.ingest()
+                for member in members:
+                    member.serve()
+                await asyncio.sleep(0.01)
+        finally:
+            for reader, client in zip(readers, clients, strict=True):
+                reader.cancel()
+                await client.close()
+            for member in members:
+                await member.aclose()
+        assert all(len(frames) >= 3 for frames in got.values()), {k: len(f) for k, f in got.items()}
+        for key, frames in got.items():
+            for frame in frames:
+                positions = sim.history[frame.header.epoch]
+                expected = np.flatnonzero(inside(positions, specs[key]))
+                if frame.header.kind is not FrameKind.UNCHANGED:
+                    np.testing.assert_array_equal(frame.ids, expected)
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
 def test_members_that_cannot_read_each_others_state_compose_a_view_over_the_wire() -> None:
     """Two members that do not share a process in spirit (neither can read the other's
     state): the home member of a view spanning both areas subscribes to the other member
