@@ -397,6 +397,13 @@ def test_hostile_requests_at_a_member_get_clear_errors_and_leave_nothing_behind(
                 assert reply["op"] == "releasing"
                 await hostile.unsubscribe(f"k{i}")
             assert member.releasing() == 0
+            await hostile.subscribe("gone", REGIONS[0])
+            await hostile.request({"op": "release", "key": "gone", "before": 10**9})
+        # It left with a release pending while another connection came: nothing of it stays.
+        async with await IntermediaryClient.connect(rig.url(0)):
+            await until(lambda: len(member.connections) == 2)  # the victim and the idle one
+            await rig.tick()
+            assert member.releasing() == 0
         for _ in range(3):
             await rig.tick()
         assert await rig.check() >= 3 and victim.latest("v") == rig.sim.tick

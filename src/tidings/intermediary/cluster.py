@@ -107,6 +107,8 @@ class ClusterServer(IntermediaryServer):
         #: Epochs a subscriber has to follow a handover before it is forgotten.
         self.handover_epochs = 200
         self._owners: dict[int, str] = directory.owners()
+        #: (connections opened, connections open) when :meth:`_forget_gone` last looked.
+        self._connections_seen = (0, 0)
         self.host = "127.0.0.1"
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -276,12 +278,17 @@ class ClusterServer(IntermediaryServer):
         return self.last_frames
 
     def _forget_gone(self) -> None:
-        """Drop what is kept about subscribers that disconnected."""
-        if len(self._clients) > len(self.connections):
-            self._clients = {s: c for s, c in self._clients.items() if s in self.connections}
-            for table in (self._handing, self._releasing):
-                for ident in [i for i in table if i[0] not in self.connections]:
-                    del table[ident]
+        """Drop what is kept about subscribers that disconnected (looked at when connections
+        came or went since the last look: counting them alone misses one leaving while
+        another arrives)."""
+        seen = (self._next_id, len(self.connections))
+        if seen == self._connections_seen:
+            return
+        self._connections_seen = seen
+        self._clients = {s: c for s, c in self._clients.items() if s in self.connections}
+        for table in (self._handing, self._releasing):
+            for ident in [i for i in table if i[0] not in self.connections]:
+                del table[ident]
 
     def releasing(self) -> int:
         """Subscriptions released to another member, served here until their last epoch."""
