@@ -10,6 +10,8 @@ import json
 import random
 import socket
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -460,6 +462,110 @@ def test_a_view_stopped_by_its_bounds_says_so_and_the_subscription_goes_on(
             assert got["h"]["error"] == "the view was stopped: it took more than 20000 steps"
             assert got["ok"]["rows"] == [[40]]
             await client.close()
+
+    run(main())
+
+
+def test_a_view_running_to_its_bound_does_not_stall_the_other_subscribers(
+    tmp_path: Path,
+) -> None:
+    """A hostile cartesian view runs until its time bound (3 s); meanwhile another
+    subscriber's requests are answered (20 round trips take far less than the bound)."""
+    heavy = "SELECT count(*) AS n FROM users AS a, users AS b, users AS c, users AS d, users AS e"
+
+    async def main() -> None:
+        limits = SqlLimits(timeout_s=3.0, max_steps=10**12)
+        async with (
+            running(tmp_path) as srv,
+            chain_rig(srv.address, row_type_prefix=("db",), sql_limits=limits) as rig,
+            await connect(srv.address) as producer,
+        ):
+            service = Service(producer, "SELECT 1")
+            for uid in range(60):
+                await service.change("users", uid, {"id": uid, "name": "n", "city": "c", "age": 1})
+            hostile, honest = await rig.client(), await rig.client()
+            await honest.subscribe_sql("n", "SELECT count(*) AS n FROM users")
+            assert (await next_view(honest, "n"))["rows"] == [[60]]  # all rows are held
+            await hostile.subscribe_sql("h", heavy)
+            stopped = asyncio.create_task(hostile.message(WAIT))
+            for _ in range(20):
+                assert (await honest.unsubscribe("nothing"))["removed"] == 0
+            assert not stopped.done()
+            assert (await stopped)["error"] == "the view was stopped: it took more than 3.0 s"
+            await hostile.close()
+            await honest.close()
+
+    run(main())
+
+
+HEAVY = "SELECT count(*) AS n FROM users AS a, users AS b, users AS c, users AS d, users AS e"
+
+
+@asynccontextmanager
+async def _with_users(tmp_path: Path, timeout_s: float) -> AsyncIterator[tuple[Any, Service]]:
+    """A chain rig whose views stop after ``timeout_s``, and 60 users written."""
+    limits = SqlLimits(timeout_s=timeout_s, max_steps=10**12)
+    async with (
+        running(tmp_path) as srv,
+        chain_rig(srv.address, row_type_prefix=("db",), sql_limits=limits) as rig,
+        await connect(srv.address) as producer,
+    ):
+        service = Service(producer, "SELECT 1")
+        for uid in range(60):
+            await service.change("users", uid, {"id": uid, "name": "n", "city": "c", "age": 1})
+        yield rig, service
+
+
+def test_a_view_due_while_its_subscriber_is_evaluated_gets_the_newest_epoch(
+    tmp_path: Path,
+) -> None:
+    """Two epochs arrive while the subscriber's heavy view runs: its light view is due in
+    both; the second must not be lost (nothing changes after it to make it due again)."""
+
+    async def main() -> None:
+        async with _with_users(tmp_path, 1.0) as (rig, service):
+            client = await rig.client()
+            await client.subscribe_sql("n", "SELECT count(*) AS n FROM users")
+            assert (await next_view(client, "n"))["rows"] == [[60]]
+            await client.subscribe_sql("h", HEAVY)
+            while "error" not in (message := await client.message(WAIT)) or message["key"] != "h":
+                pass
+            for uid in (60, 61):  # two epochs, while the heavy view runs again
+                epoch = rig.views.epoch
+                await service.change("users", uid, {"id": uid, "name": "n", "city": "c", "age": 1})
+                while rig.views.epoch == epoch:
+                    await asyncio.sleep(0.001)
+            while (await next_view(client, "n"))["rows"] != [[62]]:
+                pass
+            await client.close()
+
+    run(main())
+
+
+def test_a_subscriber_of_heavy_views_delays_another_view_by_one_evaluation_at_most(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with _with_users(tmp_path, 1.0) as (rig, _):
+            hostile, honest = await rig.client(), await rig.client()
+            for key in ("h1", "h2", "h3"):
+                await hostile.subscribe_sql(key, HEAVY)
+            await honest.subscribe_sql("n", "SELECT count(*) AS n FROM users")
+            stopped: list[str] = []
+
+            async def read() -> None:
+                while True:
+                    stopped.append((await hostile.message(WAIT))["key"])
+
+            reader = asyncio.create_task(read())
+            assert (await next_view(honest, "n"))["rows"] == [[60]]
+            assert len(stopped) <= 1, stopped  # not after all three heavy views
+            while len(stopped) < 3:  # the others are served in turn, none skipped
+                await asyncio.sleep(0.01)
+            assert sorted(stopped) == ["h1", "h2", "h3"]
+            reader.cancel()
+            await hostile.close()
+            await honest.close()
 
     run(main())
 

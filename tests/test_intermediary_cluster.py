@@ -7,7 +7,9 @@ bounded only so that a broken build fails instead of hanging; nothing asserts a 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -370,6 +372,81 @@ def test_a_handover_to_a_member_running_ahead_keeps_every_epoch_in_order() -> No
     run(body, HashPartition(16))  # no areas: a view is never composed from members apart
 
 
+def test_hostile_requests_at_a_member_get_clear_errors_and_leave_nothing_behind() -> None:
+    """Event and SQL subscriptions at a member without event views, a release forged for
+    another subscriber's key, and a flood of release-then-unsubscribe: clear errors, the
+    forged release harms nobody, and the member keeps nothing for subscriptions gone."""
+
+    async def body(rig: Rig) -> None:
+        member = rig.cluster.members["i0"]
+        victim = await rig.subscriber(rig.url(0), "v", REGIONS[5])
+        async with await IntermediaryClient.connect(rig.url(0)) as hostile:
+            for kind in (
+                {"events": [["order", "*"]]},
+                {"sql": "SELECT 1"},
+                {"events": [["a"]], "region": REGIONS[0]},
+                {},
+            ):
+                with pytest.raises(IntermediaryError, match=r"regions only|exactly one of region"):
+                    await hostile.request({"op": "subscribe", "key": "e", **kind})
+            with pytest.raises(IntermediaryError, match="release: no subscription 'v'"):
+                await hostile.request({"op": "release", "key": "v", "before": 1})
+            for i in range(10):
+                await hostile.subscribe(f"k{i}", REGIONS[0])
+                reply = await hostile.request({"op": "release", "key": f"k{i}", "before": 10**9})
+                assert reply["op"] == "releasing"
+                await hostile.unsubscribe(f"k{i}")
+            assert member.releasing() == 0
+            await hostile.subscribe("gone", REGIONS[0])
+            await hostile.request({"op": "release", "key": "gone", "before": 10**9})
+        # It left with a release pending while another connection came: nothing of it stays.
+        async with await IntermediaryClient.connect(rig.url(0)):
+            await until(lambda: len(member.connections) == 2)  # the victim and the idle one
+            await rig.tick()
+            assert member.releasing() == 0
+        for _ in range(3):
+            await rig.tick()
+        assert await rig.check() >= 3 and victim.latest("v") == rig.sim.tick
+
+    run(body)
+
+
+def test_a_locked_or_corrupt_directory_gives_clear_errors_and_serving_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Real SQLite faults: a file that is not a database, and another connection holding the
+    directory's write lock while the cluster splits (it must not leave a member behind)."""
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"garbage" * 1000)
+    with pytest.raises(IntermediaryError, match=r"directory .*bad\.db: file is not a database"):
+        Directory(bad)
+
+    async def main() -> None:
+        path = tmp_path / "directory.db"
+        sim = Simulation(400, WORLD, max_speed=5.0, seed=7)
+        cluster = Cluster(sim, HashPartition(8), directory=Directory(path, timeout_s=0.2))
+        first = await cluster.start()
+        client = await ClusterClient.connect(first.url, client_id="c0")
+        try:
+            await client.subscribe("k", REGIONS[0], rate_hz=1000)
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("UPDATE members SET url = url")
+            with pytest.raises(IntermediaryError, match=r"directory .*: database is locked"):
+                await cluster.split(first)
+            assert list(cluster.members) == ["i0"]
+            tick = cluster.step()  # the member goes on serving from the owners it read
+            await until(lambda: client.latest("k") >= tick)
+            other.execute("COMMIT")
+            other.close()
+            assert await cluster.split(first) is not None
+        finally:
+            await client.close()
+            await cluster.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
 async def _standalone(rig: Rig, name: str) -> ClusterServer:
     """A member outside the rig's cluster, with a directory of its own."""
     member = ClusterServer(name, rig.sim.feed(), Directory(), HashPartition(1), dim=2, source=None)
@@ -442,6 +519,67 @@ def test_a_cluster_running_on_its_own_splits_and_merges_under_load_with_clean_st
                     np.testing.assert_allclose(frame.world_positions(), positions[frame.ids])
                 elif frame.header.kind is FrameKind.EMPTY:
                     assert expected.size == 0
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
+def test_more_pieces_at_another_member_than_one_subscriber_may_hold_are_all_served() -> None:
+    """20 views, each spanning both members' areas with its own piece in the other member's
+    cell: more pieces than the 16 subscriptions one subscriber may hold there. Every view
+    must still get frames equal to brute force (a refused piece would stall its view)."""
+
+    async def main() -> None:
+        sim = RecordedSimulation()
+        partition = RegionPartition(WORLD, (2, 1))
+        directory = Directory()
+        members = []
+        for name in ("west", "east"):
+            feed = sim.feed()
+            member = ClusterServer(
+                name, feed, directory, partition, dim=2, source=lambda feed=feed: [feed.batch()]
+            )
+            await member.start()
+            directory.join(name, member.url)
+            members.append(member)
+        directory.assign([0], "west")
+        directory.assign([1], "east")
+        specs = {
+            f"v{i}": {"box": {"lo": [48, 4.6 * i], "hi": [53, 4.6 * i + 3]}} for i in range(20)
+        }
+        clients = [await ClusterClient.connect(members[1].url) for _ in range(2)]
+        got: dict[str, list[ReceivedFrame]] = {key: [] for key in specs}
+
+        async def read(client: ClusterClient) -> None:
+            async for frame in client.frames():
+                got[frame.key].append(frame)
+
+        readers = [asyncio.create_task(read(client)) for client in clients]
+        try:
+            for i, (key, spec) in enumerate(specs.items()):
+                reply = await clients[i % 2].subscribe(key, spec, rate_hz=1000)
+                assert reply["intermediary"] == "east"
+            for _ in range(200):
+                if all(len(frames) >= 3 for frames in got.values()):
+                    break
+                sim.step(0.05)
+                for member in members:
+                    member.ingest()
+                for member in members:
+                    member.serve()
+                await asyncio.sleep(0.01)
+        finally:
+            for reader, client in zip(readers, clients, strict=True):
+                reader.cancel()
+                await client.close()
+            for member in members:
+                await member.aclose()
+        assert all(len(frames) >= 3 for frames in got.values()), {k: len(f) for k, f in got.items()}
+        for key, frames in got.items():
+            for frame in frames:
+                positions = sim.history[frame.header.epoch]
+                expected = np.flatnonzero(inside(positions, specs[key]))
+                if frame.header.kind is not FrameKind.UNCHANGED:
+                    np.testing.assert_array_equal(frame.ids, expected)
 
     asyncio.run(asyncio.wait_for(main(), WAIT))
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tidings.errors import IntermediaryError
 from tidings.events.matching import matches
-from tidings.intermediary.patterns import covered, minimal, parse_patterns, widen
+from tidings.intermediary.patterns import covered, covers_all, minimal, parse_patterns, widen
 
 ALPHABET = ("a", "b")
 FRESH = "z"
@@ -105,3 +105,31 @@ def test_widen_cuts_to_the_longest_prefix_that_fits() -> None:
     assert widen(ps, 3) == (("app", "a", "*"), ("app", "b", "*"), ("db", "rows.t"))
     assert widen(ps, 2) == (("app", "*"), ("db", "*"))
     assert widen(ps, 1) == (("*",),)
+
+
+def test_a_crafted_subscription_cannot_make_coverage_exponential() -> None:
+    """31 patterns (one subscription may send 64) naming one of two literals at one of 15
+    positions and a distinct last segment, plus one covering all long types: the exact walk
+    for ``?`` x 16 has 3**15 distinct branches (hours of CPU on the event loop). Bounded, the
+    decision answers "not covered", the safe side, and widen keeps a superset."""
+    hostile = [
+        (*("?" * i), f"x{a}", *("?" * (14 - i)), f"z{i}{a}") for i in range(15) for a in range(2)
+    ]
+    hostile.append((*("?" * 15), "*"))
+    assert parse_patterns([list(p) for p in hostile]) == tuple(hostile)
+    assert not covered(hostile, ("?",) * 16)  # true, but past the bound: "no"
+    assert covers_all(hostile, hostile)  # each is in the set: no walk needed
+    wide = widen(hostile)
+    for p in hostile:
+        for value in ("x0", "x1", "z"):
+            t = tuple(value if s == "?" else ("w" if s == "*" else s) for s in p)
+            assert any(matches(t, w) for w in wide), t
+
+
+def test_widen_of_many_subscribers_patterns_stays_linear() -> None:
+    """50,000 distinct patterns (about 50 subscribers of 16 keys x 64 patterns): the
+    quadratic minimal walk would take hours on the event loop; cut first, it is a set."""
+    many = [("s", f"t{i % 500}", f"u{i}") for i in range(50_000)]
+    wide = widen(many)
+    assert len(wide) <= 256
+    assert all(any(matches(p, w) for w in wide) for p in many[::97])

@@ -97,6 +97,33 @@ def test_a_relative_subscription_is_followed_upstream_as_its_entity_moves() -> N
         node.round(now, budget=10)
 
 
+def test_a_relative_subscription_on_an_idle_intermediary_fetches_its_entity() -> None:
+    """Nothing else is subscribed, so only following entity 7 upstream brings it into the
+    state; the view is then the brute-force selection around it (it stayed EMPTY before)."""
+    sim, node = setup()
+    feed = sim.feeds[0]
+    node.subscribe("c", "k", NEAR_7, rate_hz=1000)
+    assert feed.followed == frozenset({7})
+    now, full = 0.0, 0
+    for _ in range(10):
+        epoch = tick(sim, node)
+        now += 0.1
+        for served in node.round(now, budget=10):
+            header, ids, _ = decode_frame(served.frame.data)
+            assert header.epoch == epoch
+            if served.frame.kind is FrameKind.UNCHANGED:
+                continue
+            expected = sim.ids[inside(sim.positions, NEAR_7)]
+            assert served.frame.kind is not FrameKind.EMPTY or epoch == 1  # 7 arrives first
+            if epoch > 1:
+                np.testing.assert_array_equal(ids, expected)
+                full += 1
+    assert full >= 5
+    node.unsubscribe("c")
+    tick(sim, node)
+    assert feed.followed == frozenset() and feed.boxes == ()
+
+
 @pytest.mark.parametrize(
     ("spec", "caps", "message"),
     [

@@ -284,6 +284,28 @@ def test_a_runaway_view_is_stopped_by_the_step_bound() -> None:
     assert small.evaluate(state).to_pylist() == [{"n": 300}]  # the connection still works
 
 
+def test_a_view_that_builds_huge_values_or_results_is_stopped_by_the_size_bound() -> None:
+    """Memory, not only time: nested replace() multiplies a value's length by ten per level
+    and group_concat over a cartesian join grows one value with every row; both, and a
+    result of many small rows (10,000 of 120 characters), are refused once over
+    ``max_result_bytes``."""
+    state = TableState(CATALOG)
+    state.upsert("users", [{"id": i, "name": "n" * 10, "age": i} for i in range(300)], key="id")
+    limits = SqlLimits(max_result_bytes=1_000_000)
+    blowup = "u.name"
+    for _ in range(6):  # 10**7 characters
+        blowup = f"replace({blowup}, 'n', u.name)"
+    for sql in (
+        f"SELECT length({blowup}) AS n FROM users u WHERE u.id = 0",
+        "SELECT length(group_concat(a.name || b.name)) AS n FROM users a, users b",
+        "SELECT " + " || ".join(["a.name"] * 12) + " AS ab FROM users a, users b",
+    ):
+        with pytest.raises(IntermediaryError, match="larger than 1000000 bytes"):
+            SqlView.parse(sql, CATALOG, limits).evaluate(state)
+    fine = SqlView.parse("SELECT length(group_concat(name)) AS n FROM users", CATALOG, limits)
+    assert fine.evaluate(state).to_pylist() == [{"n": 300 * 11 - 1}]
+
+
 def test_table_state_upserts_by_key_deletes_and_reloads() -> None:
     state = state_of(USERS, EMAILS)
     view = SqlView.parse("SELECT u.id, u.name FROM users u ORDER BY u.id", CATALOG)

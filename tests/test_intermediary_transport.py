@@ -160,6 +160,42 @@ def test_bad_requests_get_an_error_and_the_connection_keeps_working() -> None:
     run(body)
 
 
+def test_absurd_values_get_a_clear_error_each_and_the_connection_goes_on() -> None:
+    """JSON a hostile subscriber can write that Python parses into values no check expected:
+    integers beyond float, NaN and Infinity literals, nesting deeper than the parser's
+    recursion, entity ids the state cannot hold."""
+    big = "1" + "0" * 400
+    small, near = json.dumps(SMALL), '"sphere": {"center": [0, 0], "radius": 5}'
+
+    def subscribe(region: str, extra: str = "") -> str:
+        return f'{{"op": "subscribe", "key": "k", "region": {region}{extra}}}'
+
+    texts = [
+        subscribe(small, f', "priority": {big}'),
+        subscribe(small, f', "rate_hz": {big}'),
+        subscribe(small, ', "priority": NaN'),
+        subscribe(small, ', "rate_hz": Infinity'),
+        subscribe(f'{{"box": {{"lo": [0, 0], "hi": [{big}, 1]}}}}'),
+        subscribe(f'{{{near}, "relative_to": {big}}}'),
+        subscribe(f'{{{near}, "relative_to": "ship-7"}}'),
+        subscribe("[" * 30_000 + "]" * 30_000),
+        "[" * 60_000,
+    ]
+
+    async def body(rig: Rig) -> None:
+        async with websockets.connect(rig.url, max_size=None) as raw:
+            await raw.recv()  # hello
+            for text in texts:
+                await raw.send(text)
+                reply = json.loads(await raw.recv())
+                assert reply["op"] == "error" and reply["message"], (text[:80], reply)
+            assert rig.node.publishers.subscribers() == []
+            await raw.send(json.dumps({"op": "subscribe", "key": "k", "region": SMALL}))
+            assert json.loads(await raw.recv())["op"] == "subscribed"
+
+    run(body)
+
+
 def test_requests_over_the_rate_are_refused() -> None:
     async def body(rig: Rig) -> None:
         client = await IntermediaryClient.connect(rig.url)

@@ -93,6 +93,10 @@ class AreaUpstream:
                 raise IntermediaryError(f"upstream: {box!r} is not subscribed") from None
         self.recut()
 
+    def follow(self, entities: frozenset[int]) -> None:
+        """Entities are followed through this member's own feed (they are not in a cell)."""
+        self._feed(self.name).follow(entities)
+
     def pieces(self) -> dict[str, Counter[Box]]:
         """Each owner's pieces of the requested boxes, as ownership is now: one per cell,
         or one box where an owner's pieces of a box make a box together (fewer boxes for

@@ -107,6 +107,8 @@ class ClusterServer(IntermediaryServer):
         #: Epochs a subscriber has to follow a handover before it is forgotten.
         self.handover_epochs = 200
         self._owners: dict[int, str] = directory.owners()
+        #: (connections opened, connections open) when :meth:`_forget_gone` last looked.
+        self._connections_seen = (0, 0)
         self.host = "127.0.0.1"
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -159,11 +161,16 @@ class ClusterServer(IntermediaryServer):
         self, subscriber: int, request: dict[str, object]
     ) -> dict[str, object]:
         op = request.get("op")
-        if op == "subscribe":
+        if op == "subscribe" and "region" in request and not {"events", "sql"} & set(request):
             return await self._subscribe(subscriber, request)
         if op == "release":
             return self._release(subscriber, request)
-        return await super().handle_request(subscriber, request)
+        plain = {name: value for name, value in request.items() if name not in CLUSTER_FIELDS}
+        reply = await super().handle_request(subscriber, plain)
+        if op in ("subscribe", "unsubscribe"):  # no region of that key is handed over now
+            self._handing.pop((subscriber, str(request.get("key"))), None)
+            self._releasing.pop((subscriber, str(request.get("key"))), None)
+        return reply
 
     async def _subscribe(self, subscriber: int, request: dict[str, object]) -> dict[str, object]:
         client = request.get("client")
@@ -271,12 +278,17 @@ class ClusterServer(IntermediaryServer):
         return self.last_frames
 
     def _forget_gone(self) -> None:
-        """Drop what is kept about subscribers that disconnected."""
-        if len(self._clients) > len(self.connections):
-            self._clients = {s: c for s, c in self._clients.items() if s in self.connections}
-            for table in (self._handing, self._releasing):
-                for ident in [i for i in table if i[0] not in self.connections]:
-                    del table[ident]
+        """Drop what is kept about subscribers that disconnected (looked at when connections
+        came or went since the last look: counting them alone misses one leaving while
+        another arrives)."""
+        seen = (self._next_id, len(self.connections))
+        if seen == self._connections_seen:
+            return
+        self._connections_seen = seen
+        self._clients = {s: c for s, c in self._clients.items() if s in self.connections}
+        for table in (self._handing, self._releasing):
+            for ident in [i for i in table if i[0] not in self.connections]:
+                del table[ident]
 
     def releasing(self) -> int:
         """Subscriptions released to another member, served here until their last epoch."""

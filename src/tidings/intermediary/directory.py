@@ -17,9 +17,10 @@ of them reach.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,39 +51,54 @@ class Directory:
     def __init__(self, path: str | Path | None = None, *, timeout_s: float = 10.0) -> None:
         self.path = None if path is None else str(path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            ":memory:" if self.path is None else self.path,
-            timeout=timeout_s,
-            check_same_thread=False,
-            isolation_level=None,
-        )
-        if self.path is not None:
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db = sqlite3.connect(
+                ":memory:" if self.path is None else self.path,
+                timeout=timeout_s,
+                check_same_thread=False,
+                isolation_level=None,
+            )
+        except sqlite3.Error as exc:
+            raise IntermediaryError(f"directory {self.path}: {exc}") from None
+        with self._locked() as db:
+            if self.path is not None:
+                db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.executescript(_SCHEMA)
 
     def close(self) -> None:
         self._db.close()
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[sqlite3.Connection]:
+        """The connection, one user at a time; SQLite's failures (a file locked past the
+        timeout, unwritable, or not a database) become an error naming the file, which a
+        member answers or logs and goes on with the owners it read last."""
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.Error as exc:
+                raise IntermediaryError(f"directory {self.path or '(in memory)'}: {exc}") from None
+
     # -- reading -----------------------------------------------------------------------
 
     def members(self) -> list[Member]:
-        with self._lock:
-            rows = self._db.execute("SELECT name, url FROM members ORDER BY name").fetchall()
+        with self._locked() as db:
+            rows = db.execute("SELECT name, url FROM members ORDER BY name").fetchall()
         return [Member(name, url) for name, url in rows]
 
     def member(self, name: str) -> Member:
         """The member called ``name``; an unknown name is an error naming it."""
-        with self._lock:
-            row = self._db.execute("SELECT url FROM members WHERE name = ?", (name,)).fetchone()
+        with self._locked() as db:
+            row = db.execute("SELECT url FROM members WHERE name = ?", (name,)).fetchone()
         if row is None:
             raise IntermediaryError(f"directory: no intermediary called {name!r:.80}")
         return Member(name, row[0])
 
     def owner(self, slot: int) -> Member:
         """The member owning ``slot``; a slot nobody owns is an error naming it."""
-        with self._lock:
-            row = self._db.execute(
+        with self._locked() as db:
+            row = db.execute(
                 "SELECT m.name, m.url FROM slots s JOIN members m ON m.name = s.owner "
                 "WHERE s.slot = ?",
                 (slot,),
@@ -92,16 +108,16 @@ class Directory:
         return Member(*row)
 
     def slots_of(self, name: str) -> list[int]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._locked() as db:
+            rows = db.execute(
                 "SELECT slot FROM slots WHERE owner = ? ORDER BY slot", (name,)
             ).fetchall()
         return [slot for (slot,) in rows]
 
     def owners(self) -> dict[int, str]:
         """Every assigned slot and its owner's name."""
-        with self._lock:
-            rows = self._db.execute("SELECT slot, owner FROM slots").fetchall()
+        with self._locked() as db:
+            rows = db.execute("SELECT slot, owner FROM slots").fetchall()
         return dict(rows)
 
     # -- changing ----------------------------------------------------------------------
@@ -112,8 +128,8 @@ class Directory:
             raise IntermediaryError(f"directory: a name is 1..{MAX_NAME} characters")
         if not isinstance(url, str) or not url.startswith(("ws://", "wss://")):
             raise IntermediaryError(f"directory: {name!r} needs a ws:// URL, not {url!r:.80}")
-        with self._lock:
-            self._db.execute(
+        with self._locked() as db:
+            db.execute(
                 "INSERT INTO members (name, url) VALUES (?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET url = excluded.url",
                 (name, url),
@@ -122,30 +138,30 @@ class Directory:
 
     def leave(self, name: str) -> None:
         """Remove a member that owns no slot any more."""
-        with self._lock:
-            owned = self._db.execute(
-                "SELECT COUNT(*) FROM slots WHERE owner = ?", (name,)
-            ).fetchone()[0]
+        with self._locked() as db:
+            owned = db.execute("SELECT COUNT(*) FROM slots WHERE owner = ?", (name,)).fetchone()[0]
             if owned:
                 raise IntermediaryError(
                     f"directory: {name!r} still owns {owned} slot(s); hand them over first"
                 )
-            self._db.execute("DELETE FROM members WHERE name = ?", (name,))
+            db.execute("DELETE FROM members WHERE name = ?", (name,))
 
     def assign(self, slots: Iterable[int], owner: str) -> None:
         """Give ``slots`` to ``owner`` (a member), all in one transaction."""
         slots = [int(slot) for slot in slots]
-        with self._lock:
+        with self._locked() as db:
+            db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                self._db.executemany(
+                db.executemany(
                     "INSERT INTO slots (slot, owner) VALUES (?, ?) "
                     "ON CONFLICT(slot) DO UPDATE SET owner = excluded.owner",
                     [(slot, owner) for slot in slots],
                 )
-                self._db.execute("COMMIT")
-            except sqlite3.IntegrityError:
-                self._db.execute("ROLLBACK")
-                raise IntermediaryError(
-                    f"directory: {owner!r:.80} is not a member; join it first"
-                ) from None
+                db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.IntegrityError):
+                    raise IntermediaryError(
+                        f"directory: {owner!r:.80} is not a member; join it first"
+                    ) from None
+                raise

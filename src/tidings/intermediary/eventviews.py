@@ -29,6 +29,15 @@ skipped or merged. A slow event subscriber is bounded by the transport's per-con
 value: it is scheduled (:class:`.scheduling.Scheduler`, ``per_epoch``) at its rate and
 priority, and each time it is due it gets its rows, or ``unchanged`` when its tables did not
 change or the result is what it last got.
+
+Views are evaluated in one worker thread, each on the active tables of the epoch it was due
+in (a copy made by :meth:`~.TableState.adopt`: Arrow tables are shared, not copied), and its
+message goes out with the first :meth:`EventViews.step` after it finished, carrying that
+epoch. So a view that runs to its bounds (:class:`~.sqlviews.SqlLimits`) delays other views
+at most, never the event loop that serves frames, events and requests. A subscriber has
+one evaluation in the worker at a time (its other due views wait their turn), so a subscriber
+whose views run to their bounds delays another's view by one evaluation at most per such
+subscriber.
 """
 
 from __future__ import annotations
@@ -38,14 +47,14 @@ import base64
 import hashlib
 import json
 import logging
-import math
 from collections.abc import Hashable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tidings.errors import IntermediaryError, UsageError
 from tidings.events import PayloadKind, QueryType, StoredEvent, TypeMatcher
-from tidings.intermediary.patterns import covered, parse_patterns, widen
+from tidings.intermediary.patterns import covers_all, parse_patterns, widen
 from tidings.intermediary.primitives import Primitive, covers
 from tidings.intermediary.process import MAX_KEY_BYTES, MAX_RATE_HZ
 from tidings.intermediary.rows import parse_row_change, row_server_type
@@ -94,11 +103,22 @@ class _EventSub:
     matcher: TypeMatcher
 
 
+@dataclass(frozen=True)
+class _Result:
+    """A view's result as the worker hands it over: JSON-ready, with its digest."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    digest: bytes
+
+
 @dataclass
 class _ViewSub:
     view: SqlView
+    #: The epoch of the latest evaluation (the one under way, if any).
     evaluated: int = -1
     digest: bytes | None = None
+    running: Future[_Result] | None = None
 
 
 def event_message(event: StoredEvent) -> dict[str, Any]:
@@ -126,15 +146,15 @@ def _check_schedule(priority: object, rate_hz: object, max_priority: float) -> t
         or not 0 <= priority <= max_priority
     ):
         raise IntermediaryError(
-            f"priority: expected a number in [0, {max_priority}], got {priority!r}"
+            f"priority: expected a number in [0, {max_priority}], got {priority!r:.40}"
         )
     if (
         isinstance(rate_hz, bool)
         or not isinstance(rate_hz, (int, float))
-        or not (math.isfinite(rate_hz) and 0 < rate_hz <= MAX_RATE_HZ)
+        or not 0 < rate_hz <= MAX_RATE_HZ  # NaN fails; an int beyond float is compared
     ):
         raise IntermediaryError(
-            f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r}"
+            f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r:.40}"
         )
     return float(priority), float(rate_hz)
 
@@ -175,6 +195,15 @@ class EventViews:
         self._keys: dict[Hashable, set[str]] = {}
         self._changed_at: dict[str, int] = {}
         self._lock = asyncio.Lock()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="tidings-sql-views")
+        #: The worker's own tables (only the worker thread touches them).
+        self._evaluating = TableState(catalog)
+        #: Views whose evaluation was handed to the worker and not yet answered.
+        self._running: dict[Sid, _ViewSub] = {}
+        #: Views due and not served yet, in order: a subscriber has one evaluation in the
+        #: worker at a time, so its other due views (and one due while its own evaluation
+        #: runs) wait here instead of being skipped, which would lose an epoch's result.
+        self._waiting: dict[Sid, None] = {}
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -207,7 +236,7 @@ class EventViews:
             if events is not None:
                 patterns = parse_patterns(events)
                 record: _EventSub | _ViewSub = _EventSub(patterns, TypeMatcher(patterns))
-                was_covered = all(covered(self.patterns, p) for p in patterns)
+                was_covered = covers_all(self.patterns, patterns)
             else:
                 view = self._parse_view(sql)
                 prio, rate = _check_schedule(priority, rate_hz, self.scheduler.max_priority)
@@ -286,9 +315,7 @@ class EventViews:
         types = {t: row_server_type(self.row_type_prefix, t) for t in sorted(tables)}
         wanted = widen({*(p for s in self._events.values() for p in s.patterns),
                         *types.values()})  # fmt: skip
-        same = all(covered(self.patterns, p) for p in wanted) and all(
-            covered(wanted, p) for p in self.patterns
-        )
+        same = covers_all(self.patterns, wanted) and covers_all(wanted, self.patterns)
         if same and tables == self.tables:
             return
         # Batches (a new table's load among them) may be taken while the update is under
@@ -328,11 +355,29 @@ class EventViews:
             due = self.scheduler.due(now, budget)
         except UsageError as exc:
             raise IntermediaryError(f"schedule: {exc}") from None
-        for sid in due:
+        for sid, record in list(self._running.items()):
+            if record.running is not None and record.running.done():
+                del self._running[sid]
+                if self._views.get(sid) is record:  # not replaced or unsubscribed meanwhile
+                    out.append((sid[0], self._finished(sid[1], record)))
+        self._waiting.update(dict.fromkeys(due))
+        busy = {subscriber for subscriber, _ in self._running}
+        for sid in list(self._waiting):
             record = self._views.get(sid)
-            if record is not None:  # None: being replaced, while upstream takes the new one
-                out.append((sid[0], self._view_message(sid[1], record)))
+            if record is None:  # unsubscribed
+                del self._waiting[sid]
+            elif sid[0] not in busy:
+                del self._waiting[sid]
+                message = self._view_message(sid, record)
+                if message is None:
+                    busy.add(sid[0])
+                else:
+                    out.append((sid[0], message))
         return out
+
+    def close(self) -> None:
+        """Stop the worker (an evaluation under way ends at its bounds)."""
+        self._worker.shutdown(wait=False, cancel_futures=True)
 
     def _subscribers_of(self, event_type: tuple[str, ...]) -> list[Sid]:
         """The event subscriptions ``event_type`` matches; matched once per type (a server's
@@ -371,26 +416,44 @@ class EventViews:
             self.bad_rows += len(final)
             log.warning("intermediary: row events of %s not folded: %s", table, exc)
 
-    def _view_message(self, key: str, record: _ViewSub) -> dict[str, Any]:
-        head: dict[str, Any] = {"op": "view", "key": key, "epoch": self.epoch}
+    def _view_message(self, sid: Sid, record: _ViewSub) -> dict[str, Any] | None:
+        """``unchanged`` if its tables did not change since it was evaluated; else None, and
+        its evaluation on this epoch's tables is handed to the worker."""
         if record.digest is not None and all(
             self._changed_at.get(t, 0) <= record.evaluated for t in record.view.tables
         ):
-            return {**head, "unchanged": True}
+            return {"op": "view", "key": sid[1], "epoch": self.epoch, "unchanged": True}
         record.evaluated = self.epoch
+        tables = TableState(self.catalog)
+        tables.adopt(self.active)
+        record.running = self._worker.submit(self._evaluate, record.view, tables)
+        self._running[sid] = record
+        return None
+
+    def _evaluate(self, view: SqlView, tables: TableState) -> _Result:
+        """In the worker: ``view`` on ``tables`` (its SQLite copy rebuilt where they
+        changed), as JSON-ready rows and their digest."""
+        self._evaluating.adopt(tables)
+        result = view.evaluate(self._evaluating)
+        columns = result.column_names
+        values = [result.column(i).to_pylist() for i in range(result.num_columns)]
+        rows = [list(r) for r in zip(*values, strict=True)]
+        body = json.dumps([columns, rows], default=str)
+        return _Result(columns, rows, hashlib.blake2b(body.encode(), digest_size=16).digest())
+
+    def _finished(self, key: str, record: _ViewSub) -> dict[str, Any]:
+        """The message of an evaluation the worker finished: rows, error or ``unchanged``."""
+        head: dict[str, Any] = {"op": "view", "key": key, "epoch": record.evaluated}
+        assert record.running is not None
+        running, record.running = record.running, None
         try:
-            result = record.view.evaluate(self.active)
+            result = running.result()
         except Exception as exc:  # one view's failure must not stop the tick for the others
             if not isinstance(exc, IntermediaryError):
                 log.exception("intermediary: view %s failed", record.view)
             record.digest = None
             return {**head, "error": str(exc)}
-        columns = result.column_names
-        values = [result.column(i).to_pylist() for i in range(result.num_columns)]
-        rows = [list(r) for r in zip(*values, strict=True)]
-        body = json.dumps([columns, rows], default=str)
-        digest = hashlib.blake2b(body.encode(), digest_size=16).digest()
-        if digest == record.digest:
+        if result.digest == record.digest:
             return {**head, "unchanged": True}
-        record.digest = digest
-        return {**head, "columns": columns, "rows": rows}
+        record.digest = result.digest
+        return {**head, "columns": result.columns, "rows": result.rows}

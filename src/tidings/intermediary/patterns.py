@@ -11,14 +11,21 @@ pattern names there can be told apart; every other value behaves as one "fresh" 
 :func:`covered` walks the pattern segment by segment, branching on ``?`` and ``*`` over those
 literals plus one fresh value, and keeps, for each branch, the remainders of the upstream
 patterns that still match (their derivatives). Upstream ``("*",)``-remainders end a branch at
-once; every other remainder gets shorter each step, so the walk ends. It is exponential only
-in the number of ``?``/``*`` segments of one pattern, which :data:`MAX_SEGMENTS` bounds.
+once; every other remainder gets shorter each step, so the walk ends. It is exponential in
+the number of ``?``/``*`` segments of one pattern (at most :data:`MAX_SEGMENTS`), with the
+literals named at each position as the base: 31 crafted patterns of 16 segments would take
+hours. So the walk is bounded: past :data:`MAX_COVER_STEPS` branches in one decision (one
+:func:`covers_all`, one :func:`widen`) the answer is "not covered", which is always safe
+here (a pattern is kept, or asked upstream, that was not needed: more events upstream, never
+fewer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 
 from tidings.errors import IntermediaryError, StoreError
 from tidings.events.matching import ANY_ONE, ANY_REST, QueryType, validate_query_type
@@ -30,9 +37,29 @@ MAX_SEGMENT_BYTES = 256
 MAX_PATTERNS = 64
 #: The most patterns an intermediary subscribes upstream for; past it they are widened.
 MAX_UPSTREAM = 256
+#: The most distinct patterns :func:`widen` makes minimal as they are (quadratic); more are
+#: cut first.
+MAX_MINIMAL = 256
+
+#: The most branches one coverage decision (:func:`covers_all`, :func:`widen`) explores
+#: before it answers "not covered" (a few tens of milliseconds of CPU).
+MAX_COVER_STEPS = 2_000
 
 #: A segment value equal to no literal: stands for all values no pattern names.
 _FRESH = object()
+
+
+class _Exhausted(Exception):
+    """The walk took more than its steps."""
+
+
+class _Budget(threading.local):
+    """Steps left to the decision under way in this thread (None: none under way)."""
+
+    left: int | None = None
+
+
+_budget = _Budget()
 
 
 def parse_patterns(spec: object) -> tuple[QueryType, ...]:
@@ -82,7 +109,11 @@ def _values(patterns: frozenset[QueryType]) -> list[object]:
 
 @functools.lru_cache(maxsize=4096)
 def _covered(pattern: QueryType, upstream: frozenset[QueryType], top: bool) -> bool:
-    if (ANY_REST,) in upstream:
+    if _budget.left is not None:
+        if _budget.left <= 0:
+            raise _Exhausted
+        _budget.left -= 1
+    if (ANY_REST,) in upstream or pattern in upstream:
         return True
     if not upstream:
         # Every pattern matches some type, except () at the top (it matches only the empty
@@ -104,18 +135,44 @@ def _covered(pattern: QueryType, upstream: frozenset[QueryType], top: bool) -> b
 
 def covered(upstream: Iterable[QueryType], pattern: QueryType) -> bool:
     """Whether every (non-empty) event type ``pattern`` matches is matched by some pattern
-    of ``upstream``: exact, neither a wrong yes nor a wrong no."""
-    return _covered(pattern, frozenset(upstream), True)
+    of ``upstream``: exact, neither a wrong yes nor a wrong no, within
+    :data:`MAX_COVER_STEPS`; past them "no"."""
+    return covers_all(upstream, (pattern,))
+
+
+def covers_all(upstream: Iterable[QueryType], patterns: Iterable[QueryType]) -> bool:
+    """Whether ``upstream`` covers every one of ``patterns`` (:func:`covered`), all of them
+    within one :data:`MAX_COVER_STEPS`."""
+    held = frozenset(upstream)
+    with _bounded():
+        try:
+            return all(_covered(pattern, held, True) for pattern in patterns)
+        except _Exhausted:
+            return False
+
+
+@contextlib.contextmanager
+def _bounded() -> Iterator[None]:
+    """:data:`MAX_COVER_STEPS` for what runs inside, unless an enclosing call set them."""
+    if _budget.left is not None:
+        yield
+        return
+    _budget.left = MAX_COVER_STEPS
+    try:
+        yield
+    finally:
+        _budget.left = None
 
 
 def minimal(patterns: Iterable[QueryType]) -> tuple[QueryType, ...]:
     """The same union with no pattern the others cover (drop them one at a time, so two
     equal-language patterns do not both go). Sorted, so equal sets compare equal."""
     kept = sorted(set(patterns))
-    for p in list(kept):
-        others = [q for q in kept if q != p]
-        if covered(others, p):
-            kept = others
+    with _bounded():
+        for p in list(kept):
+            others = [q for q in kept if q != p]
+            if covered(others, p):
+                kept = others
     return tuple(kept)
 
 
@@ -123,10 +180,22 @@ def widen(patterns: Iterable[QueryType], limit: int = MAX_UPSTREAM) -> tuple[Que
     """At most ``limit`` patterns matching at least what ``patterns`` match (the patent's
     bounding region, for types): each pattern is cut to its first ``d`` segments followed by
     ``*``, with the largest ``d`` that gives few enough; ``("*",)`` at worst. Extra events
-    upstream cost bandwidth, never correctness: each subscriber's own patterns select."""
-    kept = minimal(patterns)
+    upstream cost bandwidth, never correctness: each subscriber's own patterns select.
+    :func:`minimal` is quadratic, so past :data:`MAX_MINIMAL` distinct patterns they are cut
+    (a set, linear) until that few remain, then made minimal."""
+    kept = tuple(sorted(set(patterns)))
     depth = max((len(p) for p in kept), default=0)
-    while len(kept) > limit and depth > 0:
+    while len(kept) > max(limit, MAX_MINIMAL) and depth > 0:
         depth -= 1
-        kept = minimal(p if len(p) <= depth else (*p[:depth], ANY_REST) for p in kept)
+        kept = tuple(sorted({_cut(p, depth) for p in kept}))
+    with _bounded():
+        kept = minimal(kept)
+        while len(kept) > limit and depth > 0:
+            depth -= 1
+            kept = minimal(_cut(p, depth) for p in kept)
     return kept if len(kept) <= limit else ((ANY_REST,),)
+
+
+def _cut(pattern: QueryType, depth: int) -> QueryType:
+    """``pattern``'s first ``depth`` segments then ``*`` (itself if it is no longer)."""
+    return pattern if len(pattern) <= depth else (*pattern[:depth], ANY_REST)

@@ -21,6 +21,7 @@ from tidings.intermediary.client import IntermediaryClient
 from tidings.intermediary.generation import MAX_ENTITIES_CAP, FrameKind
 from tidings.intermediary.geometry import Box
 from tidings.intermediary.process import MAX_RATE_HZ
+from tidings.intermediary.stores import DEFAULT_MAX_PER_SUBSCRIBER
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,10 @@ class RemotePart:
                 self._ops.put_nowait((key, box))
             self._count[box] += 1
 
+    def follow(self, entities: frozenset[int]) -> None:
+        """Refused: a member follows entities through its own feed, never a peer's area."""
+        raise IntermediaryError(f"upstream: member {self.name!r} only holds pieces of boxes")
+
     def unsubscribe(self, boxes: Sequence[Box]) -> None:
         for box in boxes:
             if self._count[box] == 0:
@@ -99,33 +104,59 @@ class RemotePart:
             await self._task
 
     async def _run(self) -> None:
-        try:
-            client = await IntermediaryClient.connect(self.url)
-        except Exception as exc:  # refused, not a member: named, and views wait for it
-            self.error = f"peer: cannot reach intermediary {self.name!r} at {self.url}: {exc}"
-            log.warning("%s", self.error)
-            return
-        reader = asyncio.create_task(self._read(client))
+        #: Connections to the remote member with the keys each holds: a member takes at most
+        #: DEFAULT_MAX_PER_SUBSCRIBER subscriptions per connection, like any subscriber.
+        links: list[tuple[IntermediaryClient, set[str]]] = []
+        readers: list[asyncio.Task[None]] = []
         try:
             while True:
                 key, box = await self._ops.get()
                 try:
                     if box is not None:
+                        client = await self._link(links, readers)
+                        keys = next(k for c, k in links if c is client)
+                        keys.add(key)
                         region = {"box": {"lo": list(box.lo), "hi": list(box.hi)}}
-                        reply = await client.subscribe(
-                            key, region, rate_hz=MAX_RATE_HZ, capabilities=WHOLE_PIECE
-                        )
+                        try:
+                            reply = await client.subscribe(
+                                key, region, rate_hz=MAX_RATE_HZ, capabilities=WHOLE_PIECE
+                            )
+                        except IntermediaryError:
+                            keys.discard(key)
+                            raise
                         if key in self._frames:
                             self._start[key] = int(reply["from_epoch"])
                     else:
-                        await client.unsubscribe(key)
+                        for client, keys in links:
+                            if key in keys:
+                                keys.discard(key)
+                                await client.unsubscribe(key)
                 except IntermediaryError as exc:
                     self.error = f"peer {self.name!r}: {exc}"
                     log.warning("%s", self.error)
         finally:
-            reader.cancel()
-            with contextlib.suppress(BaseException):
-                await client.close()
+            for reader in readers:
+                reader.cancel()
+            for client, _ in links:
+                with contextlib.suppress(BaseException):
+                    await client.close()
+
+    async def _link(
+        self, links: list[tuple[IntermediaryClient, set[str]]], readers: list[asyncio.Task[None]]
+    ) -> IntermediaryClient:
+        """A connection with room for one more piece, opened if none has."""
+        for client, keys in links:
+            if len(keys) < DEFAULT_MAX_PER_SUBSCRIBER:
+                return client
+        try:
+            client = await IntermediaryClient.connect(self.url)
+        except Exception as exc:  # refused, not a member: named, and views wait for it
+            raise IntermediaryError(
+                f"cannot reach intermediary {self.name!r} at {self.url}: {exc}"
+            ) from None
+        links.append((client, set()))
+        readers.append(asyncio.create_task(self._read(client)))
+        return client
 
     async def _read(self, client: IntermediaryClient) -> None:
         async for frame in client.frames():

@@ -15,8 +15,7 @@ each of its subscriptions (by key) gets one frame, so a round returns
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +48,12 @@ class Upstream(Protocol):
     def subscribe(self, boxes: Sequence[Box]) -> None: ...
 
     def unsubscribe(self, boxes: Sequence[Box]) -> None: ...
+
+    def follow(self, entities: frozenset[int]) -> None:
+        """Deliver these entities wherever they are, besides the boxes (replacing the set
+        given before): the entities of relative regions, which must be in the state before
+        their regions can be placed and covered."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ class Intermediary:
         #: It may return None: nothing newer for this subscription this round.
         self.compose: Callable[[stores.SubscriptionRecord, Snapshot], Snapshot | None] | None = None
         self._index: tuple[int, GridIndex] | None = None
+        #: The entities upstream was last asked to follow (:meth:`_follow`).
+        self._followed: frozenset[int] = frozenset()
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -114,14 +121,28 @@ class Intermediary:
         if (
             isinstance(rate_hz, bool)
             or not isinstance(rate_hz, (int, float))
-            or not (math.isfinite(rate_hz) and 0 < rate_hz <= MAX_RATE_HZ)
+            or not 0 < rate_hz <= MAX_RATE_HZ  # NaN fails; an int beyond float is compared
         ):
             raise IntermediaryError(
-                f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r}"
+                f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r:.40}"
             )
-        if isinstance(priority, bool) or not isinstance(priority, (int, float)):
-            raise IntermediaryError(f"priority: expected a number, got {priority!r}")
+        top_priority = self.scheduler.max_priority
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, (int, float))
+            or not 0 <= priority <= top_priority
+        ):
+            raise IntermediaryError(
+                f"priority: expected a number in [0, {top_priority}], got {priority!r:.40}"
+            )
         subscription = parse_region(spec)
+        if isinstance(subscription, Relative) and not (
+            isinstance(subscription.entity_id, int) and -(2**63) <= subscription.entity_id < 2**63
+        ):
+            raise IntermediaryError(
+                f"relative_to: expected an int64 entity id (the state keys entities by int64), "
+                f"got {subscription.entity_id!r:.40}"
+            )
         caps = (
             capabilities
             if isinstance(capabilities, Capabilities)
@@ -143,6 +164,8 @@ class Intermediary:
         )
         try:
             self._push(outcome.upstream)
+            if isinstance(subscription, Relative):  # a new entity to follow, at once
+                self._follow(self.publishers.records())
         except Exception as exc:  # the publisher refused or failed: the request is undone
             self._undo(subscriber, key, outcome)
             raise IntermediaryError(
@@ -220,6 +243,7 @@ class Intermediary:
         ]
         if moving:
             self._push(self.subscriptions.track(moving))
+        self._follow(self.publishers.records())
         try:
             self.scheduler.state_updated(epoch)
         except UsageError as exc:
@@ -233,6 +257,20 @@ class Intermediary:
         old = outcome.replaced
         if old is not None:
             self.publishers.put(subscriber, key, old.subscription, old.priority, old.capabilities)
+
+    def _follow(self, records: Iterable[stores.SubscriptionRecord]) -> None:
+        """Ask upstream for exactly the entities of the relative regions among ``records``
+        (every live subscription; when that set changed): without it, one whose entity no
+        other subscription covers is never placed. Entities no longer needed are dropped at
+        the next :meth:`end_epoch`, like boxes."""
+        entities = frozenset(
+            int(record.subscription.entity_id)
+            for record in records
+            if isinstance(record.subscription, Relative)
+        )
+        if entities != self._followed:
+            self.upstream.follow(entities)
+            self._followed = entities
 
     def _push(self, diff: UpstreamDiff) -> None:
         """Subscribe to the added boxes first, then drop the removed ones (nothing missed)."""

@@ -112,7 +112,11 @@ class Cluster:
             source=self._source(feed),
         )
         await member.start(self.host)
-        self.directory.join(name, member.url)
+        try:
+            self.directory.join(name, member.url)
+        except IntermediaryError:  # the directory cannot be written now: no member is left
+            await member.aclose()
+            raise
         self.members[name] = member
         return member
 
@@ -166,8 +170,15 @@ class Cluster:
             log.warning("cluster: %s has %d slot(s); it cannot split", member.name, len(slots))
             return None
         extra = await self._add()
+        try:
+            self.directory.assign(slots[len(slots) // 2 :], extra.name)
+        except IntermediaryError:  # nothing moved: the new member goes again
+            del self.members[extra.name]
+            await extra.aclose()
+            with contextlib.suppress(IntermediaryError):  # a row owning nothing is harmless
+                self.directory.leave(extra.name)
+            raise
         self.parents[extra.name] = member.name
-        self.directory.assign(slots[len(slots) // 2 :], extra.name)
         self._moved()
         self.splits += 1
         return extra

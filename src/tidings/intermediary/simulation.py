@@ -114,6 +114,7 @@ class SimulationFeed:
         self.simulation = simulation
         self._boxes: list[Box] = []
         self._sent = np.empty(0, dtype=np.int64)
+        self._followed = np.empty(0, dtype=np.int64)
         self.bytes_sent = 0
         self.batches = 0
 
@@ -142,8 +143,19 @@ class SimulationFeed:
             except ValueError:
                 raise IntermediaryError(f"simulation: {box!r} is not subscribed") from None
 
+    @property
+    def followed(self) -> frozenset[int]:
+        """The entities sent wherever they are (see :meth:`follow`)."""
+        return frozenset(int(entity) for entity in self._followed)
+
+    def follow(self, entities: frozenset[int]) -> None:
+        """Send these agents in every batch besides those in the boxes (replaces the set)."""
+        if not all(type(e) is int and -(2**63) <= e < 2**63 for e in entities):
+            raise IntermediaryError("simulation: follow expects int64 agent ids")
+        self._followed = np.fromiter(entities, dtype=np.int64, count=len(entities))
+
     def relevant(self) -> np.ndarray:
-        """The row mask of the agents inside the union of the boxes, now."""
+        """The row mask of the agents inside the union of the boxes or followed, now."""
         positions = self.simulation.positions
         index = self.simulation.index()
         mask = np.zeros(len(positions), dtype=bool)
@@ -154,6 +166,9 @@ class SimulationFeed:
                 mask |= box.contains(positions)
             else:
                 mask[rows[box.contains(positions[rows])]] = True
+        followed = self._followed  # read once: follow() may replace it from another thread
+        if followed.size:
+            mask |= np.isin(self.simulation.ids, followed)
         return mask
 
     def batch(self) -> UpdateBatch:

@@ -52,6 +52,11 @@ def _authorizer(tables: frozenset[str]) -> Any:
     return authorize
 
 
+def _size(value: object) -> int:
+    """What a result value counts against ``max_result_bytes``."""
+    return len(value) if isinstance(value, (str, bytes)) else 8
+
+
 def _sqlite_values(table: str, column: str, array: pa.ChunkedArray) -> list[Any]:
     kind = array.type
     if (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
@@ -293,17 +298,30 @@ class TableState:
                     reason.append(f"more than {limits.timeout_s} s")
                 return 1 if reason else 0
 
+            too_large = (
+                f"the view was stopped: its result is larger than {limits.max_result_bytes} bytes"
+            )
             conn.set_progress_handler(progress, _STEP)
             conn.set_authorizer(_authorizer(frozenset(view.tables)))
+            length = conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.max_result_bytes)
             try:
                 cursor = conn.execute(view.sql)
-                rows = cursor.fetchall()
+                rows: list[tuple[Any, ...]] = []
+                size = 0
+                while batch := cursor.fetchmany(1000):
+                    size += sum(_size(value) for row in batch for value in row)
+                    if size > limits.max_result_bytes:
+                        raise IntermediaryError(too_large)
+                    rows.extend(batch)
                 names = [d[0] for d in cursor.description]
             except sqlite3.Error as error:
                 if reason:
                     raise IntermediaryError(f"the view was stopped: it took {reason[0]}") from None
+                if getattr(error, "sqlite_errorname", "") == "SQLITE_TOOBIG":
+                    raise IntermediaryError(too_large) from None
                 raise IntermediaryError(f"the view failed: {error}") from None
             finally:
+                conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, length)
                 conn.set_authorizer(None)
                 conn.set_progress_handler(None, 0)
             types = []

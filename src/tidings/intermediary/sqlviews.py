@@ -151,7 +151,10 @@ class SqlLimits:
     """The bounds every view is held to; all positive.
 
     ``max_rows`` is the LIMIT added to a view without one and the highest LIMIT (and OFFSET)
-    accepted. ``max_steps`` and ``timeout_s`` bound one evaluation in the engine.
+    accepted. ``max_steps`` and ``timeout_s`` bound one evaluation in the engine, and
+    ``max_result_bytes`` its memory: no value the engine builds (``replace``,
+    ``group_concat``, ``||``) and no result as a whole may be larger (text counted in
+    characters, a number as 8 bytes).
     """
 
     max_sql_chars: int = 10_000
@@ -162,10 +165,11 @@ class SqlLimits:
     max_steps: int = 50_000_000
     timeout_s: float = 5.0
     max_disjuncts: int = 8
+    max_result_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in ("max_sql_chars", "max_rows", "max_tables", "max_depth", "max_nodes",
-                     "max_steps", "max_disjuncts"):  # fmt: skip
+                     "max_steps", "max_disjuncts", "max_result_bytes"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise IntermediaryError(

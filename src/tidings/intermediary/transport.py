@@ -29,7 +29,7 @@ is no loop: the owner (a cluster stepping several intermediaries together) calls
 server pushes unasked (:meth:`IntermediaryServer.notify`) go out after the frames already
 offered to that connection, in order.
 Everything runs on the server's event loop (a slice: generation of a round is not moved to a
-thread yet).
+thread yet), except SQL views' evaluation (:mod:`.eventviews`' worker thread).
 
 With ``views`` (an :class:`~.eventviews.EventViews` over the event server), a subscribe
 request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instead of
@@ -223,6 +223,8 @@ class IntermediaryServer:
             self._server.should_exit = True
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(self._serve_task, self.limits.close_timeout_s)
+        if self.views is not None:
+            self.views.close()
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -404,6 +406,8 @@ class IntermediaryServer:
             request = json.loads(text)
         except ValueError as exc:
             return {"op": "error", "message": f"request: not JSON ({exc})"}
+        except RecursionError:
+            return {"op": "error", "message": "request: JSON nested too deeply"}
         if not isinstance(request, dict):
             return {"op": "error", "message": "request: expected a JSON object"}
         try:
