@@ -32,6 +32,7 @@ from tidings.intermediary.generation import (
 )
 from tidings.intermediary.geometry import Box, Region, Relative, parse_region
 from tidings.intermediary.grid import GridIndex
+from tidings.intermediary.roundgen import generate_round
 from tidings.intermediary.scheduling import Scheduler, SubscriberStatus
 from tidings.intermediary.state import Snapshot, StateStore, UpdateBatch
 from tidings.intermediary.stores import PublisherStore, SubscriberStore, UpstreamDiff
@@ -254,11 +255,11 @@ class Intermediary:
         if not due:
             return []
         snapshot = self.state.snapshot()
-        index = self._grid(snapshot)
         # Subscribers asking for the same view (region, capabilities, own position) in one
-        # round share one selection and one encoding.
-        made: dict[tuple[Region, Capabilities, tuple[float, ...] | None], Frame] = {}
-        served: list[Served] = []
+        # round share one selection and one encoding; the round's views of the snapshot are
+        # generated together (roundgen), the rest (composed states, EMPTY) one by one.
+        views: dict[tuple[Region, Capabilities, tuple[float, ...] | None], int] = {}
+        pending: list[tuple[Hashable, str, Frame | int]] = []
         for subscriber in due:
             records: Mapping[str, stores.SubscriptionRecord] = self.publishers.subscriptions(
                 subscriber
@@ -270,22 +271,23 @@ class Intermediary:
                 region = stores.place(record.subscription, state)
                 if isinstance(region, str):
                     frame = empty_frame(int(state.epoch), self.dim, state.tick, state.tick_time)
+                    pending.append((subscriber, key, frame))
+                    continue
+                own = None
+                if isinstance(record.subscription, Relative):
+                    own = state.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
+                if state is not snapshot:  # composed from several members' states
+                    pending.append(
+                        (subscriber, key, generate(state, region, record.capabilities, own))
+                    )
                 else:
-                    own = None
-                    if isinstance(record.subscription, Relative):
-                        own = state.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
-                    if state is not snapshot:  # composed from several members' states
-                        frame = generate(state, region, record.capabilities, own)
-                    else:
-                        view = (region, record.capabilities, None if own is None else tuple(own))
-                        frame = made.get(view)  # type: ignore[assignment]
-                        if frame is None:
-                            candidates = index.candidates(region.bounds())
-                            frame = made[view] = generate(
-                                snapshot, region, record.capabilities, own, candidates
-                            )
-                served.append(Served(subscriber, key, self.last.filter((subscriber, key), frame)))
-        return served
+                    view = (region, record.capabilities, None if own is None else tuple(own))
+                    pending.append((subscriber, key, views.setdefault(view, len(views))))
+        made = generate_round(snapshot, self._grid(snapshot), list(views)) if views else []
+        return [
+            Served(s, k, self.last.filter((s, k), made[x] if isinstance(x, int) else x))
+            for s, k, x in pending
+        ]
 
     def _grid(self, snapshot: Snapshot) -> GridIndex:
         """The grid index of this epoch's positions, built once per epoch."""
