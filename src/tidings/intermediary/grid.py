@@ -9,8 +9,9 @@ in O(n log n) with numpy, holds no reference to that array (so the state store's
 reader still holding this buffer" check is unaffected), and answers with row numbers into
 it, ascending (the state store's id order, which frames keep).
 
-Cell size: about :data:`ENTITIES_PER_CELL` entities per cell on average over the positions'
-bounding box, so a typical view touches a handful of cells. A box touching more than
+Cell size: about :data:`ENTITIES_PER_CELL` entities per cell on average over the cells the
+positions occupy (not their whole bounding box: clustered entities would crowd a few cells),
+so a typical view touches a handful of cells. A box touching more than
 :data:`MAX_SLICES` runs of cells is answered with None ("test them all"): for a region
 larger than a good part of the world, the full vectorised pass is as cheap; so is one
 touching more than :data:`FULL_PASS` of the cells.
@@ -27,6 +28,8 @@ from tidings.intermediary.geometry import Box
 
 #: The average number of entities per cell the grid is sized for.
 ENTITIES_PER_CELL = 8
+#: The most cells per entity the grid may have when sized for clustered entities.
+MAX_CELLS_PER_ENTITY = 2
 #: The most runs of cells (rows of the grid along its last axis) one query gathers.
 MAX_SLICES = 256
 #: A box touching more than this share of the cells gets None: gathering and sorting most
@@ -51,6 +54,14 @@ class GridIndex:
             cells = max(1, n // ENTITIES_PER_CELL)
             self._cell = float((np.prod(extent) / cells) ** (1 / dim))
             self._shape = np.floor(extent / self._cell).astype(np.int64) + 1
+            # Clustered entities (an intermediary holds the areas its subscribers watch)
+            # leave most of the bounding box empty: size the cells for the occupied part.
+            occupied = len(np.unique(np.ravel_multi_index(self._coords(positions).T, self._shape)))
+            total = int(np.prod(self._shape))
+            shrink = max(occupied / total, total / (MAX_CELLS_PER_ENTITY * n))
+            if shrink < 0.5:
+                self._cell *= shrink ** (1 / dim)
+                self._shape = np.floor(extent / self._cell).astype(np.int64) + 1
         coords = self._coords(positions)
         self._cells = int(np.prod(self._shape))
         keys = np.ravel_multi_index(tuple(coords.T), tuple(self._shape)) if n else coords[:, 0]
@@ -133,4 +144,4 @@ class GridIndex:
         lengths = end - begin
         total = int(lengths.sum())
         at = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths - begin, lengths)
-        return self._order[at], np.repeat(box_of_run, lengths), large
+        return np.take(self._order, at), np.repeat(box_of_run, lengths), large

@@ -14,6 +14,7 @@ of the grid; one whose selection exceeds its ``max_entities``) go through
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,31 +64,43 @@ def generate_round(snapshot: Snapshot, index: GridIndex, views: Sequence[View]) 
 def _batch(snapshot: Snapshot, index: GridIndex, views: Sequence[View]) -> list[Frame | None]:
     """Frames of box and sphere views (None where :func:`generate` must make it)."""
     k, dim = len(views), snapshot.dim
-    lo, hi = np.empty((k, dim)), np.empty((k, dim))
-    centre, radius2 = np.zeros((k, dim)), np.zeros(k)
-    sphere = np.zeros(k, dtype=bool)
-    for i, (region, _, _) in enumerate(views):
+    lows: list[Sequence[float]] = []
+    highs: list[Sequence[float]] = []
+    centres: list[Sequence[float]] = []
+    radii2: list[float] = []
+    for region, _, _ in views:
         if isinstance(region, Sphere):
             r = region.radius
             # The numbers Sphere.contains compares with, computed the same way.
-            lo[i] = [x - r for x in region.center]
-            hi[i] = [x + r for x in region.center]
-            centre[i] = region.center
-            radius2[i] = r * r
-            sphere[i] = True
+            lows.append([x - r for x in region.center])
+            highs.append([x + r for x in region.center])
+            centres.append(region.center)
+            radii2.append(r * r)
         else:
             assert isinstance(region, Box)
-            lo[i], hi[i] = region.lo, region.hi
+            lows.append(region.lo)
+            highs.append(region.hi)
+            centres.append(region.lo)
+            radii2.append(math.inf)  # a box: no distance test
+    lo, hi = np.array(lows), np.array(highs)
     rows, owner, large = index.candidates_many(lo, hi)
-    points = snapshot.positions[rows]
-    inside = np.all((points >= lo[owner]) & (points <= hi[owner]), axis=1)
-    offsets = points - centre[owner]
-    inside &= (np.einsum("ij,ij->i", offsets, offsets) <= radius2[owner]) | ~sphere[owner]
-    rows, owner = rows[inside], owner[inside]
-    order = np.lexsort((rows, owner))  # by view, then ascending rows (ids) within one
-    rows, owner = rows[order], owner[order]
+    # np.take rather than fancy indexing: an order of magnitude faster on (n, dim) arrays.
+    points = np.take(snapshot.positions, rows, axis=0)
+    lo, hi = np.take(lo, owner, axis=0), np.take(hi, owner, axis=0)
+    inside = (points[:, 0] >= lo[:, 0]) & (points[:, 0] <= hi[:, 0])
+    for axis in range(1, dim):
+        inside &= (points[:, axis] >= lo[:, axis]) & (points[:, axis] <= hi[:, axis])
+    offsets = points - np.take(np.array(centres), owner, axis=0)
+    radius2 = np.take(np.array(radii2), owner)
+    inside &= (np.einsum("ij,ij->i", offsets, offsets) <= radius2) | np.isinf(radius2)
+    # By view, then ascending rows (ids) within one: one sort of a combined key, nearly in
+    # order already (views come one after another, each in a few ascending runs).
+    n = max(len(snapshot), 1)
+    key = owner[inside] * n + rows[inside]
+    key.sort(kind="stable")
+    owner, rows = np.divmod(key, n)
     ends = np.cumsum(np.bincount(owner, minlength=k)).tolist()
-    ids, positions = snapshot.ids[rows], snapshot.positions[rows]
+    ids, positions = np.take(snapshot.ids, rows), np.take(snapshot.positions, rows, axis=0)
     epoch, tick, tick_time = int(snapshot.epoch), int(snapshot.tick), float(snapshot.tick_time)
     frames: list[Frame | None] = []
     start = 0
