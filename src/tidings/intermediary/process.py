@@ -32,6 +32,7 @@ from tidings.intermediary.generation import (
 )
 from tidings.intermediary.geometry import Box, Region, Relative, parse_region
 from tidings.intermediary.grid import GridIndex
+from tidings.intermediary.placements import Placements
 from tidings.intermediary.roundgen import generate_round
 from tidings.intermediary.scheduling import Scheduler, SubscriberStatus
 from tidings.intermediary.state import Snapshot, StateStore, UpdateBatch
@@ -92,6 +93,7 @@ class Intermediary:
         #: It may return None: nothing newer for this subscription this round.
         self.compose: Callable[[stores.SubscriptionRecord, Snapshot], Snapshot | None] | None = None
         self._index: tuple[int, GridIndex] | None = None
+        self._placements = Placements()
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -213,11 +215,16 @@ class Intermediary:
         snapshot = self.state.snapshot()
         self._push(stores.replan(self.publishers, self.subscriptions, snapshot))
         # Only relative regions move; placing every region each epoch cost more than the rest.
-        moving = [
-            region
+        relative = [
+            record.subscription
             for record in self.publishers.records()
             if isinstance(record.subscription, Relative)
-            and not isinstance(region := stores.place(record.subscription, snapshot), str)
+        ]
+        self._placements.place_all(relative, snapshot)
+        moving = [
+            region
+            for subscription in relative
+            if not isinstance(region := self._placements.place(subscription, snapshot)[0], str)
         ]
         if moving:
             self._push(self.subscriptions.track(moving))
@@ -268,14 +275,16 @@ class Intermediary:
                 state = snapshot if self.compose is None else self.compose(record, snapshot)
                 if state is None:
                     continue
-                region = stores.place(record.subscription, state)
+                if state is snapshot:
+                    region, own = self._placements.place(record.subscription, state)
+                else:
+                    region, own = stores.place(record.subscription, state), None
+                    if isinstance(record.subscription, Relative):
+                        own = state.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
                 if isinstance(region, str):
                     frame = empty_frame(int(state.epoch), self.dim, state.tick, state.tick_time)
                     pending.append((subscriber, key, frame))
                     continue
-                own = None
-                if isinstance(record.subscription, Relative):
-                    own = state.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
                 if state is not snapshot:  # composed from several members' states
                     pending.append(
                         (subscriber, key, generate(state, region, record.capabilities, own))
