@@ -56,8 +56,9 @@ class GridIndex:
             self._shape = np.floor(extent / self._cell).astype(np.int64) + 1
             # Clustered entities (an intermediary holds the areas its subscribers watch)
             # leave most of the bounding box empty: size the cells for the occupied part.
-            occupied = len(np.unique(np.ravel_multi_index(self._coords(positions).T, self._shape)))
             total = int(np.prod(self._shape))
+            keys = np.ravel_multi_index(tuple(self._coords(positions).T), tuple(self._shape))
+            occupied = np.count_nonzero(np.bincount(keys, minlength=total))
             shrink = max(occupied / total, total / (MAX_CELLS_PER_ENTITY * n))
             if shrink < 0.5:
                 self._cell *= shrink ** (1 / dim)
