@@ -192,11 +192,11 @@ class Intermediary:
             raise IntermediaryError(f"schedule: {exc}") from None
 
     def _scheduled(self, subscriber: Hashable) -> bool:
+        # Membership, not info(): the serving path asks twice per frame.
         try:
-            self.scheduler.info(subscriber)
-        except (UsageError, KeyError):
+            return subscriber in self.scheduler
+        except TypeError:  # unhashable: never scheduled
             return False
-        return True
 
     # -- upstream and epochs -----------------------------------------------------------
 
