@@ -59,7 +59,10 @@ class GridIndex:
             total = int(np.prod(self._shape))
             keys = np.ravel_multi_index(tuple(self._coords(positions).T), tuple(self._shape))
             occupied = np.count_nonzero(np.bincount(keys, minlength=total))
-            shrink = max(occupied / total, total / (MAX_CELLS_PER_ENTITY * n))
+            # Bounded: at most MAX_CELLS_PER_ENTITY cells per entity, and few enough cells
+            # (half the 16-bit range, for rounding) that the keys still sort by radix.
+            limit = min(MAX_CELLS_PER_ENTITY * n, 1 << 15)
+            shrink = max(occupied / total, total / limit)
             if shrink < 0.5:
                 self._cell *= shrink ** (1 / dim)
                 self._shape = np.floor(extent / self._cell).astype(np.int64) + 1
