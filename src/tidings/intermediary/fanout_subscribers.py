@@ -30,6 +30,9 @@ import websockets
 from tidings.intermediary.generation import HEADER, FrameKind
 from tidings.intermediary.wsreceive import FrameReader, take_over
 
+#: Seconds one connection's opening handshake may take.
+OPEN_S = 60.0
+
 
 @dataclass
 class Counts:
@@ -83,8 +86,10 @@ async def _subscribe(plan: dict[str, Any], subscriber: Subscriber) -> FrameReade
     """Connect (the library's handshake), read the hello, then hand the socket to a
     :class:`.wsreceive.FrameReader` and send the subscription through it (the server sends
     nothing between the two, so no byte is left with the library)."""
+    # The tier answers a thousand opening handshakes at once on a loaded machine: the
+    # library's 10 s default can expire; the parent bounds the whole start (READY_TIMEOUT_S).
     websocket = await websockets.connect(
-        plan["url"], max_size=None, compression=None, ping_interval=None
+        plan["url"], max_size=None, compression=None, ping_interval=None, open_timeout=OPEN_S
     )
     hello = json.loads(await websocket.recv())
     if hello.get("op") != "hello":
