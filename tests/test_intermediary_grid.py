@@ -46,3 +46,32 @@ def test_a_box_over_most_of_the_world_asks_for_a_full_pass() -> None:
     assert index.candidates(Box((0.0, 0.0), (1000.0, 1000.0))) is None
     small = index.candidates(Box((100.0, 100.0), (120.0, 120.0)))
     assert small is not None and 0 < len(small) < 200
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    dim=st.sampled_from([2, 3]),
+    n=st.integers(0, 400),
+    seed=st.integers(0, 2**16),
+    boxes=st.lists(
+        st.tuples(
+            st.lists(coordinate, min_size=3, max_size=3),
+            st.lists(st.floats(0.01, 120), min_size=3, max_size=3),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_candidates_of_many_boxes_at_once_are_each_boxs_candidates(
+    dim: int, n: int, seed: int, boxes: list[tuple[list[float], list[float]]]
+) -> None:
+    positions = np.random.default_rng(seed).uniform(0, 100, (n, dim))
+    index = GridIndex(positions)
+    lo = np.array([corner[:dim] for corner, _ in boxes])
+    hi = lo + np.array([size[:dim] for _, size in boxes])
+    rows, owner, large = index.candidates_many(lo, hi)
+    for k in range(len(boxes)):
+        alone = index.candidates(Box(tuple(lo[k]), tuple(hi[k])))
+        assert large[k] == (alone is None)
+        mine = sorted(rows[owner == k].tolist())
+        assert mine == ([] if alone is None else alone.tolist())

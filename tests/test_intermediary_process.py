@@ -238,3 +238,15 @@ def test_every_frame_carries_the_publishers_tick_and_its_wall_clock_time() -> No
             kinds.add(header.kind)
             assert (header.tick, header.tick_time) == (step, 1000.0 + 0.1 * (step - 1))
     assert kinds == {FrameKind.VIEW, FrameKind.UNCHANGED, FrameKind.EMPTY}
+
+
+def test_readiness_of_a_subscriber_not_scheduled_is_ignored_and_a_scheduled_one_is_held() -> None:
+    sim, node = setup()
+    tick(sim, node)
+    node.subscribe("a", "k", SMALL, rate_hz=10)
+    node.set_ready("nobody", False)  # not scheduled: ignored
+    node.set_ready(["unhashable"], True)  # type: ignore[arg-type]  # never scheduled either
+    node.set_ready("a", False)
+    assert node.status("a").ready is False
+    node.set_ready("a", True)
+    assert node.status("a").ready is True

@@ -10,9 +10,10 @@ less the frame's ``tick_time``: the same machine clock as the publisher's) and t
 the view the subscriber holds after each (what a publisher would have sent it directly).
 At ``T1`` it prints one JSON line of results and exits.
 
-Only the frame header is read (:data:`.generation.HEADER`): decoding the payload is the
-subscriber's business, not the measurement's, and would make the subscriber processes the
-bottleneck of a 2-core machine.
+Only the frame header is read (:data:`.generation.HEADER`), on a cheap receive path
+(:mod:`.wsreceive`, after the library's handshake): decoding the payload is the subscriber's
+business, not the measurement's, and these processes share the cores with the tier they
+measure.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from typing import Any
 import websockets
 
 from tidings.intermediary.generation import HEADER, FrameKind
+from tidings.intermediary.wsreceive import FrameReader, take_over
+
+#: Seconds one connection's opening handshake may take.
+OPEN_S = 60.0
 
 
 @dataclass
@@ -41,37 +46,55 @@ class Counts:
     closed: str | None = None
 
 
-def _count(message: bytes, counts: Counts, held: int, t0: float, t1: float) -> int:
-    """Count one binary message; returns the entities of the view the subscriber now holds."""
-    now = time.time()
-    offset = 1 + message[0]
-    kind, count, tick_time = _fields(message, offset)
-    if kind == FrameKind.VIEW:
-        held = count
-    elif kind == FrameKind.EMPTY:
-        held = 0
-    if t0 <= now < t1:
-        if not counts.frames:
-            counts.first = now
-        counts.last = now
-        counts.frames += 1
-        counts.view_entities += held
-        if tick_time > 0:
-            counts.staleness_ms.append(round((now - tick_time) * 1000, 2))
-    return held
+class Subscriber:
+    """One subscriber's counting: the :class:`.wsreceive.FrameReader`'s handlers."""
+
+    def __init__(self) -> None:
+        self.counts = Counts()
+        self.held = 0  # the entities of the view the subscriber now holds
+        self.t0 = self.t1 = float("inf")  # the window, once known
+
+    def binary(self, buf: bytearray, start: int, end: int) -> None:
+        """Count one frame (in its envelope: a key length byte and the key first)."""
+        now = time.time()
+        _, _, kind, _, count, _, _, _, tick_time = HEADER.unpack_from(buf, start + 1 + buf[start])
+        if kind == FrameKind.VIEW:
+            self.held = count
+        elif kind == FrameKind.EMPTY:
+            self.held = 0
+        if self.t0 <= now < self.t1:
+            counts = self.counts
+            if not counts.frames:
+                counts.first = now
+            counts.last = now
+            counts.frames += 1
+            counts.view_entities += self.held
+            if tick_time > 0:
+                counts.staleness_ms.append(round((now - tick_time) * 1000, 2))
+
+    def text(self, message: str) -> None:
+        reply = json.loads(message)
+        if reply.get("op") == "error":
+            self.counts.closed = f"refused: {reply.get('message')}"
+
+    def closed(self, why: str) -> None:
+        if self.counts.closed is None:
+            self.counts.closed = why
 
 
-def _fields(message: bytes, offset: int) -> tuple[int, int, float]:
-    _, _, kind, _, count, _, _, _, tick_time = HEADER.unpack_from(message, offset)
-    return kind, count, tick_time
-
-
-async def _subscriber(plan: dict[str, Any]) -> Any:
-    """Connect and send the subscription (its reply is read by :func:`_receive`)."""
-    websocket = await websockets.connect(plan["url"], max_size=None, compression=None)
+async def _subscribe(plan: dict[str, Any], subscriber: Subscriber) -> FrameReader:
+    """Connect (the library's handshake), read the hello, then hand the socket to a
+    :class:`.wsreceive.FrameReader` and send the subscription through it (the server sends
+    nothing between the two, so no byte is left with the library)."""
+    # The tier answers a thousand opening handshakes at once on a loaded machine: the
+    # library's 10 s default can expire; the parent bounds the whole start (READY_TIMEOUT_S).
+    websocket = await websockets.connect(
+        plan["url"], max_size=None, compression=None, ping_interval=None, open_timeout=OPEN_S
+    )
     hello = json.loads(await websocket.recv())
     if hello.get("op") != "hello":
         raise RuntimeError(f"expected a hello, got {hello!r}")
+    reader = take_over(websocket, subscriber.binary, subscriber.text, subscriber.closed)
     request = {
         "op": "subscribe",
         "key": "v",
@@ -79,29 +102,8 @@ async def _subscriber(plan: dict[str, Any]) -> Any:
         "rate_hz": plan["rate_hz"],
         "capabilities": plan.get("capabilities"),
     }
-    await websocket.send(json.dumps(request))
-    return websocket
-
-
-async def _receive(
-    websocket: Any, counts: Counts, window: asyncio.Future[tuple[float, float]]
-) -> None:
-    held = 0
-    t0, t1 = float("inf"), float("inf")
-    try:
-        async for message in websocket:
-            if isinstance(message, str):
-                reply = json.loads(message)
-                if reply.get("op") == "error":
-                    counts.closed = f"refused: {reply.get('message')}"
-                continue
-            if window.done():
-                t0, t1 = window.result()
-            held = _count(message, counts, held, t0, t1)
-    except websockets.ConnectionClosed:
-        pass
-    if counts.closed is None:
-        counts.closed = f"closed {websocket.close_code} {websocket.close_reason}"
+    reader.send_text(json.dumps(request))
+    return reader
 
 
 async def main() -> None:
@@ -109,15 +111,15 @@ async def main() -> None:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     plan = json.loads(await reader.readline())
-    window: asyncio.Future[tuple[float, float]] = loop.create_future()
-    counts = [Counts() for _ in plan["subscribers"]]
-    sockets = await asyncio.gather(*(_subscriber(p) for p in plan["subscribers"]))
-    tasks = [
-        asyncio.create_task(_receive(ws, c, window)) for ws, c in zip(sockets, counts, strict=True)
-    ]
+    subscribers = [Subscriber() for _ in plan["subscribers"]]
+    readers = await asyncio.gather(
+        *(_subscribe(p, s) for p, s in zip(plan["subscribers"], subscribers, strict=True))
+    )
     print("ready", flush=True)
     _, t0, t1 = (await reader.readline()).decode().split()
-    window.set_result((float(t0), float(t1)))
+    for subscriber in subscribers:
+        subscriber.t0, subscriber.t1 = float(t0), float(t1)
+    counts = [s.counts for s in subscribers]
     await asyncio.sleep(max(0.0, float(t1) - time.time()) + 0.05)
     result = {
         "frames": [c.frames for c in counts],
@@ -127,9 +129,8 @@ async def main() -> None:
         "closed": [c.closed for c in counts if c.closed is not None],
     }
     print(json.dumps(result), flush=True)
-    await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
-    for task in tasks:
-        task.cancel()
+    for frames in readers:
+        frames.close()
 
 
 if __name__ == "__main__":

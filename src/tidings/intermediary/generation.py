@@ -223,7 +223,8 @@ def _digest(kind: FrameKind, flags: int, origin: bytes, payload: bytes) -> bytes
     return h.digest()
 
 
-def _own(own_position: Sequence[float] | np.ndarray | None, dim: int) -> np.ndarray | None:
+def checked_own(own_position: Sequence[float] | np.ndarray | None, dim: int) -> np.ndarray | None:
+    """The subscriber's own position as float64 coordinates, or a refusal naming why."""
     if own_position is None:
         return None
     array = np.asarray(own_position, dtype=np.float64)
@@ -273,7 +274,7 @@ def generate(
     dim = snapshot.dim
     if region.dim != dim:
         raise IntermediaryError(f"region: has {region.dim} dimensions, the state has {dim}")
-    own = _own(own_position, dim)
+    own = checked_own(own_position, dim)
     if caps.relative and own is None:
         raise IntermediaryError(
             "own_position: the subscriber asked for relative coordinates, but its own "
@@ -295,8 +296,23 @@ def generate(
         nearest = np.argpartition(distance, caps.max_entities - 1)[: caps.max_entities]
         rows = np.sort(rows[nearest])
         flags |= FLAG_TRUNCATED
-    ids = snapshot.ids[rows].astype("<i8", copy=False)
-    positions = snapshot.positions[rows]
+    return view_frame(snapshot, snapshot.ids[rows], snapshot.positions[rows], caps, own, flags)
+
+
+def view_frame(
+    snapshot: Snapshot,
+    ids: np.ndarray,
+    positions: np.ndarray,
+    caps: Capabilities,
+    own: np.ndarray | None,
+    flags: int,
+) -> Frame:
+    """The VIEW frame of the selected (non-empty) ``ids`` and their float64 ``positions``,
+    encoded as ``caps`` say; ``own`` is required for relative coordinates. Shared by
+    :func:`generate` and the round-at-once path (:mod:`.roundgen`), so both encode alike."""
+    epoch, dim = int(snapshot.epoch), snapshot.dim
+    tick, tick_time = int(snapshot.tick), float(snapshot.tick_time)
+    ids = ids.astype("<i8", copy=False)
     origin = b""
     if caps.relative:
         assert own is not None
@@ -307,7 +323,7 @@ def generate(
     digest = _digest(FrameKind.VIEW, flags, origin, payload)
     if caps.compress:
         payload = zlib.compress(payload, ZLIB_LEVEL)
-    count = int(rows.size)
+    count = len(ids)
     header = _header(FrameKind.VIEW, epoch, count, dim, flags, tick, tick_time)
     data = b"".join((header, origin, payload))
     return Frame(FrameKind.VIEW, epoch, count, data, digest, tick, tick_time)

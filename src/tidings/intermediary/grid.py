@@ -9,8 +9,9 @@ in O(n log n) with numpy, holds no reference to that array (so the state store's
 reader still holding this buffer" check is unaffected), and answers with row numbers into
 it, ascending (the state store's id order, which frames keep).
 
-Cell size: about :data:`ENTITIES_PER_CELL` entities per cell on average over the positions'
-bounding box, so a typical view touches a handful of cells. A box touching more than
+Cell size: about :data:`ENTITIES_PER_CELL` entities per cell on average over the cells the
+positions occupy (not their whole bounding box: clustered entities would crowd a few cells),
+so a typical view touches a handful of cells. A box touching more than
 :data:`MAX_SLICES` runs of cells is answered with None ("test them all"): for a region
 larger than a good part of the world, the full vectorised pass is as cheap; so is one
 touching more than :data:`FULL_PASS` of the cells.
@@ -27,6 +28,8 @@ from tidings.intermediary.geometry import Box
 
 #: The average number of entities per cell the grid is sized for.
 ENTITIES_PER_CELL = 8
+#: The most cells per entity the grid may have when sized for clustered entities.
+MAX_CELLS_PER_ENTITY = 2
 #: The most runs of cells (rows of the grid along its last axis) one query gathers.
 MAX_SLICES = 256
 #: A box touching more than this share of the cells gets None: gathering and sorting most
@@ -51,6 +54,18 @@ class GridIndex:
             cells = max(1, n // ENTITIES_PER_CELL)
             self._cell = float((np.prod(extent) / cells) ** (1 / dim))
             self._shape = np.floor(extent / self._cell).astype(np.int64) + 1
+            # Clustered entities (an intermediary holds the areas its subscribers watch)
+            # leave most of the bounding box empty: size the cells for the occupied part.
+            total = int(np.prod(self._shape))
+            keys = np.ravel_multi_index(tuple(self._coords(positions).T), tuple(self._shape))
+            occupied = np.count_nonzero(np.bincount(keys, minlength=total))
+            # Bounded: at most MAX_CELLS_PER_ENTITY cells per entity, and few enough cells
+            # (half the 16-bit range, for rounding) that the keys still sort by radix.
+            limit = min(MAX_CELLS_PER_ENTITY * n, 1 << 15)
+            shrink = max(occupied / total, total / limit)
+            if shrink < 0.5:
+                self._cell *= shrink ** (1 / dim)
+                self._shape = np.floor(extent / self._cell).astype(np.int64) + 1
         coords = self._coords(positions)
         self._cells = int(np.prod(self._shape))
         keys = np.ravel_multi_index(tuple(coords.T), tuple(self._shape)) if n else coords[:, 0]
@@ -98,3 +113,39 @@ class GridIndex:
         if not slices:
             return empty
         return np.sort(np.concatenate(slices))
+
+    def candidates_many(
+        self, lo: np.ndarray, hi: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`candidates` for ``k`` boxes at once (``lo``, ``hi``: ``(k, dim)``), in a
+        few numpy passes instead of Python per box: the candidate rows of every box, box
+        after box (not sorted within a box), which box each belongs to, and which boxes
+        :meth:`candidates` would answer None for (too many cells: none gathered for them)."""
+        empty = np.zeros(0, dtype=np.int64)
+        if self.size == 0 or len(lo) == 0:
+            return empty, empty, np.zeros(len(lo), dtype=bool)
+        origin = np.asarray(self._origin)
+        first = np.floor((lo - origin) / self._cell).astype(np.int64)
+        last = np.floor((hi - origin) / self._cell).astype(np.int64)
+        outside = np.any((last < 0) | (first > self._shape - 1), axis=1)
+        first = np.clip(first, 0, self._shape - 1)
+        last = np.clip(last, 0, self._shape - 1)
+        sizes = np.where(outside[:, None], 0, last - first + 1)
+        # One run of cells per box and combination of its cells on every axis but the last.
+        runs = np.prod(sizes[:, :-1], axis=1)
+        large = (runs > MAX_SLICES) | (runs * sizes[:, -1] > self._cells * FULL_PASS)
+        runs = np.where(large | (sizes[:, -1] == 0), 0, runs)
+        box_of_run = np.repeat(np.arange(len(lo)), runs)
+        j = np.arange(len(box_of_run)) - np.repeat(np.cumsum(runs) - runs, runs)
+        base = np.zeros(len(box_of_run), dtype=np.int64)
+        for axis in range(self.dim - 2, -1, -1):
+            size = sizes[box_of_run, axis]
+            base += (first[box_of_run, axis] + j % size) * self._strides[axis]
+            j //= size
+        starts = np.asarray(self._starts)
+        begin = starts[base + first[box_of_run, -1]]
+        end = starts[base + last[box_of_run, -1] + 1]
+        lengths = end - begin
+        total = int(lengths.sum())
+        at = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths - begin, lengths)
+        return np.take(self._order, at), np.repeat(box_of_run, lengths), large

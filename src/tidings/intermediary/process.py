@@ -31,6 +31,8 @@ from tidings.intermediary.generation import (
 )
 from tidings.intermediary.geometry import Box, Region, Relative, parse_region
 from tidings.intermediary.grid import GridIndex
+from tidings.intermediary.placements import Placements
+from tidings.intermediary.roundgen import generate_round
 from tidings.intermediary.scheduling import Scheduler, SubscriberStatus
 from tidings.intermediary.state import Snapshot, StateStore, UpdateBatch
 from tidings.intermediary.stores import PublisherStore, SubscriberStore, UpstreamDiff
@@ -98,6 +100,7 @@ class Intermediary:
         self._index: tuple[int, GridIndex] | None = None
         #: The entities upstream was last asked to follow (:meth:`_follow`).
         self._followed: frozenset[int] = frozenset()
+        self._placements = Placements()
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -212,11 +215,11 @@ class Intermediary:
             raise IntermediaryError(f"schedule: {exc}") from None
 
     def _scheduled(self, subscriber: Hashable) -> bool:
+        # Membership, not info(): the serving path asks twice per frame.
         try:
-            self.scheduler.info(subscriber)
-        except (UsageError, KeyError):
+            return subscriber in self.scheduler
+        except TypeError:  # unhashable: never scheduled
             return False
-        return True
 
     # -- upstream and epochs -----------------------------------------------------------
 
@@ -235,11 +238,16 @@ class Intermediary:
         snapshot = self.state.snapshot()
         self._push(stores.replan(self.publishers, self.subscriptions, snapshot))
         # Only relative regions move; placing every region each epoch cost more than the rest.
-        moving = [
-            region
+        relative = [
+            record.subscription
             for record in self.publishers.records()
             if isinstance(record.subscription, Relative)
-            and not isinstance(region := stores.place(record.subscription, snapshot), str)
+        ]
+        self._placements.place_all(relative, snapshot)
+        moving = [
+            region
+            for subscription in relative
+            if not isinstance(region := self._placements.place(subscription, snapshot)[0], str)
         ]
         if moving:
             self._push(self.subscriptions.track(moving))
@@ -292,11 +300,11 @@ class Intermediary:
         if not due:
             return []
         snapshot = self.state.snapshot()
-        index = self._grid(snapshot)
         # Subscribers asking for the same view (region, capabilities, own position) in one
-        # round share one selection and one encoding.
-        made: dict[tuple[Region, Capabilities, tuple[float, ...] | None], Frame] = {}
-        served: list[Served] = []
+        # round share one selection and one encoding; the round's views of the snapshot are
+        # generated together (roundgen), the rest (composed states, EMPTY) one by one.
+        views: dict[tuple[Region, Capabilities, tuple[float, ...] | None], int] = {}
+        pending: list[tuple[Hashable, str, Frame | int]] = []
         for subscriber in due:
             records: Mapping[str, stores.SubscriptionRecord] = self.publishers.subscriptions(
                 subscriber
@@ -305,25 +313,28 @@ class Intermediary:
                 state = snapshot if self.compose is None else self.compose(record, snapshot)
                 if state is None:
                     continue
-                region = stores.place(record.subscription, state)
-                if isinstance(region, str):
-                    frame = empty_frame(int(state.epoch), self.dim, state.tick, state.tick_time)
+                if state is snapshot:
+                    region, own = self._placements.place(record.subscription, state)
                 else:
-                    own = None
+                    region, own = stores.place(record.subscription, state), None
                     if isinstance(record.subscription, Relative):
                         own = state.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
-                    if state is not snapshot:  # composed from several members' states
-                        frame = generate(state, region, record.capabilities, own)
-                    else:
-                        view = (region, record.capabilities, None if own is None else tuple(own))
-                        frame = made.get(view)  # type: ignore[assignment]
-                        if frame is None:
-                            candidates = index.candidates(region.bounds())
-                            frame = made[view] = generate(
-                                snapshot, region, record.capabilities, own, candidates
-                            )
-                served.append(Served(subscriber, key, self.last.filter((subscriber, key), frame)))
-        return served
+                if isinstance(region, str):
+                    frame = empty_frame(int(state.epoch), self.dim, state.tick, state.tick_time)
+                    pending.append((subscriber, key, frame))
+                    continue
+                if state is not snapshot:  # composed from several members' states
+                    pending.append(
+                        (subscriber, key, generate(state, region, record.capabilities, own))
+                    )
+                else:
+                    view = (region, record.capabilities, None if own is None else tuple(own))
+                    pending.append((subscriber, key, views.setdefault(view, len(views))))
+        made = generate_round(snapshot, self._grid(snapshot), list(views)) if views else []
+        return [
+            Served(s, k, self.last.filter((s, k), made[x] if isinstance(x, int) else x))
+            for s, k, x in pending
+        ]
 
     def _grid(self, snapshot: Snapshot) -> GridIndex:
         """The grid index of this epoch's positions, built once per epoch."""

@@ -160,12 +160,18 @@ class SimulationFeed:
         index = self.simulation.index()
         mask = np.zeros(len(positions), dtype=bool)
         # A copy: the intermediary may subscribe from another thread meanwhile.
-        for box in tuple(self._boxes):
-            rows = index.candidates(box)
-            if rows is None:
-                mask |= box.contains(positions)
-            else:
-                mask[rows[box.contains(positions[rows])]] = True
+        boxes = tuple(self._boxes)
+        if boxes:
+            # Every box's cells gathered and tested in one pass (not a few calls per box).
+            lo = np.array([box.lo for box in boxes])
+            hi = np.array([box.hi for box in boxes])
+            rows, owner, large = index.candidates_many(lo, hi)
+            points = np.take(positions, rows, axis=0)
+            lo, hi = np.take(lo, owner, axis=0), np.take(hi, owner, axis=0)
+            mask[rows[np.all((points >= lo) & (points <= hi), axis=1)]] = True
+            for box, whole in zip(boxes, large.tolist(), strict=True):
+                if whole:
+                    mask |= box.contains(positions)
         followed = self._followed  # read once: follow() may replace it from another thread
         if followed.size:
             mask |= np.isin(self.simulation.ids, followed)

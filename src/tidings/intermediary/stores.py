@@ -100,6 +100,11 @@ def place(subscription: Subscription, snapshot: Snapshot | None) -> Region | str
     position = snapshot.position_of(entity)
     if position is None:
         return f"relative_to: entity {entity} is not in the state at epoch {snapshot.epoch}"
+    return place_at(subscription, position)
+
+
+def place_at(subscription: Relative, position: Sequence[float]) -> Region | str:
+    """A relative subscription placed at its entity's ``position``, or why it cannot be."""
     try:
         return subscription.resolve(position)
     except IntermediaryError as exc:
