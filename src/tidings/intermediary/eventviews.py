@@ -56,7 +56,7 @@ from tidings.errors import IntermediaryError, UsageError
 from tidings.events import PayloadKind, QueryType, StoredEvent, TypeMatcher
 from tidings.intermediary.patterns import covers_all, parse_patterns, widen
 from tidings.intermediary.primitives import Primitive, covers
-from tidings.intermediary.process import MAX_KEY_BYTES, MAX_RATE_HZ
+from tidings.intermediary.process import MAX_KEY_BYTES, check_schedule
 from tidings.intermediary.rows import parse_row_change, row_server_type
 from tidings.intermediary.scheduling import Scheduler
 from tidings.intermediary.sqltables import TableState
@@ -136,27 +136,6 @@ def event_message(event: StoredEvent) -> dict[str, Any]:
         message["payload_kind"] = str(event.payload_kind)
         message["payload_base64"] = base64.b64encode(event.payload).decode()
     return message
-
-
-def _check_schedule(priority: object, rate_hz: object, max_priority: float) -> tuple[float, float]:
-    """Checked here, before anything changes upstream, so the scheduler cannot refuse later."""
-    if (
-        isinstance(priority, bool)
-        or not isinstance(priority, (int, float))
-        or not 0 <= priority <= max_priority
-    ):
-        raise IntermediaryError(
-            f"priority: expected a number in [0, {max_priority}], got {priority!r:.40}"
-        )
-    if (
-        isinstance(rate_hz, bool)
-        or not isinstance(rate_hz, (int, float))
-        or not 0 < rate_hz <= MAX_RATE_HZ  # NaN fails; an int beyond float is compared
-    ):
-        raise IntermediaryError(
-            f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r:.40}"
-        )
-    return float(priority), float(rate_hz)
 
 
 class EventViews:
@@ -239,7 +218,7 @@ class EventViews:
                 was_covered = covers_all(self.patterns, patterns)
             else:
                 view = self._parse_view(sql)
-                prio, rate = _check_schedule(priority, rate_hz, self.scheduler.max_priority)
+                prio, rate = check_schedule(priority, rate_hz, self.scheduler.max_priority)
                 record = _ViewSub(view)
                 held = [self._primitive(t) for t in self.tables]
                 was_covered = all(covers(held, p) for p in view.primitives)

@@ -43,6 +43,28 @@ MAX_KEY_BYTES = 64
 MAX_RATE_HZ = 1000.0
 
 
+def check_schedule(priority: object, rate_hz: object, max_priority: float) -> tuple[float, float]:
+    """A subscription's priority and rate, checked before anything changes upstream, so the
+    scheduler cannot refuse them later."""
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, (int, float))
+        or not 0 <= priority <= max_priority
+    ):
+        raise IntermediaryError(
+            f"priority: expected a number in [0, {max_priority}], got {priority!r:.40}"
+        )
+    if (
+        isinstance(rate_hz, bool)
+        or not isinstance(rate_hz, (int, float))
+        or not 0 < rate_hz <= MAX_RATE_HZ  # NaN fails; an int beyond float is compared
+    ):
+        raise IntermediaryError(
+            f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r:.40}"
+        )
+    return float(priority), float(rate_hz)
+
+
 class Upstream(Protocol):
     """What an intermediary subscribes to: a publisher (a :class:`.simulation.SimulationFeed`,
     or another intermediary) that takes boxes and later delivers the state inside them."""
@@ -121,23 +143,7 @@ class Intermediary:
             raise IntermediaryError(
                 f"key: expected a non-empty string of at most {MAX_KEY_BYTES} bytes"
             )
-        if (
-            isinstance(rate_hz, bool)
-            or not isinstance(rate_hz, (int, float))
-            or not 0 < rate_hz <= MAX_RATE_HZ  # NaN fails; an int beyond float is compared
-        ):
-            raise IntermediaryError(
-                f"rate_hz: expected a number in (0, {MAX_RATE_HZ}], got {rate_hz!r:.40}"
-            )
-        top_priority = self.scheduler.max_priority
-        if (
-            isinstance(priority, bool)
-            or not isinstance(priority, (int, float))
-            or not 0 <= priority <= top_priority
-        ):
-            raise IntermediaryError(
-                f"priority: expected a number in [0, {top_priority}], got {priority!r:.40}"
-            )
+        priority, rate_hz = check_schedule(priority, rate_hz, self.scheduler.max_priority)
         subscription = parse_region(spec)
         if isinstance(subscription, Relative) and not (
             isinstance(subscription.entity_id, int) and -(2**63) <= subscription.entity_id < 2**63
