@@ -357,10 +357,11 @@ def _host_port(value: str) -> str:
 class IntermediaryTableConfig(StrictModel):
     """A domain table an intermediary's SQL views may read, fed by its row-change events
     (``rows.<table>``, :mod:`tidings.intermediary.rows`): its columns (name -> kind, or null
-    for a column of unknown kind) and its key column, or key columns in order."""
+    for a column of unknown kind) and the column its rows are keyed by, or the columns in
+    order. (Not ``key``: ``tidings config check`` masks keys so named, as secrets.)"""
 
     columns: dict[str, ColumnKind | None] = Field(min_length=1)
-    key: str | list[str]
+    keyed_by: str | list[str]
 
     @field_validator("columns")
     @classmethod
@@ -372,13 +373,13 @@ class IntermediaryTableConfig(StrictModel):
 
     @model_validator(mode="after")
     def _key_is_a_column(self) -> IntermediaryTableConfig:
-        keys = [self.key] if isinstance(self.key, str) else self.key
+        keys = [self.keyed_by] if isinstance(self.keyed_by, str) else self.keyed_by
         if not keys:
-            raise ValueError("key: name at least one column")
+            raise ValueError("keyed_by: name at least one column")
         for column in keys:
             if column not in self.columns:
                 raise ValueError(
-                    f"key: {column!r} is not one of the columns ({', '.join(self.columns)})"
+                    f"keyed_by: {column!r} is not one of the columns ({', '.join(self.columns)})"
                 )
         return self
 

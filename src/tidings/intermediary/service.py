@@ -84,7 +84,7 @@ def catalog_of(config: IntermediaryConfig) -> Catalog | None:
         return None
     return Catalog.from_mapping(
         {name: dict(table.columns) for name, table in config.tables.items()},
-        keys={name: table.key for name, table in config.tables.items()},
+        keys={name: table.keyed_by for name, table in config.tables.items()},
     )
 
 
