@@ -129,10 +129,8 @@ def test_an_unreachable_event_server_is_one_line_and_exit_2(tmp_path: Path) -> N
     proc = _serve(_config(tmp_path, listen=f"127.0.0.1:{free_port()}", event_server=nowhere))
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
-    assert err.decode().strip().splitlines() == [
-        f"error: chain: cannot connect to {nowhere}: "
-        + err.decode().split(f"{nowhere}: ", 1)[1].strip()
-    ]
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: chain: cannot connect to {nowhere}: ")
     assert "intermediary listening" not in out.decode()
 
 
