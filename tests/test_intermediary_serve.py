@@ -6,6 +6,7 @@ there (or goes away) end it with one line and exit code 2."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -19,12 +20,15 @@ from typer.testing import CliRunner
 from processes import ServerProcess, free_port, local_address, tidings_cli, wait_for_port
 from tidings import client
 from tidings.cli import app
+from tidings.config import load_config_file
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client import IntermediaryClient
+from tidings.intermediary.service import catalog_of
 from waiting import run
 
 pytestmark = pytest.mark.server
 
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "intermediary.yaml"
 TABLES = {"users": {"columns": {"id": "integer", "name": "text", "city": "text"}, "keyed_by": "id"}}
 
 
@@ -191,3 +195,37 @@ def test_config_check_and_schema_show_the_section(tmp_path: Path) -> None:
     assert checked["intermediary"]["limits"]["max_queued_messages"] == 10_000
     schema = CliRunner().invoke(app, ["config", "schema"]).stdout
     assert '"IntermediaryConfig"' in schema and '"max_view_rows"' in schema
+
+
+def test_the_example_is_valid() -> None:
+    section = load_config_file(EXAMPLE).intermediary
+    assert section.event_server == "tcp+sbs://127.0.0.1:23012"  # examples/server.yaml's
+    assert catalog_of(section) is not None and section.row_type_prefix == ["db"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_it_with_exit_0(
+    tmp_path: Path, event_server: ServerProcess, signum: signal.Signals
+) -> None:
+    port = free_port()
+    proc = _serve(_config(tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer))
+    wait_for_port(port, 30, process=proc)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+
+
+def test_an_address_in_use_is_one_line_and_exit_2(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = _config(tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer)
+        proc = _serve(config)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.decode().strip().splitlines() == [
+        f"error: transport: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]
