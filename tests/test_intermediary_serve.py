@@ -1,13 +1,15 @@
 """``tidings intermediary serve`` as an operator runs it: a real ``tidings server`` in a
 subprocess, the intermediary in another, a subscriber over a real WebSocket, events and row
-events registered with the public client; bad configuration and an event server that is not
-there (or goes away) end it with one line and exit code 2."""
+events registered with the public client, its page /live in headless Chromium; bad
+configuration, an address in use and an event server that is not there (or goes away) end it
+with one line and exit code 2."""
 
 from __future__ import annotations
 
 import signal
 import socket
 import subprocess
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from chromium import Browser
 from processes import ServerProcess, free_port, local_address, tidings_cli, wait_for_port
 from tidings import client
 from tidings.cli import app
@@ -113,7 +116,7 @@ def test_a_subscriber_sees_events_and_a_view_and_sigterm_ends_it(
         first, event, view = run(
             _subscribe_and_watch(f"ws://127.0.0.1:{port}/", event_server.eventer)
         )
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/view", timeout=10) as page:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/live", timeout=10) as page:
             assert page.status == 200 and b"<html" in page.read().lower()
     finally:
         out, err = _stop(proc)
@@ -122,7 +125,7 @@ def test_a_subscriber_sees_events_and_a_view_and_sigterm_ends_it(
     assert view["rows"] == [[1, "ann"]]
     assert proc.returncode == 0, err
     assert (
-        f"intermediary listening on ws://127.0.0.1:{port}/ (page: http://127.0.0.1:{port}/view), "
+        f"intermediary listening on ws://127.0.0.1:{port}/ (page: http://127.0.0.1:{port}/live), "
         f"fed by the event server {event_server.eventer}"
     ) in out
     assert '"msg": "intermediary stopped"' in err and "Traceback" not in err
@@ -229,3 +232,73 @@ def test_an_address_in_use_is_one_line_and_exit_2(
     assert err.decode().strip().splitlines() == [
         f"error: transport: cannot listen on 127.0.0.1:{port}: Address already in use"
     ]
+
+
+#: What the /live page shows, read from its DOM: per panel, its state line and its cells.
+LIVE_DOM = """Array.from(document.querySelectorAll('section')).map((s) => ({
+  title: s.querySelector('h2').textContent,
+  state: s.querySelector('.state').textContent,
+  cells: Array.from(s.querySelectorAll('li, tr')).map((r) => r.textContent),
+}))"""
+
+
+async def _watch_the_page(url: str, eventer: str, profile: Path) -> list[dict[str, Any]]:
+    browser = await Browser.start(profile)
+    try:
+        page = await browser.open(url)
+        await page.wait_for(
+            "window.tidingsLive?.state === 'live' && window.tidingsLive.panels.sql1.rows !== null"
+        )
+        async with await client.connect(eventer) as producer:
+            await producer.register_with_response(
+                [
+                    client.json_event(("app", "paid"), {"order": 7}),
+                    client.json_event(
+                        ("db", "rows.users"),
+                        {"key": 3, "row": {"id": 3, "name": "cy", "city": "Oslo"}},
+                    ),
+                ]
+            )
+        await page.wait_for(
+            "window.tidingsLive.panels.events1.events.length === 1 && "
+            "window.tidingsLive.panels.sql1.rows.length === 1 && "
+            "window.tidingsLive.panels.sql2.error"
+        )
+        return await page.evaluate(LIVE_DOM)
+    finally:
+        await browser.close()
+
+
+def test_the_live_page_shows_events_and_a_view(tmp_path: Path, event_server: ServerProcess) -> None:
+    """Headless Chromium on /live, against the process as an operator runs it."""
+    port = free_port()
+    config = _config(
+        tmp_path,
+        listen=f"127.0.0.1:{port}",
+        event_server=event_server.eventer,
+        row_type_prefix=["db"],
+        tables=TABLES,
+    )
+    proc = _serve(config)
+    query = urllib.parse.urlencode(
+        [
+            ("events", "app/*"),
+            ("sql", "SELECT id, name FROM users"),
+            ("sql", "SELECT secret FROM users"),
+        ],
+        quote_via=urllib.parse.quote,  # %20, as the browser's location.href has it
+    )
+    try:
+        wait_for_port(port, 30, process=proc)
+        panels = run(
+            _watch_the_page(
+                f"http://127.0.0.1:{port}/live?{query}", event_server.eventer, tmp_path / "profile"
+            ),
+            120,
+        )
+    finally:
+        _stop(proc)
+    events, view, refused = panels
+    assert events["title"] == "events app/*" and events["cells"] == ['app/paid {"order":7}']
+    assert view["cells"] == ["idname", "3cy"] and view["state"].startswith("1 rows at epoch")
+    assert "secret" in refused["state"] and refused["cells"] == []

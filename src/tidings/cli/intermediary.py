@@ -26,7 +26,7 @@ def serve(
     config: ConfigOption = None,
     log_level: Annotated[str, typer.Option(help="Log level of the JSON-line logs.")] = "INFO",
 ) -> None:
-    """Serve event and SQL-view subscriptions over WebSocket (and the page at /view),
+    """Serve event and SQL-view subscriptions over WebSocket (and the page at /live),
     fed by the event server of the configuration's intermediary: section."""
     import asyncio
     import signal

@@ -4,7 +4,11 @@
 section of the configuration (:class:`tidings.config.IntermediaryConfig`): a
 :class:`~.chain.TidingsChain` to the event server, :class:`~.eventviews.EventViews` over it
 with the configured tables as the SQL catalog, and an :class:`~.transport.IntermediaryServer`
-serving them (WebSocket at ``/``, the page at ``/view``) until ``stop`` is set.
+serving them until ``stop`` is set: WebSocket at ``/``, and at ``/live`` a page that
+subscribes like any subscriber and shows events as a list and views as tables. Its query
+string lists the subscriptions, each repeatable: ``?events=app/orders/*,app/users/*`` (Hat
+patterns, segments joined by ``/``), ``?sql=SELECT ...`` (``&rate_hz=``, ``&priority=``);
+it does not validate them but shows the server's error (``static/live.js``).
 
 Spatial state comes from a simulation or a peer intermediary upstream (the library,
 ``tidings fanout-demo``), not from an event server: this service has none, so a ``region``
@@ -33,6 +37,7 @@ from tidings.intermediary.geometry import Box
 from tidings.intermediary.process import Intermediary
 from tidings.intermediary.sqlviews import Catalog, SqlLimits
 from tidings.intermediary.transport import IntermediaryServer, TransportLimits
+from tidings.intermediary.webpage import static_page_routes
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +47,7 @@ _WATCH_S = 0.2
 
 @dataclass(frozen=True)
 class Listening:
-    """Where a started service serves: its WebSocket endpoint and its page."""
+    """Where a started service serves: its WebSocket endpoint and its page (``/live``)."""
 
     websocket: str
     page: str
@@ -66,6 +71,7 @@ class EventServerIntermediary(IntermediaryServer):
     def __init__(self, event_server: str, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.event_server = event_server
+        self.app.router.routes.extend(static_page_routes("live"))
 
     async def handle_request(
         self, subscriber: int, request: dict[str, object]
@@ -130,7 +136,7 @@ async def serve_intermediary(
         try:
             shown = f"[{host}]" if ":" in host else host
             where = Listening(
-                f"ws://{shown}:{server.port}/", f"http://{shown}:{server.port}/view", chain.address
+                f"ws://{shown}:{server.port}/", f"http://{shown}:{server.port}/live", chain.address
             )
             log.info(
                 "intermediary listening",
