@@ -68,8 +68,11 @@ class _NoSpatialUpstream:
 class EventServerIntermediary(IntermediaryServer):
     """An intermediary server whose only upstream is an event server: events and SQL views."""
 
-    def __init__(self, event_server: str, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self, event_server: str, views: EventViews, *, tick_s: float, limits: TransportLimits
+    ) -> None:
+        spatial = Intermediary(2, _NoSpatialUpstream())
+        super().__init__(spatial, views=views, tick_s=tick_s, limits=limits)
         self.event_server = event_server
         self.app.router.routes.extend(static_page_routes("live"))
 
@@ -121,8 +124,7 @@ async def serve_intermediary(
         )
         server = EventServerIntermediary(
             config.event_server,
-            Intermediary(2, _NoSpatialUpstream()),
-            views=views,
+            views,
             tick_s=config.tick.total_seconds(),
             limits=TransportLimits(
                 max_message_bytes=limits.max_request_bytes,
