@@ -45,6 +45,7 @@ from pydantic import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from tidings.address import Address
 from tidings.errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -340,6 +341,113 @@ class MetricsConfig(StrictModel):
     max_event_types: int = Field(default=100, gt=0)
 
 
+_SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The kinds a column of an intermediary's table may declare (those of its SQL views).
+ColumnKind = Literal["integer", "real", "numeric", "text", "blob"]
+
+
+def _host_port(value: str) -> str:
+    """``HOST:PORT`` (an IPv6 host in brackets), port 0-65535; 0 is any free port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT, e.g. 127.0.0.1:8100, got {value!r}")
+    return value
+
+
+class IntermediaryTableConfig(StrictModel):
+    """A domain table an intermediary's SQL views may read, fed by its row-change events
+    (``rows.<table>``, :mod:`tidings.intermediary.rows`): its columns (name -> kind, or null
+    for a column of unknown kind) and the column its rows are keyed by, or the columns in
+    order. (Not ``key``: ``tidings config check`` masks keys so named, as secrets.)"""
+
+    columns: dict[str, ColumnKind | None] = Field(min_length=1)
+    keyed_by: str | list[str]
+
+    @field_validator("columns")
+    @classmethod
+    def _column_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name in v:
+            if not _SQL_NAME.fullmatch(name):
+                raise ValueError(f"column name {name!r} must be a SQL name (letters, digits, _)")
+        return v
+
+    @model_validator(mode="after")
+    def _key_is_a_column(self) -> IntermediaryTableConfig:
+        keys = [self.keyed_by] if isinstance(self.keyed_by, str) else self.keyed_by
+        if not keys:
+            raise ValueError("keyed_by: name at least one column")
+        for column in keys:
+            if column not in self.columns:
+                raise ValueError(
+                    f"keyed_by: {column!r} is not one of the columns ({', '.join(self.columns)})"
+                )
+        return self
+
+
+class IntermediaryLimitsConfig(StrictModel):
+    """Bounds of ``tidings intermediary serve``: per server, per connection, per view."""
+
+    max_connections: int = Field(default=10_000, gt=0)
+    #: Event and view messages waiting to be sent on one connection; past this the
+    #: subscriber is too slow and is disconnected (close code 4008, with the reason).
+    max_queued_messages: int = Field(default=10_000, gt=0)
+    max_request_bytes: int = Field(default=64 * 1024, ge=1024)
+    requests_per_s: float = Field(default=20.0, gt=0)
+    request_burst: int = Field(default=40, gt=0)
+    max_subscriptions_per_subscriber: int = Field(default=64, gt=0)
+    #: The LIMIT of a view without one, and the highest LIMIT accepted.
+    max_view_rows: int = Field(default=10_000, gt=0)
+    view_timeout: Duration = timedelta(seconds=5)
+
+    _durations = field_validator("view_timeout", mode="before")(lambda cls, v: parse_duration(v))
+
+    @field_validator("view_timeout")
+    @classmethod
+    def _positive(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("must be more than zero")
+        return v
+
+
+class IntermediaryConfig(StrictModel):
+    """``tidings intermediary serve``: an intermediary whose upstream is an event server,
+    serving event and SQL-view subscriptions over WebSocket (issue 12)."""
+
+    #: ``HOST:PORT`` of its WebSocket endpoint and web page; 0.0.0.0 exposes every interface.
+    listen: Annotated[str, AfterValidator(_host_port)] = "127.0.0.1:8100"
+    event_server: Address = "tcp+sbs://127.0.0.1:23012"
+    #: The type prefix of the event server target the row events reach it through.
+    row_type_prefix: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    tables: dict[str, IntermediaryTableConfig] = Field(default_factory=dict)
+    #: How often it takes what the event server sent and serves its subscribers.
+    tick: Duration = timedelta(milliseconds=20)
+    #: How long a request to the event server (a subscription, a table's load) may take.
+    request_timeout: Duration = timedelta(seconds=30)
+    limits: IntermediaryLimitsConfig = IntermediaryLimitsConfig()
+
+    _durations = field_validator("tick", "request_timeout", mode="before")(
+        lambda cls, v: parse_duration(v)
+    )
+
+    @field_validator("tick", "request_timeout")
+    @classmethod
+    def _positive(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("must be more than zero")
+        return v
+
+    @field_validator("tables")
+    @classmethod
+    def _table_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        lowered = [name.lower() for name in v]
+        for name in v:
+            if not _SQL_NAME.fullmatch(name):
+                raise ValueError(f"table name {name!r} must be a SQL name (letters, digits, _)")
+            if lowered.count(name.lower()) > 1:
+                raise ValueError(f"table {name!r} is listed twice (names are case-insensitive)")
+        return v
+
+
 class TidingsConfig(StrictModel):
     """The whole configuration."""
 
@@ -353,6 +461,7 @@ class TidingsConfig(StrictModel):
     replay: ReplayConfig = ReplayConfig()
     housekeeping: HousekeepingConfig = Field(default_factory=dict, **RESOLVED_DEFAULT)
     metrics: MetricsConfig = MetricsConfig()
+    intermediary: IntermediaryConfig = IntermediaryConfig()
 
     @field_validator("targets")
     @classmethod

@@ -1,13 +1,22 @@
 """The ``tidings`` command line, one module per part: :mod:`.pipeline` (demo, relay,
 replay, housekeep, status, routes), :mod:`.events` (incomplete events), :mod:`.server`,
-:mod:`.streams` (consume, streams), :mod:`.fanout` (fanout-demo) and :mod:`.config` (config
-check, config schema).
+:mod:`.streams` (consume, streams), :mod:`.fanout` (fanout-demo), :mod:`.intermediary`
+(intermediary serve) and :mod:`.config` (config check, config schema).
 
 Commands import what they run inside their bodies, so that ``tidings --help`` and a quick
 command do not pay for Spark, SQLAlchemy or the server.
 """
 
-from tidings.cli import config, events, fanout, pipeline, server, streams
+from tidings.cli import config, events, fanout, intermediary, pipeline, server, streams
 from tidings.cli.common import app
 
-__all__ = ["app", "config", "events", "fanout", "pipeline", "server", "streams"]
+__all__ = [
+    "app",
+    "config",
+    "events",
+    "fanout",
+    "intermediary",
+    "pipeline",
+    "server",
+    "streams",
+]

@@ -34,16 +34,25 @@ _STATIC = resources.files("tidings.intermediary") / "static"
 _REVALIDATE = {"Cache-Control": "no-cache"}
 
 
-def page_routes(intermediary: Intermediary) -> list[Route]:
-    """The page's routes, for the intermediary's Starlette application."""
-    html = (_STATIC / "view.html").read_bytes()
-    script = (_STATIC / "view.js").read_bytes()
+def static_page_routes(name: str) -> list[Route]:
+    """``GET /<name>`` and ``GET /<name>.js``: the page ``static/<name>.html`` and its module."""
+    html = (_STATIC / f"{name}.html").read_bytes()
+    script = (_STATIC / f"{name}.js").read_bytes()
 
     async def page(request: Request) -> Response:
         return Response(html, media_type="text/html; charset=utf-8", headers=_REVALIDATE)
 
     async def module(request: Request) -> Response:
         return Response(script, media_type="text/javascript; charset=utf-8", headers=_REVALIDATE)
+
+    return [
+        Route(f"/{name}", page, methods=["GET"]),
+        Route(f"/{name}.js", module, methods=["GET"]),
+    ]
+
+
+def page_routes(intermediary: Intermediary) -> list[Route]:
+    """The page's routes, for the intermediary's Starlette application."""
 
     async def defaults(request: Request) -> Response:
         world = intermediary.subscriptions.world
@@ -54,8 +63,4 @@ def page_routes(intermediary: Intermediary) -> list[Route]:
             }
         )
 
-    return [
-        Route("/view", page, methods=["GET"]),
-        Route("/view.js", module, methods=["GET"]),
-        Route("/view.json", defaults, methods=["GET"]),
-    ]
+    return [*static_page_routes("view"), Route("/view.json", defaults, methods=["GET"])]
