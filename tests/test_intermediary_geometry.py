@@ -231,6 +231,32 @@ def test_translation_moves_membership(region, seed: int) -> None:
     assert (moved.contains(points + offset) == region.contains(points)).mean() > 0.99
 
 
+def _validated(region: Box | Sphere | Sector) -> Box | Sphere | Sector:
+    """``region`` rebuilt through its validating constructor."""
+    return type(region)(**{name: getattr(region, name) for name in region.__dataclass_fields__})
+
+
+@SETTINGS
+@given(region=regions, seed=st.integers(0, 2**32 - 1))
+def test_a_shifted_region_is_the_validated_translation(region, seed: int) -> None:
+    # shifted() skips re-validating what a translation keeps: it must build exactly the
+    # region the validating constructor builds from the same numbers.
+    offset = tuple(np.random.default_rng(seed).uniform(-1e6, 1e6, region.dim).tolist())
+    moved = region.shifted(offset)
+    assert moved == _validated(moved) == region.translated(offset)
+    assert moved.bounds() == _validated(moved).bounds()
+
+
+def test_a_shift_is_refused_where_a_translation_would_be() -> None:
+    with pytest.raises(IntermediaryError, match=r"sphere: reaches .* beyond the largest"):
+        Relative(Sphere((0, 0), 1), 7).resolve((MAX_EXTENT, 0.0))
+    with pytest.raises(IntermediaryError, match=r"sector: reaches .* beyond the largest"):
+        Relative(Sector((0, 0), 1, (1, 0), 1), 7).resolve((0.0, -MAX_EXTENT))
+    # Far from the origin a very thin box rounds to no width: refused, naming the axis.
+    with pytest.raises(IntermediaryError, match=r"box\.hi\[0\]: must be greater"):
+        Box((0, 0), (1e-9, 1)).shifted((1e8, 0.0))
+
+
 def test_relative_regions_resolve_at_the_entity_position() -> None:
     relative = parse_region({"sphere": {"radius": 5}, "relative_to": "ship-7", "dim": 3})
     assert relative == Relative(Sphere((0, 0, 0), 5), "ship-7")

@@ -19,13 +19,18 @@ from intermediary_helpers import SMALL, WHOLE, WORLD, inside
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client import IntermediaryClient, ReceivedFrame
 from tidings.intermediary.coverage import covers
-from tidings.intermediary.generation import FrameKind
+from tidings.intermediary.generation import FrameKind, decode_frame
 from tidings.intermediary.geometry import Box, Sphere
 from tidings.intermediary.process import Intermediary
 from tidings.intermediary.scheduling import Scheduler
 from tidings.intermediary.simulation import Simulation
 from tidings.intermediary.state import UpdateBatch
-from tidings.intermediary.transport import DROPPED_CLOSE_CODE, IntermediaryServer, TransportLimits
+from tidings.intermediary.transport import (
+    DROPPED_CLOSE_CODE,
+    IntermediaryServer,
+    TransportLimits,
+    open_envelope,
+)
 
 pytestmark = pytest.mark.server
 
@@ -253,6 +258,40 @@ def test_a_subscriber_that_never_reads_is_dropped_with_a_reason_while_another_go
         await good.close()
 
     run(body, n=400, max_dropped=3, limits=TransportLimits(send_buffer_bytes=4096))
+
+
+def test_frames_that_wait_for_a_full_transport_arrive_whole_and_in_order() -> None:
+    # A round sends to an idle connection directly; a send that must wait for the transport
+    # (this subscriber stops reading until its buffers fill) is finished by the writer. The
+    # frames it then reads are whole, for its key, and in epoch order.
+    async def body(rig: Rig) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", rig.server.port))
+        slow = await websockets.connect(rig.url, sock=sock, max_queue=1)
+        hello = json.loads(await slow.recv())
+        await slow.send(
+            json.dumps({"op": "subscribe", "key": "all", "region": WHOLE, "rate_hz": 200})
+        )
+        while not isinstance(await slow.recv(), str):
+            pass
+        conn = rig.server.connections[hello["subscriber"]]
+        await until(lambda: conn.pending is not None)  # a direct send is waiting
+        epochs = []
+        while len(epochs) < 20:
+            message = await slow.recv()
+            assert isinstance(message, bytes)
+            key, frame = open_envelope(message)
+            assert key == "all"
+            header, ids, _ = decode_frame(frame)
+            if header.kind is FrameKind.VIEW:
+                assert len(ids) == 400
+            epochs.append(header.epoch)
+        assert epochs == sorted(epochs)
+        assert not rig.server.disconnects
+        await slow.close()
+
+    run(body, n=400, max_dropped=1000, limits=TransportLimits(send_buffer_bytes=4096))
 
 
 def test_an_oversized_message_closes_with_1009_and_a_full_server_refuses_with_1013() -> None:

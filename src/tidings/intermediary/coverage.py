@@ -190,8 +190,9 @@ def _cell_bounds(axes: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndar
     return los, his
 
 
-def _touching(region: Region, axes: list[np.ndarray]) -> np.ndarray:
-    """The cells that may share a point with ``region`` (never misses one that does)."""
+def touching(region: Region, axes: list[np.ndarray]) -> np.ndarray:
+    """The cells (between the sorted ``axes`` cuts) that may share a point with ``region``
+    (never misses one that does)."""
     shape = tuple(len(a) - 1 for a in axes)
     if isinstance(region, Box):
         return np.ones(shape, dtype=bool)
@@ -306,7 +307,7 @@ def _difference(
             return pieces
         return pieces + _difference(upper, wanted, relevant, first_only, depth + 1)
     if isinstance(wanted, (Box, Sphere, Sector)):
-        mask = _touching(wanted, axes) & ~_paint(axes, relevant)
+        mask = touching(wanted, axes) & ~_paint(axes, relevant)
     else:
         mask = _paint(axes, parts) & ~_paint(axes, relevant)
     if first_only:

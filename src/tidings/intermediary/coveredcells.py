@@ -8,9 +8,10 @@ per epoch, for hundreds of subscribers following agents. Here the cut is made on
 whole set: the axes are cut at every boundary of every upstream box (at most ``2 * boxes``
 cuts per axis), each cell lies wholly inside or wholly outside each box, and a cell is
 painted when some box holds it. A box is then covered iff every cell it overlaps is
-painted: two bisections per axis and one ``all`` over a slice. Exact for boxes; a sphere or
-sector is asked about through its bounding box, so a "no" for one only means "ask the
-exact test".
+painted: two bisections per axis and one ``all`` over a slice. A sphere or sector whose
+bounding box is not all painted is then tested on the cells of that slice it may touch
+(:meth:`CoveredCells.covers_region`), on the same grid: the exact test's ~0.8 ms per such
+region went to cutting and painting a grid of its own each time.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tidings.intermediary.geometry import Box
+from tidings.intermediary import coverage
+from tidings.intermediary.geometry import Box, Region
 
 
 class CoveredCells:
@@ -28,6 +30,7 @@ class CoveredCells:
 
     def __init__(self, boxes: Sequence[Box]) -> None:
         self.empty = not boxes
+        self._boxes = list(boxes)
         if self.empty:
             return
         dim = boxes[0].dim
@@ -44,13 +47,43 @@ class CoveredCells:
 
     def covers(self, box: Box) -> bool:
         """Whether ``box`` lies within the union of the boxes."""
-        if self.empty:
+        span = self._span(box)
+        return span is not None and bool(self._painted[span].all())
+
+    def covers_region(self, region: Region) -> bool:
+        """Whether ``region`` lies within the union of the boxes: exact for a box, and for a
+        sphere or sector as conservative as :func:`.coverage.covers` (never True for one
+        that is not covered). The cells of its bounding box that it may touch
+        (:func:`.coverage.touching`, on this grid's cuts clipped to the bounding box) must
+        all be painted; this grid is never coarser than the one :func:`.coverage.covers`
+        would cut for the same question, and is cut and painted once for every question."""
+        bounds = region.bounds()
+        span = self._span(bounds)
+        if span is None:
             return False
+        painted = self._painted[span]
+        if painted.all():
+            return True
+        if isinstance(region, Box):
+            return False  # a cell it overlaps is not painted: exact for a box
+        if painted.size > coverage.MAX_GRID_CELLS:
+            return coverage.covers(self._boxes, region)  # which splits such a grid
+        axes = []
+        for cuts, cells, lo, hi in zip(self._axes, span, bounds.lo, bounds.hi, strict=True):
+            ends = np.array(cuts[cells.start : cells.stop + 1])
+            ends[0], ends[-1] = lo, hi
+            axes.append(ends)
+        return not (coverage.touching(region, axes) & ~painted).any()
+
+    def _span(self, box: Box) -> tuple[slice, ...] | None:
+        """The cells ``box`` overlaps, or None if it reaches outside every box."""
+        if self.empty:
+            return None
         span = []
         for cuts, lo, hi in zip(self._axes, box.lo, box.hi, strict=True):
             if lo < cuts[0] or hi > cuts[-1]:
-                return False
+                return None
             # The cell holding lo (the one starting there if lo is a cut) up to the one
             # ending at or after hi.
             span.append(slice(bisect_right(cuts, lo) - 1, bisect_left(cuts, hi)))
-        return bool(self._painted[tuple(span)].all())
+        return tuple(span)

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import uvloop
 import websockets
 
 from tidings.intermediary.generation import HEADER, FrameKind
@@ -134,4 +135,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    # uvloop: the receive path is mostly the event loop's own work (socket reads, callbacks),
+    # which uvloop does in C; measured ~51 -> ~30 us of CPU per frame received (README).
+    uvloop.run(main())

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -42,6 +42,7 @@ MAX_EXTENT = 1e9
 MAX_ENTITY_ID_LENGTH = 256
 
 Vector: TypeAlias = tuple[float, ...]
+_R = TypeVar("_R")
 
 
 def _vector(field: str, value: object, dim: int | None = None) -> Vector:
@@ -146,24 +147,37 @@ class Box:
         return _in_box(array, self.lo, self.hi)
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Box:
-        shift = _vector("offset", offset, self.dim)
-        return Box(
-            tuple(a + d for a, d in zip(self.lo, shift, strict=True)),
-            tuple(b + d for b, d in zip(self.hi, shift, strict=True)),
-        )
+        return self.shifted(_vector("offset", offset, self.dim))
+
+    def shifted(self, shift: Vector) -> Box:
+        """:meth:`translated` by an offset already validated (finite floats, this
+        dimension): only what a translation can break is checked again (the extent, and
+        a positive size, which rounding can lose far from the origin)."""
+        lo = tuple(a + d for a, d in zip(self.lo, shift, strict=True))
+        hi = tuple(b + d for b, d in zip(self.hi, shift, strict=True))
+        if not all(a < b for a, b in zip(lo, hi, strict=True)):
+            return Box(lo, hi)  # the validating constructor names the flat axis
+        _within_extent("box", lo, hi)
+        return _trusted(Box, lo=lo, hi=hi)
 
     def volume(self) -> float:
         """Area in 2D, volume in 3D."""
         return float(np.prod(np.array(self.hi) - np.array(self.lo)))
 
 
+def _trusted(cls: type[_R], **fields: object) -> _R:
+    """A region of ``fields`` known valid (computed from a validated region), built without
+    validating again: validation costs more than the rest of a view's selection, per view,
+    and most of placing a relative region."""
+    region = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(region, name, value)
+    return region
+
+
 def _derived_box(lo: Vector, hi: Vector) -> Box:
-    """A box computed from a region that was validated already (its bounds), built without
-    validating again: that costs more than the rest of a view's selection, per view."""
-    box = object.__new__(Box)
-    object.__setattr__(box, "lo", lo)
-    object.__setattr__(box, "hi", hi)
-    return box
+    """A box computed from a region that was validated already (its bounds)."""
+    return _trusted(Box, lo=lo, hi=hi)
 
 
 @dataclass(frozen=True)
@@ -200,8 +214,14 @@ class Sphere:
         return inside & _in_box(array, [x - r for x in self.center], [x + r for x in self.center])
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Sphere:
-        shift = _vector("offset", offset, self.dim)
-        return Sphere(tuple(c + d for c, d in zip(self.center, shift, strict=True)), self.radius)
+        return self.shifted(_vector("offset", offset, self.dim))
+
+    def shifted(self, shift: Vector) -> Sphere:
+        """:meth:`translated` by an offset already validated; only the extent is checked."""
+        center = tuple(c + d for c, d in zip(self.center, shift, strict=True))
+        r = self.radius
+        _within_extent("sphere", [x - r for x in center], [x + r for x in center])
+        return _trusted(Sphere, center=center, radius=r)
 
 
 def _unit(field: str, direction: Vector) -> Vector:
@@ -303,9 +323,21 @@ class Sector:
         return inside
 
     def translated(self, offset: Sequence[float] | np.ndarray) -> Sector:
-        shift = np.array(_vector("offset", offset, self.dim))
-        center = tuple((np.array(self.center) + shift).tolist())
-        return Sector(center, self.radius, self.direction, self.half_angle)
+        return self.shifted(_vector("offset", offset, self.dim))
+
+    def shifted(self, shift: Vector) -> Sector:
+        """:meth:`translated` by an offset already validated; only the extent is checked
+        (the direction, radius and angle are this sector's, valid already)."""
+        center = tuple(c + d for c, d in zip(self.center, shift, strict=True))
+        r = self.radius
+        _within_extent("sector", [x - r for x in center], [x + r for x in center])
+        return _trusted(
+            Sector,
+            center=center,
+            radius=r,
+            direction=self.direction,
+            half_angle=self.half_angle,
+        )
 
 
 Region: TypeAlias = Box | Sphere | Sector
@@ -339,7 +371,7 @@ class Relative:
         """The region placed at the entity's ``position``; refused (naming the position) if it
         is not finite, has the wrong dimension, or moves the region beyond ``MAX_EXTENT``."""
         offset = _vector(f"position of entity {self.entity_id!r}", position, self.dim)
-        return self.region.translated(offset)
+        return self.region.shifted(offset)
 
 
 Subscription: TypeAlias = Region | Relative

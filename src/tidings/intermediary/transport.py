@@ -14,10 +14,12 @@ layout). The first message is ``{"op": "hello", "subscriber": <id>}``. The same 
 serves the web page of one subscriber's live view (:mod:`.webpage`: ``GET /view``).
 
 Slow subscribers never hold the others ([146]): each connection has one outgoing slot
-holding the latest round's frames; a writer task per connection empties it. While the slot is
-full or being sent, the scheduler is told the channel is not ready, so the subscriber's
-frames are dropped (and counted) instead of queued; after the scheduler's ``max_dropped`` in a
-row the connection is closed with :data:`DROPPED_CLOSE_CODE` and the scheduler's reason.
+holding the latest round's frames; a writer task per connection empties it (a round sends to
+an idle connection itself, and leaves a send that must wait for the transport to the
+writer). While the slot is full or being sent, the scheduler is told the channel is not
+ready, so the subscriber's frames are dropped (and counted) instead of queued; after the
+scheduler's ``max_dropped`` in a row the connection is closed with
+:data:`DROPPED_CLOSE_CODE` and the scheduler's reason.
 Request messages are bounded in size (uvicorn refuses a bigger frame with 1009) and in rate
 (a token bucket per connection; a request over it is refused with an error reply).
 
@@ -51,7 +53,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -142,6 +144,12 @@ class _Connection:
     kicked: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = ""
     replaced: int = 0
+    #: The writer waits for work with nothing pending: a round may send to it directly.
+    idle: bool = False
+    #: A direct send that must wait for the transport (its coroutine and what it waits
+    #: for), or failed: the writer finishes it, or raises it, before anything else.
+    pending: tuple[Coroutine[Any, Any, None], Any] | None = None
+    failure: BaseException | None = None
     tokens: float = 0.0
     refilled: float = 0.0
 
@@ -313,7 +321,31 @@ class IntermediaryServer:
             conn.replaced += 1
         conn.slot = items
         self.intermediary.set_ready(conn.id, False)
+        if conn.idle and not conn.wake.is_set() and self._send_now(conn):
+            self.intermediary.set_ready(conn.id, True)
+            return
         conn.wake.set()
+
+    def _send_now(self, conn: _Connection) -> bool:
+        """Send the slot from here when the writer is idle: a send that does not have to
+        wait for the transport completes in one step, with no writer task to wake (that
+        wake cost as much as the rest of the send, per frame). One that has to wait, or
+        fails, is left to the writer (:func:`_finish`). True if all of it was sent."""
+        items, conn.slot = conn.slot or [], None
+        for sent, served in enumerate(items):
+            send = conn.websocket.send_bytes(envelope(served.key, served.frame.data))
+            try:
+                waiting_for = send.send(None)
+            except StopIteration:
+                continue
+            except BaseException as exc:  # the writer raises it, closing the connection
+                conn.failure = exc
+            else:
+                conn.pending = (send, waiting_for)
+            conn.slot = items[sent + 1 :] or None  # the rest, after the pending one
+            conn.idle = False
+            return False
+        return True
 
     # -- connections -------------------------------------------------------------------
 
@@ -354,8 +386,15 @@ class IntermediaryServer:
 
     async def _writer(self, conn: _Connection) -> None:
         while True:
+            conn.idle = not (conn.texts or conn.views or conn.slot or conn.notices)
             await conn.wake.wait()
+            conn.idle = False
             conn.wake.clear()
+            if conn.failure is not None:
+                raise conn.failure
+            if conn.pending is not None:
+                pending, conn.pending = conn.pending, None
+                await _finish(*pending)
             while conn.texts:
                 await conn.websocket.send_text(conn.texts.popleft())
             views, conn.views = conn.views, {}
@@ -492,6 +531,29 @@ class IntermediaryServer:
 _SUBSCRIBE_FIELDS = frozenset(
     {"op", "key", "region", "events", "sql", "priority", "rate_hz", "capabilities"}
 )
+
+
+async def _finish(send: Coroutine[Any, Any, None], waiting_for: Any) -> None:
+    """Run ``send``, which stopped at its first step waiting for the future
+    ``waiting_for``, to its end in this task: what a task does with a coroutine it runs."""
+    try:
+        while True:
+            try:
+                if waiting_for is None:  # a bare yield: let the loop run once
+                    await asyncio.sleep(0)
+                else:
+                    # As a task does with a future its coroutine yields: it is the one
+                    # waiting now (a future still marked blocking refuses another await).
+                    waiting_for._asyncio_future_blocking = False
+                    await waiting_for
+            except BaseException as exc:  # e.g. this writer cancelled: so is the send
+                waiting_for = send.throw(exc)
+            else:
+                waiting_for = send.send(None)
+    except StopIteration:
+        return
+    finally:
+        send.close()
 
 
 def _clip(reason: str) -> str:
