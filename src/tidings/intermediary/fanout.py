@@ -67,6 +67,10 @@ ROUND_BUDGET = 100
 READY_TIMEOUT_S = 120.0
 
 
+#: The longest results line a subscriber process may print (its staleness samples).
+RESULTS_LINE_LIMIT = 256 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class FanoutConfig:
     """One measured run: sizes, rates and timings."""
@@ -272,6 +276,8 @@ async def _start_subscribers(
             "tidings.intermediary.fanout_subscribers",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            # The results line holds every frame's staleness: megabytes at full size.
+            limit=RESULTS_LINE_LIMIT,
         )
         assert child.stdin is not None
         child.stdin.write(json.dumps({"subscribers": mine}).encode() + b"\n")
