@@ -283,4 +283,3 @@ def test_stream_sockets_ask_for_tcp_nodelay() -> None:
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         sock.close()
-

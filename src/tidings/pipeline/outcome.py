@@ -162,9 +162,7 @@ def _update_sql(paramstyle: str, rows: int, *, over_parked: bool) -> str:
     mark = placeholder(paramstyle)
     seqs = ", ".join([mark] * rows)
     guard = "" if over_parked else f" AND status NOT IN ('{_PARKED}', '{_PUBLISHED}')"
-    return (
-        f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq IN ({seqs}){guard}"
-    )
+    return f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq IN ({seqs}){guard}"
 
 
 def _outcome_groups(items: Iterable[LoggedEvent]) -> dict[tuple[Any, ...], list[int]]:

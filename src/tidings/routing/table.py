@@ -66,9 +66,7 @@ def check_route_key(key: str) -> str:
     return key
 
 
-def merge_routes(
-    *sources: Mapping[str, Iterable[str]], default: Iterable[str] = ()
-) -> Routes:
+def merge_routes(*sources: Mapping[str, Iterable[str]], default: Iterable[str] = ()) -> Routes:
     """Union of route sources, each type's targets in first-seen order, no repeats."""
     merged: dict[str, list[str]] = {}
     for source in sources:

@@ -328,4 +328,3 @@ def _with_scheme(url: str, schemes: dict[str, str]) -> str:
             "InvalidRequest", f"{url!r} is not a stream URL (http://, https://, ws:// or wss://)"
         )
     return urlunsplit(parts._replace(scheme=schemes[parts.scheme]))
-

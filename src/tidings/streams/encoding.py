@@ -84,5 +84,3 @@ def payload_data(event: StoredEvent) -> Any:
 def event_list(events: list[WireEvent]) -> bytes:
     """The JSON array of ``events``."""
     return b"[" + b",".join(e.encoded for e in events) + b"]"
-
-
