@@ -34,7 +34,7 @@ from collections.abc import Callable, Hashable
 
 from tidings.errors import IntermediaryError
 from tidings.intermediary.areas import AreaUpstream, Composer
-from tidings.intermediary.directory import Directory, Member
+from tidings.intermediary.directory import Directory
 from tidings.intermediary.geometry import parse_region
 from tidings.intermediary.peers import RemotePart
 from tidings.intermediary.process import Intermediary, Upstream
@@ -181,9 +181,11 @@ class ClusterServer(IntermediaryServer):
             or not all(isinstance(name, str) for name in via)
         ):
             raise IntermediaryError(f"request.via: expected at most {MAX_VIA} member names")
-        owner = self._owner(parse_region(request.get("region")), client)
+        self.refresh()  # decide on the owners just read; the upstream is cut along them
+        name = self._owner_name(parse_region(request.get("region")), client)
         key = request.get("key")
-        if owner.name != self.name:
+        if name != self.name:
+            owner = self.directory.member(name)
             if owner.name in via or self.name in via:
                 path = " -> ".join([*via, self.name, owner.name])
                 raise IntermediaryError(
@@ -197,7 +199,6 @@ class ClusterServer(IntermediaryServer):
                 "owner": owner.name,
                 "via": [*via, self.name],
             }
-        self.refresh()  # the upstream is cut along the owners just read
         plain = {name: value for name, value in request.items() if name not in CLUSTER_FIELDS}
         reply = await super().handle_request(subscriber, plain)
         self._clients[subscriber] = client if isinstance(client, str) else None
@@ -206,9 +207,14 @@ class ClusterServer(IntermediaryServer):
         reply["intermediary"] = self.name
         return reply
 
-    def _owner(self, region: object, client: object) -> Member:
+    def _owner_name(self, region: object, client: object) -> str:
+        """The name of the member owning ``region``'s home slot, by the owners last read
+        (:meth:`refresh`); a slot nobody owns is an error naming it."""
         slot = self.partition.home(region, client if isinstance(client, str) else None)  # type: ignore[arg-type]
-        return self.directory.owner(slot)
+        name = self._owners.get(slot)
+        if name is None:
+            raise IntermediaryError(f"directory: no intermediary owns slot {slot}")
+        return name
 
     def _release(self, subscriber: int, request: dict[str, object]) -> dict[str, object]:
         key, before = request.get("key"), request.get("before")
@@ -246,16 +252,17 @@ class ClusterServer(IntermediaryServer):
             if ident in self._handing or ident in self._releasing:
                 continue
             try:
-                owner = self._owner(record.subscription, self._clients.get(record.subscriber))
+                name = self._owner_name(record.subscription, self._clients.get(record.subscriber))
+                if name == self.name:
+                    continue
+                owner = self.directory.member(name)
             except IntermediaryError as exc:
                 log.warning("%s cannot place %r: %s", self.name, ident, exc)
                 continue
-            if owner.name != self.name:
-                message = {"op": "handover", "key": record.key, "to": owner.url}
-                message["owner"] = owner.name
-                if self.notify(record.subscriber, message):  # type: ignore[arg-type]
-                    self._handing[ident] = self.intermediary.state.epoch
-                    started += 1
+            message = {"op": "handover", "key": record.key, "to": owner.url, "owner": name}
+            if self.notify(record.subscriber, message):  # type: ignore[arg-type]
+                self._handing[ident] = self.intermediary.state.epoch
+                started += 1
         return started
 
     def serve(self) -> int:
@@ -268,6 +275,12 @@ class ClusterServer(IntermediaryServer):
         self.last_frames = super().serve()
         self._forget_gone()
         epoch = self.intermediary.state.epoch
+        # A handover the subscriber did not follow within handover_epochs is forgotten (it
+        # stays served here, and the next directory change offers it again), so a client
+        # that ignores handovers cannot stall the cluster's rebalancing.
+        for ident, started in list(self._handing.items()):
+            if ident not in self._releasing and epoch - started > self.handover_epochs:
+                del self._handing[ident]
         for (subscriber, key), before in list(self._releasing.items()):
             if epoch >= before - 1:
                 del self._releasing[(subscriber, key)]
@@ -295,12 +308,6 @@ class ClusterServer(IntermediaryServer):
         return len(self._releasing)
 
     def handing(self) -> int:
-        """Subscriptions whose handover is under way. One the subscriber does not follow
-        within :attr:`handover_epochs` is forgotten (it stays served here, and the next
-        directory change offers it again), so a client that ignores handovers cannot stall
-        the cluster's rebalancing."""
-        epoch = self.intermediary.state.epoch
-        for ident, started in list(self._handing.items()):
-            if ident not in self._releasing and epoch - started > self.handover_epochs:
-                del self._handing[ident]
+        """Subscriptions whose handover is under way (:meth:`serve` forgets those not
+        followed within :attr:`handover_epochs`)."""
         return len(self._handing)

@@ -95,18 +95,6 @@ class Directory:
             raise IntermediaryError(f"directory: no intermediary called {name!r:.80}")
         return Member(name, row[0])
 
-    def owner(self, slot: int) -> Member:
-        """The member owning ``slot``; a slot nobody owns is an error naming it."""
-        with self._locked() as db:
-            row = db.execute(
-                "SELECT m.name, m.url FROM slots s JOIN members m ON m.name = s.owner "
-                "WHERE s.slot = ?",
-                (slot,),
-            ).fetchone()
-        if row is None:
-            raise IntermediaryError(f"directory: no intermediary owns slot {slot}")
-        return Member(*row)
-
     def slots_of(self, name: str) -> list[int]:
         with self._locked() as db:
             rows = db.execute(
