@@ -272,6 +272,11 @@ class ClusterServer(IntermediaryServer):
             self.refresh()
         except IntermediaryError as exc:  # a directory being changed must not stop serving
             log.warning("%s: %s", self.name, exc)
+        if self._owners and self.name not in self._owners.values():
+            # Drained (its slots merged back): a subscription that was not handed over when
+            # the slots moved (it arrived, or its handover was dropped, meanwhile) is
+            # offered again each round until none is left, or the member never stops.
+            self.rehome()
         self.last_frames = super().serve()
         self._forget_gone()
         epoch = self.intermediary.state.epoch
