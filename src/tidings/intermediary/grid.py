@@ -48,6 +48,7 @@ class GridIndex:
             self._lo = np.zeros(dim)
             self._cell = 1.0
             self._shape = np.ones(dim, dtype=np.int64)
+            keys = np.zeros(0, dtype=np.int64)
         else:
             self._lo = positions.min(axis=0)
             extent = np.maximum(positions.max(axis=0) - self._lo, 1e-9)
@@ -57,18 +58,19 @@ class GridIndex:
             # Clustered entities (an intermediary holds the areas its subscribers watch)
             # leave most of the bounding box empty: size the cells for the occupied part.
             total = int(np.prod(self._shape))
-            keys = np.ravel_multi_index(tuple(self._coords(positions).T), tuple(self._shape))
+            coords = self._coords(positions)
+            keys = np.ravel_multi_index(tuple(coords.T), tuple(self._shape))
             occupied = np.count_nonzero(np.bincount(keys, minlength=total))
             # Bounded: at most MAX_CELLS_PER_ENTITY cells per entity, and few enough cells
             # (half the 16-bit range, for rounding) that the keys still sort by radix.
             limit = min(MAX_CELLS_PER_ENTITY * n, 1 << 15)
             shrink = max(occupied / total, total / limit)
-            if shrink < 0.5:
+            if shrink < 0.5:  # new cells: new keys
                 self._cell *= shrink ** (1 / dim)
                 self._shape = np.floor(extent / self._cell).astype(np.int64) + 1
-        coords = self._coords(positions)
+                coords = self._coords(positions)
+                keys = np.ravel_multi_index(tuple(coords.T), tuple(self._shape))
         self._cells = int(np.prod(self._shape))
-        keys = np.ravel_multi_index(tuple(coords.T), tuple(self._shape)) if n else coords[:, 0]
         if self._cells <= 1 << 16:
             keys = keys.astype(np.uint16)  # numpy sorts 16-bit keys by radix: ~9x faster
         self._order = np.argsort(keys, kind="stable")

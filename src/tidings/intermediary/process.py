@@ -29,7 +29,7 @@ from tidings.intermediary.generation import (
     empty_frame,
     generate,
 )
-from tidings.intermediary.geometry import Box, Region, Relative, parse_region
+from tidings.intermediary.geometry import Box, Region, Relative, Subscription, parse_region
 from tidings.intermediary.grid import GridIndex
 from tidings.intermediary.placements import Placements
 from tidings.intermediary.roundgen import generate_round
@@ -174,7 +174,7 @@ class Intermediary:
         try:
             self._push(outcome.upstream)
             if isinstance(subscription, Relative):  # a new entity to follow, at once
-                self._follow(self.publishers.records())
+                self._follow(r.subscription for r in self.publishers.records())
         except Exception as exc:  # the publisher refused or failed: the request is undone
             self._undo(subscriber, key, outcome)
             raise IntermediaryError(
@@ -257,7 +257,7 @@ class Intermediary:
         ]
         if moving:
             self._push(self.subscriptions.track(moving))
-        self._follow(self.publishers.records())
+        self._follow(relative)
         try:
             self.scheduler.state_updated(epoch)
         except UsageError as exc:
@@ -272,15 +272,15 @@ class Intermediary:
         if old is not None:
             self.publishers.put(subscriber, key, old.subscription, old.priority, old.capabilities)
 
-    def _follow(self, records: Iterable[stores.SubscriptionRecord]) -> None:
-        """Ask upstream for exactly the entities of the relative regions among ``records``
-        (every live subscription; when that set changed): without it, one whose entity no
-        other subscription covers is never placed. Entities no longer needed are dropped at
-        the next :meth:`end_epoch`, like boxes."""
+    def _follow(self, subscriptions: Iterable[Subscription]) -> None:
+        """Ask upstream for exactly the entities of the relative regions among
+        ``subscriptions`` (every live one; when that set changed): without it, one whose
+        entity no other subscription covers is never placed. Entities no longer needed are
+        dropped at the next :meth:`end_epoch`, like boxes."""
         entities = frozenset(
-            int(record.subscription.entity_id)
-            for record in records
-            if isinstance(record.subscription, Relative)
+            int(subscription.entity_id)  # type: ignore[arg-type]
+            for subscription in subscriptions
+            if isinstance(subscription, Relative)
         )
         if entities != self._followed:
             self.upstream.follow(entities)

@@ -92,7 +92,7 @@ def _batch(snapshot: Snapshot, index: GridIndex, views: Sequence[View]) -> list[
         inside &= (points[:, axis] >= lo[:, axis]) & (points[:, axis] <= hi[:, axis])
     offsets = points - np.take(np.array(centres), owner, axis=0)
     radius2 = np.take(np.array(radii2), owner)
-    inside &= (np.einsum("ij,ij->i", offsets, offsets) <= radius2) | np.isinf(radius2)
+    inside &= np.einsum("ij,ij->i", offsets, offsets) <= radius2  # a box's is inf
     # By view, then ascending rows (ids) within one: one sort of a combined key, nearly in
     # order already (views come one after another, each in a few ascending runs).
     n = max(len(snapshot), 1)

@@ -366,13 +366,15 @@ class SubscriberStore:
         """Cover every live region that is not covered any more (a relative subscription
         follows its entity): the subscribe path for each, the diffs combined."""
         before = list(self._boxes)
+        cells = self._cells()
         for region in live_regions:
             region = self._check(region)
             # Most moving regions are still well inside the upstream set: their bounding
             # box answers; the rest are tested on the same painted grid (as exact as
             # coverage.covers, without cutting and painting a grid per region).
-            if not self._cells().covers_region(region):
+            if not cells.covers_region(region):
                 self.subscribe(region)
+                cells = self._cells()  # the upstream set grew
         old, kept = set(before), set(self._boxes)
         return UpstreamDiff(
             [box for box in self._boxes if box not in old],

@@ -294,6 +294,8 @@ class IntermediaryServer:
         """Queue a tick's JSON messages on their connections. A connection whose backlog
         from earlier ticks is over the limit is too slow: it is returned, to close (a large
         tick alone never closes anyone; the memory bound is the limit plus one tick)."""
+        if not messages:
+            return []
         limit = self.limits.max_queued_messages
         over: dict[Any, str] = {}
         backlog = {s: len(c.texts) for s, c in self.connections.items()}
