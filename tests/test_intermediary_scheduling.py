@@ -4,7 +4,9 @@ removal anywhere, and bad input refused with a clear error."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 from collections.abc import Hashable
 
 import pytest
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidings.errors import UsageError
-from tidings.intermediary.scheduling import Scheduler
+from tidings.intermediary.scheduling import EPOCH_JITTER, Scheduler
 
 
 def serve_round(sched: Scheduler, now: float, budget: int) -> list[tuple[Hashable, int]]:
@@ -130,6 +132,67 @@ def test_a_rate_is_never_exceeded(rates: list[float], steps: list[float], budget
     if sid is not None and now - last[sid] < 1.0 / rates[sid]:
         with pytest.raises(UsageError, match="not due"):
             sched.served(sid, now)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rates=st.lists(st.floats(0.5, 200.0), min_size=1, max_size=12),
+    steps=st.lists(st.floats(0.0001, 0.2), min_size=1, max_size=150),
+    budget=st.integers(1, 25),
+    jitter=st.floats(0.0, 0.95),
+)
+def test_with_jitter_the_long_run_rate_is_never_exceeded(
+    rates: list[float], steps: list[float], budget: int, jitter: float
+) -> None:
+    """A serve may come ``jitter`` of a period early, never more: two serves are at least
+    ``1 - jitter`` periods apart and any window of T seconds holds at most
+    ``1 + (T + jitter * period) / period`` of them."""
+    sched = Scheduler(aging=2.0, jitter=jitter)
+    for i, rate in enumerate(rates):
+        sched.add(i, float(i % 7), rate)
+    times: dict[int, list[float]] = {i: [] for i in range(len(rates))}
+    now = 0.0
+    for step in steps:
+        now += step
+        for sid in sched.due(now, budget):
+            times[sid].append(now)
+    for sid, served in times.items():
+        period = 1.0 / rates[sid]
+        for a, b in itertools.pairwise(served):
+            assert b - a >= (1.0 - jitter) * period - 1e-9
+        for first in range(len(served)):
+            for last in range(first, len(served)):
+                window = served[last] - served[first]
+                assert last - first + 1 <= 1 + (window + jitter * period) / period + 1e-9
+
+
+def _epoch_paced_frames(jitter: float) -> int:
+    """The fewest frames any of 15 subscribers at 10 Hz gets from 100 epochs arriving at
+    10 Hz give or take 20 ms, served one per round, rounds 2 to 12 ms apart (a busy loop
+    delays some): each is served a varying while after each epoch."""
+    rng = random.Random(7)
+    sched = Scheduler(per_epoch=True, jitter=jitter)
+    for sid in range(15):
+        sched.add(sid, 1.0, 10.0)
+    arrivals = [0.1 * e + rng.uniform(-0.02, 0.02) for e in range(1, 101)]
+    frames = dict.fromkeys(range(15), 0)
+    epoch, now = 0, 0.0
+    while now < 10.2:
+        while epoch < len(arrivals) and arrivals[epoch] <= now:
+            epoch += 1
+            sched.state_updated(epoch)
+        for sid in sched.due(now, 1):
+            frames[sid] += 1
+        now += 0.002 + rng.choice([0.0, 0.0, 0.0, 0.01])
+    return min(frames.values())
+
+
+def test_with_jitter_a_subscriber_paced_by_new_state_gets_every_epoch() -> None:
+    """The reason for ``jitter``: epochs at the subscriber's own rate arrive with jitter,
+    and with a strict minimum interval a serve that came late skips the next epoch."""
+    # Of 101 (the first frame and one per epoch; the last epoch may come too late to serve).
+    assert _epoch_paced_frames(EPOCH_JITTER) >= 98
+    assert _epoch_paced_frames(0.0) <= 93
 
 
 def test_not_ready_subscribers_are_skipped_counted_and_reported() -> None:
@@ -310,6 +373,10 @@ def test_bad_input_is_a_clear_error(call, message: str) -> None:  # type: ignore
         {"max_dropped": 0},
         {"max_priority": math.inf},
         {"on_drop": 3},
+        {"jitter": 1.0},
+        {"jitter": -0.1},
+        {"jitter": math.nan},
+        {"jitter": True},
     ],
 )
 def test_bad_configuration_is_refused(kwargs: dict[str, object]) -> None:
