@@ -155,7 +155,7 @@ def markdown(result: dict[str, Any], quick: bool) -> str:
         ),
         ("upstream ÷ direct", f"{result['upstream_ratio_vs_direct']:.3f}", "≤ 0.1"),
         (
-            "memory per subscriber (tier PSS growth)",
+            "memory per subscriber (tier USS growth)",
             f"{result['memory_per_subscriber_kib']} KiB",
             "",
         ),
@@ -169,7 +169,7 @@ def markdown(result: dict[str, Any], quick: bool) -> str:
         "",
         f"{c['subscribers']:,} subscribers in {c['processes']} processes, {c['entities']:,} "
         f"agents (2D, world {c['world_size']:g}², max speed {c['max_speed']:g}/s) at "
-        f"{c['tick_hz']:g} Hz; {c['intermediaries']} intermediaries in the publisher's process; "
+        f"{c['tick_hz']:g} Hz; {c['intermediaries']} intermediaries, each in its own process; "
         f"each subscriber a sphere of radius {c['radius']:g} about {c['spread']:g} from one of "
         f"{c['hotspots']} hotspots ({c['relative_share']:.0%} following an agent), asking "
         f"{c['rate_hz']:g} Hz, "
@@ -209,8 +209,9 @@ async def run(quick: bool) -> dict[str, Any]:
     notes = [
         "staleness = the subscriber's receipt time - the publisher's wall-clock time of the "
         "tick the frame's state holds (frame version 2 carries it; same machine clock)",
-        "direct = every subscriber's own view sent by the publisher each tick, ids int64 + "
-        "positions float64, as the feeds to the intermediaries are counted",
+        "direct = every subscriber's own view sent by the publisher each tick in the feed's "
+        "encoding (40-byte header, ids int64, positions float64), as the batches to the "
+        "intermediaries are counted",
     ]
     loaded = other > LOADED_SHARE or any(t["other_share"] > LOADED_SHARE for t in tried)
     if loaded:

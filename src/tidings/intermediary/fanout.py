@@ -1,12 +1,15 @@
 """Measuring the fan-out tier: a simulation publisher, intermediaries and many subscribers in
 other processes (issue 12's benchmark and ``tidings fanout-demo``: one piece of code).
 
-The **tier** runs in the calling process, on its event loop: the :class:`.simulation.Simulation`
-ticking at ``tick_hz`` and ``intermediaries`` :class:`.transport.IntermediaryServer`, each fed
-through its own :class:`.simulation.SimulationFeed`. Why in one process: on a 2-core machine
-the subscribers' processes need the other core to receive ten thousand frames a second, so
-more tier processes would only contend with them; and in-process feeds count the upstream
-bytes exactly. The **subscribers** run in ``processes`` child processes
+The **tier** is the publisher and the intermediaries. The publisher, a
+:class:`.simulation.Simulation` ticking at ``tick_hz``, runs in the calling process and is
+served over the wire by a :class:`.spatialfeed.SimulationServer`; each of the
+``intermediaries`` is an :class:`.transport.IntermediaryServer` in its own process
+(:mod:`.fanout_node`), subscribing upstream through a :class:`.spatialfeed.RemoteFeed`, as
+the patent's intermediaries are separate machines. Why processes: one Python process holds
+one core at most (its interpreter lock); with the intermediaries in the publisher's process
+the tier used 1.1 cores of 2 and its subscribers got 77-84 % of their asked rate while a
+third of the machine stood idle. The **subscribers** run in ``processes`` child processes
 (:mod:`.fanout_subscribers`), each holding many WebSocket connections, one subscriber each.
 
 Where subscribers look: around ``hotspots`` places (viewers gather where something happens:
@@ -23,19 +26,19 @@ Figures, over a window of ``duration_s`` after ``warmup_s``:
 * ``staleness_p50_ms`` / ``p99``: receipt time less the frame's publisher tick time;
 * ``min_rate_fraction``: the worst subscriber's frames per second (from its first frame in
   the window to its last) over its asked rate;
-* ``upstream_bytes_s``: what the feeds sent the intermediaries (ids int64 + positions
-  float64 + deletions), against ``direct_bytes_s``: what the publisher would send if every
-  subscriber connected to it directly, its own view each tick in the same encoding (from the
-  view sizes the subscribers held); ``upstream_ratio_vs_direct`` is the first over the second;
-* ``memory_per_subscriber_kib``: growth of this process's PSS from before the subscribers
-  connected to the window's end, per subscriber.
+* ``upstream_bytes_s``: what the publisher sent the intermediaries (the batches as sent:
+  40-byte header, ids int64, positions float64, deletions), against ``direct_bytes_s``:
+  what the publisher would send if every subscriber connected to it directly, its own view
+  each tick in the same encoding (from the view sizes the subscribers held);
+  ``upstream_ratio_vs_direct`` is the first over the second;
+* ``memory_per_subscriber_kib``: growth of the tier processes' USS (the memory they alone
+  hold) from before the subscribers connected to the window's end, per subscriber.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import math
 import sys
@@ -48,13 +51,9 @@ import numpy as np
 import psutil
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.coverage import UpstreamPolicy
 from tidings.intermediary.geometry import Box
-from tidings.intermediary.process import Intermediary
-from tidings.intermediary.scheduling import Scheduler
-from tidings.intermediary.simulation import Simulation, SimulationFeed
-from tidings.intermediary.state import UpdateBatch
-from tidings.intermediary.transport import IntermediaryServer, TransportLimits
+from tidings.intermediary.simulation import Simulation
+from tidings.intermediary.spatialfeed import HEADER, SimulationServer
 
 #: The intermediaries' round period: the scheduler's rate is a minimum interval, so a
 #: subscriber is served up to one round late each time; short rounds keep its achieved rate
@@ -179,7 +178,8 @@ def plan_subscribers(
 
 
 class Tier:
-    """The simulation and its intermediaries, served on this event loop."""
+    """The simulation, served on this event loop, and its intermediaries, each in its own
+    process (:mod:`.fanout_node`) fed over the wire (:mod:`.spatialfeed`)."""
 
     def __init__(self, config: FanoutConfig) -> None:
         self.config = config
@@ -188,77 +188,66 @@ class Tier:
         self.sim = Simulation(
             config.entities, self.world, max_speed=config.max_speed, seed=config.seed
         )
-        self.feeds: list[SimulationFeed] = []
-        self.servers: list[IntermediaryServer] = []
-        self._pending: list[list[UpdateBatch]] = []
-        self._ticker: asyncio.Task[None] | None = None
+        self.publisher = SimulationServer(self.sim, config.tick_hz)
+        self.nodes: list[asyncio.subprocess.Process] = []
 
     async def start(self) -> list[str]:
-        """Start the intermediaries and the ticking; the subscribers' URLs."""
-        limits = TransportLimits(max_connections=max(10_000, 2 * self.config.subscribers))
+        """Start the publisher and the intermediary processes; the subscribers' URLs."""
+        upstream = await self.publisher.start()
+        plan = {
+            "upstream": upstream,
+            "world": [list(self.world.lo), list(self.world.hi)],
+            "upstream_margin": self.config.upstream_margin,
+            "max_connections": max(10_000, 2 * self.config.subscribers),
+            "round_s": ROUND_S,
+            "budget": ROUND_BUDGET,
+        }
+        urls = []
         for _ in range(self.config.intermediaries):
-            feed = self.sim.feed()
-            pending: list[UpdateBatch] = []
-            policy = UpstreamPolicy.margin(self.config.upstream_margin)
-            # Served when new state arrives ([89]'s "state updated" trigger), at most at the
-            # asked rate: a frame leaves right after its epoch rather than up to a period later.
-            scheduler = Scheduler(per_epoch=True)
-            node = Intermediary(2, feed, world=self.world, policy=policy, scheduler=scheduler)
-            server = IntermediaryServer(
-                node,
-                source=self._source(pending),
-                tick_s=ROUND_S,
-                budget=ROUND_BUDGET,
-                limits=limits,
+            node = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tidings.intermediary.fanout_node",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
             )
-            await server.start()
-            self.feeds.append(feed)
-            self._pending.append(pending)
-            self.servers.append(server)
-        self._ticker = asyncio.get_running_loop().create_task(self._tick())
-        return [f"ws://127.0.0.1:{server.port}/" for server in self.servers]
+            self.nodes.append(node)
+            assert node.stdin is not None and node.stdout is not None
+            node.stdin.write(json.dumps(plan).encode() + b"\n")
+            await node.stdin.drain()
+            line = (await asyncio.wait_for(node.stdout.readline(), READY_TIMEOUT_S)).split()
+            if len(line) != 2 or line[0] != b"ready":
+                raise IntermediaryError(f"fanout: an intermediary process did not start: {line!r}")
+            urls.append(f"ws://127.0.0.1:{int(line[1])}/")
+        return urls
 
-    @staticmethod
-    def _source(pending: list[UpdateBatch]) -> Callable[[], list[UpdateBatch]]:
-        def take() -> list[UpdateBatch]:
-            batches = pending[:]
-            pending.clear()
-            return batches
+    async def freeze(self) -> None:
+        """Each intermediary's long-lived objects out of the cyclic collector's reach."""
+        for node in self.nodes:
+            assert node.stdin is not None and node.stdout is not None
+            node.stdin.write(b"freeze\n")
+            await node.stdin.drain()
+            await asyncio.wait_for(node.stdout.readline(), READY_TIMEOUT_S)
 
-        return take
-
-    async def _tick(self) -> None:
-        period = 1.0 / self.config.tick_hz
-        next_at = time.monotonic()
-        while True:
-            # The publisher's work (moving 50,000 agents, indexing them, each feed's relevant
-            # set) runs in a thread: its big numpy passes release the GIL, so it overlaps the
-            # intermediaries' serving on the other core instead of stalling their loop.
-            batches = await asyncio.to_thread(self._advance, period)
-            for batch, pending in zip(batches, self._pending, strict=True):
-                pending.append(batch)
-            next_at += period
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-
-    def _advance(self, period: float) -> list[UpdateBatch]:
-        self.sim.step(period)
-        return [feed.batch() for feed in self.feeds]
+    def processes(self) -> list[psutil.Process]:
+        """This process (the publisher) and the intermediaries'."""
+        return [psutil.Process(), *(psutil.Process(node.pid) for node in self.nodes)]
 
     def upstream_bytes(self) -> int:
-        return sum(feed.bytes_sent for feed in self.feeds)
+        return self.publisher.bytes_sent
 
     async def aclose(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
-        for server in self.servers:
-            await server.aclose()
+        for node in self.nodes:
+            with contextlib.suppress(ProcessLookupError):
+                node.kill()
+            await node.wait()
+        await self.publisher.aclose()
 
 
-def _pss() -> int:
-    info = psutil.Process().memory_full_info()
-    return int(getattr(info, "pss", info.rss))
+def _uss(processes: list[psutil.Process]) -> int:
+    """The memory only these processes hold (unique set size: shared library pages, whose
+    proportional share falls as other processes map them, left out)."""
+    return sum(int(proc.memory_full_info().uss) for proc in processes)
 
 
 async def _start_subscribers(
@@ -305,19 +294,16 @@ async def run_fanout(
     """One measured run (see the module docstring). ``window`` is called with ``"start"``
     and ``"stop"`` at the measuring window's edges (e.g. to count the machine's CPU)."""
     tier = Tier(config)
-    urls = await tier.start()
     children: list[asyncio.subprocess.Process] = []
     try:
+        urls = await tier.start()
+        tiered = tier.processes()
         await asyncio.sleep(2 / config.tick_hz)
-        pss0 = _pss()
+        uss0 = _uss(tiered)
         plans = plan_subscribers(config, tier.sim, urls)
         await _start_subscribers(plans, config.processes, children)
         procs = [psutil.Process(child.pid) for child in children]
-        # The tier's long-lived objects (state, stores, a thousand connections) out of the
-        # cyclic collector's reach: a full collection over them held the event loop for
-        # ~150 ms, every frame of that moment late by as much (undone at the end).
-        gc.collect()
-        gc.freeze()
+        await tier.freeze()
         await asyncio.sleep(config.warmup_s)
         t0 = time.time() + 0.2
         t1 = t0 + config.duration_s
@@ -328,13 +314,12 @@ async def run_fanout(
         await asyncio.sleep(max(0.0, t0 - time.time()))
         if window is not None:
             window("start")
-        me = psutil.Process()
-        bytes0, own0, subs0 = tier.upstream_bytes(), _cpu([me]), _cpu(procs)
+        bytes0, own0, subs0 = tier.upstream_bytes(), _cpu(tiered), _cpu(procs)
         await asyncio.sleep(max(0.0, t1 - time.time()))
-        bytes1, own1, subs1 = tier.upstream_bytes(), _cpu([me]), _cpu(procs)
+        bytes1, own1, subs1 = tier.upstream_bytes(), _cpu(tiered), _cpu(procs)
         if window is not None:
             window("stop")
-        pss1 = _pss()
+        uss1 = _uss(tiered)
         results = []
         for child in children:
             assert child.stdout is not None
@@ -345,14 +330,13 @@ async def run_fanout(
                 )
             results.append(json.loads(line))
     finally:
-        gc.unfreeze()
         for child in children:
             with contextlib.suppress(ProcessLookupError):
                 child.kill()
             await child.wait()
         await tier.aclose()
     return _figures(
-        config, results, t1 - t0, bytes1 - bytes0, own1 - own0, subs1 - subs0, pss1 - pss0
+        config, results, t1 - t0, bytes1 - bytes0, own1 - own0, subs1 - subs0, uss1 - uss0
     )
 
 
@@ -363,7 +347,7 @@ def _figures(
     upstream_bytes: int,
     tier_cpu_s: float,
     subscribers_cpu_s: float,
-    pss_growth: int,
+    uss_growth: int,
 ) -> FanoutResult:
     frames = np.array([f for r in results for f in r["frames"]], dtype=np.float64)
     entities = np.array([e for r in results for e in r["view_entities"]], dtype=np.float64)
@@ -376,10 +360,10 @@ def _figures(
         np.where(timed, (frames - 1) / np.where(timed, spans, 1.0), frames / window_s)
         / config.rate_hz
     )
-    # The direct publisher sends each subscriber its view every tick, ids int64 and
-    # positions float64, as the feeds count theirs.
+    # The direct publisher sends each subscriber its view every tick in the feed's encoding
+    # (a batch header, ids int64, positions float64), as the tier's upstream is counted.
     mean_view = np.divide(entities, frames, out=np.zeros_like(entities), where=frames > 0)
-    direct = float(mean_view.sum()) * (8 + 8 * 2) * config.tick_hz
+    direct = (float(mean_view.sum()) * (8 + 8 * 2) + HEADER.size * len(frames)) * config.tick_hz
     upstream = upstream_bytes / window_s
     p50, p99 = (
         (float(np.percentile(staleness, 50)), float(np.percentile(staleness, 99)))
@@ -397,7 +381,7 @@ def _figures(
         upstream_bytes_s=upstream,
         direct_bytes_s=direct,
         upstream_ratio_vs_direct=upstream / direct if direct else math.inf,
-        memory_per_subscriber_kib=pss_growth / 1024 / config.subscribers,
+        memory_per_subscriber_kib=uss_growth / 1024 / config.subscribers,
         tier_cpu_s=tier_cpu_s,
         subscribers_cpu_s=subscribers_cpu_s,
         disconnected=sum(len(r["closed"]) for r in results),

@@ -16,6 +16,7 @@ benchmark's upstream-bandwidth figure.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -103,6 +104,11 @@ class Simulation:
         feed = SimulationFeed(self)
         self.feeds.append(feed)
         return feed
+
+    def drop_feed(self, feed: SimulationFeed) -> None:
+        """Forget a feed whose intermediary went away (a feed not held is ignored)."""
+        with contextlib.suppress(ValueError):
+            self.feeds.remove(feed)
 
 
 class SimulationFeed:
