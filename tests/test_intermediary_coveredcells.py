@@ -41,6 +41,37 @@ def test_a_box_across_two_boxes_is_covered() -> None:
     assert cells.covers(Box((40.0, 10.0), (60.0, 20.0)))  # across the two boxes
     assert not cells.covers(Box((90.0, 90.0), (110.0, 95.0)))  # reaches outside
     assert not CoveredCells([]).covers(Box((1.0, 1.0), (2.0, 2.0)))
+    # The same questions at once; and boxes starting or ending on a boundary next to a gap.
+    apart = CoveredCells([Box((0.0, 0.0), (10.0, 10.0)), Box((20.0, 0.0), (30.0, 10.0))])
+    lo = np.array([[10.0, 10.0], [40.0, 10.0], [90.0, 90.0], [20.0, 0.0], [5.0, 0.0], [9.0, 0.0]])
+    hi = np.array(
+        [[20.0, 20.0], [60.0, 20.0], [110.0, 95.0], [25.0, 5.0], [10.0, 10.0], [21.0, 1.0]]
+    )
+    assert cells.covers_bounds(lo[:3], hi[:3]).tolist() == [True, True, False]
+    assert apart.covers_bounds(lo[3:], hi[3:]).tolist() == [True, True, False]
+    assert CoveredCells([]).covers_bounds(lo, hi).tolist() == [False] * 6
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), dim=st.sampled_from([2, 3]))
+def test_many_boxes_at_once_answer_as_one_at_a_time(data: st.DataObject, dim: int) -> None:
+    """``covers_bounds`` (a summed-area table, for the moving regions of an epoch) answers
+    each box exactly as ``covers`` does, boxes on the upstream boundaries included."""
+    upstream = data.draw(st.lists(boxes(dim), max_size=12))
+    cells = CoveredCells(upstream)
+    edges = sorted({x for box in upstream for x in (*box.lo, *box.hi)})
+    on_edge = st.sampled_from(edges) if edges else coordinate
+    asked = []
+    for _ in range(data.draw(st.integers(0, 20))):
+        lo = [data.draw(st.one_of(coordinate, on_edge)) for _ in range(dim)]
+        hi = [data.draw(st.one_of(coordinate, on_edge)) for _ in range(dim)]
+        lo, hi = np.minimum(lo, hi), np.maximum(lo, hi) + data.draw(st.sampled_from([0.0, 1.0]))
+        if np.all(lo < hi):
+            asked.append(Box(tuple(lo.tolist()), tuple(hi.tolist())))
+    lo = np.array([box.lo for box in asked], dtype=np.float64).reshape(-1, dim)
+    hi = np.array([box.hi for box in asked], dtype=np.float64).reshape(-1, dim)
+    assert cells.covers_bounds(lo, hi).tolist() == [cells.covers(box) for box in asked]
+    assert [cells.covers(box) for box in asked] == [covers(upstream, box) for box in asked]
 
 
 @st.composite

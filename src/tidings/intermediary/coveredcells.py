@@ -16,6 +16,7 @@ region went to cutting and painting a grid of its own each time.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
@@ -44,6 +45,13 @@ class CoveredCells:
                 for cuts, lo, hi in zip(self._axes, box.lo, box.hi, strict=True)
             )
             self._painted[span] = True
+        # Painted cells counted from the origin (a summed-area table, zero-padded in front):
+        # the painted cells of any span in 2**dim lookups, for many boxes at once.
+        counts = np.pad(self._painted.astype(np.int64), [(1, 0)] * dim)
+        for axis in range(dim):
+            counts = np.cumsum(counts, axis=axis)
+        self._counts = counts
+        self._cut_arrays = [np.asarray(cuts, dtype=np.float64) for cuts in self._axes]
 
     def covers(self, box: Box) -> bool:
         """Whether ``box`` lies within the union of the boxes."""
@@ -74,6 +82,35 @@ class CoveredCells:
             ends[0], ends[-1] = lo, hi
             axes.append(ends)
         return not (coverage.touching(region, axes) & ~painted).any()
+
+    def covers_bounds(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """For many boxes at once (rows of ``lo`` and ``hi``, ``(k, dim)``): whether each lies
+        within the union, as :meth:`covers` answers one (the bounding boxes of moving
+        regions: most are covered and need no further test)."""
+        k = len(lo)
+        if self.empty or k == 0:
+            return np.zeros(k, dtype=bool)
+        inside = np.ones(k, dtype=bool)
+        first, last = [], []
+        for axis, cuts in enumerate(self._cut_arrays):
+            inside &= (lo[:, axis] >= cuts[0]) & (hi[:, axis] <= cuts[-1])
+            # As _span: from the cell holding lo to the one ending at or after hi.
+            start = np.searchsorted(cuts, lo[:, axis], side="right") - 1
+            stop = np.searchsorted(cuts, hi[:, axis], side="left")
+            first.append(np.clip(start, 0, len(cuts) - 1))
+            last.append(np.clip(stop, 0, len(cuts) - 1))
+        cells = np.ones(k, dtype=np.int64)
+        for start, stop in zip(first, last, strict=True):
+            cells *= np.maximum(stop - start, 0)
+        painted = np.zeros(k, dtype=np.int64)
+        for corner in itertools.product((0, 1), repeat=len(first)):
+            index = tuple(
+                stop if high else start
+                for high, start, stop in zip(corner, first, last, strict=True)
+            )
+            sign = -1 if (len(first) - sum(corner)) % 2 else 1
+            painted += sign * self._counts[index]
+        return inside & (painted == cells)
 
     def _span(self, box: Box) -> tuple[slice, ...] | None:
         """The cells ``box`` overlaps, or None if it reaches outside every box."""
