@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tidings.errors import IntermediaryError
 from tidings.intermediary import coverage
@@ -118,6 +120,32 @@ def test_relative_subscriptions_are_placed_from_the_snapshot() -> None:
     upstream.unsubscribe()
     replan(publishers, upstream, state.snapshot())
     assert not upstream.covers(Sphere((10.0, 20.0), 2.0))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    start=st.lists(st.tuples(st.floats(0, 90), st.floats(0, 90)), min_size=1, max_size=30),
+    moves=st.lists(st.tuples(st.floats(-15, 15), st.floats(-15, 15)), min_size=1, max_size=30),
+    margin=st.sampled_from([0.0, 2.0, 10.0]),
+)
+def test_track_keeps_every_moving_region_covered(
+    start: list[tuple[float, float]], moves: list[tuple[float, float]], margin: float
+) -> None:
+    """Each epoch the moving regions are checked at once (bounding boxes) and one by one only
+    where that does not settle it; after track, every one is covered (the exact test)."""
+    upstream = SubscriberStore(2, UpstreamPolicy.margin(margin) if margin else None)
+    centres = np.array(start)
+    for step, move in enumerate(moves):
+        centres = centres + np.array(move) * (np.arange(len(centres))[:, None] % 3 - 1)
+        regions = [
+            Sphere(tuple(c.tolist()), 3.0)
+            if i % 2
+            else Box(tuple((c - 2.0).tolist()), tuple((c + 2.0).tolist()))
+            for i, c in enumerate(centres)
+        ]
+        upstream.track(regions)
+        for region in regions:
+            assert coverage.covers(list(upstream.boxes), region), (step, region)
 
 
 def test_a_relative_subscription_to_an_absent_entity_waits_for_it() -> None:

@@ -34,6 +34,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
+
 from tidings.errors import IntermediaryError
 from tidings.intermediary import coverage
 from tidings.intermediary.coverage import UpstreamPolicy
@@ -366,13 +368,19 @@ class SubscriberStore:
         """Cover every live region that is not covered any more (a relative subscription
         follows its entity): the subscribe path for each, the diffs combined."""
         before = list(self._boxes)
+        regions = [self._check(region) for region in live_regions]
+        if not regions:
+            return UpstreamDiff([], [])
         cells = self._cells()
-        for region in live_regions:
-            region = self._check(region)
-            # Most moving regions are still well inside the upstream set: their bounding
-            # box answers; the rest are tested on the same painted grid (as exact as
-            # coverage.covers, without cutting and painting a grid per region).
-            if not cells.covers_region(region):
+        # Most moving regions are still well inside the upstream set: their bounding boxes
+        # answer, all at once; the rest are tested one by one on the same painted grid (as
+        # exact as coverage.covers, without cutting and painting a grid per region).
+        bounds = [region.bounds() for region in regions]
+        lo = np.array([box.lo for box in bounds], dtype=np.float64)
+        hi = np.array([box.hi for box in bounds], dtype=np.float64)
+        held = cells.covers_bounds(lo, hi)
+        for region, covered in zip(regions, held.tolist(), strict=True):
+            if not covered and not cells.covers_region(region):
                 self.subscribe(region)
                 cells = self._cells()  # the upstream set grew
         old, kept = set(before), set(self._boxes)
