@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tidings.intermediary.geometry import Box
+from tidings.intermediary.simulation import Simulation
 
 WORLD = Box((0.0, 0.0), (100.0, 100.0))
 WHOLE = {"box": {"lo": [0, 0], "hi": [100, 100]}}
@@ -22,3 +23,15 @@ def inside(positions: np.ndarray, spec: dict) -> np.ndarray:
     if "relative_to" in spec:
         center = center + positions[spec["relative_to"]]
     return np.linalg.norm(positions - center, axis=1) <= spec["sphere"]["radius"]
+
+
+class RecordedSimulation(Simulation):
+    """The real simulation, keeping every tick's positions for the brute-force check."""
+
+    def __init__(self) -> None:
+        super().__init__(400, WORLD, max_speed=5.0, seed=7)
+        self.history: dict[int, np.ndarray] = {}
+
+    def step(self, dt: float) -> None:
+        super().step(dt)
+        self.history[self.tick] = self.positions.copy()

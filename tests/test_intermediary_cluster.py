@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from intermediary_helpers import WORLD, inside
+from intermediary_helpers import WORLD, RecordedSimulation, inside
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client import IntermediaryClient, ReceivedFrame
 from tidings.intermediary.cluster import ClusterServer
@@ -452,18 +452,6 @@ async def _standalone(rig: Rig, name: str) -> ClusterServer:
     member = ClusterServer(name, rig.sim.feed(), Directory(), HashPartition(1), dim=2, source=None)
     await member.start()
     return member
-
-
-class RecordedSimulation(Simulation):
-    """The real simulation, keeping every tick's positions for the brute-force check."""
-
-    def __init__(self) -> None:
-        super().__init__(400, WORLD, max_speed=5.0, seed=7)
-        self.history: dict[int, np.ndarray] = {}
-
-    def step(self, dt: float) -> None:
-        super().step(dt)
-        self.history[self.tick] = self.positions.copy()
 
 
 def test_a_cluster_running_on_its_own_splits_and_merges_under_load_with_clean_streams() -> None:

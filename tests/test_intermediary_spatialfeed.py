@@ -32,9 +32,11 @@ from hypothesis import strategies as st
 from intermediary_helpers import WORLD, inside
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client import IntermediaryClient, ReceivedFrame
-from tidings.intermediary.generation import FrameKind
+from tidings.intermediary.coverage import UpstreamPolicy
+from tidings.intermediary.generation import FrameKind, decode_frame
 from tidings.intermediary.geometry import Box
 from tidings.intermediary.process import Intermediary
+from tidings.intermediary.scheduling import Scheduler
 from tidings.intermediary.simulation import Simulation, SimulationFeed
 from tidings.intermediary.spatialfeed import (
     HEADER,
@@ -120,28 +122,22 @@ def test_a_batch_survives_encoding_and_decoding(
         tick=tick,
         tick_time=tick_time,
     )
-    message = encode_batch(sent, dim)
+    message = encode_batch(sent, dim, applied=tick // 2)
     assert len(message) == HEADER.size + 8 * (len(ids) * (1 + dim) + len(deleted))
-    assert_same_batch(decode_batch(message, dim), sent, dim)
+    got, applied = decode_batch(message, dim)
+    assert_same_batch(got, sent, dim)
+    assert applied == tick // 2
 
 
 def test_the_wire_layout_is_the_documented_header_then_ids_positions_and_deletions() -> None:
     sent = batch_of(3, [7, -2, 2**62], [5, 9], seed=1)
-    message = encode_batch(sent, 3)
-    # The documented format: 4 + 1 + 1 + 2 + 8 + 8 + 4 + 4 bytes.
-    assert HEADER.size == struct.calcsize("<4sBBHQdII") == 32
-    magic, version, dim, reserved, tick, tick_time, n, m = struct.unpack_from("<4sBBHQdII", message)
-    assert (magic, version, dim, reserved, tick, tick_time, n, m) == (
-        b"TSFB",
-        1,
-        3,
-        0,
-        41,
-        1_700_000_000.25,
-        3,
-        2,
-    )
-    body = message[32:]
+    message = encode_batch(sent, 3, applied=6)
+    # The documented format: 4 + 1 + 1 + 2 + 8 + 8 + 8 + 4 + 4 bytes.
+    assert HEADER.size == struct.calcsize("<4sBBHQQdII") == 40
+    fields = struct.unpack_from("<4sBBHQQdII", message)
+    assert (MAGIC, VERSION) == (b"TSFB", 1)
+    assert fields == (b"TSFB", 1, 3, 0, 41, 6, 1_700_000_000.25, 3, 2)
+    body = message[40:]
     assert struct.unpack_from("<3q", body) == (7, -2, 2**62)
     positions = struct.unpack_from("<9d", body, 24)
     assert positions == tuple(np.asarray(sent.positions).ravel().tolist())
@@ -154,12 +150,12 @@ def test_an_empty_batch_and_a_deletions_only_batch_round_trip(dim: int) -> None:
     empty = UpdateBatch(tick=None, tick_time=0.0)
     message = encode_batch(empty, dim)
     assert len(message) == HEADER.size
-    got = decode_batch(message, dim)
+    got, applied = decode_batch(message, dim)
     assert_same_batch(got, empty, dim)
-    assert got.tick == 0 and len(got.ids) == 0 and len(got.delete) == 0
+    assert got.tick == 0 and len(got.ids) == 0 and len(got.delete) == 0 and applied == 0
 
     deletions = UpdateBatch(delete=np.array([3, 1, 2]), tick=9, tick_time=12.5)
-    got = decode_batch(encode_batch(deletions, dim), dim)
+    got, _ = decode_batch(encode_batch(deletions, dim), dim)
     assert_same_batch(got, deletions, dim)
 
 
@@ -167,6 +163,12 @@ def test_a_batch_whose_positions_do_not_match_its_ids_is_not_encoded() -> None:
     bad = UpdateBatch(ids=np.array([1, 2]), positions=np.zeros((2, 3)), tick=1)
     with pytest.raises(IntermediaryError, match=r"2 ids need positions of shape \(2, 2\)"):
         encode_batch(bad, 2)
+    with pytest.raises(IntermediaryError, match=r"tick time must be finite"):
+        encode_batch(UpdateBatch(tick=1, tick_time=math.inf), 2)
+    with pytest.raises(IntermediaryError, match=r"tick must be in \[0, 2\*\*64\), not -1"):
+        encode_batch(UpdateBatch(tick=-1), 2)
+    with pytest.raises(IntermediaryError, match=r"applied must be in"):
+        encode_batch(UpdateBatch(tick=1), 2, applied=2**64)
 
 
 def good_message(dim: int = 2) -> bytes:
@@ -174,7 +176,7 @@ def good_message(dim: int = 2) -> bytes:
 
 
 def with_header(message: bytes, **fields: Any) -> bytes:
-    names = ("magic", "version", "dim", "reserved", "tick", "tick_time", "n", "m")
+    names = ("magic", "version", "dim", "reserved", "tick", "applied", "tick_time", "n", "m")
     values = dict(zip(names, HEADER.unpack_from(message), strict=True))
     values.update(fields)
     return HEADER.pack(*(values[name] for name in names)) + message[HEADER.size :]
@@ -184,14 +186,14 @@ def with_header(message: bytes, **fields: Any) -> bytes:
     ("message", "dim", "problem"),
     [
         (b"", 2, r"a batch of 0 bytes is shorter than its header"),
-        (good_message()[: HEADER.size - 1], 2, r"31 bytes is shorter than its header"),
+        (good_message()[: HEADER.size - 1], 2, r"39 bytes is shorter than its header"),
         (with_header(good_message(), magic=b"XSFB"), 2, r"not a version 1 batch \(b'XSFB' v1\)"),
         (with_header(good_message(), version=2), 2, r"not a version 1 batch \(b'TSFB' v2\)"),
         (good_message(2), 3, r"a 2D batch for a 3D intermediary"),
         (good_message(3), 2, r"a 3D batch for a 2D intermediary"),
-        (good_message() + b"\0" * 8, 2, r"3 upserts and 1 deletions cannot be 120 bytes"),
-        (good_message()[:-8], 2, r"3 upserts and 1 deletions cannot be 104 bytes"),
-        (with_header(good_message(), n=4), 2, r"4 upserts and 1 deletions cannot be 112 bytes"),
+        (good_message() + b"\0" * 8, 2, r"3 upserts and 1 deletions cannot be 128 bytes"),
+        (good_message()[:-8], 2, r"3 upserts and 1 deletions cannot be 112 bytes"),
+        (with_header(good_message(), n=4), 2, r"4 upserts and 1 deletions cannot be 120 bytes"),
         (with_header(good_message(), tick_time=math.nan), 2, r"tick time must be finite"),
         (with_header(good_message(), tick_time=-math.inf), 2, r"tick time must be finite"),
     ],
@@ -212,7 +214,7 @@ def with_header(message: bytes, **fields: Any) -> bytes:
 def test_a_malformed_batch_is_refused_naming_the_problem(
     message: bytes, dim: int, problem: str
 ) -> None:
-    assert len(good_message()) == 112  # 32 + 8 * (3 + 3 * 2 + 1)
+    assert len(good_message()) == 120  # 40 + 8 * (3 + 3 * 2 + 1)
     with pytest.raises(IntermediaryError, match=problem):
         decode_batch(message, dim)
 
@@ -418,8 +420,8 @@ def test_followed_agents_arrive_wherever_they_are_until_no_longer_followed() -> 
         corner = Box((0.0, 0.0), (25.0, 25.0))
         feed.subscribe([corner])
         since = await applied(conn, [corner])
-        await checker.verify([corner], since=since, count=2)
-        positions, _ = sim.history[sim.tick]
+        recent = await checker.verify([corner], since=since, count=2)
+        positions, _ = sim.history[recent[-1].tick]  # type: ignore[index]
         outside = np.flatnonzero(~in_union(positions, [Box((-5.0, -5.0), (40.0, 40.0))]))
         followed = [int(outside[0]), int(outside[len(outside) // 2]), int(outside[-1])]
 
@@ -450,6 +452,7 @@ def test_followed_agents_arrive_wherever_they_are_until_no_longer_followed() -> 
         (b'{"op": "subscribe", "boxes": []}', r"sends text \(JSON\) messages only"),
         ('["subscribe"]', r"must be a JSON object"),
         ('{"op": "teleport"}', r"unknown op 'teleport'"),
+        (json.dumps({"op": "\u00e9" * 100}, ensure_ascii=False), r"unknown op '\u00e9+"),
         (
             '{"op": "subscribe", "boxes": [{"lo": [0, 0, 0], "hi": [1, 1, 1]}]}',
             r"expected 2D boxes, got 3D",
@@ -467,6 +470,7 @@ def test_followed_agents_arrive_wherever_they_are_until_no_longer_followed() -> 
         "binary",
         "not-object",
         "unknown-op",
+        "non-ascii-op",
         "wrong-dim",
         "boxes-not-list",
         "not-subscribed",
@@ -588,39 +592,47 @@ def test_a_slow_intermediary_is_skipped_without_holding_back_the_others() -> Non
         raw = socket.socket()
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         raw.connect(("127.0.0.1", publisher.port))
+        # A client that never reads: at most one frame queued, then its socket fills.
+        slow = await websockets.connect(
+            url, sock=raw, max_size=None, max_queue=1, compression=None, ping_interval=None
+        )
         try:
-            # A client that never reads: at most one frame queued, then its socket fills.
-            async with websockets.connect(
-                url, sock=raw, max_size=None, max_queue=1, compression=None, ping_interval=None
-            ) as slow:
-                slow_conn = await connection(publisher, 1)
-                transport = slow_conn.websocket.transport
-                transport.get_extra_info("socket").setsockopt(
-                    socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+            slow_conn = await connection(publisher, 1)
+            transport = slow_conn.websocket.transport
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            await slow.send(json.dumps({"op": "subscribe", "boxes": [dict_of(WORLD)]}))
+            good = await RemoteFeed.connect(url, 2)
+            await connection(publisher, 2)
+            good.subscribe([Box((40.0, 40.0), (45.0, 45.0))])
+            # Stalled: three ticks in a row skipped since its last batch was computed.
+            last = [slow_conn.feed.batches, slow_conn.skipped]
+
+            def stalled() -> bool:
+                if slow_conn.feed.batches != last[0]:
+                    last[:] = [slow_conn.feed.batches, slow_conn.skipped]
+                return slow_conn.skipped >= last[1] + 3
+
+            await until(stalled)
+            computed, skipped, tick = slow_conn.feed.batches, slow_conn.skipped, sim.tick
+            got: list[UpdateBatch] = []
+
+            def moved_on() -> bool:
+                got.extend(good.take())
+                return slow_conn.skipped >= skipped + 5 and any(
+                    b.tick is not None and b.tick > tick + 5 for b in got
                 )
-                await slow.send(json.dumps({"op": "subscribe", "boxes": [dict_of(WORLD)]}))
-                good = await RemoteFeed.connect(url, 2)
-                await connection(publisher, 2)
-                good.subscribe([Box((40.0, 40.0), (45.0, 45.0))])
-                await until(lambda: slow_conn.skipped >= 3)
-                computed, skipped, tick = slow_conn.feed.batches, slow_conn.skipped, sim.tick
-                got: list[UpdateBatch] = []
 
-                def moved_on() -> bool:
-                    got.extend(good.take())
-                    return slow_conn.skipped >= skipped + 5 and any(
-                        b.tick is not None and b.tick > tick + 5 for b in got
-                    )
-
-                await until(moved_on)
-                # Skipped ticks are not computed for it (nothing queues at the publisher),
-                # while the reading intermediary got its batches.
-                assert slow_conn.feed.batches == computed
-                assert not slow_conn.ready
-                assert good.closed_reason is None
-                assert all(len(b.ids) < 1000 for b in got)
-                await good.aclose()
+            await until(moved_on)
+            # Skipped ticks are not computed for it (nothing queues at the publisher), while
+            # the reading intermediary got its batches.
+            assert slow_conn.feed.batches == computed
+            assert not slow_conn.ready
+            assert good.closed_reason is None
+            assert all(len(b.ids) < 1000 for b in got)
+            await good.aclose()
         finally:
+            # No closing handshake: its close frame would wait behind the unread batch.
+            slow.transport.abort()
             raw.close()
             await publisher.aclose()
 
@@ -726,5 +738,59 @@ def test_the_fanout_node_exits_3_naming_the_upstream_when_the_publisher_goes_awa
             await client.close()
         finally:
             await stop_node(node)
+
+    serve(body)
+
+
+# -- never a view from state upstream has not filled yet --------------------------------
+
+
+@server
+@pytest.mark.parametrize("policy", ["exact", "margin"])
+def test_no_view_is_served_before_upstream_sends_its_part_of_the_world(policy: str) -> None:
+    """Over the wire a request reaches the publisher a tick or more later. Two subscribers
+    asking for the same new place one after the other (the second covered by the first's
+    request, not yet applied), and a view following a moving agent (re-covered ahead of
+    it, or waiting when it moved past): every frame served equals that tick's brute force,
+    and frames keep coming."""
+
+    async def body(sim: Recorded, publisher: SimulationServer, url: str) -> None:
+        feed = await RemoteFeed.connect(url, 2)
+        chosen = UpstreamPolicy.margin(6.0) if policy == "margin" else UpstreamPolicy.exact()
+        node = Intermediary(2, feed, world=WORLD, policy=chosen, scheduler=Scheduler())
+        follower = int(np.argmin(np.abs(sim.positions - 50.0).sum(axis=1)))
+        specs = {
+            ("a", "place"): {"box": {"lo": [10, 10], "hi": [30, 30]}},
+            ("b", "place"): {"box": {"lo": [12, 12], "hi": [28, 28]}},
+            ("c", "near"): {"sphere": {"center": [0, 0], "radius": 8}, "relative_to": follower},
+        }
+        checked: Counter[tuple[str, str]] = Counter()
+        now = 0.0
+        try:
+            while not feed.take():  # the feed is live
+                await asyncio.sleep(0.01)
+            for (subscriber, key), spec in specs.items():
+                node.subscribe(subscriber, key, spec, rate_hz=1000)
+            while min(checked[k] for k in specs) < 10:
+                await asyncio.sleep(0.01)
+                batches = feed.take()
+                if not batches:
+                    continue
+                for batch in batches:
+                    node.apply(batch)
+                epoch = node.end_epoch(max(b.tick for b in batches if b.tick is not None))
+                positions, _ = sim.history[epoch]
+                now += 1.0
+                for served in node.round(now, budget=10):
+                    header, ids, _ = decode_frame(served.frame.data)
+                    assert header.epoch == epoch
+                    if served.frame.kind is FrameKind.UNCHANGED:
+                        continue
+                    spec = specs[(served.subscriber, served.key)]  # type: ignore[index]
+                    expected = np.flatnonzero(inside(positions, spec))
+                    np.testing.assert_array_equal(ids, expected)
+                    checked[(served.subscriber, served.key)] += 1  # type: ignore[index]
+        finally:
+            await feed.aclose()
 
     serve(body)

@@ -32,6 +32,13 @@ CREATE TABLE IF NOT EXISTS slots (
     slot INTEGER PRIMARY KEY,
     owner TEXT NOT NULL REFERENCES members(name)
 );
+CREATE TABLE IF NOT EXISTS loads (
+    name TEXT PRIMARY KEY REFERENCES members(name) ON DELETE CASCADE,
+    subscriptions INTEGER NOT NULL,
+    frames_per_s REAL NOT NULL,
+    handing INTEGER NOT NULL,
+    at REAL NOT NULL
+);
 """
 #: The longest member name (it travels in redirects and error messages).
 MAX_NAME = 64
@@ -43,6 +50,19 @@ class Member:
 
     name: str
     url: str
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a member in another process reported of itself (:meth:`Directory.report`): the
+    subscriptions it serves, the frames it generates per second, the handovers it has under
+    way, and when (Unix seconds) it measured them."""
+
+    name: str
+    subscriptions: int
+    frames_per_s: float
+    handing: int
+    at: float
 
 
 class Directory:
@@ -108,6 +128,14 @@ class Directory:
             rows = db.execute("SELECT slot, owner FROM slots").fetchall()
         return dict(rows)
 
+    def loads(self) -> dict[str, Load]:
+        """The latest load each member reported (members that never reported are absent)."""
+        with self._locked() as db:
+            rows = db.execute(
+                "SELECT name, subscriptions, frames_per_s, handing, at FROM loads"
+            ).fetchall()
+        return {row[0]: Load(*row) for row in rows}
+
     # -- changing ----------------------------------------------------------------------
 
     def join(self, name: str, url: str) -> Member:
@@ -123,6 +151,24 @@ class Directory:
                 (name, url),
             )
         return Member(name, url)
+
+    def report(self, load: Load) -> None:
+        """Record a member's load (a member in its own process reports it periodically, for
+        the supervisor that splits and merges, :class:`.processcluster.ProcessCluster`)."""
+        with self._locked() as db:
+            try:
+                db.execute(
+                    "INSERT INTO loads (name, subscriptions, frames_per_s, handing, at) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                    "subscriptions = excluded.subscriptions, "
+                    "frames_per_s = excluded.frames_per_s, handing = excluded.handing, "
+                    "at = excluded.at",
+                    (load.name, load.subscriptions, load.frames_per_s, load.handing, load.at),
+                )
+            except sqlite3.IntegrityError:
+                raise IntermediaryError(
+                    f"directory: {load.name!r:.80} is not a member; join it first"
+                ) from None
 
     def leave(self, name: str) -> None:
         """Remove a member that owns no slot any more."""

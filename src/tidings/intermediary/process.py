@@ -19,8 +19,11 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from tidings.errors import IntermediaryError, UsageError
 from tidings.intermediary import stores
+from tidings.intermediary.applied import AppliedBoxes
 from tidings.intermediary.coverage import UpstreamPolicy
 from tidings.intermediary.generation import (
     Capabilities,
@@ -80,6 +83,18 @@ class Upstream(Protocol):
         ...
 
 
+def requests_of(upstream: object) -> tuple[int, int] | None:
+    """An upstream's ``(requested, applied)`` counts, if it keeps them: the operations asked
+    so far, and how many of them the batches handed over so far reflect. An upstream that
+    applies requests later than the next batch (one in another process) must keep them, so
+    the intermediary never serves a view from state its upstream did not fill yet."""
+    requested = getattr(upstream, "requested", None)
+    applied = getattr(upstream, "applied", None)
+    if isinstance(requested, int) and isinstance(applied, int):
+        return requested, applied
+    return None
+
+
 @dataclass(frozen=True)
 class Served:
     """One frame of one round: for ``subscriber``'s subscription ``key``."""
@@ -123,6 +138,12 @@ class Intermediary:
         #: The entities upstream was last asked to follow (:meth:`_follow`).
         self._followed: frozenset[int] = frozenset()
         self._placements = Placements()
+        #: Subscriptions whose region the state does not cover yet: (subscriber, key) -> the
+        #: upstream request count that covers it; not served until the batches reflect it.
+        self._awaiting: dict[tuple[Hashable, str], int] = {}
+        self._applied = AppliedBoxes()
+        #: Each moving region's bounds at the last epoch (its step, :meth:`_steps`).
+        self._centres: dict[tuple[Hashable, str], np.ndarray] = {}
 
     # -- subscribers -------------------------------------------------------------------
 
@@ -192,6 +213,8 @@ class Intermediary:
             raise IntermediaryError(f"schedule: {exc}") from None
         if outcome.replaced is not None:
             self.last.forget((subscriber, key))
+        if outcome.region is not None:
+            self._await_upstream([((subscriber, key), outcome.region)])
         return outcome
 
     def unsubscribe(self, subscriber: Hashable, key: str | None = None) -> int:
@@ -200,6 +223,7 @@ class Intermediary:
         removed = stores.unsubscribe_request(self.publishers, self.subscriptions, subscriber, key)
         for record in removed:
             self.last.forget((subscriber, record.key))
+            self._awaiting.pop((subscriber, record.key), None)
         if not self.publishers.subscriptions(subscriber) and self._scheduled(subscriber):
             self.scheduler.remove(subscriber)
         return len(removed)
@@ -241,22 +265,30 @@ class Intermediary:
             epoch = self.state.end_epoch(epoch)
         except UsageError as exc:
             raise IntermediaryError(f"epoch: {exc}") from None
+        counts = requests_of(self.upstream)
+        if counts is not None and self._awaiting:
+            applied = counts[1]
+            self._awaiting = {k: n for k, n in self._awaiting.items() if n > applied}
         snapshot = self.state.snapshot()
         self._push(stores.replan(self.publishers, self.subscriptions, snapshot))
         # Only relative regions move; placing every region each epoch cost more than the rest.
-        relative = [
-            record.subscription
+        records = [
+            record
             for record in self.publishers.records()
             if isinstance(record.subscription, Relative)
         ]
+        relative = [record.subscription for record in records]
         self._placements.place_all(relative, snapshot)
-        moving = [
-            region
-            for subscription in relative
-            if not isinstance(region := self._placements.place(subscription, snapshot)[0], str)
-        ]
+        moving = []
+        for record in records:
+            region = self._placements.place(record.subscription, snapshot)[0]
+            if not isinstance(region, str):
+                moving.append((record, region))
         if moving:
-            self._push(self.subscriptions.track(moving))
+            idents = [(record.subscriber, record.key) for record, _ in moving]
+            regions = [region for _, region in moving]
+            self._push(self.subscriptions.track(regions, self._steps(idents, regions)))
+            self._await_upstream(list(zip(idents, regions, strict=True)))
         self._follow(relative)
         try:
             self.scheduler.state_updated(epoch)
@@ -292,6 +324,34 @@ class Intermediary:
             self.upstream.subscribe(diff.added)
         if diff.removed:
             self.upstream.unsubscribe(diff.removed)
+        counts = requests_of(self.upstream)
+        if diff and counts is not None:
+            self._applied.sent(counts[0], self.subscriptions.boxes)
+
+    def _steps(self, idents: list[tuple[Hashable, str]], regions: list[Region]) -> np.ndarray:
+        """How far each moving region may move before the next epoch: twice its last step
+        (the largest axis of its centre's move since the previous epoch), so it is covered
+        ahead of where its entity goes (:meth:`.stores.SubscriberStore.track`)."""
+        lo, hi = stores.bounds_of(regions)
+        centres = (lo + hi) / 2
+        last = self._centres
+        previous = np.array(
+            [last.get(ident, centre) for ident, centre in zip(idents, centres, strict=True)]
+        )
+        self._centres = dict(zip(idents, centres, strict=True))
+        return 2 * np.abs(centres - previous).max(axis=1, initial=0.0)
+
+    def _await_upstream(self, placed: list[tuple[tuple[Hashable, str], Region]]) -> None:
+        """Hold back the subscriptions whose placed region the boxes upstream already
+        applied do not cover, until the batches reflect the requests made so far
+        (:mod:`.applied`); for an upstream that does not count its requests, none."""
+        counts = requests_of(self.upstream)
+        if counts is None:
+            return
+        requested, applied = counts
+        regions = [region for _, region in placed]
+        for i in self._applied.uncovered(regions, applied):
+            self._awaiting[placed[i][0]] = requested
 
     # -- generation --------------------------------------------------------------------
 
@@ -316,6 +376,8 @@ class Intermediary:
                 subscriber
             )
             for key, record in records.items():
+                if self._awaiting and (subscriber, key) in self._awaiting:
+                    continue  # its upstream request is not in the state yet
                 state = snapshot if self.compose is None else self.compose(record, snapshot)
                 if state is None:
                     continue

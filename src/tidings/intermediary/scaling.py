@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,6 +53,22 @@ class LoadPolicy:
             raise IntermediaryError("load: expected 0 <= low < high")
         if self.max_members < 1:
             raise IntermediaryError("load: max_members must be >= 1")
+
+
+def changes(
+    loads: Mapping[str, float], policy: LoadPolicy, parents: Mapping[str, str]
+) -> Iterator[tuple[Literal["split", "merge"], str]]:
+    """The changes to try, best first, one of which is made (shared by :class:`Cluster` and
+    :class:`.processcluster.ProcessCluster`). ``loads``: each member's load by the policy's
+    measure, in the order the members started; ``parents``: member -> the member it split
+    from. An overloaded member splits while the cluster is below ``max_members`` (the caller
+    tries the next if one cannot: a single slot does not split); an underloaded member
+    started by a split merges back into its parent once its own splits have merged."""
+    for name, load in loads.items():
+        if load > policy.high and len(loads) < policy.max_members:
+            yield "split", name
+        elif load < policy.low and name in parents and name not in parents.values():
+            yield "merge", name
 
 
 class Cluster:
@@ -209,20 +225,14 @@ class Cluster:
         for name in list(self.draining):
             if quiet and self.members[name].subscriptions() == 0:
                 await self._stop(self.members[name])
-        policy = self.policy
-        if policy is None or not quiet or self.draining:
+        if self.policy is None or not quiet or self.draining:
             return
-        for member in list(self.members.values()):
-            load = self.load(member)
-            if load > policy.high and len(self.members) < policy.max_members:
-                if await self.split(member) is not None:
-                    return
-            elif (
-                load < policy.low
-                and member.name in self.parents
-                and member.name not in self.parents.values()  # its own splits merge first
-            ):
-                self.merge(member)
+        loads = {name: self.load(member) for name, member in self.members.items()}
+        for action, name in changes(loads, self.policy, self.parents):
+            if action == "merge":
+                self.merge(self.members[name])
+                return
+            if await self.split(self.members[name]) is not None:
                 return
 
     async def _stop(self, member: ClusterServer) -> None:

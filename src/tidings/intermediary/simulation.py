@@ -123,6 +123,10 @@ class SimulationFeed:
         self._followed = np.empty(0, dtype=np.int64)
         self.bytes_sent = 0
         self.batches = 0
+        #: Operations asked (subscribe, unsubscribe, follow) and how many of them the
+        #: latest batch reflects (:func:`.process.requests_of`): all asked before it began.
+        self.requested = 0
+        self.applied = 0
 
     @property
     def boxes(self) -> tuple[Box, ...]:
@@ -140,6 +144,7 @@ class SimulationFeed:
         if len(self._boxes) + len(boxes) > MAX_FEED_BOXES:
             raise IntermediaryError(f"simulation: more than {MAX_FEED_BOXES} boxes on one feed")
         self._boxes.extend(boxes)
+        self.requested += 1
 
     def unsubscribe(self, boxes: Sequence[Box]) -> None:
         """Remove one occurrence of each of ``boxes``; a box not subscribed is refused."""
@@ -148,6 +153,7 @@ class SimulationFeed:
                 self._boxes.remove(box)
             except ValueError:
                 raise IntermediaryError(f"simulation: {box!r} is not subscribed") from None
+        self.requested += 1
 
     @property
     def followed(self) -> frozenset[int]:
@@ -159,6 +165,7 @@ class SimulationFeed:
         if not all(type(e) is int and -(2**63) <= e < 2**63 for e in entities):
             raise IntermediaryError("simulation: follow expects int64 agent ids")
         self._followed = np.fromiter(entities, dtype=np.int64, count=len(entities))
+        self.requested += 1
 
     def relevant(self) -> np.ndarray:
         """The row mask of the agents inside the union of the boxes or followed, now."""
@@ -187,6 +194,7 @@ class SimulationFeed:
         """This tick's update for the intermediary: the relevant agents' positions, and the
         deletion of those sent before that are no longer relevant, numbered with the tick."""
         sim = self.simulation
+        self.applied = self.requested  # before the boxes are read: never more than it holds
         mask = self.relevant()
         ids = sim.ids[mask]
         positions = sim.positions[mask]

@@ -10,10 +10,15 @@ order, with the :class:`.process.Upstream` operations:
 * ``{"op": "follow", "entities": [id, ...]}`` (int64 ids, replacing the set followed)
 
 The publisher sends one binary message per tick (:func:`encode_batch`): a 40-byte header
-``<4sBBHQdII`` (magic ``TSFB``, version 1, dimension, reserved, tick u64, the tick's
-wall-clock time f64, ``n`` upserts, ``m`` deletions) then ``n`` int64 ids, ``n * dim``
-float64 positions and ``m`` int64 deleted ids, little-endian: the intermediary's state holds
-exactly what its boxes (and followed entities) cover. A malformed message or a refused
+``<4sBBHQQdII`` (magic ``TSFB``, version 1, dimension, reserved, tick u64, *applied* u64:
+how many of the intermediary's operations the batch reflects, the tick's wall-clock time
+f64, ``n`` upserts, ``m`` deletions) then ``n`` int64 ids, ``n * dim`` float64 positions and
+``m`` int64 deleted ids, little-endian: the intermediary's state holds exactly what its
+boxes (and followed entities) cover. Why *applied*: an operation reaches the publisher a
+tick or more after the intermediary sent it, so a new subscription's part of the world is
+not in the next batch; the intermediary does not serve a view until the batches reflect
+the operation its subscription needed (:func:`.process.requests_of`), rather than serve it
+from state that lacks part of it. A malformed message or a refused
 operation closes the connection with code 1008 and a reason naming the problem; the
 publisher goes on serving the others.
 
@@ -47,7 +52,7 @@ from tidings.intermediary.state import UpdateBatch
 
 log = logging.getLogger(__name__)
 
-HEADER = struct.Struct("<4sBBHQdII")
+HEADER = struct.Struct("<4sBBHQQdII")
 MAGIC = b"TSFB"
 VERSION = 1
 #: The close code of a refused operation or a malformed message (policy violation).
@@ -58,8 +63,9 @@ MAX_CONTROL_BYTES = 1 << 20
 MAX_FOLLOWED = 100_000
 
 
-def encode_batch(batch: UpdateBatch, dim: int) -> bytes:
-    """One tick's binary message (see the module docstring)."""
+def encode_batch(batch: UpdateBatch, dim: int, applied: int = 0) -> bytes:
+    """One tick's binary message (see the module docstring); ``applied``: the operations of
+    the intermediary the batch reflects."""
     ids = np.ascontiguousarray(batch.ids, dtype="<i8")
     positions = np.ascontiguousarray(
         np.empty((0, dim)) if batch.positions is None else batch.positions, dtype="<f8"
@@ -71,16 +77,23 @@ def encode_batch(batch: UpdateBatch, dim: int) -> bytes:
             f"not {positions.shape}"
         )
     tick = 0 if batch.tick is None else batch.tick
-    head = HEADER.pack(MAGIC, VERSION, dim, 0, tick, batch.tick_time, len(ids), len(delete))
+    for name, value in (("tick", tick), ("applied", applied)):
+        if not 0 <= value < 2**64:
+            raise IntermediaryError(f"feed: a batch's {name} must be in [0, 2**64), not {value}")
+    if not math.isfinite(batch.tick_time):
+        raise IntermediaryError("feed: a batch's tick time must be finite")
+    head = HEADER.pack(
+        MAGIC, VERSION, dim, 0, tick, applied, batch.tick_time, len(ids), len(delete)
+    )
     return b"".join((head, ids.tobytes(), positions.tobytes(), delete.tobytes()))
 
 
-def decode_batch(data: bytes, dim: int) -> UpdateBatch:
-    """The :class:`UpdateBatch` of one tick's message; a malformed one is an error naming
-    what is wrong."""
+def decode_batch(data: bytes, dim: int) -> tuple[UpdateBatch, int]:
+    """The :class:`UpdateBatch` of one tick's message and the operations it reflects; a
+    malformed one is an error naming what is wrong."""
     if len(data) < HEADER.size:
         raise IntermediaryError(f"feed: a batch of {len(data)} bytes is shorter than its header")
-    magic, version, got_dim, _, tick, tick_time, n, m = HEADER.unpack_from(data)
+    magic, version, got_dim, _, tick, applied, tick_time, n, m = HEADER.unpack_from(data)
     if magic != MAGIC or version != VERSION:
         raise IntermediaryError(f"feed: not a version {VERSION} batch ({magic!r} v{version})")
     if got_dim != dim:
@@ -95,13 +108,14 @@ def decode_batch(data: bytes, dim: int) -> UpdateBatch:
     ids = np.frombuffer(data, dtype="<i8", count=n, offset=at)
     positions = np.frombuffer(data, dtype="<f8", count=n * dim, offset=at + 8 * n)
     delete = np.frombuffer(data, dtype="<i8", count=m, offset=at + 8 * (n + n * dim))
-    return UpdateBatch(
+    batch = UpdateBatch(
         ids=ids.astype(np.int64),
         positions=positions.reshape(n, dim).astype(np.float64),
         delete=delete.astype(np.int64),
         tick=int(tick),
         tick_time=float(tick_time),
     )
+    return batch, int(applied)
 
 
 def _boxes(message: dict[str, Any], dim: int) -> list[Box]:
@@ -220,7 +234,7 @@ class SimulationServer:
                     apply_control(conn.feed, text)
                 except IntermediaryError as exc:
                     log.warning("feed: refused an intermediary's message: %s", exc)
-                    await websocket.close(POLICY_CLOSE_CODE, str(exc)[:120])
+                    await websocket.close(POLICY_CLOSE_CODE, close_reason(exc))
                     return
         except websockets.ConnectionClosed:
             pass
@@ -247,7 +261,7 @@ class SimulationServer:
     def _advance(self, period: float, feeds: Sequence[SimulationFeed]) -> list[bytes]:
         self.simulation.step(period)
         dim = self.simulation.dim
-        return [encode_batch(feed.batch(), dim) for feed in feeds]
+        return [encode_batch(feed.batch(), dim, feed.applied) for feed in feeds]
 
     @staticmethod
     async def _send(conn: FeedConnection, message: bytes) -> None:
@@ -271,7 +285,11 @@ class RemoteFeed:
         self.closed_reason: str | None = None
         self.closed = asyncio.Event()
         self._boxes: list[Box] = []
-        self._batches: list[UpdateBatch] = []
+        self._batches: list[tuple[UpdateBatch, int]] = []
+        #: Operations sent, and how many of them the batches taken so far reflect
+        #: (:func:`.process.requests_of`).
+        self.requested = 0
+        self.applied = 0
         self._outbox: asyncio.Queue[str] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -295,6 +313,7 @@ class RemoteFeed:
     # -- the Upstream protocol ---------------------------------------------------------
 
     def subscribe(self, boxes: Sequence[Box]) -> None:
+        self._check_open()
         boxes = list(boxes)
         for box in boxes:
             if not isinstance(box, Box) or box.dim != self.dim:
@@ -305,6 +324,7 @@ class RemoteFeed:
         self._send({"op": "subscribe", "boxes": [_box(box) for box in boxes]})
 
     def unsubscribe(self, boxes: Sequence[Box]) -> None:
+        self._check_open()
         kept = list(self._boxes)
         for box in boxes:
             try:
@@ -324,9 +344,12 @@ class RemoteFeed:
     # -- batches -----------------------------------------------------------------------
 
     def take(self) -> list[UpdateBatch]:
-        """The batches received since the last call, oldest first."""
+        """The batches received since the last call, oldest first (what the intermediary
+        applies next: :attr:`applied` counts the operations they reflect)."""
         batches, self._batches = self._batches, []
-        return batches
+        for _, applied in batches:
+            self.applied = max(self.applied, applied)
+        return [batch for batch, _ in batches]
 
     async def aclose(self) -> None:
         if self.closed_reason is None:
@@ -339,12 +362,16 @@ class RemoteFeed:
         await self.websocket.close()
         self.closed.set()
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _check_open(self) -> None:
         if self.closed_reason is not None:
             raise IntermediaryError(
                 f"feed: the upstream connection is closed: {self.closed_reason}"
             )
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._check_open()
         self._outbox.put_nowait(json.dumps(message))
+        self.requested += 1
 
     async def _write(self) -> None:
         try:
@@ -365,7 +392,7 @@ class RemoteFeed:
             self._ended(_why(exc))
         except IntermediaryError as exc:
             self._ended(str(exc))
-            await self.websocket.close(POLICY_CLOSE_CODE, str(exc)[:120])
+            await self.websocket.close(POLICY_CLOSE_CODE, close_reason(exc))
 
     def _ended(self, reason: str) -> None:
         if self.closed_reason is None:
@@ -378,8 +405,13 @@ def _box(box: Box) -> dict[str, list[float]]:
     return {"lo": list(box.lo), "hi": list(box.hi)}
 
 
+def close_reason(exc: Exception) -> str:
+    """``exc``'s message cut to what a close frame carries (123 bytes of UTF-8)."""
+    return str(exc).encode()[:120].decode(errors="ignore")
+
+
 def _why(exc: websockets.ConnectionClosed | None, websocket: Any = None) -> str:
-    received = exc.rcvd if exc is not None else getattr(websocket, "close_rcvd", None)
+    received = exc.rcvd if exc is not None else websocket.protocol.close_rcvd
     if received is None:
         return "the connection was lost"
     return f"closed by the publisher: {received.code} {received.reason}".strip()

@@ -364,30 +364,63 @@ class SubscriberStore:
             self._covered = (boxes, CoveredCells(boxes))
         return self._covered[1]
 
-    def track(self, live_regions: Sequence[Region]) -> UpstreamDiff:
-        """Cover every live region that is not covered any more (a relative subscription
-        follows its entity): the subscribe path for each, the diffs combined."""
-        before = list(self._boxes)
+    def track(
+        self, live_regions: Sequence[Region], ahead: Sequence[float] | np.ndarray | None = None
+    ) -> UpstreamDiff:
+        """Cover the live regions that are not covered any more or come close to the edge
+        of the upstream set (a relative subscription follows its entity): the subscribe path
+        for each, the diffs combined.
+
+        Close means within ``ahead[i]`` (how far region ``i`` may move before the next
+        epoch: its entity's last step, say) or half the policy's margin, whichever is more:
+        such a region is covered that much farther *before* it reaches past the upstream
+        set, so its next epoch's view is inside what upstream already sends. (One that moved
+        farther waits: the intermediary does not serve it until upstream sends the new
+        part.)"""
         regions = [self._check(region) for region in live_regions]
         if not regions:
             return UpstreamDiff([], [])
+        before = list(self._boxes)
+        margin = self.policy.distance / 2 if self.policy.kind == "margin" else 0.0
+        guards = np.full(len(regions), margin)
+        if ahead is not None:
+            guards = np.maximum(guards, np.asarray(ahead, dtype=np.float64))
         cells = self._cells()
         # Most moving regions are still well inside the upstream set: their bounding boxes
         # answer, all at once; the rest are tested one by one on the same painted grid (as
         # exact as coverage.covers, without cutting and painting a grid per region).
-        bounds = [region.bounds() for region in regions]
-        lo = np.array([box.lo for box in bounds], dtype=np.float64)
-        hi = np.array([box.hi for box in bounds], dtype=np.float64)
-        held = cells.covers_bounds(lo, hi)
-        for region, covered in zip(regions, held.tolist(), strict=True):
-            if not covered and not cells.covers_region(region):
-                self.subscribe(region)
+        lo, hi = bounds_of(regions)
+        clear = cells.covers_bounds(lo - guards[:, None], hi + guards[:, None])
+        for i, region in enumerate(regions):
+            if clear[i]:
+                continue
+            guard = float(guards[i])
+            covered = cells.covers_region(region)
+            if covered and not guard:
+                continue
+            if self.subscribe(_grown(region, guard) if guard else region):
                 cells = self._cells()  # the upstream set grew
         old, kept = set(before), set(self._boxes)
         return UpstreamDiff(
             [box for box in self._boxes if box not in old],
             [box for box in before if box not in kept],
         )
+
+
+def bounds_of(regions: Sequence[Region]) -> tuple[np.ndarray, np.ndarray]:
+    """The regions' bounding boxes as ``lo`` and ``hi`` rows, for
+    :meth:`.coveredcells.CoveredCells.covers_bounds`."""
+    bounds = [region.bounds() for region in regions]
+    lo = np.array([box.lo for box in bounds], dtype=np.float64).reshape(len(bounds), -1)
+    hi = np.array([box.hi for box in bounds], dtype=np.float64).reshape(len(bounds), -1)
+    return lo, hi
+
+
+def _grown(region: Region, by: float) -> Box:
+    """The bounding box of ``region`` grown by ``by`` on every side (what a region close to
+    the edge of the upstream set asks for ahead of time)."""
+    bounds = region.bounds()
+    return Box(tuple(x - by for x in bounds.lo), tuple(x + by for x in bounds.hi))
 
 
 @dataclass(frozen=True)
