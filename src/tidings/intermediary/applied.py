@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+import numpy as np
+
 from tidings.intermediary.coveredcells import CoveredCells
 from tidings.intermediary.geometry import Box, Region
 from tidings.intermediary.stores import bounds_of
@@ -33,13 +35,18 @@ class AppliedBoxes:
         """The upstream was asked for ``boxes`` in all; ``count`` requests so far."""
         self._sent.append((count, tuple(boxes)))
 
-    def uncovered(self, regions: Sequence[Region], applied: int) -> list[int]:
+    def uncovered(
+        self,
+        regions: Sequence[Region],
+        applied: int,
+        bounds: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> list[int]:
         """Which of ``regions`` (indices) the boxes upstream applied (its first ``applied``
-        requests) do not cover."""
+        requests) do not cover; ``bounds``: their :func:`.stores.bounds_of`, if known."""
         if not regions:
             return []
         cells = self._applied_cells(applied)
-        covered = cells.covers_bounds(*bounds_of(regions))
+        covered = cells.covers_bounds(*(bounds if bounds is not None else bounds_of(regions)))
         return [
             i
             for i, region in enumerate(regions)

@@ -214,7 +214,7 @@ class Intermediary:
         if outcome.replaced is not None:
             self.last.forget((subscriber, key))
         if outcome.region is not None:
-            self._await_upstream([((subscriber, key), outcome.region)])
+            self._await_upstream([(subscriber, key)], [outcome.region])
         return outcome
 
     def unsubscribe(self, subscriber: Hashable, key: str | None = None) -> int:
@@ -287,8 +287,10 @@ class Intermediary:
         if moving:
             idents = [(record.subscriber, record.key) for record, _ in moving]
             regions = [region for _, region in moving]
-            self._push(self.subscriptions.track(regions, self._steps(idents, regions)))
-            self._await_upstream(list(zip(idents, regions, strict=True)))
+            bounds = stores.bounds_of(regions)
+            ahead = self._steps(idents, bounds)
+            self._push(self.subscriptions.track(regions, ahead, bounds))
+            self._await_upstream(idents, regions, bounds)
         self._follow(relative)
         try:
             self.scheduler.state_updated(epoch)
@@ -328,20 +330,26 @@ class Intermediary:
         if diff and counts is not None:
             self._applied.sent(counts[0], self.subscriptions.boxes)
 
-    def _steps(self, idents: list[tuple[Hashable, str]], regions: list[Region]) -> np.ndarray:
+    def _steps(
+        self, idents: list[tuple[Hashable, str]], bounds: tuple[np.ndarray, np.ndarray]
+    ) -> np.ndarray:
         """How far each moving region may move before the next epoch: twice its last step
         (the largest axis of its centre's move since the previous epoch), so it is covered
         ahead of where its entity goes (:meth:`.stores.SubscriberStore.track`)."""
-        lo, hi = stores.bounds_of(regions)
-        centres = (lo + hi) / 2
+        centres = (bounds[0] + bounds[1]) / 2
         last = self._centres
         previous = np.array(
             [last.get(ident, centre) for ident, centre in zip(idents, centres, strict=True)]
-        )
+        ).reshape(centres.shape)
         self._centres = dict(zip(idents, centres, strict=True))
         return 2 * np.abs(centres - previous).max(axis=1, initial=0.0)
 
-    def _await_upstream(self, placed: list[tuple[tuple[Hashable, str], Region]]) -> None:
+    def _await_upstream(
+        self,
+        idents: list[tuple[Hashable, str]],
+        regions: list[Region],
+        bounds: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         """Hold back the subscriptions whose placed region the boxes upstream already
         applied do not cover, until the batches reflect the requests made so far
         (:mod:`.applied`); for an upstream that does not count its requests, none."""
@@ -349,9 +357,8 @@ class Intermediary:
         if counts is None:
             return
         requested, applied = counts
-        regions = [region for _, region in placed]
-        for i in self._applied.uncovered(regions, applied):
-            self._awaiting[placed[i][0]] = requested
+        for i in self._applied.uncovered(regions, applied, bounds):
+            self._awaiting[idents[i]] = requested
 
     # -- generation --------------------------------------------------------------------
 

@@ -365,31 +365,33 @@ class SubscriberStore:
         return self._covered[1]
 
     def track(
-        self, live_regions: Sequence[Region], ahead: Sequence[float] | np.ndarray | None = None
+        self,
+        live_regions: Sequence[Region],
+        ahead: Sequence[float] | np.ndarray | None = None,
+        bounds: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> UpstreamDiff:
         """Cover the live regions that are not covered any more or come close to the edge
         of the upstream set (a relative subscription follows its entity): the subscribe path
         for each, the diffs combined.
 
-        Close means within ``ahead[i]`` (how far region ``i`` may move before the next
-        epoch: its entity's last step, say) or half the policy's margin, whichever is more:
-        such a region is covered that much farther *before* it reaches past the upstream
-        set, so its next epoch's view is inside what upstream already sends. (One that moved
-        farther waits: the intermediary does not serve it until upstream sends the new
-        part.)"""
+        Close means within ``ahead[i]``: how far region ``i`` may move before the next epoch
+        (its entity's last step, twice, say). Such a region is covered that much farther
+        *before* it reaches past the upstream set, so its next epoch's view is inside what
+        upstream already sends. (One that moved farther waits: the intermediary does not
+        serve it until upstream sends the new part.) ``bounds``: the regions'
+        :func:`bounds_of`, if the caller has them."""
         regions = [self._check(region) for region in live_regions]
         if not regions:
             return UpstreamDiff([], [])
         before = list(self._boxes)
-        margin = self.policy.distance / 2 if self.policy.kind == "margin" else 0.0
-        guards = np.full(len(regions), margin)
+        guards = np.zeros(len(regions))
         if ahead is not None:
             guards = np.maximum(guards, np.asarray(ahead, dtype=np.float64))
         cells = self._cells()
         # Most moving regions are still well inside the upstream set: their bounding boxes
         # answer, all at once; the rest are tested one by one on the same painted grid (as
         # exact as coverage.covers, without cutting and painting a grid per region).
-        lo, hi = bounds_of(regions)
+        lo, hi = bounds if bounds is not None else bounds_of(regions)
         clear = cells.covers_bounds(lo - guards[:, None], hi + guards[:, None])
         for i, region in enumerate(regions):
             if clear[i]:
@@ -410,9 +412,19 @@ class SubscriberStore:
 def bounds_of(regions: Sequence[Region]) -> tuple[np.ndarray, np.ndarray]:
     """The regions' bounding boxes as ``lo`` and ``hi`` rows, for
     :meth:`.coveredcells.CoveredCells.covers_bounds`."""
-    bounds = [region.bounds() for region in regions]
-    lo = np.array([box.lo for box in bounds], dtype=np.float64).reshape(len(bounds), -1)
-    hi = np.array([box.hi for box in bounds], dtype=np.float64).reshape(len(bounds), -1)
+    los: list[Sequence[float]] = []
+    his: list[Sequence[float]] = []
+    for region in regions:
+        if isinstance(region, Sphere):  # the numbers Sphere.bounds gives, without a Box
+            r = region.radius
+            los.append([x - r for x in region.center])
+            his.append([x + r for x in region.center])
+        else:
+            box = region.bounds()
+            los.append(box.lo)
+            his.append(box.hi)
+    lo = np.array(los, dtype=np.float64).reshape(len(los), -1)
+    hi = np.array(his, dtype=np.float64).reshape(len(his), -1)
     return lo, hi
 
 
