@@ -36,7 +36,9 @@ from common import (
 )
 from tidings.intermediary.fanout import FanoutConfig, FanoutResult, run_fanout
 
-FULL = FanoutConfig(subscribers=1000, entities=50_000, processes=10, duration_s=10, warmup_s=3)
+FULL = FanoutConfig(
+    subscribers=1000, entities=50_000, processes=10, intermediaries=3, duration_s=10, warmup_s=3
+)
 QUICK = FanoutConfig(
     subscribers=40, entities=2000, processes=2, intermediaries=2, duration_s=1.5, warmup_s=0.5
 )
