@@ -41,7 +41,6 @@ import asyncio
 import contextlib
 import json
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -51,6 +50,7 @@ import numpy as np
 import psutil
 
 from tidings.errors import IntermediaryError
+from tidings.intermediary import children
 from tidings.intermediary.geometry import Box
 from tidings.intermediary.simulation import Simulation
 from tidings.intermediary.spatialfeed import HEADER, SimulationServer
@@ -205,21 +205,10 @@ class Tier:
         }
         urls = []
         for _ in range(self.config.intermediaries):
-            node = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "tidings.intermediary.fanout_node",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-            )
+            node = await children.spawn("tidings.intermediary.fanout_node", plan)
             self.nodes.append(node)
-            assert node.stdin is not None and node.stdout is not None
-            node.stdin.write(json.dumps(plan).encode() + b"\n")
-            await node.stdin.drain()
-            line = (await asyncio.wait_for(node.stdout.readline(), READY_TIMEOUT_S)).split()
-            if len(line) != 2 or line[0] != b"ready":
-                raise IntermediaryError(f"fanout: an intermediary process did not start: {line!r}")
-            urls.append(f"ws://127.0.0.1:{int(line[1])}/")
+            (port,) = await children.ready(node, "fanout: an intermediary", READY_TIMEOUT_S)
+            urls.append(f"ws://127.0.0.1:{int(port)}/")
         return urls
 
     async def freeze(self) -> None:
@@ -252,32 +241,23 @@ def _uss(processes: list[psutil.Process]) -> int:
 
 
 async def _start_subscribers(
-    plans: list[dict[str, Any]], processes: int, children: list[asyncio.subprocess.Process]
+    plans: list[dict[str, Any]], processes: int, started: list[asyncio.subprocess.Process]
 ) -> None:
-    """Start the subscriber processes into ``children`` (the caller's, so it ends even those
+    """Start the subscriber processes into ``started`` (the caller's, so it ends even those
     started before one failed) and wait until each has subscribed everyone."""
     for part in range(processes):
         mine = plans[part::processes]
         if not mine:
             continue
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
+        # The results line holds every frame's staleness: megabytes at full size.
+        child = await children.spawn(
             "tidings.intermediary.fanout_subscribers",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            # The results line holds every frame's staleness: megabytes at full size.
+            {"subscribers": mine},
             limit=RESULTS_LINE_LIMIT,
         )
-        assert child.stdin is not None
-        child.stdin.write(json.dumps({"subscribers": mine}).encode() + b"\n")
-        await child.stdin.drain()
-        children.append(child)
-    for child in children:
-        assert child.stdout is not None
-        line = await asyncio.wait_for(child.stdout.readline(), READY_TIMEOUT_S)
-        if line.strip() != b"ready":
-            raise IntermediaryError(f"fanout: a subscriber process did not start: {line!r}")
+        started.append(child)
+    for child in started:
+        await children.ready(child, "fanout: a subscriber process", READY_TIMEOUT_S)
 
 
 def _cpu(pids: list[psutil.Process]) -> float:
@@ -295,20 +275,20 @@ async def run_fanout(
     """One measured run (see the module docstring). ``window`` is called with ``"start"``
     and ``"stop"`` at the measuring window's edges (e.g. to count the machine's CPU)."""
     tier = Tier(config)
-    children: list[asyncio.subprocess.Process] = []
+    subscribers: list[asyncio.subprocess.Process] = []
     try:
         urls = await tier.start()
         tiered = tier.processes()
         await asyncio.sleep(2 / config.tick_hz)
         uss0 = _uss(tiered)
         plans = plan_subscribers(config, tier.sim, urls)
-        await _start_subscribers(plans, config.processes, children)
-        procs = [psutil.Process(child.pid) for child in children]
+        await _start_subscribers(plans, config.processes, subscribers)
+        procs = [psutil.Process(child.pid) for child in subscribers]
         await tier.freeze()
         await asyncio.sleep(config.warmup_s)
         t0 = time.time() + 0.2
         t1 = t0 + config.duration_s
-        for child in children:
+        for child in subscribers:
             assert child.stdin is not None
             child.stdin.write(f"go {t0} {t1}\n".encode())
             await child.stdin.drain()
@@ -322,7 +302,7 @@ async def run_fanout(
             window("stop")
         uss1 = _uss(tiered)
         results = []
-        for child in children:
+        for child in subscribers:
             assert child.stdout is not None
             line = await asyncio.wait_for(child.stdout.readline(), READY_TIMEOUT_S)
             if not line:
@@ -331,7 +311,7 @@ async def run_fanout(
                 )
             results.append(json.loads(line))
     finally:
-        for child in children:
+        for child in subscribers:
             with contextlib.suppress(ProcessLookupError):
                 child.kill()
             await child.wait()

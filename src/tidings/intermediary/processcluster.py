@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tidings.errors import IntermediaryError
+from tidings.intermediary import children
 from tidings.intermediary.directory import Directory, Load
 from tidings.intermediary.member_process import partition_spec
 from tidings.intermediary.responsibility import Partition
@@ -38,8 +37,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds a member process may take to connect upstream, listen and join.
 START_TIMEOUT_S = 60.0
-#: Seconds a stopped member may take to exit after SIGTERM before it is killed.
-STOP_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -115,25 +112,9 @@ class ProcessCluster:
             "round_s": self.round_s,
             "report_s": self.report_s,
         }
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tidings.intermediary.member_process",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert process.stdin is not None and process.stdout is not None
-        process.stdin.write(json.dumps(plan).encode() + b"\n")
-        await process.stdin.drain()
-        try:
-            line = await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT_S)
-        except TimeoutError:
-            line = b""
-        words = line.split()
-        if len(words) != 2 or words[0] != b"ready":
-            await _end(process)
-            raise IntermediaryError(f"cluster: member {name} did not start (it said {line!r:.200})")
-        member = MemberProcess(name, words[1].decode(), process)
+        process = await children.spawn("tidings.intermediary.member_process", plan)
+        (url,) = await children.ready(process, f"cluster: member {name}", START_TIMEOUT_S)
+        member = MemberProcess(name, url, process)
         self.members[name] = member
         return member
 
@@ -208,7 +189,7 @@ class ProcessCluster:
         self.parents.pop(name, None)
         with contextlib.suppress(IntermediaryError):  # it owns nothing, or never joined
             self.directory.leave(name)
-        await _end(member.process)
+        await children.end(member.process)
         self._changed_at = time.time()
 
     # -- running -----------------------------------------------------------------------
@@ -231,18 +212,6 @@ class ProcessCluster:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop
         for member in list(self.members.values()):
-            await _end(member.process)
+            await children.end(member.process)
         self.members.clear()
         self.directory.close()
-
-
-async def _end(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM, then SIGKILL if it does not exit in time."""
-    with contextlib.suppress(ProcessLookupError):
-        process.terminate()
-    try:
-        await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
