@@ -3,8 +3,11 @@ regions their subscribers ask for, and the brute-force reference a view is check
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from tidings.intermediary.generation import FrameKind
 from tidings.intermediary.geometry import Box
 from tidings.intermediary.simulation import Simulation
 
@@ -35,3 +38,23 @@ class RecordedSimulation(Simulation):
     def step(self, dt: float) -> None:
         super().step(dt)
         self.history[self.tick] = self.positions.copy()
+
+
+def assert_clean_streams(
+    clients: list[Any], got: dict[str, list[Any]], sim: RecordedSimulation, regions: list[dict]
+) -> None:
+    """Each client ``i``'s key ``k{i}`` (region ``regions[i % len]``): no stale frame or
+    error, epochs strictly increasing, and every frame its tick's brute-force view."""
+    for i, client in enumerate(clients):
+        assert client.stale == 0 and not client.errors
+        frames = got[f"k{i}"]
+        epochs = [f.header.epoch for f in frames]
+        assert epochs == sorted(set(epochs)), f"k{i}: epochs out of order or repeated"
+        for frame in frames:
+            positions = sim.history[frame.header.epoch]
+            expected = np.flatnonzero(inside(positions, regions[i % len(regions)]))
+            if frame.header.kind is FrameKind.VIEW:
+                np.testing.assert_array_equal(frame.ids, expected)
+                np.testing.assert_allclose(frame.world_positions(), positions[frame.ids])
+            elif frame.header.kind is FrameKind.EMPTY:
+                assert expected.size == 0

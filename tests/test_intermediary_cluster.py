@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from intermediary_helpers import WORLD, RecordedSimulation, inside
+from intermediary_helpers import WORLD, RecordedSimulation, assert_clean_streams, inside
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client import IntermediaryClient, ReceivedFrame
 from tidings.intermediary.cluster import ClusterServer
@@ -494,19 +494,7 @@ def test_a_cluster_running_on_its_own_splits_and_merges_under_load_with_clean_st
                 await client.close()
             await cluster.aclose()
         assert sum(c.handovers for c in clients) > 0 and cluster.merges >= 1
-        for i, client in enumerate(clients):
-            assert client.stale == 0 and not client.errors
-            frames = got[f"k{i}"]
-            epochs = [f.header.epoch for f in frames]
-            assert epochs == sorted(set(epochs))
-            for frame in frames:
-                positions = sim.history[frame.header.epoch]
-                expected = np.flatnonzero(inside(positions, REGIONS[i % len(REGIONS)]))
-                if frame.header.kind is FrameKind.VIEW:
-                    np.testing.assert_array_equal(frame.ids, expected)
-                    np.testing.assert_allclose(frame.world_positions(), positions[frame.ids])
-                elif frame.header.kind is FrameKind.EMPTY:
-                    assert expected.size == 0
+        assert_clean_streams(clients, got, sim, REGIONS)
 
     asyncio.run(asyncio.wait_for(main(), WAIT))
 

@@ -9,14 +9,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from intermediary_helpers import RecordedSimulation, inside
+from intermediary_helpers import RecordedSimulation, assert_clean_streams
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client import ReceivedFrame
 from tidings.intermediary.directory import Directory, Load
-from tidings.intermediary.generation import FrameKind
 from tidings.intermediary.handover import ClusterClient
 from tidings.intermediary.processcluster import ProcessCluster
 from tidings.intermediary.responsibility import HashPartition, RegionPartition
@@ -96,19 +94,7 @@ def test_a_split_starts_a_member_process_and_a_merge_ends_it_with_clean_streams(
             await cluster.aclose()
             await publisher.aclose()
         assert sum(c.handovers for c in clients) > 0
-        for i, client in enumerate(clients):
-            assert client.stale == 0 and not client.errors
-            frames = got[f"k{i}"]
-            epochs = [f.header.epoch for f in frames]
-            assert epochs == sorted(set(epochs)), f"k{i}: epochs out of order or repeated"
-            for frame in frames:
-                positions = sim.history[frame.header.epoch]
-                expected = np.flatnonzero(inside(positions, REGIONS[i % len(REGIONS)]))
-                if frame.header.kind is FrameKind.VIEW:
-                    np.testing.assert_array_equal(frame.ids, expected)
-                    np.testing.assert_allclose(frame.world_positions(), positions[frame.ids])
-                elif frame.header.kind is FrameKind.EMPTY:
-                    assert expected.size == 0
+        assert_clean_streams(clients, got, sim, REGIONS)
 
     asyncio.run(asyncio.wait_for(main(), WAIT))
 
