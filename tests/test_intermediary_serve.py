@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -302,3 +303,149 @@ def test_the_live_page_shows_events_and_a_view(tmp_path: Path, event_server: Ser
     assert events["title"] == "events app/*" and events["cells"] == ['app/paid {"order":7}']
     assert view["cells"] == ["idname", "3cy"] and view["state"].startswith("1 rows at epoch")
     assert "secret" in refused["state"] and refused["cells"] == []
+
+
+# -- a spatial upstream: tidings intermediary simulate ------------------------------------
+
+
+def _simulate(port: int, *args: str) -> subprocess.Popen[bytes]:
+    return tidings_cli(
+        "intermediary", "simulate", "--agents", "3000", "--world", "200",
+        "--listen", f"127.0.0.1:{port}", *args,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+SPHERE = {"sphere": {"center": [100, 100], "radius": 30}}
+
+
+async def _watch_region(url: str) -> list[Any]:
+    """Subscribe a region and take three view frames of it."""
+    async with await IntermediaryClient.connect(url) as subscriber:
+        reply = await subscriber.subscribe("near", SPHERE, rate_hz=20)
+        assert reply["op"] == "subscribed", reply
+        frames = []
+        async for frame in subscriber.frames():
+            if frame.ids.size:
+                frames.append(frame)
+            if len(frames) == 3:
+                return frames
+    raise AssertionError("the subscription ended")
+
+
+def test_a_region_is_served_from_a_spatial_publisher_and_sigterm_ends_both(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    feed_port, port = free_port(), free_port()
+    publisher = _simulate(feed_port)
+    try:
+        wait_for_port(feed_port, 30, process=publisher)
+        spatial = {"upstream": f"ws://127.0.0.1:{feed_port}/", "world_lo": [0, 0]}
+        spatial["world_hi"] = [200, 200]
+        config = _config(
+            tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer,
+            spatial=spatial,
+        )  # fmt: skip
+        proc = _serve(config)
+        try:
+            wait_for_port(port, 30, process=proc)
+            frames = run(_watch_region(f"ws://127.0.0.1:{port}/"))
+        finally:
+            out, err = _stop(proc)
+    finally:
+        feed_out, feed_err = _stop(publisher)
+    for frame in frames:
+        distance = np.linalg.norm(frame.world_positions() - np.array([100.0, 100.0]), axis=1)
+        assert np.all(distance <= 30.0 + 1e-3)  # float32 frames
+    assert proc.returncode == 0, err
+    assert f"and the spatial publisher ws://127.0.0.1:{feed_port}/" in out
+    assert publisher.returncode == 0, feed_err
+    assert (
+        "simulation of 3000 agents in a 2D world of side 200 at 10 Hz, serving the spatial "
+        f"feed on ws://127.0.0.1:{feed_port}/"
+    ) in feed_out
+
+
+def test_a_spatial_publisher_not_there_or_gone_ends_it_with_exit_2(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    feed_port, port = free_port(), free_port()
+    spatial = {"upstream": f"ws://127.0.0.1:{feed_port}/", "world_lo": [0, 0]}
+    spatial["world_hi"] = [200, 200]
+    config = _config(
+        tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer, spatial=spatial
+    )
+    proc = _serve(config)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: feed: cannot connect to ws://127.0.0.1:{feed_port}/"
+    ), lines
+    publisher = _simulate(feed_port)
+    try:
+        wait_for_port(feed_port, 30, process=publisher)
+        proc = _serve(config)
+        wait_for_port(port, 30, process=proc)
+    finally:
+        _stop(publisher)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2
+    last = err.decode().strip().splitlines()[-1]
+    assert last.startswith(
+        f"error: the connection to the spatial publisher ws://127.0.0.1:{feed_port}/ was lost"
+    ), err
+
+
+@pytest.mark.parametrize(
+    ("spatial", "line"),
+    [
+        (
+            {"upstream": "http://h:1/", "world_lo": [0, 0], "world_hi": [1, 1]},
+            "intermediary.spatial.upstream: Value error, expected a ws:// URL",
+        ),
+        (
+            {"upstream": "ws://h:1/", "world_lo": [0, 0], "world_hi": [1, 1, 1]},
+            "intermediary.spatial: Value error, world_lo and world_hi must have the same",
+        ),
+        (
+            {"upstream": "ws://h:1/", "world_lo": [0, 5], "world_hi": [1, 1]},
+            "intermediary.spatial: Value error, world: axis 1 needs finite world_lo < world_hi",
+        ),
+        (
+            {"upstream": "ws://h:1/", "world_lo": [0], "world_hi": [1, 1]},
+            "intermediary.spatial.world_lo: List should have at least 2 items",
+        ),
+        (
+            {"upstream": "ws://h:1/", "world_lo": [0, 0], "world_hi": [1, 1], "margin": -1},
+            "intermediary.spatial.margin: Input should be greater than or equal to 0",
+        ),
+    ],
+)
+def test_a_bad_spatial_section_is_one_line_naming_its_key(
+    tmp_path: Path, spatial: dict[str, Any], line: str
+) -> None:
+    config = _config(tmp_path, spatial=spatial)
+    result = CliRunner().invoke(app, ["intermediary", "serve", "-c", str(config)])
+    assert result.exit_code == 2, result.output
+    header, *errors = result.stderr.strip().splitlines()
+    assert header == "error: invalid configuration:"
+    assert len(errors) == 1 and errors[0].strip().startswith(line), errors
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--listen", "8200"], "error: --listen: expected HOST:PORT"),
+        (["--world", "nan"], "Invalid value for '--world'"),
+        (["--dim", "4"], "Invalid value for '--dim'"),
+    ],
+)
+def test_a_bad_simulate_option_is_one_line_and_exit_2(args: list[str], line: str) -> None:
+    result = CliRunner().invoke(app, ["intermediary", "simulate", *args])
+    assert result.exit_code == 2, result.output
+    assert line in result.stderr, result.stderr

@@ -20,6 +20,7 @@ into a table this module validates ``targets:`` entries against (:class:`TargetC
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -409,6 +410,37 @@ class IntermediaryLimitsConfig(StrictModel):
         return v
 
 
+class IntermediarySpatialConfig(StrictModel):
+    """A spatial upstream for ``tidings intermediary serve``: a publisher of moving entities
+    speaking the spatial feed protocol (``tidings intermediary simulate``, or your own, see
+    :mod:`tidings.intermediary.spatialfeed`), so ``region`` subscriptions are served too."""
+
+    #: Where the publisher listens: ``ws://HOST:PORT/``.
+    upstream: str
+    #: The world's corners (2 or 3 numbers each): regions are clipped to it upstream.
+    world_lo: list[float] = Field(min_length=2, max_length=3)
+    world_hi: list[float] = Field(min_length=2, max_length=3)
+    #: How far past a region the intermediary asks upstream (claim 2's neighbourhood), so a
+    #: moving view stays covered for a while.
+    margin: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+
+    @field_validator("upstream")
+    @classmethod
+    def _ws_url(cls, v: str) -> str:
+        if not v.startswith(("ws://", "wss://")):
+            raise ValueError(f"expected a ws:// URL of the spatial publisher, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _world(self) -> IntermediarySpatialConfig:
+        if len(self.world_lo) != len(self.world_hi):
+            raise ValueError("world_lo and world_hi must have the same number of axes")
+        for axis, (lo, hi) in enumerate(zip(self.world_lo, self.world_hi, strict=True)):
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"world: axis {axis} needs finite world_lo < world_hi")
+        return self
+
+
 class IntermediaryConfig(StrictModel):
     """``tidings intermediary serve``: an intermediary whose upstream is an event server,
     serving event and SQL-view subscriptions over WebSocket (issue 12)."""
@@ -424,6 +456,8 @@ class IntermediaryConfig(StrictModel):
     #: How long a request to the event server (a subscription, a table's load) may take.
     request_timeout: Duration = timedelta(seconds=30)
     limits: IntermediaryLimitsConfig = IntermediaryLimitsConfig()
+    #: A spatial upstream besides the event server (None: region subscriptions are refused).
+    spatial: IntermediarySpatialConfig | None = None
 
     _durations = field_validator("tick", "request_timeout", mode="before")(
         lambda cls, v: parse_duration(v)

@@ -1,4 +1,6 @@
-"""``tidings intermediary serve``: an intermediary in production, fed by an event server.
+"""``tidings intermediary serve``: an intermediary in production, fed by an event server
+(and, with its ``spatial:`` section, a spatial publisher); ``tidings intermediary simulate``:
+such a publisher, a simulation of moving agents.
 
 It runs :func:`tidings.intermediary.service.serve_intermediary` with the ``intermediary:``
 section of the configuration until SIGINT or SIGTERM (exit 0). An unreachable event server,
@@ -16,7 +18,8 @@ from tidings.cli.common import ConfigOption, app, console, load_or_exit, log_lev
 from tidings.logs import configure_logging
 
 intermediary_app = typer.Typer(
-    no_args_is_help=True, help="Intermediaries: live event and SQL views for many subscribers."
+    no_args_is_help=True,
+    help="Intermediaries: live event, SQL and spatial views for many subscribers.",
 )
 app.add_typer(intermediary_app, name="intermediary")
 
@@ -37,9 +40,10 @@ def serve(
     settings = load_or_exit(config).intermediary
 
     def listening(where: Listening) -> None:
+        spatial = "" if where.spatial is None else f" and the spatial publisher {where.spatial}"
         console.print(
             f"intermediary listening on {where.websocket} (page: {where.page}), "
-            f"fed by the event server {where.event_server}",
+            f"fed by the event server {where.event_server}{spatial}",
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -55,4 +59,59 @@ def serve(
     asyncio.run(run())
 
 
-__all__ = ["intermediary_app", "serve"]
+@intermediary_app.command("simulate")
+def simulate(
+    agents: Annotated[int, typer.Option(min=0, max=10_000_000, help="Moving agents.")] = 10_000,
+    world: Annotated[
+        float, typer.Option(min=1e-6, max=1e9, help="The world's side: [0, WORLD] per axis.")
+    ] = 1000.0,
+    dim: Annotated[int, typer.Option(min=2, max=3, help="2 or 3 dimensions.")] = 2,
+    speed: Annotated[float, typer.Option(min=0.0, max=1e9, help="Top speed, units/s.")] = 5.0,
+    tick_hz: Annotated[float, typer.Option(min=0.01, max=1000.0, help="Ticks a second.")] = 10.0,
+    listen: Annotated[str, typer.Option(help="HOST:PORT to serve the spatial feed on.")] = (
+        "127.0.0.1:8200"
+    ),
+    seed: Annotated[int, typer.Option(help="Seed of the agents' start (reproducible).")] = 0,
+) -> None:
+    """Serve a simulation of moving agents over the spatial feed: the upstream that
+    ``intermediary serve`` (its spatial: section) and the library's intermediaries take
+    region subscriptions from. Runs until SIGINT or SIGTERM."""
+    import asyncio
+    import signal
+
+    from tidings.errors import IntermediaryError
+    from tidings.intermediary.geometry import Box
+    from tidings.intermediary.simulation import Simulation
+    from tidings.intermediary.spatialfeed import SimulationServer
+
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise IntermediaryError(
+            f"--listen: expected HOST:PORT, e.g. 127.0.0.1:8200, got {listen!r}"
+        )
+    box = Box((0.0,) * dim, (world,) * dim)
+    simulation = Simulation(agents, box, max_speed=speed, seed=seed)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        server = SimulationServer(simulation, tick_hz)
+        url = await server.start(host.strip("[]"), int(port))
+        console.print(
+            f"simulation of {agents} agents in a {dim}D world of side {world:g} at "
+            f"{tick_hz:g} Hz, serving the spatial feed on {url}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        try:
+            await stop.wait()
+        finally:
+            await server.aclose()
+
+    asyncio.run(run())
+
+
+__all__ = ["intermediary_app", "serve", "simulate"]

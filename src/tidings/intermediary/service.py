@@ -10,13 +10,16 @@ string lists the subscriptions, each repeatable: ``?events=app/orders/*,app/user
 patterns, segments joined by ``/``), ``?sql=SELECT ...`` (``&rate_hz=``, ``&priority=``);
 it does not validate them but shows the server's error (``static/live.js``).
 
-Spatial state comes from a simulation or a peer intermediary upstream (the library,
-``tidings fanout-demo``), not from an event server: this service has none, so a ``region``
+Spatial state does not come from an event server: with the ``spatial:`` section the service
+also subscribes to a publisher of moving entities over the spatial feed
+(:mod:`.spatialfeed`; ``tidings intermediary simulate`` runs one) and serves ``region``
+subscriptions (and the moving map at ``/view``) from it; without it a ``region``
 subscription is answered with an error naming that, and the others go on.
 
-The connection to the event server is made once: an unreachable server at start is an
-:class:`~tidings.errors.IntermediaryError` (the command's exit 2), and a connection lost
-while serving ends the service with one too, after closing every subscriber's connection;
+The connections upstream are made once: an unreachable event server or spatial publisher at
+start is an :class:`~tidings.errors.IntermediaryError` (the command's exit 2), and a
+connection lost while serving ends the service with one too, after closing every
+subscriber's connection;
 restarting is the supervisor's job (systemd ``Restart=on-failure``), because subscribers
 must re-subscribe anyway to get a view that is complete again.
 """
@@ -29,12 +32,15 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tidings.config import IntermediaryConfig
+from tidings.config import IntermediaryConfig, IntermediarySpatialConfig
 from tidings.errors import IntermediaryError
 from tidings.intermediary.chain import TidingsChain
+from tidings.intermediary.coverage import UpstreamPolicy
 from tidings.intermediary.eventviews import EventViews
 from tidings.intermediary.geometry import Box
 from tidings.intermediary.process import Intermediary
+from tidings.intermediary.scheduling import Scheduler
+from tidings.intermediary.spatialfeed import RemoteFeed
 from tidings.intermediary.sqlviews import Catalog, SqlLimits
 from tidings.intermediary.transport import IntermediaryServer, TransportLimits
 from tidings.intermediary.webpage import static_page_routes
@@ -52,6 +58,8 @@ class Listening:
     websocket: str
     page: str
     event_server: str
+    #: The spatial publisher's URL, if the service has one.
+    spatial: str | None = None
 
 
 class _NoSpatialUpstream:
@@ -66,25 +74,55 @@ class _NoSpatialUpstream:
 
 
 class EventServerIntermediary(IntermediaryServer):
-    """An intermediary server whose only upstream is an event server: events and SQL views."""
+    """An intermediary server whose upstream is an event server (events and SQL views) and,
+    if ``spatial`` is given, a spatial publisher (``region`` subscriptions)."""
 
     def __init__(
-        self, event_server: str, views: EventViews, *, tick_s: float, limits: TransportLimits
+        self,
+        event_server: str,
+        views: EventViews,
+        *,
+        tick_s: float,
+        limits: TransportLimits,
+        spatial: tuple[Intermediary, RemoteFeed] | None = None,
     ) -> None:
-        spatial = Intermediary(2, _NoSpatialUpstream())
-        super().__init__(spatial, views=views, tick_s=tick_s, limits=limits)
+        node, source = (
+            (Intermediary(2, _NoSpatialUpstream()), None)
+            if spatial is None
+            else (spatial[0], spatial[1].take)
+        )
+        super().__init__(node, source=source, views=views, tick_s=tick_s, limits=limits)
         self.event_server = event_server
+        self.spatial = spatial is not None
         self.app.router.routes.extend(static_page_routes("live"))
 
     async def handle_request(
         self, subscriber: int, request: dict[str, object]
     ) -> dict[str, object]:
-        if request.get("op") == "subscribe" and "region" in request:
+        if request.get("op") == "subscribe" and "region" in request and not self.spatial:
             raise IntermediaryError(
                 f"region: this intermediary's upstream is the event server {self.event_server}, "
                 "which has no spatial state; subscribe to events or sql"
             )
         return await super().handle_request(subscriber, request)
+
+
+async def _spatial(config: IntermediarySpatialConfig) -> tuple[Intermediary, RemoteFeed]:
+    """The spatial part: an intermediary subscribing to the configured publisher."""
+    world = Box(tuple(config.world_lo), tuple(config.world_hi))
+    feed = await RemoteFeed.connect(config.upstream, world.dim)
+    node = Intermediary(
+        world.dim,
+        feed,
+        world=world,
+        policy=UpstreamPolicy.margin(config.margin),
+        scheduler=Scheduler(per_epoch=True),
+    )
+    return node, feed
+
+
+def _lost(spatial: tuple[Intermediary, RemoteFeed] | None) -> bool:
+    return spatial is not None and spatial[1].closed.is_set()
 
 
 def catalog_of(config: IntermediaryConfig) -> Catalog | None:
@@ -112,7 +150,11 @@ async def serve_intermediary(
         config.event_server, request_timeout=config.request_timeout.total_seconds()
     )
     await chain.start()
+    spatial: tuple[Intermediary, RemoteFeed] | None = None
+    lost: str | None = None
     try:
+        if config.spatial is not None:
+            spatial = await _spatial(config.spatial)
         views = EventViews(
             chain,
             catalog,
@@ -133,12 +175,16 @@ async def serve_intermediary(
                 max_connections=limits.max_connections,
                 max_queued_messages=limits.max_queued_messages,
             ),
+            spatial=spatial,
         )
         await server.start(host, int(port))
         try:
             shown = f"[{host}]" if ":" in host else host
             where = Listening(
-                f"ws://{shown}:{server.port}/", f"http://{shown}:{server.port}/live", chain.address
+                f"ws://{shown}:{server.port}/",
+                f"http://{shown}:{server.port}/live",
+                chain.address,
+                None if spatial is None else spatial[1].url,
             )
             log.info(
                 "intermediary listening",
@@ -147,15 +193,22 @@ async def serve_intermediary(
             )  # fmt: skip
             if on_listening is not None:
                 on_listening(where)
-            while not stop.is_set() and chain.closed is None:
+            while not stop.is_set() and chain.closed is None and not _lost(spatial):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), _WATCH_S)
         finally:
             await server.aclose()
     finally:
+        if spatial is not None:
+            lost = spatial[1].closed_reason if _lost(spatial) else None
+            await spatial[1].aclose()
         await chain.aclose()
     if chain.closed is not None:
         raise IntermediaryError(
             f"the connection to the event server {config.event_server} was lost: {chain.closed}"
+        )
+    if spatial is not None and lost is not None:  # ended by the publisher, not by stop
+        raise IntermediaryError(
+            f"the connection to the spatial publisher {spatial[1].url} was lost: {lost}"
         )
     log.info("intermediary stopped", extra={"event_server": config.event_server})

@@ -277,9 +277,11 @@ class RemoteFeed:
     Operations are checked here as the publisher will check them (so a mistake raises at
     the call, as with an in-process feed) and sent in order by one task."""
 
-    def __init__(self, websocket: Any, dim: int) -> None:
+    def __init__(self, websocket: Any, dim: int, url: str = "") -> None:
         self.websocket = websocket
         self.dim = dim
+        #: The publisher's URL (for messages).
+        self.url = url
         self.bytes_received = 0
         #: Why the connection ended (None while open).
         self.closed_reason: str | None = None
@@ -305,7 +307,7 @@ class RemoteFeed:
             )
         except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
             raise IntermediaryError(f"feed: cannot connect to {url}: {exc}") from None
-        feed = cls(websocket, dim)
+        feed = cls(websocket, dim, url)
         loop = asyncio.get_running_loop()
         feed._tasks = [loop.create_task(feed._read()), loop.create_task(feed._write())]
         return feed
