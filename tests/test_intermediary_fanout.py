@@ -4,6 +4,7 @@ asserted: the figures depend on the machine)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 from processes import TIDINGS
 from tidings.errors import IntermediaryError
-from tidings.intermediary.fanout import FanoutConfig
+from tidings.intermediary.fanout import FanoutConfig, run_fanout
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = (
@@ -75,3 +76,24 @@ def test_the_demo_prints_its_figures_and_writes_a_png(tmp_path: Path) -> None:
 def test_a_bad_configuration_is_refused_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(IntermediaryError, match=f"fanout: {field}"):
         FanoutConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_one_subscriber_process_takes_hundreds_of_subscribers() -> None:
+    """A process's plan line is ~200 bytes a subscriber: 400 of them are past asyncio's
+    default 64 KiB line (the benchmark's search put 400 in each of five processes)."""
+    config = FanoutConfig(
+        subscribers=400, entities=2000, processes=1, intermediaries=1, duration_s=1, warmup_s=0.5
+    )
+    assert len(json.dumps({"subscribers": plan_for(config)})) > 64 * 1024
+    result = asyncio.run(run_fanout(config))
+    assert result.disconnected == 0 and result.delivered_updates_s > 0
+
+
+def plan_for(config: FanoutConfig) -> list[dict]:
+    from tidings.intermediary.fanout import plan_subscribers
+    from tidings.intermediary.geometry import Box
+    from tidings.intermediary.simulation import Simulation
+
+    size = config.world_size
+    sim = Simulation(config.entities, Box((0.0, 0.0), (size, size)), seed=config.seed)
+    return plan_subscribers(config, sim, ["ws://127.0.0.1:1/"])

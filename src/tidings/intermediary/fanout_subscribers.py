@@ -33,6 +33,8 @@ from tidings.intermediary.wsreceive import FrameReader, take_over
 
 #: Seconds one connection's opening handshake may take.
 OPEN_S = 60.0
+#: The longest plan line read from stdin (about 200 bytes a subscriber).
+PLAN_LINE_LIMIT = 64 * 1024 * 1024
 
 
 @dataclass
@@ -109,7 +111,8 @@ async def _subscribe(plan: dict[str, Any], subscriber: Subscriber) -> FrameReade
 
 async def main() -> None:
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
+    # The plan line lists every subscriber of this process: far past the default 64 KiB.
+    reader = asyncio.StreamReader(limit=PLAN_LINE_LIMIT)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     plan = json.loads(await reader.readline())
     subscribers = [Subscriber() for _ in plan["subscribers"]]
