@@ -270,6 +270,7 @@ class ClusterClient:
     def _switch(self, stream: _Stream, link: _Link, start: int) -> None:
         """``link`` serves ``stream`` from epoch ``start`` on: deliver what it held."""
         held = [frame for frame in stream.held if frame.header.epoch >= start]
+        self.errors.pop(str(stream.request["key"]), None)  # served again: past errors are past
         stream.current, stream.floor = link, start
         stream.next, stream.start, stream.held = None, None, []
         for frame in held:

@@ -11,7 +11,10 @@ the overloaded member's slots in one directory transaction; to merge it gives a 
 slots back to the member it split from. Members follow the directory before every round and
 hand over the subscriptions whose home moved, make-before-break (:mod:`.cluster`), so no
 subscriber's stream loses or repeats an epoch. A drained member is stopped (it leaves the
-directory, then gets SIGTERM) once it reports no subscription and nobody hands over.
+directory, then gets SIGTERM) once it reports no subscription and nobody hands over. A
+member whose process ends on its own is buried: its slots go to the member it split from,
+and its subscribers, subscribing again through their entry (:mod:`.handover`), land there;
+the epochs published meanwhile are lost to them, never repeated.
 
 Decisions are taken one at a time and only on loads every member measured after the
 previous change (their report time is later), so a change is judged on its effect.
@@ -158,9 +161,39 @@ class ProcessCluster:
             return None
         return fresh  # type: ignore[return-value]
 
+    async def bury_dead(self) -> list[str]:
+        """Members whose process ended on its own (killed, crashed): their slots go, in one
+        transaction, to the member they split from (or the oldest one alive), and they leave
+        the directory, so their subscribers, subscribing again through their entry, land on a
+        live member. With no member left a new first member takes every slot. Returns the
+        names buried."""
+        dead = [name for name, m in self.members.items() if m.process.returncode is not None]
+        for name in dead:
+            code = self.members.pop(name).process.returncode
+            heir = self.parents.get(name)
+            while heir is not None and heir not in self.members:
+                heir = self.parents.get(heir)
+            if heir is None and self.members:
+                heir = next(iter(self.members))
+            if heir is None:
+                heir = (await self._spawn()).name
+            log.warning("cluster: member %s exited (%s); %s takes its slots", name, code, heir)
+            self.directory.assign(self.directory.slots_of(name), heir)
+            with contextlib.suppress(IntermediaryError):
+                self.directory.leave(name)
+            for child, parent in list(self.parents.items()):
+                if parent == name:
+                    self.parents[child] = heir
+            self.parents.pop(name, None)
+            self.draining.discard(name)
+            self._changed_at = time.time()
+        return dead
+
     async def balance(self) -> None:
-        """Stop drained members; then, when no handover is under way, make the first change
-        :func:`.scaling.changes` names (one at a time, judged on fresh loads)."""
+        """Bury dead members; stop drained ones; then, when no handover is under way, make
+        the first change :func:`.scaling.changes` names (one at a time, judged on fresh
+        loads)."""
+        await self.bury_dead()
         loads = self._fresh_loads()
         if loads is None or any(load.handing for load in loads.values()):
             return
