@@ -13,6 +13,7 @@ import pytest
 
 from intermediary_helpers import RecordedSimulation, assert_clean_streams
 from tidings.errors import IntermediaryError
+from tidings.intermediary import children
 from tidings.intermediary.client import ReceivedFrame
 from tidings.intermediary.directory import Directory, Load
 from tidings.intermediary.handover import ClusterClient
@@ -39,64 +40,80 @@ async def until(check, timeout: float = 60.0) -> None:  # type: ignore[no-untype
         await asyncio.sleep(0.02)
 
 
+class Rig:
+    """A simulation served over the wire, a process cluster balancing on its own, and ten
+    subscribers entering at its first member, their frames collected by key."""
+
+    def __init__(self, directory: Path, policy: LoadPolicy) -> None:
+        self.sim = RecordedSimulation()
+        self.publisher = SimulationServer(self.sim, tick_hz=20)
+        self.directory = directory
+        self.policy = policy
+        self.clients: list[ClusterClient] = []
+        self.got: dict[str, list[ReceivedFrame]] = {}
+        self._readers: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> ProcessCluster:
+        upstream = await self.publisher.start()
+        self.cluster = ProcessCluster(
+            upstream, HashPartition(8), self.directory, dim=2, policy=self.policy, interval_s=0.2
+        )
+        first = await self.cluster.start()
+        self.cluster.start_loop()
+        for i in range(10):
+            client = await ClusterClient.connect(first.url)
+            self.got[f"k{i}"] = []
+            await client.subscribe(f"k{i}", REGIONS[i % len(REGIONS)], rate_hz=1000)
+            self.clients.append(client)
+            self._readers.append(asyncio.create_task(self._read(client)))
+        return self.cluster
+
+    async def _read(self, client: ClusterClient) -> None:
+        async for frame in client.frames():
+            self.got[frame.key].append(frame)
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._readers:
+            task.cancel()
+        for client in self.clients:
+            await client.close()
+        await self.cluster.aclose()
+        await self.publisher.aclose()
+
+    def moving(self) -> bool:
+        return any(client.moving() for client in self.clients)
+
+    async def more_frames(self, keys: list[str] | None = None) -> None:
+        """Until every key (or each of ``keys``) got ten more frames."""
+        keys = list(self.got) if keys is None else keys
+        counts = {key: len(self.got[key]) for key in keys}
+        await until(lambda: all(len(self.got[k]) > counts[k] + 10 for k in keys), 90)
+
+
 def test_a_split_starts_a_member_process_and_a_merge_ends_it_with_clean_streams(
     tmp_path: Path,
 ) -> None:
+    rig = Rig(tmp_path / "directory.db", LoadPolicy(high=6, low=3))
+
     async def main() -> None:
-        sim = RecordedSimulation()
-        publisher = SimulationServer(sim, tick_hz=20)
-        upstream = await publisher.start()
-        cluster = ProcessCluster(
-            upstream,
-            HashPartition(8),
-            tmp_path / "directory.db",
-            dim=2,
-            policy=LoadPolicy(high=6, low=3),
-            interval_s=0.2,
-        )
-        clients: list[ClusterClient] = []
-        got: dict[str, list[ReceivedFrame]] = {}
-        readers = []
-
-        async def read(client: ClusterClient) -> None:
-            async for frame in client.frames():
-                got[frame.key].append(frame)
-
-        try:
-            first = await cluster.start()
-            cluster.start_loop()
-            for i in range(10):
-                client = await ClusterClient.connect(first.url)
-                got[f"k{i}"] = []
-                await client.subscribe(f"k{i}", REGIONS[i % len(REGIONS)], rate_hz=1000)
-                clients.append(client)
-                readers.append(asyncio.create_task(read(client)))
-            await until(lambda: cluster.splits >= 1 and not any(c.moving() for c in clients))
+        async with rig as cluster:
+            await until(lambda: cluster.splits >= 1 and not rig.moving())
             pids = {member.process.pid for member in cluster.members.values()}
             assert len(pids) == len(cluster.members) >= 2  # each member its own process
-            counts = {key: len(frames) for key, frames in got.items()}
-            await until(lambda: all(len(got[k]) > counts[k] + 10 for k in got))
+            await rig.more_frames()
             started = [m.process for name, m in cluster.members.items() if name != "p0"]
-            for i, client in enumerate(clients[:8]):
+            for i, client in enumerate(rig.clients[:8]):
                 await client.unsubscribe(f"k{i}")
             await until(lambda: list(cluster.members) == ["p0"])
             for process in started:  # the merged members' processes ended
                 await asyncio.wait_for(process.wait(), 10)
-            counts = {key: len(frames) for key, frames in got.items()}
-            await until(lambda: all(len(got[k]) > counts[k] + 10 for k in ("k8", "k9")))
+            await rig.more_frames(["k8", "k9"])
             assert cluster.merges >= 1
-            assert set(Directory(tmp_path / "directory.db").owners().values()) == {"p0"}
-        finally:
-            for task in readers:
-                task.cancel()
-            for client in clients:
-                await client.close()
-            await cluster.aclose()
-            await publisher.aclose()
-        assert sum(c.handovers for c in clients) > 0
-        assert_clean_streams(clients, got, sim, REGIONS)
+            assert set(Directory(rig.directory).owners().values()) == {"p0"}
 
     asyncio.run(asyncio.wait_for(main(), WAIT))
+    assert sum(c.handovers for c in rig.clients) > 0
+    assert_clean_streams(rig.clients, rig.got, rig.sim, REGIONS)
 
 
 def test_a_member_killed_is_buried_and_its_subscribers_are_served_again(tmp_path: Path) -> None:
@@ -104,52 +121,24 @@ def test_a_member_killed_is_buried_and_its_subscribers_are_served_again(tmp_path
     it split from, and every subscriber it served subscribes again through its entry and gets
     frames again (every key, ten more); no epoch repeats or goes back, every frame is its
     tick's brute force."""
+    # At most two members, never merges.
+    rig = Rig(tmp_path / "directory.db", LoadPolicy(high=6, low=0, max_members=2))
 
     async def main() -> None:
-        sim = RecordedSimulation()
-        publisher = SimulationServer(sim, tick_hz=20)
-        upstream = await publisher.start()
-        path = tmp_path / "directory.db"
-        policy = LoadPolicy(high=6, low=0, max_members=2)  # splits once, never merges
-        cluster = ProcessCluster(upstream, HashPartition(8), path, dim=2, policy=policy)
-        clients: list[ClusterClient] = []
-        got: dict[str, list[ReceivedFrame]] = {}
-        readers = []
-
-        async def read(client: ClusterClient) -> None:
-            async for frame in client.frames():
-                got[frame.key].append(frame)
-
-        try:
-            first = await cluster.start()
-            cluster.start_loop()
-            for i in range(10):
-                client = await ClusterClient.connect(first.url)
-                got[f"k{i}"] = []
-                await client.subscribe(f"k{i}", REGIONS[i % len(REGIONS)], rate_hz=1000)
-                clients.append(client)
-                readers.append(asyncio.create_task(read(client)))
-            await until(lambda: cluster.splits == 1 and not any(c.moving() for c in clients))
-            victim = cluster.members["p1"]
-            assert set(Directory(path).owners().values()) == {"p0", "p1"}
-            counts = {key: len(frames) for key, frames in got.items()}
-            victim.process.kill()
-            await until(lambda: list(cluster.members) == ["p0"])
-            assert set(Directory(path).owners().values()) == {"p0"}
-            await until(lambda: all(len(got[k]) > counts[k] + 10 for k in got), 90)
-            await until(lambda: not any(c.moving() for c in clients))
-        finally:
-            for task in readers:
-                task.cancel()
-            for client in clients:
-                await client.close()
-            await cluster.aclose()
-            await publisher.aclose()
-        # A handover the old member offered toward the dead one may have failed (it keeps
-        # serving the key, and the client says why in errors): the streams are still clean.
-        assert_clean_streams(clients, got, sim, REGIONS, errors=True)
+        async with rig as cluster:
+            await until(lambda: cluster.splits == 1 and not rig.moving())
+            assert set(Directory(rig.directory).owners().values()) == {"p0", "p1"}
+            cluster.members["p1"].process.kill()
+            await until(lambda: "p1" not in cluster.members)
+            # (p0, overloaded again, may split again meanwhile: p1 is gone either way.)
+            assert "p1" not in Directory(rig.directory).owners().values()
+            await rig.more_frames()
+            await until(lambda: not rig.moving())
 
     asyncio.run(asyncio.wait_for(main(), WAIT))
+    # A handover the old member offered toward the dead one may have failed (it keeps
+    # serving the key, and the client says why in errors): the streams are still clean.
+    assert_clean_streams(rig.clients, rig.got, rig.sim, REGIONS, errors=True)
 
 
 def test_a_member_that_cannot_start_is_a_clear_error_and_nothing_is_left(tmp_path: Path) -> None:
@@ -182,3 +171,32 @@ def test_a_region_partition_travels_to_member_processes() -> None:
     grid = RegionPartition(Box((0.0, 0.0), (100.0, 50.0)), (4, 2))
     assert partition_from(partition_spec(grid)) == grid
     assert partition_from(partition_spec(HashPartition(16))) == HashPartition(16)
+
+
+def test_a_child_cancelled_while_it_starts_does_not_outlive_its_parent(tmp_path: Path) -> None:
+    """The supervisor cancelled while a member starts (it is being closed): the member's
+    process is ended, not left running without a parent that knows of it."""
+
+    async def main() -> None:
+        silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # never answers
+        port = silent.sockets[0].getsockname()[1]
+        plan = {
+            "name": "p0",
+            "directory": str(tmp_path / "d.db"),
+            "partition": {"hash": 2},
+            "dim": 2,
+            "upstream": f"ws://127.0.0.1:{port}/",
+            "host": "127.0.0.1",
+            "round_s": 0.01,
+            "report_s": 0.25,
+        }
+        process = await children.spawn("tidings.intermediary.member_process", plan)
+        waiting = asyncio.create_task(children.ready(process, "member p0", 60))
+        await asyncio.sleep(0.5)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert process.returncode is not None
+        silent.close()
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))

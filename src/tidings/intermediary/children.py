@@ -48,6 +48,9 @@ async def ready(process: asyncio.subprocess.Process, what: str, timeout: float) 
         line = await asyncio.wait_for(process.stdout.readline(), timeout)
     except TimeoutError:
         line = b""
+    except BaseException:  # cancelled while it starts: it must not outlive the parent
+        await asyncio.shield(end(process, kill=True))
+        raise
     words = line.decode(errors="replace").split()
     if not words or words[0] != "ready":
         await end(process)
@@ -55,13 +58,17 @@ async def ready(process: asyncio.subprocess.Process, what: str, timeout: float) 
     return words[1:]
 
 
-async def end(process: asyncio.subprocess.Process, timeout: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM, then SIGKILL if the child does not exit within ``timeout`` seconds."""
+async def end(
+    process: asyncio.subprocess.Process, timeout: float = STOP_TIMEOUT_S, *, kill: bool = False
+) -> None:
+    """SIGTERM (SIGKILL with ``kill``), then SIGKILL if the child does not exit within
+    ``timeout`` seconds. Its pipes are closed and drained too: a child's transport left open
+    is closed by the garbage collector after the event loop, which then fails."""
     with contextlib.suppress(ProcessLookupError):
-        process.terminate()
+        process.kill() if kill else process.terminate()
     try:
-        await asyncio.wait_for(process.wait(), timeout)
+        await asyncio.wait_for(process.communicate(), timeout)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
-        await process.wait()
+        await process.communicate()

@@ -228,9 +228,7 @@ class Tier:
 
     async def aclose(self) -> None:
         for node in self.nodes:
-            with contextlib.suppress(ProcessLookupError):
-                node.kill()
-            await node.wait()
+            await children.end(node, kill=True)
         await self.publisher.aclose()
 
 
@@ -312,9 +310,7 @@ async def run_fanout(
             results.append(json.loads(line))
     finally:
         for child in subscribers:
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
-            await child.wait()
+            await children.end(child, kill=True)
         await tier.aclose()
     return _figures(
         config, results, t1 - t0, bytes1 - bytes0, own1 - own0, subs1 - subs0, uss1 - uss0

@@ -169,7 +169,9 @@ class ProcessCluster:
         names buried."""
         dead = [name for name, m in self.members.items() if m.process.returncode is not None]
         for name in dead:
-            code = self.members.pop(name).process.returncode
+            process = self.members[name].process
+            await children.end(process)  # its pipes closed: it exited already
+            del self.members[name]
             heir = self.parents.get(name)
             while heir is not None and heir not in self.members:
                 heir = self.parents.get(heir)
@@ -177,7 +179,9 @@ class ProcessCluster:
                 heir = next(iter(self.members))
             if heir is None:
                 heir = (await self._spawn()).name
-            log.warning("cluster: member %s exited (%s); %s takes its slots", name, code, heir)
+            log.warning(
+                "cluster: member %s exited (%s); %s takes its slots", name, process.returncode, heir
+            )
             self.directory.assign(self.directory.slots_of(name), heir)
             with contextlib.suppress(IntermediaryError):
                 self.directory.leave(name)
