@@ -200,3 +200,29 @@ def test_a_child_cancelled_while_it_starts_does_not_outlive_its_parent(tmp_path:
         silent.close()
 
     asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
+def test_when_the_first_member_dies_its_split_becomes_the_root(tmp_path: Path) -> None:
+    """The member everyone split from dies: its slots go to the member it had split off,
+    which is nobody's split any more (so it is never merged into itself)."""
+
+    async def main() -> None:
+        publisher = SimulationServer(RecordedSimulation(), tick_hz=20)
+        upstream = await publisher.start()
+        path = tmp_path / "d.db"
+        cluster = ProcessCluster(upstream, HashPartition(4), path, dim=2)
+        try:
+            first = await cluster.start()
+            await cluster.split("p0")
+            assert cluster.parents == {"p1": "p0"}
+            first.process.kill()
+            await first.process.wait()
+            assert await cluster.bury_dead() == ["p0"]
+            assert list(cluster.members) == ["p1"] and cluster.parents == {}
+            assert set(Directory(path).owners().values()) == {"p1"}
+            assert [m.name for m in Directory(path).members()] == ["p1"]
+        finally:
+            await cluster.aclose()
+            await publisher.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))

@@ -186,7 +186,9 @@ class ProcessCluster:
             with contextlib.suppress(IntermediaryError):
                 self.directory.leave(name)
             for child, parent in list(self.parents.items()):
-                if parent == name:
+                if parent == name and child == heir:  # the heir is the root now
+                    del self.parents[child]
+                elif parent == name:
                     self.parents[child] = heir
             self.parents.pop(name, None)
             self.draining.discard(name)
