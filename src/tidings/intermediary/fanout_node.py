@@ -22,11 +22,8 @@ from typing import Any
 
 import uvloop
 
-from tidings.intermediary.coverage import UpstreamPolicy
 from tidings.intermediary.geometry import Box
-from tidings.intermediary.process import Intermediary
-from tidings.intermediary.scheduling import Scheduler
-from tidings.intermediary.spatialfeed import RemoteFeed
+from tidings.intermediary.spatialfeed import remote_intermediary
 from tidings.intermediary.transport import IntermediaryServer, TransportLimits
 
 
@@ -43,16 +40,8 @@ async def main() -> int:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     plan: dict[str, Any] = json.loads(await reader.readline())
-    world = Box(*plan["world"])
-    feed = await RemoteFeed.connect(plan["upstream"], world.dim)
-    node = Intermediary(
-        world.dim,
-        feed,
-        world=world,
-        policy=UpstreamPolicy.margin(plan["upstream_margin"]),
-        # Served when new state arrives ([89]'s "state updated" trigger), at most at the
-        # asked rate: a frame leaves right after its epoch rather than up to a period later.
-        scheduler=Scheduler(per_epoch=True),
+    node, feed = await remote_intermediary(
+        plan["upstream"], Box(*plan["world"]), plan["upstream_margin"]
     )
     server = IntermediaryServer(
         node,

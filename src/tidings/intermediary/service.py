@@ -32,15 +32,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tidings.config import IntermediaryConfig, IntermediarySpatialConfig
+from tidings.config import IntermediaryConfig
 from tidings.errors import IntermediaryError
 from tidings.intermediary.chain import TidingsChain
-from tidings.intermediary.coverage import UpstreamPolicy
 from tidings.intermediary.eventviews import EventViews
 from tidings.intermediary.geometry import Box
 from tidings.intermediary.process import Intermediary
-from tidings.intermediary.scheduling import Scheduler
-from tidings.intermediary.spatialfeed import RemoteFeed
+from tidings.intermediary.spatialfeed import RemoteFeed, remote_intermediary
 from tidings.intermediary.sqlviews import Catalog, SqlLimits
 from tidings.intermediary.transport import IntermediaryServer, TransportLimits
 from tidings.intermediary.webpage import static_page_routes
@@ -107,20 +105,6 @@ class EventServerIntermediary(IntermediaryServer):
         return await super().handle_request(subscriber, request)
 
 
-async def _spatial(config: IntermediarySpatialConfig) -> tuple[Intermediary, RemoteFeed]:
-    """The spatial part: an intermediary subscribing to the configured publisher."""
-    world = Box(tuple(config.world_lo), tuple(config.world_hi))
-    feed = await RemoteFeed.connect(config.upstream, world.dim)
-    node = Intermediary(
-        world.dim,
-        feed,
-        world=world,
-        policy=UpstreamPolicy.margin(config.margin),
-        scheduler=Scheduler(per_epoch=True),
-    )
-    return node, feed
-
-
 def _lost(spatial: tuple[Intermediary, RemoteFeed] | None) -> bool:
     return spatial is not None and spatial[1].closed.is_set()
 
@@ -154,7 +138,10 @@ async def serve_intermediary(
     lost: str | None = None
     try:
         if config.spatial is not None:
-            spatial = await _spatial(config.spatial)
+            world = Box(tuple(config.spatial.world_lo), tuple(config.spatial.world_hi))
+            spatial = await remote_intermediary(
+                config.spatial.upstream, world, config.spatial.margin
+            )
         views = EventViews(
             chain,
             catalog,

@@ -46,7 +46,10 @@ import websockets
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from tidings.errors import IntermediaryError
+from tidings.intermediary.coverage import UpstreamPolicy
 from tidings.intermediary.geometry import Box
+from tidings.intermediary.process import Intermediary
+from tidings.intermediary.scheduling import Scheduler
 from tidings.intermediary.simulation import MAX_FEED_BOXES, Simulation, SimulationFeed
 from tidings.intermediary.state import UpdateBatch
 
@@ -248,9 +251,12 @@ class SimulationServer:
         while True:
             # The simulation's step and the relevant sets are numpy passes that release the
             # GIL for most of their time: in a thread they overlap the sends.
-            ready = [conn for conn in self.connections if conn.ready]
-            for conn in self.connections:
-                conn.skipped += not conn.ready
+            ready = []
+            for conn in self.connections:  # each looked at once: a send may end meanwhile
+                if conn.ready:
+                    ready.append(conn)
+                else:
+                    conn.skipped += 1
             messages = await asyncio.to_thread(self._advance, period, [c.feed for c in ready])
             for conn, message in zip(ready, messages, strict=True):
                 self.bytes_sent += len(message)
@@ -417,3 +423,21 @@ def _why(exc: websockets.ConnectionClosed | None, websocket: Any = None) -> str:
     if received is None:
         return "the connection was lost"
     return f"closed by the publisher: {received.code} {received.reason}".strip()
+
+
+async def remote_intermediary(
+    url: str, world: Box, margin: float, *, open_timeout: float = 10.0
+) -> tuple[Intermediary, RemoteFeed]:
+    """An intermediary subscribing to the publisher at ``url`` (a :class:`RemoteFeed`; the
+    caller's server takes its batches with :meth:`RemoteFeed.take`): upstream boxes grown by
+    ``margin`` (claim 2), served when new state arrives ([89]'s "state updated" trigger) at
+    most at each subscriber's rate, so a frame leaves right after its epoch."""
+    feed = await RemoteFeed.connect(url, world.dim, open_timeout=open_timeout)
+    node = Intermediary(
+        world.dim,
+        feed,
+        world=world,
+        policy=UpstreamPolicy.margin(margin),
+        scheduler=Scheduler(per_epoch=True),
+    )
+    return node, feed
