@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -404,6 +405,49 @@ def test_survives_a_server_outage_and_comes_back(
     private_server.start()  # same store: the stream and its dedup state survive
     assert target.publish([before, event(4)]) == [None, None]
     assert stream_info(names[0], private_server.url).state.messages == 2
+
+
+def test_a_server_that_dies_during_a_call_is_down_and_no_message_is_blamed(
+    make_target: Callable[..., JetStreamTarget],
+    private_server: NatsServer,
+    names: tuple[str, str],
+) -> None:
+    """Killed while a large call is under way: the target is unavailable (the relay charges
+    no retry), not a call that failed for one message; sent again once the server is back,
+    every message is in the stream once."""
+    target = make_target(servers=[private_server.url])
+    private_server.start()
+    assert target.publish([event(1)]) == [None]  # connected before the call
+    batch = [event(n) for n in range(2, 40_002)]
+    killer = threading.Timer(0.05, private_server.kill)
+    killer.start()
+
+    with pytest.raises(TargetUnavailable) as raised:
+        target.publish(batch)
+
+    killer.join()
+    assert "went away during the call" in str(raised.value) or "cannot connect" in str(raised.value)
+    private_server.start()  # same store
+    assert target.publish(batch) == [None] * len(batch)
+    assert stream_info(names[0], private_server.url).state.messages == 1 + len(batch)
+
+
+def test_a_server_that_acknowledges_nothing_is_down(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    """No stream takes the subjects, but a plain subscriber listens and never replies, so
+    no ack (and no "no responders") comes: no message is to blame, the target is down."""
+    host, port = SHARED_URL.removeprefix("nats://").split(":")
+    with socket.create_connection((host, int(port))) as mute:
+        mute.recv(4096)  # the server's INFO
+        mute.sendall(f"CONNECT {{}}\r\nSUB {names[1]}.> 1\r\nPING\r\n".encode())
+        assert b"PONG" in mute.recv(4096)
+        target = make_target(create_stream=False, ack_timeout="300ms")
+
+        with pytest.raises(TargetUnavailable) as raised:
+            target.publish([event(1), event(2)])
+
+    assert "acknowledged none of 2 messages within 0.3s" in str(raised.value)
 
 
 # -- lifecycle --------------------------------------------------------------------------------

@@ -48,10 +48,12 @@ class TargetError(TidingsError):
 
 
 class TargetUnavailable(TargetError):
-    """The target cannot be reached now and nothing of the call was sent.
+    """The target cannot be reached now (or took none of the call): the target is down.
 
     No event is to blame: the relay charges no retry for it, notes the target as down
     (its circuit breaker) and lets the events wait until a probe finds the target back.
+    Whatever of the call may have arrived is sent again then, which targets must accept
+    as a duplicate (JetStream's ``Nats-Msg-Id``, the event store's outbox event id).
     """
 
 

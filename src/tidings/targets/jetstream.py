@@ -334,15 +334,41 @@ class JetStreamTarget(Target):
             for reply in replies:
                 inbox.forget(reply)
         results = [self._result(o, s) for o, s in zip(outcomes, subjects, strict=True)]
-        if not inbox.nc.is_connected and any(results):
-            # The server closed the connection: what is missing may be any message's fault.
+        if any(results):
+            await self._blame_the_server(inbox, acks, results)
+        return results
+
+    async def _blame_the_server(
+        self, inbox: AckInbox, acks: list[asyncio.Future[Msg]], results: list[str | None]
+    ) -> None:
+        """Raise if the server, not the messages, is why acks are missing.
+
+        A server that went away during the call (it cannot be reached again) or that
+        acknowledged none of the messages in time is down: no message is to blame, so the
+        relay must not charge them a retry (TargetUnavailable). Resending what it may have
+        stored is safe: the stream drops duplicates by ``Nats-Msg-Id``. A connection closed
+        by a server that is still there may be one message's fault (TargetCallFailed: the
+        relay narrows the call down to it).
+        """
+        if not inbox.nc.is_connected:
             cause = _describe(self._last_error) if self._last_error else "connection closed"
+            try:
+                await self._connection()
+            except TargetError as exc:
+                raise TargetUnavailable(
+                    f"jetstream target {self.name!r}: the server went away during the call "
+                    f"({cause}) and {exc}"
+                ) from None
             raise TargetCallFailed(
                 f"jetstream target {self.name!r}: the server closed the connection during "
                 f"the call ({cause})",
                 confirmed=[r is None for r in results],
             )
-        return results
+        if acks and not any(ack.done() for ack in acks):
+            raise TargetUnavailable(
+                f"jetstream target {self.name!r}: the server acknowledged none of "
+                f"{len(acks)} messages within {self._ack_timeout:g}s"
+            )
 
     async def _send(
         self,
