@@ -30,7 +30,7 @@ CONFIRMED, FAILED = DeliveryState.CONFIRMED.value, DeliveryState.FAILED.value
 _PUBLISHED, _PARKED = EventStatus.PUBLISHED.value, EventStatus.PARKED.value
 #: Latencies a summary carries to the driver (a run samples up to four times as many).
 LATENCY_SAMPLES = 512
-_SEQ_CHUNK = 500
+_DELETE_CHUNK = 500
 _UPDATE_COLUMNS = (
     "status = {m}, retry_count = {m}, error_details = {m}, deliveries = {m}, "
     "last_publish_at = COALESCE({m}, last_publish_at), updated_at = {m}, "
@@ -123,9 +123,10 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
         settled = [i for i in settled if i.status != EventStatus.PUBLISHED]
     if not (settled or done):
         return
-    stamp = driver_stamp(engine.dialect.name)
+    dialect = engine.dialect.name
+    stamp = driver_stamp(dialect)
     now = stamp(utcnow())
-    style = engine.dialect.paramstyle
+    mark = placeholder(engine.dialect.paramstyle)
     with engine.begin() as conn:
         for (status, retries, error, deliveries, published), seqs in _outcome_groups(
             settled
@@ -137,13 +138,13 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
                 json.dumps({n: dict(d) for n, d in deliveries}, separators=(",", ":")),
                 None if published is None else stamp(published),
                 now,
+                json.dumps(seqs) if dialect == "sqlite" else seqs,
             )
-            for start in range(0, len(seqs), _SEQ_CHUNK):
-                chunk = seqs[start : start + _SEQ_CHUNK]
-                sql = _update_sql(style, len(chunk), over_parked=status == _PUBLISHED)
-                conn.exec_driver_sql(sql, (*values, *chunk))
-        for start in range(0, len(done), _SEQ_CHUNK):
-            chunk = done[start : start + _SEQ_CHUNK]
+            conn.exec_driver_sql(
+                _update_sql(dialect, mark, over_parked=status == _PUBLISHED), values
+            )
+        for start in range(0, len(done), _DELETE_CHUNK):
+            chunk = done[start : start + _DELETE_CHUNK]
             conn.execute(
                 delete(outbox_event_attribute).where(
                     outbox_event_attribute.c.event_id.in_([i.event.event_id for i in chunk])
@@ -154,15 +155,26 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
             )
 
 
-def _update_sql(paramstyle: str, rows: int, *, over_parked: bool) -> str:
-    """The UPDATE of one outcome group. A failure or a wait never overwrites a PUBLISHED
-    row (another run, a replay beside the relay, delivered it meanwhile: this run's copy is
-    stale) nor a PARKED one (an operator set it aside while this run had it in hand; the
-    key would be held again). A PUBLISHED outcome may overwrite a park: it was delivered."""
-    mark = placeholder(paramstyle)
-    seqs = ", ".join([mark] * rows)
-    guard = "" if over_parked else f" AND status NOT IN ('{_PARKED}', '{_PUBLISHED}')"
-    return f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE seq IN ({seqs}){guard}"
+def _update_sql(dialect: str, mark: str, *, over_parked: bool) -> str:
+    """The UPDATE of one outcome group: one statement whatever its size, the group's seqs
+    passed as one parameter (a JSON array on SQLite, an array on PostgreSQL).
+
+    Set-based because per-row parameters cost: SQLite took 56 us a row with ``seq IN`` lists
+    of 500 marks (its planner may walk the status index for each statement) against 15 us
+    here. The status guard is written ``+status`` on SQLite so that the planner looks rows
+    up by seq, not by the status index (a walk over every open row per statement).
+
+    A failure or a wait never overwrites a PUBLISHED row (another run, a replay beside the
+    relay, delivered it meanwhile: this run's copy is stale) nor a PARKED one (an operator
+    set it aside while this run had it in hand; the key would be held again). A PUBLISHED
+    outcome may overwrite a park: it was delivered."""
+    if dialect == "sqlite":
+        rows = f"seq IN (SELECT value FROM json_each({mark}))"
+        status = "+status"
+    else:
+        rows, status = f"seq = ANY({mark})", "status"
+    guard = "" if over_parked else f" AND {status} NOT IN ('{_PARKED}', '{_PUBLISHED}')"
+    return f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE {rows}{guard}"
 
 
 def _outcome_groups(items: Iterable[LoggedEvent]) -> dict[tuple[Any, ...], list[int]]:
