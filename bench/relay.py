@@ -474,28 +474,29 @@ def _timing(timings: dict[str, float], key: str, fn: Callable[..., Any]) -> Call
 def _breakdown_slice(
     engine: Any, cfg: TidingsConfig, target: Any, target_name: str, part: Any, timings: Any
 ) -> None:
-    """One Spark task pair's work on one log slice, each stage timed into ``timings``."""
-    from tidings.pipeline import sink
+    """One Spark task's work on one log slice, chunk by chunk, each stage timed into
+    ``timings``."""
     from tidings.pipeline.publisher import Publisher
     from tidings.pipeline.source import read_slice
     from tidings.routing.table import current_routes
 
-    t = time.perf_counter()
-    batches = list(read_slice(engine, part))
-    timings["read log slice -> Arrow"] += time.perf_counter() - t
-    t = time.perf_counter()
-    rows = [event for batch in batches for event in sink._logged(batch)]
-    timings["Arrow -> events"] += time.perf_counter() - t
-    publisher = Publisher(
-        engine,
-        current_routes(cfg, engine),
-        lambda name: target if name == target_name else None,
-        cfg.relay.retry,
-    )
-    publisher._flush = _timing(timings, "status UPDATEs (flush)", publisher._flush)  # type: ignore[method-assign]
-    t = time.perf_counter()
-    publisher.run(rows)
-    timings["publisher total"] += time.perf_counter() - t
+    chunks = read_slice(engine, part)
+    while True:
+        t = time.perf_counter()
+        rows = next(chunks, None)
+        timings["read log slice -> events"] += time.perf_counter() - t
+        if rows is None:
+            return
+        publisher = Publisher(
+            engine,
+            current_routes(cfg, engine),
+            lambda name: target if name == target_name else None,
+            cfg.relay.retry,
+        )
+        publisher._flush = _timing(timings, "status UPDATEs (flush)", publisher._flush)  # type: ignore[method-assign]
+        t = time.perf_counter()
+        publisher.run(rows)
+        timings["publisher total"] += time.perf_counter() - t
 
 
 def relay_breakdown(
@@ -504,8 +505,9 @@ def relay_breakdown(
     """Run the relay's task code in this process, one partition after the other, no Spark.
 
     Times the stages a Spark task goes through on the same backlog (a copy made before the
-    relay ran): reading the log slice into Arrow, turning rows into events, the target's
-    publish calls, the status UPDATEs, and the rest of the publisher (ordering checks).
+    relay ran): reading the log slice into events (chunk by chunk, as a task does), the
+    target's publish calls, the status UPDATEs, and the rest of the publisher (ordering
+    checks).
     """
     from tidings.pipeline.source import LogSlice
     from tidings.targets.registry import build_target
@@ -553,9 +555,9 @@ def bound_text(timings: dict[str, float], events: int) -> str:
         f"{describe_breakdown(timings, events)}; so even spread perfectly over the {cores} "
         f"cores, with no Spark costs at all, this per-event Python work would top out near "
         f"{cores * events / total:,.0f} ev/s. In the relay it also shares the cores with the "
-        f"JVM and pays the Arrow hop read task -> JVM -> write task, new Python workers' "
-        f"imports, and SQLite's single writer (event store appends and the outbox status "
-        f"UPDATEs of both tasks are serialised)."
+        f"JVM, pays Spark's task launches and new Python workers' imports, and SQLite's "
+        f"single writer (event store appends and the outbox status UPDATEs of both tasks "
+        f"are serialised)."
     )
 
 
@@ -1128,10 +1130,8 @@ def _explain_pss(monitor: TreeMonitor, report: Report) -> None:
         f"{other:,.0f} MiB, ~{other / max(n_other, 1):,.0f} MiB each, which is what a "
         f"Python process costs once pyspark, pyarrow, pandas, SQLAlchemy, pydantic and "
         f"tidings are imported; driver {parts.get('driver', 0) / MIB:,.0f} MiB. The task "
-        f"workers are the variable part: a write task holds its whole slice of the "
-        f"micro-batch as Python objects (sink.write lists every row, up to "
-        f"max_events_per_batch / partitions = 50,000 events), next to the read task's "
-        f"Arrow batches; a smaller max_events_per_batch would lower it."
+        f"workers are the variable part: a task holds one chunk of its slice (at most "
+        f"20,000 events) as Python objects at a time."
     )
 
 

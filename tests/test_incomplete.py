@@ -291,7 +291,7 @@ def test_a_failed_event_does_not_stop_its_key_at_its_other_targets(
     assert _statuses(engine) == {1: "FAILED", 2: "PENDING", 3: "HELD"}
     b.word, clock.now = "never-matches", clock.now + 10
     carry = LogSlice(3, 3, 0, 1, carry_upto=3, carry_limit=1000)
-    carried = [seq for batch in read_slice(engine, carry) for seq in batch.to_pydict()["seq"]]
+    carried = [item.event.seq for chunk in read_slice(engine, carry) for item in chunk]
     assert carried == [1, 2, 3]
     run([r for r in logged_rows(engine) if r.event.seq in carried], [5.0])
     assert stored_seqs(b.inner, engine) == [1, 2, 3]  # b got the key's events, in order

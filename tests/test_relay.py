@@ -254,9 +254,9 @@ def test_log_slices_are_cut_by_size_for_large_payloads(tmp_path: Path) -> None:
     outbox = Outbox(engine)
     big = "x" * 900_000
     with outbox.transaction() as tx:
-        for _ in range(100):  # ~90 MB in all, more than one Arrow batch may hold here
+        for _ in range(100):  # ~90 MB in all, more than one chunk may hold
             tx.emit("Created", {"blob": big})
-    batches = list(read_slice(engine, LogSlice(0, 100, 0, 1)))
-    assert len(batches) >= 2
-    seqs = [s for b in batches for s in b.column("seq").to_pylist()]
+    chunks = list(read_slice(engine, LogSlice(0, 100, 0, 1)))
+    assert len(chunks) >= 2
+    seqs = [item.event.seq for chunk in chunks for item in chunk]
     assert seqs == list(range(1, 101))

@@ -36,13 +36,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from tidings.config import RetryConfig
 from tidings.events.outbox import OPEN_STATUSES, EventStatus
 from tidings.events.timeutil import as_utc, utcnow
-from tidings.outbox.schema import OPEN_ROW, outbox_event
+from tidings.outbox.schema import OPEN_ROW
 from tidings.pipeline.breaker import breaker_for
 from tidings.pipeline.delivery import BreakerLookup, Delivery, TargetLookup, Unit
 from tidings.pipeline.outcome import (
@@ -54,8 +55,6 @@ from tidings.pipeline.outcome import (
 )
 from tidings.pipeline.retry import IN_RUN_WAIT_S, RetryPolicy
 from tidings.routing.table import Routes
-
-_KEY_CHUNK = 500
 
 
 class Publisher:
@@ -158,37 +157,21 @@ class Publisher:
         """Per (key, target): the first earlier open event outside this work set to wait for.
 
         A work set holds, per key, every open event from its first one on (the source reads
-        new rows whole, and a carry-over that would be cut short carries no new rows), so
-        only events before a key's first one can be outside it: events another run handles,
-        or that wait there.
+        new rows whole, in chunks in seq order, and a carry-over that would be cut short
+        carries no new rows), so only events before a key's first one can be outside it:
+        events another run handles, or that wait there.
         """
         first: dict[str, int] = {}
         for item in work:
             if item.event.partition_key is not None:
                 first.setdefault(item.event.partition_key, item.event.seq)
         limits: dict[tuple[str, str], int] = {}
-        keys = list(first)
-        for start in range(0, len(keys), _KEY_CHUNK):
-            chunk = keys[start : start + _KEY_CHUNK]
-            query = select(
-                outbox_event.c.partition_key,
-                outbox_event.c.seq,
-                outbox_event.c.event_type,
-                outbox_event.c.deliveries,
-            ).where(
-                outbox_event.c.partition_key.in_(chunk),
-                OPEN_ROW,
-                outbox_event.c.seq < max(first[k] for k in chunk),
-            )
-            with self.engine.connect() as conn:
-                for key, seq, event_type, deliveries in conn.execute(query):
-                    if seq >= first[key]:
-                        continue
-                    states = json.loads(deliveries) if deliveries else {}
-                    for name in self.routes.targets_for(event_type):
-                        if states.get(name, {}).get("state") != CONFIRMED:
-                            lane = (key, name)
-                            limits[lane] = min(seq, limits.get(lane, seq))
+        for key, seq, event_type, deliveries in open_rows_before(self.engine, first):
+            states = json.loads(deliveries) if deliveries else {}
+            for name in self.routes.targets_for(event_type):
+                if states.get(name, {}).get("state") != CONFIRMED:
+                    lane = (key, name)
+                    limits[lane] = min(seq, limits.get(lane, seq))
         return limits
 
     def _next_round(
@@ -356,3 +339,33 @@ def _count(into: dict[str, dict[str, int]], targets: Iterable[str], event_type: 
     for name in targets:
         by_type = into.setdefault(name, {})
         by_type[event_type] = by_type.get(event_type, 0) + 1
+
+
+def open_rows_before(engine: Engine, first: dict[str, int]) -> list[Any]:
+    """The open rows of each key in ``first`` before that key's given seq, in one statement.
+
+    The keys and their bounds travel as one parameter (a JSON object on SQLite, two arrays
+    on PostgreSQL) and each key is looked up in the open-row index: the cost follows the
+    rows found (usually none), not the keys asked for nor the size of the log. On SQLite
+    ``CROSS JOIN`` keeps that loop order (its planner would otherwise walk the status index
+    once per key: minutes on a large backlog).
+    """
+    if not first:
+        return []
+    columns = "o.partition_key, o.seq, o.event_type, o.deliveries"
+    open_row = f"o.{OPEN_ROW.text}"
+    if engine.dialect.name == "sqlite":
+        sql = (
+            f"SELECT {columns} FROM json_each(?) AS j CROSS JOIN outbox_event AS o "
+            f"ON o.partition_key = j.key AND o.seq < j.value WHERE {open_row}"
+        )
+        params: tuple[Any, ...] = (json.dumps(first),)
+    else:
+        sql = (
+            f"SELECT {columns} FROM unnest(%s::text[], %s::bigint[]) AS j(key, bound) "
+            f"JOIN outbox_event AS o ON o.partition_key = j.key AND o.seq < j.bound "
+            f"WHERE {open_row}"
+        )
+        params = (list(first), list(first.values()))
+    with engine.connect() as conn:
+        return list(conn.exec_driver_sql(sql, params))

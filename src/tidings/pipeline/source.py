@@ -24,13 +24,13 @@ an operator acts), so its held events never eat the limit of the keys that can.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -47,38 +47,32 @@ from sqlalchemy import Engine, Select, func, select, text
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
 from tidings.db import shared_engine
-from tidings.events.outbox import OPEN_STATUSES
+from tidings.events.outbox import OPEN_STATUSES, EventStatus
 from tidings.events.timeutil import utcnow
-from tidings.outbox.schema import OPEN_ROW, batch_log, ensure_schema, outbox_event
+from tidings.outbox.schema import (
+    OPEN_ROW,
+    OUTBOX_EVENT_COLUMNS,
+    batch_log,
+    ensure_schema,
+    outbox_event,
+    outbox_event_from_row,
+)
 from tidings.pipeline.jobconfig import started_config
+from tidings.pipeline.outcome import LoggedEvent
 from tidings.pipeline.watermark import SafeWatermark
 
-SCHEMA = (
-    "seq long, event_id string, event_type string, event_version string, "
-    "correlation_id string, originator string, partition_key string, payload string, "
-    "headers string, logged_at timestamp, status string, retry_count int, deliveries string"
-)
-_ARROW = pa.schema(
-    [
-        ("seq", pa.int64()),
-        ("event_id", pa.string()),
-        ("event_type", pa.string()),
-        ("event_version", pa.string()),
-        ("correlation_id", pa.string()),
-        ("originator", pa.string()),
-        ("partition_key", pa.string()),
-        ("payload", pa.string()),
-        ("headers", pa.string()),
-        ("logged_at", pa.timestamp("us", tz="UTC")),
-        ("status", pa.string()),
-        ("retry_count", pa.int32()),
-        ("deliveries", pa.string()),
-    ]
-)
-_COLUMNS = [outbox_event.c[name] for name in _ARROW.names]
-_FETCH = 20_000
+#: What the source hands the sink: one row per task, the slice of the log (JSON) it is to
+#: publish. The sink's task reads the rows itself (:func:`read_slice`), so the events do not
+#: travel from one Python worker through the JVM to another.
+SCHEMA = "slice string"
+#: What a slice reads of each row: the event, then its publication state.
+_READ = (*OUTBOX_EVENT_COLUMNS, "status", "retry_count", "deliveries")
+_STATUS = {status.value: status for status in EventStatus}  # cheaper than EventStatus(text)
+_COLUMNS = [outbox_event.c[name] for name in _READ]
+#: Events a task publishes in one run (its memory bound, and its writes' size).
+CHUNK = 20_000
 _FETCH_STEP = 1_000
-_BATCH_BYTES = 64 * 1024 * 1024
+_CHUNK_BYTES = 64 * 1024 * 1024
 _EVENTS_PER_TASK = 5_000
 _SETTLE_SECONDS = 60.0  # availableNow: how long to wait for in-flight writers to finish
 _CARRY_FIRST_S = 0.5  # pause between carry-overs while they make progress
@@ -99,6 +93,13 @@ class LogSlice(InputPartition):
     carry_upto: int | None = None  # carry-over: first the open rows with seq <= this
     carry_limit: int = 0  # ... at most this many of them, oldest first
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> LogSlice:
+        return cls(**json.loads(text))
+
 
 def relay_watermark(engine: Engine, job: str = "relay") -> int | None:
     """The highest seq a finished relay batch has handled (None if none ran yet)."""
@@ -108,8 +109,15 @@ def relay_watermark(engine: Engine, job: str = "relay") -> int | None:
         ).scalar()
 
 
-def read_slice(engine: Engine, part: LogSlice) -> Iterator[pa.RecordBatch]:
-    """Stream one slice of the log as Arrow record batches, in seq order."""
+def read_slice(
+    engine: Engine, part: LogSlice, *, chunk: int = CHUNK
+) -> Iterator[list[LoggedEvent]]:
+    """Stream one slice of the log in seq order, in chunks of logged events.
+
+    A chunk is what the sink publishes in one run: bounded (in rows and payload bytes), so
+    a task's memory does not grow with ``max_events_per_batch``, and the task's writes come
+    as short transactions that interleave with the other tasks' (SQLite has one writer).
+    """
     bucket: list[ColumnElement[bool]] = []
     if part.count > 1:
         bucket.append(outbox_event.c.partition_bucket % part.count == part.index)
@@ -121,7 +129,7 @@ def read_slice(engine: Engine, part: LogSlice) -> Iterator[pa.RecordBatch]:
             .order_by(outbox_event.c.seq)
             .limit(part.carry_limit)
         )
-        yield from _record_batches(engine, carried)
+        yield from _chunks(engine, carried, chunk)
     where: list[ColumnElement[bool] | TextClause] = [
         outbox_event.c.seq > part.after,
         outbox_event.c.seq <= part.upto,
@@ -132,7 +140,7 @@ def read_slice(engine: Engine, part: LogSlice) -> Iterator[pa.RecordBatch]:
         where.append(outbox_event.c.logged_at < _epoch_to_datetime(part.open_before))
     if part.stuck_at is not None:
         where.append(not_stuck(part.stuck_at))
-    yield from _record_batches(engine, select(*_COLUMNS).where(*where).order_by(outbox_event.c.seq))
+    yield from _chunks(engine, select(*_COLUMNS).where(*where).order_by(outbox_event.c.seq), chunk)
 
 
 def not_stuck(threshold: int) -> TextClause:
@@ -156,29 +164,31 @@ def not_stuck(threshold: int) -> TextClause:
     )
 
 
-def _record_batches(engine: Engine, query: Select[Any]) -> Iterator[pa.RecordBatch]:
-    """The rows of ``query`` as Arrow record batches, fetched in steps."""
+def _chunks(engine: Engine, query: Select[Any], limit: int) -> Iterator[list[LoggedEvent]]:
+    """The rows of ``query`` as logged events, fetched in steps, cut into chunks."""
     with engine.connect() as conn:
         result = conn.execution_options(yield_per=_FETCH_STEP).execute(query)
-        pending: list[Any] = []
+        chunk: list[LoggedEvent] = []
         size = 0
         for rows in result.partitions(_FETCH_STEP):
             for row in rows:
-                pending.append(row)
+                chunk.append(_logged(*row))
                 size += len(row.payload)
-                # Arrow strings hold at most 2 GiB per array: cut by size, not count only.
-                if len(pending) >= _FETCH or size >= _BATCH_BYTES:
-                    yield _record_batch(pending)
-                    pending, size = [], 0
-        if pending:
-            yield _record_batch(pending)
+                if len(chunk) >= limit or size >= _CHUNK_BYTES:
+                    yield chunk
+                    chunk, size = [], 0
+        if chunk:
+            yield chunk
 
 
-def _record_batch(rows: list[Any]) -> pa.RecordBatch:
-    columns = list(zip(*rows, strict=True))
-    return pa.RecordBatch.from_arrays(
-        [pa.array(col, type=f.type) for col, f in zip(columns, _ARROW, strict=True)],
-        schema=_ARROW,
+def _logged(*values: Any) -> LoggedEvent:
+    """One row of :data:`_READ` as a logged event."""
+    status, retries, deliveries = values[-3:]
+    return LoggedEvent(
+        event=outbox_event_from_row(*values[:-3]),
+        status=_STATUS[status],
+        retry_count=retries or 0,
+        deliveries=json.loads(deliveries) if deliveries else {},
     )
 
 
@@ -298,8 +308,8 @@ class OutboxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit = self.max_rows
         return [LogSlice(after, upto, i, n, carry_upto=after, carry_limit=limit) for i in range(n)]
 
-    def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
-        yield from read_slice(shared_engine(self.url), partition)
+    def read(self, partition: LogSlice) -> Iterator[tuple[str]]:
+        yield (partition.to_json(),)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: progress is kept by Spark's checkpoint and the batch log."""
@@ -341,5 +351,5 @@ class ReplayReader(DataSourceReader):
         n = self.partition_count
         return [LogSlice(0, upto, i, n, self.open_before, self.stuck_at) for i in range(n)]
 
-    def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
-        yield from read_slice(shared_engine(self.url), partition)
+    def read(self, partition: LogSlice) -> Iterator[tuple[str]]:
+        yield (partition.to_json(),)
