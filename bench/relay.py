@@ -476,8 +476,8 @@ def _breakdown_slice(
 ) -> None:
     """One Spark task's work on one log slice, chunk by chunk, each stage timed into
     ``timings``."""
+    from tidings.pipeline.logread import read_slice
     from tidings.pipeline.publisher import Publisher
-    from tidings.pipeline.source import read_slice
     from tidings.routing.table import current_routes
 
     chunks = read_slice(engine, part)

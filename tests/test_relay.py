@@ -248,7 +248,8 @@ def test_replay_before_any_relay_batch_touches_nothing(spark, tmp_path: Path) ->
 
 
 def test_log_slices_are_cut_by_size_for_large_payloads(tmp_path: Path) -> None:
-    from tidings.pipeline.source import LogSlice, read_slice
+    from tidings.pipeline.logread import read_slice
+    from tidings.pipeline.source import LogSlice
 
     engine = make_engine(f"sqlite:///{tmp_path / 'app.db'}")
     outbox = Outbox(engine)

@@ -26,7 +26,7 @@ from tidings.events.outbox import EventStatus
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
-from tidings.pipeline.source import relay_watermark
+from tidings.pipeline.logread import relay_watermark
 from tidings.server.store import EventStore
 from tidings.status import StatusReport, status_report
 
