@@ -479,3 +479,28 @@ def test_the_backoff_grows_to_its_cap_with_jitter_and_never_overflows() -> None:
     assert RetryPolicy(attempts=5000, initial=1, multiplier=10, maximum=30).delay(4000) == 30
     explicit = RetryPolicy.of([0.01, 0.025, 0.04])
     assert (explicit.attempts, explicit.delay(1), explicit.delay(3)) == (4, 0.01, 0.04)
+
+
+def test_what_is_settled_is_recorded_before_the_run_waits_for_a_retry(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Outcomes are recorded at most every FLUSH_EVERY_S during a run, but always before it
+    sleeps for a retry: meanwhile the log shows what was already delivered."""
+    emit_all(engine, [("A", "j", {"n": 1}), ("A", "k", {"n": "blip"})])
+    target = Refusing("a", local_store(tmp_path, "a"), "blip")
+    clock = SteppedClock()
+    seen: list[dict[int, str]] = []
+
+    def sleep(seconds: float) -> None:
+        seen.append({seq: row.status for seq, row in rows_by_seq(engine).items()})
+        clock.sleep(seconds)
+
+    Publisher(
+        engine, merge_routes({"A": ["a"]}), {"a": target}.get, [0.01], clock=clock.time, sleep=sleep
+    ).run(logged_rows(engine))
+
+    assert seen[0] == {1: "PUBLISHED", 2: "PENDING"}
+    assert {seq: row.status for seq, row in rows_by_seq(engine).items()} == {
+        1: "PUBLISHED",
+        2: "FAILED",
+    }

@@ -56,6 +56,9 @@ from tidings.pipeline.outcome import (
 from tidings.pipeline.retry import IN_RUN_WAIT_S, RetryPolicy
 from tidings.routing.table import Routes
 
+#: After a round, outcomes are recorded if the last record is this old (see ``_flush``).
+FLUSH_EVERY_S = 1.0
+
 
 class Publisher:
     """Publishes logged events and records the outcome of every one in the event log."""
@@ -91,6 +94,7 @@ class Publisher:
         """Deliver ``logged`` (any order; re-sorted by seq) and record every outcome."""
         self._summary = summary = Summary()
         self._dirty: list[LoggedEvent] = []
+        self._flushed_at = 0.0
         self._waits: dict[int, dict[str, str]] = {}  # id(item) -> target -> why it waits
         self._open_targets: dict[int, set[str]] = {}  # id(item) -> targets still to confirm
         self._due: dict[tuple[str, str], float] = {}  # lane -> when its head may be retried
@@ -133,7 +137,7 @@ class Publisher:
             self._delivery.deliver(units, summary)
             self._now = utcnow()
             self._after_round(units, lanes)
-            self._flush()
+            self._flush(unless_recent=True)
         # Lanes left over wait for a retry or for a target that is down (past the deadline
         # they stay as they are).
         for lane_id, lane in lanes.items():
@@ -238,6 +242,7 @@ class Publisher:
             return False
         if self.deadline is not None and time.monotonic() + pause >= self.deadline:
             return False
+        self._flush()  # what is settled shows while the run waits
         self.sleep(pause)
         self._now = utcnow()
         return True
@@ -319,9 +324,22 @@ class Publisher:
         ]
         return "; ".join([*reasons, *(f"{name}: {why}" for name, why in sorted(waits.items()))])
 
-    def _flush(self) -> None:
-        """Record the outcome of everything settled so far, in one transaction."""
-        dirty, self._dirty = [i for i in self._dirty if i.changed], []
+    def _flush(self, *, unless_recent: bool = False) -> None:
+        """Record the outcome of everything settled so far, in one transaction.
+
+        After a round, only if the last flush is :data:`FLUSH_EVERY_S` old: a non-atomic
+        target takes a key's events one per round, so a chunk takes many rounds, and each
+        round's rows are spread over the whole chunk; a flush per round rewrote the same
+        pages once per round (a third of a JetStream relay's time). A crash before a flush
+        loses no event: what is not recorded as confirmed is sent again, and the targets
+        drop the duplicate.
+        """
+        now = time.monotonic()
+        if unless_recent and now - self._flushed_at < FLUSH_EVERY_S:
+            return
+        self._flushed_at = now
+        dirty = list({id(i): i for i in self._dirty if i.changed}.values())
+        self._dirty = []
         for item in dirty:
             item.changed = False
         record_outcomes(self.engine, dirty, delete_published=self.delete_published)
