@@ -68,6 +68,7 @@ from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import (
     OUTBOX_EVENT_COLUMNS,
+    batch_log,
     ensure_schema,
     outbox_event,
     outbox_event_from_row,
@@ -218,10 +219,20 @@ def create_accounts(execute: Callable[..., Any]) -> None:
     execute("INSERT INTO account VALUES (?, 0)", [(f"ACC{i:05d}",) for i in range(ACCOUNTS)])
 
 
-def progress_durations(query: Any) -> list[dict[str, Any]]:
-    """Per micro-batch: batch id, input rows and Spark's durationMs map."""
+def progress_durations(query: Any, engine: Any) -> list[dict[str, Any]]:
+    """Per micro-batch: batch id, events (from the batch log: Spark's input rows are the
+    tasks' slices, one per task) and Spark's durationMs map."""
+    with engine.connect() as conn:
+        logged = conn.execute(
+            select(batch_log.c.batch_id, batch_log.c.summary).where(batch_log.c.job == "relay")
+        )
+        events = {batch_id: json.loads(summary)["events"] for batch_id, summary in logged}
     return [
-        {"batch": progress.batchId, "rows": progress.numInputRows, "ms": dict(progress.durationMs)}
+        {
+            "batch": progress.batchId,
+            "rows": events.get(progress.batchId, 0),
+            "ms": dict(progress.durationMs),
+        }
         for progress in query.recentProgress
     ]
 
@@ -499,7 +510,7 @@ def relay_drain(spark: Any, cfg: TidingsConfig) -> tuple[float, list[dict[str, A
     monitor.stop()
     if query.exception() is not None:
         raise RuntimeError(f"relay query failed: {query.exception()}")
-    return elapsed, progress_durations(query), monitor
+    return elapsed, progress_durations(query, make_engine(cfg.database.url)), monitor
 
 
 def describe_batches(batches: list[dict[str, Any]], wall: float) -> str:
@@ -979,7 +990,7 @@ def _latency_load(spark: Any, cfg: TidingsConfig, outbox: Outbox, total: int, ra
         say(f"  produced {total:,} events in {produced_s:.1f} s; waiting for the relay ...")
         wait_published(engine, total + 1 + len(probe), 180)
         monitor.stop()
-        batches = progress_durations(query)
+        batches = progress_durations(query, engine)
     finally:
         query.stop()
     return Load(probe, started, produced_s, behind, monitor, batches)
@@ -1066,9 +1077,9 @@ def _explain_latency(p50: float, p99: float, load: Load, summary: str, report: R
         f"whole micro-batch: {summary}. Even a single event on an idle relay took "
         f"{statistics.median(load.probe):.0f} ms (median of {len(load.probe)}): that is the "
         f"fixed cost of one micro-batch (offset query, planning and commit round trips to "
-        f"Python workers, a read task and a write task each handing its data through the "
-        f"JVM). Under load: {load.monitor.describe_cpu()}, so the relay and the producer "
-        f"compete for the cores and batches grow."
+        f"Python workers, a read task handing its slice through the JVM to a write task "
+        f"that reads and publishes it). Under load: {load.monitor.describe_cpu()}, so the "
+        f"relay and the producer compete for the cores and batches grow."
     )
 
 
