@@ -2,10 +2,7 @@
 
 :func:`make_engine` is the one way tidings makes an engine. SQLite gets WAL (readers never
 block the writer), a long busy timeout (the relay and the producer write the same file) and
-``synchronous=NORMAL`` (durable at checkpoints, the usual choice with WAL) and a 16 MiB page
-cache (SQLite's default 2 MiB made the relay's status UPDATEs, spread over a chunk of the
-log, read the same pages again and again: a 200k JetStream backlog's UPDATEs took 7.2 s
-instead of 5.1, without Spark); a caller with
+``synchronous=NORMAL`` (durable at checkpoints, the usual choice with WAL); a caller with
 needs of its own (the event store) gives its pragmas and its own ``BEGIN``. PostgreSQL URLs
 are pointed at the psycopg 3 driver and pooled connections are checked before use. Code that
 writes through the raw driver (the producer, the publisher's outcomes) passes datetimes as
@@ -30,7 +27,6 @@ SQLITE_PRAGMAS = (
     SQLITE_BUSY_TIMEOUT,
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
-    "PRAGMA cache_size=-16384",
 )
 
 _engines: dict[str, Engine] = {}
