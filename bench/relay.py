@@ -4,12 +4,14 @@ Run ``.venv/bin/python bench/relay.py [--quick]`` from the repository. It measur
 
 1. the producer's overhead against raw ``sqlite3`` (same PRAGMAs, same outbox table);
 2. relay throughput to the embedded event store (a drained backlog, ``available_now``);
+   2b. the same with the outbox and the event store on PostgreSQL;
 3. relay throughput to NATS JetStream, against raw nats-py pipelined publishing;
 4. end-to-end latency (commit -> PUBLISHED) of a streaming relay under a paced load;
 5. peak PSS of a relay subprocess tree (driver, JVM, Python workers) draining a backlog;
 
 and writes ``bench/results/relay.json`` and ``bench/results/relay.md``. Work files live in a
-temporary directory that is removed at the end. NATS JetStream must run on 127.0.0.1:4222.
+temporary directory that is removed at the end. NATS JetStream must run on 127.0.0.1:4222,
+PostgreSQL on 127.0.0.1:5432 (trust auth; phase 2b makes and drops its own databases).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ from tidings.outbox.schema import (
 from tidings.server.store import EventStore
 
 NATS_URL = "nats://127.0.0.1:4222"
+PG_SERVER_URL = "postgresql://postgres@127.0.0.1:5432"
+PG_ADMIN_URL = f"{PG_SERVER_URL}/postgres"
 EVENT_TYPE = "MoneyDeposited"
 ACCOUNTS = 1000  # rows of the domain table the producer updates
 UPDATE_SQL = "UPDATE account SET balance = balance + ? WHERE id = ?"
@@ -108,6 +112,7 @@ GOALS: dict[str, dict[str, Any]] = {
     "producer_overhead_ratio": {"max": 1.25},
     "producer_overhead_vs_core": {"max": 1.05},
     "relay_embedded_ev_s": {"min": 50_000},
+    "relay_postgres_ev_s": {"min": 30_000},
     "relay_jetstream_ev_s": {"min_ratio": 0.8, "of": "raw_nats_publish_ev_s"},
     "latency_p50_ms": {"max": 150},
     "latency_p99_ms": {"max": 500},
@@ -118,6 +123,7 @@ UNITS = {
     "producer_overhead_ratio": ("{:.2f}", "x raw sqlite3 time"),
     "producer_overhead_vs_core": ("{:.2f}", "x hand-rolled SQLAlchemy Core outbox time"),
     "relay_embedded_ev_s": ("{:,.0f}", "ev/s"),
+    "relay_postgres_ev_s": ("{:,.0f}", "ev/s"),
     "relay_jetstream_ev_s": ("{:,.0f}", "ev/s"),
     "raw_nats_publish_ev_s": ("{:,.0f}", "msg/s"),
     "latency_p50_ms": ("{:,.0f}", "ms"),
@@ -174,14 +180,18 @@ def jetstream_target(stream: str, prefix: str) -> dict[str, Any]:
 
 
 def bench_config(
-    work: Path, name: str, targets: dict[str, Any], routes: dict[str, list[str]]
+    work: Path,
+    name: str,
+    targets: dict[str, Any],
+    routes: dict[str, list[str]],
+    database_url: str | None = None,
 ) -> TidingsConfig:
     """A configuration with its own directory under ``work`` (database, checkpoints)."""
     directory = work / name
     directory.mkdir(parents=True, exist_ok=True)
     return load_config(
         {
-            "database": {"url": sqlite_url(directory / "app.db")},
+            "database": {"url": database_url or sqlite_url(directory / "app.db")},
             "outbox": {"originator": "bench"},
             "targets": targets,
             "routing": {"routes": routes},
@@ -685,6 +695,54 @@ def phase_embedded(spark: Any, work: Path, sizes: Sizes, report: Report) -> None
         context = f"{describe_batches(batches, secs)}. {monitor.describe_cpu()}"
         _explain_embedded(work, cfg, backup, n, rate, context, report)
     backup.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def pg_databases(*names: str) -> Any:
+    """Fresh PostgreSQL databases on the local server (their URLs), dropped afterwards."""
+    admin = make_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    tag = uuid.uuid4().hex[:8]
+    databases = [f"tidings_bench_{name}_{tag}" for name in names]
+    with admin.connect() as conn:
+        for database in databases:
+            conn.exec_driver_sql(f'CREATE DATABASE "{database}"')
+    try:
+        yield [f"{PG_SERVER_URL}/{database}" for database in databases]
+    finally:
+        with admin.connect() as conn:
+            for database in databases:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.dispose()
+
+
+def phase_postgres(spark: Any, work: Path, sizes: Sizes, report: Report) -> None:
+    """Phase 2b, ``relay_postgres_ev_s``: phase 2 with the outbox and the event store on
+    PostgreSQL (the local server, fresh databases): the production setup of a service that
+    already runs PostgreSQL."""
+    n = sizes.embedded_events
+    say(f"phase 2b: relay on PostgreSQL (outbox and event store), backlog of {n:,} events")
+    with pg_databases("app", "store") as (app_url, store_url):
+        store = {"kind": "event_store", "url": store_url, "type_prefix": ["b"]}
+        cfg = bench_config(work, "postgres", {"store": store}, {EVENT_TYPE: ["store"]}, app_url)
+        engine = make_engine(cfg.database.url)
+        secs = fill_backlog(Outbox(engine, cfg.outbox), n, sizes.partition_keys)
+        say(f"  backlog inserted in {secs:.1f} s ({n / secs:,.0f} ev/s via Outbox)")
+        secs, batches, monitor = relay_drain(spark, cfg)
+        counts = status_counts(engine)
+        stored = store_count(store_url)
+        engine.dispose()
+    rate = n / secs
+    ok = counts.get("PUBLISHED") == n and stored == n
+    say(
+        f"phase 2b result: relay_postgres_ev_s = {rate:,.0f} ({n:,} in {secs:.1f} s); "
+        f"statuses {counts}, event store holds {stored:,}"
+    )
+    if not ok:
+        report.note(f"PostgreSQL relay did not publish everything: {counts}, store {stored}")
+    report.figures["relay_postgres_ev_s"] = round(rate) if ok else None
+    report.detail("postgres", describe_batches(batches, secs))
+    report.detail("postgres", monitor.describe_cpu())
+    say(f"  {monitor.describe_cpu()}")
 
 
 def _explain_embedded(
@@ -1218,6 +1276,7 @@ def goal_text(name: str, figures: dict[str, float | None]) -> str:
 DETAIL_TITLES = {
     "producer": "Producer (1)",
     "embedded": "Relay to the event store (2)",
+    "postgres": "Relay on PostgreSQL (2b)",
     "jetstream": "Relay to JetStream (3)",
     "latency": "Latency (4)",
     "pss": "Peak PSS (5)",
@@ -1239,6 +1298,8 @@ METHOD = [
     "drained by `start_relay(..., available_now=True)` into an event_store target on "
     "SQLite; Spark started and warmed by a 10-event relay first; max_events_per_batch "
     "100000, partitions 2; the clock covers query start to termination.",
+    "2b. PostgreSQL: the same with the outbox and the event store in fresh databases on the "
+    "local PostgreSQL server (dropped afterwards).",
     "3. JetStream: the same with a jetstream target (unique stream, deleted afterwards); "
     "raw baseline: nats-py pipelined publishes of same-size messages with Nats-Msg-Id to "
     "a fresh stream, acks awaited per window; measured before and after the relay.",
@@ -1349,6 +1410,7 @@ def run_phases(work: Path, sizes: Sizes, quick: bool, report: Report) -> None:
         measured("warm-up", lambda: warm_spark(spark, work, report), report)
         phases = [
             ("phase 2 (embedded relay)", phase_embedded),
+            ("phase 2b (PostgreSQL relay)", phase_postgres),
             ("phase 3 (jetstream relay)", phase_jetstream),
             ("phase 4 (latency)", phase_latency),
         ]
