@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import psutil
 import yaml
 from sqlalchemy import select
 
@@ -140,6 +141,9 @@ class Report:
     figures: dict[str, float | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     details: dict[str, list[str]] = field(default_factory=dict)
+    #: CPU-s that processes outside the relay's tree spent on the phase's own workload
+    #: (the PostgreSQL server in phase 2b): not load from others.
+    workload_cpu: float = 0.0
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -715,6 +719,17 @@ def pg_databases(*names: str) -> Any:
         admin.dispose()
 
 
+def postgres_cpu() -> float:
+    """CPU-s used so far by the PostgreSQL server's live processes (taken before the
+    benchmark's connections close, so that their backends are still counted)."""
+    total = 0.0
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if proc.info["name"] in ("postgres", "postgresql") and times is not None:
+            total += times.user + times.system
+    return total
+
+
 def phase_postgres(spark: Any, work: Path, sizes: Sizes, report: Report) -> None:
     """Phase 2b, ``relay_postgres_ev_s``: phase 2 with the outbox and the event store on
     PostgreSQL (the local server, fresh databases): the production setup of a service that
@@ -725,12 +740,17 @@ def phase_postgres(spark: Any, work: Path, sizes: Sizes, report: Report) -> None
         store = {"kind": "event_store", "url": store_url, "type_prefix": ["b"]}
         cfg = bench_config(work, "postgres", {"store": store}, {EVENT_TYPE: ["store"]}, app_url)
         engine = make_engine(cfg.database.url)
+        server_before = postgres_cpu()
         secs = fill_backlog(Outbox(engine, cfg.outbox), n, sizes.partition_keys)
         say(f"  backlog inserted in {secs:.1f} s ({n / secs:,.0f} ev/s via Outbox)")
+        drain_before = postgres_cpu()
         secs, batches, monitor = relay_drain(spark, cfg)
+        server = postgres_cpu()
         counts = status_counts(engine)
         stored = store_count(store_url)
         engine.dispose()
+    report.workload_cpu = server - server_before
+    report.detail("postgres", f"the PostgreSQL server used {server - drain_before:.1f} CPU-s")
     rate = n / secs
     ok = counts.get("PUBLISHED") == n and stored == n
     say(
@@ -1357,6 +1377,7 @@ def measured(name: str, fn: Callable[[], None], report: Report) -> None:
     """Run one phase, noting a failure instead of ending the run, and the CPU other
     processes used meanwhile: a phase that shared the cores gets a note saying so."""
     monitor = TreeMonitor(os.getpid()).start(1.0)
+    report.workload_cpu = 0.0
     try:
         fn()
     except Exception as exc:
@@ -1365,12 +1386,15 @@ def measured(name: str, fn: Callable[[], None], report: Report) -> None:
     finally:
         monitor.stop()
     foreign, steal = monitor.foreign_cpu()
+    foreign = max(0.0, foreign - report.workload_cpu)
     cores = os.cpu_count() or 1
     share = cpu_share(foreign, monitor.wall)
     text = (
         f"{name}: other processes on the machine used {foreign:.1f} CPU-s "
         f"({share:.0%} of {cores} cores) over its {monitor.wall:.0f} s; steal {steal:.1f} s"
     )
+    if report.workload_cpu:
+        text += f" (not counting {report.workload_cpu:.1f} CPU-s of the phase's own database)"
     say(f"  {text}")
     report.detail("load", text)
     if share > LOADED_SHARE:
