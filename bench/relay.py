@@ -663,6 +663,40 @@ def warm_spark(spark: Any, work: Path, report: Report) -> None:
         report.note(f"warm-up relay did not publish all 10 events: {counts}")
 
 
+@dataclass
+class Drain:
+    """What one backlog drain into the event store did."""
+
+    events: int
+    secs: float
+    counts: dict[str, int]
+    stored: int
+    batches: list[dict[str, Any]]
+    monitor: TreeMonitor
+
+
+def report_drain(report: Report, phase: str, figure: str, section: str, drain: Drain) -> float:
+    """Record a drain's rate as ``figure`` (None unless every event was PUBLISHED and
+    stored) with its batches and CPU under ``section``; returns the rate."""
+    n, secs = drain.events, drain.secs
+    rate = n / secs
+    ok = drain.counts.get("PUBLISHED") == n and drain.stored == n
+    say(
+        f"phase {phase} result: {figure} = {rate:,.0f} ({n:,} in {secs:.1f} s); "
+        f"statuses {drain.counts}, event store holds {drain.stored:,}"
+    )
+    if not ok:
+        report.note(
+            f"phase {phase}: the relay did not publish everything: {drain.counts}, "
+            f"store {drain.stored}"
+        )
+    report.figures[figure] = round(rate) if ok else None
+    report.detail(section, describe_batches(drain.batches, secs))
+    report.detail(section, drain.monitor.describe_cpu())
+    say(f"  {drain.monitor.describe_cpu()}")
+    return rate
+
+
 def phase_embedded(spark: Any, work: Path, sizes: Sizes, report: Report) -> None:
     """Phase 2, ``relay_embedded_ev_s``: events per second a relay drains into the event store.
 
@@ -683,18 +717,8 @@ def phase_embedded(spark: Any, work: Path, sizes: Sizes, report: Report) -> None
     secs, batches, monitor = relay_drain(spark, cfg)
     counts = status_counts(engine)
     stored = store_count(cfg.targets["store"].url)
-    rate = n / secs
-    ok = counts.get("PUBLISHED") == n and stored == n
-    say(
-        f"phase 2 result: relay_embedded_ev_s = {rate:,.0f} ({n:,} in {secs:.1f} s); "
-        f"statuses {counts}, event store holds {stored:,}"
-    )
-    if not ok:
-        report.note(f"embedded relay did not publish everything: {counts}, store {stored}")
-    report.figures["relay_embedded_ev_s"] = round(rate) if ok else None
-    report.detail("embedded", describe_batches(batches, secs))
-    report.detail("embedded", monitor.describe_cpu())
-    say(f"  {monitor.describe_cpu()}")
+    drain = Drain(n, secs, counts, stored, batches, monitor)
+    rate = report_drain(report, "2", "relay_embedded_ev_s", "embedded", drain)
     if rate < GOALS["relay_embedded_ev_s"]["min"]:
         context = f"{describe_batches(batches, secs)}. {monitor.describe_cpu()}"
         _explain_embedded(work, cfg, backup, n, rate, context, report)
@@ -751,18 +775,8 @@ def phase_postgres(spark: Any, work: Path, sizes: Sizes, report: Report) -> None
         engine.dispose()
     report.workload_cpu = server - server_before
     report.detail("postgres", f"the PostgreSQL server used {server - drain_before:.1f} CPU-s")
-    rate = n / secs
-    ok = counts.get("PUBLISHED") == n and stored == n
-    say(
-        f"phase 2b result: relay_postgres_ev_s = {rate:,.0f} ({n:,} in {secs:.1f} s); "
-        f"statuses {counts}, event store holds {stored:,}"
-    )
-    if not ok:
-        report.note(f"PostgreSQL relay did not publish everything: {counts}, store {stored}")
-    report.figures["relay_postgres_ev_s"] = round(rate) if ok else None
-    report.detail("postgres", describe_batches(batches, secs))
-    report.detail("postgres", monitor.describe_cpu())
-    say(f"  {monitor.describe_cpu()}")
+    drain = Drain(n, secs, counts, stored, batches, monitor)
+    report_drain(report, "2b", "relay_postgres_ev_s", "postgres", drain)
 
 
 def _explain_embedded(
