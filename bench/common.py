@@ -10,6 +10,7 @@ the report files in ``bench/results/``. The servers a benchmark starts are start
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -17,15 +18,37 @@ import subprocess
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
+import psycopg
 from sqlalchemy import func, select
 
 from tidings.events.timeutil import as_utc
 from tidings.outbox.schema import outbox_event
+
+#: The local PostgreSQL server the benchmarks use (trust auth), without a database.
+PG = "postgresql://root@127.0.0.1:5432"
+
+
+@contextlib.contextmanager
+def scratch_database(name: str) -> Iterator[str]:
+    """A fresh PostgreSQL database on the local server, dropped afterwards; its URL."""
+
+    def admin(*statements: str) -> None:
+        with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)  # type: ignore[arg-type]
+
+    admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}")
+    try:
+        yield f"{PG}/{name}"
+    finally:
+        admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = RESULTS.parent.parent

@@ -61,6 +61,7 @@ from common import (
     publish_latencies_ms,
     runtime_s,
     say,
+    scratch_database,
     status_counts,
     write_report,
 )
@@ -79,8 +80,6 @@ from tidings.outbox.schema import (
 from tidings.server.store import EventStore
 
 NATS_URL = "nats://127.0.0.1:4222"
-PG_SERVER_URL = "postgresql://postgres@127.0.0.1:5432"
-PG_ADMIN_URL = f"{PG_SERVER_URL}/postgres"
 EVENT_TYPE = "MoneyDeposited"
 ACCOUNTS = 1000  # rows of the domain table the producer updates
 UPDATE_SQL = "UPDATE account SET balance = balance + ? WHERE id = ?"
@@ -524,7 +523,11 @@ def relay_drain(spark: Any, cfg: TidingsConfig) -> tuple[float, list[dict[str, A
     monitor.stop()
     if query.exception() is not None:
         raise RuntimeError(f"relay query failed: {query.exception()}")
-    return elapsed, progress_durations(query, make_engine(cfg.database.url)), monitor
+    engine = make_engine(cfg.database.url)
+    try:
+        return elapsed, progress_durations(query, engine), monitor
+    finally:
+        engine.dispose()
 
 
 def describe_batches(batches: list[dict[str, Any]], wall: float) -> str:
@@ -560,6 +563,13 @@ def _breakdown_slice(
     from tidings.pipeline.publisher import Publisher
     from tidings.routing.table import current_routes
 
+    publisher = Publisher(
+        engine,
+        current_routes(cfg, engine),
+        lambda name: target if name == target_name else None,
+        cfg.relay.retry,
+    )
+    publisher._flush = _timing(timings, "status UPDATEs (flush)", publisher._flush)  # type: ignore[method-assign]
     chunks = read_slice(engine, part)
     while True:
         t = time.perf_counter()
@@ -567,13 +577,6 @@ def _breakdown_slice(
         timings["read log slice -> events"] += time.perf_counter() - t
         if rows is None:
             return
-        publisher = Publisher(
-            engine,
-            current_routes(cfg, engine),
-            lambda name: target if name == target_name else None,
-            cfg.relay.retry,
-        )
-        publisher._flush = _timing(timings, "status UPDATEs (flush)", publisher._flush)  # type: ignore[method-assign]
         t = time.perf_counter()
         publisher.run(rows)
         timings["publisher total"] += time.perf_counter() - t
@@ -725,24 +728,6 @@ def phase_embedded(spark: Any, work: Path, sizes: Sizes, report: Report) -> None
     backup.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def pg_databases(*names: str) -> Any:
-    """Fresh PostgreSQL databases on the local server (their URLs), dropped afterwards."""
-    admin = make_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    tag = uuid.uuid4().hex[:8]
-    databases = [f"tidings_bench_{name}_{tag}" for name in names]
-    with admin.connect() as conn:
-        for database in databases:
-            conn.exec_driver_sql(f'CREATE DATABASE "{database}"')
-    try:
-        yield [f"{PG_SERVER_URL}/{database}" for database in databases]
-    finally:
-        with admin.connect() as conn:
-            for database in databases:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        admin.dispose()
-
-
 def postgres_cpu() -> float:
     """CPU-s used so far by the PostgreSQL server's live processes (taken before the
     benchmark's connections close, so that their backends are still counted)."""
@@ -760,7 +745,11 @@ def phase_postgres(spark: Any, work: Path, sizes: Sizes, report: Report) -> None
     already runs PostgreSQL."""
     n = sizes.embedded_events
     say(f"phase 2b: relay on PostgreSQL (outbox and event store), backlog of {n:,} events")
-    with pg_databases("app", "store") as (app_url, store_url):
+    tag = uuid.uuid4().hex[:8]
+    with (
+        scratch_database(f"tidings_bench_app_{tag}") as app_url,
+        scratch_database(f"tidings_bench_store_{tag}") as store_url,
+    ):
         store = {"kind": "event_store", "url": store_url, "type_prefix": ["b"]}
         cfg = bench_config(work, "postgres", {"store": store}, {EVENT_TYPE: ["store"]}, app_url)
         engine = make_engine(cfg.database.url)

@@ -44,6 +44,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from common import (
     LOADED_SHARE,
+    PG,
     REPO,
     MachineCpu,
     code_version,
@@ -55,6 +56,7 @@ from common import (
     percentile,
     runtime_s,
     say,
+    scratch_database,
     write_report,
 )
 from processes import TIDINGS, NatsServer, ServerProcess, free_port, local_address, wait_for_port
@@ -67,7 +69,6 @@ FUTOIN_DIR = REPO / "tests" / "interop" / "futoin"
 CLIENT_JS = FUTOIN_DIR / "client.js"
 SERVER_JS = REPO / "bench" / "futoin" / "server.js"
 FUTOIN_SQL = FUTOIN_DIR / "node_modules/futoin-eventstream/sql/active/postgresql/V18.1__Tables.sql"
-PG = "postgresql://root@127.0.0.1:5432"
 USER, PASSWORD = "bench", "benchpass"
 CREDS = f"{USER}:{PASSWORD}"
 FTN18_TYPE, EVENT_TYPE = "BENCH", ("bench", "evt")
@@ -245,22 +246,6 @@ def record_cpu(
 
 def event_data(i: int) -> dict[str, Any]:
     return {"i": i, "order": f"ord-{i:08d}", "amount": i % 1000}
-
-
-def admin(*statements: str) -> None:
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement)  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def scratch_database(name: str) -> Iterator[str]:
-    """A fresh PostgreSQL database, dropped afterwards; its URL."""
-    admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}")
-    try:
-        yield f"{PG}/{name}"
-    finally:
-        admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def fill_tidings(url: str, count: int) -> int:

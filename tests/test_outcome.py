@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from publisher_helpers import logged_rows, rows_by_seq
 from tidings.db import make_engine
 from tidings.events.outbox import EventStatus
 from tidings.outbox.producer import Outbox
-from tidings.outbox.schema import ensure_schema, outbox_event
+from tidings.outbox.schema import ensure_schema, outbox_event, outbox_event_attribute
 from tidings.pipeline.outcome import CONFIRMED, FAILED, record_outcomes
 
 EVENTS = 1_700  # more than a former chunk of 500 marks per statement, in every group
@@ -65,7 +65,8 @@ def test_a_batch_of_mixed_outcomes_is_recorded_row_by_row(database_url: str) -> 
 def test_delete_on_success_removes_a_large_published_group(database_url: str) -> None:
     engine = make_engine(database_url)
     ensure_schema(engine)
-    with Outbox(engine).transaction() as tx:
+    outbox = Outbox(engine, attribute_extractor=lambda draft: {"n": draft.payload["n"]})
+    with outbox.transaction() as tx:
         for n in range(EVENTS):
             tx.emit("A", {"n": n}, partition_key="k")
     items = logged_rows(engine)
@@ -75,4 +76,7 @@ def test_delete_on_success_removes_a_large_published_group(database_url: str) ->
     record_outcomes(engine, items, delete_published=True)
 
     assert list(rows_by_seq(engine)) == [items[-1].event.seq]
+    with engine.connect() as conn:  # the attributes went with their events
+        kept = conn.execute(select(outbox_event_attribute.c.event_id)).scalars().all()
+    assert kept == [items[-1].event.event_id]
     engine.dispose()

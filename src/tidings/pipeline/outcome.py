@@ -18,19 +18,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete
+from sqlalchemy import Engine
 
 from tidings.db import driver_stamp, placeholder
 from tidings.events.outbox import DeliveryState, EventStatus, OutboxEvent
 from tidings.events.timeutil import utcnow
-from tidings.outbox.schema import outbox_event, outbox_event_attribute
 
 # Plain strings: reading a member off an enum class costs a descriptor call per event.
 CONFIRMED, FAILED = DeliveryState.CONFIRMED.value, DeliveryState.FAILED.value
 _PUBLISHED, _PARKED = EventStatus.PUBLISHED.value, EventStatus.PARKED.value
 #: Latencies a summary carries to the driver (a run samples up to four times as many).
 LATENCY_SAMPLES = 512
-_DELETE_CHUNK = 500
 _UPDATE_COLUMNS = (
     "status = {m}, retry_count = {m}, error_details = {m}, deliveries = {m}, "
     "last_publish_at = COALESCE({m}, last_publish_at), updated_at = {m}, "
@@ -138,21 +136,20 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
                 json.dumps({n: dict(d) for n, d in deliveries}, separators=(",", ":")),
                 None if published is None else stamp(published),
                 now,
-                json.dumps(seqs) if dialect == "sqlite" else seqs,
+                _seq_array(dialect, seqs),
             )
             conn.exec_driver_sql(
                 _update_sql(dialect, mark, over_parked=status == _PUBLISHED), values
             )
-        for start in range(0, len(done), _DELETE_CHUNK):
-            chunk = done[start : start + _DELETE_CHUNK]
-            conn.execute(
-                delete(outbox_event_attribute).where(
-                    outbox_event_attribute.c.event_id.in_([i.event.event_id for i in chunk])
-                )
+        if done:
+            rows = _seq_rows(dialect, mark)
+            seqs = (_seq_array(dialect, [i.event.seq for i in done]),)
+            conn.exec_driver_sql(
+                "DELETE FROM outbox_event_attribute WHERE event_id IN "
+                f"(SELECT event_id FROM outbox_event WHERE {rows})",
+                seqs,
             )
-            conn.execute(
-                delete(outbox_event).where(outbox_event.c.seq.in_([i.event.seq for i in chunk]))
-            )
+            conn.exec_driver_sql(f"DELETE FROM outbox_event WHERE {rows}", seqs)
 
 
 def _update_sql(dialect: str, mark: str, *, over_parked: bool) -> str:
@@ -168,13 +165,23 @@ def _update_sql(dialect: str, mark: str, *, over_parked: bool) -> str:
     relay, delivered it meanwhile: this run's copy is stale) nor a PARKED one (an operator
     set it aside while this run had it in hand; the key would be held again). A PUBLISHED
     outcome may overwrite a park: it was delivered."""
-    if dialect == "sqlite":
-        rows = f"seq IN (SELECT value FROM json_each({mark}))"
-        status = "+status"
-    else:
-        rows, status = f"seq = ANY({mark})", "status"
+    status = "+status" if dialect == "sqlite" else "status"
     guard = "" if over_parked else f" AND {status} NOT IN ('{_PARKED}', '{_PUBLISHED}')"
+    rows = _seq_rows(dialect, mark)
     return f"UPDATE outbox_event SET {_UPDATE_COLUMNS.format(m=mark)} WHERE {rows}{guard}"
+
+
+def _seq_rows(dialect: str, mark: str) -> str:
+    """The rows whose seq is in the one array parameter ``mark`` (see :func:`_seq_array`)."""
+    if dialect == "sqlite":
+        return f"seq IN (SELECT value FROM json_each({mark}))"
+    return f"seq = ANY({mark})"
+
+
+def _seq_array(dialect: str, seqs: list[int]) -> str | list[int]:
+    """``seqs`` as one parameter: a JSON array for SQLite's ``json_each``, else a list
+    (psycopg sends it as an array)."""
+    return json.dumps(seqs) if dialect == "sqlite" else seqs
 
 
 def _outcome_groups(items: Iterable[LoggedEvent]) -> dict[tuple[Any, ...], list[int]]:

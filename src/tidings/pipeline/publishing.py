@@ -25,7 +25,7 @@ from tidings.events.timeutil import utcnow
 from tidings.outbox.schema import batch_log
 from tidings.pipeline.jobconfig import job_config, started_config
 from tidings.pipeline.logread import read_slice
-from tidings.pipeline.outcome import LoggedEvent, Summary
+from tidings.pipeline.outcome import Summary
 from tidings.pipeline.publisher import Publisher
 from tidings.pipeline.retry import RetryPolicy
 from tidings.pipeline.source import LogSlice
@@ -34,20 +34,20 @@ from tidings.targets.registry import shared_target
 
 
 def publish_slices(options: Mapping[str, str], slices: Iterable[LogSlice]) -> Summary:
-    """Publish a task's slices of the log (one, in practice), a chunk at a time."""
+    """Publish a task's slices of the log (one, in practice), a chunk at a time: one run of
+    the task's publisher per chunk (routes read once per task)."""
     config = job_config(options)
     engine = shared_engine(config.database.url)
+    publisher = task_publisher(config, options)
     total = Summary()
     for part in slices:
         for chunk in read_slice(engine, part):
-            total.merge(publish_rows(config, chunk, options))
+            total.merge(publisher.run(chunk))
     return total
 
 
-def publish_rows(
-    config: TidingsConfig, rows: list[LoggedEvent], options: Mapping[str, str]
-) -> Summary:
-    """Run the publisher over one chunk of rows with the configuration in force."""
+def task_publisher(config: TidingsConfig, options: Mapping[str, str]) -> Publisher:
+    """The publisher of one task, with the configuration and routes in force."""
     engine = shared_engine(config.database.url)
 
     def lookup(name: str):
@@ -58,7 +58,7 @@ def publish_rows(
     if options.get("deadline_epoch"):
         deadline = time.monotonic() + float(options["deadline_epoch"]) - time.time()
     replay = options.get("job") == "replay"
-    publisher = Publisher(
+    return Publisher(
         engine,
         current_routes(config, engine),
         lookup,
@@ -70,7 +70,6 @@ def publish_rows(
         # tries an event that failed in an earlier run at once, below the threshold.
         resume_delays=not replay,
     )
-    return publisher.run(rows)
 
 
 def record_batch(
