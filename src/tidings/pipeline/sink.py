@@ -21,6 +21,7 @@ from pyspark.sql.datasource import (
 )
 
 from tidings.pipeline.source import LogSlice
+from tidings.pipeline.workerheap import freeze_heap
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -43,13 +44,16 @@ class _PublishWriter:
         from tidings.pipeline.publishing import publish_slices
 
         slices = [LogSlice.from_json(text) for b in iterator for text in b.column(0).to_pylist()]
-        return SummaryMessage(publish_slices(self.options, slices).as_dict())
+        message = SummaryMessage(publish_slices(self.options, slices).as_dict())
+        freeze_heap()
+        return message
 
     def _record(self, messages: list[Any], batch_id: int) -> None:
         from tidings.pipeline.publishing import record_batch
 
         summaries = [m.summary for m in messages if isinstance(m, SummaryMessage)]
         record_batch(self.options, self.options.get("job", self.job), batch_id, summaries)
+        freeze_heap()
 
 
 class PublishStreamWriter(_PublishWriter, DataSourceStreamArrowWriter):
@@ -75,4 +79,6 @@ class PublishSink(DataSource):
         return PublishBatchWriter(self.options)
 
     def streamWriter(self, schema: object, overwrite: bool) -> PublishStreamWriter:
-        return PublishStreamWriter(self.options)
+        writer = PublishStreamWriter(self.options)
+        freeze_heap()  # this planning worker is reused for every micro-batch
+        return writer

@@ -51,6 +51,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from tidings.pipeline.workerheap import freeze_heap
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -202,6 +204,7 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
 
     def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
         yield partition.as_batch()
+        freeze_heap()
 
     def commit(self, end: dict) -> None:
         """Nothing to release: progress is kept by Spark's checkpoint and the batch log."""
