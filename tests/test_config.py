@@ -37,6 +37,7 @@ def test_defaults_are_the_embedded_setup() -> None:
         ({"relay": {"retry": {"backoff": ["1s"], "attempts": 3}}}, "not both"),
         ({"relay": {"retry": {"jitter": 1.5}}}, "relay.retry.jitter"),
         ({"relay": {"retry": {"attempts": 0}}}, "relay.retry.attempts"),
+        ({"relay": {"driver_java_options": "-Xmx2g -Dx=1"}}, "with relay.driver_memory"),
         ({"relay": {"retry": {"attempts": 30}}}, "over replay.retry_count_threshold (20)"),
         ({"databse": {"url": "x"}}, "databse: unknown key"),
         ({"database": {"url": "mysql://x"}}, "mysql://x"),

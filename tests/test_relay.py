@@ -261,3 +261,10 @@ def test_log_slices_are_cut_by_size_for_large_payloads(tmp_path: Path) -> None:
     assert len(chunks) >= 2
     seqs = [item.event.seq for chunk in chunks for item in chunk]
     assert seqs == list(range(1, 101))
+
+
+def test_the_driver_jvm_runs_with_the_configured_java_options(spark) -> None:
+    """``relay.driver_java_options`` (default: the JIT's first tier only) reach the JVM."""
+    assert TidingsConfig().relay.driver_java_options == "-XX:TieredStopAtLevel=1"
+    runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert "-XX:TieredStopAtLevel=1" in list(runtime.getInputArguments())

@@ -37,6 +37,7 @@ def spark_session(config: RelayConfig, app_name: str = "tidings") -> SparkSessio
         SparkSession.builder.master(config.spark_master)
         .appName(app_name)
         .config("spark.driver.memory", config.driver_memory)  # only before the JVM starts
+        .config("spark.driver.extraJavaOptions", config.driver_java_options)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(config.shuffle_partitions))
