@@ -67,7 +67,7 @@ from common import (
 )
 from processes import kill_tree, tidings_cli
 from tidings.config import TidingsConfig, load_config
-from tidings.db import SQLITE_PRAGMAS, make_engine
+from tidings.db import SQLITE_PRAGMAS, make_engine, sqlite_text
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import (
@@ -117,6 +117,8 @@ GOALS: dict[str, dict[str, Any]] = {
     "latency_p50_ms": {"max": 150},
     "latency_p99_ms": {"max": 500},
     "peak_pss_mib": {"max": 1536},
+    "relay_scaling.backlog_2m": {"min": 0.9},
+    "relay_scaling.log_5m": {"min": 0.9},
 }
 #: The figures of relay.json, in report order: their format and unit in relay.md.
 UNITS = {
@@ -129,6 +131,8 @@ UNITS = {
     "latency_p50_ms": ("{:,.0f}", "ms"),
     "latency_p99_ms": ("{:,.0f}", "ms"),
     "peak_pss_mib": ("{:,.0f}", "MiB"),
+    "relay_scaling.backlog_2m": ("{:.2f}", "x the rate of a 200k backlog"),
+    "relay_scaling.log_5m": ("{:.2f}", "x the rate on a fresh log"),
 }
 MIB = 2**20
 
@@ -678,14 +682,17 @@ class Drain:
     monitor: TreeMonitor
 
 
-def report_drain(report: Report, phase: str, figure: str, section: str, drain: Drain) -> float:
-    """Record a drain's rate as ``figure`` (None unless every event was PUBLISHED and
-    stored) with its batches and CPU under ``section``; returns the rate."""
+def report_drain(
+    report: Report, phase: str, figure: str | None, section: str, drain: Drain
+) -> float | None:
+    """Record a drain's rate as ``figure`` (if given; None unless every event was PUBLISHED
+    and stored) with its batches and CPU under ``section``; returns the rate, None if not
+    every event was published."""
     n, secs = drain.events, drain.secs
     rate = n / secs
     ok = drain.counts.get("PUBLISHED") == n and drain.stored == n
     say(
-        f"phase {phase} result: {figure} = {rate:,.0f} ({n:,} in {secs:.1f} s); "
+        f"phase {phase} result: {figure or section} = {rate:,.0f} ({n:,} in {secs:.1f} s); "
         f"statuses {drain.counts}, event store holds {drain.stored:,}"
     )
     if not ok:
@@ -693,11 +700,129 @@ def report_drain(report: Report, phase: str, figure: str, section: str, drain: D
             f"phase {phase}: the relay did not publish everything: {drain.counts}, "
             f"store {drain.stored}"
         )
-    report.figures[figure] = round(rate) if ok else None
+    if figure is not None:
+        report.figures[figure] = round(rate) if ok else None
     report.detail(section, describe_batches(drain.batches, secs))
     report.detail(section, drain.monitor.describe_cpu())
     say(f"  {drain.monitor.describe_cpu()}")
-    return rate
+    return rate if ok else None
+
+
+def embedded_drain(
+    spark: Any,
+    work: Path,
+    name: str,
+    fill: Callable[[Any, TidingsConfig], int],
+    *,
+    keep_copy: Path | None = None,
+) -> tuple[Drain, TidingsConfig]:
+    """A relay into an event store of its own, draining the backlog that ``fill`` writes
+    into its log (``fill`` returns how many of the rows it wrote are the backlog; others
+    are rows an earlier relay published). A copy of the log before the drain is kept at
+    ``keep_copy``."""
+    cfg = bench_config(work, name, {"store": store_target(work / name)}, {EVENT_TYPE: ["store"]})
+    engine = make_engine(cfg.database.url)
+    try:
+        events = fill(engine, cfg)
+        published_before = status_counts(engine).get("PUBLISHED", 0)
+        if keep_copy is not None:
+            copy_sqlite(sqlite_path(cfg), keep_copy)
+        secs, batches, monitor = relay_drain(spark, cfg)
+        counts = status_counts(engine)
+    finally:
+        engine.dispose()
+    if published_before:  # what the drain did: the rows published before are not its own
+        counts["PUBLISHED"] = counts.get("PUBLISHED", 0) - published_before
+    stored = store_count(cfg.targets["store"].url)
+    return Drain(events, secs, counts, stored, batches, monitor), cfg
+
+
+def outbox_fill(events: int, keys: int) -> Callable[[Any, TidingsConfig], int]:
+    """A backlog of ``events`` emitted through the Outbox (1000 per transaction)."""
+
+    def fill(engine: Any, cfg: TidingsConfig) -> int:
+        secs = fill_backlog(Outbox(engine, cfg.outbox), events, keys)
+        say(f"  backlog of {events:,} emitted in {secs:.1f} s ({events / secs:,.0f} ev/s)")
+        return events
+
+    return fill
+
+
+def sql_fill(
+    events: int, keys: int, published_before: int = 0
+) -> Callable[[Any, TidingsConfig], int]:
+    """``published_before`` rows as an earlier relay left them (PUBLISHED, confirmed at the
+    store, with the batch-log row that makes a new relay start after them), then a backlog
+    of ``events``: written in SQL (one statement each), where emitting millions of rows
+    would take minutes. Rows are shaped as the Outbox writes them (CloudEvents payload of
+    the same size); a key's rows share a bucket, as the Outbox's hash gives them."""
+
+    def fill(engine: Any, cfg: TidingsConfig) -> int:
+        started = time.perf_counter()
+        ensure_schema(engine)
+        with engine.begin() as conn:
+            if published_before:
+                _insert_rows(conn, 1, published_before, keys, published=True)
+                conn.execute(
+                    batch_log.insert().values(
+                        job="relay",
+                        batch_id=0,
+                        finished_at=datetime.now(UTC),
+                        max_seq=published_before,
+                        summary=json.dumps({"events": published_before}),
+                    )
+                )
+            _insert_rows(conn, published_before + 1, events, keys, published=False)
+        secs = time.perf_counter() - started
+        say(f"  {published_before:,} PUBLISHED rows and a backlog of {events:,} in {secs:.1f} s")
+        return events
+
+    return fill
+
+
+def _insert_rows(conn: Any, first: int, rows: int, keys: int, *, published: bool) -> None:
+    """Rows ``first`` .. ``first + rows - 1`` of the log in one INSERT ... SELECT."""
+    stamp = sqlite_text(datetime.now(UTC))
+    iso = datetime.now(UTC).isoformat()
+    state = {"store": {"state": "CONFIRMED", "at": iso}}
+    status, done, deliveries = (
+        ("PUBLISHED", stamp, json.dumps(state))
+        if published
+        else (
+            "PENDING",
+            None,
+            None,
+        )
+    )
+    conn.exec_driver_sql(
+        "WITH RECURSIVE n(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM n WHERE i < ?), "
+        "r(i, id, k) AS (SELECT i, printf('%08x-%04x-4000-8000-%012x', i, i % 65536, i * 7), "
+        "(i * 7919) % ? FROM n) "
+        "INSERT INTO outbox_event (seq, event_id, event_type, event_version, originator, "
+        "partition_key, partition_bucket, payload, headers, logged_at, status, retry_count, "
+        "last_publish_at, deliveries, created_at, updated_at, concurrency_version) "
+        "SELECT i, id, ?, '1', 'bench', printf('ACC%05d', k), k, "
+        'printf(\'{"specversion":"1.0","id":"%s","source":"bench",\''
+        ' || \'"type":"%s","time":"%s","datacontenttype":\''
+        ' || \'"application/json","dataversion":"1","data":{"account":\''
+        ' || \'"ACC%05d","amount":%d,"op":%d},"subject":"ACC%05d",\''
+        ' || \'"partitionkey":"ACC%05d"}\', id, ?, ?, k, i % 500 + 1, i, k, k), '
+        "'{}', ?, ?, 0, ?, ?, ?, ?, 1 FROM r",
+        (
+            first,
+            first + rows - 1,
+            keys,
+            EVENT_TYPE,
+            EVENT_TYPE,
+            iso,
+            stamp,
+            status,
+            done,
+            deliveries,
+            stamp,
+            stamp,
+        ),
+    )
 
 
 def phase_embedded(spark: Any, work: Path, sizes: Sizes, report: Report) -> None:
@@ -709,23 +834,56 @@ def phase_embedded(spark: Any, work: Path, sizes: Sizes, report: Report) -> None
     """
     n = sizes.embedded_events
     say(f"phase 2: relay to the embedded event store, backlog of {n:,} events")
-    cfg = bench_config(
-        work, "embedded", {"store": store_target(work / "embedded")}, {EVENT_TYPE: ["store"]}
-    )
-    engine = make_engine(cfg.database.url)
-    secs = fill_backlog(Outbox(engine, cfg.outbox), n, sizes.partition_keys)
-    say(f"  backlog inserted in {secs:.1f} s ({n / secs:,.0f} ev/s via Outbox, 1000 per txn)")
     backup = work / "embedded-backlog-copy.db"
-    copy_sqlite(sqlite_path(cfg), backup)
-    secs, batches, monitor = relay_drain(spark, cfg)
-    counts = status_counts(engine)
-    stored = store_count(cfg.targets["store"].url)
-    drain = Drain(n, secs, counts, stored, batches, monitor)
+    fill = outbox_fill(n, sizes.partition_keys)
+    drain, cfg = embedded_drain(spark, work, "embedded", fill, keep_copy=backup)
     rate = report_drain(report, "2", "relay_embedded_ev_s", "embedded", drain)
-    if rate < GOALS["relay_embedded_ev_s"]["min"]:
-        context = f"{describe_batches(batches, secs)}. {monitor.describe_cpu()}"
+    if rate is not None and rate < GOALS["relay_embedded_ev_s"]["min"]:
+        context = f"{describe_batches(drain.batches, drain.secs)}. {drain.monitor.describe_cpu()}"
         _explain_embedded(work, cfg, backup, n, rate, context, report)
     backup.unlink(missing_ok=True)
+
+
+def phase_scaling(spark: Any, work: Path, sizes: Sizes, report: Report) -> None:
+    """Phase 2c, ``relay_scaling``: does the cost of an event grow with the backlog or the log?
+
+    ``backlog_2m``: the rate draining ten times phase 2's backlog; ``log_5m``: the rate
+    draining phase 2's backlog behind 24 times as many rows already PUBLISHED. Each is
+    divided by the rate of phase 2's backlog on a fresh log, drained before and after them
+    (one drain varies by up to 15 % on this kind of machine). All four logs are written in
+    SQL the same way (:func:`sql_fill`), so that the ratios compare like with like.
+    """
+    n, keys = sizes.embedded_events, sizes.partition_keys
+    say(f"phase 2c: relay scaling: {n:,} fresh, behind {24 * n:,} PUBLISHED, {10 * n:,} fresh")
+    runs = (
+        ("fresh", sql_fill(n, keys)),
+        ("log_5m", sql_fill(n, keys, published_before=24 * n)),
+        ("backlog_2m", sql_fill(10 * n, keys)),
+        ("fresh_again", sql_fill(n, keys)),
+    )
+    rates: dict[str, float | None] = {}
+    for name, fill in runs:
+        directory = f"scaling-{name}"
+        drain, _ = embedded_drain(spark, work, directory, fill)
+        rates[name] = report_drain(report, "2c", None, "scaling", drain)
+        shutil.rmtree(work / directory, ignore_errors=True)
+    fresh_rates = [rates["fresh"], rates["fresh_again"]]
+    fresh = None if None in fresh_rates else statistics.mean(fresh_rates)  # type: ignore[type-var]
+    for name in ("backlog_2m", "log_5m"):
+        rate = rates[name]
+        ratio = None if rate is None or fresh is None else round(rate / fresh, 3)
+        report.figures[f"relay_scaling.{name}"] = ratio
+    report.detail(
+        "scaling",
+        f"rates (ev/s): fresh log {_rates_text(fresh_rates)} (before, after), behind "
+        f"{24 * n:,} PUBLISHED rows {_rates_text([rates['log_5m']])}, backlog of {10 * n:,} "
+        f"{_rates_text([rates['backlog_2m']])}. The event store starts empty in each: it is "
+        f"the log that grows here.",
+    )
+
+
+def _rates_text(rates: list[float | None]) -> str:
+    return " / ".join("n/a" if r is None else f"{r:,.0f}" for r in rates)
 
 
 def postgres_cpu() -> float:
@@ -1300,6 +1458,7 @@ DETAIL_TITLES = {
     "producer": "Producer (1)",
     "embedded": "Relay to the event store (2)",
     "postgres": "Relay on PostgreSQL (2b)",
+    "scaling": "Relay scaling (2c)",
     "jetstream": "Relay to JetStream (3)",
     "latency": "Latency (4)",
     "pss": "Peak PSS (5)",
@@ -1323,6 +1482,10 @@ METHOD = [
     "100000, partitions 2; the clock covers query start to termination.",
     "2b. PostgreSQL: the same with the outbox and the event store in fresh databases on the "
     "local PostgreSQL server (dropped afterwards).",
+    "2c. Scaling: phase 2's drain again on a fresh log; then the same backlog behind 24 times "
+    "as many rows already PUBLISHED (written in SQL with the batch-log row an earlier relay "
+    "leaves, so the relay starts after them); then a backlog ten times phase 2's. Each rate "
+    "is divided by the mean of the two fresh-log rates; each drain has a fresh event store.",
     "3. JetStream: the same with a jetstream target (unique stream, deleted afterwards); "
     "raw baseline: nats-py pipelined publishes of same-size messages with Nats-Msg-Id to "
     "a fresh stream, acks awaited per window; measured before and after the relay.",
@@ -1338,7 +1501,7 @@ def _figure_rows(result: dict[str, Any], figures: dict[str, float | None]) -> li
     """The table's rows: each figure with its unit, goal and whether it was met."""
     lines = []
     for name, (fmt, unit) in UNITS.items():
-        value = result.get(name)
+        value = figures.get(name)
         shown = "n/a" if value is None else f"{fmt.format(value)} {unit}"
         if name in GOALS:
             ok = "yes" if result["met"][name] else "**no**"
@@ -1438,6 +1601,7 @@ def run_phases(work: Path, sizes: Sizes, quick: bool, report: Report) -> None:
         phases = [
             ("phase 2 (embedded relay)", phase_embedded),
             ("phase 2b (PostgreSQL relay)", phase_postgres),
+            ("phase 2c (relay scaling)", phase_scaling),
             ("phase 3 (jetstream relay)", phase_jetstream),
             ("phase 4 (latency)", phase_latency),
         ]
@@ -1461,7 +1625,10 @@ def build_result(
         )
     goals, met = GOALS, goals_met(report.figures, GOALS)
     result: dict[str, Any] = {"machine": machine}
-    result.update({name: report.figures.get(name) for name in UNITS})
+    for name in UNITS:  # "relay_scaling.log_5m" goes to relay_scaling: {"log_5m": ...}
+        group, _, key = name.rpartition(".")
+        into = result.setdefault(group, {}) if group else result
+        into[key] = report.figures.get(name)
     result["goals"] = goals
     result["met"] = met
     result["notes"] = report.notes
