@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pydantic
+import pytest
 import yaml
 
 from helpers import relay_config
-from tidings.pipeline.jobconfig import job_config, job_options
+from tidings.pipeline.jobconfig import job_config, job_options, started_config
 
 
 def _write(path: Path, text: str, bump: int) -> None:
@@ -36,3 +38,18 @@ def test_routing_reloads_but_database_and_targets_stay(tmp_path: Path) -> None:
     assert job_config(options).routing.routes == {"A": ["store"], "B": ["store"]}
     _write(path, "routing: {routes: {C: [nowhere]}}\n", 3)  # invalid: unknown target
     assert job_config(options).routing.routes == {"A": ["store"], "B": ["store"]}
+
+
+def test_a_task_decodes_the_started_configuration_once_and_cannot_change_it(
+    tmp_path: Path,
+) -> None:
+    """Every task and commit asks for it; the decoded model is shared, which is safe only
+    because a validated configuration is frozen."""
+    options = job_options(relay_config(tmp_path), None)
+    first = started_config(options)
+    assert started_config(dict(options)) is first
+    other = job_options(relay_config(tmp_path / "other"), None)
+    assert started_config(other) is not first
+    assert started_config(other).database.url != first.database.url
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        first.relay.partitions = 7  # type: ignore[misc]

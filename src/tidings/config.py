@@ -53,6 +53,11 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+#: Built once: building it took a millisecond, paid per duration of every configuration a
+#: Spark task decodes.
+_TIMEDELTA = TypeAdapter(timedelta)
+
+
 def parse_duration(value: Any) -> timedelta:
     """Parse ``"30m"``, ``"250ms"``, ``"7d"`` or a number of seconds into a timedelta."""
     if isinstance(value, timedelta):
@@ -62,7 +67,7 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, str) and (m := _DURATION.match(value)):
         return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
     if isinstance(value, str) and value.startswith("P"):  # ISO 8601, as model_dump_json writes
-        return TypeAdapter(timedelta).validate_python(value)
+        return _TIMEDELTA.validate_python(value)
     raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 30s, 30m, 2h, 7d)")
 
 
