@@ -78,6 +78,7 @@ from tidings.outbox.schema import (
     outbox_event_from_row,
 )
 from tidings.server.store import EventStore
+from tidings.server.store.schema import INSERT_EVENT_SQL
 
 NATS_URL = "nats://127.0.0.1:4222"
 EVENT_TYPE = "MoneyDeposited"
@@ -125,6 +126,7 @@ UNITS = {
     "producer_overhead_ratio": ("{:.2f}", "x raw sqlite3 time"),
     "producer_overhead_vs_core": ("{:.2f}", "x hand-rolled SQLAlchemy Core outbox time"),
     "relay_embedded_ev_s": ("{:,.0f}", "ev/s"),
+    "sqlite_floor_ev_s": ("{:,.0f}", "ev/s: SQLite's own work for phase 2, one core"),
     "relay_postgres_ev_s": ("{:,.0f}", "ev/s"),
     "relay_jetstream_ev_s": ("{:,.0f}", "ev/s"),
     "raw_nats_publish_ev_s": ("{:,.0f}", "msg/s"),
@@ -309,14 +311,20 @@ def producer_tidings(path: Path, txns: int, warmup: int) -> float:
     return elapsed
 
 
+def _pragma_db(path: Path) -> sqlite3.Connection:
+    """``sqlite3`` on a file, with the PRAGMAs tidings' engines set."""
+    db = sqlite3.connect(path)
+    for pragma in SQLITE_PRAGMAS:
+        db.execute(pragma)
+    return db
+
+
 def _raw_db(path: Path) -> sqlite3.Connection:
     """``sqlite3`` on a file with tidings' own outbox table, its PRAGMAs and the accounts."""
     engine = make_engine(sqlite_url(path))
     ensure_schema(engine)  # tidings' own outbox_event table and indexes
     engine.dispose()
-    db = sqlite3.connect(path)
-    for pragma in SQLITE_PRAGMAS:
-        db.execute(pragma)
+    db = _pragma_db(path)
     create_accounts(lambda sql, rows=None: db.executemany(sql, rows) if rows else db.execute(sql))
     db.commit()
     return db
@@ -926,6 +934,72 @@ def phase_postgres(spark: Any, work: Path, sizes: Sizes, report: Report) -> None
     report_drain(report, "2b", "relay_postgres_ev_s", "postgres", drain)
 
 
+def sqlite_floor(work: Path, backup: Path) -> dict[str, float]:
+    """Seconds that SQLite itself takes for the relay's SQL on the backlog's copy, with raw
+    ``sqlite3`` and no Python objects: read every row, insert the store's rows into a
+    fresh event store (its schema and indexes, in the relay's chunks), and mark the rows
+    PUBLISHED with the relay's own UPDATE. The ceiling any relay on SQLite meets."""
+    from tidings.pipeline.logread import CHUNK
+    from tidings.pipeline.outcome import _update_sql
+
+    app_path, store_path = work / "floor-app.db", work / "floor-store.db"
+    shutil.copy(backup, app_path)
+    EventStore(sqlite_url(store_path)).close()
+    app, store = _pragma_db(app_path), _pragma_db(store_path)
+    update = _update_sql("sqlite", "?", over_parked=True)
+    stamp = sqlite_text(datetime.now(UTC))
+    deliveries = json.dumps({"store": {"state": "CONFIRMED", "at": stamp}})
+    timings = {"read": 0.0, "store insert": 0.0, "status update": 0.0}
+    try:
+        started = time.perf_counter()
+        rows = app.execute("SELECT seq, event_id, payload, logged_at FROM outbox_event").fetchall()
+        timings["read"] = time.perf_counter() - started
+        for first in range(0, len(rows), CHUNK):
+            chunk = rows[first : first + CHUNK]
+            inserts = [
+                (
+                    first + i + 1,
+                    1,
+                    first // CHUNK + 1,
+                    first + i + 1,
+                    '["MoneyDeposited"]',
+                    1_700_000_000_000_000 + first,
+                    1_700_000_000_000_000 + i,
+                    payload.encode(),
+                    "json",
+                    event_id,
+                )
+                for i, (_, event_id, payload, _) in enumerate(chunk)
+            ]
+            started = time.perf_counter()
+            with store:
+                store.executemany(INSERT_EVENT_SQL, inserts)
+            timings["store insert"] += time.perf_counter() - started
+            seqs = json.dumps([seq for seq, *_ in chunk])
+            started = time.perf_counter()
+            with app:
+                app.execute(update, ("PUBLISHED", 0, None, deliveries, stamp, stamp, seqs))
+            timings["status update"] += time.perf_counter() - started
+    finally:
+        app.close()
+        store.close()
+        for path in work.glob("floor-*.db*"):
+            path.unlink()
+    return timings
+
+
+def describe_floor(timings: dict[str, float], events: int) -> str:
+    total = sum(timings.values())
+    parts = ", ".join(f"{k} {v / events * 1e6:.1f} us" for k, v in timings.items())
+    writer = max(timings["store insert"], timings["read"] + timings["status update"])
+    return (
+        f"SQLite's own work for these events (raw sqlite3 on plain tuples): {parts} per "
+        f"event, {total:.1f} s in all = {events / total:,.0f} ev/s on one core; even with the "
+        f"two files written at once on both cores, the busier one (one writer per file) "
+        f"caps a relay at {events / writer:,.0f} ev/s"
+    )
+
+
 def _explain_embedded(
     work: Path, cfg: TidingsConfig, backup: Path, n: int, rate: float, context: str, report: Report
 ) -> None:
@@ -935,9 +1009,13 @@ def _explain_embedded(
     say("  goal missed: timing the relay's task stages without Spark ...")
     timings = relay_breakdown(work, cfg, backup, "store")
     report.detail("embedded", describe_breakdown(timings, n))
+    floor = sqlite_floor(work, backup)
+    report.figures["sqlite_floor_ev_s"] = round(n / sum(floor.values()))
+    report.detail("embedded", describe_floor(floor, n))
     report.note(
         f"relay_embedded_ev_s {rate:,.0f} misses the 50,000 goal by {goal - rate:,.0f} "
         f"ev/s ({1 - rate / goal:.0%} under). {context}. What bounds it: {bound_text(timings, n)}"
+        f". {describe_floor(floor, n)}."
     )
 
 
