@@ -1015,7 +1015,7 @@ def _explain_embedded(
     report.note(
         f"relay_embedded_ev_s {rate:,.0f} misses the 50,000 goal by {goal - rate:,.0f} "
         f"ev/s ({1 - rate / goal:.0%} under). {context}. What bounds it: {bound_text(timings, n)}"
-        f". {describe_floor(floor, n)}."
+        f" {describe_floor(floor, n)}."
     )
 
 
@@ -1393,10 +1393,9 @@ def _explain_latency(p50: float, p99: float, load: Load, summary: str, report: R
         f"trigger (100 ms interval, or the end of the running batch) and then for a "
         f"whole micro-batch: {summary}. Even a single event on an idle relay took "
         f"{statistics.median(load.probe):.0f} ms (median of {len(load.probe)}): that is the "
-        f"fixed cost of one micro-batch (offset query, planning and commit round trips to "
-        f"Python workers, a read task handing its slice through the JVM to a write task "
-        f"that reads and publishes it). Under load: {load.monitor.describe_cpu()}, so the "
-        f"relay and the producer compete for the cores and batches grow."
+        f"fixed cost of one micro-batch (the offset query in the source runner, planning, "
+        f"the checkpoint's offset and commit files, a task per slice in a Python worker, "
+        f"the batch log). Under load: {load.monitor.describe_cpu()}."
     )
 
 
@@ -1506,13 +1505,14 @@ def _explain_pss(monitor: TreeMonitor, report: Report) -> None:
     report.note(
         f"peak_pss_mib {mib:,.0f} misses the 1536 MiB goal by {mib - 1536:,.0f} MiB "
         f"({mib / 1536 - 1:.0%} over). At the peak: JVM "
-        f"{parts.get('JVM', 0) / MIB:,.0f} MiB (default 1 GiB heap); {n_task} Python task "
+        f"{parts.get('JVM', 0) / MIB:,.0f} MiB (heap capped at relay.driver_memory); "
+        f"{n_task} Python task "
         f"processes {task:,.0f} MiB (largest "
         f"{monitor.single_peak.get('python task workers', 0) / MIB:,.0f}); {n_other} other "
-        f"Python workers (data source lookup/planning, streaming source and sink runners) "
-        f"{other:,.0f} MiB, ~{other / max(n_other, 1):,.0f} MiB each, which is what a "
-        f"Python process costs once pyspark, pyarrow, pandas, SQLAlchemy, pydantic and "
-        f"tidings are imported; driver {parts.get('driver', 0) / MIB:,.0f} MiB. The task "
+        f"Python processes (worker daemons, data source lookup and planning, the streaming "
+        f"source runner) {other:,.0f} MiB, ~{other / max(n_other, 1):,.0f} MiB each, which "
+        f"is what a Python process costs once pyspark and what it runs are imported; "
+        f"driver {parts.get('driver', 0) / MIB:,.0f} MiB. The task "
         f"workers are the variable part: a task holds one chunk of its slice (at most "
         f"20,000 events) as Python objects at a time."
     )

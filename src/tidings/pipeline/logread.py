@@ -1,10 +1,10 @@
 """Reading the event log for the relay and the replay: the queries behind the data source.
 
 Apart from the Spark-facing classes (:mod:`tidings.pipeline.source`) so that the Spark
-workers that only plan a job or hand a slice on never load SQLAlchemy, the configuration
-models or the publisher: each such worker is a process of its own, and what it imports is
-its memory and its start-up time. The long-lived streaming source runner and the tasks that
-publish use this module.
+workers that only plan a job never load SQLAlchemy, the configuration models or the
+publisher: each such worker is a process of its own, and what it imports is its memory and
+its start-up time. The long-lived streaming source runner and the tasks that publish use
+this module.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def read_slice(
 ) -> Iterator[list[LoggedEvent]]:
     """Stream one slice of the log in seq order, in chunks of logged events.
 
-    A chunk is what the sink publishes in one run: bounded (in rows and payload bytes), so
+    A chunk is what a task publishes in one run: bounded (in rows and payload bytes), so
     a task's memory does not grow with ``max_events_per_batch``, and the task's writes come
     as short transactions that interleave with the other tasks' (SQLite has one writer).
     """

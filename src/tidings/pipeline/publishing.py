@@ -1,23 +1,24 @@
-"""What the publishing sink's tasks and its driver-side commit do (the sink's work).
+"""What a relay or replay task publishes, and how the job's driver records the batch.
 
 A task reads its slice of the log chunk by chunk and runs the
 :class:`~tidings.pipeline.publisher.Publisher` over each chunk, which publishes and records
 every outcome in the event log as it goes. Publishing is safe to repeat: a batch that Spark
 replays after a crash skips what is already PUBLISHED, re-sends only to unconfirmed targets,
-and the targets deduplicate by event id. The commit appends the batch's summary to
-``tidings_batch_log``: that is the relay's watermark, the replay job's boundary and what
-``tidings status`` and the metrics read.
+and the targets deduplicate by event id. The task yields its summary; the driver collects
+the batch's summaries and appends them to ``tidings_batch_log``: that is the relay's
+watermark, the replay job's boundary and what ``tidings status`` and the metrics read.
 
-Apart from the Spark-facing classes (:mod:`tidings.pipeline.sink`), which load this module
-only where it runs: the workers that merely plan a job stay small.
+Loaded only where that work runs (the Spark-facing source, :mod:`tidings.pipeline.source`,
+imports it in its tasks): the workers that merely plan a job stay small.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
@@ -29,8 +30,37 @@ from tidings.pipeline.outcome import Summary
 from tidings.pipeline.publisher import Publisher
 from tidings.pipeline.retry import RetryPolicy
 from tidings.pipeline.source import LogSlice
+from tidings.pipeline.workerheap import freeze_heap
 from tidings.routing.table import current_routes
 from tidings.targets.registry import shared_target
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def publish_task(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
+    """A task's work: publish its slice; its summary as the one-row batch it yields
+    (:data:`~tidings.pipeline.source.SCHEMA`)."""
+    summary = publish_slices(options, [part])
+    batch = _one_text_row("summary", json.dumps(summary.as_dict()))
+    freeze_heap()  # after the first task: the worker's imports and connections exist
+    return batch
+
+
+def summaries_of(rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """The task summaries a job's driver collected (rows of :data:`SCHEMA`)."""
+    return [json.loads(row.summary) for row in rows]
+
+
+def _one_text_row(name: str, text: str) -> pa.RecordBatch:
+    """A one-row, one-column batch of ``text``, built from raw buffers: converting Python
+    objects makes pyarrow import pandas (and numpy), 50 MiB more in every task worker."""
+    import pyarrow as pa  # only in the tasks: the driver, which records batches, needs none
+
+    data = text.encode()
+    offsets = pa.py_buffer(struct.pack("<ii", 0, len(data)))
+    column = pa.StringArray.from_buffers(1, offsets, pa.py_buffer(data))
+    return pa.RecordBatch.from_arrays([column], names=[name])
 
 
 def publish_slices(options: Mapping[str, str], slices: Iterable[LogSlice]) -> Summary:
@@ -74,13 +104,14 @@ def task_publisher(config: TidingsConfig, options: Mapping[str, str]) -> Publish
 
 def record_batch(
     options: Mapping[str, str], job: str, batch_id: int, summaries: Iterable[dict[str, Any]]
-) -> None:
-    """Append the batch's summary (its tasks' summaries merged) to the batch log."""
+) -> Summary:
+    """Append the batch's summary (its tasks' summaries merged) to the batch log, if it
+    handled any event; return it."""
     total = Summary()
     for summary in summaries:
         total.merge(Summary(**summary))
     if not total.events:
-        return
+        return total
     config = started_config(options)
     with shared_engine(config.database.url).begin() as conn:
         conn.execute(
@@ -92,3 +123,4 @@ def record_batch(
                 summary=json.dumps(total.as_dict()),
             )
         )
+    return total

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from tidings.config import TidingsConfig
@@ -38,8 +38,7 @@ def start_relay(
     checkpoint = spark_location(config.relay.checkpoint_dir)  # Spark creates it, also on HDFS
     stream = spark.readStream.format("tidings_outbox").options(**options).load()
     writer = (
-        stream.writeStream.format("tidings_publish")
-        .options(**options)
+        stream.writeStream.foreachBatch(_BatchRecorder(options))
         .option("checkpointLocation", checkpoint)
         .queryName("tidings-relay")
     )
@@ -51,6 +50,26 @@ def start_relay(
     query = writer.start()
     log.info("relay started", extra={"checkpoint": checkpoint, "id": str(query.id)})
     return query
+
+
+class _BatchRecorder:
+    """A micro-batch, run in the driver: its tasks publish their slices (collecting the
+    batch runs them), then the batch's summary goes to the batch log.
+
+    Spark writes the batch to its checkpoint's commit log only after this returns, so a
+    batch cut short by a crash is run again (same id) and publishes nothing twice. Doing
+    the work in the source's tasks and recording it here takes one Python worker per task
+    and none per commit, where a Python sink took a second worker per task, a runner for
+    its commit and a planning worker per batch.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        from tidings.pipeline.publishing import record_batch, summaries_of
+
+        record_batch(self.options, "relay", batch_id, summaries_of(frame.collect()))
 
 
 def _wait_between_batches(query: StreamingQuery, timeout: float) -> None:

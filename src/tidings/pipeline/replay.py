@@ -9,21 +9,20 @@ and it holds a database lease, so two replays never run at once.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 from pyspark.sql import SparkSession
-from sqlalchemy import Engine, select
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
-from tidings.outbox.schema import batch_log, ensure_schema
+from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.lease import held
 from tidings.pipeline.outcome import Summary
+from tidings.pipeline.publishing import record_batch, summaries_of
 from tidings.pipeline.spark import activate
 
 log = logging.getLogger(__name__)
@@ -57,7 +56,7 @@ def run_replay(
         if not mine:
             log.warning("another replay holds the replay lease; skipping this run")
             return Summary()
-        return _replay(spark, config, config_path, limits, engine)
+        return _replay(spark, config, config_path, limits)
 
 
 def _replay(
@@ -65,10 +64,7 @@ def _replay(
     config: TidingsConfig,
     config_path: str | None,
     limits: ReplayLimits,
-    engine: Engine,
 ) -> Summary:
-    with engine.connect() as conn:
-        before = conn.execute(select(batch_log.c.id).order_by(batch_log.c.id.desc())).scalar()
     options = {
         **job_options(config, config_path),
         "job": "replay",
@@ -80,12 +76,5 @@ def _replay(
     }
     activate(spark)
     frame = spark.read.format("tidings_outbox").options(**options).load()
-    frame.write.format("tidings_publish").options(**options).mode("append").save()
-    total = Summary()
-    query = select(batch_log.c.summary).where(batch_log.c.job == "replay")
-    if before is not None:
-        query = query.where(batch_log.c.id > before)
-    with engine.connect() as conn:
-        for (summary,) in conn.execute(query):
-            total.merge(Summary(**json.loads(summary)))
-    return total
+    summaries = summaries_of(frame.collect())  # the tasks publish their slices
+    return record_batch(options, "replay", int(time.time() * 1000), summaries)

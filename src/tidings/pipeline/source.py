@@ -22,20 +22,21 @@ an event-number limit taken in log order, again partitioned by key bucket. A key
 FAILED event is past the retry-count threshold is left out as a whole (it cannot move until
 an operator acts), so its held events never eat the limit of the keys that can.
 
-What a task gets is its slice (:class:`LogSlice`), one row: the publishing sink's task reads
-the slice's rows itself (:func:`tidings.pipeline.logread.read_slice`), so the events never
-travel from one Python worker through the JVM to another. This module loads nothing but
-PySpark's data source API: the queries are in :mod:`tidings.pipeline.logread`, loaded only
-where they run (the streaming source runner, the replay's planning).
+A task is handed its slice (:class:`LogSlice`) and publishes it where it runs
+(:func:`tidings.pipeline.publishing.publish_task`): it reads the slice's rows itself and
+yields one row, its :class:`~tidings.pipeline.outcome.Summary`. The events never leave the
+task's Python worker, and a batch needs no second worker per task to write them nor one to
+commit them: the job's driver collects the summaries and records the batch
+(:mod:`tidings.pipeline.relay`, :mod:`tidings.pipeline.replay`). This module loads nothing
+but PySpark's data source API: the queries and the publisher are loaded only where they run
+(the streaming source runner, the replay's planning, the tasks).
 """
 
 from __future__ import annotations
 
-import json
-import struct
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import (
@@ -51,15 +52,13 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from tidings.pipeline.workerheap import freeze_heap
-
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from tidings.pipeline.logread import LogReader
 
-#: What the source hands the sink: one row per task, its slice of the log as JSON.
-SCHEMA = "slice string"
+#: What the source's tasks yield: one row per task, the summary of what it published (JSON).
+SCHEMA = "summary string"
 _EVENTS_PER_TASK = 5_000
 _SETTLE_SECONDS = 60.0  # availableNow: how long to wait for in-flight writers to finish
 _CARRY_FIRST_S = 0.5  # pause between carry-overs while they make progress
@@ -78,26 +77,6 @@ class LogSlice(InputPartition):
     stuck_at: int | None = None  # replay: leave out keys with a FAILED event retried this often
     carry_upto: int | None = None  # carry-over: first the open rows with seq <= this
     carry_limit: int = 0  # ... at most this many of them, oldest first
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    def as_batch(self) -> pa.RecordBatch:
-        """This slice as the one-row batch a task hands on (:data:`SCHEMA`).
-
-        Built from raw buffers: converting Python objects makes pyarrow import pandas
-        (and numpy), 50 MiB more in every worker that reads a slice.
-        """
-        import pyarrow as pa
-
-        data = self.to_json().encode()
-        offsets = pa.py_buffer(struct.pack("<ii", 0, len(data)))
-        text = pa.StringArray.from_buffers(1, offsets, pa.py_buffer(data))
-        return pa.RecordBatch.from_arrays([text], names=["slice"])
-
-    @classmethod
-    def from_json(cls, text: str) -> LogSlice:
-        return cls(**json.loads(text))
 
 
 class _LogUser:
@@ -203,8 +182,7 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
         return [LogSlice(after, upto, i, n, carry_upto=after, carry_limit=limit) for i in range(n)]
 
     def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
-        yield partition.as_batch()
-        freeze_heap()
+        yield _published(self.options, partition)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: progress is kept by Spark's checkpoint and the batch log."""
@@ -224,4 +202,11 @@ class ReplayReader(_LogUser, DataSourceReader):
         return self.log.replay_slices(self.open_before, self.stuck_at, self.event_limit)
 
     def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
-        yield partition.as_batch()
+        yield _published(self.options, partition)
+
+
+def _published(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
+    """Publish ``part`` in this task (loading the publisher here, where it runs)."""
+    from tidings.pipeline.publishing import publish_task
+
+    return publish_task(options, part)

@@ -50,11 +50,9 @@ def spark_session(config: RelayConfig, app_name: str = "tidings") -> SparkSessio
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    from tidings.pipeline.sink import PublishSink
     from tidings.pipeline.source import OutboxDataSource
 
     spark.dataSource.register(OutboxDataSource)
-    spark.dataSource.register(PublishSink)
     return spark
 
 
@@ -67,7 +65,7 @@ def activate(spark: SparkSession) -> None:
     """Make ``spark`` the active session of the calling thread.
 
     Spark resolves Python data sources through the *active* session, which is per thread;
-    a relay started from another thread would otherwise not find ``tidings_publish``.
+    a relay started from another thread would otherwise not find ``tidings_outbox``.
     PySpark does the same in ``createDataFrame``.
     """
     SparkSession._activeSession = spark
