@@ -133,7 +133,7 @@ def test_the_relay_fails_the_batch_when_the_file_goes_missing(spark, tmp_path: P
         helper.join(70)
     message = str(raised.value)
     assert f"configuration file {str(path)!r} cannot be read on host" in message
-    assert ", in write\n" in message  # a task's write failed (not the driver's commit)
+    assert ", in publish_task\n" in message  # a task failed publishing (not the driver's record)
     assert statuses(engine) == {1: "PUBLISHED", 2: "PENDING"}
 
 

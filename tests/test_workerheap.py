@@ -42,7 +42,7 @@ def test_later_calls_freeze_nothing_more(fresh_worker: None) -> None:
     frozen = gc.get_freeze_count()
     later = [_Node() for _ in range(1000)]
     workerheap.freeze_heap()
-    assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() <= frozen  # (frozen objects freed meanwhile count down)
     dead = weakref.ref(later[0])
     del later
     gc.collect()

@@ -54,7 +54,7 @@ def summaries_of(rows: Iterable[Any]) -> list[dict[str, Any]]:
 
 def _one_text_row(name: str, text: str) -> pa.RecordBatch:
     """A one-row, one-column batch of ``text``, built from raw buffers: converting Python
-    objects makes pyarrow import pandas (and numpy), 50 MiB more in every task worker."""
+    objects makes pyarrow import pandas, 50 MiB more in every task worker."""
     import pyarrow as pa  # only in the tasks: the driver, which records batches, needs none
 
     data = text.encode()
