@@ -31,6 +31,7 @@ from tidings.server.store.driver import DriverCursor
 from tidings.server.store.schema import (
     EVENT_COLUMNS,
     INSERT_EVENT_SQL,
+    INSERT_EVENTS_UNNEST_SQL,
     counters_table,
     encode_type,
     event_row,
@@ -229,7 +230,7 @@ def insert_sessions(
                     new_event.outbox_event_id,
                 )
             )
-    conn.executemany(INSERT_EVENT_SQL, rows)
+    insert_event_rows(conn, rows)
     return stored
 
 
@@ -278,8 +279,25 @@ def insert_synced(
     stored = [
         replace(synced, position=first_position + offset) for offset, synced in enumerate(events)
     ]
-    conn.executemany(INSERT_EVENT_SQL, [event_row(e, encoded_types[e.type]) for e in stored])
+    insert_event_rows(conn, [event_row(e, encoded_types[e.type]) for e in stored])
     return stored
+
+
+def insert_event_rows(conn: DriverCursor, rows: list[tuple[Any, ...]]) -> None:
+    """Insert event rows (:data:`EVENT_COLUMNS` order): one ``executemany`` on SQLite, one
+    ``INSERT ... SELECT FROM unnest`` of a column array each on PostgreSQL.
+
+    psycopg's ``executemany`` runs one statement per row, and each cost the server ~50 us
+    (2.4 s of server time per 50,000 relayed events, measured); one statement for the whole
+    batch does the same work without the per-statement overhead.
+    """
+    if not rows:
+        return
+    if conn.postgresql:
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        conn.rows(INSERT_EVENTS_UNNEST_SQL, columns)
+    else:
+        conn.executemany(INSERT_EVENT_SQL, rows)
 
 
 def add_types(conn: DriverCursor, encoded_types: set[str]) -> None:

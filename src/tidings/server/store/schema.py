@@ -152,6 +152,13 @@ INSERT_EVENT_SQL = (
     f"INSERT INTO event_events ({', '.join(EVENT_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(EVENT_COLUMNS))})"
 )
+#: The same for many rows on PostgreSQL, one array parameter per column (see
+#: :func:`~tidings.server.store.planning.insert_event_rows`).
+INSERT_EVENTS_UNNEST_SQL = (
+    f"INSERT INTO event_events ({', '.join(EVENT_COLUMNS)}) SELECT * FROM unnest("
+    "?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::text[], ?::bigint[], ?::bigint[], "
+    "?::bytea[], ?::text[], ?::text[])"
+)
 _KINDS: dict[str | None, PayloadKind | None] = {None: None, **{k.value: k for k in PayloadKind}}
 
 
