@@ -789,7 +789,9 @@ def sql_fill(
 
 
 def _insert_rows(conn: Any, first: int, rows: int, keys: int, *, published: bool) -> None:
-    """Rows ``first`` .. ``first + rows - 1`` of the log in one INSERT ... SELECT."""
+    """Rows ``first`` .. ``first + rows - 1`` of the log in one INSERT ... SELECT, with
+    random version-4 event ids as the Outbox draws them (ids in order would make the event
+    store's index on them an append, cheaper than in real use)."""
     stamp = sqlite_text(datetime.now(UTC))
     iso = datetime.now(UTC).isoformat()
     state = {"store": {"state": "CONFIRMED", "at": iso}}
@@ -804,8 +806,10 @@ def _insert_rows(conn: Any, first: int, rows: int, keys: int, *, published: bool
     )
     conn.exec_driver_sql(
         "WITH RECURSIVE n(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM n WHERE i < ?), "
-        "r(i, id, k) AS (SELECT i, printf('%08x-%04x-4000-8000-%012x', i, i % 65536, i * 7), "
-        "(i * 7919) % ? FROM n) "
+        "b(i, h) AS MATERIALIZED (SELECT i, lower(hex(randomblob(16))) FROM n), "
+        "r(i, id, k) AS MATERIALIZED (SELECT i, substr(h, 1, 8) || '-' || substr(h, 9, 4) "
+        "|| '-4' || substr(h, 14, 3) || '-8' || substr(h, 18, 3) || '-' || substr(h, 21, 12), "
+        "(i * 7919) % ? FROM b) "
         "INSERT INTO outbox_event (seq, event_id, event_type, event_version, originator, "
         "partition_key, partition_bucket, payload, headers, logged_at, status, retry_count, "
         "last_publish_at, deliveries, created_at, updated_at, concurrency_version) "
