@@ -2,9 +2,12 @@
 
 Run ``.venv/bin/python bench/relay.py [--quick]`` from the repository. It measures
 
-1. the producer's overhead against raw ``sqlite3`` (same PRAGMAs, same outbox table);
+1. the producer's overhead against raw ``sqlite3`` (same PRAGMAs, same outbox table) and
+   against the same row written by hand with SQLAlchemy Core;
 2. relay throughput to the embedded event store (a drained backlog, ``available_now``);
    2b. the same with the outbox and the event store on PostgreSQL;
+   2c. how the rate holds with a backlog ten times larger, and behind millions of rows
+   already published (``relay_scaling``);
 3. relay throughput to NATS JetStream, against raw nats-py pipelined publishing;
 4. end-to-end latency (commit -> PUBLISHED) of a streaming relay under a paced load;
 5. peak PSS of a relay subprocess tree (driver, JVM, Python workers) draining a backlog;
@@ -1719,7 +1722,7 @@ def build_result(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, under 4 minutes")
+    parser.add_argument("--quick", action="store_true", help="smaller backlogs")
     parser.add_argument("--keep", action="store_true", help="keep the temporary work directory")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
