@@ -72,7 +72,7 @@ from processes import kill_tree, tidings_cli
 from tidings.config import TidingsConfig, load_config
 from tidings.db import SQLITE_PRAGMAS, make_engine, sqlite_text
 from tidings.events.timeutil import as_utc
-from tidings.outbox.producer import Outbox
+from tidings.outbox.producer import Outbox, partition_bucket
 from tidings.outbox.schema import (
     OUTBOX_EVENT_COLUMNS,
     batch_log,
@@ -392,7 +392,7 @@ def _core_deposit(engine: Any, i: int) -> None:
                 "event_version": "1",
                 "originator": "bench",
                 "partition_key": acct,
-                "partition_bucket": zlib.crc32(acct.encode()) & 0x7FFFFFFF,
+                "partition_bucket": partition_bucket(acct, ""),
                 "payload": json.dumps({"account": acct, "amount": amount, "op": i}),
                 "headers": "{}",
                 "logged_at": now,
@@ -798,15 +798,9 @@ def _insert_rows(conn: Any, first: int, rows: int, keys: int, *, published: bool
     stamp = sqlite_text(datetime.now(UTC))
     iso = datetime.now(UTC).isoformat()
     state = {"store": {"state": "CONFIRMED", "at": iso}}
-    status, done, deliveries = (
-        ("PUBLISHED", stamp, json.dumps(state))
-        if published
-        else (
-            "PENDING",
-            None,
-            None,
-        )
-    )
+    status, done, deliveries = "PENDING", None, None
+    if published:
+        status, done, deliveries = "PUBLISHED", stamp, json.dumps(state)
     conn.exec_driver_sql(
         "WITH RECURSIVE n(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM n WHERE i < ?), "
         "b(i, h) AS MATERIALIZED (SELECT i, lower(hex(randomblob(16))) FROM n), "

@@ -17,7 +17,7 @@ from publisher_helpers import emit_all
 from tidings.db import make_engine
 from tidings.outbox.schema import batch_log, ensure_schema
 from tidings.pipeline.jobconfig import job_options
-from tidings.pipeline.publishing import publish_task, record_batch, summaries_of
+from tidings.pipeline.publishing import publish_task, record_batch
 from tidings.pipeline.source import LogSlice
 
 
@@ -32,12 +32,12 @@ def test_a_task_publishes_its_slice_and_the_driver_records_the_batch(tmp_path: P
 
     assert [b.schema.names for b in batches] == [["summary"], ["summary"]]
     assert [b.num_rows for b in batches] == [1, 1]
-    summaries = summaries_of(_Row(text) for b in batches for text in b.column(0).to_pylist())
-    assert sum(s["published"] for s in summaries) == 7
+    rows = [_Row(text) for b in batches for text in b.column(0).to_pylist()]
+    assert sum(json.loads(row.summary)["published"] for row in rows) == 7
     assert set(statuses(engine).values()) == {"PUBLISHED"}
     assert len(store_events(config)) == 7
 
-    total = record_batch(options, "relay", 41, summaries)
+    total = record_batch(options, "relay", 41, rows)
     assert (total.events, total.published, total.max_seq) == (7, 7, 7)
     with engine.connect() as conn:
         logged = conn.execute(select(batch_log.c.batch_id, batch_log.c.summary)).all()
@@ -50,10 +50,8 @@ def test_a_batch_that_handled_nothing_is_not_logged(tmp_path: Path) -> None:
     engine = make_engine(config.database.url)
     ensure_schema(engine)
     options = job_options(config, None)
-    summaries = summaries_of(
-        [_Row(publish_task(options, LogSlice(0, 0, 0, 1)).column(0)[0].as_py())]
-    )
-    assert record_batch(options, "relay", 1, summaries).events == 0
+    rows = [_Row(publish_task(options, LogSlice(0, 0, 0, 1)).column(0)[0].as_py())]
+    assert record_batch(options, "relay", 1, rows).events == 0
     with engine.connect() as conn:
         assert conn.execute(select(batch_log.c.id)).all() == []
     engine.dispose()

@@ -39,17 +39,18 @@ if TYPE_CHECKING:
 
 
 def publish_task(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
-    """A task's work: publish its slice; its summary as the one-row batch it yields
+    """A task's work: publish its slice, a chunk at a time (one run of the task's publisher
+    per chunk, routes read once per task); its summary as the one-row batch it yields
     (:data:`~tidings.pipeline.source.SCHEMA`)."""
-    summary = publish_slices(options, [part])
+    config = job_config(options)
+    engine = shared_engine(config.database.url)
+    publisher = task_publisher(config, options)
+    summary = Summary()
+    for chunk in read_slice(engine, part):
+        summary.merge(publisher.run(chunk))
     batch = _one_text_row("summary", json.dumps(summary.as_dict()))
     freeze_heap()  # after the first task: the worker's imports and connections exist
     return batch
-
-
-def summaries_of(rows: Iterable[Any]) -> list[dict[str, Any]]:
-    """The task summaries a job's driver collected (rows of :data:`SCHEMA`)."""
-    return [json.loads(row.summary) for row in rows]
 
 
 def _one_text_row(name: str, text: str) -> pa.RecordBatch:
@@ -61,19 +62,6 @@ def _one_text_row(name: str, text: str) -> pa.RecordBatch:
     offsets = pa.py_buffer(struct.pack("<ii", 0, len(data)))
     column = pa.StringArray.from_buffers(1, offsets, pa.py_buffer(data))
     return pa.RecordBatch.from_arrays([column], names=[name])
-
-
-def publish_slices(options: Mapping[str, str], slices: Iterable[LogSlice]) -> Summary:
-    """Publish a task's slices of the log (one, in practice), a chunk at a time: one run of
-    the task's publisher per chunk (routes read once per task)."""
-    config = job_config(options)
-    engine = shared_engine(config.database.url)
-    publisher = task_publisher(config, options)
-    total = Summary()
-    for part in slices:
-        for chunk in read_slice(engine, part):
-            total.merge(publisher.run(chunk))
-    return total
 
 
 def task_publisher(config: TidingsConfig, options: Mapping[str, str]) -> Publisher:
@@ -103,13 +91,16 @@ def task_publisher(config: TidingsConfig, options: Mapping[str, str]) -> Publish
 
 
 def record_batch(
-    options: Mapping[str, str], job: str, batch_id: int, summaries: Iterable[dict[str, Any]]
+    options: Mapping[str, str], job: str, batch_id: int, rows: Iterable[Any]
 ) -> Summary:
-    """Append the batch's summary (its tasks' summaries merged) to the batch log, if it
-    handled any event; return it."""
+    """Append the batch's summary to the batch log, if it handled any event; return it.
+
+    ``rows`` are what the job's driver collected of the batch (rows of
+    :data:`~tidings.pipeline.source.SCHEMA`, one per task: collecting them is what runs the
+    tasks); their summaries are merged."""
     total = Summary()
-    for summary in summaries:
-        total.merge(Summary(**summary))
+    for row in rows:
+        total.merge(Summary(**json.loads(row.summary)))
     if not total.events:
         return total
     config = started_config(options)

@@ -67,9 +67,9 @@ class _BatchRecorder:
         self.options = options
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        from tidings.pipeline.publishing import record_batch, summaries_of
+        from tidings.pipeline.publishing import record_batch
 
-        record_batch(self.options, "relay", batch_id, summaries_of(frame.collect()))
+        record_batch(self.options, "relay", batch_id, frame.collect())
 
 
 def _wait_between_batches(query: StreamingQuery, timeout: float) -> None:

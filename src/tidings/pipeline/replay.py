@@ -22,7 +22,7 @@ from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.lease import held
 from tidings.pipeline.outcome import Summary
-from tidings.pipeline.publishing import record_batch, summaries_of
+from tidings.pipeline.publishing import record_batch
 from tidings.pipeline.spark import activate
 
 log = logging.getLogger(__name__)
@@ -76,5 +76,5 @@ def _replay(
     }
     activate(spark)
     frame = spark.read.format("tidings_outbox").options(**options).load()
-    summaries = summaries_of(frame.collect())  # the tasks publish their slices
-    return record_batch(options, "replay", int(time.time() * 1000), summaries)
+    rows = frame.collect()  # the tasks publish their slices
+    return record_batch(options, "replay", int(time.time() * 1000), rows)
