@@ -25,7 +25,7 @@ from typing import Any
 import nkeys
 import pytest
 import yaml
-from nats.js.api import RawStreamMsg, StorageType
+from nats.js.api import DiscardPolicy, RawStreamMsg, StorageType
 from nats.js.errors import NotFoundError
 from sqlalchemy import select
 
@@ -215,6 +215,43 @@ def test_events_of_a_key_are_stored_in_call_order(
         stored[msg.headers["Tidings-Partition-Key"]].append(int(msg.headers["Tidings-Seq"]))
     for key in keys:
         assert stored[key] == sorted(stored[key]) and len(stored[key]) == 5
+
+
+def test_a_call_sends_each_key_in_order_and_nothing_of_a_key_after_its_failure(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    """Several events of a key in one call (the relay gives up to ``events_per_key``): each
+    leaves once the one before it is acknowledged, so a refused one (here the stream is
+    full: discard new, 2 messages) stops its key, and the events after it are not sent."""
+    stream, prefix = names
+    admin(
+        lambda js: js.add_stream(
+            name=stream, subjects=[f"{prefix}.>"], max_msgs=2, discard=DiscardPolicy.NEW
+        )
+    )
+    target = make_target(create_stream=False)
+    k1 = [event(seq, partition_key="k1") for seq in (1, 2, 3)]
+    k2 = [event(4, partition_key="k2")]
+
+    results = target.publish([k1[0], k2[0], k1[1], k1[2]])
+
+    assert results[0] is None and results[1] is None  # each key's first event: stored
+    assert results[2] is not None and "maximum messages exceeded" in results[2]
+    assert results[3] is not None and "not sent: event seq 2 of its key failed" in results[3]
+    stored = [int(msg.headers["Tidings-Seq"]) for msg in stream_messages(stream) if msg.headers]
+    assert sorted(stored) == [1, 4]
+
+
+def test_a_long_run_of_one_key_is_stored_in_call_order(
+    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
+) -> None:
+    target = make_target()
+    run = [event(seq, partition_key="only") for seq in range(1, target.events_per_key + 1)]
+
+    assert target.publish(run) == [None] * len(run)
+
+    stored = [int(msg.headers["Tidings-Seq"]) for msg in stream_messages(names[0]) if msg.headers]
+    assert stored == list(range(1, target.events_per_key + 1))
 
 
 def test_a_bad_custom_header_fails_only_its_own_event(

@@ -169,6 +169,54 @@ def test_non_atomic_target_never_gets_two_events_of_a_key_in_one_call(
     assert refusing.calls == [[1, 3], [2], [4]]
 
 
+class Chaining(Refusing):
+    """A target that takes up to three of a key's events per call and, like the JetStream
+    target, sends none of a key's events after one of them was refused."""
+
+    events_per_key = 3
+
+    def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
+        self.calls.append([e.seq for e in events])
+        refused: dict[str, int] = {}  # key -> its first refused seq in this call
+        for e in events:
+            if self.word in e.payload:
+                refused.setdefault(e.ordering_key, e.seq)
+        sent = [e for e in events if e.seq < refused.get(e.ordering_key, e.seq + 1)]
+        stored = dict(zip([e.seq for e in sent], self.inner.publish(sent), strict=True))
+        return [
+            stored[e.seq]
+            if e.seq in stored
+            else f"refused {e.seq}"
+            if refused[e.ordering_key] == e.seq
+            else f"not sent after {refused[e.ordering_key]}"
+            for e in events
+        ]
+
+
+def test_a_target_that_chains_a_key_gets_bounded_runs_and_the_first_failure_is_blamed(
+    engine: Engine, tmp_path: Path
+) -> None:
+    k1 = [("A", "k1", {"n": n}) for n in ("ok", "poison", "ok", "ok")]
+    emit_all(engine, k1 + [("A", "k2", {"n": n}) for n in range(5)])  # k1: 1-4, k2: 5-9
+    store = local_store(tmp_path, "a")
+    chaining = Chaining("a", store, "poison")
+    Publisher(engine, merge_routes({"A": ["a"]}), {"a": chaining}.get, [0.0]).run(
+        logged_rows(engine)
+    )
+    assert chaining.calls[0] == [1, 2, 3, 5, 6, 7]  # a run per key, three at most, in order
+    assert all(len([s for s in call if s <= 4]) <= 3 for call in chaining.calls)
+    for call in chaining.calls:  # each key's events in log order
+        assert [s for s in call if s <= 4] == sorted(s for s in call if s <= 4)
+        assert [s for s in call if s > 4] == sorted(s for s in call if s > 4)
+    rows = rows_by_seq(engine)
+    assert [rows[s].status for s in range(1, 10)] == ["PUBLISHED", "FAILED", "HELD", "HELD"] + [
+        "PUBLISHED"
+    ] * 5
+    assert rows[3].retry_count == 0 and rows[4].retry_count == 0  # not sent is not charged
+    assert "seq 2" in rows[3].error_details and "seq 2" in rows[4].error_details
+    assert sorted(stored_seqs(store, engine)) == [1, 5, 6, 7, 8, 9]
+
+
 def test_retry_threshold_skips_and_keeps_later_events_held(engine: Engine, tmp_path: Path) -> None:
     emit_all(engine, [("A", "k", {}), ("A", "k", {})])
     with engine.begin() as conn:

@@ -1,7 +1,8 @@
 """Sending one round of a publishing run to its targets: calls, retries and narrowing.
 
 The publisher (:mod:`tidings.pipeline.publisher`) decides what may go in a round: per
-(partition key, target) lane, one event, or a run of them for an atomic target. This module
+(partition key, target) lane, one event, or a run of them for an atomic target or one that
+chains a key's events itself (``events_per_key``). This module
 sends each target's units, the targets in parallel, and finds out whom to blame:
 
 * a call that fails as a whole (:class:`~tidings.errors.TargetCallFailed`, any exception)
@@ -35,7 +36,8 @@ BreakerLookup = Callable[[Target], CircuitBreaker]
 
 @dataclass(eq=False)
 class Unit:
-    """What one (key, target) lane sends in one round: one event, or a run for atomic targets.
+    """What one (key, target) lane sends in one round: one event, or a run (atomic targets,
+    and targets that chain a key's events).
 
     ``culprit`` is the event that failed on its own (the unit's later events wait behind it);
     ``waiting`` is set when the target was unavailable and nothing was charged.
@@ -172,7 +174,7 @@ class Delivery:
         if len(parts) == 1 and len(parts[0][0].items) == 1:  # found: the event failed alone
             self.breaker(name).failed(error, {parts[0][0].key})
             self._blame([parts[0][0]], error)
-        elif len(parts) == 1:  # one atomic run: its first half, then the rest if that went
+        elif len(parts) == 1:  # one run: its first half, then the rest if that went
             part = parts[0][0]
             half = len(part.items) // 2
             for piece in (part.items[:half], part.items[half:]):

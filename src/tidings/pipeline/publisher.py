@@ -7,8 +7,9 @@ Guarantees kept here:
   confirmed (claim 10), and a retry goes only to targets that have not confirmed (claim 8);
 * order is kept per (partition key, target): each target gets a key's events in log order,
   one at a time for a non-atomic target, a whole run in one call for an atomic one (it
-  confirms or refuses the run as one). A key whose event waits at one target goes on at
-  the others;
+  confirms or refuses the run as one), a bounded run for one that chains a key's events
+  itself (``events_per_key``: each sent once the one before it is confirmed, none after a
+  failure). A key whose event waits at one target goes on at the others;
 * a failure is charged to the event that caused it alone: a call that fails as a whole is
   split until the failing event is alone, the others are published on the next call and
   are not charged a retry (:class:`~tidings.errors.TargetCallFailed`);
@@ -206,8 +207,10 @@ class Publisher:
             if target is not None and not self._delivery.breaker(name).allows():
                 continue  # waits this round; a probe may reopen the target for later rounds
             take = 1
-            if target is not None and target.atomic:
+            if target is not None and (target.atomic or target.events_per_key > 1):
                 take = sum(1 for item in lane if behind is None or item.event.seq < behind)
+                if not target.atomic:
+                    take = min(take, target.events_per_key)
             units.setdefault(name, []).append(Unit(key, [lane.popleft() for _ in range(take)]))
             if not lane:
                 del lanes[lane_id]

@@ -21,8 +21,12 @@ class Target(ABC):
 
     ``atomic`` targets confirm or refuse a whole call at once (one database transaction);
     the relay may then hand them several events of the same partition key in one call,
-    in log order. Other targets are never given two events of the same key in one call,
-    so that a failure cannot let a later event of that key overtake an earlier one.
+    in log order. A target that sends a key's events one after another itself, each only
+    once the one before it is confirmed and none after one failed (those it answers with an
+    error that is not charged: the first failed event is the one blamed), says so with
+    ``events_per_key`` above 1: it is given up to that many of a key's events per call, in
+    log order. Other targets are never given two events of the same key in one call, so
+    that a failure cannot let a later event of that key overtake an earlier one.
     Targets must deduplicate by ``event_id`` where they can: a batch interrupted by a crash
     is published again.
 
@@ -38,6 +42,7 @@ class Target(ABC):
     """
 
     atomic: bool = False
+    events_per_key: int = 1
     #: The configuration model of this kind (its ``kind: Literal[...]`` names the kind). A
     #: target module's class sets it and is built as ``cls(name, config)``; a wrapper (fault
     #: injection, a test's stand-in) leaves it None and is no kind of its own.

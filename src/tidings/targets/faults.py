@@ -45,6 +45,7 @@ class FaultInjectingTarget(Target):
         super().__init__(inner.name)
         self.inner = inner
         self.atomic = inner.atomic
+        self.events_per_key = inner.events_per_key
         self.fault_file = Path(fault_file)
 
     def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:

@@ -26,8 +26,10 @@ import re
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Coroutine, Sequence
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -223,6 +225,33 @@ def _tls_context(tls: JetStreamTls) -> ssl.SSLContext:
     return context
 
 
+def _not_sent(culprit: OutboxEvent) -> str:
+    return f"not sent: event seq {culprit.seq} of its key failed before it in this call"
+
+
+class _Call:
+    """One publish call: its events as runs per ordering key (each in call order), the
+    events in flight with their runs, the acks that arrived, and every event's result."""
+
+    def __init__(self, events: Sequence[OutboxEvent], inbox: AckInbox) -> None:
+        self.events = events
+        self.inbox = inbox
+        runs: dict[str, deque[int]] = {}
+        for index, event in enumerate(events):
+            runs.setdefault(event.ordering_key, deque()).append(index)
+        self.runs = list(runs.values())
+        self.results: list[str | None] = [None] * len(events)
+        self.in_flight: dict[int, tuple[str, deque[int]]] = {}  # index -> (subject, run)
+        self.acks: list[asyncio.Future[Msg]] = []
+        self.replies: list[str] = []
+        self.arrived: deque[tuple[int, asyncio.Future[Msg]]] = deque()
+        self.wake = asyncio.Event()
+
+    def ack_arrived(self, index: int, ack: asyncio.Future[Msg]) -> None:
+        self.arrived.append((index, ack))
+        self.wake.set()
+
+
 class JetStreamTarget(Target):
     """Publishes events to one JetStream stream; connects lazily, reconnects after failures.
 
@@ -233,6 +262,9 @@ class JetStreamTarget(Target):
     """
 
     atomic = False
+    #: A key's events go one after another within a call (see :meth:`_publish`); a run is
+    #: bounded so that a call of one long run still ends well within the call timeout.
+    events_per_key = 1000
     config_model = JetStreamTargetConfig
 
     def __init__(self, name: str, config: JetStreamTargetConfig) -> None:
@@ -297,46 +329,97 @@ class JetStreamTarget(Target):
     # -- one call ------------------------------------------------------------------------
 
     async def _publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
-        """Send every event, then wait for all acks under one deadline.
+        """Send every event, a key's events one after another, and collect the acks.
 
-        Nothing awaited while sending yields to the loop (unless nats-py's 2 MB write buffer
-        fills), so the whole call leaves in a few socket writes instead of one per message.
+        The first event of every ordering key leaves at once (nothing awaited while sending
+        yields to the loop unless nats-py's write buffer fills, so they go in a few socket
+        writes); each later event of a key leaves as soon as the one before it is
+        acknowledged, so a key's events are stored in call order and none is sent after
+        one of them failed (those get :func:`_not_sent`). The wait ends when every sent
+        event is acknowledged, the connection is lost, or no ack came for ``ack_timeout``.
         """
         try:
             inbox = await self._connection()
         except TargetError as exc:
             raise TargetUnavailable(f"jetstream target {self.name!r}: {exc}") from None
-        limit = inbox.nc.max_payload
-        subjects: list[str | None] = []
-        outcomes: list[asyncio.Future[Msg] | str] = []
-        replies: list[str] = []
+        call = _Call(events, inbox)
         try:
-            for event in events:
-                try:
-                    subject = self._subject(event)
-                except RenderError as exc:  # this event fails here; the others go on
-                    subjects.append(None)
-                    outcomes.append(self._no_subject(event, exc))
-                    continue
-                subjects.append(subject)
-                body, headers = event.payload.encode(), message_headers(event)
-                refused = self._oversize(event, subject, limit, body, headers)
-                outcomes.append(
-                    refused
-                    if refused is not None
-                    else await self._send(inbox, subject, body, headers, replies)
-                )
-            acks = [o for o in outcomes if not isinstance(o, str)]
-            if acks:
-                await inbox.wait(acks, self._ack_timeout)
+            for run in call.runs:
+                await self._send_next(call, run)
+            await self._follow_acks(call)
         finally:
             # Acks still missing now (all of them if the call was abandoned) are given up.
-            for reply in replies:
+            for reply in call.replies:
                 inbox.forget(reply)
-        results = [self._result(o, s) for o, s in zip(outcomes, subjects, strict=True)]
+        for index, (subject, run) in list(call.in_flight.items()):
+            self._fail(
+                call, index, run, self._error(subject, f"no ack within {self._ack_timeout:g}s")
+            )
+        results = call.results
         if any(results):
-            await self._blame_the_server(inbox, acks, results)
+            await self._blame_the_server(inbox, call.acks, results)
         return results
+
+    async def _follow_acks(self, call: _Call) -> None:
+        """Settle acks as they arrive, sending each key's next event; until none is in
+        flight, the connection is lost, or no ack came for ``ack_timeout``."""
+        loop = asyncio.get_running_loop()
+        lost = asyncio.ensure_future(call.inbox.lost.wait())
+        lost.add_done_callback(lambda _: call.wake.set())
+        deadline = loop.time() + self._ack_timeout
+        try:
+            while call.in_flight and not call.inbox.lost.is_set():
+                if not call.arrived:
+                    call.wake.clear()
+                    try:
+                        await asyncio.wait_for(call.wake.wait(), deadline - loop.time())
+                    except TimeoutError:
+                        return
+                while call.arrived:
+                    index, ack = call.arrived.popleft()
+                    subject, run = call.in_flight.pop(index)
+                    cause = ack_error(ack.result(), self.config.stream)
+                    if cause is None:
+                        await self._send_next(call, run)
+                    else:
+                        self._fail(call, index, run, self._error(subject, cause))
+                    deadline = loop.time() + self._ack_timeout
+        finally:
+            lost.cancel()
+
+    async def _send_next(self, call: _Call, run: deque[int]) -> None:
+        """Send the next event of ``run`` (one key's events, in call order), if any; one that
+        cannot be sent fails here and ends its run."""
+        if not run:
+            return
+        index = run.popleft()
+        event = call.events[index]
+        try:
+            subject = self._subject(event)
+        except RenderError as exc:
+            self._fail(call, index, run, self._no_subject(event, exc))
+            return
+        body, headers = event.payload.encode(), message_headers(event)
+        refused = self._oversize(event, subject, call.inbox.nc.max_payload, body, headers)
+        if refused is not None:
+            self._fail(call, index, run, refused)
+            return
+        reply, ack = call.inbox.expect()
+        call.replies.append(reply)
+        try:
+            await call.inbox.nc.publish(subject, body, reply=reply, headers=headers)
+        except Exception as exc:
+            self._fail(call, index, run, self._error(subject, _describe(exc)))
+            return
+        call.acks.append(ack)
+        call.in_flight[index] = (subject, run)
+        ack.add_done_callback(partial(call.ack_arrived, index))
+
+    def _fail(self, call: _Call, index: int, run: deque[int], error: str) -> None:
+        """Event ``index`` failed with ``error``; the rest of its key's run is not sent."""
+        call.results[index] = error
+        while run:
+            call.results[run.popleft()] = _not_sent(call.events[index])
 
     async def _blame_the_server(
         self, inbox: AckInbox, acks: list[asyncio.Future[Msg]], results: list[str | None]
@@ -370,23 +453,6 @@ class JetStreamTarget(Target):
                 f"{len(acks)} messages within {self._ack_timeout:g}s"
             )
 
-    async def _send(
-        self,
-        inbox: AckInbox,
-        subject: str,
-        body: bytes,
-        headers: dict[str, str],
-        replies: list[str],
-    ) -> asyncio.Future[Msg] | str:
-        """Send one message without waiting for its ack: its ack future, or why it failed."""
-        reply, ack = inbox.expect()
-        replies.append(reply)
-        try:
-            await inbox.nc.publish(subject, body, reply=reply, headers=headers)
-        except Exception as exc:
-            return _describe(exc)
-        return ack
-
     def _limit(self) -> int:
         unknown = self._max_payload is None and not self._closed
         if unknown and time.monotonic() >= self._limit_unknown_until:
@@ -411,17 +477,6 @@ class JetStreamTarget(Target):
             f"would be {payload + size} bytes (payload {payload} + headers {size}), over "
             f"the NATS server's max_payload of {limit} bytes"
         )
-
-    def _result(self, outcome: asyncio.Future[Msg] | str, subject: str | None) -> str | None:
-        if subject is None:  # no subject: the outcome is the whole message already
-            return outcome if isinstance(outcome, str) else None
-        if isinstance(outcome, str):
-            cause: str | None = outcome
-        elif outcome.done():
-            cause = ack_error(outcome.result(), self.config.stream)
-        else:
-            cause = f"no ack within {self._ack_timeout:g}s"
-        return None if cause is None else self._error(subject, cause)
 
     def _error(self, subject: str, cause: str) -> str:
         return f"jetstream target {self.name!r}: publish to {subject!r} failed: {cause}"

@@ -157,16 +157,6 @@ class AckInbox:
         future = self._waiting[reply] = asyncio.get_running_loop().create_future()
         return reply, future
 
-    async def wait(self, acks: list[asyncio.Future[Msg]], timeout: float) -> None:
-        """Until every ack is in, the connection is lost or ``timeout`` passed."""
-        waiters = {asyncio.gather(*acks), asyncio.ensure_future(self.lost.wait())}
-        _, pending = await asyncio.wait(
-            waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-        )
-        for waiter in pending:
-            if isinstance(waiter, asyncio.Task):
-                waiter.cancel()
-
     def forget(self, reply: str) -> None:
         """Stop waiting for ``reply`` (acked, failed to send, or given up on)."""
         self._waiting.pop(reply, None)
