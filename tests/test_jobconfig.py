@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pydantic
@@ -53,3 +56,31 @@ def test_a_task_decodes_the_started_configuration_once_and_cannot_change_it(
     assert started_config(other).database.url != first.database.url
     with pytest.raises(pydantic.ValidationError, match="frozen"):
         first.relay.partitions = 7  # type: ignore[misc]
+
+
+def test_the_source_plans_from_plain_options_without_loading_the_configuration(
+    tmp_path: Path,
+) -> None:
+    """The streaming source runner is a new Python process per query: what it imports is
+    every relay start's wait. It reads the log's bounds from the job's plain options, on
+    the real database, and never loads pydantic, the configuration models or a target."""
+    config = relay_config(tmp_path)
+    options = job_options(config, None)
+    probe = (
+        "import json, sys\n"
+        "from tidings.pipeline.logread import LogReader\n"
+        "log = LogReader(json.loads(sys.argv[1]))\n"
+        "print(json.dumps([log.start(), log.safe_upto(), log.partition_count, log.max_rows,\n"
+        "    sorted(m for m in sys.modules if m == 'pydantic' or m.startswith(\n"
+        "        ('tidings.config', 'tidings.targets', 'sqlalchemy.orm')))]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, json.dumps(options)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    start, upto, partitions, max_rows, loaded = json.loads(out)
+    assert (start, upto) == (0, 0)
+    assert (partitions, max_rows) == (config.relay.partitions, config.relay.max_events_per_batch)
+    assert loaded == []

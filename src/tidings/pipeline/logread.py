@@ -27,7 +27,6 @@ from tidings.outbox.schema import (
     outbox_event,
     outbox_event_from_row,
 )
-from tidings.pipeline.jobconfig import started_config
 from tidings.pipeline.outcome import LoggedEvent
 from tidings.pipeline.source import LogSlice
 from tidings.pipeline.watermark import SafeWatermark
@@ -47,10 +46,11 @@ class LogReader:
     """The event log a job reads: its database, its safe watermark, the relay's settings."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        config = started_config(options)
-        self.url = config.database.url
-        self.partition_count = config.relay.partitions
-        self.max_rows = config.relay.max_events_per_batch
+        """``options`` are the job's (:func:`tidings.pipeline.jobconfig.job_options`): the
+        plain values it needs, not the configuration, whose models it never loads."""
+        self.url = options["database_url"]
+        self.partition_count = int(options["partitions"])
+        self.max_rows = int(options["max_events_per_batch"])
         self._watermark: SafeWatermark | None = None
 
     @property
