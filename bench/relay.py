@@ -86,6 +86,8 @@ from tidings.server.store.schema import INSERT_EVENT_SQL
 NATS_URL = "nats://127.0.0.1:4222"
 EVENT_TYPE = "MoneyDeposited"
 ACCOUNTS = 1000  # rows of the domain table the producer updates
+#: Phase 2c's SQL-written event ids start a day back, in log order as the Outbox's are.
+ID_EPOCH_MS = time.time_ns() // 1_000_000 - 86_400_000
 UPDATE_SQL = "UPDATE account SET balance = balance + ? WHERE id = ?"
 RAW_INSERT_SQL = (
     "INSERT INTO outbox_event (event_id, event_type, event_version, originator, partition_key, "
@@ -792,9 +794,10 @@ def sql_fill(
 
 
 def _insert_rows(conn: Any, first: int, rows: int, keys: int, *, published: bool) -> None:
-    """Rows ``first`` .. ``first + rows - 1`` of the log in one INSERT ... SELECT, with
-    random version-4 event ids as the Outbox draws them (ids in order would make the event
-    store's index on them an append, cheaper than in real use)."""
+    """Rows ``first`` .. ``first + rows - 1`` of the log in one INSERT ... SELECT, with event
+    ids shaped as the Outbox draws them (:mod:`tidings.events.ids`): version 7, the time in
+    milliseconds first (row ``i`` at :data:`ID_EPOCH_MS` + ``i`` / 20: 20 rows a
+    millisecond, about the Outbox's own emit rate), then random bits."""
     stamp = sqlite_text(datetime.now(UTC))
     iso = datetime.now(UTC).isoformat()
     state = {"store": {"state": "CONFIRMED", "at": iso}}
@@ -803,9 +806,10 @@ def _insert_rows(conn: Any, first: int, rows: int, keys: int, *, published: bool
         status, done, deliveries = "PUBLISHED", stamp, json.dumps(state)
     conn.exec_driver_sql(
         "WITH RECURSIVE n(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM n WHERE i < ?), "
-        "b(i, h) AS MATERIALIZED (SELECT i, lower(hex(randomblob(16))) FROM n), "
-        "r(i, id, k) AS MATERIALIZED (SELECT i, substr(h, 1, 8) || '-' || substr(h, 9, 4) "
-        "|| '-4' || substr(h, 14, 3) || '-8' || substr(h, 18, 3) || '-' || substr(h, 21, 12), "
+        "b(i, t, h) AS MATERIALIZED (SELECT i, printf('%012x', ? + i / 20), "
+        "lower(hex(randomblob(16))) FROM n), "
+        "r(i, id, k) AS MATERIALIZED (SELECT i, substr(t, 1, 8) || '-' || substr(t, 9, 4) "
+        "|| '-7' || substr(h, 14, 3) || '-8' || substr(h, 18, 3) || '-' || substr(h, 21, 12), "
         "(i * 7919) % ? FROM b) "
         "INSERT INTO outbox_event (seq, event_id, event_type, event_version, originator, "
         "partition_key, partition_bucket, payload, headers, logged_at, status, retry_count, "
@@ -820,6 +824,7 @@ def _insert_rows(conn: Any, first: int, rows: int, keys: int, *, published: bool
         (
             first,
             first + rows - 1,
+            ID_EPOCH_MS,
             keys,
             EVENT_TYPE,
             EVENT_TYPE,

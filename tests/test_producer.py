@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,32 @@ def test_transaction_form_commits_both(engine: Engine) -> None:
     assert envelope["specversion"] == "1.0" and envelope["data"] == {"id": "a"}
     assert envelope["id"] == event_id and envelope["type"] == "AccountOpened"
     assert _count(engine, account) == 1
+
+
+def test_drawn_event_and_attribute_ids_are_time_ordered_uuids(engine: Engine) -> None:
+    """Ids the outbox draws sort in the order they were drawn (across milliseconds), so the
+    unique indexes on them grow at their end; an id the caller names is kept as given."""
+    outbox = Outbox(engine, attribute_extractor=lambda draft: {"n": str(draft.payload["n"])})
+    drawn = []
+    for n in range(3):
+        with outbox.transaction() as tx:
+            drawn.append(tx.emit("Ticked", {"n": n}))
+        time.sleep(0.002)
+    named = str(uuid.uuid4())
+    with outbox.transaction() as tx:
+        tx.emit("Ticked", {"n": 3}, event_id=named)
+
+    assert drawn == sorted(drawn) and all(uuid.UUID(i).version == 7 for i in drawn)
+    with engine.connect() as conn:
+        attributes = conn.execute(
+            select(outbox_event_attribute.c.attribute_id, outbox_event_attribute.c.event_id)
+        ).all()
+        stored = conn.execute(select(outbox_event.c.event_id).order_by(outbox_event.c.seq))
+        assert [row.event_id for row in stored] == [*drawn, named]
+    by_event = {event_id: attribute_id for attribute_id, event_id in attributes}
+    attribute_ids = [by_event[i] for i in drawn]
+    assert attribute_ids == sorted(attribute_ids)
+    assert all(uuid.UUID(i).version == 7 for i in attribute_ids)
 
 
 def test_exception_mid_transaction_commits_neither(engine: Engine) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tidings.errors import EmitError
+from tidings.events.ids import new_id
 from tidings.events.timeutil import utcnow
 from tidings.outbox.envelope import EventDraft, JsonDefault, Transformer
 
@@ -40,13 +41,14 @@ def make_draft(
     event_id: Any,
     originator: str,
 ) -> EventDraft:
-    """The event an emit describes, its arguments checked; a fresh UUID if it names none."""
+    """The event an emit describes, its arguments checked; a fresh time-ordered UUID
+    (:mod:`tidings.events.ids`) if it names none."""
     check_event_type(event_type)
     _check_text("partition key", partition_key)
     _check_text("correlation id", correlation_id, limit=64)
     _check_text("version", version, required=True, limit=32)
     if event_id is None:
-        event_id = str(uuid.uuid4())
+        event_id = new_id()
     else:
         try:
             event_id = str(uuid.UUID(str(event_id)))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,6 +36,7 @@ from sqlalchemy.orm import Session
 from tidings.config import OutboxConfig
 from tidings.db import driver_stamp, make_engine, placeholder
 from tidings.errors import EmitError, TransactionDoomed
+from tidings.events.ids import new_id
 from tidings.events.outbox import EventStatus, OutboxEvent
 from tidings.events.timeutil import utcnow
 from tidings.outbox.checks import encode_body, make_draft
@@ -218,7 +218,7 @@ class Outbox:
             attributes = self.attribute_extractor(draft)
             rows = [
                 (
-                    str(uuid.uuid4()),
+                    new_id(),
                     draft.event_id,
                     str(key),
                     None if value is None else str(value),
