@@ -768,7 +768,10 @@ def sql_fill(
     store, with the batch-log row that makes a new relay start after them), then a backlog
     of ``events``: written in SQL (one statement each), where emitting millions of rows
     would take minutes. Rows are shaped as the Outbox writes them (CloudEvents payload of
-    the same size); a key's rows share a bucket, as the Outbox's hash gives them."""
+    the same size); a key's rows share a bucket, as the Outbox's hash gives them. The WAL is
+    checkpointed and truncated afterwards: the Outbox's small transactions never leave more
+    than SQLite's auto-checkpoint size in it, where one statement of 5M rows left 3.9 GB (a
+    drain behind it ran 19.9k against 21.5k ev/s once truncated, measured)."""
 
     def fill(engine: Any, cfg: TidingsConfig) -> int:
         started = time.perf_counter()
@@ -786,6 +789,8 @@ def sql_fill(
                     )
                 )
             _insert_rows(conn, published_before + 1, events, keys, published=False)
+        with engine.connect() as conn:  # as SQLite leaves an Outbox's log: its WAL in the file
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
         secs = time.perf_counter() - started
         say(f"  {published_before:,} PUBLISHED rows and a backlog of {events:,} in {secs:.1f} s")
         return events
