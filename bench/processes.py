@@ -244,3 +244,12 @@ class NatsServer:
             self._proc.kill()
             self._proc.wait()
             self._proc = None
+
+    def suspend(self) -> None:
+        """Freeze the server (SIGSTOP): its connections stay open, nothing is answered."""
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)

@@ -469,6 +469,47 @@ def test_a_server_that_dies_during_a_call_is_down_and_no_message_is_blamed(
     assert stream_info(names[0], private_server.url).state.messages == 1 + len(batch)
 
 
+def test_a_server_that_stops_acknowledging_mid_call_fails_the_call_with_what_it_confirmed(
+    make_target: Callable[..., JetStreamTarget],
+    private_server: NatsServer,
+    names: tuple[str, str],
+) -> None:
+    """The server freezes (SIGSTOP) while a key's run goes one ack after another: the events
+    acknowledged so far are confirmed and the call fails as a whole (the relay narrows it;
+    the server's silence is no event's fault); resumed, the run sent again is stored once
+    and in order."""
+    target = make_target(servers=[private_server.url], ack_timeout="500ms")
+    private_server.start()
+    assert target.publish([event(1)]) == [None]  # connected, stream made
+    run = [event(seq, partition_key="k") for seq in range(2, 2 + target.events_per_key)]
+
+    def freeze_midway() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if stream_info(names[0], private_server.url).state.messages > 50:
+                private_server.suspend()
+                return
+            time.sleep(0.002)
+
+    freezer = threading.Thread(target=freeze_midway)
+    freezer.start()
+    try:
+        with pytest.raises(TargetCallFailed) as raised:
+            target.publish(run)
+    finally:
+        freezer.join()
+        private_server.resume()
+
+    assert "stopped acknowledging" in str(raised.value)
+    confirmed = raised.value.confirmed
+    acked = confirmed.count(True)
+    assert 50 <= acked < len(run)
+    assert confirmed == [True] * acked + [False] * (len(run) - acked)  # a prefix, in order
+    assert target.publish(run) == [None] * len(run)
+    stored = [int(m.headers["Tidings-Seq"]) for m in stream_messages(names[0], private_server.url)]
+    assert stored == [1, *(e.seq for e in run)]
+
+
 def test_a_server_that_acknowledges_nothing_is_down(
     make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
 ) -> None:

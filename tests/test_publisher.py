@@ -28,7 +28,9 @@ from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.outbox import EventStatus, OutboxEvent
 from tidings.outbox.schema import outbox_event
-from tidings.pipeline.breaker import CircuitBreaker
+from tidings.pipeline.breaker import FAILED_CALLS_TO_OPEN, CircuitBreaker
+from tidings.pipeline.delivery import Delivery, Unit
+from tidings.pipeline.outcome import Summary
 from tidings.pipeline.publisher import Publisher
 from tidings.pipeline.retry import RetryPolicy
 from tidings.routing.table import merge_routes
@@ -215,6 +217,48 @@ def test_a_target_that_chains_a_key_gets_bounded_runs_and_the_first_failure_is_b
     assert rows[3].retry_count == 0 and rows[4].retry_count == 0  # not sent is not charged
     assert "seq 2" in rows[3].error_details and "seq 2" in rows[4].error_details
     assert sorted(stored_seqs(store, engine)) == [1, 5, 6, 7, 8, 9]
+
+
+def test_a_chained_run_confirmed_before_its_failure_keeps_the_breaker_closed(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Calls for two keys whose runs each fail after a confirmed event reached the target:
+    a breaker that counted them as failed calls would take it for down (three calls, two
+    keys) and hold every key."""
+    emit_all(engine, [("A", k, {"n": n}) for n in ("ok", "poison") for k in ("k1", "k2")])
+    chaining = Chaining("a", local_store(tmp_path, "a"), "poison")
+    breaker = CircuitBreaker("a")
+    delivery = Delivery({"a": chaining}.get, RetryPolicy.of([0.0]), breakers=lambda _: breaker)
+    for _ in range(FAILED_CALLS_TO_OPEN):
+        rows = logged_rows(engine)
+        units = [Unit(k, [r for r in rows if r.event.partition_key == k]) for k in ("k1", "k2")]
+        delivery.deliver({"a": units}, Summary())
+        assert [u.culprit.event.seq for u in units if u.culprit] == [3, 4]
+    assert chaining.calls[-1] == [1, 3, 2, 4]
+    assert not breaker.is_open
+
+
+def test_a_chained_run_stops_before_an_event_that_failed_before(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Seq 2 failed at the target in an earlier run: it goes as the head of a run (through
+    the retry checks, charged as a retry), not as the tail of seq 1's."""
+    emit_all(engine, [("A", "k", {"n": n}) for n in range(3)])
+    failed = {"a": {"state": "failed", "error": "earlier", "failures": 1, "retry_at": 0}}
+    with engine.begin() as conn:
+        conn.execute(
+            outbox_event.update()
+            .where(outbox_event.c.seq == 2)
+            .values(deliveries=json.dumps(failed))
+        )
+    chaining = Chaining("a", local_store(tmp_path, "a"), "never-matches")
+    Publisher(engine, merge_routes({"A": ["a"]}), {"a": chaining}.get, [0.0, 0.0]).run(
+        logged_rows(engine)
+    )
+    assert chaining.calls == [[1], [2, 3]]
+    rows = rows_by_seq(engine)
+    assert [rows[s].status for s in (1, 2, 3)] == ["PUBLISHED"] * 3
+    assert (rows[2].retry_count, rows[3].retry_count) == (1, 0)
 
 
 def test_retry_threshold_skips_and_keeps_later_events_held(engine: Engine, tmp_path: Path) -> None:

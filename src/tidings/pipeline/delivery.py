@@ -157,8 +157,8 @@ class Delivery:
             if culprit is not None:
                 unit.culprit, unit.error = culprit, errors[id(culprit)]
                 failing.append(unit)
-        if len(failing) < len(units):
-            breaker.succeeded()
+        if len(failing) < len(units) or any(result is None for result in results):
+            breaker.succeeded()  # a run that failed after confirmed events reached it too
         elif failing:
             breaker.failed(failing[0].error or "", {u.key for u in failing})
         return failing

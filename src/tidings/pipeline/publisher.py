@@ -37,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from itertools import islice
 from typing import Any
 
 from sqlalchemy import Engine
@@ -210,7 +211,7 @@ class Publisher:
             if target is not None and (target.atomic or target.events_per_key > 1):
                 take = sum(1 for item in lane if behind is None or item.event.seq < behind)
                 if not target.atomic:
-                    take = min(take, target.events_per_key)
+                    take = _chain_length(lane, name, min(take, target.events_per_key))
             units.setdefault(name, []).append(Unit(key, [lane.popleft() for _ in range(take)]))
             if not lane:
                 del lanes[lane_id]
@@ -349,6 +350,16 @@ class Publisher:
 
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def _chain_length(lane: deque[LoggedEvent], name: str, limit: int) -> int:
+    """How many of ``lane``'s events (``limit`` at most) a target that chains a key's events
+    takes: it stops before a later one that failed before (at ``name`` or as a whole), which
+    then goes as a head, through the retry and threshold checks."""
+    for index, item in enumerate(islice(lane, 1, limit), start=1):
+        if item.failed_at(name) or item.status == EventStatus.FAILED:
+            return index
+    return limit
 
 
 def _clock_time(epoch: float) -> str:

@@ -26,7 +26,7 @@ import re
 import ssl
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Coroutine, Sequence
 from datetime import timedelta
 from functools import partial
@@ -245,11 +245,38 @@ class _Call:
         self.acks: list[asyncio.Future[Msg]] = []
         self.replies: list[str] = []
         self.arrived: deque[tuple[int, asyncio.Future[Msg]]] = deque()
-        self.wake = asyncio.Event()
+        self.settled = 0  # acks taken from ``arrived`` so far
+        self._waiter: asyncio.Future[bool] | None = None
 
     def ack_arrived(self, index: int, ack: asyncio.Future[Msg]) -> None:
         self.arrived.append((index, ack))
-        self.wake.set()
+        self.wake()
+
+    def wake(self) -> None:
+        """End the current :meth:`next_wake` (an ack arrived, or the connection is lost)."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(True)
+
+    async def next_wake(self, timeout: float) -> bool:
+        """Wait for :meth:`wake` (True) or ``timeout`` seconds (False).
+
+        A bare future with a timer rather than ``asyncio.wait_for``: on Python 3.11
+        ``wait_for`` returns normally when a cancellation lands as the awaited event fires,
+        and a call the caller gave up on would go on sending.
+        """
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, waiter, False)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _resolve(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 class JetStreamTarget(Target):
@@ -263,7 +290,7 @@ class JetStreamTarget(Target):
 
     atomic = False
     #: A key's events go one after another within a call (see :meth:`_publish`); a run is
-    #: bounded so that a call of one long run still ends well within the call timeout.
+    #: bounded so that one call of a long run still returns within seconds.
     events_per_key = 1000
     config_model = JetStreamTargetConfig
 
@@ -294,11 +321,15 @@ class JetStreamTarget(Target):
             raise TargetError(f"jetstream target {self.name!r} is closed")
         if not events:
             return []
+        # A key's events go one ack after another: each may take up to ack_timeout (the
+        # call's own deadline ends it sooner when acks stop coming at all).
+        longest = max(Counter(event.ordering_key for event in events).values())
+        timeout = self._call_timeout + (longest - 1) * self._ack_timeout
         try:
-            return self._runner.run(self._publish(events), self._call_timeout)
+            return self._runner.run(self._publish(events), timeout)
         except concurrent.futures.TimeoutError:
             raise TargetCallFailed(
-                f"jetstream target {self.name!r}: no result within {self._call_timeout:g}s"
+                f"jetstream target {self.name!r}: no result within {timeout:g}s"
             ) from None
 
     def refusal(self, event: OutboxEvent) -> str | None:
@@ -337,6 +368,11 @@ class JetStreamTarget(Target):
         acknowledged, so a key's events are stored in call order and none is sent after
         one of them failed (those get :func:`_not_sent`). The wait ends when every sent
         event is acknowledged, the connection is lost, or no ack came for ``ack_timeout``.
+
+        A server that stops acknowledging in the middle of a call (after some acks came) is
+        not a fault of the events still in flight: the call fails as a whole with what was
+        confirmed (TargetCallFailed), so the relay narrows it down and charges no event
+        unless one is still refused alone.
         """
         try:
             inbox = await self._connection()
@@ -346,46 +382,52 @@ class JetStreamTarget(Target):
         try:
             for run in call.runs:
                 await self._send_next(call, run)
-            await self._follow_acks(call)
+            stalled = await self._follow_acks(call)
         finally:
             # Acks still missing now (all of them if the call was abandoned) are given up.
             for reply in call.replies:
                 inbox.forget(reply)
+        missing = f"no ack within {self._ack_timeout:g}s"
         for index, (subject, run) in list(call.in_flight.items()):
-            self._fail(
-                call, index, run, self._error(subject, f"no ack within {self._ack_timeout:g}s")
-            )
+            self._fail(call, index, run, self._error(subject, missing))
         results = call.results
+        if stalled and call.settled:
+            raise TargetCallFailed(
+                f"jetstream target {self.name!r}: the server stopped acknowledging during "
+                f"the call ({call.settled} of {len(call.acks)} acks came, then none for "
+                f"{self._ack_timeout:g}s)",
+                confirmed=[result is None for result in results],
+            )
         if any(results):
             await self._blame_the_server(inbox, call.acks, results)
         return results
 
-    async def _follow_acks(self, call: _Call) -> None:
-        """Settle acks as they arrive, sending each key's next event; until none is in
-        flight, the connection is lost, or no ack came for ``ack_timeout``."""
-        loop = asyncio.get_running_loop()
-        lost = asyncio.ensure_future(call.inbox.lost.wait())
-        lost.add_done_callback(lambda _: call.wake.set())
-        deadline = loop.time() + self._ack_timeout
+    async def _follow_acks(self, call: _Call) -> bool:
+        """Settle acks as they arrive, sending each key's next event, until none is in flight
+        or the connection is lost; True if it stopped because no ack came for
+        ``ack_timeout`` while events were in flight."""
+        lost = call.inbox.lost
+        watcher = asyncio.ensure_future(lost.wait())
+        watcher.add_done_callback(lambda _: call.wake())
         try:
-            while call.in_flight and not call.inbox.lost.is_set():
+            while call.in_flight:
                 if not call.arrived:
-                    call.wake.clear()
-                    try:
-                        await asyncio.wait_for(call.wake.wait(), deadline - loop.time())
-                    except TimeoutError:
-                        return
+                    if lost.is_set():
+                        return False
+                    if not await call.next_wake(self._ack_timeout) and not call.arrived:
+                        return True
                 while call.arrived:
                     index, ack = call.arrived.popleft()
+                    call.settled += 1
                     subject, run = call.in_flight.pop(index)
                     cause = ack_error(ack.result(), self.config.stream)
                     if cause is None:
                         await self._send_next(call, run)
                     else:
                         self._fail(call, index, run, self._error(subject, cause))
-                    deadline = loop.time() + self._ack_timeout
+            return False
         finally:
-            lost.cancel()
+            watcher.cancel()
 
     async def _send_next(self, call: _Call, run: deque[int]) -> None:
         """Send the next event of ``run`` (one key's events, in call order), if any; one that
