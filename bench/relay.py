@@ -1603,7 +1603,8 @@ METHOD = [
     "a fresh stream, acks awaited per window; measured before and after the relay.",
     "4. Latency: streaming relay (trigger 100 ms) on a fresh database; paced producer, "
     "one event per transaction; latency = last_publish_at - logged_at; the figures are the "
-    "last 20 s of an 80-s load (the first 60 s warm the driver JVM), every 20-s window listed.",
+    "load's last window after its warm-up (full run: the last 20 s of 80, the first 60 s "
+    "warm the driver JVM), every window listed.",
     "5. PSS: `python -m tidings.cli relay --config cfg.yaml --once` as a subprocess; the "
     "PSS of its whole process tree (driver, JVM, Python workers) summed every 0.2 s.",
     "",

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pyspark.sql import Row
 from sqlalchemy import select
 
 from helpers import relay_config, statuses, store_events
@@ -32,7 +33,7 @@ def test_a_task_publishes_its_slice_and_the_driver_records_the_batch(tmp_path: P
 
     assert [b.schema.names for b in batches] == [["summary"], ["summary"]]
     assert [b.num_rows for b in batches] == [1, 1]
-    rows = [_Row(text) for b in batches for text in b.column(0).to_pylist()]
+    rows = [Row(summary=text) for b in batches for text in b.column(0).to_pylist()]
     assert sum(json.loads(row.summary)["published"] for row in rows) == 7
     assert set(statuses(engine).values()) == {"PUBLISHED"}
     assert len(store_events(config)) == 7
@@ -50,7 +51,7 @@ def test_a_batch_that_handled_nothing_is_not_logged(tmp_path: Path) -> None:
     engine = make_engine(config.database.url)
     ensure_schema(engine)
     options = job_options(config, None)
-    rows = [_Row(publish_task(options, LogSlice(0, 0, 0, 1)).column(0)[0].as_py())]
+    rows = [Row(summary=publish_task(options, LogSlice(0, 0, 0, 1)).column(0)[0].as_py())]
     assert record_batch(options, "relay", 1, rows).events == 0
     with engine.connect() as conn:
         assert conn.execute(select(batch_log.c.id)).all() == []
@@ -69,10 +70,3 @@ def test_the_summary_row_is_built_without_pandas() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-
-class _Row:
-    """A collected row of the source's schema, as ``DataFrame.collect`` gives it."""
-
-    def __init__(self, summary: str) -> None:
-        self.summary = summary

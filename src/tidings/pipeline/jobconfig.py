@@ -55,15 +55,16 @@ def job_options(config: TidingsConfig, config_path: str | None) -> dict[str, str
 
 
 def started_config(options: Mapping[str, str]) -> TidingsConfig:
-    """The configuration the job started with, as the driver passed it: what the driver's
-    own steps need (database, relay settings), which a file change never alters, so they do
-    not read the file (nor fail when it is briefly gone)."""
+    """The configuration the job started with, as the driver passed it: the base that
+    :func:`job_config` takes the file's routing into. (The driver's own steps and the
+    source's planning read the plain values of :func:`job_options` instead: the database
+    URL, which a file change never alters, so they neither decode this nor read the file.)"""
     return _decoded(options["config_json"])
 
 
 @functools.lru_cache(maxsize=8)
 def _decoded(config_json: str) -> TidingsConfig:
-    """Decoded once per worker and job: every task and commit of a micro-batch needs it
+    """Decoded once per worker and job: every task of a micro-batch needs it
     (3 ms each, measured), and a configuration cannot change once validated (frozen)."""
     return TidingsConfig.model_validate_json(config_json)
 

@@ -208,10 +208,10 @@ class Publisher:
             if target is not None and not self._delivery.breaker(name).allows():
                 continue  # waits this round; a probe may reopen the target for later rounds
             take = 1
-            if target is not None and (target.atomic or target.events_per_key > 1):
+            if target is not None and target.atomic:
                 take = sum(1 for item in lane if behind is None or item.event.seq < behind)
-                if not target.atomic:
-                    take = _chain_length(lane, name, min(take, target.events_per_key))
+            elif target is not None and target.events_per_key > 1:
+                take = _chain_length(lane, name, behind, target.events_per_key)
             units.setdefault(name, []).append(Unit(key, [lane.popleft() for _ in range(take)]))
             if not lane:
                 del lanes[lane_id]
@@ -352,14 +352,16 @@ class Publisher:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
 
-def _chain_length(lane: deque[LoggedEvent], name: str, limit: int) -> int:
-    """How many of ``lane``'s events (``limit`` at most) a target that chains a key's events
-    takes: it stops before a later one that failed before (at ``name`` or as a whole), which
-    then goes as a head, through the retry and threshold checks."""
+def _chain_length(lane: deque[LoggedEvent], name: str, behind: int | None, limit: int) -> int:
+    """How many of ``lane``'s events a target that chains a key's events takes: ``limit`` at
+    most, none from ``behind`` on (the key's earlier open event outside this run), and none
+    from a later one that failed before (at ``name`` or as a whole), which then goes as a
+    head, through the retry and threshold checks. Only the run is looked at, not the lane."""
     for index, item in enumerate(islice(lane, 1, limit), start=1):
-        if item.failed_at(name) or item.status == EventStatus.FAILED:
+        stop = behind is not None and item.event.seq >= behind
+        if stop or item.failed_at(name) or item.status == EventStatus.FAILED:
             return index
-    return limit
+    return min(limit, len(lane))
 
 
 def _clock_time(epoch: float) -> str:

@@ -24,7 +24,7 @@ from tidings.config import TidingsConfig
 from tidings.db import shared_engine
 from tidings.events.timeutil import utcnow
 from tidings.outbox.schema import batch_log
-from tidings.pipeline.jobconfig import job_config, started_config
+from tidings.pipeline.jobconfig import job_config
 from tidings.pipeline.logread import read_slice
 from tidings.pipeline.outcome import Summary
 from tidings.pipeline.publisher import Publisher
@@ -103,8 +103,7 @@ def record_batch(
         total.merge(Summary(**json.loads(row.summary)))
     if not total.events:
         return total
-    config = started_config(options)
-    with shared_engine(config.database.url).begin() as conn:
+    with shared_engine(options["database_url"]).begin() as conn:
         conn.execute(
             batch_log.insert().values(
                 job=job,

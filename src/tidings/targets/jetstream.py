@@ -26,7 +26,7 @@ import re
 import ssl
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Coroutine, Sequence
 from datetime import timedelta
 from functools import partial
@@ -233,13 +233,12 @@ class _Call:
     """One publish call: its events as runs per ordering key (each in call order), the
     events in flight with their runs, the acks that arrived, and every event's result."""
 
-    def __init__(self, events: Sequence[OutboxEvent], inbox: AckInbox) -> None:
+    def __init__(
+        self, events: Sequence[OutboxEvent], runs: list[deque[int]], inbox: AckInbox
+    ) -> None:
         self.events = events
+        self.runs = runs
         self.inbox = inbox
-        runs: dict[str, deque[int]] = {}
-        for index, event in enumerate(events):
-            runs.setdefault(event.ordering_key, deque()).append(index)
-        self.runs = list(runs.values())
         self.results: list[str | None] = [None] * len(events)
         self.in_flight: dict[int, tuple[str, deque[int]]] = {}  # index -> (subject, run)
         self.acks: list[asyncio.Future[Msg]] = []
@@ -272,6 +271,14 @@ class _Call:
         finally:
             timer.cancel()
             self._waiter = None
+
+
+def _runs(events: Sequence[OutboxEvent]) -> list[deque[int]]:
+    """The indexes of ``events`` per ordering key, each run in call order."""
+    runs: dict[str, deque[int]] = {}
+    for index, event in enumerate(events):
+        runs.setdefault(event.ordering_key, deque()).append(index)
+    return list(runs.values())
 
 
 def _resolve(future: asyncio.Future[bool], value: bool) -> None:
@@ -323,10 +330,10 @@ class JetStreamTarget(Target):
             return []
         # A key's events go one ack after another: each may take up to ack_timeout (the
         # call's own deadline ends it sooner when acks stop coming at all).
-        longest = max(Counter(event.ordering_key for event in events).values())
-        timeout = self._call_timeout + (longest - 1) * self._ack_timeout
+        runs = _runs(events)
+        timeout = self._call_timeout + (max(map(len, runs)) - 1) * self._ack_timeout
         try:
-            return self._runner.run(self._publish(events), timeout)
+            return self._runner.run(self._publish(events, runs), timeout)
         except concurrent.futures.TimeoutError:
             raise TargetCallFailed(
                 f"jetstream target {self.name!r}: no result within {timeout:g}s"
@@ -359,8 +366,10 @@ class JetStreamTarget(Target):
 
     # -- one call ------------------------------------------------------------------------
 
-    async def _publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
-        """Send every event, a key's events one after another, and collect the acks.
+    async def _publish(
+        self, events: Sequence[OutboxEvent], runs: list[deque[int]]
+    ) -> list[str | None]:
+        """Send every event, a key's events (``runs``) one after another; collect the acks.
 
         The first event of every ordering key leaves at once (nothing awaited while sending
         yields to the loop unless nats-py's write buffer fills, so they go in a few socket
@@ -378,7 +387,7 @@ class JetStreamTarget(Target):
             inbox = await self._connection()
         except TargetError as exc:
             raise TargetUnavailable(f"jetstream target {self.name!r}: {exc}") from None
-        call = _Call(events, inbox)
+        call = _Call(events, runs, inbox)
         try:
             for run in call.runs:
                 await self._send_next(call, run)
