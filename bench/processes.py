@@ -2,8 +2,9 @@
 
 One way of starting each, shared by ``bench/`` (a script's own folder is on its path) and
 ``tests/`` (pytest's ``pythonpath`` in pyproject.toml lists ``bench``): ``tidings`` as a user
-runs it (:func:`tidings_cli`), a ``tidings server`` or a hat-event 0.8.5 server in a working
-directory of its own (:class:`ServerProcess`) and a private ``nats-server`` with JetStream
+runs it (:func:`tidings_cli`), a ``tidings server``, a hat-event 0.8.5 server or a hat-monitor
+Monitor Server in a working directory of its own (:class:`ServerProcess`) and a private
+``nats-server`` with JetStream
 (:class:`NatsServer`). Every start waits until the server's ports accept connections, and
 fails with what went wrong (the process's exit, its log's tail) if they do not.
 """
@@ -25,6 +26,8 @@ import yaml
 NATS_SERVER = "/usr/sbin/nats-server"
 #: hat-event 0.8.5's server, installed beside this interpreter (a development dependency).
 HAT_EVENT_SERVER = Path(sys.executable).with_name("hat-event-server")
+#: hat-monitor's Monitor Server, the version hat-event 0.8.5 uses (a dependency of tidings).
+HAT_MONITOR_SERVER = (sys.executable, "-m", "hat.monitor.server")
 #: ``tidings`` as a user runs it, on this interpreter.
 TIDINGS = (sys.executable, "-m", "tidings.cli")
 
@@ -91,13 +94,24 @@ def kill_tree(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
     proc.wait(timeout)
 
 
+#: hat's servers log warnings and errors only, to their output (the process's log file).
+_HAT_LOG: dict[str, Any] = {
+    "version": 1,
+    "formatters": {"f": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"c": {"class": "logging.StreamHandler", "formatter": "f", "level": "WARNING"}},
+    "root": {"level": "WARNING", "handlers": ["c"]},
+    "disable_existing_loggers": False,
+}
+
+
 class ServerProcess:
     """A server in a subprocess, configured by ``server.yaml`` in its working directory and
     logging to ``server.log`` there; started, stopped (SIGTERM) or killed (SIGKILL to its
     process group, as a crash would) at will, and started again on the same files.
 
-    Make one with :meth:`tidings` or :meth:`hat_event`. ``ports`` are its Eventer's
-    (``"eventer"``) and, if it serves one, its Syncer's (``"syncer"``).
+    Make one with :meth:`tidings`, :meth:`hat_event` or :meth:`hat_monitor`. ``ports`` are an
+    event server's Eventer's (``"eventer"``) and, if it serves one, its Syncer's (``"syncer"``);
+    :meth:`start` waits for those named in ``listening`` (default: all).
     """
 
     def __init__(
@@ -106,11 +120,13 @@ class ServerProcess:
         workdir: Path,
         config: dict[str, Any],
         ports: Mapping[str, int],
+        listening: Sequence[str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.ports = dict(ports)
-        self.port = ports["eventer"]
+        self.port = ports.get("eventer", 0)
         self.eventer = local_address(self.port)
+        self._listening = list(ports) if listening is None else list(listening)
         self.config = workdir / "server.yaml"
         self.log_path = workdir / "server.log"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -128,10 +144,13 @@ class ServerProcess:
         token: str | None = None,
         backend: dict[str, str] | None = None,
         eventer: dict[str, Any] | None = None,
+        monitor: dict[str, str] | None = None,
     ) -> ServerProcess:
         """``tidings server`` on the SQLite backend (``ev.db``) unless ``backend`` says
         otherwise, ``eventer`` added to its Eventer's keys, syncing with ``peers`` ((server id,
-        Syncer address) pairs) under ``token``."""
+        Syncer address) pairs) under ``token``, or with the peers a Monitor names (``monitor``:
+        its client configuration; the Eventer then opens when the Monitor blesses the server,
+        so :meth:`start` waits for the Syncer only)."""
         config: dict[str, Any] = {
             "type": "event",
             "backend": backend or {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"},
@@ -141,6 +160,9 @@ class ServerProcess:
         if "syncer" in ports:
             config["syncer_server"] = {"address": local_address(ports["syncer"])}
         config["syncer_token"] = token
+        if monitor is not None:
+            config["monitor"] = monitor
+            return cls([*TIDINGS, "server"], workdir, config, ports, ["syncer"])
         config["syncer_peers"] = [
             {"server_id": peer_id, "address": address, "syncer_token": token}
             for peer_id, address in peers
@@ -155,20 +177,15 @@ class ServerProcess:
         ports: Mapping[str, int],
         *,
         max_db_size: int = 100 * 2**20,
+        monitor: dict[str, str] | None = None,
+        token: str | None = None,
     ) -> ServerProcess:
         """hat-event 0.8.5's own server on its lmdb backend (its memory backend is broken in
-        0.8.5), logging warnings and errors only."""
+        0.8.5), logging warnings and errors only; in a Monitor group if ``monitor`` (its
+        client configuration) is given, its Syncer token ``token``."""
         config: dict[str, Any] = {
             "type": "event",
-            "log": {
-                "version": 1,
-                "formatters": {"f": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-                "handlers": {
-                    "c": {"class": "logging.StreamHandler", "formatter": "f", "level": "WARNING"}
-                },
-                "root": {"level": "WARNING", "handlers": ["c"]},
-                "disable_existing_loggers": False,
-            },
+            "log": _HAT_LOG,
             "backend": {
                 "module": "hat.event.server.backends.lmdb",
                 "db_path": str(workdir / "hat-event.db"),
@@ -183,7 +200,36 @@ class ServerProcess:
         }
         if "syncer" in ports:
             config["syncer_server"] = {"address": local_address(ports["syncer"])}
+        if token is not None:
+            config["syncer_token"] = token
+        if monitor is not None:
+            config["monitor"] = monitor
+            return cls([str(HAT_EVENT_SERVER)], workdir, config, ports, ["syncer"])
         return cls([str(HAT_EVENT_SERVER)], workdir, config, ports)
+
+    @classmethod
+    def hat_monitor(cls, workdir: Path, port: int, algorithm: str = "BLESS_ALL") -> ServerProcess:
+        """hat-monitor's Monitor Server for components on ``port``, every group blessed by
+        ``algorithm`` (``BLESS_ALL`` or ``BLESS_ONE``); its master and UI ports are free
+        ones, and it has no parent Monitor."""
+        config = {
+            "type": "monitor",
+            "log": _HAT_LOG,
+            "server": {"address": local_address(port), "default_rank": 1},
+            "master": {
+                "address": local_address(free_port()),
+                "default_algorithm": algorithm,
+                "group_algorithms": {},
+            },
+            "slave": {
+                "parents": [],
+                "connect_timeout": 2,
+                "connect_retry_count": 1,
+                "connect_retry_delay": 0.5,
+            },
+            "ui": {"address": f"http://127.0.0.1:{free_port()}"},
+        }
+        return cls(HAT_MONITOR_SERVER, workdir, config, {"monitor": port})
 
     def start(self, timeout: float = 30.0) -> None:
         """Start the server (again, after :meth:`stop` or :meth:`kill`) and wait until its
@@ -198,8 +244,8 @@ class ServerProcess:
                 start_new_session=True,
             )
         try:
-            for port in self.ports.values():
-                wait_for_port(port, timeout, process=self.proc, log=self.log_path)
+            for name in self._listening:
+                wait_for_port(self.ports[name], timeout, process=self.proc, log=self.log_path)
         except BaseException:
             self.kill()
             raise

@@ -66,7 +66,14 @@ def test_the_example_runs_as_is_from_another_directory(tmp_path: Path) -> None:
         (
             "type: event\nbackend: {module: tidings.server.backends.sqlite, db_path: x.db}\n"
             "engine: {server_id: 1, modules: []}\nmonitor: {name: a}\n",
-            "Monitor Server is not supported",
+            "monitor.group: required key is missing",
+        ),
+        (
+            "type: event\nbackend: {module: tidings.server.backends.sqlite, db_path: x.db}\n"
+            "engine: {server_id: 1, modules: []}\n"
+            f"eventer_server: {{address: '{local_address(free_port())}'}}\n"
+            f"monitor: {{name: a, group: g, monitor_address: '{local_address(free_port())}'}}\n",
+            "monitor: cannot connect to the Monitor Server at tcp+sbs://127.0.0.1:",
         ),
         (
             "type: event\nbackend: {module: no.such.backend}\n"

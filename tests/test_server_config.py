@@ -68,7 +68,11 @@ def test_defaults_follow_hat_event() -> None:
         ({"syncer_server": {"address": "tcp+sbs://:5"}}, "syncer_server.address"),
         ({"backend": {}}, "backend.module: required key is missing"),
         ({"unknown_key": 1}, "unknown_key: unknown key"),
-        ({"monitor": {"name": "a"}}, "Monitor Server is not supported"),
+        ({"monitor": {"name": "a"}}, "monitor.group: required key is missing"),
+        (
+            {"monitor": {"name": "a", "group": "g", "monitor_address": "tcp://x"}},
+            "monitor.monitor_address",
+        ),
         ({"mariner_server": {"address": "tcp://x:1"}}, "Mariner"),
         ({"engine": {"server_id": 1, "modules": [{}]}}, "engine.modules.0.module"),
     ],
@@ -89,6 +93,17 @@ def test_peers_need_matching_tokens_and_distinct_ids() -> None:
         load_server_config(minimal(syncer_token="x", syncer_peers=[{**peer, "server_id": 1}]))
     with pytest.raises(ConfigError, match="same server_id"):
         load_server_config(minimal(syncer_token="x", syncer_peers=[peer, peer]))
+
+
+def test_monitor_section_is_hat_monitors_client_configuration() -> None:
+    monitor = {"name": "event-a", "group": "event", "monitor_address": "tcp+sbs://127.0.0.1:1"}
+    config = load_server_config(minimal(monitor=monitor))
+    assert config.monitor is not None
+    assert (config.monitor.name, config.monitor.group) == ("event-a", "event")
+    assert config.monitor.monitor_address == "tcp+sbs://127.0.0.1:1"
+    peer = {"server_id": 2, "address": "tcp+sbs://127.0.0.1:2"}
+    with pytest.raises(ConfigError, match="syncer_peers: not with monitor"):
+        load_server_config(minimal(monitor=monitor, syncer_peers=[peer]))
 
 
 def test_peer_token_must_match_and_peer_id_and_address_must_be_valid() -> None:

@@ -45,7 +45,8 @@ async def ready(process: asyncio.subprocess.Process, what: str, timeout: float) 
     what it said."""
     assert process.stdout is not None
     try:
-        line = await asyncio.wait_for(process.stdout.readline(), timeout)
+        async with asyncio.timeout(timeout):
+            line = await process.stdout.readline()
     except TimeoutError:
         line = b""
     except BaseException:  # cancelled while it starts: it must not outlive the parent
@@ -67,7 +68,8 @@ async def end(
     with contextlib.suppress(ProcessLookupError):
         process.kill() if kill else process.terminate()
     try:
-        await asyncio.wait_for(process.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            await process.communicate()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             process.kill()

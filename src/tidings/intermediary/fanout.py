@@ -217,7 +217,8 @@ class Tier:
             assert node.stdin is not None and node.stdout is not None
             node.stdin.write(b"freeze\n")
             await node.stdin.drain()
-            await asyncio.wait_for(node.stdout.readline(), READY_TIMEOUT_S)
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await node.stdout.readline()
 
     def processes(self) -> list[psutil.Process]:
         """This process (the publisher) and the intermediaries'."""
@@ -302,7 +303,8 @@ async def run_fanout(
         results = []
         for child in subscribers:
             assert child.stdout is not None
-            line = await asyncio.wait_for(child.stdout.readline(), READY_TIMEOUT_S)
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                line = await child.stdout.readline()
             if not line:
                 raise IntermediaryError(
                     f"fanout: subscriber process {child.pid} ended without its results"

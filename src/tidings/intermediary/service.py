@@ -182,7 +182,8 @@ async def serve_intermediary(
                 on_listening(where)
             while not stop.is_set() and chain.closed is None and not _lost(spatial):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), _WATCH_S)
+                    async with asyncio.timeout(_WATCH_S):
+                        await stop.wait()
         finally:
             await server.aclose()
     finally:

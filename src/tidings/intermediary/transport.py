@@ -230,7 +230,8 @@ class IntermediaryServer:
         if self._server is not None and self._serve_task is not None:
             self._server.should_exit = True
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(self._serve_task, self.limits.close_timeout_s)
+                async with asyncio.timeout(self.limits.close_timeout_s):
+                    await self._serve_task
         if self.views is not None:
             self.views.close()
 
@@ -382,9 +383,8 @@ class IntermediaryServer:
             reason = _clip(conn.reason or "too many frames dropped")
             self.disconnects.append(Disconnect(conn.id, DROPPED_CLOSE_CODE, reason))
             with contextlib.suppress(Exception, asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    websocket.close(DROPPED_CLOSE_CODE, reason), self.limits.close_timeout_s
-                )
+                async with asyncio.timeout(self.limits.close_timeout_s):
+                    await websocket.close(DROPPED_CLOSE_CODE, reason)
 
     async def _writer(self, conn: _Connection) -> None:
         while True:

@@ -1,11 +1,11 @@
 """Configuration of ``tidings server``: hat-event 0.8.5's server.yaml, plus a peer list.
 
 The document's keys keep their meaning (``type``, ``log``, ``backend``, ``engine``,
-``eventer_server``, ``syncer_server``, ``syncer_token``), so a hat-event configuration moves
-over by changing the backend module. Redundancy differs in one place: hat-event discovers
-peer servers through a Monitor Server, which tidings does not ship; peers are listed
-statically under ``syncer_peers`` instead, and a ``monitor`` key is refused with a message
-saying so. tidings' own tuning keys (frame and lag limits, session bound) have defaults.
+``eventer_server``, ``syncer_server``, ``syncer_token``, ``monitor``), so a hat-event
+configuration moves over by changing the backend module. Redundant servers find each other
+through a Hat Monitor Server as in hat-event (``monitor``, see :mod:`tidings.server.monitor`)
+or, where there is no Monitor, from a static list (``syncer_peers``); one server uses one of
+the two. tidings' own tuning keys (frame and lag limits, session bound) have defaults.
 
 Relative paths (the SQLite backend's ``db_path``) are relative to the configuration file's
 directory, so a configuration works the same from any working directory.
@@ -91,6 +91,16 @@ class SyncerPeerConfig(StrictModel):
     syncer_token: str | None = None
 
 
+class MonitorConfig(StrictModel):
+    """``monitor``: hat-monitor 0.7.2's client configuration (``hat-monitor://client.yaml#``),
+    as hat-event 0.8.5 reads it: the Monitor Component's name and group, and the local
+    Monitor Server to connect to. Servers of one group sync with each other."""
+
+    name: str = Field(min_length=1)
+    group: str = Field(min_length=1)
+    monitor_address: Address
+
+
 class MetricsEndpointConfig(StrictModel):
     """tidings: serve Prometheus metrics at ``http://<address>:<port>/metrics``."""
 
@@ -112,6 +122,8 @@ class ServerConfig(StrictModel):
     syncer_server: SyncerServerConfig | None = None
     syncer_token: str | None = None
     syncer_peers: list[SyncerPeerConfig] = Field(default_factory=list)
+    #: Redundancy through a Hat Monitor Server (absent: standalone, or ``syncer_peers``).
+    monitor: MonitorConfig | None = None
     #: tidings: the server's own metrics endpoint (absent: none).
     metrics: MetricsEndpointConfig | None = None
     #: Directory relative paths are resolved against (the configuration file's).
@@ -120,14 +132,8 @@ class ServerConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _unsupported(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            if "monitor" in data:
-                raise ValueError(
-                    "monitor: the Monitor Server is not supported by tidings; list the "
-                    "redundant servers under syncer_peers instead"
-                )
-            if "mariner_server" in data:
-                raise ValueError("mariner_server: the Mariner protocol is not supported")
+        if isinstance(data, dict) and "mariner_server" in data:
+            raise ValueError("mariner_server: the Mariner protocol is not supported")
         return data
 
     @model_validator(mode="after")
@@ -152,6 +158,11 @@ class ServerConfig(StrictModel):
                     f"this server's syncer_token {self.syncer_token!r}; servers sync only "
                     "when their tokens are equal"
                 )
+        if self.monitor is not None and self.syncer_peers:
+            raise ValueError(
+                "syncer_peers: not with monitor; with a Monitor Server the peers are the "
+                "servers of the monitor group, found as they come and go"
+            )
         ids = [peer.server_id for peer in self.syncer_peers]
         if len(ids) != len(set(ids)):
             raise ValueError("syncer_peers: two peers have the same server_id")

@@ -82,15 +82,20 @@ class EventerServer:
     """A listening Eventer server; create it with :meth:`start`, stop it with :meth:`aclose`."""
 
     def __init__(
-        self, engine: AsyncEngine, max_subscriber_lag_bytes: int, stall_seconds: float
+        self,
+        engine: AsyncEngine,
+        max_subscriber_lag_bytes: int,
+        stall_seconds: float,
+        counters: EventerCounters | None = None,
     ) -> None:
         self._engine = engine
         self._max_lag = max_subscriber_lag_bytes
         #: A streamed reply of which the client takes nothing for this long closes it.
         self._stall_seconds = stall_seconds
         self._clients: set[_Client] = set()
-        #: What it served, for the server's metrics (:mod:`tidings.server.metrics`).
-        self.counters = EventerCounters()
+        #: What it served, for the server's metrics (:mod:`tidings.server.metrics`); given
+        #: when they outlive this server (a Monitor's blessing opens a new one each time).
+        self.counters = counters if counters is not None else EventerCounters()
         self._closing = False
         self._closed = asyncio.Event()
         self._server: chatter_server.Server | None = None
@@ -118,6 +123,7 @@ class EventerServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_subscriber_lag_bytes: int = DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
         ping_interval: float = chatter.DEFAULT_PING_INTERVAL,
+        counters: EventerCounters | None = None,
     ) -> Self:
         """Listen on ``address`` (``tcp+sbs://host:port``, port 0 for any free port)."""
         require_positive_ints(
@@ -125,7 +131,7 @@ class EventerServer:
             max_frame_bytes=max_frame_bytes,
             max_subscriber_lag_bytes=max_subscriber_lag_bytes,
         )
-        server = cls(engine, max_subscriber_lag_bytes, ping_interval)
+        server = cls(engine, max_subscriber_lag_bytes, ping_interval, counters)
         server._server = await chatter_server.listen(
             address, server._serve, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
         )

@@ -72,7 +72,7 @@ class _ServerCollector(Collector):
         registered.add_metric(["local"], self._stored.local)
         registered.add_metric(["syncer"], self._stored.synced)
         yield registered
-        counters = running.eventer.counters
+        counters = running.counters
         for name, value, doc in (
             ("register_requests", counters.register_requests, "Eventer register requests"),
             ("queries", counters.queries, "Eventer queries answered"),
@@ -82,7 +82,7 @@ class _ServerCollector(Collector):
         yield GaugeMetricFamily(
             "tidings_server_eventer_clients",
             "Eventer clients connected",
-            value=running.eventer.client_count,
+            value=0 if running.eventer is None else running.eventer.client_count,
         )
         peers = GaugeMetricFamily(
             "tidings_server_syncer_peer_connected",

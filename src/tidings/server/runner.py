@@ -1,11 +1,13 @@
 """One running event server: backend, engine, Syncer server, Eventer server, Syncer clients.
 
-Start-up follows hat-event 0.8.5's order, which its clients can observe in the event log:
-the engine's STARTED event, then the Syncer server's first status event, then the Eventer
-server opens (each client connection then registers its CONNECTED event), and last the
-Syncer clients connect to the configured peers. Shutdown runs the other way round and ends
-with the engine's STOPPED event, so a restarted server's log shows every stop it had time
-to record.
+A standalone server starts in hat-event 0.8.5's order, which its clients can observe in
+the event log: the engine's STARTED event, then the Syncer server's first status event, then
+the Eventer server opens (each client connection then registers its CONNECTED event), and
+last the Syncer clients connect to the configured peers. Shutdown runs the other way round
+and ends with the engine's STOPPED event, so a restarted server's log shows every stop it
+had time to record. A server in a Monitor group starts its store and Syncer server, joins
+the group, and registers STARTED and opens its Eventer server each time it is blessed
+(STOPPED when the blessing goes), as hat-event's engine runner does.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from tidings.server.backends import open_backend
 from tidings.server.config import ServerConfig
 from tidings.server.engine import Engine
 from tidings.server.eventer import EventerServer
-from tidings.server.metrics import MetricsEndpoint
+from tidings.server.metrics import EventerCounters, MetricsEndpoint
+from tidings.server.monitor import MonitorLink
 from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
 from tidings.server.syncer.server import SyncerServer
@@ -37,22 +40,46 @@ log = logging.getLogger(__name__)
 _SWITCH_INTERVAL_S = 0.0005
 
 
+#: Starts a part that runs on top of a started server (the streams); returns its stop.
+Attachment = Callable[["RunningServer"], Awaitable[Callable[[], Awaitable[None]]]]
+
+
 @dataclass
 class RunningServer:
-    """The parts of a started server; :meth:`aclose` stops them in reverse order."""
+    """The parts of a started server; :meth:`aclose` stops them in reverse order.
+
+    The *serving* parts (the engine's STARTED event, the Eventer server, the attachment) run
+    from start to stop on a standalone server, and while the Monitor blesses the server on
+    one configured with ``monitor`` (:mod:`tidings.server.monitor`); the rest (store,
+    Syncer server and clients, metrics) runs from start to stop either way.
+    """
 
     config: ServerConfig
     store: EventStore
     engine: AsyncEngine
-    eventer: EventerServer
     syncer: SyncerServer | None = None
-    peers: list[SyncerClient] = field(default_factory=list)
+    attach: Attachment | None = None
+    #: The Eventer server while the server serves clients (None otherwise).
+    eventer: EventerServer | None = None
+    #: What the Eventer servers served, kept across blessings for the metrics.
+    counters: EventerCounters = field(default_factory=EventerCounters)
+    static_peers: list[SyncerClient] = field(default_factory=list)
+    monitor: MonitorLink | None = None
     metrics: MetricsEndpoint | None = None
+    _detach: Callable[[], Awaitable[None]] | None = None
+
+    @property
+    def peers(self) -> list[SyncerClient]:
+        """The Syncer clients of this moment (configured, or found through the Monitor)."""
+        if self.monitor is not None:
+            return list(self.monitor.peers.values())
+        return list(self.static_peers)
 
     @classmethod
-    async def start(cls, config: ServerConfig) -> RunningServer:
+    async def start(cls, config: ServerConfig, attach: Attachment | None = None) -> RunningServer:
         """Start every part; if one fails, the parts already started are stopped again."""
         server_id = config.engine.server_id
+        standalone = config.monitor is None
         async with contextlib.AsyncExitStack() as undo:
             store = open_backend(
                 config.backend.module, config.backend.options(), server_id, config.base_dir
@@ -62,29 +89,29 @@ class RunningServer:
             engine.load_modules([module.as_dict() for module in config.engine.modules])
             async_engine = AsyncEngine(engine)
             undo.push_async_callback(async_engine.aclose)
-            await async_engine.write(engine.start)
+            if standalone:
+                await async_engine.write(engine.start)
             syncer = None
             if config.syncer_server is not None:
                 syncer = await SyncerServer.start(config.syncer_server.address, async_engine)
                 undo.push_async_callback(syncer.aclose)
-            eventer = await EventerServer.start(
-                config.eventer_server.address,
-                async_engine,
-                max_frame_bytes=config.eventer_server.max_frame_bytes,
-                max_subscriber_lag_bytes=config.eventer_server.max_subscriber_lag_bytes,
-            )
-            undo.push_async_callback(eventer.aclose)
-            running = cls(config, store, async_engine, eventer, syncer)
-            for peer in config.syncer_peers:
-                client = SyncerClient(peer.address, async_engine, peer.server_id)
-                await client.start()
-                undo.push_async_callback(client.aclose)
-                running.peers.append(client)
+            running = cls(config, store, async_engine, syncer, attach)
+            if standalone:
+                await running._open_serving()
+                undo.push_async_callback(running._close_serving)
+                for peer in config.syncer_peers:
+                    client = SyncerClient(peer.address, async_engine, peer.server_id)
+                    await client.start()
+                    undo.push_async_callback(client.aclose)
+                    running.static_peers.append(client)
             if config.metrics is not None:
                 running.metrics = MetricsEndpoint(
                     running, config.metrics.address, config.metrics.port
                 )
                 undo.callback(running.metrics.close)
+            if not standalone:
+                running.monitor = await MonitorLink.start(config, async_engine, running._serve)
+                undo.push_async_callback(running.monitor.aclose)
             undo.pop_all()  # all started: from now on aclose() stops them
         log.info(
             "event server %d started",
@@ -94,24 +121,81 @@ class RunningServer:
                 "eventer": config.eventer_server.address,
                 "syncer": None if syncer is None else config.syncer_server.address,
                 "peers": [p.address for p in config.syncer_peers],
+                "monitor": None if standalone else config.monitor.monitor_address,
             },
         )
         return running
 
+    async def _open_serving(self) -> None:
+        """Open the Eventer server and start the attachment (stopped again on failure)."""
+        self.eventer = await EventerServer.start(
+            self.config.eventer_server.address,
+            self.engine,
+            max_frame_bytes=self.config.eventer_server.max_frame_bytes,
+            max_subscriber_lag_bytes=self.config.eventer_server.max_subscriber_lag_bytes,
+            counters=self.counters,
+        )
+        if self.attach is not None:
+            try:
+                self._detach = await self.attach(self)
+            except BaseException:
+                await self._close_serving()
+                raise
+
+    async def _close_serving(self) -> None:
+        """Stop the attachment, then the Eventer server (its clients' DISCONNECTED events)."""
+        try:
+            if self._detach is not None:
+                detach, self._detach = self._detach, None
+                await detach()
+        finally:
+            if self.eventer is not None:
+                eventer, self.eventer = self.eventer, None
+                await eventer.aclose()
+
+    async def _serve(self) -> None:
+        """The blessed part of a server in a Monitor group: STARTED, serve until cancelled
+        (the blessing went, or the server stops), then stop serving and register STOPPED."""
+        await self.engine.write(self.engine.engine.start)
+        try:
+            await self._open_serving()
+            await asyncio.Future()
+        finally:
+            await _uncancellable(self._stop_serving())
+
+    async def _stop_serving(self) -> None:
+        try:
+            await self._close_serving()
+        finally:
+            await self.engine.write(self.engine.engine.stop)
+
     async def aclose(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
-        for client in self.peers:
+        if self.monitor is not None:
+            await self.monitor.aclose()  # stops serving first if it was blessed
+        for client in self.static_peers:
             await client.aclose()
-        await self.eventer.aclose()
+        await self._close_serving()
         if self.syncer is not None:
             await self.syncer.aclose()
         try:
-            await self.engine.write(self.engine.engine.stop)
+            if self.monitor is None:
+                await self.engine.write(self.engine.engine.stop)
         finally:
             await self.engine.aclose()
             self.store.close()
         log.info("event server %d stopped", self.config.engine.server_id)
+
+
+async def _uncancellable(work: Awaitable[None]) -> None:
+    """Run ``work`` to its end even if the caller is cancelled meanwhile (then re-raised)."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
 
 
 def apply_logging(config: ServerConfig) -> None:
@@ -122,10 +206,6 @@ def apply_logging(config: ServerConfig) -> None:
         logging.config.dictConfig(config.log)
     except (ValueError, TypeError, AttributeError, ImportError) as exc:
         raise ConfigError(f"log: not a valid logging configuration: {exc}") from exc
-
-
-#: Starts a part that runs on top of a started server (the streams); returns its stop.
-Attachment = Callable[[RunningServer], Awaitable[Callable[[], Awaitable[None]]]]
 
 
 async def serve(
@@ -141,12 +221,7 @@ async def serve(
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
-    running = await RunningServer.start(config)
-    try:
-        detach = await attach(running) if attach is not None else None
-    except BaseException:
-        await running.aclose()
-        raise
+    running = await RunningServer.start(config, attach)
     # Everything start-up created lives as long as the server: out of the collector's sight,
     # a full collection (which the reply threads' garbage triggers every second or so)
     # no longer walks it while holding the GIL: it cost every client ~50 ms each time.
@@ -157,10 +232,22 @@ async def serve(
     # unbounded query was 13-26 ms in 7 runs, 19-54 ms in 3 runs without (2026-11-23).
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     try:
-        await stop.wait()
+        if running.monitor is None:
+            await stop.wait()
+        else:
+            await _until_stopped_or_lost(stop, running.monitor)
     finally:
-        try:
-            if detach is not None:
-                await detach()
-        finally:
-            await running.aclose()
+        await running.aclose()
+
+
+async def _until_stopped_or_lost(stop: asyncio.Event, monitor: MonitorLink) -> None:
+    """Wait for ``stop``; if the Monitor link ends first, raise why (the server stops)."""
+    stopped = asyncio.ensure_future(stop.wait())
+    lost = asyncio.ensure_future(monitor.wait_lost())
+    try:
+        await asyncio.wait([stopped, lost], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        lost.cancel()
+    if not stop.is_set() and lost.done() and not lost.cancelled():
+        raise lost.result()

@@ -194,7 +194,8 @@ async def _poll_loop(asked: _Consumption) -> None:
                 # Stopped: acknowledge what was handled (the events this poll returns come
                 # again to the next consumer of the component).
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(client.poll(component, last_id, want), 2.0)
+                    async with asyncio.timeout(2.0):
+                        await client.poll(component, last_id, want)
             raise
 
 

@@ -173,7 +173,8 @@ class PushSession:
             await wake.wait()
             return
         try:
-            await asyncio.wait_for(wake.wait(), self._ack_timeout)
+            async with asyncio.timeout(self._ack_timeout):
+                await wake.wait()
         except TimeoutError:
             if self._in_flight and not self._in_flight[0].reply.done():
                 raise TimeoutError(
@@ -239,7 +240,8 @@ async def stop_session(
     the replies that arrived and record their acknowledgements, then it is cancelled."""
     session.stop()
     with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
-        await asyncio.wait_for(asyncio.shield(task), grace)
+        async with asyncio.timeout(grace):
+            await asyncio.shield(task)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task

@@ -87,7 +87,8 @@ class RunningStreams:
             server.should_exit = True
         for _, task in self.servers:
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(task, 10)
+                async with asyncio.timeout(10):
+                    await task
         for service in self.services.values():
             await service.aclose()
         if self.retention is not None:

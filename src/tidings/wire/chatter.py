@@ -259,7 +259,8 @@ class Connection:
     async def _drain_within(self, seconds: float) -> None:
         """:meth:`drain`, closing the connection if the peer takes nothing for ``seconds``."""
         try:
-            await asyncio.wait_for(self.drain(), seconds)
+            async with asyncio.timeout(seconds):
+                await self.drain()
         except TimeoutError:
             self.close(f"peer took nothing of a reply for {seconds:g} s")
             raise ConnectionClosed(f"connection to {self.peer} closed: not reading") from None
@@ -351,7 +352,8 @@ class Connection:
         self.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
-            await asyncio.wait_for(self._writer.wait_closed(), _CLOSE_FLUSH_SECONDS)
+            async with asyncio.timeout(_CLOSE_FLUSH_SECONDS):
+                await self._writer.wait_closed()
         except TimeoutError:
             self._writer.transport.abort()
             with contextlib.suppress(ConnectionError, OSError):
@@ -414,7 +416,8 @@ class Connection:
                 conversation = self.send(codec.PING, "MsgPing", None, last=False)
                 self._pongs[conversation.first_id] = pong
                 try:
-                    await asyncio.wait_for(pong.wait(), interval)
+                    async with asyncio.timeout(interval):
+                        await pong.wait()
                 except TimeoutError:
                     if self._received.paused:
                         # We stopped reading (backpressure): the reply may be waiting in the
@@ -441,5 +444,6 @@ async def connect(
 ) -> Connection:
     """Open a connection to ``address`` (``tcp+sbs://host:port``)."""
     host, port = parse_address(address)
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_connection(host, port)
     return Connection(reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval)

@@ -8,11 +8,10 @@ of that server again: the store is the only cursor, so nothing is lost or stored
 registers the ``('event', 'syncer', 'client', <peer>, 'synced')`` status event (see
 :mod:`.common`) when its synced state changes.
 
-The peer it is given is trusted: the configuration (:mod:`tidings.server.config`) refuses a
-peer whose server id is our own or whose ``syncer_token`` differs from ours (both absent
-counts as equal, as in hat-event) when it is loaded. hat-event 0.8.5 checks the token on
-the Monitor data, which tidings does not implement, and ``HatSyncer.MsgReq`` has no token
-field, so the peer's configuration is the one place to check it.
+The peer it is given is trusted: whoever names it has checked that its server id is not
+our own and that its ``syncer_token`` matches ours, since ``HatSyncer.MsgReq`` has no token
+field: the configuration (:mod:`tidings.server.config`) for static ``syncer_peers``, and
+:mod:`tidings.server.monitor` for peers found in a Monitor Server's component data.
 """
 
 from __future__ import annotations
@@ -34,9 +33,9 @@ log = logging.getLogger(__name__)
 class SyncerClient:
     """Keeps this store up to date with one peer server's own events.
 
-    ``peer_server_id`` must be configured: MsgReq names the server whose events are wanted,
-    and the resume point is our store's last event of that server. The address and the id
-    come from a validated configuration (a peer's ``syncer_peers`` entry) and are not checked
+    ``peer_server_id`` must be known: MsgReq names the server whose events are wanted, and
+    the resume point is our store's last event of that server. The address and the id come
+    checked (a ``syncer_peers`` entry, or a Monitor's component data) and are not checked
     again here (see the module docstring).
     """
 
@@ -81,7 +80,8 @@ class SyncerClient:
 
     async def wait_synced(self, timeout: float | None = None) -> None:
         """Wait until :attr:`synced` (TimeoutError after ``timeout`` seconds)."""
-        await asyncio.wait_for(self._synced.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self._synced.wait()
 
     async def start(self) -> None:
         """Start connecting in the background (returns at once)."""

@@ -258,7 +258,8 @@ class SyncerServer:
     async def _accept(self, connection: Connection) -> _Client | None:
         """The client of a connection's MsgReq; None (connection closed) if it sent another."""
         try:
-            message = await asyncio.wait_for(connection.receive(), self._request_timeout)
+            async with asyncio.timeout(self._request_timeout):
+                message = await connection.receive()
         except TimeoutError:
             connection.close(f"no HatSyncer.MsgReq within {self._request_timeout} s")
             return None
