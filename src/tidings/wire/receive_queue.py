@@ -15,7 +15,8 @@ T = TypeVar("T")
 
 
 class ReceiveQueue(Generic[T]):
-    """Received items with their sizes; :meth:`end` marks the end for every receiver."""
+    """Received items with their sizes; :meth:`end` marks the end for every receiver, after
+    the items queued before it."""
 
     def __init__(self, max_items: int, max_bytes: int) -> None:
         self._queue: asyncio.Queue[tuple[T, int] | None] = asyncio.Queue(max_items)
@@ -24,6 +25,7 @@ class ReceiveQueue(Generic[T]):
         self._bytes = 0
         self._room = asyncio.Event()
         self._room.set()
+        self._ended = False
 
     @property
     def paused(self) -> bool:
@@ -42,10 +44,14 @@ class ReceiveQueue(Generic[T]):
         await self._room.wait()
 
     async def get(self) -> T | None:
-        """The next item, or None once the end is reached (for every later call too)."""
+        """The next item, or None once every item queued before the end was taken (for
+        every later call too)."""
+        if self._ended and self._queue.empty():
+            return None
         entry = await self._queue.get()
         if entry is None:
-            self._queue.put_nowait(None)  # wake other receivers too
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue.put_nowait(None)  # wake other receivers too
             return None
         item, size = entry
         self._bytes -= size
@@ -54,11 +60,14 @@ class ReceiveQueue(Generic[T]):
         return item
 
     def end(self) -> None:
-        """Mark the end: receivers stop at it, so items still queued are dropped if need be."""
+        """Mark the end: receivers get every item queued so far, then None.
+
+        A full queue takes no end marker, and none is needed: its receivers are not waiting,
+        and once they have emptied it :meth:`get` sees the end. (An earlier version made room
+        for a marker by dropping the oldest item, and a Syncer client whose peer went away
+        with a full queue stored the messages after the dropped one: a hole in its copy that
+        resuming from its last event id never filled.)
+        """
+        self._ended = True
         with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(None)
-        if self._queue.full():
-            # Make room for the end marker: receivers stop at it, queued items are moot.
-            with contextlib.suppress(asyncio.QueueEmpty):
-                self._queue.get_nowait()
             self._queue.put_nowait(None)
