@@ -10,6 +10,17 @@ once. Small groups on SQLite without modules are written on the event loop itsel
 thread hop would cost more than the write, and only when no other writer holds the
 database: they block the loop for about as long as one SQLite commit, never for a lock.
 
+With ``flush_period`` (the server's ``durability: periodic``) registrations are answered
+once written into a transaction the store keeps open, and committed at most
+``flush_period`` seconds later (hat-event's lmdb backend answers from memory and writes every
+``flush_period`` the same way). What a crash of the process can lose is the writes since the
+last commit: always whole sessions at the end of the log, never one in the middle. Who sees
+a write before its commit is chosen so that nothing can see what a crash may take back and
+then see something else under the same id or position: *early* listeners (the Eventer's
+subscribers, told at once) and queries (a read first commits what is held) do; *durable*
+listeners (Syncer peers, streams, metrics) hear of a batch only once it is committed, so a
+peer server never holds an event its origin lost.
+
 Reads (queries, syncer backlogs) run in a small pool of their own, so a long query
 never delays registration. Bulk reads (query replies that may hold every event of the store)
 run in a smaller pool still, so that however many of them clients ask for at once, short
@@ -64,18 +75,37 @@ class _Call:
     #: Run on the loop with the result before the next write starts (keeps listeners in
     #: storage order).
     then: Callable[[Any], None] | None = None
+    #: Writes through the store's (held) register transaction, or none; other writes (synced
+    #: events among them) take a transaction of their own, so held writes are committed
+    #: before them.
+    held: bool = False
 
 
 class AsyncEngine:
     """Runs an :class:`Engine` for asyncio code; create it on the loop that will use it."""
 
-    def __init__(self, engine: Engine, query_workers: int = 4, bulk_workers: int = 2) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        query_workers: int = 4,
+        bulk_workers: int = 2,
+        flush_period: float | None = None,
+    ) -> None:
+        if flush_period is not None and not flush_period > 0:
+            raise EngineError(f"flush_period must be > 0 seconds, not {flush_period!r}")
         self.engine = engine
         self._loop = asyncio.get_running_loop()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="tidings-register")
         self._readers = ThreadPoolExecutor(query_workers, thread_name_prefix="tidings-query")
         self._bulk = ThreadPoolExecutor(bulk_workers, thread_name_prefix="tidings-bulk")
         self._listeners: list[Listener] = []
+        self._early: list[Listener] = []
+        #: Batches told to early listeners, waiting for their commit to reach the others.
+        self._uncommitted: list[list[StoredEvent]] = []
+        self._flush_period = flush_period
+        self._flush_timer: asyncio.TimerHandle | None = None
+        if flush_period is not None:
+            engine.store.hold_writes()
         self._jobs: deque[_Register | _Call] = deque()
         self._draining: asyncio.Task[None] | None = None
         self._remove_callback = engine.on_registered(self._from_engine_thread)
@@ -90,13 +120,17 @@ class AsyncEngine:
     def server_id(self) -> int:
         return self.engine.store.server_id
 
-    def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Call ``listener`` with every newly stored batch; returns a function removing it."""
-        self._listeners.append(listener)
+    def subscribe(self, listener: Listener, *, early: bool = False) -> Callable[[], None]:
+        """Call ``listener`` with every newly stored batch; returns a function removing it.
+
+        An ``early`` listener hears of a batch as soon as it is written, the others once it
+        is committed (the same moment unless the server's durability is ``periodic``)."""
+        listeners = self._early if early else self._listeners
+        listeners.append(listener)
 
         def remove() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
+            if listener in listeners:
+                listeners.remove(listener)
 
         return remove
 
@@ -132,16 +166,38 @@ class AsyncEngine:
         self._enqueue(_Call(function, args, future))
         return await future
 
-    async def read(self, function: Callable[..., T], *args: object, bulk: bool = False) -> T:
+    async def read(
+        self,
+        function: Callable[..., T],
+        *args: object,
+        bulk: bool = False,
+        committed: bool = False,
+    ) -> T:
         """Run a read-only ``function`` in the query pool, or in the bulk pool if it may
-        read a large part of the store."""
+        read a large part of the store. It sees every answered registration: held ones are
+        committed first, unless ``committed`` says only committed events are wanted."""
+        if not committed and self.store.unflushed:
+            await self.flush()
         pool = self._bulk if bulk else self._readers
         return await self._loop.run_in_executor(pool, function, *args)
 
+    async def flush(self) -> None:
+        """Commit the registrations the store holds (``durability: periodic``), after every
+        write queued before."""
+        if self._flush_period is not None:
+            future: asyncio.Future[None] = self._loop.create_future()
+            self._enqueue(_Call(self.store.flush, (), future, self._committed, True))
+            await future
+
     async def aclose(self) -> None:
-        """Finish queued writes, then stop the threads; the engine itself stays open."""
+        """Finish queued writes and commit them, then stop the threads; the engine itself
+        stays open."""
         if self._draining is not None:
             await asyncio.shield(self._draining)
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        await self.flush()
         await self._stream.aclose()
         self._remove_callback()
         await self._loop.run_in_executor(None, self._writer.shutdown, True)
@@ -175,6 +231,9 @@ class AsyncEngine:
 
     async def _run_call(self, job: _Call) -> None:
         try:
+            if not job.held and self.store.unflushed:
+                await self._loop.run_in_executor(self._writer, self.store.flush)
+                self._committed(None)
             result = await self._loop.run_in_executor(self._writer, job.function, *job.args)
         except Exception as exc:
             _settle(job.future, exception=exc)
@@ -182,6 +241,26 @@ class AsyncEngine:
         if job.then is not None:
             job.then(result)
         _settle(job.future, result=result)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        """Start the flush period's clock at the first held write after a commit."""
+        if self._flush_period is None or self._flush_timer is not None:
+            return
+        if self.store.unflushed:
+            self._flush_timer = self._loop.call_later(self._flush_period, self._timed_flush)
+
+    def _timed_flush(self) -> None:
+        self._flush_timer = None
+        future: asyncio.Future[None] = self._loop.create_future()
+        future.add_done_callback(_log_flush_failure)
+        self._enqueue(_Call(self.store.flush, (), future, self._committed, True))
+
+    def _committed(self, _: object) -> None:
+        """The held writes are committed: the durable listeners hear of them now."""
+        batches, self._uncommitted = self._uncommitted, []
+        for events in batches:
+            self._tell(self._listeners, events)
 
     async def _run_group(self, group: list[_Register]) -> None:
         requests = [job.events for job in group]
@@ -200,6 +279,7 @@ class AsyncEngine:
                 _settle(job.future, exception=result)
             else:
                 _settle(job.future, result=result)
+        self._schedule_flush()
 
     def _register_inline(
         self, requests: list[Sequence[NewEvent]]
@@ -236,12 +316,26 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(self._stream.deliver, events)
 
     def _emit(self, events: list[StoredEvent]) -> None:
-        """Tell every listener of one batch (called by the stream, in position order)."""
-        for listener in list(self._listeners):
+        """Tell every listener of one batch (called by the stream, in position order): the
+        early ones now, the others once it is committed (in the same order)."""
+        self._tell(self._early, events)
+        self._uncommitted.append(events)
+        if self._flush_period is None or not self.store.unflushed:
+            self._committed(None)
+
+    @staticmethod
+    def _tell(listeners: list[Listener], events: list[StoredEvent]) -> None:
+        for listener in list(listeners):
             try:
                 listener(events)
             except Exception:
                 log.exception("stored-events listener %r failed", listener)
+
+
+def _log_flush_failure(future: asyncio.Future[None]) -> None:
+    """A timed flush has no waiter: its failure is logged (the next flush retries)."""
+    if not future.cancelled() and future.exception() is not None:
+        log.error("event store: cannot commit held registrations: %s", future.exception())
 
 
 def _settle(
@@ -312,7 +406,9 @@ class _StoreStream:
         """Deliver everything stored after the last delivered position, from the store."""
         try:
             while True:
-                rows = await self._engine.read(self._engine.store.read, self._delivered, 1000)
+                rows = await self._engine.read(
+                    self._engine.store.read, self._delivered, 1000, committed=True
+                )
                 for session in _sessions(rows):
                     self._delivered = session[-1].position
                     self._engine._emit(session)
@@ -333,7 +429,7 @@ class _StoreStream:
         while True:
             await asyncio.sleep(self.POLL_SECONDS)
             try:
-                last = await self._engine.read(store.last_position)
+                last = await self._engine.read(store.last_position, committed=True)
             except Exception:
                 log.exception("cannot read the store's last position")
                 continue

@@ -39,15 +39,28 @@ DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 
 class BackendConfig(BaseModel):
-    """``backend``: the Python module that stores events, and that module's own keys."""
+    """``backend``: the Python module that stores events, that module's own keys, and when
+    a registration is answered (``durability``, ``flush_period``: hat-event's lmdb backend
+    key, with its meaning)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
     module: str = Field(min_length=1)
+    #: ``commit``: answer a registration once committed. ``periodic``: answer once written
+    #: into the open transaction, commit at most ``flush_period`` later (a crash loses the
+    #: sessions since the last commit, whole and at the end; see the README).
+    durability: Literal["commit", "periodic"] = "commit"
+    #: Seconds between commits with ``durability: periodic`` (hat-event's default: 1).
+    flush_period: float = Field(default=1.0, gt=0, le=60)
 
     def options(self) -> dict[str, Any]:
-        """The backend's own keys (everything but ``module``)."""
+        """The backend module's own keys (not ``module``, ``durability``, ``flush_period``)."""
         return dict(self.model_extra or {})
+
+    @property
+    def held_flush_period(self) -> float | None:
+        """The flush period if registrations are held between commits, else None."""
+        return self.flush_period if self.durability == "periodic" else None
 
 
 class ModuleConfig(BaseModel):

@@ -136,7 +136,9 @@ class EventerServer:
             address, server._serve, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
         )
         server._port = server._server.port
-        server._unsubscribe = engine.subscribe(server._notify)
+        # Early: subscribers hear of a registration when it is answered, also before its
+        # commit under durability: periodic (as hat-event's lmdb backend notifies).
+        server._unsubscribe = engine.subscribe(server._notify, early=True)
         log.info(
             "eventer server listening on %s",
             address,

@@ -87,7 +87,7 @@ class RunningServer:
             undo.callback(store.close)
             engine = Engine(store, [], max_session_events=config.engine.max_session_events)
             engine.load_modules([module.as_dict() for module in config.engine.modules])
-            async_engine = AsyncEngine(engine)
+            async_engine = AsyncEngine(engine, flush_period=config.backend.held_flush_period)
             undo.push_async_callback(async_engine.aclose)
             if standalone:
                 await async_engine.write(engine.start)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -176,6 +176,12 @@ class Writer:
     other stores and processes are still serialized by the database (``BEGIN IMMEDIATE`` on
     SQLite, the advisory lock on PostgreSQL). A connection that fails is dropped and the
     next register opens a new one.
+
+    With :attr:`hold` set (the server's ``durability: periodic``) a transaction stays open
+    after its writes, each write in a savepoint of its own, until :meth:`flush` commits it:
+    the pages a small register dirties (the events table, its indexes, the counters) are
+    written once per flush instead of once per commit, about half a small register's cost
+    on SQLite. A failing write rolls back to its savepoint, so the writes before it stay.
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -184,30 +190,82 @@ class Writer:
         self._driver_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._lock = threading.Lock()
         self._connection: Any = None
+        #: Keep transactions open until :meth:`flush` (set before the first write).
+        self.hold = False
+        #: A held transaction is open (it holds the append lock and uncommitted writes).
+        self._open = False
+        #: Called when held writes are rolled back (the store forgets what it cached).
+        self.on_rollback: Callable[[], None] | None = None
+
+    @property
+    def unflushed(self) -> bool:
+        """Writes are waiting in a held transaction for :meth:`flush`."""
+        return self._open
 
     @contextmanager
     def transaction(self, url: str, wait: bool = True) -> Iterator[DriverCursor]:
-        """One append transaction; database errors leave as :class:`StoreError`, and
-        :class:`StoreBusy` if ``wait`` is off and another writer holds the append lock."""
+        """One append transaction (a savepoint of the held one, with :attr:`hold`); database
+        errors leave as :class:`StoreError`, and :class:`StoreBusy` if ``wait`` is off and
+        another writer holds the append lock."""
         with self._lock:
+            saved = False
             try:
                 if self._connection is None:
                     self._connection = self._engine.raw_connection()
                 driver = self._connection.driver_connection
                 raw = DriverCursor(driver.cursor(), self._postgresql, self._driver_error)
-                self._lock_appends(raw, url, wait)
+                if not self._open:
+                    self._lock_appends(raw, url, wait)
+                    self._open = True
+                if self.hold:
+                    raw.rows("SAVEPOINT tidings_write")
+                    saved = True
                 yield raw
-                if self._postgresql:
-                    driver.commit()
+                if self.hold:
+                    raw.rows("RELEASE SAVEPOINT tidings_write")
                 else:
-                    raw.rows("COMMIT")
+                    self._commit(raw)
             except BaseException as exc:
-                self._rollback()
+                if not (saved and self._undo_write()):
+                    self._rollback()
                 if isinstance(exc, self._driver_error):
                     raise StoreError(
                         f"event store {url}: cannot register: {type(exc).__name__}: {exc}"
                     ) from exc
                 raise
+
+    def flush(self, url: str) -> None:
+        """Commit the held transaction, if one is open."""
+        with self._lock:
+            if not self._open:
+                return
+            try:
+                driver = self._connection.driver_connection
+                self._commit(DriverCursor(driver.cursor(), self._postgresql, self._driver_error))
+            except self._driver_error as exc:
+                self._rollback()
+                raise StoreError(
+                    f"event store {url}: cannot commit held writes: {type(exc).__name__}: {exc}"
+                ) from exc
+
+    def _commit(self, raw: DriverCursor) -> None:
+        if self._postgresql:
+            self._connection.driver_connection.commit()
+        else:
+            raw.rows("COMMIT")
+        self._open = False
+
+    def _undo_write(self) -> bool:
+        """Roll a failed write back to its savepoint, keeping the held writes before it;
+        False if that failed too (the whole transaction must go)."""
+        try:
+            driver = self._connection.driver_connection
+            raw = DriverCursor(driver.cursor(), self._postgresql, self._driver_error)
+            raw.rows("ROLLBACK TO SAVEPOINT tidings_write")
+            raw.rows("RELEASE SAVEPOINT tidings_write")
+        except Exception:
+            return False
+        return True
 
     def close(self) -> None:
         with self._lock:
@@ -238,9 +296,15 @@ class Writer:
             raise StoreBusy(f"event store {url}: another writer holds the append lock")
 
     def _rollback(self) -> None:
-        """Roll back; a connection that cannot even do that is dropped."""
+        """Roll back; a connection that cannot even do that is dropped. Held writes that are
+        rolled back are lost as a crash would lose them: said in the log."""
         if self._connection is None:
             return
+        if self.hold and self._open:
+            log.error("event store: held writes rolled back (not committed): a database error")
+            if self.on_rollback is not None:
+                self.on_rollback()
+        self._open = False
         try:
             driver = self._connection.driver_connection
             if self._postgresql:

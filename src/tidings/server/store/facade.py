@@ -7,6 +7,7 @@ tables of :mod:`.schema` and decode the rows there.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -37,6 +38,8 @@ from tidings.server.store.planning import (
     select_by_outbox_ids,
 )
 from tidings.server.store.schema import events_from_rows, events_table, prepare_schema
+
+log = logging.getLogger(__name__)
 
 #: Positions per DELETE statement.
 _DELETE_CHUNK = 500
@@ -278,8 +281,28 @@ class EventStore:
         with self._transaction(action, write=True) as conn:
             yield conn
 
+    def hold_writes(self) -> None:
+        """Keep registrations in an open transaction until :meth:`flush` (the server's
+        ``durability: periodic``); see :class:`~.driver.Writer`."""
+        self._writer.hold = True
+        self._writer.on_rollback = self._known_types.clear
+
+    @property
+    def unflushed(self) -> bool:
+        """Held registrations wait for :meth:`flush`."""
+        return self._writer.unflushed
+
+    def flush(self) -> None:
+        """Commit the held registrations, if any."""
+        self._writer.flush(self.url)
+
     def close(self) -> None:
-        """Close all database connections; the store is not used afterwards."""
+        """Commit held registrations and close all database connections; the store is not
+        used afterwards."""
+        try:
+            self.flush()
+        except StoreError as exc:
+            log.error("event store %s: held registrations lost at close: %s", self.url, exc)
         self._closed = True
         if self._checkpointer is not None:
             self._checkpointer.close()
@@ -300,9 +323,15 @@ class EventStore:
     def _transaction(
         self, action: str, *, append: bool = False, snapshot: bool = False, write: bool = False
     ) -> Iterator[Connection]:
-        """One transaction of :func:`.driver.transaction`, refused once the store is closed."""
+        """One transaction of :func:`.driver.transaction`, refused once the store is closed.
+
+        A writing one commits the held registrations first: on SQLite it would otherwise wait
+        for the write lock they hold until the next flush (and forever in the thread that
+        flushes them)."""
         if self._closed:
             raise StoreError(f"event store {self.url}: cannot {action}: the store is closed")
+        if (append or write) and self._writer.unflushed:
+            self.flush()
         with transaction(
             self._engine, self.url, action, append=append, snapshot=snapshot, write=write
         ) as conn:

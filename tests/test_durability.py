@@ -1,0 +1,291 @@
+"""``durability: periodic``: registrations answered before their commit, committed at most
+``flush_period`` later; who sees them before the commit; what a crash takes.
+
+The stores are a real SQLite file and a real PostgreSQL database; "committed" is what a
+second, independent connection sees. The crash test SIGKILLs a real ``tidings server``
+process under load, with a real Syncer peer process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from processes import ServerProcess, free_port, local_address
+from tidings import client
+from tidings.db import driver_url
+from tidings.errors import ConfigError
+from tidings.events.model import EventId, NewEvent, StoredEvent
+from tidings.events.query import QueryData
+from tidings.server.async_engine import AsyncEngine
+from tidings.server.config import load_server_config
+from tidings.server.engine import Engine
+from tidings.server.store import EventStore
+from waiting import run, until, wait_until
+
+
+def _committed_count(url: str) -> int:
+    """Events a separate connection sees in the store: the committed ones."""
+    other = create_engine(driver_url(url))
+    try:
+        with other.connect() as connection:
+            return connection.execute(text("SELECT count(*) FROM event_events")).scalar_one()
+    finally:
+        other.dispose()
+
+
+@contextlib.asynccontextmanager
+async def held_engine(url: str, flush_period: float) -> AsyncIterator[AsyncEngine]:
+    """An engine whose registrations are held up to ``flush_period`` s between commits."""
+    store = EventStore(url)
+    engine = AsyncEngine(Engine(store, []), flush_period=flush_period)
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
+        store.close()
+
+
+def test_periodic_answers_before_the_commit_and_commits_within_the_period(
+    database_url: str,
+) -> None:
+    async def main() -> None:
+        async with held_engine(database_url, 0.5) as engine:
+            early: list[int] = []
+            durable: list[int] = []
+            engine.subscribe(lambda events: early.extend(e.id.instance for e in events), early=True)
+            engine.subscribe(lambda events: durable.extend(e.id.instance for e in events))
+            await engine.write(engine.engine.start)
+            await engine.flush()
+            before = _committed_count(database_url)
+            heard_before = len(durable)
+            started = time.monotonic()
+            stored = await engine.register([NewEvent(("t", "a")), NewEvent(("t", "b"))])
+            assert all(event is not None for event in stored)
+            mine = [event.id.instance for event in stored if event is not None]
+            # Answered and told to early listeners, not committed, not told to the others.
+            assert early[-2:] == mine
+            assert _committed_count(database_url) == before
+            assert len(durable) == heard_before
+            # Committed by the flush timer, without any read asking for it.
+            await until(lambda: _committed_count(database_url) == before + 2, 5)
+            assert time.monotonic() - started < 0.5 + 1.0
+            await until(lambda: durable[-2:] == mine, 2)
+
+    run(main())
+
+
+def test_a_read_sees_every_answered_registration(database_url: str) -> None:
+    """A query commits what is held first (the flush period is long here)."""
+
+    async def main() -> list[StoredEvent]:
+        async with held_engine(database_url, 30) as engine:
+            await engine.register([NewEvent(("t", "x"))])
+            assert _committed_count(database_url) == 0
+            found = await engine.read(engine.store.read)
+            assert _committed_count(database_url) == 1
+            return found
+
+    assert [event.type for event in run(main())] == [("t", "x")]
+
+
+def test_a_committed_read_does_not_commit(database_url: str) -> None:
+    """The server's own polling for outside writers reads only what is committed and
+    leaves the held registrations alone."""
+
+    async def main() -> None:
+        async with held_engine(database_url, 30) as engine:
+            await engine.register([NewEvent(("t", "x"))])
+            assert await engine.read(engine.store.read, committed=True) == []
+            assert _committed_count(database_url) == 0
+
+    run(main())
+
+
+def test_synced_events_commit_the_held_ones_first_and_keep_the_order(database_url: str) -> None:
+    """A peer's events are stored in a transaction of their own: what is held is committed
+    before it (waiting for our own held lock would stall the server), and every listener
+    hears of both in storage order."""
+
+    async def main() -> tuple[list[int], int]:
+        async with held_engine(database_url, 30) as engine:
+            heard: list[int] = []
+            engine.subscribe(lambda events: heard.extend(e.position for e in events))
+            await engine.register([NewEvent(("t", "local"))])
+            peer = StoredEvent(0, EventId(2, 1, 1), ("p",), 1, None, None, None, None)
+            await engine.register_synced([peer])
+            return heard, _committed_count(database_url)
+
+    heard, committed = run(main())
+    assert committed == 2
+    assert len(heard) == 2 and heard == sorted(heard)
+
+
+def test_a_write_beside_the_log_commits_the_held_registrations_first(database_url: str) -> None:
+    """The streams write consumer positions from threads of their own: on SQLite that write
+    would wait for the lock the held registrations keep until the next flush."""
+
+    def write_beside(store: EventStore) -> None:
+        with store.transaction("write beside the log") as connection:
+            connection.execute(text("SELECT 1"))
+
+    async def main() -> None:
+        async with held_engine(database_url, 30) as engine:
+            await engine.register([NewEvent(("t", "x"))])
+            async with asyncio.timeout(5):
+                await asyncio.to_thread(write_beside, engine.store)
+            assert _committed_count(database_url) == 1
+
+    run(main())
+
+
+def test_held_registrations_are_committed_at_close(database_url: str) -> None:
+    async def main() -> None:
+        async with held_engine(database_url, 30) as engine:
+            for n in range(20):
+                await engine.register([NewEvent(("t", str(n)))])
+            assert _committed_count(database_url) == 0
+
+    run(main())
+    assert _committed_count(database_url) == 20
+
+
+def test_durability_keys_are_checked() -> None:
+    base = {
+        "type": "event",
+        "backend": {"module": "tidings.server.backends.sqlite", "db_path": "x.db"},
+        "engine": {"server_id": 1, "modules": []},
+    }
+    config = load_server_config(base)
+    assert config.backend.held_flush_period is None
+    held = {**base["backend"], "durability": "periodic", "flush_period": 0.25}
+    assert load_server_config({**base, "backend": held}).backend.held_flush_period == 0.25
+    assert "durability" not in load_server_config({**base, "backend": held}).backend.options()
+    for bad, key in (
+        ({"durability": "sometimes"}, "backend.durability"),
+        ({"durability": "periodic", "flush_period": 0}, "backend.flush_period"),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            load_server_config({**base, "backend": {**base["backend"], **bad}})
+
+
+# --- a crash under load ------------------------------------------------------------------------
+
+FLUSH_PERIOD = 0.5
+PARTS = 3  # events per session: a session is stored whole or not at all
+
+
+class Writer:
+    """Registers numbered sessions of PARTS events, one at a time, noting when each was
+    answered; stops at the first failure (the server was killed)."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.answered: dict[int, float] = {}
+
+    async def run(self) -> None:
+        try:
+            connection = await client.connect(self.server.eventer, timeout=5)
+            n = 0
+            while True:
+                events = [client.json_event(("load", str(part)), {"n": n}) for part in range(PARTS)]
+                results = await asyncio.wait_for(connection.register_with_response(events), 5)
+                assert all(result is not None for result in results)
+                self.answered[n] = time.monotonic()
+                n += 1
+        except (OSError, TimeoutError, client.ConnectionClosed):
+            return
+
+
+async def _loads(server: ServerProcess) -> list[StoredEvent]:
+    async with await client.connect(server.eventer, timeout=5) as connection:
+        return await connection.query(QueryData(event_types=(("load", "*"),)))
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_a_crash_loses_only_whole_sessions_at_the_end_and_the_peer_converges(
+    tmp_path: Path,
+) -> None:
+    ports = {name: {"eventer": free_port(), "syncer": free_port()} for name in "ab"}
+    periodic = {
+        "module": "tidings.server.backends.sqlite",
+        "db_path": "ev.db",
+        "durability": "periodic",
+        "flush_period": FLUSH_PERIOD,
+    }
+    a = ServerProcess.tidings(
+        tmp_path / "a", 1, ports["a"], [(2, local_address(ports["b"]["syncer"]))], "t", periodic
+    )
+    b = ServerProcess.tidings(
+        tmp_path / "b", 2, ports["b"], [(1, local_address(ports["a"]["syncer"]))], "t"
+    )
+    try:
+        a.start(30)
+        b.start(30)
+        writer = Writer(a)
+
+        async def load_then_kill() -> float:
+            task = asyncio.create_task(writer.run())
+            await asyncio.sleep(3)
+            a.kill()
+            killed = time.monotonic()
+            await task
+            return killed
+
+        killed = run(load_then_kill(), 30)
+        assert len(writer.answered) > 100, "the server took too little load to test"
+        a.start(30)
+
+        def numbers(events: list[StoredEvent]) -> dict[int, set[str]]:
+            found: dict[int, set[str]] = {}
+            for event in events:
+                found.setdefault(json.loads(event.payload)["n"], set()).add(event.type[1])
+            return found
+
+        held = numbers(run(_loads(a)))
+        # Nothing partial, nothing out of order: whole sessions 0..k, a prefix of the answers.
+        assert all(parts == {str(p) for p in range(PARTS)} for parts in held.values())
+        assert sorted(held) == list(range(len(held)))
+        # Everything answered a flush period (plus a margin for the commit) before the
+        # kill is there; what was lost was answered within that time.
+        margin = FLUSH_PERIOD + 0.5
+        assert {n for n, at in writer.answered.items() if at < killed - margin} <= set(held)
+        lost = set(writer.answered) - set(held)
+        assert all(writer.answered[n] >= killed - margin for n in lost)
+        # The peer held only committed events, and both logs converge.
+        events_a = run(_loads(a))
+        kept = {(e.id, e.type, e.payload) for e in events_a}
+
+        def peer_copy() -> set[tuple]:
+            return {(e.id, e.type, e.payload) for e in run(_loads(b)) if e.id.server == 1}
+
+        wait_until(
+            lambda: peer_copy() == kept,
+            30,
+            interval=0.3,
+            explain=lambda: f"only on a: {sorted(kept - peer_copy())[:4]}",
+        )
+
+        # The restarted server goes on after what it kept; its new sessions reach the peer.
+        async def one_more() -> StoredEvent:
+            async with await client.connect(a.eventer, timeout=5) as connection:
+                [stored] = await connection.register_with_response(
+                    [client.json_event(("load", "after"), {"n": -1})]
+                )
+            assert stored is not None
+            return stored
+
+        after = run(one_more())
+        assert after.id.session > max(e.id.session for e in events_a)
+        wait_until(lambda: any(e.id == after.id for e in run(_loads(b))), 30)
+    finally:
+        a.stop()
+        b.stop()
