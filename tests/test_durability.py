@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,13 +22,14 @@ from sqlalchemy import create_engine, text
 from processes import ServerProcess, free_port, local_address
 from tidings import client
 from tidings.db import driver_url
-from tidings.errors import ConfigError
+from tidings.errors import ConfigError, StoreError
 from tidings.events.model import EventId, NewEvent, StoredEvent
 from tidings.events.query import QueryData
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.config import load_server_config
 from tidings.server.engine import Engine
-from tidings.server.store import EventStore
+from tidings.server.store import EventStore, planning
+from tidings.server.store.driver import Writer as StoreWriter
 from waiting import run, until, wait_until
 
 
@@ -155,6 +157,70 @@ def test_held_registrations_are_committed_at_close(database_url: str) -> None:
 
     run(main())
     assert _committed_count(database_url) == 20
+
+
+def test_a_lost_commit_stops_writes_and_is_never_told_to_the_peers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit of held registrations that fails (a full disk, an I/O error; injected here,
+    a real SQLite file cannot be made to fail on demand) loses answered sessions without a
+    crash: the durable listeners never hear of them, no further write is taken (its ids and
+    positions would be the lost ones'), and the server is told to stop."""
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+
+    def failing_commit(self: StoreWriter, raw: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error (injected)")
+
+    async def main() -> tuple[list[int], str, str]:
+        async with held_engine(url, 30) as engine:
+            durable: list[int] = []
+            engine.subscribe(lambda events: durable.extend(e.position for e in events))
+            await engine.register([NewEvent(("t", "lost"))])
+            monkeypatch.setattr(StoreWriter, "_commit", failing_commit)
+            with pytest.raises(StoreError, match="cannot commit held writes"):
+                await engine.flush()
+            monkeypatch.undo()
+            with pytest.raises(StoreError, match="restart the server"):
+                await engine.register([NewEvent(("t", "after"))])
+            why = await asyncio.wait_for(engine.wait_broken(), 1)
+            return durable, why, engine.store.failed or ""
+
+    durable, why, failed = run(main())
+    assert durable == []
+    assert "rolled back" in why and why == failed
+    assert _committed_count(url) == 0
+
+
+def test_a_failed_first_write_does_not_keep_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that opens the held transaction and fails (injected) rolls back to its
+    savepoint; the transaction it opened is still committed within the flush period, so
+    other writers of the file are not locked out on an idle server."""
+    path = tmp_path / "events.db"
+    url = f"sqlite:///{path}"
+
+    def failing_insert(conn: object, rows: object) -> None:
+        raise sqlite3.OperationalError("constraint failed (injected)")
+
+    async def main() -> None:
+        async with held_engine(url, 0.2) as engine:
+            monkeypatch.setattr(planning, "insert_event_rows", failing_insert)
+            with pytest.raises(StoreError):
+                await engine.register([NewEvent(("t", "x"))])
+            monkeypatch.undo()
+            await asyncio.sleep(0.6)
+            other = sqlite3.connect(path, timeout=0.5)
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("ROLLBACK")
+            finally:
+                other.close()
+            assert engine.store.failed is None
+            stored = await engine.register([NewEvent(("t", "y"))])
+            assert stored[0] is not None
+
+    run(main())
 
 
 def test_durability_keys_are_checked() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tidings
-from helpers import HEAVY, fresh_interpreter, heavy_modules_after
+from helpers import HEAVY, fresh_interpreter, heavy_modules_after, parse_python
 
 #: Bottom first. Where ARCHITECTURE.md lists parts side by side (``errors``, ``events``;
 #: ``config``, ``db``; ``outbox``, ``routing``; ``cli``, ``demo``) this fixes an order between
@@ -108,7 +108,7 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     violations = []
     for path in _sources():
         own = _layer(_module_name(path))
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = parse_python(path.read_text(), str(path))
         for node in ast.walk(tree):
             if not isinstance(node, ast.Import | ast.ImportFrom | ast.Call):
                 continue
@@ -140,7 +140,7 @@ def test_the_layer_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     path = PACKAGE / "wire" / "example.py"
     found = [
         target
-        for node in ast.walk(ast.parse(source))
+        for node in ast.walk(parse_python(source))
         if isinstance(node, ast.Import | ast.ImportFrom | ast.Call)
         for target in _imported(path, node)
     ]

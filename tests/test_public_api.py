@@ -18,7 +18,7 @@ import pytest
 
 import tidings
 import tidings.errors
-from helpers import HEAVY, fresh_interpreter, heavy_modules_after
+from helpers import HEAVY, fresh_interpreter, heavy_modules_after, parse_python
 
 PUBLIC = ("tidings", "tidings.client", "tidings.events")
 
@@ -65,7 +65,7 @@ def test_submodules_still_import_from_the_package() -> None:
 
 def test_the_lazy_names_are_the_ones_type_checkers_see() -> None:
     """The ``TYPE_CHECKING`` imports of ``tidings/__init__.py`` and its lazy map agree."""
-    tree = ast.parse(inspect.getsource(tidings))
+    tree = parse_python(inspect.getsource(tidings))
     [block] = [
         node
         for node in tree.body

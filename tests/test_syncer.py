@@ -540,3 +540,25 @@ def test_events_another_process_appends_reach_subscribers_and_peers_in_order(
                 outside.close()
 
     run(main())
+
+
+def test_closing_a_client_keeps_the_closers_own_cancellation(tmp_path: Path) -> None:
+    """A Monitor link closing its peers may itself be cancelled meanwhile (the server stops):
+    the cancellation must reach it, not be taken for the client task's own and dropped,
+    which left the server's shutdown waiting for ever."""
+
+    async def main() -> bool:
+        async with async_engine(tmp_path / "events.db") as engine:
+            client = SyncerClient(local_address(free_port()), engine, 2, min_delay=0.05)
+            await client.start()
+            await asyncio.sleep(0.1)  # retrying an address nobody listens on
+            closing = asyncio.ensure_future(client.aclose())
+            await asyncio.sleep(0)  # aclose is waiting for the client's task now
+            closing.cancel()
+            try:
+                await closing
+            except asyncio.CancelledError:
+                return True
+            return False
+
+    assert run(main()) is True

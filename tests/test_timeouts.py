@@ -13,6 +13,7 @@ import asyncio
 from pathlib import Path
 
 import tidings
+from helpers import parse_python
 from waiting import run
 
 PACKAGE = Path(tidings.__file__).resolve().parent
@@ -21,7 +22,7 @@ PACKAGE = Path(tidings.__file__).resolve().parent
 def _wait_for_calls(source: str) -> list[int]:
     """Lines of ``asyncio.wait_for(...)`` calls and of ``wait_for`` imported from asyncio."""
     lines = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_python(source)):
         if isinstance(node, ast.Attribute) and node.attr == "wait_for":
             if isinstance(node.value, ast.Name) and node.value.id == "asyncio":
                 lines.append(node.lineno)

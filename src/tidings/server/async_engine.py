@@ -14,12 +14,14 @@ With ``flush_period`` (the server's ``durability: periodic``) registrations are 
 once written into a transaction the store keeps open, and committed at most
 ``flush_period`` seconds later (hat-event's lmdb backend answers from memory and writes every
 ``flush_period`` the same way). What a crash of the process can lose is the writes since the
-last commit: always whole sessions at the end of the log, never one in the middle. Who sees
-a write before its commit is chosen so that nothing can see what a crash may take back and
-then see something else under the same id or position: *early* listeners (the Eventer's
-subscribers, told at once) and queries (a read first commits what is held) do; *durable*
-listeners (Syncer peers, streams, metrics) hear of a batch only once it is committed, so a
-peer server never holds an event its origin lost.
+last commit: always whole sessions at the end of the log, never one in the middle. The
+Syncer peers, the streams and the metrics (*durable* listeners) hear of a batch only once it
+is committed, so a peer server never holds an event its origin lost, and queries commit what
+is held first. The Eventer's subscribers (*early* listeners) are told at once, as hat-event's
+lmdb backend tells them: a subscriber may hear of a session that a crash then takes back, and
+after the restart the same session number and positions carry a new session (reconnect and
+query, as after any disconnect). A database error that loses held writes without a crash
+stops the server (:meth:`wait_broken`) for the same reason.
 
 Reads (queries, syncer backlogs) run in a small pool of their own, so a long query
 never delays registration. Bulk reads (query replies that may hold every event of the store)
@@ -104,6 +106,9 @@ class AsyncEngine:
         self._uncommitted: list[list[StoredEvent]] = []
         self._flush_period = flush_period
         self._flush_timer: asyncio.TimerHandle | None = None
+        #: Set when the store lost held registrations: the server must stop (see
+        #: :meth:`wait_broken`).
+        self._broken = asyncio.Event()
         if flush_period is not None:
             engine.store.hold_writes()
         self._jobs: deque[_Register | _Call] = deque()
@@ -181,6 +186,13 @@ class AsyncEngine:
         pool = self._bulk if bulk else self._readers
         return await self._loop.run_in_executor(pool, function, *args)
 
+    async def wait_broken(self) -> str:
+        """Return (why) once the store has lost answered registrations it held for the next
+        commit (``durability: periodic``, a database error): it takes no more writes and
+        the server stops; a restart starts from what is committed."""
+        await self._broken.wait()
+        return self.store.failed or "the event store lost held registrations"
+
     async def flush(self) -> None:
         """Commit the registrations the store holds (``durability: periodic``), after every
         write queued before."""
@@ -197,7 +209,13 @@ class AsyncEngine:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        await self.flush()
+        try:
+            if self.store.failed is None:
+                await self.flush()
+        finally:
+            await self._close_threads()
+
+    async def _close_threads(self) -> None:
         await self._stream.aclose()
         self._remove_callback()
         await self._loop.run_in_executor(None, self._writer.shutdown, True)
@@ -213,21 +231,40 @@ class AsyncEngine:
         """Serve queued writes in order: runs of registrations as one group each."""
         while self._jobs:
             job = self._jobs.popleft()
-            if isinstance(job, _Call):
-                await self._run_call(job)
-                continue
-            group = [job]
-            events = len(job.events)
-            while (
-                self._jobs
-                and isinstance(self._jobs[0], _Register)
-                and len(group) < MAX_GROUP_REQUESTS
-                and events + len(self._jobs[0].events) <= MAX_GROUP_EVENTS
-            ):
-                job = self._jobs.popleft()  # type: ignore[assignment]
-                group.append(job)
-                events += len(job.events)
-            await self._run_group(group)
+            try:
+                await self._run_job(job)
+            finally:
+                self._check_store()
+
+    def _check_store(self) -> None:
+        """After each write: arm the flush clock, or, if held writes were lost, forget what
+        the durable listeners were to hear of them and signal that the server must stop."""
+        if self.store.failed is None:
+            self._schedule_flush()
+            return
+        self._uncommitted.clear()
+        if not self._broken.is_set():
+            log.error("event store: %s; the server stops", self.store.failed)
+            self._broken.set()
+
+    async def _run_job(self, job: _Register | _Call) -> None:
+        """One queued write; a registration takes the ones queued right behind it along
+        (one group)."""
+        if isinstance(job, _Call):
+            await self._run_call(job)
+            return
+        group = [job]
+        events = len(job.events)
+        while (
+            self._jobs
+            and isinstance(self._jobs[0], _Register)
+            and len(group) < MAX_GROUP_REQUESTS
+            and events + len(self._jobs[0].events) <= MAX_GROUP_EVENTS
+        ):
+            job = self._jobs.popleft()  # type: ignore[assignment]
+            group.append(job)
+            events += len(job.events)
+        await self._run_group(group)
 
     async def _run_call(self, job: _Call) -> None:
         try:
@@ -241,7 +278,6 @@ class AsyncEngine:
         if job.then is not None:
             job.then(result)
         _settle(job.future, result=result)
-        self._schedule_flush()
 
     def _schedule_flush(self) -> None:
         """Start the flush period's clock at the first held write after a commit."""
@@ -258,6 +294,8 @@ class AsyncEngine:
 
     def _committed(self, _: object) -> None:
         """The held writes are committed: the durable listeners hear of them now."""
+        if self.store.failed is not None:
+            return  # lost: nobody who keeps what they hear may hear of them
         batches, self._uncommitted = self._uncommitted, []
         for events in batches:
             self._tell(self._listeners, events)
@@ -279,7 +317,6 @@ class AsyncEngine:
                 _settle(job.future, exception=result)
             else:
                 _settle(job.future, result=result)
-        self._schedule_flush()
 
     def _register_inline(
         self, requests: list[Sequence[NewEvent]]

@@ -50,8 +50,10 @@ class BackendConfig(BaseModel):
     #: into the open transaction, commit at most ``flush_period`` later (a crash loses the
     #: sessions since the last commit, whole and at the end; see the README).
     durability: Literal["commit", "periodic"] = "commit"
-    #: Seconds between commits with ``durability: periodic`` (hat-event's default: 1).
-    flush_period: float = Field(default=1.0, gt=0, le=60)
+    #: Seconds between commits with ``durability: periodic`` (hat-event's default: 1). At
+    #: most 10: on SQLite other writers (stream acks, other processes) may wait that long
+    #: for the held write lock, well within their 30-s busy timeout.
+    flush_period: float = Field(default=1.0, gt=0, le=10)
 
     def options(self) -> dict[str, Any]:
         """The backend module's own keys (not ``module``, ``durability``, ``flush_period``)."""

@@ -24,7 +24,6 @@ hat-event publishes is ignored with a warning, once, and harms nothing else.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -175,8 +174,7 @@ class MonitorLink:
             self._unregister.cancel()
         if self._follower is not None:
             self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+            await asyncio.wait([self._follower])  # (see SyncerClient.aclose)
         for peer in list(self.peers.values()):
             await peer.aclose()
         self.peers.clear()

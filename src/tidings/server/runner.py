@@ -22,7 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from tidings.errors import ConfigError
+from tidings.errors import ConfigError, StoreError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.backends import open_backend
 from tidings.server.config import ServerConfig
@@ -168,6 +168,13 @@ class RunningServer:
             await self._close_serving()
         finally:
             await self.engine.write(self.engine.engine.stop)
+            await self._flush_held()  # the server blessed next gets them from the Syncer
+
+    async def _flush_held(self) -> None:
+        """Commit held registrations now, so the Syncer peers get them (periodic
+        durability); a store that lost them has nothing to commit."""
+        if self.store.failed is None:
+            await self.engine.flush()
 
     async def aclose(self) -> None:
         if self.metrics is not None:
@@ -177,14 +184,17 @@ class RunningServer:
         for client in self.static_peers:
             await client.aclose()
         await self._close_serving()
-        if self.syncer is not None:
-            await self.syncer.aclose()
         try:
+            if self.syncer is not None:
+                await self._flush_held()  # before the Syncer's last round with its peers
+                await self.syncer.aclose()
             if self.monitor is None:
                 await self.engine.write(self.engine.engine.stop)
         finally:
-            await self.engine.aclose()
-            self.store.close()
+            try:
+                await self.engine.aclose()
+            finally:
+                self.store.close()
         log.info("event server %d stopped", self.config.engine.server_id)
 
 
@@ -232,22 +242,28 @@ async def serve(
     # unbounded query was 13-26 ms in 7 runs, 19-54 ms in 3 runs without (2026-11-23).
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     try:
-        if running.monitor is None:
-            await stop.wait()
-        else:
-            await _until_stopped_or_lost(stop, running.monitor)
+        await _until_stopped_or_failed(stop, running)
     finally:
         await running.aclose()
 
 
-async def _until_stopped_or_lost(stop: asyncio.Event, monitor: MonitorLink) -> None:
-    """Wait for ``stop``; if the Monitor link ends first, raise why (the server stops)."""
-    stopped = asyncio.ensure_future(stop.wait())
-    lost = asyncio.ensure_future(monitor.wait_lost())
+async def _until_stopped_or_failed(stop: asyncio.Event, running: RunningServer) -> None:
+    """Wait for ``stop``; if the server cannot go on first (its Monitor link ended, its store
+    lost held registrations), raise why: the server stops, with exit code 2 from the CLI."""
+    waits = {asyncio.ensure_future(stop.wait()): None}
+    broken = asyncio.ensure_future(running.engine.wait_broken())
+    waits[broken] = None
+    lost = None if running.monitor is None else asyncio.ensure_future(running.monitor.wait_lost())
+    if lost is not None:
+        waits[lost] = None
     try:
-        await asyncio.wait([stopped, lost], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(list(waits), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        stopped.cancel()
-        lost.cancel()
-    if not stop.is_set() and lost.done() and not lost.cancelled():
+        for wait in waits:
+            wait.cancel()
+    if stop.is_set():
+        return
+    if broken.done() and not broken.cancelled():
+        raise StoreError(f"event store: {broken.result()}; the server stops")
+    if lost is not None and lost.done() and not lost.cancelled():
         raise lost.result()

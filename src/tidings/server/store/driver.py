@@ -196,6 +196,10 @@ class Writer:
         self._open = False
         #: Called when held writes are rolled back (the store forgets what it cached).
         self.on_rollback: Callable[[], None] | None = None
+        #: Why held writes were lost (None while none were): answered registrations are
+        #: gone and the counters went back, so no further write is taken; the server stops
+        #: and a restart starts from what is committed.
+        self.failed: str | None = None
 
     @property
     def unflushed(self) -> bool:
@@ -208,6 +212,8 @@ class Writer:
         errors leave as :class:`StoreError`, and :class:`StoreBusy` if ``wait`` is off and
         another writer holds the append lock."""
         with self._lock:
+            if self.failed is not None:
+                raise StoreError(f"event store {url}: {self.failed}; restart the server")
             saved = False
             try:
                 if self._connection is None:
@@ -301,7 +307,8 @@ class Writer:
         if self._connection is None:
             return
         if self.hold and self._open:
-            log.error("event store: held writes rolled back (not committed): a database error")
+            self.failed = "answered registrations held for the next commit were rolled back"
+            log.error("event store: %s (a database error)", self.failed)
             if self.on_rollback is not None:
                 self.on_rollback()
         self._open = False

@@ -292,6 +292,11 @@ class EventStore:
         """Held registrations wait for :meth:`flush`."""
         return self._writer.unflushed
 
+    @property
+    def failed(self) -> str | None:
+        """Why held registrations were lost, if they were (the store takes no more writes)."""
+        return self._writer.failed
+
     def flush(self) -> None:
         """Commit the held registrations, if any."""
         self._writer.flush(self.url)

@@ -17,7 +17,6 @@ field: the configuration (:mod:`tidings.server.config`) for static ``syncer_peer
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, TidingsError
@@ -93,8 +92,9 @@ class SyncerClient:
         """Disconnect and stop reconnecting."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # wait() does not raise the task's cancellation, and so cannot swallow ours: a
+            # caller cancelled meanwhile (a Monitor link closing) is cancelled still.
+            await asyncio.wait([self._task])
             self._task = None
         if self._connection is not None:
             await self._connection.aclose()
