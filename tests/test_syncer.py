@@ -562,3 +562,46 @@ def test_closing_a_client_keeps_the_closers_own_cancellation(tmp_path: Path) -> 
             return False
 
     assert run(main()) is True
+
+
+def test_sessions_waiting_together_are_stored_together_and_heard_one_by_one(
+    tmp_path: Path,
+) -> None:
+    """A backlog of one-session MsgEvents is stored in a few transactions, not one per
+    session (a busy peer fell seconds behind that way), and the receiving server's listeners
+    still hear of each session alone, in order."""
+
+    async def main() -> tuple[int, list[list[int]], int, int]:
+        async with node(tmp_path, 1) as a, node(tmp_path, 2) as b:
+            server = await SyncerServer.start(LOCAL, a)
+            await register(a, "many", 300, size=1)
+            calls = 0
+            original = b.register_synced
+
+            async def spy(events: list[StoredEvent]) -> list[StoredEvent]:
+                nonlocal calls
+                calls += 1
+                return await original(events)
+
+            b.register_synced = spy  # type: ignore[method-assign]
+            heard: list[list[int]] = []
+            b.subscribe(
+                lambda events: heard.append([e.id.session for e in events if e.id.server == 1])
+            )
+            client = SyncerClient(local_address(server.port), b, 1)
+            await client.start()
+            await client.wait_synced(10)
+            await until(lambda: b.store.last_event_id(1) == a.store.last_event_id())
+            stored = [e for e in all_events(b) if e.id.server == 1]
+            total = a.store.count()
+            await client.aclose()
+            await server.aclose()
+            return calls, heard, len(stored), total
+
+    calls, heard, stored, total = run(main())
+    assert stored == total
+    assert calls < 100, f"{calls} register_synced calls for 300 one-session messages"
+    mine = [sessions for sessions in heard if sessions]
+    assert all(len(set(sessions)) == 1 for sessions in mine)
+    flat = [sessions[0] for sessions in mine]
+    assert flat == sorted(flat) and len(flat) == len(set(flat))

@@ -161,9 +161,15 @@ class AsyncEngine:
         """
         future: asyncio.Future[list[StoredEvent]] = self._loop.create_future()
         self._enqueue(
-            _Call(self.engine.store.append_synced, (events,), future, self._stream.deliver)
+            _Call(self.engine.store.append_synced, (events,), future, self._deliver_sessions)
         )
         return await future
+
+    def _deliver_sessions(self, events: list[StoredEvent]) -> None:
+        """Newly stored synced events to the listeners one session at a time, as they were
+        registered at their origin (a Syncer client stores several sessions at once)."""
+        for session in _sessions(events):
+            self._stream.deliver(session)
 
     async def write(self, function: Callable[..., T], *args: object) -> T:
         """Run ``function`` in the write thread, after every write queued before it."""

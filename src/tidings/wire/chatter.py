@@ -311,6 +311,10 @@ class Connection:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         return message
 
+    def receive_ready(self) -> Message | None:
+        """The next received message if one is waiting already, else None (never waits)."""
+        return self._received.get_nowait()
+
     async def wait_closed(self) -> None:
         await self._closed.wait()
 

@@ -59,6 +59,20 @@ class ReceiveQueue(Generic[T]):
             self._room.set()
         return item
 
+    def get_nowait(self) -> T | None:
+        """The next item if one is queued now, else None (also at the end)."""
+        if self._queue.empty():
+            return None
+        entry = self._queue.get_nowait()
+        if entry is None:
+            self._queue.put_nowait(None)  # the end stays for every later call
+            return None
+        item, size = entry
+        self._bytes -= size
+        if self._bytes <= self._max_bytes:
+            self._room.set()
+        return item
+
     def end(self) -> None:
         """Mark the end: receivers get every item queued so far, then None.
 

@@ -20,13 +20,16 @@ import asyncio
 import logging
 
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, TidingsError
-from tidings.events.model import json_event
+from tidings.events.model import StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.syncer.common import client_status_type
 from tidings.wire import chatter, codec
 from tidings.wire.chatter import Connection
 
 log = logging.getLogger(__name__)
+
+#: Events of consecutive MsgEvents stored together at most (one session may exceed it).
+MAX_SYNCED_BATCH = 10_000
 
 
 class SyncerClient:
@@ -164,11 +167,14 @@ class SyncerClient:
         log.debug(
             "syncer client of server %d: asked for events after %s", self.peer_server_id, last
         )
+        message: chatter.Message | None = None
         while True:
-            message = await connection.receive()
+            if message is None:
+                message = await connection.receive()
             kind = (message.module, message.type)
+            following = None
             if kind == (codec.SYNCER, "MsgEvents"):
-                events = codec.events_from_sbs(message.data, "MsgEvents")
+                events, following = self._events_waiting(connection, message)
                 if events and not self.synced:
                     await self._report(False)
                 await self._engine.register_synced(events)
@@ -186,6 +192,25 @@ class SyncerClient:
                 raise ProtocolError(
                     f"unexpected {message.module}.{message.type} from syncer server"
                 )
+            message = following
+
+    @staticmethod
+    def _events_waiting(
+        connection: Connection, message: chatter.Message
+    ) -> tuple[list[StoredEvent], chatter.Message | None]:
+        """The events of ``message`` and of the MsgEvents received right behind it, up to
+        :data:`MAX_SYNCED_BATCH` (stored in one transaction: a peer that sends one session
+        per message is followed at the store's batch speed, not one commit per session),
+        and the first other message already received, to be handled next, in order."""
+        events = codec.events_from_sbs(message.data, "MsgEvents")
+        while len(events) < MAX_SYNCED_BATCH:
+            following = connection.receive_ready()
+            if following is None:
+                return events, None
+            if (following.module, following.type) != (codec.SYNCER, "MsgEvents"):
+                return events, following
+            events += codec.events_from_sbs(following.data, "MsgEvents")
+        return events, None
 
     async def _report(self, synced: bool) -> None:
         """Register the synced status event if it differs from the last one registered."""
