@@ -55,6 +55,7 @@ from common import (
     percentile,
     runtime_s,
     say,
+    scratch_database,
     wait_idle,
     write_report,
 )
@@ -64,9 +65,12 @@ from server_hostile import evaluate as evaluate_hostile
 from server_hostile import markdown as hostile_markdown
 from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
 
-SERVERS = ("hat", "tidings", "tidings_periodic")
+SERVERS = ("hat", "tidings", "tidings_periodic", "tidings_pg")
 #: The tidings servers, each compared with hat.
 TIDINGS_KINDS = ("tidings", "tidings_periodic")
+#: tidings on PostgreSQL (commit durability), compared with tidings on SQLite: issue 14's
+#: goal is "within 2 x" (at least half the rate, at most twice the latency).
+PG_KIND, PG_WITHIN = "tidings_pg", 2.0
 #: The hostile phase tests framing and budgets, which durability does not change: it runs
 #: on hat and on the commit-durability tidings only.
 HOSTILE_KINDS = ("hat", "tidings")
@@ -139,6 +143,8 @@ class BenchServer:
     def __init__(self, kind: str, keep: bool) -> None:
         self.kind = kind
         self.keep = keep
+        #: What stop() undoes besides the process (the PostgreSQL kind's scratch database).
+        self._cleanup = contextlib.ExitStack()
         work = Path(tempfile.mkdtemp(prefix=f"tidings-bench-{kind}-"))
         ports = {"eventer": free_port()}
         if kind == "hat":
@@ -148,6 +154,9 @@ class BenchServer:
             backend = {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"}
             if kind == "tidings_periodic":
                 backend |= {"durability": "periodic", "flush_period": 1}
+            if kind == PG_KIND:
+                url = self._cleanup.enter_context(scratch_database("tidings_bench_server"))
+                backend = {"module": "tidings.server.backends.postgresql", "url": url}
             self.process = ServerProcess.tidings(work, 1, ports, backend=backend)
         self.port = self.process.port
         self.address = self.process.eventer
@@ -182,6 +191,7 @@ class BenchServer:
 
     def stop(self) -> None:
         self.process.stop(30)
+        self._cleanup.close()
         if self.proc is not None:
             say(f"[{self.kind}] stopped (exit code {self.proc.returncode})")
         if self.keep:
@@ -613,13 +623,33 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
                 "n/a" if g["ratio"] is None else f"{g['ratio']:.2f}",
             ]
             met.append("yes" if g["met"] else "no")
+        pg = result["pg_goals"][name]
+        cells += [
+            fmt(result.get(f"{name}_{PG_KIND}"), unit),
+            "n/a" if pg["ratio"] is None else f"{pg['ratio']:.2f}",
+        ]
+        met.append("yes" if pg["met"] else "no")
         rows.append((*cells, result["goals"][TIDINGS_KINDS[0]][name]["goal"], " / ".join(met)))
     for name in EXTRAS:
         cells = [f"{name} (ms)", fmt(result.get(f"{name}_hat"), "ms")]
-        for kind in TIDINGS_KINDS:
+        for kind in (*TIDINGS_KINDS, PG_KIND):
             cells += [fmt(result.get(f"{name}_{kind}"), "ms"), ""]
         rows.append((*cells, "", ""))
     return rows
+
+
+def evaluate_pg(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """tidings on PostgreSQL against tidings on SQLite (both commit durability)."""
+    goals: dict[str, dict[str, Any]] = {}
+    for name, (_, higher, _) in MEASURES.items():
+        p, t = result.get(f"{name}_{PG_KIND}"), result.get(f"{name}_tidings")
+        ratio = None if p is None or t is None or t == 0 else round(p / t, 3)
+        if higher:
+            met = ratio is not None and ratio >= 1 / PG_WITHIN
+        else:
+            met = ratio is not None and ratio <= PG_WITHIN
+        goals[name] = {"goal": f"within {PG_WITHIN:g}x of SQLite", "ratio": ratio, "met": met}
+    return goals
 
 
 HEADER = (
@@ -629,8 +659,10 @@ HEADER = (
     "÷ hat",
     "tidings periodic",
     "÷ hat",
-    "goal",
-    "met (commit / periodic)",
+    "tidings PostgreSQL",
+    "÷ SQLite",
+    "goal (÷ hat; PostgreSQL: within 2x of SQLite)",
+    "met (commit / periodic / PostgreSQL)",
 )
 
 
@@ -641,7 +673,7 @@ def print_table(result: dict[str, Any]) -> None:
     for i, row in enumerate(rows):
         print(
             "  ".join(
-                c.ljust(w) if j in (0, 6) else c.rjust(w)
+                c.ljust(w) if j in (0, 8) else c.rjust(w)
                 for j, (c, w) in enumerate(zip(row, widths, strict=True))
             )
         )
@@ -662,7 +694,7 @@ def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtim
         f"{m['python']}; hat-event {m['hat_event']}. Client and server share the machine.",
         "",
         f"| {' | '.join(HEADER)} |",
-        "|---|---:|---:|---:|---:|---:|---|:---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|:---:|",
     ]
     for row in table_rows(result):
         met = row[-1].replace("no", "**no**")
@@ -697,8 +729,9 @@ def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtim
         "hat: `hat-event-server` with the lmdb backend (flush_period 1 s, latest and "
         "TIMESTAMP-ordered subscriptions `[['*']]`). tidings: `python -m tidings.cli server` "
         "with the SQLite backend, once with `durability: commit` and once with `durability: "
-        "periodic` (`flush_period: 1`, hat's). All log at WARNING; the hostile phase runs on "
-        "hat and on the commit tidings.",
+        "periodic` (`flush_period: 1`, hat's), and once on the PostgreSQL backend (a scratch "
+        "database on the local server, commit durability). All log at WARNING; the hostile "
+        "phase runs on hat and on the commit tidings.",
         "",
         f"1. register_batch: {s['register_events']:,} events in `register_with_response` "
         f"batches of {s['batch']}, one request at a time; register_single: "
@@ -745,6 +778,8 @@ def fairness_notes(quick: bool, sizes: Sizes) -> list[str]:
         "CPU-s) the ratio understates the difference between the servers.",
         "The servers run one after the other, not interleaved; other load on the machine "
         "(other CPU-s per phase) affects them differently.",
+        "tidings_pg: the PostgreSQL server's own work counts as other processes' CPU-s in its "
+        "phases (it is part of that configuration, not load from elsewhere).",
     ]
     return notes
 
@@ -816,6 +851,7 @@ def main() -> int:
             run = runs.get(kind)
             result[f"{name}_{kind}"] = None if run is None else run.figures.get(name)
     result["goals"] = {kind: evaluate(result, kind) for kind in TIDINGS_KINDS}
+    result["pg_goals"] = evaluate_pg(result)
     result["errors"] = errors
     notes = fairness_notes(args.quick, sizes)
     if args.only:
