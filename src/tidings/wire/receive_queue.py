@@ -48,24 +48,20 @@ class ReceiveQueue(Generic[T]):
         every later call too)."""
         if self._ended and self._queue.empty():
             return None
-        entry = await self._queue.get()
-        if entry is None:
-            with contextlib.suppress(asyncio.QueueFull):
-                self._queue.put_nowait(None)  # wake other receivers too
-            return None
-        item, size = entry
-        self._bytes -= size
-        if self._bytes <= self._max_bytes:
-            self._room.set()
-        return item
+        return self._taken(await self._queue.get())
 
     def get_nowait(self) -> T | None:
         """The next item if one is queued now, else None (also at the end)."""
         if self._queue.empty():
             return None
-        entry = self._queue.get_nowait()
+        return self._taken(self._queue.get_nowait())
+
+    def _taken(self, entry: tuple[T, int] | None) -> T | None:
+        """The item of a taken entry, its bytes freed; the end marker is put back, for
+        every later call and every other receiver."""
         if entry is None:
-            self._queue.put_nowait(None)  # the end stays for every later call
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue.put_nowait(None)
             return None
         item, size = entry
         self._bytes -= size
