@@ -203,9 +203,7 @@ class AsyncEngine:
         """Commit the registrations the store holds (``durability: periodic``), after every
         write queued before."""
         if self._flush_period is not None:
-            future: asyncio.Future[None] = self._loop.create_future()
-            self._enqueue(_Call(self.store.flush, (), future, self._committed, True))
-            await future
+            await self._enqueue_flush()
 
     async def aclose(self) -> None:
         """Finish queued writes and commit them, then stop the threads; the engine itself
@@ -294,9 +292,13 @@ class AsyncEngine:
 
     def _timed_flush(self) -> None:
         self._flush_timer = None
+        self._enqueue_flush().add_done_callback(_log_flush_failure)
+
+    def _enqueue_flush(self) -> asyncio.Future[None]:
+        """Queue a commit of the held writes behind the writes queued so far."""
         future: asyncio.Future[None] = self._loop.create_future()
-        future.add_done_callback(_log_flush_failure)
         self._enqueue(_Call(self.store.flush, (), future, self._committed, True))
+        return future
 
     def _committed(self, _: object) -> None:
         """The held writes are committed: the durable listeners hear of them now."""

@@ -250,14 +250,11 @@ async def serve(
 async def _until_stopped_or_failed(stop: asyncio.Event, running: RunningServer) -> None:
     """Wait for ``stop``; if the server cannot go on first (its Monitor link ended, its store
     lost held registrations), raise why: the server stops, with exit code 2 from the CLI."""
-    waits = {asyncio.ensure_future(stop.wait()): None}
     broken = asyncio.ensure_future(running.engine.wait_broken())
-    waits[broken] = None
     lost = None if running.monitor is None else asyncio.ensure_future(running.monitor.wait_lost())
-    if lost is not None:
-        waits[lost] = None
+    waits = [asyncio.ensure_future(stop.wait()), broken, *([lost] if lost is not None else [])]
     try:
-        await asyncio.wait(list(waits), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for wait in waits:
             wait.cancel()

@@ -218,8 +218,7 @@ class Writer:
             try:
                 if self._connection is None:
                     self._connection = self._engine.raw_connection()
-                driver = self._connection.driver_connection
-                raw = DriverCursor(driver.cursor(), self._postgresql, self._driver_error)
+                raw = self._cursor()
                 if not self._open:
                     self._lock_appends(raw, url, wait)
                     self._open = True
@@ -246,13 +245,17 @@ class Writer:
             if not self._open:
                 return
             try:
-                driver = self._connection.driver_connection
-                self._commit(DriverCursor(driver.cursor(), self._postgresql, self._driver_error))
+                self._commit(self._cursor())
             except self._driver_error as exc:
                 self._rollback()
                 raise StoreError(
                     f"event store {url}: cannot commit held writes: {type(exc).__name__}: {exc}"
                 ) from exc
+
+    def _cursor(self) -> DriverCursor:
+        return DriverCursor(
+            self._connection.driver_connection.cursor(), self._postgresql, self._driver_error
+        )
 
     def _commit(self, raw: DriverCursor) -> None:
         if self._postgresql:
@@ -265,8 +268,7 @@ class Writer:
         """Roll a failed write back to its savepoint, keeping the held writes before it;
         False if that failed too (the whole transaction must go)."""
         try:
-            driver = self._connection.driver_connection
-            raw = DriverCursor(driver.cursor(), self._postgresql, self._driver_error)
+            raw = self._cursor()
             raw.rows("ROLLBACK TO SAVEPOINT tidings_write")
             raw.rows("RELEASE SAVEPOINT tidings_write")
         except Exception:
