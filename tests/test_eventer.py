@@ -572,6 +572,39 @@ def test_register_replies_come_in_request_order_even_for_empty_requests(tmp_path
     assert run(main()) == [(1, 1), (2, 0)]
 
 
+def test_register_replies_follow_request_order_across_thread_and_inline_writes(
+    tmp_path: Path,
+) -> None:
+    """Pipelined registers, large ones (written in the engine's thread) between small ones
+    (written on the loop, answered at once when nothing is queued) and empty ones: every
+    reply comes in request order, with the request's events."""
+    sizes = [300, 1, 0, 1, 300, 0, 1, 1, 300, 1, 0, 1] * 3
+
+    async def main() -> list[tuple[int, int]]:
+        async with running(tmp_path) as srv:
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.server.port)
+            frames = b"".join(
+                raw_message(
+                    "HatEventer",
+                    "MsgRegisterReq",
+                    [codec.register_event_to_sbs(NewEvent(("o", str(i))))] * size,
+                    message_id=i + 1,
+                    last=False,
+                )
+                for i, size in enumerate(sizes)
+            )
+            writer.write(frames)
+            replies = []
+            while len(replies) < len(sizes):
+                envelope, body = await read_raw_frame(reader)
+                if envelope["data"]["type"] == "MsgRegisterRes":
+                    replies.append((envelope["first"], len(body)))
+            writer.close()
+            return replies
+
+    assert run(main()) == [(i + 1, size) for i, size in enumerate(sizes)]
+
+
 def test_a_register_larger_than_the_lag_bound_reaches_a_subscriber_that_reads(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -57,10 +57,11 @@ Listener = Callable[[list[StoredEvent]], None]
 MAX_GROUP_REQUESTS = 1000
 MAX_GROUP_EVENTS = 50_000
 #: Groups up to this many events and payload bytes are written on the event loop itself
-#: (SQLite, no modules, lock free): handing them to the write thread and back costs more
-#: (about 300 µs of thread switching) than the write.
-INLINE_GROUP_EVENTS = 64
-INLINE_GROUP_BYTES = 64 * 1024
+#: (SQLite, no modules, lock free): handing them to the write thread and back costs about
+#: 300 µs of thread switching, a large share of such a write (~20 µs an event); the loop
+#: is held for at most a few milliseconds.
+INLINE_GROUP_EVENTS = 128
+INLINE_GROUP_BYTES = 128 * 1024
 
 
 @dataclass(slots=True)
@@ -113,6 +114,8 @@ class AsyncEngine:
             engine.store.hold_writes()
         self._jobs: deque[_Register | _Call] = deque()
         self._draining: asyncio.Task[None] | None = None
+        #: A group is being written on the loop (:meth:`_write_inline`).
+        self._writing_inline = False
         self._remove_callback = engine.on_registered(self._from_engine_thread)
         self._inline = engine.store.backend == "sqlite"
         self._stream = _StoreStream(self, engine.store.last_position())
@@ -146,7 +149,13 @@ class AsyncEngine:
         before awaiting any (a connection's pipelined fire-and-forget registrations).
         """
         future: asyncio.Future[list[StoredEvent | None]] = self._loop.create_future()
-        self._enqueue(_Register(events, future))
+        job = _Register(events, future)
+        if self._idle() and self._write_inline([job]):
+            # Nothing queued or running: written now, as the drain would have done at its
+            # next turn, without a task and a loop turn per request.
+            self._check_store()
+        else:
+            self._enqueue(job)
         return future
 
     async def register(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
@@ -309,33 +318,34 @@ class AsyncEngine:
             self._tell(self._listeners, events)
 
     async def _run_group(self, group: list[_Register]) -> None:
-        requests = [job.events for job in group]
-        try:
-            results = self._register_inline(requests)
-            if results is None:
-                results = await self._loop.run_in_executor(
-                    self._writer, self.engine.register_many, requests
-                )
-        except Exception as exc:
-            for job in group:
-                _settle(job.future, exception=exc)
+        if self._write_inline(group):
             return
-        for job, result in zip(group, results, strict=True):
-            if isinstance(result, EngineError):
-                _settle(job.future, exception=result)
-            else:
-                _settle(job.future, result=result)
+        try:
+            results = await self._loop.run_in_executor(
+                self._writer, self.engine.register_many, [job.events for job in group]
+            )
+        except Exception as exc:
+            _settle_group(group, exc)
+            return
+        _settle_group(group, results)
 
-    def _register_inline(
-        self, requests: list[Sequence[NewEvent]]
-    ) -> list[list[StoredEvent | None] | EngineError] | None:
-        """Write a small group on the loop if that cannot block it; None if it must go to
-        the write thread.
+    def _idle(self) -> bool:
+        """No write is queued or running (nor being written inline right now)."""
+        return (
+            not self._jobs
+            and not self._writing_inline
+            and (self._draining is None or self._draining.done())
+        )
+
+    def _write_inline(self, group: list[_Register]) -> bool:
+        """Write a small group on the loop if that cannot block it, settling its futures;
+        False if it must go to the write thread.
 
         Only on SQLite (a PostgreSQL write is network round trips), only without modules
         (user code may block, and a retry in the thread must not run it twice), only if
         small, and only if no other writer holds the database (``wait=False``).
         """
+        requests = [job.events for job in group]
         if (
             not self._inline
             or self.engine.has_modules
@@ -343,11 +353,19 @@ class AsyncEngine:
             or sum(len(e.payload or b"") for events in requests for e in events)
             > INLINE_GROUP_BYTES
         ):
-            return None
+            return False
+        self._writing_inline = True  # a listener's own write waits its turn in the queue
         try:
-            return self.engine.register_many(requests, wait=False)
+            results = self.engine.register_many(requests, wait=False)
         except StoreBusy:
-            return None
+            return False
+        except Exception as exc:
+            _settle_group(group, exc)
+            return True
+        finally:
+            self._writing_inline = False
+        _settle_group(group, results)
+        return True
 
     def _from_engine_thread(self, events: list[StoredEvent]) -> None:
         """Engine callback: from the write thread, or on the loop for an inline group."""
@@ -381,6 +399,22 @@ def _log_flush_failure(future: asyncio.Future[None]) -> None:
     """A timed flush has no waiter: its failure is logged (the next flush retries)."""
     if not future.cancelled() and future.exception() is not None:
         log.error("event store: cannot commit held registrations: %s", future.exception())
+
+
+def _settle_group(
+    group: list[_Register], outcome: Exception | list[list[StoredEvent | None] | EngineError]
+) -> None:
+    """Complete each registration of a group with its result or error, or all with one
+    error (the group's write failed)."""
+    if isinstance(outcome, Exception):
+        for job in group:
+            _settle(job.future, exception=outcome)
+        return
+    for job, result in zip(group, outcome, strict=True):
+        if isinstance(result, EngineError):
+            _settle(job.future, exception=result)
+        else:
+            _settle(job.future, result=result)
 
 
 def _settle(

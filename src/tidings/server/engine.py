@@ -259,7 +259,7 @@ class Engine:
             else:
                 log.warning("session %d: event %d refused: %s", session_id, index, problem)
                 slots.append(None)
-        if queue:
+        if queue and self._modules:
             self._process(session_id, queue)
         return slots, queue
 

@@ -45,6 +45,7 @@ class Registrations:
 
     __slots__ = (
         "_engine",
+        "_last_answer",
         "_reply_tasks",
         "_send_reply",
         "connection",
@@ -72,6 +73,8 @@ class Registrations:
         self.last_register: asyncio.Future[object] | None = None
         #: The newest register reply still being encoded (off the loop), if any.
         self.last_reply: asyncio.Task[None] | None = None
+        #: The answer of the newest queued registration (replies follow request order).
+        self._last_answer: _Answer | None = None
 
     async def wait(self) -> None:
         """Wait until every registration this connection queued so far is done."""
@@ -96,10 +99,18 @@ class Registrations:
         self.in_flight += 1
         self.in_flight_bytes += size
         self.last_register = future  # type: ignore[assignment]
+        previous, answer = self._last_answer, _Answer()
+        self._last_answer = answer
 
         def done(future: asyncio.Future[list[StoredEvent | None]]) -> None:
             self.in_flight -= 1
             self.in_flight_bytes -= size
+            try:
+                reply(future)
+            finally:
+                answer.sent()
+
+        def reply(future: asyncio.Future[list[StoredEvent | None]]) -> None:
             if future.cancelled():
                 return
             error = future.exception()
@@ -117,15 +128,21 @@ class Registrations:
             results = [None if event is None else next(stored) for event in new_events]
             self._reply(message, results)
 
-        future.add_done_callback(done)
+        if future.done() and (previous is None or previous.done):
+            done(future)  # written at once (inline): answered without waiting a loop turn
+        else:
+            future.add_done_callback(done)
 
     def _after_earlier(self, action: Callable[[], None]) -> None:
-        """Run ``action`` once the queued registrations are done (now if none)."""
-        last = self.last_register
-        if last is None or last.done():
+        """Run ``action`` once the queued registrations are answered (now if they are).
+
+        Chained to the last one's answer rather than to its future: a future that is done
+        may still have its answer waiting for a loop turn."""
+        last = self._last_answer
+        if last is None or last.done:
             action()
         else:
-            last.add_done_callback(lambda _: action())
+            last.then.append(action)
 
     def _reply(self, message: chatter.Message, results: list[StoredEvent | None]) -> None:
         """Send a register reply, after the earlier ones; a large one is encoded off the
@@ -160,6 +177,23 @@ class Registrations:
             self.connection.close(f"register reply failed: {type(exc).__name__}: {exc}")
             return
         self._send_reply(self.connection, "MsgRegisterRes", body, message.conversation)
+
+
+class _Answer:
+    """Whether a registration's reply has been sent (or given to the encoder), and what
+    waits for that: the replies of empty requests sent after it."""
+
+    __slots__ = ("done", "then")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.then: list[Callable[[], None]] = []
+
+    def sent(self) -> None:
+        self.done = True
+        for action in self.then:
+            action()
+        self.then.clear()
 
 
 def _reply_body(results: list[StoredEvent | None]) -> bytes:
