@@ -109,9 +109,10 @@ class ServerProcess:
     logging to ``server.log`` there; started, stopped (SIGTERM) or killed (SIGKILL to its
     process group, as a crash would) at will, and started again on the same files.
 
-    Make one with :meth:`tidings`, :meth:`hat_event` or :meth:`hat_monitor`. ``ports`` are an
-    event server's Eventer's (``"eventer"``) and, if it serves one, its Syncer's (``"syncer"``);
-    :meth:`start` waits for those named in ``listening`` (default: all).
+    Make one with :meth:`tidings`, :meth:`hat_event`, :meth:`hat_monitor` or :meth:`floor`.
+    ``ports`` are an event server's Eventer's (``"eventer"``) and, if it serves one, its
+    Syncer's (``"syncer"``); :meth:`start` waits for those named in ``listening`` (default:
+    all).
     """
 
     def __init__(
@@ -168,6 +169,14 @@ class ServerProcess:
             for peer_id, address in peers
         ]
         return cls([*TIDINGS, "server"], workdir, config, ports)
+
+    @classmethod
+    def floor(cls, workdir: Path, ports: Mapping[str, int]) -> ServerProcess:
+        """``bench/floor_server.py``: answers registers as a server would and stores nothing
+        (the benchmark's ceiling, see that module)."""
+        script = Path(__file__).with_name("floor_server.py")
+        config = {"address": local_address(ports["eventer"])}
+        return cls([sys.executable, str(script)], workdir, config, ports)
 
     @classmethod
     def hat_event(

@@ -1,11 +1,13 @@
 """Benchmark of tidings' event server against hat-event 0.8.5's own server (lmdb backend).
 
-Run ``.venv/bin/python bench/server.py [--quick] [--only hat|tidings|tidings_periodic]`` from
-the repository. tidings runs twice: with ``durability: commit`` (a registration is answered
-once committed) and with ``durability: periodic`` (answered once written, committed at most
-``flush_period`` = 1 s later, as hat's lmdb backend does). Each server runs as a subprocess
-in a fresh temporary directory on a free port and is driven by the same client, hat-event
-0.8.5's ``hat.event.eventer`` (asyncio, in this process), with the same workload:
+Run ``.venv/bin/python bench/server.py [--quick] [--only KIND]`` from the repository. tidings
+runs three times: with ``durability: commit`` (a registration is answered once committed),
+with ``durability: periodic`` (answered once written, committed at most ``flush_period`` =
+1 s later, as hat's lmdb backend does), and on PostgreSQL; ``floor`` (bench/floor_server.py)
+answers registers and stores nothing, the ceiling of any Python server here. Each server runs
+as a subprocess in a fresh temporary directory on a free port and is driven by the same
+client, hat-event 0.8.5's ``hat.event.eventer`` (asyncio, in this process), with the same
+workload:
 
 1. register throughput: batches of 100 with ``register_with_response``, single events with
    ``register_with_response`` one at a time, and fire-and-forget ``register`` of single
@@ -65,7 +67,11 @@ from server_hostile import evaluate as evaluate_hostile
 from server_hostile import markdown as hostile_markdown
 from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
 
-SERVERS = ("hat", "tidings", "tidings_periodic", "tidings_pg")
+SERVERS = ("floor", "hat", "tidings", "tidings_periodic", "tidings_pg")
+#: bench/floor_server.py: answers registers and stores nothing, so its rates are the ceiling
+#: of any Python server driven by this client on this machine (its register steps only).
+FLOOR_KIND = "floor"
+FLOOR_STEPS = ("register batch", "register single", "register fire-and-forget")
 #: The tidings servers, each compared with hat.
 TIDINGS_KINDS = ("tidings", "tidings_periodic")
 #: tidings on PostgreSQL (commit durability), compared with tidings on SQLite: issue 14's
@@ -147,7 +153,9 @@ class BenchServer:
         self._cleanup = contextlib.ExitStack()
         work = Path(tempfile.mkdtemp(prefix=f"tidings-bench-{kind}-"))
         ports = {"eventer": free_port()}
-        if kind == "hat":
+        if kind == FLOOR_KIND:
+            self.process = ServerProcess.floor(work, ports)
+        elif kind == "hat":
             # The hostile phase stores a few hundred thousand events: a map of 1 GiB.
             self.process = ServerProcess.hat_event(work, 1, ports, max_db_size=1 << 30)
         else:
@@ -322,6 +330,9 @@ async def register_ff(client: eventer.Client, run: Run, sizes: Sizes) -> None:
         ) from None
     elapsed = time.perf_counter() - started
     check_registered(results, [marker])
+    if run.kind == FLOOR_KIND:  # stores nothing to count; it answers in request order
+        run.record("register_ff_ev_s", n / elapsed)
+        return
     count = await count_events(client, pattern)
     while count < n:
         say(f"[{run.kind}]   after the marker only {count:,} of {n:,} ff events are queryable")
@@ -550,6 +561,8 @@ async def bench_server(run: Run, sizes: Sizes, hostile: str) -> None:
     try:
         await server.start()
         for name, step in STEPS if hostile != "only" else []:
+            if kind == FLOOR_KIND and name not in FLOOR_STEPS:
+                continue
             if NEEDS.get(name) in failed:
                 run.errors[name] = f"skipped: {NEEDS[name]} failed"
                 say(f"[{kind}] {name} skipped")
@@ -614,7 +627,11 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     each kind met it."""
     rows = []
     for name, (unit, _, _) in MEASURES.items():
-        cells = [f"{name} ({unit})", fmt(result.get(f"{name}_hat"), unit)]
+        cells = [
+            f"{name} ({unit})",
+            fmt(result.get(f"{name}_hat"), unit),
+            *floor_cells(result, name),
+        ]
         met = []
         for kind in TIDINGS_KINDS:
             g = result["goals"][kind][name]
@@ -631,11 +648,20 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
         met.append("yes" if pg["met"] else "no")
         rows.append((*cells, result["goals"][TIDINGS_KINDS[0]][name]["goal"], " / ".join(met)))
     for name in EXTRAS:
-        cells = [f"{name} (ms)", fmt(result.get(f"{name}_hat"), "ms")]
+        cells = [f"{name} (ms)", fmt(result.get(f"{name}_hat"), "ms"), "", ""]
         for kind in (*TIDINGS_KINDS, PG_KIND):
             cells += [fmt(result.get(f"{name}_{kind}"), "ms"), ""]
         rows.append((*cells, "", ""))
     return rows
+
+
+def floor_cells(result: dict[str, Any], name: str) -> list[str]:
+    """The floor server's figure of a measure and its ratio to hat's: the most any server
+    could reach against hat with this client here (register measures only)."""
+    f, h = result.get(f"{name}_{FLOOR_KIND}"), result.get(f"{name}_hat")
+    if f is None:
+        return ["", ""]
+    return [fmt(f, MEASURES[name][0]), "n/a" if not h else f"{f / h:.2f}"]
 
 
 def evaluate_pg(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -655,6 +681,8 @@ def evaluate_pg(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 HEADER = (
     "measure",
     "hat 0.8.5 (lmdb)",
+    "floor (stores nothing)",
+    "÷ hat",
     "tidings commit",
     "÷ hat",
     "tidings periodic",
@@ -666,6 +694,9 @@ HEADER = (
 )
 
 
+GOAL_COLUMN = HEADER.index("goal (÷ hat; PostgreSQL: within 2x of SQLite)")
+
+
 def print_table(result: dict[str, Any]) -> None:
     header = HEADER
     rows = [header, *table_rows(result)]
@@ -673,7 +704,7 @@ def print_table(result: dict[str, Any]) -> None:
     for i, row in enumerate(rows):
         print(
             "  ".join(
-                c.ljust(w) if j in (0, 8) else c.rjust(w)
+                c.ljust(w) if j in (0, GOAL_COLUMN) else c.rjust(w)
                 for j, (c, w) in enumerate(zip(row, widths, strict=True))
             )
         )
@@ -694,7 +725,7 @@ def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtim
         f"{m['python']}; hat-event {m['hat_event']}. Client and server share the machine.",
         "",
         f"| {' | '.join(HEADER)} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|:---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|:---:|",
     ]
     for row in table_rows(result):
         met = row[-1].replace("no", "**no**")
@@ -731,7 +762,11 @@ def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtim
         "with the SQLite backend, once with `durability: commit` and once with `durability: "
         "periodic` (`flush_period: 1`, hat's), and once on the PostgreSQL backend (a scratch "
         "database on the local server, commit durability). All log at WARNING; the hostile "
-        "phase runs on hat and on the commit tidings.",
+        "phase runs on hat and on the commit tidings. floor: `bench/floor_server.py`, which "
+        "answers registers as a server would (tidings' frame reading, pre-scan, hat-sbs "
+        "decode and encode, numbering) and stores nothing: its register rates, run with the "
+        "same client, bound what any Python server can reach against hat here (it runs the "
+        "register steps only; its fire-and-forget count check is skipped).",
         "",
         f"1. register_batch: {s['register_events']:,} events in `register_with_response` "
         f"batches of {s['batch']}, one request at a time; register_single: "
