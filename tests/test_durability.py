@@ -29,6 +29,7 @@ from tidings.server.async_engine import AsyncEngine
 from tidings.server.config import load_server_config
 from tidings.server.engine import Engine
 from tidings.server.store import EventStore, planning
+from tidings.server.store.driver import DriverCursor
 from tidings.server.store.driver import Writer as StoreWriter
 from waiting import run, until, wait_until
 
@@ -218,6 +219,64 @@ def test_a_failed_first_write_does_not_keep_the_lock(
             assert engine.store.failed is None
             stored = await engine.register([NewEvent(("t", "y"))])
             assert stored[0] is not None
+
+    run(main())
+
+
+def _committed_counters(url: str) -> dict[str, int]:
+    other = create_engine(driver_url(url))
+    try:
+        with other.connect() as connection:
+            rows = connection.execute(text("SELECT name, value FROM event_counters"))
+            return {name: value for name, value in rows}
+    finally:
+        other.dispose()
+
+
+def test_held_numbering_survives_undone_writes_commits_and_other_writers(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held registrations are numbered in memory while the held transaction holds the
+    append lock: a write undone to its savepoint (failure injected) gives its numbers back,
+    the commit stores the counters with the events, and after it another writer of the
+    database (a second store) may append: the next held transaction numbers after it."""
+
+    def failing_insert(conn: DriverCursor, rows: object) -> None:
+        raise conn.error("constraint failed (injected)")  # the database driver's own error
+
+    async def main() -> None:
+        async with held_engine(database_url, 30) as engine:
+            first = await engine.register([NewEvent(("t", "a"))] * 3)
+            monkeypatch.setattr(planning, "insert_event_rows", failing_insert)
+            with pytest.raises(StoreError):
+                await engine.register([NewEvent(("t", "failed"))])
+            monkeypatch.undo()
+            second = await engine.register([NewEvent(("t", "b"))])
+            assert [e.id.session for e in first + second if e] == [1, 1, 1, 2]
+            assert [e.position for e in first + second if e] == [1, 2, 3, 4]
+            assert [e.id.instance for e in first + second if e] == [1, 2, 3, 4]
+            assert _committed_counters(database_url)["position"] == 0  # nothing written yet
+            await engine.flush()
+            assert _committed_counters(database_url) == {
+                "position": 4,
+                "session:1": 2,
+                "instance:1": 4,
+            }
+            other = EventStore(database_url, server_id=2)
+            try:
+                [outside] = other.register([NewEvent(("t", "other"))])
+            finally:
+                other.close()
+            assert outside.position == 5
+            third = await engine.register([NewEvent(("t", "c"))] * 2)
+            assert [(e.position, e.id.session, e.id.instance) for e in third if e] == [
+                (6, 3, 5),
+                (7, 3, 6),
+            ]
+            stored = await engine.read(engine.store.read, 0, 100)
+            assert [e.position for e in stored] == [1, 2, 3, 4, 5, 6, 7]
+            assert len({e.id for e in stored}) == 7
+            assert _committed_counters(database_url)["position"] == 7
 
     run(main())
 

@@ -196,6 +196,9 @@ class Writer:
         self._open = False
         #: Called when held writes are rolled back (the store forgets what it cached).
         self.on_rollback: Callable[[], None] | None = None
+        #: Called in a held transaction just before its commit (the store writes what it
+        #: kept in memory meanwhile: the counters).
+        self.before_commit: Callable[[DriverCursor], None] | None = None
         #: Why held writes were lost (None while none were): answered registrations are
         #: gone and the counters went back, so no further write is taken; the server stops
         #: and a restart starts from what is committed.
@@ -268,6 +271,8 @@ class Writer:
         )
 
     def _commit(self, raw: DriverCursor) -> None:
+        if self.hold and self.before_commit is not None:
+            self.before_commit(raw)
         if self._postgresql:
             self._connection.driver_connection.commit()
         else:

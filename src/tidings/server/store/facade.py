@@ -25,6 +25,7 @@ from tidings.server.store.driver import (
     transaction,
 )
 from tidings.server.store.planning import (
+    HeldCounters,
     Registered,
     add_types,
     encode_synced_types,
@@ -62,6 +63,8 @@ class EventStore:
         self.url = parsed.render_as_string(hide_password=True)
         self._engine = store_engine(parsed)
         self._writer = Writer(self._engine)
+        #: The counters of the held transaction (``durability: periodic``, :meth:`hold_writes`).
+        self._held_counters: HeldCounters | None = None
         self._closed = False
         try:
             self._prepare()
@@ -109,15 +112,24 @@ class EventStore:
             return [Registered([], []) for _ in sessions]
         if self._closed:
             raise StoreError(f"event store {self.url}: cannot register: the store is closed")
-        with self._writer.transaction(self.url, wait) as conn:
-            plan = plan_sessions(conn, sessions, encoded_types)
-            stored = (
-                insert_sessions(conn, self.server_id, plan.fresh, encoded_types)
-                if plan.count
-                else []
-            )
-            new_types = set(encoded_types.values()) - self._known_types
-            add_types(conn, new_types)
+        held = self._held_counters
+        before = None if held is None else held.snapshot()
+        try:
+            with self._writer.transaction(self.url, wait) as conn:
+                plan = plan_sessions(conn, sessions, encoded_types)
+                stored = (
+                    insert_sessions(conn, self.server_id, plan.fresh, encoded_types, held)
+                    if plan.count
+                    else []
+                )
+                new_types = set(encoded_types.values()) - self._known_types
+                add_types(conn, new_types)
+        except BaseException:
+            if held is not None:
+                # Undone to its savepoint: the counters as before it; the whole held
+                # transaction rolled back: read again.
+                held.restore(before if self._writer.unflushed else None)
+            raise
         self._known_types |= new_types
         return plan.outcome(stored)
 
@@ -284,8 +296,16 @@ class EventStore:
     def hold_writes(self) -> None:
         """Keep registrations in an open transaction until :meth:`flush` (the server's
         ``durability: periodic``); see :class:`~.driver.Writer`."""
+        self._held_counters = held = HeldCounters()
         self._writer.hold = True
-        self._writer.on_rollback = self._known_types.clear
+        self._writer.before_commit = held.write_back
+        self._writer.on_rollback = self._forget_held
+
+    def _forget_held(self) -> None:
+        """Held writes were rolled back: what the store cached of them goes too."""
+        self._known_types.clear()
+        if self._held_counters is not None:
+            self._held_counters.forget()
 
     @property
     def unflushed(self) -> bool:
