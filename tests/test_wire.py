@@ -339,14 +339,41 @@ def test_every_message_the_codec_encodes_passes_the_pre_scan() -> None:
 
 
 @pytest.mark.parametrize("body_size", [0, 5, 63, 64, 300, 70_000])
-def test_frame_head_plus_body_is_the_encoded_frame(body_size: int) -> None:
+@pytest.mark.parametrize(
+    ("message_id", "first", "owner", "last", "module", "type_name"),
+    [
+        (7, 3, False, True, "HatEventer", "MsgQueryRes"),
+        (1, 1, True, False, "HatPing", "MsgPing"),
+        (2**40, 2**63 - 1, False, False, "HatSyncer", "MsgEvents"),
+    ],
+)
+def test_frame_head_plus_body_is_the_encoded_frame(
+    body_size: int,
+    message_id: int,
+    first: int,
+    owner: bool,
+    last: bool,
+    module: str,
+    type_name: str,
+) -> None:
+    """The hand-written head is what hat-sbs encodes for the whole frame."""
     body = bytes(range(256)) * (body_size // 256) + b"b" * (body_size % 256)
-    head = envelope.frame_head(7, 3, False, True, "HatEventer", "MsgQueryRes", len(body))
-    expected = raw_frame("HatEventer", "MsgQueryRes", body, message_id=7, first=3, owner=False)
+    head = envelope.frame_head(message_id, first, owner, last, module, type_name, len(body))
+    expected = raw_frame(
+        module, type_name, body, message_id=message_id, first=first, owner=owner, last=last
+    )
     assert head + body == expected
     parsed = envelope.parse(expected[1 + expected[0] :])
-    assert (parsed.id, parsed.first, parsed.owner, parsed.last) == (7, 3, False, True)
-    assert (parsed.module, parsed.type, bytes(parsed.body)) == ("HatEventer", "MsgQueryRes", body)
+    assert (parsed.id, parsed.first, parsed.owner, parsed.last) == (message_id, first, owner, last)
+    assert (parsed.module, parsed.type, bytes(parsed.body)) == (module, type_name, body)
+
+
+def test_encode_integer_is_hat_sbs_integer() -> None:
+    values = [0, 1, 63, 64, 127, 128, 8191, 8192, 2**31, 2**63 - 1, -1, -64, -65, -(2**63)]
+    values += [2**k + d for k in range(1, 64) for d in (-1, 0, 1)]
+    values += [-(2**k) + d for k in range(1, 63) for d in (-1, 0, 1)]
+    for value in (v for v in values if -(2**63) <= v < 2**63):  # hat-sbs's range
+        assert codec.encode_integer(value) == codec.REPOSITORY.encode(None, "Integer", value), value
 
 
 # --- addresses ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ large frame is never copied to be decoded.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tidings.errors import ProtocolError
 from tidings.wire import codec
@@ -46,20 +47,36 @@ def frame_head(
     type_name: str,
     body_size: int,
 ) -> bytes:
-    """The bytes of a frame before its body of ``body_size`` bytes."""
-    envelope = {
-        "id": message_id,
-        "first": first,
-        "owner": owner,
-        "token": True,
-        "last": last,
-        "data": {"module": ("value", module), "type": type_name, "data": b""},
-    }
-    # The empty body encodes as its length 0 (one byte) at the very end.
-    head = codec.encode("Hat", "Msg", envelope)[:-1] + codec.encode_integer(body_size)
+    """The bytes of a frame before its body of ``body_size`` bytes: the ``Hat.Msg`` record
+    written field by field (as :func:`parse` reads it), since every reply and notification
+    needs one."""
+    head = b"".join(
+        (
+            codec.encode_integer(message_id),
+            codec.encode_integer(first),
+            bytes((owner, True, last)),  # owner, token, last
+            _names(module, type_name),
+            codec.encode_integer(body_size),
+        )
+    )
     size = len(head) + body_size
     length = size.to_bytes(max(1, (size.bit_length() + 7) // 8), "big")
     return bytes([len(length)]) + length + head
+
+
+@lru_cache(maxsize=64)
+def _names(module: str, type_name: str) -> bytes:
+    """The envelope's ``data.module`` (``('value', module)``) and ``data.type``."""
+    module_bytes, type_bytes = module.encode(), type_name.encode()
+    return b"".join(
+        (
+            codec.encode_integer(1),  # the choice's "value" entry
+            codec.encode_integer(len(module_bytes)),
+            module_bytes,
+            codec.encode_integer(len(type_bytes)),
+            type_bytes,
+        )
+    )
 
 
 def parse(frame: bytes | bytearray) -> Envelope:
