@@ -4,9 +4,12 @@ database lock held by another writer."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import threading
 from pathlib import Path
+
+import pytest
 
 from server_helpers import async_engine
 from tidings.events.model import EventId, NewEvent, StoredEvent
@@ -78,3 +81,35 @@ def test_a_lock_held_by_another_writer_never_blocks_the_event_loop(tmp_path: Pat
         store.close()
     assert slept < 1.0, f"the loop was blocked for {slept:.2f} s"
     assert stored is not None and stored.type == ("t", "waits")
+
+
+def test_a_busy_store_runs_a_session_through_its_checks_once_per_place(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A registration tried on the loop that finds the database locked elsewhere goes to
+    the write thread without another try on the loop: its refused event is logged twice
+    (the loop's try, the thread's write), not three times, and the others are stored."""
+    path = tmp_path / "events.db"
+    store = EventStore(f"sqlite:///{path}")
+    locker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, locker.execute, ("COMMIT",))
+
+    async def main() -> list[StoredEvent | None]:
+        engine = AsyncEngine(Engine(store, []))
+        try:
+            release.start()
+            return await engine.register([_event("ok"), NewEvent(("bad", "*"))])
+        finally:
+            await engine.aclose()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="tidings.server.engine"):
+            stored = run(main())
+    finally:
+        release.join()
+        locker.close()
+        store.close()
+    assert [None if e is None else e.type for e in stored] == [("t", "ok"), None]
+    refused = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refused) == 2, [r.getMessage() for r in refused]

@@ -68,6 +68,9 @@ INLINE_GROUP_BYTES = 128 * 1024
 class _Register:
     events: Sequence[NewEvent]
     future: asyncio.Future[list[StoredEvent | None]]
+    #: May be tried on the loop; not if that was tried already and found the store busy
+    #: (each try runs the session's checks again, and logs the events they refuse).
+    inline: bool = True
 
 
 @dataclass(slots=True)
@@ -150,11 +153,14 @@ class AsyncEngine:
         """
         future: asyncio.Future[list[StoredEvent | None]] = self._loop.create_future()
         job = _Register(events, future)
-        if self._idle() and self._write_inline([job]):
+        if not self._idle():
+            self._enqueue(job)
+        elif self._write_inline([job]):
             # Nothing queued or running: written now, as the drain would have done at its
             # next turn, without a task and a loop turn per request.
             self._check_store()
         else:
+            job.inline = False
             self._enqueue(job)
         return future
 
@@ -348,6 +354,7 @@ class AsyncEngine:
         requests = [job.events for job in group]
         if (
             not self._inline
+            or not all(job.inline for job in group)
             or self.engine.has_modules
             or sum(len(events) for events in requests) > INLINE_GROUP_EVENTS
             or sum(len(e.payload or b"") for events in requests for e in events)

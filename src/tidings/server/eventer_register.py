@@ -107,6 +107,8 @@ class Registrations:
             self.in_flight_bytes -= size
             try:
                 reply(future)
+            except Exception as exc:  # a bug: the client would wait for the reply for ever
+                self._reply_failed(exc)
             finally:
                 answer.sent()
 
@@ -151,7 +153,11 @@ class Registrations:
             return
         earlier = self.last_reply
         if len(results) <= INLINE_EVENTS and (earlier is None or earlier.done()):
-            body = _reply_body(results)
+            try:
+                body = _reply_body(results)
+            except Exception as exc:  # a bug: the client would wait for the reply for ever
+                self._reply_failed(exc)
+                return
             self._send_reply(self.connection, "MsgRegisterRes", body, message.conversation)
             return
         task = asyncio.get_running_loop().create_task(self._reply_later(message, results, earlier))
@@ -173,10 +179,15 @@ class Registrations:
             if earlier is not None:
                 await asyncio.wait([earlier])
         except Exception as exc:  # a bug: the client would wait for the reply for ever
-            log.error("eventer: cannot encode a register reply: %s", exc, exc_info=exc)
-            self.connection.close(f"register reply failed: {type(exc).__name__}: {exc}")
+            self._reply_failed(exc)
             return
         self._send_reply(self.connection, "MsgRegisterRes", body, message.conversation)
+
+    def _reply_failed(self, exc: Exception) -> None:
+        """A register reply cannot be made (a bug): the client would wait for it for ever,
+        so its connection is closed, saying why; the server goes on."""
+        log.error("eventer: cannot encode a register reply: %s", exc, exc_info=exc)
+        self.connection.close(f"register reply failed: {type(exc).__name__}: {exc}")
 
 
 class _Answer:

@@ -258,8 +258,10 @@ class Writer:
     def _open_connection(self) -> Any:
         """The kept connection. On SQLite its savepoints' undo journal (each held write
         keeps the pages it changes there) is kept in memory: in a temporary file it cost
-        held writes of 100 events about a third more (measured). Only this connection's:
-        readers' large sorts may still spill to disk."""
+        held writes of 100 events about a third more (measured). It holds the pages one
+        write changes, until the write ends: a held register of 50,000 events with random
+        outbox ids into a 100 MiB store took 17 MiB more at its peak (measured). Only this
+        connection's: readers' large sorts may still spill to disk."""
         connection = self._engine.raw_connection()
         if not self._postgresql:
             connection.driver_connection.execute("PRAGMA temp_store = MEMORY")
