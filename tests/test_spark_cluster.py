@@ -164,6 +164,8 @@ def _worker_states(ui_port: int) -> list[str]:
         return [worker["state"] for worker in _cluster_state(ui_port)["workers"]]
     except OSError:  # refused, or 404 until the UI's handlers are in place
         return []
+    except ValueError:  # an HTML page at /json/ while the UI is still starting (seen once)
+        return []
 
 
 def _spark_daemon(
