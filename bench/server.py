@@ -651,20 +651,14 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
             *floor_cells(result, name),
         ]
         met = []
-        for kind in TIDINGS_KINDS:
-            g = result["goals"][kind][name]
+        judged = [(kind, result["goals"][kind][name]) for kind in TIDINGS_KINDS]
+        judged += [(kind, result["pg_goals"][kind][name]) for kind in PG_KINDS]
+        for kind, g in judged:
             cells += [
                 fmt(result.get(f"{name}_{kind}"), unit),
                 "n/a" if g["ratio"] is None else f"{g['ratio']:.2f}",
             ]
             met.append("yes" if g["met"] else "no")
-        for pg_kind in PG_KINDS:
-            pg = result["pg_goals"][pg_kind][name]
-            cells += [
-                fmt(result.get(f"{name}_{pg_kind}"), unit),
-                "n/a" if pg["ratio"] is None else f"{pg['ratio']:.2f}",
-            ]
-            met.append("yes" if pg["met"] else "no")
         rows.append((*cells, result["goals"][TIDINGS_KINDS[0]][name]["goal"], " / ".join(met)))
     for name in EXTRAS:
         cells = [f"{name} (ms)", fmt(result.get(f"{name}_hat"), "ms"), "", ""]
