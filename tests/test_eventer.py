@@ -23,7 +23,7 @@ from tidings.client import Client, connect, json_event, json_value
 from tidings.errors import ClientError, ConfigError, ConnectionClosed
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
-from tidings.server.engine import SessionEvent
+from tidings.server.engine import Engine, SessionEvent
 from tidings.server.eventer import EVENTER_EVENT_TYPE, EventerServer
 from tidings.server.store import EventStore
 from tidings.wire import chatter, codec
@@ -603,6 +603,44 @@ def test_register_replies_follow_request_order_across_thread_and_inline_writes(
             return replies
 
     assert run(main()) == [(i + 1, size) for i, size in enumerate(sizes)]
+
+
+def test_pipelined_registers_are_stored_in_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fire-and-forget registers sent together are written in a few transactions (group
+    commit), not one each: a request with more behind it is queued rather than written at
+    once. The engine's own ``register_many`` is wrapped only to count its calls."""
+    calls: list[int] = []
+    real = Engine.register_many
+
+    def counting(self: Engine, requests: Any, **options: Any) -> Any:
+        calls.append(len(requests))
+        return real(self, requests, **options)
+
+    monkeypatch.setattr(Engine, "register_many", counting)
+    count = 500
+
+    async def main() -> None:
+        async with running(tmp_path) as srv:
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.server.port)
+            event = codec.register_event_to_sbs(NewEvent(("ff",)))
+            frames = b"".join(
+                raw_message("HatEventer", "MsgRegisterReq", [event], message_id=i + 1)
+                for i in range(count)
+            )
+            marker = raw_message(
+                "HatEventer", "MsgRegisterReq", [event], message_id=count + 1, last=False
+            )
+            calls.clear()
+            writer.write(frames + marker)
+            while (await read_raw_frame(reader))[0]["data"]["type"] != "MsgRegisterRes":
+                pass
+            writer.close()
+
+    run(main())
+    assert sum(calls) >= count + 1  # and the connection's CONNECTED event
+    assert len(calls) < count // 10, f"{len(calls)} transactions for {count + 1} registers"
 
 
 def test_a_register_larger_than_the_lag_bound_reaches_a_subscriber_that_reads(

@@ -145,15 +145,19 @@ class AsyncEngine:
 
         return remove
 
-    def submit(self, events: Sequence[NewEvent]) -> asyncio.Future[list[StoredEvent | None]]:
+    def submit(
+        self, events: Sequence[NewEvent], *, more_coming: bool = False
+    ) -> asyncio.Future[list[StoredEvent | None]]:
         """Queue one processing session (see :meth:`Engine.register`) and return its future.
 
         Sessions are stored in the order they are submitted, so a caller may submit several
-        before awaiting any (a connection's pipelined fire-and-forget registrations).
+        before awaiting any (a connection's pipelined fire-and-forget registrations); with
+        ``more_coming`` (the caller has more requests waiting) it is queued even when it
+        could be written at once, so that it is stored in one group with the ones after it.
         """
         future: asyncio.Future[list[StoredEvent | None]] = self._loop.create_future()
         job = _Register(events, future)
-        if not self._idle():
+        if more_coming or not self._idle():
             self._enqueue(job)
         elif self._write_inline([job]):
             # Nothing queued or running: written now, as the drain would have done at its

@@ -95,7 +95,8 @@ class Registrations:
         size = sum(len(event.payload or b"") for event in valid)
         if self.in_flight >= _MAX_IN_FLIGHT or self.in_flight_bytes >= _MAX_IN_FLIGHT_BYTES:
             await self.wait()
-        future = self._engine.submit(valid)
+        # Requests waiting behind this one (pipelined, fire-and-forget) join its group.
+        future = self._engine.submit(valid, more_coming=self.connection.has_received)
         self.in_flight += 1
         self.in_flight_bytes += size
         self.last_register = future  # type: ignore[assignment]

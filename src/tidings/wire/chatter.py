@@ -311,6 +311,11 @@ class Connection:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         return message
 
+    @property
+    def has_received(self) -> bool:
+        """Received messages are waiting to be taken (:meth:`receive` would not wait)."""
+        return not self._received.empty()
+
     def receive_ready(self) -> Message | None:
         """The next received message if one is waiting already, else None (never waits)."""
         return self._received.get_nowait()
