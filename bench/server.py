@@ -294,6 +294,11 @@ async def register_batch(client: eventer.Client, run: Run, sizes: Sizes) -> None
         [reg_event(("bench", "r", "batch", f"k{i % 100}"), {"seq": i}) for i in range(s, s + b)]
         for s in range(0, n, b)
     ]
+    # The first step of each server: a few untimed batches warm the client and the server
+    # (the first server run also warms the benchmark process itself).
+    for w in range(sizes.warmup):
+        warm = [reg_event(("bench", "r", "warm", f"k{i}"), {"seq": w}) for i in range(b)]
+        check_registered(await client.register_with_response(warm), warm)
     started = time.perf_counter()
     for batch in batches:
         results = await client.register_with_response(batch)
