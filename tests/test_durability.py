@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from processes import ServerProcess, free_port, local_address
 from tidings import client
 from tidings.db import driver_url
 from tidings.errors import ConfigError, StoreError
-from tidings.events.model import EventId, NewEvent, StoredEvent
+from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.config import load_server_config
@@ -279,6 +280,64 @@ def test_held_numbering_survives_undone_writes_commits_and_other_writers(
             assert _committed_counters(database_url)["position"] == 7
 
     run(main())
+
+
+_FAILING_INSERT = {
+    "sqlite": "CREATE TRIGGER fail_dead BEFORE INSERT ON event_events WHEN NEW.payload = x'dead' "
+    "BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+    "postgresql": "CREATE FUNCTION fail_dead() RETURNS trigger AS $$ BEGIN "
+    "IF NEW.payload = '\\xdead'::bytea THEN RAISE EXCEPTION 'injected failure'; END IF; "
+    "RETURN NEW; END $$ LANGUAGE plpgsql; CREATE TRIGGER fail_dead BEFORE INSERT ON "
+    "event_events FOR EACH ROW EXECUTE FUNCTION fail_dead()",
+}
+
+
+def test_an_undone_held_write_gives_back_only_its_own_numbers(database_url: str) -> None:
+    """Two threads register on one store (it is safe to share by threads): the first waits
+    for the writer while the second's write is stored, then fails in the database (a
+    trigger refuses its payload) and is undone to its savepoint. The numbers it gives back
+    are its own: the second's stay taken, and the next register comes after both."""
+    store = EventStore(database_url)
+    store.hold_writes()
+    try:
+        backend = store.backend
+        engine = create_engine(driver_url(database_url))
+        with engine.begin() as connection:
+            connection.exec_driver_sql(_FAILING_INSERT[backend])
+        engine.dispose()
+        store.register([NewEvent(("t", "first"))])
+        bad = NewEvent(("t", "bad"), b"\xde\xad", PayloadKind.BINARY)
+        outcome: dict[str, object] = {}
+
+        def failing() -> None:
+            with pytest.raises(StoreError, match="injected failure"):
+                store.register([bad])
+            outcome["failing"] = "failed"
+
+        def storing() -> None:
+            outcome["stored"] = store.register([NewEvent(("t", "ok"))])[0].position
+
+        writer_lock = store._writer._lock  # only to line the two threads up
+        with writer_lock:
+            second = threading.Thread(target=storing)
+            second.start()
+            time.sleep(0.2)  # the second waits for the writer first ...
+            first = threading.Thread(target=failing)
+            first.start()
+            time.sleep(0.2)  # ... then the failing one
+        second.join(10)
+        first.join(10)
+        assert outcome == {"stored": 2, "failing": "failed"}
+        [after] = store.register([NewEvent(("t", "after"))])
+        assert (after.position, after.id.session, after.id.instance) == (3, 3, 3)
+        store.flush()
+        assert _committed_counters(database_url) == {
+            "position": 3,
+            "session:1": 3,
+            "instance:1": 3,
+        }
+    finally:
+        store.close()
 
 
 def test_durability_keys_are_checked() -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import URL
@@ -168,6 +168,24 @@ class DriverCursor:
         return statement.replace("?", "%s") if self.postgresql else statement
 
 
+class HeldState(Protocol):
+    """What a store keeps in memory while a held transaction is open (numbers, caches), told
+    by the :class:`Writer` of the transaction's turns, under the writer's lock: so that what
+    it remembers always matches what the transaction holds."""
+
+    def write_started(self) -> None:
+        """A write begins, in a savepoint of its own."""
+
+    def write_undone(self) -> None:
+        """The write was rolled back to its savepoint; the held writes before it stay."""
+
+    def before_commit(self, raw: DriverCursor) -> None:
+        """The held transaction is about to be committed: write what was kept in memory."""
+
+    def rolled_back(self) -> None:
+        """The held transaction was rolled back: its writes are gone."""
+
+
 class Writer:
     """The connection registrations are written on, kept for the store's whole life.
 
@@ -177,7 +195,7 @@ class Writer:
     SQLite, the advisory lock on PostgreSQL). A connection that fails is dropped and the
     next register opens a new one.
 
-    With :attr:`hold` set (the server's ``durability: periodic``) a transaction stays open
+    With :attr:`held` set (the server's ``durability: periodic``) a transaction stays open
     after its writes, each write in a savepoint of its own, until :meth:`flush` commits it:
     the pages a small register dirties (the events table, its indexes, the counters) are
     written once per flush instead of once per commit, about half a small register's cost
@@ -190,15 +208,11 @@ class Writer:
         self._driver_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._lock = threading.Lock()
         self._connection: Any = None
-        #: Keep transactions open until :meth:`flush` (set before the first write).
-        self.hold = False
+        #: Keep transactions open until :meth:`flush`, telling this of their turns (set
+        #: before the first write).
+        self.held: HeldState | None = None
         #: A held transaction is open (it holds the append lock and uncommitted writes).
         self._open = False
-        #: Called when held writes are rolled back (the store forgets what it cached).
-        self.on_rollback: Callable[[], None] | None = None
-        #: Called in a held transaction just before its commit (the store writes what it
-        #: kept in memory meanwhile: the counters).
-        self.before_commit: Callable[[DriverCursor], None] | None = None
         #: Why held writes were lost (None while none were): answered registrations are
         #: gone and the counters went back, so no further write is taken; the server stops
         #: and a restart starts from what is committed.
@@ -211,7 +225,7 @@ class Writer:
 
     @contextmanager
     def transaction(self, url: str, wait: bool = True) -> Iterator[DriverCursor]:
-        """One append transaction (a savepoint of the held one, with :attr:`hold`); database
+        """One append transaction (a savepoint of the held one, with :attr:`held`); database
         errors leave as :class:`StoreError`, and :class:`StoreBusy` if ``wait`` is off and
         another writer holds the append lock."""
         with self._lock:
@@ -225,16 +239,20 @@ class Writer:
                 if not self._open:
                     self._lock_appends(raw, url, wait)
                     self._open = True
-                if self.hold:
+                if self.held is not None:
                     raw.rows("SAVEPOINT tidings_write")
                     saved = True
+                    self.held.write_started()
                 yield raw
-                if self.hold:
+                if self.held is not None:
                     raw.rows("RELEASE SAVEPOINT tidings_write")
                 else:
                     self._commit(raw)
             except BaseException as exc:
-                if not (saved and self._undo_write()):
+                if saved and self._undo_write():
+                    assert self.held is not None
+                    self.held.write_undone()
+                else:
                     self._rollback()
                 if isinstance(exc, self._driver_error):
                     raise StoreError(
@@ -273,8 +291,8 @@ class Writer:
         )
 
     def _commit(self, raw: DriverCursor) -> None:
-        if self.hold and self.before_commit is not None:
-            self.before_commit(raw)
+        if self.held is not None:
+            self.held.before_commit(raw)
         if self._postgresql:
             self._connection.driver_connection.commit()
         else:
@@ -325,11 +343,10 @@ class Writer:
         rolled back are lost as a crash would lose them: said in the log."""
         if self._connection is None:
             return
-        if self.hold and self._open:
+        if self.held is not None and self._open:
             self.failed = "answered registrations held for the next commit were rolled back"
             log.error("event store: %s (a database error)", self.failed)
-            if self.on_rollback is not None:
-                self.on_rollback()
+            self.held.rolled_back()
         self._open = False
         try:
             driver = self._connection.driver_connection

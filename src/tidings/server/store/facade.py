@@ -63,8 +63,8 @@ class EventStore:
         self.url = parsed.render_as_string(hide_password=True)
         self._engine = store_engine(parsed)
         self._writer = Writer(self._engine)
-        #: The counters of the held transaction (``durability: periodic``, :meth:`hold_writes`).
-        self._held_counters: HeldCounters | None = None
+        #: What is kept in memory for the held transaction (``durability: periodic``).
+        self._held: _HeldMemory | None = None
         self._closed = False
         try:
             self._prepare()
@@ -112,24 +112,16 @@ class EventStore:
             return [Registered([], []) for _ in sessions]
         if self._closed:
             raise StoreError(f"event store {self.url}: cannot register: the store is closed")
-        held = self._held_counters
-        before = None if held is None else held.snapshot()
-        try:
-            with self._writer.transaction(self.url, wait) as conn:
-                plan = plan_sessions(conn, sessions, encoded_types)
-                stored = (
-                    insert_sessions(conn, self.server_id, plan.fresh, encoded_types, held)
-                    if plan.count
-                    else []
-                )
-                new_types = set(encoded_types.values()) - self._known_types
-                add_types(conn, new_types)
-        except BaseException:
-            if held is not None:
-                # Undone to its savepoint: the counters as before it; the whole held
-                # transaction rolled back: read again.
-                held.restore(before if self._writer.unflushed else None)
-            raise
+        held = None if self._held is None else self._held.counters
+        with self._writer.transaction(self.url, wait) as conn:
+            plan = plan_sessions(conn, sessions, encoded_types)
+            stored = (
+                insert_sessions(conn, self.server_id, plan.fresh, encoded_types, held)
+                if plan.count
+                else []
+            )
+            new_types = set(encoded_types.values()) - self._known_types
+            add_types(conn, new_types)
         self._known_types |= new_types
         return plan.outcome(stored)
 
@@ -296,16 +288,7 @@ class EventStore:
     def hold_writes(self) -> None:
         """Keep registrations in an open transaction until :meth:`flush` (the server's
         ``durability: periodic``); see :class:`~.driver.Writer`."""
-        self._held_counters = held = HeldCounters()
-        self._writer.hold = True
-        self._writer.before_commit = held.write_back
-        self._writer.on_rollback = self._forget_held
-
-    def _forget_held(self) -> None:
-        """Held writes were rolled back: what the store cached of them goes too."""
-        self._known_types.clear()
-        if self._held_counters is not None:
-            self._held_counters.forget()
+        self._held = self._writer.held = _HeldMemory(self._known_types)
 
     @property
     def unflushed(self) -> bool:
@@ -361,3 +344,26 @@ class EventStore:
             self._engine, self.url, action, append=append, snapshot=snapshot, write=write
         ) as conn:
             yield conn
+
+
+class _HeldMemory:
+    """What the store keeps in memory for its held transaction (a :class:`~.driver.HeldState`):
+    the counters, numbered in memory, and the types it knows are stored (a type written in
+    a transaction that is rolled back is not)."""
+
+    def __init__(self, known_types: set[str]) -> None:
+        self.counters = HeldCounters()
+        self._known_types = known_types
+
+    def write_started(self) -> None:
+        self.counters.mark()
+
+    def write_undone(self) -> None:
+        self.counters.undo()
+
+    def before_commit(self, raw: DriverCursor) -> None:
+        self.counters.write_back(raw)
+
+    def rolled_back(self) -> None:
+        self.counters.forget()
+        self._known_types.clear()

@@ -426,11 +426,13 @@ class HeldCounters:
     Written back in the same transaction as the events, they stay exactly as durable.
     """
 
-    __slots__ = ("_values",)
+    __slots__ = ("_before_write", "_values")
 
     def __init__(self) -> None:
         #: The counters' values in the open held transaction (None: not read in it yet).
         self._values: dict[str, int] | None = None
+        #: Their values when the current write began (None: not read before it).
+        self._before_write: dict[str, int] | None = None
 
     def advance(self, conn: DriverCursor, increments: dict[str, int]) -> dict[str, int]:
         """Add to counters; return their new values (as :func:`_advance_counters`)."""
@@ -447,13 +449,13 @@ class HeldCounters:
             self._values[name] += step
         return {name: self._values[name] for name in increments}
 
-    def snapshot(self) -> dict[str, int] | None:
-        """The values now, to :meth:`restore` if the write about to start is undone."""
-        return None if self._values is None else dict(self._values)
+    def mark(self) -> None:
+        """A write begins: remember the values, to go back to if it is undone."""
+        self._before_write = None if self._values is None else dict(self._values)
 
-    def restore(self, snapshot: dict[str, int] | None) -> None:
-        """Back to a :meth:`snapshot` (None: read them again at the next write)."""
-        self._values = snapshot
+    def undo(self) -> None:
+        """The write was undone to its savepoint: the values from before it."""
+        self._values = self._before_write
 
     def write_back(self, conn: DriverCursor) -> None:
         """Store the values in the held transaction, about to be committed; the next held
