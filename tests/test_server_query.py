@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,8 +18,10 @@ from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
 from tidings.server import query as query_module
 from tidings.server.query import query_events
+from tidings.server.query_reply import plan_reply
 from tidings.server.store import EventStore
 from tidings.server.store import planning as store_planning
+from tidings.wire import codec
 
 # --- matching ----------------------------------------------------------------------------
 
@@ -736,3 +739,32 @@ def test_many_event_ids(stores: tuple[EventStore, EventStore], clock: _Clock) ->
     ):
         query = QueryData(event_ids=named, **fields)  # type: ignore[arg-type]
         assert query_events(stores[0], query) == _reference(stored, query), fields
+
+
+def test_a_reply_with_kept_encodings_is_the_reply_encoded_whole(tmp_path: Path) -> None:
+    """Bounded queries' replies are built from each event's kept encoding (small payloads)
+    and big ones are encoded each time; either way the body is what encoding the whole
+    reply at once gives, asked once or again (then from the kept encodings)."""
+    store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
+    hat_data = codec.encode("Hat", "Data", {"module": ("none", None), "type": "T", "data": b""})
+    try:
+        store.register(
+            [
+                NewEvent(("r", "json"), b'{"a": 1}', PayloadKind.JSON, source_timestamp_us=-7),
+                NewEvent(("r", "none")),
+                NewEvent(("r", "big"), b"x" * 5000, PayloadKind.BINARY),
+                NewEvent(("r", "sbs"), hat_data, PayloadKind.SBS, source_timestamp_us=3),
+            ]
+        )
+        events = store.read(0, 100)
+        whole = codec.encode(codec.EVENTER, "MsgQueryRes", [codec.event_to_sbs(e) for e in events])
+        for query in (
+            QueryData(event_types=(("r", "*"),), max_results=10, order="ascending"),
+            QueryData(event_types=(("r", "*"),), order="ascending"),  # bulk: no bound
+        ):
+            for _ in range(2):
+                plan = plan_reply(store, query)
+                assert plan.body == whole
+                assert plan.count == len(events)
+    finally:
+        store.close()
