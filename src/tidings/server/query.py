@@ -73,13 +73,22 @@ def query_chunks(
     come from one snapshot of the store, held while the generator is iterated: consume it
     in one go.
     """
+    for rows in query_rows(store, query, chunk_events):
+        yield events_from_rows(rows)
+
+
+def query_rows(
+    store: EventStore, query: QueryData, chunk_rows: int = 10_000
+) -> Iterator[list[tuple[Any, ...]]]:
+    """:func:`query_chunks` as the stored rows (:data:`EVENT_COLUMNS`), not yet events: for
+    readers that need less than the whole event of a row they have seen before (query
+    replies keep rows' encodings)."""
     if query.matches_nothing():
         return
     with store.snapshot("query") as conn:
         sql = DriverCursor.of(conn)
         try:
-            for rows in _select(sql, store, query, chunk_events):
-                yield events_from_rows(rows)
+            yield from _select(sql, store, query, chunk_rows)
         except sql.error as exc:
             raise StoreError(
                 f"event store {store.url}: cannot query: {type(exc).__name__}: {exc}"
