@@ -634,18 +634,33 @@ async def bench_server(run: Run, sizes: Sizes, hostile: str) -> None:
 # -- results ---------------------------------------------------------------------------------
 
 
-def evaluate(result: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
-    """Each measure of tidings server ``kind`` against hat's, with its goal."""
+def judge(
+    result: dict[str, Any],
+    kind: str,
+    reference: str,
+    goal_of: Callable[[bool, float], tuple[str, float]],
+) -> dict[str, dict[str, Any]]:
+    """Each measure of run ``kind`` divided by ``reference``'s, with its goal: ``goal_of``
+    gives, for a measure (higher better?, its factor against hat), the goal's text and the
+    bound the ratio must reach (at least it if higher is better, else at most)."""
     goals: dict[str, dict[str, Any]] = {}
     for name, (_, higher, factor) in MEASURES.items():
-        t, h = result.get(f"{name}_{kind}"), result.get(f"{name}_hat")
-        ratio = None if t is None or h is None or h == 0 else round(t / h, 3)
-        if higher:
-            goal, met = f">= {factor:g}x hat", ratio is not None and ratio >= factor
-        else:
-            goal, met = f"<= {factor:g}x hat", ratio is not None and ratio <= factor
+        value, base = result.get(f"{name}_{kind}"), result.get(f"{name}_{reference}")
+        ratio = None if value is None or base is None or base == 0 else round(value / base, 3)
+        goal, bound = goal_of(higher, factor)
+        met = ratio is not None and (ratio >= bound if higher else ratio <= bound)
         goals[name] = {"goal": goal, "ratio": ratio, "met": met}
     return goals
+
+
+def evaluate(result: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    """Each measure of tidings server ``kind`` against hat's, with its goal."""
+    return judge(
+        result,
+        kind,
+        "hat",
+        lambda higher, factor: (f"{'>=' if higher else '<='} {factor:g}x hat", factor),
+    )
 
 
 def fmt(value: float | None, unit: str) -> str:
@@ -693,16 +708,15 @@ def floor_cells(result: dict[str, Any], name: str) -> list[str]:
 
 def evaluate_pg(result: dict[str, Any], pg_kind: str) -> dict[str, dict[str, Any]]:
     """tidings on PostgreSQL against tidings on SQLite with the same durability."""
-    goals: dict[str, dict[str, Any]] = {}
-    for name, (_, higher, _) in MEASURES.items():
-        p, t = result.get(f"{name}_{pg_kind}"), result.get(f"{name}_{PG_KINDS[pg_kind]}")
-        ratio = None if p is None or t is None or t == 0 else round(p / t, 3)
-        if higher:
-            met = ratio is not None and ratio >= 1 / PG_WITHIN
-        else:
-            met = ratio is not None and ratio <= PG_WITHIN
-        goals[name] = {"goal": f"within {PG_WITHIN:g}x of SQLite", "ratio": ratio, "met": met}
-    return goals
+    return judge(
+        result,
+        pg_kind,
+        PG_KINDS[pg_kind],
+        lambda higher, _: (
+            f"within {PG_WITHIN:g}x of SQLite",
+            1 / PG_WITHIN if higher else PG_WITHIN,
+        ),
+    )
 
 
 HEADER = (

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import IO, Any
 
-from tidings.events.model import StoredEvent
 from tidings.events.query import QueryData
 from tidings.server.query import query_rows
 from tidings.server.store import EVENT_COLUMNS, EventStore, events_from_rows
@@ -105,14 +104,11 @@ def plan_reply(store: EventStore, query: QueryData) -> ReplyPlan:
     return ReplyPlan(count, len(body), body)
 
 
-def encode_items(events: Sequence[StoredEvent]) -> bytes:
-    """``events`` as the items of an SBS ``Array(Event)``: its encoding without the count."""
-    return codec.encode_array_items(codec.EVENTER, _REPLY, [codec.event_to_sbs(e) for e in events])
-
-
 def _encode_rows(rows: Sequence[tuple[Any, ...]]) -> bytes:
-    """:func:`encode_items` of the events of stored rows."""
-    return encode_items(events_from_rows(rows))
+    """The events of stored rows as the items of an SBS ``Array(Event)``: its encoding
+    without the count."""
+    events = events_from_rows(rows)
+    return codec.encode_array_items(codec.EVENTER, _REPLY, [codec.event_to_sbs(e) for e in events])
 
 
 def _encode_kept(rows: Sequence[tuple[Any, ...]]) -> bytes:

@@ -63,8 +63,8 @@ class EventStore:
         self.url = parsed.render_as_string(hide_password=True)
         self._engine = store_engine(parsed)
         self._writer = Writer(self._engine)
-        #: What is kept in memory for the held transaction (``durability: periodic``).
-        self._held: _HeldMemory | None = None
+        #: The held transaction's counters, kept in memory (``durability: periodic``).
+        self._held: HeldCounters | None = None
         self._closed = False
         try:
             self._prepare()
@@ -112,11 +112,10 @@ class EventStore:
             return [Registered([], []) for _ in sessions]
         if self._closed:
             raise StoreError(f"event store {self.url}: cannot register: the store is closed")
-        held = None if self._held is None else self._held.counters
         with self._writer.transaction(self.url, wait) as conn:
             plan = plan_sessions(conn, sessions, encoded_types)
             stored = (
-                insert_sessions(conn, self.server_id, plan.fresh, encoded_types, held)
+                insert_sessions(conn, self.server_id, plan.fresh, encoded_types, self._held)
                 if plan.count
                 else []
             )
@@ -288,7 +287,8 @@ class EventStore:
     def hold_writes(self) -> None:
         """Keep registrations in an open transaction until :meth:`flush` (the server's
         ``durability: periodic``); see :class:`~.driver.Writer`."""
-        self._held = self._writer.held = _HeldMemory(self._known_types)
+        # A type written in a transaction that is rolled back is not stored after all.
+        self._held = self._writer.held = HeldCounters(self._known_types.clear)
 
     @property
     def unflushed(self) -> bool:
@@ -344,26 +344,3 @@ class EventStore:
             self._engine, self.url, action, append=append, snapshot=snapshot, write=write
         ) as conn:
             yield conn
-
-
-class _HeldMemory:
-    """What the store keeps in memory for its held transaction (a :class:`~.driver.HeldState`):
-    the counters, numbered in memory, and the types it knows are stored (a type written in
-    a transaction that is rolled back is not)."""
-
-    def __init__(self, known_types: set[str]) -> None:
-        self.counters = HeldCounters()
-        self._known_types = known_types
-
-    def write_started(self) -> None:
-        self.counters.mark()
-
-    def write_undone(self) -> None:
-        self.counters.undo()
-
-    def before_commit(self, raw: DriverCursor) -> None:
-        self.counters.write_back(raw)
-
-    def rolled_back(self) -> None:
-        self.counters.forget()
-        self._known_types.clear()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -418,21 +418,25 @@ def raise_id_counters(conn: Connection, stored: Sequence[StoredEvent]) -> None:
 
 class HeldCounters:
     """The counters while a held transaction (``durability: periodic``) is open: read at
-    its first write, advanced in memory, written back just before its commit.
+    its first write, advanced in memory, written back just before its commit; the store's
+    :class:`~.driver.HeldState`, told of the transaction's turns under the writer's lock.
 
     The held transaction holds the database's append lock from its first write to its
     commit, so nobody else moves the counters meanwhile; advancing them in the database
     was one UPDATE ... RETURNING per register, a fifth of a held register's store time.
     Written back in the same transaction as the events, they stay exactly as durable.
+    ``on_rolled_back`` is called when the held transaction is rolled back (the store then
+    forgets what else it cached of it).
     """
 
-    __slots__ = ("_before_write", "_values")
+    __slots__ = ("_before_write", "_on_rolled_back", "_values")
 
-    def __init__(self) -> None:
+    def __init__(self, on_rolled_back: Callable[[], None]) -> None:
         #: The counters' values in the open held transaction (None: not read in it yet).
         self._values: dict[str, int] | None = None
         #: Their values when the current write began (None: not read before it).
         self._before_write: dict[str, int] | None = None
+        self._on_rolled_back = on_rolled_back
 
     def advance(self, conn: DriverCursor, increments: dict[str, int]) -> dict[str, int]:
         """Add to counters; return their new values (as :func:`_advance_counters`)."""
@@ -449,15 +453,15 @@ class HeldCounters:
             self._values[name] += step
         return {name: self._values[name] for name in increments}
 
-    def mark(self) -> None:
+    def write_started(self) -> None:
         """A write begins: remember the values, to go back to if it is undone."""
         self._before_write = None if self._values is None else dict(self._values)
 
-    def undo(self) -> None:
+    def write_undone(self) -> None:
         """The write was undone to its savepoint: the values from before it."""
         self._values = self._before_write
 
-    def write_back(self, conn: DriverCursor) -> None:
+    def before_commit(self, conn: DriverCursor) -> None:
         """Store the values in the held transaction, about to be committed; the next held
         transaction reads them again (others may write between the two)."""
         values, self._values = self._values, None
@@ -467,9 +471,10 @@ class HeldCounters:
                 [(value, name) for name, value in sorted(values.items())],
             )
 
-    def forget(self) -> None:
+    def rolled_back(self) -> None:
         """The held transaction was rolled back: what was read or advanced in it is gone."""
         self._values = None
+        self._on_rolled_back()
 
 
 def _advance_counters(conn: DriverCursor, increments: dict[str, int]) -> dict[str, int]:
