@@ -28,10 +28,13 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    func,
     insert,
     select,
+    text,
     update,
 )
+from sqlalchemy.schema import CreateTable
 
 from tidings.errors import SchemaError
 from tidings.events.model import EventId, EventType, PayloadKind, StoredEvent
@@ -39,8 +42,9 @@ from tidings.events.model import EventId, EventType, PayloadKind, StoredEvent
 log = logging.getLogger(__name__)
 
 #: Version of the tables below; stored in ``event_store_meta`` so a later release can upgrade.
-#: 2 added ``event_types`` and the per-type query indexes (see _upgrade_from_1).
-SCHEMA_VERSION = 2
+#: 2 added ``event_types`` and the per-type query indexes (see _upgrade_from_1); 3 made the
+#: outbox key a partial index (see _upgrade_from_2).
+SCHEMA_VERSION = 3
 
 _metadata = MetaData()
 
@@ -89,8 +93,17 @@ events_table = Table(
         "(payload IS NULL) = (payload_kind IS NULL)", name="event_events_payload_check"
     ),
     UniqueConstraint("server", "session", "instance", name="event_events_id_key"),
-    # Leading with outbox_event_id, it also serves the lookups by outbox id alone.
-    UniqueConstraint("outbox_event_id", "type", name="event_events_outbox_key"),
+    # Leading with outbox_event_id, it also serves the lookups by outbox id alone. Only the
+    # events that have an outbox id are in it (a NULL id never conflicts anyway): the others
+    # would each add an entry placed by their type, another page written at every commit.
+    Index(
+        "event_events_outbox_key",
+        "outbox_event_id",
+        "type",
+        unique=True,
+        sqlite_where=text("outbox_event_id IS NOT NULL"),
+        postgresql_where=text("outbox_event_id IS NOT NULL"),
+    ),
     # The query indexes (tidings.server.query): each ends with the columns of the order it
     # serves, the event id breaking ties, so that ordered, limited queries read no more rows
     # than they return. The two led by type make "the first event of this type in this
@@ -163,19 +176,24 @@ _KINDS: dict[str | None, PayloadKind | None] = {None: None, **{k.value: k for k 
 
 
 def prepare_schema(conn: Connection, url: str) -> None:
-    """Create the tables of a new database, upgrade a version 1 one, refuse any other.
+    """Create the tables of a new database, upgrade a version 1 or 2 one, refuse any other.
 
     The version is checked before anything else is created, so that a database of a newer
     tidings is left untouched.
     """
     _meta.create(conn, checkfirst=True)
     stored = conn.scalar(select(_meta.c.value).where(_meta.c.key == "schema_version"))
-    if stored == "1":
-        _upgrade_from_1(conn, url)
-    elif stored is not None and stored != str(SCHEMA_VERSION):
+    if stored is not None and stored not in _UPGRADES and stored != str(SCHEMA_VERSION):
         raise SchemaError(
             f"event store {url}: schema version {stored!r} in the database, "
-            f"this tidings supports {SCHEMA_VERSION} (and upgrades 1)"
+            f"this tidings supports {SCHEMA_VERSION} (and upgrades {', '.join(_UPGRADES)})"
+        )
+    if stored in _UPGRADES:
+        log.info("event store %s: upgrading schema version %s to %s", url, stored, SCHEMA_VERSION)
+        for step in list(_UPGRADES.values())[list(_UPGRADES).index(stored) :]:
+            step(conn, url)
+        conn.execute(
+            update(_meta).where(_meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
         )
     _metadata.create_all(conn)
     if stored is None:
@@ -183,24 +201,63 @@ def prepare_schema(conn: Connection, url: str) -> None:
 
 
 def _upgrade_from_1(conn: Connection, url: str) -> None:
-    """Upgrade a version 1 database in place, in the caller's transaction.
+    """Version 1 to 2, in the caller's transaction.
 
     Adds ``event_types`` filled from the stored events, and replaces the ``(type,
     timestamp_us)`` index by the two per-type indexes of version 2. Instance numbers of
     version 1 restarted in each session; the instance counters are seeded afterwards from
     ``max(instance)``, so new ids still never repeat an old one (their session is new).
     """
-    log.info("event store %s: upgrading schema version 1 to %s", url, SCHEMA_VERSION)
     event_types_table.create(conn, checkfirst=True)
     conn.execute(
         insert(event_types_table).from_select(["type"], select(events_table.c.type).distinct())
     )
     conn.exec_driver_sql(f"DROP INDEX IF EXISTS {_V1_TYPE_INDEX}")
     for index in events_table.indexes:
-        index.create(conn, checkfirst=True)
-    conn.execute(
-        update(_meta).where(_meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
+        if index.name in _V2_TYPE_INDEXES:
+            index.create(conn, checkfirst=True)
+
+
+def _upgrade_from_2(conn: Connection, url: str) -> None:
+    """Version 2 to 3, in the caller's transaction: the outbox key becomes a partial index.
+
+    PostgreSQL drops the constraint and indexes the rows with an outbox id. SQLite cannot
+    drop a table's UNIQUE constraint: the table is rebuilt (renamed, created anew, its rows
+    copied in position order, then indexed, the old one dropped), which takes about as long
+    as writing the rows once; the store logs how many it copies.
+    """
+    outbox_key = _index("event_events_outbox_key")
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"ALTER TABLE event_events DROP CONSTRAINT {outbox_key.name}")
+        outbox_key.create(conn)
+        return
+    rows = conn.scalar(select(func.count()).select_from(events_table))
+    log.info(
+        "event store %s: rebuilding event_events (%d rows) without its outbox constraint", url, rows
     )
+    conn.exec_driver_sql(f"ALTER TABLE event_events RENAME TO {_V2_EVENTS}")
+    for index in events_table.indexes:  # they moved with the table; their names are global
+        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {index.name}")
+    conn.execute(CreateTable(events_table))
+    columns = ", ".join(EVENT_COLUMNS)
+    conn.exec_driver_sql(
+        f"INSERT INTO event_events ({columns}) SELECT {columns} FROM {_V2_EVENTS} ORDER BY position"
+    )
+    conn.exec_driver_sql(f"DROP TABLE {_V2_EVENTS}")
+    for index in events_table.indexes:
+        index.create(conn)
+
+
+def _index(name: str) -> Index:
+    return next(index for index in events_table.indexes if index.name == name)
+
+
+#: The upgrade from each older version, in order: a version's upgrade runs all from its own.
+_UPGRADES = {"1": _upgrade_from_1, "2": _upgrade_from_2}
+#: The per-type query indexes version 2 added.
+_V2_TYPE_INDEXES = ("event_events_type_time_idx", "event_events_type_source_idx")
+#: The name of a version 2 events table while SQLite's upgrade copies its rows.
+_V2_EVENTS = "event_events_v2"
 
 
 def event_row(event: StoredEvent, encoded_type: str) -> tuple[Any, ...]:
