@@ -11,6 +11,8 @@ from typing import Any
 
 import hat.event.common as hat_common
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from processes import local_address
 from server_helpers import (
@@ -336,6 +338,71 @@ def test_every_message_the_codec_encodes_passes_the_pre_scan() -> None:
         assert codec.decode(module, type_name, encoded) == codec.REPOSITORY.decode(
             module, type_name, encoded
         )
+
+
+def _count_values(value: Any) -> int:
+    """How many values a decoded message holds, as the pre-scan counts them."""
+    if isinstance(value, dict):
+        return 1 + sum(_count_values(v) for v in value.values())
+    if isinstance(value, list):
+        return 1 + sum(_count_values(v) for v in value)
+    if isinstance(value, tuple):  # a choice: its index and its value
+        return 1 + _count_values(value[1])
+    return 0 if value is None else 1
+
+
+_FUZZED = [
+    ("HatEventer", "MsgRegisterReq", [REGISTER_ITEM] * 3),
+    ("HatEventer", "MsgQueryReq", codec.query_to_sbs(QueryData(event_types=(("a", "*"),)))),
+    ("HatEventer", "MsgNotify", [codec.event_to_sbs(event) for event in EVENTS]),
+    ("TidingsEventer", "MsgRegisterReq", [{"outboxEventId": "o", "event": REGISTER_ITEM}]),
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    message=st.sampled_from(_FUZZED),
+    edits=st.lists(
+        st.tuples(
+            st.sampled_from(["set", "insert", "delete"]), st.integers(0), st.integers(0, 255)
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    cut=st.one_of(st.none(), st.integers(0)),
+)
+def test_bytes_the_pre_scan_passes_decode_within_their_budget(
+    message: tuple[str, str, Any], edits: list[tuple[str, int, int]], cut: int | None
+) -> None:
+    """Whatever the bytes: they are refused as a ProtocolError (by the pre-scan, or by the
+    decoder for what the pre-scan does not look at, such as UTF-8; nothing else escapes, a
+    cut-short value included), or they decode into at most their budget of values."""
+    module, type_name, value = message
+    data = bytearray(codec.encode(module, type_name, value))
+    for kind, at, byte in edits:
+        at %= len(data) + 1
+        if kind == "insert":
+            data.insert(at, byte)
+        elif at < len(data):
+            if kind == "set":
+                data[at] = byte
+            else:
+                del data[at]
+    if cut is not None:
+        del data[cut % (len(data) + 1) :]
+    body = bytes(data)
+    try:
+        decoded = codec.decode(module, type_name, body)
+    except ProtocolError:
+        return
+    assert _count_values(decoded) <= prescan.value_budget(len(body))
+
+
+def test_every_cut_of_a_message_is_refused_as_a_protocol_error() -> None:
+    body = codec.encode("HatEventer", "MsgRegisterReq", [REGISTER_ITEM] * 2)
+    for end in range(len(body)):
+        with pytest.raises(ProtocolError, match="undecodable SBS"):
+            codec.decode("HatEventer", "MsgRegisterReq", body[:end])
 
 
 @pytest.mark.parametrize("body_size", [0, 5, 63, 64, 300, 70_000])
