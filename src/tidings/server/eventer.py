@@ -235,7 +235,10 @@ class EventerServer:
     async def _on_subscribe(self, client: _Client, message: chatter.Message) -> None:
         """Replace the client's subscription; an invalid one closes the connection."""
         try:
-            client.matcher = TypeMatcher([tuple(t) for t in message.data])
+            types = [tuple(t) for t in message.data]
+            # Subscribed to nothing (hat's client subscribes so by default): not a subscriber,
+            # so that a batch nobody subscribed to costs nothing to notify.
+            client.matcher = TypeMatcher(types) if types else None
         except (ProtocolError, StoreError) as exc:
             client.connection.close(f"invalid subscription: {exc}")
 

@@ -13,8 +13,8 @@ large frame is never copied to be decoded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from tidings.errors import ProtocolError
 from tidings.wire import codec
@@ -24,9 +24,10 @@ from tidings.wire.prescan import read_integer
 MAX_LENGTH_BYTES = 8
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """A received frame's envelope; ``body`` is a view into the frame."""
+class Envelope(NamedTuple):
+    """A received frame's envelope; ``body`` is a view into the frame. (A tuple: one is
+    made for every message received, and a frozen dataclass's ``__init__`` costs a call per
+    field.)"""
 
     id: int
     first: int
@@ -81,35 +82,60 @@ def _names(module: str, type_name: str) -> bytes:
 
 def parse(frame: bytes | bytearray) -> Envelope:
     """The envelope of a frame's message (without the length prefix); malformed bytes raise
-    :class:`ProtocolError`, as hat-sbs's decoder would refuse them."""
-    view = memoryview(frame)
-    end = len(view)
+    :class:`ProtocolError`, as hat-sbs's decoder would refuse them.
+
+    Runs for every message received: one-byte integers (flags, choices, short lengths) and
+    the few module and type names are read without a call each."""
+    end = len(frame)
     try:
-        message_id, pos = read_integer(view, 0, end)
-        first, pos = read_integer(view, pos, end)
+        message_id, pos = _integer(frame, 0, end)
+        first, pos = _integer(frame, pos, end)
         if pos + 3 > end:
             raise ProtocolError("envelope ends in its flags")
-        owner, token, last = view[pos] != 0, view[pos + 1] != 0, view[pos + 2] != 0
-        has_module, pos = read_integer(view, pos + 3, end)
+        owner, token, last = frame[pos] != 0, frame[pos + 1] != 0, frame[pos + 2] != 0
+        has_module, pos = _integer(frame, pos + 3, end)
         if has_module not in (0, 1):
             raise ProtocolError(f"module choice index {has_module} is not in the schema")
         module = None
         if has_module:
-            module, pos = _string(view, pos, end)
-        type_name, pos = _string(view, pos, end)
-        size, pos = read_integer(view, pos, end)
+            module, pos = _name(frame, pos, end)
+        type_name, pos = _name(frame, pos, end)
+        size, pos = _integer(frame, pos, end)
     except ProtocolError as exc:
         raise ProtocolError(f"Hat.Msg: undecodable SBS ({exc})") from None
+    except IndexError:  # _integer read the byte after the last
+        raise ProtocolError("Hat.Msg: undecodable SBS (the envelope runs past the end)") from None
     if size != end - pos:
         raise ProtocolError(f"Hat.Msg: undecodable SBS (body of {size} bytes, {end - pos} left)")
-    return Envelope(message_id, first, owner, token, last, module, type_name, view[pos:])
+    return Envelope(
+        message_id, first, owner, token, last, module, type_name, memoryview(frame)[pos:]
+    )
 
 
-def _string(view: memoryview, pos: int, end: int) -> tuple[str, int]:
-    size, pos = read_integer(view, pos, end)
+def _integer(data: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:
+    """:func:`read_integer`, with a one-byte integer (7 bits, two's complement) read here."""
+    byte = data[pos]
+    if byte & 0x80:
+        return (byte & 0x7F) - ((byte & 0x40) << 1), pos + 1
+    return read_integer(data, pos, end)
+
+
+#: The module and type names received so far, by their bytes (a connection sends a few).
+_NAMES: dict[bytes, str] = {}
+_MAX_NAMES = 256
+
+
+def _name(data: bytes | bytearray, pos: int, end: int) -> tuple[str, int]:
+    size, pos = _integer(data, pos, end)
     if not 0 <= size <= end - pos:
         raise ProtocolError(f"string of {size} bytes at byte {pos}, {end - pos} left")
-    try:
-        return str(view[pos : pos + size], "utf-8"), pos + size
-    except UnicodeDecodeError as exc:
-        raise ProtocolError(f"string at byte {pos} is not UTF-8") from exc
+    raw = bytes(data[pos : pos + size])
+    name = _NAMES.get(raw)
+    if name is None:
+        try:
+            name = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"string at byte {pos} is not UTF-8") from exc
+        if len(_NAMES) < _MAX_NAMES:  # names a peer makes up are not kept beyond these
+            _NAMES[raw] = name
+    return name, pos + size
