@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from processes import local_address
+from tidings.events.model import StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine, Module
 from tidings.server.eventer import EventerServer
@@ -139,3 +140,22 @@ async def running(
             yield Running(server, engine, engine.store)
         finally:
             await server.aclose()
+
+
+def event_to_sbs(event: StoredEvent) -> dict[str, Any]:
+    """A stored event as hat-sbs's value of a wire ``Event`` (dicts and choices): what its
+    encoder takes, and what :func:`tidings.wire.codec.encode_event` is held equal to."""
+    source, kind = event.source_timestamp_us, event.payload_kind
+    return {
+        "id": codec.event_id_to_sbs(event.id),
+        "type": list(event.type),
+        "timestamp": codec.timestamp_to_sbs(event.timestamp_us),
+        "sourceTimestamp": (
+            ("none", None) if source is None else ("value", codec.timestamp_to_sbs(source))
+        ),
+        "payload": (
+            ("none", None)
+            if kind is None or event.payload is None
+            else ("value", codec.payload_to_sbs(kind, event.payload))
+        ),
+    }

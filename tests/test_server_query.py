@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine, text
 
+from server_helpers import event_to_sbs
 from tidings.db import driver_url
 from tidings.errors import StoreError
 from tidings.events.matching import TypeMatcher, matches, validate_query_type
@@ -757,7 +758,7 @@ def test_a_reply_with_kept_encodings_is_the_reply_encoded_whole(tmp_path: Path) 
             ]
         )
         events = store.read(0, 100)
-        whole = codec.encode(codec.EVENTER, "MsgQueryRes", [codec.event_to_sbs(e) for e in events])
+        whole = codec.encode(codec.EVENTER, "MsgQueryRes", [event_to_sbs(e) for e in events])
         for query in (
             QueryData(event_types=(("r", "*"),), max_results=10, order="ascending"),
             QueryData(event_types=(("r", "*"),), order="ascending"),  # bulk: no bound

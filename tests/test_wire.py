@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from processes import local_address
 from server_helpers import (
+    event_to_sbs,
     length_prefixed,
     raw_frame,
     raw_message,
@@ -62,14 +63,15 @@ EVENTS = [
 
 @pytest.mark.parametrize("event", EVENTS, ids=lambda e: "/".join(e.type))
 def test_event_round_trip(event: StoredEvent) -> None:
-    wire = codec.encode("HatEventer", "Event", codec.event_to_sbs(event))
+    wire = codec.encode_event(event)
+    assert wire == codec.encode("HatEventer", "Event", event_to_sbs(event))
     assert codec.event_from_sbs(codec.decode("HatEventer", "Event", wire)) == event
 
 
 @pytest.mark.parametrize("event", EVENTS, ids=lambda e: "/".join(e.type))
 def test_event_encoding_matches_hat_event(event: StoredEvent) -> None:
     """hat-event 0.8.5 decodes our bytes to the same event, and encodes it to the same bytes."""
-    wire = codec.encode("HatEventer", "Event", codec.event_to_sbs(event))
+    wire = codec.encode_event(event)
     hat_event = hat_common.event_from_sbs(hat_common.sbs_repo.decode("HatEventer", "Event", wire))
     assert hat_event.event_id == hat_common.EventId(*vars_of(event.id))
     assert hat_event.event_type == event.type
@@ -148,7 +150,7 @@ def test_json_payload_from_hat_event_is_stored_unchanged() -> None:
 
 def test_register_results_round_trip() -> None:
     results = [EVENTS[0], None, EVENTS[2]]
-    wire = codec.encode("HatEventer", "MsgRegisterRes", codec.register_results_to_sbs(results))
+    wire = codec.encode_register_results(results)
     decoded = codec.register_results_from_sbs(codec.decode("HatEventer", "MsgRegisterRes", wire))
     assert decoded == results
 
@@ -281,22 +283,54 @@ def test_a_choice_index_outside_the_schema_is_refused() -> None:
         codec.decode("HatEventer", "MsgRegisterReq", b"\x81" + bad)
 
 
-@pytest.mark.parametrize("count", [0, 1, 999, 1000, 1001, 2500])
-def test_chunked_encoding_equals_encoding_at_once(count: int) -> None:
+@pytest.mark.parametrize("count", [0, 1, 63, 64, 2500])
+def test_hand_written_encodings_equal_hat_sbs(count: int) -> None:
     events = [
         StoredEvent(
             i, EventId(1, i, 0), ("t", str(i)), i, None, b"x" * (i % 50), PayloadKind.BINARY, None
         )
         for i in range(1, count + 1)
     ]
-    records = [codec.event_to_sbs(event) for event in events]
-    assert codec.encode_array("HatEventer", "MsgNotify", records) == codec.encode(
-        "HatEventer", "MsgNotify", records
+    records = [event_to_sbs(event) for event in events]
+    assert codec.encode_events(events) == codec.encode("HatEventer", "MsgNotify", records)
+    results = [e if e.position % 3 else None for e in events]
+    values = [("failure", None) if e is None else ("event", event_to_sbs(e)) for e in results]
+    assert codec.encode_register_results(results) == codec.encode(
+        "HatEventer", "MsgRegisterRes", values
     )
-    results = codec.register_results_to_sbs([e if e.position % 3 else None for e in events])
-    assert codec.encode_array("HatEventer", "MsgRegisterRes", results) == codec.encode(
-        "HatEventer", "MsgRegisterRes", results
-    )
+
+
+_SBS_PAYLOADS = [
+    codec.encode("Hat", "Data", {"module": module, "type": "T", "data": data})
+    for module in (("none", None), ("value", "M")) for data in (b"", b"\x00\xff" * 40)
+]
+
+
+def _json_text(text: str) -> bytes:
+    return json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.tuples(*[st.integers(0, 2**63 - 1)] * 3),
+    event_type=st.lists(st.text(max_size=70), max_size=5).map(tuple),
+    timestamps=st.tuples(st.integers(-(2**62), 2**62), st.none() | st.integers(-(2**62), 2**62)),
+    payload=st.one_of(
+        st.none(),
+        st.binary(max_size=300).map(lambda b: (PayloadKind.BINARY, b)),
+        st.text(max_size=100).map(lambda t: (PayloadKind.JSON, _json_text(t))),
+        st.sampled_from(_SBS_PAYLOADS).map(lambda b: (PayloadKind.SBS, b)),
+    ),
+)
+def test_an_event_is_encoded_as_hat_sbs_encodes_it(
+    ids: tuple[int, int, int],
+    event_type: tuple[str, ...],
+    timestamps: tuple[int, int | None],
+    payload: tuple[PayloadKind, bytes] | None,
+) -> None:
+    kind, data = payload if payload is not None else (None, None)
+    event = StoredEvent(0, EventId(*ids), event_type, *timestamps, data, kind, None)
+    assert codec.encode_event(event) == codec.encode("HatEventer", "Event", event_to_sbs(event))
 
 
 @pytest.mark.parametrize("count", [0, 1, 999, 5000])
@@ -321,7 +355,7 @@ def test_every_message_the_codec_encodes_passes_the_pre_scan() -> None:
             event_ids=(EventId(1, 2, 3),), event_types=(("a", "*"),), t_from=-5, max_results=7
         )
     )
-    records = [codec.event_to_sbs(event) for event in EVENTS]
+    records = [event_to_sbs(event) for event in EVENTS]
     messages = [
         ("HatEventer", "MsgQueryReq", query),
         ("HatEventer", "MsgQueryRes", records),
@@ -354,7 +388,7 @@ def _count_values(value: Any) -> int:
 _FUZZED = [
     ("HatEventer", "MsgRegisterReq", [REGISTER_ITEM] * 3),
     ("HatEventer", "MsgQueryReq", codec.query_to_sbs(QueryData(event_types=(("a", "*"),)))),
-    ("HatEventer", "MsgNotify", [codec.event_to_sbs(event) for event in EVENTS]),
+    ("HatEventer", "MsgNotify", [event_to_sbs(event) for event in EVENTS]),
     ("TidingsEventer", "MsgRegisterReq", [{"outboxEventId": "o", "event": REGISTER_ITEM}]),
 ]
 
@@ -813,7 +847,7 @@ async def _pieces(data: bytes, size: int, between: Any = None) -> Any:
 
 
 def test_a_streamed_frame_equals_the_frame_sent_whole_and_others_wait_for_it() -> None:
-    body = codec.encode("HatEventer", "MsgQueryRes", [codec.event_to_sbs(e) for e in EVENTS] * 50)
+    body = codec.encode("HatEventer", "MsgQueryRes", [event_to_sbs(e) for e in EVENTS] * 50)
 
     async def main() -> None:
         connection, raw_reader, _raw_writer = await socket_pair()

@@ -209,9 +209,7 @@ class _Answer:
 
 
 def _reply_body(results: list[StoredEvent | None]) -> bytes:
-    return codec.encode_array(
-        codec.EVENTER, "MsgRegisterRes", codec.register_results_to_sbs(results)
-    )
+    return codec.encode_register_results(results)
 
 
 async def _new_events(peer: str, message: chatter.Message, outbox: bool) -> list[NewEvent | None]:

@@ -42,7 +42,7 @@ class NotifyBatch:
         self._by_type: dict[EventType, list[int]] = {}
         for index, event in enumerate(events):
             self._by_type.setdefault(event.type, []).append(index)
-        self._records: list[codec.Value] | None = None
+        self._encoded: list[bytes] | None = None
         self._bodies: dict[tuple[int, ...], bytes] = {}
 
     def select(self, matcher: TypeMatcher) -> tuple[int, ...]:
@@ -58,10 +58,12 @@ class NotifyBatch:
         """The encoded ``MsgNotify`` of the events at ``selection``."""
         body = self._bodies.get(selection)
         if body is None:
-            if self._records is None:
-                self._records = [codec.event_to_sbs(event) for event in self._events]
-            records = [self._records[index] for index in selection]
-            body = self._bodies[selection] = codec.encode_array(codec.EVENTER, "MsgNotify", records)
+            if self._encoded is None:
+                self._encoded = [codec.encode_event(event) for event in self._events]
+            encoded = self._encoded
+            body = self._bodies[selection] = b"".join(
+                [codec.encode_integer(len(selection)), *(encoded[index] for index in selection)]
+            )
         return body
 
 

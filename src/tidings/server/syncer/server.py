@@ -68,7 +68,7 @@ def _sessions(events: Sequence[StoredEvent]) -> list[list[StoredEvent]]:
 
 
 def _encode_events(events: Sequence[StoredEvent]) -> bytes:
-    return codec.encode(codec.SYNCER, "MsgEvents", [codec.event_to_sbs(e) for e in events])
+    return codec.encode_events(events)
 
 
 @dataclass(eq=False)
