@@ -36,6 +36,41 @@ def test_requests_submitted_together_are_sessions_of_one_group(tmp_path: Path) -
     assert instances == list(range(instances[0], instances[0] + 100))
 
 
+def test_a_group_written_in_the_thread_reaches_the_loop_in_few_wake_ups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """500 one-event sessions written by the write thread (too many events for the loop):
+    listeners hear each session as its own batch, in storage order, and the thread wakes
+    the loop a few times, not once per session. (The loop's call_soon_threadsafe is
+    wrapped to count the wake-ups: a spy, the writes are real.)"""
+
+    async def main() -> tuple[list[list[int]], int]:
+        loop = asyncio.get_running_loop()
+        wake_ups = 0
+        call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: object, **kwargs: object) -> asyncio.Handle:
+            nonlocal wake_ups
+            if threading.current_thread() is not threading.main_thread():
+                wake_ups += 1
+            return call_soon_threadsafe(*args, **kwargs)  # type: ignore[arg-type]
+
+        async with async_engine(tmp_path / "events.db") as engine:
+            heard: list[list[int]] = []
+            engine.subscribe(lambda events: heard.append([e.position for e in events]))
+            monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+            futures = [engine.submit([_event(str(n))], more_coming=True) for n in range(500)]
+            await asyncio.gather(*futures)
+            monkeypatch.undo()
+        return heard, wake_ups
+
+    heard, wake_ups = run(main())
+    assert [len(batch) for batch in heard] == [1] * 500
+    positions = [batch[0] for batch in heard]
+    assert positions == list(range(positions[0], positions[0] + 500))
+    assert wake_ups < 50, wake_ups
+
+
 def test_listeners_hear_synced_and_local_batches_in_storage_order(tmp_path: Path) -> None:
     async def main() -> list[int]:
         async with async_engine(tmp_path / "events.db") as engine:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -119,6 +120,10 @@ class AsyncEngine:
         self._draining: asyncio.Task[None] | None = None
         #: A group is being written on the loop (:meth:`_write_inline`).
         self._writing_inline = False
+        #: Batches stored by the write thread, waiting for the loop to deliver them (the
+        #: sessions of one group cross to the loop in one wake-up, see _from_engine_thread).
+        self._crossing: list[list[StoredEvent]] = []
+        self._crossing_lock = threading.Lock()
         self._remove_callback = engine.on_registered(self._from_engine_thread)
         self._inline = engine.store.backend == "sqlite"
         self._stream = _StoreStream(self, engine.store.last_position())
@@ -379,15 +384,32 @@ class AsyncEngine:
         return True
 
     def _from_engine_thread(self, events: list[StoredEvent]) -> None:
-        """Engine callback: from the write thread, or on the loop for an inline group."""
+        """Engine callback, once per stored session: from the write thread, or on the loop
+        for an inline group.
+
+        From the thread, a batch joins the ones waiting to cross, and only the first of them
+        wakes the loop: a group of a thousand fire-and-forget registrations crosses in one
+        wake-up (a write to the loop's self-pipe each cost more than storing the event).
+        They are delivered in the order stored, before the group's own completion, which is
+        scheduled after them."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is self._loop:
             self._stream.deliver(events)
-        else:
-            self._loop.call_soon_threadsafe(self._stream.deliver, events)
+            return
+        with self._crossing_lock:
+            self._crossing.append(events)
+            if len(self._crossing) > 1:
+                return  # the wake-up of the first is still pending
+        self._loop.call_soon_threadsafe(self._deliver_crossed)
+
+    def _deliver_crossed(self) -> None:
+        with self._crossing_lock:
+            batches, self._crossing = self._crossing, []
+        for events in batches:
+            self._stream.deliver(events)
 
     def _emit(self, events: list[StoredEvent]) -> None:
         """Tell every listener of one batch (called by the stream, in position order): the

@@ -29,7 +29,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tidings.address import parse_address
 from tidings.errors import ConnectionClosed, ProtocolError, RequestTimeout
@@ -53,16 +53,16 @@ DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
 _CLOSE_FLUSH_SECONDS = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class Conversation:
-    """A conversation as this side sees it: who opened it and its first message id."""
+class Conversation(NamedTuple):
+    """A conversation as this side sees it: who opened it and its first message id. (This
+    and :class:`Message` are tuples: one of each is made for every message received, and a
+    frozen dataclass's ``__init__`` costs a call per field.)"""
 
     owner: bool
     first_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """A received message with its decoded body."""
 
     conversation: Conversation

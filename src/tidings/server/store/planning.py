@@ -124,10 +124,10 @@ def plan_sessions(
     session of the call, and all numbers are then taken in one statement and all rows
     inserted in one executemany (the per-statement cost, not the rows, dominates a group of
     small sessions)."""
-    known = select_outbox_keys(
-        conn,
-        {e.outbox_event_id for events in sessions for e in events if e.outbox_event_id is not None},
-    )
+    outbox_ids = {
+        e.outbox_event_id for events in sessions for e in events if e.outbox_event_id is not None
+    }
+    known = select_outbox_keys(conn, outbox_ids) if outbox_ids else {}
     first_index: dict[_OutboxKey, int] = {}
     plan = SessionsPlan([], [])
     total = 0
