@@ -40,15 +40,22 @@ class ReceiveQueue(Generic[T]):
         self._bytes += size
         if self._bytes > self._max_bytes:
             self._room.clear()
-        await self._queue.put((item, size))
-        await self._room.wait()
+        # Without a coroutine each when there is room (every message passes here).
+        if self._queue.full():
+            await self._queue.put((item, size))
+        else:
+            self._queue.put_nowait((item, size))
+        if not self._room.is_set():
+            await self._room.wait()
 
     async def get(self) -> T | None:
         """The next item, or None once every item queued before the end was taken (for
         every later call too)."""
-        if self._ended and self._queue.empty():
-            return None
-        return self._taken(await self._queue.get())
+        if self._queue.empty():
+            if self._ended:
+                return None
+            return self._taken(await self._queue.get())
+        return self._taken(self._queue.get_nowait())
 
     def get_nowait(self) -> T | None:
         """The next item if one is queued now, else None (also at the end)."""
