@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from tidings.errors import ProtocolError
 from tidings.events.matching import TypeMatcher
 from tidings.events.model import EventId, PayloadKind, StoredEvent
 from tidings.server.notify import INLINE_EVENTS, Notifier, notify_bodies
@@ -80,3 +83,14 @@ def test_a_batch_that_cannot_be_encoded_drops_its_subscribers() -> None:
     assert sorted(who for who, _ in dropped) == ["broken", "broken", "fine", "fine"]
     assert all("notification failed: RuntimeError: injected" in r for _, r in dropped)
     assert sent == ["fine"]  # later batches are notified again
+
+
+def test_an_event_that_cannot_be_encoded_fails_only_the_subscribers_that_select_it() -> None:
+    """A stored SBS payload that is not a Hat.Data (anything may store bytes through the
+    Python API) cannot be sent: the batch's other subscribers still get their events."""
+    bad = StoredEvent(9, EventId(1, 9, 0), ("b",), 1, None, b"\x81", PayloadKind.SBS, None)
+    batch = [*_batch(1, 2), bad]
+    bodies = notify_bodies(batch, [("a only", TypeMatcher([("a", "*")]))])
+    assert [who for who, _ in bodies] == ["a only"]
+    with pytest.raises(ProtocolError, match=r"Hat\.Data"):
+        notify_bodies(batch, [("everything", TypeMatcher([("*",)]))])

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import socket
+from dataclasses import replace
 from typing import Any
 
 import hat.event.common as hat_common
@@ -275,6 +276,47 @@ def test_other_malformed_bytes_are_refused_by_the_pre_scan(body: bytes, problem:
         codec.decode("HatEventer", "MsgSubscribe", body)
 
 
+def test_an_integer_of_ten_bytes_beyond_64_bits_is_refused() -> None:
+    """Ten bytes hold 70 bits; hat-sbs's decoder would wrap such a value silently."""
+    too_big = codec.encode_integer(2**66 + 1)
+    assert len(too_big) == 10
+    with pytest.raises(ProtocolError, match="longer than 64 bits"):
+        codec.decode("HatSyncer", "MsgReq", too_big + b"\x81" * 3 + b"\x80")
+    with pytest.raises(ProtocolError, match="longer than 64 bits"):
+        envelope.parse(too_big + b"\x81\x01\x01\x00\x80\x81a\x80")
+    for edge in (2**63 - 1, -(2**63)):
+        assert prescan.read_integer(codec.encode_integer(edge), 0, 10)[0] == edge
+
+
+def test_the_budget_holds_for_values_after_the_last_array() -> None:
+    body = codec.encode(
+        "HatSyncer",
+        "MsgReq",
+        {"lastEventId": {"server": 1, "session": 2, "instance": 3}, "clientName": "c"},
+    )
+    with pytest.raises(ProtocolError, match="budget of values"):
+        codec.SCHEMAS.check("HatSyncer", "MsgReq", body, budget=0)
+    assert codec.SCHEMAS.check("HatSyncer", "MsgReq", body, budget=100) is None
+
+
+def test_a_stored_sbs_payload_goes_out_as_one_hat_data_or_not_at_all() -> None:
+    data = codec.encode("Hat", "Data", {"module": ("none", None), "type": "T", "data": b"ab"})
+    event = StoredEvent(1, EventId(1, 1, 1), ("a",), 1, None, data + b"\x80", PayloadKind.SBS, None)
+    sound = replace(event, payload=data)
+    assert codec.encode_event(event) == codec.encode_event(sound)  # the stray byte dropped
+    with pytest.raises(ProtocolError, match=r"Hat\.Data"):
+        codec.encode_event(replace(event, payload=b"\x81"))
+
+
+def test_names_a_peer_makes_up_are_read_but_not_kept() -> None:
+    known = dict(envelope._NAMES)
+    for n in range(300):
+        head = envelope.frame_head(1, 1, True, True, f"Made{n}", f"Up{n}", 0)
+        received = envelope.parse(head[head[0] + 1 :])
+        assert (received.module, received.type) == (f"Made{n}", f"Up{n}")
+    assert known == envelope._NAMES
+
+
 def test_a_choice_index_outside_the_schema_is_refused() -> None:
     item = codec.encode("HatEventer", "RegisterEvent", REGISTER_ITEM)
     bad = item[:-10] + b"\x89" + item[-9:]  # the payload kind index (3 kinds) set to 9
@@ -302,7 +344,8 @@ def test_hand_written_encodings_equal_hat_sbs(count: int) -> None:
 
 _SBS_PAYLOADS = [
     codec.encode("Hat", "Data", {"module": module, "type": "T", "data": data})
-    for module in (("none", None), ("value", "M")) for data in (b"", b"\x00\xff" * 40)
+    for module in (("none", None), ("value", "M"))
+    for data in (b"", b"\x00\xff" * 40)
 ]
 
 

@@ -42,7 +42,9 @@ class NotifyBatch:
         self._by_type: dict[EventType, list[int]] = {}
         for index, event in enumerate(events):
             self._by_type.setdefault(event.type, []).append(index)
-        self._encoded: list[bytes] | None = None
+        #: Each event's encoding, made when a selection first holds it (an event that
+        #: cannot be encoded fails only the subscribers that selected it).
+        self._encoded: list[bytes | None] = [None] * len(events)
         self._bodies: dict[tuple[int, ...], bytes] = {}
 
     def select(self, matcher: TypeMatcher) -> tuple[int, ...]:
@@ -58,12 +60,13 @@ class NotifyBatch:
         """The encoded ``MsgNotify`` of the events at ``selection``."""
         body = self._bodies.get(selection)
         if body is None:
-            if self._encoded is None:
-                self._encoded = [codec.encode_event(event) for event in self._events]
-            encoded = self._encoded
-            body = self._bodies[selection] = b"".join(
-                [codec.encode_integer(len(selection)), *(encoded[index] for index in selection)]
-            )
+            parts = [codec.encode_integer(len(selection))]
+            for index in selection:
+                encoded = self._encoded[index]
+                if encoded is None:
+                    encoded = self._encoded[index] = codec.encode_event(self._events[index])
+                parts.append(encoded)
+            body = self._bodies[selection] = b"".join(parts)
         return body
 
 

@@ -256,8 +256,11 @@ def encode_event(event: StoredEvent) -> bytes:
     kind, payload = event.payload_kind, event.payload
     if kind is None or payload is None:
         parts.append(_NONE)
-    elif kind is PayloadKind.SBS:  # stored as its Hat.Data encoding
-        parts += (_PAYLOAD_KINDS[kind], payload)
+    elif kind is PayloadKind.SBS:
+        # Stored as its Hat.Data encoding, but anything may have stored bytes that are not
+        # exactly one (an engine module, the Python API): decoded and encoded again, so
+        # that the message is sound or not sent (ProtocolError).
+        parts += (_PAYLOAD_KINDS[kind], encode("Hat", "Data", _decode("Hat", "Data", payload)))
     else:
         if kind is PayloadKind.JSON and not bytes(payload).isascii():
             bytes(payload).decode()  # a String must be UTF-8 (as it is when it was stored)

@@ -120,9 +120,13 @@ def _integer(data: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:
     return read_integer(data, pos, end)
 
 
-#: The module and type names received so far, by their bytes (a connection sends a few).
-_NAMES: dict[bytes, str] = {}
-_MAX_NAMES = 256
+#: The protocol's module and message type names, by their bytes; other names are decoded
+#: each time (and then refused: see chatter), so no peer can fill this.
+_NAMES: dict[bytes, str] = {
+    name.encode(): name
+    for module, types in codec.MESSAGE_TYPES.items()
+    for name in (module, *types)
+}
 
 
 def _name(data: bytes | bytearray, pos: int, end: int) -> tuple[str, int]:
@@ -136,6 +140,4 @@ def _name(data: bytes | bytearray, pos: int, end: int) -> tuple[str, int]:
             name = raw.decode()
         except UnicodeDecodeError as exc:
             raise ProtocolError(f"string at byte {pos} is not UTF-8") from exc
-        if len(_NAMES) < _MAX_NAMES:  # names a peer makes up are not kept beyond these
-            _NAMES[raw] = name
     return name, pos + size

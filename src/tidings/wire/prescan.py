@@ -33,8 +33,10 @@ from tidings.errors import ProtocolError
 BYTES_PER_VALUE = 2
 #: ... or this many values, whichever is more (small messages of tiny values stay legal).
 MIN_VALUE_BUDGET = 65_536
-#: The longest SBS integer of 64 bits (7 bits per byte).
+#: The longest SBS integer of 64 bits (7 bits per byte), and the values it may hold (the
+#: decoder wraps others silently).
 _MAX_INTEGER_BYTES = 10
+_MIN_INTEGER, _MAX_INTEGER = -(2**63), 2**63 - 1
 
 
 def value_budget(size: int) -> int:
@@ -107,7 +109,9 @@ class Schemas:
                 pos = slices[-1].end
             else:
                 slices = None
-                pos = self._scanner(ref)(view, 0, end, left)[0]
+                pos, left = self._scanner(ref)(view, 0, end, left)
+                if left < 0:  # the values after the last array (scanners check at arrays)
+                    raise ProtocolError("the message exceeds its budget of values")
         except ProtocolError as exc:
             raise ProtocolError(f"{module}.{type_name}: undecodable SBS ({exc})") from None
         except IndexError:  # a scanner read the byte after the last (see _Source)
@@ -332,6 +336,8 @@ def read_integer(data: _Bytes, pos: int, end: int) -> tuple[int, int]:
         pos += 1
         value = (value << 7) | (byte & 0x7F)
         if byte & 0x80:
+            if not _MIN_INTEGER <= value <= _MAX_INTEGER:  # 10 bytes hold 70 bits
+                raise ProtocolError(f"integer at byte {first} is longer than 64 bits")
             return value, pos
     if stop < end:
         raise ProtocolError(f"integer at byte {first} is longer than 64 bits")
