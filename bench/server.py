@@ -173,7 +173,8 @@ class BenchServer:
         else:
             backend = {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"}
             if kind in PG_KINDS:
-                url = self._cleanup.enter_context(scratch_database("tidings_bench_server"))
+                # One database per server: they all run at once.
+                url = self._cleanup.enter_context(scratch_database(f"tidings_bench_{kind}"))
                 backend = {"module": "tidings.server.backends.postgresql", "url": url}
             if kind.endswith("_periodic"):
                 backend |= {"durability": "periodic", "flush_period": 1}
@@ -583,52 +584,71 @@ async def settle(server: BenchServer, timeout: float = 120.0) -> None:
         say(f"[{server.kind}] still busy after {timeout:g} s")
 
 
-async def bench_server(run: Run, sizes: Sizes, hostile: str) -> None:
-    """Runs every step, then the hostile phase (``hostile``: on, off or only); a failing
-    step (wrong answer, dropped connection) is recorded in ``run.errors`` and the run goes
-    on with a new connection."""
-    kind, server = run.kind, run.server
-    failed: set[str] = set()
+@dataclass
+class Bench:
+    """One server's run through the steps: its figures, its client and the steps that
+    failed (a later step that needs one is skipped)."""
+
+    run: Run
+    sizes: Sizes
     client: eventer.Client | None = None
-    try:
-        await server.start()
-        for name, step in STEPS if hostile != "only" else []:
-            if kind == FLOOR_KIND and name not in FLOOR_STEPS:
-                continue
-            if NEEDS.get(name) in failed:
-                run.errors[name] = f"skipped: {NEEDS[name]} failed"
-                say(f"[{kind}] {name} skipped")
-                continue
-            if client is None or not client.is_open:
-                client = await eventer.connect(server.address)
-            say(f"[{kind}] {name} ...")
-            try:
-                await run.phase(name, lambda c=client, step=step: step(c, run, sizes))
-            except Exception as exc:
-                traceback.print_exc()
-                failed.add(name)
-                logged = server.log_problems()
-                run.errors[name] = f"{type(exc).__name__}: {exc}" + (
-                    f"; server log: {logged}" if logged else ""
-                )
-                say(f"!! [{kind}] {name} FAILED: {run.errors[name]}")
-                await settle(server)
-            if server.proc is not None and server.proc.poll() is not None:
-                raise RuntimeError(f"{kind} server exited:\n{server.log_tail()}")
-        if hostile != "off":
-            assert server.proc is not None
-            say(f"[{kind}] hostile clients ...")
-            target = Target(kind, server.address, server.port, server.proc.pid)
-            try:
-                run.hostile = await hostile_phase(target, sizes.hostile_events, run.phase)
-            except Exception as exc:
-                traceback.print_exc()
-                run.errors["hostile"] = f"{type(exc).__name__}: {exc}"
-                say(f"!! [{kind}] hostile FAILED: {run.errors['hostile']}")
-    finally:
-        if client is not None:
-            await client.async_close()
-        server.stop()
+    failed: set[str] = field(default_factory=set)
+    #: Set once the server could not start or exited: it takes no further step.
+    down: bool = False
+
+    async def step(
+        self, name: str, step: Callable[[eventer.Client, Run, Sizes], Awaitable[None]]
+    ) -> None:
+        """Run one step; a failing step (wrong answer, dropped connection) is recorded in
+        ``run.errors`` and the next one gets a new connection."""
+        run, server, kind = self.run, self.run.server, self.run.kind
+        if self.down or (kind == FLOOR_KIND and name not in FLOOR_STEPS):
+            return
+        if NEEDS.get(name) in self.failed:
+            run.errors[name] = f"skipped: {NEEDS[name]} failed"
+            say(f"[{kind}] {name} skipped")
+            return
+        if self.client is None or not self.client.is_open:
+            self.client = await eventer.connect(server.address)
+        say(f"[{kind}] {name} ...")
+        try:
+            await run.phase(name, lambda c=self.client: step(c, run, self.sizes))
+        except Exception as exc:
+            traceback.print_exc()
+            self.failed.add(name)
+            logged = server.log_problems()
+            run.errors[name] = f"{type(exc).__name__}: {exc}" + (
+                f"; server log: {logged}" if logged else ""
+            )
+            say(f"!! [{kind}] {name} FAILED: {run.errors[name]}")
+            await settle(server)
+        if server.proc is not None and server.proc.poll() is not None:
+            self.fail("server", f"RuntimeError: {kind} server exited:\n{server.log_tail()}")
+
+    async def hostile(self) -> None:
+        """The hostile phase (issue 8's rows) against this server alone."""
+        run, server = self.run, self.run.server
+        if self.down or server.proc is None:
+            return
+        say(f"[{run.kind}] hostile clients ...")
+        target = Target(run.kind, server.address, server.port, server.proc.pid)
+        try:
+            run.hostile = await hostile_phase(target, self.sizes.hostile_events, run.phase)
+        except Exception as exc:
+            traceback.print_exc()
+            run.errors["hostile"] = f"{type(exc).__name__}: {exc}"
+            say(f"!! [{run.kind}] hostile FAILED: {run.errors['hostile']}")
+
+    def fail(self, what: str, error: str) -> None:
+        self.down = True
+        self.run.errors[what] = error
+        say(f"!! {self.run.kind} FAILED: {error}")
+
+    async def close(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.async_close()
+        self.run.server.stop()
 
 
 # -- results ---------------------------------------------------------------------------------
@@ -856,7 +876,9 @@ def fairness_notes(quick: bool, sizes: Sizes) -> list[str]:
         "Both servers share the machine's cores with the benchmark client, which is the same "
         "pure-Python hat client for both; where the client is the bottleneck (see client "
         "CPU-s) the ratio understates the difference between the servers.",
-        "The servers run one after the other, not interleaved; other load on the machine "
+        "Every server is up for the whole run and each step runs on each server in turn (the "
+        "order rotating from step to step), every server idle before each phase; other load "
+        "on the machine "
         "(other CPU-s per phase) affects them differently.",
         "tidings_pg, tidings_pg_periodic: the PostgreSQL server's own work counts as other "
         "processes' CPU-s in their "
@@ -885,19 +907,38 @@ def load_notes(runs: dict[str, Run]) -> list[str]:
 async def run_all(
     kinds: list[str], sizes: Sizes, keep: bool, hostile: str
 ) -> tuple[dict[str, Run], dict[str, str]]:
-    """Runs each server in turn; errors (start-up, per step) are collected, figures kept."""
-    runs: dict[str, Run] = {}
-    errors: dict[str, str] = {}
+    """Every server up at once, each step run on each server in turn (the order rotating
+    from step to step), every server idle before each phase: the machine's speed drifts by
+    up to a third within minutes, and servers measured one after another saw different
+    machines. The hostile rows run last, server by server. Errors (start-up, per step) are
+    collected, figures kept."""
+    benches: list[Bench] = []
     for kind in kinds:
-        say(f"== {kind} ==")
-        run = runs[kind] = Run(kind, BenchServer(kind, keep))
+        bench = Bench(Run(kind, BenchServer(kind, keep)), sizes)
+        benches.append(bench)
         try:
-            await bench_server(run, sizes, hostile if kind in HOSTILE_KINDS else "off")
+            await bench.run.server.start()
         except Exception as exc:
             traceback.print_exc()
-            run.errors["server"] = f"{type(exc).__name__}: {exc}"
-            say(f"!! {kind} FAILED: {run.errors['server']}")
-        errors.update({f"{kind}: {step}": error for step, error in run.errors.items()})
+            bench.fail("server", f"{type(exc).__name__}: {exc}")
+    try:
+        for index, (name, step) in enumerate(STEPS if hostile != "only" else []):
+            shift = index % len(benches)
+            for bench in benches[shift:] + benches[:shift]:
+                for other in benches:
+                    if not other.down:
+                        await settle(other.run.server)
+                await bench.step(name, step)
+        for bench in benches:
+            if hostile != "off" and bench.run.kind in HOSTILE_KINDS:
+                await bench.hostile()
+    finally:
+        for bench in benches:
+            await bench.close()
+    runs = {bench.run.kind: bench.run for bench in benches}
+    errors = {
+        f"{kind}: {step}": error for kind, run in runs.items() for step, error in run.errors.items()
+    }
     return runs, errors
 
 
