@@ -925,9 +925,7 @@ async def run_all(
         for index, (name, step) in enumerate(STEPS if hostile != "only" else []):
             shift = index % len(benches)
             for bench in benches[shift:] + benches[:shift]:
-                for other in benches:
-                    if not other.down:
-                        await settle(other.run.server)
+                await asyncio.gather(*(settle(b.run.server) for b in benches if not b.down))
                 await bench.step(name, step)
         for bench in benches:
             if hostile != "off" and bench.run.kind in HOSTILE_KINDS:

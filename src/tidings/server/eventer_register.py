@@ -155,7 +155,7 @@ class Registrations:
         earlier = self.last_reply
         if len(results) <= INLINE_EVENTS and (earlier is None or earlier.done()):
             try:
-                body = _reply_body(results)
+                body = codec.encode_register_results(results)
             except Exception as exc:  # a bug: the client would wait for the reply for ever
                 self._reply_failed(exc)
                 return
@@ -174,9 +174,9 @@ class Registrations:
     ) -> None:
         try:
             if len(results) > INLINE_EVENTS:
-                body = await asyncio.to_thread(_reply_body, results)
+                body = await asyncio.to_thread(codec.encode_register_results, results)
             else:
-                body = _reply_body(results)
+                body = codec.encode_register_results(results)
             if earlier is not None:
                 await asyncio.wait([earlier])
         except Exception as exc:  # a bug: the client would wait for the reply for ever
@@ -206,10 +206,6 @@ class _Answer:
         for action in self.then:
             action()
         self.then.clear()
-
-
-def _reply_body(results: list[StoredEvent | None]) -> bytes:
-    return codec.encode_register_results(results)
 
 
 async def _new_events(peer: str, message: chatter.Message, outbox: bool) -> list[NewEvent | None]:

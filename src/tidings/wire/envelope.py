@@ -84,40 +84,30 @@ def parse(frame: bytes | bytearray) -> Envelope:
     """The envelope of a frame's message (without the length prefix); malformed bytes raise
     :class:`ProtocolError`, as hat-sbs's decoder would refuse them.
 
-    Runs for every message received: one-byte integers (flags, choices, short lengths) and
-    the few module and type names are read without a call each."""
+    Runs for every message received: the few module and type names are looked up, not
+    decoded each time."""
     end = len(frame)
     try:
-        message_id, pos = _integer(frame, 0, end)
-        first, pos = _integer(frame, pos, end)
+        message_id, pos = read_integer(frame, 0, end)
+        first, pos = read_integer(frame, pos, end)
         if pos + 3 > end:
             raise ProtocolError("envelope ends in its flags")
         owner, token, last = frame[pos] != 0, frame[pos + 1] != 0, frame[pos + 2] != 0
-        has_module, pos = _integer(frame, pos + 3, end)
+        has_module, pos = read_integer(frame, pos + 3, end)
         if has_module not in (0, 1):
             raise ProtocolError(f"module choice index {has_module} is not in the schema")
         module = None
         if has_module:
             module, pos = _name(frame, pos, end)
         type_name, pos = _name(frame, pos, end)
-        size, pos = _integer(frame, pos, end)
+        size, pos = read_integer(frame, pos, end)
     except ProtocolError as exc:
         raise ProtocolError(f"Hat.Msg: undecodable SBS ({exc})") from None
-    except IndexError:  # _integer read the byte after the last
-        raise ProtocolError("Hat.Msg: undecodable SBS (the envelope runs past the end)") from None
     if size != end - pos:
         raise ProtocolError(f"Hat.Msg: undecodable SBS (body of {size} bytes, {end - pos} left)")
     return Envelope(
         message_id, first, owner, token, last, module, type_name, memoryview(frame)[pos:]
     )
-
-
-def _integer(data: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:
-    """:func:`read_integer`, with a one-byte integer (7 bits, two's complement) read here."""
-    byte = data[pos]
-    if byte & 0x80:
-        return (byte & 0x7F) - ((byte & 0x40) << 1), pos + 1
-    return read_integer(data, pos, end)
 
 
 #: The protocol's module and message type names, by their bytes; other names are decoded
@@ -130,7 +120,7 @@ _NAMES: dict[bytes, str] = {
 
 
 def _name(data: bytes | bytearray, pos: int, end: int) -> tuple[str, int]:
-    size, pos = _integer(data, pos, end)
+    size, pos = read_integer(data, pos, end)
     if not 0 <= size <= end - pos:
         raise ProtocolError(f"string of {size} bytes at byte {pos}, {end - pos} left")
     raw = bytes(data[pos : pos + size])

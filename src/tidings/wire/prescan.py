@@ -53,8 +53,8 @@ class Slice:
     count: int
 
 
-#: What is scanned: bytes, or a memoryview of unsigned bytes (indexing gives ints).
-_Bytes = bytes | memoryview
+#: What is scanned: bytes, a bytearray or a memoryview of unsigned bytes (indexing gives ints).
+_Bytes = bytes | bytearray | memoryview
 #: Scans one value at ``pos`` (of ``data``, which ends at ``end``) with ``left`` values of the
 #: budget left, and returns where it ends and what is left.
 _Scanner = Callable[[_Bytes, int, int, int], tuple[int, int]]
@@ -157,9 +157,14 @@ class Schemas:
             return _Shape(0, 0)
         if isinstance(t, common.FloatType):
             return _Shape(8, 1)
-        if isinstance(t, common.BooleanType | common.IntegerType | common.StringType):
-            return _Shape(1, 1)
-        if isinstance(t, common.BytesType | common.ArrayType):
+        if isinstance(
+            t,
+            common.BooleanType
+            | common.IntegerType
+            | common.StringType
+            | common.BytesType
+            | common.ArrayType,
+        ):
             return _Shape(1, 1)
         if isinstance(t, common.RecordType):
             fields = [self._shape(entry, seen) for _, entry in t.entries]
@@ -173,7 +178,7 @@ class Schemas:
 
     def _generate(self, ref: common.Ref, t: common.Type) -> _Scanner:
         """Compile the scanner of ``t`` (named after ``ref``, for tracebacks)."""
-        source = _Source(self)
+        source = _Source(self._types, self._shape)
         source.scan(t, 1, ())
         source.flush(1)
         text = (
@@ -203,8 +208,13 @@ class _Source:
     are taken from ``left`` at once, before anything reads it or branches.
     """
 
-    def __init__(self, schemas: Schemas) -> None:
-        self._schemas = schemas
+    def __init__(
+        self,
+        types: dict[common.Ref, common.Type],
+        shape: Callable[[common.Type, tuple[common.Ref, ...]], _Shape],
+    ) -> None:
+        self._types = types
+        self._shape = shape
         self.lines: list[str] = []
         self._uncounted = 0
 
@@ -224,7 +234,7 @@ class _Source:
         if isinstance(t, common.Ref):
             if t in seen:
                 raise TypeError(f"recursive SBS type {t.module}.{t.name} cannot be pre-scanned")
-            self.scan(self._schemas._types[t], depth, (*seen, t))
+            self.scan(self._types[t], depth, (*seen, t))
         elif isinstance(t, common.NoneType):
             pass
         elif isinstance(t, common.BooleanType):
@@ -263,7 +273,7 @@ class _Source:
             )
             self._count()
         elif isinstance(t, common.ArrayType):
-            item = self._schemas._shape(t.t, seen)
+            item = self._shape(t.t, seen)
             self.flush(depth)
             self._add(depth, *_count_lines("count"))
             self._add(
@@ -328,6 +338,9 @@ def _count_lines(name: str) -> tuple[str, ...]:
 def read_integer(data: _Bytes, pos: int, end: int) -> tuple[int, int]:
     """The SBS integer at ``pos`` and where it ends (7 bits a byte, the last byte marked by
     its top bit, two's complement)."""
+    if pos < end and data[pos] & 0x80:  # one byte (flags, choices, short lengths): 7 bits
+        byte = data[pos]
+        return (byte & 0x7F) - ((byte & 0x40) << 1), pos + 1
     stop = min(end, pos + _MAX_INTEGER_BYTES)
     first = pos
     value = -1 if pos < end and data[pos] & 0x40 else 0
