@@ -178,7 +178,7 @@ def test_the_page_shows_the_servers_errors_and_close_reason(tmp_path: Path) -> N
         # The server is full (one connection): the page shows the close code and reason.
         async with await IntermediaryClient.connect(rig.url):
             page = await browser.open(page_url(rig, ""))
-            closed = await page.wait_for("window.tidingsView.closed")
+            closed = await page.wait_for("window.tidingsView?.closed")
             assert closed == {"code": 1013, "reason": "too many connections"}
             status = await page.evaluate("document.getElementById('status').textContent")
             assert "closed (1013 too many connections)" in status
