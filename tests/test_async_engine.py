@@ -68,7 +68,10 @@ def test_a_group_written_in_the_thread_reaches_the_loop_in_few_wake_ups(
     assert [len(batch) for batch in heard] == [1] * 500
     positions = [batch[0] for batch in heard]
     assert positions == list(range(positions[0], positions[0] + 500))
-    assert wake_ups < 50, wake_ups
+    # Once per session would be >= 500. How many fewer depends on how often the loop's
+    # thread gets the GIL while the write thread stores: 2-3 on a quiet machine, 87 seen
+    # with the cores busy, so the bound is half of the sessions, not a quiet-machine figure.
+    assert wake_ups < 250, wake_ups
 
 
 def test_listeners_hear_synced_and_local_batches_in_storage_order(tmp_path: Path) -> None:
