@@ -278,6 +278,33 @@ def test_subscribe_notify_and_replace(tmp_path: Path) -> None:
     run(main())
 
 
+def test_clients_read_notifications_and_replies_of_many_payload_less_events(
+    tmp_path: Path,
+) -> None:
+    """8,000 events without payloads, registered at once: the notification and the query's
+    reply are 13 values in 21 bytes an event, more values than a budget per byte allows, and
+    the subscriber and the querying client read them whole (they were closed as protocol
+    errors, while a hat client read the same reply)."""
+
+    async def main() -> None:
+        async with (
+            running(tmp_path) as srv,
+            await connect(srv.address, [("tiny", "*")]) as subscriber,
+            await connect(srv.address) as producer,
+        ):
+            await subscriber.query(QueryData(max_results=0))  # the subscription is in place
+            registered = await producer.register_with_response([NewEvent(("tiny", "x"))] * 8_000)
+            assert None not in registered
+            notified: list[StoredEvent] = []
+            while len(notified) < len(registered):
+                notified += await asyncio.wait_for(subscriber.receive(), 10)
+            assert notified == registered
+            reply = await producer.query(QueryData(event_types=(("tiny", "*"),)))
+            assert sorted(reply, key=lambda e: e.id) == registered
+
+    run(main())
+
+
 def test_invalid_subscription_is_refused_by_the_client(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as srv, await connect(srv.address) as client:

@@ -134,6 +134,29 @@ def test_two_servers_sync_each_other(tmp_path: Path) -> None:
     run(main())
 
 
+def test_a_session_of_many_payload_less_events_syncs(tmp_path: Path) -> None:
+    """A live session of 8,000 events without payloads is one MsgEvents of 13 values in 21
+    bytes an event: the peer reads it whole (its client closed the link as a protocol error
+    and read the session again from the backlog, in chunks of 1,000 events, after a
+    reconnect)."""
+
+    async def main() -> None:
+        async with node(tmp_path, 1) as a, node(tmp_path, 2) as b:
+            server_a = await SyncerServer.start(LOCAL, a)
+            client_b = SyncerClient(local_address(server_a.port), b, 1, min_delay=0.05)
+            await client_b.start()
+            await client_b.wait_synced(10)
+            statuses = len(of_type(b, client_status_type(1)))
+            await a.register([NewEvent(("tiny", "x"))] * 8_000)
+            await until(lambda: count_type(b, ("tiny", "x")) == 8_000)
+            assert len(of_type(b, client_status_type(1))) == statuses  # never reconnected
+            assert fingerprint(b) >= {f for f in fingerprint(a) if f[1] == ("tiny", "x")}
+            await client_b.aclose()
+            await server_a.aclose()
+
+    run(main())
+
+
 def test_client_resumes_after_its_last_event_id(tmp_path: Path) -> None:
     async def main() -> None:
         async with node(tmp_path, 1) as a, node(tmp_path, 2) as b:

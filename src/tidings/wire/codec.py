@@ -91,13 +91,38 @@ def encode(module: str | None, type_name: str, value: Value) -> bytes:
     return REPOSITORY.encode(module, type_name, value)
 
 
+#: The messages a server reads from its clients, the only ones held to a budget of values
+#: per byte (:func:`prescan.value_budget`): anyone who can connect sends them. What a
+#: server sends back is as large as what its client asked for (a query's reply, the events
+#: of a subscription or of a sync), so a client reads every well-formed message, however
+#: dense: a reply of payload-less events is 13 values in 21 bytes an event, and a budget
+#: there made tidings' own clients and Syncer peers refuse what its server had stored.
+FROM_CLIENTS = frozenset(
+    {
+        (EVENTER, "MsgSubscribe"),
+        (EVENTER, "MsgRegisterReq"),
+        (EVENTER, "MsgQueryReq"),
+        (SYNCER, "MsgReq"),
+        (SYNCER, "MsgFlushRes"),
+        (TIDINGS_EVENTER, "MsgRegisterReq"),
+    }
+)
+
+
+def value_budget(module: str | None, type_name: str, size: int) -> int:
+    """How many values a ``module.type_name`` message of ``size`` bytes may decode into."""
+    if (module, type_name) in FROM_CLIENTS:
+        return prescan.value_budget(size)
+    return prescan.UNBOUNDED
+
+
 def decode(module: str | None, type_name: str, data: bytes | bytearray | memoryview) -> Value:
     """Decode ``data`` as ``module.type_name``; bad bytes raise :class:`ProtocolError`.
 
     The pre-scan (:mod:`tidings.wire.prescan`) refuses lying counts and messages over
-    their budget of values before the decoder allocates anything.
+    their budget of values (:func:`value_budget`) before the decoder allocates anything.
     """
-    SCHEMAS.check(module, type_name, data)
+    SCHEMAS.check(module, type_name, data, value_budget(module, type_name, len(data)))
     return _decode(module, type_name, data)
 
 
@@ -107,7 +132,8 @@ def decode_in_slices(
     """:func:`decode` for large messages, in a thread: a top-level array is decoded a run
     of about ``slice_bytes`` at a time, so the C decoder (which holds the GIL) leaves the
     event loop a turn between runs. Other types decode at once."""
-    slices = SCHEMAS.check(module, type_name, data, slice_bytes=slice_bytes)
+    budget = value_budget(module, type_name, len(data))
+    slices = SCHEMAS.check(module, type_name, data, budget, slice_bytes)
     if slices is None:
         return _decode(module, type_name, data)
     view = memoryview(data)

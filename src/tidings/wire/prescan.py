@@ -10,8 +10,9 @@ without building anything and refuses, as :class:`~tidings.errors.ProtocolError`
   smallest encoding, so ``count * smallest > remaining`` is a lie) — found at the count
   itself, in microseconds, whatever the count;
 - a message that would decode into more values than its budget (the caller's; see
-  :func:`value_budget`) — found at an array's count when its items' smallest number of
-  values already exceeds what is left, else as soon as the walk passes the budget;
+  :func:`value_budget`, and ``tidings.wire.codec.value_budget`` for which messages have
+  one) — found at an array's count when its items' smallest number of values already
+  exceeds what is left, else as soon as the walk passes the budget;
 - lengths that run past the end, integers longer than 64 bits (the decoder wraps them
   silently), choice indexes the schema does not have, and bytes left over at the end.
 
@@ -22,6 +23,7 @@ run at a time, so a thread decoding a large message lets go of the GIL between r
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,8 +33,13 @@ from tidings.errors import ProtocolError
 
 #: A message may decode into one value per this many of its bytes ...
 BYTES_PER_VALUE = 2
-#: ... or this many values, whichever is more (small messages of tiny values stay legal).
-MIN_VALUE_BUDGET = 65_536
+#: ... or this many values, whichever is more: about 60 MiB of Python objects, so messages
+#: of tiny values up to a few MiB stay legal (a hat client's 14,000 payload-less events of
+#: one-letter types are 70,000 values in 70 KB).
+MIN_VALUE_BUDGET = 1 << 20
+#: No budget: the bytes alone bound the values (every array item of hat's schemas takes at
+#: least one byte, so a count is still checked against the bytes that remain).
+UNBOUNDED = sys.maxsize
 #: The longest SBS integer of 64 bits (7 bits per byte), and the values it may hold (the
 #: decoder wraps others silently).
 _MAX_INTEGER_BYTES = 10
