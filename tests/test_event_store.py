@@ -855,6 +855,55 @@ def test_an_older_database_is_upgraded_in_place(database_url: str, old: str) -> 
         again.close()
 
 
+#: What a user may have added to a version 2 store: tables referring to its events (one
+#: cascading deletes to its rows, one refusing them), a view, an index of their own.
+_USERS_OBJECTS = """
+CREATE TABLE my_notes (
+    id INTEGER PRIMARY KEY, pos BIGINT REFERENCES event_events (position) ON DELETE CASCADE);
+CREATE TABLE my_marks (id INTEGER PRIMARY KEY, pos BIGINT REFERENCES event_events (position));
+INSERT INTO my_notes (id, pos) VALUES (1, 1), (2, 4);
+INSERT INTO my_marks (id, pos) VALUES (1, 2);
+CREATE VIEW my_view AS SELECT position, type FROM event_events;
+CREATE INDEX my_server_idx ON event_events (server)
+"""
+
+
+def test_an_upgrade_keeps_the_users_own_objects_that_refer_to_the_events(
+    database_url: str,
+) -> None:
+    """SQLite rebuilds the events table in the upgrade to version 3: rows of tables that
+    refer to it are neither deleted (cascade) nor refused, and views, indexes and triggers
+    on it keep working (renaming the old table away rewrote them to its name and dropped
+    them with it, and the store's foreign keys deleted or refused the rows)."""
+    sqlite = database_url.startswith("sqlite")
+    _create_old_schema(database_url, _V2_SCHEMA + ";" + _USERS_OBJECTS)
+    if sqlite:  # a row of theirs already dangling (their connections did not enforce keys)
+        _execute(database_url, "INSERT INTO my_marks (id, pos) VALUES (2, 999)")
+        _execute(database_url, "CREATE TABLE my_log (position BIGINT)")
+        _execute(
+            database_url,
+            "CREATE TRIGGER my_trigger AFTER INSERT ON event_events "
+            "BEGIN INSERT INTO my_log VALUES (new.position); END",
+        )
+
+    store = EventStore(database_url)
+    try:
+        assert _scalars(database_url, "SELECT value FROM event_store_meta") == ["3"]
+        stored = store.register([_event("a")])[0]
+        assert stored is not None
+    finally:
+        store.close()
+    assert _scalars(database_url, "SELECT pos FROM my_notes ORDER BY id") == [1, 4]
+    marks = [2, 999] if sqlite else [2]
+    assert _scalars(database_url, "SELECT pos FROM my_marks ORDER BY id") == marks
+    assert _scalars(database_url, "SELECT count(*) FROM my_view") == [6]
+    assert "my_server_idx" in _indexes(database_url)
+    if sqlite:
+        assert _scalars(database_url, "SELECT position FROM my_log") == [stored.position]
+        definitions = _scalars(database_url, "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL")
+        assert not [d for d in definitions if "event_events_v" in str(d)]
+
+
 def _indexes(url: str) -> dict[str, str]:
     """The events table's indexes by name, with their definitions (SQLite's constraint
     indexes have none)."""

@@ -80,6 +80,7 @@ def transaction(
     append: bool = False,
     snapshot: bool = False,
     write: bool = False,
+    schema: bool = False,
 ) -> Iterator[Connection]:
     """Run one transaction; an append one holds the database-wide append lock, a snapshot
     one reads a single state of the database (``REPEATABLE READ READ ONLY`` on PostgreSQL).
@@ -88,6 +89,11 @@ def transaction(
     for it as long as the busy timeout allows: a transaction begun for reading that then
     writes fails at once with "database is locked" when another connection has committed
     since it began (WAL mode cannot let it write on a stale snapshot).
+
+    A ``schema`` one runs on SQLite with foreign keys unenforced (the pragma works only
+    outside a transaction): rebuilding a table drops it, and with enforcement on, the drop
+    deletes its rows first, which cascades into (or fails for) a table of the user's that
+    refers to it. Its caller checks the keys before it commits.
 
     Database failures leave as :class:`StoreError` naming the store (``url``) and ``action``.
     """
@@ -98,12 +104,25 @@ def transaction(
                 conn.execution_options(**{_APPEND_OPTION: True})
             if snapshot and postgresql:
                 conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-            with conn.begin():
-                if append and postgresql:
-                    conn.execute(_PG_APPEND_LOCK, {"key": _PG_APPEND_LOCK_KEY})
-                yield conn
+            unenforced = schema and not postgresql
+            if unenforced:
+                _sqlite_pragma(conn, "PRAGMA foreign_keys = OFF")
+            try:
+                with conn.begin():
+                    if append and postgresql:
+                        conn.execute(_PG_APPEND_LOCK, {"key": _PG_APPEND_LOCK_KEY})
+                    yield conn
+            finally:
+                if unenforced:
+                    _sqlite_pragma(conn, "PRAGMA foreign_keys = ON")
     except SQLAlchemyError as exc:
         raise StoreError(f"event store {url}: cannot {action}: {_cause(exc)}") from exc
+
+
+def _sqlite_pragma(conn: Connection, pragma: str) -> None:
+    """Run ``pragma`` on the driver's connection, outside SQLAlchemy's transaction (which
+    executing it through ``conn`` would begin)."""
+    conn.connection.driver_connection.execute(pragma)  # type: ignore[union-attr]
 
 
 def _cause(exc: SQLAlchemyError) -> str:

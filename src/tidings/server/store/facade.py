@@ -323,13 +323,19 @@ class EventStore:
         Done under the append lock so that stores opening one new database at once do not
         race each other's ``CREATE TABLE`` or upgrade.
         """
-        with self._transaction("create schema", append=True) as conn:
+        with self._transaction("create schema", append=True, schema=True) as conn:
             prepare_schema(conn, self.url)
             seed_counters(conn, self.server_id)
 
     @contextmanager
     def _transaction(
-        self, action: str, *, append: bool = False, snapshot: bool = False, write: bool = False
+        self,
+        action: str,
+        *,
+        append: bool = False,
+        snapshot: bool = False,
+        write: bool = False,
+        schema: bool = False,
     ) -> Iterator[Connection]:
         """One transaction of :func:`.driver.transaction`, refused once the store is closed.
 
@@ -341,6 +347,12 @@ class EventStore:
         if (append or write) and self._writer.unflushed:
             self.flush()
         with transaction(
-            self._engine, self.url, action, append=append, snapshot=snapshot, write=write
+            self._engine,
+            self.url,
+            action,
+            append=append,
+            snapshot=snapshot,
+            write=write,
+            schema=schema,
         ) as conn:
             yield conn

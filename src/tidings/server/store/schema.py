@@ -222,9 +222,15 @@ def _upgrade_from_2(conn: Connection, url: str) -> None:
     """Version 2 to 3, in the caller's transaction: the outbox key becomes a partial index.
 
     PostgreSQL drops the constraint and indexes the rows with an outbox id. SQLite cannot
-    drop a table's UNIQUE constraint: the table is rebuilt (renamed, created anew, its rows
-    copied in position order, then indexed, the old one dropped), which takes about as long
-    as writing the rows once; the store logs how many it copies.
+    drop a table's UNIQUE constraint: the table is rebuilt by SQLite's own procedure for it
+    (a new table made under another name, the rows copied in position order, the old table
+    dropped, the new one renamed to its name and indexed), which takes about as long as
+    writing the rows once; the store logs how many it copies. Renaming the old table out of
+    the way instead would make SQLite rewrite the user's views, triggers and foreign keys
+    that refer to ``event_events`` to its new name, then drop them with it; this way they
+    keep referring to ``event_events``, the user's own indexes and triggers on it are made
+    again, and the caller's transaction has foreign keys unenforced (see
+    :func:`.driver.transaction`), so no row of a table referring to it is deleted.
     """
     outbox_key = _index("event_events_outbox_key")
     if conn.dialect.name == "postgresql":
@@ -235,17 +241,37 @@ def _upgrade_from_2(conn: Connection, url: str) -> None:
     log.info(
         "event store %s: rebuilding event_events (%d rows) without its outbox constraint", url, rows
     )
-    conn.exec_driver_sql(f"ALTER TABLE event_events RENAME TO {_V2_EVENTS}")
-    for index in events_table.indexes:  # they moved with the table; their names are global
-        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {index.name}")
-    conn.execute(CreateTable(events_table))
+    broken_before = len(conn.exec_driver_sql("PRAGMA foreign_key_check").all())
+    ours = {index.name for index in events_table.indexes}
+    theirs = [
+        sql
+        for name, sql in conn.exec_driver_sql(
+            "SELECT name, sql FROM sqlite_master WHERE tbl_name = 'event_events' "
+            "AND type IN ('index', 'trigger') AND sql IS NOT NULL ORDER BY rowid"
+        )
+        if name not in ours
+    ]
+    conn.execute(CreateTable(events_table.to_metadata(MetaData(), name=_V3_EVENTS)))
     columns = ", ".join(EVENT_COLUMNS)
     conn.exec_driver_sql(
-        f"INSERT INTO event_events ({columns}) SELECT {columns} FROM {_V2_EVENTS} ORDER BY position"
+        f"INSERT INTO {_V3_EVENTS} ({columns}) SELECT {columns} FROM event_events ORDER BY position"
     )
-    conn.exec_driver_sql(f"DROP TABLE {_V2_EVENTS}")
+    conn.exec_driver_sql("DROP TABLE event_events")
+    conn.exec_driver_sql("PRAGMA legacy_alter_table = ON")  # rename only the table itself
+    try:
+        conn.exec_driver_sql(f"ALTER TABLE {_V3_EVENTS} RENAME TO event_events")
+    finally:
+        conn.exec_driver_sql("PRAGMA legacy_alter_table = OFF")
     for index in events_table.indexes:
         index.create(conn)
+    for sql in theirs:
+        conn.exec_driver_sql(sql)
+    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if len(broken) > broken_before:  # a safety net: the rows were copied as they were
+        raise SchemaError(
+            f"event store {url}: the upgrade would leave {len(broken) - broken_before} "
+            f"row(s) of the user's tables referring to missing events; nothing was changed"
+        )
 
 
 def _index(name: str) -> Index:
@@ -256,8 +282,8 @@ def _index(name: str) -> Index:
 _UPGRADES = {"1": _upgrade_from_1, "2": _upgrade_from_2}
 #: The per-type query indexes version 2 added.
 _V2_TYPE_INDEXES = ("event_events_type_time_idx", "event_events_type_source_idx")
-#: The name of a version 2 events table while SQLite's upgrade copies its rows.
-_V2_EVENTS = "event_events_v2"
+#: The name of the version 3 events table while SQLite's upgrade copies the rows into it.
+_V3_EVENTS = "event_events_v3"
 
 
 def event_row(event: StoredEvent, encoded_type: str) -> tuple[Any, ...]:
