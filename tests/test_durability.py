@@ -149,6 +149,74 @@ def test_a_write_beside_the_log_commits_the_held_registrations_first(database_ur
     run(main())
 
 
+def test_a_commit_beside_the_queue_reaches_the_durable_listeners(database_url: str) -> None:
+    """A stream consumer's acknowledgement (or retention) commits the held registrations in
+    its own thread: the durable listeners (peers, streams) hear of them then, not at some
+    later write (they heard nothing until one came, on a quiet server never)."""
+
+    def write_beside(store: EventStore) -> None:
+        with store.transaction("acknowledge") as connection:
+            connection.execute(text("SELECT 1"))
+
+    async def main() -> None:
+        async with held_engine(database_url, 60) as engine:
+            durable: list[int] = []
+            engine.subscribe(lambda events: durable.extend(e.position for e in events))
+            [stored] = await engine.register([NewEvent(("t", "x"))])
+            assert stored is not None and durable == []
+            await asyncio.to_thread(write_beside, engine.store)
+            await until(lambda: durable == [stored.position], 5)
+
+    run(main())
+
+
+def test_a_modules_own_session_is_committed_within_the_period(database_url: str) -> None:
+    """A module may keep the engine and register sessions of its own from its own thread,
+    beside the write queue: the flush clock runs for them too, so they are committed and
+    the durable listeners hear of them (they stayed uncommitted, the database locked for
+    every other process, until a client's write came by)."""
+
+    async def main() -> None:
+        async with held_engine(database_url, 0.2) as engine:
+            durable: list[int] = []
+            engine.subscribe(lambda events: durable.extend(e.position for e in events))
+            [stored] = await asyncio.to_thread(engine.engine.register, [NewEvent(("m", "own"))])
+            assert stored is not None
+            await until(lambda: _committed_count(database_url) == 1, 5)
+            await until(lambda: durable == [stored.position], 5)
+
+    run(main())
+
+
+def test_durable_listeners_hear_only_what_the_commit_covered(database_url: str) -> None:
+    """A write stored right after a commit, before the loop hears of the commit, waits for
+    its own (the durable listeners heard of it at once, uncommitted: a peer could hold an
+    event its origin then lost in a crash, and the restarted origin gave its id to another
+    event)."""
+
+    def commit_then_write(engine: AsyncEngine) -> StoredEvent | None:
+        engine.store.flush()
+        [later] = engine.engine.register([NewEvent(("m", "later"))])
+        return later
+
+    async def main() -> None:
+        async with held_engine(database_url, 60) as engine:
+            durable: list[int] = []
+            engine.subscribe(lambda events: durable.extend(e.position for e in events))
+            [first] = await engine.register([NewEvent(("t", "first"))])
+            later = await asyncio.to_thread(commit_then_write, engine)
+            assert first is not None and later is not None
+            await until(lambda: durable == [first.position], 5)
+            for _ in range(20):  # the loop's turns after the commit's news
+                await asyncio.sleep(0.01)
+            assert durable == [first.position]
+            assert _committed_count(database_url) == 1
+            await engine.flush()
+            await until(lambda: durable == [first.position, later.position], 5)
+
+    run(main())
+
+
 def test_held_registrations_are_committed_at_close(database_url: str) -> None:
     async def main() -> None:
         async with held_engine(database_url, 30) as engine:

@@ -33,6 +33,7 @@ storage order, whether it came from a local session or from a peer server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -108,14 +109,16 @@ class AsyncEngine:
         self._listeners: list[Listener] = []
         self._early: list[Listener] = []
         #: Batches told to early listeners, waiting for their commit to reach the others.
-        self._uncommitted: list[list[StoredEvent]] = []
+        self._uncommitted: deque[list[StoredEvent]] = deque()
+        #: The last position a commit of held writes made durable (as the store said).
+        self._durable_through = 0
         self._flush_period = flush_period
         self._flush_timer: asyncio.TimerHandle | None = None
         #: Set when the store lost held registrations: the server must stop (see
         #: :meth:`wait_broken`).
         self._broken = asyncio.Event()
         if flush_period is not None:
-            engine.store.hold_writes()
+            engine.store.hold_writes(self._held_opened, self._held_committed)
         self._jobs: deque[_Register | _Call] = deque()
         self._draining: asyncio.Task[None] | None = None
         #: A group is being written on the loop (:meth:`_write_inline`).
@@ -298,7 +301,6 @@ class AsyncEngine:
         try:
             if not job.held and self.store.unflushed:
                 await self._loop.run_in_executor(self._writer, self.store.flush)
-                self._committed(None)
             result = await self._loop.run_in_executor(self._writer, job.function, *job.args)
         except Exception as exc:
             _settle(job.future, exception=exc)
@@ -321,16 +323,44 @@ class AsyncEngine:
     def _enqueue_flush(self) -> asyncio.Future[None]:
         """Queue a commit of the held writes behind the writes queued so far."""
         future: asyncio.Future[None] = self._loop.create_future()
-        self._enqueue(_Call(self.store.flush, (), future, self._committed, True))
+        self._enqueue(_Call(self.store.flush, (), future, None, True))
         return future
 
-    def _committed(self, _: object) -> None:
-        """The held writes are committed: the durable listeners hear of them now."""
+    def _held_opened(self) -> None:
+        """Store callback (any thread, the writer's lock held): a held transaction began.
+        Writes that do not come through the queue (a module's own sessions) begin one too,
+        and the flush clock must run for them as well."""
+        self._from_store(self._schedule_flush)
+
+    def _held_committed(self, through: int | None) -> None:
+        """Store callback (any thread, the writer's lock held): held writes up to position
+        ``through`` were committed, by a flush of ours or by any transaction of the store's
+        own (a stream consumer's acknowledgement, retention), which commits them first."""
+        self._from_store(self._committed, through)
+
+    def _from_store(self, callback: Callable[..., None], *args: object) -> None:
+        """Run ``callback`` on the loop at its next turn, never inside the store's lock."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _committed(self, through: int | None) -> None:
+        """Held writes up to position ``through`` are durable: the durable listeners hear of
+        the batches waiting for that, and only of them (a write stored after the commit,
+        before this turn, waits for its own)."""
         if self.store.failed is not None:
             return  # lost: nobody who keeps what they hear may hear of them
-        batches, self._uncommitted = self._uncommitted, []
-        for events in batches:
-            self._tell(self._listeners, events)
+        if through is not None and through > self._durable_through:
+            self._durable_through = through
+        self._release()
+
+    def _release(self) -> None:
+        """Tell the durable listeners, in order, of the waiting batches that are committed:
+        all of them when no held transaction is open (every write before now has been
+        committed), else those up to the last committed position."""
+        everything = self._flush_period is None or not self.store.unflushed
+        waiting = self._uncommitted
+        while waiting and (everything or waiting[0][-1].position <= self._durable_through):
+            self._tell(self._listeners, waiting.popleft())
 
     async def _run_group(self, group: list[_Register]) -> None:
         if self._write_inline(group):
@@ -416,8 +446,8 @@ class AsyncEngine:
         early ones now, the others once it is committed (in the same order)."""
         self._tell(self._early, events)
         self._uncommitted.append(events)
-        if self._flush_period is None or not self.store.unflushed:
-            self._committed(None)
+        if self.store.failed is None:
+            self._release()
 
     @staticmethod
     def _tell(listeners: list[Listener], events: list[StoredEvent]) -> None:

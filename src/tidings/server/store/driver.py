@@ -192,6 +192,9 @@ class HeldState(Protocol):
     by the :class:`Writer` of the transaction's turns, under the writer's lock: so that what
     it remembers always matches what the transaction holds."""
 
+    def opened(self) -> None:
+        """A held transaction was begun (for the write that follows)."""
+
     def write_started(self) -> None:
         """A write begins, in a savepoint of its own."""
 
@@ -200,6 +203,9 @@ class HeldState(Protocol):
 
     def before_commit(self, raw: DriverCursor) -> None:
         """The held transaction is about to be committed: write what was kept in memory."""
+
+    def committed(self) -> None:
+        """The held transaction was committed: its writes are durable."""
 
     def rolled_back(self) -> None:
         """The held transaction was rolled back: its writes are gone."""
@@ -258,6 +264,8 @@ class Writer:
                 if not self._open:
                     self._lock_appends(raw, url, wait)
                     self._open = True
+                    if self.held is not None:
+                        self.held.opened()
                 if self.held is not None:
                     raw.rows("SAVEPOINT tidings_write")
                     saved = True
@@ -317,6 +325,8 @@ class Writer:
         else:
             raw.rows("COMMIT")
         self._open = False
+        if self.held is not None:
+            self.held.committed()
 
     def _undo_write(self) -> bool:
         """Roll a failed write back to its savepoint, keeping the held writes before it;

@@ -8,7 +8,7 @@ tables of :mod:`.schema` and decode the rows there.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 from sqlalchemy import Connection, delete, func, or_, select
@@ -284,11 +284,23 @@ class EventStore:
         with self._transaction(action, write=True) as conn:
             yield conn
 
-    def hold_writes(self) -> None:
+    def hold_writes(
+        self,
+        on_opened: Callable[[], None] = lambda: None,
+        on_committed: Callable[[int | None], None] = lambda _: None,
+    ) -> None:
         """Keep registrations in an open transaction until :meth:`flush` (the server's
-        ``durability: periodic``); see :class:`~.driver.Writer`."""
+        ``durability: periodic``); see :class:`~.driver.Writer`.
+
+        ``on_opened`` is called when such a transaction begins and ``on_committed`` with
+        the last position it stored when it is committed, by whichever thread writes or
+        commits (a module's own sessions, a stream consumer's acknowledgement, retention
+        commit the held writes before their own), with the store's writer lock held: they
+        must only hand the news on."""
         # A type written in a transaction that is rolled back is not stored after all.
-        self._held = self._writer.held = HeldCounters(self._known_types.clear)
+        self._held = self._writer.held = HeldCounters(
+            self._known_types.clear, on_opened, on_committed
+        )
 
     @property
     def unflushed(self) -> bool:

@@ -426,17 +426,38 @@ class HeldCounters:
     was one UPDATE ... RETURNING per register, a fifth of a held register's store time.
     Written back in the same transaction as the events, they stay exactly as durable.
     ``on_rolled_back`` is called when the held transaction is rolled back (the store then
-    forgets what else it cached of it).
+    forgets what else it cached of it); ``on_opened`` when one begins and ``on_committed``
+    with the last position it stored (None if it stored none) when one is committed, by
+    whichever thread wrote or committed it, under the writer's lock.
     """
 
-    __slots__ = ("_before_write", "_on_rolled_back", "_values")
+    __slots__ = (
+        "_before_write",
+        "_committing",
+        "_on_committed",
+        "_on_opened",
+        "_on_rolled_back",
+        "_values",
+    )
 
-    def __init__(self, on_rolled_back: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        on_rolled_back: Callable[[], None],
+        on_opened: Callable[[], None],
+        on_committed: Callable[[int | None], None],
+    ) -> None:
         #: The counters' values in the open held transaction (None: not read in it yet).
         self._values: dict[str, int] | None = None
         #: Their values when the current write began (None: not read before it).
         self._before_write: dict[str, int] | None = None
+        #: The last position of the transaction being committed.
+        self._committing: int | None = None
         self._on_rolled_back = on_rolled_back
+        self._on_opened = on_opened
+        self._on_committed = on_committed
+
+    def opened(self) -> None:
+        self._on_opened()
 
     def advance(self, conn: DriverCursor, increments: dict[str, int]) -> dict[str, int]:
         """Add to counters; return their new values (as :func:`_advance_counters`)."""
@@ -465,11 +486,15 @@ class HeldCounters:
         """Store the values in the held transaction, about to be committed; the next held
         transaction reads them again (others may write between the two)."""
         values, self._values = self._values, None
+        self._committing = values.get(_POSITION_COUNTER) if values else None
         if values:
             conn.executemany(
                 "UPDATE event_counters SET value = ? WHERE name = ?",
                 [(value, name) for name, value in sorted(values.items())],
             )
+
+    def committed(self) -> None:
+        self._on_committed(self._committing)
 
     def rolled_back(self) -> None:
         """The held transaction was rolled back: what was read or advanced in it is gone."""
