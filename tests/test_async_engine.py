@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from server_helpers import async_engine
-from tidings.events.model import EventId, NewEvent, StoredEvent
+from tidings.errors import StoreError
+from tidings.events.model import EventId, NewEvent, StoredEvent, encode_type
+from tidings.events.validation import MAX_OUTBOX_ID_BYTES, MAX_TYPE_TEXT
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine
 from tidings.server.store import EventStore
@@ -151,3 +153,51 @@ def test_a_busy_store_runs_a_session_through_its_checks_once_per_place(
     assert [None if e is None else e.type for e in stored] == [("t", "ok"), None]
     refused = [r for r in caplog.records if "refused" in r.getMessage()]
     assert len(refused) == 2, [r.getMessage() for r in refused]
+
+
+def test_a_type_or_outbox_id_too_long_to_index_fails_alone(database_url: str) -> None:
+    """Registrations grouped in one transaction: one with a 9,000-character type, one with a
+    9,000-byte outbox id. PostgreSQL cannot index either (an index entry is at most 2,704
+    bytes), which failed the transaction and so every registration of the group; they are
+    refused alone now, on both backends alike."""
+    long_type = NewEvent(("t", "x" * 9_000))
+    long_outbox_id = NewEvent(("t", "o"), outbox_event_id="o" * 9_000)
+
+    async def main() -> list[list[StoredEvent | None]]:
+        store = EventStore(database_url)
+        engine = AsyncEngine(Engine(store, []))
+        try:
+            sessions = [
+                [NewEvent(("t", "before"))],
+                [long_type],
+                [NewEvent(("t", "beside")), long_outbox_id],
+                [NewEvent(("t", "after"))],
+            ]
+            futures = [engine.submit(events, more_coming=True) for events in sessions]
+            return list(await asyncio.gather(*futures))
+        finally:
+            await engine.aclose()
+            store.close()
+
+    before, too_long, beside, after = run(main())
+    assert [e is not None and e.type for e in before + after] == [("t", "before"), ("t", "after")]
+    assert too_long == [None]
+    assert beside[0] is not None and beside[0].type == ("t", "beside") and beside[1] is None
+
+
+def test_the_longest_type_and_outbox_id_allowed_are_stored(database_url: str) -> None:
+    """At the bounds, both together (the outbox key indexes them together); one more is
+    refused with the reason."""
+    segment = "é" * ((MAX_TYPE_TEXT - 8) // 6)  # ["t","..."] is 8, and each é is 6: \u00e9
+    at_bound = NewEvent(("t", segment), outbox_event_id="ü" * (MAX_OUTBOX_ID_BYTES // 2))
+    assert MAX_TYPE_TEXT - 6 < len(encode_type(at_bound.type)) <= MAX_TYPE_TEXT
+    store = EventStore(database_url)
+    try:
+        [stored] = store.register([at_bound])
+        assert (stored.type, stored.outbox_event_id) == (at_bound.type, at_bound.outbox_event_id)
+        with pytest.raises(StoreError, match="is too long: over 2000 characters as stored"):
+            store.register([NewEvent(("t", segment + "é"))])
+        with pytest.raises(StoreError, match=r"outbox_event_id .* is over 500 bytes"):
+            store.register([NewEvent(("t",), outbox_event_id="ü" * 251)])
+    finally:
+        store.close()

@@ -13,10 +13,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 #: A Hat event type: a non-empty tuple of strings, none of them ``?`` or ``*``.
 EventType = tuple[str, ...]
+
+
+@lru_cache(maxsize=65_536)
+def encode_type(event_type: EventType) -> str:
+    """A type's text as the stores keep and index it: canonical compact JSON, so equal
+    types give equal, indexable text.
+
+    ASCII-only escaping keeps any string storable, lone surrogates and NUL included; type
+    queries must encode their prefixes with this same function. Cached: registrations
+    repeat few types, and encoding one was a tenth of a batch register's Python time.
+    """
+    return json.dumps(list(event_type), separators=(",", ":"))
 
 
 class PayloadKind(StrEnum):

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from tidings.errors import StoreError
 from tidings.events.matching import ANY_ONE, ANY_REST
-from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
+from tidings.events.model import EventId, EventType, NewEvent, PayloadKind, StoredEvent, encode_type
 
 #: The range of every integer the store keeps (the databases' BIGINT).
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 #: Reserved type segments: they are wildcards in queries and subscriptions (Hat).
 WILDCARDS = frozenset({ANY_ONE, ANY_REST})
+#: The longest type a registration may have, as the store keeps it (its
+#: :func:`~tidings.events.model.encode_type` text), and the longest outbox id (UTF-8 bytes).
+#: PostgreSQL refuses an index entry over 2,704 bytes, and the outbox key indexes both: a
+#: longer one failed the whole transaction, so every registration grouped with it.
+MAX_TYPE_TEXT = 2_000
+MAX_OUTBOX_ID_BYTES = 500
 
 
 def validate_new_event(new_event: object) -> str | None:
@@ -45,6 +51,35 @@ def check_new_event(where: str, new_event: object) -> None:
         new_event.source_timestamp_us,
         new_event.outbox_event_id,
     )
+    _check_sizes(where, new_event.type, new_event.outbox_event_id)
+
+
+def _check_sizes(where: str, event_type: EventType, outbox_event_id: str | None) -> None:
+    """A new event's type and outbox id fit the databases' indexes (both backends alike, so
+    that a store can move). Events synced from a peer are kept as the peer has them."""
+    # Its JSON text has at least each segment, two quotes and a separator each: a type over
+    # the bound by that is refused before it is encoded (and cached).
+    if sum(map(len, event_type)) + 3 * len(event_type) + 1 > MAX_TYPE_TEXT or (
+        len(encode_type(event_type)) > MAX_TYPE_TEXT
+    ):
+        raise StoreError(
+            f"{where}type {_shown(event_type)} is too long: over {MAX_TYPE_TEXT} characters "
+            "as stored (JSON, non-ASCII escaped)"
+        )
+    if outbox_event_id is not None and (
+        len(outbox_event_id) > MAX_OUTBOX_ID_BYTES
+        or len(outbox_event_id.encode()) > MAX_OUTBOX_ID_BYTES
+    ):
+        raise StoreError(
+            f"{where}outbox_event_id {outbox_event_id[:40]!r}... is over "
+            f"{MAX_OUTBOX_ID_BYTES} bytes"
+        )
+
+
+def _shown(event_type: EventType) -> str:
+    """A type in a message, cut short."""
+    text = repr(event_type)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def check_synced_event(where: str, synced: object) -> None:

@@ -23,12 +23,12 @@ planner's ``Registered``, which :meth:`EventStore.register_sessions` returns) st
 module.
 """
 
+from tidings.events.model import encode_type
 from tidings.server.store.driver import DriverCursor
 from tidings.server.store.facade import EventStore
 from tidings.server.store.schema import (
     EVENT_COLUMNS,
     decode_type,
-    encode_type,
     events_from_rows,
     events_table,
 )

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, func, insert, select, tuple_, update
 
 from tidings.errors import StoreError
-from tidings.events.model import EventId, EventType, NewEvent, StoredEvent
+from tidings.events.model import EventId, EventType, NewEvent, StoredEvent, encode_type
 from tidings.events.validation import check_new_event, check_synced_event
 from tidings.server.store.driver import DriverCursor
 from tidings.server.store.schema import (
@@ -33,7 +33,6 @@ from tidings.server.store.schema import (
     INSERT_EVENT_SQL,
     INSERT_EVENTS_UNNEST_SQL,
     counters_table,
-    encode_type,
     event_row,
     events_from_rows,
     events_table,

@@ -325,18 +325,6 @@ def events_from_rows(rows: Iterable[Sequence[Any]]) -> list[StoredEvent]:
 
 
 @lru_cache(maxsize=65_536)
-def encode_type(event_type: EventType) -> str:
-    """Canonical compact JSON, so equal types give equal, indexable text.
-
-    ASCII-only escaping keeps any string storable, lone surrogates and NUL included; type
-    queries must encode their prefixes with this same function. Cached as
-    :func:`decode_type` is: registrations repeat few types, and encoding one was a tenth of
-    a batch register's Python time.
-    """
-    return json.dumps(list(event_type), separators=(",", ":"))
-
-
-@lru_cache(maxsize=65_536)
 def decode_type(encoded: str) -> EventType:
     """The type whose stored text (:func:`encode_type`) is ``encoded``.
 
