@@ -108,11 +108,12 @@ def lying_frame() -> bytes:
     return raw_frame("HatEventer", "MsgRegisterReq", codec.encode_integer(2**31) + b"\x80")
 
 
-def minimal_items_frame(size: int) -> bytes:
-    """A subscription frame of ``size`` bytes of one-byte items (empty types): an honest
-    count, but one value per byte."""
+def minimal_items_frame(size: int, type_name: str = "MsgSubscribe") -> bytes:
+    """A frame of ``size`` bytes of one-byte items: empty types for a subscription, failures
+    for a register reply: an honest count, but one value per byte."""
     count = size - 8
-    return raw_frame("HatEventer", "MsgSubscribe", codec.encode_integer(count) + b"\x80" * count)
+    item = {"MsgSubscribe": b"\x80", "MsgRegisterRes": b"\x81"}[type_name]
+    return raw_frame("HatEventer", type_name, codec.encode_integer(count) + item * count)
 
 
 # --- rows 1-4: bad frames -------------------------------------------------------------------
@@ -134,21 +135,24 @@ def test_a_lying_array_count_is_refused_and_nobody_stalls(
     assert "array of 2147483648 items at byte 0 needs at least 6442450944 bytes, 1 left" in line
 
 
+@pytest.mark.parametrize("type_name", ["MsgSubscribe", "MsgRegisterRes"])
 def test_a_frame_of_minimal_items_is_refused_before_decoding(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    type_name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Row 3: 8 MiB (under the default frame limit) of one-byte items is read, then refused
-    by the pre-scan at its count: over the budget of one value per two bytes."""
+    by the pre-scan at its count: over the budget of one value per two bytes. Whatever its
+    type: a register reply is read without a budget by a client, never by a server (sent
+    to one, it was decoded whole, ~1 GiB for 15 MB, before being refused as unexpected)."""
 
     async def main() -> None:
         async with running(tmp_path) as srv, bystander_of(srv.address) as bystander:
-            await hostile_send(srv.server.port, minimal_items_frame(8 * 1024 * 1024))
+            await hostile_send(srv.server.port, minimal_items_frame(8 * 1024 * 1024, type_name))
             await bystander.rounds_later()
 
     assert DEFAULT_MAX_FRAME_BYTES > 8 * 1024 * 1024
     run(main())
     [line] = warnings_of(caplog)
-    assert "HatEventer.MsgSubscribe: undecodable SBS (array of 8388600 items" in line
+    assert f"HatEventer.{type_name}: undecodable SBS (array of 8388600 items" in line
     assert "exceeds the message's budget of values" in line
 
 

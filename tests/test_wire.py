@@ -291,7 +291,8 @@ def test_an_integer_of_ten_bytes_beyond_64_bits_is_refused() -> None:
 def test_what_servers_send_decodes_however_dense_it_is() -> None:
     """Payload-less events are 13 values in 21 bytes: 100,000 of them (1.3 M values in 2.1 MB,
     over a budget per byte) are a reply, a notification or a sync a client must read. They
-    decode whole and in slices, as hat-sbs decodes them."""
+    decode whole and in slices, as hat-sbs decodes them; a server reading the same bytes
+    (anyone may send it any type) holds them to its budget."""
     events = [
         StoredEvent(
             0, EventId(1, 3, 100_000 + n), ("a", "b"), 1_700_000_000 * 10**6 + n, *[None] * 4
@@ -306,8 +307,11 @@ def test_what_servers_send_decodes_however_dense_it_is() -> None:
         ("HatSyncer", "MsgEvents"),
     ]:
         expected = codec.REPOSITORY.decode(module, type_name, body)
-        assert codec.decode(module, type_name, body) == expected
-        assert codec.decode_in_slices(module, type_name, body, 64 * 1024) == expected
+        assert codec.decode(module, type_name, body, from_server=True) == expected
+        in_slices = codec.decode_in_slices(module, type_name, body, 64 * 1024, from_server=True)
+        assert in_slices == expected
+        with pytest.raises(ProtocolError, match="budget of values"):
+            codec.decode(module, type_name, body)
 
 
 def test_a_register_of_many_payload_less_events_is_within_the_budget() -> None:
@@ -502,7 +506,7 @@ def test_bytes_the_pre_scan_passes_decode_within_their_budget(
         decoded = codec.decode(module, type_name, body)
     except ProtocolError:
         return
-    assert _count_values(decoded) <= codec.value_budget(module, type_name, len(body))
+    assert _count_values(decoded) <= codec.value_budget(len(body))
 
 
 def test_every_cut_of_a_message_is_refused_as_a_protocol_error() -> None:

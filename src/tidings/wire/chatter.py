@@ -87,10 +87,14 @@ class Connection:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         ping_interval: float | None = DEFAULT_PING_INTERVAL,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        to_server: bool = False,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._max_frame_bytes = max_frame_bytes
+        #: This end connected to a server (:func:`connect`): what it reads comes from the
+        #: server it chose, and has no budget of values (see :func:`codec.value_budget`).
+        self._to_server = to_server
         self._ping_interval = ping_interval
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -402,7 +406,7 @@ class Connection:
             last=received.last,
             module=module,
             type=type_name,
-            data=await decode_body(module, type_name, received.body),
+            data=await decode_body(module, type_name, received.body, from_server=self._to_server),
         )
         if conversation.owner:
             future = self._pending.get(conversation.first_id)
@@ -455,4 +459,6 @@ async def connect(
     host, port = parse_address(address)
     async with asyncio.timeout(timeout):
         reader, writer = await asyncio.open_connection(host, port)
-    return Connection(reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval)
+    return Connection(
+        reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval, to_server=True
+    )

@@ -91,48 +91,46 @@ def encode(module: str | None, type_name: str, value: Value) -> bytes:
     return REPOSITORY.encode(module, type_name, value)
 
 
-#: The messages a server reads from its clients, the only ones held to a budget of values
-#: per byte (:func:`prescan.value_budget`): anyone who can connect sends them. What a
-#: server sends back is as large as what its client asked for (a query's reply, the events
-#: of a subscription or of a sync), so a client reads every well-formed message, however
-#: dense: a reply of payload-less events is 13 values in 21 bytes an event, and a budget
-#: there made tidings' own clients and Syncer peers refuse what its server had stored.
-FROM_CLIENTS = frozenset(
-    {
-        (EVENTER, "MsgSubscribe"),
-        (EVENTER, "MsgRegisterReq"),
-        (EVENTER, "MsgQueryReq"),
-        (SYNCER, "MsgReq"),
-        (SYNCER, "MsgFlushRes"),
-        (TIDINGS_EVENTER, "MsgRegisterReq"),
-    }
-)
+def value_budget(size: int, *, from_server: bool = False) -> int:
+    """How many values a message of ``size`` bytes may decode into.
+
+    What a server reads (``from_server`` false) is held to :func:`prescan.value_budget`:
+    anyone who can connect sends it, of any type it likes. What a client reads from the
+    server it chose has no budget beyond its bytes: it is as large as the client asked for
+    (a query's reply, the events of a subscription or of a sync), and dense when events are
+    small: a payload-less event is 13 values in 21 bytes, and a budget there made tidings'
+    own clients and Syncer peers close on what its server had stored."""
+    return prescan.UNBOUNDED if from_server else prescan.value_budget(size)
 
 
-def value_budget(module: str | None, type_name: str, size: int) -> int:
-    """How many values a ``module.type_name`` message of ``size`` bytes may decode into."""
-    if (module, type_name) in FROM_CLIENTS:
-        return prescan.value_budget(size)
-    return prescan.UNBOUNDED
-
-
-def decode(module: str | None, type_name: str, data: bytes | bytearray | memoryview) -> Value:
+def decode(
+    module: str | None,
+    type_name: str,
+    data: bytes | bytearray | memoryview,
+    *,
+    from_server: bool = False,
+) -> Value:
     """Decode ``data`` as ``module.type_name``; bad bytes raise :class:`ProtocolError`.
 
     The pre-scan (:mod:`tidings.wire.prescan`) refuses lying counts and messages over
     their budget of values (:func:`value_budget`) before the decoder allocates anything.
     """
-    SCHEMAS.check(module, type_name, data, value_budget(module, type_name, len(data)))
+    SCHEMAS.check(module, type_name, data, value_budget(len(data), from_server=from_server))
     return _decode(module, type_name, data)
 
 
 def decode_in_slices(
-    module: str | None, type_name: str, data: bytes | bytearray | memoryview, slice_bytes: int
+    module: str | None,
+    type_name: str,
+    data: bytes | bytearray | memoryview,
+    slice_bytes: int,
+    *,
+    from_server: bool = False,
 ) -> Value:
     """:func:`decode` for large messages, in a thread: a top-level array is decoded a run
     of about ``slice_bytes`` at a time, so the C decoder (which holds the GIL) leaves the
     event loop a turn between runs. Other types decode at once."""
-    budget = value_budget(module, type_name, len(data))
+    budget = value_budget(len(data), from_server=from_server)
     slices = SCHEMAS.check(module, type_name, data, budget, slice_bytes)
     if slices is None:
         return _decode(module, type_name, data)

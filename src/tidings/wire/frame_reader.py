@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from tidings.errors import ProtocolError
 from tidings.wire import codec, envelope
@@ -49,14 +50,17 @@ async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> byte
     return frame
 
 
-async def decode_body(module: str, type_name: str, body: memoryview) -> codec.Value:
+async def decode_body(
+    module: str, type_name: str, body: memoryview, *, from_server: bool
+) -> codec.Value:
     """The decoded body: on the loop if small, else in the decode thread, one run of items
     at a time, so that neither a large message nor its pre-scan holds up other
-    connections."""
+    connections. ``from_server``: see :func:`codec.value_budget`."""
     if len(body) <= INLINE_DECODE_BYTES:
-        return codec.decode(module, type_name, body)
+        return codec.decode(module, type_name, body, from_server=from_server)
+    decode = partial(codec.decode_in_slices, from_server=from_server)
     return await asyncio.get_running_loop().run_in_executor(
-        _decoder(), codec.decode_in_slices, module, type_name, body, _DECODE_SLICE_BYTES
+        _decoder(), decode, module, type_name, body, _DECODE_SLICE_BYTES
     )
 
 
