@@ -217,6 +217,46 @@ def test_durable_listeners_hear_only_what_the_commit_covered(database_url: str) 
     run(main())
 
 
+def test_writes_rolled_back_beside_the_loop_are_never_told_to_the_durable_listeners(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread rolls the held transaction back (a database error) right as the loop
+    looks whether a new batch may reach the durable listeners. The moment cannot be timed
+    with a real fault, so it is injected: the first read of ``store.failed`` after the
+    register rolls back, as a thread would right after it. The listeners must not hear of
+    the batch (they did when ``failed`` was read before ``unflushed``: the rollback sets the
+    one, then clears the other)."""
+    real_failed = EventStore.failed
+    armed = False
+
+    def failed(store: EventStore) -> str | None:
+        nonlocal armed
+        value = real_failed.fget(store)  # type: ignore[attr-defined]
+        if armed:
+            armed = False
+            store._writer._rollback()  # what the other thread does right after this read
+        return value
+
+    monkeypatch.setattr(EventStore, "failed", property(failed))
+
+    async def main() -> tuple[list[int], list[int]]:
+        nonlocal armed
+        async with held_engine(database_url, 60) as engine:
+            early: list[int] = []
+            durable: list[int] = []
+            engine.subscribe(lambda events: early.extend(e.position for e in events), early=True)
+            engine.subscribe(lambda events: durable.extend(e.position for e in events))
+            armed = True
+            await engine.register([NewEvent(("t", "lost"))])
+            await asyncio.sleep(0.2)
+            assert engine.store.failed is not None
+            return early, durable
+
+    early, durable = run(main())
+    assert early and durable == []
+    assert _committed_count(database_url) == 0
+
+
 def test_held_registrations_are_committed_at_close(database_url: str) -> None:
     async def main() -> None:
         async with held_engine(database_url, 30) as engine:

@@ -347,8 +347,6 @@ class AsyncEngine:
         """Held writes up to position ``through`` are durable: the durable listeners hear of
         the batches waiting for that, and only of them (a write stored after the commit,
         before this turn, waits for its own)."""
-        if self.store.failed is not None:
-            return  # lost: nobody who keeps what they hear may hear of them
         if through is not None and through > self._durable_through:
             self._durable_through = through
         self._release()
@@ -356,8 +354,13 @@ class AsyncEngine:
     def _release(self) -> None:
         """Tell the durable listeners, in order, of the waiting batches that are committed:
         all of them when no held transaction is open (every write before now has been
-        committed), else those up to the last committed position."""
+        committed), else those up to the last committed position; none once held writes
+        were lost (nobody who keeps what they hear may hear of them)."""
         everything = self._flush_period is None or not self.store.unflushed
+        # Read after ``unflushed``: a rollback in another thread sets ``failed`` before it
+        # closes the transaction, so a transaction seen closed by a rollback is seen failed.
+        if self.store.failed is not None:
+            return
         waiting = self._uncommitted
         while waiting and (everything or waiting[0][-1].position <= self._durable_through):
             self._tell(self._listeners, waiting.popleft())
@@ -446,8 +449,7 @@ class AsyncEngine:
         early ones now, the others once it is committed (in the same order)."""
         self._tell(self._early, events)
         self._uncommitted.append(events)
-        if self.store.failed is None:
-            self._release()
+        self._release()
 
     @staticmethod
     def _tell(listeners: list[Listener], events: list[StoredEvent]) -> None:
