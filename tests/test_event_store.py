@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import random
+import string
 import threading
 import time
 import uuid
@@ -645,6 +647,29 @@ def test_a_synced_event_colliding_on_the_outbox_key_is_skipped_with_a_warning(
     assert "EventId(server=2, session=1, instance=1)" in warnings[0]
     assert "EventId(server=1, session=1, instance=1)" in warnings[0]
     assert "EventId(server=2, session=1, instance=2)" in warnings[1]
+
+
+def test_a_synced_event_postgresql_cannot_index_is_skipped_with_an_error(
+    store: EventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer (a hat-event server, a SQLite tidings) may hold a type too long for an index
+    entry of PostgreSQL: such a store skips it, saying so, and keeps the rest of the batch
+    (the insert failed the batch, and the Syncer client failed again at the same event on
+    every reconnect: its sync stopped for good). SQLite stores it as the peer has it."""
+    random_segment = "".join(random.Random(7).choices(string.ascii_letters, k=3_000))
+    batch = [_synced(2, 1, 1), _synced(2, 1, 2, "t", random_segment), _synced(2, 1, 3)]
+
+    with caplog.at_level(logging.ERROR, logger="tidings.server.store"):
+        stored = store.append_synced(batch)
+
+    if store.backend == "postgresql":
+        assert [e.id for e in stored] == [EventId(2, 1, 1), EventId(2, 1, 3)]
+        [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert "synced event EventId(server=2, session=1, instance=2) skipped" in error
+        assert "is too long: over 2000 characters as stored" in error
+    else:
+        assert [e.id for e in stored] == [e.id for e in batch]
+        assert stored[1].type == ("t", random_segment)
 
 
 @pytest.mark.parametrize(

@@ -56,24 +56,30 @@ def check_new_event(where: str, new_event: object) -> None:
 
 def _check_sizes(where: str, event_type: EventType, outbox_event_id: str | None) -> None:
     """A new event's type and outbox id fit the databases' indexes (both backends alike, so
-    that a store can move). Events synced from a peer are kept as the peer has them."""
+    that a store can move). Events synced from a peer are kept as the peer has them where
+    the database can (see :func:`size_problem`)."""
+    problem = size_problem(event_type, outbox_event_id)
+    if problem is not None:
+        raise StoreError(f"{where}{problem}")
+
+
+def size_problem(event_type: EventType, outbox_event_id: str | None) -> str | None:
+    """Why an event's type or outbox id is too long for the stores' indexes, or None."""
     # Its JSON text has at least each segment, two quotes and a separator each: a type over
     # the bound by that is refused before it is encoded (and cached).
     if sum(map(len, event_type)) + 3 * len(event_type) + 1 > MAX_TYPE_TEXT or (
         len(encode_type(event_type)) > MAX_TYPE_TEXT
     ):
-        raise StoreError(
-            f"{where}type {_shown(event_type)} is too long: over {MAX_TYPE_TEXT} characters "
+        return (
+            f"type {_shown(event_type)} is too long: over {MAX_TYPE_TEXT} characters "
             "as stored (JSON, non-ASCII escaped)"
         )
     if outbox_event_id is not None and (
         len(outbox_event_id) > MAX_OUTBOX_ID_BYTES
-        or len(outbox_event_id.encode()) > MAX_OUTBOX_ID_BYTES
+        or len(outbox_event_id.encode(errors="surrogatepass")) > MAX_OUTBOX_ID_BYTES
     ):
-        raise StoreError(
-            f"{where}outbox_event_id {outbox_event_id[:40]!r}... is over "
-            f"{MAX_OUTBOX_ID_BYTES} bytes"
-        )
+        return f"outbox_event_id {outbox_event_id[:40]!r}... is over {MAX_OUTBOX_ID_BYTES} bytes"
+    return None
 
 
 def _shown(event_type: EventType) -> str:

@@ -142,7 +142,9 @@ class EventStore:
         skipped with a warning instead of failing the call: that key is the relay's dedup
         within one store, and the same outbox event legitimately reaches several servers
         (the relay targeting each of them), each storing it under its own id. The database
-        holds one row per key, and refusing the batch would stop the sync for good.
+        holds one row per key, and refusing the batch would stop the sync for good. For the
+        same reason PostgreSQL skips, with an error, an event too long for its indexes (see
+        :func:`~tidings.events.validation.size_problem`).
         """
         encoded_types = encode_synced_types(events)
         if not events:

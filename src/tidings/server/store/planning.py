@@ -26,7 +26,7 @@ from sqlalchemy import Connection, func, insert, select, tuple_, update
 
 from tidings.errors import StoreError
 from tidings.events.model import EventId, EventType, NewEvent, StoredEvent, encode_type
-from tidings.events.validation import check_new_event, check_synced_event
+from tidings.events.validation import check_new_event, check_synced_event, size_problem
 from tidings.server.store.driver import DriverCursor
 from tidings.server.store.schema import (
     EVENT_COLUMNS,
@@ -243,9 +243,9 @@ def plan_synced(
     events: Sequence[StoredEvent],
     encoded_types: dict[EventType, str],
 ) -> list[StoredEvent]:
-    """The synced events to store: not stored yet, first of their id in the call, and not
-    colliding on the outbox dedup key with another id (see EventStore.append_synced).
-    ``raw`` is the driver cursor of ``conn``."""
+    """The synced events to store: not stored yet, first of their id in the call, not
+    colliding on the outbox dedup key with another id (see EventStore.append_synced), and,
+    on PostgreSQL, not too long to index. ``raw`` is the driver cursor of ``conn``."""
     seen = _select_known_ids(conn, {e.id for e in events})
     known_keys = select_outbox_keys(
         raw, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
@@ -254,6 +254,11 @@ def plan_synced(
     fresh: list[StoredEvent] = []
     for synced in events:
         if synced.id in seen:
+            continue
+        if raw.postgresql and (problem := size_problem(synced.type, synced.outbox_event_id)):
+            # PostgreSQL cannot index it (an index entry is at most 2,704 bytes): failing
+            # the batch would stop the sync for good, at the same event every time.
+            log.error("synced event %s skipped: %s", synced.id, problem)
             continue
         if synced.outbox_event_id is not None:
             key = (synced.outbox_event_id, encoded_types[synced.type])
