@@ -51,14 +51,9 @@ def check_new_event(where: str, new_event: object) -> None:
         new_event.source_timestamp_us,
         new_event.outbox_event_id,
     )
-    _check_sizes(where, new_event.type, new_event.outbox_event_id)
-
-
-def _check_sizes(where: str, event_type: EventType, outbox_event_id: str | None) -> None:
-    """A new event's type and outbox id fit the databases' indexes (both backends alike, so
-    that a store can move). Events synced from a peer are kept as the peer has them where
-    the database can (see :func:`size_problem`)."""
-    problem = size_problem(event_type, outbox_event_id)
+    # Sizes for new events only, both backends alike (a store can move); events synced
+    # from a peer are kept as the peer has them where the database can index them.
+    problem = size_problem(new_event.type, new_event.outbox_event_id)
     if problem is not None:
         raise StoreError(f"{where}{problem}")
 

@@ -323,7 +323,7 @@ class AsyncEngine:
     def _enqueue_flush(self) -> asyncio.Future[None]:
         """Queue a commit of the held writes behind the writes queued so far."""
         future: asyncio.Future[None] = self._loop.create_future()
-        self._enqueue(_Call(self.store.flush, (), future, None, True))
+        self._enqueue(_Call(self.store.flush, (), future, held=True))
         return future
 
     def _held_opened(self) -> None:
