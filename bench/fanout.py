@@ -35,6 +35,7 @@ from common import (
     say,
     write_report,
 )
+
 from tidings.intermediary.fanout import FanoutConfig, FanoutResult, run_fanout
 
 #: Five subscriber processes of 200 connections each: measured at 1,000 against ten of 100,

@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from sqlalchemy import select
-
 from common import (
     TreeMonitor,
     machine_info,
@@ -47,6 +45,8 @@ from common import (
     write_report,
 )
 from processes import NatsServer, free_port
+from sqlalchemy import select
+
 from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox

@@ -47,9 +47,6 @@ from typing import Any
 import nats
 import psutil
 import yaml
-from sqlalchemy import select
-
-import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
 from common import (
     LOADED_SHARE,
     REPO,
@@ -69,6 +66,9 @@ from common import (
     write_report,
 )
 from processes import kill_tree, tidings_cli
+from sqlalchemy import select
+
+import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
 from tidings.config import TidingsConfig, load_config
 from tidings.db import SQLITE_PRAGMAS, make_engine, sqlite_text
 from tidings.events.timeutil import as_utc

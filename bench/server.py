@@ -45,8 +45,6 @@ from typing import Any
 
 import hat.event.common as hc
 import psutil
-from hat.event import eventer
-
 from common import (
     LOADED_SHARE,
     MachineCpu,
@@ -62,10 +60,12 @@ from common import (
     wait_idle,
     write_report,
 )
+from hat.event import eventer
 from processes import ServerProcess, free_port
 from server_hostile import Target, hostile_phase
 from server_hostile import evaluate as evaluate_hostile
 from server_hostile import markdown as hostile_markdown
+
 from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
 
 SERVERS = ("floor", "hat", "tidings", "tidings_periodic", "tidings_pg", "tidings_pg_periodic")

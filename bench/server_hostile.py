@@ -23,9 +23,8 @@ from typing import Any
 
 import hat.event.common as hc
 import psutil
-from hat.event import eventer
-
 from common import say, wait_idle
+from hat.event import eventer
 
 #: Rows (name -> what the one hostile client does), in the issue's order.
 ROWS = {

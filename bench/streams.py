@@ -40,8 +40,6 @@ import nats
 import psutil
 import psycopg
 import websockets
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
 from common import (
     LOADED_SHARE,
     PG,
@@ -59,7 +57,9 @@ from common import (
     scratch_database,
     write_report,
 )
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from processes import TIDINGS, NatsServer, ServerProcess, free_port, local_address, wait_for_port
+
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.server.store import EventStore
 from tidings.streams.auth import hash_password

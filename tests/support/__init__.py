@@ -1,0 +1,2 @@
+"""Helpers the tests share: fixtures' building blocks, servers started in processes, waiting
+with a deadline, a headless Chromium. Nothing here is a test."""

@@ -1,0 +1,182 @@
+"""The layers of tidings hold: a part imports only the parts below it.
+
+The order is ARCHITECTURE.md's "Layout: layers, bottom first", with the top-level modules
+placed among the packages. Every ``import`` and ``from ... import`` in ``src/tidings`` counts,
+at module level and inside functions alike (a lazy import is still a dependency), relative
+ones resolved, and so does ``importlib.import_module`` of a constant name. A second check
+loads the client and the event model in a fresh interpreter and looks for the database and
+Spark stacks, which neither may need.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import tidings
+from tests.support.helpers import HEAVY, fresh_interpreter, heavy_modules_after, parse_python
+
+#: Bottom first. Where ARCHITECTURE.md lists parts side by side (``errors``, ``events``;
+#: ``config``, ``db``; ``outbox``, ``routing``; ``cli``, ``demo``) this fixes an order between
+#: them: the one their imports already follow (the CLI runs the demo, so ``demo`` comes
+#: first). ``tidings`` is the package itself, the public face above everything.
+LAYERS = (
+    "errors",
+    "events",  # the one event model: no SQLAlchemy, no Spark
+    "address",  # tcp+sbs:// addresses, checked by the configuration, used by the wire
+    "logs",
+    "serving",  # uvicorn on a socket bound here, for the streams and the intermediaries
+    "config",
+    "db",
+    "outbox",
+    "routing",
+    "status",  # outbox counts for the CLI and the metrics
+    "wire",
+    "server",
+    "client",
+    "targets",
+    "pipeline",
+    "metrics",  # the relay's metrics, fed from the batch log and the status report
+    "streams",
+    "intermediary",
+    "demo",
+    "cli",
+    "tidings",
+)
+RANK = {name: rank for rank, name in enumerate(LAYERS)}
+PACKAGE = Path(tidings.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> str:
+    """The layer of a module of tidings: its top-level package or module under tidings."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "tidings"
+
+
+def _import_module_argument(node: ast.Call) -> str | None:
+    """The module an ``importlib.import_module("...")`` (or a bare ``import_module``) call
+    with a constant string names; None for any other call."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name != "import_module" or not node.args:
+        return None
+    argument = node.args[0]
+    if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+        return argument.value
+    return None
+
+
+def _imported(path: Path, node: ast.Import | ast.ImportFrom | ast.Call) -> list[str]:
+    """The modules of tidings ``node`` imports (``from tidings import client`` is the client,
+    ``importlib.import_module("tidings.x")`` imports ``tidings.x``)."""
+    if isinstance(node, ast.Call):
+        argument = _import_module_argument(node)
+        names = [] if argument is None else [argument]
+    elif isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = _module_name(path).split(".")
+            if path.name != "__init__.py":
+                package = package[:-1]
+            package = package[: len(package) - (node.level - 1)]
+            base = ".".join([*package, *([base] if base else [])])
+        names = [base]
+        if base == "tidings":
+            names = [f"tidings.{alias.name}" for alias in node.names]
+    return [name for name in names if name == "tidings" or name.startswith("tidings.")]
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_is_placed_in_a_layer() -> None:
+    unplaced = sorted({_layer(_module_name(p)) for p in _sources()} - set(LAYERS))
+    assert not unplaced, f"parts of tidings missing from LAYERS: {unplaced}"
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    violations = []
+    for path in _sources():
+        own = _layer(_module_name(path))
+        tree = parse_python(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom | ast.Call):
+                continue
+            for target in _imported(path, node):
+                layer = _layer(target)
+                if layer not in RANK:  # ``from tidings import X`` of a name, not a module
+                    layer = "tidings"
+                if layer != own and RANK[layer] > RANK.get(own, -1):
+                    where = path.relative_to(PACKAGE.parent.parent)
+                    violations.append(
+                        f"{where}:{node.lineno}: {ast.unparse(node)} ({own} imports {layer})"
+                    )
+    assert not violations, "imports against the layers:\n" + "\n".join(violations)
+
+
+def test_the_layer_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
+    """The walker itself: imports inside functions and relative imports are resolved, and
+    ``import_module`` with a constant name counts as an import (with a variable it cannot)."""
+    source = (
+        "from . import codec\n"
+        "from ..server import store\n"
+        "def later(name):\n"
+        "    import tidings.pipeline.relay\n"
+        "    from tidings import client\n"
+        "    importlib.import_module('tidings.metrics')\n"
+        "    import_module('tidings.streams.app')\n"
+        "    importlib.import_module(name)\n"
+    )
+    path = PACKAGE / "wire" / "example.py"
+    found = [
+        target
+        for node in ast.walk(parse_python(source))
+        if isinstance(node, ast.Import | ast.ImportFrom | ast.Call)
+        for target in _imported(path, node)
+    ]
+    assert sorted(found) == [
+        "tidings.client",
+        "tidings.metrics",
+        "tidings.pipeline.relay",
+        "tidings.server",
+        "tidings.streams.app",
+        "tidings.wire",
+    ]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import tidings.client",
+        # every module of the event model, not just the package's __init__
+        "import importlib, pkgutil, tidings.events\n"
+        "for m in pkgutil.walk_packages(tidings.events.__path__, 'tidings.events.'):\n"
+        "    importlib.import_module(m.name)",
+    ],
+    ids=["client", "events"],
+)
+def test_the_client_and_the_event_model_load_neither_sqlalchemy_nor_pyspark(
+    statement: str,
+) -> None:
+    loaded = heavy_modules_after(statement)
+    assert loaded == {top: [] for top in HEAVY}, f"{statement!r} loaded {loaded}"
+
+
+def test_a_server_configuration_loads_no_other_part_of_the_server() -> None:
+    """Validating ``tidings server``'s configuration needs neither the engine nor the store
+    (nor their SQLAlchemy tables): ``tidings.server.config`` imports nothing of the server."""
+    loaded = fresh_interpreter(
+        "import sys, tidings.server.config\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tidings.server.')))"
+    )
+    assert loaded == "['tidings.server.config']"

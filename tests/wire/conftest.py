@@ -1,0 +1,5 @@
+"""Marks every test in this folder ``wire``: ``pytest -m wire`` runs them."""
+
+from tests.support.parts import part_marker
+
+pytest_collection_modifyitems = part_marker(__file__)

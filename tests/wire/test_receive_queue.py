@@ -1,0 +1,47 @@
+"""A connection's receive queue gives every message received before the end, in order."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.support.waiting import run
+from tidings.wire.receive_queue import ReceiveQueue
+
+
+async def _drain(queue: ReceiveQueue[int]) -> list[int | None]:
+    taken: list[int | None] = []
+    while True:
+        item = await queue.get()
+        taken.append(item)
+        if item is None:
+            return taken
+
+
+def test_a_full_queue_ended_still_yields_every_item_then_the_end() -> None:
+    """The end of a connection whose queue is full (its peer went away while the receiver
+    was behind): nothing received may be dropped, least of all from the middle."""
+
+    async def main() -> tuple[list[int | None], int | None]:
+        queue: ReceiveQueue[int] = ReceiveQueue(max_items=4, max_bytes=1 << 20)
+        for n in range(4):
+            queue._queue.put_nowait((n, 1))  # full in number, as a reader leaves it
+        queue.end()
+        taken = await _drain(queue)
+        return taken, await queue.get()
+
+    taken, again = run(main())
+    assert taken == [0, 1, 2, 3, None]
+    assert again is None
+
+
+def test_the_end_wakes_a_waiting_receiver_after_the_items() -> None:
+    async def main() -> list[int | None]:
+        queue: ReceiveQueue[int] = ReceiveQueue(max_items=10, max_bytes=1 << 20)
+        receiver = asyncio.ensure_future(_drain(queue))
+        await queue.put(1, 1)
+        await queue.put(2, 1)
+        await asyncio.sleep(0)
+        queue.end()
+        return await receiver
+
+    assert run(main()) == [1, 2, None]
