@@ -180,3 +180,178 @@ def test_a_server_configuration_loads_no_other_part_of_the_server() -> None:
         "print(sorted(m for m in sys.modules if m.startswith('tidings.server.')))"
     )
     assert loaded == "['tidings.server.config']"
+
+
+# --- inside the packages: a declared order per package, and no cycle anywhere --------------
+
+#: Inside each package of tidings, its modules and sub-packages bottom first: a module imports
+#: only the siblings listed before its own (its package's ``__init__``, the package's face,
+#: may import them all, and no module of the package imports it). Every package is here.
+PACKAGE_ORDER: dict[str, tuple[str, ...]] = {
+    "tidings": LAYERS[:-1],
+    "tidings.events": (
+        "timeutil",
+        "ids",
+        "model",
+        "matching",
+        "validation",
+        "query",
+        "outbox",
+    ),
+    "tidings.outbox": ("envelope", "schema", "checks", "incomplete", "producer"),
+    "tidings.routing": ("table",),
+    "tidings.wire": (
+        "lag",
+        "receive_queue",
+        "prescan",
+        "codec",
+        "envelope",
+        "frame_reader",
+        "chatter",
+        "chatter_server",
+    ),
+    "tidings.server.backends": ("postgresql", "sqlite"),
+    "tidings.server.syncer": ("common", "client", "server"),
+    "tidings.cli": (
+        "common",
+        "relay_progress",
+        "config",
+        "events",
+        "server",
+        "streams",
+        "intermediary",
+        "fanout",
+        "pipeline",
+        "__main__",
+    ),
+}
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in _sources()}
+
+
+def _edges() -> dict[str, set[str]]:
+    """Every module of tidings to the modules of tidings it imports (lazy, ``TYPE_CHECKING``
+    and relative imports included): ``from pkg import name`` is an edge to ``pkg.name`` where
+    that is a module, else to ``pkg`` (its ``__init__``)."""
+    modules = _modules()
+
+    def resolve(name: str) -> str:
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(parse_python(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                bases = _imported(path, node)
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    for base in bases
+                    for alias in node.names
+                ]
+            elif isinstance(node, ast.Import | ast.Call):
+                targets = _imported(path, node)
+            else:
+                continue
+            edges[name].update(resolve(target) for target in targets if resolve(target) != name)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(edges.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_edges())
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(edges) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _packages() -> list[str]:
+    return sorted(_module_name(path) for path in _sources() if path.name == "__init__.py")
+
+
+def _children(package: str) -> set[str]:
+    depth = package.count(".") + 1
+    return {
+        name.split(".")[depth]
+        for name in _modules()
+        if name.startswith(package + ".") and name.count(".") >= depth
+    }
+
+
+def test_every_package_declares_the_order_of_its_modules() -> None:
+    problems = []
+    for package in _packages():
+        declared = PACKAGE_ORDER.get(package)
+        if declared is None:
+            problems.append(f"{package}: no declared order")
+            continue
+        children = _children(package)
+        if missing := sorted(children - set(declared)):
+            problems.append(f"{package}: not placed: {missing}")
+        if stale := sorted(set(declared) - children):
+            problems.append(f"{package}: no such module: {stale}")
+    assert not problems, "PACKAGE_ORDER:\n" + "\n".join(problems)
+
+
+def test_inside_a_package_a_module_imports_only_siblings_before_its_own() -> None:
+    violations = []
+    for source, targets in _edges().items():
+        for target in targets:
+            for package, order in PACKAGE_ORDER.items():
+                prefix = package + "."
+                if not (source.startswith(prefix) and target.startswith(prefix)):
+                    continue
+                own = source[len(prefix) :].split(".")[0]
+                other = target[len(prefix) :].split(".")[0]
+                if (
+                    own != other
+                    and own in order
+                    and other in order
+                    and order.index(other) > order.index(own)
+                ):
+                    violations.append(f"{source} imports {target} ({own} is below {other})")
+            # ``python -m`` runs a package's ``__main__`` on top of its face
+            if source.startswith(target + ".") and not source.endswith(".__main__"):
+                violations.append(f"{source} imports its own package's face {target}")
+    assert not violations, "imports against a package's order:\n" + "\n".join(sorted(violations))
