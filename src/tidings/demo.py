@@ -29,6 +29,7 @@ from tidings.outbox.schema import outbox_event
 from tidings.pipeline.logread import relay_watermark
 from tidings.server.store import EventStore
 from tidings.status import StatusReport, status_report
+from tidings.targets.event_store import EventStoreTargetConfig
 
 ROUTES = {
     "AccountOpened": ["accounts"],
@@ -122,7 +123,9 @@ def _verify(config: TidingsConfig, engine: Engine) -> tuple[int, int, int]:
         ):
             for target in ROUTES.get(etype, []):
                 expected.setdefault(target, []).append((event_id, seq, key))
-    store = EventStore(config.targets["accounts"].url)
+    accounts = config.targets["accounts"]
+    assert isinstance(accounts, EventStoreTargetConfig), "the demo's target is its event store"
+    store = EventStore(accounts.url)
     try:
         stored = store.read(0, limit=10_000_000)
     finally:

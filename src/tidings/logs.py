@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 _STANDARD = set(vars(logging.makeLogRecord({})))
 
@@ -24,11 +24,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str)
 
 
-class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _CurrentStderr(logging.StreamHandler[TextIO]):
     """Writes to whatever ``sys.stderr`` is at the time of the record (it may be replaced)."""
 
-    @property  # type: ignore[override]
-    def stream(self):
+    @property
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter

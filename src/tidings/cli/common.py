@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import click
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
@@ -59,7 +58,8 @@ class OneLineErrors(TyperGroup):
     traceback too.
     """
 
-    def invoke(self, ctx: click.Context) -> Any:
+    # ``ctx`` is typer's vendored click context, a private type (``typer._click``)
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except Exception as exc:
