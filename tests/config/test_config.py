@@ -263,18 +263,18 @@ def test_the_file_to_use_named_found_or_none(
     assert find_config_file("other.yaml") == Path("other.yaml")
 
 
-def _readme_tidings_yaml() -> dict:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("Example `tidings.yaml`:", 1)[1].split("```yaml", 1)[1].split("```")[0]
+def _relay_guide_tidings_yaml() -> dict:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "relay.md").read_text()
+    block = guide.split("Example `tidings.yaml`:", 1)[1].split("```yaml", 1)[1].split("```")[0]
     return yaml.safe_load(block)
 
 
-def test_the_json_schema_accepts_the_readme_example_and_refuses_what_loading_refuses() -> None:
+def test_the_json_schema_accepts_the_relay_guide_example_and_refuses_what_loading_refuses() -> None:
     jsonschema = pytest.importorskip("jsonschema")
     from tidings.config import config_json_schema
 
     schema = config_json_schema()
-    example = _readme_tidings_yaml()
+    example = _relay_guide_tidings_yaml()
     load_config(example)  # the example is a valid configuration ...
     jsonschema.validate(example, schema)  # ... and the schema says so
     jsonschema.validate({"relay": {"retry": {"backoff": ["10ms", 0.5, "PT1S"]}}}, schema)
