@@ -20,14 +20,12 @@ from __future__ import annotations
 import asyncio
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from bench.harness.cpu import MachineCpu, cpu_share, loaded_note
 from bench.harness.figures import goals_met
 from bench.harness.machine import code_version, machine_info
 from bench.harness.markdown import command, heading, table
-from bench.harness.paths import RESULTS
 from bench.harness.progress import runtime_s, say
 from bench.harness.report import write_report
 from bench.harness.sizes import Scale, arguments, mode
@@ -256,7 +254,6 @@ async def run(quick: bool) -> dict[str, Any]:
 
 def main() -> int:
     parser = arguments("bench.fanout", __doc__, "small sizes, seconds")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write")
     args = parser.parse_args()
     result = asyncio.run(run(args.quick))
     paths = write_report("fanout", result, markdown(result, args.quick), args.results)

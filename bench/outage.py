@@ -265,7 +265,7 @@ def main() -> int:
     result.update(figures(timeline, engine, after_s, checks))
     result["other_processes_cpu_share"] = round(monitor.foreign_share(), 3)
     say(json.dumps(result, indent=2))
-    write_report("outage", result, markdown(result, args.quick, runtime_s()))
+    write_report("outage", result, markdown(result, args.quick, runtime_s()), args.results)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if result["exactly_once"] and result["per_key_order"] else 1
 

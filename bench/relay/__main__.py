@@ -95,7 +95,9 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     result = build_result(machine, code, sizes, args.quick, report)
     runtime = runtime_s()
-    paths = write_report("relay", result, write_markdown(result, report, args.quick, runtime))
+    paths = write_report(
+        "relay", result, write_markdown(result, report, args.quick, runtime), args.results
+    )
     say(f"done in {runtime / 60:.1f} min; met: {result['met']}")
     say(f"wrote {paths[0]} and {paths[1]}")
     return 0

@@ -89,7 +89,9 @@ def main() -> int:
     }
     result["sizes"] = sizes.as_dict()
     runtime = runtime_s()
-    paths = write_report("server", result, write_markdown(result, args.quick, args.only, runtime))
+    paths = write_report(
+        "server", result, write_markdown(result, args.quick, args.only, runtime), args.results
+    )
     print()
     print_table(result)
     print()

@@ -134,7 +134,9 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     load_notes(report)
     result = build_result(machine, report, runtime_s())
-    paths = write_report("streams", result, write_markdown(result, report, args.quick))
+    paths = write_report(
+        "streams", result, write_markdown(result, report, args.quick), args.results
+    )
     say(f"done in {runtime_s() / 60:.1f} min; met: {result['met']}")
     say(f"wrote {paths[0]} and {paths[1]}")
     return 0
