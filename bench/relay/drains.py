@@ -36,10 +36,7 @@ from bench.relay.workload import (
 from tidings.config import TidingsConfig
 from tidings.db import make_engine, sqlite_text
 from tidings.outbox.producer import Outbox
-from tidings.outbox.schema import (
-    batch_log,
-    ensure_schema,
-)
+from tidings.outbox.schema import batch_log, ensure_schema
 
 
 def relay_drain(spark: Any, cfg: TidingsConfig) -> tuple[float, list[dict[str, Any]], TreeMonitor]:

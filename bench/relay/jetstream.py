@@ -37,11 +37,7 @@ from bench.relay.workload import (
 from tidings.config import TidingsConfig
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
-from tidings.outbox.schema import (
-    OUTBOX_EVENT_COLUMNS,
-    outbox_event,
-    outbox_event_from_row,
-)
+from tidings.outbox.schema import OUTBOX_EVENT_COLUMNS, outbox_event, outbox_event_from_row
 
 
 async def _publish_window(

@@ -33,9 +33,7 @@ from tidings.config import TidingsConfig
 from tidings.db import make_engine
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
-from tidings.outbox.schema import (
-    outbox_event,
-)
+from tidings.outbox.schema import outbox_event
 
 
 def idle_probe(engine: Any, outbox: Outbox, count: int = 5) -> list[float]:

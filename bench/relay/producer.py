@@ -35,10 +35,7 @@ from bench.relay.workload import (
 )
 from tidings.db import make_engine
 from tidings.outbox.producer import partition_bucket
-from tidings.outbox.schema import (
-    ensure_schema,
-    outbox_event,
-)
+from tidings.outbox.schema import ensure_schema, outbox_event
 
 
 def _timed(one: Callable[[int], None], txns: int, warmup: int) -> float:

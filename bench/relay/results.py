@@ -32,7 +32,6 @@ DETAIL_TITLES = {
     "pss": "Peak PSS (5)",
     "load": "Machine load by other processes",
 }
-
 METHOD = [
     "## Method",
     "",

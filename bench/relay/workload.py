@@ -25,22 +25,15 @@ from bench.harness.sizes import Scale, Sizes
 from tidings.config import TidingsConfig, load_config
 from tidings.db import SQLITE_PRAGMAS, make_engine
 from tidings.outbox.producer import Outbox
-from tidings.outbox.schema import (
-    batch_log,
-)
+from tidings.outbox.schema import batch_log
 from tidings.server.store import EventStore
 
 NATS_URL = "nats://127.0.0.1:4222"
-
 EVENT_TYPE = "MoneyDeposited"
-
 ACCOUNTS = 1000  # rows of the domain table the producer updates
-
 #: Phase 2c's SQL-written event ids start a day back, in log order as the Outbox's are.
 ID_EPOCH_MS = time.time_ns() // 1_000_000 - 86_400_000
-
 UPDATE_SQL = "UPDATE account SET balance = balance + ? WHERE id = ?"
-
 RAW_INSERT_SQL = (
     "INSERT INTO outbox_event (event_id, event_type, event_version, originator, partition_key, "
     "partition_bucket, payload, headers, logged_at, status, retry_count, created_at, "
@@ -82,7 +75,6 @@ GOALS: dict[str, dict[str, Any]] = {
     "relay_scaling.backlog_2m": {"min": 0.9},
     "relay_scaling.log_5m": {"min": 0.9},
 }
-
 #: The figures of relay.json, in report order: their format and unit in relay.md.
 UNITS = {
     "producer_overhead_ratio": ("{:.2f}", "x raw sqlite3 time"),
@@ -98,7 +90,6 @@ UNITS = {
     "relay_scaling.backlog_2m": ("{:.2f}", "x the rate of a 200k backlog"),
     "relay_scaling.log_5m": ("{:.2f}", "x the rate on a fresh log"),
 }
-
 MIB = 2**20
 
 

@@ -28,7 +28,6 @@ STEPS: list[tuple[str, Callable[[eventer.Client, Run, ServerSizes], Awaitable[No
     ("ordered query", ordered_queries),
     ("notify latency", notify_latency),
 ]
-
 NEEDS = {"latest queries": "query setup", "ordered query": "query setup"}
 
 

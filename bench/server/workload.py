@@ -16,16 +16,12 @@ SERVERS = ("floor", "hat", "tidings", "tidings_periodic", "tidings_pg", "tidings
 #: bench/server/floor.py: answers registers and stores nothing, so its rates are the ceiling
 #: of any Python server driven by this client on this machine (its register steps only).
 FLOOR_KIND = "floor"
-
 FLOOR_STEPS = ("register batch", "register single", "register fire-and-forget")
-
 #: The tidings servers, each compared with hat.
 TIDINGS_KINDS = ("tidings", "tidings_periodic")
-
 #: tidings on PostgreSQL, each compared with tidings on SQLite with the same durability:
 #: the goal is "within 2 x" (at least half the rate, at most twice the latency).
 PG_KINDS, PG_WITHIN = {"tidings_pg": "tidings", "tidings_pg_periodic": "tidings_periodic"}, 2.0
-
 #: The hostile phase tests framing and budgets, which durability does not change: it runs
 #: on hat and on the commit-durability tidings only.
 HOSTILE_KINDS = ("hat", "tidings")
@@ -55,17 +51,13 @@ SCALE = Scale(
 # Query types: ('bench', 'q', group, f't{i}'); the groups make the patterns below match exactly
 # 100, 300 and 3,000 types.
 GROUPS = {"g0": 100, "g1": 300, "g2": 2600}
-
 LATEST = {
     "latest100": (("bench", "q", "g0", "*"), 100),
     "latest300": (("bench", "q", "g1", "*"), 300),
     "latest3000": (("bench", "q", "*"), 3000),
 }
-
 ORDERED_PATTERN = ("bench", "*")
-
 ORDERED_RESULTS = 100
-
 NOTIFY_PATTERN = ("bench", "n", "*")
 
 # measure -> (unit, higher is better)
@@ -83,7 +75,6 @@ MEASURES: dict[str, tuple[str, bool, float]] = {
     "notify_p50_ms": ("ms", False, 1.0),
     "notify_p99_ms": ("ms", False, 1.0),
 }
-
 #: Reported beside the goals: the p50s, and the client's own CPU per query (the median):
 #: a floor under any server's latency with this client, to hold against "0.5 x hat".
 EXTRAS = (

@@ -16,41 +16,27 @@ from tidings.events.model import NewEvent, PayloadKind
 from tidings.server.store import EventStore
 
 FUTOIN_DIR = REPO / "tests" / "interop" / "futoin"
-
 CLIENT_JS = FUTOIN_DIR / "client.js"
-
 SERVER_JS = REPO / "bench" / "futoin" / "server.js"
-
 FUTOIN_SQL = FUTOIN_DIR / "node_modules/futoin-eventstream/sql/active/postgresql/V18.1__Tables.sql"
-
 USER, PASSWORD = "bench", "benchpass"
-
 CREDS = f"{USER}:{PASSWORD}"
-
 FTN18_TYPE, EVENT_TYPE = "BENCH", ("bench", "evt")
-
 JS_STREAM, JS_SUBJECT = "BENCH", "bench.evt"
-
 #: Events per second offered in the latency phases.
 RATE = 1000
-
 #: A lower rate at which the latency phases run once more (see the notes).
 LOW_RATE = 300
-
 #: How long the latency client waits for the last events after the load (missing events
 #: count as this wait, a lower bound).
 LATENCY_WAIT_S = 45
-
 #: What a polling consumer waits after an empty poll in the latency phases.
 POLL_IDLE_MS = 5
-
 #: WebSocket connections of the Python addEvent generator of part (b) (one connection's
 #: requests are served one at a time by tidings, see the notes).
 PY_GEN_CONNS = 32
-
 #: A client using at least this share of one core is taken as bounding the rate.
 BOUND_SHARE = 0.85
-
 RATE_MODES = ("reliable_push", "reliable_poll", "live")
 
 
