@@ -1,6 +1,7 @@
 """What every benchmark in ``bench/`` shares, so that a figure means the same in each report.
 
-Bottom up: progress lines stamped with the run's elapsed time (``progress``); the sizes a
+Bottom up: where the checkout and the results folder are (``paths``); progress lines
+stamped with the run's elapsed time (``progress``); the sizes a
 benchmark runs at and the command line choosing them (``sizes``); one percentile and one way
 of judging goals (``figures``); the CPU of the parts a benchmark measures and of every other
 process on the machine meanwhile, since a busy machine slows every figure and the reports say
