@@ -1,10 +1,12 @@
-"""Benchmark of the intermediaries' fan-out (issue 12): a simulation publisher of 50,000
-moving agents at 10 Hz, intermediaries, and 1,000 subscribers in separate processes.
+"""Benchmark of the intermediaries' fan-out to many subscribers in other processes.
 
-Run ``.venv/bin/python bench/fanout.py [--quick]`` from the repository. The measuring is
+A simulation publisher of 50,000 moving agents at 10 Hz, intermediaries, and 1,000
+subscribers in separate processes.
+
+Run ``.venv/bin/python -m bench.fanout [--quick]`` from the checkout. The measuring is
 :func:`tidings.intermediary.fanout.run_fanout` (the same code ``tidings fanout-demo`` runs;
 its docstring says what runs where and how each figure is taken). This script runs it at the
-issue's size, records the CPU other processes (and other guests of the host, as steal) took
+full size, records the CPU other processes (and other guests of the host, as steal) took
 meanwhile (a loaded run is marked), then
 searches for the largest subscriber count that still holds the goals (staleness p99 <=
 200 ms and every subscriber at >= 95 % of its asked rate, none disconnected): doubling from
@@ -15,38 +17,31 @@ writes ``bench/results/fanout.json`` and ``bench/results/fanout.md``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from common import (
-    LOADED_SHARE,
-    RESULTS,
-    MachineCpu,
-    code_version,
-    cpu_share,
-    goals_met,
-    machine_info,
-    machine_text,
-    runtime_s,
-    say,
-    write_report,
-)
-
+from bench.harness.cpu import MachineCpu, cpu_share, loaded_note
+from bench.harness.figures import goals_met
+from bench.harness.machine import code_version, machine_info
+from bench.harness.markdown import command, heading, table
+from bench.harness.progress import runtime_s, say
+from bench.harness.report import write_report
+from bench.harness.sizes import Scale, arguments, mode
 from tidings.intermediary.fanout import FanoutConfig, FanoutResult, run_fanout
 
 #: Five subscriber processes of 200 connections each: measured at 1,000 against ten of 100,
 #: the ten took more CPU (2.1-2.3 s against 1.6-1.9 s in the window, and the tier 15-16 s
 #: against 13-15 s: more processes to schedule on two cores) and the worst subscriber got
 #: 0.89-0.96 of its rate against 0.97-0.98.
-FULL = FanoutConfig(
-    subscribers=1000, entities=50_000, processes=5, intermediaries=3, duration_s=10, warmup_s=3
-)
-QUICK = FanoutConfig(
-    subscribers=40, entities=2000, processes=2, intermediaries=2, duration_s=1.5, warmup_s=0.5
+SCALE = Scale(
+    full=FanoutConfig(
+        subscribers=1000, entities=50_000, processes=5, intermediaries=3, duration_s=10, warmup_s=3
+    ),
+    quick=FanoutConfig(
+        subscribers=40, entities=2000, processes=2, intermediaries=2, duration_s=1.5, warmup_s=0.5
+    ),
 )
 #: Runs of the search are shorter than the main one.
 SEARCH_S = {"full": 5.0, "quick": 1.0}
@@ -173,11 +168,13 @@ def markdown(result: dict[str, Any], quick: bool) -> str:
         ("largest subscriber count that held", f"{result['max_subscribers_held']:,}", "10,000"),
     ]
     lines = [
-        "# Intermediaries: fan-out benchmark" + (" (--quick)" if quick else ""),
-        "",
-        f"{m['date']}, {result['runtime_min']:.1f} min. Machine: {machine_text(m)}; "
-        f"Python {m['python']}. Code: {result['code']}.",
-        "",
+        *heading(
+            "Intermediaries: fan-out benchmark" + (" (--quick)" if quick else ""),
+            command("fanout", *(["--quick"] if quick else [])),
+            m,
+            result["runtime_min"] * 60,
+            code=result["code"],
+        ),
         f"{c['subscribers']:,} subscribers in {c['processes']} processes, {c['entities']:,} "
         f"agents (2D, world {c['world_size']:g}², max speed {c['max_speed']:g}/s) at "
         f"{c['tick_hz']:g} Hz; {c['intermediaries']} intermediaries, each in its own process; "
@@ -186,9 +183,7 @@ def markdown(result: dict[str, Any], quick: bool) -> str:
         f"{c['rate_hz']:g} Hz, "
         f"float32. Window {c['duration_s']:g} s after {c['warmup_s']:g} s of warm-up.",
         "",
-        "| figure | value | goal |",
-        "| --- | --- | --- |",
-        *(f"| {name} | {value} | {goal} |" for name, value, goal in rows),
+        *table(("figure", "value", "goal"), "lll", rows),
         "",
         f"CPU over the window: tier (publisher + intermediaries) {result['tier_cpu_s']:.1f} s, "
         f"subscriber processes {result['subscribers_cpu_s']:.1f} s, other processes and "
@@ -196,12 +191,19 @@ def markdown(result: dict[str, Any], quick: bool) -> str:
         "",
         "Search for the largest count that holds the goals:",
         "",
-        "| subscribers | holds | staleness p99 ms | worst rate | others' CPU and steal |",
-        "| --- | --- | --- | --- | --- |",
-        *(
-            f"| {t['subscribers']:,} | {'yes' if t['holds'] else 'no'} | "
-            f"{t['staleness_p99_ms']} | {t['min_rate_fraction']:.0%} | {t['other_share']:.0%} |"
-            for t in result["search"]
+        *table(
+            ("subscribers", "holds", "staleness p99 ms", "worst rate", "others' CPU and steal"),
+            "lllll",
+            [
+                (
+                    f"{t['subscribers']:,}",
+                    "yes" if t["holds"] else "no",
+                    f"{t['staleness_p99_ms']}",
+                    f"{t['min_rate_fraction']:.0%}",
+                    f"{t['other_share']:.0%}",
+                )
+                for t in result["search"]
+            ],
         ),
         "",
         *(f"- {note}" for note in result["notes"]),
@@ -211,12 +213,12 @@ def markdown(result: dict[str, Any], quick: bool) -> str:
 
 
 async def run(quick: bool) -> dict[str, Any]:
-    mode = "quick" if quick else "full"
-    base = QUICK if quick else FULL
-    say(f"fan-out benchmark ({mode}): {base}")
+    size = mode(quick)
+    base = SCALE.pick(quick)
+    say(f"fan-out benchmark ({size}): {base}")
     main_result, other = await measure(base)
-    search_base = replace(base, duration_s=SEARCH_S[mode])
-    held, tried = await search(search_base, main_result, SEARCH_RUNS[mode])
+    search_base = replace(base, duration_s=SEARCH_S[size])
+    held, tried = await search(search_base, main_result, SEARCH_RUNS[size])
     notes = [
         "staleness = the subscriber's receipt time - the publisher's wall-clock time of the "
         "tick the frame's state holds (frame version 2 carries it; same machine clock)",
@@ -224,13 +226,11 @@ async def run(quick: bool) -> dict[str, Any]:
         "encoding (40-byte header, ids int64, positions float64), as the batches to the "
         "intermediaries are counted",
     ]
-    loaded = other > LOADED_SHARE or any(t["other_share"] > LOADED_SHARE for t in tried)
-    if loaded:
-        notes.append(
-            f"LOADED RUN: other processes used {other:.0%} of the cores during the main window "
-            "(see the search table for the others); these figures are lower/slower than on "
-            "an idle machine"
-        )
+    shares = {"the main window": other}
+    shares |= {f"the search run of {t['subscribers']:,}": t["other_share"] for t in tried}
+    loaded = loaded_note(shares)
+    if loaded is not None:
+        notes.append(f"LOADED RUN: {loaded}")
     if quick:
         notes.insert(0, "--quick run: small sizes, for checking the benchmark runs")
     met = goals_met(figures(main_result), GOALS)
@@ -240,7 +240,7 @@ async def run(quick: bool) -> dict[str, Any]:
         "max_subscribers_held": held,
         "goals": GOALS,
         "met": met,
-        "loaded": loaded,
+        "loaded": loaded is not None,
         "other_share": round(other, 3),
         "tier_cpu_s": round(main_result.tier_cpu_s, 2),
         "subscribers_cpu_s": round(main_result.subscribers_cpu_s, 2),
@@ -253,9 +253,7 @@ async def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, seconds")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write")
+    parser = arguments("bench.fanout", __doc__, "small sizes, seconds")
     args = parser.parse_args()
     result = asyncio.run(run(args.quick))
     paths = write_report("fanout", result, markdown(result, args.quick), args.results)

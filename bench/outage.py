@@ -1,6 +1,6 @@
 """Recovery of the streaming relay after a JetStream outage under steady traffic.
 
-Run ``.venv/bin/python bench/outage.py [--quick]`` from the repository. A private
+Run ``.venv/bin/python -m bench.outage [--quick]`` from the checkout. A private
 ``nats-server`` (JetStream, its own storage) is the only target; a paced producer emits one
 event per transaction over 20 partition keys; the streaming relay runs with
 ``relay.replay_every: null`` (no scheduled replay: the relay alone must resume held keys).
@@ -19,7 +19,6 @@ the CPU other processes used meanwhile (a loaded machine delays recovery).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -33,20 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from common import (
-    TreeMonitor,
-    machine_info,
-    machine_text,
-    max_seq,
-    percentile,
-    publish_latencies_ms,
-    say,
-    status_counts,
-    write_report,
-)
-from processes import NatsServer, free_port
 from sqlalchemy import select
 
+from bench.harness.figures import percentile
+from bench.harness.machine import machine_info
+from bench.harness.markdown import command, heading, table
+from bench.harness.outbox import max_seq, publish_latencies_ms, status_counts
+from bench.harness.processes import NatsServer, free_port
+from bench.harness.progress import runtime_s, say
+from bench.harness.report import write_report
+from bench.harness.sizes import Scale, Sizes, arguments
+from bench.harness.trees import TreeMonitor
 from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
@@ -56,9 +52,19 @@ from tidings.pipeline.spark import spark_session
 
 KEYS = 20
 STREAM = "OUTAGE_BENCH"
-#: (rate ev/s, warm-up s, outage s, traffic after the restart s)
-FULL = (150, 20.0, 20.0, 60.0)
-QUICK = (100, 10.0, 10.0, 25.0)
+
+
+@dataclass(frozen=True)
+class OutageSizes(Sizes):
+    """The outage benchmark's traffic and its phases."""
+
+    rate: int  # events per second offered
+    warm_s: float  # traffic before the outage
+    outage_s: float  # how long the target is down
+    after_s: float  # traffic after the restart
+
+
+SCALE = Scale(full=OutageSizes(150, 20.0, 20.0, 60.0), quick=OutageSizes(100, 10.0, 10.0, 25.0))
 
 
 class Producer(threading.Thread):
@@ -226,10 +232,9 @@ def figures(t: Timeline, engine: Any, after_s: float, checks: dict[str, Any]) ->
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter phases (about 1 minute)")
-    args = parser.parse_args()
-    rate, warm_s, outage_s, after_s = QUICK if args.quick else FULL
+    args = arguments("bench.outage", __doc__, "shorter phases (about 1 minute)").parse_args()
+    sizes = SCALE.pick(args.quick)
+    rate, warm_s, outage_s, after_s = sizes.rate, sizes.warm_s, sizes.outage_s, sizes.after_s
     work = Path(tempfile.mkdtemp(prefix="tidings-outage-"))
     server = NatsServer(free_port(), work / "jetstream")
     config = outage_config(work, server.url)
@@ -260,40 +265,46 @@ def main() -> int:
     result.update(figures(timeline, engine, after_s, checks))
     result["other_processes_cpu_share"] = round(monitor.foreign_share(), 3)
     say(json.dumps(result, indent=2))
-    write_report("outage", result, markdown(result, args.quick))
+    write_report("outage", result, markdown(result, args.quick, runtime_s()), args.results)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if result["exactly_once"] and result["per_key_order"] else 1
 
 
-def markdown(r: dict[str, Any], quick: bool) -> str:
-    m = r["machine"]
-    return "\n".join(
-        [
-            "# Relay recovery after a JetStream outage",
-            "",
-            f"`.venv/bin/python bench/outage.py{' --quick' if quick else ''}` on {m['date']}: "
-            f"{machine_text(m)}, Python {m['python']}, "
-            f"PySpark {m['pyspark']}. Other processes used "
-            f"{r['other_processes_cpu_share']:.0%} of the cores meanwhile.",
-            "",
-            f"{r['rate_ev_s']} ev/s over {KEYS} keys, target killed for {r['outage_s']:g} s, "
-            f"`replay_every: null`; {r['events']:,} events in all.",
-            "",
-            "| measure | value |",
-            "|---|---:|",
-            f"| recovery: restart → everything logged before it PUBLISHED | {r['recovery_s']} s |",
-            f"| latency before the outage p50 / p99 | {r['latency_before_p50_ms']} / "
-            f"{r['latency_before_p99_ms']} ms |",
-            f"| latency at the end of the traffic after it p50 / p99 | "
-            f"{r['latency_after_p50_ms']} / {r['latency_after_p99_ms']} ms |",
-            f"| most events HELD during the outage | {r['max_held_during_outage']:,} |",
-            f"| FAILED at the end of the outage | {r['failed_during_outage']} |",
-            f"| retries charged in all | {r['retries_charged']} |",
-            f"| every event once / per-key order / all PUBLISHED | {r['exactly_once']} / "
-            f"{r['per_key_order']} / {r['all_published']} |",
-            "",
-        ]
-    )
+def markdown(r: dict[str, Any], quick: bool, runtime: float) -> str:
+    rows = [
+        ("recovery: restart → everything logged before it PUBLISHED", f"{r['recovery_s']} s"),
+        (
+            "latency before the outage p50 / p99",
+            f"{r['latency_before_p50_ms']} / {r['latency_before_p99_ms']} ms",
+        ),
+        (
+            "latency at the end of the traffic after it p50 / p99",
+            f"{r['latency_after_p50_ms']} / {r['latency_after_p99_ms']} ms",
+        ),
+        ("most events HELD during the outage", f"{r['max_held_during_outage']:,}"),
+        ("FAILED at the end of the outage", f"{r['failed_during_outage']}"),
+        ("retries charged in all", f"{r['retries_charged']}"),
+        (
+            "every event once / per-key order / all PUBLISHED",
+            f"{r['exactly_once']} / {r['per_key_order']} / {r['all_published']}",
+        ),
+    ]
+    more = f" Other processes used {r['other_processes_cpu_share']:.0%} of the cores meanwhile."
+    lines = [
+        *heading(
+            "Relay recovery after a JetStream outage",
+            command("outage", *(["--quick"] if quick else [])),
+            r["machine"],
+            runtime,
+            more=more,
+        ),
+        f"{r['rate_ev_s']} ev/s over {KEYS} keys, target killed for {r['outage_s']:g} s, "
+        f"`replay_every: null`; {r['events']:,} events in all.",
+        "",
+        *table(("measure", "value"), "lr", rows),
+        "",
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

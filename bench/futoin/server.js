@@ -1,7 +1,7 @@
 'use strict';
-// FutoIn's own FTN18 server for bench/streams.py: futoin-eventstream's DBGenService and
-// DBPushService (which serves poll 1.0 too) on a NodeExecutor (HTTP + WebSocket) with
-// legacy basic auth, events in PostgreSQL through futoin-database's AutoConfig.
+// FutoIn's own FTN18 server for the streams benchmark (bench/streams/): futoin-eventstream's
+// DBGenService and DBPushService (which serves poll 1.0 too) on a NodeExecutor (HTTP +
+// WebSocket) with legacy basic auth, events in PostgreSQL through futoin-database's AutoConfig.
 // Usage (from tests/interop/futoin, where the packages are installed):
 //   DB_EVT_TYPE=postgresql DB_EVT_HOST=127.0.0.1 DB_EVT_PORT=5432 DB_EVT_USER=root \
 //   DB_EVT_DB=<db> DB_EVT_MAXCONN=1 node bench/futoin/server.js '<json options>'

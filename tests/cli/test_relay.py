@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from bench.processes import kill_tree, tidings_cli
+from bench.harness.processes import kill_tree, tidings_cli
 from tests.support.helpers import relay_config, store_events, write_config
 from tests.support.waiting import wait_until
 from tidings.db import make_engine

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.processes import ServerProcess, free_port, local_address, tidings_cli, wait_for_port
+from bench.harness.processes import (
+    ServerProcess,
+    free_port,
+    local_address,
+    tidings_cli,
+    wait_for_port,
+)
 from tests.support.waiting import run
 from tidings import client
 from tidings.events.query import QueryData

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.processes import TIDINGS
+from bench.harness.processes import TIDINGS
 from tidings.errors import IntermediaryError
 from tidings.intermediary.fanout import FanoutConfig, run_fanout
 
@@ -35,7 +35,8 @@ KEYS = (
 
 def test_the_benchmark_runs_end_to_end_in_quick_mode(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "fanout.py"), "--quick", "--results", str(tmp_path)],
+        [sys.executable, "-m", "bench.fanout", "--quick", "--results", str(tmp_path)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,

@@ -20,7 +20,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from bench.processes import ServerProcess, free_port, local_address, tidings_cli, wait_for_port
+from bench.harness.processes import (
+    ServerProcess,
+    free_port,
+    local_address,
+    tidings_cli,
+    wait_for_port,
+)
 from tests.support.chromium import Browser
 from tests.support.waiting import run
 from tidings import client

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from bench.processes import kill_tree, tidings_cli
+from bench.harness.processes import kill_tree, tidings_cli
 from tests.support.helpers import (
     delete_stream,
     relay_config,

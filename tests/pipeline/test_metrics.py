@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from bench.processes import free_port
+from bench.harness.processes import free_port
 from tests.support.helpers import relay_config, write_config
 from tidings.cli import app
 from tidings.config import load_config

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from bench.processes import NatsServer, free_port
+from bench.harness.processes import NatsServer, free_port
 from tests.support.helpers import (
     relay_config,
     statuses,

@@ -31,7 +31,7 @@ from pyspark.errors import StreamingQueryException
 from sqlalchemy import Engine, func, select
 
 import tidings
-from bench.processes import free_port, log_tail, wait_for_port
+from bench.harness.processes import free_port, log_tail, wait_for_port
 from tests.support.helpers import relay_config, statuses, store_events, store_target, write_config
 from tests.support.waiting import wait_until
 from tidings.config import load_config_file

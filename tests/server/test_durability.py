@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from bench.processes import ServerProcess, free_port, local_address
+from bench.harness.processes import ServerProcess, free_port, local_address
 from tests.support.waiting import run, until, wait_until
 from tidings import client
 from tidings.db import driver_url

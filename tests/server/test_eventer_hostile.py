@@ -3,7 +3,7 @@ bystander: hat-event 0.8.5's own client registering and querying in a loop throu
 
 Each test is a row of the issue's table: the hostile connection is closed (with its one log
 line) or served, and the bystander's registrations and queries keep succeeding, before,
-during and after. Sizes are smaller than the benchmark's (bench/server.py, "hostile"), but
+during and after. Sizes are smaller than the benchmark's (bench/server/hostile.py), but
 above the thresholds that matter (the decode thread, the streamed reply, the lag bound).
 """
 

@@ -10,7 +10,7 @@ import hat.event.common as hat
 import hat.event.eventer as hat_eventer
 import pytest
 
-from bench.processes import local_address
+from bench.harness.processes import local_address
 from tests.support.helpers import hat_event_server
 from tests.support.server_helpers import running
 from tests.support.waiting import run

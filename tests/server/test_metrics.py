@@ -12,7 +12,7 @@ import hat.event.common as hat
 import hat.event.eventer as hat_eventer
 import pytest
 
-from bench.processes import free_port, local_address
+from bench.harness.processes import free_port, local_address
 from tests.support.waiting import run
 from tidings.errors import ConfigError
 from tidings.server.config import load_server_config

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from hat.monitor.common import BlessingReq, BlessingRes, ComponentInfo, json_schema_repo
 
-from bench.processes import ServerProcess, free_port, local_address, wait_for_port
+from bench.harness.processes import ServerProcess, free_port, local_address, wait_for_port
 from tests.support.waiting import run, wait_until
 from tidings import client
 from tidings.events.model import StoredEvent

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.processes import ServerProcess, free_port, local_address
+from bench.harness.processes import ServerProcess, free_port, local_address
 from tests.support.waiting import run, wait_until
 from tidings import client
 from tidings.events.model import StoredEvent

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.processes import free_port, local_address
+from bench.harness.processes import free_port, local_address
 from tests.support.helpers import hat_event_server
 from tests.support.server_helpers import async_engine, raw_message
 from tests.support.waiting import run, until

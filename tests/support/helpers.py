@@ -1,7 +1,7 @@
 """Helpers shared by the test modules: relay configurations and what they produced (outbox
 statuses, the event store's events, JetStream streams), a hat-event 0.8.5 server, and fresh
 interpreters. The processes the tests start (``tidings`` subprocesses and servers, a private
-``nats-server``) are started as the benchmarks start them, by ``bench/processes.py``."""
+``nats-server``) are started as the benchmarks start them, by ``bench.harness.processes``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import Engine, select
 
 import tidings.targets.registry
-from bench.processes import ServerProcess, free_port
+from bench.harness.processes import ServerProcess, free_port
 from tests.support.waiting import run
 from tidings.config import TidingsConfig, load_config
 from tidings.events.model import StoredEvent
@@ -133,7 +133,7 @@ def delete_stream(stream: str, url: str = SHARED_URL) -> None:
         admin(lambda js: js.delete_stream(stream), url)
 
 
-# --- processes: a hat-event 0.8.5 server (the others are bench/processes.py's) -----------------
+# --- processes: a hat-event 0.8.5 server (bench.harness.processes starts the others) -----
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench.processes import local_address
+from bench.harness.processes import local_address
 from tidings.events.model import StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine, Module

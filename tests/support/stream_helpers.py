@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.processes import free_port, local_address
+from bench.harness.processes import free_port, local_address
 from tests.support.waiting import until
 from tidings.server.runner import serve
 from tidings.streams.auth import hash_password

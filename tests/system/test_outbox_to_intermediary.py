@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from bench.processes import ServerProcess, free_port
+from bench.harness.processes import ServerProcess, free_port
 from tests.support.chain_helpers import DDL, chain_rig, next_view, reference
 from tests.support.helpers import relay_config, statuses
 from tidings.client import QueryData, StoredEvent, connect, json_event

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from bench.processes import ServerProcess, free_port, local_address
+from bench.harness.processes import ServerProcess, free_port, local_address
 from tests.support.helpers import relay_config, statuses
 from tests.support.waiting import run
 from tidings.client import connect

@@ -30,7 +30,7 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
-from bench.processes import NATS_SERVER, NatsServer, free_port, wait_for_port
+from bench.harness.processes import NATS_SERVER, NatsServer, free_port, wait_for_port
 from tests.support.helpers import (
     SHARED_URL,
     admin,

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.processes import local_address
+from bench.harness.processes import local_address
 from tests.support.server_helpers import (
     event_to_sbs,
     length_prefixed,

@@ -1,11 +1,11 @@
 """The least a Python asyncio Eventer server does per register: the benchmark's ceiling.
 
-``python bench/floor_server.py --conf server.yaml`` (``address: tcp+sbs://host:port``) answers
+``python -m bench.server.floor --conf server.yaml`` (``address: tcp+sbs://host:port``) answers
 hat-event 0.8.5's ``MsgRegisterReq`` as a server would — frame, pre-scan and decode with
 tidings' wire code (hat-sbs), number the events, encode the reply, send — and stores nothing,
 runs no engine, serves no query or subscription (pings are answered, as hat's client needs).
 One asyncio Protocol, no tasks per connection. Driven by the same client as the real servers
-(``bench/server.py``), its register rates are what no Python server on this machine can beat:
+(the server benchmark), its register rates are what no Python server on this machine can beat:
 what is left between it and a real server is the cost of storing, the engine and serving
 many clients safely.
 """

@@ -1,12 +1,12 @@
 """The processes the benchmarks and the tests start: servers in subprocesses, on free ports.
 
-One way of starting each, shared by ``bench/`` (a script's own folder is on its path) and
-``tests/`` (pytest's ``pythonpath`` in pyproject.toml lists ``bench``): ``tidings`` as a user
-runs it (:func:`tidings_cli`), a ``tidings server``, a hat-event 0.8.5 server or a hat-monitor
-Monitor Server in a working directory of its own (:class:`ServerProcess`) and a private
-``nats-server`` with JetStream
-(:class:`NatsServer`). Every start waits until the server's ports accept connections, and
-fails with what went wrong (the process's exit, its log's tail) if they do not.
+One way of starting each, shared by ``bench/`` and ``tests/`` (both import this module as
+``bench.harness.processes`` from the checkout's root): ``tidings`` as a user runs it
+(:func:`tidings_cli`), a ``tidings server``, a hat-event 0.8.5 server, a hat-monitor Monitor
+Server or any other server configured by a YAML file, in a working directory of its own
+(:class:`ServerProcess`), and a private ``nats-server`` with JetStream (:class:`NatsServer`).
+Every start waits until the server's ports accept connections, and fails with what went
+wrong (the process's exit, its log's tail) if they do not.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from bench.harness.paths import REPO
 
 NATS_SERVER = "/usr/sbin/nats-server"
 #: hat-event 0.8.5's server, installed beside this interpreter (a development dependency).
@@ -81,6 +83,13 @@ def wait_for_port(
         raise RuntimeError(problem + (f"; the end of {log}:\n{log_tail(log)}" if log else ""))
 
 
+def bench_env() -> dict[str, str]:
+    """This process's environment with the checkout's root first on ``PYTHONPATH``: for a
+    subprocess that runs a module of ``bench/`` (``python -m bench.x``) in another folder."""
+    path = os.environ.get("PYTHONPATH")
+    return os.environ | {"PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
+
+
 def tidings_cli(*args: str, **popen: Any) -> subprocess.Popen[bytes]:
     """``tidings ARGS`` as a user runs it, in a subprocess of this interpreter; ``popen``
     goes to :class:`subprocess.Popen` (cwd, env, output)."""
@@ -109,7 +118,9 @@ class ServerProcess:
     logging to ``server.log`` there; started, stopped (SIGTERM) or killed (SIGKILL to its
     process group, as a crash would) at will, and started again on the same files.
 
-    Make one with :meth:`tidings`, :meth:`hat_event`, :meth:`hat_monitor` or :meth:`floor`.
+    Make one with :meth:`tidings`, :meth:`hat_event` or :meth:`hat_monitor`, or give the
+    command (to which ``--conf server.yaml`` is added) and, for a module of ``bench/``,
+    :func:`bench_env` as its ``env``.
     ``ports`` are an event server's Eventer's (``"eventer"``) and, if it serves one, its
     Syncer's (``"syncer"``); :meth:`start` waits for those named in ``listening`` (default:
     all).
@@ -122,8 +133,10 @@ class ServerProcess:
         config: dict[str, Any],
         ports: Mapping[str, int],
         listening: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
+        self._env = None if env is None else dict(env)
         self.ports = dict(ports)
         self.port = ports.get("eventer", 0)
         self.eventer = local_address(self.port)
@@ -169,14 +182,6 @@ class ServerProcess:
             for peer_id, address in peers
         ]
         return cls([*TIDINGS, "server"], workdir, config, ports)
-
-    @classmethod
-    def floor(cls, workdir: Path, ports: Mapping[str, int]) -> ServerProcess:
-        """``bench/floor_server.py``: answers registers as a server would and stores nothing
-        (the benchmark's ceiling, see that module)."""
-        script = Path(__file__).with_name("floor_server.py")
-        config = {"address": local_address(ports["eventer"])}
-        return cls([sys.executable, str(script)], workdir, config, ports)
 
     @classmethod
     def hat_event(
@@ -251,6 +256,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=self._env,
             )
         try:
             for name in self._listening:

@@ -1,12 +1,12 @@
-"""The "hostile" phase of bench/server.py: one hostile or careless connection at a time
+"""The "hostile" phase of the server benchmark: one hostile or careless connection at a time
 against a server, while a bystander (hat-event 0.8.5's client, in a process of its own)
 registers and queries in a loop.
 
-For each row of issue 8's table it records the bystander's worst round trip during the row
+For each row of its table it records the bystander's worst round trip during the row
 (from the hostile action's start until 0.3 s after it ended) and the server's peak RSS (the
 kernel's high-water mark, ``VmHWM``, reset before each row through ``clear_refs``), and
-what happened to the hostile connection. Run by ``bench/server.py``; this file also runs
-the bystander process (``--bystander ADDRESS``).
+what happened to the hostile connection. Run by the server benchmark; this module also runs
+the bystander process (``python -m bench.server.hostile --bystander ADDRESS``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,13 @@ from typing import Any
 
 import hat.event.common as hc
 import psutil
-from common import say, wait_idle
 from hat.event import eventer
 
-#: Rows (name -> what the one hostile client does), in the issue's order.
+from bench.harness.cpu import wait_idle
+from bench.harness.processes import bench_env
+from bench.harness.progress import say
+
+#: Rows (name -> what the one hostile client does).
 ROWS = {
     "bad_byte": "one invalid byte (reference, not in the issue: any refused connection)",
     "lying_count": "one ~30-byte Eventer frame whose SBS Array declares 2^31 items",
@@ -38,7 +41,7 @@ ROWS = {
     "big_register": "one register of 100,000 events (a legitimate ~13 MiB frame), the "
     "client subscribed to them",
 }
-#: Goals (issue 8): worst bystander round trip during a single hostile connection, ...
+#: Goals: worst bystander round trip during a single hostile connection, ...
 GOAL_WORST_MS = 50.0
 #: ... peak RSS growth against the largest frame the server accepted (read) ...
 GOAL_FRAME_GROWTH = 2.0
@@ -152,10 +155,12 @@ class Bystander:
     async def start(cls, address: str) -> Bystander:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "bench.server.hostile",
             "--bystander",
             address,
             stdout=asyncio.subprocess.PIPE,
+            env=bench_env(),
         )
         bystander = cls(proc)
         deadline = time.monotonic() + 30
@@ -454,7 +459,7 @@ def markdown(result: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "",
-        "## Hostile and careless clients (issue 8)",
+        "## Hostile and careless clients",
         "",
         "One hostile connection at a time; a bystander (hat-event 0.8.5 client, own process) "
         "registers one event and queries it back in a loop (10 ms pause). Worst: the "

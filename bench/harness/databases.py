@@ -1,0 +1,35 @@
+"""Scratch databases on the local PostgreSQL server, made fresh for a run and dropped after
+it, so that no benchmark measures on what another left behind."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+
+#: The local PostgreSQL server the benchmarks use (trust auth), without a database.
+PG = "postgresql://root@127.0.0.1:5432"
+
+
+@contextlib.contextmanager
+def scratch_database(name: str) -> Iterator[str]:
+    """A fresh PostgreSQL database on the local server, dropped afterwards; its URL."""
+
+    def admin(*statements: str) -> None:
+        with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)  # type: ignore[arg-type]
+
+    admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}")
+    try:
+        yield f"{PG}/{name}"
+    finally:
+        admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def postgresql_version() -> str:
+    """The local server's version."""
+    with psycopg.connect(f"{PG}/postgres") as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else "unknown"
