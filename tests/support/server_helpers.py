@@ -18,7 +18,7 @@ from bench.harness.processes import local_address
 from tidings.events.model import StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine, Module
-from tidings.server.eventer import EventerServer
+from tidings.server.eventer.server import EventerServer
 from tidings.server.store import EventStore
 from tidings.wire import codec
 from tidings.wire.chatter import Connection

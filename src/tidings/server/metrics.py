@@ -1,13 +1,13 @@
 """Prometheus metrics of a running event server, at ``http://<address>:<port>/metrics`` when
 its configuration has a ``metrics:`` section.
 
-The Eventer server keeps plain counters (:class:`EventerCounters`: requests, queries,
-notifications) and this module counts the stored events by listening to the engine, as
-the Eventer's notifications do; the rest is read at scrape time from the running parts
-(connected clients, Syncer peers), as :mod:`tidings.streams.metrics` reads its stream. Each
-server has a registry of its own, so several servers in one process (tests, a pair in sync)
-do not share or clash over metric names; the endpoint is prometheus_client's HTTP server
-thread, stopped with the server.
+The Eventer server keeps plain counters (requests, queries, notifications:
+:mod:`tidings.server.eventer.counters`) and this module counts the stored events by
+listening to the engine, as the Eventer's notifications do; the rest is read at scrape time
+from the running parts (connected clients, Syncer peers), as :mod:`tidings.streams.metrics`
+reads its stream. Each server has a registry of its own, so several servers in one process
+(tests, a pair in sync) do not share or clash over metric names; the endpoint is
+prometheus_client's HTTP server thread, stopped with the server.
 
 Per-peer lag in events is not exported: the Syncer protocol tells a client only that it has
 caught up (``MsgSynced``), not how far behind it is; ``tidings_server_syncer_peer_synced``
@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -27,18 +26,32 @@ from prometheus_client.registry import Collector
 
 from tidings.errors import ConfigError
 from tidings.events.model import StoredEvent
+from tidings.server.async_engine import AsyncEngine
+from tidings.server.eventer.counters import EventerCounters
+from tidings.server.eventer.server import EventerServer
+from tidings.server.syncer.client import SyncerClient
+from tidings.server.syncer.server import SyncerServer
 
-if TYPE_CHECKING:
-    from tidings.server.runner import RunningServer
 
+class RunningParts(Protocol):
+    """What the metrics read of a running server (the runner's ``RunningServer``), at
+    each scrape: the parts come and go (the Eventer server with the Monitor's blessing, the
+    Syncer clients with the peers)."""
 
-@dataclass
-class EventerCounters:
-    """What the Eventer server counts as it serves (plain ints: increments on the loop)."""
+    @property
+    def engine(self) -> AsyncEngine: ...
 
-    register_requests: int = 0
-    queries: int = 0
-    notifications: int = 0
+    @property
+    def counters(self) -> EventerCounters: ...
+
+    @property
+    def eventer(self) -> EventerServer | None: ...
+
+    @property
+    def syncer(self) -> SyncerServer | None: ...
+
+    @property
+    def peers(self) -> list[SyncerClient]: ...
 
 
 class _StoredCounter:
@@ -57,7 +70,7 @@ class _StoredCounter:
 
 
 class _ServerCollector(Collector):
-    def __init__(self, running: RunningServer, stored: _StoredCounter) -> None:
+    def __init__(self, running: RunningParts, stored: _StoredCounter) -> None:
         self._running = running
         self._stored = stored
 
@@ -114,7 +127,7 @@ class _ServerCollector(Collector):
 class MetricsEndpoint:
     """The ``/metrics`` endpoint of one running server."""
 
-    def __init__(self, running: RunningServer, address: str, port: int) -> None:
+    def __init__(self, running: RunningParts, address: str, port: int) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._stored = _StoredCounter(running.engine.server_id)
         self._unsubscribe = running.engine.subscribe(self._stored)

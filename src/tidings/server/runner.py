@@ -27,8 +27,9 @@ from tidings.server.async_engine import AsyncEngine
 from tidings.server.backends import open_backend
 from tidings.server.config import ServerConfig
 from tidings.server.engine import Engine
-from tidings.server.eventer import EventerServer
-from tidings.server.metrics import EventerCounters, MetricsEndpoint
+from tidings.server.eventer.counters import EventerCounters
+from tidings.server.eventer.server import EventerServer
+from tidings.server.metrics import MetricsEndpoint
 from tidings.server.monitor import MonitorLink
 from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
@@ -119,9 +120,9 @@ class RunningServer:
             extra={
                 "server_id": server_id,
                 "eventer": config.eventer_server.address,
-                "syncer": None if syncer is None else config.syncer_server.address,
+                "syncer": None if config.syncer_server is None else config.syncer_server.address,
                 "peers": [p.address for p in config.syncer_peers],
-                "monitor": None if standalone else config.monitor.monitor_address,
+                "monitor": None if config.monitor is None else config.monitor.monitor_address,
             },
         )
         return running

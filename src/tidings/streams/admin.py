@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from tidings.server.backends import open_backend
-from tidings.server.positions import count_after, read_newest, read_positions
 from tidings.server.store import EventStore
+from tidings.server.store.positions import count_after, read_newest, read_positions
 from tidings.streams.config import StreamConfig, StreamServerConfig
 from tidings.streams.consumers import Consumers
 

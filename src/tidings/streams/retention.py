@@ -21,8 +21,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from tidings.events.timeutil import utcnow
-from tidings.server.retention import Keep, discard
 from tidings.server.store import EventStore
+from tidings.server.store.retention import Keep, discard
 from tidings.streams.config import StreamConfig
 from tidings.streams.consumers import Consumers
 

@@ -29,7 +29,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tidings.address import parse_address
 from tidings.errors import ConnectionClosed, ProtocolError, RequestTimeout
@@ -289,9 +289,10 @@ class Connection:
         try:
             await self.drain()
             closed = asyncio.ensure_future(self._closed.wait())
+            waits: set[asyncio.Future[Any]] = {future, closed}
             try:
                 done, _ = await asyncio.wait(
-                    {future, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
             finally:
                 closed.cancel()

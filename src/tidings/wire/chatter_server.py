@@ -38,7 +38,8 @@ class Server:
     @property
     def port(self) -> int:
         """The bound port (useful after listening on port 0)."""
-        return self._server.sockets[0].getsockname()[1]
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     @property
     def connections(self) -> frozenset[Connection]:
@@ -71,7 +72,8 @@ async def listen(
     handlers: set[asyncio.Task[None]] = set()
 
     async def on_accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task: asyncio.Task[None] = asyncio.current_task()  # type: ignore[assignment]
+        task = asyncio.current_task()
+        assert task is not None  # asyncio runs each accepted connection's callback in a task
         handlers.add(task)
         task.add_done_callback(handlers.discard)
         connection = Connection(

@@ -31,7 +31,7 @@ from hat.sbs import evaluator, parser
 
 from tidings.errors import ProtocolError
 from tidings.events.model import EventId, EventType, NewEvent, PayloadKind, StoredEvent
-from tidings.events.query import QueryData
+from tidings.events.query import Order, OrderBy, QueryData
 from tidings.wire import prescan
 
 #: One hat-sbs value (dict, list, tuple, int, str, bytes, ...).
@@ -88,7 +88,8 @@ MESSAGE_TYPES: dict[str, frozenset[str]] = {
 
 def encode(module: str | None, type_name: str, value: Value) -> bytes:
     """Encode ``value`` as ``module.type_name``."""
-    return REPOSITORY.encode(module, type_name, value)
+    encoded: bytes = REPOSITORY.encode(module, type_name, value)
+    return encoded
 
 
 def value_budget(size: int, *, from_server: bool = False) -> int:
@@ -184,7 +185,8 @@ def timestamp_from_sbs(value: Value, field: str) -> int:
     us = value["us"]
     if not 0 <= us < _US:
         raise ProtocolError(f"{field}: invalid timestamp {value!r}")
-    return value["s"] * _US + us
+    us_since_epoch: int = value["s"] * _US + us
+    return us_since_epoch
 
 
 def _optional_timestamp_to_sbs(us: int | None) -> tuple[str, Value]:
@@ -384,8 +386,8 @@ def events_from_sbs(value: Value, field: str) -> list[StoredEvent]:
 
 # --- queries --------------------------------------------------------------------------------
 
-_ORDERS = {"descending": "descending", "ascending": "ascending"}
-_ORDER_BYS = {"timestamp": "timestamp", "sourceTimestamp": "source_timestamp"}
+_ORDERS: dict[str, Order] = {"descending": "descending", "ascending": "ascending"}
+_ORDER_BYS: dict[str, OrderBy] = {"timestamp": "timestamp", "sourceTimestamp": "source_timestamp"}
 
 
 def query_to_sbs(query: QueryData) -> dict[str, Value]:
@@ -429,8 +431,8 @@ def query_from_sbs(value: Value) -> QueryData:
         source_t_from=_optional_timestamp_from_sbs(value["sourceTFrom"], "query.sourceTFrom"),
         source_t_to=_optional_timestamp_from_sbs(value["sourceTTo"], "query.sourceTTo"),
         payload=None if payload is None else payload_from_sbs(payload, "query.payload"),
-        order=_ORDERS[value["order"][0]],  # type: ignore[arg-type]
-        order_by=_ORDER_BYS[value["orderBy"][0]],  # type: ignore[arg-type]
+        order=_ORDERS[value["order"][0]],
+        order_by=_ORDER_BYS[value["orderBy"][0]],
         unique_type=value["uniqueType"],
         max_results=_optional(value["maxResults"]),
     )
@@ -442,6 +444,11 @@ def _optional(value: Value) -> Value:
 
 def _parse_json(text: str, decoder: json.JSONDecoder = _JSON) -> None:
     """Check that ``text`` is JSON (the decoder's C scanner, without the wrapper layers)."""
-    end = _JSON_WS.match(text, decoder.raw_decode(text, _JSON_WS.match(text, 0).end())[1]).end()
+    # The pattern matches the empty string: match() never gives None.
+    leading = _JSON_WS.match(text, 0)
+    assert leading is not None
+    trailing = _JSON_WS.match(text, decoder.raw_decode(text, leading.end())[1])
+    assert trailing is not None
+    end = trailing.end()
     if end != len(text):
         raise ValueError(f"extra data at character {end}")

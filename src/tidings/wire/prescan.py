@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from hat.sbs import common
 
@@ -111,8 +112,8 @@ class Schemas:
         left = value_budget(end) if budget is None else budget
         try:
             item = self._item(ref) if slice_bytes is not None else None
-            if item is not None:
-                slices = _array_slices(*item, view, end, left, slice_bytes)  # type: ignore[arg-type]
+            if item is not None and slice_bytes is not None:
+                slices = _array_slices(*item, view, end, left, slice_bytes)
                 pos = slices[-1].end
             else:
                 slices = None
@@ -201,7 +202,7 @@ class Schemas:
             "refuse_array": _refuse_array,
         }
         exec(compile(text, f"<SBS scanner of {ref.module}.{ref.name}>", "exec"), namespace)
-        return namespace["scan"]  # type: ignore[return-value]
+        return cast(_Scanner, namespace["scan"])  # the function the text above defines
 
 
 class _Source:

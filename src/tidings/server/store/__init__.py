@@ -11,34 +11,30 @@ by which (with its type) a re-published event is recognised and not stored twice
 Events of other servers, received by a Hat syncer, are stored with their own ids and
 timestamps (:meth:`EventStore.append_synced`); :meth:`EventStore.events_after` serves a
 syncer's backlog. A table of the distinct event types lets queries resolve type patterns to
-exact types (:mod:`tidings.server.query_types`). The same SQLAlchemy Core code runs on both
-databases.
+exact types. The same SQLAlchemy Core code runs on both databases, and every statement on
+the store's tables lives in this package.
 
-One module per concern: :mod:`.schema` (tables, creation, upgrades, the row format),
-:mod:`.driver` (engine, transactions, the append lock, the plain-SQL cursor, the WAL
-checkpoint thread), :mod:`.planning` (dedup, numbering and the counters) and :mod:`.facade`
-(the :class:`EventStore`). The names below are the store's surface for the rest of the
-server (engine, queries, reads by position); what only the store's own modules use (the
-planner's ``Registered``, which :meth:`EventStore.register_sessions` returns) stays in its
-module.
+One module per concern, bottom up: :mod:`.driver` (engine, transactions, the append lock,
+the plain-SQL cursor, the WAL checkpoint thread), :mod:`.schema` (tables, creation,
+upgrades, the row format), :mod:`.counters` (positions, session and instance numbers),
+:mod:`.planning` (what an append stores: dedup, then the rows), :mod:`.facade` (the
+:class:`EventStore`); then the reads and deletes on top of it: :mod:`.type_patterns` (Hat
+type patterns as conditions on the stored type), :mod:`.queries` (Hat queries from the
+indexes), :mod:`.positions` (reads in position order, for stream consumers) and
+:mod:`.retention` (discarding what every reader is done with). The names below are the
+store's surface for the rest of the server and its users; what only the store's own modules
+use (the planner's ``Registered``, which :meth:`EventStore.register_sessions` returns) stays
+in its module.
 """
 
-from tidings.events.model import encode_type
 from tidings.server.store.driver import DriverCursor
 from tidings.server.store.facade import EventStore
-from tidings.server.store.schema import (
-    EVENT_COLUMNS,
-    decode_type,
-    events_from_rows,
-    events_table,
-)
+from tidings.server.store.schema import EVENT_COLUMNS, events_from_rows, events_table
 
 __all__ = [
     "EVENT_COLUMNS",
     "DriverCursor",
     "EventStore",
-    "decode_type",
-    "encode_type",
     "events_from_rows",
     "events_table",
 ]

@@ -122,7 +122,9 @@ def transaction(
 def _sqlite_pragma(conn: Connection, pragma: str) -> None:
     """Run ``pragma`` on the driver's connection, outside SQLAlchemy's transaction (which
     executing it through ``conn`` would begin)."""
-    conn.connection.driver_connection.execute(pragma)  # type: ignore[union-attr]
+    driver = conn.connection.driver_connection
+    assert driver is not None  # the connection is open: it has its DBAPI connection
+    driver.execute(pragma)
 
 
 def _cause(exc: SQLAlchemyError) -> str:
@@ -309,7 +311,9 @@ class Writer:
         connection's: readers' large sorts may still spill to disk."""
         connection = self._engine.raw_connection()
         if not self._postgresql:
-            connection.driver_connection.execute("PRAGMA temp_store = MEMORY")
+            driver = connection.driver_connection
+            assert driver is not None  # a connection checked out of the pool has its own
+            driver.execute("PRAGMA temp_store = MEMORY")
         return connection
 
     def _cursor(self) -> DriverCursor:

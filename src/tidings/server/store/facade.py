@@ -16,6 +16,7 @@ from sqlalchemy import Connection, delete, func, or_, select
 from tidings.errors import StoreError
 from tidings.events.model import EventId, EventType, NewEvent, StoredEvent
 from tidings.events.validation import require_int, require_outbox_id
+from tidings.server.store.counters import HeldCounters, raise_id_counters, seed_counters
 from tidings.server.store.driver import (
     Checkpointer,
     DriverCursor,
@@ -25,7 +26,6 @@ from tidings.server.store.driver import (
     transaction,
 )
 from tidings.server.store.planning import (
-    HeldCounters,
     Registered,
     add_types,
     encode_synced_types,
@@ -34,8 +34,6 @@ from tidings.server.store.planning import (
     insert_synced,
     plan_sessions,
     plan_synced,
-    raise_id_counters,
-    seed_counters,
     select_by_outbox_ids,
 )
 from tidings.server.store.schema import events_from_rows, events_table, prepare_schema
@@ -223,9 +221,10 @@ class EventStore:
     def last_position(self) -> int:
         """The position of the newest stored event (0 when the store is empty)."""
         with self._transaction("read the last position") as conn:
-            return conn.execute(
+            last: int = conn.execute(
                 select(func.coalesce(func.max(events_table.c.position), 0))
             ).scalar_one()
+        return last
 
     def count(self) -> int:
         """Return the number of stored events."""
@@ -253,7 +252,7 @@ class EventStore:
     def snapshot(self, action: str = "read") -> Iterator[Connection]:
         """A transaction for reading whose statements all see the same state of the store.
 
-        For readers that need several statements (tidings.server.query resolves type
+        For readers that need several statements (tidings.server.store.queries resolves type
         patterns, then reads events): on PostgreSQL it is ``REPEATABLE READ READ ONLY``, as
         ``READ COMMITTED`` would let each statement see newer events; SQLite's transaction
         already reads one snapshot (nothing stops a write there: do not write). Select
@@ -264,9 +263,9 @@ class EventStore:
             yield conn
 
     def delete_positions(self, positions: Sequence[int]) -> int:
-        """Delete the events at ``positions`` (retention: :mod:`tidings.server.retention`
-        decides which); how many there were. Positions are never reused: the counters
-        keep growing past deleted events."""
+        """Delete the events at ``positions`` (:mod:`.retention` decides which); how many
+        there were. Positions are never reused: the counters keep growing past deleted
+        events."""
         deleted = 0
         c = events_table.c
         with self._transaction("delete events", append=True) as conn:

@@ -1,8 +1,8 @@
 """The event store's tables: their definitions, creation and upgrades, and the row format.
 
-Every statement of the store and of the queries (:mod:`tidings.server.query`) reads and
-writes these tables; the plain-SQL ones list the event columns in :data:`EVENT_COLUMNS`
-order and turn rows back into events with :func:`events_from_rows`. A type is stored as its
+Every statement of the store and of its queries (:mod:`.queries`) reads and writes these
+tables; the plain-SQL ones list the event columns in :data:`EVENT_COLUMNS` order and turn
+rows back into events with :func:`events_from_rows`. A type is stored as its
 :func:`encode_type` text, so that equal types are equal text and a type prefix is a range
 of it.
 """
@@ -78,7 +78,7 @@ events_table = Table(
     Column("session", BigInteger, nullable=False),
     Column("instance", BigInteger, nullable=False),
     # Canonical JSON array, see encode_type. Byte order ("C") on PostgreSQL, as SQLite
-    # already has, so that a type prefix is a contiguous index range (tidings.server.query).
+    # already has, so that a type prefix is a contiguous index range (see queries.py).
     Column("type", Text().with_variant(Text(collation="C"), "postgresql"), nullable=False),
     Column("timestamp_us", BigInteger, nullable=False),
     Column("source_timestamp_us", BigInteger),
@@ -104,7 +104,7 @@ events_table = Table(
         sqlite_where=text("outbox_event_id IS NOT NULL"),
         postgresql_where=text("outbox_event_id IS NOT NULL"),
     ),
-    # The query indexes (tidings.server.query): each ends with the columns of the order it
+    # The query indexes (see queries.py): each ends with the columns of the order it
     # serves, the event id breaking ties, so that ordered, limited queries read no more rows
     # than they return. The two led by type make "the first event of this type in this
     # order" (unique_type) one index probe, even when a whole session shares the type and

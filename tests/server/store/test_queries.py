@@ -17,11 +17,11 @@ from tidings.errors import StoreError
 from tidings.events.matching import TypeMatcher, matches, validate_query_type
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
-from tidings.server import query as query_module
-from tidings.server.query import query_events
-from tidings.server.query_reply import plan_reply
+from tidings.server.eventer.query_replies import plan_reply
 from tidings.server.store import EventStore
 from tidings.server.store import planning as store_planning
+from tidings.server.store import queries as query_module
+from tidings.server.store.queries import query_events
 from tidings.wire import codec
 
 # --- matching ----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from tidings.client import connect
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.query import QueryData
 from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
-from tidings.server.query_reply import INLINE_REPLY_BYTES
+from tidings.server.eventer.query_replies import INLINE_REPLY_BYTES
 from tidings.wire import codec
 
 pytestmark = pytest.mark.sockets

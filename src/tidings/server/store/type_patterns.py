@@ -8,8 +8,9 @@ such patterns need no look-up at all. Patterns with ``?`` are resolved in Python
 (TypeMatcher) against the candidate ranges of the table of distinct types (``event_types``:
 thousands of rows where the log has millions); the result is cached per store until that
 table grows, and it is the candidate ranges again when every candidate matched, else the
-list of matched types. The queries (:mod:`tidings.server.query`) put the resulting
-:class:`TypeFilter` into their statements with :func:`type_condition`.
+list of matched types. The queries (:mod:`.queries`) put the resulting :class:`TypeFilter`
+into their statements with :func:`type_condition`; reads by position (:mod:`.positions`) and
+retention (:mod:`.retention`) join it to their own condition with :func:`type_condition_of`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidings.events.matching import ANY_ONE, ANY_REST, QueryType, TypeMatcher
-from tidings.server.store import DriverCursor, EventStore, decode_type, encode_type
+from tidings.events.model import encode_type
+from tidings.server.store.driver import DriverCursor
+from tidings.server.store.facade import EventStore
+from tidings.server.store.schema import decode_type
 
 #: Up to this many exact types are inline parameters; longer lists are one JSON parameter.
 _INLINE_TYPES = 16
@@ -138,7 +142,7 @@ def type_condition(
     sql: DriverCursor, types: TypeFilter, column: str, *, filter_only: bool = False
 ) -> tuple[str, list[Any]]:
     """``column`` (the type text) among ``types``; ``filter_only`` keeps the planners from
-    reading by type (see ``_in_order`` in :mod:`tidings.server.query`): SQLite through
+    reading by type (see ``_in_order`` in :mod:`.queries`): SQLite through
     ``+column``, PostgreSQL by a long list in an expression, which it cannot turn into a join
     (a hashed subplan filters rows)."""
     if filter_only and not sql.postgresql:
@@ -169,3 +173,23 @@ def _among(
         return f"{column} IN (SELECT value FROM json_each(?))", [json.dumps(values)]
     condition = f"{column} IN (SELECT json_array_elements_text(?::json))"
     return f"({condition}) IS TRUE" if filter_only else condition, [json.dumps(values)]
+
+
+def type_condition_of(
+    sql: DriverCursor,
+    store: EventStore,
+    condition: str,
+    params: list[Any],
+    types: Sequence[QueryType] | None,
+) -> tuple[str | None, list[Any]]:
+    """``condition`` joined with the condition on the type column that selects ``types``
+    (``None``: any type); None instead of a condition when no stored type can match."""
+    if types is None:
+        return condition, params
+    found = type_filter(sql, store, tuple(types))
+    if found is None:
+        return condition, params
+    if found.is_empty():
+        return None, params
+    term, values = type_condition(sql, found, "type", filter_only=True)
+    return f"{condition} AND {term}", [*params, *values]

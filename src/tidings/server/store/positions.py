@@ -13,19 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tidings.errors import StoreError
 from tidings.events.matching import QueryType
 from tidings.events.model import StoredEvent
-from tidings.server.query_types import type_condition, type_filter
-from tidings.server.store import (
-    EVENT_COLUMNS,
-    DriverCursor,
-    EventStore,
-    events_from_rows,
-    events_table,
-)
+from tidings.server.store.driver import DriverCursor
+from tidings.server.store.facade import EventStore
+from tidings.server.store.schema import EVENT_COLUMNS, events_from_rows, events_table
+from tidings.server.store.type_patterns import type_condition_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,26 +78,6 @@ def count_after(store: EventStore, after: int, types: Sequence[QueryType] | None
         except sql.error as exc:
             raise StoreError(f"event store {store.url}: cannot count events: {exc}") from exc
     return int(count)
-
-
-def type_condition_of(
-    sql: DriverCursor,
-    store: EventStore,
-    condition: str,
-    params: list[Any],
-    types: Sequence[QueryType] | None,
-) -> tuple[str | None, list[Any]]:
-    """``condition`` joined with the condition on the type column that selects ``types``
-    (``None``: any type); None instead of a condition when no stored type can match."""
-    if types is None:
-        return condition, params
-    found = type_filter(sql, store, tuple(types))
-    if found is None:
-        return condition, params
-    if found.is_empty():
-        return None, params
-    term, values = type_condition(sql, found, "type", filter_only=True)
-    return f"{condition} AND {term}", [*params, *values]
 
 
 def read_newest(

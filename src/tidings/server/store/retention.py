@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 from tidings.errors import StoreError
 from tidings.events.matching import QueryType, TypeMatcher
-from tidings.server.positions import type_condition_of
-from tidings.server.store import DriverCursor, EventStore, decode_type, events_table
+from tidings.server.store.driver import DriverCursor
+from tidings.server.store.facade import EventStore
+from tidings.server.store.schema import decode_type, events_table
+from tidings.server.store.type_patterns import type_condition_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,7 @@ def discard(
 
 def _latest_of_types(sql: DriverCursor, texts: set[str]) -> set[int]:
     """The position of each type's latest event by timestamp (one index probe per type)."""
-    latest = set()
+    latest: set[int] = set()
     for text in texts:
         found = sql.rows(
             f"SELECT position FROM {events_table.name} WHERE type = ? ORDER BY timestamp_us "

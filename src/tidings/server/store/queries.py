@@ -1,6 +1,6 @@
 """Hat queries (:class:`~tidings.events.query.QueryData`) answered from the event store's indexes.
 
-Type patterns become conditions on the stored type text (:mod:`tidings.server.query_types`).
+Type patterns become conditions on the stored type text (:mod:`.type_patterns`).
 
 Each query shape gets the plan that reads the fewest rows; the database's own planner is
 left the choice only where every matching row is read anyway:
@@ -35,13 +35,10 @@ from typing import Any, Literal, TypeVar
 from tidings.errors import StoreError
 from tidings.events.model import StoredEvent
 from tidings.events.query import Order, QueryData
-from tidings.server.query_types import TypeFilter, type_condition, type_filter
-from tidings.server.store import (
-    EVENT_COLUMNS,
-    DriverCursor,
-    EventStore,
-    events_from_rows,
-)
+from tidings.server.store.driver import DriverCursor
+from tidings.server.store.facade import EventStore
+from tidings.server.store.schema import EVENT_COLUMNS, events_from_rows
+from tidings.server.store.type_patterns import TypeFilter, type_condition, type_filter
 
 #: The columns every statement selects, in this order (the rows are plain tuples).
 _COLUMNS = EVENT_COLUMNS
@@ -295,7 +292,12 @@ def _by_ids(sql: DriverCursor, query: QueryData, types: TypeFilter | None) -> li
     rows = _sorted_rows(rows, query)
     if query.unique_type:
         seen: set[str] = set()
-        rows = [row for row in rows if not (row[_TYPE] in seen or seen.add(row[_TYPE]))]
+        first_of_type = []
+        for row in rows:
+            if row[_TYPE] not in seen:
+                seen.add(row[_TYPE])
+                first_of_type.append(row)
+        rows = first_of_type
     return rows if query.max_results is None else rows[: query.max_results]
 
 
@@ -331,7 +333,7 @@ def _per_type_is_cheaper(sql: DriverCursor, types: TypeFilter, limit: int) -> bo
     per_type_cost = _SEEK_ROWS + min(limit, events / known)
     # per-type cost < min(events, limit * known / matched) <=> matched below both bounds
     bound = min(events / per_type_cost, math.sqrt(limit * known / per_type_cost))
-    threshold = max(1, math.ceil(bound))
+    threshold: int = max(1, math.ceil(bound))
     if types.listed is not None:
         return len(types.listed) < threshold
     condition, params = type_condition(sql, types, "t.type")

@@ -24,8 +24,8 @@ from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.outbox import OutboxEvent
 from tidings.events.query import QueryData
 from tidings.events.validation import validate_new_event
-from tidings.server.query import query_events
 from tidings.server.store import EventStore
+from tidings.server.store.queries import query_events
 from tidings.targets.event_store import EventStoreTarget, EventStoreTargetConfig
 
 

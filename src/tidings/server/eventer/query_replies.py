@@ -28,8 +28,8 @@ from functools import lru_cache
 from typing import IO, Any
 
 from tidings.events.query import QueryData
-from tidings.server.query import query_rows
 from tidings.server.store import EVENT_COLUMNS, EventStore, events_from_rows
+from tidings.server.store.queries import query_rows
 from tidings.wire import codec
 
 #: A reply up to this size is built in memory and sent in one write; a larger one is

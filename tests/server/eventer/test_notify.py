@@ -11,7 +11,7 @@ from tests.support.waiting import run
 from tidings.errors import ProtocolError
 from tidings.events.matching import TypeMatcher
 from tidings.events.model import EventId, PayloadKind, StoredEvent
-from tidings.server.notify import INLINE_EVENTS, Notifier, notify_bodies
+from tidings.server.eventer.notify import INLINE_EVENTS, Notifier, notify_bodies
 
 
 def _batch(first: int, count: int) -> list[StoredEvent]:

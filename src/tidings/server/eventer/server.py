@@ -9,7 +9,7 @@ JSON payload ``"CONNECTED"`` for every connection before it handles any of its m
 Each connection is served by a task of its own, in request order; connections never wait
 for each other's sockets. Register requests (hat-event's and the tidings extension
 ``TidingsEventer.MsgRegisterReq``) are pipelined with the engine and answered in request
-order (:mod:`tidings.server.eventer_register`). A query waits for the connection's earlier
+order (:mod:`.registrations`). A query waits for the connection's earlier
 registrations, so a client always reads its own writes. A query always gets a reply: an
 invalid one is answered with no events, and logged.
 
@@ -22,7 +22,7 @@ with the reason "slow subscriber") and its buffer is dropped, which keeps the se
 memory bounded; a burst over the bound (a big register's reply and notification) does not
 drop a client that reads it. Large notifications and register replies are encoded off the
 event loop. It may reconnect and catch up with a query. Small replies share that buffer; a
-query reply over 1 MiB is streamed instead (:mod:`tidings.server.query_reply`), a chunk at a
+query reply over 1 MiB is streamed instead (:mod:`.query_replies`), a chunk at a
 time as the client reads it, so it never counts as lag, and a client that takes nothing of
 it for ``ping_interval`` is closed.
 
@@ -48,10 +48,10 @@ from tidings.server.config import (
     DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
     require_positive_ints,
 )
-from tidings.server.eventer_register import Registrations
-from tidings.server.metrics import EventerCounters
-from tidings.server.notify import Notifier
-from tidings.server.query_reply import EMPTY_REPLY, is_bulk, plan_reply, stream_body
+from tidings.server.eventer.counters import EventerCounters
+from tidings.server.eventer.notify import Notifier
+from tidings.server.eventer.query_replies import EMPTY_REPLY, is_bulk, plan_reply, stream_body
+from tidings.server.eventer.registrations import Registrations
 from tidings.wire import chatter, chatter_server, codec
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ class EventerServer:
     async def _on_query(self, client: _Client, message: chatter.Message) -> None:
         """Answer a query, always (as 0.8.5): an invalid one gets no events and a log line.
 
-        The reply is planned in the query pool (see :mod:`tidings.server.query_reply`); a
+        The reply is planned in the query pool (see :mod:`.query_replies`); a
         large one is streamed as the client reads it, so it is never "lag": a client that
         takes nothing of it for ``ping_interval`` is closed instead. The connection's next
         request waits until the reply is sent.
@@ -303,8 +303,8 @@ class EventerServer:
         """Send each subscribed client the events of a newly stored batch it subscribed to.
 
         Runs on the event loop for every batch; it never waits for a socket (a large batch
-        is encoded off the loop, see :mod:`tidings.server.notify`), and drops the clients
-        that fall more than ``max_subscriber_lag_bytes`` behind.
+        is encoded off the loop, see :mod:`.notify`), and drops the clients that fall more
+        than ``max_subscriber_lag_bytes`` behind.
         """
         self._notifier.notify(
             events,

@@ -12,7 +12,7 @@ the outbox event they come from; the store keeps each outbox event once, however
 sent, and the reply (``HatEventer.MsgRegisterRes``) holds the event stored first.
 
 A large request is converted, and a large reply encoded, off the event loop (as a large
-notification is, see :mod:`tidings.server.notify`), so that one client's big batch does not
+notification is, see :mod:`.notify`), so that one client's big batch does not
 hold up the others.
 """
 
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tidings.errors import ProtocolError
 from tidings.events.model import NewEvent, StoredEvent
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.notify import INLINE_EVENTS
+from tidings.server.eventer.notify import INLINE_EVENTS
 from tidings.wire import chatter, codec
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class Registrations:
         self.in_flight = 0
         self.in_flight_bytes = 0
         #: The newest queued registration; the engine stores them in order.
-        self.last_register: asyncio.Future[object] | None = None
+        self.last_register: asyncio.Future[list[StoredEvent | None]] | None = None
         #: The newest register reply still being encoded (off the loop), if any.
         self.last_reply: asyncio.Task[None] | None = None
         #: The answer of the newest queued registration (replies follow request order).
@@ -99,7 +99,7 @@ class Registrations:
         future = self._engine.submit(valid, more_coming=self.connection.has_received)
         self.in_flight += 1
         self.in_flight_bytes += size
-        self.last_register = future  # type: ignore[assignment]
+        self.last_register = future
         previous, answer = self._last_answer, _Answer()
         self._last_answer = answer
 
@@ -125,7 +125,7 @@ class Registrations:
                     error,
                     extra={"peer": self.connection.peer, "events": len(valid)},
                 )
-                stored = iter([None] * len(valid))
+                stored: Iterator[StoredEvent | None] = iter([None] * len(valid))
             else:
                 stored = iter(future.result())
             results = [None if event is None else next(stored) for event in new_events]

@@ -17,7 +17,7 @@ from tests.support.waiting import run
 from tidings.client import connect, json_event, json_value
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.query import QueryData
-from tidings.server.eventer import EVENTER_EVENT_TYPE
+from tidings.server.eventer.server import EVENTER_EVENT_TYPE
 
 pytestmark = pytest.mark.sockets
 

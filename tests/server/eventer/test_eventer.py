@@ -25,7 +25,7 @@ from tidings.errors import ClientError, ConfigError, ConnectionClosed
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
 from tidings.server.engine import Engine, SessionEvent
-from tidings.server.eventer import EVENTER_EVENT_TYPE, EventerServer
+from tidings.server.eventer.server import EVENTER_EVENT_TYPE, EventerServer
 from tidings.server.store import EventStore
 from tidings.wire import chatter, codec
 

@@ -1,0 +1,19 @@
+"""What the Eventer server counts as it serves, kept apart from it because it outlives it.
+
+A server in a Monitor group opens a new Eventer server each time it is blessed, and its
+metrics (:mod:`tidings.server.metrics`) report what all of them served: the runner keeps one
+:class:`EventerCounters` and hands it to each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EventerCounters:
+    """What the Eventer server counts as it serves (plain ints: increments on the loop)."""
+
+    register_requests: int = 0
+    queries: int = 0
+    notifications: int = 0
