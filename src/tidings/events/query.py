@@ -1,7 +1,7 @@
 """A Hat query (``QueryData``): what a client may ask the event server for, checked on creation.
 
 The query is part of the one event model rather than of the server: the client builds it, the
-wire codec carries it, the server answers it (:mod:`tidings.server.query`). Checking it when
+wire codec carries it, the server answers it (:mod:`tidings.server.store.queries`). Checking it when
 it is made means a malformed query fails at the edge that received it, before any database.
 """
 
