@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from tests.support.server_helpers import (
     warnings_of,
 )
 from tests.support.waiting import run, until
-from tidings.client import Client, connect, json_event, json_value
+from tidings.client import connect, json_event, json_value
 from tidings.errors import ClientError, ConfigError, ConnectionClosed
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
@@ -305,16 +304,6 @@ def test_clients_read_notifications_and_replies_of_many_payload_less_events(
     run(main())
 
 
-def test_invalid_subscription_is_refused_by_the_client(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running(tmp_path) as srv, await connect(srv.address) as client:
-            with pytest.raises(ClientError, match="only as the last segment"):
-                await client.subscribe([("*", "a")])
-            assert client.is_open
-
-    run(main())
-
-
 def test_eventer_events_on_connect_and_disconnect(tmp_path: Path) -> None:
     async def main() -> None:
         async with (
@@ -404,20 +393,6 @@ def test_register_outbox_stores_each_outbox_event_once(tmp_path: Path) -> None:
                 )
             [bad] = await client.register_outbox([NewEvent(("o", "?"), outbox_event_id="x")])
             assert bad is None
-
-    run(main())
-
-
-def test_client_refuses_unsendable_events(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running(tmp_path) as srv, await connect(srv.address) as client:
-            with pytest.raises(ClientError, match="payload and payload_kind"):
-                await client.register([NewEvent(("a",), b"x")])
-            with pytest.raises(ClientError, match="cannot encode"):
-                await client.register([NewEvent(("a",), b"\xff", PayloadKind.JSON)])
-            with pytest.raises(ClientError, match="expected a NewEvent"):
-                await client.register_with_response(["a"])  # type: ignore[list-item]
-            assert await client.register_with_response([NewEvent(("a",))]) != [None]
 
     run(main())
 
@@ -550,31 +525,6 @@ def test_start_refuses_bad_limits(tmp_path: Path) -> None:
                     await EventerServer.start("tcp+sbs://127.0.0.1:0", engine, **options)
 
     run(main())
-
-
-def test_client_after_the_server_is_gone(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with running(tmp_path) as srv:
-            client: Client = await connect(srv.address, request_timeout=5)
-            await srv.server.aclose()
-            with pytest.raises(ConnectionClosed):
-                await client.receive()
-            with pytest.raises(ConnectionClosed):
-                await client.query()
-            await client.aclose()
-            assert not client.is_open
-
-    run(main())
-
-
-def test_json_helpers() -> None:
-    event = json_event(["a", "b"], {"k": [1, "ü"]}, 7, outbox_event_id="o")  # type: ignore[arg-type]
-    assert event == NewEvent(
-        ("a", "b"), json.dumps({"k": [1, "ü"]}).encode(), PayloadKind.JSON, 7, "o"
-    )
-    assert json_value(event) == {"k": [1, "ü"]}
-    with pytest.raises(ClientError, match="no JSON payload"):
-        json_value(NewEvent(("a",), b"x", PayloadKind.BINARY))
 
 
 def test_register_replies_come_in_request_order_even_for_empty_requests(tmp_path: Path) -> None:
