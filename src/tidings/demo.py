@@ -26,9 +26,9 @@ from tidings.events.outbox import EventStatus
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
-from tidings.pipeline.logread import relay_watermark
+from tidings.pipeline.source.queries import relay_watermark
+from tidings.pipeline.status import StatusReport, status_report
 from tidings.server.store import EventStore
-from tidings.status import StatusReport, status_report
 
 ROUTES = {
     "AccountOpened": ["accounts"],

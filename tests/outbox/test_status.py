@@ -19,8 +19,8 @@ from tidings.db import make_engine
 from tidings.events.timeutil import utcnow
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log, outbox_event
+from tidings.pipeline.status import health_problems, health_report
 from tidings.routing.table import merge_routes
-from tidings.status import health_problems, health_report
 
 runner = CliRunner()
 ROUTES = merge_routes({"Created": ["store", "bus"]})

@@ -22,8 +22,15 @@ from tidings.events.outbox import EventStatus
 from tidings.outbox.envelope import EventDraft
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log, outbox_event, outbox_event_attribute
-from tidings.pipeline import housekeeping, lease
-from tidings.pipeline.housekeeping import DELETION_EVENT, HousekeepingResult, run_housekeeping
+from tidings.pipeline import lease
+from tidings.pipeline.archive_layout import STAGING_DIR
+from tidings.pipeline.housekeeping import archiving
+from tidings.pipeline.housekeeping.run import (
+    DELETION_EVENT,
+    LEASE,
+    HousekeepingResult,
+    run_housekeeping,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -356,7 +363,7 @@ def test_postgres_archives_and_deletes_exactly_the_old_published_rows(
     engine_of(config).dispose()  # close pooled connections before the database is dropped
 
 
-@pytest.mark.parametrize("crash_after", ["_write_parquet", "_finish_chunk"])
+@pytest.mark.parametrize("crash_after", ["_write_parquet", "finish_chunk"])
 def test_a_crash_between_write_and_delete_archives_nothing_twice(
     spark: SparkSession,
     config: TidingsConfig,
@@ -368,17 +375,17 @@ def test_a_crash_between_write_and_delete_archives_nothing_twice(
     before its files moved in) is settled by the next run: every event archived once.
     The crash is injected (a real one cannot be made to fall between the two steps)."""
     kept = {emit(config, EventStatus.PUBLISHED, OLD + timedelta(minutes=i), n=i) for i in range(5)}
-    step = getattr(housekeeping, crash_after)
+    step = getattr(archiving, crash_after)
 
     def crashing(*args: Any, **kwargs: Any) -> Any:
         step(*args, **kwargs)  # the step itself happens, then the process "dies"
         raise KeyboardInterrupt("crash")
 
-    monkeypatch.setattr(housekeeping, crash_after, crashing)
+    monkeypatch.setattr(archiving, crash_after, crashing)
     with pytest.raises(KeyboardInterrupt):
         run(spark, config, chunk_size=3)
     monkeypatch.undo()
-    staged = tmp_path / "archive" / housekeeping.STAGING_DIR
+    staged = tmp_path / "archive" / STAGING_DIR
     assert [p.name for p in staged.iterdir()] == ["chunk-1-3"]
     deleted_before = crash_after == "_finish_chunk"  # else written, not yet deleted
     assert len(event_ids(config) & kept) == (2 if deleted_before else 5)
@@ -403,7 +410,7 @@ def test_what_a_kill_leaves_in_staging_does_not_block_the_next_run(
     spark: SparkSession, config: TidingsConfig, tmp_path: Path, leftover: str
 ) -> None:
     kept = {emit(config, EventStatus.PUBLISHED, OLD + timedelta(minutes=i), n=i) for i in range(3)}
-    chunk = tmp_path / "archive" / housekeeping.STAGING_DIR / "chunk-1-3"
+    chunk = tmp_path / "archive" / STAGING_DIR / "chunk-1-3"
     (chunk / leftover).parent.mkdir(parents=True, exist_ok=True)
     (chunk / leftover).write_bytes(b"PAR1 truncated")
     result = run(spark, config)
@@ -415,9 +422,9 @@ def test_what_a_kill_leaves_in_staging_does_not_block_the_next_run(
 def test_two_runs_never_work_at_once(spark: SparkSession, config: TidingsConfig) -> None:
     emit(config, EventStatus.PUBLISHED, OLD)
     owner = lease.new_owner()
-    assert lease.try_acquire(engine_of(config), housekeeping.LEASE, owner, 60)
+    assert lease.try_acquire(engine_of(config), LEASE, owner, 60)
     try:
         assert run(spark, config).deleted == 0  # the other run holds the lease: skipped
     finally:
-        lease.release(engine_of(config), housekeeping.LEASE, owner)
+        lease.release(engine_of(config), LEASE, owner)
     assert run(spark, config).deleted == 1

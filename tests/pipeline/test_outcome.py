@@ -14,7 +14,7 @@ from tidings.db import make_engine
 from tidings.events.outbox import EventStatus
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import ensure_schema, outbox_event, outbox_event_attribute
-from tidings.pipeline.outcome import CONFIRMED, FAILED, record_outcomes
+from tidings.pipeline.publishing.outcome import CONFIRMED, FAILED, record_outcomes
 
 EVENTS = 1_700  # more than a former chunk of 500 marks per statement, in every group
 

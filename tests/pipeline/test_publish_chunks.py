@@ -12,9 +12,9 @@ from sqlalchemy import update
 from tests.support.publisher_helpers import Refusing, emit_all, local_store, rows_by_seq
 from tidings.db import make_engine
 from tidings.outbox.schema import ensure_schema, outbox_event
-from tidings.pipeline.logread import read_slice
-from tidings.pipeline.publisher import Publisher, open_rows_before
-from tidings.pipeline.source import LogSlice
+from tidings.pipeline.publishing.publisher import Publisher, open_rows_before
+from tidings.pipeline.source.queries import read_slice
+from tidings.pipeline.source.slices import LogSlice
 from tidings.routing.table import merge_routes
 from tidings.server.store import EventStore
 

@@ -18,8 +18,8 @@ from tests.support.publisher_helpers import emit_all
 from tidings.db import make_engine
 from tidings.outbox.schema import batch_log, ensure_schema
 from tidings.pipeline.jobconfig import job_options
-from tidings.pipeline.publishing import publish_task, record_batch
-from tidings.pipeline.source import LogSlice
+from tidings.pipeline.source.slices import LogSlice
+from tidings.pipeline.source.task import publish_task, record_batch
 
 
 def test_a_task_publishes_its_slice_and_the_driver_records_the_batch(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_the_summary_row_is_built_without_pandas() -> None:
     worker. The row is built from raw buffers instead."""
     code = (
         "import sys\n"
-        "from tidings.pipeline.publishing import _one_text_row\n"
+        "from tidings.pipeline.source.task import _one_text_row\n"
         "batch = _one_text_row('summary', '{\"x\": 1}')\n"
         "assert batch.column(0).to_pylist() == ['{\"x\": 1}']\n"
         "print('pandas' in sys.modules)\n"

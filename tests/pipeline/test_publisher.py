@@ -28,13 +28,13 @@ from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.outbox import EventStatus, OutboxEvent
 from tidings.outbox.schema import outbox_event
-from tidings.pipeline.breaker import FAILED_CALLS_TO_OPEN, CircuitBreaker
-from tidings.pipeline.delivery import Delivery, Unit
-from tidings.pipeline.outcome import Summary
-from tidings.pipeline.publisher import Publisher
-from tidings.pipeline.retry import RetryPolicy
+from tidings.pipeline.publishing.breaker import FAILED_CALLS_TO_OPEN, CircuitBreaker
+from tidings.pipeline.publishing.delivery import Delivery, Unit
+from tidings.pipeline.publishing.outcome import Summary
+from tidings.pipeline.publishing.publisher import Publisher
+from tidings.pipeline.publishing.retry import RetryPolicy
+from tidings.pipeline.status import health_report
 from tidings.routing.table import merge_routes
-from tidings.status import health_report
 from tidings.targets.base import Target
 from tidings.targets.faults import FaultInjectingTarget
 

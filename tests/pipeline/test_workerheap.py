@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tidings.pipeline import workerheap
+from tidings.pipeline.source import workerheap
 
 
 class _Node:

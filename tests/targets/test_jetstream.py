@@ -46,12 +46,17 @@ from tidings.errors import ConfigError, TargetCallFailed, TargetError, TargetUna
 from tidings.events.outbox import OutboxEvent
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
-from tidings.pipeline.breaker import MAX_PAUSE_S
+from tidings.pipeline.publishing.breaker import MAX_PAUSE_S
 from tidings.pipeline.relay import start_relay
 from tidings.pipeline.replay import ReplayLimits, run_replay
-from tidings.targets.jetstream import JetStreamTarget, JetStreamTargetConfig
-from tidings.targets.jetstream_messages import header_block_size, message_headers, subject_token
-from tidings.targets.jetstream_stream import subject_covers
+from tidings.targets.kinds.jetstream.config import JetStreamTargetConfig
+from tidings.targets.kinds.jetstream.messages import (
+    header_block_size,
+    message_headers,
+    subject_token,
+)
+from tidings.targets.kinds.jetstream.stream import subject_covers
+from tidings.targets.kinds.jetstream.target import JetStreamTarget
 
 pytestmark = pytest.mark.nats
 

@@ -17,8 +17,8 @@ its per-target state, and selected by status, id, type, target, key and age.
 Every change is one conditional UPDATE per event (``WHERE status = <the status it was
 found in>``), so an event that moved on in the meantime is left alone and not counted. The
 relay in turn never writes a non-PUBLISHED outcome over a PARKED row
-(:func:`tidings.pipeline.outcome.record_outcomes`), so a park is not undone by a retry that
-was in flight.
+(:func:`tidings.pipeline.publishing.outcome.record_outcomes`), so a park is not undone by a
+retry that was in flight.
 
 This module sits below routing, so the routes come in as a function (``targets_for``); the
 CLI passes the routes in force.

@@ -16,7 +16,7 @@ from tidings.db import shared_engine
 from tidings.errors import RelayError
 from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
-from tidings.pipeline.outcome import Summary
+from tidings.pipeline.publishing.outcome import Summary
 from tidings.pipeline.spark import activate, spark_location
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class _BatchRecorder:
         self.options = options
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        from tidings.pipeline.publishing import record_batch
+        from tidings.pipeline.source.task import record_batch
 
         record_batch(self.options, "relay", batch_id, frame.collect())
 
@@ -92,10 +92,10 @@ def run_relay(
 ) -> None:
     """Run the relay until ``stop`` is set (or, with ``once``, until the log is drained).
 
-    The relay itself resumes events held while a target was down and sends retries when
-    they are due (carry-over, :mod:`tidings.pipeline.source`). If ``relay.replay_every`` is
-    set, the replay job also runs on that schedule in the same Spark session and tries
-    FAILED events (past their last try) again at once.
+    The relay itself resumes events held while a target was down and sends retries when they
+    are due (carry-over, :mod:`tidings.pipeline.source.datasource`). If
+    ``relay.replay_every`` is set, the replay job also runs on that schedule in the same
+    Spark session and tries FAILED events (past their last try) again at once.
 
     ``on_tick`` is called from this loop about twice a second and once after the query
     stopped: the driver's own thread, where following the batch log for metrics and progress

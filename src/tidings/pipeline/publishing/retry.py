@@ -4,8 +4,8 @@ A failed try is recorded in the event's delivery state at that target (``failure
 while tries are left, ``retry_at``: the epoch second of the next try). Nothing sleeps on it:
 the publishing run goes on with every other lane and sends the retry once it is due (a
 short wait at the end of a run, :data:`IN_RUN_WAIT_S`, saves a carry-over); a later retry
-is made by the relay's carry-over (:mod:`tidings.pipeline.source`). After the last try the
-event is FAILED at that target and its key's later events wait for it there; the relay
+is made by the relay's carry-over (:mod:`tidings.pipeline.source.datasource`). After the
+last try the event is FAILED at that target and its key's later events wait for it there; the relay
 stops, a replay may try again below ``replay.retry_count_threshold``, and an operator can
 resubmit or park it (:mod:`tidings.outbox.incomplete`).
 """

@@ -4,7 +4,7 @@ Spark runs the publishing in worker processes, so the driver learns what happene
 summaries each batch appends to ``tidings_batch_log``. The relay's driver loop
 (:func:`tidings.pipeline.relay.run_relay`) calls :meth:`BatchLogFollower.poll` between its
 waits; the follower reads the new summaries and updates the counters, and every few seconds
-refreshes the gauges from :func:`tidings.status.health_report` (indexed reads only).
+refreshes the gauges from :func:`tidings.pipeline.status.health_report` (indexed reads only).
 
 It is not a Spark ``StreamingQueryListener``: Spark calls a Python listener back through the
 Py4J gateway from its listener bus thread, and the calls that arrive while the session
@@ -29,9 +29,9 @@ from sqlalchemy import Engine, func, select
 from tidings.errors import ConfigError
 from tidings.events.outbox import OPEN_STATUSES
 from tidings.outbox.schema import batch_log, ensure_schema
-from tidings.pipeline.outcome import Summary
+from tidings.pipeline.publishing.outcome import Summary
+from tidings.pipeline.status import HealthReport, health_report
 from tidings.routing.table import Routes
-from tidings.status import HealthReport, health_report
 
 #: The label value of event types past the cap.
 OTHER = "other"

@@ -2,7 +2,7 @@
 
 Streaming: the offset is the log sequence with a carry-over counter,
 ``{"seq": n, "carry": c}``; a micro-batch reads ``start < seq <= end`` where ``end`` never
-passes the safe watermark (:mod:`tidings.pipeline.watermark`), so a restart from the
+passes the safe watermark (:mod:`tidings.pipeline.source.watermark`), so a restart from the
 checkpoint resumes without loss or skip. Rows are split into partitions by
 ``partition_bucket`` so that every event of a key is read, in ``seq`` order, by the same
 task.
@@ -23,9 +23,9 @@ FAILED event is past the retry-count threshold is left out as a whole (it cannot
 an operator acts), so its held events never eat the limit of the keys that can.
 
 A task is handed its slice (:class:`LogSlice`) and publishes it where it runs
-(:func:`tidings.pipeline.publishing.publish_task`): it reads the slice's rows itself and
-yields one row, its :class:`~tidings.pipeline.outcome.Summary`. The events never leave the
-task's Python worker, and a batch needs no second worker per task to write them nor one to
+(:func:`tidings.pipeline.source.task.publish_task`): it reads the slice's rows itself and
+yields one row, its :class:`~tidings.pipeline.publishing.outcome.Summary`. The events never
+leave the task's Python worker, and a batch needs no second worker per task to write them nor one to
 commit them: the job's driver collects the summaries and records the batch
 (:mod:`tidings.pipeline.relay`, :mod:`tidings.pipeline.replay`). This module loads nothing
 but PySpark's data source API: the queries and the publisher are loaded only where they run
@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
-    InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -52,31 +50,17 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from tidings.pipeline.source.slices import SCHEMA, LogSlice
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from tidings.pipeline.logread import LogReader
+    from tidings.pipeline.source.queries import LogReader
 
-#: What the source's tasks yield: one row per task, the summary of what it published (JSON).
-SCHEMA = "summary string"
 _EVENTS_PER_TASK = 5_000
 _SETTLE_SECONDS = 60.0  # availableNow: how long to wait for in-flight writers to finish
 _CARRY_FIRST_S = 0.5  # pause between carry-overs while they make progress
 _CARRY_MAX_S = 3.0  # ... doubling up to this while nothing moves
-
-
-@dataclass(frozen=True)
-class LogSlice(InputPartition):
-    """Rows with ``after < seq <= upto`` whose bucket falls to this partition."""
-
-    after: int
-    upto: int
-    index: int
-    count: int
-    open_before: float | None = None  # replay: only open rows logged before this epoch time
-    stuck_at: int | None = None  # replay: leave out keys with a FAILED event retried this often
-    carry_upto: int | None = None  # carry-over: first the open rows with seq <= this
-    carry_limit: int = 0  # ... at most this many of them, oldest first
 
 
 class _LogUser:
@@ -88,7 +72,7 @@ class _LogUser:
     @property
     def log(self) -> LogReader:
         if self._log is None:
-            from tidings.pipeline.logread import LogReader
+            from tidings.pipeline.source.queries import LogReader
 
             self._log = LogReader(self.options)
         return self._log
@@ -207,6 +191,6 @@ class ReplayReader(_LogUser, DataSourceReader):
 
 def _published(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
     """Publish ``part`` in this task (loading the publisher here, where it runs)."""
-    from tidings.pipeline.publishing import publish_task
+    from tidings.pipeline.source.task import publish_task
 
     return publish_task(options, part)

@@ -13,7 +13,8 @@ An event's type on the server is ``type_prefix`` plus the outbox type, or, with
 "{event_type}"]``. An event whose template cannot be filled fails alone at this target.
 
 The target is synchronous (Spark tasks call it) while the client is asyncio, so each target
-owns a small event loop in a daemon thread; calls wait on it with the configured timeout.
+owns a small event loop in a daemon thread (:mod:`tidings.targets.loop_thread`); calls wait
+on it with the configured timeout.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from tidings.events.outbox import OutboxEvent
 from tidings.events.validation import WILDCARDS
 from tidings.targets.base import Target
 from tidings.targets.destination import DestinationTemplate, RenderError
-from tidings.targets.event_store import to_new_event
+from tidings.targets.kinds.event_store import to_new_event
+from tidings.targets.loop_thread import LoopThread
 
 if TYPE_CHECKING:  # the client (and the wire) load where a connection is made
     from tidings.client import Client
@@ -132,7 +134,7 @@ class EventServerTarget(Target):
         )
         self._timeout = config.timeout.total_seconds()
         self._client: Client | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = LoopThread(f"tidings-target-{name}")
         self._lock = threading.Lock()
 
     @property
@@ -200,14 +202,9 @@ class EventServerTarget(Target):
         prefix = f"event server target {self.name!r} ({self._config.address})"
         try:
             with self._lock:
-                future = asyncio.run_coroutine_threadsafe(self._register(events), self._running())
-                try:
-                    results = future.result(self._timeout + 1)
-                except BaseException:
-                    # Nothing of this call may go on after it has reported (it would race the
-                    # next call on the connection); a late store is harmless (outbox dedup).
-                    future.cancel()
-                    raise
+                # Nothing of this call goes on after it has reported (it would race the next
+                # call on the connection); a late store is harmless (outbox dedup).
+                results = self._loop.run(self._register(events), self._timeout + 1)
         except TargetUnavailable:
             raise
         except Exception as exc:
@@ -223,13 +220,12 @@ class EventServerTarget(Target):
 
     def close(self) -> None:
         with self._lock:
-            loop, self._loop = self._loop, None
-            if loop is None:
+            if not self._loop.started:
                 return
             # Closing ends the loop thread whatever the link does.
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._disconnect(), loop).result(self._timeout)
-            loop.call_soon_threadsafe(loop.stop)
+                self._loop.run(self._disconnect(), self._timeout)
+            self._loop.stop()
 
     async def _register(self, new_events: Sequence[NewEvent]) -> list[StoredEvent | None]:
         try:
@@ -254,13 +250,3 @@ class EventServerTarget(Target):
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-
-    def _running(self) -> asyncio.AbstractEventLoop:
-        """The target's event loop, started on first use (called with the lock held)."""
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            threading.Thread(
-                target=loop.run_forever, name=f"tidings-target-{self.name}", daemon=True
-            ).start()
-            self._loop = loop
-        return self._loop

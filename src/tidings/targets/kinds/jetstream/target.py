@@ -1,20 +1,14 @@
-"""NATS JetStream as a target, through nats-py.
+"""The JetStream target: publishing outbox events to one stream through nats-py.
 
 The relay calls :meth:`JetStreamTarget.publish` synchronously from Spark executor tasks
 running in plain threads, while nats-py is asyncio-only. The target therefore owns one
-private event loop in a daemon thread and hands it coroutines; every calling thread shares
-that loop and its single connection, which is what lets one call pipeline thousands of
-publishes over one socket.
+private event loop in a daemon thread (:mod:`tidings.targets.loop_thread`) and hands it
+coroutines; every calling thread shares that loop and its single connection, which is what
+lets one call pipeline thousands of publishes over one socket.
 
 Delivery is at-least-once made effectively-once by JetStream: each message carries the
 event id as ``Nats-Msg-Id``, so a batch replayed after a crash is acknowledged as a
 duplicate inside the stream's ``duplicate_window`` instead of being stored twice.
-
-Subjects are ``<subject_prefix>.<token>`` of the event type, or a ``subject_template``
-filled from each event (:mod:`tidings.targets.destination`); every message carries the
-event's fields as headers (:mod:`tidings.targets.jetstream_messages`). What the target may
-do to its stream (create it, check it, never rewrite an ops-managed one unasked) is
-:mod:`tidings.targets.jetstream_stream`. Credentials, nkey and TLS are nats-py's own options.
 """
 
 from __future__ import annotations
@@ -22,43 +16,38 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import re
 import ssl
-import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
-from datetime import timedelta
+from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
-
-from tidings.config import Duration, LocalPath, StrictModel, TargetConfig, parse_duration
 from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.base import Target
 from tidings.targets.destination import RenderError
-from tidings.targets.jetstream_messages import (
+from tidings.targets.kinds.jetstream.calls import Call, key_runs, not_sent
+from tidings.targets.kinds.jetstream.config import JetStreamTargetConfig
+from tidings.targets.kinds.jetstream.messages import (
     AckInbox,
     ack_error,
+    describe,
     header_block_size,
     message_headers,
-    subject_filter,
     subject_template,
     subject_token,
 )
-from tidings.targets.jetstream_stream import CreateStream, StreamNeeds, ensure_stream
+from tidings.targets.kinds.jetstream.security import security_options, tls_context
+from tidings.targets.kinds.jetstream.stream import ensure_stream
+from tidings.targets.loop_thread import LoopThread
 
 if TYPE_CHECKING:  # nats-py is imported where a connection is made: a process that only
     # validates configurations (every Spark worker does) does not load it.
     from nats.aio.client import Client
     from nats.aio.msg import Msg
 
-_log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
+_log = logging.getLogger("tidings.targets.kinds.jetstream")
 
 #: What a NATS server allows when it does not say otherwise (its ``max_payload`` default).
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
@@ -68,222 +57,6 @@ _OWN_HEADERS_BOUND = 8 * 1024
 #: How long a producer that could not learn the server's limit uses the default before asking
 #: again (asking costs a connection attempt).
 _LIMIT_RETRY_S = 30.0
-
-
-#: What ``subject_prefix`` may hold, and a subject template once its placeholders are filled.
-_SUBJECT = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
-
-
-def _existing_file(what: str, path: str | None) -> str | None:
-    """A configured file must be there when the configuration is read, not at first publish."""
-    if path is not None and not Path(path).is_file():
-        raise ValueError(f"{what} file {path!r} does not exist (or is not a file)")
-    return path
-
-
-class JetStreamTls(StrictModel):
-    """TLS to the NATS servers: the CA that signed their certificates, and a client
-    certificate when the servers verify clients (``verify: true``)."""
-
-    ca_file: LocalPath | None = None
-    cert_file: LocalPath | None = None
-    key_file: LocalPath | None = None
-    #: The name the servers' certificate is checked against, when it is not the URL's host.
-    server_name: str | None = None
-
-    @field_validator("ca_file", "cert_file", "key_file")
-    @classmethod
-    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _existing_file(f"tls.{info.field_name}", v)
-
-    @model_validator(mode="after")
-    def _key_needs_cert(self) -> JetStreamTls:
-        if self.key_file is not None and self.cert_file is None:
-            raise ValueError("tls.key_file is set without tls.cert_file")
-        return self
-
-
-class JetStreamTargetConfig(TargetConfig):
-    """A NATS JetStream stream; subjects are ``<subject_prefix>.<event type>`` or come from
-    ``subject_template`` (:mod:`tidings.targets.destination`)."""
-
-    kind: Literal["jetstream"]
-    servers: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
-    stream: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
-    # The template first: the prefix's check reads it (so an error names subject_prefix).
-    subject_template: str | None = None
-    subject_prefix: str | None = Field(default=None, pattern=_SUBJECT, validate_default=True)
-    duplicate_window: Duration = timedelta(minutes=10)
-    ack_timeout: Duration = timedelta(seconds=5)
-    create_stream: CreateStream = "if-missing"
-    on_mismatch: Literal["warn", "fail"] = "warn"
-    # Used only when the target creates the stream.
-    storage: Literal["file", "memory"] = "file"
-    replicas: int = Field(default=1, ge=1, le=5)
-    max_age: Duration | None = None
-    # Authentication: a user credentials file (JWT + nkey seed) or an nkey seed file.
-    credentials: LocalPath | None = None
-    nkey: LocalPath | None = None
-    tls: JetStreamTls | None = None
-
-    _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
-        lambda cls, v: parse_duration(v)
-    )
-    _max_age = field_validator("max_age", mode="before")(
-        lambda cls, v: None if v is None else parse_duration(v)
-    )
-
-    @field_validator("credentials", "nkey")
-    @classmethod
-    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _existing_file(str(info.field_name), v)
-
-    @field_validator("subject_template")
-    @classmethod
-    def _template(cls, v: str | None) -> str | None:
-        if v is not None:
-            shape = subject_template(v).literal_shape("X")
-            if not re.fullmatch(_SUBJECT, shape):
-                raise ValueError(
-                    f"{v!r} is not a NATS subject: tokens of letters, digits, _ and - "
-                    "separated by '.', placeholders included"
-                )
-        return v
-
-    @field_validator("subject_prefix")
-    @classmethod
-    def _one_subject_rule(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if "subject_template" not in info.data:
-            return v  # the template itself was refused; that error says why
-        if (v is None) == (info.data["subject_template"] is None):
-            raise ValueError("set exactly one of subject_prefix and subject_template")
-        return v
-
-    @model_validator(mode="after")
-    def _one_identity(self) -> JetStreamTargetConfig:
-        if self.credentials is not None and self.nkey is not None:
-            raise ValueError("set credentials or nkey, not both (a credentials file holds one)")
-        return self
-
-    def stream_needs(self) -> StreamNeeds:
-        """The subjects and settings this target needs of its stream."""
-        if self.subject_template is not None:
-            publishes = subject_filter(subject_template(self.subject_template))
-            creates = publishes
-        else:
-            publishes, creates = f"{self.subject_prefix}.*", f"{self.subject_prefix}.>"
-        return StreamNeeds(
-            stream=self.stream,
-            publishes=publishes,
-            creates=creates,
-            duplicate_window=self.duplicate_window,
-            storage=self.storage,
-            replicas=self.replicas,
-            max_age=self.max_age,
-        )
-
-
-def _describe(exc: BaseException) -> str:
-    """Name the exception type too: several nats-py errors have empty or generic texts."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-class _LoopThread:
-    """A private asyncio loop in a daemon thread, so synchronous callers can run coroutines."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
-        """Run ``coro`` on the loop; cancel it and raise TimeoutError after ``timeout``."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
-
-
-def _tls_context(tls: JetStreamTls) -> ssl.SSLContext:
-    """A client context that verifies the servers against ``ca_file`` (else the system's
-    CAs) and presents ``cert_file``/``key_file`` if given."""
-    try:
-        context = ssl.create_default_context(cafile=tls.ca_file)
-        if tls.cert_file is not None:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
-    except (OSError, ssl.SSLError) as exc:
-        files = ", ".join(f for f in (tls.ca_file, tls.cert_file, tls.key_file) if f)
-        raise TargetError(f"cannot load the TLS files ({files}): {_describe(exc)}") from None
-    return context
-
-
-def _not_sent(culprit: OutboxEvent) -> str:
-    return f"not sent: event seq {culprit.seq} of its key failed before it in this call"
-
-
-class _Call:
-    """One publish call: its events as runs per ordering key (each in call order), the
-    events in flight with their runs, the acks that arrived, and every event's result."""
-
-    def __init__(
-        self, events: Sequence[OutboxEvent], runs: list[deque[int]], inbox: AckInbox
-    ) -> None:
-        self.events = events
-        self.runs = runs
-        self.inbox = inbox
-        self.results: list[str | None] = [None] * len(events)
-        self.in_flight: dict[int, tuple[str, deque[int]]] = {}  # index -> (subject, run)
-        self.acks: list[asyncio.Future[Msg]] = []
-        self.replies: list[str] = []
-        self.arrived: deque[tuple[int, asyncio.Future[Msg]]] = deque()
-        self.settled = 0  # acks taken from ``arrived`` so far
-        self._waiter: asyncio.Future[bool] | None = None
-
-    def ack_arrived(self, index: int, ack: asyncio.Future[Msg]) -> None:
-        self.arrived.append((index, ack))
-        self.wake()
-
-    def wake(self) -> None:
-        """End the current :meth:`next_wake` (an ack arrived, or the connection is lost)."""
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(True)
-
-    async def next_wake(self, timeout: float) -> bool:
-        """Wait for :meth:`wake` (True) or ``timeout`` seconds (False).
-
-        A bare future with a timer rather than ``asyncio.wait_for``: on Python 3.11
-        ``wait_for`` returns normally when a cancellation lands as the awaited event fires,
-        and a call the caller gave up on would go on sending.
-        """
-        loop = asyncio.get_running_loop()
-        self._waiter = waiter = loop.create_future()
-        timer = loop.call_later(timeout, _resolve, waiter, False)
-        try:
-            return await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
-
-
-def _runs(events: Sequence[OutboxEvent]) -> list[deque[int]]:
-    """The indexes of ``events`` per ordering key, each run in call order."""
-    runs: dict[str, deque[int]] = {}
-    for index, event in enumerate(events):
-        runs.setdefault(event.ordering_key, deque()).append(index)
-    return list(runs.values())
-
-
-def _resolve(future: asyncio.Future[bool], value: bool) -> None:
-    if not future.done():
-        future.set_result(value)
 
 
 class JetStreamTarget(Target):
@@ -317,7 +90,7 @@ class JetStreamTarget(Target):
         self._max_payload: int | None = None  # as the server announced it on connect
         self._limit_unknown_until = 0.0
         self._closed = False
-        self._runner = _LoopThread(f"tidings-jetstream-{name}")
+        self._runner = LoopThread(f"tidings-jetstream-{name}")
         # A safety net for the calling thread only: each step of a call has its own bound
         # (two connect tries per server, a few stream API requests, one ack deadline).
         self._call_timeout = (2 * len(config.servers) + 4) * self._ack_timeout
@@ -330,7 +103,7 @@ class JetStreamTarget(Target):
             return []
         # A key's events go one ack after another: each may take up to ack_timeout (the
         # call's own deadline ends it sooner when acks stop coming at all).
-        runs = _runs(events)
+        runs = key_runs(events)
         timeout = self._call_timeout + (max(map(len, runs)) - 1) * self._ack_timeout
         try:
             return self._runner.run(self._publish(events, runs), timeout)
@@ -375,7 +148,7 @@ class JetStreamTarget(Target):
         yields to the loop unless nats-py's write buffer fills, so they go in a few socket
         writes); each later event of a key leaves as soon as the one before it is
         acknowledged, so a key's events are stored in call order and none is sent after
-        one of them failed (those get :func:`_not_sent`). The wait ends when every sent
+        one of them failed (those get :func:`not_sent`). The wait ends when every sent
         event is acknowledged, the connection is lost, or no ack came for ``ack_timeout``.
 
         A server that stops acknowledging in the middle of a call (after some acks came) is
@@ -387,7 +160,7 @@ class JetStreamTarget(Target):
             inbox = await self._connection()
         except TargetError as exc:
             raise TargetUnavailable(f"jetstream target {self.name!r}: {exc}") from None
-        call = _Call(events, runs, inbox)
+        call = Call(events, runs, inbox)
         try:
             for run in call.runs:
                 await self._send_next(call, run)
@@ -411,7 +184,7 @@ class JetStreamTarget(Target):
             await self._blame_the_server(inbox, call.acks, results)
         return results
 
-    async def _follow_acks(self, call: _Call) -> bool:
+    async def _follow_acks(self, call: Call) -> bool:
         """Settle acks as they arrive, sending each key's next event, until none is in flight
         or the connection is lost; True if it stopped because no ack came for
         ``ack_timeout`` while events were in flight."""
@@ -438,7 +211,7 @@ class JetStreamTarget(Target):
         finally:
             watcher.cancel()
 
-    async def _send_next(self, call: _Call, run: deque[int]) -> None:
+    async def _send_next(self, call: Call, run: deque[int]) -> None:
         """Send the next event of ``run`` (one key's events, in call order), if any; one that
         cannot be sent fails here and ends its run."""
         if not run:
@@ -460,17 +233,17 @@ class JetStreamTarget(Target):
         try:
             await call.inbox.nc.publish(subject, body, reply=reply, headers=headers)
         except Exception as exc:
-            self._fail(call, index, run, self._error(subject, _describe(exc)))
+            self._fail(call, index, run, self._error(subject, describe(exc)))
             return
         call.acks.append(ack)
         call.in_flight[index] = (subject, run)
         ack.add_done_callback(partial(call.ack_arrived, index))
 
-    def _fail(self, call: _Call, index: int, run: deque[int], error: str) -> None:
+    def _fail(self, call: Call, index: int, run: deque[int], error: str) -> None:
         """Event ``index`` failed with ``error``; the rest of its key's run is not sent."""
         call.results[index] = error
         while run:
-            call.results[run.popleft()] = _not_sent(call.events[index])
+            call.results[run.popleft()] = not_sent(call.events[index])
 
     async def _blame_the_server(
         self, inbox: AckInbox, acks: list[asyncio.Future[Msg]], results: list[str | None]
@@ -485,7 +258,7 @@ class JetStreamTarget(Target):
         relay narrows the call down to it).
         """
         if not inbox.nc.is_connected:
-            cause = _describe(self._last_error) if self._last_error else "connection closed"
+            cause = describe(self._last_error) if self._last_error else "connection closed"
             try:
                 await self._connection()
             except TargetError as exc:
@@ -579,7 +352,7 @@ class JetStreamTarget(Target):
         except Exception as exc:
             await nc.close()
             raise TargetError(
-                f"cannot set up stream {self.config.stream!r} and ack inbox: {_describe(exc)}"
+                f"cannot set up stream {self.config.stream!r} and ack inbox: {describe(exc)}"
             ) from exc
         return inbox
 
@@ -615,33 +388,20 @@ class JetStreamTarget(Target):
                 )
             except Exception as exc:
                 # nats-py reports the real cause (refused, timed out) only to error_cb.
-                causes.append(f"{server}: {_describe(self._last_error or exc)}")
+                causes.append(f"{server}: {describe(self._last_error or exc)}")
         raise TargetError(f"cannot connect ({'; '.join(causes)})")
 
     async def _on_error(self, exc: Exception) -> None:
         """Keep the cause for the publish results; nats-py's own error log would only repeat it."""
         self._last_error = exc
-        _log.debug("jetstream target %s: %s", self.name, _describe(exc))
+        _log.debug("jetstream target %s: %s", self.name, describe(exc))
 
     def _security(self) -> dict[str, Any]:
-        """nats-py's own options for the configured credentials, nkey and TLS.
-
-        The TLS context is built once; a file that cannot be loaded (deleted or unreadable
-        since the configuration was read) is a TargetError naming it.
-        """
-        config = self.config
-        options: dict[str, Any] = {}
-        if config.credentials is not None:
-            options["user_credentials"] = config.credentials
-        if config.nkey is not None:
-            options["nkeys_seed"] = config.nkey
-        if config.tls is not None:
-            if self._tls is None:
-                self._tls = _tls_context(config.tls)
-            options["tls"] = self._tls
-            if config.tls.server_name is not None:
-                options["tls_hostname"] = config.tls.server_name
-        return options
+        """nats-py's own options for the configured credentials, nkey and TLS; the TLS
+        context is built once."""
+        if self.config.tls is not None and self._tls is None:
+            self._tls = tls_context(self.config.tls)
+        return security_options(self.config, self._tls)
 
     async def _disconnect(self) -> None:
         """Drain a live connection, close a broken one; never raise."""
@@ -656,4 +416,4 @@ class JetStreamTarget(Target):
             else:
                 await nc.close()
         except Exception as exc:
-            _log.debug("jetstream target %s: closing: %s", self.name, _describe(exc))
+            _log.debug("jetstream target %s: closing: %s", self.name, describe(exc))

@@ -1,6 +1,6 @@
 """Sending one round of a publishing run to its targets: calls, retries and narrowing.
 
-The publisher (:mod:`tidings.pipeline.publisher`) decides what may go in a round: per
+The publisher (:mod:`tidings.pipeline.publishing.publisher`) decides what may go in a round: per
 (partition key, target) lane, one event, or a run of them for an atomic target or one that
 chains a key's events itself (``events_per_key``). This module
 sends each target's units, the targets in parallel, and finds out whom to blame:
@@ -9,8 +9,9 @@ sends each target's units, the targets in parallel, and finds out whom to blame:
   is narrowed: split until the failing event is alone, so the others are published and not
   charged a retry;
 * an event that failed on its own gets its failure recorded at that target with the error
-  and, while tries are left, when the next one is due (:mod:`tidings.pipeline.retry`); the
-  publisher sends the retry when it is due, each retry charged, without holding the others;
+  and, while tries are left, when the next one is due
+  (:mod:`tidings.pipeline.publishing.retry`); the publisher sends the retry when it is due,
+  each retry charged, without holding the others;
 * a target that is unavailable (:class:`~tidings.errors.TargetUnavailable`) charges nothing:
   its circuit breaker opens and its units wait.
 """
@@ -25,9 +26,9 @@ from dataclasses import dataclass
 
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.timeutil import utcnow
-from tidings.pipeline.breaker import CircuitBreaker, breaker_for
-from tidings.pipeline.outcome import CONFIRMED, FAILED, LoggedEvent, Summary
-from tidings.pipeline.retry import RetryPolicy
+from tidings.pipeline.publishing.breaker import CircuitBreaker, breaker_for
+from tidings.pipeline.publishing.outcome import CONFIRMED, FAILED, LoggedEvent, Summary
+from tidings.pipeline.publishing.retry import RetryPolicy
 from tidings.targets.base import Target
 
 TargetLookup = Callable[[str], Target | None]

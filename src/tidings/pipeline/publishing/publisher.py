@@ -13,21 +13,21 @@ Guarantees kept here:
 * a failure is charged to the event that caused it alone: a call that fails as a whole is
   split until the failing event is alone, the others are published on the next call and
   are not charged a retry (:class:`~tidings.errors.TargetCallFailed`);
-* a failed publish is retried after growing pauses (:mod:`tidings.pipeline.retry`) while
+* a failed publish is retried after growing pauses (:mod:`tidings.pipeline.publishing.retry`) while
   the other lanes go on: the event stays PENDING with the reason, its key's later events
   wait for it at that target (HELD), and the retry is sent in this run when it is due soon,
   else by a later run (the relay's carry-over) once it is due. After the last try it is
   FAILED at that target with its retry count and the error (claims 11-12); the relay stops
   there, a replay (``resume_delays`` off) tries it again while under the retry-count
   threshold;
-* a target known to be down (:mod:`tidings.pipeline.breaker`) gets no calls but a probe;
+* a target known to be down (:mod:`tidings.pipeline.publishing.breaker`) gets no calls but a probe;
   its events wait (HELD) without being charged, and resume in key order once it is back;
 * an event whose type has no route is UNROUTABLE, once, with the reason (claim 6).
 
 This module orders the work: it cuts it into lanes, decides each round what may go and
 settles every event from its per-target states. Sending a round, with its retries and
-narrowing, is :mod:`tidings.pipeline.delivery`; the events' state and how it is written
-back is :mod:`tidings.pipeline.outcome`.
+narrowing, is :mod:`tidings.pipeline.publishing.delivery`; the events' state and how it is written
+back is :mod:`tidings.pipeline.publishing.outcome`.
 """
 
 from __future__ import annotations
@@ -46,16 +46,16 @@ from tidings.config import RetryConfig
 from tidings.events.outbox import OPEN_STATUSES, EventStatus
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.schema import OPEN_ROW
-from tidings.pipeline.breaker import breaker_for
-from tidings.pipeline.delivery import BreakerLookup, Delivery, TargetLookup, Unit
-from tidings.pipeline.outcome import (
+from tidings.pipeline.publishing.breaker import breaker_for
+from tidings.pipeline.publishing.delivery import BreakerLookup, Delivery, TargetLookup, Unit
+from tidings.pipeline.publishing.outcome import (
     CONFIRMED,
     LATENCY_SAMPLES,
     LoggedEvent,
     Summary,
     record_outcomes,
 )
-from tidings.pipeline.retry import IN_RUN_WAIT_S, RetryPolicy
+from tidings.pipeline.publishing.retry import IN_RUN_WAIT_S, RetryPolicy
 from tidings.routing.table import Routes
 
 #: After a round, outcomes are recorded if the last record is this old (see ``_flush``).

@@ -1,4 +1,5 @@
-"""What the JetStream target puts on the wire and reads back: subjects, headers, sizes, acks.
+"""What the JetStream target puts on the wire and reads back: subjects, headers, sizes, acks
+and errors.
 
 Subjects are ``<subject_prefix>.<token>``, where the token is the event type with every
 character a NATS subject token may not hold (whitespace, ``.``, ``*``, ``>``) replaced by
@@ -9,8 +10,9 @@ placeholder with the event's value as it is; a value that is not one valid token
 event at the target (:func:`token_problem`).
 
 The message is one concern (what consumers read, what the server counts against its
-``max_payload``, what an ack says), the connection another: :mod:`tidings.targets.jetstream`
-holds the connection, its loop and the publish calls, and uses these.
+``max_payload``, what an ack or an error says), the connection another:
+:mod:`tidings.targets.kinds.jetstream.target` holds the connection, its loop and the publish
+calls, and uses these.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.destination import DestinationTemplate
 
-if TYPE_CHECKING:  # nats-py is loaded only by a process that connects (see jetstream.py)
+if TYPE_CHECKING:  # nats-py is loaded only by a process that connects (see the target module)
     from nats.aio.client import Client
     from nats.aio.msg import Msg
 
@@ -165,3 +167,9 @@ class AckInbox:
         future = self._waiting.pop(msg.subject, None)
         if future is not None and not future.done():
             future.set_result(msg)
+
+
+def describe(exc: BaseException) -> str:
+    """Name the exception type too: several nats-py errors have empty or generic texts."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

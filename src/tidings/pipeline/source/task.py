@@ -1,15 +1,16 @@
 """What a relay or replay task publishes, and how the job's driver records the batch.
 
 A task reads its slice of the log chunk by chunk and runs the
-:class:`~tidings.pipeline.publisher.Publisher` over each chunk, which publishes and records
-every outcome in the event log as it goes. Publishing is safe to repeat: a batch that Spark
+:class:`~tidings.pipeline.publishing.publisher.Publisher` over each chunk, which publishes and
+records every outcome in the event log as it goes. Publishing is safe to repeat: a batch that Spark
 replays after a crash skips what is already PUBLISHED, re-sends only to unconfirmed targets,
 and the targets deduplicate by event id. The task yields its summary; the driver collects
 the batch's summaries and appends them to ``tidings_batch_log``: that is the relay's
 watermark, the replay job's boundary and what ``tidings status`` and the metrics read.
 
-Loaded only where that work runs (the Spark-facing source, :mod:`tidings.pipeline.source`,
-imports it in its tasks): the workers that merely plan a job stay small.
+Loaded only where that work runs (the Spark-facing source,
+:mod:`tidings.pipeline.source.datasource`, imports it in its tasks): the workers that merely
+plan a job stay small.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from tidings.db import shared_engine
 from tidings.events.timeutil import utcnow
 from tidings.outbox.schema import batch_log
 from tidings.pipeline.jobconfig import job_config
-from tidings.pipeline.logread import read_slice
-from tidings.pipeline.outcome import Summary
-from tidings.pipeline.publisher import Publisher
-from tidings.pipeline.retry import RetryPolicy
-from tidings.pipeline.source import LogSlice
-from tidings.pipeline.workerheap import freeze_heap
+from tidings.pipeline.publishing.outcome import Summary
+from tidings.pipeline.publishing.publisher import Publisher
+from tidings.pipeline.publishing.retry import RetryPolicy
+from tidings.pipeline.source.queries import read_slice
+from tidings.pipeline.source.slices import LogSlice
+from tidings.pipeline.source.workerheap import freeze_heap
 from tidings.routing.table import current_routes
 from tidings.targets.registry import shared_target
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 def publish_task(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
     """A task's work: publish its slice, a chunk at a time (one run of the task's publisher
     per chunk, routes read once per task); its summary as the one-row batch it yields
-    (:data:`~tidings.pipeline.source.SCHEMA`)."""
+    (:data:`~tidings.pipeline.source.slices.SCHEMA`)."""
     config = job_config(options)
     engine = shared_engine(config.database.url)
     publisher = task_publisher(config, options)
@@ -96,7 +97,7 @@ def record_batch(
     """Append the batch's summary to the batch log, if it handled any event; return it.
 
     ``rows`` are what the job's driver collected of the batch (rows of
-    :data:`~tidings.pipeline.source.SCHEMA`, one per task: collecting them is what runs the
+    :data:`~tidings.pipeline.source.slices.SCHEMA`, one per task: collecting them is what runs the
     tasks); their summaries are merged."""
     total = Summary()
     for row in rows:

@@ -1,6 +1,6 @@
 """Reading the event log for the relay and the replay: the queries behind the data source.
 
-Apart from the Spark-facing classes (:mod:`tidings.pipeline.source`) so that the Spark
+Apart from the Spark-facing classes (:mod:`tidings.pipeline.source.datasource`) so that the Spark
 workers that only plan a job never load SQLAlchemy, the configuration models or the
 publisher: each such worker is a process of its own, and what it imports is its memory and
 its start-up time. The long-lived streaming source runner and the tasks that publish use
@@ -27,9 +27,9 @@ from tidings.outbox.schema import (
     outbox_event,
     outbox_event_from_row,
 )
-from tidings.pipeline.outcome import LoggedEvent
-from tidings.pipeline.source import LogSlice
-from tidings.pipeline.watermark import SafeWatermark
+from tidings.pipeline.publishing.outcome import LoggedEvent
+from tidings.pipeline.source.slices import LogSlice
+from tidings.pipeline.source.watermark import SafeWatermark
 
 #: What a slice reads of each row: the event, then its publication state.
 _READ = (*OUTBOX_EVENT_COLUMNS, "status", "retry_count", "deliveries")

@@ -5,9 +5,10 @@ status, retry count and per-target delivery states); the publisher changes these
 and :func:`record_outcomes` writes the changed ones back in one transaction. A
 :class:`Summary` is what one Spark task did, sent to the driver in its commit message.
 
-Kept apart from the delivery algorithm (:mod:`tidings.pipeline.publisher`) because this is
-the shape of the data and the SQL that stores it: the replay and relay drivers read the
-summaries without the algorithm, and the UPDATEs are tuned here (one per distinct outcome).
+Kept apart from the delivery algorithm (:mod:`tidings.pipeline.publishing.publisher`)
+because this is the shape of the data and the SQL that stores it: the replay and relay
+drivers read the summaries without the algorithm, and the UPDATEs are tuned here (one per
+distinct outcome).
 """
 
 from __future__ import annotations
