@@ -173,8 +173,8 @@ class RelayMetrics:
             self.oldest_open.labels(status.value).set(
                 report.oldest_age_seconds.get(status.value, 0)
             )
-        for status in ("PARKED", "UNROUTABLE"):
-            self.set_aside.labels(status).set(report.counts.get(status, 0))
+        for aside in ("PARKED", "UNROUTABLE"):
+            self.set_aside.labels(aside).set(report.counts.get(aside, 0))
         self.target_open.clear()  # a target with nothing open any more drops its series
         for target, figures in report.targets.items():
             for state, n in vars(figures).items():

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
@@ -114,12 +114,13 @@ def run_relay(
     try:
         while query.isActive and not (stop is not None and stop.is_set()):
             try:
-                query.awaitTermination(0.5)
+                # PySpark takes seconds as a float here; its annotation says int.
+                query.awaitTermination(0.5)  # type: ignore[arg-type]
             except StreamingQueryException:
                 break  # raised below as a RelayError, with Spark's reason
             if on_tick is not None:
                 on_tick()
-            if next_replay is not None and time.monotonic() >= next_replay:
+            if period is not None and next_replay is not None and time.monotonic() >= next_replay:
                 try:
                     summary = run_replay(spark, config, config_path)
                 except Exception:  # the next scheduled run tries again; the relay goes on

@@ -79,10 +79,9 @@ def settle_staged(spark: SparkSession, engine: Engine, path: str) -> None:
     fs, staging = _filesystem(spark, f"{path}/{STAGING_DIR}")
     if not fs.exists(staging):
         return
-    jvm = spark.sparkContext._jvm
     for status in fs.listStatus(staging):
         staged = status.getPath()
-        written = fs.exists(jvm.org.apache.hadoop.fs.Path(staged, "_SUCCESS"))
+        written = fs.exists(_hadoop_path(spark, staged, "_SUCCESS"))
         seqs = _staged_seqs(spark, fs, staged) if written else []
         if seqs:
             with engine.connect() as conn:
@@ -121,14 +120,13 @@ def _move_into_archive(spark: SparkSession, staged: str, path: str) -> None:
     source = fs.makeQualified(source)  # listed files come qualified (file:/..., hdfs://...)
     chunk = source.getName()
     files = fs.listFiles(source, True)
-    jvm = spark.sparkContext._jvm
     while files.hasNext():
         status = files.next()
         name = status.getPath().getName()
         if not name.endswith(".parquet"):
             continue
         partition = status.getPath().getParent().toString()[len(source.toString()) :]
-        target = jvm.org.apache.hadoop.fs.Path(archived_file(path, partition, chunk, name))
+        target = _hadoop_path(spark, archived_file(path, partition, chunk, name))
         target = fs.makeQualified(target)
         fs.mkdirs(target.getParent())
         if not fs.rename(status.getPath(), target):
@@ -138,10 +136,15 @@ def _move_into_archive(spark: SparkSession, staged: str, path: str) -> None:
 
 def _filesystem(spark: SparkSession, location: str) -> tuple[Any, Any]:
     """The Hadoop file system of ``location`` (local, HDFS, S3A ...) and its path object."""
-    jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(location)
+    hadoop_path = _hadoop_path(spark, location)
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     return hadoop_path.getFileSystem(conf), hadoop_path
+
+
+def _hadoop_path(spark: SparkSession, *parts: Any) -> Any:
+    """A Hadoop ``Path`` made in the session's JVM (a Py4J object, untyped)."""
+    jvm: Any = spark.sparkContext._jvm
+    return jvm.org.apache.hadoop.fs.Path(*parts)
 
 
 def _archive_table(rows: Sequence[Row[Any]], attribute_json: Mapping[str, str]) -> pa.Table:

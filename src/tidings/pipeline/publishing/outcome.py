@@ -144,13 +144,13 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
             )
         if done:
             rows = _seq_rows(dialect, mark)
-            seqs = (_seq_array(dialect, [i.event.seq for i in done]),)
+            done_seqs = (_seq_array(dialect, [i.event.seq for i in done]),)
             conn.exec_driver_sql(
                 "DELETE FROM outbox_event_attribute WHERE event_id IN "
                 f"(SELECT event_id FROM outbox_event WHERE {rows})",
-                seqs,
+                done_seqs,
             )
-            conn.exec_driver_sql(f"DELETE FROM outbox_event WHERE {rows}", seqs)
+            conn.exec_driver_sql(f"DELETE FROM outbox_event WHERE {rows}", done_seqs)
 
 
 def _update_sql(dialect: str, mark: str, *, over_parked: bool) -> str:

@@ -266,7 +266,12 @@ class Publisher:
                     # tries are left: the lane goes on from the culprit once its retry is due
                     lanes[lane_id] = deque([culprit, *rest, *lanes.pop(lane_id, ())])
                 elif unit.waiting is not None or culprit is not None:
-                    reason = unit.waiting or f"held behind unpublished seq {culprit.event.seq}"
+                    behind = (
+                        ""
+                        if culprit is None
+                        else f"held behind unpublished seq {culprit.event.seq}"
+                    )
+                    reason = unit.waiting or behind
                     self._wait(rest + list(lanes.pop(lane_id, ())), name, reason)
                 elif rest:  # an atomic run cut short by narrowing: the rest goes next round
                     lanes.setdefault(lane_id, deque()).extendleft(reversed(rest))
@@ -319,11 +324,11 @@ class Publisher:
         if item.changed:
             self._dirty.append(item)
 
-    def _retry_reason(self, retrying: dict[str, dict], waits: dict[str, str]) -> str:
+    def _retry_reason(self, retrying: dict[str, dict[str, Any]], waits: dict[str, str]) -> str:
         """Why a PENDING event has not gone yet: its retries to come, and its waits."""
         reasons = [
             f"{name}: try {state.get('failures', 1)} of {self.retry.attempts} failed, "
-            f"next at {_clock_time(state.get('retry_at'))}: {state.get('error')}"
+            f"next at {_clock_time(state['retry_at'])}: {state.get('error')}"
             for name, state in sorted(retrying.items())
         ]
         return "; ".join([*reasons, *(f"{name}: {why}" for name, why in sorted(waits.items()))])

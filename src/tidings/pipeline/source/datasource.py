@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
 
     from tidings.pipeline.source.queries import LogReader
 
+#: A streaming offset: ``{"seq": n, "carry": c}`` (see the module's docstring).
+Offset = dict[str, int]
 _EVENTS_PER_TASK = 5_000
 _SETTLE_SECONDS = 60.0  # availableNow: how long to wait for in-flight writers to finish
 _CARRY_FIRST_S = 0.5  # pause between carry-overs while they make progress
@@ -106,7 +109,7 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
         self._open_below: int | None = None  # open rows at or below the offset, last count
         self._carried_once = False
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offset:
         return {"seq": self.log.start(), "carry": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -115,7 +118,7 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
     def prepareForTriggerAvailableNow(self) -> None:
         self._until = self.log.settle(_SETTLE_SECONDS)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         after, carry = int(start["seq"]), int(start.get("carry", 0))
         carried = self._carry_due(after)
         max_rows = self.log.max_rows
@@ -152,7 +155,7 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
         self._carried_once = self._carried_once or count > 0
         return count > 0
 
-    def partitions(self, start: dict, end: dict) -> list[LogSlice]:
+    def partitions(self, start: Offset, end: Offset) -> list[LogSlice]:
         after, upto = int(start["seq"]), int(end["seq"])
         carry = int(end.get("carry", 0)) != int(start.get("carry", 0))
         if upto <= after and not carry:
@@ -165,10 +168,10 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
         limit = self.log.max_rows
         return [LogSlice(after, upto, i, n, carry_upto=after, carry_limit=limit) for i in range(n)]
 
-    def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
-        yield _published(self.options, partition)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield _published(self.options, cast(LogSlice, partition))
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: Offset) -> None:
         """Nothing to release: progress is kept by Spark's checkpoint and the batch log."""
 
 
@@ -185,8 +188,8 @@ class ReplayReader(_LogUser, DataSourceReader):
     def partitions(self) -> list[LogSlice]:
         return self.log.replay_slices(self.open_before, self.stuck_at, self.event_limit)
 
-    def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
-        yield _published(self.options, partition)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield _published(self.options, cast(LogSlice, partition))
 
 
 def _published(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:

@@ -33,6 +33,7 @@ from tidings.pipeline.source.queries import read_slice
 from tidings.pipeline.source.slices import LogSlice
 from tidings.pipeline.source.workerheap import freeze_heap
 from tidings.routing.table import current_routes
+from tidings.targets.base import Target
 from tidings.targets.registry import shared_target
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def task_publisher(config: TidingsConfig, options: Mapping[str, str]) -> Publish
     """The publisher of one task, with the configuration and routes in force."""
     engine = shared_engine(config.database.url)
 
-    def lookup(name: str):
+    def lookup(name: str) -> Target | None:
         spec = config.targets.get(name)
         return None if spec is None else shared_target(name, spec)
 

@@ -52,14 +52,15 @@ class SafeWatermark:
                 text("SELECT last_value, is_called FROM outbox_event_seq_seq")
             ).one()
             conn.commit()
-            value = last if called else 0
+            value: int = last if called else 0
             if value > self._safe and all(v < value for v, _ in self._probes):
-                probe_xid = conn.execute(text("SELECT pg_current_xact_id()::text::bigint")).scalar()
+                probe = text("SELECT pg_current_xact_id()::text::bigint")
+                probe_xid: int = conn.execute(probe).scalar_one()
                 conn.commit()
                 self._probes.append((value, probe_xid))
-            xmin = conn.execute(
+            xmin: int = conn.execute(
                 text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-            ).scalar()
+            ).scalar_one()
             conn.rollback()
         while self._probes and self._probes[0][1] < xmin:
             self._safe = max(self._safe, self._probes.popleft()[0])

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tidings.config import RESOLVED_DEFAULT, DatabaseUrl, TargetConfig
+from tidings.config import DatabaseUrl, TargetConfig
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.outbox import OutboxEvent
@@ -32,7 +32,8 @@ class EventStoreTargetConfig(TargetConfig):
     """The embedded event store: a durable append-only log in SQLite or PostgreSQL."""
 
     kind: Literal["event_store"]
-    url: DatabaseUrl = Field(default="sqlite:///tidings-events.db", **RESOLVED_DEFAULT)
+    # The default is resolved too, beside the configuration file (as every default path is).
+    url: DatabaseUrl = Field(default="sqlite:///tidings-events.db", validate_default=True)
     type_prefix: list[str] = Field(default_factory=list)
     server_id: int = Field(default=1, gt=0)
 

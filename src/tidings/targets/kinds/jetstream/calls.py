@@ -58,7 +58,8 @@ class Call:
         and a call the caller gave up on would go on sending.
         """
         loop = asyncio.get_running_loop()
-        self._waiter = waiter = loop.create_future()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiter = waiter
         timer = loop.call_later(timeout, _resolve, waiter, False)
         try:
             return await waiter
