@@ -387,7 +387,7 @@ def test_a_crash_between_write_and_delete_archives_nothing_twice(
     monkeypatch.undo()
     staged = tmp_path / "archive" / STAGING_DIR
     assert [p.name for p in staged.iterdir()] == ["chunk-1-3"]
-    deleted_before = crash_after == "_finish_chunk"  # else written, not yet deleted
+    deleted_before = crash_after == "finish_chunk"  # else written, not yet deleted
     assert len(event_ids(config) & kept) == (2 if deleted_before else 5)
 
     result = run(spark, config, chunk_size=3)
