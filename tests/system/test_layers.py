@@ -131,7 +131,7 @@ def test_the_layer_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         "def later(name):\n"
         "    import tidings.pipeline.relay\n"
         "    from tidings import client\n"
-        "    importlib.import_module('tidings.metrics')\n"
+        "    importlib.import_module('tidings.pipeline.metrics')\n"
         "    import_module('tidings.streams.app')\n"
         "    importlib.import_module(name)\n"
     )
@@ -144,7 +144,7 @@ def test_the_layer_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     ]
     assert sorted(found) == [
         "tidings.client",
-        "tidings.metrics",
+        "tidings.pipeline.metrics",
         "tidings.pipeline.relay",
         "tidings.server",
         "tidings.streams.app",
