@@ -266,12 +266,8 @@ class Publisher:
                     # tries are left: the lane goes on from the culprit once its retry is due
                     lanes[lane_id] = deque([culprit, *rest, *lanes.pop(lane_id, ())])
                 elif unit.waiting is not None or culprit is not None:
-                    behind = (
-                        ""
-                        if culprit is None
-                        else f"held behind unpublished seq {culprit.event.seq}"
-                    )
-                    reason = unit.waiting or behind
+                    held = None if culprit is None else culprit.event.seq
+                    reason = unit.waiting or f"held behind unpublished seq {held}"
                     self._wait(rest + list(lanes.pop(lane_id, ())), name, reason)
                 elif rest:  # an atomic run cut short by narrowing: the rest goes next round
                     lanes.setdefault(lane_id, deque()).extendleft(reversed(rest))
