@@ -40,8 +40,8 @@ def _breakdown_slice(
 ) -> None:
     """One Spark task's work on one log slice, chunk by chunk, each stage timed into
     ``timings``."""
-    from tidings.pipeline.logread import read_slice
-    from tidings.pipeline.publisher import Publisher
+    from tidings.pipeline.publishing.publisher import Publisher
+    from tidings.pipeline.source.queries import read_slice
     from tidings.routing.table import current_routes
 
     publisher = Publisher(
@@ -73,7 +73,7 @@ def relay_breakdown(
     target's publish calls, the status UPDATEs, and the rest of the publisher (ordering
     checks).
     """
-    from tidings.pipeline.source import LogSlice
+    from tidings.pipeline.source.slices import LogSlice
     from tidings.targets.registry import build_target
 
     engine = make_engine(sqlite_url(app_db_copy))
@@ -130,8 +130,8 @@ def sqlite_floor(work: Path, backup: Path) -> dict[str, float]:
     ``sqlite3`` and no Python objects: read every row, insert the store's rows into a
     fresh event store (its schema and indexes, in the relay's chunks), and mark the rows
     PUBLISHED with the relay's own UPDATE. The ceiling any relay on SQLite meets."""
-    from tidings.pipeline.logread import CHUNK
-    from tidings.pipeline.outcome import _update_sql
+    from tidings.pipeline.publishing.outcome import _update_sql
+    from tidings.pipeline.source.queries import CHUNK
 
     app_path, store_path = work / "floor-app.db", work / "floor-store.db"
     shutil.copy(backup, app_path)

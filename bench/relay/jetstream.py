@@ -94,7 +94,7 @@ async def raw_publish(
 
 def sample_message(cfg: TidingsConfig) -> tuple[bytes, dict[str, str]]:
     """Payload and header set of one real relay message, for same-size raw messages."""
-    from tidings.targets.jetstream_messages import message_headers
+    from tidings.targets.kinds.jetstream.messages import message_headers
 
     engine = make_engine(cfg.database.url)
     columns = [outbox_event.c[name] for name in OUTBOX_EVENT_COLUMNS]

@@ -26,10 +26,10 @@ from tidings.events.outbox import EventStatus
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
-from tidings.pipeline.logread import relay_watermark
+from tidings.pipeline.source.queries import relay_watermark
+from tidings.pipeline.status import StatusReport, status_report
 from tidings.server.store import EventStore
-from tidings.status import StatusReport, status_report
-from tidings.targets.event_store import EventStoreTargetConfig
+from tidings.targets.kinds.event_store import EventStoreTargetConfig
 
 ROUTES = {
     "AccountOpened": ["accounts"],

@@ -13,7 +13,7 @@ from tests.support.helpers import relay_config, statuses, write_config
 from tests.support.publisher_helpers import Refusing, emit_all, local_store, logged_rows
 from tidings.cli import app
 from tidings.db import make_engine
-from tidings.pipeline.publisher import Publisher
+from tidings.pipeline.publishing.publisher import Publisher
 from tidings.routing.table import merge_routes
 
 runner = CliRunner()

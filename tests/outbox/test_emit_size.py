@@ -27,7 +27,7 @@ from tidings.outbox.envelope import identity
 from tidings.outbox.producer import EMIT_SEQ_PLACEHOLDER, Outbox, OutboxTransaction
 from tidings.outbox.schema import outbox_event
 from tidings.routing.table import add_route
-from tidings.targets.jetstream_messages import header_block_size, message_headers
+from tidings.targets.kinds.jetstream.messages import header_block_size, message_headers
 from tidings.targets.registry import shared_target
 from tidings.targets.routed import RoutedTargets, outbox_from_config
 

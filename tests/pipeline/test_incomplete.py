@@ -30,9 +30,9 @@ from tidings.db import make_engine
 from tidings.errors import ConfigError, EmitError, UsageError
 from tidings.events.outbox import EventStatus
 from tidings.outbox.incomplete import EventFilter, IncompleteEvents
-from tidings.pipeline.logread import read_slice
-from tidings.pipeline.publisher import Publisher
-from tidings.pipeline.source import LogSlice
+from tidings.pipeline.publishing.publisher import Publisher
+from tidings.pipeline.source.queries import read_slice
+from tidings.pipeline.source.slices import LogSlice
 from tidings.routing.table import Routes, add_route, check_route_key, current_routes, merge_routes
 
 

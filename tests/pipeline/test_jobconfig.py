@@ -68,7 +68,7 @@ def test_the_source_plans_from_plain_options_without_loading_the_configuration(
     options = job_options(config, None)
     probe = (
         "import json, sys\n"
-        "from tidings.pipeline.logread import LogReader\n"
+        "from tidings.pipeline.source.queries import LogReader\n"
         "log = LogReader(json.loads(sys.argv[1]))\n"
         "print(json.dumps([log.start(), log.safe_upto(), log.partition_count, log.max_rows,\n"
         "    sorted(m for m in sys.modules if m == 'pydantic' or m.startswith(\n"

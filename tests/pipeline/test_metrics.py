@@ -20,10 +20,10 @@ from tidings.config import load_config
 from tidings.db import make_engine
 from tidings.errors import ConfigError
 from tidings.events.timeutil import utcnow
-from tidings.metrics import OTHER, BatchLogFollower, LabelCap, RelayMetrics, serve_metrics
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log
-from tidings.pipeline.outcome import Summary
+from tidings.pipeline.metrics import OTHER, BatchLogFollower, LabelCap, RelayMetrics, serve_metrics
+from tidings.pipeline.publishing.outcome import Summary
 from tidings.routing.table import merge_routes
 
 

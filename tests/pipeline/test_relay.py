@@ -192,7 +192,7 @@ def test_postgres_rows_committed_out_of_order_are_not_skipped(
 def test_postgres_watermark_waits_for_in_flight_transactions(pg_url: str) -> None:
     """The reader's bound never passes a seq held by an uncommitted transaction."""
     from tidings.outbox.schema import ensure_schema
-    from tidings.pipeline.watermark import SafeWatermark
+    from tidings.pipeline.source.watermark import SafeWatermark
 
     engine = make_engine(pg_url)
     ensure_schema(engine)
@@ -216,7 +216,7 @@ def test_postgres_watermark_with_writer_whose_xid_is_older(pg_url: str) -> None:
     """A writer that got its transaction id first but draws its seq later must not let the
     bound pass a seq taken by a younger writer that is still running."""
     from tidings.outbox.schema import ensure_schema
-    from tidings.pipeline.watermark import SafeWatermark
+    from tidings.pipeline.source.watermark import SafeWatermark
 
     engine = make_engine(pg_url)
     ensure_schema(engine)
@@ -248,8 +248,8 @@ def test_replay_before_any_relay_batch_touches_nothing(spark, tmp_path: Path) ->
 
 
 def test_log_slices_are_cut_by_size_for_large_payloads(tmp_path: Path) -> None:
-    from tidings.pipeline.logread import read_slice
-    from tidings.pipeline.source import LogSlice
+    from tidings.pipeline.source.queries import read_slice
+    from tidings.pipeline.source.slices import LogSlice
 
     engine = make_engine(f"sqlite:///{tmp_path / 'app.db'}")
     outbox = Outbox(engine)

@@ -40,7 +40,7 @@ from tidings.errors import ConfigError, RelayError
 from tidings.events.timeutil import utcnow
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import batch_log, outbox_event
-from tidings.pipeline.housekeeping import DELETION_EVENT, run_housekeeping
+from tidings.pipeline.housekeeping.run import DELETION_EVENT, run_housekeeping
 from tidings.pipeline.jobconfig import MISSING_FILE_PAUSES, job_config, job_options
 from tidings.pipeline.relay import run_relay
 from tidings.pipeline.replay import ReplayLimits, run_replay

@@ -57,7 +57,8 @@ def relay_config(
 
     Unless a test names its own ``retry``, the relay uses the patent's short schedule
     (10/25/40 ms): a poison is FAILED within one run, as the tests that are not about the
-    retry policy expect (the default spans ~25 s; tests/test_publisher.py pins it).
+    retry policy expect (the default spans ~25 s;
+    tests/pipeline/publishing/test_publisher.py pins it).
     """
     relay.setdefault("retry", {"backoff": ["10ms", "25ms", "40ms"]})
     return load_config(

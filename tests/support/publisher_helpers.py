@@ -17,10 +17,10 @@ from tidings.events.outbox import EventStatus, OutboxEvent
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
-from tidings.pipeline.outcome import LoggedEvent
+from tidings.pipeline.publishing.outcome import LoggedEvent
 from tidings.server.store import EventStore
 from tidings.targets.base import Target
-from tidings.targets.event_store import EventStoreTarget, EventStoreTargetConfig
+from tidings.targets.kinds.event_store import EventStoreTarget, EventStoreTargetConfig
 
 
 class Refusing(Target):

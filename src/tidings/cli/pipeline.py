@@ -25,7 +25,7 @@ from tidings.cli.relay_progress import RelayProgress, run_summary, stop_on_signa
 from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
-    from tidings.status import HealthReport
+    from tidings.pipeline.status import HealthReport
 
 
 @app.command()
@@ -85,8 +85,8 @@ def relay(
     printed and the exit code is 0.
     """
     from tidings.db import shared_engine
-    from tidings.metrics import BatchLogFollower, RelayMetrics, serve_metrics
     from tidings.outbox.schema import ensure_schema
+    from tidings.pipeline.metrics import BatchLogFollower, RelayMetrics, serve_metrics
     from tidings.pipeline.relay import run_relay
     from tidings.pipeline.spark import spark_session
     from tidings.routing.table import current_routes
@@ -182,7 +182,7 @@ def housekeep(
 
     from rich.progress import Progress
 
-    from tidings.pipeline.housekeeping import run_housekeeping
+    from tidings.pipeline.housekeeping.run import run_housekeeping
     from tidings.pipeline.spark import spark_session
 
     cfg = load_or_exit(config)
@@ -230,8 +230,8 @@ def status(
     """
     from tidings.db import make_engine
     from tidings.outbox.schema import ensure_schema
+    from tidings.pipeline.status import health_problems, health_report
     from tidings.routing.table import current_routes
-    from tidings.status import health_problems, health_report
 
     cfg = load_or_exit(config)
     lag_s = seconds_option(max_lag_seconds, "--max-lag-seconds")

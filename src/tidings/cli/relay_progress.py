@@ -21,8 +21,8 @@ from rich.status import Status
 from tidings.cli.common import console
 
 if TYPE_CHECKING:
-    from tidings.metrics import BatchLogFollower
-    from tidings.pipeline.outcome import Summary
+    from tidings.pipeline.metrics import BatchLogFollower
+    from tidings.pipeline.publishing.outcome import Summary
 
 #: Seconds between two plain progress lines when stdout is not a terminal.
 PLAIN_EVERY_S = 30.0

@@ -17,8 +17,8 @@ its per-target state, and selected by status, id, type, target, key and age.
 Every change is one conditional UPDATE per event (``WHERE status = <the status it was
 found in>``), so an event that moved on in the meantime is left alone and not counted. The
 relay in turn never writes a non-PUBLISHED outcome over a PARKED row
-(:func:`tidings.pipeline.outcome.record_outcomes`), so a park is not undone by a retry that
-was in flight.
+(:func:`tidings.pipeline.publishing.outcome.record_outcomes`), so a park is not undone by a
+retry that was in flight.
 
 This module sits below routing, so the routes come in as a function (``targets_for``); the
 CLI passes the routes in force.
@@ -187,7 +187,7 @@ class IncompleteEvents:
                     "b_retries": 0,
                 }
             )
-        return self._apply(changes)
+        return len(self._apply(changes))
 
     def park(self, event_ids: Iterable[str], reason: str) -> list[str]:
         """Set the given open events aside; the ids that were parked."""
@@ -208,7 +208,7 @@ class IncompleteEvents:
             }
             for row in rows
         ]
-        done = self._apply(changes, returning=True)
+        done = self._apply(changes)
         return [row.event_id for row in rows if row.seq in done]
 
     def unpark(self, event_ids: Iterable[str]) -> int:
@@ -282,8 +282,9 @@ class IncompleteEvents:
             targets=targets,
         )
 
-    def _apply(self, changes: list[dict[str, Any]], *, returning: bool = False) -> Any:
-        """Each change only if its row still has the status it was found in."""
+    def _apply(self, changes: list[dict[str, Any]]) -> set[int]:
+        """Each change only if its row still has the status it was found in; the seqs of the
+        rows changed."""
         statement = (
             update(outbox_event)
             .where(outbox_event.c.seq == bindparam("b_seq"))
@@ -305,7 +306,7 @@ class IncompleteEvents:
                 for change in changes[start : start + _WRITE_CHUNK]:
                     if conn.execute(statement, change).rowcount:  # this row's own count
                         done.add(change["b_seq"])
-        return done if returning else len(done)
+        return done
 
 
 def _states(deliveries: str | None) -> dict[str, dict[str, Any]]:

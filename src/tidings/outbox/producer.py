@@ -134,7 +134,7 @@ class Outbox:
 
     def emit(
         self,
-        bind: Bind,
+        bind: Bind | OutboxTransaction,
         event_type: str,
         payload: Any,
         *,
@@ -229,7 +229,7 @@ class Outbox:
             if rows:
                 conn.exec_driver_sql(self._insert_attribute, rows)
 
-    def _defer_excluded(self, bind: Bind, draft: EventDraft, body: str) -> None:
+    def _defer_excluded(self, bind: Bind | OutboxTransaction, draft: EventDraft, body: str) -> None:
         if self.direct_publisher is None:
             raise EmitError(
                 f"event {draft.event_type!r} is excluded from the outbox but this Outbox has no "

@@ -8,7 +8,7 @@ log sequence the relay reads in order.
 On PostgreSQL ``seq`` comes from :func:`tidings_next_seq`, which forces the transaction to
 own a transaction id *before* it draws a sequence value. The relay relies on that to know
 when every transaction that could still commit a lower ``seq`` has finished (see
-:mod:`tidings.pipeline.watermark`).
+:mod:`tidings.pipeline.source.watermark`).
 """
 
 from __future__ import annotations

@@ -9,14 +9,14 @@ from collections.abc import Callable
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
 from tidings.errors import RelayError
 from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
-from tidings.pipeline.outcome import Summary
+from tidings.pipeline.publishing.outcome import Summary
 from tidings.pipeline.spark import activate, spark_location
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class _BatchRecorder:
         self.options = options
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        from tidings.pipeline.publishing import record_batch
+        from tidings.pipeline.source.task import record_batch
 
         record_batch(self.options, "relay", batch_id, frame.collect())
 
@@ -92,10 +92,10 @@ def run_relay(
 ) -> None:
     """Run the relay until ``stop`` is set (or, with ``once``, until the log is drained).
 
-    The relay itself resumes events held while a target was down and sends retries when
-    they are due (carry-over, :mod:`tidings.pipeline.source`). If ``relay.replay_every`` is
-    set, the replay job also runs on that schedule in the same Spark session and tries
-    FAILED events (past their last try) again at once.
+    The relay itself resumes events held while a target was down and sends retries when they
+    are due (carry-over, :mod:`tidings.pipeline.source.datasource`). If
+    ``relay.replay_every`` is set, the replay job also runs on that schedule in the same
+    Spark session and tries FAILED events (past their last try) again at once.
 
     ``on_tick`` is called from this loop about twice a second and once after the query
     stopped: the driver's own thread, where following the batch log for metrics and progress
@@ -114,12 +114,13 @@ def run_relay(
     try:
         while query.isActive and not (stop is not None and stop.is_set()):
             try:
-                query.awaitTermination(0.5)
+                # PySpark takes seconds as a float here; its annotation says int.
+                query.awaitTermination(0.5)  # type: ignore[arg-type]
             except StreamingQueryException:
                 break  # raised below as a RelayError, with Spark's reason
             if on_tick is not None:
                 on_tick()
-            if next_replay is not None and time.monotonic() >= next_replay:
+            if period is not None and next_replay is not None and time.monotonic() >= next_replay:
                 try:
                     summary = run_replay(spark, config, config_path)
                 except Exception:  # the next scheduled run tries again; the relay goes on

@@ -21,8 +21,8 @@ from tidings.db import shared_engine
 from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.lease import held
-from tidings.pipeline.outcome import Summary
-from tidings.pipeline.publishing import record_batch
+from tidings.pipeline.publishing.outcome import Summary
+from tidings.pipeline.source.task import record_batch
 from tidings.pipeline.spark import activate
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ def spark_session(config: RelayConfig, app_name: str = "tidings") -> SparkSessio
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    from tidings.pipeline.source import OutboxDataSource
+    from tidings.pipeline.source.datasource import OutboxDataSource
 
     spark.dataSource.register(OutboxDataSource)
     return spark

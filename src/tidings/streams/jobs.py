@@ -3,8 +3,9 @@
 Both read with the ``tidings_stream`` source (:mod:`.spark_source`), so each is a registered
 reliable consumer of its streams, acknowledged only when Spark commits a micro-batch.
 
-- **Archive** (FTN18 2.3.1): the stream's events as Parquet, partitioned by ``day`` and
-  ``type`` like the outbox housekeeping archive, through Spark's file sink, which commits
+- **Archive** (FTN18 2.3.1): the stream's events as Parquet, in the layout of the outbox
+  housekeeping archive (:mod:`tidings.pipeline.archive_layout`: partitioned by ``day`` and
+  ``type``), through Spark's file sink, which commits
   each micro-batch's files exactly once with the checkpoint. Since the archiver is a
   registered consumer, retention never discards an event it has not archived.
 - **Aggregate** (FTN18 2.3.3): several streams (say, one per partition or server) into one
@@ -28,6 +29,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from tidings.errors import StreamError
 from tidings.events.model import NewEvent, PayloadKind
+from tidings.pipeline.archive_layout import DAY, STREAM_PARTITIONS, day_column
 from tidings.pipeline.spark import spark_location
 from tidings.server.store import EventStore
 from tidings.streams.spark_source import TidingsStreamDataSource
@@ -57,10 +59,10 @@ def start_archive(
     every: timedelta = timedelta(seconds=10),
 ) -> StreamingQuery:
     """Start archiving a stream into ``archive_dir``; the running query."""
-    frame = read_stream(spark, options).withColumn("day", F.date_format("ts", "yyyy-MM-dd"))
+    frame = read_stream(spark, options).withColumn(DAY, day_column("ts"))
     writer = (
         frame.writeStream.format("parquet")
-        .partitionBy("day", "type")
+        .partitionBy(*STREAM_PARTITIONS)
         .option("path", spark_location(archive_dir))
         .option("checkpointLocation", spark_location(checkpoint_dir))
         .queryName("tidings-stream-archive")

@@ -167,7 +167,7 @@ def _value(field: _Field, event: OutboxEvent, payload: dict[str, Any] | _Missing
     assert payload is not None
     if isinstance(payload, _Missing):
         return payload
-    value: Any = payload
+    value = payload
     for step in field.name.split("."):
         value = value.get(step) if isinstance(value, dict) else None
     if value is None:

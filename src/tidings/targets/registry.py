@@ -1,11 +1,12 @@
 """Target kinds, and building targets from configuration once per process.
 
-A target kind is one module of this package: it defines the configuration model of the kind
-(a :class:`~tidings.config.TargetConfig` subclass whose ``kind: Literal["..."]`` names it)
-and a :class:`~tidings.targets.base.Target` subclass that sets ``config_model`` to it. When
-this module is first imported it imports every module of the package and maps each kind to
-its class, so adding a kind is writing that one module: no list, union or ``isinstance``
-chain to extend.
+A target kind is one module of :mod:`tidings.targets.kinds` (or one sub-package of it, like
+JetStream's): it defines the configuration model of the kind (a
+:class:`~tidings.config.TargetConfig` subclass whose ``kind: Literal["..."]`` names it) and
+a :class:`~tidings.targets.base.Target` subclass that sets ``config_model`` to it. When this
+module is first imported it imports every module of ``kinds``, sub-packages included, and
+maps each kind to its class, so adding a kind is writing that module: no list, union or
+``isinstance`` chain to extend.
 
 Why the registry enters the configuration models into :mod:`tidings.config`: validating
 ``targets:`` needs every kind's model, yet ``config`` sits below ``targets`` in the layers
@@ -29,9 +30,9 @@ import importlib
 import pkgutil
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-import tidings.targets
 from tidings.config import TargetConfig, register_target_config
 from tidings.targets.base import Target
 from tidings.targets.faults import FaultInjectingTarget
@@ -62,9 +63,12 @@ def shared_target(name: str, config: TargetConfig) -> Target:
 
 
 def _declared_kinds() -> dict[str, TargetFactory]:
-    """Every kind the modules of this package declare, its model entered into the config."""
+    """Every kind the modules of ``kinds`` declare, its model entered into the config."""
     kinds: dict[str, TargetFactory] = {}
-    for found in pkgutil.iter_modules(tidings.targets.__path__, "tidings.targets."):
+    # The folder is found from this module's file: importing ``kinds`` for its ``__path__``
+    # would be an import of the sub-package's face, which the modules beside it do not make.
+    package = f"{__name__.rpartition('.')[0]}.kinds"
+    for found in pkgutil.walk_packages([str(Path(__file__).parent / "kinds")], f"{package}."):
         module = importlib.import_module(found.name)
         for value in vars(module).values():
             if (
@@ -77,6 +81,5 @@ def _declared_kinds() -> dict[str, TargetFactory]:
     return kinds
 
 
-#: Kind -> the class that builds its targets. Filled last: the modules imported here may
-#: import this one (``routed`` does), and find its functions defined.
+#: Kind -> the class that builds its targets.
 _KINDS = _declared_kinds()

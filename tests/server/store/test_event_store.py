@@ -26,7 +26,7 @@ from tidings.events.query import QueryData
 from tidings.events.validation import validate_new_event
 from tidings.server.store import EventStore
 from tidings.server.store.queries import query_events
-from tidings.targets.event_store import EventStoreTarget, EventStoreTargetConfig
+from tidings.targets.kinds.event_store import EventStoreTarget, EventStoreTargetConfig
 
 
 @pytest.fixture

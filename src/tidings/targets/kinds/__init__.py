@@ -1,0 +1,9 @@
+"""The target kinds: one module (or sub-package) per place the relay can publish to.
+
+Each declares its configuration model and its :class:`~tidings.targets.base.Target` class
+side by side, and :mod:`tidings.targets.registry` finds them here, so adding a kind is
+adding a module to this package. The embedded event store
+(:mod:`~tidings.targets.kinds.event_store`), a remote tidings event server
+(:mod:`~tidings.targets.kinds.event_server`) and NATS JetStream
+(:mod:`~tidings.targets.kinds.jetstream`).
+"""

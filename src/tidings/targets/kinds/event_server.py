@@ -1,0 +1,252 @@
+"""The event-server target: the relay publishing into a remote tidings event server.
+
+Events are sent the way the embedded event-store target stores them (same type, payload and
+source timestamp), over the Eventer protocol with tidings' ``TidingsEventer.MsgRegisterReq``
+extension, which carries each event's outbox id: the server deduplicates on it, so an event
+published again after a relay crash or a lost reply is stored once, and the chain from the
+outbox to the server's log is exactly-once. A hat-event server does not know the extension
+and closes the connection, which shows up as a clear target error.
+
+An event's type on the server is ``type_prefix`` plus the outbox type, or, with
+``type_template``, one segment per template segment filled from the event
+(:mod:`tidings.targets.destination`), e.g. ``["orders", "{headers.aggregate_type}",
+"{event_type}"]``. An event whose template cannot be filled fails alone at this target.
+
+The target is synchronous (Spark tasks call it) while the client is asyncio, so each target
+owns a small event loop in a daemon thread (:mod:`tidings.targets.loop_thread`); calls wait
+on it with the configured timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tidings.address import Address
+from tidings.config import Duration, TargetConfig, parse_duration
+from tidings.errors import TargetCallFailed, TargetUnavailable
+from tidings.events.model import NewEvent, StoredEvent
+from tidings.events.outbox import OutboxEvent
+from tidings.events.validation import WILDCARDS
+from tidings.targets.base import Target
+from tidings.targets.destination import DestinationTemplate, RenderError
+from tidings.targets.kinds.event_store import to_new_event
+from tidings.targets.loop_thread import LoopThread
+
+if TYPE_CHECKING:  # the client (and the wire) load where a connection is made
+    from tidings.client import Client
+
+#: Bytes of payload per register request: far below the server's frame limit (16 MiB by
+#: default), large enough that requests, not round trips, carry the throughput.
+_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+class EventServerTargetConfig(TargetConfig):
+    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``).
+
+    Events travel with their outbox event id (a tidings extension of the protocol), so the
+    server stores each outbox event once however often it is published.
+    """
+
+    kind: Literal["event_server"]
+    address: Address = "tcp+sbs://127.0.0.1:23012"
+    type_prefix: list[str] = Field(default_factory=list)
+    type_template: list[str] | None = None
+    timeout: Duration = timedelta(seconds=10)
+
+    _durations = field_validator("timeout", mode="before")(lambda cls, v: parse_duration(v))
+
+    @field_validator("type_template")
+    @classmethod
+    def _template(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("a type_template needs at least one segment")
+            for segment in v:
+                template = segment_template(segment)
+                if not template.fields and (why := segment_problem(segment)) is not None:
+                    raise ValueError(f"segment {segment!r} is {why}")
+        return v
+
+    @model_validator(mode="after")
+    def _prefix_or_template(self) -> EventServerTargetConfig:
+        if self.type_template is not None and self.type_prefix:
+            raise ValueError("set type_prefix or type_template, not both")
+        return self
+
+
+def segment_problem(value: str) -> str | None:
+    """Why ``value`` cannot be (part of) a server event type segment, or None."""
+    if not value:
+        return "empty, and an event type segment cannot be"
+    if value in WILDCARDS:
+        return "a query wildcard, reserved in event types"
+    return None
+
+
+def segment_template(text: str) -> DestinationTemplate:
+    """One ``type_template`` segment, parsed (ValueError names a bad placeholder)."""
+    return DestinationTemplate(text, segment_problem)
+
+
+def _requests(events: Sequence[NewEvent]) -> list[tuple[int, int]]:
+    """``events`` cut, in order, into requests of about ``_REQUEST_BYTES`` of payload: the
+    (start, end) index range of each."""
+    chunks: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for n, event in enumerate(events):
+        weight = len(event.payload or b"") + sum(map(len, event.type)) + 64
+        size += weight
+        if size > _REQUEST_BYTES and n > start:
+            chunks.append((start, n))
+            start, size = n, weight
+    chunks.append((start, len(events)))
+    return chunks
+
+
+class EventServerTarget(Target):
+    """Publishes to the event server at ``config.address``, connecting on first use.
+
+    One call is one session on the server, stored in one transaction, so the target is
+    ``atomic``: if the server refuses any event of a call, the whole call is reported failed,
+    and the relay narrows it down to the refused event (the events the server did store come
+    back as duplicates on the narrower calls and are not stored twice).
+    """
+
+    atomic = True
+    config_model = EventServerTargetConfig
+
+    def __init__(self, name: str, config: EventServerTargetConfig) -> None:
+        super().__init__(name)
+        self._config = config
+        self._type_prefix = tuple(config.type_prefix)
+        self._type_template = (
+            tuple(segment_template(s) for s in config.type_template)
+            if config.type_template is not None
+            else None
+        )
+        self._timeout = config.timeout.total_seconds()
+        self._client: Client | None = None
+        self._loop = LoopThread(f"tidings-target-{name}")
+        self._lock = threading.Lock()
+
+    @property
+    def config(self) -> EventServerTargetConfig:
+        return self._config
+
+    def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
+        """Register ``events`` in requests of at most ~4 MiB, in order.
+
+        A request fits the server's frame limit whatever the call's size; if one fails, the
+        requests before it are confirmed (for every key, a prefix of its run in log order)
+        and the call is reported failed as a whole for the rest.
+
+        An event whose ``type_template`` cannot be filled fails alone with the reason; the
+        later events of its key in this call are not sent (they must not overtake it).
+        """
+        results: list[str | None] = [None] * len(events)
+        sendable: list[int] = []  # indexes into events, in order
+        new_events: list[NewEvent] = []
+        stopped: dict[str, int] = {}  # ordering key -> seq of its event without a type
+        for n, event in enumerate(events):
+            if (behind := stopped.get(event.ordering_key)) is not None:
+                results[n] = f"{self._who()}: not sent, behind seq {behind} of its key"
+                continue
+            try:
+                new_events.append(self._new_event(event))
+            except RenderError as exc:
+                results[n] = self._no_type(event, exc)
+                stopped[event.ordering_key] = event.seq
+                continue
+            sendable.append(n)
+        for start, end in _requests(new_events) if new_events else []:
+            try:
+                self._register_chunk(new_events[start:end])
+            except TargetUnavailable:
+                if not start:
+                    raise
+                self._fail(len(events), sendable[:start], "lost the connection")
+            except TargetCallFailed as exc:
+                self._fail(len(events), sendable[:start], str(exc))
+        return results
+
+    def refusal(self, event: OutboxEvent) -> str | None:
+        """The event's ``type_template`` cannot be filled from it (it never will be)."""
+        try:
+            self._new_event(event)
+        except RenderError as exc:
+            return self._no_type(event, exc)
+        return None
+
+    def _new_event(self, event: OutboxEvent) -> NewEvent:
+        """The server event ``event`` becomes; RenderError if its type cannot be built."""
+        if self._type_template is None:
+            return to_new_event(event, self._type_prefix)
+        event_type = tuple(segment.render(event) for segment in self._type_template)
+        return replace(to_new_event(event, ()), type=event_type)
+
+    def _who(self) -> str:
+        return f"event server target {self.name!r}"
+
+    def _no_type(self, event: OutboxEvent, exc: RenderError) -> str:
+        return f"{self._who()}: no type for event {event.event_id} (seq {event.seq}): {exc}"
+
+    def _register_chunk(self, events: Sequence[NewEvent]) -> None:
+        prefix = f"event server target {self.name!r} ({self._config.address})"
+        try:
+            with self._lock:
+                # Nothing of this call goes on after it has reported (it would race the next
+                # call on the connection); a late store is harmless (outbox dedup).
+                results = self._loop.run(self._register(events), self._timeout + 1)
+        except TargetUnavailable:
+            raise
+        except Exception as exc:
+            raise TargetCallFailed(f"{prefix} failed: {type(exc).__name__}: {exc}") from exc
+        refused = sum(result is None for result in results)
+        if refused:  # the relay splits the call until the refused event is alone
+            raise TargetCallFailed(f"{prefix} refused {refused} of {len(events)} events")
+
+    def _fail(self, count: int, done: list[int], cause: str) -> None:
+        """The call failed after the events at indexes ``done`` (of ``count``) were stored."""
+        stored = set(done)
+        raise TargetCallFailed(cause, confirmed=[n in stored for n in range(count)])
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._loop.started:
+                return
+            # Closing ends the loop thread whatever the link does.
+            with contextlib.suppress(Exception):
+                self._loop.run(self._disconnect(), self._timeout)
+            self._loop.stop()
+
+    async def _register(self, new_events: Sequence[NewEvent]) -> list[StoredEvent | None]:
+        try:
+            async with asyncio.timeout(self._timeout):  # connecting and registering together
+                if self._client is None:
+                    try:
+                        from tidings.client import connect
+
+                        self._client = await connect(self._config.address)
+                    except OSError as exc:
+                        raise TargetUnavailable(
+                            f"event server target {self.name!r}: cannot connect to "
+                            f"{self._config.address}: {exc}"
+                        ) from exc
+                return await self._client.register_outbox(new_events)
+        except BaseException:
+            # Whatever happened to the link, the next call starts on a fresh connection.
+            await self._disconnect()
+            raise
+
+    async def _disconnect(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()

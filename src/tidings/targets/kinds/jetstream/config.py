@@ -1,0 +1,132 @@
+"""The configuration of a JetStream target: its servers, stream, subjects and security.
+
+Checked when the configuration is read, not at first publish: a subject prefix or template
+that NATS would refuse, a credentials, nkey or TLS file that is not there, two identities
+at once. What the target needs of its stream follows from it
+(:meth:`~JetStreamTargetConfig.stream_needs`).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from tidings.config import Duration, LocalPath, StrictModel, TargetConfig, parse_duration
+from tidings.targets.kinds.jetstream.messages import subject_filter, subject_template
+from tidings.targets.kinds.jetstream.stream import CreateStream, StreamNeeds
+
+#: What ``subject_prefix`` may hold, and a subject template once its placeholders are filled.
+_SUBJECT = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
+
+
+def _existing_file(what: str, path: str | None) -> str | None:
+    """A configured file must be there when the configuration is read, not at first publish."""
+    if path is not None and not Path(path).is_file():
+        raise ValueError(f"{what} file {path!r} does not exist (or is not a file)")
+    return path
+
+
+class JetStreamTls(StrictModel):
+    """TLS to the NATS servers: the CA that signed their certificates, and a client
+    certificate when the servers verify clients (``verify: true``)."""
+
+    ca_file: LocalPath | None = None
+    cert_file: LocalPath | None = None
+    key_file: LocalPath | None = None
+    #: The name the servers' certificate is checked against, when it is not the URL's host.
+    server_name: str | None = None
+
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _existing_file(f"tls.{info.field_name}", v)
+
+    @model_validator(mode="after")
+    def _key_needs_cert(self) -> JetStreamTls:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("tls.key_file is set without tls.cert_file")
+        return self
+
+
+class JetStreamTargetConfig(TargetConfig):
+    """A NATS JetStream stream; subjects are ``<subject_prefix>.<event type>`` or come from
+    ``subject_template`` (:mod:`tidings.targets.destination`)."""
+
+    kind: Literal["jetstream"]
+    servers: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
+    stream: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    # The template first: the prefix's check reads it (so an error names subject_prefix).
+    subject_template: str | None = None
+    subject_prefix: str | None = Field(default=None, pattern=_SUBJECT, validate_default=True)
+    duplicate_window: Duration = timedelta(minutes=10)
+    ack_timeout: Duration = timedelta(seconds=5)
+    create_stream: CreateStream = "if-missing"
+    on_mismatch: Literal["warn", "fail"] = "warn"
+    # Used only when the target creates the stream.
+    storage: Literal["file", "memory"] = "file"
+    replicas: int = Field(default=1, ge=1, le=5)
+    max_age: Duration | None = None
+    # Authentication: a user credentials file (JWT + nkey seed) or an nkey seed file.
+    credentials: LocalPath | None = None
+    nkey: LocalPath | None = None
+    tls: JetStreamTls | None = None
+
+    _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
+        lambda cls, v: parse_duration(v)
+    )
+    _max_age = field_validator("max_age", mode="before")(
+        lambda cls, v: None if v is None else parse_duration(v)
+    )
+
+    @field_validator("credentials", "nkey")
+    @classmethod
+    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _existing_file(str(info.field_name), v)
+
+    @field_validator("subject_template")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v is not None:
+            shape = subject_template(v).literal_shape("X")
+            if not re.fullmatch(_SUBJECT, shape):
+                raise ValueError(
+                    f"{v!r} is not a NATS subject: tokens of letters, digits, _ and - "
+                    "separated by '.', placeholders included"
+                )
+        return v
+
+    @field_validator("subject_prefix")
+    @classmethod
+    def _one_subject_rule(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if "subject_template" not in info.data:
+            return v  # the template itself was refused; that error says why
+        if (v is None) == (info.data["subject_template"] is None):
+            raise ValueError("set exactly one of subject_prefix and subject_template")
+        return v
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> JetStreamTargetConfig:
+        if self.credentials is not None and self.nkey is not None:
+            raise ValueError("set credentials or nkey, not both (a credentials file holds one)")
+        return self
+
+    def stream_needs(self) -> StreamNeeds:
+        """The subjects and settings this target needs of its stream."""
+        if self.subject_template is not None:
+            publishes = subject_filter(subject_template(self.subject_template))
+            creates = publishes
+        else:
+            publishes, creates = f"{self.subject_prefix}.*", f"{self.subject_prefix}.>"
+        return StreamNeeds(
+            stream=self.stream,
+            publishes=publishes,
+            creates=creates,
+            duplicate_window=self.duplicate_window,
+            storage=self.storage,
+            replicas=self.replicas,
+            max_age=self.max_age,
+        )
