@@ -312,8 +312,9 @@ def _event_of(draft: EventDraft, body: str, seq: int) -> OutboxEvent:
 # (``commit``), and ``outbox.transaction()`` checks before it commits.
 
 
-def _transaction_of(bind: Bind | OutboxTransaction) -> object | None:
-    """The caller's root transaction that an emit on ``bind`` joins, if one has begun."""
+def _transaction_of(bind: object) -> object | None:
+    """The caller's root transaction that an emit on ``bind`` joins, if one has begun (None
+    for anything else a caller may have passed: emit refuses it)."""
     if isinstance(bind, OutboxTransaction):
         return bind.connection.get_transaction()
     if isinstance(bind, Session | Connection):
@@ -321,7 +322,7 @@ def _transaction_of(bind: Bind | OutboxTransaction) -> object | None:
     return None
 
 
-def _doom(bind: Bind | OutboxTransaction, error: EmitError) -> None:
+def _doom(bind: object, error: EmitError) -> None:
     """Mark the transaction of ``bind`` so that it can only be rolled back."""
     if isinstance(bind, OutboxTransaction):
         bind = bind.connection
