@@ -66,7 +66,7 @@ from server_hostile import Target, hostile_phase
 from server_hostile import evaluate as evaluate_hostile
 from server_hostile import markdown as hostile_markdown
 
-from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
+from tidings.config.server import DEFAULT_MAX_FRAME_BYTES
 
 SERVERS = ("floor", "hat", "tidings", "tidings_periodic", "tidings_pg", "tidings_pg_periodic")
 #: bench/floor_server.py: answers registers and stores nothing, so its rates are the ceiling

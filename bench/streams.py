@@ -60,9 +60,9 @@ from common import (
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from processes import TIDINGS, NatsServer, ServerProcess, free_port, local_address, wait_for_port
 
+from tidings.config.passwords import hash_password
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.server.store import EventStore
-from tidings.streams.auth import hash_password
 from tidings.streams.client import StreamClient, StreamEvent, consume
 
 FUTOIN_DIR = REPO / "tests" / "interop" / "futoin"

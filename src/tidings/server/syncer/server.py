@@ -30,10 +30,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tidings.config.server import require_positive_ints
 from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.config import require_positive_ints
 from tidings.server.syncer.common import SERVER_STATUS_TYPE
 from tidings.wire import chatter, chatter_server, codec
 from tidings.wire.chatter import Connection
