@@ -36,7 +36,7 @@ from bench.server.workload import (
     SERVERS,
     TIDINGS_KINDS,
 )
-from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
+from tidings.config.server import DEFAULT_MAX_FRAME_BYTES
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.harness.processes import TIDINGS, ServerProcess, free_port, local_address, wait_for_port
 from bench.streams.workload import EVENT_TYPE, FTN18_TYPE, FUTOIN_DIR, PASSWORD, SERVER_JS, USER
-from tidings.streams.auth import hash_password
+from tidings.config.passwords import hash_password
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from pydantic_core import PydanticUndefined
 #: Marker name -> (module, model) of the file it documents.
 REFERENCES: dict[str, tuple[str, str]] = {
     "tidings": ("tidings.config", "TidingsConfig"),
-    "server": ("tidings.streams.config", "StreamServerConfig"),
-    "aggregate": ("tidings.streams.config", "AggregateConfig"),
+    "server": ("tidings.config.streams", "StreamServerConfig"),
+    "aggregate": ("tidings.config.streams", "AggregateConfig"),
 }
 #: The module that enters every target kind's model when imported.
 TARGET_REGISTRY = "tidings.targets.registry"

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tidings.errors import ConfigError
-from tidings.server.backends import open_backend
-from tidings.server.config import (
+from tidings.config.server import (
     default_config_path,
     load_server_config,
     load_server_config_file,
 )
+from tidings.errors import ConfigError
+from tidings.server.backends import open_backend
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -179,7 +179,7 @@ def test_sqlite_backend_opens_a_store_relative_to_the_config(tmp_path: Path) -> 
         ("tidings.server.backends.sqlite", {"db_path": "x", "path": 1}, "path: unknown key"),
         ("tidings.server.backends.postgresql", {"url": "mysql://x"}, "backend (postgresql)"),
         ("no.such.backend", {}, "cannot import 'no.such.backend'"),
-        ("tidings.server.config", {}, "has no create"),
+        ("tidings.config.server", {}, "has no create"),
     ],
 )
 def test_bad_backend_configuration(

@@ -14,8 +14,8 @@ import pytest
 
 from bench.harness.processes import free_port, local_address
 from tests.support.waiting import run
+from tidings.config.server import load_server_config
 from tidings.errors import ConfigError
-from tidings.server.config import load_server_config
 from tidings.server.runner import RunningServer
 
 pytestmark = pytest.mark.sockets

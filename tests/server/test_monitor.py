@@ -19,9 +19,9 @@ from hat.monitor.common import BlessingReq, BlessingRes, ComponentInfo, json_sch
 from bench.harness.processes import ServerProcess, free_port, local_address, wait_for_port
 from tests.support.waiting import run, wait_until
 from tidings import client
+from tidings.config.server import load_server_config, load_server_config_file
 from tidings.events.model import StoredEvent
 from tidings.events.query import QueryData
-from tidings.server.config import load_server_config, load_server_config_file
 from tidings.server.monitor import component_data, find_peers
 
 GROUP = "event"

@@ -19,10 +19,10 @@ import pytest
 
 from bench.harness.processes import free_port, local_address
 from tests.support.waiting import until
+from tidings.config.passwords import hash_password
+from tidings.config.streams import StreamServerConfig, load_stream_server_config
 from tidings.server.runner import serve
-from tidings.streams.auth import hash_password
-from tidings.streams.config import StreamServerConfig, load_stream_server_config
-from tidings.streams.runner import streams_attachment
+from tidings.streams.service.runner import streams_attachment
 
 USER, PASSWORD = "ftn18", "ftn18pass"
 SEC = f"{USER}:{PASSWORD}"

@@ -20,8 +20,8 @@ from pydantic import BaseModel, Field
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds' models
 from tidings.config import IntermediaryConfig, TargetConfig, TidingsConfig
-from tidings.server.config import ServerConfig
-from tidings.streams.config import AggregateConfig, StreamServerConfig
+from tidings.config.server import ServerConfig
+from tidings.config.streams import AggregateConfig, StreamServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK = ROOT / "docs" / "hooks" / "config_reference.py"

@@ -103,8 +103,8 @@ def _tidings_config(path: Path | None, used: set[str]) -> dict[str, Any]:
 
 def _server_config(path: Path | None, used: set[str]) -> dict[str, Any]:
     from tidings.config import read_config_data
-    from tidings.server.config import default_config_path
-    from tidings.streams.config import load_stream_server_config
+    from tidings.config.server import default_config_path
+    from tidings.config.streams import load_stream_server_config
 
     path = path if path is not None else default_config_path()
     data = read_config_data(path, used=used)
@@ -120,7 +120,7 @@ def schema(
     """Print the JSON Schema of the configuration file (of tidings, or of the event server
     with --server), for editors and CI checks; it describes values after ${VAR} substitution."""
     if server:
-        from tidings.streams.config import StreamServerConfig
+        from tidings.config.streams import StreamServerConfig
 
         document = StreamServerConfig.model_json_schema()
         document.get("properties", {}).pop("base_dir", None)  # set by the loader, not a key

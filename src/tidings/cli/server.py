@@ -30,9 +30,9 @@ def server(
     FTN18 streams its configuration lists under streams:."""
     import asyncio
 
+    from tidings.config.streams import load_stream_server_config_file
     from tidings.server.runner import apply_logging, serve
-    from tidings.streams.config import load_stream_server_config_file
-    from tidings.streams.runner import streams_attachment
+    from tidings.streams.service.runner import streams_attachment
 
     configure_logging(log_level_option(log_level, "--log-level"))
     try:

@@ -13,8 +13,8 @@ from tidings.cli.common import ServerConfOption, app, console, err, streams_app
 from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
+    from tidings.config.streams import StreamServerConfig
     from tidings.server.store import EventStore
-    from tidings.streams.config import StreamServerConfig
 
 
 @app.command()
@@ -90,8 +90,8 @@ def consume(
 
 def _stream_store(conf: Path | None) -> tuple[StreamServerConfig, EventStore]:
     """The server configuration with streams and its store, or a clear exit."""
-    from tidings.streams.admin import open_store
-    from tidings.streams.config import load_stream_server_config_file
+    from tidings.config.streams import load_stream_server_config_file
+    from tidings.streams.consumers.admin import open_store
 
     try:
         config = load_stream_server_config_file(conf)
@@ -109,7 +109,7 @@ def streams_status(
     """Each stream's retained ids and its consumers' positions and lag."""
     import json
 
-    from tidings.streams.admin import stream_status
+    from tidings.streams.consumers.admin import stream_status
 
     config, store = _stream_store(conf)
     try:
@@ -142,7 +142,7 @@ def streams_unregister(
     stream: str, user: str, component: str, conf: ServerConfOption = None
 ) -> None:
     """Forget a registered consumer, so that it no longer holds events back."""
-    from tidings.streams.admin import unregister
+    from tidings.streams.consumers.admin import unregister
 
     config, store = _stream_store(conf)
     try:
@@ -160,7 +160,7 @@ def streams_unregister(
 @streams_app.command("hash-password")
 def streams_hash_password() -> None:
     """Print the hash of a password (read from stdin, or prompted for) for stream_users."""
-    from tidings.streams.auth import hash_password
+    from tidings.config.passwords import hash_password
 
     if sys.stdin.isatty():
         password = typer.prompt("password", hide_input=True, confirmation_prompt=True)
@@ -209,8 +209,8 @@ def streams_archive(
     from pydantic import ValidationError
 
     from tidings.config import RelayConfig
+    from tidings.config.streams import StreamSourceConfig
     from tidings.pipeline.spark import spark_session
-    from tidings.streams.config import StreamSourceConfig
     from tidings.streams.jobs import start_archive
 
     try:
@@ -237,8 +237,8 @@ def streams_aggregate(
     """Aggregate several FTN18 streams into one event store with new ids (FTN18 2.3.3):
     each source's order kept, each event stored once across restarts."""
     from tidings.config import RelayConfig, read_config_data, validate_config
+    from tidings.config.streams import AggregateConfig
     from tidings.pipeline.spark import spark_session
-    from tidings.streams.config import AggregateConfig
     from tidings.streams.jobs import start_aggregate
 
     try:

@@ -4,10 +4,11 @@ its configuration has a ``metrics:`` section.
 The Eventer server keeps plain counters (requests, queries, notifications:
 :mod:`tidings.server.eventer.counters`) and this module counts the stored events by
 listening to the engine, as the Eventer's notifications do; the rest is read at scrape time
-from the running parts (connected clients, Syncer peers), as :mod:`tidings.streams.metrics`
-reads its stream. Each server has a registry of its own, so several servers in one process
-(tests, a pair in sync) do not share or clash over metric names; the endpoint is
-prometheus_client's HTTP server thread, stopped with the server.
+from the running parts (connected clients, Syncer peers), as
+:mod:`tidings.streams.consumers.metrics` reads its stream. Each server has a registry of its
+own, so several servers in one process (tests, a pair in sync) do not share or clash over
+metric names; the endpoint is prometheus_client's HTTP server thread, stopped with the
+server.
 
 Per-peer lag in events is not exported: the Syncer protocol tells a client only that it has
 caught up (``MsgSynced``), not how far behind it is; ``tidings_server_syncer_peer_synced``

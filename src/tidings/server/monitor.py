@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from tidings.address import parse_address
+from tidings.config.server import ServerConfig
 from tidings.errors import ConfigError, ConnectionClosed
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.config import ServerConfig
 from tidings.server.syncer.client import SyncerClient
 
 log = logging.getLogger(__name__)

@@ -22,10 +22,10 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from tidings.config.server import ServerConfig
 from tidings.errors import ConfigError, StoreError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.backends import open_backend
-from tidings.server.config import ServerConfig
 from tidings.server.engine import Engine
 from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.server import EventerServer

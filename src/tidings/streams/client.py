@@ -33,7 +33,7 @@ import httpx
 import websockets
 
 from tidings.errors import ConnectionClosed, StreamError
-from tidings.streams import ftn3
+from tidings.streams.protocol import ftn3
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ class _Receiver:
         self._on_gap = on_gap
         self._live = live
         self._replies: dict[str, asyncio.Future[Any]] = {}
-        self._groups: dict[int, tuple[str, list[StreamEvent]]] = {}
+        self._groups: dict[int, tuple[str | None, list[StreamEvent]]] = {}
         self._next_seq: int | None = 0 if not live else None
         self._handling: asyncio.Task[None] | None = None
 

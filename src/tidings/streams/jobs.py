@@ -25,7 +25,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from tidings.errors import StreamError
 from tidings.events.model import NewEvent, PayloadKind

@@ -26,18 +26,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceStreamReader,
-    InputPartition,
-    ReadLimit,
-)
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from tidings.errors import ConfigError, StreamError
-from tidings.streams import ftn3
 from tidings.streams.client import LIVE, http_url
-from tidings.streams.interfaces import COMPONENT
+from tidings.streams.protocol import ftn3
+from tidings.streams.protocol.interfaces import COMPONENT
 
 SCHEMA = "id LONG, type STRING, data STRING, ts TIMESTAMP"
 _TIMEOUT_S = 60.0
@@ -138,7 +133,7 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._until = self._newest(0)
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, int]:
         """The consumer's position (registered here if it is new)."""
         self.stream.call("registerConsumer", {"component": self.stream.component})
         pending = self.stream.poll(self.stream.component, None)
@@ -146,7 +141,7 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {"id": int(pending[0]["id"]) - 1}
         return {"id": self._newest(0)}
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         floor = int(start["id"])
         # Micro-batches run one after the other, so the engine asks for the next one only
         # once the previous one (ending at ``start``) has committed; and it asks once more
@@ -156,7 +151,7 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {"id": max(floor, self._until)}
         return {"id": self._newest(floor)}
 
-    def partitions(self, start: dict, end: dict) -> list[IdRange]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[IdRange]:
         after, upto = int(start["id"]), int(end["id"])
         return [IdRange(after, upto)] if upto > after else []
 
@@ -178,7 +173,7 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 last = event_id
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, int]) -> None:
         """Spark has committed everything up to ``end``: acknowledge it on the server."""
         self._acknowledge(int(end["id"]))
 

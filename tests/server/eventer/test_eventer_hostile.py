@@ -28,9 +28,9 @@ from tests.support.server_helpers import (
 )
 from tests.support.waiting import run, until
 from tidings.client import connect
+from tidings.config.server import DEFAULT_MAX_FRAME_BYTES
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.query import QueryData
-from tidings.server.config import DEFAULT_MAX_FRAME_BYTES
 from tidings.server.eventer.query_replies import INLINE_REPLY_BYTES
 from tidings.wire import codec
 

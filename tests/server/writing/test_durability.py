@@ -23,12 +23,12 @@ from sqlalchemy import create_engine, text
 from bench.harness.processes import ServerProcess, free_port, local_address
 from tests.support.waiting import run, until, wait_until
 from tidings import client
+from tidings.config.server import load_server_config
 from tidings.db import driver_url
 from tidings.errors import ConfigError, StoreError
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.config import load_server_config
 from tidings.server.engine import Engine
 from tidings.server.store import EventStore, planning
 from tidings.server.store.driver import DriverCursor

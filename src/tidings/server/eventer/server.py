@@ -39,15 +39,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Self
 
-from tidings.errors import ConnectionClosed, ProtocolError, StoreError
-from tidings.events.matching import TypeMatcher
-from tidings.events.model import EventType, StoredEvent, json_event
-from tidings.server.async_engine import AsyncEngine
-from tidings.server.config import (
+from tidings.config.server import (
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
     require_positive_ints,
 )
+from tidings.errors import ConnectionClosed, ProtocolError, StoreError
+from tidings.events.matching import TypeMatcher
+from tidings.events.model import EventType, StoredEvent, json_event
+from tidings.server.async_engine import AsyncEngine
 from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.notify import Notifier
 from tidings.server.eventer.query_replies import EMPTY_REPLY, is_bulk, plan_reply, stream_body

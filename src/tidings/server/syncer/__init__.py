@@ -4,6 +4,6 @@ Two sides, as in hat-event's ``hat.event.syncer``: :mod:`.server` serves this st
 events to syncer clients, :mod:`.client` keeps this store up to date with one peer's own
 events, and :mod:`.common` holds what both speak (the protocol's module name and the status
 events they register). Which peers a server syncs with, and whether their ``syncer_token``
-matches ours, is settled by the configuration (:mod:`tidings.server.config`) when it is
+matches ours, is settled by the configuration (:mod:`tidings.config.server`) when it is
 loaded; the client trusts what it is given.
 """

@@ -10,7 +10,7 @@ registers the ``('event', 'syncer', 'client', <peer>, 'synced')`` status event (
 
 The peer it is given is trusted: whoever names it has checked that its server id is not
 our own and that its ``syncer_token`` matches ours, since ``HatSyncer.MsgReq`` has no token
-field: the configuration (:mod:`tidings.server.config`) for static ``syncer_peers``, and
+field: the configuration (:mod:`tidings.config.server`) for static ``syncer_peers``, and
 :mod:`tidings.server.monitor` for peers found in a Monitor Server's component data.
 """
 

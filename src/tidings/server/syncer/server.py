@@ -13,7 +13,7 @@ client list.
 hat-event's ``syncer_token`` cannot be checked here: ``HatSyncer.MsgReq`` has no token
 field, so a SyncerServer serves anyone who can connect to its port (as hat-event's does).
 The token guards against syncing two installations by a configuration mistake, on the
-client's side (see :mod:`tidings.server.config`); it is **not** authentication.
+client's side (see :mod:`tidings.config.server`); it is **not** authentication.
 
 **Slow clients.** Live events are written to every synced client at once, from the loop, so
 that neither the engine nor the other clients ever wait for one of them. A client with more
@@ -30,10 +30,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tidings.config.server import require_positive_ints
 from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.config import require_positive_ints
 from tidings.server.syncer.common import SERVER_STATUS_TYPE
 from tidings.wire import chatter, chatter_server, codec
 from tidings.wire.chatter import Connection

@@ -13,8 +13,8 @@ from concurrent.futures import Executor
 from tidings.events.model import StoredEvent
 from tidings.server.store import EventStore
 from tidings.server.store.positions import read_newest, read_positions
-from tidings.streams.encoding import WireEvent, wire_event
-from tidings.streams.feed import Batch, StreamFeed
+from tidings.streams.protocol.encoding import WireEvent, wire_event
+from tidings.streams.service.feed import Batch, StreamFeed
 from tidings.streams.typemap import TypeMap
 
 

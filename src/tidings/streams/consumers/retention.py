@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from tidings.config.streams import StreamConfig
 from tidings.events.timeutil import utcnow
 from tidings.server.store import EventStore
 from tidings.server.store.retention import Keep, discard
-from tidings.streams.config import StreamConfig
-from tidings.streams.consumers import Consumers
+from tidings.streams.consumers.positions import Consumers
+from tidings.streams.typemap import type_map_from_config
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class _Stream:
 
 def retention_pass(store: EventStore, consumers: Consumers, streams: Sequence[StreamConfig]) -> int:
     """Discard what the streams' retention allows now (blocking); how many events left."""
-    described = [_Stream(s, tuple(s.type_map().all_patterns())) for s in streams]
+    described = [_Stream(s, tuple(type_map_from_config(s.types).all_patterns())) for s in streams]
     bounds = {s.config.name: _bound(consumers, s.config) for s in described}
     total = 0
     for stream in described:

@@ -13,13 +13,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from tidings.errors import ConnectionClosed
-from tidings.streams.ftn3 import Reply
-
-if TYPE_CHECKING:
-    from tidings.streams.push import PushSession
+from tidings.streams.protocol.ftn3 import Reply
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +39,6 @@ class Channel:
         self.closed = asyncio.Event()
         #: Called once when the channel closes (the push session's wake-up).
         self.on_close: Callable[[], None] | None = None
-        #: The push session ``readyToReceive`` started on this channel, and its task.
-        self.push: tuple[PushSession, asyncio.Task[None]] | None = None
 
     async def send(self, frame: bytes) -> None:
         """Send one frame; ConnectionClosed if the channel is closed."""

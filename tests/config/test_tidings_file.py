@@ -236,7 +236,7 @@ def test_a_malformed_reference_is_an_error_not_kept(tmp_path: Path) -> None:
 def test_the_event_server_configuration_is_substituted_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tidings.server.config import load_server_config_file
+    from tidings.config.server import load_server_config_file
 
     monkeypatch.setenv("SYNC_TOKEN", "t0ken")
     path = _file(

@@ -1,4 +1,6 @@
-"""Configuration of ``tidings server``: hat-event 0.8.5's server.yaml, plus a peer list.
+"""The event server's file (``tidings server --conf``): hat-event 0.8.5's server.yaml, plus
+a peer list. It is a file of its own, separate from ``tidings.yaml``, for now; the streams the
+server serves are sections of it too (:mod:`tidings.config.streams` extends this model).
 
 The document's keys keep their meaning (``type``, ``log``, ``backend``, ``engine``,
 ``eventer_server``, ``syncer_server``, ``syncer_token``, ``monitor``), so a hat-event
@@ -20,7 +22,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tidings.address import Address
-from tidings.config import StrictModel, read_config_data, resolve_path, validate_config
+from tidings.config.loading import read_config_data, validate_config
+from tidings.config.model import StrictModel, resolve_path
 from tidings.errors import ConfigError
 
 DEFAULT_EVENTER_ADDRESS = "tcp+sbs://127.0.0.1:23012"
@@ -45,15 +48,30 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    module: str = Field(min_length=1)
-    #: ``commit``: answer a registration once committed. ``periodic``: answer once written
-    #: into the open transaction, commit at most ``flush_period`` later (a crash loses the
-    #: sessions since the last commit, whole and at the end; see the README).
-    durability: Literal["commit", "periodic"] = "commit"
-    #: Seconds between commits with ``durability: periodic`` (hat-event's default: 1). At
-    #: most 10: on SQLite other writers (stream acks, other processes) may wait that long
-    #: for the held write lock, well within their 30-s busy timeout.
-    flush_period: float = Field(default=1.0, gt=0, le=10)
+    module: str = Field(
+        min_length=1,
+        description=(
+            "The backend's Python module (``tidings.server.backends.sqlite``, ``...postgresql``)."
+        ),
+    )
+    durability: Literal["commit", "periodic"] = Field(
+        default="commit",
+        description=(
+            "``commit``: answer a registration once committed. ``periodic``: answer once written "
+            "into the open transaction, commit at most ``flush_period`` later (a crash loses the "
+            "sessions since the last commit, whole and at the end; see the README)."
+        ),
+    )
+    flush_period: float = Field(
+        default=1.0,
+        gt=0,
+        le=10,
+        description=(
+            "Seconds between commits with ``durability: periodic`` (hat-event's default: 1). At "
+            "most 10: on SQLite other writers (stream acks, other processes) may wait that long "
+            "for the held write lock, well within their 30-s busy timeout."
+        ),
+    )
 
     def options(self) -> dict[str, Any]:
         """The backend module's own keys (not ``module``, ``durability``, ``flush_period``)."""
@@ -70,7 +88,7 @@ class ModuleConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    module: str = Field(min_length=1)
+    module: str = Field(min_length=1, description="The engine module's Python module path.")
 
     def as_dict(self) -> dict[str, Any]:
         """The whole entry, ``module`` included, as hat-event hands it to ``create``."""
@@ -78,32 +96,74 @@ class ModuleConfig(BaseModel):
 
 
 class EngineConfig(StrictModel):
-    server_id: int = Field(ge=1, le=2**63 - 1)
-    modules: list[ModuleConfig] = Field(default_factory=list)
-    #: tidings: events the modules may add to one session before it is aborted as a loop.
-    max_session_events: int = Field(default=10_000, ge=1)
+    """``engine``: the server's id and the modules that run in each session."""
+
+    server_id: int = Field(
+        ge=1,
+        le=2**63 - 1,
+        description="This server's id: the first part of the ids of the events it registers.",
+    )
+    modules: list[ModuleConfig] = Field(
+        default_factory=list, description="Engine modules, run in this order in every session."
+    )
+    max_session_events: int = Field(
+        default=10_000,
+        ge=1,
+        description=(
+            "tidings: events the modules may add to one session before it is aborted as a loop."
+        ),
+    )
 
 
 class EventerServerConfig(StrictModel):
-    address: Address = DEFAULT_EVENTER_ADDRESS
-    #: tidings: the largest frame a client may send; a larger one closes that connection.
-    max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=1024)
-    #: tidings: unsent notify bytes after which a subscriber is disconnected as too slow.
-    max_subscriber_lag_bytes: int = Field(default=DEFAULT_MAX_SUBSCRIBER_LAG_BYTES, ge=1024)
+    """``eventer_server``: where clients register, query and subscribe (hat's Eventer)."""
+
+    address: Address = Field(
+        default=DEFAULT_EVENTER_ADDRESS,
+        description="The ``tcp+sbs://HOST:PORT`` the Eventer listens on.",
+    )
+    max_frame_bytes: int = Field(
+        default=DEFAULT_MAX_FRAME_BYTES,
+        ge=1024,
+        description=(
+            "tidings: the largest frame a client may send; a larger one closes that connection."
+        ),
+    )
+    max_subscriber_lag_bytes: int = Field(
+        default=DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
+        ge=1024,
+        description=(
+            "tidings: unsent notify bytes after which a subscriber is disconnected as too slow."
+        ),
+    )
 
 
 class SyncerServerConfig(StrictModel):
-    address: Address = DEFAULT_SYNCER_ADDRESS
+    """``syncer_server``: where redundant peers fetch this server's events."""
+
+    address: Address = Field(
+        default=DEFAULT_SYNCER_ADDRESS,
+        description="The ``tcp+sbs://HOST:PORT`` the Syncer listens on.",
+    )
 
 
 class SyncerPeerConfig(StrictModel):
     """A redundant peer server this one keeps in sync with (replaces Monitor discovery)."""
 
-    #: The peer's ``engine.server_id``: the Syncer asks for that server's events.
-    server_id: int = Field(ge=1, le=2**63 - 1)
-    address: Address
-    #: The peer's ``syncer_token``; it must equal ours, or the configuration is refused.
-    syncer_token: str | None = None
+    server_id: int = Field(
+        ge=1,
+        le=2**63 - 1,
+        description="The peer's ``engine.server_id``: the Syncer asks for that server's events.",
+    )
+    address: Address = Field(
+        description="The peer's Syncer address (its ``syncer_server.address``)."
+    )
+    syncer_token: str | None = Field(
+        default=None,
+        description=(
+            "The peer's ``syncer_token``; it must equal ours, or the configuration is refused."
+        ),
+    )
 
 
 class MonitorConfig(StrictModel):
@@ -111,38 +171,63 @@ class MonitorConfig(StrictModel):
     as hat-event 0.8.5 reads it: the Monitor Component's name and group, and the local
     Monitor Server to connect to. Servers of one group sync with each other."""
 
-    name: str = Field(min_length=1)
-    group: str = Field(min_length=1)
-    monitor_address: Address
+    name: str = Field(min_length=1, description="This server's Monitor Component name.")
+    group: str = Field(min_length=1, description="Its group: servers of one group sync.")
+    monitor_address: Address = Field(description="The local Monitor Server to connect to.")
 
 
 class MetricsEndpointConfig(StrictModel):
     """tidings: serve Prometheus metrics at ``http://<address>:<port>/metrics``."""
 
-    port: int = Field(ge=1, le=65535)
-    #: 127.0.0.1 by default: metrics are not exposed beyond the host unless asked for.
-    address: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(ge=1, le=65535, description="The port of the /metrics endpoint.")
+    address: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description=(
+            "127.0.0.1 by default: metrics are not exposed beyond the host unless asked for."
+        ),
+    )
 
 
 class ServerConfig(StrictModel):
     """The whole ``tidings server`` configuration."""
 
-    type: Literal["event"]
-    version: str | None = None
-    #: A ``logging.config.dictConfig`` mapping; absent: tidings' JSON-lines logs.
-    log: dict[str, Any] | None = None
+    type: Literal["event"] = Field(
+        description="``event``: hat's component type of an event server."
+    )
+    version: str | None = Field(
+        default=None, description="hat-event's version key: accepted, not used."
+    )
+    log: dict[str, Any] | None = Field(
+        default=None,
+        description="A ``logging.config.dictConfig`` mapping; absent: tidings' JSON-lines logs.",
+    )
     backend: BackendConfig
     engine: EngineConfig
     eventer_server: EventerServerConfig = EventerServerConfig()
     syncer_server: SyncerServerConfig | None = None
-    syncer_token: str | None = None
-    syncer_peers: list[SyncerPeerConfig] = Field(default_factory=list)
-    #: Redundancy through a Hat Monitor Server (absent: standalone, or ``syncer_peers``).
-    monitor: MonitorConfig | None = None
-    #: tidings: the server's own metrics endpoint (absent: none).
-    metrics: MetricsEndpointConfig | None = None
-    #: Directory relative paths are resolved against (the configuration file's).
-    base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+    syncer_token: str | None = Field(
+        default=None,
+        description="Servers sync only with peers of the same token (both absent count as equal).",
+    )
+    syncer_peers: list[SyncerPeerConfig] = Field(
+        default_factory=list,
+        description="Redundant peers kept in sync with, where there is no Monitor Server.",
+    )
+    monitor: MonitorConfig | None = Field(
+        default=None,
+        description=(
+            "Redundancy through a Hat Monitor Server (absent: standalone, or ``syncer_peers``)."
+        ),
+    )
+    metrics: MetricsEndpointConfig | None = Field(
+        default=None, description="tidings: the server's own metrics endpoint (absent: none)."
+    )
+    base_dir: Path = Field(
+        default_factory=Path.cwd,
+        exclude=True,
+        description="Directory relative paths are resolved against (the configuration file's).",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from tidings.config.streams import StreamConfig, StreamServerConfig
 from tidings.server.backends import open_backend
 from tidings.server.store import EventStore
 from tidings.server.store.positions import count_after, read_newest, read_positions
-from tidings.streams.config import StreamConfig, StreamServerConfig
-from tidings.streams.consumers import Consumers
+from tidings.streams.consumers.positions import Consumers
+from tidings.streams.typemap import type_map_from_config
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def open_store(config: StreamServerConfig) -> EventStore:
 def stream_status(store: EventStore, stream: StreamConfig) -> StreamStatus:
     """Where ``stream`` and its consumers stand."""
     consumers = Consumers(store)
-    patterns = stream.type_map().all_patterns()
+    patterns = type_map_from_config(stream.types).all_patterns()
     first = read_positions(store, 0, 1, patterns).events
     newest = read_newest(store, 1, patterns)
     return StreamStatus(

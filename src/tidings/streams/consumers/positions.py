@@ -28,12 +28,13 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql import ColumnElement
 
 from tidings.db import driver_stamp
 from tidings.errors import StoreError, StreamError
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.server.store import DriverCursor, EventStore
-from tidings.streams.ftn3 import NOT_REGISTERED
+from tidings.streams.protocol.ftn3 import NOT_REGISTERED
 
 _metadata = MetaData()
 
@@ -157,7 +158,7 @@ class Consumers:
             ).scalar_one_or_none()
 
 
-def _key(stream: str, user: str, component: str) -> object:
+def _key(stream: str, user: str, component: str) -> ColumnElement[bool]:
     c = consumers_table.c
     return and_(c.stream == stream, c.user_name == user, c.component == component)
 

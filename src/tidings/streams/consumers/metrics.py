@@ -1,7 +1,7 @@
 """Prometheus metrics of a stream, at ``<path>/metrics`` on its own endpoint when
 ``metrics: true``.
 
-Read at scrape time from the store (:func:`tidings.streams.admin.stream_status`), so they
+Read at scrape time from the store (:func:`.admin.stream_status`), so they
 show what ``tidings streams status`` shows: each registered consumer's position and lag,
 and the newest and oldest retained ids; plus the push sessions open right now. Each consumer
 is labelled ``stream``, ``user`` and ``component``.
@@ -15,18 +15,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from tidings.config.streams import StreamConfig
 from tidings.server.store import EventStore
-from tidings.streams.admin import stream_status
-from tidings.streams.config import StreamConfig
+from tidings.streams.consumers.admin import stream_status
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _StreamCollector(Collector):
-    def __init__(self, store: EventStore, stream: StreamConfig, sessions: object) -> None:
+    def __init__(self, store: EventStore, stream: StreamConfig, push_sessions: int) -> None:
         self._store = store
         self._stream = stream
-        self._sessions = sessions
+        self._push_sessions = push_sessions
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         status = stream_status(self._store, self._stream)
@@ -57,12 +57,13 @@ class _StreamCollector(Collector):
         sessions = GaugeMetricFamily(
             "tidings_stream_push_sessions", "Reliable push sessions open", labels=["stream"]
         )
-        sessions.add_metric([name], len(self._sessions))  # type: ignore[arg-type]
+        sessions.add_metric([name], self._push_sessions)
         yield sessions
 
 
-def stream_metrics(store: EventStore, stream: StreamConfig, sessions: object) -> bytes:
-    """The stream's metrics in Prometheus' text format (blocking: reads the store)."""
+def stream_metrics(store: EventStore, stream: StreamConfig, push_sessions: int) -> bytes:
+    """The stream's metrics in Prometheus' text format (blocking: reads the store), with
+    ``push_sessions`` reliable push sessions open."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_StreamCollector(store, stream, sessions))
+    registry.register(_StreamCollector(store, stream, push_sessions))
     return generate_latest(registry)

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tidings.config.stream_types import FTN18_TYPE
 from tidings.errors import StreamError
-from tidings.streams.ftn3 import (
+from tidings.streams.protocol.ftn3 import (
     INVALID_REQUEST,
     LIVE_NOT_ALLOWED,
     NOT_REGISTERED,
@@ -26,7 +27,6 @@ from tidings.streams.ftn3 import (
     UNKNOWN_INTERFACE,
     Request,
 )
-from tidings.streams.typemap import FTN18_TYPE
 
 #: FTN18 ``EventID``: a positive 64-bit-ish integer written as a string.
 EVENT_ID = re.compile(r"^[1-9][0-9]{0,17}$")
@@ -94,7 +94,8 @@ def _any(name: str, value: Any) -> Any:
 def _integer(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not -_INT32 <= value < _INT32:
         raise _mismatch(name, value, "a 32-bit integer")
-    return value
+    checked: int = value
+    return checked
 
 
 def _mismatch(name: str, value: Any, expected: str) -> StreamError:

@@ -28,11 +28,10 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tidings.errors import ConnectionClosed, StreamError
-from tidings.streams import ftn3
-from tidings.streams.channel import Channel
-from tidings.streams.metrics import CONTENT_TYPE
-from tidings.streams.push import stop_session
-from tidings.streams.service import Deferred, RawJson, StreamService
+from tidings.streams.consumers.metrics import CONTENT_TYPE
+from tidings.streams.protocol import ftn3
+from tidings.streams.protocol.channel import Channel
+from tidings.streams.service.functions import Deferred, RawJson, StreamService
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ async def answer(
     service: StreamService, data: bytes, channel: Channel | None, secure: bool
 ) -> bytes | Awaitable[bytes]:
     """The encoded reply to one encoded request, or, when its work goes on after the
-    request's turn (:class:`~tidings.streams.service.Deferred`), what will give it."""
+    request's turn (:class:`~tidings.streams.service.functions.Deferred`), what will give it."""
     rid = None
     try:
         if len(data) > service.config.max_request_bytes:
@@ -164,8 +163,7 @@ def _ws_endpoint(service: StreamService) -> Any:
             pass
         finally:
             channel.close()
-            if channel.push is not None:
-                await stop_session(*channel.push)
+            await service.channel_closed(channel)
             worker.cancel()
             for task in later:
                 task.cancel()

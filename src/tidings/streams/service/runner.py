@@ -19,17 +19,18 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
+from tidings.config.streams import StreamConfig, StreamServerConfig
 from tidings.errors import ConfigError
 from tidings.server.runner import Attachment, RunningServer
 from tidings.serving import QuietServer, listen
-from tidings.streams.app import build_app
-from tidings.streams.auth import Users
-from tidings.streams.config import StreamConfig, StreamServerConfig
-from tidings.streams.consumers import Consumers
-from tidings.streams.feed import StreamFeed
-from tidings.streams.reader import StreamReader
-from tidings.streams.retention import run_retention
-from tidings.streams.service import StreamService
+from tidings.streams.consumers.positions import Consumers
+from tidings.streams.consumers.retention import run_retention
+from tidings.streams.service.app import build_app
+from tidings.streams.service.auth import Users
+from tidings.streams.service.feed import StreamFeed
+from tidings.streams.service.functions import StreamService
+from tidings.streams.service.reader import StreamReader
+from tidings.streams.typemap import type_map_from_config
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def _service(
     The position is read and the listener added in one step on the loop, so no batch falls
     between them.
     """
-    type_map = stream.type_map()
+    type_map = type_map_from_config(stream.types)
     feed = StreamFeed(type_map, server.store.last_position())
     running.unsubscribe.append(server.engine.subscribe(feed.add))
     reader = StreamReader(server.store, feed, type_map, executor)

@@ -12,7 +12,8 @@ runs the function. Consumers belong to the calling user: ``(user, component)``.
   the caller's interface version allows. When nothing it wants is there, its position moves
   past what it does not want (FTN18: skipped events count as delivered). ``LIVE`` keeps no
   state: events after ``last_id``, or the newest ones without it.
-- ``readyToReceive``: starts a push session on the channel (:mod:`.push`).
+- ``readyToReceive``: starts a push session on the channel (:mod:`.push`), tracked with the
+  stream's others (:mod:`.sessions`).
 - ``addEvent``: one event registered through the engine (a session: modules run,
   subscribers notified); its id. The native ``addXferEvent`` is :meth:`tidings.Outbox.emit`
   in the caller's transaction.
@@ -24,38 +25,41 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, TypeVar
 
+from tidings.config.streams import StreamConfig
 from tidings.errors import EngineError, StoreError, StreamError
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
-from tidings.streams.auth import Users
-from tidings.streams.channel import Channel
-from tidings.streams.config import StreamConfig
-from tidings.streams.consumers import Consumers
-from tidings.streams.encoding import event_list
-from tidings.streams.ftn3 import (
+from tidings.streams.consumers.metrics import stream_metrics
+from tidings.streams.consumers.positions import Consumers
+from tidings.streams.protocol.channel import Channel
+from tidings.streams.protocol.encoding import event_list
+from tidings.streams.protocol.ftn3 import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
     LIVE_NOT_ALLOWED,
     SECURITY_ERROR,
     Request,
 )
-from tidings.streams.interfaces import (
+from tidings.streams.protocol.interfaces import (
     LIVE,
     PING_FUNCTION,
     RECEIVER,
     interface_of,
     message_limit,
 )
-from tidings.streams.metrics import stream_metrics
-from tidings.streams.push import PushSession, stop_session
-from tidings.streams.reader import StreamReader
+from tidings.streams.service.auth import Users
+from tidings.streams.service.push import Acknowledge, PushSession
+from tidings.streams.service.reader import StreamReader
+from tidings.streams.service.sessions import PushSessions
 from tidings.streams.typemap import TypeMap
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: FTN18's largest event list.
 MAX_EVENTS = 1000
@@ -100,8 +104,7 @@ class StreamService:
         self._users = users
         self._executor = executor
         self._password_checks = password_checks
-        #: The running push session of each reliable consumer (a newer one replaces it).
-        self._sessions: dict[tuple[str, str], tuple[PushSession, asyncio.Task[None]]] = {}
+        self._push = PushSessions(self.name)
         self._consumer_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     async def call(self, request: Request, channel: Channel | None, secure: bool) -> Any:
@@ -138,14 +141,16 @@ class StreamService:
         """The stream's Prometheus metrics (read from the store in a worker thread)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._executor, stream_metrics, self._engine.store, self.config, self._sessions
+            self._executor, stream_metrics, self._engine.store, self.config, self._push.reliable
         )
+
+    async def channel_closed(self, channel: Channel) -> None:
+        """Stop the push session on a channel that closed, if it has one."""
+        await self._push.stop_channel(channel)
 
     async def aclose(self) -> None:
         """Stop every push session."""
-        for session, task in list(self._sessions.values()):
-            await stop_session(session, task)
-        self._sessions.clear()
+        await self._push.aclose()
 
     async def _register(self, user: str, component: str) -> bool:
         if component == LIVE:
@@ -193,54 +198,39 @@ class StreamService:
         minor: int,
     ) -> bool:
         """Start pushing to ``channel``; the call returns at once, the pushes follow."""
-        if channel.push is not None:
-            await stop_session(*channel.push)
+        await self._push.stop_channel(channel)
         config = self.config.push
-        function = f"{RECEIVER}:1.{minor}:onEvents"
-        common = {
-            "function": function,
-            "message_bytes": message_limit(minor),
-            "want": want,
-            "ack_timeout": config.ack_timeout.total_seconds(),
-        }
-        if component == LIVE:
-            session = PushSession(
+
+        def session(start: int, acknowledge: Acknowledge | None) -> PushSession:
+            return PushSession(
                 self._reader,
                 channel,
                 config,
-                start=self._reader.feed.high,
-                acknowledge=None,
-                **common,
+                function=f"{RECEIVER}:1.{minor}:onEvents",
+                message_bytes=message_limit(minor),
+                want=want,
+                start=start,
+                acknowledge=acknowledge,
+                ack_timeout=config.ack_timeout.total_seconds(),
             )
-        else:
-            key = (user, component)
-            # The whole change under the consumer's lock: a session replaced first records
-            # the replies it got (stop_session's grace), then the new one starts from the
-            # position that leaves, so nothing acknowledged is sent again; two
-            # readyToReceive of one consumer cannot both start.
-            async with self._lock(user, component):
-                previous = self._sessions.pop(key, None)
-                if previous is not None:
-                    await stop_session(*previous)
-                start = await self._blocking(self._consumers.position, self.name, user, component)
 
-                async def acknowledge(position: int) -> None:
-                    await self._acknowledge(user, component, position)
-
-                session = PushSession(
-                    self._reader, channel, config, start=start, acknowledge=acknowledge, **common
-                )
-                task = self._start(session, channel)
-                self._sessions[key] = (session, task)
-                task.add_done_callback(lambda _: self._forget(user, component, session))
+        if component == LIVE:
+            self._push.start(session(self._reader.feed.high, None), channel, None)
             return True
-        self._start(session, channel)
-        return True
+        key = (user, component)
+        # The whole change under the consumer's lock: a session replaced first records
+        # the replies it got (stop_session's grace), then the new one starts from the
+        # position that leaves, so nothing acknowledged is sent again; two
+        # readyToReceive of one consumer cannot both start.
+        async with self._lock(user, component):
+            await self._push.stop_consumer(key)
+            start = await self._blocking(self._consumers.position, self.name, user, component)
 
-    def _start(self, session: PushSession, channel: Channel) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(session.run(), name=f"push {self.name}")
-        channel.push = (session, task)
-        return task
+            async def acknowledge(position: int) -> None:
+                await self._acknowledge(user, component, position)
+
+            self._push.start(session(start, acknowledge), channel, key)
+        return True
 
     async def _add_event(self, name: str, data: Any) -> Deferred:
         event_type = self._type_map.event_type_of(name)
@@ -285,12 +275,7 @@ class StreamService:
             if not lock.locked() and self._consumer_locks.get(key) is lock:
                 del self._consumer_locks[key]
 
-    def _forget(self, user: str, component: str, session: PushSession) -> None:
-        key = (user, component)
-        if self._sessions.get(key, (None,))[0] is session:
-            del self._sessions[key]
-
-    async def _blocking(self, function: Any, *args: Any) -> Any:
+    async def _blocking(self, function: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, function, *args)

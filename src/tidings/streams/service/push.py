@@ -27,12 +27,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from tidings.config.streams import PushConfig
 from tidings.errors import ConnectionClosed, StoreError, StreamError
-from tidings.streams.channel import Channel
-from tidings.streams.config import PushConfig
-from tidings.streams.encoding import event_list
-from tidings.streams.ftn3 import Reply
-from tidings.streams.reader import StreamReader
+from tidings.streams.protocol.channel import Channel
+from tidings.streams.protocol.encoding import event_list
+from tidings.streams.protocol.ftn3 import Reply
+from tidings.streams.service.reader import StreamReader
 
 log = logging.getLogger(__name__)
 

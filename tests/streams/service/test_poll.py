@@ -265,7 +265,7 @@ def test_bad_requests_get_their_error_and_harm_nothing(tmp_path) -> None:
 def test_a_flood_of_wrong_passwords_does_not_hold_up_known_callers(tmp_path) -> None:
     """Each wrong password costs a full scrypt check (tens of ms at the default cost); they
     queue in a thread of their own, so a caller already verified is answered meanwhile."""
-    from tidings.streams.auth import hash_password
+    from tidings.config.passwords import hash_password
 
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
     config["stream_users"]["slow"] = {"password_hash": hash_password("right")}  # default cost

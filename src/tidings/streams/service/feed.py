@@ -3,11 +3,12 @@
 The engine tells its listeners of every stored batch in position order, whoever wrote it
 (a session here, a Syncer peer, a relay appending to the same database: see
 :mod:`tidings.server.async_engine`). The feed keeps the stream's events of the last
-``capacity`` events, each encoded once (:mod:`.encoding`), and wakes the push sessions
-waiting for new ones. It covers the positions ``(floor, high]``: every event of the stream
-in that range is in memory, so a consumer whose position is at least ``floor`` is served
-from here; one further behind reads the store (:mod:`.reader`). Both give the same events in
-the same order, because the store's positions become visible in increasing order.
+``capacity`` events, each encoded once (:mod:`tidings.streams.protocol.encoding`), and
+wakes the push sessions waiting for new ones. It covers the positions ``(floor, high]``:
+every event of the stream in that range is in memory, so a consumer whose position is at
+least ``floor`` is served from here; one further behind reads the store (:mod:`.reader`).
+Both give the same events in the same order, because the store's positions become visible
+in increasing order.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from tidings.events.model import StoredEvent
-from tidings.streams.encoding import WireEvent, wire_event
+from tidings.streams.protocol.encoding import WireEvent, wire_event
 from tidings.streams.typemap import TypeMap
 
 

@@ -1,0 +1,202 @@
+"""The ``intermediary:`` section of ``tidings.yaml``: what ``tidings intermediary serve``
+listens on, the event server it follows, the domain tables its SQL views read, its bounds,
+and an optional spatial upstream.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from tidings.address import Address
+from tidings.config.model import Duration, StrictModel, parse_duration
+
+_SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The kinds a column of an intermediary's table may declare (those of its SQL views).
+ColumnKind = Literal["integer", "real", "numeric", "text", "blob"]
+
+
+def _host_port(value: str) -> str:
+    """``HOST:PORT`` (an IPv6 host in brackets), port 0-65535; 0 is any free port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT, e.g. 127.0.0.1:8100, got {value!r}")
+    return value
+
+
+class IntermediaryTableConfig(StrictModel):
+    """A domain table an intermediary's SQL views may read, fed by its row-change events
+    (``rows.<table>``, :mod:`tidings.intermediary.rows`): its columns (name -> kind, or null
+    for a column of unknown kind) and the column its rows are keyed by, or the columns in
+    order. (Not ``key``: ``tidings config check`` masks keys so named, as secrets.)"""
+
+    columns: dict[str, ColumnKind | None] = Field(
+        min_length=1, description="Column name -> its kind (null: a column of unknown kind)."
+    )
+    keyed_by: str | list[str] = Field(
+        description="The column the table's rows are keyed by, or the columns in order."
+    )
+
+    @field_validator("columns")
+    @classmethod
+    def _column_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name in v:
+            if not _SQL_NAME.fullmatch(name):
+                raise ValueError(f"column name {name!r} must be a SQL name (letters, digits, _)")
+        return v
+
+    @model_validator(mode="after")
+    def _key_is_a_column(self) -> IntermediaryTableConfig:
+        keys = [self.keyed_by] if isinstance(self.keyed_by, str) else self.keyed_by
+        if not keys:
+            raise ValueError("keyed_by: name at least one column")
+        for column in keys:
+            if column not in self.columns:
+                raise ValueError(
+                    f"keyed_by: {column!r} is not one of the columns ({', '.join(self.columns)})"
+                )
+        return self
+
+
+class IntermediaryLimitsConfig(StrictModel):
+    """Bounds of ``tidings intermediary serve``: per server, per connection, per view."""
+
+    max_connections: int = Field(default=10_000, gt=0)
+    max_queued_messages: int = Field(
+        default=10_000,
+        gt=0,
+        description=(
+            "Event and view messages waiting to be sent on one connection; past this the "
+            "subscriber is too slow and is disconnected (close code 4008, with the reason)."
+        ),
+    )
+    max_request_bytes: int = Field(default=64 * 1024, ge=1024)
+    requests_per_s: float = Field(default=20.0, gt=0)
+    request_burst: int = Field(default=40, gt=0)
+    max_subscriptions_per_subscriber: int = Field(default=64, gt=0)
+    max_view_rows: int = Field(
+        default=10_000,
+        gt=0,
+        description="The LIMIT of a view without one, and the highest LIMIT accepted.",
+    )
+    view_timeout: Duration = timedelta(seconds=5)
+
+    _durations = field_validator("view_timeout", mode="before")(lambda cls, v: parse_duration(v))
+
+    @field_validator("view_timeout")
+    @classmethod
+    def _positive(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("must be more than zero")
+        return v
+
+
+class IntermediarySpatialConfig(StrictModel):
+    """A spatial upstream for ``tidings intermediary serve``: a publisher of moving entities
+    speaking the spatial feed protocol (``tidings intermediary simulate``, or your own, see
+    :mod:`tidings.intermediary.spatialfeed`), so ``region`` subscriptions are served too."""
+
+    upstream: str = Field(description="Where the publisher listens: ``ws://HOST:PORT/``.")
+    world_lo: list[float] = Field(
+        min_length=2,
+        max_length=3,
+        description=(
+            "The world's lowest corner (2 or 3 numbers): regions are clipped to the world upstream."
+        ),
+    )
+    world_hi: list[float] = Field(
+        min_length=2,
+        max_length=3,
+        description="The world's highest corner, with as many numbers as ``world_lo``.",
+    )
+    margin: float = Field(
+        default=10.0,
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            "How far past a region the intermediary asks upstream (claim 2's neighbourhood), so a "
+            "moving view stays covered for a while."
+        ),
+    )
+
+    @field_validator("upstream")
+    @classmethod
+    def _ws_url(cls, v: str) -> str:
+        if not v.startswith(("ws://", "wss://")):
+            raise ValueError(f"expected a ws:// URL of the spatial publisher, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _world(self) -> IntermediarySpatialConfig:
+        if len(self.world_lo) != len(self.world_hi):
+            raise ValueError("world_lo and world_hi must have the same number of axes")
+        for axis, (lo, hi) in enumerate(zip(self.world_lo, self.world_hi, strict=True)):
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"world: axis {axis} needs finite world_lo < world_hi")
+        return self
+
+
+class IntermediaryConfig(StrictModel):
+    """``tidings intermediary serve``: an intermediary whose upstream is an event server,
+    serving event and SQL-view subscriptions over WebSocket."""
+
+    listen: Annotated[str, AfterValidator(_host_port)] = Field(
+        default="127.0.0.1:8100",
+        description=(
+            "``HOST:PORT`` of its WebSocket endpoint and web page; 0.0.0.0 exposes every interface."
+        ),
+    )
+    event_server: Address = Field(
+        default="tcp+sbs://127.0.0.1:23012",
+        description="The Eventer address of the event server it follows.",
+    )
+    row_type_prefix: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="The type prefix of the event server target the row events reach it through.",
+    )
+    tables: dict[str, IntermediaryTableConfig] = Field(
+        default_factory=dict, description="The domain tables its SQL views may read, by name."
+    )
+    tick: Duration = Field(
+        default=timedelta(milliseconds=20),
+        description="How often it takes what the event server sent and serves its subscribers.",
+    )
+    request_timeout: Duration = Field(
+        default=timedelta(seconds=30),
+        description=(
+            "How long a request to the event server (a subscription, a table's load) may take."
+        ),
+    )
+    limits: IntermediaryLimitsConfig = IntermediaryLimitsConfig()
+    spatial: IntermediarySpatialConfig | None = Field(
+        default=None,
+        description=(
+            "A spatial upstream besides the event server (None: region subscriptions are refused)."
+        ),
+    )
+
+    _durations = field_validator("tick", "request_timeout", mode="before")(
+        lambda cls, v: parse_duration(v)
+    )
+
+    @field_validator("tick", "request_timeout")
+    @classmethod
+    def _positive(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("must be more than zero")
+        return v
+
+    @field_validator("tables")
+    @classmethod
+    def _table_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        lowered = [name.lower() for name in v]
+        for name in v:
+            if not _SQL_NAME.fullmatch(name):
+                raise ValueError(f"table name {name!r} must be a SQL name (letters, digits, _)")
+            if lowered.count(name.lower()) > 1:
+                raise ValueError(f"table {name!r} is listed twice (names are case-insensitive)")
+        return v

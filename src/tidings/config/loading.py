@@ -1,0 +1,136 @@
+"""From a configuration file to a validated model: reading the YAML, replacing ``${VAR}`` from
+the environment, and turning validation errors into messages that name the key.
+
+Every file tidings reads goes through here, so they all behave alike: a
+:class:`~tidings.errors.ConfigError` names the offending key path and the value found there
+(a typo is found from the message alone), and ``${VAR}`` and ``${VAR:-default}`` in a file's
+string values are replaced when it is read, so secrets need not be written in it (``$${``
+writes a literal ``${``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from tidings.errors import ConfigError
+
+
+def _describe(error: ErrorDetails) -> str:
+    path = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    value = error.get("input")
+    if error["type"] == "extra_forbidden":
+        return f"{path}: unknown key (value {value!r})"
+    if error["type"] == "missing":
+        return f"{path}: required key is missing"
+    return f"{path}: {error['msg']} (got {value!r})"
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_config(
+    model: type[M], data: Any, what: str = "configuration", base_dir: Path | None = None
+) -> M:
+    """Validate ``data`` as ``model``; raise ConfigError naming every bad key and value.
+
+    ``base_dir`` (the configuration file's directory) is what relative paths are resolved
+    against; without it they stay as given.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} must be a mapping at the top level, got {data!r}")
+    try:
+        return model.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise ConfigError(
+            f"invalid {what}:\n  " + "\n  ".join(_describe(e) for e in exc.errors())
+        ) from None
+
+
+#: ``${NAME}``, ``${NAME:-default}``, or ``$${...}`` (an escaped, literal ``${...}``).
+_REFERENCE = re.compile(r"\$(\$?)\{([^}]*)\}")
+_VARIABLE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
+
+
+def substitute_env(
+    data: Any,
+    environ: Mapping[str, str] | None = None,
+    *,
+    origin: str = "configuration",
+    used: set[str] | None = None,
+) -> Any:
+    """``data`` (parsed YAML) with ``${NAME}`` / ``${NAME:-default}`` in its string values
+    replaced from ``environ`` (default: the process environment).
+
+    Substitution works on parsed values, never on the file's text, so a secret holding
+    quotes, ``#`` or a newline cannot change the document's structure; a value that is
+    wholly ``${PORT}`` becomes the string of the variable, which validation then converts
+    like any scalar (``"9108"`` to a port number, ``"true"`` to a boolean). As in the shell,
+    ``:-`` takes the default when the variable is unset *or empty*. ``$${`` keeps a literal
+    ``${``. An unset variable without a default is a ConfigError naming it and the key path
+    (a secret must not silently become an empty password). Keys are not substituted.
+    ``used`` collects the names of the variables read (to mask their values on display).
+    """
+    env = os.environ if environ is None else environ
+
+    def value(text: str, path: str) -> str:
+        def replace(match: re.Match[str]) -> str:
+            escaped, inner = match.groups()
+            if escaped:
+                return "${" + inner + "}"
+            reference = _VARIABLE.fullmatch(inner)
+            if reference is None:
+                raise ConfigError(
+                    f"{origin}: {path}: ${{{inner}}} is not a variable reference "
+                    "(use ${NAME} or ${NAME:-default}; $${ keeps a literal ${)"
+                )
+            name, default = reference.groups()
+            if used is not None:
+                used.add(name)
+            found = env.get(name)
+            if found is None or (found == "" and default is not None):
+                if default is None:
+                    raise ConfigError(
+                        f"{origin}: {path}: environment variable {name} is not set "
+                        f"(set it, or write ${{{name}:-default}})"
+                    )
+                return default
+            return found
+
+        return _REFERENCE.sub(replace, text)
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, str):
+            return value(node, path or "(top level)") if "${" in node else node
+        if isinstance(node, dict):
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(node)]
+        return node
+
+    return walk(data, "")
+
+
+def read_config_data(path: str | Path, *, used: set[str] | None = None) -> Any:
+    """The parsed content of a YAML (or JSON, a subset of YAML) configuration file, with
+    environment variables substituted (:func:`substitute_env`; ``used`` collects their
+    names)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return substitute_env(data, origin=str(path), used=used)

@@ -1,0 +1,240 @@
+"""The relay's sections of ``tidings.yaml``: the outbox database, the producer, routing, the
+relay pipeline and its retries, replay, housekeeping and metrics.
+
+Their defaults are the embedded setup (a SQLite file, Spark in local mode), so an empty file
+runs. Paths (the database file, the checkpoint and archive directories) are relative to the
+configuration file (:data:`~tidings.config.model.LocalPath`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tidings.config.model import DatabaseUrl, Duration, LocalPath, StrictModel, parse_duration
+from tidings.errors import ConfigError
+
+
+class DatabaseConfig(StrictModel):
+    """Where the service's tables and the event log live."""
+
+    url: DatabaseUrl = Field(
+        default="sqlite:///tidings.db",
+        validate_default=True,
+        description=(
+            "The outbox database: ``sqlite:///FILE`` (relative to this file) or "
+            "``postgresql://...``."
+        ),
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _known_dialect(cls, v: str) -> str:
+        if not v.startswith(("sqlite:", "postgresql:", "postgresql+psycopg:")):
+            raise ValueError(f"unsupported database url {v!r}: use sqlite:/// or postgresql://")
+        return v
+
+
+class OutboxConfig(StrictModel):
+    """Producer-side settings."""
+
+    originator: str = "tidings"
+    max_payload_bytes: int = Field(default=1024 * 1024, gt=0)
+
+
+class RoutingConfig(StrictModel):
+    """Event type (or ``prefix*`` / ``*`` pattern) -> target names; ``default``: the targets
+    of a type no route matches. The database table ``tidings_route`` adds to these."""
+
+    routes: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Event type, ``prefix*`` or ``*`` -> the names of the targets it goes to.",
+    )
+    default: list[str] = Field(
+        default_factory=list, description="The targets of an event type no route matches."
+    )
+    use_table: bool = Field(
+        default=True, description="Add the routes of the database table ``tidings_route`` to these."
+    )
+
+    @field_validator("routes")
+    @classmethod
+    def _route_keys(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for key in v:
+            if not key.strip() or key != key.strip() or "?" in key or "*" in key[:-1]:
+                raise ValueError(
+                    f"route key {key!r} must be an event type, a prefix ending in '*' or '*'"
+                )
+        return v
+
+
+class RetryConfig(StrictModel):
+    """Tries per target before an event is FAILED there, and the pauses between them.
+
+    Exponential by default (200 ms doubling to 30 s, ±20 % jitter: eight tries span about
+    25 s, so a network blip of a few seconds costs retries, not a FAILED event); ``backoff``
+    gives an explicit schedule instead (one pause per retry, e.g. the patent's
+    ``[10ms, 25ms, 40ms]``), and then ``attempts`` is its length plus one.
+    """
+
+    attempts: int | None = Field(
+        default=None, ge=1, description="Tries per target (None: 8, or the schedule's length + 1)."
+    )
+    initial_backoff: Duration = timedelta(milliseconds=200)
+    multiplier: float = Field(default=2.0, ge=1.0)
+    max_backoff: Duration = timedelta(seconds=30)
+    jitter: float = Field(
+        default=0.2, ge=0.0, le=1.0, description="A pause varies by up to this fraction either way."
+    )
+    backoff: list[Duration] | None = Field(
+        default=None,
+        description="An explicit schedule, one pause per retry (instead of ``attempts``).",
+    )
+
+    _durations = field_validator("initial_backoff", "max_backoff", mode="before")(
+        lambda cls, v: parse_duration(v)
+    )
+
+    @field_validator("backoff", mode="before")
+    @classmethod
+    def _schedule(cls, v: Any) -> list[timedelta] | None:
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            raise ValueError("backoff must be a list of durations, e.g. [10ms, 25ms, 40ms]")
+        return [parse_duration(x) for x in v]
+
+    @property
+    def tries(self) -> int:
+        """Tries per target: the schedule's length + 1, else ``attempts`` (default 8)."""
+        if self.backoff is not None:
+            return len(self.backoff) + 1
+        return self.attempts or 8
+
+    def model_post_init(self, _context: Any) -> None:
+        if self.backoff is not None and self.attempts is not None:
+            raise ConfigError(
+                "relay.retry: give attempts (exponential backoff) or backoff (an explicit "
+                "schedule, attempts = its length + 1), not both"
+            )
+
+
+class RelayConfig(StrictModel):
+    """The Spark relay pipeline."""
+
+    spark_master: str = Field(
+        default="local[*]",
+        description="Spark's master URL: ``local[*]`` in this process, or a cluster's.",
+    )
+    checkpoint_dir: LocalPath = Field(
+        default=".tidings/checkpoint",
+        validate_default=True,
+        description=(
+            "The streaming query's checkpoint (a directory or a ``hdfs://``, ``s3a://`` URI)."
+        ),
+    )
+    trigger_interval: Duration = Field(
+        default=timedelta(milliseconds=100), description="How often a micro-batch starts."
+    )
+    max_events_per_batch: int = Field(default=100_000, gt=0)
+    partitions: int = Field(default=2, gt=0)
+    retry: RetryConfig = RetryConfig()
+    replay_every: Duration | None = Field(
+        default=None,
+        description=(
+            "How often the replay job runs in the relay's Spark session, trying FAILED events "
+            "again (None: never; the relay resumes held events and sends due retries by itself)."
+        ),
+    )
+    shuffle_partitions: int = Field(default=2, gt=0)
+    driver_memory: str = Field(
+        default="512m",
+        pattern=r"^\d+[kmgt]$",
+        description="The driver JVM's heap (``spark.driver.memory``).",
+    )
+    driver_java_options: str = Field(
+        default="-XX:TieredStopAtLevel=1",
+        description=(
+            "The driver JVM's options (``spark.driver.extraJavaOptions``). The default keeps the "
+            "JIT at its first tier: the driver runs Spark's per-batch planning, never the events, "
+            "and C2 recompiling that code took half its CPU at 1k ev/s (see the design notes)."
+        ),
+    )
+
+    _durations = field_validator("trigger_interval", "replay_every", mode="before")(
+        lambda cls, v: None if v is None else parse_duration(v)
+    )
+
+    @field_validator("driver_java_options")
+    @classmethod
+    def _no_heap_in_java_options(cls, v: str) -> str:
+        if any(option.startswith("-Xmx") for option in v.split()):
+            raise ValueError("set the driver's heap with relay.driver_memory, not -Xmx here")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "retry_backoff" in data:
+            raise ValueError(
+                "relay.retry_backoff is now relay.retry.backoff (an explicit schedule), "
+                "or use relay.retry.attempts with exponential backoff"
+            )
+        return data
+
+
+class ReplayConfig(StrictModel):
+    """The scheduled replay of PENDING, HELD and FAILED events (design doc: Event Replay)."""
+
+    older_than: Duration = timedelta(seconds=60)
+    retry_count_threshold: int = Field(default=20, gt=0)
+    time_limit: Duration = timedelta(minutes=5)
+    event_limit: int = Field(default=100_000, gt=0)
+
+    _durations = field_validator("older_than", "time_limit", mode="before")(
+        lambda cls, v: parse_duration(v)
+    )
+
+
+class HousekeepingConfig(StrictModel):
+    """Archiving and deleting published events (design doc: House keeping)."""
+
+    older_than: Duration = timedelta(days=7)
+    mode: Literal["archive", "delete"] = Field(
+        default="archive",
+        description="Archive published events before deleting them, or only delete them.",
+    )
+    archive_dir: LocalPath = Field(
+        default=".tidings/archive",
+        validate_default=True,
+        description="Where archived events are written as Parquet (a directory or a URI).",
+    )
+    delete_on_success: bool = False
+    event_limit: int | None = Field(default=None, gt=0)
+
+    _durations = field_validator("older_than", mode="before")(lambda cls, v: parse_duration(v))
+
+
+class MetricsConfig(StrictModel):
+    """Prometheus metrics; ``port`` None means no HTTP endpoint is started."""
+
+    port: int | None = Field(
+        default=None,
+        gt=0,
+        lt=65536,
+        description="The port of the /metrics endpoint (None: no endpoint).",
+    )
+    address: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="The interface /metrics listens on; 0.0.0.0 exposes it on every interface.",
+    )
+    max_event_types: int = Field(
+        default=100,
+        gt=0,
+        description=(
+            'Distinct ``event_type`` label values kept; later types are counted as "other".'
+        ),
+    )

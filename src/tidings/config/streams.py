@@ -1,0 +1,350 @@
+"""The FTN18 streams' configuration: the ``streams:`` and ``stream_users:`` sections of the
+event server's file, and the files of the streams' Spark jobs (aggregation).
+
+The sections extend the server's own model (:class:`StreamServerConfig`), so one file
+configures the event server and the streams it serves, and ``tidings server`` starts both.
+Each stream is an HTTP and WebSocket endpoint (``host``, ``port``, ``path``; several streams
+may share a port under different paths) carrying the event types its ``types`` map names
+(checked by :mod:`.stream_types`). Users are shared by all streams; only password hashes are
+configured (:mod:`.passwords`), directly or from an environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import Field, field_validator, model_validator
+
+from tidings.config.model import ParsedDuration, StrictModel
+from tidings.config.passwords import check_hash
+from tidings.config.server import ServerConfig, load_server_config, load_server_config_file
+from tidings.config.stream_types import type_patterns
+from tidings.errors import ConfigError
+
+V = TypeVar("V")
+
+
+class StreamUserConfig(StrictModel):
+    """A user of the streams: the scrypt hash of its password, or the variable holding it."""
+
+    password_hash: str | None = Field(
+        default=None,
+        description=(
+            "The scrypt hash of the user's password, as ``tidings streams hash-password`` prints "
+            "it."
+        ),
+    )
+    password_hash_env: str | None = Field(
+        default=None,
+        description="The environment variable holding that hash, read when the server starts.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StreamUserConfig:
+        if (self.password_hash is None) == (self.password_hash_env is None):
+            raise ValueError("give exactly one of password_hash and password_hash_env")
+        if self.password_hash is not None:
+            _as_value_error(check_hash, self.password_hash)
+        return self
+
+    def resolved_hash(self, user: str) -> str:
+        """The hash, read from the environment if configured so (at start-up)."""
+        if self.password_hash is not None:
+            return self.password_hash
+        assert self.password_hash_env is not None
+        value = os.environ.get(self.password_hash_env)
+        if not value:
+            raise ConfigError(
+                f"stream_users.{user}.password_hash_env: the variable "
+                f"{self.password_hash_env} is not set"
+            )
+        try:
+            return check_hash(value)
+        except ConfigError as exc:
+            raise ConfigError(f"stream_users.{user} ({self.password_hash_env}): {exc}") from None
+
+
+class PushConfig(StrictModel):
+    """How events are pushed over a WebSocket (``readyToReceive``)."""
+
+    max_in_flight: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="onEvents calls sent before the first of them is answered.",
+    )
+    group_delay: ParsedDuration = Field(
+        default=timedelta(milliseconds=2),
+        description="How long new events wait for more to share their onEvents call.",
+    )
+    max_group_events: int = Field(
+        default=1000,
+        ge=1,
+        le=1000,
+        description="Events per onEvents call (FTN18 allows up to 1,000).",
+    )
+    live_queue_events: int = Field(
+        default=10_000,
+        ge=1,
+        description=(
+            "Events a live consumer may fall behind before its oldest waiting groups are skipped."
+        ),
+    )
+    ack_timeout: ParsedDuration = Field(
+        default=timedelta(seconds=30),
+        description=(
+            "A reliable consumer that leaves a group unanswered this long is disconnected (it gets"
+            " the group again when it reconnects)."
+        ),
+    )
+
+
+class RetentionConfig(StrictModel):
+    """When a stream's events leave the active store (see
+    :mod:`tidings.streams.consumers.retention`)."""
+
+    enabled: bool = Field(
+        default=False, description="Discard events the stream's consumers have all acknowledged."
+    )
+    min_age: ParsedDuration = Field(
+        default=timedelta(days=1),
+        description=(
+            "Events younger than this stay, so that a re-published outbox event is still "
+            "recognised by its stored copy (the store's duplicate window)."
+        ),
+    )
+    every: ParsedDuration = Field(
+        default=timedelta(seconds=10), description="How often a retention pass runs."
+    )
+    batch: int = Field(
+        default=10_000, ge=1, le=1_000_000, description="Events deleted per transaction."
+    )
+
+
+class StreamConfig(StrictModel):
+    """One FTN18 stream."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="The stream's name: consumers' positions are kept under it.",
+    )
+    host: str = Field(
+        default="127.0.0.1", description="The interface its HTTP and WebSocket endpoint listens on."
+    )
+    port: int = Field(
+        ge=1, le=65535, description="Its port; streams may share a port under different paths."
+    )
+    path: str = Field(default="/", pattern=r"^/[A-Za-z0-9_./-]*$", description="Its URL path.")
+    types: dict[str, list[Any]] = Field(
+        description="FTN18 type name -> one event type pattern, or a list of them."
+    )
+    push: PushConfig = Field(
+        default=PushConfig(), description="How events are pushed over a WebSocket."
+    )
+    retention: RetentionConfig = Field(
+        default=RetentionConfig(), description="When the stream's events leave the store."
+    )
+    max_request_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="The largest request a peer may send (FTN3's default limit is 64 KiB).",
+    )
+    tls_certfile: Path | None = Field(
+        default=None, description="Serve TLS with this certificate chain and key (PEM files)."
+    )
+    tls_keyfile: Path | None = Field(default=None, description="The key of ``tls_certfile`` (PEM).")
+    secure_channel: bool = Field(
+        default=False,
+        description=(
+            "Treat plain connections as secure: the endpoint is reached only through a trusted "
+            "channel (FutoIn's ``secureChannel``; its client says ``secure+ws://``)."
+        ),
+    )
+    trust_proxy: bool = Field(
+        default=False,
+        description="Trust ``X-Forwarded-Proto: https`` from a TLS-terminating proxy in front.",
+    )
+    metrics: bool = Field(
+        default=False,
+        description="Serve Prometheus metrics at ``<path>/metrics`` (consumer positions and lag).",
+    )
+
+    @field_validator("types")
+    @classmethod
+    def _types(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        _as_value_error(type_patterns, value)
+        return value
+
+    @model_validator(mode="after")
+    def _tls(self) -> StreamConfig:
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("give both tls_certfile and tls_keyfile, or neither")
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        """The stream's URL."""
+        scheme = "https" if self.tls_certfile else "http"
+        return f"{scheme}://{self.host}:{self.port}{self.path}"
+
+
+class StreamServerConfig(ServerConfig):
+    """The event server's configuration with the streams it serves."""
+
+    stream_users: dict[str, StreamUserConfig] = Field(
+        default_factory=dict, description="The users every stream accepts, by name."
+    )
+    streams: list[StreamConfig] = Field(
+        default_factory=list, description="The FTN18 streams the server serves."
+    )
+
+    @model_validator(mode="after")
+    def _streams(self) -> StreamServerConfig:
+        names = [s.name for s in self.streams]
+        if len(names) != len(set(names)):
+            raise ValueError("streams: two streams have the same name")
+        endpoints = [(s.host, s.port, s.path.rstrip("/")) for s in self.streams]
+        if len(endpoints) != len(set(endpoints)):
+            raise ValueError("streams: two streams have the same host, port and path")
+        for user in self.stream_users:
+            if not user or ":" in user or user.startswith("-"):
+                raise ValueError(
+                    f"stream_users: {user!r} is not a user name (no ':', no '-' first)"
+                )
+        if self.streams and not self.stream_users:
+            raise ValueError("streams need at least one entry under stream_users")
+        return self
+
+    def resolved(self) -> StreamServerConfig:
+        """TLS paths made absolute against the configuration file's directory."""
+        streams = [
+            s.model_copy(
+                update={
+                    "tls_certfile": s.tls_certfile and self.resolve(s.tls_certfile),
+                    "tls_keyfile": s.tls_keyfile and self.resolve(s.tls_keyfile),
+                }
+            )
+            for s in self.streams
+        ]
+        return self.model_copy(update={"streams": streams})
+
+
+class StreamSourceConfig(StrictModel):
+    """A stream a Spark job consumes as a registered consumer."""
+
+    url: str = Field(pattern=r"^(https?|wss?)://", description="The stream's URL.")
+    user: str = Field(min_length=1, description="The user the job calls as.")
+    password_env: str = Field(
+        min_length=1,
+        description="The variable holding the password (passwords are not written in files).",
+    )
+    component: str = Field(
+        pattern=r"^[A-Za-z0-9_]{1,16}$",
+        description="The consumer component the job registers as (not ``LIVE``).",
+    )
+    want: list[str] | None = Field(default=None, description="Only these FTN18 types (None: all).")
+
+    @field_validator("component")
+    @classmethod
+    def _registrable(cls, value: str) -> str:
+        if value == "LIVE":
+            raise ValueError("LIVE cannot be registered: a job consumes as a reliable consumer")
+        return value
+
+    def options(self) -> dict[str, str]:
+        """The ``tidings_stream`` source options."""
+        options = {
+            "url": self.url,
+            "user": self.user,
+            "password_env": self.password_env,
+            "component": self.component,
+        }
+        if self.want is not None:
+            options["want"] = ",".join(self.want)
+        return options
+
+
+class AggregateDestination(StrictModel):
+    """The event store the aggregated stream lives in (a tidings server serves it)."""
+
+    database: str = Field(min_length=1, description="The store's database URL.")
+    server_id: int = Field(
+        default=1, ge=1, description="The server id the aggregated events are registered with."
+    )
+    type_prefix: list[str] = Field(
+        default_factory=lambda: ["aggregate"],
+        description=(
+            "An event of source ``s`` and FTN18 type ``T`` is stored as ``(*type_prefix, s, T)``."
+        ),
+    )
+
+
+class AggregateConfig(StrictModel):
+    """``tidings streams aggregate -c FILE``: FTN18 2.3.3's aggregation of partitioned streams."""
+
+    sources: dict[str, StreamSourceConfig] = Field(
+        description="The streams aggregated, by source name."
+    )
+    destination: AggregateDestination = Field(
+        description="The event store they are aggregated into."
+    )
+    checkpoint_dir: str = Field(
+        default=".tidings/aggregate", description="The streaming query's checkpoint."
+    )
+    trigger_interval: ParsedDuration = Field(
+        default=timedelta(seconds=1), description="How often a micro-batch starts."
+    )
+    spark_master: str = Field(default="local[*]", description="Spark's master URL.")
+
+    @field_validator("sources")
+    @classmethod
+    def _names(cls, value: dict[str, StreamSourceConfig]) -> dict[str, StreamSourceConfig]:
+        if not value:
+            raise ValueError("give at least one source")
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+                raise ValueError(f"source name {name!r}: use 1-64 of letters, digits, _ . -")
+        return value
+
+
+def load_stream_server_config(data: Any, base_dir: Path | None = None) -> StreamServerConfig:
+    """Validate a server configuration that may hold streams."""
+    config = load_server_config(data, base_dir, model=StreamServerConfig)
+    assert isinstance(config, StreamServerConfig)
+    return config.resolved()
+
+
+def load_stream_server_config_file(path: str | Path | None = None) -> StreamServerConfig:
+    """Load a server configuration file that may hold streams (default path as the server's)."""
+    config = load_server_config_file(path, model=StreamServerConfig)
+    assert isinstance(config, StreamServerConfig)
+    return config.resolved()
+
+
+def _as_value_error(check: Callable[[V], object], value: V) -> None:
+    """Run a check that raises ConfigError inside a pydantic validator (which reports
+    ValueErrors with the key path)."""
+    try:
+        check(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+__all__ = [
+    "AggregateConfig",
+    "AggregateDestination",
+    "PushConfig",
+    "RetentionConfig",
+    "StreamConfig",
+    "StreamServerConfig",
+    "StreamSourceConfig",
+    "StreamUserConfig",
+    "load_stream_server_config",
+    "load_stream_server_config_file",
+]

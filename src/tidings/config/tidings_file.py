@@ -1,0 +1,146 @@
+"""``tidings.yaml``: the file of the relay and the intermediaries, as one validated model.
+
+It holds the relay's sections (:mod:`.relay`), the targets (:mod:`.targets`) and the
+intermediary's section (:mod:`.intermediary`), and checks what crosses them (routes name
+defined targets; retries stay under the replay's threshold). The event server and its
+streams read a file of their own, for now (:mod:`.server`, :mod:`.streams`).
+
+Relative paths in a configuration *file* (SQLite URLs, the checkpoint and archive
+directories, fault files), defaults included, are relative to the file's directory, so a
+configuration means the same from any working directory; a mapping validated without a
+file keeps them as given (relative to the process's working directory). Values may come from
+the environment (``${VAR}``, see :mod:`.loading`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from tidings.config.intermediary import IntermediaryConfig
+from tidings.config.loading import read_config_data, validate_config
+from tidings.config.model import StrictModel
+from tidings.config.relay import (
+    DatabaseConfig,
+    HousekeepingConfig,
+    MetricsConfig,
+    OutboxConfig,
+    RelayConfig,
+    ReplayConfig,
+    RoutingConfig,
+)
+from tidings.config.targets import KindTargetConfig, target_kinds_json_schema
+from tidings.errors import ConfigError
+
+
+class TidingsConfig(StrictModel):
+    """The whole of ``tidings.yaml``."""
+
+    # Sections holding paths are built by validation, so a file's directory reaches their
+    # defaults too (a default instance would skip that).
+    database: DatabaseConfig = Field(
+        default_factory=dict, validate_default=True, description="The outbox database."
+    )
+    outbox: OutboxConfig = Field(default=OutboxConfig(), description="The producer's settings.")
+    targets: dict[str, KindTargetConfig] = Field(
+        default_factory=dict,
+        description="Where events go, by name: each entry's ``kind`` names its model.",
+    )
+    routing: RoutingConfig = Field(
+        default=RoutingConfig(), description="Which targets each event type goes to."
+    )
+    relay: RelayConfig = Field(
+        default_factory=dict, validate_default=True, description="The Spark relay pipeline."
+    )
+    replay: ReplayConfig = Field(
+        default=ReplayConfig(),
+        description="The scheduled replay of PENDING, HELD and FAILED events.",
+    )
+    housekeeping: HousekeepingConfig = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="Archiving and deleting published events.",
+    )
+    metrics: MetricsConfig = Field(
+        default=MetricsConfig(), description="The relay's Prometheus metrics."
+    )
+    intermediary: IntermediaryConfig = Field(
+        default=IntermediaryConfig(), description="``tidings intermediary serve``."
+    )
+
+    @field_validator("targets")
+    @classmethod
+    def _target_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                raise ValueError(f"target name {name!r} may hold only letters, digits, _ . -")
+        return v
+
+    def model_post_init(self, _context: Any) -> None:
+        retry, threshold = self.relay.retry, self.replay.retry_count_threshold
+        attempts = retry.tries
+        if attempts - 1 > threshold:
+            raise ConfigError(
+                f"relay.retry allows {attempts} tries ({attempts - 1} retries), over "
+                f"replay.retry_count_threshold ({threshold}), which ends every retry of an "
+                "event: raise the threshold or lower the tries"
+            )
+        named = [(f"routing.routes.{key}", names) for key, names in self.routing.routes.items()]
+        for where, names in [*named, ("routing.default", self.routing.default)]:
+            for name in names:
+                if name not in self.targets:
+                    raise ConfigError(
+                        f"{where}: unknown target {name!r} "
+                        f"(defined targets: {', '.join(sorted(self.targets)) or 'none'})"
+                    )
+
+
+def load_config(data: dict[str, Any] | None = None) -> TidingsConfig:
+    """Validate a configuration mapping; raise ConfigError naming every bad key and value."""
+    return validate_config(TidingsConfig, data)
+
+
+def load_config_file(path: str | Path, *, used: set[str] | None = None) -> TidingsConfig:
+    """Load and validate a YAML configuration file; its relative paths are relative to it,
+    and ``${VAR}`` in its values come from the environment (``used`` collects their names)."""
+    path = Path(path)
+    return validate_config(
+        TidingsConfig, read_config_data(path, used=used), base_dir=path.resolve().parent
+    )
+
+
+#: The environment variable naming the configuration file when no ``-c`` is given.
+CONFIG_ENV = "TIDINGS_CONFIG"
+#: The file looked for in the working directory when neither ``-c`` nor CONFIG_ENV names one.
+DEFAULT_CONFIG_FILE = "tidings.yaml"
+
+
+def find_config_file(path: str | Path | None = None) -> Path | None:
+    """The configuration file to use: ``path`` if given, else ``$TIDINGS_CONFIG`` if set,
+    else ``./tidings.yaml`` if it exists, else None (the defaults).
+
+    A file that is named (by ``path`` or the variable) is returned whether or not it
+    exists, so that reading it fails with its name rather than falling back to defaults.
+    """
+    if path:
+        return Path(path)
+    if named := os.environ.get(CONFIG_ENV):
+        return Path(named)
+    default = Path(DEFAULT_CONFIG_FILE)
+    return default if default.is_file() else None
+
+
+def config_json_schema() -> dict[str, Any]:
+    """The JSON Schema of :class:`TidingsConfig` (what a file holds after substitution),
+    ``targets:`` entries being the union of the target kinds entered by then (import
+    :mod:`tidings.targets.registry` first)."""
+    schema = TidingsConfig.model_json_schema()
+    kinds = target_kinds_json_schema()
+    if kinds is not None:
+        schema.setdefault("$defs", {}).update(kinds.pop("$defs", {}))
+        schema["properties"]["targets"]["additionalProperties"] = kinds
+    return schema
