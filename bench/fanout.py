@@ -36,7 +36,7 @@ from common import (
     write_report,
 )
 
-from tidings.intermediary.fanout import FanoutConfig, FanoutResult, run_fanout
+from tidings.intermediary.measurement.fanout import FanoutConfig, FanoutResult, run_fanout
 
 #: Five subscriber processes of 200 connections each: measured at 1,000 against ten of 100,
 #: the ten took more CPU (2.1-2.3 s against 1.6-1.9 s in the window, and the tier 15-16 s

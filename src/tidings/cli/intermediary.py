@@ -34,7 +34,7 @@ def serve(
     import asyncio
     import signal
 
-    from tidings.intermediary.service import Listening, serve_intermediary
+    from tidings.intermediary.serving.service import Listening, serve_intermediary
 
     configure_logging(log_level_option(log_level, "--log-level"))
     settings = load_or_exit(config).intermediary
@@ -80,9 +80,9 @@ def simulate(
     import signal
 
     from tidings.errors import IntermediaryError
-    from tidings.intermediary.geometry import Box
-    from tidings.intermediary.simulation import Simulation
-    from tidings.intermediary.spatialfeed import SimulationServer
+    from tidings.intermediary.publisher.server import SimulationServer
+    from tidings.intermediary.publisher.simulation import Simulation
+    from tidings.intermediary.regions.geometry import Box
 
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:

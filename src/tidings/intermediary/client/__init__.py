@@ -1,0 +1,5 @@
+"""Subscribers' side in Python: :mod:`.subscriber` says what any subscriber does (the
+protocol the callers depend on, and the frames it receives); :mod:`.client` subscribes at
+one intermediary; :mod:`.handover` subscribes at a cluster of them, following redirects and
+handovers so that each subscription's frames form one stream.
+"""
