@@ -4,15 +4,15 @@ A simulation publisher of 50,000 moving agents at 10 Hz, intermediaries, and 1,0
 subscribers in separate processes.
 
 Run ``.venv/bin/python -m bench.fanout [--quick]`` from the checkout. The measuring is
-:func:`tidings.intermediary.fanout.run_fanout` (the same code ``tidings fanout-demo`` runs;
-its docstring says what runs where and how each figure is taken). This script runs it at the
-full size, records the CPU other processes (and other guests of the host, as steal) took
-meanwhile (a loaded run is marked), then
-searches for the largest subscriber count that still holds the goals (staleness p99 <=
-200 ms and every subscriber at >= 95 % of its asked rate, none disconnected): doubling from
-the full size while it holds, halving while it does not, then bisection; a run that fails
-while others took over a quarter of the cores is measured once more. It
-writes ``bench/results/fanout.json`` and ``bench/results/fanout.md``.
+:func:`tidings.intermediary.measurement.fanout.run_fanout` (the same code ``tidings fanout-
+demo`` runs; its docstring says what runs where and how each figure is taken). This script
+runs it at the full size, records the CPU other processes (and other guests of the host, as
+steal) took meanwhile (a loaded run is marked), then searches for the largest subscriber
+count that still holds the goals (staleness p99 <= 200 ms and every subscriber at >= 95 % of
+its asked rate, none disconnected): doubling from the full size while it holds, halving
+while it does not, then bisection; a run that fails while others took over a quarter of the
+cores is measured once more. It writes ``bench/results/fanout.json`` and
+``bench/results/fanout.md``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from bench.harness.markdown import command, heading, table
 from bench.harness.progress import runtime_s, say
 from bench.harness.report import write_report
 from bench.harness.sizes import Scale, arguments, mode
-from tidings.intermediary.fanout import FanoutConfig, FanoutResult, run_fanout
+from tidings.intermediary.measurement.fanout import FanoutConfig, FanoutResult, run_fanout
 
 #: Five subscriber processes of 200 connections each: measured at 1,000 against ten of 100,
 #: the ten took more CPU (2.1-2.3 s against 1.6-1.9 s in the window, and the tier 15-16 s

@@ -11,13 +11,13 @@ from typing import Any
 
 from tests.support.intermediary_helpers import WORLD
 from tidings.client import QueryType
-from tidings.intermediary.chain import TidingsChain
-from tidings.intermediary.client import IntermediaryClient
-from tidings.intermediary.eventviews import ChainBatch, EventViews
-from tidings.intermediary.process import Intermediary
-from tidings.intermediary.simulation import Simulation
-from tidings.intermediary.sqlviews import Catalog, SqlLimits
-from tidings.intermediary.transport import IntermediaryServer, TransportLimits
+from tidings.intermediary.client.client import IntermediaryClient
+from tidings.intermediary.node.intermediary import Intermediary
+from tidings.intermediary.publisher.simulation import Simulation
+from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
+from tidings.intermediary.views.event_server_upstream import TidingsChain
+from tidings.intermediary.views.eventviews import ChainBatch, EventViews
+from tidings.intermediary.views.sqlviews import Catalog, SqlLimits
 
 #: The domain tables of the tests' service, as the catalog allows them.
 CATALOG = Catalog.from_mapping(

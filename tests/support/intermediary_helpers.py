@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from tidings.intermediary.generation import FrameKind
-from tidings.intermediary.geometry import Box
-from tidings.intermediary.simulation import Simulation
+from tidings.intermediary.node.generation import FrameKind
+from tidings.intermediary.publisher.simulation import Simulation
+from tidings.intermediary.regions.geometry import Box
 
 WORLD = Box((0.0, 0.0), (100.0, 100.0))
 WHOLE = {"box": {"lo": [0, 0], "hi": [100, 100]}}

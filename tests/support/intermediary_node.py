@@ -16,11 +16,11 @@ import sys
 import time
 
 from tests.support.intermediary_helpers import WORLD
-from tidings.intermediary.cluster import ClusterServer
-from tidings.intermediary.directory import Directory
-from tidings.intermediary.responsibility import RegionPartition
-from tidings.intermediary.simulation import Simulation
-from tidings.intermediary.state import UpdateBatch
+from tidings.intermediary.cluster.directory import Directory
+from tidings.intermediary.cluster.member import ClusterServer
+from tidings.intermediary.cluster.responsibility import RegionPartition
+from tidings.intermediary.node.batches import UpdateBatch
+from tidings.intermediary.publisher.simulation import Simulation
 
 AGENTS, SEED, SPEED, DT, PERIOD = 400, 7, 5.0, 0.05, 0.02
 PARTITION = RegionPartition(WORLD, (2, 1))

@@ -311,6 +311,65 @@ PACKAGE_ORDER: dict[str, tuple[str, ...]] = {
         "app",
         "runner",
     ),
+    "tidings.intermediary": (
+        "regions",  # geometry and coverage: nothing of an intermediary
+        "node",  # one intermediary, transport-free
+        "views",  # event-type and SQL-view subscriptions, the event server as upstream
+        "feed",  # the spatial feed's wire and the intermediary's side of it
+        "publisher",  # the simulated spatial publisher
+        "serving",  # WebSocket transport, pages, the service
+        "client",  # subscribers in Python
+        "cluster",  # many intermediaries
+        "measurement",  # the fan-out benchmark and demo
+    ),
+    "tidings.intermediary.regions": ("geometry", "coverage", "coveredcells", "grid"),
+    "tidings.intermediary.node": (
+        "batches",
+        "buffers",
+        "snapshot",
+        "state",
+        "scheduling",
+        "generation",
+        "roundgen",
+        "placements",
+        "publisher_store",
+        "subscriber_store",
+        "subscribe",
+        "applied",
+        "intermediary",
+    ),
+    "tidings.intermediary.views": (
+        "patterns",
+        "rows",
+        "primitives",
+        "sqlviews",
+        "sqltables",
+        "eventviews",
+        "event_server_upstream",
+    ),
+    "tidings.intermediary.feed": ("wire", "remote"),
+    "tidings.intermediary.publisher": ("simulation", "server"),
+    "tidings.intermediary.serving": ("page", "envelope", "connection", "transport", "service"),
+    "tidings.intermediary.client": ("subscriber", "client", "handover"),
+    "tidings.intermediary.cluster": (
+        "responsibility",
+        "directory",
+        "children",
+        "peers",
+        "areas",
+        "member",
+        "membership",
+        "in_process",
+        "member_process",
+        "process_cluster",
+    ),
+    "tidings.intermediary.measurement": (
+        "wsreceive",
+        "fanout",
+        "intermediary_process",
+        "subscriber_process",
+        "demo",
+    ),
     "tidings.cli": (
         "common",
         "relay_progress",

@@ -25,8 +25,8 @@ from tests.support.chain_helpers import DDL, chain_rig, next_view, reference
 from tests.support.helpers import relay_config, statuses
 from tidings.client import QueryData, StoredEvent, connect, json_event
 from tidings.db import make_engine
-from tidings.intermediary.client import IntermediaryClient
-from tidings.intermediary.rows import emit_deleted, emit_row, row_event_type
+from tidings.intermediary.client.client import IntermediaryClient
+from tidings.intermediary.views.rows import emit_deleted, emit_row, row_event_type
 from tidings.outbox.producer import Outbox
 from tidings.pipeline.relay import start_relay
 

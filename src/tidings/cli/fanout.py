@@ -32,8 +32,8 @@ def fanout_demo(
     against every subscriber connecting to the publisher directly; plot them to a PNG."""
     import asyncio
 
-    from tidings.intermediary.fanout import FanoutConfig, run_fanout
-    from tidings.intermediary.fanout_demo import plot, summary
+    from tidings.intermediary.measurement.demo import plot, summary
+    from tidings.intermediary.measurement.fanout import FanoutConfig, run_fanout
 
     config = FanoutConfig(
         subscribers=subscribers,

@@ -2,7 +2,7 @@
 (and, with its ``spatial:`` section, a spatial publisher); ``tidings intermediary simulate``:
 such a publisher, a simulation of moving agents.
 
-It runs :func:`tidings.intermediary.service.serve_intermediary` with the ``intermediary:``
+It runs :func:`tidings.intermediary.serving.service.serve_intermediary` with the ``intermediary:``
 section of the configuration until SIGINT or SIGTERM (exit 0). An unreachable event server,
 an address in use or a bad configuration end it with one line and exit code 2; so does
 losing the event server's connection while serving (a supervisor restarts it).
@@ -34,7 +34,7 @@ def serve(
     import asyncio
     import signal
 
-    from tidings.intermediary.service import Listening, serve_intermediary
+    from tidings.intermediary.serving.service import Listening, serve_intermediary
 
     configure_logging(log_level_option(log_level, "--log-level"))
     settings = load_or_exit(config).intermediary
@@ -80,9 +80,9 @@ def simulate(
     import signal
 
     from tidings.errors import IntermediaryError
-    from tidings.intermediary.geometry import Box
-    from tidings.intermediary.simulation import Simulation
-    from tidings.intermediary.spatialfeed import SimulationServer
+    from tidings.intermediary.publisher.server import SimulationServer
+    from tidings.intermediary.publisher.simulation import Simulation
+    from tidings.intermediary.regions.geometry import Box
 
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:

@@ -30,7 +30,7 @@ def _host_port(value: str) -> str:
 
 class IntermediaryTableConfig(StrictModel):
     """A domain table an intermediary's SQL views may read, fed by its row-change events
-    (``rows.<table>``, :mod:`tidings.intermediary.rows`): its columns (name -> kind, or null
+    (``rows.<table>``, :mod:`tidings.intermediary.views.rows`): its columns (name -> kind, or null
     for a column of unknown kind) and the column its rows are keyed by, or the columns in
     order. (Not ``key``: ``tidings config check`` masks keys so named, as secrets.)"""
 
@@ -98,7 +98,7 @@ class IntermediaryLimitsConfig(StrictModel):
 class IntermediarySpatialConfig(StrictModel):
     """A spatial upstream for ``tidings intermediary serve``: a publisher of moving entities
     speaking the spatial feed protocol (``tidings intermediary simulate``, or your own, see
-    :mod:`tidings.intermediary.spatialfeed`), so ``region`` subscriptions are served too."""
+    :mod:`tidings.intermediary.feed.remote`), so ``region`` subscriptions are served too."""
 
     upstream: str = Field(description="Where the publisher listens: ``ws://HOST:PORT/``.")
     world_lo: list[float] = Field(

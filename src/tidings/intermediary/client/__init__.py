@@ -1,0 +1,11 @@
+"""Subscribers' side in Python: :mod:`.subscriber` says what any subscriber does (the
+protocol the callers depend on, and the frames it receives); :mod:`.client` subscribes at
+one intermediary; :mod:`.handover` subscribes at a cluster of them, following redirects and
+handovers so that each subscription's frames form one stream.
+
+``from tidings.intermediary.client import IntermediaryClient`` is the documented way in.
+"""
+
+from tidings.intermediary.client.client import IntermediaryClient
+
+__all__ = ["IntermediaryClient"]

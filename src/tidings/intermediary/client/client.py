@@ -1,0 +1,186 @@
+"""A small Python subscriber of an intermediary (issue 12 item 7), over :mod:`.transport`'s
+WebSocket protocol, with the ``websockets`` library.
+
+One background task reads the connection: JSON replies go to the request waiting for them
+(requests are sent one at a time, and the server answers each in order), binary frames are
+decoded (:func:`.generation.decode_frame`) into a bounded buffer that :meth:`frames`
+iterates. The buffer keeps the latest frames: a caller slower than the server loses the
+oldest (counted in :attr:`IntermediaryClient.overflowed`), as the server itself would drop
+them. JSON messages of event and SQL-view subscriptions (``op`` ``event`` or ``view``) are a
+stream: they are all kept, in order, for :meth:`IntermediaryClient.message`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import websockets
+
+from tidings.errors import IntermediaryError
+from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber, subscribe_request
+from tidings.intermediary.node.generation import decode_frame
+from tidings.intermediary.serving.envelope import open_envelope
+
+
+class IntermediaryClient(Subscriber):
+    """A subscriber connected to one intermediary; use :meth:`connect` (``async with``
+    closes it)."""
+
+    def __init__(self, websocket: Any, subscriber: int, max_buffered: int) -> None:
+        self.websocket = websocket
+        self.subscriber = subscriber
+        self.overflowed = 0
+        self.close_code: int | None = None
+        self.close_reason: str | None = None
+        self._frames: deque[ReceivedFrame] = deque(maxlen=max_buffered)
+        self._frame_ready = asyncio.Event()
+        self._replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._lock = asyncio.Lock()
+        self._closed = asyncio.Event()
+        self._task = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, max_buffered: int = 1024, **options: Any
+    ) -> IntermediaryClient:
+        """Connect to ``url`` (``ws://host:port/``) and wait for the server's hello."""
+        websocket = await websockets.connect(url, **options)
+        hello = json.loads(await websocket.recv())
+        if hello.get("op") != "hello":
+            await websocket.close()
+            raise IntermediaryError(f"client: expected a hello, got {hello!r}")
+        return cls(websocket, int(hello["subscriber"]), max_buffered)
+
+    async def subscribe(
+        self,
+        key: str,
+        region: dict[str, Any],
+        *,
+        priority: float = 0.0,
+        rate_hz: float = 10.0,
+        capabilities: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Subscribe (or replace) ``key``; the server's reply. A refusal raises
+        :class:`IntermediaryError` with the server's message."""
+        return await self.request(
+            subscribe_request(
+                key, region, priority=priority, rate_hz=rate_hz, capabilities=capabilities
+            )
+        )
+
+    async def subscribe_events(self, key: str, patterns: list[list[str]]) -> dict[str, Any]:
+        """Subscribe (or replace) ``key`` to the events whose types match ``patterns``."""
+        return await self.request({"op": "subscribe", "key": key, "events": patterns})
+
+    async def subscribe_sql(
+        self, key: str, sql: str, *, priority: float = 0.0, rate_hz: float = 10.0
+    ) -> dict[str, Any]:
+        """Subscribe (or replace) ``key`` to the rows of the view ``sql``."""
+        return await self.request(
+            {"op": "subscribe", "key": key, "sql": sql, "priority": priority, "rate_hz": rate_hz}
+        )
+
+    async def message(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next event or view message (TimeoutError after ``timeout`` s; an
+        :class:`IntermediaryError` once the connection closed and none is left)."""
+        if not self._messages.empty():
+            return self._messages.get_nowait()
+        if self._closed.is_set():
+            raise IntermediaryError(
+                f"client: connection closed ({self.close_code} {self.close_reason})"
+            )
+        getter = asyncio.ensure_future(self._messages.get())
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait(
+                {getter, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            closed.cancel()
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        if self._closed.is_set():
+            raise IntermediaryError(
+                f"client: connection closed ({self.close_code} {self.close_reason})"
+            )
+        raise TimeoutError(f"client: no message within {timeout} s")
+
+    async def unsubscribe(self, key: str) -> dict[str, Any]:
+        return await self.request({"op": "unsubscribe", "key": key})
+
+    async def request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and wait for its reply (an error reply raises)."""
+        async with self._lock:
+            await self.websocket.send(json.dumps(request))
+            reply_task = asyncio.ensure_future(self._replies.get())
+            closed_task = asyncio.ensure_future(self._closed.wait())
+            await asyncio.wait({reply_task, closed_task}, return_when=asyncio.FIRST_COMPLETED)
+            closed_task.cancel()
+            if not reply_task.done():
+                reply_task.cancel()
+                raise IntermediaryError(
+                    f"client: connection closed ({self.close_code} {self.close_reason})"
+                )
+            reply = reply_task.result()
+        if reply.get("op") == "error":
+            raise IntermediaryError(str(reply.get("message")))
+        return reply
+
+    async def frames(self) -> AsyncIterator[ReceivedFrame]:
+        """The frames as they arrive, until the connection closes."""
+        while True:
+            while self._frames:
+                yield self._frames.popleft()
+            if self._closed.is_set():
+                return
+            self._frame_ready.clear()
+            waiter = asyncio.ensure_future(self._frame_ready.wait())
+            closed = asyncio.ensure_future(self._closed.wait())
+            await asyncio.wait({waiter, closed}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            closed.cancel()
+
+    async def close(self) -> None:
+        await self.websocket.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def _on_text(self, message: dict[str, Any]) -> None:
+        """A JSON message from the server: here, the reply to the request waiting (a
+        subclass that follows the cluster's pushed messages routes those elsewhere), or an
+        event or view message of an event-type or SQL subscription."""
+        if message.get("op") in ("event", "view"):
+            self._messages.put_nowait(message)
+        else:
+            self._replies.put_nowait(message)
+
+    def _on_frame(self, frame: ReceivedFrame) -> None:
+        """A decoded frame, in arrival order with :meth:`_on_text`: into the buffer."""
+        if len(self._frames) == self._frames.maxlen:
+            self.overflowed += 1
+        self._frames.append(frame)
+        self._frame_ready.set()
+
+    async def _read(self) -> None:
+        try:
+            async for message in self.websocket:
+                if isinstance(message, str):
+                    self._on_text(json.loads(message))
+                    continue
+                key, data = open_envelope(message)
+                header, ids, positions = decode_frame(data)
+                self._on_frame(ReceivedFrame(key, header, ids, positions))
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            self.close_code = self.websocket.close_code
+            self.close_reason = self.websocket.close_reason
+            self._closed.set()

@@ -1,0 +1,145 @@
+"""One subscriber's connection to an intermediary's server, and how what is offered to it
+leaves (:mod:`.transport` says why it is built so).
+
+Slow subscribers never hold the others ([146]): each connection has one outgoing slot
+holding the latest round's frames; a writer task per connection empties it
+(:meth:`Connection.write`). A round sends to an idle connection itself
+(:meth:`Connection.send_now`), and leaves a send that must wait for the transport to the
+writer, which finishes it (:func:`finish`) before anything else. JSON messages wait in their
+own queue (events, in order) or per key (views, latest wins); messages the server pushes
+unasked (notices) go out after the frames already offered. Requests are limited by a token
+bucket per connection (:meth:`Connection.take_token`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.websockets import WebSocket
+
+from tidings.intermediary.node.intermediary import Served
+from tidings.intermediary.serving.envelope import envelope
+
+
+@dataclass
+class Connection:
+    """A subscriber's connection: its socket, what waits to be sent, and its request tokens."""
+
+    id: int
+    websocket: WebSocket
+    slot: list[Served] | None = None
+    texts: deque[str] = field(default_factory=deque)
+    #: The latest view message per key not sent yet (a view is a latest value).
+    views: dict[str, str] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    kicked: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+    replaced: int = 0
+    #: The writer waits for work with nothing pending: a round may send to it directly.
+    idle: bool = False
+    #: A direct send that must wait for the transport (its coroutine and what it waits
+    #: for), or failed: the writer finishes it, or raises it, before anything else.
+    pending: tuple[Coroutine[Any, Any, None], Any] | None = None
+    failure: BaseException | None = None
+    tokens: float = 0.0
+    refilled: float = 0.0
+
+    def queue(self, message: dict[str, Any]) -> None:
+        """An event message joins the queue; a view message replaces the one of its key not
+        sent yet (counted in :attr:`replaced`, unless it says ``unchanged``: as the pending
+        one)."""
+        if message["op"] != "view":
+            self.texts.append(json.dumps(message, default=str))
+        elif message["key"] not in self.views:
+            self.views[message["key"]] = json.dumps(message, default=str)
+        elif not message.get("unchanged"):
+            self.replaced += 1
+            self.views[message["key"]] = json.dumps(message, default=str)
+        self.wake.set()
+
+    def send_now(self) -> bool:
+        """Send the slot from here when the writer is idle: a send that does not have to
+        wait for the transport completes in one step, with no writer task to wake (that
+        wake cost as much as the rest of the send, per frame). One that has to wait, or
+        fails, is left to the writer (:func:`finish`). True if all of it was sent."""
+        items, self.slot = self.slot or [], None
+        for sent, served in enumerate(items):
+            send = self.websocket.send_bytes(envelope(served.key, served.frame.data))
+            try:
+                waiting_for = send.send(None)
+            except StopIteration:
+                continue
+            except BaseException as exc:  # the writer raises it, closing the connection
+                self.failure = exc
+            else:
+                self.pending = (send, waiting_for)
+            self.slot = items[sent + 1 :] or None  # the rest, after the pending one
+            self.idle = False
+            return False
+        return True
+
+    async def write(self, ready: Callable[[], None]) -> None:
+        """The writer: send whatever waits, in order, until cancelled; ``ready`` is called
+        each time the slot is empty again (the channel can take a frame)."""
+        while True:
+            self.idle = not (self.texts or self.views or self.slot or self.notices)
+            await self.wake.wait()
+            self.idle = False
+            self.wake.clear()
+            if self.failure is not None:
+                raise self.failure
+            if self.pending is not None:
+                pending, self.pending = self.pending, None
+                await finish(*pending)
+            while self.texts:
+                await self.websocket.send_text(self.texts.popleft())
+            views, self.views = self.views, {}
+            for text in views.values():
+                await self.websocket.send_text(text)
+            items, self.slot = self.slot, None
+            notices, self.notices = self.notices, []
+            for served in items or ():
+                await self.websocket.send_bytes(envelope(served.key, served.frame.data))
+            for notice in notices:
+                await self.websocket.send_text(notice)
+            if self.slot is None:
+                ready()
+
+    def take_token(self, now: float, burst: int, per_s: float) -> bool:
+        """Whether a request may be handled now: a bucket of ``burst`` tokens refilled at
+        ``per_s``, one token a request."""
+        self.tokens = min(float(burst), self.tokens + (now - self.refilled) * per_s)
+        self.refilled = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+async def finish(send: Coroutine[Any, Any, None], waiting_for: Any) -> None:
+    """Run ``send``, which stopped at its first step waiting for the future
+    ``waiting_for``, to its end in this task: what a task does with a coroutine it runs."""
+    try:
+        while True:
+            try:
+                if waiting_for is None:  # a bare yield: let the loop run once
+                    await asyncio.sleep(0)
+                else:
+                    # As a task does with a future its coroutine yields: it is the one
+                    # waiting now (a future still marked blocking refuses another await).
+                    waiting_for._asyncio_future_blocking = False
+                    await waiting_for
+            except BaseException as exc:  # e.g. this writer cancelled: so is the send
+                waiting_for = send.throw(exc)
+            else:
+                waiting_for = send.send(None)
+    except StopIteration:
+        return
+    finally:
+        send.close()

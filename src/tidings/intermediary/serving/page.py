@@ -1,0 +1,66 @@
+"""The web page that shows one subscriber's live view as a moving map (issue 12 item 8).
+
+An intermediary's server serves, beside its WebSocket endpoint, one HTML file and one
+JavaScript module (package data in ``static/``, no framework, no build step):
+
+* ``GET /view`` -- the page. Its query string is the subscription: ``?box=x0,y0,x1,y1``,
+  ``?sphere=x,y,r`` (3D: one more coordinate each), ``&relative_to=ID`` for a region around
+  an entity, ``&rate_hz=``, ``&priority=``, ``&float32=0|1``, ``&compress=0|1``,
+  ``&max_entities=``;
+* ``GET /view.js`` -- the module: it opens a WebSocket to the same server, subscribes, decodes
+  the binary frames (:mod:`.generation`'s layout, :func:`.envelope.envelope`'s envelope) and
+  draws them on a canvas;
+* ``GET /view.json`` -- what the page cannot know by itself: the intermediary's dimension and
+  world box, so that a bare ``/view`` shows the whole world (``"world": null`` if the
+  intermediary has none, and the page then asks for a region).
+
+The page does not validate the region: it passes the numbers as they are and shows the
+server's ``{"op": "error"}`` message, so there is one validation, the server's.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tidings.intermediary.node.intermediary import Intermediary
+
+#: The page's files are small and never change while a server runs: read once.
+_STATIC = resources.files("tidings.intermediary.serving") / "static"
+#: A browser keeps no stale page or module across an upgrade of the server.
+_REVALIDATE = {"Cache-Control": "no-cache"}
+
+
+def static_page_routes(name: str) -> list[Route]:
+    """``GET /<name>`` and ``GET /<name>.js``: the page ``static/<name>.html`` and its module."""
+    html = (_STATIC / f"{name}.html").read_bytes()
+    script = (_STATIC / f"{name}.js").read_bytes()
+
+    async def page(request: Request) -> Response:
+        return Response(html, media_type="text/html; charset=utf-8", headers=_REVALIDATE)
+
+    async def module(request: Request) -> Response:
+        return Response(script, media_type="text/javascript; charset=utf-8", headers=_REVALIDATE)
+
+    return [
+        Route(f"/{name}", page, methods=["GET"]),
+        Route(f"/{name}.js", module, methods=["GET"]),
+    ]
+
+
+def page_routes(intermediary: Intermediary) -> list[Route]:
+    """The page's routes, for the intermediary's Starlette application."""
+
+    async def defaults(request: Request) -> Response:
+        world = intermediary.subscriptions.world
+        return JSONResponse(
+            {
+                "dim": intermediary.dim,
+                "world": None if world is None else {"lo": world.lo, "hi": world.hi},
+            }
+        )
+
+    return [*static_page_routes("view"), Route("/view.json", defaults, methods=["GET"])]

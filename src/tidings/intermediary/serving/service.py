@@ -1,0 +1,207 @@
+"""An intermediary run as a service against an event server (``tidings intermediary serve``).
+
+:func:`serve_intermediary` wires the library's parts from the validated ``intermediary:`` section of
+the configuration (:class:`tidings.config.IntermediaryConfig`): a
+:class:`~.event_server_upstream.TidingsChain` to the event server, :class:`~.eventviews.EventViews`
+over it with the configured tables as the SQL catalog, and an
+:class:`~.transport.IntermediaryServer` serving them until ``stop`` is set: WebSocket at ``/``, and
+at ``/live`` a page that subscribes like any subscriber and shows events as a list and views as
+tables. Its query string lists the subscriptions, each repeatable:
+``?events=app/orders/*,app/users/*`` (Hat patterns, segments joined by ``/``), ``?sql=SELECT ...``
+(``&rate_hz=``, ``&priority=``); it does not validate them but shows the server's error
+(``static/live.js``).
+
+Spatial state does not come from an event server: with the ``spatial:`` section the service
+also subscribes to a publisher of moving entities over the spatial feed
+(:mod:`.feed.wire`; ``tidings intermediary simulate`` runs one) and serves ``region``
+subscriptions (and the moving map at ``/view``) from it; without it a ``region``
+subscription is answered with an error naming that, and the others go on.
+
+The connections upstream are made once: an unreachable event server or spatial publisher at
+start is an :class:`~tidings.errors.IntermediaryError` (the command's exit 2), and a
+connection lost while serving ends the service with one too, after closing every
+subscriber's connection;
+restarting is the supervisor's job (systemd ``Restart=on-failure``), because subscribers
+must re-subscribe anyway to get a view that is complete again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tidings.config import IntermediaryConfig
+from tidings.errors import IntermediaryError
+from tidings.intermediary.feed.remote import RemoteFeed, remote_intermediary
+from tidings.intermediary.node.intermediary import Intermediary
+from tidings.intermediary.regions.geometry import Box
+from tidings.intermediary.serving.page import static_page_routes
+from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
+from tidings.intermediary.views.event_server_upstream import TidingsChain
+from tidings.intermediary.views.eventviews import EventViews
+from tidings.intermediary.views.sqlviews import Catalog, SqlLimits
+
+log = logging.getLogger(__name__)
+
+#: How often the service looks whether the event server's connection is still open.
+_WATCH_S = 0.2
+
+
+@dataclass(frozen=True)
+class Listening:
+    """Where a started service serves: its WebSocket endpoint and its page (``/live``)."""
+
+    websocket: str
+    page: str
+    event_server: str
+    #: The spatial publisher's URL, if the service has one.
+    spatial: str | None = None
+
+
+class _NoSpatialUpstream:
+    """The spatial part's upstream: never asked, because region subscriptions are refused
+    before they reach it (:class:`EventServerIntermediary`)."""
+
+    def subscribe(self, boxes: Sequence[Box]) -> None:
+        raise IntermediaryError("region: this intermediary has no spatial upstream")
+
+    def unsubscribe(self, boxes: Sequence[Box]) -> None:
+        pass
+
+    def follow(self, entities: frozenset[int]) -> None:
+        if entities:
+            raise IntermediaryError("region: this intermediary has no spatial upstream")
+
+
+class EventServerIntermediary(IntermediaryServer):
+    """An intermediary server whose upstream is an event server (events and SQL views) and,
+    if ``spatial`` is given, a spatial publisher (``region`` subscriptions)."""
+
+    def __init__(
+        self,
+        event_server: str,
+        views: EventViews,
+        *,
+        tick_s: float,
+        limits: TransportLimits,
+        spatial: tuple[Intermediary, RemoteFeed] | None = None,
+    ) -> None:
+        node, source = (
+            (Intermediary(2, _NoSpatialUpstream()), None)
+            if spatial is None
+            else (spatial[0], spatial[1].take)
+        )
+        super().__init__(node, source=source, views=views, tick_s=tick_s, limits=limits)
+        self.event_server = event_server
+        self.spatial = spatial is not None
+        self.app.router.routes.extend(static_page_routes("live"))
+
+    async def handle_request(
+        self, subscriber: int, request: dict[str, object]
+    ) -> dict[str, object]:
+        if request.get("op") == "subscribe" and "region" in request and not self.spatial:
+            raise IntermediaryError(
+                f"region: this intermediary's upstream is the event server {self.event_server}, "
+                "which has no spatial state; subscribe to events or sql"
+            )
+        return await super().handle_request(subscriber, request)
+
+
+def _lost(spatial: tuple[Intermediary, RemoteFeed] | None) -> bool:
+    return spatial is not None and spatial[1].closed.is_set()
+
+
+def catalog_of(config: IntermediaryConfig) -> Catalog | None:
+    """The SQL catalog of the configured tables (None: no tables, no SQL views)."""
+    if not config.tables:
+        return None
+    return Catalog.from_mapping(
+        {name: dict(table.columns) for name, table in config.tables.items()},
+        keys={name: table.keyed_by for name, table in config.tables.items()},
+    )
+
+
+async def serve_intermediary(
+    config: IntermediaryConfig,
+    stop: asyncio.Event,
+    on_listening: Callable[[Listening], None] | None = None,
+) -> None:
+    """Serve until ``stop`` is set; an :class:`IntermediaryError` if the event server cannot
+    be reached, the address cannot be listened on, or the event server's connection is lost."""
+    host, _, port = config.listen.rpartition(":")
+    host = host.strip("[]")
+    limits = config.limits
+    catalog = catalog_of(config)
+    chain = TidingsChain(
+        config.event_server, request_timeout=config.request_timeout.total_seconds()
+    )
+    await chain.start()
+    spatial: tuple[Intermediary, RemoteFeed] | None = None
+    lost: str | None = None
+    try:
+        if config.spatial is not None:
+            world = Box(tuple(config.spatial.world_lo), tuple(config.spatial.world_hi))
+            spatial = await remote_intermediary(
+                config.spatial.upstream, world, config.spatial.margin
+            )
+        views = EventViews(
+            chain,
+            catalog,
+            row_type_prefix=config.row_type_prefix,
+            limits=SqlLimits(
+                max_rows=limits.max_view_rows, timeout_s=limits.view_timeout.total_seconds()
+            ),
+            max_per_subscriber=limits.max_subscriptions_per_subscriber,
+        )
+        server = EventServerIntermediary(
+            config.event_server,
+            views,
+            tick_s=config.tick.total_seconds(),
+            limits=TransportLimits(
+                max_message_bytes=limits.max_request_bytes,
+                requests_per_s=limits.requests_per_s,
+                burst=limits.request_burst,
+                max_connections=limits.max_connections,
+                max_queued_messages=limits.max_queued_messages,
+            ),
+            spatial=spatial,
+        )
+        await server.start(host, int(port))
+        try:
+            shown = f"[{host}]" if ":" in host else host
+            where = Listening(
+                f"ws://{shown}:{server.port}/",
+                f"http://{shown}:{server.port}/live",
+                chain.address,
+                None if spatial is None else spatial[1].url,
+            )
+            log.info(
+                "intermediary listening",
+                extra={"websocket": where.websocket, "page": where.page,
+                       "event_server": where.event_server, "tables": sorted(config.tables)},
+            )  # fmt: skip
+            if on_listening is not None:
+                on_listening(where)
+            while not stop.is_set() and chain.closed is None and not _lost(spatial):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_WATCH_S):
+                        await stop.wait()
+        finally:
+            await server.aclose()
+    finally:
+        if spatial is not None:
+            lost = spatial[1].closed_reason if _lost(spatial) else None
+            await spatial[1].aclose()
+        await chain.aclose()
+    if chain.closed is not None:
+        raise IntermediaryError(
+            f"the connection to the event server {config.event_server} was lost: {chain.closed}"
+        )
+    if spatial is not None and lost is not None:  # ended by the publisher, not by stop
+        raise IntermediaryError(
+            f"the connection to the spatial publisher {spatial[1].url} was lost: {lost}"
+        )
+    log.info("intermediary stopped", extra={"event_server": config.event_server})

@@ -1,0 +1,421 @@
+"""Serving an intermediary's subscribers over WebSocket (issue 12 item 7, [84]-[88], [146]).
+
+One Starlette WebSocket endpoint. A subscriber sends JSON text requests::
+
+    {"op": "subscribe", "key": "k", "region": {...}, "priority": 0, "rate_hz": 10,
+     "capabilities": {...}}
+    {"op": "unsubscribe", "key": "k"}
+
+and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "covered",
+"from_epoch"}``, ``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error",
+"message"}``; a bad request is answered and the connection goes on) and binary messages,
+one per frame: a one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s
+layout). The first message is ``{"op": "hello", "subscriber": <id>}``. The same server
+serves the web page of one subscriber's live view (:mod:`.page`: ``GET /view``).
+
+Slow subscribers never hold the others ([146]): each connection (:mod:`.connection`) has one
+outgoing slot holding the latest round's frames; a writer task per connection empties it (a
+round sends to an idle connection itself, and leaves a send that must wait for the transport
+to the writer). While the slot is full or being sent, the scheduler is told the channel is
+not ready, so the subscriber's frames are dropped (and counted) instead of queued; after the
+scheduler's ``max_dropped`` in a row the connection is closed with
+:data:`.envelope.DROPPED_CLOSE_CODE` and the scheduler's reason.
+Request messages are bounded in size (uvicorn refuses a bigger frame with 1009) and in rate
+(a token bucket per connection; a request over it is refused with an error reply).
+
+A background loop runs at ``tick_s``: it asks ``source`` for the upstream batches that
+arrived, applies them and ends the epoch if there were any (numbered with the publisher's
+tick when the batches carry one), then runs one generation round. With ``tick_s`` None there
+is no loop: the owner (a cluster stepping several intermediaries together) calls
+:meth:`IntermediaryServer.ingest` and :meth:`IntermediaryServer.serve` itself. Messages the
+server pushes unasked (:meth:`IntermediaryServer.notify`) go out after the frames already
+offered to that connection, in order.
+Everything runs on the server's event loop (a slice: generation of a round is not moved to a
+thread yet), except SQL views' evaluation (:mod:`.eventviews`' worker thread).
+
+With ``views`` (an :class:`~.eventviews.EventViews` over the event server), a subscribe
+request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instead of
+``"region"`` (exactly one of the three). Those subscriptions get JSON text messages
+(``{"op": "event", "key", ...}``, ``{"op": "view", "key", ...}``, see :mod:`.eventviews`).
+Events are a stream and are not dropped: they wait in a per-connection queue, and a
+subscriber whose backlog from earlier ticks is over ``max_queued_messages`` is closed with
+:data:`.envelope.DROPPED_CLOSE_CODE` and a reason. A view is a latest value: per key, a view message
+not sent yet is replaced by the next one (counted like a replaced frame). A key names one
+subscription whatever its kind: a subscribe replaces the key's previous subscription of any
+kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+
+from tidings.errors import IntermediaryError
+from tidings.intermediary.node.batches import UpdateBatch
+from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, Intermediary, Served
+from tidings.intermediary.serving.connection import Connection
+from tidings.intermediary.serving.envelope import DROPPED_CLOSE_CODE, FULL_CLOSE_CODE, clip_reason
+from tidings.intermediary.serving.page import page_routes
+from tidings.serving import QuietServer, listen
+
+if TYPE_CHECKING:
+    from tidings.intermediary.views.eventviews import EventViews
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TransportLimits:
+    """Bounds per server and per connection."""
+
+    max_message_bytes: int = 64 * 1024
+    #: Requests (subscribe/unsubscribe) per connection: a bucket of ``burst`` refilled at
+    #: ``requests_per_s``.
+    requests_per_s: float = 20.0
+    burst: int = 40
+    max_connections: int = 10_000
+    close_timeout_s: float = 10.0
+    #: SO_SNDBUF of accepted connections (None: the kernel's default and autotuning).
+    send_buffer_bytes: int | None = None
+    #: JSON messages (events, views) waiting to be sent on one connection; past this the
+    #: subscriber is too slow and is closed.
+    max_queued_messages: int = 10_000
+
+
+@dataclass(frozen=True)
+class Disconnect:
+    """A connection the server closed, and why."""
+
+    subscriber: int
+    code: int
+    reason: str
+
+
+class IntermediaryServer:
+    """An :class:`Intermediary` served over WebSocket; :meth:`start`, then :meth:`aclose`."""
+
+    def __init__(
+        self,
+        intermediary: Intermediary,
+        *,
+        source: Callable[[], Sequence[UpdateBatch]] | None = None,
+        tick_s: float | None = 0.02,
+        budget: int = 1000,
+        limits: TransportLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        views: EventViews | None = None,
+    ) -> None:
+        self.intermediary = intermediary
+        self.views = views
+        self.source = source
+        self.tick_s = tick_s
+        self.budget = budget
+        self.limits = limits or TransportLimits()
+        self.clock = clock
+        self.connections: dict[int, Connection] = {}
+        #: The latest connections closed by the server, with why (bounded, for metrics).
+        self.disconnects: deque[Disconnect] = deque(maxlen=1000)
+        self.app = Starlette(
+            routes=[WebSocketRoute("/", self._endpoint), *page_routes(intermediary)]
+        )
+        self._next_id = 0
+        self._server: uvicorn.Server | None = None
+        self._serve_task: asyncio.Task[None] | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self.port = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Listen on ``host:port`` (0: any free port, see :attr:`port`) and start the loop;
+        returns once connections are accepted. A port in use is an error here."""
+        try:
+            sock = listen(host, port, self.limits.send_buffer_bytes)
+        except OSError as exc:
+            raise IntermediaryError(
+                f"transport: cannot listen on {host}:{port}: {exc.strerror}"
+            ) from None
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            ws="websockets-sansio",
+            ws_max_size=self.limits.max_message_bytes,
+            ws_per_message_deflate=False,
+            proxy_headers=False,
+        )
+        self._server = QuietServer(config)
+        self._serve_task = asyncio.get_running_loop().create_task(
+            self._server.serve(sockets=[sock])
+        )
+        while not self._server.started:
+            if self._serve_task.done():
+                self._serve_task.result()
+                raise IntermediaryError(f"transport: the server on {host}:{port} did not start")
+            await asyncio.sleep(0.01)
+        if self.tick_s is not None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._run(self.tick_s))
+
+    async def aclose(self) -> None:
+        """Stop the loop, then stop accepting and close every connection."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        if self._server is not None and self._serve_task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(self.limits.close_timeout_s):
+                    await self._serve_task
+        if self.views is not None:
+            self.views.close()
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _run(self, tick_s: float) -> None:
+        while True:
+            try:
+                self.step()
+            except Exception:  # one bad tick must not stop serving everyone
+                log.exception("intermediary tick failed")
+            await asyncio.sleep(tick_s)
+
+    def step(self) -> None:
+        """One tick: upstream batches -> epoch; one round; disconnect reported subscribers."""
+        self.ingest()
+        self.serve()
+
+    def ingest(self) -> None:
+        """Apply the upstream batches that arrived and end the epoch if there were any (at
+        the latest publisher tick they carry, if they carry one)."""
+        batches = self.source() if self.source is not None else ()
+        if batches:
+            for batch in batches:
+                self.intermediary.apply(batch)
+            ticks = [batch.tick for batch in batches if batch.tick is not None]
+            self.intermediary.end_epoch(max(ticks) if ticks else None)
+
+    def serve(self) -> int:
+        """One generation round; disconnect the subscribers the scheduler reported. Returns
+        the number of frames generated."""
+        by_subscriber: dict[object, list[Served]] = {}
+        round_ = self.intermediary.round(self.clock(), self.budget)
+        for served in round_:
+            by_subscriber.setdefault(served.subscriber, []).append(served)
+        for subscriber, items in by_subscriber.items():
+            conn = self.connections.get(subscriber)  # type: ignore[call-overload]
+            if conn is not None:
+                self._offer(conn, items)
+        kicks = self.intermediary.take_disconnects()
+        if self.views is not None:
+            kicks += self._queue(self.views.step(self.clock(), self.budget))
+        for subscriber, reason in kicks:
+            conn = self.connections.get(subscriber)  # type: ignore[call-overload]
+            if conn is not None and not conn.kicked.is_set():
+                conn.reason = reason
+                conn.kicked.set()
+        return len(round_)
+
+    def notify(self, subscriber: int, message: dict[str, object]) -> bool:
+        """Push ``message`` (JSON) to ``subscriber`` after every frame already offered to it;
+        False if it is not connected."""
+        conn = self.connections.get(subscriber)
+        if conn is None:
+            return False
+        conn.notices.append(json.dumps(message))
+        conn.wake.set()
+        return True
+
+    def _queue(self, messages: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str]]:
+        """Queue a tick's JSON messages on their connections. A connection whose backlog
+        from earlier ticks is over the limit is too slow: it is returned, to close (a large
+        tick alone never closes anyone; the memory bound is the limit plus one tick)."""
+        if not messages:
+            return []
+        limit = self.limits.max_queued_messages
+        over: dict[Any, str] = {}
+        backlog = {s: len(c.texts) for s, c in self.connections.items()}
+        for subscriber, message in messages:
+            conn = self.connections.get(subscriber)
+            if conn is None or conn.kicked.is_set() or subscriber in over:
+                continue
+            if backlog[subscriber] > limit:
+                over[subscriber] = f"too slow: more than {limit} messages waiting to be sent"
+                conn.texts.clear()
+                continue
+            conn.queue(message)
+        return list(over.items())
+
+    def _offer(self, conn: Connection, items: list[Served]) -> None:
+        """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""
+        if conn.slot is not None:
+            conn.replaced += 1
+        conn.slot = items
+        self.intermediary.set_ready(conn.id, False)
+        if conn.idle and not conn.wake.is_set() and conn.send_now():
+            self.intermediary.set_ready(conn.id, True)
+            return
+        conn.wake.set()
+
+    # -- connections -------------------------------------------------------------------
+
+    async def _endpoint(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        if len(self.connections) >= self.limits.max_connections:
+            # Accepted first so the client reads a close code and reason, not a bare 403.
+            await websocket.close(FULL_CLOSE_CODE, "too many connections")
+            return
+        self._next_id += 1
+        conn = Connection(
+            self._next_id, websocket, tokens=float(self.limits.burst), refilled=self.clock()
+        )
+        self.connections[conn.id] = conn
+        ready = functools.partial(self.intermediary.set_ready, conn.id, True)
+        writer = asyncio.create_task(conn.write(ready))
+        reader = asyncio.create_task(self._reader(conn))
+        kicked = asyncio.create_task(conn.kicked.wait())
+        try:
+            await websocket.send_text(json.dumps({"op": "hello", "subscriber": conn.id}))
+            await asyncio.wait({reader, writer, kicked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, writer, kicked):
+                task.cancel()
+            for task in (reader, writer, kicked):
+                with contextlib.suppress(BaseException):
+                    await task
+            self.connections.pop(conn.id, None)
+            self.intermediary.unsubscribe(conn.id)
+            if self.views is not None:
+                await self.views.unsubscribe(conn.id)
+        if conn.kicked.is_set():
+            reason = clip_reason(conn.reason or "too many frames dropped")
+            self.disconnects.append(Disconnect(conn.id, DROPPED_CLOSE_CODE, reason))
+            with contextlib.suppress(Exception, asyncio.TimeoutError):
+                async with asyncio.timeout(self.limits.close_timeout_s):
+                    await websocket.close(DROPPED_CLOSE_CODE, reason)
+
+    async def _reader(self, conn: Connection) -> None:
+        while True:
+            message = await conn.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                reply: dict[str, object] = {
+                    "op": "error",
+                    "message": "request: expected a JSON text message",
+                }
+            elif len(text) > self.limits.max_message_bytes:
+                reply = {"op": "error", "message": "request: too long"}
+            elif not conn.take_token(self.clock(), self.limits.burst, self.limits.requests_per_s):
+                reply = {"op": "error", "message": "request: too many requests, slow down"}
+            else:
+                reply = await self._handle(conn, text)
+            await conn.websocket.send_text(json.dumps(reply))
+
+    async def _handle(self, conn: Connection, text: str) -> dict[str, object]:
+        try:
+            request = json.loads(text)
+        except ValueError as exc:
+            return {"op": "error", "message": f"request: not JSON ({exc})"}
+        except RecursionError:
+            return {"op": "error", "message": "request: JSON nested too deeply"}
+        if not isinstance(request, dict):
+            return {"op": "error", "message": "request: expected a JSON object"}
+        try:
+            return await self.handle_request(conn.id, request)
+        except IntermediaryError as exc:
+            reply: dict[str, object] = {"op": "error", "message": str(exc)}
+            key = request.get("key")
+            if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
+                reply["key"] = key
+            return reply
+
+    async def handle_request(
+        self, subscriber: int, request: dict[str, object]
+    ) -> dict[str, object]:
+        """The reply to one parsed request of ``subscriber`` (an :class:`IntermediaryError`
+        becomes an error reply); a subclass adds operations here. ``subscribed`` says from
+        which epoch on the subscription's frames see everything its upstream brings
+        (``from_epoch``: the next one)."""
+        op, key = request.get("op"), request.get("key")
+        if op == "subscribe":
+            unknown = sorted(set(request) - _SUBSCRIBE_FIELDS)
+            if unknown:
+                raise IntermediaryError(f"request.{unknown[0]}: unknown field")
+            kinds = [k for k in ("region", "events", "sql") if k in request]
+            if len(kinds) != 1:
+                raise IntermediaryError(
+                    "subscribe: expected exactly one of region, events and sql, got "
+                    + (", ".join(kinds) or "none")
+                )
+            if kinds != ["region"]:
+                return await self._subscribe_views(subscriber, request, key)
+            outcome = self.intermediary.subscribe(
+                subscriber,
+                key,  # type: ignore[arg-type]
+                request.get("region"),
+                request.get("priority", 0.0),  # type: ignore[arg-type]
+                request.get("rate_hz", 10.0),  # type: ignore[arg-type]
+                request.get("capabilities"),
+            )
+            if self.views is not None and key in self.views.subscriptions(subscriber):
+                await self.views.unsubscribe(subscriber, key)  # type: ignore[arg-type]
+            return {
+                "op": "subscribed",
+                "key": key,
+                "covered": outcome.covered,
+                "from_epoch": self.intermediary.state.epoch + 1,
+            }
+        if op == "unsubscribe":
+            if not isinstance(key, str):
+                raise IntermediaryError("key: expected a string")
+            removed = self.intermediary.unsubscribe(subscriber, key)
+            if self.views is not None:
+                removed += await self.views.unsubscribe(subscriber, key)
+            return {"op": "unsubscribed", "key": key, "removed": removed}
+        raise IntermediaryError(f"op: expected 'subscribe' or 'unsubscribe', got {str(op)[:40]!r}")
+
+    async def _subscribe_views(
+        self, subscriber: int, request: dict[str, Any], key: object
+    ) -> dict[str, object]:
+        """An ``events`` or ``sql`` subscription (they take no capabilities, and events, a
+        stream, no rate or priority); it replaces a spatial one of the same key."""
+        if self.views is None:
+            raise IntermediaryError("subscribe: this intermediary serves regions only")
+        if "capabilities" in request:
+            raise IntermediaryError("capabilities: only a region subscription takes them")
+        if "events" in request and ("rate_hz" in request or "priority" in request):
+            raise IntermediaryError(
+                "events: a stream of events takes no rate_hz or priority (every event is sent)"
+            )
+        was_covered = await self.views.subscribe(
+            subscriber,
+            key,  # type: ignore[arg-type]
+            events=request.get("events"),
+            sql=request.get("sql"),
+            priority=request.get("priority", 0.0),
+            rate_hz=request.get("rate_hz", 10.0),
+        )
+        self.intermediary.unsubscribe(subscriber, key)  # type: ignore[arg-type]
+        return {"op": "subscribed", "key": key, "covered": was_covered}
+
+
+_SUBSCRIBE_FIELDS = frozenset(
+    {"op", "key", "region", "events", "sql", "priority", "rate_hz", "capabilities"}
+)

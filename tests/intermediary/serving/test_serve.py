@@ -1,0 +1,457 @@
+"""``tidings intermediary serve`` as an operator runs it: a real ``tidings server`` in a
+subprocess, the intermediary in another, a subscriber over a real WebSocket, events and row
+events registered with the public client, its page /live in headless Chromium; bad
+configuration, an address in use and an event server that is not there (or goes away) end it
+with one line and exit code 2."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from bench.harness.processes import (
+    ServerProcess,
+    free_port,
+    local_address,
+    tidings_cli,
+    wait_for_port,
+)
+from tests.support.chromium import Browser
+from tests.support.waiting import run
+from tidings import client
+from tidings.cli import app
+from tidings.config import load_config_file
+from tidings.errors import IntermediaryError
+from tidings.intermediary.client.client import IntermediaryClient
+from tidings.intermediary.serving.service import catalog_of
+
+pytestmark = pytest.mark.sockets
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "intermediary.yaml"
+TABLES = {"users": {"columns": {"id": "integer", "name": "text", "city": "text"}, "keyed_by": "id"}}
+
+
+@pytest.fixture
+def event_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess.tidings(tmp_path / "server", 1, {"eventer": free_port()})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _config(tmp_path: Path, **section: Any) -> Path:
+    path = tmp_path / "tidings.yaml"
+    path.write_text(yaml.safe_dump({"intermediary": section}))
+    return path
+
+
+def _serve(config: Path) -> subprocess.Popen[bytes]:
+    return tidings_cli(
+        "intermediary", "serve", "-c", str(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> tuple[str, str]:
+    """SIGTERM, then its output (stdout, stderr)."""
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    return out.decode(), err.decode()
+
+
+async def _next(subscriber: IntermediaryClient, op: str, key: str) -> dict[str, Any]:
+    """The next message ``op`` of ``key`` (a view's ``unchanged`` messages skipped)."""
+    while True:
+        message = await subscriber.message(30)
+        if message["op"] == op and message["key"] == key and "unchanged" not in message:
+            return message
+
+
+async def _subscribe_and_watch(url: str, eventer: str) -> tuple[dict[str, Any], ...]:
+    async with await IntermediaryClient.connect(url) as subscriber:
+        await subscriber.subscribe_events("ev", [["app", "*"]])
+        await subscriber.subscribe_sql("v", "SELECT id, name FROM users WHERE city = 'Oslo'")
+        first = await _next(subscriber, "view", "v")  # the table's load: empty
+        with pytest.raises(IntermediaryError, match="no spatial state"):
+            await subscriber.subscribe("map", {"box": [0, 0, 1, 1]})
+        async with await client.connect(eventer) as producer:
+            await producer.register_with_response(
+                [
+                    client.json_event(("app", "signup"), {"user": 1}),
+                    client.json_event(("other", "x"), {"not": "seen"}),
+                    client.json_event(
+                        ("db", "rows.users"),
+                        {"key": 1, "row": {"id": 1, "name": "ann", "city": "Oslo"}},
+                    ),
+                    client.json_event(
+                        ("db", "rows.users"),
+                        {"key": 2, "row": {"id": 2, "name": "bob", "city": "Rome"}},
+                    ),
+                ]
+            )
+        event = await _next(subscriber, "event", "ev")
+        view = await _next(subscriber, "view", "v")
+        return first, event, view
+
+
+def test_a_subscriber_sees_events_and_a_view_and_sigterm_ends_it(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    port = free_port()
+    config = _config(
+        tmp_path,
+        listen=f"127.0.0.1:{port}",
+        event_server=event_server.eventer,
+        row_type_prefix=["db"],
+        tables=TABLES,
+    )
+    proc = _serve(config)
+    try:
+        wait_for_port(port, 30, process=proc)
+        first, event, view = run(
+            _subscribe_and_watch(f"ws://127.0.0.1:{port}/", event_server.eventer)
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/live", timeout=10) as page:
+            assert page.status == 200 and b"<html" in page.read().lower()
+    finally:
+        out, err = _stop(proc)
+    assert first["rows"] == []
+    assert event["type"] == ["app", "signup"] and event["payload"] == {"user": 1}
+    assert view["rows"] == [[1, "ann"]]
+    assert proc.returncode == 0, err
+    assert (
+        f"intermediary listening on ws://127.0.0.1:{port}/ (page: http://127.0.0.1:{port}/live), "
+        f"fed by the event server {event_server.eventer}"
+    ) in out
+    assert '"msg": "intermediary stopped"' in err and "Traceback" not in err
+
+
+def test_an_unreachable_event_server_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    nowhere = local_address(free_port())
+    proc = _serve(_config(tmp_path, listen=f"127.0.0.1:{free_port()}", event_server=nowhere))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: chain: cannot connect to {nowhere}: ")
+    assert "intermediary listening" not in out.decode()
+
+
+def test_losing_the_event_server_ends_it_with_exit_2(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    port = free_port()
+    proc = _serve(_config(tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer))
+    wait_for_port(port, 30, process=proc)
+    event_server.stop()
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2
+    last = err.decode().strip().splitlines()[-1]
+    assert last.startswith(
+        f"error: the connection to the event server {event_server.eventer} was lost"
+    ), err
+
+
+@pytest.mark.parametrize(
+    ("section", "line"),
+    [
+        ({"listen": "8100"}, "intermediary.listen: Value error, expected HOST:PORT"),
+        ({"event_server": "http://h:1"}, "intermediary.event_server: Value error, address"),
+        (
+            {"tables": {"users": {"columns": {"id": "integer"}, "keyed_by": "uid"}}},
+            "intermediary.tables.users: Value error, keyed_by: 'uid' is not one of the columns",
+        ),
+        (
+            {"tables": {"users": {"columns": {"id": "int"}, "keyed_by": "id"}}},
+            "intermediary.tables.users.columns.id: Input should be 'integer'",
+        ),
+        ({"limits": {"max_queued_messages": 0}}, "intermediary.limits.max_queued_messages:"),
+        ({"tick": "soon"}, "intermediary.tick: Value error, not a duration: 'soon'"),
+        ({"row_type_prefx": ["db"]}, "intermediary.row_type_prefx: unknown key"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_its_key(
+    tmp_path: Path, section: dict[str, Any], line: str
+) -> None:
+    result = CliRunner().invoke(
+        app, ["intermediary", "serve", "-c", str(_config(tmp_path, **section))]
+    )
+    assert result.exit_code == 2, result.output
+    header, *errors = result.stderr.strip().splitlines()
+    assert header == "error: invalid configuration:"
+    assert len(errors) == 1 and errors[0].strip().startswith(line), errors
+
+
+def test_config_check_and_schema_show_the_section(tmp_path: Path) -> None:
+    config = _config(tmp_path, tables=TABLES)
+    checked = yaml.safe_load(CliRunner().invoke(app, ["config", "check", "-c", str(config)]).stdout)
+    assert checked["intermediary"]["listen"] == "127.0.0.1:8100"
+    assert checked["intermediary"]["tables"]["users"]["keyed_by"] == "id"
+    assert checked["intermediary"]["limits"]["max_queued_messages"] == 10_000
+    schema = CliRunner().invoke(app, ["config", "schema"]).stdout
+    assert '"IntermediaryConfig"' in schema and '"max_view_rows"' in schema
+
+
+def test_the_example_is_valid() -> None:
+    section = load_config_file(EXAMPLE).intermediary
+    assert section.event_server == "tcp+sbs://127.0.0.1:23012"  # examples/server.yaml's
+    assert catalog_of(section) is not None and section.row_type_prefix == ["db"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_it_with_exit_0(
+    tmp_path: Path, event_server: ServerProcess, signum: signal.Signals
+) -> None:
+    port = free_port()
+    proc = _serve(_config(tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer))
+    wait_for_port(port, 30, process=proc)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+
+
+def test_an_address_in_use_is_one_line_and_exit_2(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = _config(tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer)
+        proc = _serve(config)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.decode().strip().splitlines() == [
+        f"error: transport: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]
+
+
+#: What the /live page shows, read from its DOM: per panel, its state line and its cells.
+LIVE_DOM = """Array.from(document.querySelectorAll('section')).map((s) => ({
+  title: s.querySelector('h2').textContent,
+  state: s.querySelector('.state').textContent,
+  cells: Array.from(s.querySelectorAll('li, tr')).map((r) => r.textContent),
+}))"""
+
+
+async def _watch_the_page(url: str, eventer: str, profile: Path) -> list[dict[str, Any]]:
+    browser = await Browser.start(profile)
+    try:
+        page = await browser.open(url)
+        await page.wait_for(
+            "window.tidingsLive?.state === 'live' && window.tidingsLive.panels.sql1.rows !== null"
+        )
+        async with await client.connect(eventer) as producer:
+            await producer.register_with_response(
+                [
+                    client.json_event(("app", "paid"), {"order": 7}),
+                    client.json_event(
+                        ("db", "rows.users"),
+                        {"key": 3, "row": {"id": 3, "name": "cy", "city": "Oslo"}},
+                    ),
+                ]
+            )
+        await page.wait_for(
+            "window.tidingsLive.panels.events1.events.length === 1 && "
+            "window.tidingsLive.panels.sql1.rows.length === 1 && "
+            "window.tidingsLive.panels.sql2.error"
+        )
+        return await page.evaluate(LIVE_DOM)
+    finally:
+        await browser.close()
+
+
+def test_the_live_page_shows_events_and_a_view(tmp_path: Path, event_server: ServerProcess) -> None:
+    """Headless Chromium on /live, against the process as an operator runs it."""
+    port = free_port()
+    config = _config(
+        tmp_path,
+        listen=f"127.0.0.1:{port}",
+        event_server=event_server.eventer,
+        row_type_prefix=["db"],
+        tables=TABLES,
+    )
+    proc = _serve(config)
+    query = urllib.parse.urlencode(
+        [
+            ("events", "app/*"),
+            ("sql", "SELECT id, name FROM users"),
+            ("sql", "SELECT secret FROM users"),
+        ],
+        quote_via=urllib.parse.quote,  # %20, as the browser's location.href has it
+    )
+    try:
+        wait_for_port(port, 30, process=proc)
+        panels = run(
+            _watch_the_page(
+                f"http://127.0.0.1:{port}/live?{query}", event_server.eventer, tmp_path / "profile"
+            ),
+            120,
+        )
+    finally:
+        _stop(proc)
+    events, view, refused = panels
+    assert events["title"] == "events app/*" and events["cells"] == ['app/paid {"order":7}']
+    assert view["cells"] == ["idname", "3cy"] and view["state"].startswith("1 rows at epoch")
+    assert "secret" in refused["state"] and refused["cells"] == []
+
+
+# -- a spatial upstream: tidings intermediary simulate ------------------------------------
+
+
+def _simulate(port: int, *args: str) -> subprocess.Popen[bytes]:
+    return tidings_cli(
+        "intermediary", "simulate", "--agents", "3000", "--world", "200",
+        "--listen", f"127.0.0.1:{port}", *args,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+SPHERE = {"sphere": {"center": [100, 100], "radius": 30}}
+
+
+async def _watch_region(url: str) -> list[Any]:
+    """Subscribe a region and take three view frames of it."""
+    async with await IntermediaryClient.connect(url) as subscriber:
+        reply = await subscriber.subscribe("near", SPHERE, rate_hz=20)
+        assert reply["op"] == "subscribed", reply
+        frames = []
+        async for frame in subscriber.frames():
+            if frame.ids.size:
+                frames.append(frame)
+            if len(frames) == 3:
+                return frames
+    raise AssertionError("the subscription ended")
+
+
+def test_a_region_is_served_from_a_spatial_publisher_and_sigterm_ends_both(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    feed_port, port = free_port(), free_port()
+    publisher = _simulate(feed_port)
+    try:
+        wait_for_port(feed_port, 30, process=publisher)
+        spatial = {"upstream": f"ws://127.0.0.1:{feed_port}/", "world_lo": [0, 0]}
+        spatial["world_hi"] = [200, 200]
+        config = _config(
+            tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer,
+            spatial=spatial,
+        )  # fmt: skip
+        proc = _serve(config)
+        try:
+            wait_for_port(port, 30, process=proc)
+            frames = run(_watch_region(f"ws://127.0.0.1:{port}/"))
+        finally:
+            out, err = _stop(proc)
+    finally:
+        feed_out, feed_err = _stop(publisher)
+    for frame in frames:
+        distance = np.linalg.norm(frame.world_positions() - np.array([100.0, 100.0]), axis=1)
+        assert np.all(distance <= 30.0 + 1e-3)  # float32 frames
+    assert proc.returncode == 0, err
+    assert f"and the spatial publisher ws://127.0.0.1:{feed_port}/" in out
+    assert publisher.returncode == 0, feed_err
+    assert (
+        "simulation of 3000 agents in a 2D world of side 200 at 10 Hz, serving the spatial "
+        f"feed on ws://127.0.0.1:{feed_port}/"
+    ) in feed_out
+
+
+def test_a_spatial_publisher_not_there_or_gone_ends_it_with_exit_2(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    feed_port, port = free_port(), free_port()
+    spatial = {"upstream": f"ws://127.0.0.1:{feed_port}/", "world_lo": [0, 0]}
+    spatial["world_hi"] = [200, 200]
+    config = _config(
+        tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer, spatial=spatial
+    )
+    proc = _serve(config)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: feed: cannot connect to ws://127.0.0.1:{feed_port}/"
+    ), lines
+    publisher = _simulate(feed_port)
+    try:
+        wait_for_port(feed_port, 30, process=publisher)
+        proc = _serve(config)
+        wait_for_port(port, 30, process=proc)
+    finally:
+        _stop(publisher)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2
+    last = err.decode().strip().splitlines()[-1]
+    assert last.startswith(
+        f"error: the connection to the spatial publisher ws://127.0.0.1:{feed_port}/ was lost"
+    ), err
+
+
+@pytest.mark.parametrize(
+    ("spatial", "line"),
+    [
+        (
+            {"upstream": "http://h:1/", "world_lo": [0, 0], "world_hi": [1, 1]},
+            "intermediary.spatial.upstream: Value error, expected a ws:// URL",
+        ),
+        (
+            {"upstream": "ws://h:1/", "world_lo": [0, 0], "world_hi": [1, 1, 1]},
+            "intermediary.spatial: Value error, world_lo and world_hi must have the same",
+        ),
+        (
+            {"upstream": "ws://h:1/", "world_lo": [0, 5], "world_hi": [1, 1]},
+            "intermediary.spatial: Value error, world: axis 1 needs finite world_lo < world_hi",
+        ),
+        (
+            {"upstream": "ws://h:1/", "world_lo": [0], "world_hi": [1, 1]},
+            "intermediary.spatial.world_lo: List should have at least 2 items",
+        ),
+        (
+            {"upstream": "ws://h:1/", "world_lo": [0, 0], "world_hi": [1, 1], "margin": -1},
+            "intermediary.spatial.margin: Input should be greater than or equal to 0",
+        ),
+    ],
+)
+def test_a_bad_spatial_section_is_one_line_naming_its_key(
+    tmp_path: Path, spatial: dict[str, Any], line: str
+) -> None:
+    config = _config(tmp_path, spatial=spatial)
+    result = CliRunner().invoke(app, ["intermediary", "serve", "-c", str(config)])
+    assert result.exit_code == 2, result.output
+    header, *errors = result.stderr.strip().splitlines()
+    assert header == "error: invalid configuration:"
+    assert len(errors) == 1 and errors[0].strip().startswith(line), errors
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--listen", "8200"], "error: --listen: expected HOST:PORT"),
+        (["--world", "nan"], "Invalid value for '--world'"),
+        (["--dim", "4"], "Invalid value for '--dim'"),
+    ],
+)
+def test_a_bad_simulate_option_is_one_line_and_exit_2(args: list[str], line: str) -> None:
+    result = CliRunner().invoke(app, ["intermediary", "simulate", *args])
+    assert result.exit_code == 2, result.output
+    assert line in result.stderr, result.stderr
