@@ -1,4 +1,4 @@
-"""``tidings fanout-demo``: the intermediaries' fan-out, measured and plotted (issue 12)."""
+"""``tidings fanout-demo``: the intermediaries' fan-out, measured and plotted."""
 
 from __future__ import annotations
 

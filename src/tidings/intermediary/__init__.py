@@ -1,5 +1,5 @@
 """Intermediaries: live views of fast-changing state for very many subscribers (the Hadean
-design, seed 001; issue 12).
+design, seed 001).
 
 An intermediary sits between a publisher of state (the event server, a spatial simulation)
 and many subscribers. Each subscriber states what it wants to see; the intermediary

@@ -1,4 +1,4 @@
-"""A small Python subscriber of an intermediary (issue 12 item 7), over :mod:`.transport`'s
+"""A small Python subscriber of an intermediary, over :mod:`.transport`'s
 WebSocket protocol, with the ``websockets`` library.
 
 One background task reads the connection: JSON replies go to the request waiting for them

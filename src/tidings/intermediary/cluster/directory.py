@@ -1,4 +1,4 @@
-"""Who is responsible for what among many intermediaries (issue 12 item 5; [75], [111]-[112]).
+"""Who is responsible for what among many intermediaries ([75], [111]-[112]).
 
 Responsibility is cut into numbered **slots** (a :mod:`.responsibility` partition says which
 slot a subscription belongs to: a cell of the world, or a bucket of subscriber-id hashes),

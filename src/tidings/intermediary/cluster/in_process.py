@@ -1,5 +1,5 @@
 """A cluster of intermediaries in one process that splits under load and merges back
-([109]-[110], [118]-[119]; issue 12 item 5).
+([109]-[110], [118]-[119]).
 
 :class:`Cluster` owns a spatial :class:`~tidings.intermediary.publisher.simulation.Simulation`
 (the publisher), a :class:`~.directory.Directory` and the members

@@ -1,4 +1,4 @@
-"""One member of a cluster of intermediaries (issue 12 item 5; claims 9, 11; [75],
+"""One member of a cluster of intermediaries (claims 9, 11; [75],
 [108]-[111], Fig. 9): an :class:`~.transport.IntermediaryServer` that knows which slots of
 responsibility it owns (:mod:`.directory`, :mod:`.responsibility`), redirects a subscription
 it is not responsible for, and hands subscriptions over to another member without losing or

@@ -1,5 +1,5 @@
 """One member of a cluster of intermediaries in its own OS process, started by a
-:class:`.process_cluster.ProcessCluster` (issue 12 item 5: an overloaded intermediary starts
+:class:`.process_cluster.ProcessCluster` (an overloaded intermediary starts
 another process and hands subscriptions over).
 
 Run as ``python -m tidings.intermediary.cluster.member_process`` with a JSON plan on stdin's first

@@ -1,5 +1,5 @@
 """Who is in a cluster of intermediaries, and when it splits or merges ([109]-[110],
-[118]-[119]; issue 12 item 5): one bookkeeping for the members of one process
+[118]-[119]): one bookkeeping for the members of one process
 (:class:`.in_process.Cluster`) and for members in their own processes
 (:class:`.process_cluster.ProcessCluster`).
 

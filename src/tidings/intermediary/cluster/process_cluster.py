@@ -1,5 +1,5 @@
 """A cluster of intermediaries in separate OS processes that splits under load and merges
-back ([109]-[110], [118]-[119]; issue 12 item 5): the same decisions as the in-process
+back ([109]-[110], [118]-[119]): the same decisions as the in-process
 :class:`.in_process.Cluster`, but a split starts a new *process* (:mod:`.member_process`), so
 an overloaded machine's other cores take the load.
 

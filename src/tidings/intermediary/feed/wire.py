@@ -1,6 +1,6 @@
 """The spatial feed's wire protocol: a publisher of moving entities and the intermediaries
 that subscribe to it from other processes (the patent's intermediaries are separate
-machines, Fig. 3; issue 12 items 5-7). Both sides speak it: the intermediary's
+machines, Fig. 3). Both sides speak it: the intermediary's
 (:mod:`.remote`) and the demo publisher's (:mod:`tidings.intermediary.publisher.server`).
 
 One WebSocket connection per intermediary. The intermediary sends JSON text messages, in

@@ -1,5 +1,5 @@
 """``tidings fanout-demo``: a simulation, several intermediaries and many subscribers for a
-few seconds, its figures printed and plotted (issue 12 item 8).
+few seconds, its figures printed and plotted.
 
 The run is :func:`.fanout.run_fanout`, the benchmark's own measuring code; this module only
 says what it measured, in words and in a PNG (matplotlib, drawn off-screen): the delivered

@@ -1,5 +1,5 @@
 """Measuring the fan-out tier: a simulation publisher, intermediaries and many subscribers in
-other processes (issue 12's benchmark and ``tidings fanout-demo``: one piece of code).
+other processes (the benchmark's and ``tidings fanout-demo``: one piece of code).
 
 The **tier** is the publisher and the intermediaries. The publisher, a
 :class:`.simulation.Simulation` ticking at ``tick_hz``, runs in the calling process and is

@@ -1,5 +1,5 @@
 """The intermediary itself: the stores, the state, the scheduler and generation wired
-together (issue 12 item 4; claim 1, [76]-[93], [138]-[151]).
+together (claim 1, [76]-[93], [138]-[151]).
 
 :class:`Intermediary` is transport-free and single-writer: the caller (the WebSocket
 server in :mod:`.transport`, or a test) hands it subscribe and unsubscribe requests,

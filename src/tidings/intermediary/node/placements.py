@@ -1,4 +1,4 @@
-"""Relative subscriptions placed once per epoch (issue 12's serving path).
+"""Relative subscriptions placed once per epoch.
 
 A relative region follows its entity: placing it is finding the entity in the state and
 translating the region there. The epoch's end places every one (to keep them covered

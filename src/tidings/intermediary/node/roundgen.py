@@ -1,4 +1,4 @@
-"""Generating a whole round's box and sphere views at once (issue 12's serving path): the
+"""Generating a whole round's box and sphere views at once: the
 grid cells of every view gathered, every candidate tested against its view and the
 selection grouped by view in a few numpy passes, then each frame encoded from its slice by
 :func:`.generation.view_frame` -- the frames are byte for byte what

@@ -1,4 +1,4 @@
-"""A spatial simulation publisher: agents moving in a 2D or 3D world (issue 12, [134]-[137]).
+"""A spatial simulation publisher: agents moving in a 2D or 3D world ([134]-[137]).
 
 It is the upstream an intermediary subscribes to in the demo, the tests and the benchmark.
 Agents have positions and velocities (numpy, ``float64[N, dim]``), move in straight lines

@@ -1,5 +1,5 @@
 """A uniform grid over entity positions, so that "which entities may lie in this box" costs a
-few contiguous slices instead of a pass over every entity (issue 12's serving path).
+few contiguous slices instead of a pass over every entity.
 
 Generating a thousand views of 50,000 entities ten times a second by testing every entity
 against every region is 500 million point tests a second; with the entities sorted by grid

@@ -1,4 +1,4 @@
-"""The web page that shows one subscriber's live view as a moving map (issue 12 item 8).
+"""The web page that shows one subscriber's live view as a moving map.
 
 An intermediary's server serves, beside its WebSocket endpoint, one HTML file and one
 JavaScript module (package data in ``static/``, no framework, no build step):

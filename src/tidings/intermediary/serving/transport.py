@@ -1,4 +1,4 @@
-"""Serving an intermediary's subscribers over WebSocket (issue 12 item 7, [84]-[88], [146]).
+"""Serving an intermediary's subscribers over WebSocket ([84]-[88], [146]).
 
 One Starlette WebSocket endpoint. A subscriber sends JSON text requests::
 

@@ -1,4 +1,4 @@
-"""The tidings chain upstream: an intermediary fed by the event server (issue 12 item 2b).
+"""The tidings chain upstream: an intermediary fed by the event server.
 
 :class:`TidingsChain` is one connection of the public client (:mod:`tidings.client`, the Hat
 Eventer protocol) to the event server. It implements

@@ -1,4 +1,4 @@
-"""Event-type and SQL-view subscriptions, fed by the event server (issue 12 items 2b, 2c, 3).
+"""Event-type and SQL-view subscriptions, fed by the event server.
 
 :class:`EventViews` is the transport-free part, single-writer like
 :class:`~tidings.intermediary.node.intermediary.Intermediary`: the caller (the WebSocket server, or

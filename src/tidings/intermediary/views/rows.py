@@ -1,4 +1,4 @@
-"""Row-change events: how a domain table reaches an intermediary's SQL views (issue 12, 2c).
+"""Row-change events: how a domain table reaches an intermediary's SQL views (the SQL views' feed).
 
 The convention. A service that wants a table ``t`` visible to SQL views emits, through the
 outbox and in the same transaction as its domain write (so the row and its event commit
