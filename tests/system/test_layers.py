@@ -513,3 +513,10 @@ def test_inside_a_package_a_module_imports_only_siblings_before_its_own() -> Non
             if source.startswith(target + ".") and not source.endswith(".__main__"):
                 violations.append(f"{source} imports its own package's face {target}")
     assert not violations, "imports against a package's order:\n" + "\n".join(sorted(violations))
+
+
+def test_the_docs_layout_page_names_every_package() -> None:
+    """docs/layout.md mirrors the tree: every package and sub-package has its line."""
+    page = (PACKAGE.parent.parent / "docs" / "layout.md").read_text()
+    missing = [package for package in _packages() if f"| `{package}` |" not in page]
+    assert not missing, f"docs/layout.md has no line for: {missing}"
