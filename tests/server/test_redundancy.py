@@ -75,6 +75,7 @@ def _key(event: StoredEvent) -> tuple:
     return (event.id, event.type, event.payload, event.timestamp_us, event.source_timestamp_us)
 
 
+@pytest.mark.slow
 def test_two_servers_converge_after_one_is_killed_under_load(pair) -> None:
     a, b = pair
 

@@ -620,6 +620,7 @@ def test_pipelined_registers_are_stored_in_groups(
     assert len(calls) < count // 10, f"{len(calls)} transactions for {count + 1} registers"
 
 
+@pytest.mark.slow
 def test_a_register_larger_than_the_lag_bound_reaches_a_subscriber_that_reads(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
