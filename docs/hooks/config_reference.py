@@ -168,24 +168,28 @@ def type_text(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+#: How each annotated-types bound reads: its class, the attribute holding the bound, the text.
+_BOUNDS = (
+    (annotated_types.Gt, "gt", "> {}"),
+    (annotated_types.Ge, "ge", "≥ {}"),
+    (annotated_types.Lt, "lt", "< {}"),
+    (annotated_types.Le, "le", "≤ {}"),
+    (annotated_types.MinLen, "min_length", "length ≥ {}"),
+    (annotated_types.MaxLen, "max_length", "length ≤ {}"),
+)
+
+
 def constraints_text(field: FieldInfo) -> str:
     """The bounds validation holds a value to (``> 0``, ``≤ 10``, a pattern, lengths)."""
     parts = []
     for item in field.metadata:
-        if isinstance(item, annotated_types.Gt):
-            parts.append(f"> {item.gt}")
-        elif isinstance(item, annotated_types.Ge):
-            parts.append(f"≥ {item.ge}")
-        elif isinstance(item, annotated_types.Lt):
-            parts.append(f"< {item.lt}")
-        elif isinstance(item, annotated_types.Le):
-            parts.append(f"≤ {item.le}")
-        elif isinstance(item, annotated_types.MinLen):
-            parts.append(f"length ≥ {item.min_length}")
-        elif isinstance(item, annotated_types.MaxLen):
-            parts.append(f"length ≤ {item.max_length}")
-        elif (pattern := getattr(item, "pattern", None)) is not None:
-            parts.append(f"matching `{pattern}`")
+        for kind, attribute, text in _BOUNDS:
+            if isinstance(item, kind):
+                parts.append(text.format(getattr(item, attribute)))
+                break
+        else:
+            if (pattern := getattr(item, "pattern", None)) is not None:
+                parts.append(f"matching `{pattern}`")
     return ", ".join(parts)
 
 

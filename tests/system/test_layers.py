@@ -183,206 +183,70 @@ def test_a_server_configuration_loads_no_other_part_of_the_server() -> None:
 
 # --- inside the packages: a declared order per package, and no cycle anywhere --------------
 
-#: Inside each package of tidings, its modules and sub-packages bottom first: a module imports
-#: only the siblings listed before its own (its package's ``__init__``, the package's face,
-#: may import them all, and no module of the package imports it). Every package is here.
-PACKAGE_ORDER: dict[str, tuple[str, ...]] = {
-    "tidings": LAYERS[:-1],
-    "tidings.events": (
-        "timeutil",
-        "ids",
-        "model",
-        "matching",
-        "validation",
-        "query",
-        "outbox",
-    ),
+#: Inside each package of tidings, its modules and sub-packages bottom first (one line a
+#: package, names apart by spaces): a module imports only the siblings listed before its own
+#: (its package's ``__init__``, the package's face, may import them all, and no module of
+#: the package imports it). Every package is here; docs/layout.md says what each one does.
+PACKAGE_ORDER_TEXT: dict[str, str] = {
+    "tidings": " ".join(LAYERS[:-1]),
+    "tidings.events": "timeutil ids model matching validation query outbox",
     "tidings.config": (
-        "model",
-        "loading",
-        "targets",
-        "relay",
-        "intermediary",
-        "tidings_file",
-        "server",
-        "passwords",
-        "stream_types",
-        "streams",
+        "model loading targets relay intermediary tidings_file server passwords stream_types "
+        "streams"
     ),
-    "tidings.outbox": ("envelope", "schema", "checks", "incomplete", "producer"),
-    "tidings.routing": ("table",),
-    "tidings.targets": (
-        "base",
-        "destination",
-        "loop_thread",
-        "faults",
-        "kinds",
-        "registry",
-        "routed",
-    ),
-    "tidings.targets.kinds": ("event_store", "event_server", "jetstream"),
-    "tidings.targets.kinds.jetstream": (
-        "messages",
-        "stream",
-        "config",
-        "security",
-        "calls",
-        "target",
-    ),
+    "tidings.outbox": "envelope schema checks incomplete producer",
+    "tidings.routing": "table",
+    "tidings.targets": "base destination loop_thread faults kinds registry routed",
+    "tidings.targets.kinds": "event_store event_server jetstream",
+    "tidings.targets.kinds.jetstream": "messages stream config security calls target",
     "tidings.pipeline": (
-        "jobconfig",
-        "publishing",
-        "source",
-        "spark",
-        "lease",
-        "replay",
-        "relay",
-        "archive_layout",
-        "housekeeping",
-        "status",
-        "metrics",
+        "jobconfig publishing source spark lease replay relay archive_layout housekeeping status "
+        "metrics"
     ),
-    "tidings.pipeline.publishing": ("retry", "breaker", "outcome", "delivery", "publisher"),
-    "tidings.pipeline.source": (
-        "slices",
-        "watermark",
-        "queries",
-        "workerheap",
-        "task",
-        "datasource",
-    ),
-    "tidings.pipeline.housekeeping": ("selection", "archiving", "run"),
-    "tidings.wire": (
-        "lag",
-        "receive_queue",
-        "prescan",
-        "codec",
-        "envelope",
-        "frame_reader",
-        "chatter",
-        "chatter_server",
-    ),
+    "tidings.pipeline.publishing": "retry breaker outcome delivery publisher",
+    "tidings.pipeline.source": "slices watermark queries workerheap task datasource",
+    "tidings.pipeline.housekeeping": "selection archiving run",
+    "tidings.wire": "lag receive_queue prescan codec envelope frame_reader chatter chatter_server",
     "tidings.server": (
-        "store",
-        "backends",
-        "engine",
-        "writing",
-        "change_feed",
-        "async_engine",
-        "eventer",
-        "syncer",
-        "monitor",
-        "metrics",
-        "runner",
+        "store backends engine writing change_feed async_engine eventer syncer monitor metrics "
+        "runner"
     ),
     "tidings.server.store": (
-        "driver",
-        "schema",
-        "counters",
-        "planning",
-        "facade",
-        "type_patterns",
-        "queries",
-        "positions",
-        "retention",
+        "driver schema counters planning facade type_patterns queries positions retention"
     ),
-    "tidings.server.backends": ("postgresql", "sqlite"),
-    "tidings.server.writing": ("queue", "durability"),
-    "tidings.server.eventer": ("counters", "notify", "query_replies", "registrations", "server"),
-    "tidings.server.syncer": ("common", "client", "server"),
-    "tidings.streams": (
-        "protocol",
-        "typemap",
-        "consumers",
-        "service",
-        "client",
-        "spark_source",
-        "jobs",
-    ),
-    "tidings.streams.protocol": ("ftn3", "interfaces", "encoding", "channel"),
-    "tidings.streams.consumers": ("positions", "retention", "admin", "metrics"),
-    "tidings.streams.service": (
-        "auth",
-        "feed",
-        "reader",
-        "push",
-        "sessions",
-        "functions",
-        "app",
-        "runner",
-    ),
-    "tidings.intermediary": (
-        "regions",  # geometry and coverage: nothing of an intermediary
-        "node",  # one intermediary, transport-free
-        "views",  # event-type and SQL-view subscriptions, the event server as upstream
-        "feed",  # the spatial feed's wire and the intermediary's side of it
-        "publisher",  # the simulated spatial publisher
-        "serving",  # WebSocket transport, pages, the service
-        "client",  # subscribers in Python
-        "cluster",  # many intermediaries
-        "measurement",  # the fan-out benchmark and demo
-    ),
-    "tidings.intermediary.regions": ("geometry", "coverage", "coveredcells", "grid"),
+    "tidings.server.backends": "postgresql sqlite",
+    "tidings.server.writing": "queue durability",
+    "tidings.server.eventer": "counters notify query_replies registrations server",
+    "tidings.server.syncer": "common client server",
+    "tidings.streams": "protocol typemap consumers service client spark_source jobs",
+    "tidings.streams.protocol": "ftn3 interfaces encoding channel",
+    "tidings.streams.consumers": "positions retention admin metrics",
+    "tidings.streams.service": "auth feed reader push sessions functions app runner",
+    "tidings.intermediary": "regions node views feed publisher serving client cluster measurement",
+    "tidings.intermediary.regions": "geometry coverage coveredcells grid",
     "tidings.intermediary.node": (
-        "batches",
-        "buffers",
-        "snapshot",
-        "state",
-        "scheduling",
-        "generation",
-        "roundgen",
-        "placements",
-        "publisher_store",
-        "subscriber_store",
-        "subscribe",
-        "applied",
-        "intermediary",
+        "batches buffers snapshot state scheduling generation roundgen placements publisher_store "
+        "subscriber_store subscribe applied intermediary"
     ),
     "tidings.intermediary.views": (
-        "patterns",
-        "rows",
-        "primitives",
-        "sqlviews",
-        "sqltables",
-        "eventviews",
-        "event_server_upstream",
+        "patterns rows primitives sqlviews sqltables eventviews event_server_upstream"
     ),
-    "tidings.intermediary.feed": ("wire", "remote"),
-    "tidings.intermediary.publisher": ("simulation", "server"),
-    "tidings.intermediary.serving": ("page", "envelope", "connection", "transport", "service"),
-    "tidings.intermediary.client": ("subscriber", "client", "handover"),
+    "tidings.intermediary.feed": "wire remote",
+    "tidings.intermediary.publisher": "simulation server",
+    "tidings.intermediary.serving": "page envelope connection transport service",
+    "tidings.intermediary.client": "subscriber client handover",
     "tidings.intermediary.cluster": (
-        "responsibility",
-        "directory",
-        "children",
-        "peers",
-        "areas",
-        "member",
-        "membership",
-        "in_process",
-        "member_process",
-        "process_cluster",
+        "responsibility directory children peers areas member membership in_process "
+        "member_process process_cluster"
     ),
     "tidings.intermediary.measurement": (
-        "wsreceive",
-        "fanout",
-        "intermediary_process",
-        "subscriber_process",
-        "demo",
+        "wsreceive fanout intermediary_process subscriber_process demo"
     ),
     "tidings.cli": (
-        "common",
-        "relay_progress",
-        "config",
-        "events",
-        "server",
-        "streams",
-        "intermediary",
-        "fanout",
-        "pipeline",
-        "__main__",
+        "common relay_progress config events server streams intermediary fanout pipeline __main__"
     ),
 }
+PACKAGE_ORDER = {package: tuple(order.split()) for package, order in PACKAGE_ORDER_TEXT.items()}
 
 
 def _modules() -> dict[str, Path]:
