@@ -22,7 +22,7 @@ from typing import Any
 import websockets
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber, subscribe_request
+from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber
 from tidings.intermediary.node.generation import decode_frame
 from tidings.intermediary.serving.envelope import open_envelope
 
@@ -57,22 +57,9 @@ class IntermediaryClient(Subscriber):
             raise IntermediaryError(f"client: expected a hello, got {hello!r}")
         return cls(websocket, int(hello["subscriber"]), max_buffered)
 
-    async def subscribe(
-        self,
-        key: str,
-        region: dict[str, Any],
-        *,
-        priority: float = 0.0,
-        rate_hz: float = 10.0,
-        capabilities: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Subscribe (or replace) ``key``; the server's reply. A refusal raises
-        :class:`IntermediaryError` with the server's message."""
-        return await self.request(
-            subscribe_request(
-                key, region, priority=priority, rate_hz=rate_hz, capabilities=capabilities
-            )
-        )
+    async def _subscribe_region(self, key: str, request: dict[str, Any]) -> dict[str, Any]:
+        """A refusal raises :class:`IntermediaryError` with the server's message."""
+        return await self.request(request)
 
     async def subscribe_events(self, key: str, patterns: list[list[str]]) -> dict[str, Any]:
         """Subscribe (or replace) ``key`` to the events whose types match ``patterns``."""

@@ -30,7 +30,7 @@ from typing import Any
 
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client.client import IntermediaryClient
-from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber, subscribe_request
+from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber
 
 #: The most redirects one subscribe follows.
 MAX_HOPS = 4
@@ -116,22 +116,11 @@ class ClusterClient(Subscriber):
 
     # -- requests ----------------------------------------------------------------------
 
-    async def subscribe(
-        self,
-        key: str,
-        region: dict[str, Any],
-        *,
-        priority: float = 0.0,
-        rate_hz: float = 10.0,
-        capabilities: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    async def _subscribe_region(self, key: str, request: dict[str, Any]) -> dict[str, Any]:
         """Subscribe ``key`` at the member responsible for it (following redirects); its
         ``subscribed`` reply (``intermediary`` names the member)."""
         if key in self._streams:
             raise IntermediaryError(f"client: {key!r} is subscribed already; unsubscribe first")
-        request = subscribe_request(
-            key, region, priority=priority, rate_hz=rate_hz, capabilities=capabilities
-        )
         request["client"] = self.client_id
         stream = _Stream(request)
         self._streams[key] = stream

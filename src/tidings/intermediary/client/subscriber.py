@@ -75,6 +75,13 @@ class Subscriber(Protocol):
     ) -> dict[str, Any]:
         """Subscribe (or replace) ``key`` to ``region`` (the wire form of
         :func:`~tidings.intermediary.regions.geometry.parse_region`); the server's reply."""
+        request = subscribe_request(
+            key, region, priority=priority, rate_hz=rate_hz, capabilities=capabilities
+        )
+        return await self._subscribe_region(key, request)
+
+    async def _subscribe_region(self, key: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Send the subscribe ``request`` of ``key`` where it belongs; the server's reply."""
         ...
 
     async def unsubscribe(self, key: str) -> dict[str, Any]:
