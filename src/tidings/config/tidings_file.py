@@ -21,18 +21,10 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+import tidings.config.relay as sections
 from tidings.config.intermediary import IntermediaryConfig
 from tidings.config.loading import read_config_data, validate_config
 from tidings.config.model import StrictModel
-from tidings.config.relay import (
-    DatabaseConfig,
-    HousekeepingConfig,
-    MetricsConfig,
-    OutboxConfig,
-    RelayConfig,
-    ReplayConfig,
-    RoutingConfig,
-)
 from tidings.config.targets import KindTargetConfig, target_kinds_json_schema
 from tidings.errors import ConfigError
 
@@ -42,31 +34,33 @@ class TidingsConfig(StrictModel):
 
     # Sections holding paths are built by validation, so a file's directory reaches their
     # defaults too (a default instance would skip that).
-    database: DatabaseConfig = Field(
+    database: sections.DatabaseConfig = Field(
         default_factory=dict, validate_default=True, description="The outbox database."
     )
-    outbox: OutboxConfig = Field(default=OutboxConfig(), description="The producer's settings.")
+    outbox: sections.OutboxConfig = Field(
+        default=sections.OutboxConfig(), description="The producer's settings."
+    )
     targets: dict[str, KindTargetConfig] = Field(
         default_factory=dict,
         description="Where events go, by name: each entry's ``kind`` names its model.",
     )
-    routing: RoutingConfig = Field(
-        default=RoutingConfig(), description="Which targets each event type goes to."
+    routing: sections.RoutingConfig = Field(
+        default=sections.RoutingConfig(), description="Which targets each event type goes to."
     )
-    relay: RelayConfig = Field(
+    relay: sections.RelayConfig = Field(
         default_factory=dict, validate_default=True, description="The Spark relay pipeline."
     )
-    replay: ReplayConfig = Field(
-        default=ReplayConfig(),
+    replay: sections.ReplayConfig = Field(
+        default=sections.ReplayConfig(),
         description="The scheduled replay of PENDING, HELD and FAILED events.",
     )
-    housekeeping: HousekeepingConfig = Field(
+    housekeeping: sections.HousekeepingConfig = Field(
         default_factory=dict,
         validate_default=True,
         description="Archiving and deleting published events.",
     )
-    metrics: MetricsConfig = Field(
-        default=MetricsConfig(), description="The relay's Prometheus metrics."
+    metrics: sections.MetricsConfig = Field(
+        default=sections.MetricsConfig(), description="The relay's Prometheus metrics."
     )
     intermediary: IntermediaryConfig = Field(
         default=IntermediaryConfig(), description="``tidings intermediary serve``."
