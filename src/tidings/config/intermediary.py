@@ -65,7 +65,11 @@ class IntermediaryTableConfig(StrictModel):
 class IntermediaryLimitsConfig(StrictModel):
     """Bounds of ``tidings intermediary serve``: per server, per connection, per view."""
 
-    max_connections: int = Field(default=10_000, gt=0)
+    max_connections: int = Field(
+        default=10_000,
+        gt=0,
+        description="Subscribers connected at once; one more is closed with 1013.",
+    )
     max_queued_messages: int = Field(
         default=10_000,
         gt=0,
@@ -74,16 +78,28 @@ class IntermediaryLimitsConfig(StrictModel):
             "subscriber is too slow and is disconnected (close code 4008, with the reason)."
         ),
     )
-    max_request_bytes: int = Field(default=64 * 1024, ge=1024)
-    requests_per_s: float = Field(default=20.0, gt=0)
-    request_burst: int = Field(default=40, gt=0)
-    max_subscriptions_per_subscriber: int = Field(default=64, gt=0)
+    max_request_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="The largest request a subscriber may send."
+    )
+    requests_per_s: float = Field(
+        default=20.0, gt=0, description="A subscriber's sustained request rate (a token bucket)."
+    )
+    request_burst: int = Field(
+        default=40,
+        gt=0,
+        description="Requests a subscriber may send at once above that rate (the bucket's size).",
+    )
+    max_subscriptions_per_subscriber: int = Field(
+        default=64, gt=0, description="Event and SQL subscriptions one connection may hold."
+    )
     max_view_rows: int = Field(
         default=10_000,
         gt=0,
         description="The LIMIT of a view without one, and the highest LIMIT accepted.",
     )
-    view_timeout: Duration = timedelta(seconds=5)
+    view_timeout: Duration = Field(
+        default=timedelta(seconds=5), description="The longest one SQL view's evaluation may take."
+    )
 
     _durations = field_validator("view_timeout", mode="before")(lambda cls, v: parse_duration(v))
 
@@ -171,7 +187,10 @@ class IntermediaryConfig(StrictModel):
             "How long a request to the event server (a subscription, a table's load) may take."
         ),
     )
-    limits: IntermediaryLimitsConfig = IntermediaryLimitsConfig()
+    limits: IntermediaryLimitsConfig = Field(
+        default=IntermediaryLimitsConfig(),
+        description="Bounds that keep one subscriber from starving the others.",
+    )
     spatial: IntermediarySpatialConfig | None = Field(
         default=None,
         description=(

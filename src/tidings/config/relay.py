@@ -40,8 +40,18 @@ class DatabaseConfig(StrictModel):
 class OutboxConfig(StrictModel):
     """Producer-side settings."""
 
-    originator: str = "tidings"
-    max_payload_bytes: int = Field(default=1024 * 1024, gt=0)
+    originator: str = Field(
+        default="tidings",
+        description="Stored as each event's originator (its CloudEvents ``source``).",
+    )
+    max_payload_bytes: int = Field(
+        default=1024 * 1024,
+        gt=0,
+        description=(
+            "Emit refuses a larger stored body (the transformed payload in UTF-8 bytes); routed "
+            "targets' own limits are checked too."
+        ),
+    )
 
 
 class RoutingConfig(StrictModel):
@@ -82,9 +92,18 @@ class RetryConfig(StrictModel):
     attempts: int | None = Field(
         default=None, ge=1, description="Tries per target (None: 8, or the schedule's length + 1)."
     )
-    initial_backoff: Duration = timedelta(milliseconds=200)
-    multiplier: float = Field(default=2.0, ge=1.0)
-    max_backoff: Duration = timedelta(seconds=30)
+    initial_backoff: Duration = Field(
+        default=timedelta(milliseconds=200),
+        description=(
+            "The pause before the first retry at a target; each later one grows by ``multiplier``."
+        ),
+    )
+    multiplier: float = Field(
+        default=2.0, ge=1.0, description="How much each pause grows over the one before it."
+    )
+    max_backoff: Duration = Field(
+        default=timedelta(seconds=30), description="The longest pause between two tries."
+    )
     jitter: float = Field(
         default=0.2, ge=0.0, le=1.0, description="A pause varies by up to this fraction either way."
     )
@@ -138,9 +157,23 @@ class RelayConfig(StrictModel):
     trigger_interval: Duration = Field(
         default=timedelta(milliseconds=100), description="How often a micro-batch starts."
     )
-    max_events_per_batch: int = Field(default=100_000, gt=0)
-    partitions: int = Field(default=2, gt=0)
-    retry: RetryConfig = RetryConfig()
+    max_events_per_batch: int = Field(
+        default=100_000, gt=0, description="The most events one micro-batch reads from the log."
+    )
+    partitions: int = Field(
+        default=2,
+        gt=0,
+        description=(
+            "Spark tasks per batch: events are split by partition-key hash (a small batch uses "
+            "fewer)."
+        ),
+    )
+    retry: RetryConfig = Field(
+        default=RetryConfig(),
+        description=(
+            "How often and how patiently each target is retried before an event is FAILED there."
+        ),
+    )
     replay_every: Duration | None = Field(
         default=None,
         description=(
@@ -148,7 +181,14 @@ class RelayConfig(StrictModel):
             "again (None: never; the relay resumes held events and sends due retries by itself)."
         ),
     )
-    shuffle_partitions: int = Field(default=2, gt=0)
+    shuffle_partitions: int = Field(
+        default=2,
+        gt=0,
+        description=(
+            "Spark shuffle partitions; only housekeeping's archive write (by day and type) "
+            "shuffles."
+        ),
+    )
     driver_memory: str = Field(
         default="512m",
         pattern=r"^\d+[kmgt]$",
@@ -188,10 +228,24 @@ class RelayConfig(StrictModel):
 class ReplayConfig(StrictModel):
     """The scheduled replay of PENDING, HELD and FAILED events (design doc: Event Replay)."""
 
-    older_than: Duration = timedelta(seconds=60)
-    retry_count_threshold: int = Field(default=20, gt=0)
-    time_limit: Duration = timedelta(minutes=5)
-    event_limit: int = Field(default=100_000, gt=0)
+    older_than: Duration = Field(
+        default=timedelta(seconds=60),
+        description="Replay only events logged at least this long ago.",
+    )
+    retry_count_threshold: int = Field(
+        default=20,
+        gt=0,
+        description=(
+            "An event retried this often is no longer retried by the relay or a replay: it stays "
+            "FAILED and its key's later events wait for it at that target."
+        ),
+    )
+    time_limit: Duration = Field(
+        default=timedelta(minutes=5), description="The longest one replay run may take."
+    )
+    event_limit: int = Field(
+        default=100_000, gt=0, description="The most events one replay run takes."
+    )
 
     _durations = field_validator("older_than", "time_limit", mode="before")(
         lambda cls, v: parse_duration(v)
@@ -201,7 +255,10 @@ class ReplayConfig(StrictModel):
 class HousekeepingConfig(StrictModel):
     """Archiving and deleting published events (design doc: House keeping)."""
 
-    older_than: Duration = timedelta(days=7)
+    older_than: Duration = Field(
+        default=timedelta(days=7),
+        description="Only PUBLISHED events older than this go (never today's).",
+    )
     mode: Literal["archive", "delete"] = Field(
         default="archive",
         description="Archive published events before deleting them, or only delete them.",
@@ -211,8 +268,18 @@ class HousekeepingConfig(StrictModel):
         validate_default=True,
         description="Where archived events are written as Parquet (a directory or a URI).",
     )
-    delete_on_success: bool = False
-    event_limit: int | None = Field(default=None, gt=0)
+    delete_on_success: bool = Field(
+        default=False,
+        description=(
+            "The design document's completion mode: the relay deletes a row once every target "
+            "confirmed it."
+        ),
+    )
+    event_limit: int | None = Field(
+        default=None,
+        gt=0,
+        description="The most events one housekeeping run archives or deletes (none: no limit).",
+    )
 
     _durations = field_validator("older_than", mode="before")(lambda cls, v: parse_duration(v))
 

@@ -202,10 +202,19 @@ class ServerConfig(StrictModel):
         default=None,
         description="A ``logging.config.dictConfig`` mapping; absent: tidings' JSON-lines logs.",
     )
-    backend: BackendConfig
-    engine: EngineConfig
-    eventer_server: EventerServerConfig = EventerServerConfig()
-    syncer_server: SyncerServerConfig | None = None
+    backend: BackendConfig = Field(
+        description="Where the server stores its events: a backend module and its options."
+    )
+    engine: EngineConfig = Field(
+        description="This server's id and the modules called in every session."
+    )
+    eventer_server: EventerServerConfig = Field(
+        default=EventerServerConfig(), description="Where clients register, query and subscribe."
+    )
+    syncer_server: SyncerServerConfig | None = Field(
+        default=None,
+        description="Where redundant peers fetch this server's events (none: no Syncer).",
+    )
     syncer_token: str | None = Field(
         default=None,
         description="Servers sync only with peers of the same token (both absent count as equal).",

@@ -55,11 +55,28 @@ class EventServerTargetConfig(TargetConfig):
     server stores each outbox event once however often it is published.
     """
 
-    kind: Literal["event_server"]
-    address: Address = "tcp+sbs://127.0.0.1:23012"
-    type_prefix: list[str] = Field(default_factory=list)
-    type_template: list[str] | None = None
-    timeout: Duration = timedelta(seconds=10)
+    kind: Literal["event_server"] = Field(
+        description="``event_server``: a remote tidings event server, over the Eventer protocol."
+    )
+    address: Address = Field(
+        default="tcp+sbs://127.0.0.1:23012",
+        description="The server's Eventer address, ``tcp+sbs://HOST:PORT``.",
+    )
+    type_prefix: list[str] = Field(
+        default_factory=list,
+        description="Prepended to the event type: the registered type is ``[*type_prefix, type]``.",
+    )
+    type_template: list[str] | None = Field(
+        default=None,
+        description=(
+            "Instead of ``type_prefix``: one template per type segment, e.g. ``[orders, "
+            "'{headers.aggregate_type}', '{event_type}']``."
+        ),
+    )
+    timeout: Duration = Field(
+        default=timedelta(seconds=10),
+        description="The longest a connection or one registration may take.",
+    )
 
     _durations = field_validator("timeout", mode="before")(lambda cls, v: parse_duration(v))
 
