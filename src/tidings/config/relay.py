@@ -40,8 +40,18 @@ class DatabaseConfig(StrictModel):
 class OutboxConfig(StrictModel):
     """Producer-side settings."""
 
-    originator: str = "tidings"
-    max_payload_bytes: int = Field(default=1024 * 1024, gt=0)
+    originator: str = Field(
+        default="tidings",
+        description="Stored as each event's originator (its CloudEvents ``source``).",
+    )
+    max_payload_bytes: int = Field(
+        default=1024 * 1024,
+        gt=0,
+        description=(
+            "The largest payload emit stores, in bytes (after the transformer, as UTF-8); an "
+            "outbox built with ``outbox_from_config`` also checks the routed targets' own limits."
+        ),
+    )
 
 
 class RoutingConfig(StrictModel):
@@ -50,10 +60,14 @@ class RoutingConfig(StrictModel):
 
     routes: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="Event type, ``prefix*`` or ``*`` -> the names of the targets it goes to.",
+        description=(
+            "Event type, ``prefix*`` or ``*`` -> the names of the targets it goes to; an event "
+            "goes to the targets of every key that matches it."
+        ),
     )
     default: list[str] = Field(
-        default_factory=list, description="The targets of an event type no route matches."
+        default_factory=list,
+        description="The targets of an event type no route matches (without any: UNROUTABLE).",
     )
     use_table: bool = Field(
         default=True, description="Add the routes of the database table ``tidings_route`` to these."
@@ -82,9 +96,15 @@ class RetryConfig(StrictModel):
     attempts: int | None = Field(
         default=None, ge=1, description="Tries per target (None: 8, or the schedule's length + 1)."
     )
-    initial_backoff: Duration = timedelta(milliseconds=200)
-    multiplier: float = Field(default=2.0, ge=1.0)
-    max_backoff: Duration = timedelta(seconds=30)
+    initial_backoff: Duration = Field(
+        default=timedelta(milliseconds=200), description="The pause before the first retry."
+    )
+    multiplier: float = Field(
+        default=2.0, ge=1.0, description="Each pause is the previous one times this."
+    )
+    max_backoff: Duration = Field(
+        default=timedelta(seconds=30), description="No pause is longer than this."
+    )
     jitter: float = Field(
         default=0.2, ge=0.0, le=1.0, description="A pause varies by up to this fraction either way."
     )
@@ -138,9 +158,21 @@ class RelayConfig(StrictModel):
     trigger_interval: Duration = Field(
         default=timedelta(milliseconds=100), description="How often a micro-batch starts."
     )
-    max_events_per_batch: int = Field(default=100_000, gt=0)
-    partitions: int = Field(default=2, gt=0)
-    retry: RetryConfig = RetryConfig()
+    max_events_per_batch: int = Field(
+        default=100_000, gt=0, description="The most events one micro-batch reads."
+    )
+    partitions: int = Field(
+        default=2,
+        gt=0,
+        description=(
+            "Spark tasks per batch (events are split by a hash of their partition key); a batch "
+            "of under 5,000 events per task uses fewer."
+        ),
+    )
+    retry: RetryConfig = Field(
+        default=RetryConfig(),
+        description="Tries per target before an event is FAILED there, and the pauses between.",
+    )
     replay_every: Duration | None = Field(
         default=None,
         description=(
@@ -148,7 +180,14 @@ class RelayConfig(StrictModel):
             "again (None: never; the relay resumes held events and sends due retries by itself)."
         ),
     )
-    shuffle_partitions: int = Field(default=2, gt=0)
+    shuffle_partitions: int = Field(
+        default=2,
+        gt=0,
+        description=(
+            "Spark's shuffle partitions (``spark.sql.shuffle.partitions``); only housekeeping's "
+            "archive write, by day and type, shuffles."
+        ),
+    )
     driver_memory: str = Field(
         default="512m",
         pattern=r"^\d+[kmgt]$",
@@ -188,10 +227,25 @@ class RelayConfig(StrictModel):
 class ReplayConfig(StrictModel):
     """The scheduled replay of PENDING, HELD and FAILED events (design doc: Event Replay)."""
 
-    older_than: Duration = timedelta(seconds=60)
-    retry_count_threshold: int = Field(default=20, gt=0)
-    time_limit: Duration = timedelta(minutes=5)
-    event_limit: int = Field(default=100_000, gt=0)
+    older_than: Duration = Field(
+        default=timedelta(seconds=60),
+        description="Only open events logged longer ago than this are replayed.",
+    )
+    retry_count_threshold: int = Field(
+        default=20,
+        gt=0,
+        description=(
+            "An event retried this often is no longer retried, by the relay or a replay: it "
+            "stays FAILED and its key's later events wait for it at that target."
+        ),
+    )
+    time_limit: Duration = Field(
+        default=timedelta(minutes=5),
+        description="How long one replay run may go on sending; it stops at this deadline.",
+    )
+    event_limit: int = Field(
+        default=100_000, gt=0, description="The most events one replay run takes."
+    )
 
     _durations = field_validator("older_than", "time_limit", mode="before")(
         lambda cls, v: parse_duration(v)
@@ -201,7 +255,13 @@ class ReplayConfig(StrictModel):
 class HousekeepingConfig(StrictModel):
     """Archiving and deleting published events (design doc: House keeping)."""
 
-    older_than: Duration = timedelta(days=7)
+    older_than: Duration = Field(
+        default=timedelta(days=7),
+        description=(
+            "Only events PUBLISHED longer ago than this, and logged before today, are archived "
+            "or deleted."
+        ),
+    )
     mode: Literal["archive", "delete"] = Field(
         default="archive",
         description="Archive published events before deleting them, or only delete them.",
@@ -211,8 +271,16 @@ class HousekeepingConfig(StrictModel):
         validate_default=True,
         description="Where archived events are written as Parquet (a directory or a URI).",
     )
-    delete_on_success: bool = False
-    event_limit: int | None = Field(default=None, gt=0)
+    delete_on_success: bool = Field(
+        default=False,
+        description=(
+            "The design document's completion mode: the relay deletes an event's row once every "
+            "target confirmed it, instead of leaving it for housekeeping."
+        ),
+    )
+    event_limit: int | None = Field(
+        default=None, gt=0, description="The most events one run archives or deletes (None: all)."
+    )
 
     _durations = field_validator("older_than", mode="before")(lambda cls, v: parse_duration(v))
 

@@ -59,7 +59,8 @@ class BackendConfig(BaseModel):
         description=(
             "``commit``: answer a registration once committed. ``periodic``: answer once written "
             "into the open transaction, commit at most ``flush_period`` later (a crash loses the "
-            "sessions since the last commit, whole and at the end; see the README)."
+            "sessions since the last commit, whole and at the end; see the event store's design "
+            "notes)."
         ),
     )
     flush_period: float = Field(
@@ -202,10 +203,20 @@ class ServerConfig(StrictModel):
         default=None,
         description="A ``logging.config.dictConfig`` mapping; absent: tidings' JSON-lines logs.",
     )
-    backend: BackendConfig
-    engine: EngineConfig
-    eventer_server: EventerServerConfig = EventerServerConfig()
-    syncer_server: SyncerServerConfig | None = None
+    backend: BackendConfig = Field(
+        description="Where events are stored: the backend module, its own keys, its durability."
+    )
+    engine: EngineConfig = Field(
+        description="The server's id and the modules that run in each session."
+    )
+    eventer_server: EventerServerConfig = Field(
+        default=EventerServerConfig(),
+        description="Where clients register, query and subscribe (hat's Eventer protocol).",
+    )
+    syncer_server: SyncerServerConfig | None = Field(
+        default=None,
+        description="Where redundant peers fetch this server's events (absent: no Syncer).",
+    )
     syncer_token: str | None = Field(
         default=None,
         description="Servers sync only with peers of the same token (both absent count as equal).",

@@ -31,11 +31,23 @@ _MICROSECOND = timedelta(microseconds=1)
 class EventStoreTargetConfig(TargetConfig):
     """The embedded event store: a durable append-only log in SQLite or PostgreSQL."""
 
-    kind: Literal["event_store"]
+    kind: Literal["event_store"] = Field(description="The target's kind: ``event_store``.")
     # The default is resolved too, beside the configuration file (as every default path is).
-    url: DatabaseUrl = Field(default="sqlite:///tidings-events.db", validate_default=True)
-    type_prefix: list[str] = Field(default_factory=list)
-    server_id: int = Field(default=1, gt=0)
+    url: DatabaseUrl = Field(
+        default="sqlite:///tidings-events.db",
+        validate_default=True,
+        description=(
+            "The store's database: ``sqlite:///FILE`` (relative to this file) or "
+            "``postgresql://...``."
+        ),
+    )
+    type_prefix: list[str] = Field(
+        default_factory=list,
+        description="Segments put before the event type: the stored type is ``[*prefix, type]``.",
+    )
+    server_id: int = Field(
+        default=1, gt=0, description="The Hat server id the store's events are registered under."
+    )
 
 
 class EventStoreTarget(Target):

@@ -34,11 +34,21 @@ class JetStreamTls(StrictModel):
     """TLS to the NATS servers: the CA that signed their certificates, and a client
     certificate when the servers verify clients (``verify: true``)."""
 
-    ca_file: LocalPath | None = None
-    cert_file: LocalPath | None = None
-    key_file: LocalPath | None = None
-    #: The name the servers' certificate is checked against, when it is not the URL's host.
-    server_name: str | None = None
+    ca_file: LocalPath | None = Field(
+        default=None,
+        description="The CA that signed the servers' certificates (None: the system's CAs).",
+    )
+    cert_file: LocalPath | None = Field(
+        default=None,
+        description="A client certificate, for servers that verify clients (``verify: true``).",
+    )
+    key_file: LocalPath | None = Field(
+        default=None, description="The key of ``cert_file`` (only with it)."
+    )
+    server_name: str | None = Field(
+        default=None,
+        description="The name the servers' certificate is checked against, if not the URL's host.",
+    )
 
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
@@ -56,24 +66,81 @@ class JetStreamTargetConfig(TargetConfig):
     """A NATS JetStream stream; subjects are ``<subject_prefix>.<event type>`` or come from
     ``subject_template`` (:mod:`tidings.targets.destination`)."""
 
-    kind: Literal["jetstream"]
-    servers: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
-    stream: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    kind: Literal["jetstream"] = Field(description="The target's kind: ``jetstream``.")
+    servers: list[str] = Field(
+        default_factory=lambda: ["nats://127.0.0.1:4222"],
+        min_length=1,
+        description="The NATS servers' URLs, tried in order.",
+    )
+    stream: str = Field(
+        pattern=r"^[A-Za-z0-9_-]+$", description="The JetStream stream the target publishes to."
+    )
     # The template first: the prefix's check reads it (so an error names subject_prefix).
-    subject_template: str | None = None
-    subject_prefix: str | None = Field(default=None, pattern=_SUBJECT, validate_default=True)
-    duplicate_window: Duration = timedelta(minutes=10)
-    ack_timeout: Duration = timedelta(seconds=5)
-    create_stream: CreateStream = "if-missing"
-    on_mismatch: Literal["warn", "fail"] = "warn"
+    subject_template: str | None = Field(
+        default=None,
+        description=(
+            "Instead of ``subject_prefix``: a subject with placeholders, e.g. "
+            "``orders.{headers.aggregate_type}``; each placeholder's value must be one token."
+        ),
+    )
+    subject_prefix: str | None = Field(
+        default=None,
+        pattern=_SUBJECT,
+        validate_default=True,
+        description=(
+            "Subjects are ``<subject_prefix>.<type>``, the type made one token (``.``, ``*``, "
+            "``>`` and blanks become ``_``); set this or ``subject_template``."
+        ),
+    )
+    duplicate_window: Duration = Field(
+        default=timedelta(minutes=10),
+        description=(
+            "JetStream's deduplication window (the message id is the event id); an existing "
+            "stream's must be at least this long."
+        ),
+    )
+    ack_timeout: Duration = Field(
+        default=timedelta(seconds=5),
+        description="How long one connection attempt, and the wait for one call's acks, may take.",
+    )
+    create_stream: CreateStream = Field(
+        default="if-missing",
+        description=(
+            "``if-missing``: create the stream only if it does not exist; ``false``: never; "
+            "``true``: create it, or update an existing one that lacks the target's subjects or "
+            "has a shorter ``duplicate_window`` (only ``true`` changes an existing stream)."
+        ),
+    )
+    on_mismatch: Literal["warn", "fail"] = Field(
+        default="warn",
+        description=(
+            "An existing stream that lacks the target's subjects or has a shorter "
+            "``duplicate_window``: ``warn`` logs a warning; ``fail`` keeps the target unavailable "
+            "(events HELD) until the stream fits."
+        ),
+    )
     # Used only when the target creates the stream.
-    storage: Literal["file", "memory"] = "file"
-    replicas: int = Field(default=1, ge=1, le=5)
-    max_age: Duration | None = None
+    storage: Literal["file", "memory"] = Field(
+        default="file", description="The storage of a stream the target creates."
+    )
+    replicas: int = Field(
+        default=1, ge=1, le=5, description="The replicas of a stream the target creates."
+    )
+    max_age: Duration | None = Field(
+        default=None,
+        description="The longest a stream the target creates keeps a message (None: no limit).",
+    )
     # Authentication: a user credentials file (JWT + nkey seed) or an nkey seed file.
-    credentials: LocalPath | None = None
-    nkey: LocalPath | None = None
-    tls: JetStreamTls | None = None
+    credentials: LocalPath | None = Field(
+        default=None,
+        description="A NATS user credentials file (JWT and seed, as ``nsc`` writes it).",
+    )
+    nkey: LocalPath | None = Field(
+        default=None, description="An nkey seed file (instead of ``credentials``)."
+    )
+    tls: JetStreamTls | None = Field(
+        default=None, description="TLS settings for the servers (None: the NATS client's defaults)."
+    )
 
     _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
         lambda cls, v: parse_duration(v)
