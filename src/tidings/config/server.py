@@ -185,7 +185,8 @@ class MetricsEndpointConfig(StrictModel):
         default="127.0.0.1",
         min_length=1,
         description=(
-            "127.0.0.1 by default: metrics are not exposed beyond the host unless asked for."
+            "The interface /metrics listens on; the default keeps metrics on this host, "
+            "0.0.0.0 exposes them on every interface."
         ),
     )
 
@@ -219,11 +220,17 @@ class ServerConfig(StrictModel):
     )
     syncer_token: str | None = Field(
         default=None,
-        description="Servers sync only with peers of the same token (both absent count as equal).",
+        description=(
+            "Servers sync only with peers of the same token; through a Monitor, a server without "
+            "one syncs with every peer of its group (as in hat-event)."
+        ),
     )
     syncer_peers: list[SyncerPeerConfig] = Field(
         default_factory=list,
-        description="Redundant peers kept in sync with, where there is no Monitor Server.",
+        description=(
+            "Redundant peers kept in sync with, where there is no Monitor Server (not with "
+            "``monitor``)."
+        ),
     )
     monitor: MonitorConfig | None = Field(
         default=None,
