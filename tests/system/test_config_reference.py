@@ -128,6 +128,32 @@ def test_the_references_cover_the_event_server_the_streams_and_the_intermediary(
     assert "| `targets.<name>.subject_template` |" in tidings_yaml
 
 
+def _models(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, type[BaseModel]]]:
+    """``model`` and every model under it, with the key path each sits at."""
+    yield prefix, model
+    for name, field in model.model_fields.items():
+        if field.exclude:
+            continue
+        path = f"{prefix}.{name}" if prefix else name
+        for sub_path, sub_model in _models_in(path, field.annotation):
+            yield from _models(sub_model, sub_path)
+
+
+def test_every_key_of_every_file_has_a_description() -> None:
+    undescribed = [
+        f"{name}: {f'{path}.' if path else ''}{key} ({model.__qualname__})"
+        for name, root in (
+            ("tidings", TidingsConfig),
+            ("server", StreamServerConfig),
+            ("aggregate", AggregateConfig),
+        )
+        for path, model in _models(root)
+        for key, field in model.model_fields.items()
+        if not field.exclude and not (field.description or "").strip()
+    ]
+    assert not undescribed, f"keys without a Field(description=...): {undescribed}"
+
+
 class _Described(BaseModel):
     """A model whose fields have descriptions, or not."""
 

@@ -35,7 +35,11 @@ class IntermediaryTableConfig(StrictModel):
     order. (Not ``key``: ``tidings config check`` masks keys so named, as secrets.)"""
 
     columns: dict[str, ColumnKind | None] = Field(
-        min_length=1, description="Column name -> its kind (null: a column of unknown kind)."
+        min_length=1,
+        description=(
+            "Column name -> its kind (null: a column of unknown kind); views see only these "
+            "columns."
+        ),
     )
     keyed_by: str | list[str] = Field(
         description="The column the table's rows are keyed by, or the columns in order."
@@ -68,7 +72,7 @@ class IntermediaryLimitsConfig(StrictModel):
     max_connections: int = Field(
         default=10_000,
         gt=0,
-        description="Subscribers connected at once; one more is closed with 1013.",
+        description="Subscribers connected at once; one more is closed with code 1013.",
     )
     max_queued_messages: int = Field(
         default=10_000,
@@ -79,10 +83,14 @@ class IntermediaryLimitsConfig(StrictModel):
         ),
     )
     max_request_bytes: int = Field(
-        default=64 * 1024, ge=1024, description="The largest request a subscriber may send."
+        default=64 * 1024,
+        ge=1024,
+        description="The largest request a subscriber may send, in bytes.",
     )
     requests_per_s: float = Field(
-        default=20.0, gt=0, description="A subscriber's sustained request rate (a token bucket)."
+        default=20.0,
+        gt=0,
+        description="Requests per second a subscriber may send in the long run (a token bucket).",
     )
     request_burst: int = Field(
         default=40,
@@ -90,7 +98,7 @@ class IntermediaryLimitsConfig(StrictModel):
         description="Requests a subscriber may send at once above that rate (the bucket's size).",
     )
     max_subscriptions_per_subscriber: int = Field(
-        default=64, gt=0, description="Event and SQL subscriptions one connection may hold."
+        default=64, gt=0, description="Event and SQL-view subscriptions one connection may hold."
     )
     max_view_rows: int = Field(
         default=10_000,
@@ -98,7 +106,7 @@ class IntermediaryLimitsConfig(StrictModel):
         description="The LIMIT of a view without one, and the highest LIMIT accepted.",
     )
     view_timeout: Duration = Field(
-        default=timedelta(seconds=5), description="The longest one SQL view's evaluation may take."
+        default=timedelta(seconds=5), description="How long one evaluation of a view may take."
     )
 
     _durations = field_validator("view_timeout", mode="before")(lambda cls, v: parse_duration(v))
@@ -168,11 +176,17 @@ class IntermediaryConfig(StrictModel):
     )
     event_server: Address = Field(
         default="tcp+sbs://127.0.0.1:23012",
-        description="The Eventer address of the event server it follows.",
+        description=(
+            "The Eventer address of the event server it follows (one connection; when it is "
+            "lost the intermediary exits)."
+        ),
     )
     row_type_prefix: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=list,
-        description="The type prefix of the event server target the row events reach it through.",
+        description=(
+            "The ``type_prefix`` of the event server target the row events reach it through: "
+            "the rows of table ``t`` are events ``[*prefix, 'rows.t']``."
+        ),
     )
     tables: dict[str, IntermediaryTableConfig] = Field(
         default_factory=dict, description="The domain tables its SQL views may read, by name."
@@ -189,7 +203,7 @@ class IntermediaryConfig(StrictModel):
     )
     limits: IntermediaryLimitsConfig = Field(
         default=IntermediaryLimitsConfig(),
-        description="Bounds that keep one subscriber from starving the others.",
+        description="Bounds per server, per connection and per view.",
     )
     spatial: IntermediarySpatialConfig | None = Field(
         default=None,

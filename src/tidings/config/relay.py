@@ -48,8 +48,8 @@ class OutboxConfig(StrictModel):
         default=1024 * 1024,
         gt=0,
         description=(
-            "Emit refuses a larger stored body (the transformed payload in UTF-8 bytes); routed "
-            "targets' own limits are checked too."
+            "The largest payload emit stores, in bytes (after the transformer, as UTF-8); an "
+            "outbox built with ``outbox_from_config`` also checks the routed targets' own limits."
         ),
     )
 
@@ -60,10 +60,14 @@ class RoutingConfig(StrictModel):
 
     routes: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="Event type, ``prefix*`` or ``*`` -> the names of the targets it goes to.",
+        description=(
+            "Event type, ``prefix*`` or ``*`` -> the names of the targets it goes to; an event "
+            "goes to the targets of every key that matches it."
+        ),
     )
     default: list[str] = Field(
-        default_factory=list, description="The targets of an event type no route matches."
+        default_factory=list,
+        description="The targets of an event type no route matches (without any: UNROUTABLE).",
     )
     use_table: bool = Field(
         default=True, description="Add the routes of the database table ``tidings_route`` to these."
@@ -93,16 +97,13 @@ class RetryConfig(StrictModel):
         default=None, ge=1, description="Tries per target (None: 8, or the schedule's length + 1)."
     )
     initial_backoff: Duration = Field(
-        default=timedelta(milliseconds=200),
-        description=(
-            "The pause before the first retry at a target; each later one grows by ``multiplier``."
-        ),
+        default=timedelta(milliseconds=200), description="The pause before the first retry."
     )
     multiplier: float = Field(
-        default=2.0, ge=1.0, description="How much each pause grows over the one before it."
+        default=2.0, ge=1.0, description="Each pause is the previous one times this."
     )
     max_backoff: Duration = Field(
-        default=timedelta(seconds=30), description="The longest pause between two tries."
+        default=timedelta(seconds=30), description="No pause is longer than this."
     )
     jitter: float = Field(
         default=0.2, ge=0.0, le=1.0, description="A pause varies by up to this fraction either way."
@@ -158,21 +159,19 @@ class RelayConfig(StrictModel):
         default=timedelta(milliseconds=100), description="How often a micro-batch starts."
     )
     max_events_per_batch: int = Field(
-        default=100_000, gt=0, description="The most events one micro-batch reads from the log."
+        default=100_000, gt=0, description="The most events one micro-batch reads."
     )
     partitions: int = Field(
         default=2,
         gt=0,
         description=(
-            "Spark tasks per batch: events are split by partition-key hash (a small batch uses "
-            "fewer)."
+            "Spark tasks per batch (events are split by a hash of their partition key); a batch "
+            "of under 5,000 events per task uses fewer."
         ),
     )
     retry: RetryConfig = Field(
         default=RetryConfig(),
-        description=(
-            "How often and how patiently each target is retried before an event is FAILED there."
-        ),
+        description="Tries per target before an event is FAILED there, and the pauses between.",
     )
     replay_every: Duration | None = Field(
         default=None,
@@ -185,8 +184,8 @@ class RelayConfig(StrictModel):
         default=2,
         gt=0,
         description=(
-            "Spark shuffle partitions; only housekeeping's archive write (by day and type) "
-            "shuffles."
+            "Spark's shuffle partitions (``spark.sql.shuffle.partitions``); only housekeeping's "
+            "archive write, by day and type, shuffles."
         ),
     )
     driver_memory: str = Field(
@@ -230,18 +229,19 @@ class ReplayConfig(StrictModel):
 
     older_than: Duration = Field(
         default=timedelta(seconds=60),
-        description="Replay only events logged at least this long ago.",
+        description="Only open events logged longer ago than this are replayed.",
     )
     retry_count_threshold: int = Field(
         default=20,
         gt=0,
         description=(
-            "An event retried this often is no longer retried by the relay or a replay: it stays "
-            "FAILED and its key's later events wait for it at that target."
+            "An event retried this often is no longer retried, by the relay or a replay: it "
+            "stays FAILED and its key's later events wait for it at that target."
         ),
     )
     time_limit: Duration = Field(
-        default=timedelta(minutes=5), description="The longest one replay run may take."
+        default=timedelta(minutes=5),
+        description="How long one replay run may go on sending; it stops at this deadline.",
     )
     event_limit: int = Field(
         default=100_000, gt=0, description="The most events one replay run takes."
@@ -257,7 +257,10 @@ class HousekeepingConfig(StrictModel):
 
     older_than: Duration = Field(
         default=timedelta(days=7),
-        description="Only PUBLISHED events older than this go (never today's).",
+        description=(
+            "Only events PUBLISHED longer ago than this, and logged before today, are archived "
+            "or deleted."
+        ),
     )
     mode: Literal["archive", "delete"] = Field(
         default="archive",
@@ -271,14 +274,12 @@ class HousekeepingConfig(StrictModel):
     delete_on_success: bool = Field(
         default=False,
         description=(
-            "The design document's completion mode: the relay deletes a row once every target "
-            "confirmed it."
+            "The design document's completion mode: the relay deletes an event's row once every "
+            "target confirmed it, instead of leaving it for housekeeping."
         ),
     )
     event_limit: int | None = Field(
-        default=None,
-        gt=0,
-        description="The most events one housekeeping run archives or deletes (none: no limit).",
+        default=None, gt=0, description="The most events one run archives or deletes (None: all)."
     )
 
     _durations = field_validator("older_than", mode="before")(lambda cls, v: parse_duration(v))

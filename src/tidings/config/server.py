@@ -59,7 +59,8 @@ class BackendConfig(BaseModel):
         description=(
             "``commit``: answer a registration once committed. ``periodic``: answer once written "
             "into the open transaction, commit at most ``flush_period`` later (a crash loses the "
-            "sessions since the last commit, whole and at the end; see the README)."
+            "sessions since the last commit, whole and at the end; see the event store's design "
+            "notes)."
         ),
     )
     flush_period: float = Field(
@@ -184,7 +185,8 @@ class MetricsEndpointConfig(StrictModel):
         default="127.0.0.1",
         min_length=1,
         description=(
-            "127.0.0.1 by default: metrics are not exposed beyond the host unless asked for."
+            "The interface /metrics listens on; the default keeps metrics on this host, "
+            "0.0.0.0 exposes them on every interface."
         ),
     )
 
@@ -203,25 +205,32 @@ class ServerConfig(StrictModel):
         description="A ``logging.config.dictConfig`` mapping; absent: tidings' JSON-lines logs.",
     )
     backend: BackendConfig = Field(
-        description="Where the server stores its events: a backend module and its options."
+        description="Where events are stored: the backend module, its own keys, its durability."
     )
     engine: EngineConfig = Field(
-        description="This server's id and the modules called in every session."
+        description="The server's id and the modules that run in each session."
     )
     eventer_server: EventerServerConfig = Field(
-        default=EventerServerConfig(), description="Where clients register, query and subscribe."
+        default=EventerServerConfig(),
+        description="Where clients register, query and subscribe (hat's Eventer protocol).",
     )
     syncer_server: SyncerServerConfig | None = Field(
         default=None,
-        description="Where redundant peers fetch this server's events (none: no Syncer).",
+        description="Where redundant peers fetch this server's events (absent: no Syncer).",
     )
     syncer_token: str | None = Field(
         default=None,
-        description="Servers sync only with peers of the same token (both absent count as equal).",
+        description=(
+            "Servers sync only with peers of the same token; through a Monitor, a server without "
+            "one syncs with every peer of its group (as in hat-event)."
+        ),
     )
     syncer_peers: list[SyncerPeerConfig] = Field(
         default_factory=list,
-        description="Redundant peers kept in sync with, where there is no Monitor Server.",
+        description=(
+            "Redundant peers kept in sync with, where there is no Monitor Server (not with "
+            "``monitor``)."
+        ),
     )
     monitor: MonitorConfig | None = Field(
         default=None,

@@ -141,7 +141,12 @@ class StreamConfig(StrictModel):
     )
     path: str = Field(default="/", pattern=r"^/[A-Za-z0-9_./-]*$", description="Its URL path.")
     types: dict[str, list[Any]] = Field(
-        description="FTN18 type name -> one event type pattern, or a list of them."
+        description=(
+            "FTN18 type name (1 to 16 of A-Z and _) -> one event type pattern "
+            '(``[orders, OrderPlaced]``) or a list of them (``[[audit, "*"]]``); two names '
+            "whose patterns one event could match are refused. ``addEvent`` can generate only a "
+            "name whose single pattern has no wildcard."
+        ),
     )
     push: PushConfig = Field(
         default=PushConfig(), description="How events are pushed over a WebSocket."

@@ -55,27 +55,25 @@ class EventServerTargetConfig(TargetConfig):
     server stores each outbox event once however often it is published.
     """
 
-    kind: Literal["event_server"] = Field(
-        description="``event_server``: a remote tidings event server, over the Eventer protocol."
-    )
+    kind: Literal["event_server"] = Field(description="The target's kind: ``event_server``.")
     address: Address = Field(
         default="tcp+sbs://127.0.0.1:23012",
-        description="The server's Eventer address, ``tcp+sbs://HOST:PORT``.",
+        description="The Eventer address of the tidings event server (its ``eventer_server``).",
     )
     type_prefix: list[str] = Field(
         default_factory=list,
-        description="Prepended to the event type: the registered type is ``[*type_prefix, type]``.",
+        description="Segments put before the event type: the stored type is ``[*prefix, type]``.",
     )
     type_template: list[str] | None = Field(
         default=None,
         description=(
-            "Instead of ``type_prefix``: one template per type segment, e.g. ``[orders, "
-            "'{headers.aggregate_type}', '{event_type}']``."
+            "Instead of ``type_prefix``: one template per segment of the stored type, e.g. "
+            '``[orders, "{headers.aggregate_type}", "{event_type}"]``.'
         ),
     )
     timeout: Duration = Field(
         default=timedelta(seconds=10),
-        description="The longest a connection or one registration may take.",
+        description="How long connecting and one call's registration may take together.",
     )
 
     _durations = field_validator("timeout", mode="before")(lambda cls, v: parse_duration(v))

@@ -31,7 +31,7 @@ _MICROSECOND = timedelta(microseconds=1)
 class EventStoreTargetConfig(TargetConfig):
     """The embedded event store: a durable append-only log in SQLite or PostgreSQL."""
 
-    kind: Literal["event_store"] = Field(description="``event_store``: the embedded event store.")
+    kind: Literal["event_store"] = Field(description="The target's kind: ``event_store``.")
     # The default is resolved too, beside the configuration file (as every default path is).
     url: DatabaseUrl = Field(
         default="sqlite:///tidings-events.db",
@@ -43,10 +43,10 @@ class EventStoreTargetConfig(TargetConfig):
     )
     type_prefix: list[str] = Field(
         default_factory=list,
-        description="Prepended to the event type: the stored type is ``[*type_prefix, type]``.",
+        description="Segments put before the event type: the stored type is ``[*prefix, type]``.",
     )
     server_id: int = Field(
-        default=1, gt=0, description="The Hat server id of the events this target stores."
+        default=1, gt=0, description="The Hat server id the store's events are registered under."
     )
 
 

@@ -35,18 +35,19 @@ class JetStreamTls(StrictModel):
     certificate when the servers verify clients (``verify: true``)."""
 
     ca_file: LocalPath | None = Field(
-        default=None, description="The CA that verifies the servers (else the system's)."
+        default=None,
+        description="The CA that signed the servers' certificates (None: the system's CAs).",
     )
     cert_file: LocalPath | None = Field(
-        default=None, description="A client certificate, for servers that verify clients."
+        default=None,
+        description="A client certificate, for servers that verify clients (``verify: true``).",
     )
     key_file: LocalPath | None = Field(
-        default=None, description="The client certificate's private key."
+        default=None, description="The key of ``cert_file`` (only with it)."
     )
-    #: The name the servers' certificate is checked against, when it is not the URL's host.
     server_name: str | None = Field(
         default=None,
-        description="The name to check in the servers' certificates when it is not the URL's host.",
+        description="The name the servers' certificate is checked against, if not the URL's host.",
     )
 
     @field_validator("ca_file", "cert_file", "key_file")
@@ -65,18 +66,20 @@ class JetStreamTargetConfig(TargetConfig):
     """A NATS JetStream stream; subjects are ``<subject_prefix>.<event type>`` or come from
     ``subject_template`` (:mod:`tidings.targets.destination`)."""
 
-    kind: Literal["jetstream"] = Field(description="``jetstream``: a NATS JetStream stream.")
+    kind: Literal["jetstream"] = Field(description="The target's kind: ``jetstream``.")
     servers: list[str] = Field(
         default_factory=lambda: ["nats://127.0.0.1:4222"],
         min_length=1,
-        description="The NATS servers, tried in order.",
+        description="The NATS servers' URLs, tried in order.",
     )
-    stream: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="The stream published to.")
+    stream: str = Field(
+        pattern=r"^[A-Za-z0-9_-]+$", description="The JetStream stream the target publishes to."
+    )
     # The template first: the prefix's check reads it (so an error names subject_prefix).
     subject_template: str | None = Field(
         default=None,
         description=(
-            "Instead of ``subject_prefix``: a subject template such as "
+            "Instead of ``subject_prefix``: a subject with placeholders, e.g. "
             "``orders.{headers.aggregate_type}``; each placeholder's value must be one token."
         ),
     )
@@ -85,34 +88,35 @@ class JetStreamTargetConfig(TargetConfig):
         pattern=_SUBJECT,
         validate_default=True,
         description=(
-            "Subjects are ``<subject_prefix>.<type>``, the type mapped to one token (``.``, ``*``,"
-            " ``>`` and blanks become ``_``)."
+            "Subjects are ``<subject_prefix>.<type>``, the type made one token (``.``, ``*``, "
+            "``>`` and blanks become ``_``); set this or ``subject_template``."
         ),
     )
     duplicate_window: Duration = Field(
         default=timedelta(minutes=10),
         description=(
-            "JetStream's de-duplication window (``Nats-Msg-Id`` is the event id); an existing "
+            "JetStream's deduplication window (the message id is the event id); an existing "
             "stream's must be at least this long."
         ),
     )
     ack_timeout: Duration = Field(
         default=timedelta(seconds=5),
-        description="The bound of one connect try and of one call's acknowledgements.",
+        description="How long one connection attempt, and the wait for one call's acks, may take.",
     )
     create_stream: CreateStream = Field(
         default="if-missing",
         description=(
             "``if-missing``: create the stream only if it does not exist; ``false``: never; "
-            "``true``: create it, or update one that lacks the target's subjects or has a shorter "
-            "window."
+            "``true``: create it, or update an existing one that lacks the target's subjects or "
+            "has a shorter ``duplicate_window`` (only ``true`` changes an existing stream)."
         ),
     )
     on_mismatch: Literal["warn", "fail"] = Field(
         default="warn",
         description=(
-            "An existing stream that does not fit: ``warn`` logs a warning naming the setting; "
-            "``fail`` keeps the target unavailable (its events are HELD)."
+            "An existing stream that lacks the target's subjects or has a shorter "
+            "``duplicate_window``: ``warn`` logs a warning; ``fail`` keeps the target unavailable "
+            "(events HELD) until the stream fits."
         ),
     )
     # Used only when the target creates the stream.
@@ -123,15 +127,20 @@ class JetStreamTargetConfig(TargetConfig):
         default=1, ge=1, le=5, description="The replicas of a stream the target creates."
     )
     max_age: Duration | None = Field(
-        default=None, description="The age limit of a stream the target creates (none: unlimited)."
+        default=None,
+        description="The longest a stream the target creates keeps a message (None: no limit).",
     )
     # Authentication: a user credentials file (JWT + nkey seed) or an nkey seed file.
     credentials: LocalPath | None = Field(
         default=None,
         description="A NATS user credentials file (JWT and seed, as ``nsc`` writes it).",
     )
-    nkey: LocalPath | None = Field(default=None, description="An nkey seed file.")
-    tls: JetStreamTls | None = Field(default=None, description="TLS to the servers.")
+    nkey: LocalPath | None = Field(
+        default=None, description="An nkey seed file (instead of ``credentials``)."
+    )
+    tls: JetStreamTls | None = Field(
+        default=None, description="TLS settings for the servers (None: the NATS client's defaults)."
+    )
 
     _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
         lambda cls, v: parse_duration(v)
