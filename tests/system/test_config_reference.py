@@ -83,30 +83,6 @@ def test_every_key_of_every_file_is_in_its_reference() -> None:
         assert not missing, f"{name}: keys missing from the reference: {missing}"
 
 
-def _undescribed(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
-    """The key paths of ``model`` (and the models it holds) whose field has no description."""
-    for name, field in model.model_fields.items():
-        if field.exclude:
-            continue
-        path = f"{prefix}.{name}" if prefix else name
-        if not field.description:
-            yield path
-        for sub_path, sub_model in _models_in(path, field.annotation):
-            yield from _undescribed(sub_model, sub_path)
-
-
-def test_every_key_says_what_it_means() -> None:
-    """No key reaches the generated reference with an empty meaning: a new field needs its
-    ``Field(description=...)``."""
-    for name, root in (
-        ("tidings", TidingsConfig),
-        ("server", StreamServerConfig),
-        ("aggregate", AggregateConfig),
-    ):
-        missing = list(_undescribed(root))
-        assert not missing, f"{name}: keys without a description: {missing}"
-
-
 def test_the_references_cover_the_event_server_the_streams_and_the_intermediary() -> None:
     hook = _hook()
     server = hook.render_reference("server")
