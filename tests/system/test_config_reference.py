@@ -60,15 +60,12 @@ def _models_in(path: str, annotation: Any) -> Iterator[tuple[str, type[BaseModel
             yield from _models_in(path, arg)
 
 
-def _key_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+def _key_paths(model: type[BaseModel]) -> Iterator[str]:
     """Every key path a file of ``model`` may hold."""
-    for name, field in model.model_fields.items():
-        if field.exclude:
-            continue
-        path = f"{prefix}.{name}" if prefix else name
-        yield path
-        for sub_path, sub_model in _models_in(path, field.annotation):
-            yield from _key_paths(sub_model, sub_path)
+    for path, sub_model in _models(model):
+        for name, field in sub_model.model_fields.items():
+            if not field.exclude:
+                yield f"{path}.{name}" if path else name
 
 
 def test_every_key_of_every_file_is_in_its_reference() -> None:

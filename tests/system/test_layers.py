@@ -11,6 +11,7 @@ Spark stacks, which neither may need.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -249,10 +250,12 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
 PACKAGE_ORDER = {package: tuple(order.split()) for package, order in PACKAGE_ORDER_TEXT.items()}
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     return {_module_name(path): path for path in _sources()}
 
 
+@functools.cache
 def _edges() -> dict[str, set[str]]:
     """Every module of tidings to the modules of tidings it imports (lazy, ``TYPE_CHECKING``
     and relative imports included): ``from pkg import name`` is an edge to ``pkg.name`` where
@@ -278,7 +281,8 @@ def _edges() -> dict[str, set[str]]:
                 targets = _imported(path, node)
             else:
                 continue
-            edges[name].update(resolve(target) for target in targets if resolve(target) != name)
+            edges[name].update(resolve(target) for target in targets)
+        edges[name].discard(name)
     return edges
 
 
