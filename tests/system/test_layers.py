@@ -40,6 +40,7 @@ LAYERS = (
     "pipeline",
     "streams",
     "intermediary",
+    "system",  # the deployment as one: the whole-system check, the supervisor of its parts
     "demo",
     "cli",
     "tidings",
@@ -192,8 +193,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model matching validation query outbox",
     "tidings.config": (
-        "model loading targets relay intermediary tidings_file server passwords stream_types "
-        "streams"
+        "model loading targets relay intermediary server passwords stream_types streams "
+        "tidings_file"
     ),
     "tidings.outbox": "envelope schema checks incomplete producer",
     "tidings.routing": "table",
@@ -243,6 +244,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.measurement": (
         "wsreceive fanout intermediary_process subscriber_process demo"
     ),
+    "tidings.system": "",
     "tidings.cli": (
         "common relay_progress config events server streams intermediary fanout pipeline __main__"
     ),

@@ -1,9 +1,12 @@
-"""``tidings.yaml``: the file of the relay and the intermediaries, as one validated model.
+"""``tidings.yaml``: one file that can describe a whole deployment, as one validated model.
 
-It holds the relay's sections (:mod:`.relay`), the targets (:mod:`.targets`) and the
-intermediary's section (:mod:`.intermediary`), and checks what crosses them (routes name
-defined targets; retries stay under the replay's threshold). The event server and its
-streams read a file of their own, for now (:mod:`.server`, :mod:`.streams`).
+It holds the relay's sections (:mod:`.relay`), the targets (:mod:`.targets`), the event
+servers with their streams (``servers:``, each entry an event server's file, :mod:`.streams`),
+the intermediaries (``intermediaries:``, and the older single ``intermediary:`` section,
+:mod:`.intermediary`), and checks what crosses them inside the file (routes name defined
+targets; retries stay under the replay's threshold). The checks across parts (ports,
+addresses, type prefixes, feeds) are the system check's (:mod:`tidings.system.checks`).
+The hat-format server file stays a file of its own too, for hat users (:mod:`.server`).
 
 Relative paths in a configuration *file* (SQLite URLs, the checkpoint and archive
 directories, fault files), defaults included, are relative to the file's directory, so a
@@ -19,12 +22,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 import tidings.config.relay as sections
 from tidings.config.intermediary import IntermediaryConfig
 from tidings.config.loading import read_config_data, validate_config
 from tidings.config.model import StrictModel
+from tidings.config.streams import StreamServerConfig
 from tidings.config.targets import KindTargetConfig, target_kinds_json_schema
 from tidings.errors import ConfigError
 
@@ -63,16 +67,57 @@ class TidingsConfig(StrictModel):
         default=sections.MetricsConfig(), description="The relay's Prometheus metrics."
     )
     intermediary: IntermediaryConfig = Field(
-        default=IntermediaryConfig(), description="``tidings intermediary serve``."
+        default=IntermediaryConfig(),
+        description=(
+            "One intermediary, the older way (``tidings intermediary serve`` without ``--name``); "
+            "``intermediaries:`` names several."
+        ),
+    )
+    servers: dict[str, StreamServerConfig] = Field(
+        default_factory=dict,
+        description=(
+            "The deployment's event servers, by name: each entry holds what an event server's own "
+            "file holds (hat-event's server.yaml keys plus ``stream_users`` and ``streams``); "
+            "``type: event`` may be left out. Relative paths are relative to this file."
+        ),
+    )
+    intermediaries: dict[str, IntermediaryConfig] = Field(
+        default_factory=dict,
+        description="The deployment's intermediaries by name, each like ``intermediary:``.",
     )
 
-    @field_validator("targets")
+    @field_validator("targets", "servers", "intermediaries")
     @classmethod
-    def _target_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _part_names(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        what = {"targets": "target", "servers": "server", "intermediaries": "intermediary"}
         for name in v:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-                raise ValueError(f"target name {name!r} may hold only letters, digits, _ . -")
+                raise ValueError(
+                    f"{what[str(info.field_name)]} name {name!r} may hold only letters, "
+                    "digits, _ . -"
+                )
         return v
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _server_files(cls, v: Any, info: ValidationInfo) -> Any:
+        """Give each server entry what its own file would have: hat's ``type: event`` and the
+        directory its relative paths are resolved against (this file's)."""
+        if not isinstance(v, dict):
+            return v
+        base_dir = (info.context or {}).get("base_dir") or Path.cwd()
+        return {
+            name: {"type": "event", **entry, "base_dir": base_dir}
+            if isinstance(entry, dict)
+            else entry
+            for name, entry in v.items()
+        }
+
+    @field_validator("servers")
+    @classmethod
+    def _servers_resolved(cls, v: dict[str, StreamServerConfig]) -> dict[str, StreamServerConfig]:
+        """Each server's TLS paths made absolute, as its own file's loader does."""
+        return {name: server.resolved() for name, server in v.items()}
 
     def model_post_init(self, _context: Any) -> None:
         retry, threshold = self.relay.retry, self.replay.retry_count_threshold
