@@ -57,7 +57,17 @@ def test_status_and_routes(tmp_path: Path) -> None:
 @pytest.mark.spark
 def test_demo_delivers_everything_and_says_so(spark, tmp_path: Path) -> None:
     result = runner.invoke(
-        app, ["demo", "--operations", "400", "--rate", "400", "--workdir", str(tmp_path / "d")]
+        app,
+        [
+            "demo",
+            "--core",
+            "--operations",
+            "400",
+            "--rate",
+            "400",
+            "--workdir",
+            str(tmp_path / "d"),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "OK: every routed event was delivered exactly once, in order." in result.output

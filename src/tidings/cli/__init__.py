@@ -1,4 +1,4 @@
-"""The ``tidings`` command line, one module per part: :mod:`.pipeline` (demo, relay,
+"""The ``tidings`` command line, one module per part: :mod:`.demo`, :mod:`.pipeline` (relay,
 replay, housekeep, status, routes), :mod:`.events` (incomplete events), :mod:`.server`,
 :mod:`.streams` (consume, streams), :mod:`.fanout` (fanout-demo), :mod:`.intermediary`
 (intermediary serve) and :mod:`.config` (config check, config schema).
@@ -7,12 +7,13 @@ Commands import what they run inside their bodies, so that ``tidings --help`` an
 command do not pay for Spark, SQLAlchemy or the server.
 """
 
-from tidings.cli import config, events, fanout, intermediary, pipeline, server, streams
+from tidings.cli import config, demo, events, fanout, intermediary, pipeline, server, streams
 from tidings.cli.common import app
 
 __all__ = [
     "app",
     "config",
+    "demo",
     "events",
     "fanout",
     "intermediary",

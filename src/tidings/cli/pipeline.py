@@ -1,11 +1,9 @@
-"""``tidings`` commands of the publishing pipeline: demo, relay, replay, housekeep, status,
-routes."""
+"""``tidings`` commands of the publishing pipeline: relay, replay, housekeep, status, routes."""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -26,46 +24,6 @@ from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
     from tidings.pipeline.status import HealthReport
-
-
-@app.command()
-def demo(
-    operations: Annotated[int, typer.Option(min=1, help="Domain operations to perform.")] = 3000,
-    rate: Annotated[float, typer.Option(min=1, help="Operations per second offered.")] = 1000,
-    workdir: Annotated[Path, typer.Option(help="Scratch directory (wiped).")] = Path(
-        ".tidings/demo"
-    ),
-) -> None:
-    """Run the publishing core end to end on the embedded default and report."""
-    from tidings.demo import percentile, run_demo
-
-    result = run_demo(workdir, operations, rate, say=lambda m: console.print(f"[dim]{m}[/dim]"))
-    table = Table(title="events per status")
-    table.add_column("status")
-    table.add_column("events", justify="right")
-    for status, count in sorted(result.report.by_status.items()):
-        table.add_row(status, str(count))
-    console.print(table)
-    targets = Table(title="deliveries per target")
-    targets.add_column("target")
-    targets.add_column("confirmed", justify="right")
-    targets.add_column("failed", justify="right")
-    for name, counts in sorted(result.report.by_target.items()):
-        targets.add_row(name, str(counts.get("confirmed", 0)), str(counts.get("failed", 0)))
-    console.print(targets)
-    lat = result.latencies_ms
-    console.print(
-        f"retries: {result.report.retries} (one transient failure injected on 'accounts')\n"
-        f"latency commit -> all targets: p50 {percentile(lat, 50):.0f} ms, "
-        f"p99 {percentile(lat, 99):.0f} ms, max {max(lat, default=float('nan')):.0f} ms\n"
-        f"checked in the stores: missing {result.missing}, duplicates {result.duplicates}, "
-        f"out of order {result.out_of_order}; wall time {result.seconds:.1f} s"
-    )
-    if result.ok:
-        console.print("[bold green]OK: every routed event was delivered exactly once, in order.")
-    else:
-        console.print("[bold red]FAILED: some routed events were not delivered correctly.")
-        raise typer.Exit(1)
 
 
 @app.command()

@@ -107,7 +107,7 @@ class TidingsConfig(StrictModel):
             return v
         base_dir = (info.context or {}).get("base_dir") or Path.cwd()
         return {
-            name: {"type": "event", **entry, "base_dir": base_dir}
+            name: {"type": "event", **entry, "base_dir": str(base_dir)}
             if isinstance(entry, dict)
             else entry
             for name, entry in v.items()

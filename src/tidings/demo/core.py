@@ -1,4 +1,4 @@
-"""``tidings demo``: the whole publishing core on a laptop, embedded default only.
+"""``tidings demo --core``: the publishing core alone, outbox -> Spark relay -> embedded store.
 
 A small bank writes accounts in SQLite and emits events in the same transactions; the relay
 runs on local Spark and delivers to three streams of the embedded event store (one type
@@ -10,9 +10,7 @@ arrived exactly once and in per-account order.
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +20,8 @@ from sqlalchemy import Engine, func, select
 
 from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
+from tidings.demo.bank import Bank
+from tidings.errors import TidingsError
 from tidings.events.outbox import EventStatus
 from tidings.events.timeutil import as_utc
 from tidings.outbox.producer import Outbox
@@ -79,36 +79,6 @@ class DemoResult:
         return not (self.missing or self.duplicates or self.out_of_order or routed_open)
 
 
-def _produce(engine: Engine, outbox: Outbox, operations: int, rate: float) -> None:
-    rng = random.Random(7)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE IF NOT EXISTS account (id TEXT PRIMARY KEY, balance INTEGER, lim INTEGER)"
-        )
-    accounts: list[str] = []
-    start = time.monotonic()
-    for n in range(operations):
-        with outbox.transaction() as tx:
-            sql = tx.connection.exec_driver_sql
-            if not accounts or rng.random() < 0.05:
-                acct = f"ACC{len(accounts):05d}"
-                accounts.append(acct)
-                sql("INSERT INTO account VALUES (?, 0, 1000)", (acct,))
-                tx.emit("AccountOpened", {"account": acct}, partition_key=acct)
-            else:
-                acct = rng.choice(accounts)
-                kind = rng.choice(
-                    ["MoneyDeposited", "MoneyWithdrawn", "LimitChanged", "StatementViewed"]
-                )
-                amount = rng.randint(1, 500)
-                sign = -1 if kind == "MoneyWithdrawn" else 1
-                sql("UPDATE account SET balance = balance + ? WHERE id = ?", (sign * amount, acct))
-                tx.emit(kind, {"account": acct, "amount": amount, "op": n}, partition_key=acct)
-        delay = start + (n + 1) / rate - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-
-
 def _verify(config: TidingsConfig, engine: Engine) -> tuple[int, int, int]:
     """Count missing, duplicated and out-of-order deliveries, from the stores themselves."""
     expected: dict[str, list[tuple[str, int, str]]] = {}
@@ -155,12 +125,12 @@ def _warm_up(engine: Engine, outbox: Outbox) -> None:
     """Emit one event and wait for it, so Spark's workers are up before the clock starts."""
     with outbox.transaction() as tx:
         tx.emit("DemoStarted", {"pid": os.getpid()})
-    _wait_until_delivered(engine, 120)
+    wait_until_delivered(engine, 120)
 
 
-def _wait_until_delivered(engine: Engine, timeout: float) -> None:
+def wait_until_delivered(engine: Engine, timeout: float) -> None:
     """Wait until nothing is open and the relay has committed its batch for the last row,
-    so that stopping the query interrupts no batch."""
+    so that stopping the query interrupts no batch; a TidingsError after ``timeout``."""
     deadline = time.monotonic() + timeout
     with engine.connect() as conn:
         last = conn.execute(select(func.max(outbox_event.c.seq))).scalar() or 0
@@ -170,6 +140,7 @@ def _wait_until_delivered(engine: Engine, timeout: float) -> None:
         ).open_events:
             return
         time.sleep(0.1)
+    raise TidingsError(f"the relay did not deliver everything within {timeout:.0f} s")
 
 
 def run_demo(
@@ -195,9 +166,9 @@ def run_demo(
         _warm_up(engine, outbox)
         started = time.monotonic()
         say(f"performing {operations} domain operations at ~{rate:.0f}/s ...")
-        _produce(engine, outbox, operations, rate)
+        Bank(engine, outbox).run(operations, rate)
         say("waiting for the relay to deliver everything ...")
-        _wait_until_delivered(engine, 120)
+        wait_until_delivered(engine, 120)
     finally:
         query.stop()
     seconds = time.monotonic() - started
@@ -213,11 +184,3 @@ def run_demo(
         ]
     missing, dups, disorder = _verify(config, engine)
     return DemoResult(operations, report, latencies, missing, dups, disorder, seconds)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
