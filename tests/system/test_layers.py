@@ -244,11 +244,11 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.measurement": (
         "wsreceive fanout intermediary_process subscriber_process demo"
     ),
-    "tidings.system": "",
+    "tidings.system": "parts supervisor",
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
-        "common relay_progress config events server streams intermediary fanout pipeline demo "
-        "__main__"
+        "common relay_progress config events server streams intermediary fanout system pipeline "
+        "demo __main__"
     ),
 }
 PACKAGE_ORDER = {package: tuple(order.split()) for package, order in PACKAGE_ORDER_TEXT.items()}

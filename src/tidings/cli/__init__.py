@@ -1,13 +1,24 @@
 """The ``tidings`` command line, one module per part: :mod:`.demo`, :mod:`.pipeline` (relay,
 replay, housekeep, status, routes), :mod:`.events` (incomplete events), :mod:`.server`,
 :mod:`.streams` (consume, streams), :mod:`.fanout` (fanout-demo), :mod:`.intermediary`
-(intermediary serve) and :mod:`.config` (config check, config schema).
+(intermediary serve), :mod:`.system` (run: the whole deployment) and :mod:`.config`
+(config check, config schema).
 
 Commands import what they run inside their bodies, so that ``tidings --help`` and a quick
 command do not pay for Spark, SQLAlchemy or the server.
 """
 
-from tidings.cli import config, demo, events, fanout, intermediary, pipeline, server, streams
+from tidings.cli import (
+    config,
+    demo,
+    events,
+    fanout,
+    intermediary,
+    pipeline,
+    server,
+    streams,
+    system,
+)
 from tidings.cli.common import app
 
 __all__ = [
@@ -20,4 +31,5 @@ __all__ = [
     "pipeline",
     "server",
     "streams",
+    "system",
 ]

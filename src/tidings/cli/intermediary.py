@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from tidings.cli.common import ConfigOption, app, console, load_or_exit, log_level_option
+from tidings.cli.common import ConfigOption, app, console, fail, load_or_exit, log_level_option
 from tidings.logs import configure_logging
 
 intermediary_app = typer.Typer(
@@ -27,6 +27,10 @@ app.add_typer(intermediary_app, name="intermediary")
 @intermediary_app.command("serve")
 def serve(
     config: ConfigOption = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="The intermediary of the file's intermediaries: section to run."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Log level of the JSON-line logs.")] = "INFO",
 ) -> None:
     """Serve event and SQL-view subscriptions over WebSocket (and the page at /live),
@@ -37,7 +41,13 @@ def serve(
     from tidings.intermediary.serving.service import Listening, serve_intermediary
 
     configure_logging(log_level_option(log_level, "--log-level"))
-    settings = load_or_exit(config).intermediary
+    loaded = load_or_exit(config)
+    settings = loaded.intermediary
+    if name is not None:
+        if name not in loaded.intermediaries:
+            found = ", ".join(sorted(loaded.intermediaries)) or "none"
+            fail(f"--name {name}: no such intermediary in {config} (intermediaries: {found})")
+        settings = loaded.intermediaries[name]
 
     def listening(where: Listening) -> None:
         spatial = "" if where.spatial is None else f" and the spatial publisher {where.spatial}"

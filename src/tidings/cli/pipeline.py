@@ -20,6 +20,7 @@ from tidings.cli.common import (
     seconds_option,
 )
 from tidings.cli.relay_progress import RelayProgress, run_summary, stop_on_signals
+from tidings.cli.system import down_parts, parts_status, print_parts
 from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
@@ -180,11 +181,13 @@ def status(
         ),
     ] = "5m",
 ) -> None:
-    """Events per status and per target, relay lag, last batch, the last errors.
+    """The parts `tidings run` supervises (up/down, restarts), events per status and per
+    target, relay lag, last batch, the last errors.
 
     Reads only indexed, bounded parts of the log (never every row). With --check: exit 0
     when healthy, 1 with one line per problem (FAILED or PARKED events, lag or batch age
-    over the thresholds), 2 when the configuration or database cannot be read.
+    over the thresholds, a part of `tidings run` down), 2 when the configuration or database
+    cannot be read.
     """
     from tidings.db import make_engine
     from tidings.outbox.schema import ensure_schema
@@ -192,6 +195,7 @@ def status(
     from tidings.routing.table import current_routes
 
     cfg = load_or_exit(config)
+    parts = parts_status(config)
     lag_s = seconds_option(max_lag_seconds, "--max-lag-seconds")
     batch_s = seconds_option(max_batch_age, "--max-batch-age")
     engine = make_engine(cfg.database.url)
@@ -201,13 +205,16 @@ def status(
     finally:
         engine.dispose()
     if as_json:
-        typer.echo(json.dumps(report.as_json(), indent=2))  # plain: rich would wrap
+        shown = report.as_json() | ({} if parts is None else {"parts": parts})
+        typer.echo(json.dumps(shown, indent=2))  # plain: rich would wrap
     elif not check:
+        if parts is not None:
+            print_parts(parts)
         _print_status(report)
     if check:
         problems = health_problems(
             report, max_lag=max_lag, max_lag_seconds=lag_s, max_batch_age_seconds=batch_s
-        )
+        ) + ([] if parts is None else down_parts(parts))
         for problem in problems:
             console.print(problem, markup=False, soft_wrap=True)
         if problems:

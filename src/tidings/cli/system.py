@@ -1,0 +1,74 @@
+"""``tidings run``: the whole deployment a file describes, on this machine, supervised
+(:mod:`tidings.system.supervisor`); and the parts table ``tidings status`` adds when it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from tidings.cli.common import ConfigOption, app, console, fail, load_or_exit
+
+
+@app.command()
+def run(config: ConfigOption = None) -> None:
+    """Run every part the configuration describes (event servers with their streams, the
+    relay, intermediaries) as supervised child processes: restarted with backoff when one
+    dies, their output prefixed with their names, stopped in order on Ctrl-C or SIGTERM."""
+    from tidings.system.parts import parts_of
+    from tidings.system.supervisor import Supervisor, install_stop_signals, state_path
+
+    if config is None:
+        fail("tidings run needs a configuration file: -c FILE (or $TIDINGS_CONFIG)")
+    settings = load_or_exit(config)
+    parts = parts_of(settings, config.resolve())
+    if not parts:
+        fail(f"{config}: configures no part to run (no targets, servers or intermediaries)")
+    console.print(
+        f"running {len(parts)} parts of {config}: {', '.join(p.name for p in parts)} "
+        "(Ctrl-C stops them in order)",
+        markup=False,
+        highlight=False,
+    )
+    supervisor = Supervisor(parts, state_path(config))
+    install_stop_signals(supervisor.stop)
+    raise typer.Exit(supervisor.run())
+
+
+def parts_status(config: Path | None) -> dict[str, Any] | None:
+    """What the supervisor of ``config`` last wrote (None when it never ran there)."""
+    from tidings.system.supervisor import read_state
+
+    return None if config is None else read_state(config)
+
+
+def print_parts(state: dict[str, Any]) -> None:
+    """The parts table of ``tidings status``."""
+    import time
+
+    running = "running" if state["running"] else "not running"
+    table = Table(title=f"parts (supervisor {running})")
+    for column in ("part", "state", "pid", "restarts", "for"):
+        table.add_column(column, justify="left" if column in ("part", "state") else "right")
+    now = time.time()
+    for name, part in state["parts"].items():
+        shown = part["state"] if state["running"] else "down"
+        table.add_row(
+            name,
+            shown,
+            str(part["pid"] or "-"),
+            str(part["restarts"]),
+            f"{now - part['since']:.0f} s",
+        )
+    console.print(table)
+
+
+def down_parts(state: dict[str, Any]) -> list[str]:
+    """One problem line per part that is not up (for ``status --check``)."""
+    return [
+        f"part {name} is {'down' if not state['running'] else part['state']}"
+        for name, part in state["parts"].items()
+        if not part["up"]
+    ]
