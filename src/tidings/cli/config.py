@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tidings.cli.common import ConfigOption, ServerConfOption, config_app
+if TYPE_CHECKING:
+    from tidings.config import TidingsConfig
+
+from tidings.cli.common import ConfigOption, ServerConfOption, config_app, err
 
 MASK = "***"
 #: A name that says it holds a secret: one of these words as a part of it (``_``, ``-``,
@@ -76,29 +79,42 @@ def check(
     ] = False,
     conf: ServerConfOption = None,
 ) -> None:
-    """Validate the configuration and print it resolved (YAML), secrets masked; exit 2 with
-    the errors if it is invalid."""
+    """Validate the configuration and print it resolved (YAML), secrets masked; then check
+    that its parts fit together (ports, addresses, type prefixes, stream type maps, table
+    feeds). Exit 2 with the errors if it is invalid or its parts do not fit."""
     import yaml
 
     used: set[str] = set()
+    findings: list[str] = []
     if server or conf is not None:
         data = _server_config(conf, used)
     else:
-        data = _tidings_config(config, used)
+        from tidings.system.checks import system_findings
+
+        loaded = _tidings_config(config, used)
+        findings = system_findings(loaded)
+        data = loaded.model_dump(mode="json")
     # typer.echo, not rich: the YAML must come out byte for byte (no markup, no emoji codes)
     typer.echo(yaml.safe_dump(masked(data, _secret_values(used)), sort_keys=False), nl=False)
+    for finding in findings:
+        err.print(f"error: {finding}", markup=False, highlight=False)
+    if findings:
+        err.print(
+            f"the parts do not fit: {len(findings)} problem(s) above", markup=False, highlight=False
+        )
+        raise typer.Exit(2)
 
 
-def _tidings_config(path: Path | None, used: set[str]) -> dict[str, Any]:
+def _tidings_config(path: Path | None, used: set[str]) -> TidingsConfig:
     from tidings.cli.common import load_or_exit
     from tidings.config import find_config_file, load_config_file
 
     path = find_config_file(path)
     if path is None:
-        return load_or_exit(None).model_dump(mode="json")
+        return load_or_exit(None)
     import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
 
-    return load_config_file(path, used=used).model_dump(mode="json")
+    return load_config_file(path, used=used)
 
 
 def _server_config(path: Path | None, used: set[str]) -> dict[str, Any]:

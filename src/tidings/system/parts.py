@@ -61,9 +61,10 @@ class Part:
         return STOP_GRACE_S[self.kind]
 
 
-def _host_port(address: Address) -> tuple[str, int]:
-    """``tcp+sbs://HOST:PORT`` as a pair."""
-    host, _, port = address.partition("://")[2].rpartition(":")
+def host_port(address: Address | str) -> tuple[str, int]:
+    """``tcp+sbs://HOST:PORT`` or ``HOST:PORT`` as a pair."""
+    where = address.partition("://")[2] if "://" in address else address
+    host, _, port = where.rpartition(":")
     return host.strip("[]"), int(port)
 
 
@@ -75,7 +76,7 @@ def parts_of(config: TidingsConfig, path: Path) -> list[Part]:
             f"server.{name}",
             "server",
             ("server", "-c", file, "--name", name),
-            _host_port(server.eventer_server.address),
+            host_port(server.eventer_server.address),
         )
         for name, server in config.servers.items()
     ]

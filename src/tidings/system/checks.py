@@ -1,0 +1,207 @@
+"""The whole-system check: do the parts of one ``tidings.yaml`` fit each other?
+
+Each part's section is valid on its own once the file loads; what no single model can see is
+how they meet. :func:`system_findings` looks at that, from the configuration alone (no
+network, no files), and returns one line per problem naming both sides:
+
+- two parts listening on one port (Eventer, Syncer, streams, metrics, intermediaries, the
+  relay's metrics; an unspecified address such as ``0.0.0.0`` overlaps every other);
+- an ``event_server`` target or an intermediary following an address no configured server
+  listens on (checked when the file has ``servers:``);
+- a stream type pattern that no route delivers into its server, naming the type prefixes
+  the targets into that server use (so a prefix that differs between target and stream is
+  named as such);
+- an intermediary table whose row events no route delivers into the server it follows.
+
+A server counts as fed by an ``event_server`` target with its Eventer address, and by an
+``event_store`` target on its SQLite file. Routes through ``routing.default`` and targets
+with a ``type_template`` can deliver any type, so they satisfy every pattern of their
+server: the check never claims what it cannot know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidings.config import TidingsConfig
+from tidings.config.stream_types import type_patterns
+from tidings.config.streams import StreamServerConfig
+from tidings.events.matching import QueryType, matches
+from tidings.system.parts import host_port
+
+_ANY_HOST = {"0.0.0.0", "::", ""}
+
+
+@dataclass(frozen=True)
+class _Listener:
+    where: str
+    host: str
+    port: int
+
+
+@dataclass
+class _Feed:
+    """What the routes deliver into one server: exact types, and whether anything goes."""
+
+    types: set[tuple[str, ...]]
+    prefixes: set[tuple[str, ...]]
+    anything: bool = False
+
+
+def _listeners(config: TidingsConfig) -> list[_Listener]:
+    found: list[_Listener] = []
+    for name, server in config.servers.items():
+        at = f"servers.{name}"
+        found.append(_Listener(f"{at}.eventer_server", *host_port(server.eventer_server.address)))
+        if server.syncer_server is not None:
+            found.append(_Listener(f"{at}.syncer_server", *host_port(server.syncer_server.address)))
+        if server.metrics is not None:
+            found.append(_Listener(f"{at}.metrics", server.metrics.address, server.metrics.port))
+        ports_seen: set[tuple[str, int]] = set()
+        for index, stream in enumerate(server.streams):
+            if (stream.host, stream.port) not in ports_seen:  # a server's streams share a port
+                ports_seen.add((stream.host, stream.port))
+                found.append(_Listener(f"{at}.streams[{index}]", stream.host, stream.port))
+    if config.targets and config.metrics.port is not None:
+        found.append(_Listener("metrics", config.metrics.address, config.metrics.port))
+    sections = dict(config.intermediaries)
+    named = {f"intermediaries.{n}": s for n, s in sections.items()}
+    if "intermediary" in config.model_fields_set:
+        named["intermediary"] = config.intermediary
+    found.extend(_Listener(f"{w}.listen", *host_port(s.listen)) for w, s in named.items())
+    return found
+
+
+def _port_clashes(config: TidingsConfig) -> list[str]:
+    listeners = _listeners(config)
+    findings = []
+    for i, a in enumerate(listeners):
+        for b in listeners[i + 1 :]:
+            same_host = a.host == b.host or a.host in _ANY_HOST or b.host in _ANY_HOST
+            if a.port == b.port and same_host:
+                findings.append(f"{a.where} and {b.where} both listen on port {a.port}")
+    return findings
+
+
+def _server_addresses(config: TidingsConfig) -> dict[tuple[str, int], str]:
+    return {host_port(s.eventer_server.address): n for n, s in config.servers.items()}
+
+
+def _unserved_addresses(config: TidingsConfig) -> list[str]:
+    if not config.servers:
+        return []
+    served = _server_addresses(config)
+    listed = ", ".join(f"{n} ({s.eventer_server.address})" for n, s in config.servers.items())
+    findings = []
+    followers = [
+        (f"targets.{name}.address", str(getattr(target, "address", "")))
+        for name, target in config.targets.items()
+        if target.kind == "event_server"
+    ]
+    followers += [
+        (f"intermediaries.{n}.event_server", i.event_server)
+        for n, i in config.intermediaries.items()
+    ]
+    for where, address in followers:
+        if host_port(address) not in served:
+            findings.append(
+                f"{where} {address}: no configured server listens there (servers: {listed})"
+            )
+    return findings
+
+
+def _sqlite_file(server: StreamServerConfig) -> Path | None:
+    options = server.backend.options()
+    if server.backend.module.endswith(".sqlite") and "db_path" in options:
+        return server.resolve(str(options["db_path"])).resolve()
+    return None
+
+
+def _feeds(config: TidingsConfig) -> dict[str, _Feed]:
+    """Per server, what the routes deliver into it."""
+    by_address = _server_addresses(config)
+    by_file = {f: n for n, s in config.servers.items() if (f := _sqlite_file(s)) is not None}
+    into: dict[str, list[str]] = {name: [] for name in config.servers}  # server -> targets
+    for name, target in config.targets.items():
+        server = None
+        if target.kind == "event_server":
+            server = by_address.get(host_port(str(getattr(target, "address", ""))))
+        elif target.kind == "event_store":
+            url = str(getattr(target, "url", ""))
+            if url.startswith("sqlite:///"):
+                server = by_file.get(Path(url.removeprefix("sqlite:///")).resolve())
+        if server is not None:
+            into[server].append(name)
+    feeds = {}
+    for server, targets in into.items():
+        feed = _Feed(set(), set())
+        for name in targets:
+            target = config.targets[name]
+            prefix = tuple(getattr(target, "type_prefix", ()) or ())
+            feed.prefixes.add(prefix)
+            if getattr(target, "type_template", None) is not None or name in config.routing.default:
+                feed.anything = True
+            for event_type, names in config.routing.routes.items():
+                if name in names:
+                    feed.types.add((*prefix, event_type))
+        feeds[server] = feed
+    return feeds
+
+
+def _delivers(feed: _Feed, pattern: QueryType) -> bool:
+    return feed.anything or any(matches(t, pattern) for t in feed.types)
+
+
+def _prefixes(feed: _Feed) -> str:
+    shown = sorted("[" + ", ".join(p) + "]" for p in feed.prefixes)
+    return f"the targets into it use type_prefix {' or '.join(shown) or 'none'}"
+
+
+def _unfed_streams(config: TidingsConfig, feeds: dict[str, _Feed]) -> list[str]:
+    findings = []
+    for name, server in config.servers.items():
+        feed = feeds[name]
+        if not feed.prefixes:
+            continue  # no target delivers into it: its events come from its own clients
+        for index, stream in enumerate(server.streams):
+            for type_name, patterns in type_patterns(stream.types).items():
+                for pattern in patterns:
+                    if not _delivers(feed, pattern):
+                        findings.append(
+                            f"servers.{name}.streams[{index}].types.{type_name} "
+                            f"{list(pattern)}: no route delivers such events into server "
+                            f"{name} ({_prefixes(feed)})"
+                        )
+    return findings
+
+
+def _unfed_tables(config: TidingsConfig, feeds: dict[str, _Feed]) -> list[str]:
+    by_address = _server_addresses(config)
+    findings = []
+    for name, section in config.intermediaries.items():
+        server = by_address.get(host_port(section.event_server))
+        if server is None:
+            continue
+        feed = feeds[server]
+        for table in section.tables:
+            row_type = (*section.row_type_prefix, f"rows.{table.lower()}")
+            if not _delivers(feed, row_type):
+                findings.append(
+                    f"intermediaries.{name}.tables.{table}: no route delivers its row events "
+                    f"{list(row_type)} into server {server} (route rows.{table.lower()} to a "
+                    f"target into it; row_type_prefix {list(section.row_type_prefix)}, "
+                    f"{_prefixes(feed)})"
+                )
+    return findings
+
+
+def system_findings(config: TidingsConfig) -> list[str]:
+    """Every problem in how the parts of ``config`` fit together, one line each."""
+    feeds = _feeds(config)
+    return [
+        *_port_clashes(config),
+        *_unserved_addresses(config),
+        *_unfed_streams(config, feeds),
+        *_unfed_tables(config, feeds),
+    ]
