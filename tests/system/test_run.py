@@ -105,6 +105,7 @@ def test_run_starts_restarts_reports_and_stops_the_parts_in_order(tmp_path: Path
             "server.main": "up",
             "intermediary.live": "up",
         }
+        assert parts["server.main"]["lag"] == "no consumers"  # its stream has none yet
         server_pid = run.state()["parts"]["server.main"]["pid"]
         os.kill(server_pid, signal.SIGKILL)  # a crash
         wait_until(

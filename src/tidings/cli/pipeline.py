@@ -20,7 +20,7 @@ from tidings.cli.common import (
     seconds_option,
 )
 from tidings.cli.relay_progress import RelayProgress, run_summary, stop_on_signals
-from tidings.cli.system import down_parts, parts_status, print_parts
+from tidings.cli.system import down_parts, part_lags, parts_status, print_parts
 from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
@@ -204,12 +204,16 @@ def status(
         report = health_report(engine, current_routes(cfg, engine), errors=errors)
     finally:
         engine.dispose()
+    lags = {} if parts is None else part_lags(cfg, report.lag_events)
+    if parts is not None:
+        for name, part in parts["parts"].items():
+            part["lag"] = lags.get(name)
     if as_json:
         shown = report.as_json() | ({} if parts is None else {"parts": parts})
         typer.echo(json.dumps(shown, indent=2))  # plain: rich would wrap
     elif not check:
         if parts is not None:
-            print_parts(parts)
+            print_parts(parts, lags)
         _print_status(report)
     if check:
         problems = health_problems(

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
 from tidings.cli.common import ConfigOption, app, console, fail, load_or_exit
+
+if TYPE_CHECKING:
+    from tidings.config import TidingsConfig
 
 
 @app.command()
@@ -44,13 +47,36 @@ def parts_status(config: Path | None) -> dict[str, Any] | None:
     return None if config is None else read_state(config)
 
 
-def print_parts(state: dict[str, Any]) -> None:
+def part_lags(config: TidingsConfig, relay_lag: int) -> dict[str, str]:
+    """Each part's lag as ``tidings status`` shows it: the relay's events not yet relayed;
+    a server's stream consumer furthest behind (events it has not acknowledged)."""
+    from tidings.streams.consumers.admin import open_store, stream_status
+
+    lags = {"relay": f"{relay_lag} events"}
+    for name, server in config.servers.items():
+        if not server.streams:
+            continue
+        store = open_store(server)
+        try:
+            behind = [
+                (consumer.behind, f"{stream.name}/{consumer.component}")
+                for stream in server.streams
+                for consumer in stream_status(store, stream).consumers
+            ]
+        finally:
+            store.close()
+        most, who = max(behind, default=(0, ""))
+        lags[f"server.{name}"] = f"{most} events ({who})" if who else "no consumers"
+    return lags
+
+
+def print_parts(state: dict[str, Any], lags: dict[str, str]) -> None:
     """The parts table of ``tidings status``."""
     import time
 
     running = "running" if state["running"] else "not running"
     table = Table(title=f"parts (supervisor {running})")
-    for column in ("part", "state", "pid", "restarts", "for"):
+    for column in ("part", "state", "pid", "restarts", "for", "lag"):
         table.add_column(column, justify="left" if column in ("part", "state") else "right")
     now = time.time()
     for name, part in state["parts"].items():
@@ -61,6 +87,7 @@ def print_parts(state: dict[str, Any]) -> None:
             str(part["pid"] or "-"),
             str(part["restarts"]),
             f"{now - part['since']:.0f} s",
+            lags.get(name, ""),
         )
     console.print(table)
 
