@@ -82,8 +82,8 @@ def make_engine(
     parsed = driver_url(url)
     if parsed.get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", True)
-        return create_engine(parsed, **kwargs)
-    engine = create_engine(parsed, **kwargs)
+        return _naming_itself(create_engine(parsed, **kwargs))
+    engine = _naming_itself(create_engine(parsed, **kwargs))
 
     def configure(dbapi_connection: Any, _record: Any) -> None:
         if sqlite_begin is not None:
@@ -98,6 +98,22 @@ def make_engine(
     event.listen(engine, "connect", configure)
     if sqlite_begin is not None:
         event.listen(engine, "begin", sqlite_begin)
+    return engine
+
+
+#: The attribute a database error gets: the database it happened on (password hidden), so a
+#: one-line error can say which ("unable to open database file" alone does not).
+DATABASE_ATTRIBUTE = "tidings_database"
+
+
+def _naming_itself(engine: Engine) -> Engine:
+    """``engine``, whose errors carry its URL (:data:`DATABASE_ATTRIBUTE`)."""
+    shown = engine.url.render_as_string(hide_password=True)
+
+    def name(context: Any) -> None:
+        setattr(context.sqlalchemy_exception, DATABASE_ATTRIBUTE, shown)
+
+    event.listen(engine, "handle_error", name)
     return engine
 
 

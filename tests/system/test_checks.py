@@ -137,7 +137,7 @@ def test_config_check_names_each_problem_and_exits_2(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "error: targets.main.address tcp+sbs://127.0.0.1:23999: no configured" in result.stderr
-    assert "the parts do not fit: " in result.stderr
+    assert "the configuration cannot run: " in result.stderr
 
 
 @pytest.mark.parametrize("path", [EXAMPLE])

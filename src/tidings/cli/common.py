@@ -45,7 +45,8 @@ def one_line_error(exc: BaseException) -> str | None:
     ):
         orig = getattr(exc, "orig", None) or exc
         text = "; ".join(line.strip() for line in str(orig).splitlines() if line.strip())
-        return f"database: {text}"
+        where = getattr(exc, "tidings_database", None)
+        return f"database {where}: {text}" if where else f"database: {text}"
     return None
 
 

@@ -81,7 +81,8 @@ def check(
 ) -> None:
     """Validate the configuration and print it resolved (YAML), secrets masked; then check
     that its parts fit together (ports, addresses, type prefixes, stream type maps, table
-    feeds). Exit 2 with the errors if it is invalid or its parts do not fit."""
+    feeds) and that the files and directories it writes can be written. Exit 2 with the
+    errors if it is invalid, its parts do not fit, or a path cannot be written."""
     import yaml
 
     used: set[str] = set()
@@ -90,9 +91,10 @@ def check(
         data = _server_config(conf, used)
     else:
         from tidings.system.checks import system_findings
+        from tidings.system.paths import unwritable_paths
 
         loaded = _tidings_config(config, used)
-        findings = system_findings(loaded)
+        findings = unwritable_paths(loaded) + system_findings(loaded)
         data = loaded.model_dump(mode="json")
     # typer.echo, not rich: the YAML must come out byte for byte (no markup, no emoji codes)
     typer.echo(yaml.safe_dump(masked(data, _secret_values(used)), sort_keys=False), nl=False)
@@ -100,7 +102,9 @@ def check(
         err.print(f"error: {finding}", markup=False, highlight=False)
     if findings:
         err.print(
-            f"the parts do not fit: {len(findings)} problem(s) above", markup=False, highlight=False
+            f"the configuration cannot run: {len(findings)} problem(s) above",
+            markup=False,
+            highlight=False,
         )
         raise typer.Exit(2)
 

@@ -29,7 +29,12 @@ from tidings.config.intermediary import (
 )
 from tidings.config.loading import read_config_data, substitute_env, validate_config
 from tidings.config.model import (
+    DAY,
+    HOUR,
+    MS,
     RESOLVED_DEFAULT,
+    SECOND,
+    ZERO,
     DatabaseUrl,
     Duration,
     LocalPath,
@@ -38,6 +43,7 @@ from tidings.config.model import (
     resolve_database_url,
     resolve_location,
     resolve_path,
+    within,
 )
 from tidings.config.relay import (
     DatabaseConfig,
@@ -62,8 +68,13 @@ from tidings.config.tidings_file import (
 
 __all__ = [
     "CONFIG_ENV",
+    "DAY",
     "DEFAULT_CONFIG_FILE",
+    "HOUR",
+    "MS",
     "RESOLVED_DEFAULT",
+    "SECOND",
+    "ZERO",
     "ColumnKind",
     "DatabaseConfig",
     "DatabaseUrl",
@@ -95,4 +106,5 @@ __all__ = [
     "resolve_path",
     "substitute_env",
     "validate_config",
+    "within",
 ]

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.address import Address
-from tidings.config.model import Duration, StrictModel, parse_duration
+from tidings.config.model import HOUR, SECOND, ZERO, Duration, StrictModel, parse_duration, within
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: The kinds a column of an intermediary's table may declare (those of its SQL views).
@@ -72,11 +72,13 @@ class IntermediaryLimitsConfig(StrictModel):
     max_connections: int = Field(
         default=10_000,
         gt=0,
+        le=1_000_000,
         description="Subscribers connected at once; one more is closed with code 1013.",
     )
     max_queued_messages: int = Field(
         default=10_000,
         gt=0,
+        le=10_000_000,
         description=(
             "Event and view messages waiting to be sent on one connection; past this the "
             "subscriber is too slow and is disconnected (close code 4008, with the reason)."
@@ -85,27 +87,34 @@ class IntermediaryLimitsConfig(StrictModel):
     max_request_bytes: int = Field(
         default=64 * 1024,
         ge=1024,
+        le=64 * 1024 * 1024,
         description="The largest request a subscriber may send, in bytes.",
     )
     requests_per_s: float = Field(
         default=20.0,
         gt=0,
+        le=1_000_000,
         description="Requests per second a subscriber may send in the long run (a token bucket).",
     )
     request_burst: int = Field(
         default=40,
         gt=0,
+        le=1_000_000,
         description="Requests a subscriber may send at once above that rate (the bucket's size).",
     )
     max_subscriptions_per_subscriber: int = Field(
-        default=64, gt=0, description="Event and SQL-view subscriptions one connection may hold."
+        default=64,
+        gt=0,
+        le=100_000,
+        description="Event and SQL-view subscriptions one connection may hold.",
     )
     max_view_rows: int = Field(
         default=10_000,
         gt=0,
+        le=10_000_000,
         description="The LIMIT of a view without one, and the highest LIMIT accepted.",
     )
-    view_timeout: Duration = Field(
+    view_timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=5), description="How long one evaluation of a view may take."
     )
 
@@ -191,11 +200,11 @@ class IntermediaryConfig(StrictModel):
     tables: dict[str, IntermediaryTableConfig] = Field(
         default_factory=dict, description="The domain tables its SQL views may read, by name."
     )
-    tick: Duration = Field(
+    tick: Annotated[Duration, within(ZERO, 10 * SECOND)] = Field(
         default=timedelta(milliseconds=20),
         description="How often it takes what the event server sent and serves its subscribers.",
     )
-    request_timeout: Duration = Field(
+    request_timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=30),
         description=(
             "How long a request to the event server (a subscription, a table's load) may take."

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,17 +21,38 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from tidings.config.model import spoken_duration
 from tidings.errors import ConfigError
+
+#: Key names whose values an error never shows (passwords, hashes, tokens, keys).
+_SECRET_KEY = re.compile(r"password|secret|token|hash|credential|key$", re.IGNORECASE)
+#: The longest value an error shows whole.
+_SHOWN_CHARS = 80
+
+
+def shown_value(path: tuple[int | str, ...], value: Any) -> str:
+    """``value`` as an error message shows it: a short scalar as written, a mapping or list
+    by its size (a top-level error must not print the whole file), never a secret's."""
+    if any(_SECRET_KEY.search(str(part)) for part in path):
+        return "a value (not shown: the key holds a secret)"
+    if isinstance(value, dict):
+        return f"a mapping with {len(value)} key{'s' if len(value) != 1 else ''}"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value)} item{'s' if len(value) != 1 else ''}"
+    if isinstance(value, timedelta):
+        return spoken_duration(value)
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
 
 
 def _describe(error: ErrorDetails) -> str:
     path = ".".join(str(p) for p in error["loc"]) or "(top level)"
-    value = error.get("input")
+    value = shown_value(error["loc"], error.get("input"))
     if error["type"] == "extra_forbidden":
-        return f"{path}: unknown key (value {value!r})"
+        return f"{path}: unknown key (value {value})"
     if error["type"] == "missing":
         return f"{path}: required key is missing"
-    return f"{path}: {error['msg']} (got {value!r})"
+    return f"{path}: {error['msg']} (got {value})"
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -129,8 +151,41 @@ def read_config_data(path: str | Path, *, used: set[str] | None = None) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read configuration file {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not a UTF-8 text file (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}): a configuration is YAML or JSON text"
+        ) from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: not a text file (it holds NUL bytes)")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
+        what = " ".join(part for part in (exc.context, exc.problem) if part)
+        raise ConfigError(f"{path}: not valid YAML{where}: {what}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return substitute_env(data, origin=str(path), used=used)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping with the same key twice: PyYAML keeps the last
+    silently, so a target defined twice would lose its first definition unseen."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in one mapping (lines {seen[key]} and {line}); "
+                    "the second would silently replace the first",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)

@@ -65,6 +65,44 @@ Duration = Annotated[
         }
     ),
 ]
+
+#: Units for the bounds of :func:`within`.
+ZERO = timedelta(0)
+MS = timedelta(milliseconds=1)
+SECOND = timedelta(seconds=1)
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+
+
+def spoken_duration(value: timedelta) -> str:
+    """A duration as a person writes it: ``250ms``, ``30s``, ``5m``, ``2h``, ``7d``."""
+    seconds = value.total_seconds()
+    if not seconds:
+        return "0s"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds * 1000:g}ms"
+
+
+def within(low: timedelta, high: timedelta, *, zero: bool = False) -> AfterValidator:
+    """A bound for a :data:`Duration` field: more than ``low`` (or equal, with ``zero``: then
+    ``low`` is usually 0, a value that means something documented) and at most ``high``.
+
+    Every interval in a configuration has one: ``0s`` for a polling interval made an idle
+    server burn a core, and a year-long timeout is a typo, not a choice."""
+
+    def check(value: timedelta) -> timedelta:
+        too_small = value < low if zero else value <= low
+        if too_small or value > high:
+            above = "at least" if zero else "more than"
+            low_text, high_text = spoken_duration(low), spoken_duration(high)
+            raise ValueError(f"must be {above} {low_text} and at most {high_text}")
+        return value
+
+    return AfterValidator(check)
+
+
 #: A :data:`Duration` that parses itself, for models without a before-validator per field.
 ParsedDuration = Annotated[Duration, BeforeValidator(parse_duration)]
 

@@ -9,11 +9,21 @@ configuration file (:data:`~tidings.config.model.LocalPath`).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tidings.config.model import DatabaseUrl, Duration, LocalPath, StrictModel, parse_duration
+from tidings.config.model import (
+    DAY,
+    HOUR,
+    ZERO,
+    DatabaseUrl,
+    Duration,
+    LocalPath,
+    StrictModel,
+    parse_duration,
+    within,
+)
 from tidings.errors import ConfigError
 
 
@@ -47,6 +57,7 @@ class OutboxConfig(StrictModel):
     max_payload_bytes: int = Field(
         default=1024 * 1024,
         gt=0,
+        le=256 * 1024 * 1024,
         description=(
             "The largest payload emit stores, in bytes (after the transformer, as UTF-8); an "
             "outbox built with ``outbox_from_config`` also checks the routed targets' own limits."
@@ -94,21 +105,24 @@ class RetryConfig(StrictModel):
     """
 
     attempts: int | None = Field(
-        default=None, ge=1, description="Tries per target (None: 8, or the schedule's length + 1)."
+        default=None,
+        ge=1,
+        le=1000,
+        description="Tries per target (None: 8, or the schedule's length + 1).",
     )
-    initial_backoff: Duration = Field(
+    initial_backoff: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(milliseconds=200), description="The pause before the first retry."
     )
     multiplier: float = Field(
-        default=2.0, ge=1.0, description="Each pause is the previous one times this."
+        default=2.0, ge=1.0, le=100.0, description="Each pause is the previous one times this."
     )
-    max_backoff: Duration = Field(
+    max_backoff: Annotated[Duration, within(ZERO, DAY)] = Field(
         default=timedelta(seconds=30), description="No pause is longer than this."
     )
     jitter: float = Field(
         default=0.2, ge=0.0, le=1.0, description="A pause varies by up to this fraction either way."
     )
-    backoff: list[Duration] | None = Field(
+    backoff: list[Annotated[Duration, within(ZERO, HOUR, zero=True)]] | None = Field(
         default=None,
         description="An explicit schedule, one pause per retry (instead of ``attempts``).",
     )
@@ -155,15 +169,16 @@ class RelayConfig(StrictModel):
             "The streaming query's checkpoint (a directory or a ``hdfs://``, ``s3a://`` URI)."
         ),
     )
-    trigger_interval: Duration = Field(
+    trigger_interval: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(milliseconds=100), description="How often a micro-batch starts."
     )
     max_events_per_batch: int = Field(
-        default=100_000, gt=0, description="The most events one micro-batch reads."
+        default=100_000, gt=0, le=10_000_000, description="The most events one micro-batch reads."
     )
     partitions: int = Field(
         default=2,
         gt=0,
+        le=4096,
         description=(
             "Spark tasks per batch (events are split by a hash of their partition key); a batch "
             "of under 5,000 events per task uses fewer."
@@ -173,7 +188,7 @@ class RelayConfig(StrictModel):
         default=RetryConfig(),
         description="Tries per target before an event is FAILED there, and the pauses between.",
     )
-    replay_every: Duration | None = Field(
+    replay_every: Annotated[Duration, within(ZERO, 7 * DAY)] | None = Field(
         default=None,
         description=(
             "How often the replay job runs in the relay's Spark session, trying FAILED events "
@@ -183,6 +198,7 @@ class RelayConfig(StrictModel):
     shuffle_partitions: int = Field(
         default=2,
         gt=0,
+        le=100_000,
         description=(
             "Spark's shuffle partitions (``spark.sql.shuffle.partitions``); only housekeeping's "
             "archive write, by day and type, shuffles."
@@ -227,24 +243,25 @@ class RelayConfig(StrictModel):
 class ReplayConfig(StrictModel):
     """The scheduled replay of PENDING, HELD and FAILED events (design doc: Event Replay)."""
 
-    older_than: Duration = Field(
+    older_than: Annotated[Duration, within(ZERO, 3650 * DAY, zero=True)] = Field(
         default=timedelta(seconds=60),
         description="Only open events logged longer ago than this are replayed.",
     )
     retry_count_threshold: int = Field(
         default=20,
         gt=0,
+        le=1_000_000,
         description=(
             "An event retried this often is no longer retried, by the relay or a replay: it "
             "stays FAILED and its key's later events wait for it at that target."
         ),
     )
-    time_limit: Duration = Field(
+    time_limit: Annotated[Duration, within(ZERO, DAY)] = Field(
         default=timedelta(minutes=5),
         description="How long one replay run may go on sending; it stops at this deadline.",
     )
     event_limit: int = Field(
-        default=100_000, gt=0, description="The most events one replay run takes."
+        default=100_000, gt=0, le=1_000_000_000, description="The most events one replay run takes."
     )
 
     _durations = field_validator("older_than", "time_limit", mode="before")(
@@ -255,7 +272,7 @@ class ReplayConfig(StrictModel):
 class HousekeepingConfig(StrictModel):
     """Archiving and deleting published events (design doc: House keeping)."""
 
-    older_than: Duration = Field(
+    older_than: Annotated[Duration, within(ZERO, 3650 * DAY, zero=True)] = Field(
         default=timedelta(days=7),
         description=(
             "Only events PUBLISHED longer ago than this, and logged before today, are archived "
@@ -279,7 +296,10 @@ class HousekeepingConfig(StrictModel):
         ),
     )
     event_limit: int | None = Field(
-        default=None, gt=0, description="The most events one run archives or deletes (None: all)."
+        default=None,
+        gt=0,
+        le=10_000_000_000,
+        description="The most events one run archives or deletes (None: all).",
     )
 
     _durations = field_validator("older_than", mode="before")(lambda cls, v: parse_duration(v))
@@ -302,6 +322,7 @@ class MetricsConfig(StrictModel):
     max_event_types: int = Field(
         default=100,
         gt=0,
+        le=100_000,
         description=(
             'Distinct ``event_type`` label values kept; later types are counted as "other".'
         ),

@@ -110,6 +110,7 @@ class EngineConfig(StrictModel):
     max_session_events: int = Field(
         default=10_000,
         ge=1,
+        le=10_000_000,
         description=(
             "tidings: events the modules may add to one session before it is aborted as a loop."
         ),
@@ -126,6 +127,7 @@ class EventerServerConfig(StrictModel):
     max_frame_bytes: int = Field(
         default=DEFAULT_MAX_FRAME_BYTES,
         ge=1024,
+        le=2**30,
         description=(
             "tidings: the largest frame a client may send; a larger one closes that connection."
         ),
@@ -133,6 +135,7 @@ class EventerServerConfig(StrictModel):
     max_subscriber_lag_bytes: int = Field(
         default=DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
         ge=1024,
+        le=2**32,
         description=(
             "tidings: unsent notify bytes after which a subscriber is disconnected as too slow."
         ),

@@ -16,11 +16,11 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 
-from tidings.config.model import ParsedDuration, StrictModel
+from tidings.config.model import DAY, HOUR, MS, SECOND, ZERO, ParsedDuration, StrictModel, within
 from tidings.config.passwords import check_hash
 from tidings.config.server import ServerConfig, load_server_config, load_server_config_file
 from tidings.config.stream_types import type_patterns
@@ -78,7 +78,7 @@ class PushConfig(StrictModel):
         le=64,
         description="onEvents calls sent before the first of them is answered.",
     )
-    group_delay: ParsedDuration = Field(
+    group_delay: Annotated[ParsedDuration, within(ZERO, SECOND, zero=True)] = Field(
         default=timedelta(milliseconds=2),
         description="How long new events wait for more to share their onEvents call.",
     )
@@ -91,11 +91,12 @@ class PushConfig(StrictModel):
     live_queue_events: int = Field(
         default=10_000,
         ge=1,
+        le=10_000_000,
         description=(
             "Events a live consumer may fall behind before its oldest waiting groups are skipped."
         ),
     )
-    ack_timeout: ParsedDuration = Field(
+    ack_timeout: Annotated[ParsedDuration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=30),
         description=(
             "A reliable consumer that leaves a group unanswered this long is disconnected (it gets"
@@ -111,14 +112,14 @@ class RetentionConfig(StrictModel):
     enabled: bool = Field(
         default=False, description="Discard events the stream's consumers have all acknowledged."
     )
-    min_age: ParsedDuration = Field(
+    min_age: Annotated[ParsedDuration, within(ZERO, 3650 * DAY, zero=True)] = Field(
         default=timedelta(days=1),
         description=(
             "Events younger than this stay, so that a re-published outbox event is still "
             "recognised by its stored copy (the store's duplicate window)."
         ),
     )
-    every: ParsedDuration = Field(
+    every: Annotated[ParsedDuration, within(100 * MS, DAY, zero=True)] = Field(
         default=timedelta(seconds=10), description="How often a retention pass runs."
     )
     batch: int = Field(
@@ -302,7 +303,7 @@ class AggregateConfig(StrictModel):
     checkpoint_dir: str = Field(
         default=".tidings/aggregate", description="The streaming query's checkpoint."
     )
-    trigger_interval: ParsedDuration = Field(
+    trigger_interval: Annotated[ParsedDuration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=1), description="How often a micro-batch starts."
     )
     spark_master: str = Field(default="local[*]", description="Spark's master URL.")

@@ -74,6 +74,8 @@ def _of_its_kind(value: Any, info: ValidationInfo) -> TargetConfig:
             "no target kinds are loaded: import tidings.targets.registry before validating "
             "a configuration that has targets"
         )
+    if isinstance(value, dict) and "kind" not in value:
+        raise ValueError(f"kind is required: one of {', '.join(sorted(_TARGET_CONFIGS))}")
     adapter = _kinds_adapter(tuple(_TARGET_CONFIGS.values()))
     return adapter.validate_python(value, context=info.context)
 

@@ -25,12 +25,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from tidings.address import Address
-from tidings.config import Duration, TargetConfig, parse_duration
+from tidings.config import HOUR, ZERO, Duration, TargetConfig, parse_duration, within
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, StoredEvent
 from tidings.events.outbox import OutboxEvent
@@ -71,7 +71,7 @@ class EventServerTargetConfig(TargetConfig):
             '``[orders, "{headers.aggregate_type}", "{event_type}"]``.'
         ),
     )
-    timeout: Duration = Field(
+    timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=10),
         description="How long connecting and one call's registration may take together.",
     )

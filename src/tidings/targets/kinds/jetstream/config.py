@@ -11,11 +11,21 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from tidings.config import Duration, LocalPath, StrictModel, TargetConfig, parse_duration
+from tidings.config import (
+    DAY,
+    HOUR,
+    ZERO,
+    Duration,
+    LocalPath,
+    StrictModel,
+    TargetConfig,
+    parse_duration,
+    within,
+)
 from tidings.targets.kinds.jetstream.messages import subject_filter, subject_template
 from tidings.targets.kinds.jetstream.stream import CreateStream, StreamNeeds
 
@@ -92,14 +102,14 @@ class JetStreamTargetConfig(TargetConfig):
             "``>`` and blanks become ``_``); set this or ``subject_template``."
         ),
     )
-    duplicate_window: Duration = Field(
+    duplicate_window: Annotated[Duration, within(ZERO, 365 * DAY)] = Field(
         default=timedelta(minutes=10),
         description=(
             "JetStream's deduplication window (the message id is the event id); an existing "
             "stream's must be at least this long."
         ),
     )
-    ack_timeout: Duration = Field(
+    ack_timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=5),
         description="How long one connection attempt, and the wait for one call's acks, may take.",
     )
@@ -126,7 +136,7 @@ class JetStreamTargetConfig(TargetConfig):
     replicas: int = Field(
         default=1, ge=1, le=5, description="The replicas of a stream the target creates."
     )
-    max_age: Duration | None = Field(
+    max_age: Annotated[Duration, within(ZERO, 36500 * DAY)] | None = Field(
         default=None,
         description="The longest a stream the target creates keeps a message (None: no limit).",
     )

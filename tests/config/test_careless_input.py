@@ -1,0 +1,126 @@
+"""Careless configuration refused in one line naming the problem: a key written twice, a file
+that is not text, a target without a kind, intervals and sizes out of bounds, an error about
+a whole section (not the whole file echoed), a secret's value never shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import tidings.targets.registry  # noqa: F401 - enters the target kinds the files name
+from tidings.cli import app
+from tidings.config import load_config, load_config_file
+from tidings.config.streams import load_stream_server_config
+from tidings.errors import ConfigError
+
+runner = CliRunner()
+
+
+def _write(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "tidings.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_a_key_written_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path, "targets:\n  a: {kind: event_store}\n  b: {kind: event_store}\n  a: {}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config_file(path)
+    message = str(caught.value)
+    assert "key 'a' appears twice in one mapping (lines 2 and 4)" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"\xff\xfe\x00b\x00", "not a UTF-8 text file (byte 0xff at offset 0)"),
+        (b"relay: {}\n\x00\x00", "not a text file (it holds NUL bytes)"),
+    ],
+)
+def test_a_file_that_is_not_text_is_one_line_for_config_check_and_the_server(
+    tmp_path: Path, content: bytes, said: str
+) -> None:
+    path = _write(tmp_path, content)
+    for args in (["config", "check", "-c", str(path)], ["server", "--conf", str(path)]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert said in result.output and "Traceback" not in result.output
+
+
+def test_a_target_without_a_kind_names_the_kinds() -> None:
+    with pytest.raises(ConfigError, match=r"targets\.a: .*kind is required: one of event_server, "):
+        load_config({"targets": {"a": {"url": "sqlite:///x.db"}}})
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (
+            {"relay": {"trigger_interval": "0s"}},
+            "relay.trigger_interval: Value error, must be more",
+        ),
+        ({"relay": {"max_events_per_batch": 2**64}}, "relay.max_events_per_batch: Input should be"),
+        ({"replay": {"time_limit": "0s"}}, "replay.time_limit: Value error, must be more than 0s"),
+        ({"relay": {"retry": {"initial_backoff": "2d"}}}, "at most 1h (got 2d)"),
+        ({"intermediary": {"tick": "1h"}}, "intermediary.tick: Value error, must be more than 0s"),
+    ],
+)
+def test_intervals_and_sizes_have_bounds(data: dict, said: str) -> None:
+    with pytest.raises(
+        ConfigError, match=said.replace(".", r"\.").replace("(", r"\(").replace(")", r"\)")
+    ):
+        load_config(data)
+
+
+def test_a_stream_retention_pass_every_0s_is_refused() -> None:
+    server = {
+        "type": "event",
+        "backend": {"module": "tidings.server.backends.sqlite", "db_path": "x.db"},
+        "engine": {"server_id": 1},
+        "stream_users": {"u": {"password_hash_env": "H"}},
+        "streams": [
+            {"name": "s", "port": 8090, "types": {"A": ["a"]}, "retention": {"every": "0s"}}
+        ],
+    }
+    with pytest.raises(ConfigError, match=r"retention\.every: .*at least 100ms and at most 1d"):
+        load_stream_server_config(server)
+
+
+def test_an_error_about_a_section_shows_its_size_not_its_content_and_no_secret() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            {
+                "outbox": ["a", "b", "c"],
+                "relay": {"checkpoint_dir": "x", "nonsense": {"p": 1, "q": 2}},
+                "targets": {"t": {"kind": "event_server", "address": "tcp+sbs://h:1", "token": 5}},
+            }
+        )
+    message = str(caught.value)
+    assert "outbox: " in message and "(got a list of 3 items)" in message
+    assert "relay.nonsense: unknown key (value a mapping with 2 keys)" in message
+    assert "token: unknown key (value a value (not shown: the key holds a secret))" in message
+    assert "'a', 'b'" not in message
+
+
+def test_config_check_names_a_path_it_cannot_write(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    path = _write(
+        tmp_path,
+        f"database: {{url: 'sqlite:///{blocker}/app.db'}}\n"
+        f"relay: {{checkpoint_dir: {blocker}/cp}}\n",
+    )
+    result = runner.invoke(app, ["config", "check", "-c", str(path)])
+    assert result.exit_code == 2
+    assert f"error: database.url {blocker}/app.db: cannot be created ({blocker} is a file)" in (
+        result.output
+    )
+    assert f"error: relay.checkpoint_dir {blocker}/cp: cannot be created" in result.output
