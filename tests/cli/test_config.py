@@ -26,6 +26,8 @@ from tidings.cli import app
 
 runner = CliRunner()
 UNREACHABLE = "postgresql+psycopg://app:pw@127.0.0.1:1/x"  # nothing listens on port 1
+#: How an error shows it: the driver named, the password hidden.
+SHOWN = "postgresql+psycopg://app:***@127.0.0.1:1/x"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -60,7 +62,7 @@ def _unreachable_config(tmp_path: Path) -> Path:
 )
 def test_an_unreachable_database_is_one_line(tmp_path: Path, command: list[str]) -> None:
     result = runner.invoke(app, [*command, "-c", str(_unreachable_config(tmp_path))])
-    line = _one_error_line(result, "database: ")
+    line = _one_error_line(result, f"database {SHOWN}: ")  # which database, password hidden
     assert "Connection refused" in line and "pw" not in line
 
 
@@ -75,7 +77,7 @@ def test_the_console_script_prints_one_line_on_stderr(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert done.stderr.startswith("error: database: connection failed")
+    assert done.stderr.startswith(f"error: database {SHOWN}: connection failed")
 
 
 def test_a_missing_named_file_is_an_error_never_the_defaults(

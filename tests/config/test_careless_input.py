@@ -90,7 +90,7 @@ def test_a_stream_retention_pass_every_0s_is_refused() -> None:
             {"name": "s", "port": 8090, "types": {"A": ["a"]}, "retention": {"every": "0s"}}
         ],
     }
-    with pytest.raises(ConfigError, match=r"retention\.every: .*at least 100ms and at most 1d"):
+    with pytest.raises(ConfigError, match=r"retention\.every: .*at least 10ms and at most 1d"):
         load_stream_server_config(server)
 
 

@@ -119,7 +119,7 @@ class RetentionConfig(StrictModel):
             "recognised by its stored copy (the store's duplicate window)."
         ),
     )
-    every: Annotated[ParsedDuration, within(100 * MS, DAY, zero=True)] = Field(
+    every: Annotated[ParsedDuration, within(10 * MS, DAY, zero=True)] = Field(
         default=timedelta(seconds=10), description="How often a retention pass runs."
     )
     batch: int = Field(
