@@ -135,6 +135,26 @@ def load_or_exit(path: Path | None) -> TidingsConfig:
     return config
 
 
+def require_target(config: TidingsConfig, name: str) -> None:
+    """End the command with one line if ``name`` is not a target of ``config``."""
+    if name not in config.targets:
+        fail(f"unknown target {name!r} (defined: {', '.join(sorted(config.targets)) or 'none'})")
+
+
+def event_ids(values: list[str], what: str = "event id") -> list[str]:
+    """``values`` as event ids (UUIDs, in their canonical form), or one line naming the first
+    that is not one and exit 2: a mistyped id must not be answered as if it were only unknown."""
+    import uuid
+
+    ids = []
+    for value in values:
+        try:
+            ids.append(str(uuid.UUID(value)))
+        except ValueError:
+            fail(f"{value!r} is not an {what} (event ids are UUIDs, as `events list` shows them)")
+    return ids
+
+
 def seconds_option(value: str | None, flag: str) -> float | None:
     if value is None:
         return None

@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tidings.cli.common import ConfigOption, console, err, events_app, load_or_exit, seconds_option
+from tidings.cli.common import (
+    ConfigOption,
+    console,
+    err,
+    event_ids,
+    events_app,
+    load_or_exit,
+    require_target,
+    seconds_option,
+)
 from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
@@ -40,10 +49,15 @@ AgeOption = Annotated[
 ]
 
 
-def _incomplete(config: Path | None) -> IncompleteEvents:
+def _incomplete(config: Path | None, target: str | None = None) -> IncompleteEvents:
+    """The incomplete events of the configuration; ``target`` (a --target filter) must be
+    one of its targets, as ``routes add`` requires."""
     from tidings.targets.routed import incomplete_events_from_config
 
-    return incomplete_events_from_config(load_or_exit(config))
+    settings = load_or_exit(config)
+    if target is not None:
+        require_target(settings, target)
+    return incomplete_events_from_config(settings)
 
 
 def _filter(
@@ -73,7 +87,7 @@ def _filter(
     try:
         return EventFilter(
             statuses=frozenset(chosen) or None,
-            event_ids=tuple(ids or ()),
+            event_ids=tuple(event_ids(ids or [])),
             event_type=event_type,
             target=target,
             partition_key=key,
@@ -98,7 +112,7 @@ def events_list(
 ) -> None:
     """The incomplete events in log order, with each target's state, error and failures."""
     where = _filter(status, event_id, event_type, target, key, older_than, limit)
-    found = _incomplete(config).find(where)
+    found = _incomplete(config, target).find(where)
     if as_json:
         for event in found:
             record = {
@@ -148,24 +162,27 @@ def events_resubmit(
     """Hand events back to the relay (default: FAILED ones); confirmed targets are not
     sent them again. --status UNROUTABLE re-drives events whose route was added since."""
     where = _filter(status, event_id, event_type, target, key, older_than, limit)
-    count = _incomplete(config).resubmit(where)
+    count = _incomplete(config, target).resubmit(where)
     console.print(f"resubmitted {count} event(s); the relay sends them in key order")
 
 
 @events_app.command("park")
 def events_park(
-    event_ids: Annotated[list[str], typer.Argument(help="Ids of open events to set aside.")],
+    given: Annotated[
+        list[str], typer.Argument(metavar="EVENT_IDS", help="Ids of open events to set aside.")
+    ],
     reason: Annotated[str, typer.Option("--reason", help="Why (kept with the event).")],
     config: ConfigOption = None,
 ) -> None:
     """Set open events aside: their keys flow on without them; unpark resubmits them."""
+    ids = event_ids(given)
     try:
-        parked = _incomplete(config).park(event_ids, reason)
+        parked = _incomplete(config).park(ids, reason)
     except TidingsError as exc:
         raise typer.BadParameter(str(exc)) from None
     for event_id in parked:
         console.print(f"parked {event_id}", markup=False)
-    missed = [i for i in dict.fromkeys(event_ids) if i not in parked]
+    missed = [i for i in dict.fromkeys(ids) if i not in parked]
     for event_id in missed:
         err.print(f"not parked: {event_id} is not a PENDING, HELD or FAILED event", markup=False)
     if missed:
@@ -174,14 +191,15 @@ def events_park(
 
 @events_app.command("unpark")
 def events_unpark(
-    event_ids: Annotated[list[str], typer.Argument(help="Ids of parked events.")],
+    given: Annotated[list[str], typer.Argument(metavar="EVENT_IDS", help="Ids of parked events.")],
     config: ConfigOption = None,
 ) -> None:
     """Resubmit parked events to the relay."""
-    count = _incomplete(config).unpark(event_ids)
+    ids = event_ids(given)
+    count = _incomplete(config).unpark(ids)
     console.print(f"unparked and resubmitted {count} event(s)")
-    if count < len(set(event_ids)):
-        err.print(f"{len(set(event_ids)) - count} of the ids were not parked events")
+    if count < len(set(ids)):
+        err.print(f"{len(set(ids)) - count} of the ids were not parked events")
         raise typer.Exit(1)
 
 

@@ -16,6 +16,7 @@ from tidings.cli.common import (
     console,
     err,
     load_or_exit,
+    require_target,
     routes_app,
     seconds_option,
 )
@@ -297,13 +298,7 @@ def routes_add(
     from tidings.routing.table import add_route, current_routes
 
     cfg = load_or_exit(config)
-    if target not in cfg.targets:
-        err.print(
-            f"error: unknown target {target!r} "
-            f"(defined: {', '.join(sorted(cfg.targets)) or 'none'})",
-            markup=False,
-        )
-        raise typer.Exit(2)
+    require_target(cfg, target)
     engine = make_engine(cfg.database.url)
     ensure_schema(engine)
     try:

@@ -29,6 +29,15 @@ def consume(
     ] = None,
     poll: Annotated[bool, typer.Option(help="Poll over HTTP instead of push.")] = False,
     count: Annotated[int | None, typer.Option(min=1, help="Stop after this many events.")] = None,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            max=86400,
+            help="Give up if the stream cannot be reached at first within this many seconds "
+            "(once reached, a lost connection is retried for ever).",
+        ),
+    ] = 30.0,
     user: Annotated[
         str, typer.Option(envvar="TIDINGS_STREAM_USER", help="User (env TIDINGS_STREAM_USER).")
     ] = "",
@@ -44,7 +53,7 @@ def consume(
     import asyncio
     import json
 
-    from tidings.errors import StreamError
+    from tidings.errors import ConnectionClosed, StreamError
     from tidings.streams.client import LIVE, StreamEvent, consume
 
     if not user:
@@ -70,7 +79,16 @@ def consume(
 
     async def run() -> None:
         task = asyncio.create_task(
-            consume(url, user, password, component, show, want=wanted, push=not poll)
+            consume(
+                url,
+                user,
+                password,
+                component,
+                show,
+                want=wanted,
+                push=not poll,
+                connect_timeout=connect_timeout,
+            )
         )
         waiter = asyncio.create_task(done.wait())
         finished, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -81,7 +99,7 @@ def consume(
 
     try:
         asyncio.run(run())
-    except StreamError as exc:
+    except (StreamError, ConnectionClosed) as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

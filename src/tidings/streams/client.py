@@ -150,19 +150,51 @@ async def consume(
     on_gap: Callable[[int, int], None] | None = None,
     max_delay: float = 1.0,
     on_ready: Callable[[], None] | None = None,
+    connect_timeout: float | None = None,
 ) -> None:
     """Consume a stream until cancelled (see the module docstring); ``component`` LIVE
     consumes live. Errors that retrying cannot fix (SecurityError, NotRegistered,
-    InvalidRequest, …) are raised; connection failures are retried."""
-    asked = _Consumption(url, user, password, component, handler, want, on_gap, on_ready, max_delay)
+    InvalidRequest, an endpoint that is not a stream, …) are raised; connection failures are
+    retried, for ever once the stream has been reached, and for at most ``connect_timeout``
+    seconds before that (None: for ever): a stream never reached is a ConnectionClosed naming
+    the URL and why."""
+    reached = False
+
+    def ready() -> None:
+        nonlocal reached
+        reached = True
+        if on_ready is not None:
+            on_ready()
+
+    asked = _Consumption(url, user, password, component, handler, want, on_gap, ready, max_delay)
     retry = 0.1
+    clock = asyncio.get_running_loop().time
+    deadline = None if connect_timeout is None else clock() + connect_timeout
     while True:
         try:
             await (_push(asked) if push else _poll_loop(asked))
         except (ConnectionClosed, OSError, websockets.ConnectionClosed) as exc:
-            log.warning("stream connection lost; reconnecting", extra={"error": str(exc)})
+            if reached:
+                log.warning("stream connection lost; reconnecting", extra={"error": str(exc)})
+            elif deadline is not None and clock() >= deadline:
+                raise ConnectionClosed(f"cannot reach stream {url}: {_reason(exc)}") from None
+            else:
+                log.info("stream not reachable yet; retrying", extra={"error": str(exc)})
         await asyncio.sleep(retry)
         retry = min(retry * 2, 5.0)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a connection failed, in a few words (``connection refused``), from the OS error
+    at the bottom of the exception's chain where there is one."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror.lower()
+        cause = cause.__cause__ or cause.__context__
+    return str(exc) or type(exc).__name__
 
 
 async def _poll_loop(asked: _Consumption) -> None:
@@ -202,7 +234,21 @@ async def _poll_loop(asked: _Consumption) -> None:
 async def _push(asked: _Consumption) -> None:
     sec = f"{asked.user}:{asked.password}"
     component = asked.component
-    async with websockets.connect(ws_url(asked.url), max_size=_MAX_FRAME, compression=None) as ws:
+    try:
+        connection = await websockets.connect(
+            ws_url(asked.url), max_size=_MAX_FRAME, compression=None
+        )
+    except websockets.InvalidStatus as exc:
+        raise StreamError(
+            "InternalError",
+            f"stream {ws_url(asked.url)}: HTTP {exc.response.status_code}, not a stream's "
+            "WebSocket endpoint",
+        ) from None
+    except websockets.InvalidHandshake as exc:
+        raise StreamError(
+            "InternalError", f"stream {ws_url(asked.url)}: not a WebSocket endpoint: {exc}"
+        ) from None
+    async with connection as ws:
         receiver = _Receiver(ws, asked.handler, asked.on_gap, live=component == LIVE)
         calls = 0
 

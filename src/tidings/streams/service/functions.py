@@ -124,6 +124,8 @@ class StreamService:
         user = self._users.remembered(request.sec) or await self._authenticate(request.sec)
         if request.func == "registerConsumer":
             return await self._register(user, params["component"])
+        if request.func in ("pollEvents", "readyToReceive"):
+            self._check_want(params["want"])
         if request.func == "pollEvents":
             limit = message_limit(request.minor) - _REPLY_OVERHEAD
             return await self._poll(
@@ -162,6 +164,18 @@ class StreamService:
                 extra={"stream": self.name, "user": user, "component": component},
             )
         return True
+
+    def _check_want(self, want: Sequence[str] | None) -> None:
+        """Refuse a ``want`` naming only types the stream does not carry: nothing could ever
+        arrive, and the consumer would wait in silence. A list with some carried names is
+        taken as FTN18 reads it: the others select nothing."""
+        known = self._type_map.names
+        if want and not any(name in known for name in want):
+            raise StreamError(
+                INVALID_REQUEST,
+                f"want: stream {self.name!r} carries none of {', '.join(want)} "
+                f"(it carries {', '.join(known)})",
+            )
 
     async def _poll(
         self,

@@ -1,0 +1,65 @@
+"""``tidings consume`` ends with one line and exit 2 where waiting would mislead: a stream it
+never reaches, a URL that is not a stream's WebSocket, a ``--want`` of types the stream does
+not carry (refused by the server with the types it carries). Real sockets, a real server."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from bench.harness.processes import free_port
+from tests.support.stream_helpers import PASSWORD, USER, serving_in_thread, stream_server_config
+
+pytestmark = pytest.mark.sockets
+
+ENV = os.environ | {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASSWORD}
+
+
+def _consume(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidings.cli", "consume", *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
+
+
+def _one_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_a_stream_never_reached_is_one_line_after_the_connect_timeout(mode: list[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}/evt"  # nobody listens there
+    line = _one_line(_consume(url, "C", "--connect-timeout", "1", *mode))
+    assert line == f"error: cannot reach stream {url}: connection refused"
+
+
+def test_push_to_a_path_that_is_no_stream_names_the_http_answer(tmp_path) -> None:
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
+    with serving_in_thread(config) as server:
+        wrong = server.url.replace("/evt", "/nowhere")
+        line = _one_line(_consume(wrong, "C"))
+    assert re.search(r"HTTP 4\d\d, not a stream's WebSocket endpoint", line)  # Starlette: 403
+    assert "ws://" in line and "/nowhere" in line
+
+
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_want_of_types_the_stream_does_not_carry_is_refused_naming_those_it_does(
+    tmp_path, mode: list[str]
+) -> None:
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
+    with serving_in_thread(config) as server:
+        line = _one_line(_consume(server.url, "C", "--want", "NOPE,NEVER", *mode))
+        carried = ", ".join(server.config.streams[0].types)
+    assert f"stream 's' carries none of NOPE, NEVER (it carries {carried})" in line
+    assert line.startswith("error: InvalidRequest")
