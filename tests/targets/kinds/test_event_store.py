@@ -24,7 +24,6 @@ from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import StoredEvent
 from tidings.events.outbox import OutboxEvent
-from tidings.outbox.envelope import envelope_headers
 from tidings.outbox.producer import Outbox
 from tidings.pipeline.relay import start_relay
 from tidings.server.store import EventStore
@@ -197,19 +196,3 @@ def test_relayed_events_reach_the_targets_module(spark, tmp_path: Path) -> None:
     stored = store_events(config)
     assert sorted(i for i, _ in _relayed(stored)) == sorted(ids)
     assert sorted(_witnessed(stored)) == sorted(_relayed(stored))
-
-
-@pytest.mark.spark
-def test_headers_reach_the_stores_readers(spark, tmp_path: Path) -> None:
-    """Custom headers travel in the CloudEvents envelope the store keeps as the payload."""
-    headers = {"tenant": "eu", "Aggregate-Type": "order", "traceparent": "00-4bf9-00f0-01"}
-    config = relay_config(tmp_path)
-    outbox = Outbox(make_engine(config.database.url))
-    with outbox.transaction() as tx:
-        event_id = tx.emit("Created", {"n": 1}, headers=headers)
-    start_relay(spark, config, available_now=True).awaitTermination()
-    [stored] = store_events(config)
-    envelope = json.loads(stored.payload or b"")
-    assert stored.outbox_event_id == event_id
-    assert envelope_headers(envelope) == headers
-    assert envelope["tenant"] == "eu" and envelope["data"] == {"n": 1}
