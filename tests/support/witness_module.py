@@ -39,6 +39,11 @@ class Witness:
         """Nothing to finish."""
 
 
+def witness_config(*subscription: list[str]) -> dict[str, Any]:
+    """An ``engine.modules`` (or a target's ``modules``) entry loading this module."""
+    return {"module": __name__, "subscription": list(subscription)}
+
+
 def create(config: dict[str, Any], engine: Engine) -> Witness:
     """The module, as an engine loads it: ``subscription`` is a list of query types."""
     return Witness(tuple(tuple(query) for query in config["subscription"]))

@@ -18,6 +18,7 @@ import pytest
 from bench.harness.processes import ServerProcess, free_port
 from tests.support.helpers import relay_config, store_events, store_target
 from tests.support.waiting import run
+from tests.support.witness_module import witness_config
 from tidings.client import connect
 from tidings.config import load_config
 from tidings.db import make_engine
@@ -29,7 +30,7 @@ from tidings.pipeline.relay import start_relay
 from tidings.server.store import EventStore
 from tidings.targets.kinds.event_store import EventStoreTarget, EventStoreTargetConfig
 
-WITNESS = {"module": "tests.support.witness_module", "subscription": [["t", "*"]]}
+WITNESS = witness_config(["t", "*"])
 
 
 def _target(url: str, *modules: dict) -> EventStoreTarget:
