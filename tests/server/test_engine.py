@@ -433,3 +433,96 @@ def test_register_many_runs_sessions_in_order_and_an_aborted_one_fails_alone(
     assert first[0].id.session + 1 == last[0].id.session
     assert [[e.type for e in batch] for batch in seen] == [[("a",)], [("c",)]]
     assert [e.type for e in store.read(0, 10)] == [("a",), ("c",)]
+
+
+# --- outbox events published again --------------------------------------------------------
+
+
+def outbox_ev(outbox_id: str, *segments: str) -> NewEvent:
+    return NewEvent(segments or ("ping", outbox_id), outbox_event_id=outbox_id)
+
+
+def test_a_stored_outbox_event_is_not_offered_to_modules_again(store: EventStore) -> None:
+    """A relay publishes a batch again after a crash: the events it stored already are
+    neither stored nor processed again; only the new one is, in a session of its own."""
+    log: list[tuple[str, ...]] = []
+    engine = Engine(store, [Echo("echo", log)])
+    first = engine.register([outbox_ev("o1"), outbox_ev("o2")])
+    again = engine.register([outbox_ev("o1"), outbox_ev("o2"), outbox_ev("o3")])
+    assert again[:2] == first
+    assert calls(log, "process") == [
+        ("echo", "process", "ping/o1"),
+        ("echo", "process", "ping/o2"),
+        ("echo", "process", "pong/o1"),
+        ("echo", "process", "pong/o2"),
+        ("echo", "process", "ping/o3"),
+        ("echo", "process", "pong/o3"),
+    ]
+    assert [e.type for e in store.read()] == [
+        ("ping", "o1"),
+        ("ping", "o2"),
+        ("pong", "o1"),
+        ("pong", "o2"),
+        ("ping", "o3"),
+        ("pong", "o3"),
+    ]
+    # A batch made only of stored events runs no session at all.
+    log.clear()
+    assert engine.register([outbox_ev("o3"), outbox_ev("o1")]) == [store.read()[4], first[0]]
+    assert log == []
+    assert store.count() == 6
+
+
+def test_an_outbox_event_repeated_within_a_call_is_offered_once(store: EventStore) -> None:
+    log: list[tuple[str, ...]] = []
+    engine = Engine(store, [Recorder("r", log)])
+    results = engine.register_many([[outbox_ev("o1"), outbox_ev("o1")], [outbox_ev("o1")]])
+    assert calls(log, "process") == [("r", "process", "ping/o1")]
+    assert [len(r) for r in results if isinstance(r, list)] == [2, 1]
+    stored = store.read()
+    assert len(stored) == 1 and results == [[stored[0]] * 2, [stored[0]]]
+    # The same outbox id under another type is another event (another target's prefix).
+    engine.register([outbox_ev("o1", "other", "o1")])
+    assert calls(log, "process")[-1] == ("r", "process", "other/o1")
+
+
+def test_an_aborted_session_does_not_hide_its_outbox_events(store: EventStore) -> None:
+    """A session a module aborts stores nothing: a later session of the same call with
+    the same outbox event is processed and stored."""
+    log: list[tuple[str, ...]] = []
+    engine = Engine(store, [Crash("crash", log)])
+    results = engine.register_many([[outbox_ev("o1"), NewEvent(("boom",))], [outbox_ev("o1")]])
+    assert isinstance(results[0], EngineError)
+    assert calls(log, "process") == [
+        ("crash", "process", "ping/o1"),
+        ("crash", "process", "boom"),
+        ("crash", "process", "ping/o1"),
+    ]
+    assert [e.type for e in store.read()] == [("ping", "o1")]
+
+
+def test_held_writes_are_seen_as_stored(store: EventStore) -> None:
+    """With ``durability: periodic`` the first store is not committed yet when the event
+    comes again: the look-up runs in the held transaction, so it is processed once."""
+    store.hold_writes()
+    log: list[tuple[str, ...]] = []
+    engine = Engine(store, [Echo("echo", log)])
+    engine.register([outbox_ev("o1")])
+    assert store.unflushed
+    engine.register([outbox_ev("o1")])
+    store.flush()
+    assert calls(log, "process") == [
+        ("echo", "process", "ping/o1"),
+        ("echo", "process", "pong/o1"),
+    ]
+    assert [e.type for e in store.read()] == [("ping", "o1"), ("pong", "o1")]
+
+
+def test_strict_refuses_the_whole_session_for_one_invalid_event(store: EventStore) -> None:
+    log: list[tuple[str, ...]] = []
+    engine = Engine(store, [Recorder("r", log)])
+    with pytest.raises(EngineError, match=r"session 1: event 1 refused: .*nothing was stored"):
+        engine.register([ev("a"), NewEvent(("*",))], strict=True)
+    assert log == [] and store.count() == 0
+    assert engine.register([ev("a"), NewEvent(("*",))])[1] is None  # not strict: alone
+    assert store.count() == 1

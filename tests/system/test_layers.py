@@ -214,7 +214,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "runner"
     ),
     "tidings.server.store": (
-        "driver schema counters planning facade type_patterns queries positions retention"
+        "driver schema counters planning appending facade type_patterns queries positions retention"
     ),
     "tidings.server.backends": "postgresql sqlite",
     "tidings.server.writing": "queue durability",

@@ -8,8 +8,15 @@ one that added them included. When the queue is empty every module is told
 ``on_session_stop`` and the whole session is stored with one :meth:`EventStore.register`, so
 its events share the session number and timestamp. Sessions run one at a time.
 
+An event the store holds already (an outbox event published again, recognised by its outbox
+id and type) is not offered to modules: it was processed when it was stored, and the store
+keeps it once. With modules, the look-up, the sessions and their storing share one append
+transaction (:meth:`EventStore.appending`), so no other writer can store such an event in
+between and each outbox event is processed exactly once, as it is stored exactly once.
+
 The core is synchronous: a module's ``process`` runs inside the session and must not call
-:meth:`Engine.register` (it returns the events to add instead).
+:meth:`Engine.register` (it returns the events to add instead), nor write to the store
+(whose append transaction it runs in); it may read it.
 
 Modules are loaded by Python module path (:func:`load_module`): the module must define
 ``create(config: dict, engine: Engine) -> Module``. Hat passes the module's configuration
@@ -31,6 +38,7 @@ from tidings.events.matching import QueryType, TypeMatcher
 from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent, json_event
 from tidings.events.validation import validate_new_event
 from tidings.server.store import EventStore
+from tidings.server.store.appending import OutboxKey
 
 log = logging.getLogger(__name__)
 
@@ -171,15 +179,19 @@ class Engine:
         """Register the engine event with status ``STOPPED``."""
         return self._engine_event(STATUS_STOPPED)
 
-    def register(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
+    def register(
+        self, events: Sequence[NewEvent], *, strict: bool = False
+    ) -> list[StoredEvent | None]:
         """Run one session of ``events``; return each one's stored event, None if invalid.
 
         An invalid event (bad type, payload, ...) fails alone: its slot is None and it is not
-        offered to modules. A module that raises, adds an invalid event, or makes the
+        offered to modules; with ``strict`` it aborts the session instead (for callers whose
+        call is all or nothing). A module that raises, adds an invalid event, or makes the
         session add more than ``max_session_events`` events aborts it with
-        :class:`EngineError`; nothing is stored then.
+        :class:`EngineError`; nothing is stored then. An event already stored (see the
+        module docstring) gets the stored one in its slot.
         """
-        [result] = self.register_many([events])
+        [result] = self.register_many([events], strict=strict)
         if isinstance(result, EngineError):
             raise result
         return result
@@ -189,7 +201,7 @@ class Engine:
         return bool(self._modules)
 
     def register_many(
-        self, requests: Sequence[Sequence[NewEvent]], *, wait: bool = True
+        self, requests: Sequence[Sequence[NewEvent]], *, wait: bool = True, strict: bool = False
     ) -> list[list[StoredEvent | None] | EngineError]:
         """Run one session per request, in order, and store them all in one transaction.
 
@@ -198,7 +210,7 @@ class Engine:
         its :class:`EngineError` in its slot and the others go on. A database failure fails
         them all (raised as :class:`StoreError`). ``wait`` is passed to
         :meth:`EventStore.register_sessions` (:class:`StoreBusy` if another writer holds the
-        store; the sessions have then run through the modules but nothing was stored).
+        store; nothing was stored then). ``strict`` as for :meth:`register`.
         """
         with self._lock:
             if self._in_session:
@@ -208,7 +220,7 @@ class Engine:
                 )
             self._in_session = True
             try:
-                return self._run_many(requests, wait)
+                return self._run_many(requests, wait, strict)
             finally:
                 self._in_session = False
 
@@ -218,60 +230,85 @@ class Engine:
         return stored
 
     def _run_many(
-        self, requests: Sequence[Sequence[NewEvent]], wait: bool
+        self, requests: Sequence[Sequence[NewEvent]], wait: bool, strict: bool
     ) -> list[list[StoredEvent | None] | EngineError]:
-        planned: list[tuple[list[int | None], list[NewEvent]] | EngineError] = []
+        planned: list[_Plan | EngineError] = []
         for events in requests:
             try:
-                planned.append(self._session(events))
+                planned.append(self._plan(events, strict))
             except EngineError as exc:
                 planned.append(exc)
-        queues = [plan[1] for plan in planned if not isinstance(plan, EngineError) and plan[1]]
-        registered = iter(
-            self._store.register_sessions(queues, validated=True, wait=wait) if queues else []
-        )
+        if self._modules and _queues(planned):
+            with self._store.appending(wait=wait) as appending:
+                self._process_all(planned, appending.stored_outbox_keys(_queued(planned)))
+                registered = appending.register_sessions(_queues(planned), validated=True)
+        else:
+            registered = self._store.register_sessions(_queues(planned), validated=True, wait=wait)
+        sessions = iter(registered)
         results: list[list[StoredEvent | None] | EngineError] = []
         for plan in planned:
-            if isinstance(plan, EngineError):
-                results.append(plan)
+            if isinstance(plan, EngineError) or not plan.queue:
+                results.append(plan if isinstance(plan, EngineError) else plan.outcome(None))
                 continue
-            slots, queue = plan
-            if not queue:
-                results.append([None] * len(slots))
-                continue
-            session = next(registered)
+            session = next(sessions)
             self._notify(session.fresh)
-            results.append([None if slot is None else session.events[slot] for slot in slots])
+            results.append(plan.outcome(session.events))
         return results
 
-    def _session(self, events: Sequence[NewEvent]) -> tuple[list[int | None], list[NewEvent]]:
-        """Run one processing session; return each input's place in the queue to store
-        (None if refused) and that queue, module additions included."""
+    def _plan(self, events: Sequence[NewEvent], strict: bool) -> _Plan:
+        """The session of ``events``: each input's place in the queue to store (None if
+        refused) and that queue; with ``strict`` a refused event aborts it."""
         self._last_session_id += 1
-        session_id = self._last_session_id
-        queue: list[NewEvent] = []
-        slots: list[int | None] = []
+        plan = _Plan(self._last_session_id, [], [])
         for index, new_event in enumerate(events):
             problem = validate_new_event(new_event)
             if problem is None:
-                slots.append(len(queue))
-                queue.append(new_event)
+                plan.slots.append(len(plan.queue))
+                plan.queue.append(new_event)
+            elif strict:
+                raise EngineError(
+                    f"session {plan.session_id}: event {index} refused: {problem}; "
+                    "nothing was stored"
+                )
             else:
-                log.warning("session %d: event %d refused: %s", session_id, index, problem)
-                slots.append(None)
-        if queue and self._modules:
-            self._process(session_id, queue)
-        return slots, queue
+                log.warning("session %d: event %d refused: %s", plan.session_id, index, problem)
+                plan.slots.append(None)
+        return plan
 
-    def _process(self, session_id: int, queue: list[NewEvent]) -> None:
-        """Run the session over ``queue``, appending module additions to it."""
+    def _process_all(self, planned: list[_Plan | EngineError], stored: set[OutboxKey]) -> None:
+        """Run the planned sessions through the modules, in order, adding what they add; an
+        aborted one's plan becomes its error. ``stored``: the outbox keys the store holds;
+        their events, and repeats within the call, are not offered again."""
+        for number, plan in enumerate(planned):
+            if isinstance(plan, EngineError) or not plan.queue:
+                continue
+            skip: set[int] = set()
+            keys: set[OutboxKey] = set()
+            for index, new_event in enumerate(plan.queue):
+                if new_event.outbox_event_id is not None:
+                    key = (new_event.outbox_event_id, new_event.type)
+                    if key in stored or key in keys:
+                        skip.add(index)
+                    keys.add(key)
+            if len(skip) == len(plan.queue):
+                continue
+            try:
+                self._process(plan.session_id, plan.queue, skip)
+            except EngineError as exc:
+                planned[number] = exc
+                continue
+            stored |= keys
+
+    def _process(self, session_id: int, queue: list[NewEvent], skip: set[int]) -> None:
+        """Run the session over ``queue`` (but the events at the indexes ``skip``),
+        appending module additions to it."""
         started: list[Module] = []
         error: EngineError | None = None
         try:
             for module in self._modules:
                 started.append(module)
                 _call(module, "on_session_start", module.on_session_start, session_id)
-            self._offer_all(session_id, queue)
+            self._offer_all(session_id, queue, skip)
         except EngineError as exc:
             error = exc
         for module in started:
@@ -285,12 +322,14 @@ class Engine:
         if error is not None:
             raise error
 
-    def _offer_all(self, session_id: int, queue: list[NewEvent]) -> None:
+    def _offer_all(self, session_id: int, queue: list[NewEvent], skip: set[int]) -> None:
         original = len(queue)
         position = 0
         while position < len(queue):
             new_event = queue[position]
             position += 1
+            if position - 1 in skip:
+                continue
             event = _session_event(session_id, position, new_event)
             for module, matcher in zip(self._modules, self._matchers, strict=True):
                 if not matcher.matches(event.type):
@@ -327,6 +366,31 @@ class Engine:
                 callback(stored)
             except Exception:
                 log.exception("registered-events callback %r failed", callback)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One session of a register call, validated: its queue grows by what modules add."""
+
+    session_id: int
+    #: Per input, its index in ``queue``, or None if it was refused.
+    slots: list[int | None]
+    queue: list[NewEvent]
+
+    def outcome(self, stored: list[StoredEvent] | None) -> list[StoredEvent | None]:
+        """Each input's stored event, given those of ``queue`` (None: nothing to store)."""
+        if stored is None:
+            return [None] * len(self.slots)
+        return [None if slot is None else stored[slot] for slot in self.slots]
+
+
+def _queued(planned: list[_Plan | EngineError]) -> list[NewEvent]:
+    return [e for plan in planned if not isinstance(plan, EngineError) for e in plan.queue]
+
+
+def _queues(planned: list[_Plan | EngineError]) -> list[list[NewEvent]]:
+    """The queues to store, in order (a session with none stores nothing)."""
+    return [plan.queue for plan in planned if not isinstance(plan, EngineError) and plan.queue]
 
 
 def _matcher(module: Module) -> TypeMatcher:

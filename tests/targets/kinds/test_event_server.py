@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from bench.harness.processes import ServerProcess, free_port, local_address
+from bench.harness.processes import TIDINGS, ServerProcess, bench_env, free_port, local_address
 from tests.support.helpers import relay_config, statuses
 from tests.support.waiting import run
+from tests.support.witness_module import witness_config
 from tidings.client import connect
 from tidings.config import load_config
 from tidings.db import make_engine
@@ -203,6 +204,57 @@ def test_an_event_the_server_refuses_fails_alone(spark, tmp_path: Path) -> None:
         assert sorted(numbers) == sorted(set(range(30)) - {13, 23})
     finally:
         server.stop()
+
+
+@pytest.mark.spark
+def test_the_servers_modules_see_relayed_events(spark, tmp_path: Path) -> None:
+    """A module of the server (engine.modules) is offered every relayed event in the session
+    it is stored in, once: a batch published again is recognised before the modules see it."""
+    port = free_port()
+    config = {
+        "type": "event",
+        "backend": {"module": "tidings.server.backends.sqlite", "db_path": "ev.db"},
+        "engine": {"server_id": 1, "modules": [witness_config(["t", "*"])]},
+        "eventer_server": {"address": local_address(port)},
+    }
+    # The module is a module of the checkout's tests: on the server's PYTHONPATH.
+    server = ServerProcess(
+        [*TIDINGS, "server"], tmp_path / "server", config, {"eventer": port}, env=bench_env()
+    )
+    server.start()
+    try:
+        targets = {
+            "remote": {"kind": "event_server", "address": server.eventer, "type_prefix": ["t"]}
+        }
+        relay = relay_config(
+            tmp_path, targets=targets, routes={"Created": ["remote"]}, max_events_per_batch=7
+        )
+        outbox = Outbox(make_engine(relay.database.url))
+        for n in range(20):
+            with outbox.transaction() as tx:
+                tx.emit("Created", {"n": n}, partition_key=f"k{n % 3}")
+        start_relay(spark, relay, available_now=True).awaitTermination()
+        # A relay crash before it recorded its last batch: the batch comes again.
+        batch = [_outbox_event(n, event_id) for n, event_id in _ids(server)[-5:]]
+        again = _target(server)
+        try:
+            assert again.publish(batch) == [None] * 5
+        finally:
+            again.close()
+        relayed, witnesses = _events(server, ("t", "*")), _events(server, ("witness", "*"))
+    finally:
+        server.stop()
+    assert sorted(json.loads(e.payload)["data"]["n"] for e in relayed) == list(range(20))
+    # Each answered once, in the session it was stored in.
+    assert sorted((json.loads(w.payload)["of"], w.id.session) for w in witnesses) == sorted(
+        (json.loads(e.payload)["id"], e.id.session) for e in relayed
+    )
+
+
+def _ids(server: ServerProcess) -> list[tuple[int, str]]:
+    """The ``n`` and outbox event id (the envelope's ``id``) of each stored event, in order."""
+    envelopes = [json.loads(e.payload) for e in _events(server)]
+    return [(envelope["data"]["n"], envelope["id"]) for envelope in envelopes]
 
 
 def _log_rows(engine) -> list:

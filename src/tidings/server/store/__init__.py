@@ -17,7 +17,8 @@ the store's tables lives in this package.
 One module per concern, bottom up: :mod:`.driver` (engine, transactions, the append lock,
 the plain-SQL cursor, the WAL checkpoint thread), :mod:`.schema` (tables, creation,
 upgrades, the row format), :mod:`.counters` (positions, session and instance numbers),
-:mod:`.planning` (what an append stores: dedup, then the rows), :mod:`.facade` (the
+:mod:`.planning` (what an append stores: dedup, then the rows), :mod:`.appending` (one
+append transaction for a writer that reads what is stored first), :mod:`.facade` (the
 :class:`EventStore`); then the reads and deletes on top of it: :mod:`.type_patterns` (Hat
 type patterns as conditions on the stored type), :mod:`.queries` (Hat queries from the
 indexes), :mod:`.positions` (reads in position order, for stream consumers) and

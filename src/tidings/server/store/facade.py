@@ -16,6 +16,7 @@ from sqlalchemy import Connection, delete, func, or_, select
 from tidings.errors import StoreError
 from tidings.events.model import EventId, EventType, NewEvent, StoredEvent
 from tidings.events.validation import require_int, require_outbox_id
+from tidings.server.store.appending import Appending
 from tidings.server.store.counters import HeldCounters, raise_id_counters, seed_counters
 from tidings.server.store.driver import (
     Checkpointer,
@@ -30,9 +31,7 @@ from tidings.server.store.planning import (
     add_types,
     encode_synced_types,
     encode_types,
-    insert_sessions,
     insert_synced,
-    plan_sessions,
     plan_synced,
     select_by_outbox_ids,
 )
@@ -108,19 +107,24 @@ class EventStore:
             encoded_types.update(encode_types(events, check=not validated))
         if not encoded_types:
             return [Registered([], []) for _ in sessions]
+        with self.appending(wait=wait) as appending:
+            return appending.register_encoded(sessions, encoded_types)
+
+    @contextmanager
+    def appending(self, *, wait: bool = True) -> Iterator[Appending]:
+        """One append transaction, committed when the block ends (rolled back if it raises),
+        for a writer that decides what to store from what is stored (the engine, which
+        offers modules only the outbox events not stored yet); see :mod:`.appending`.
+
+        It holds the append lock throughout: keep it short. ``wait`` as for
+        :meth:`register_sessions`.
+        """
         if self._closed:
             raise StoreError(f"event store {self.url}: cannot register: the store is closed")
         with self._writer.transaction(self.url, wait) as conn:
-            plan = plan_sessions(conn, sessions, encoded_types)
-            stored = (
-                insert_sessions(conn, self.server_id, plan.fresh, encoded_types, self._held)
-                if plan.count
-                else []
-            )
-            new_types = set(encoded_types.values()) - self._known_types
-            add_types(conn, new_types)
-        self._known_types |= new_types
-        return plan.outcome(stored)
+            appending = Appending(conn, self.server_id, self._held, self._known_types)
+            yield appending
+        self._known_types |= appending.new_types
 
     def append_synced(self, events: Sequence[StoredEvent]) -> list[StoredEvent]:
         """Store events received from peer servers with their own ids and timestamps.

@@ -5,7 +5,17 @@ type, whose source timestamp is the moment the producer logged it, and which car
 outbox event id, so a batch published again after a crash is recognised and not stored twice.
 The store recognises an event by outbox id and type together, so two targets on one store
 with different type prefixes each store their own copy of an outbox event routed to both.
-A whole call is one session in one transaction, hence ``atomic``.
+
+Every event that enters a server's store goes through an engine, so the target runs the
+engine's session path itself: a whole call is one session of a
+:class:`~tidings.server.engine.Engine` over the store, run through the modules configured on
+the target (``modules``, as a server file's ``engine.modules``), the events they add stored
+with it in one transaction, hence ``atomic``. An event published again is neither stored
+nor processed again. The engine's own STARTED/STOPPED events are not registered: the target
+is no server. A server on the same store tells its subscribers and Syncer peers of these
+sessions through its change feed (:mod:`tidings.server.change_feed`). Modules run in the
+relay's workers, one engine per worker process: a module that keeps state in memory sees
+only the sessions of its own process (use the ``event_server`` target for such a module).
 """
 
 from __future__ import annotations
@@ -18,9 +28,11 @@ from typing import Literal
 from pydantic import Field
 
 from tidings.config import DatabaseUrl, TargetConfig
-from tidings.errors import TargetCallFailed, TargetUnavailable
+from tidings.config.server import ModuleConfig
+from tidings.errors import EngineError, ModuleLoadError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.outbox import OutboxEvent
+from tidings.server.engine import Engine
 from tidings.server.store import EventStore
 from tidings.targets.base import Target
 
@@ -48,13 +60,22 @@ class EventStoreTargetConfig(TargetConfig):
     server_id: int = Field(
         default=1, gt=0, description="The Hat server id the store's events are registered under."
     )
+    modules: list[ModuleConfig] = Field(
+        default_factory=list,
+        description=(
+            "Engine modules run in every session of this target, in this order, as a server "
+            "file's ``engine.modules``. They run in the relay's workers: a module that keeps "
+            "state in memory sees only its own worker's sessions."
+        ),
+    )
 
 
 class EventStoreTarget(Target):
-    """Publishes to an :class:`EventStore`, opened on first use.
+    """Publishes through an :class:`Engine` over an :class:`EventStore`, opened on first use.
 
-    Opening late means an unreachable database makes publishes fail with an error the relay
-    records and retries, instead of stopping the relay from starting.
+    Opening late means an unreachable database, or a module that cannot be loaded, makes
+    publishes fail with an error the relay records and retries (no event is charged),
+    instead of stopping the relay from starting.
     """
 
     atomic = True
@@ -64,7 +85,7 @@ class EventStoreTarget(Target):
         super().__init__(name)
         self._config = config
         self._type_prefix = tuple(config.type_prefix)
-        self._store: EventStore | None = None
+        self._engine: Engine | None = None
         self._lock = threading.Lock()
 
     @property
@@ -75,17 +96,20 @@ class EventStoreTarget(Target):
     def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
         """Register ``events`` as one session: all are confirmed, or the call failed as one.
 
-        A store that cannot be opened is unavailable (nothing was sent); a failing
-        registration may be any event's fault, so the relay narrows it down.
+        A store that cannot be opened, or a module that cannot be loaded, is unavailable
+        (nothing was sent); a failing session (an event the store refuses, a module that
+        fails) may be any event's fault, so the relay narrows it down.
         """
         if not events:
             return []
         try:
-            store = self._opened_store()
+            engine = self._opened_engine()
+        except (ModuleLoadError, EngineError) as exc:  # a module's create or subscription
+            raise TargetUnavailable(self._error("cannot load its modules", exc)) from exc
         except Exception as exc:
             raise TargetUnavailable(self._error("cannot open the store", exc)) from exc
         try:
-            store.register([to_new_event(e, self._type_prefix) for e in events])
+            engine.register([to_new_event(e, self._type_prefix) for e in events], strict=True)
         except Exception as exc:
             raise TargetCallFailed(self._error("failed", exc)) from exc
         return [None] * len(events)
@@ -96,16 +120,24 @@ class EventStoreTarget(Target):
     def close(self) -> None:
         """Close the store if it was opened."""
         with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+            if self._engine is not None:
+                self._engine.store.close()
+                self._engine = None
 
-    def _opened_store(self) -> EventStore:
-        """Return the store, opening it now if no earlier attempt succeeded."""
+    def _opened_engine(self) -> Engine:
+        """Return the engine, opening the store and loading the modules now if no earlier
+        attempt succeeded."""
         with self._lock:
-            if self._store is None:
-                self._store = EventStore(self._config.url, server_id=self._config.server_id)
-            return self._store
+            if self._engine is None:
+                store = EventStore(self._config.url, server_id=self._config.server_id)
+                try:
+                    engine = Engine(store, [])
+                    engine.load_modules([module.as_dict() for module in self._config.modules])
+                except BaseException:
+                    store.close()
+                    raise
+                self._engine = engine
+            return self._engine
 
 
 def to_new_event(event: OutboxEvent, type_prefix: tuple[str, ...]) -> NewEvent:
