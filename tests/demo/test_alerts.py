@@ -27,6 +27,7 @@ def test_large_withdrawals_get_one_alert_each_in_their_session(tmp_path: Path) -
         engine.register(
             [_withdrawal(99, "small"), _withdrawal(100, "big"), _withdrawal("x", "odd")]
         )
+        engine.register([_withdrawal(100, "big")])  # published again: recognised, no new alert
         stored = store.read(0, limit=100)
     finally:
         store.close()
