@@ -7,6 +7,7 @@ bounded only so that a broken build fails instead of hanging; nothing asserts a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support import waiting
 from tests.support.intermediary_helpers import (
     WORLD,
     RecordedSimulation,
@@ -163,12 +165,8 @@ class Rig:
         await self.cluster.aclose()
 
 
-async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.002)
+#: Waits here poll often: a tick waits for every subscription's frame.
+until = functools.partial(waiting.until, timeout=20.0, interval=0.002)
 
 
 def run(
