@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.helpers import assert_unreadable_files_fail
 from tidings.config import load_config, load_config_file, parse_duration
 from tidings.db import make_engine
 from tidings.errors import ConfigError
@@ -71,12 +72,9 @@ def test_config_survives_json_round_trip() -> None:
 
 
 def test_config_file_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read"):
-        load_config_file(tmp_path / "missing.yaml")
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("relay: [unclosed\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
-        load_config_file(bad)
+    assert_unreadable_files_fail(
+        load_config_file, tmp_path, missing="cannot read", not_yaml="relay: [unclosed\n"
+    )
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("relay:\n  max_events_per_batch: -5\n")
     with pytest.raises(ConfigError, match=r"relay\.max_events_per_batch.*-5"):

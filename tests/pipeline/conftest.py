@@ -1,5 +1,18 @@
-"""Marks every test in this folder ``pipeline``: ``pytest -m pipeline`` runs them."""
+"""Marks every test in this folder ``pipeline``: ``pytest -m pipeline`` runs them; the
+application database the publisher's tests emit into."""
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
 
 from tests.support.parts import part_marker
+from tidings.db import make_engine
 
 pytest_collection_modifyitems = part_marker(__file__)
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    """A SQLite application database in the test's own folder."""
+    return make_engine(f"sqlite:///{tmp_path / 'app.db'}")

@@ -36,11 +36,6 @@ from tidings.pipeline.source.slices import LogSlice
 from tidings.routing.table import Routes, add_route, check_route_key, current_routes, merge_routes
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> Engine:
-    return make_engine(f"sqlite:///{tmp_path / 'app.db'}")
-
-
 def _run(engine: Engine, routes: Routes, targets: dict, *, only_open: bool = True) -> None:
     """One publishing run over the rows the relay would read (open ones, as a carry-over)."""
     rows = [r for r in logged_rows(engine) if not only_open or r.status.value != "PUBLISHED"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.helpers import assert_unreadable_files_fail
 from tidings.config.server import (
     default_config_path,
     load_server_config,
@@ -149,12 +150,12 @@ def test_default_path_is_under_xdg_config_home(
 
 
 def test_unreadable_or_invalid_files_are_config_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read configuration file"):
-        load_server_config_file(tmp_path / "missing.yaml")
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("type: [event\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
-        load_server_config_file(bad)
+    assert_unreadable_files_fail(
+        load_server_config_file,
+        tmp_path,
+        missing="cannot read configuration file",
+        not_yaml="type: [event\n",
+    )
     listed = tmp_path / "list.yaml"
     listed.write_text("- 1\n")
     with pytest.raises(ConfigError, match="must be a mapping"):

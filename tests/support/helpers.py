@@ -1,7 +1,8 @@
 """Helpers shared by the test modules: relay configurations and what they produced (outbox
-statuses, the event store's events, JetStream streams), a hat-event 0.8.5 server, and fresh
-interpreters. The processes the tests start (``tidings`` subprocesses and servers, a private
-``nats-server``) are started as the benchmarks start them, by ``bench.harness.processes``."""
+statuses, the event store's events, JetStream streams), a hat-event 0.8.5 server, fresh
+interpreters, and the errors of a configuration file that cannot be read. The processes the
+tests start (``tidings`` subprocesses and servers, a private ``nats-server``) are started as
+the benchmarks start them, by ``bench.harness.processes``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pytest
 import yaml
 from nats.js.api import RawStreamMsg, StreamInfo
 from nats.js.errors import NotFoundError
@@ -25,6 +27,7 @@ import tidings.targets.registry
 from bench.harness.processes import ServerProcess, free_port
 from tests.support.waiting import run
 from tidings.config import TidingsConfig, load_config
+from tidings.errors import ConfigError
 from tidings.events.model import StoredEvent
 from tidings.outbox.schema import outbox_event
 from tidings.server.store import EventStore
@@ -193,3 +196,17 @@ def heavy_modules_after(statement: str) -> dict[str, list[str]]:
         f" for top in {HEAVY!r}}})\n"
     )
     return ast.literal_eval(loaded)
+
+
+def assert_unreadable_files_fail(
+    load: Callable[[Path], object], tmp_path: Path, *, missing: str, not_yaml: str
+) -> None:
+    """A configuration file ``load`` cannot use is a :class:`ConfigError` naming why: one
+    that is not there (its message matching ``missing``), and one whose text ``not_yaml``
+    is not YAML."""
+    with pytest.raises(ConfigError, match=missing):
+        load(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(not_yaml)
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(bad)

@@ -35,10 +35,12 @@ def wait_until(
         time.sleep(interval)
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+async def until(
+    predicate: Callable[[], bool], timeout: float = 15.0, *, interval: float = 0.01
+) -> None:
     """:func:`wait_until` on the running loop: poll without blocking it."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not predicate():
         assert loop.time() < deadline, f"condition not reached in {timeout} s"
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(interval)

@@ -28,6 +28,7 @@ LAYERS = (
     "events",  # the one event model: no SQLAlchemy, no Spark
     "address",  # tcp+sbs:// addresses, checked by the configuration, used by the wire
     "logs",
+    "tasks",  # stopping a background asyncio task, one way for every part
     "serving",  # uvicorn on a socket bound here, for the streams and the intermediaries
     "config",
     "db",

@@ -7,6 +7,7 @@ bounded only so that a broken build fails instead of hanging; nothing asserts a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support import waiting
 from tests.support.intermediary_helpers import (
     WORLD,
     RecordedSimulation,
@@ -84,6 +86,26 @@ class Rig:
         self._readers.append(asyncio.create_task(read()))
         return client
 
+    async def subscribers(self, keys: range, members: int = 1) -> list[ClusterClient]:
+        """A subscriber per key ``k<i>`` of ``keys``, to the regions in turn, entering at the
+        first ``members`` members in turn."""
+        return [
+            await self.subscriber(self.url(i % members), f"k{i}", REGIONS[i % len(REGIONS)])
+            for i in keys
+        ]
+
+    async def split_first(self) -> tuple[ClusterServer, ClusterServer]:
+        """Split the first member, ``i0``: it, and the new member that took part of it."""
+        first = self.cluster.members["i0"]
+        second = await self.cluster.split(first)
+        assert second is not None
+        return first, second
+
+    async def ticks(self, count: int) -> None:
+        """``count`` publisher ticks, each served to every subscription (:meth:`tick`)."""
+        for _ in range(count):
+            await self.tick()
+
     async def tick(self) -> int:
         """One publisher tick; returns once every subscription got (or holds) its frame."""
         tick = self.cluster.step()
@@ -143,12 +165,8 @@ class Rig:
         await self.cluster.aclose()
 
 
-async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.002)
+#: Waits here poll often: a tick waits for every subscription's frame.
+until = functools.partial(waiting.until, timeout=20.0, interval=0.002)
 
 
 def run(
@@ -172,29 +190,21 @@ def test_split_and_merge_while_subscribers_receive_lose_and_repeat_no_epoch(
     partition: Partition,
 ) -> None:
     async def body(rig: Rig) -> None:
-        for i in range(16):
-            await rig.subscriber(rig.url(), f"k{i}", REGIONS[i % len(REGIONS)])
-        for _ in range(3):
-            await rig.tick()
-        first = rig.cluster.members["i0"]
-        second = await rig.cluster.split(first)
-        assert second is not None
-        for _ in range(4):
-            await rig.tick()
+        await rig.subscribers(range(16))
+        await rig.ticks(3)
+        first, second = await rig.split_first()
+        await rig.ticks(4)
         third = await rig.cluster.split(first)
         assert third is not None
         # New subscribers enter at any member while handovers run; wrong ones redirect.
-        for i in range(16, 20):
-            await rig.subscriber(rig.url(i % 3), f"k{i}", REGIONS[i % len(REGIONS)])
+        await rig.subscribers(range(16, 20), members=3)
         await rig.settle()
         assert all(m.subscriptions() > 0 for m in rig.cluster.members.values())
         rig.cluster.merge(third)
-        for _ in range(3):
-            await rig.tick()
+        await rig.ticks(3)
         rig.cluster.merge(second)
         await rig.settle()
-        for _ in range(3):
-            await rig.tick()
+        await rig.ticks(3)
         assert list(rig.cluster.members) == ["i0"]
         assert first.subscriptions() == 20
         handovers = sum(c.handovers for c in rig.clients)
@@ -206,11 +216,10 @@ def test_split_and_merge_while_subscribers_receive_lose_and_repeat_no_epoch(
 
 def test_a_request_at_the_wrong_member_is_redirected_and_served_where_it_belongs() -> None:
     async def body(rig: Rig) -> None:
-        await rig.cluster.split(rig.cluster.members["i0"])  # i1 owns x >= 50
+        await rig.split_first()  # i1 owns x >= 50
         client = await rig.subscriber(rig.url(0), "east", REGIONS[1])
         assert client.where("east") == rig.url(1)
-        for _ in range(5):
-            await rig.tick()
+        await rig.ticks(5)
         assert rig.cluster.members["i1"].subscriptions() == 1
         assert rig.cluster.members["i0"].subscriptions() == 0
         assert await rig.check() >= 5
@@ -220,13 +229,11 @@ def test_a_request_at_the_wrong_member_is_redirected_and_served_where_it_belongs
 
 def test_a_view_spanning_two_members_areas_is_generated_from_both_states() -> None:
     async def body(rig: Rig) -> None:
-        west, east = rig.cluster.members["i0"], await rig.cluster.split(rig.cluster.members["i0"])
-        assert east is not None
+        west, east = await rig.split_first()
         wide = {"box": {"lo": [10, 10], "hi": [90, 60]}}  # middle (50, 35): east's cell
         client = await rig.subscriber(rig.url(0), "wide", wide)
         assert client.where("wide") == east.url
-        for _ in range(6):
-            await rig.tick()
+        await rig.ticks(6)
         # Each member keeps only its own area, yet the view holds agents of both.
         assert np.all(west.intermediary.state.snapshot().positions[:, 0] <= 50)
         assert np.all(east.intermediary.state.snapshot().positions[:, 0] >= 50)
@@ -252,9 +259,7 @@ def test_load_splits_an_overloaded_member_and_merges_it_back_when_load_falls(
     policy: LoadPolicy,
 ) -> None:
     async def body(rig: Rig) -> None:
-        clients = [
-            await rig.subscriber(rig.url(), f"k{i}", REGIONS[i % len(REGIONS)]) for i in range(10)
-        ]
+        clients = await rig.subscribers(range(10))
         await rig.tick()
         assert rig.cluster.splits >= 1 and len(rig.cluster.members) >= 2
         await rig.settle()
@@ -273,9 +278,7 @@ def test_load_splits_an_overloaded_member_and_merges_it_back_when_load_falls(
 
 def test_bad_redirects_give_clear_errors_and_the_members_go_on() -> None:
     async def body(rig: Rig) -> None:
-        first = rig.cluster.members["i0"]
-        second = await rig.cluster.split(first)
-        assert second is not None
+        await rig.split_first()
         directory = rig.cluster.directory
         # A member the directory names but that is dead: nothing listens at its URL.
         directory.join("ghost", "ws://127.0.0.1:9/")
@@ -327,8 +330,7 @@ def test_bad_redirects_give_clear_errors_and_the_members_go_on() -> None:
         await client.close()
         await rig.subscriber(rig.url(0), "east", REGIONS[1])
         await rig.subscriber(rig.url(1), "west", REGIONS[0])
-        for _ in range(4):
-            await rig.tick()
+        await rig.ticks(4)
         assert await rig.check() >= 8
 
     run(body)
@@ -341,13 +343,9 @@ def test_a_handover_to_a_member_running_ahead_keeps_every_epoch_in_order() -> No
     before the new member's frames it holds."""
 
     async def body(rig: Rig) -> None:
-        for i in range(8):
-            await rig.subscriber(rig.url(), f"k{i}", REGIONS[i % len(REGIONS)])
-        for _ in range(3):
-            await rig.tick()
-        old = rig.cluster.members["i0"]
-        new = await rig.cluster.split(old)
-        assert new is not None
+        await rig.subscribers(range(8))
+        await rig.ticks(3)
+        old, new = await rig.split_first()
         sim, moved = rig.sim, old.handing()
         assert moved > 0
         sim.step(rig.cluster.dt)
@@ -371,8 +369,7 @@ def test_a_handover_to_a_member_running_ahead_keeps_every_epoch_in_order() -> No
         old.serve()
         await until(lambda: all(rig.clients[i].latest(k) >= sim.tick for i, k in rig.live))
         await rig.settle()
-        for _ in range(3):
-            await rig.tick()
+        await rig.ticks(3)
         assert sum(c.handovers for c in rig.clients) == moved
         assert await rig.check() > 8 * 6
 
@@ -411,8 +408,7 @@ def test_hostile_requests_at_a_member_get_clear_errors_and_leave_nothing_behind(
             await until(lambda: len(member.connections) == 2)  # the victim and the idle one
             await rig.tick()
             assert member.releasing() == 0
-        for _ in range(3):
-            await rig.tick()
+        await rig.ticks(3)
         assert await rig.check() >= 3 and victim.latest("v") == rig.sim.tick
 
     run(body)
@@ -506,6 +502,36 @@ def test_a_cluster_running_on_its_own_splits_and_merges_under_load_with_clean_st
     asyncio.run(asyncio.wait_for(main(), WAIT))
 
 
+async def _west_and_east(
+    sim: RecordedSimulation,
+    source_of: Callable[[SimulationFeed, int], Callable[[], list[UpdateBatch]]],
+) -> list[ClusterServer]:
+    """Two members of one directory, ``west`` owning the left half of the world and ``east``
+    the right, each fed by ``source_of(feed, i)`` from a feed of ``sim`` of its own."""
+    partition = RegionPartition(WORLD, (2, 1))
+    directory = Directory()
+    members = []
+    for i, name in enumerate(("west", "east")):
+        feed = sim.feed()
+        member = ClusterServer(name, feed, directory, partition, dim=2, source=source_of(feed, i))
+        await member.start()
+        directory.join(name, member.url)
+        members.append(member)
+    directory.assign([0], "west")
+    directory.assign([1], "east")
+    return members
+
+
+async def _step(sim: RecordedSimulation, members: list[ClusterServer]) -> None:
+    """One tick of ``sim``: every member ingests it, then every member serves."""
+    sim.step(0.05)
+    for member in members:
+        member.ingest()
+    for member in members:
+        member.serve()
+    await asyncio.sleep(0.01)
+
+
 def test_more_pieces_at_another_member_than_one_subscriber_may_hold_are_all_served() -> None:
     """20 views, each spanning both members' areas with its own piece in the other member's
     cell: more pieces than the 16 subscriptions one subscriber may hold there. Every view
@@ -513,19 +539,7 @@ def test_more_pieces_at_another_member_than_one_subscriber_may_hold_are_all_serv
 
     async def main() -> None:
         sim = RecordedSimulation()
-        partition = RegionPartition(WORLD, (2, 1))
-        directory = Directory()
-        members = []
-        for name in ("west", "east"):
-            feed = sim.feed()
-            member = ClusterServer(
-                name, feed, directory, partition, dim=2, source=lambda feed=feed: [feed.batch()]
-            )
-            await member.start()
-            directory.join(name, member.url)
-            members.append(member)
-        directory.assign([0], "west")
-        directory.assign([1], "east")
+        members = await _west_and_east(sim, lambda feed, _: lambda: [feed.batch()])
         specs = {
             f"v{i}": {"box": {"lo": [48, 4.6 * i], "hi": [53, 4.6 * i + 3]}} for i in range(20)
         }
@@ -544,12 +558,7 @@ def test_more_pieces_at_another_member_than_one_subscriber_may_hold_are_all_serv
             for _ in range(200):
                 if all(len(frames) >= 3 for frames in got.values()):
                     break
-                sim.step(0.05)
-                for member in members:
-                    member.ingest()
-                for member in members:
-                    member.serve()
-                await asyncio.sleep(0.01)
+                await _step(sim, members)
         finally:
             for reader, client in zip(readers, clients, strict=True):
                 reader.cancel()
@@ -575,8 +584,6 @@ def test_members_that_cannot_read_each_others_state_compose_a_view_over_the_wire
 
     async def main() -> None:
         sim = RecordedSimulation()
-        partition = RegionPartition(WORLD, (2, 1))
-        directory = Directory()
         ticked = [0, 0]
 
         def source_of(feed: SimulationFeed, i: int) -> Callable[[], list[UpdateBatch]]:
@@ -588,18 +595,8 @@ def test_members_that_cannot_read_each_others_state_compose_a_view_over_the_wire
 
             return source
 
-        members = []
-        for i, name in enumerate(("west", "east")):
-            feed = sim.feed()
-            member = ClusterServer(
-                name, feed, directory, partition, dim=2, source=source_of(feed, i)
-            )
-            await member.start()
-            directory.join(name, member.url)
-            members.append(member)
+        members = await _west_and_east(sim, source_of)
         west, east = members
-        directory.assign([0], "west")
-        directory.assign([1], "east")
         spec = {"sphere": {"center": [55, 50], "radius": 20}}
         client = await ClusterClient.connect(west.url)
         got: list[ReceivedFrame] = []
@@ -613,12 +610,7 @@ def test_members_that_cannot_read_each_others_state_compose_a_view_over_the_wire
             reply = await client.subscribe("across", spec, rate_hz=1000)
             assert reply["intermediary"] == "east"
             while len(got) < 20:
-                sim.step(0.05)
-                for member in members:
-                    member.ingest()
-                for member in members:
-                    member.serve()
-                await asyncio.sleep(0.01)
+                await _step(sim, members)
             assert all(box.lo[0] >= 50 for box in east.feed.boxes)  # type: ignore[attr-defined]
             assert any(box.hi[0] <= 50 for box in west.feed.boxes)  # type: ignore[attr-defined]
         finally:

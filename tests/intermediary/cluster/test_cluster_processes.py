@@ -9,17 +9,19 @@ only so that a broken build fails instead of hanging; nothing asserts a timing."
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.support import intermediary_node as node
+from tests.support import waiting
 from tests.support.intermediary_helpers import inside
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client.handover import ClusterClient
@@ -102,12 +104,8 @@ def members(tmp_path: Path) -> Iterator[tuple[Directory, dict[str, subprocess.Po
         directory.close()
 
 
-async def until(check_: Callable[[], bool], timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check_():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
+#: Members are processes: a handover here may take longer than the default wait.
+until = functools.partial(waiting.until, timeout=30.0)
 
 
 def test_members_in_separate_processes_redirect_hand_over_and_outlive_a_dead_one(

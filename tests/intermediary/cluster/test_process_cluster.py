@@ -7,10 +7,12 @@ served over the wire, and every frame is checked against its tick's brute force.
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import pytest
 
+from tests.support import waiting
 from tests.support.intermediary_helpers import RecordedSimulation, assert_clean_streams
 from tidings.errors import IntermediaryError
 from tidings.intermediary.client.handover import ClusterClient
@@ -32,12 +34,8 @@ REGIONS = [
 pytestmark = pytest.mark.slow
 
 
-async def until(check, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
+#: Members are processes that start, split and merge: waits here may take a minute.
+until = functools.partial(waiting.until, timeout=60.0, interval=0.02)
 
 
 class Rig:
@@ -87,7 +85,7 @@ class Rig:
         """Until every key (or each of ``keys``) got ten more frames."""
         keys = list(self.got) if keys is None else keys
         counts = {key: len(self.got[key]) for key in keys}
-        await until(lambda: all(len(self.got[k]) > counts[k] + 10 for k in keys), 90)
+        await until(lambda: all(len(self.got[k]) > counts[k] + 10 for k in keys), timeout=90)
 
 
 def test_a_split_starts_a_member_process_and_a_merge_ends_it_with_clean_streams(

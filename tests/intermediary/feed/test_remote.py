@@ -89,6 +89,12 @@ class Checker:
         self.sent = np.empty(0, dtype=np.int64)
         self.batches: list[UpdateBatch] = []
 
+    @property
+    def intermediary(self) -> Intermediary:
+        """The intermediary it feeds (given as ``node``)."""
+        assert self.node is not None
+        return self.node
+
     def ingest(self) -> list[UpdateBatch]:
         batches = self.feed.take()
         for batch in batches:
@@ -168,6 +174,16 @@ async def connection(publisher: SimulationServer, count: int) -> FeedConnection:
     return publisher.connections[-1]
 
 
+async def connected(
+    sim: Recorded, publisher: SimulationServer, url: str, *, fed: bool = False
+) -> tuple[Checker, FeedConnection]:
+    """A :class:`RemoteFeed` to the publisher at ``url`` with its :class:`Checker` (feeding
+    an intermediary of its own if ``fed``), and the publisher's side of the connection."""
+    feed = await RemoteFeed.connect(url, 2)
+    checker = Checker(sim, feed, Intermediary(2, feed, world=WORLD) if fed else None)
+    return checker, await connection(publisher, 1)
+
+
 async def applied(
     conn: FeedConnection, boxes: Collection[Box], followed: Collection[int] = ()
 ) -> int:
@@ -183,10 +199,8 @@ async def applied(
 @server
 def test_an_intermediary_fed_over_the_wire_holds_exactly_what_its_upstream_boxes_cover() -> None:
     async def body(sim: Recorded, publisher: SimulationServer, url: str) -> None:
-        feed = await RemoteFeed.connect(url, 2)
-        node = Intermediary(2, feed, world=WORLD)
-        checker = Checker(sim, feed, node)
-        conn = await connection(publisher, 1)
+        checker, conn = await connected(sim, publisher, url, fed=True)
+        feed, node = checker.feed, checker.intermediary
         node.subscribe("s", "left", LEFT)
         upstream = node.subscriptions.boxes
         assert upstream, "the intermediary asked for nothing upstream"
@@ -210,10 +224,8 @@ def test_an_intermediary_fed_over_the_wire_holds_exactly_what_its_upstream_boxes
 @server
 def test_unsubscribing_shrinks_what_arrives_and_deletes_what_left() -> None:
     async def body(sim: Recorded, publisher: SimulationServer, url: str) -> None:
-        feed = await RemoteFeed.connect(url, 2)
-        node = Intermediary(2, feed, world=WORLD)
-        checker = Checker(sim, feed, node)
-        conn = await connection(publisher, 1)
+        checker, conn = await connected(sim, publisher, url, fed=True)
+        feed, node = checker.feed, checker.intermediary
         node.subscribe("s", "left", LEFT)
         node.subscribe("s", "right", RIGHT)
         both = node.subscriptions.boxes
@@ -244,9 +256,8 @@ def test_unsubscribing_shrinks_what_arrives_and_deletes_what_left() -> None:
 @server
 def test_followed_agents_arrive_wherever_they_are_until_no_longer_followed() -> None:
     async def body(sim: Recorded, publisher: SimulationServer, url: str) -> None:
-        feed = await RemoteFeed.connect(url, 2)
-        checker = Checker(sim, feed)
-        conn = await connection(publisher, 1)
+        checker, conn = await connected(sim, publisher, url)
+        feed = checker.feed
         corner = Box((0.0, 0.0), (25.0, 25.0))
         feed.subscribe([corner])
         since = await applied(conn, [corner])
@@ -312,9 +323,8 @@ def test_a_refused_message_closes_only_that_connection_with_1008_naming_the_prob
     message: str | bytes, problem: str
 ) -> None:
     async def body(sim: Recorded, publisher: SimulationServer, url: str) -> None:
-        good = await RemoteFeed.connect(url, 2)
-        checker = Checker(sim, good)
-        good_conn = await connection(publisher, 1)
+        checker, good_conn = await connected(sim, publisher, url)
+        good = checker.feed
         good.subscribe([Box((0.0, 0.0), (50.0, 50.0))])
         await checker.newer_than(0)
         async with websockets.connect(url, max_size=None) as hostile:
@@ -346,9 +356,8 @@ def test_a_refused_message_closes_only_that_connection_with_1008_naming_the_prob
 @server
 def test_a_remote_feed_refuses_bad_operations_at_the_call_and_after_the_publisher_left() -> None:
     async def body(sim: Recorded, publisher: SimulationServer, url: str) -> None:
-        feed = await RemoteFeed.connect(url, 2)
-        checker = Checker(sim, feed)
-        conn = await connection(publisher, 1)
+        checker, conn = await connected(sim, publisher, url)
+        feed = checker.feed
         box = Box((10.0, 10.0), (30.0, 30.0))
         with pytest.raises(IntermediaryError, match=r"expected 2D boxes"):
             feed.subscribe([Box((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))])

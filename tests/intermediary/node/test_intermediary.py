@@ -5,6 +5,7 @@ upstream subscriptions follow claim 1, bad requests are refused with the stores 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -13,14 +14,17 @@ from hypothesis import strategies as st
 
 from tests.support.intermediary_helpers import SMALL, WHOLE, WORLD, inside
 from tidings.errors import IntermediaryError
-from tidings.intermediary.node.generation import FrameKind, decode_frame
-from tidings.intermediary.node.intermediary import Intermediary
+from tidings.intermediary.node.generation import FrameHeader, FrameKind, decode_frame
+from tidings.intermediary.node.intermediary import Intermediary, Served
 from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.publisher.simulation import Simulation
 from tidings.intermediary.regions.coverage import covers
 from tidings.intermediary.regions.geometry import Box, Sphere
 
 NEAR_7 = {"sphere": {"center": [0, 0], "radius": 20}, "relative_to": 7}
+
+#: A frame served in :func:`rounds`: the epoch, the frame served, its header, ids and positions.
+Round = tuple[int, Served, FrameHeader, np.ndarray, np.ndarray]
 
 
 def setup(n: int = 300) -> tuple[Simulation, Intermediary]:
@@ -35,6 +39,19 @@ def tick(sim: Simulation, node: Intermediary) -> int:
     return node.end_epoch()
 
 
+def rounds(sim: Simulation, node: Intermediary, ticks: int) -> Iterator[Round]:
+    """Each frame served in ``ticks`` ticks 0.1 s apart, one round after each tick: the tick's
+    epoch, the frame served, and the frame decoded (its epoch checked to be the tick's)."""
+    now = 0.0
+    for _ in range(ticks):
+        epoch = tick(sim, node)
+        now += 0.1
+        for served in node.round(now, budget=10):
+            header, ids, positions = decode_frame(served.frame.data)
+            assert header.epoch == epoch
+            yield epoch, served, header, ids, positions
+
+
 def test_views_equal_a_brute_force_selection_from_the_publishers_positions() -> None:
     sim, node = setup()
     specs = {"a": WHOLE, "b": SMALL, "c": NEAR_7}
@@ -42,23 +59,17 @@ def test_views_equal_a_brute_force_selection_from_the_publishers_positions() -> 
     node.subscribe("b", "k", SMALL, rate_hz=1000, capabilities={"compress": True})
     node.subscribe("c", "k", NEAR_7, rate_hz=1000, capabilities={"relative": True, "float32": True})
     seen: dict[str, int] = {"a": 0, "b": 0, "c": 0}
-    now = 0.0
-    for _ in range(20):
-        epoch = tick(sim, node)
-        now += 0.1
-        for served in node.round(now, budget=10):
-            header, ids, positions = decode_frame(served.frame.data)
-            assert header.epoch == epoch
-            expected = sim.ids[inside(sim.positions, specs[served.subscriber])]
-            if served.frame.kind is FrameKind.EMPTY:
-                assert expected.size == 0
-                continue
-            if served.frame.kind is FrameKind.UNCHANGED:
-                continue
-            np.testing.assert_array_equal(ids, expected)
-            world = positions.astype(float) + (np.asarray(header.origin) if header.relative else 0)
-            np.testing.assert_allclose(world, sim.positions[ids], atol=1e-4)
-            seen[served.subscriber] += 1
+    for _, served, header, ids, positions in rounds(sim, node, 20):
+        expected = sim.ids[inside(sim.positions, specs[served.subscriber])]
+        if served.frame.kind is FrameKind.EMPTY:
+            assert expected.size == 0
+            continue
+        if served.frame.kind is FrameKind.UNCHANGED:
+            continue
+        np.testing.assert_array_equal(ids, expected)
+        world = positions.astype(float) + (np.asarray(header.origin) if header.relative else 0)
+        np.testing.assert_allclose(world, sim.positions[ids], atol=1e-4)
+        seen[served.subscriber] += 1
     assert all(count >= 10 for count in seen.values()), seen
 
 
@@ -104,20 +115,15 @@ def test_a_relative_subscription_on_an_idle_intermediary_fetches_its_entity() ->
     feed = sim.feeds[0]
     node.subscribe("c", "k", NEAR_7, rate_hz=1000)
     assert feed.followed == frozenset({7})
-    now, full = 0.0, 0
-    for _ in range(10):
-        epoch = tick(sim, node)
-        now += 0.1
-        for served in node.round(now, budget=10):
-            header, ids, _ = decode_frame(served.frame.data)
-            assert header.epoch == epoch
-            if served.frame.kind is FrameKind.UNCHANGED:
-                continue
-            expected = sim.ids[inside(sim.positions, NEAR_7)]
-            assert served.frame.kind is not FrameKind.EMPTY or epoch == 1  # 7 arrives first
-            if epoch > 1:
-                np.testing.assert_array_equal(ids, expected)
-                full += 1
+    full = 0
+    for epoch, served, _, ids, _ in rounds(sim, node, 10):
+        if served.frame.kind is FrameKind.UNCHANGED:
+            continue
+        expected = sim.ids[inside(sim.positions, NEAR_7)]
+        assert served.frame.kind is not FrameKind.EMPTY or epoch == 1  # 7 arrives first
+        if epoch > 1:
+            np.testing.assert_array_equal(ids, expected)
+            full += 1
     assert full >= 5
     node.unsubscribe("c")
     tick(sim, node)

@@ -64,6 +64,8 @@ POLICIES = {
     "margin-few": UpstreamPolicy.margin(0.5, max_boxes=4),
 }
 policies = st.sampled_from(sorted(POLICIES))
+#: A seed of the random points a region is sampled with.
+seeds = st.integers(0, 2**32 - 1)
 
 # -- the brute-force reference -------------------------------------------------------------
 
@@ -119,12 +121,7 @@ def hull(targets: list[Box], grow: float = 0.0) -> Box:
 
 
 @SETTINGS
-@given(
-    data=st.data(),
-    dim=dims,
-    name=policies,
-    seed=st.integers(0, 2**32 - 1),
-)
+@given(data=st.data(), dim=dims, name=policies, seed=seeds)
 def test_every_subscribed_region_stays_covered(data, dim: int, name: str, seed: int) -> None:
     policy = POLICIES[name]
     rng = np.random.default_rng(seed)
@@ -149,7 +146,7 @@ def test_every_subscribed_region_stays_covered(data, dim: int, name: str, seed: 
 
 
 @SETTINGS
-@given(data=st.data(), dim=dims, seed=st.integers(0, 2**32 - 1))
+@given(data=st.data(), dim=dims, seed=seeds)
 def test_the_margin_stops_at_the_world_edge(data, dim: int, seed: int) -> None:
     world = Box((-4.0,) * dim, (4.0,) * dim)
     rng = np.random.default_rng(seed)
@@ -171,12 +168,7 @@ def test_the_margin_stops_at_the_world_edge(data, dim: int, seed: int) -> None:
 
 
 @SETTINGS
-@given(
-    data=st.data(),
-    dim=dims,
-    name=policies,
-    seed=st.integers(0, 2**32 - 1),
-)
+@given(data=st.data(), dim=dims, name=policies, seed=seeds)
 def test_plan_after_unsubscribe_covers_the_rest_and_no_more(
     data, dim: int, name: str, seed: int
 ) -> None:
@@ -258,7 +250,7 @@ def test_covers_is_exact_on_boxes(data, dim: int) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(data=st.data(), dim=dims, seed=st.integers(0, 2**32 - 1))
+@given(data=st.data(), dim=dims, seed=seeds)
 def test_a_grid_too_large_for_one_pass_is_split_with_the_same_answer(
     data, dim: int, seed: int
 ) -> None:
@@ -293,11 +285,7 @@ def test_coverage_gives_up_with_a_clear_error_when_it_cannot_split() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    data=st.data(),
-    dim=dims,
-    seed=st.integers(0, 2**32 - 1),
-)
+@given(data=st.data(), dim=dims, seed=seeds)
 def test_covers_never_claims_a_sphere_or_sector_falsely(data, dim: int, seed: int) -> None:
     region = data.draw(st.one_of(spheres(dim), sectors(dim)))
     upstream = data.draw(st.lists(boxes(dim), max_size=8))

@@ -71,6 +71,34 @@ def _stop(proc: subprocess.Popen[bytes]) -> tuple[str, str]:
     return out.decode(), err.decode()
 
 
+def _serve_with_tables(
+    tmp_path: Path, event_server: ServerProcess
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """An intermediary fed by ``event_server`` with :data:`TABLES` (row events ``db/...``),
+    on a free port: the port and the process."""
+    port = free_port()
+    config = _config(
+        tmp_path,
+        listen=f"127.0.0.1:{port}",
+        event_server=event_server.eventer,
+        row_type_prefix=["db"],
+        tables=TABLES,
+    )
+    return port, _serve(config)
+
+
+def _assert_it_ends_with_exit_2(proc: subprocess.Popen[bytes], last_line: str) -> None:
+    """It ends on its own (killed if not within a minute) with exit code 2, its last line of
+    stderr starting with ``last_line``."""
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2
+    assert err.decode().strip().splitlines()[-1].startswith(last_line), err.decode()
+
+
 async def _next(subscriber: IntermediaryClient, op: str, key: str) -> dict[str, Any]:
     """The next message ``op`` of ``key`` (a view's ``unchanged`` messages skipped)."""
     while True:
@@ -109,15 +137,7 @@ async def _subscribe_and_watch(url: str, eventer: str) -> tuple[dict[str, Any], 
 def test_a_subscriber_sees_events_and_a_view_and_sigterm_ends_it(
     tmp_path: Path, event_server: ServerProcess
 ) -> None:
-    port = free_port()
-    config = _config(
-        tmp_path,
-        listen=f"127.0.0.1:{port}",
-        event_server=event_server.eventer,
-        row_type_prefix=["db"],
-        tables=TABLES,
-    )
-    proc = _serve(config)
+    port, proc = _serve_with_tables(tmp_path, event_server)
     try:
         wait_for_port(port, 30, process=proc)
         first, event, view = run(
@@ -155,16 +175,9 @@ def test_losing_the_event_server_ends_it_with_exit_2(
     proc = _serve(_config(tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer))
     wait_for_port(port, 30, process=proc)
     event_server.stop()
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 2
-    last = err.decode().strip().splitlines()[-1]
-    assert last.startswith(
-        f"error: the connection to the event server {event_server.eventer} was lost"
-    ), err
+    _assert_it_ends_with_exit_2(
+        proc, f"error: the connection to the event server {event_server.eventer} was lost"
+    )
 
 
 @pytest.mark.parametrize(
@@ -278,15 +291,7 @@ async def _watch_the_page(url: str, eventer: str, profile: Path) -> list[dict[st
 
 def test_the_live_page_shows_events_and_a_view(tmp_path: Path, event_server: ServerProcess) -> None:
     """Headless Chromium on /live, against the process as an operator runs it."""
-    port = free_port()
-    config = _config(
-        tmp_path,
-        listen=f"127.0.0.1:{port}",
-        event_server=event_server.eventer,
-        row_type_prefix=["db"],
-        tables=TABLES,
-    )
-    proc = _serve(config)
+    port, proc = _serve_with_tables(tmp_path, event_server)
     query = urllib.parse.urlencode(
         [
             ("events", "app/*"),
@@ -395,16 +400,9 @@ def test_a_spatial_publisher_not_there_or_gone_ends_it_with_exit_2(
         wait_for_port(port, 30, process=proc)
     finally:
         _stop(publisher)
-    try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 2
-    last = err.decode().strip().splitlines()[-1]
-    assert last.startswith(
-        f"error: the connection to the spatial publisher ws://127.0.0.1:{feed_port}/ was lost"
-    ), err
+    _assert_it_ends_with_exit_2(
+        proc, f"error: the connection to the spatial publisher ws://127.0.0.1:{feed_port}/ was lost"
+    )
 
 
 @pytest.mark.parametrize(

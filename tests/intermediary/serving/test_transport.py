@@ -78,6 +78,21 @@ async def until(check: Callable[[], bool]) -> None:
         await asyncio.sleep(0.01)
 
 
+async def slow_subscriber(rig: Rig) -> tuple[websockets.ClientConnection, dict[str, Any]]:
+    """A raw subscriber with a 4 KiB receive buffer that takes one message at a time,
+    subscribed to the whole world at 200 Hz: its connection, and its hello."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", rig.server.port))
+    slow = await websockets.connect(rig.url, sock=sock, max_queue=1)
+    hello = json.loads(await slow.recv())
+    await slow.send(json.dumps({"op": "subscribe", "key": "all", "region": WHOLE, "rate_hz": 200}))
+    while not isinstance(reply := await slow.recv(), str):
+        pass
+    assert json.loads(reply)["op"] == "subscribed"
+    return slow, hello
+
+
 async def views(client: IntermediaryClient, count: int) -> list[ReceivedFrame]:
     """The next ``count`` VIEW frames (EMPTY and UNCHANGED skipped)."""
     got: list[ReceivedFrame] = []
@@ -218,17 +233,7 @@ def test_a_subscriber_that_never_reads_is_dropped_with_a_reason_while_another_go
     async def body(rig: Rig) -> None:
         good = await IntermediaryClient.connect(rig.url)
         await good.subscribe("k", SMALL, rate_hz=100)
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", rig.server.port))
-        slow = await websockets.connect(rig.url, sock=sock, max_queue=1)
-        hello = json.loads(await slow.recv())
-        await slow.send(
-            json.dumps({"op": "subscribe", "key": "all", "region": WHOLE, "rate_hz": 200})
-        )
-        while not isinstance(reply := await slow.recv(), str):
-            pass
-        assert json.loads(reply)["op"] == "subscribed"
+        slow, hello = await slow_subscriber(rig)
         # Now it never reads: its buffers fill, its frames are dropped, then it is closed.
         seen = 0
 
@@ -262,16 +267,7 @@ def test_frames_that_wait_for_a_full_transport_arrive_whole_and_in_order() -> No
     # (this subscriber stops reading until its buffers fill) is finished by the writer. The
     # frames it then reads are whole, for its key, and in epoch order.
     async def body(rig: Rig) -> None:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", rig.server.port))
-        slow = await websockets.connect(rig.url, sock=sock, max_queue=1)
-        hello = json.loads(await slow.recv())
-        await slow.send(
-            json.dumps({"op": "subscribe", "key": "all", "region": WHOLE, "rate_hz": 200})
-        )
-        while not isinstance(await slow.recv(), str):
-            pass
+        slow, hello = await slow_subscriber(rig)
         conn = rig.server.connections[hello["subscriber"]]
         await until(lambda: conn.pending is not None)  # a direct send is waiting
         epochs = []

@@ -11,7 +11,7 @@ import random
 import socket
 import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,13 @@ import pytest
 import websockets
 
 from tests.intermediary.views.test_patterns import brute
-from tests.support.chain_helpers import CATALOG, DDL, chain_rig, next_view, reference
+from tests.support.chain_helpers import CATALOG, DDL, ChainRig, chain_rig, next_view, reference
 from tests.support.intermediary_helpers import WHOLE, WORLD
-from tests.support.server_helpers import running
+from tests.support.server_helpers import Running, running
 from tidings.client import Client, StoredEvent, connect, json_event
 from tidings.errors import IntermediaryError
 from tidings.events.matching import matches
+from tidings.intermediary.client.client import IntermediaryClient
 from tidings.intermediary.node.intermediary import Intermediary
 from tidings.intermediary.publisher.simulation import Simulation
 from tidings.intermediary.serving.connection import Connection
@@ -40,6 +41,20 @@ WAIT = 60.0
 
 def run(main: Any) -> None:
     asyncio.run(asyncio.wait_for(main, WAIT))
+
+
+@asynccontextmanager
+async def _subscriber(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Running, ChainRig, IntermediaryClient]]:
+    """A tidings server over a store in ``tmp_path``, an intermediary chained to it, and a
+    subscriber of that intermediary (closed at the end)."""
+    async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
+        client = await rig.client()
+        try:
+            yield srv, rig, client
+        finally:
+            await client.close()
 
 
 def _id(event: StoredEvent) -> tuple[int, int, int]:
@@ -207,16 +222,29 @@ class Service:
                 await self.change(table, self.rng.randrange(30), None)
 
 
+@asynccontextmanager
+async def _with_service(
+    tmp_path: Path, sql: str = "SELECT 1", *, users: int = 0, **options: Any
+) -> AsyncIterator[tuple[ChainRig, Service]]:
+    """A chain rig taking the row events ``db/...`` (``options`` go to :func:`chain_rig`),
+    and a :class:`Service` writing to its event server (its reference view ``sql``) that
+    has written ``users`` users."""
+    async with (
+        running(tmp_path) as srv,
+        chain_rig(srv.address, row_type_prefix=("db",), **options) as rig,
+        await connect(srv.address) as producer,
+    ):
+        service = Service(producer, sql)
+        for uid in range(users):
+            await service.change("users", uid, {"id": uid, "name": "n", "city": "c", "age": 1})
+        yield rig, service
+
+
 def test_a_sql_view_follows_the_row_events_and_never_shows_a_half_applied_epoch(
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        async with (
-            running(tmp_path) as srv,
-            chain_rig(srv.address, row_type_prefix=("db",)) as rig,
-            await connect(srv.address) as producer,
-        ):
-            service = Service(producer, VIEW)
+        async with _with_service(tmp_path, VIEW) as (rig, service):
             await service.round(40)  # before anyone subscribes: loaded with a query
             client = await rig.client()
             assert (await client.subscribe_sql("v", VIEW, rate_hz=500))["covered"] is False
@@ -225,7 +253,9 @@ def test_a_sql_view_follows_the_row_events_and_never_shows_a_half_applied_epoch(
             assert first["columns"] == ["name", "city", "n", "total"]
             assert first["rows"] == service.results[-1]
             # A malformed row event is skipped (counted), the others are folded.
-            await producer.register_with_response([json_event(("db", "rows.users"), {"no": 1})])
+            await service.producer.register_with_response(
+                [json_event(("db", "rows.users"), {"no": 1})]
+            )
             for _ in range(4):
                 await service.round(25)
                 while (view := await next_view(client, "v"))["rows"] != service.results[-1]:
@@ -287,14 +317,12 @@ def test_bad_requests_get_a_clear_error_and_the_connection_goes_on(
     tmp_path: Path, request_: dict[str, Any], message: str
 ) -> None:
     async def main() -> None:
-        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
-            client = await rig.client()
+        async with _subscriber(tmp_path) as (_, rig, client):
             with pytest.raises(IntermediaryError, match=message):
                 await client.request({"op": "subscribe", "key": "k", **request_})
             assert rig.views.patterns == ()
             await client.subscribe_sql("k", "SELECT id FROM users")
             assert (await next_view(client, "k"))["rows"] == []
-            await client.close()
 
     run(main())
 
@@ -365,12 +393,7 @@ def test_a_view_subscribed_while_the_service_writes_loads_and_folds_each_change_
     or out of order), and the last equals the reference."""
 
     async def main() -> None:
-        async with (
-            running(tmp_path) as srv,
-            chain_rig(srv.address, row_type_prefix=("db",)) as rig,
-            await connect(srv.address) as producer,
-        ):
-            service = Service(producer, VIEW)
+        async with _with_service(tmp_path, VIEW) as (rig, service):
             await service.round(20)
             client = await rig.client()
             writing = asyncio.create_task(service.round(150))
@@ -391,8 +414,7 @@ def test_a_view_subscribed_while_the_service_writes_loads_and_folds_each_change_
 
 def test_a_key_names_one_subscription_whatever_its_kind(tmp_path: Path) -> None:
     async def main() -> None:
-        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
-            client = await rig.client()
+        async with _subscriber(tmp_path) as (_, rig, client):
             spatial = rig.server.intermediary.publishers
             await client.subscribe("k", WHOLE)
             assert set(spatial.subscriptions(client.subscriber)) == {"k"}
@@ -406,7 +428,6 @@ def test_a_key_names_one_subscription_whatever_its_kind(tmp_path: Path) -> None:
             assert rig.views.subscriptions(client.subscriber) == []
             assert rig.views.patterns == ()
             assert (await client.unsubscribe("k"))["removed"] == 1
-            await client.close()
 
     run(main())
 
@@ -415,8 +436,7 @@ def test_when_the_event_server_goes_away_new_upstream_needs_get_a_clear_error(
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
-            client = await rig.client()
+        async with _subscriber(tmp_path) as (srv, rig, client):
             await client.subscribe_events("a", [["app", "*"]])
             await srv.server.aclose()
             await asyncio.wait_for(_until(lambda: rig.tap.chain.closed is not None), WAIT)
@@ -428,7 +448,6 @@ def test_when_the_event_server_goes_away_new_upstream_needs_get_a_clear_error(
             # Unsubscribing still works; upstream cannot shrink, which only costs events.
             assert (await client.unsubscribe("a"))["removed"] == 1
             assert rig.views.patterns == (("app", "*"),)
-            await client.close()
 
     run(main())
 
@@ -439,16 +458,8 @@ def test_a_view_stopped_by_its_bounds_says_so_and_the_subscription_goes_on(
     heavy = "SELECT count(*) AS n FROM users AS a JOIN users AS b JOIN users AS c"
 
     async def main() -> None:
-        async with (
-            running(tmp_path) as srv,
-            chain_rig(
-                srv.address, row_type_prefix=("db",), sql_limits=SqlLimits(max_steps=20_000)
-            ) as rig,
-            await connect(srv.address) as producer,
-        ):
-            service = Service(producer, "SELECT 1")
-            for uid in range(40):
-                await service.change("users", uid, {"id": uid, "name": "n", "city": "c", "age": 1})
+        limits = SqlLimits(max_steps=20_000)
+        async with _with_service(tmp_path, users=40, sql_limits=limits) as (rig, _):
             client = await rig.client()
             await client.subscribe_sql("h", heavy)
             await client.subscribe_sql("ok", "SELECT count(*) AS n FROM users")
@@ -463,27 +474,29 @@ def test_a_view_stopped_by_its_bounds_says_so_and_the_subscription_goes_on(
     run(main())
 
 
+HEAVY = "SELECT count(*) AS n FROM users AS a, users AS b, users AS c, users AS d, users AS e"
+
+
+def _with_users(
+    tmp_path: Path, timeout_s: float
+) -> AbstractAsyncContextManager[tuple[ChainRig, Service]]:
+    """A chain rig whose views stop after ``timeout_s``, and 60 users written."""
+    limits = SqlLimits(timeout_s=timeout_s, max_steps=10**12)
+    return _with_service(tmp_path, users=60, sql_limits=limits)
+
+
 def test_a_view_running_to_its_bound_does_not_stall_the_other_subscribers(
     tmp_path: Path,
 ) -> None:
     """A hostile cartesian view runs until its time bound (3 s); meanwhile another
     subscriber's requests are answered (20 round trips take far less than the bound)."""
-    heavy = "SELECT count(*) AS n FROM users AS a, users AS b, users AS c, users AS d, users AS e"
 
     async def main() -> None:
-        limits = SqlLimits(timeout_s=3.0, max_steps=10**12)
-        async with (
-            running(tmp_path) as srv,
-            chain_rig(srv.address, row_type_prefix=("db",), sql_limits=limits) as rig,
-            await connect(srv.address) as producer,
-        ):
-            service = Service(producer, "SELECT 1")
-            for uid in range(60):
-                await service.change("users", uid, {"id": uid, "name": "n", "city": "c", "age": 1})
+        async with _with_users(tmp_path, 3.0) as (rig, _):
             hostile, honest = await rig.client(), await rig.client()
             await honest.subscribe_sql("n", "SELECT count(*) AS n FROM users")
             assert (await next_view(honest, "n"))["rows"] == [[60]]  # all rows are held
-            await hostile.subscribe_sql("h", heavy)
+            await hostile.subscribe_sql("h", HEAVY)
             stopped = asyncio.create_task(hostile.message(WAIT))
             for _ in range(20):
                 assert (await honest.unsubscribe("nothing"))["removed"] == 0
@@ -493,24 +506,6 @@ def test_a_view_running_to_its_bound_does_not_stall_the_other_subscribers(
             await honest.close()
 
     run(main())
-
-
-HEAVY = "SELECT count(*) AS n FROM users AS a, users AS b, users AS c, users AS d, users AS e"
-
-
-@asynccontextmanager
-async def _with_users(tmp_path: Path, timeout_s: float) -> AsyncIterator[tuple[Any, Service]]:
-    """A chain rig whose views stop after ``timeout_s``, and 60 users written."""
-    limits = SqlLimits(timeout_s=timeout_s, max_steps=10**12)
-    async with (
-        running(tmp_path) as srv,
-        chain_rig(srv.address, row_type_prefix=("db",), sql_limits=limits) as rig,
-        await connect(srv.address) as producer,
-    ):
-        service = Service(producer, "SELECT 1")
-        for uid in range(60):
-            await service.change("users", uid, {"id": uid, "name": "n", "city": "c", "age": 1})
-        yield rig, service
 
 
 def test_a_view_due_while_its_subscriber_is_evaluated_gets_the_newest_epoch(
@@ -569,11 +564,9 @@ def test_a_subscriber_of_heavy_views_delays_another_view_by_one_evaluation_at_mo
 
 def test_a_view_reading_no_column_of_an_empty_table_counts_zero(tmp_path: Path) -> None:
     async def main() -> None:
-        async with running(tmp_path) as srv, chain_rig(srv.address) as rig:
-            client = await rig.client()
+        async with _subscriber(tmp_path) as (_, _, client):
             await client.subscribe_sql("n", "SELECT count(*) AS n FROM orders")
             assert (await next_view(client, "n"))["rows"] == [[0]]
-            await client.close()
 
     run(main())
 
@@ -641,21 +634,16 @@ def test_a_view_subscriber_that_never_reads_holds_one_pending_view_not_a_backlog
 ) -> None:
     async def main() -> None:
         limits = TransportLimits(send_buffer_bytes=4096)
-        async with (
-            running(tmp_path) as srv,
-            chain_rig(srv.address, row_type_prefix=("db",), limits=limits) as rig,
-            await connect(srv.address) as producer,
-        ):
+        sql = "SELECT id, name FROM users ORDER BY id"
+        async with _with_service(tmp_path, sql, limits=limits) as (rig, service):
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.connect(("127.0.0.1", rig.server.port))
             slow = await websockets.connect(rig.url, sock=sock, max_queue=1, close_timeout=0.5)
             hello = json.loads(await slow.recv())
-            sql = "SELECT id, name FROM users ORDER BY id"
             await slow.send(json.dumps({"op": "subscribe", "key": "v", "sql": sql}))
             assert json.loads(await slow.recv())["op"] == "subscribed"
             conn = rig.server.connections[hello["subscriber"]]
-            service = Service(producer, sql)
             n = 0
             while conn.replaced < 5:  # it never reads: views pile up unless replaced
                 name = f"{n}" + "x" * 20_000  # a few rows, each view ~100 kB

@@ -11,7 +11,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
 from sqlalchemy import Engine
 
 from tests.support.publisher_helpers import (
@@ -24,7 +23,6 @@ from tests.support.publisher_helpers import (
     stored_seqs,
 )
 from tidings.config import load_config
-from tidings.db import make_engine
 from tidings.errors import TargetCallFailed, TargetUnavailable
 from tidings.events.outbox import EventStatus, OutboxEvent
 from tidings.outbox.schema import outbox_event
@@ -37,11 +35,6 @@ from tidings.pipeline.status import health_report
 from tidings.routing.table import merge_routes
 from tidings.targets.base import Target
 from tidings.targets.faults import FaultInjectingTarget
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Engine:
-    return make_engine(f"sqlite:///{tmp_path / 'app.db'}")
 
 
 def test_one_type_to_many_targets_and_unroutable(engine: Engine, tmp_path: Path) -> None:

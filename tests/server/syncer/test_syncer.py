@@ -23,7 +23,7 @@ from tidings.server.async_engine import AsyncEngine
 from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
 from tidings.server.syncer.common import SERVER_STATUS_TYPE, client_status_type
-from tidings.server.syncer.server import SyncerServer
+from tidings.server.syncer.server import SyncerLimits, SyncerServer
 from tidings.wire import chatter, codec
 
 pytestmark = [pytest.mark.sockets, pytest.mark.timeout(120)]
@@ -207,7 +207,7 @@ def test_backlog_one_session_per_message_then_synced_then_live(tmp_path: Path) -
             await register(a, "small", 4, size=3)
             await register(a, "big", 1, size=7)  # larger than a backlog chunk
             await register(a, "small-again", 2, size=1)
-            server = await SyncerServer.start(LOCAL, a, backlog_chunk=4)
+            server = await SyncerServer.start(LOCAL, a, limits=SyncerLimits(backlog_chunk=4))
             stored = [e for e in all_events(a) if e.id.server == 1]
 
             connection = await raw_client(server.port, EventId(1, 0, 0))
@@ -269,7 +269,9 @@ def test_events_stored_during_the_backlog_arrive_once_in_order(tmp_path: Path) -
     async def main() -> None:
         async with node(tmp_path, 1) as a:
             await register(a, "old", 20, size=2)
-            server = await SyncerServer.start(LOCAL, a, backlog_chunk=3, max_pending=4)
+            server = await SyncerServer.start(
+                LOCAL, a, limits=SyncerLimits(backlog_chunk=3, max_pending=4)
+            )
 
             async def writer() -> None:
                 for i in range(40):
@@ -333,7 +335,7 @@ def test_server_status_events(tmp_path: Path) -> None:
 def test_close_sends_flush_request_and_accepts_the_reply(tmp_path: Path) -> None:
     async def main() -> None:
         async with node(tmp_path, 1) as a:
-            server = await SyncerServer.start(LOCAL, a, flush_timeout=10)
+            server = await SyncerServer.start(LOCAL, a, limits=SyncerLimits(flush_timeout=10))
             connection = await raw_client(server.port, EventId(1, 0, 0))
             await receive_backlog(connection)
             started = time.monotonic()
@@ -356,7 +358,7 @@ def test_close_sends_flush_request_and_accepts_the_reply(tmp_path: Path) -> None
 def test_close_does_not_wait_long_for_a_silent_client(tmp_path: Path) -> None:
     async def main() -> None:
         async with node(tmp_path, 1) as a:
-            server = await SyncerServer.start(LOCAL, a, flush_timeout=0.3)
+            server = await SyncerServer.start(LOCAL, a, limits=SyncerLimits(flush_timeout=0.3))
             connection = await raw_client(server.port, EventId(1, 0, 0))
             await receive_backlog(connection)
             started = time.monotonic()
@@ -372,7 +374,9 @@ def test_slow_client_is_disconnected_without_blocking_others(
 ) -> None:
     async def main() -> None:
         async with node(tmp_path, 1) as a, node(tmp_path, 2) as b:
-            server = await SyncerServer.start(LOCAL, a, max_unsent_bytes=1024 * 1024)
+            server = await SyncerServer.start(
+                LOCAL, a, limits=SyncerLimits(max_unsent_bytes=1024 * 1024)
+            )
             # A client that sends its MsgReq and then never reads.
             _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             request = {

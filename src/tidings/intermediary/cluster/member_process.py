@@ -16,7 +16,6 @@ reach its upstream prints ``error`` and why, and exits 2.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -29,6 +28,7 @@ from tidings.intermediary.cluster.directory import Directory, Load
 from tidings.intermediary.cluster.member import ClusterServer
 from tidings.intermediary.cluster.responsibility import partition_from
 from tidings.intermediary.feed.remote import RemoteFeed
+from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,7 @@ async def main(plan: dict[str, Any]) -> int:
         upstream_lost = lost.done()
     finally:
         for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         await member.aclose()
         await feed.aclose()
         directory.close()

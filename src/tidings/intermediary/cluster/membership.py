@@ -30,6 +30,7 @@ from typing import Generic, Literal, Protocol, TypeVar
 from tidings.errors import IntermediaryError
 from tidings.intermediary.cluster.directory import Directory
 from tidings.intermediary.cluster.responsibility import Partition
+from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +218,7 @@ class Membership(ABC, Generic[M]):
     async def aclose(self) -> None:
         """Stop the loop and end every member."""
         if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+            await stop_task(self._loop)
         for member in list(self.members.values()):
             await self._end_member(member)
         self.members.clear()

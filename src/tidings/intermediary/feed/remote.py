@@ -12,7 +12,6 @@ and sent in order by one task; the batches the publisher sends are kept for
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from tidings.intermediary.node.intermediary import Intermediary
 from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.regions.coverage import UpstreamPolicy
 from tidings.intermediary.regions.geometry import Box
+from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +127,7 @@ class RemoteFeed:
         if self.closed_reason is None:
             self.closed_reason = "closed by the intermediary"
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         await self.websocket.close()
         self.closed.set()
 

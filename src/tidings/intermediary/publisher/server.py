@@ -33,6 +33,7 @@ from tidings.intermediary.feed.wire import (
     entities_of,
 )
 from tidings.intermediary.publisher.simulation import Simulation, SimulationFeed
+from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,7 @@ class SimulationServer:
 
     async def aclose(self) -> None:
         if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+            await stop_task(self._ticker)
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

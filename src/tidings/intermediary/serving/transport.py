@@ -70,6 +70,7 @@ from tidings.intermediary.serving.connection import Connection
 from tidings.intermediary.serving.envelope import DROPPED_CLOSE_CODE, FULL_CLOSE_CODE, clip_reason
 from tidings.intermediary.serving.page import page_routes
 from tidings.serving import QuietServer, listen
+from tidings.tasks import stop_task
 
 if TYPE_CHECKING:
     from tidings.intermediary.views.eventviews import EventViews
@@ -174,9 +175,7 @@ class IntermediaryServer:
     async def aclose(self) -> None:
         """Stop the loop, then stop accepting and close every connection."""
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+            await stop_task(self._loop_task)
         if self._server is not None and self._serve_task is not None:
             self._server.should_exit = True
             with contextlib.suppress(Exception, asyncio.CancelledError):

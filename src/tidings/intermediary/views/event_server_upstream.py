@@ -28,7 +28,6 @@ re-established after a loss (:attr:`TidingsChain.closed` says why).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -44,6 +43,7 @@ from tidings.client import (
 )
 from tidings.errors import IntermediaryError, TidingsError
 from tidings.intermediary.views.eventviews import ChainBatch
+from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,7 @@ class TidingsChain:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
         if self._client is not None:
             await self._client.aclose()
 

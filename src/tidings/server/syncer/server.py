@@ -40,17 +40,22 @@ from tidings.wire.chatter import Connection
 
 log = logging.getLogger(__name__)
 
-#: Events read from the store per backlog query.
-DEFAULT_BACKLOG_CHUNK = 1000
-#: Live events held for a client still catching up; beyond that they are dropped and read
-#: from the store again (they are stored before listeners hear of them).
-DEFAULT_MAX_PENDING = 10_000
-#: Unsent bytes that make a synced client count as stuck.
-DEFAULT_MAX_UNSENT_BYTES = 16 * 1024 * 1024
-#: How long a connection may stay silent before its MsgReq.
-DEFAULT_REQUEST_TIMEOUT = 30.0
-#: How long to wait for a client's MsgFlushRes when closing.
-DEFAULT_FLUSH_TIMEOUT = 2.0
+
+@dataclass(frozen=True)
+class SyncerLimits:
+    """What a :class:`SyncerServer` holds for its clients and how long it waits for them."""
+
+    #: Events read from the store per backlog query.
+    backlog_chunk: int = 1000
+    #: Live events held for a client still catching up; beyond that they are dropped and
+    #: read from the store again (they are stored before listeners hear of them).
+    max_pending: int = 10_000
+    #: Unsent bytes that make a synced client count as stuck.
+    max_unsent_bytes: int = 16 * 1024 * 1024
+    #: How long a connection may stay silent before its MsgReq.
+    request_timeout: float = 30.0
+    #: How long to wait for a client's MsgFlushRes when closing.
+    flush_timeout: float = 2.0
 
 
 def _sessions(events: Sequence[StoredEvent]) -> list[list[StoredEvent]]:
@@ -93,25 +98,11 @@ class _Client:
 class SyncerServer:
     """Serves this store's events to syncer clients; create it with :meth:`start`."""
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        *,
-        backlog_chunk: int,
-        max_pending: int,
-        max_unsent_bytes: int,
-        request_timeout: float,
-        flush_timeout: float,
-        stall_seconds: float,
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, limits: SyncerLimits, stall_seconds: float) -> None:
         self._engine = engine
+        self._limits = limits
         #: A client over max_unsent_bytes that takes nothing for this long is dropped.
         self._stall_seconds = stall_seconds
-        self._backlog_chunk = backlog_chunk
-        self._max_pending = max_pending
-        self._max_unsent_bytes = max_unsent_bytes
-        self._request_timeout = request_timeout
-        self._flush_timeout = flush_timeout
         self._clients: list[_Client] = []
         self._handlers: set[asyncio.Task[object]] = set()
         self._status_lock = asyncio.Lock()
@@ -125,30 +116,18 @@ class SyncerServer:
         address: str,
         engine: AsyncEngine,
         *,
-        backlog_chunk: int = DEFAULT_BACKLOG_CHUNK,
-        max_pending: int = DEFAULT_MAX_PENDING,
-        max_unsent_bytes: int = DEFAULT_MAX_UNSENT_BYTES,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        flush_timeout: float = DEFAULT_FLUSH_TIMEOUT,
+        limits: SyncerLimits = SyncerLimits(),
         ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
     ) -> SyncerServer:
         """Listen on ``address`` (``tcp+sbs://HOST:PORT``, port 0 for any) and register the
         empty client list, as hat-event does when its syncer server starts."""
         require_positive_ints(
             "syncer server",
-            backlog_chunk=backlog_chunk,
-            max_pending=max_pending,
-            max_unsent_bytes=max_unsent_bytes,
+            backlog_chunk=limits.backlog_chunk,
+            max_pending=limits.max_pending,
+            max_unsent_bytes=limits.max_unsent_bytes,
         )
-        self = cls(
-            engine,
-            backlog_chunk=backlog_chunk,
-            max_pending=max_pending,
-            max_unsent_bytes=max_unsent_bytes,
-            request_timeout=request_timeout,
-            flush_timeout=flush_timeout,
-            stall_seconds=ping_interval or chatter.DEFAULT_PING_INTERVAL,
-        )
+        self = cls(engine, limits, ping_interval or chatter.DEFAULT_PING_INTERVAL)
         self._unsubscribe = engine.subscribe(self._on_stored)
         try:
             self._server = await chatter_server.listen(
@@ -196,14 +175,14 @@ class SyncerServer:
     async def _flush(self, client: _Client) -> None:
         try:
             await client.connection.request(
-                codec.SYNCER, "MsgFlushReq", None, timeout=self._flush_timeout
+                codec.SYNCER, "MsgFlushReq", None, timeout=self._limits.flush_timeout
             )
         except TimeoutError:
             log.info(
                 "syncer client %r (%s) did not answer MsgFlushReq within %s s",
                 client.name,
                 client.connection.peer,
-                self._flush_timeout,
+                self._limits.flush_timeout,
             )
         except ConnectionClosed:
             pass
@@ -258,10 +237,10 @@ class SyncerServer:
     async def _accept(self, connection: Connection) -> _Client | None:
         """The client of a connection's MsgReq; None (connection closed) if it sent another."""
         try:
-            async with asyncio.timeout(self._request_timeout):
+            async with asyncio.timeout(self._limits.request_timeout):
                 message = await connection.receive()
         except TimeoutError:
-            connection.close(f"no HatSyncer.MsgReq within {self._request_timeout} s")
+            connection.close(f"no HatSyncer.MsgReq within {self._limits.request_timeout} s")
             return None
         if (message.module, message.type) != (codec.SYNCER, "MsgReq"):
             connection.close(
@@ -287,10 +266,10 @@ class SyncerServer:
         store = self._engine.store
         while True:
             chunk = await self._engine.read(
-                store.events_after, client.last_sent, self._backlog_chunk
+                store.events_after, client.last_sent, self._limits.backlog_chunk
             )
             groups = _sessions(chunk)
-            full = len(chunk) >= self._backlog_chunk
+            full = len(chunk) >= self._limits.backlog_chunk
             if full and len(groups) > 1:
                 # The last session may go on in the next chunk: send it whole from there.
                 groups.pop()
@@ -332,7 +311,7 @@ class SyncerServer:
         """Drop a client that does not take what it is sent (the Eventer's rule, see
         :meth:`chatter.Connection.lagging`)."""
         reason = client.connection.lagging(
-            self._max_unsent_bytes, self._stall_seconds, "max_unsent_bytes"
+            self._limits.max_unsent_bytes, self._stall_seconds, "max_unsent_bytes"
         )
         if reason is not None:
             client.connection.close(
@@ -355,7 +334,7 @@ class SyncerServer:
                 if not client.overflowed:
                     for _, group in mine:
                         client.pending.extend(group)
-                    if len(client.pending) > self._max_pending:
+                    if len(client.pending) > self._limits.max_pending:
                         client.pending.clear()
                         client.overflowed = True
                 continue

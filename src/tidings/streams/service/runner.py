@@ -31,6 +31,7 @@ from tidings.streams.service.feed import StreamFeed
 from tidings.streams.service.functions import StreamService
 from tidings.streams.service.reader import StreamReader
 from tidings.streams.typemap import type_map_from_config
+from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,7 @@ class RunningStreams:
         for service in self.services.values():
             await service.aclose()
         if self.retention is not None:
-            self.retention.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.retention
+            await stop_task(self.retention)
         for remove in self.unsubscribe:
             remove()  # type: ignore[operator]
         for pool in (self.executor, self.password_checks):
