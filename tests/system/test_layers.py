@@ -245,7 +245,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.measurement": (
         "wsreceive fanout intermediary_process subscriber_process demo"
     ),
-    "tidings.system": "parts checks paths supervisor",
+    "tidings.system": "parts checks paths state children supervisor",
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
         "common relay_progress config events server streams intermediary fanout system pipeline "

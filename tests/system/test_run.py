@@ -1,7 +1,8 @@
 """``tidings run``: the parts of one file as supervised child processes, for real: a server
 with a stream and an intermediary on free ports (no relay here: no Spark), started in order,
 restarted after a SIGKILL, stopped in order on SIGTERM; a part that cannot start is given up
-on with one line; ``tidings status`` shows the parts; each part runs alone from the file."""
+on with one line; ``tidings status`` shows the parts; no part outlives a supervisor killed
+hard; a second supervisor of the same file is refused. One test runs the relay too (Spark)."""
 
 from __future__ import annotations
 
@@ -10,74 +11,29 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
+import psutil
 import pytest
-import yaml
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds the example names
-from bench.harness.processes import free_port, wait_for_port
+from bench.harness.processes import wait_for_port
+from tests.support.run_helpers import TIDINGS, Run, deployment
 from tests.support.waiting import wait_until
 from tidings.config import load_config_file
-from tidings.config.passwords import hash_password
 from tidings.system.parts import parts_of
-from tidings.system.supervisor import read_state
+from tidings.system.state import RunFiles, read_state
 
 pytestmark = pytest.mark.sockets
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "system" / "tidings.yaml"
-TIDINGS = [sys.executable, "-m", "tidings.cli"]
 
 
-def _deployment(tmp_path: Path, eventer: int | None = None) -> tuple[Path, dict[str, int]]:
-    ports = {"eventer": eventer or free_port(), "stream": free_port(), "live": free_port()}
-    address = f"tcp+sbs://127.0.0.1:{ports['eventer']}"
-    data: dict[str, Any] = {
-        "servers": {
-            "main": {
-                "backend": {"module": "tidings.server.backends.sqlite", "db_path": "events.db"},
-                "engine": {"server_id": 1},
-                "eventer_server": {"address": address},
-                "stream_users": {"app": {"password_hash": hash_password("pw")}},
-                "streams": [
-                    {"name": "s", "port": ports["stream"], "path": "/s", "types": {"A": ["a"]}}
-                ],
-            }
-        },
-        "intermediaries": {
-            "live": {"listen": f"127.0.0.1:{ports['live']}", "event_server": address}
-        },
-    }
-    path = tmp_path / "tidings.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path, ports
-
-
-class Run:
-    """``tidings run -c FILE`` in a subprocess, its output collected in a file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.log = path.parent / "run.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [*TIDINGS, "run", "-c", str(path)], stdout=out, stderr=subprocess.STDOUT
-            )
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def state(self) -> dict[str, Any]:
-        state = read_state(self.path)
-        assert state is not None, self.output()
-        return state
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
+def _index(lines: list[str], text: str) -> int:
+    """The index of the last line holding ``text``."""
+    found = [i for i, line in enumerate(lines) if text in line]
+    assert found, f"no line holds {text!r}:\n" + "\n".join(lines)
+    return found[-1]
 
 
 def test_the_example_deployment_has_its_parts_in_start_order() -> None:
@@ -86,11 +42,22 @@ def test_the_example_deployment_has_its_parts_in_start_order() -> None:
     assert [p.name for p in parts] == ["server.main", "relay", "intermediary.live"]
     assert [p.stop_rank for p in parts] == [2, 1, 0]  # servers stop last, clients first
     assert parts[0].ready_on == ("127.0.0.1", 23012)
-    assert parts[0].arguments == ("server", "-c", str(EXAMPLE), "--name", "main")
+    assert parts[0].command[1:] == (
+        "-m",
+        "tidings.cli",
+        "server",
+        "-c",
+        str(EXAMPLE),
+        "--name",
+        "main",
+    )
+    assert parts[2].ready_on == ("127.0.0.1", 8100)
+    # both follow the server: restarted only while it is up
+    assert parts[1].needs == parts[2].needs == ("server.main",)
 
 
 def test_run_starts_restarts_reports_and_stops_the_parts_in_order(tmp_path: Path) -> None:
-    path, ports = _deployment(tmp_path)
+    path, ports = deployment(tmp_path)
     run = Run(path)
     try:
         for port in ports.values():
@@ -106,34 +73,63 @@ def test_run_starts_restarts_reports_and_stops_the_parts_in_order(tmp_path: Path
             "intermediary.live": "up",
         }
         assert parts["server.main"]["lag"] == "no consumers"  # its stream has none yet
-        server_pid = run.state()["parts"]["server.main"]["pid"]
+        table = subprocess.run(
+            [*TIDINGS, "status", "-c", str(path)], capture_output=True, text=True
+        )
+        assert table.returncode == 0, table.stderr
+        assert "parts (supervisor running)" in table.stdout
+        rows = [
+            [cell for cell in line.split() if cell != "│"] for line in table.stdout.splitlines()
+        ]
+        assert ["server.main", "up"] in [row[:2] for row in rows], table.stdout
+        server_pid = run.part("server.main")["pid"]
+        intermediary_pid = run.part("intermediary.live")["pid"]
         os.kill(server_pid, signal.SIGKILL)  # a crash
         wait_until(
+            lambda: run.part("server.main")["restarts"] == 1 and run.part("server.main")["up"],
+            60,
+            explain=run.output,
+        )
+        assert run.part("server.main")["pid"] != server_pid
+        wait_for_port(ports["eventer"], 60, process=run.proc, log=run.log)
+        assert "[supervisor] server.main exited with code -9; restart 1 in 0.5 s" in run.output()
+        # the intermediary lost its server and exits 2: started again once the server is up
+        wait_until(
             lambda: (
-                run.state()["parts"]["server.main"]["restarts"] == 1
-                and run.state()["parts"]["server.main"]["up"]
+                run.part("intermediary.live")["restarts"] == 1
+                and run.part("intermediary.live")["up"]
             ),
             60,
             explain=run.output,
         )
-        assert run.state()["parts"]["server.main"]["pid"] != server_pid
-        wait_for_port(ports["eventer"], 60, process=run.proc, log=run.log)
-        assert "[supervisor] server.main exited with code -9; restart 1" in run.output()
-        # the intermediary lost its server and exits 2: restarted too, and serving again
-        wait_until(lambda: run.state()["parts"]["intermediary.live"]["up"], 60)
+        assert run.part("intermediary.live")["pid"] != intermediary_pid
+        assert (
+            "intermediary.live exited with code 2; restart 1 in 0.5 s once server.main is up"
+            in (run.output())
+        )
+        restart_logged = [
+            json.loads(line)
+            for line in run.output().splitlines()
+            if line.startswith("{") and "part exited; restarting it" in line
+        ]
+        assert {k: restart_logged[0][k] for k in ("part", "exit_code", "restarts", "delay_s")} == {
+            "part": "server.main",
+            "exit_code": -9,
+            "restarts": 1,
+            "delay_s": 0.5,
+        }
         run.proc.send_signal(signal.SIGTERM)
         assert run.proc.wait(90) == 0, run.output()
     finally:
         run.close()
-    out = run.output()
-    lines = out.splitlines()
+    lines = run.output().splitlines()
     assert any(line.startswith("[server.main] ") for line in lines)
     assert any(line.startswith("[intermediary.live] ") for line in lines)
-    stopped_intermediary = max(i for i, x in enumerate(lines) if "intermediary stopped" in x)
-    stopped_server = max(i for i, x in enumerate(lines) if "event server 1 stopped" in x)
-    assert stopped_intermediary < stopped_server  # clients stop before their server
-    state = read_state(path)
+    # clients stop before their server
+    assert _index(lines, "intermediary stopped") < _index(lines, "event server 1 stopped")
+    state = read_state(RunFiles.of(path))
     assert state is not None and not state["running"]
+    assert {p["state"] for p in state["parts"].values()} == {"stopped"}
     assert not any(p["up"] for p in state["parts"].values())
     down = subprocess.run([*TIDINGS, "status", "-c", str(path), "--check"], capture_output=True)
     assert down.returncode == 1 and b"part server.main is down" in down.stdout
@@ -143,35 +139,79 @@ def test_a_part_that_cannot_start_is_given_up_on_with_one_line(tmp_path: Path) -
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        path, _ = _deployment(tmp_path, eventer=taken.getsockname()[1])
+        path, _ = deployment(tmp_path, eventer=taken.getsockname()[1])
         run = Run(path)
         try:
+            # its port is another's: the server is never up, and the intermediary never starts
+            wait_until(lambda: run.part("server.main")["restarts"] >= 1, 60, explain=run.output)
+            assert not run.part("server.main")["up"]
             assert run.proc.wait(120) == 2, run.output()
         finally:
             run.close()
     out = run.output()
-    assert "[supervisor] server.main exited 5 times in a row within 10 s of its start" in out
-    assert "stopping the deployment" in out
+    assert (
+        "[supervisor] server.main exited 5 times in a row within 10 s of its start "
+        "(last exit code 2): error: cannot start the server:"
+    ) in out
+    assert "address already in use; stopping the deployment" in out
+    assert "[intermediary.live]" not in out
+    state = read_state(RunFiles.of(path))
+    assert state is not None and state["parts"]["server.main"]["state"] == "failed"
 
 
-@pytest.mark.parametrize(
-    ("command", "message"),
-    [
-        (["server", "--name", "nosuch"], "--name nosuch: no such server in"),
-        (["intermediary", "serve", "--name", "nosuch"], "--name nosuch: no such intermediary"),
-    ],
-)
-def test_a_part_not_in_the_file_is_one_line_and_exit_2(
-    tmp_path: Path, command: list[str], message: str
+def test_no_part_outlives_a_supervisor_killed_hard_and_one_file_has_one_supervisor(
+    tmp_path: Path,
 ) -> None:
-    path, _ = _deployment(tmp_path)
-    result = subprocess.run([*TIDINGS, *command, "-c", str(path)], capture_output=True, text=True)
-    assert result.returncode == 2 and message in result.stderr
-    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
-
-
-def test_run_without_a_file_or_parts_refuses(tmp_path: Path) -> None:
-    empty = tmp_path / "empty.yaml"
-    empty.write_text("outbox: {originator: x}\n")
-    result = subprocess.run([*TIDINGS, "run", "-c", str(empty)], capture_output=True, text=True)
-    assert result.returncode == 2 and "configures no part to run" in result.stderr
+    run_dir = tmp_path / "state"
+    path, ports = deployment(tmp_path)
+    run = Run(path, "--run-dir", str(run_dir))
+    try:
+        wait_until(
+            lambda: (
+                (s := read_state(RunFiles.of(path, run_dir))) is not None
+                and all(p["up"] for p in s["parts"].values())
+            ),
+            60,
+            explain=run.output,
+        )
+        second = subprocess.run(
+            [*TIDINGS, "run", "-c", str(path), "--run-dir", str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 2
+        assert second.stderr.strip() == (
+            f"error: tidings run is already running {path} (pid {run.proc.pid}, "
+            f"lock {run_dir / 'run-tidings.lock'}); stop it first"
+        )
+        state = read_state(RunFiles.of(path, run_dir))
+        assert state is not None
+        pids = [part["pid"] for part in state["parts"].values()]
+        run.proc.kill()  # SIGKILL: no chance to stop its parts
+        run.proc.wait(30)
+        wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60)
+        for port in ports.values():
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        state = read_state(RunFiles.of(path, run_dir))
+        assert state is not None and not state["running"]
+        assert not (tmp_path / ".tidings").exists()  # the state went to --run-dir only
+        # its lock went with it: the file runs again
+        again = Run(path, "--run-dir", str(run_dir), log="again.log")
+        try:
+            wait_until(
+                lambda: (
+                    (s := read_state(RunFiles.of(path, run_dir))) is not None
+                    and s["running"]
+                    and all(p["up"] for p in s["parts"].values())
+                ),
+                60,
+                explain=again.output,
+            )
+            again.proc.send_signal(signal.SIGINT)  # Ctrl-C
+            assert again.proc.wait(60) == 0, again.output()
+        finally:
+            again.close()
+    finally:
+        run.close()

@@ -21,7 +21,7 @@ from tidings.cli.common import (
     seconds_option,
 )
 from tidings.cli.relay_progress import RelayProgress, run_summary, stop_on_signals
-from tidings.cli.system import down_parts, part_lags, parts_status, print_parts
+from tidings.cli.system import RunDirOption, down_parts, part_lags, parts_status, print_parts
 from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
@@ -181,6 +181,7 @@ def status(
             help="--check: longest time without a relay batch while events wait, e.g. 5m."
         ),
     ] = "5m",
+    run_dir: RunDirOption = None,
 ) -> None:
     """The parts `tidings run` supervises (up/down, restarts), events per status and per
     target, relay lag, last batch, the last errors.
@@ -196,7 +197,7 @@ def status(
     from tidings.routing.table import current_routes
 
     cfg = load_or_exit(config)
-    parts = parts_status(config)
+    parts = parts_status(config, run_dir)
     lag_s = seconds_option(max_lag_seconds, "--max-lag-seconds")
     batch_s = seconds_option(max_batch_age, "--max-batch-age")
     engine = make_engine(cfg.database.url)

@@ -4,24 +4,36 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from tidings.cli.common import ConfigOption, app, console, fail, load_or_exit
+from tidings.system.state import RUN_DIR_ENV
 
 if TYPE_CHECKING:
     from tidings.config import TidingsConfig
 
+RunDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--run-dir",
+        envvar=RUN_DIR_ENV,
+        file_okay=False,
+        help="Where `tidings run` keeps its state and lock. Default: .tidings beside the file.",
+    ),
+]
+
 
 @app.command()
-def run(config: ConfigOption = None) -> None:
+def run(config: ConfigOption = None, run_dir: RunDirOption = None) -> None:
     """Run every part the configuration describes (event servers with their streams, the
     relay, intermediaries) as supervised child processes: restarted with backoff when one
     dies, their output prefixed with their names, stopped in order on Ctrl-C or SIGTERM."""
     from tidings.system.parts import parts_of
-    from tidings.system.supervisor import Supervisor, install_stop_signals, state_path
+    from tidings.system.state import RunFiles, holding_run_lock
+    from tidings.system.supervisor import Supervisor, install_stop_signals
 
     if config is None:
         fail("tidings run needs a configuration file: -c FILE (or $TIDINGS_CONFIG)")
@@ -29,22 +41,26 @@ def run(config: ConfigOption = None) -> None:
     parts = parts_of(settings, config.resolve())
     if not parts:
         fail(f"{config}: configures no part to run (no targets, servers or intermediaries)")
-    console.print(
-        f"running {len(parts)} parts of {config}: {', '.join(p.name for p in parts)} "
-        "(Ctrl-C stops them in order)",
-        markup=False,
-        highlight=False,
-    )
-    supervisor = Supervisor(parts, state_path(config))
-    install_stop_signals(supervisor.stop)
-    raise typer.Exit(supervisor.run())
+    files = RunFiles.of(config, run_dir)
+    with holding_run_lock(files, config):
+        console.print(
+            f"running {len(parts)} parts of {config}: {', '.join(p.name for p in parts)} "
+            "(Ctrl-C stops them in order)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        supervisor = Supervisor(parts, files)
+        install_stop_signals(supervisor.stop)
+        code = supervisor.run()
+    raise typer.Exit(code)
 
 
-def parts_status(config: Path | None) -> dict[str, Any] | None:
+def parts_status(config: Path | None, run_dir: Path | None) -> dict[str, Any] | None:
     """What the supervisor of ``config`` last wrote (None when it never ran there)."""
-    from tidings.system.supervisor import read_state
+    from tidings.system.state import RunFiles, read_state
 
-    return None if config is None else read_state(config)
+    return None if config is None else read_state(RunFiles.of(config, run_dir))
 
 
 def part_lags(config: TidingsConfig, relay_lag: int) -> dict[str, str]:

@@ -10,6 +10,10 @@ Order. Servers start first (the others connect to them) and the supervisor waits
 Eventer ports before it starts the rest. They stop in the other order, clients before the
 servers they use: intermediaries first, then the relay, which finishes its batch and so leaves
 no event half-published, then the servers. No part sees its upstream vanish while it runs.
+
+Needs. A part that follows a server of the file (an intermediary, the relay through an
+``event_server`` target) *needs* it: the supervisor (re)starts it only while that server is
+up, and an exit of it while the server was away is not held against it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Literal
 
 from tidings.address import Address
 from tidings.config import TidingsConfig
+from tidings.config.intermediary import IntermediaryConfig
 
 PartKind = Literal["server", "relay", "intermediary"]
 
@@ -38,15 +43,13 @@ class Part:
 
     name: str
     kind: PartKind
-    #: The ``tidings`` arguments that run it alone.
-    arguments: tuple[str, ...]
-    #: ``(host, port)`` it is ready once it listens on (servers: their Eventer).
+    #: The whole command line that runs it alone.
+    command: tuple[str, ...]
+    #: ``(host, port)`` it is ready once it listens on (servers: their Eventer;
+    #: intermediaries: their WebSocket); None: ready once started.
     ready_on: tuple[str, int] | None = None
-
-    @property
-    def command(self) -> list[str]:
-        """The whole command line, with this interpreter."""
-        return [sys.executable, "-m", "tidings.cli", *self.arguments]
+    #: The names of the parts it follows (see the module docstring).
+    needs: tuple[str, ...] = ()
 
     @property
     def start_rank(self) -> int:
@@ -61,6 +64,11 @@ class Part:
         return STOP_GRACE_S[self.kind]
 
 
+def tidings_command(*arguments: str) -> tuple[str, ...]:
+    """``tidings ARGUMENTS`` with this interpreter (what a unit file would run)."""
+    return (sys.executable, "-m", "tidings.cli", *arguments)
+
+
 def host_port(address: Address | str) -> tuple[str, int]:
     """``tcp+sbs://HOST:PORT`` or ``HOST:PORT`` as a pair."""
     where = address.partition("://")[2] if "://" in address else address
@@ -71,25 +79,49 @@ def host_port(address: Address | str) -> tuple[str, int]:
 def parts_of(config: TidingsConfig, path: Path) -> list[Part]:
     """The parts ``config`` (read from ``path``) describes, in start order."""
     file = str(path)
+    servers = {
+        host_port(server.eventer_server.address): f"server.{name}"
+        for name, server in config.servers.items()
+    }
+
+    def following(*addresses: str) -> tuple[str, ...]:
+        return tuple(sorted({n for a in addresses if (n := servers.get(host_port(a)))}))
+
     parts = [
         Part(
             f"server.{name}",
             "server",
-            ("server", "-c", file, "--name", name),
+            tidings_command("server", "-c", file, "--name", name),
             host_port(server.eventer_server.address),
         )
         for name, server in config.servers.items()
     ]
     if config.targets:
-        parts.append(Part("relay", "relay", ("relay", "-c", file)))
+        addresses = [
+            str(getattr(target, "address", ""))
+            for target in config.targets.values()
+            if target.kind == "event_server"
+        ]
+        parts.append(
+            Part(
+                "relay", "relay", tidings_command("relay", "-c", file), None, following(*addresses)
+            )
+        )
+    intermediaries: list[tuple[str, tuple[str, ...], IntermediaryConfig]] = []
     if "intermediary" in config.model_fields_set:
-        parts.append(Part("intermediary", "intermediary", ("intermediary", "serve", "-c", file)))
+        intermediaries.append(("intermediary", (), config.intermediary))
+    intermediaries.extend(
+        (f"intermediary.{name}", ("--name", name), settings)
+        for name, settings in config.intermediaries.items()
+    )
     parts.extend(
         Part(
-            f"intermediary.{name}",
+            name,
             "intermediary",
-            ("intermediary", "serve", "-c", file, "--name", name),
+            tidings_command("intermediary", "serve", "-c", file, *chosen),
+            host_port(settings.listen),
+            following(settings.event_server),
         )
-        for name in config.intermediaries
+        for name, chosen, settings in intermediaries
     )
     return sorted(parts, key=lambda part: part.start_rank)
