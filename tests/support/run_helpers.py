@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from bench.harness.processes import free_port
@@ -78,3 +79,11 @@ class Run:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie not yet reaped by whoever adopted it has)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

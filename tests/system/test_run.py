@@ -13,12 +13,11 @@ import socket
 import subprocess
 from pathlib import Path
 
-import psutil
 import pytest
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds the example names
 from bench.harness.processes import wait_for_port
-from tests.support.run_helpers import TIDINGS, Run, deployment
+from tests.support.run_helpers import TIDINGS, Run, deployment, gone
 from tests.support.waiting import wait_until
 from tidings.config import load_config_file
 from tidings.system.parts import parts_of
@@ -190,7 +189,7 @@ def test_no_part_outlives_a_supervisor_killed_hard_and_one_file_has_one_supervis
         pids = [part["pid"] for part in state["parts"].values()]
         run.proc.kill()  # SIGKILL: no chance to stop its parts
         run.proc.wait(30)
-        wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids), 60)
+        wait_until(lambda: all(gone(pid) for pid in pids), 60)
         for port in ports.values():
             with pytest.raises(OSError):
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
