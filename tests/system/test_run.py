@@ -16,10 +16,15 @@ from pathlib import Path
 import pytest
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds the example names
-from bench.harness.processes import wait_for_port
+from bench.harness.processes import free_port, local_address, wait_for_port
 from tests.support.run_helpers import TIDINGS, Run, deployment, gone
+from tests.support.waiting import run as run_async
 from tests.support.waiting import wait_until
-from tidings.config import load_config_file
+from tidings import client
+from tidings.config import OutboxConfig, load_config_file
+from tidings.db import make_engine
+from tidings.events.query import QueryData
+from tidings.outbox.producer import Outbox
 from tidings.system.parts import parts_of
 from tidings.system.state import RunFiles, read_state
 
@@ -214,3 +219,53 @@ def test_no_part_outlives_a_supervisor_killed_hard_and_one_file_has_one_supervis
             again.close()
     finally:
         run.close()
+
+
+async def _stored(address: str) -> list[object]:
+    """The data of the server's ``shop`` events (CloudEvents envelopes), in its order."""
+    async with await client.connect(address) as connection:
+        events = await connection.query(QueryData(event_types=(("shop", "*"),), order="ascending"))
+        return [json.loads(e.payload or b"")["data"] for e in events]
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_run_with_the_relay_delivers_and_stops_the_relay_before_its_server(
+    tmp_path: Path,
+) -> None:
+    eventer = free_port()
+    address = local_address(eventer)
+    database = f"sqlite:///{tmp_path / 'shop.db'}"
+    outbox = Outbox(make_engine(database), OutboxConfig(originator="shop"))
+    with outbox.transaction() as tx:
+        for n in range(5):
+            tx.emit("OrderPlaced", {"n": n}, partition_key="k")
+    path, _ = deployment(
+        tmp_path,
+        eventer=eventer,
+        database={"url": database},
+        outbox={"originator": "shop"},
+        targets={"main": {"kind": "event_server", "address": address, "type_prefix": ["shop"]}},
+        routing={"routes": {"OrderPlaced": ["main"]}},
+        relay={"checkpoint_dir": "checkpoint", "trigger_interval": "100ms"},
+    )
+    run = Run(path)
+    try:
+        wait_until(lambda: run.part("relay")["up"], 120, explain=run.output)
+        wait_until(lambda: len(run_async(_stored(address))) == 5, 240, explain=run.output)
+        assert run_async(_stored(address)) == [{"n": n} for n in range(5)]
+        status = subprocess.run(
+            [*TIDINGS, "status", "-c", str(path), "--json"], capture_output=True, text=True
+        )
+        assert status.returncode == 0, status.stderr
+        report = json.loads(status.stdout)
+        assert report["parts"]["parts"]["relay"]["state"] == "up"
+        assert report["parts"]["parts"]["relay"]["lag"] == "0 events"
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(180) == 0, run.output()
+    finally:
+        run.close()
+    lines = run.output().splitlines()
+    # the relay finished (its summary line) before its server stopped
+    assert _index(lines, "[relay] relay stopped: ") < _index(lines, "event server 1 stopped")
+    assert _index(lines, "intermediary stopped") < _index(lines, "[relay] relay stopped: ")

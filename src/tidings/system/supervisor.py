@@ -104,7 +104,8 @@ class Supervisor:
         self._files = files
         self._output = output or sys.stdout
         self._output_lock = threading.Lock()
-        self._env = env
+        # unbuffered: a part's printed lines reach the terminal as they are written
+        self._env = (dict(os.environ) if env is None else env) | {"PYTHONUNBUFFERED": "1"}
         self._stop = threading.Event()
         self._began = 0.0
 
