@@ -129,6 +129,7 @@ class Supervisor:
             log.error("giving up on a part; deployment stopped", extra={"reason": failure})
             self._say("supervisor", failure)
             return 2
+        self._say("supervisor", "all parts stopped")
         return 0
 
     def _tick(self, now: float) -> str | None:
