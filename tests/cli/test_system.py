@@ -74,6 +74,23 @@ def test_a_part_not_in_the_file_is_one_line_and_exit_2(
     _one_line_exit_2(result, message)
 
 
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (["server", "--name", "main"], "--name main: names a server of a deployment's file"),
+        (
+            ["intermediary", "serve", "--name", "live"],
+            "--name live: names an intermediary of a deployment's file",
+        ),
+    ],
+)
+def test_a_name_without_a_file_is_one_line_and_exit_2(
+    tmp_path: Path, command: list[str], message: str
+) -> None:
+    result = subprocess.run([*TIDINGS, *command], capture_output=True, text=True, cwd=tmp_path)
+    _one_line_exit_2(result, f"error: {message}; give it with -c FILE")
+
+
 def test_run_without_parts_refuses(tmp_path: Path) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("outbox: {originator: x}\n")

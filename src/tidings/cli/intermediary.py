@@ -41,6 +41,8 @@ def serve(
     from tidings.intermediary.serving.service import Listening, serve_intermediary
 
     configure_logging(log_level_option(log_level, "--log-level"))
+    if name is not None and config is None:
+        fail(f"--name {name}: names an intermediary of a deployment's file; give it with -c FILE")
     loaded = load_or_exit(config)
     settings = loaded.intermediary
     if name is not None:

@@ -45,6 +45,8 @@ def server(
     if name is not None:
         if conf is not None:
             fail("give --conf FILE (a server's own file) or -c FILE --name NAME, not both")
+        if config is None:
+            fail(f"--name {name}: names a server of a deployment's file; give it with -c FILE")
         servers = load_or_exit(config).servers
         if name not in servers:
             fail(

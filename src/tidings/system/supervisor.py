@@ -97,7 +97,6 @@ class Supervisor:
         files: RunFiles,
         *,
         output: IO[str] | None = None,
-        env: dict[str, str] | None = None,
     ) -> None:
         self._parts = [_Running(part) for part in parts]
         self._by_name = {running.part.name: running for running in self._parts}
@@ -105,7 +104,7 @@ class Supervisor:
         self._output = output or sys.stdout
         self._output_lock = threading.Lock()
         # unbuffered: a part's printed lines reach the terminal as they are written
-        self._env = (dict(os.environ) if env is None else env) | {"PYTHONUNBUFFERED": "1"}
+        self._env = dict(os.environ) | {"PYTHONUNBUFFERED": "1"}
         self._stop = threading.Event()
         self._began = 0.0
 
