@@ -5,9 +5,11 @@ Threads write through the outbox producer API, each transaction taking its seque
 when it emits and then holding on before it commits, a share of them for several of the
 relay's trigger intervals, while the other threads commit later-numbered transactions. A share
 of the transactions is rolled back after emitting: their events must appear nowhere. Each
-transaction also checks, just before it ends, whether a transaction numbered after it has
-already committed (PostgreSQL's READ COMMITTED shows every statement what committed before
-it), so a test can assert that commits really landed out of order.
+transaction also checks, just before it ends, whether a transaction numbered after it, with
+an event of one of its partition keys, has already committed (PostgreSQL's READ COMMITTED
+shows every statement what committed before it), so a test can assert that commits really
+landed out of order where order matters. (Transactions that lock the same domain row cannot
+do that: the lock orders them, and their sequence numbers with them.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, select
 
 from tidings.outbox.producer import Outbox, OutboxTransaction
 from tidings.outbox.schema import outbox_event
@@ -54,7 +56,8 @@ class OutOfOrderProducers:
         #: Event ids of committed transactions, and of those rolled back.
         self.committed: list[str] = []
         self.rolled_back: list[str] = []
-        #: Committed transactions that a later-numbered transaction had committed before.
+        #: Committed transactions that a later-numbered one with an event of the same
+        #: partition key had committed before.
         self.overtaken = 0
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
@@ -111,9 +114,14 @@ class OutOfOrderProducers:
 
 
 def _overtaken(conn: Connection, emitted: list[str]) -> bool:
-    """Whether a transaction numbered after this one's events has committed already."""
-    own = conn.execute(
-        select(func.max(outbox_event.c.seq)).where(outbox_event.c.event_id.in_(emitted))
-    ).scalar_one()
-    newest = conn.execute(select(func.max(outbox_event.c.seq))).scalar_one()
-    return bool(newest > own)
+    """Whether another transaction has committed an event of one of ``emitted``'s partition
+    keys numbered after it."""
+    own, other = outbox_event.alias("own"), outbox_event.alias("other")
+    later = (
+        select(other.c.seq)
+        .join(own, other.c.partition_key == own.c.partition_key)
+        .where(own.c.event_id.in_(emitted), other.c.event_id.not_in(emitted))
+        .where(other.c.seq > own.c.seq)
+        .limit(1)
+    )
+    return conn.execute(later).first() is not None

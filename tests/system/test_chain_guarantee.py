@@ -2,9 +2,10 @@
 nothing lost, duplicated where it must not be, or reordered, from the producers' commits to
 the readers.
 
-Producers commit on PostgreSQL from several threads out of sequence order (a transaction
-holds on after taking its sequence numbers, some for several relay trigger intervals, while
-later-numbered ones commit) and roll a share of their transactions back
+Producers commit on PostgreSQL from several threads out of sequence order, within a
+partition key too (a transaction holds on after taking its sequence numbers, some for several
+relay trigger intervals, while later-numbered ones commit), and roll a share of their
+transactions back
 (:mod:`tests.support.producers`). The relay (``tidings relay``, real Spark) feeds an event
 server (``tidings server``) through its ``event_server`` target; the server serves an FTN18
 stream to a pushed and a polling reliable consumer (``tidings consume``, writing JSON lines),
@@ -17,7 +18,8 @@ again; the test restarts a part that ended on its own too, as ``tidings run`` wo
 
 Asserted against what was committed (the outbox rows and the domain table):
 
-- commits did land out of sequence order, and rolled-back transactions left no row;
+- commits of one key did land out of sequence order, and rolled-back transactions left no
+  row;
 - the store holds each committed event once, per key in sequence order, and nothing else;
 - each reliable consumer got every committed event of its stream at least once, as
   committed, per key in order of first delivery, and nothing else;
@@ -66,14 +68,19 @@ MOVED = 20
 
 
 def _write(tx: OutboxTransaction, rng: random.Random, thread: int) -> list[str]:
-    """One counter increment and its two events: ``Counted`` (for the stream) and the row
-    event of the new row (for the intermediary), both keyed by the counter."""
+    """A ``Counted`` event (for the stream) keyed by a counter, with an insert-only domain
+    write, so that transactions of one key are ordered by nothing but their sequence numbers;
+    and in half of the transactions the counter's row incremented, with its row event (for
+    the intermediary; the row's lock orders the increments of one counter)."""
     key = rng.randrange(KEYS)
     conn = tx.connection
-    conn.execute(text(UPSERT), {"id": key})
-    n = conn.execute(text("SELECT n FROM item WHERE id = :id"), {"id": key}).scalar_one()
-    counted = tx.emit("Counted", {"key": key, "n": n, "by": thread}, partition_key=f"k{key}")
-    return [counted, emit_row(tx, "item", key, {"id": key, "n": n})]
+    conn.execute(text("INSERT INTO tally (key, by) VALUES (:key, :by)"), {"key": key, "by": thread})
+    emitted = [tx.emit("Counted", {"key": key, "by": thread}, partition_key=f"k{key}")]
+    if rng.random() < 0.5:
+        conn.execute(text(UPSERT), {"id": key})
+        n = conn.execute(text("SELECT n FROM item WHERE id = :id"), {"id": key}).scalar_one()
+        emitted.append(emit_row(tx, "item", key, {"id": key, "n": n}))
+    return emitted
 
 
 def _deployment(work: Path, pg: str, ports: dict[str, int]) -> Path:
@@ -127,6 +134,7 @@ def test_every_committed_event_reaches_every_reader_across_crashes(
     engine = make_engine(pg_url)
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE item (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+        conn.exec_driver_sql("CREATE TABLE tally (key INTEGER NOT NULL, by INTEGER NOT NULL)")
     stream = f"http://127.0.0.1:{ports['stream']}/chain"
     login = {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASSWORD}
     server = ChildPart("server", ["server", "-c", path, "--name", "main"], tmp_path)
@@ -200,7 +208,7 @@ def test_every_committed_event_reaches_every_reader_across_crashes(
         source = _rows(engine)
         supervised_wait(parts, lambda: watcher.latest() == source, WAIT, live.tail)
 
-        # The producers committed out of sequence order, and rollbacks left nothing.
+        # The producers committed out of sequence order within keys; rollbacks left nothing.
         assert producers.overtaken >= 10 and producers.rolled_back
         assert committed.keys() == set(producers.committed)
         order = {event_id: n for n, event_id in enumerate(committed)}  # sequence order
@@ -208,14 +216,14 @@ def test_every_committed_event_reaches_every_reader_across_crashes(
 
         stored = _stored(tmp_path)
         assert sorted(stored) == sorted(committed)  # each committed event once, nothing else
-        assert _per_key_in_order(stored, order, key_of)
+        assert _out_of_order(stored, order, key_of) is None
 
         for consumer in (pushed, polling):
             got = consumer.lines()
             assert {e["data"]["id"] for e in got} == counted.keys(), consumer.name
             assert all(e["data"] == counted[e["data"]["id"]][1] for e in got), consumer.name
             first = list(dict.fromkeys(e["data"]["id"] for e in got))
-            assert _per_key_in_order(first, order, key_of), consumer.name
+            assert _out_of_order(first, order, key_of) is None, consumer.name
 
         assert watcher.connections >= 2 and not watcher.errors  # it lived through the crash
         assert _never_older(watcher.views)
@@ -275,15 +283,16 @@ def _stored(work: Path) -> list[str]:
     return [e.outbox_event_id for e in events if e.outbox_event_id is not None]
 
 
-def _per_key_in_order(ids: list[str], order: dict[str, int], key_of: dict[str, str]) -> bool:
-    """Whether ``ids`` come, per key, in increasing ``order``."""
-    last: dict[str, int] = {}
+def _out_of_order(ids: list[str], order: dict[str, int], key_of: dict[str, str]) -> str | None:
+    """The first event of ``ids`` that comes after a later-logged one of its key (``order``:
+    the log's), said in words; None if there is none."""
+    last: dict[str, tuple[int, str]] = {}
     for event_id in ids:
-        key = key_of[event_id]
-        if order[event_id] < last.get(key, -1):
-            return False
-        last[key] = order[event_id]
-    return True
+        key, place = key_of[event_id], order[event_id]
+        if key in last and place < last[key][0]:
+            return f"key {key}: {event_id} (log #{place}) after {last[key][1]} (#{last[key][0]})"
+        last[key] = (place, event_id)
+    return None
 
 
 def _never_older(views: list[tuple[float, int, list[list[Any]]]]) -> bool:
