@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import httpx
 import pytest
@@ -300,3 +301,29 @@ def test_a_flood_of_wrong_passwords_does_not_hold_up_known_callers(tmp_path) -> 
             assert finished.index("known") < len(finished) - 1  # answered inside the flood
 
     run(scenario(), timeout=60)
+
+
+def test_a_caller_gone_before_its_request_ended_is_no_error(tmp_path, caplog) -> None:
+    """A poller that dies in the middle of sending its request (SIGKILLed, as in the chain's
+    guarantee test) is nobody to answer: no traceback in the log, and the others are served."""
+
+    async def scenario() -> None:
+        config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
+        async with serving(config) as server:
+            await call(server.url, "futoin.evt.poll:1.1:registerConsumer", {"component": "OK"})
+            ids = await add_events(server.url, 2)
+            port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /evt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n"
+                b'{"f": "futoin.evt.poll:1.1:pollEvents", '
+            )
+            await writer.drain()
+            await asyncio.sleep(0.2)  # the server is reading the body
+            writer.transport.abort()  # gone, as a killed process's socket
+            await asyncio.sleep(0.2)
+            assert _ids(await poll(server.url, "OK")) == ids
+
+    with caplog.at_level(logging.INFO):
+        run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

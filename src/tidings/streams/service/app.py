@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -105,10 +106,15 @@ def _http_endpoint(service: StreamService) -> Any:
     async def endpoint(request: HttpRequest) -> Response:
         body = bytearray()
         limit = service.config.max_request_bytes
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                break  # answer() refuses it by its size
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    break  # answer() refuses it by its size
+        except ClientDisconnect:
+            # The caller went away mid-request (a consumer killed, a network cut): there is
+            # nobody to answer, and half a request must not be acted on.
+            return Response(status_code=204)
         secure = _is_secure(service, request.scope, request.headers)
         reply = await answer(service, bytes(body), None, secure)
         if not isinstance(reply, bytes):
