@@ -35,7 +35,8 @@ def consume(
             min=0.1,
             max=86400,
             help="Give up if the stream cannot be reached at first within this many seconds "
-            "(once reached, a lost connection is retried for ever).",
+            "(once reached, a lost connection is retried for ever, with a warning when it is "
+            "lost and one when it is back).",
         ),
     ] = 30.0,
     user: Annotated[
