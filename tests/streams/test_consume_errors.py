@@ -87,3 +87,32 @@ def test_a_server_that_accepts_but_never_answers_is_given_up_on_at_the_connect_t
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/evt"
         line = _one_line(_consume(url, "C", "--connect-timeout", "1", *mode))
     assert line == f"error: cannot reach stream {url}: no answer within 1 s"
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://127.0.0.1:99999/evt", "Port out of range 0-65535"),
+        ("http://[::1/evt", "Invalid IPv6 URL"),
+        ("http://:8090/evt", "it names no host"),
+        ("ftp://127.0.0.1/evt", "its scheme must be http, https, ws or wss"),
+    ],
+    ids=["port", "bracket", "host", "scheme"],
+)
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_a_malformed_url_is_one_line_naming_what_is_wrong(
+    url: str, why: str, mode: list[str]
+) -> None:
+    line = _one_line(_consume(url, "C", *mode))
+    assert line == f"error: InvalidRequest: {url!r} is not a stream URL: {why}"
+
+
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_https_to_a_plain_http_stream_names_the_failed_tls_handshake(
+    tmp_path, mode: list[str]
+) -> None:
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
+    with serving_in_thread(config) as server:
+        url = server.url.replace("http://", "https://")
+        line = _one_line(_consume(url, "C", "--connect-timeout", "1", *mode))
+    assert line.startswith(f"error: cannot reach stream {url}: TLS handshake failed: [SSL: ")

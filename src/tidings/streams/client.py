@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -254,8 +255,10 @@ def _reason(exc: BaseException) -> str:
             return "connection refused"
         if isinstance(cause, TimeoutError | httpx.TimeoutException):
             return "timed out"
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS handshake failed: {cause.strerror or cause}"
         if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror.lower()
+            return cause.strerror[:1].lower() + cause.strerror[1:]
         if isinstance(cause, httpx.HTTPError) and http_error is None:
             http_error = cause
         cause = cause.__cause__ or cause.__context__
@@ -436,9 +439,16 @@ def ws_url(url: str) -> str:
 
 
 def _with_scheme(url: str, schemes: dict[str, str]) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in schemes or not parts.netloc:
-        raise StreamError(
-            "InvalidRequest", f"{url!r} is not a stream URL (http://, https://, ws:// or wss://)"
-        )
+    """``url`` with its scheme mapped by ``schemes``, or InvalidRequest naming what is wrong
+    with it (checked here, where it is given, rather than met as a traceback deep in the
+    HTTP or WebSocket client: a bracket left open, a port past 65535)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        if parts.scheme not in schemes:
+            raise ValueError("its scheme must be http, https, ws or wss")
+        if not parts.hostname:
+            raise ValueError("it names no host")
+    except ValueError as exc:
+        raise StreamError("InvalidRequest", f"{url!r} is not a stream URL: {exc}") from None
     return urlunsplit(parts._replace(scheme=schemes[parts.scheme]))
