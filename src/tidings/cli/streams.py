@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tidings.cli.common import ServerConfOption, app, console, err, streams_app
+from tidings.cli.common import ServerConfOption, app, console, err, fail, streams_app
 from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
@@ -231,14 +231,16 @@ def streams_archive(
     from tidings.config.streams import StreamSourceConfig
     from tidings.pipeline.spark import spark_session
     from tidings.streams.jobs import start_archive
+    from tidings.streams.spark_source import StreamOptions
 
     try:
         source = StreamSourceConfig(
             url=url, user=user, password_env="TIDINGS_STREAM_PASSWORD", component=component
         )
     except ValidationError as exc:
-        err.print(f"error: {exc.errors()[0]['msg']}", markup=False)
-        raise typer.Exit(2) from None
+        first = exc.errors()[0]
+        fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+    StreamOptions.of(source.options()).check()  # before Spark: one line if it fails
     spark = spark_session(RelayConfig(spark_master=spark_master), "tidings-stream-archive")
     try:
         query = start_archive(spark, source.options(), str(archive_dir), str(checkpoint), once=once)
@@ -259,12 +261,18 @@ def streams_aggregate(
     from tidings.config.streams import AggregateConfig
     from tidings.pipeline.spark import spark_session
     from tidings.streams.jobs import start_aggregate
+    from tidings.streams.spark_source import StreamOptions
 
     try:
         cfg = validate_config(AggregateConfig, read_config_data(config), "aggregation")
     except TidingsError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
+    for name, source in cfg.sources.items():  # before Spark: one line if one fails
+        try:
+            StreamOptions.of(source.options()).check()
+        except TidingsError as exc:
+            fail(f"source {name!r}: {exc}")
     spark = spark_session(RelayConfig(spark_master=cfg.spark_master), "tidings-stream-aggregate")
     query = start_aggregate(
         spark,

@@ -83,11 +83,7 @@ class StreamClient:
             )
         except httpx.HTTPError as exc:
             raise ConnectionClosed(f"stream {self.url}: {type(exc).__name__}: {exc}") from exc
-        if not response.headers.get("content-type", "").startswith("application/futoin+"):
-            raise StreamError(
-                "InternalError", f"stream {self.url}: HTTP {response.status_code}, not FTN3"
-            )
-        return ftn3.outcome(response.json())
+        return ftn3_outcome(self.url, response)
 
     async def register(self, component: str) -> None:
         await self.call("futoin.evt.poll", "registerConsumer", {"component": component})
@@ -230,21 +226,25 @@ class _Connection:
             if not self.lost:
                 log.warning(
                     "stream connection lost; reconnecting until it is back",
-                    extra={"url": self.url, "error": _reason(exc)},
+                    extra={"url": self.url, "error": failure_reason(exc)},
                 )
             else:
-                log.debug("stream still unreachable", extra={"error": _reason(exc)})
+                log.debug("stream still unreachable", extra={"error": failure_reason(exc)})
             self.lost = True
             return delay
         left = delay if self._deadline is None else self._deadline - self._clock()
         if left <= 0:
-            why = f"no answer within {self._connect_timeout:g} s" if self._cut else _reason(exc)
+            why = (
+                f"no answer within {self._connect_timeout:g} s"
+                if self._cut
+                else failure_reason(exc)
+            )
             raise ConnectionClosed(f"cannot reach stream {self.url}: {why}") from None
-        log.info("stream not reachable yet; retrying", extra={"error": _reason(exc)})
+        log.info("stream not reachable yet; retrying", extra={"error": failure_reason(exc)})
         return min(delay, left)
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     """Why a connection failed, in a few words (``connection refused``): from the OS error
     at the bottom of the exception's chain where there is one, else from the HTTP client's
     error (``RemoteProtocolError: Server disconnected …``)."""
@@ -426,6 +426,15 @@ class _Receiver:
                 await self._handler(event)
             await self._ws.send(ftn3.result(True, rid))
             self._next_seq = seq + 1
+
+
+def ftn3_outcome(url: str, response: httpx.Response) -> Any:
+    """The result of an FTN3 call answered by ``response``, StreamError with the server's
+    error name, or InternalError naming the HTTP status of an answer that is not FTN3 (a
+    path that is no stream, a proxy's error page)."""
+    if not response.headers.get("content-type", "").startswith("application/futoin+"):
+        raise StreamError("InternalError", f"stream {url}: HTTP {response.status_code}, not FTN3")
+    return ftn3.outcome(response.json())
 
 
 def http_url(url: str) -> str:
