@@ -224,6 +224,7 @@ def test_consume_cli_says_once_when_the_stream_is_lost_and_once_when_it_is_back(
             process = await _start_consume_cli(url, "LOST", "--count", "4", *mode)
             assert process.stdout is not None
             first = [await asyncio.wait_for(process.stdout.readline(), 20) for _ in before]
+            await asyncio.sleep(0.3)  # the acknowledgement goes out (a poll sends it next)
         await asyncio.sleep(2)  # down long enough for several tries (0.1 s, 0.2 s, …) to fail
         async with serving(config):  # the same port, after a restart
             after = await add_events(url, 2)
