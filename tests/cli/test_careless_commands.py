@@ -1,40 +1,61 @@
 """Commands that used to answer carelessly: an id that is not an event id, a target that
-does not exist. One line naming the problem, exit 2, nothing changed."""
+does not exist. Run as an operator runs them (``python -m tidings.cli``, a real SQLite log
+with a FAILED event): one line naming the problem, exit 2, and nothing changed in the log,
+the good ids given beside a bad one included."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from tidings.cli import app
+from tests.support.helpers import relay_config, statuses
+from tidings.db import make_engine
 
-runner = CliRunner()
+GOOD = "{good}"  # stands for the FAILED event's id in the arguments below
 
 
-def _config(tmp_path: Path) -> Path:
-    path = tmp_path / "tidings.yaml"
-    path.write_text(
-        "database: {url: 'sqlite:///app.db'}\n"
-        "targets: {store: {kind: event_store, url: 'sqlite:///ev.db'}}\n"
+def _tidings(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidings.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    return path
+
+
+def _one_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
 
 
 @pytest.mark.parametrize(
     "args",
     [
-        ["events", "park", "not-a-uuid", "--reason", "x"],
+        ["events", "park", GOOD, "not-a-uuid", "--reason", "x"],
         ["events", "unpark", "not-a-uuid"],
         ["events", "list", "--id", "not-a-uuid"],
-        ["events", "resubmit", "--id", "not-a-uuid"],
+        ["events", "resubmit", "--id", GOOD, "--id", "not-a-uuid"],
     ],
+    ids=["park", "unpark", "list", "resubmit"],
 )
-def test_an_id_that_is_not_an_event_id_is_refused(tmp_path: Path, args: list[str]) -> None:
-    result = runner.invoke(app, [*args, "-c", str(_config(tmp_path))])
-    assert result.exit_code == 2, result.output
-    assert "'not-a-uuid' is not an event id (event ids are UUIDs" in result.output
+def test_an_id_that_is_not_an_event_id_is_refused(
+    incomplete_log: tuple[Path, list[str]], tmp_path: Path, args: list[str]
+) -> None:
+    path, ids = incomplete_log
+    engine = make_engine(relay_config(tmp_path).database.url)
+    before = statuses(engine)
+    given = [ids[1] if arg == GOOD else arg for arg in args]  # ids[1] is FAILED
+    line = _one_line(_tidings(*given, "-c", str(path)))
+    assert line == (
+        "error: 'not-a-uuid' is not an event id (event ids are UUIDs, as `events list` shows them)"
+    )
+    assert statuses(engine) == before and before[2] == "FAILED"
 
 
 @pytest.mark.parametrize(
@@ -44,11 +65,14 @@ def test_an_id_that_is_not_an_event_id_is_refused(tmp_path: Path, args: list[str
         ["events", "list", "--target", "nosuch"],
         ["routes", "add", "OrderPlaced", "nosuch"],
     ],
+    ids=["resubmit", "list", "routes-add"],
 )
 def test_an_unknown_target_is_refused_the_same_way_everywhere(
-    tmp_path: Path, args: list[str]
+    incomplete_log: tuple[Path, list[str]], tmp_path: Path, args: list[str]
 ) -> None:
-    result = runner.invoke(app, [*args, "-c", str(_config(tmp_path))])
-    assert result.exit_code == 2, result.output
-    assert "unknown target 'nosuch' (defined: store)" in result.output
-    assert "resubmitted" not in result.output
+    path, _ = incomplete_log
+    engine = make_engine(relay_config(tmp_path).database.url)
+    before = statuses(engine)
+    line = _one_line(_tidings(*args, "-c", str(path)))
+    assert line == "error: unknown target 'nosuch' (defined: store)"
+    assert statuses(engine) == before and before[2] == "FAILED"

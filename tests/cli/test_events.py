@@ -9,36 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.support.helpers import relay_config, statuses, write_config
-from tests.support.publisher_helpers import Refusing, emit_all, local_store, logged_rows
+from tests.support.helpers import relay_config, statuses
 from tidings.cli import app
 from tidings.db import make_engine
-from tidings.pipeline.publishing.publisher import Publisher
-from tidings.routing.table import merge_routes
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def setup(tmp_path: Path) -> tuple[Path, list[str]]:
-    """A log with a FAILED poison (seq 2) holding seq 3, and an UNROUTABLE event (seq 4)."""
-    config = relay_config(tmp_path, routes={"A": ["store"]})
-    engine = make_engine(config.database.url)
-    emit_all(
-        engine,
-        [
-            ("A", "k", {"n": 1}),
-            ("A", "k", {"n": "poison"}),
-            ("A", "k", {"n": 3}),
-            ("Later", "k2", {"n": 4}),
-        ],
-    )
-    store = Refusing("store", local_store(tmp_path, "events"), "poison")
-    Publisher(engine, merge_routes({"A": ["store"]}), {"store": store}.get, [0.0]).run(
-        logged_rows(engine)
-    )
-    ids = [row.event.event_id for row in logged_rows(engine)]
-    return write_config(config, tmp_path / "tidings.yaml"), ids
 
 
 def _invoke(*args: str) -> object:
@@ -47,8 +22,8 @@ def _invoke(*args: str) -> object:
     return result
 
 
-def test_list_shows_status_targets_and_reasons(setup: tuple[Path, list[str]]) -> None:
-    path, ids = setup
+def test_list_shows_status_targets_and_reasons(incomplete_log: tuple[Path, list[str]]) -> None:
+    path, ids = incomplete_log
     listed = _invoke("events", "list", "-c", str(path))
     assert listed.exit_code == 0, listed.output
     for needle in (ids[1], "FAILED", "refused 2", "HELD", "held behind unpublished seq 2"):
@@ -61,8 +36,8 @@ def test_list_shows_status_targets_and_reasons(setup: tuple[Path, list[str]]) ->
     assert blocked.exit_code == 0 and ids[1] in blocked.output
 
 
-def test_park_unpark_and_resubmit(setup: tuple[Path, list[str]], tmp_path: Path) -> None:
-    path, ids = setup
+def test_park_unpark_and_resubmit(incomplete_log: tuple[Path, list[str]], tmp_path: Path) -> None:
+    path, ids = incomplete_log
     engine = make_engine(relay_config(tmp_path).database.url)
     parked = _invoke("events", "park", ids[1], "--reason", "bad [payload]", "-c", str(path))
     assert parked.exit_code == 0 and f"parked {ids[1]}" in parked.output
@@ -79,9 +54,9 @@ def test_park_unpark_and_resubmit(setup: tuple[Path, list[str]], tmp_path: Path)
 
 
 def test_routes_add_redrive_sends_the_unroutable_events(
-    setup: tuple[Path, list[str]], tmp_path: Path
+    incomplete_log: tuple[Path, list[str]], tmp_path: Path
 ) -> None:
-    path, _ = setup
+    path, _ = incomplete_log
     engine = make_engine(relay_config(tmp_path).database.url)
     assert statuses(engine)[4] == "UNROUTABLE"
     hint = _invoke("routes", "add", "Lat*", "store", "-c", str(path))
@@ -103,8 +78,8 @@ def test_routes_add_redrive_sends_the_unroutable_events(
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(
-    setup: tuple[Path, list[str]], args: list[str], message: str
+    incomplete_log: tuple[Path, list[str]], args: list[str], message: str
 ) -> None:
-    path, _ = setup
+    path, _ = incomplete_log
     result = _invoke(*args, "-c", str(path))
     assert result.exit_code == 2 and message in result.output

@@ -209,6 +209,39 @@ def test_python_consumer_reconnects_across_a_server_restart(tmp_path, push: bool
     run(scenario(), timeout=90)
 
 
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_consume_cli_says_once_when_the_stream_is_lost_and_once_when_it_is_back(
+    tmp_path, mode: list[str]
+) -> None:
+    """A stream once reached is retried for ever (its server may be restarting), but not in
+    silence: one warning when lost, however many tries fail, and one when it is back."""
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
+
+    async def scenario() -> None:
+        async with serving(config) as server:
+            url = server.url
+            before = await add_events(url, 2)
+            process = await _start_consume_cli(url, "LOST", "--count", "4", *mode)
+            assert process.stdout is not None
+            first = [await asyncio.wait_for(process.stdout.readline(), 20) for _ in before]
+            await asyncio.sleep(0.3)  # the acknowledgement goes out (a poll sends it next)
+        await asyncio.sleep(2)  # down long enough for several tries (0.1 s, 0.2 s, …) to fail
+        async with serving(config):  # the same port, after a restart
+            after = await add_events(url, 2)
+            out, err = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 0, err
+        lines = [*first, *out.splitlines()]
+        assert [int(json.loads(line)["id"]) for line in lines if line.strip()] == before + after
+        said = [json.loads(line) for line in err.decode().splitlines()]
+        assert [(record["level"], record["msg"]) for record in said] == [
+            ("warning", "stream connection lost; reconnecting until it is back"),
+            ("warning", "stream reached again"),
+        ]
+        assert all(record["url"] == url for record in said)
+
+    run(scenario(), timeout=90)
+
+
 def test_consume_cli_live_prints_new_events(tmp_path) -> None:
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
 

@@ -1,11 +1,13 @@
 """``tidings consume`` ends with one line and exit 2 where waiting would mislead: a stream it
-never reaches, a URL that is not a stream's WebSocket, a ``--want`` of types the stream does
-not carry (refused by the server with the types it carries). Real sockets, a real server."""
+never reaches (refused, or never answering), a URL that is not a stream's WebSocket, a
+``--want`` of types the stream does not carry (refused by the server with the types it
+carries). Real sockets, a real server."""
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -54,12 +56,63 @@ def test_push_to_a_path_that_is_no_stream_names_the_http_answer(tmp_path) -> Non
 
 
 @pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+@pytest.mark.parametrize(
+    ("want", "unknown"),
+    [("NOPE,NEVER", "NOPE, NEVER"), ("ORDER,NOPE", "NOPE")],
+    ids=["none", "one"],
+)
 def test_want_of_types_the_stream_does_not_carry_is_refused_naming_those_it_does(
+    tmp_path, mode: list[str], want: str, unknown: str
+) -> None:
+    """A mistyped name among good ones too: the consumer would wait for it in silence."""
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
+    with serving_in_thread(config) as server:
+        line = _one_line(_consume(server.url, "C", "--want", want, *mode))
+        carried = ", ".join(server.config.streams[0].types)
+    assert line == (
+        f"error: InvalidRequest: want: stream 's' does not carry {unknown} "
+        f"(it carries {carried}; null wants them all)"
+    )
+
+
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_a_server_that_accepts_but_never_answers_is_given_up_on_at_the_connect_timeout(
+    mode: list[str],
+) -> None:
+    """A real socket that listens and never answers (the kernel completes the handshake):
+    the HTTP and WebSocket clients' own timeouts (30 s, 10 s) must not outlast the option."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/evt"
+        line = _one_line(_consume(url, "C", "--connect-timeout", "1", *mode))
+    assert line == f"error: cannot reach stream {url}: no answer within 1 s"
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://127.0.0.1:99999/evt", "Port out of range 0-65535"),
+        ("http://[::1/evt", "Invalid IPv6 URL"),
+        ("http://:8090/evt", "it names no host"),
+        ("ftp://127.0.0.1/evt", "its scheme must be http, https, ws or wss"),
+    ],
+    ids=["port", "bracket", "host", "scheme"],
+)
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_a_malformed_url_is_one_line_naming_what_is_wrong(
+    url: str, why: str, mode: list[str]
+) -> None:
+    line = _one_line(_consume(url, "C", *mode))
+    assert line == f"error: InvalidRequest: {url!r} is not a stream URL: {why}"
+
+
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_https_to_a_plain_http_stream_names_the_failed_tls_handshake(
     tmp_path, mode: list[str]
 ) -> None:
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
     with serving_in_thread(config) as server:
-        line = _one_line(_consume(server.url, "C", "--want", "NOPE,NEVER", *mode))
-        carried = ", ".join(server.config.streams[0].types)
-    assert f"stream 's' carries none of NOPE, NEVER (it carries {carried})" in line
-    assert line.startswith("error: InvalidRequest")
+        url = server.url.replace("http://", "https://")
+        line = _one_line(_consume(url, "C", "--connect-timeout", "1", *mode))
+    assert line.startswith(f"error: cannot reach stream {url}: TLS handshake failed: [SSL: ")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tidings.cli.common import ServerConfOption, app, console, err, streams_app
+from tidings.cli.common import ServerConfOption, app, console, err, fail, streams_app
 from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ def consume(
             min=0.1,
             max=86400,
             help="Give up if the stream cannot be reached at first within this many seconds "
-            "(once reached, a lost connection is retried for ever).",
+            "(once reached, a lost connection is retried for ever, with a warning when it is "
+            "lost and one when it is back).",
         ),
     ] = 30.0,
     user: Annotated[
@@ -161,12 +162,21 @@ def streams_unregister(
 ) -> None:
     """Forget a registered consumer, so that it no longer holds events back."""
     from tidings.streams.consumers.admin import unregister
+    from tidings.streams.protocol.interfaces import COMPONENT, LIVE
 
     config, store = _stream_store(conf)
     try:
+        # A name that cannot be a consumer's is refused, not answered "no consumer" as if
+        # it were only unknown: the operator has mistyped something. (Any user is taken: a
+        # user dropped from stream_users may still have consumers holding events back.)
         if stream not in {s.name for s in config.streams}:
-            err.print(f"error: no stream {stream!r} in the configuration", markup=False)
-            raise typer.Exit(2)
+            streams = ", ".join(s.name for s in config.streams) or "none"
+            fail(f"no stream {stream!r} in the configuration (defined: {streams})")
+        if component == LIVE or not COMPONENT.match(component):
+            fail(
+                f"{component!r} is not a consumer component (1-16 of A-Z a-z 0-9 _; LIVE "
+                "consumers are never registered)"
+            )
         if not unregister(store, stream, user, component):
             err.print(f"no consumer {user}:{component} of stream {stream}", markup=False)
             raise typer.Exit(1)
@@ -230,14 +240,16 @@ def streams_archive(
     from tidings.config.streams import StreamSourceConfig
     from tidings.pipeline.spark import spark_session
     from tidings.streams.jobs import start_archive
+    from tidings.streams.spark_source import StreamOptions
 
     try:
         source = StreamSourceConfig(
             url=url, user=user, password_env="TIDINGS_STREAM_PASSWORD", component=component
         )
     except ValidationError as exc:
-        err.print(f"error: {exc.errors()[0]['msg']}", markup=False)
-        raise typer.Exit(2) from None
+        first = exc.errors()[0]
+        fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+    StreamOptions.of(source.options()).check()  # before Spark: one line if it fails
     spark = spark_session(RelayConfig(spark_master=spark_master), "tidings-stream-archive")
     try:
         query = start_archive(spark, source.options(), str(archive_dir), str(checkpoint), once=once)
@@ -258,12 +270,18 @@ def streams_aggregate(
     from tidings.config.streams import AggregateConfig
     from tidings.pipeline.spark import spark_session
     from tidings.streams.jobs import start_aggregate
+    from tidings.streams.spark_source import StreamOptions
 
     try:
         cfg = validate_config(AggregateConfig, read_config_data(config), "aggregation")
     except TidingsError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
+    for name, source in cfg.sources.items():  # before Spark: one line if one fails
+        try:
+            StreamOptions.of(source.options()).check()
+        except TidingsError as exc:
+            fail(f"source {name!r}: {exc}")
     spark = spark_session(RelayConfig(spark_master=cfg.spark_master), "tidings-stream-aggregate")
     query = start_aggregate(
         spark,

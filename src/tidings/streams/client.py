@@ -24,7 +24,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -82,11 +83,7 @@ class StreamClient:
             )
         except httpx.HTTPError as exc:
             raise ConnectionClosed(f"stream {self.url}: {type(exc).__name__}: {exc}") from exc
-        if not response.headers.get("content-type", "").startswith("application/futoin+"):
-            raise StreamError(
-                "InternalError", f"stream {self.url}: HTTP {response.status_code}, not FTN3"
-            )
-        return ftn3.outcome(response.json())
+        return ftn3_outcome(self.url, response)
 
     async def register(self, component: str) -> None:
         await self.call("futoin.evt.poll", "registerConsumer", {"component": component})
@@ -154,46 +151,119 @@ async def consume(
 ) -> None:
     """Consume a stream until cancelled (see the module docstring); ``component`` LIVE
     consumes live. Errors that retrying cannot fix (SecurityError, NotRegistered,
-    InvalidRequest, an endpoint that is not a stream, …) are raised; connection failures are
-    retried, for ever once the stream has been reached, and for at most ``connect_timeout``
-    seconds before that (None: for ever): a stream never reached is a ConnectionClosed naming
-    the URL and why."""
-    reached = False
+    InvalidRequest, an endpoint that is not a stream, …) are raised.
 
-    def ready() -> None:
-        nonlocal reached
-        reached = True
-        if on_ready is not None:
-            on_ready()
-
-    asked = _Consumption(url, user, password, component, handler, want, on_gap, ready, max_delay)
-    retry = 0.1
-    clock = asyncio.get_running_loop().time
-    deadline = None if connect_timeout is None else clock() + connect_timeout
+    Connection failures are retried. Before the stream has been reached, for at most
+    ``connect_timeout`` seconds (None: for ever), a slow answer included: a stream never
+    reached is a ConnectionClosed naming the URL and why. Once it has been reached, a lost
+    connection is retried for ever (the server may be restarting), and said: one warning
+    when it is lost, one when it is reached again, however many tries lie between.
+    """
+    state = _Connection(url, on_ready, connect_timeout)
+    asked = _Consumption(
+        url, user, password, component, handler, want, on_gap, state.ready, max_delay
+    )
     while True:
         try:
-            await (_push(asked) if push else _poll_loop(asked))
+            async with state.attempt():
+                await (_push(asked) if push else _poll_loop(asked))
         except (ConnectionClosed, OSError, websockets.ConnectionClosed) as exc:
-            if reached:
-                log.warning("stream connection lost; reconnecting", extra={"error": str(exc)})
-            elif deadline is not None and clock() >= deadline:
-                raise ConnectionClosed(f"cannot reach stream {url}: {_reason(exc)}") from None
+            await asyncio.sleep(state.failed(exc))
+
+
+class _Connection:
+    """Whether :func:`consume` has reached its stream, and what a failed try means: before
+    it first did, a failure at the connect deadline is final; after, a lost connection is
+    reported once and retried. Tries are spaced by a delay doubling up to 5 s."""
+
+    #: A try begun just before the deadline gets this long to be answered.
+    LAST_TRY = 1.0
+
+    def __init__(
+        self, url: str, on_ready: Callable[[], None] | None, connect_timeout: float | None
+    ) -> None:
+        self.url = url
+        self._on_ready = on_ready
+        self._connect_timeout = connect_timeout
+        self._clock = asyncio.get_running_loop().time
+        self._deadline = None if connect_timeout is None else self._clock() + connect_timeout
+        self._scope: asyncio.Timeout | None = None
+        self._cut = False  # the last try was cut at the connect deadline
+        self._delay = 0.1
+        self.reached = False
+        self.lost = False
+
+    @contextlib.asynccontextmanager
+    async def attempt(self) -> AsyncIterator[None]:
+        """One try, cut at the connect deadline while the stream has never been reached (a
+        server that accepts but does not answer must not hold the consumer past it)."""
+        cut_at = None
+        if not self.reached and self._deadline is not None:
+            cut_at = max(self._deadline, self._clock() + self.LAST_TRY)
+        scope = self._scope = asyncio.timeout_at(cut_at)
+        try:
+            async with scope:
+                yield
+        finally:
+            self._cut = scope.expired()
+            self._scope = None
+
+    def ready(self) -> None:
+        """The stream answered: registered (reliable) and ready to receive."""
+        if self._scope is not None:
+            self._scope.reschedule(None)  # reached: no deadline on this connection
+        if self.lost:
+            log.warning("stream reached again", extra={"url": self.url})
+        self.reached, self.lost = True, False
+        if self._on_ready is not None:
+            self._on_ready()
+
+    def failed(self, exc: BaseException) -> float:
+        """A try failed with a connection error: the seconds to wait before the next, or
+        ConnectionClosed for a stream never reached once its deadline has passed."""
+        delay, self._delay = self._delay, min(self._delay * 2, 5.0)
+        if self.reached:
+            if not self.lost:
+                log.warning(
+                    "stream connection lost; reconnecting until it is back",
+                    extra={"url": self.url, "error": failure_reason(exc)},
+                )
             else:
-                log.info("stream not reachable yet; retrying", extra={"error": str(exc)})
-        await asyncio.sleep(retry)
-        retry = min(retry * 2, 5.0)
+                log.debug("stream still unreachable", extra={"error": failure_reason(exc)})
+            self.lost = True
+            return delay
+        left = delay if self._deadline is None else self._deadline - self._clock()
+        if left <= 0:
+            why = (
+                f"no answer within {self._connect_timeout:g} s"
+                if self._cut
+                else failure_reason(exc)
+            )
+            raise ConnectionClosed(f"cannot reach stream {self.url}: {why}") from None
+        log.info("stream not reachable yet; retrying", extra={"error": failure_reason(exc)})
+        return min(delay, left)
 
 
-def _reason(exc: BaseException) -> str:
-    """Why a connection failed, in a few words (``connection refused``), from the OS error
-    at the bottom of the exception's chain where there is one."""
+def failure_reason(exc: BaseException) -> str:
+    """Why a connection failed, in a few words (``connection refused``): from the OS error
+    at the bottom of the exception's chain where there is one, else from the HTTP client's
+    error (``RemoteProtocolError: Server disconnected …``)."""
+    http_error: httpx.HTTPError | None = None
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
+        if isinstance(cause, TimeoutError | httpx.TimeoutException):
+            return "timed out"
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS handshake failed: {cause.strerror or cause}"
         if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror.lower()
+            return cause.strerror[:1].lower() + cause.strerror[1:]
+        if isinstance(cause, httpx.HTTPError) and http_error is None:
+            http_error = cause
         cause = cause.__cause__ or cause.__context__
+    if http_error is not None:
+        return f"{type(http_error).__name__}: {http_error}".rstrip(": ")
     return str(exc) or type(exc).__name__
 
 
@@ -358,6 +428,15 @@ class _Receiver:
             self._next_seq = seq + 1
 
 
+def ftn3_outcome(url: str, response: httpx.Response) -> Any:
+    """The result of an FTN3 call answered by ``response``, StreamError with the server's
+    error name, or InternalError naming the HTTP status of an answer that is not FTN3 (a
+    path that is no stream, a proxy's error page)."""
+    if not response.headers.get("content-type", "").startswith("application/futoin+"):
+        raise StreamError("InternalError", f"stream {url}: HTTP {response.status_code}, not FTN3")
+    return ftn3.outcome(response.json())
+
+
 def http_url(url: str) -> str:
     """``url`` with an HTTP scheme (``ws`` becomes ``http``, ``wss`` becomes ``https``)."""
     return _with_scheme(url, {"ws": "http", "wss": "https", "http": "http", "https": "https"})
@@ -369,9 +448,16 @@ def ws_url(url: str) -> str:
 
 
 def _with_scheme(url: str, schemes: dict[str, str]) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in schemes or not parts.netloc:
-        raise StreamError(
-            "InvalidRequest", f"{url!r} is not a stream URL (http://, https://, ws:// or wss://)"
-        )
+    """``url`` with its scheme mapped by ``schemes``, or InvalidRequest naming what is wrong
+    with it (checked here, where it is given, rather than met as a traceback deep in the
+    HTTP or WebSocket client: a bracket left open, a port past 65535)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        if parts.scheme not in schemes:
+            raise ValueError("its scheme must be http, https, ws or wss")
+        if not parts.hostname:
+            raise ValueError("it names no host")
+    except ValueError as exc:
+        raise StreamError("InvalidRequest", f"{url!r} is not a stream URL: {exc}") from None
     return urlunsplit(parts._replace(scheme=schemes[parts.scheme]))

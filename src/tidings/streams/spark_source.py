@@ -30,7 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from tidings.errors import ConfigError, StreamError
-from tidings.streams.client import LIVE, http_url
+from tidings.streams.client import LIVE, failure_reason, ftn3_outcome, http_url
 from tidings.streams.protocol import ftn3
 from tidings.streams.protocol.interfaces import COMPONENT
 
@@ -85,8 +85,19 @@ class StreamOptions:
                 timeout=_TIMEOUT_S,
             )
         except httpx.HTTPError as exc:
-            raise StreamError("CommError", f"{self.url}: {type(exc).__name__}: {exc}") from exc
-        return ftn3.outcome(response.json())
+            raise StreamError(
+                "CommError", f"cannot reach stream {self.url}: {failure_reason(exc)}"
+            ) from exc
+        return ftn3_outcome(self.url, response)
+
+    def check(self) -> None:
+        """Make the calls a new query starts with (register the consumer, poll with the
+        ``want`` list), so that a job is refused in one line, before Spark starts, for an
+        unreachable stream, a path that is no stream, a wrong password or a ``want`` of
+        types the stream does not carry: inside the query each is a failed query and pages
+        of Java and Python."""
+        self.call("registerConsumer", {"component": self.component})
+        self.poll(self.component, None)
 
     def poll(self, component: str, last_id: int | None) -> list[dict[str, Any]]:
         params = {

@@ -34,7 +34,7 @@ class TypeMap:
 
     def wanted_patterns(self, want: Sequence[str] | None) -> list[QueryType]:
         """The patterns of the names in ``want`` (``None``: all); unknown names select
-        nothing, as FTN18 lets a generator skip what it does not produce."""
+        nothing (the stream service refuses a ``want`` naming them before it reads)."""
         if want is None:
             return self.all_patterns()
         return [p for name in dict.fromkeys(want) for p in self.patterns.get(name, ())]

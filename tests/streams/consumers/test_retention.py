@@ -120,7 +120,16 @@ def test_streams_status_and_unregister_on_the_command_line(tmp_path) -> None:
     assert cli("unregister", "s", "ftn18", "DEAD").returncode == 0
     again = cli("unregister", "s", "ftn18", "DEAD")
     assert again.returncode == 1 and "no consumer" in again.stderr
-    assert cli("unregister", "nope", "ftn18", "X").returncode == 2
+    unknown = cli("unregister", "nope", "ftn18", "X")
+    assert unknown.returncode == 2
+    assert unknown.stderr == "error: no stream 'nope' in the configuration (defined: s)\n"
+    for component in ("bad-name!", "LIVE"):  # refused, not answered "no consumer"
+        malformed = cli("unregister", "s", "ftn18", component)
+        assert malformed.returncode == 2
+        assert malformed.stderr == (
+            f"error: {component!r} is not a consumer component (1-16 of A-Z a-z 0-9 _; LIVE "
+            "consumers are never registered)\n"
+        )
 
     async def after() -> None:
         async with serving(config):

@@ -140,6 +140,28 @@ def test_push_filters_by_want(tmp_path) -> None:
     run(scenario())
 
 
+def test_ready_to_receive_refuses_a_want_of_types_the_stream_does_not_carry(tmp_path) -> None:
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
+
+    async def scenario() -> None:
+        async with serving(config) as server:
+            await add_events(server.url, 1, "PAY")
+            consumer = await RawConsumer.connect(server.ws_url)
+            await consumer.request("registerConsumer", {"component": "W"})
+            rid = await consumer.request("readyToReceive", {"component": "W", "want": ["PAYY"]})
+            replies = [json.loads(await asyncio.wait_for(consumer.ws.recv(), 5)) for _ in "12"]
+            assert replies[1] == {
+                "e": "InvalidRequest",
+                "edesc": "want: stream 's' does not carry PAYY (it carries ORDER, PAY, AUDIT; "
+                "null wants them all)",
+                "rid": rid,
+            }
+            await consumer.no_push()  # no session was started
+            await consumer.close()
+
+    run(scenario())
+
+
 def test_polling_then_push_continues_from_the_acknowledged_position(tmp_path) -> None:
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
 

@@ -11,7 +11,9 @@ runs the function. Consumers belong to the calling user: ``(user, component)``.
   after the consumer's stored position in id order, at most 1,000 and within the reply size
   the caller's interface version allows. When nothing it wants is there, its position moves
   past what it does not want (FTN18: skipped events count as delivered). ``LIVE`` keeps no
-  state: events after ``last_id``, or the newest ones without it.
+  state: events after ``last_id``, or the newest ones without it. A ``want`` naming a type
+  the stream does not carry is InvalidRequest, naming the types it carries (here and for
+  ``readyToReceive``).
 - ``readyToReceive``: starts a push session on the channel (:mod:`.push`), tracked with the
   stream's others (:mod:`.sessions`).
 - ``addEvent``: one event registered through the engine (a session: modules run,
@@ -166,15 +168,21 @@ class StreamService:
         return True
 
     def _check_want(self, want: Sequence[str] | None) -> None:
-        """Refuse a ``want`` naming only types the stream does not carry: nothing could ever
-        arrive, and the consumer would wait in silence. A list with some carried names is
-        taken as FTN18 reads it: the others select nothing."""
+        """Refuse a ``want`` that names a type the stream does not carry, or no type at all:
+        those types could never arrive, and the consumer would wait for them in silence (a
+        mistyped name among good ones as much as a list of only unknown ones). FTN18 lets a
+        generator skip what it does not produce; a stream server knows what it carries, so
+        it says so."""
+        if want is None:
+            return
         known = self._type_map.names
-        if want and not any(name in known for name in want):
+        unknown = [name for name in dict.fromkeys(want) if name not in known]
+        if unknown or not want:
+            what = f"does not carry {', '.join(unknown)}" if unknown else "got an empty list"
             raise StreamError(
                 INVALID_REQUEST,
-                f"want: stream {self.name!r} carries none of {', '.join(want)} "
-                f"(it carries {', '.join(known)})",
+                f"want: stream {self.name!r} {what} (it carries {', '.join(known)}; "
+                "null wants them all)",
             )
 
     async def _poll(
