@@ -6,11 +6,21 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.chain import __doc__ as DOC
-from bench.chain.phases import GOALS, SCALE, latencies, reference_rate, sustained_rate, warm_up
+from bench.chain.phases import (
+    GOALS,
+    SCALE,
+    ChainSizes,
+    latencies,
+    reference_rate,
+    sustained_rate,
+    warm_up,
+)
+from bench.harness.cpu import postgres_cpu
 from bench.harness.databases import postgresql_version, scratch_database
 from bench.harness.figures import goals_met
 from bench.harness.machine import machine_info, machine_text
@@ -19,21 +29,32 @@ from bench.harness.progress import runtime_s, say
 from bench.harness.report import Report, measured, write_report
 from bench.harness.sizes import arguments, mode
 
+T = TypeVar("T")
+
 
 def run_database(
-    spark: Any, work: Path, db: str, url: str | None, sizes: Any, report: Report
+    spark: Any, work: Path, db: str, url: str | None, sizes: ChainSizes, report: Report
 ) -> None:
     """The three measurements on one outbox database, as ``<db>.<figure>``."""
     figures = report.figures
-    ref = measured(
-        f"{db}: reference", lambda: reference_rate(spark, work, f"{db}-ref", url, sizes), report
-    )
-    rate = measured(
-        f"{db}: sustained", lambda: sustained_rate(spark, work, f"{db}-chain", url, sizes), report
-    )
-    lat = measured(
-        f"{db}: latency", lambda: latencies(spark, work, f"{db}-lat", url, sizes), report
-    )
+
+    def phase(name: str, fn: Callable[[], T]) -> T | None:
+        """One measured phase; on PostgreSQL its server's CPU is the phase's own workload,
+        not load from other processes."""
+
+        def run() -> T:
+            before = sum(postgres_cpu().values()) if url else 0.0
+            try:
+                return fn()
+            finally:
+                if url:
+                    report.workload_cpu = sum(postgres_cpu().values()) - before
+
+        return measured(f"{db}: {name}", run, report)
+
+    ref = phase("reference", lambda: reference_rate(spark, work, f"{db}-ref", url, sizes))
+    rate = phase("sustained", lambda: sustained_rate(spark, work, f"{db}-chain", url, sizes))
+    lat = phase("latency", lambda: latencies(spark, work, f"{db}-lat", url, sizes))
     figures[f"{db}.reference_ev_s"] = None if ref is None else round(ref)
     consumed, relayed = rate or (None, None)
     figures[f"{db}.sustained_ev_s"] = None if consumed is None else round(consumed)

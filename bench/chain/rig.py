@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-import threading
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +25,7 @@ from bench.harness.processes import (
 from tidings.config.passwords import hash_password
 from tidings.intermediary.client.client import IntermediaryClient
 from tidings.streams.client import StreamEvent, consume
+from tidings.targets.loop_thread import LoopThread
 
 PREFIX = "c"
 EVENT_TYPE = "MoneyDeposited"
@@ -76,8 +75,7 @@ class ChainEnd:
         )
         self.intermediary_port = free_port()
         self.arrivals = Arrivals()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._loop = LoopThread("bench-chain-readers")
         self._tasks: list[asyncio.Task[None]] = []
         self._intermediary: subprocess.Popen[bytes] | None = None
         self._client: IntermediaryClient | None = None
@@ -99,8 +97,7 @@ class ChainEnd:
             start_new_session=True,
         )
         wait_for_port(self.intermediary_port, 30, process=self._intermediary)
-        self._thread.start()
-        self._run(self._start_readers())
+        self._loop.run(self._start_readers(), 60)
 
     async def _start_readers(self) -> None:
         arrivals = self.arrivals
@@ -125,9 +122,6 @@ class ChainEnd:
             time.sleep(0.05)
         return None
 
-    def _run(self, work: Coroutine[Any, Any, None]) -> None:
-        asyncio.run_coroutine_threadsafe(work, self._loop).result(60)
-
     def close(self) -> None:
         async def stop() -> None:
             for task in self._tasks:
@@ -138,10 +132,9 @@ class ChainEnd:
             if self._client is not None:
                 await self._client.close()
 
-        if self._thread.is_alive():
-            self._run(stop())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
+        if self._loop.started:
+            self._loop.run(stop(), 60)
+            self._loop.stop()
         if self._intermediary is not None:
             self._intermediary.terminate()
             self._intermediary.wait(30)

@@ -5,33 +5,15 @@ the good ids given beside a bad one included."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli_runs import one_error_line, run_tidings
 from tests.support.helpers import relay_config, statuses
 from tidings.db import make_engine
 
 GOOD = "{good}"  # stands for the FAILED event's id in the arguments below
-
-
-def _tidings(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tidings.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def _one_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -51,7 +33,7 @@ def test_an_id_that_is_not_an_event_id_is_refused(
     engine = make_engine(relay_config(tmp_path).database.url)
     before = statuses(engine)
     given = [ids[1] if arg == GOOD else arg for arg in args]  # ids[1] is FAILED
-    line = _one_line(_tidings(*given, "-c", str(path)))
+    line = one_error_line(run_tidings(*given, "-c", str(path)))
     assert line == (
         "error: 'not-a-uuid' is not an event id (event ids are UUIDs, as `events list` shows them)"
     )
@@ -73,6 +55,6 @@ def test_an_unknown_target_is_refused_the_same_way_everywhere(
     path, _ = incomplete_log
     engine = make_engine(relay_config(tmp_path).database.url)
     before = statuses(engine)
-    line = _one_line(_tidings(*args, "-c", str(path)))
+    line = one_error_line(run_tidings(*args, "-c", str(path)))
     assert line == "error: unknown target 'nosuch' (defined: store)"
     assert statuses(engine) == before and before[2] == "FAILED"

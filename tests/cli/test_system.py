@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.processes import wait_for_port
+from tests.support.cli_runs import one_error_line
 from tests.support.run_helpers import TIDINGS, deployment
 from tests.support.waiting import run
 from tidings.errors import StreamError
@@ -20,9 +21,7 @@ pytestmark = pytest.mark.sockets
 
 
 def _one_line_exit_2(result: subprocess.CompletedProcess[str], message: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert message in one_error_line(result)
 
 
 async def _register(port: int, password: str) -> list[StreamEvent]:

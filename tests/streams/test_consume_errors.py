@@ -9,11 +9,11 @@ import os
 import re
 import socket
 import subprocess
-import sys
 
 import pytest
 
 from bench.harness.processes import free_port
+from tests.support.cli_runs import one_error_line, run_tidings
 from tests.support.stream_helpers import PASSWORD, USER, serving_in_thread, stream_server_config
 
 pytestmark = pytest.mark.sockets
@@ -22,27 +22,13 @@ ENV = os.environ | {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASS
 
 
 def _consume(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tidings.cli", "consume", *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=60,
-    )
-
-
-def _one_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
+    return run_tidings("consume", *args, env=ENV, timeout=60)
 
 
 @pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
 def test_a_stream_never_reached_is_one_line_after_the_connect_timeout(mode: list[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}/evt"  # nobody listens there
-    line = _one_line(_consume(url, "C", "--connect-timeout", "1", *mode))
+    line = one_error_line(_consume(url, "C", "--connect-timeout", "1", *mode))
     assert line == f"error: cannot reach stream {url}: connection refused"
 
 
@@ -50,7 +36,7 @@ def test_push_to_a_path_that_is_no_stream_names_the_http_answer(tmp_path) -> Non
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
     with serving_in_thread(config) as server:
         wrong = server.url.replace("/evt", "/nowhere")
-        line = _one_line(_consume(wrong, "C"))
+        line = one_error_line(_consume(wrong, "C"))
     assert re.search(r"HTTP 4\d\d, not a stream's WebSocket endpoint", line)  # Starlette: 403
     assert "ws://" in line and "/nowhere" in line
 
@@ -67,7 +53,7 @@ def test_want_of_types_the_stream_does_not_carry_is_refused_naming_those_it_does
     """A mistyped name among good ones too: the consumer would wait for it in silence."""
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
     with serving_in_thread(config) as server:
-        line = _one_line(_consume(server.url, "C", "--want", want, *mode))
+        line = one_error_line(_consume(server.url, "C", "--want", want, *mode))
         carried = ", ".join(server.config.streams[0].types)
     assert line == (
         f"error: InvalidRequest: want: stream 's' does not carry {unknown} "
@@ -85,7 +71,7 @@ def test_a_server_that_accepts_but_never_answers_is_given_up_on_at_the_connect_t
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/evt"
-        line = _one_line(_consume(url, "C", "--connect-timeout", "1", *mode))
+        line = one_error_line(_consume(url, "C", "--connect-timeout", "1", *mode))
     assert line == f"error: cannot reach stream {url}: no answer within 1 s"
 
 
@@ -103,7 +89,7 @@ def test_a_server_that_accepts_but_never_answers_is_given_up_on_at_the_connect_t
 def test_a_malformed_url_is_one_line_naming_what_is_wrong(
     url: str, why: str, mode: list[str]
 ) -> None:
-    line = _one_line(_consume(url, "C", *mode))
+    line = one_error_line(_consume(url, "C", *mode))
     assert line == f"error: InvalidRequest: {url!r} is not a stream URL: {why}"
 
 
@@ -114,5 +100,5 @@ def test_https_to_a_plain_http_stream_names_the_failed_tls_handshake(
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
     with serving_in_thread(config) as server:
         url = server.url.replace("http://", "https://")
-        line = _one_line(_consume(url, "C", "--connect-timeout", "1", *mode))
+        line = one_error_line(_consume(url, "C", "--connect-timeout", "1", *mode))
     assert line.startswith(f"error: cannot reach stream {url}: TLS handshake failed: [SSL: ")

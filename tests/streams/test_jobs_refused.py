@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from bench.harness.processes import free_port
+from tests.support.cli_runs import one_error_line, run_tidings
 from tests.support.stream_helpers import PASSWORD, USER, serving_in_thread, stream_server_config
 
 pytestmark = pytest.mark.sockets
@@ -21,21 +21,13 @@ pytestmark = pytest.mark.sockets
 
 def _tidings(*args: str, password: str = PASSWORD) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": password}
-    return subprocess.run(
-        [sys.executable, "-m", "tidings.cli", "streams", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return run_tidings("streams", *args, env=env)
 
 
 def _one_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr and "spark" not in result.stderr.lower()
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
+    line = one_error_line(result)
+    assert "spark" not in result.stderr.lower()  # refused before Spark started
+    return line
 
 
 def _archive(url: str, tmp_path: Path, *extra: str, password: str = PASSWORD) -> str:

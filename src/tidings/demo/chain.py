@@ -18,28 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import threading
 import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Engine
 
 from tidings.db import make_engine
 from tidings.demo.bank import Bank, BankRun
-from tidings.demo.core import wait_until_delivered
+from tidings.demo.core import STAGE_TIMEOUT_S, running_relay, wait_until_delivered
 from tidings.demo.deployment import STREAM_USER, Deployment, write_deployment
 from tidings.demo.verdict import Verdict, account_rows, committed_events, judge, judge_consumer
 from tidings.demo.watchers import VIEW_SUBSCRIBERS, Readers
 from tidings.outbox.producer import Outbox
-
-T = TypeVar("T")
-
-#: How long each stage may take before the demo gives up on it.
-STAGE_TIMEOUT_S = 120.0
+from tidings.targets.loop_thread import LoopThread
 
 
 @dataclass
@@ -48,24 +42,6 @@ class ChainResult:
     bank: BankRun
     seconds: float
     deployment: Deployment
-
-
-class _Loop:
-    """An event loop in a thread, for the server, the intermediary and the readers."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="demo-loop", daemon=True)
-        self._thread.start()
-
-    def run(self, work: Coroutine[Any, Any, T], timeout: float = STAGE_TIMEOUT_S) -> T:
-        future: Future[T] = asyncio.run_coroutine_threadsafe(work, self.loop)
-        return future.result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
 
 
 class _Parts:
@@ -113,9 +89,6 @@ def run_chain_demo(
     say: Callable[[str], None] = print,
 ) -> ChainResult:
     """Run the whole-chain demo in ``workdir`` (wiped first) and return its verdict."""
-    from tidings.pipeline.relay import start_relay
-    from tidings.pipeline.spark import spark_session
-
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     deployment = write_deployment(workdir)
@@ -123,37 +96,29 @@ def run_chain_demo(
     engine = make_engine(config.database.url)
     outbox = Outbox(engine, config.outbox)
     bank = Bank(engine, outbox, rows=True, rollback_share=0.05)
-    loop = _Loop()
+    loop = LoopThread("demo")
     parts = _Parts(deployment)
     readers = Readers(
         deployment.stream_url, STREAM_USER, deployment.stream_password, deployment.intermediary_url
     )
     say(f"deployment written to {deployment.path}")
     say("starting the event server (streams, module) and the intermediary ...")
-    loop.run(parts.start())
-    query = None
+    loop.run(parts.start(), STAGE_TIMEOUT_S)
     try:
-        loop.run(readers.start())
-        say("starting Spark (local) and the relay ...")
-        spark = spark_session(config.relay, app_name="tidings-demo")
-        query = start_relay(spark, config)
-        with outbox.transaction() as tx:  # Spark's workers up before the clock starts
-            tx.emit("DemoStarted", {"operations": operations})
-        wait_until_delivered(engine, STAGE_TIMEOUT_S)
-        started = time.monotonic()
-        say(f"the bank performs {operations} operations at ~{rate:.0f}/s ...")
-        done = bank.run(operations, rate)
-        say("waiting for the relay, the consumers and the subscribers ...")
-        wait_until_delivered(engine, STAGE_TIMEOUT_S)
-        loop.run(_settled(readers, engine), STAGE_TIMEOUT_S + 10)
-        seconds = time.monotonic() - started
-        failures = readers.failures()
+        loop.run(readers.start(), STAGE_TIMEOUT_S)
+        with running_relay(config, engine, outbox, say):
+            started = time.monotonic()
+            say(f"the bank performs {operations} operations at ~{rate:.0f}/s ...")
+            done = bank.run(operations, rate)
+            say("waiting for the relay, the consumers and the subscribers ...")
+            wait_until_delivered(engine, STAGE_TIMEOUT_S)
+            loop.run(_settled(readers, engine), STAGE_TIMEOUT_S + 10)
+            seconds = time.monotonic() - started
+            failures = readers.failures()
     finally:
-        if query is not None:
-            query.stop()
-        loop.run(readers.stop())
-        loop.run(parts.stop())
-        loop.close()
+        loop.run(readers.stop(), STAGE_TIMEOUT_S)
+        loop.run(parts.stop(), STAGE_TIMEOUT_S)
+        loop.stop()
     store = config.servers["main"].resolve(str(config.servers["main"].backend.options()["db_path"]))
     verdict = judge(
         engine,

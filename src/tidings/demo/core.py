@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,10 @@ def demo_config(workdir: Path) -> TidingsConfig:
             "relay": {"checkpoint_dir": str(workdir / "checkpoint"), "trigger_interval": "100ms"},
         }
     )
+
+
+#: How long each stage of a demo may take before it gives up on it.
+STAGE_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -121,13 +126,6 @@ def _verify(config: TidingsConfig, engine: Engine) -> tuple[int, int, int]:
     return missing, duplicates, disorder
 
 
-def _warm_up(engine: Engine, outbox: Outbox) -> None:
-    """Emit one event and wait for it, so Spark's workers are up before the clock starts."""
-    with outbox.transaction() as tx:
-        tx.emit("DemoStarted", {"pid": os.getpid()})
-    wait_until_delivered(engine, 120)
-
-
 def wait_until_delivered(engine: Engine, timeout: float) -> None:
     """Wait until nothing is open and the relay has committed its batch for the last row,
     so that stopping the query interrupts no batch; a TidingsError after ``timeout``."""
@@ -143,6 +141,28 @@ def wait_until_delivered(engine: Engine, timeout: float) -> None:
     raise TidingsError(f"the relay did not deliver everything within {timeout:.0f} s")
 
 
+@contextmanager
+def running_relay(
+    config: TidingsConfig, engine: Engine, outbox: Outbox, say: Callable[[str], None]
+) -> Iterator[None]:
+    """The relay on local Spark for the block, warmed up first: one event emitted and
+    delivered, so that Spark's workers are up before the demo's clock starts. Leaving the
+    block stops the query (after its last committed batch, if the block waited for it)."""
+    from tidings.pipeline.relay import start_relay
+    from tidings.pipeline.spark import spark_session
+
+    say("starting Spark (local) and the relay ...")
+    spark = spark_session(config.relay, app_name="tidings-demo")
+    query = start_relay(spark, config)
+    try:
+        with outbox.transaction() as tx:
+            tx.emit("DemoStarted", {"pid": os.getpid()})
+        wait_until_delivered(engine, STAGE_TIMEOUT_S)
+        yield
+    finally:
+        query.stop()
+
+
 def run_demo(
     workdir: Path,
     operations: int = 3000,
@@ -150,27 +170,18 @@ def run_demo(
     say: Callable[[str], None] = print,
 ) -> DemoResult:
     """Run the demo in ``workdir`` (wiped first) and return what it found."""
-    from tidings.pipeline.relay import start_relay
-    from tidings.pipeline.spark import spark_session
-
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     config = demo_config(workdir)
     (workdir / "accounts.fault").write_text("2")  # the next two publish calls fail
     engine = make_engine(config.database.url)
     outbox = Outbox(engine, config.outbox)
-    say("starting Spark (local) and the relay ...")
-    spark = spark_session(config.relay, app_name="tidings-demo")
-    query = start_relay(spark, config)
-    try:
-        _warm_up(engine, outbox)
+    with running_relay(config, engine, outbox, say):
         started = time.monotonic()
         say(f"performing {operations} domain operations at ~{rate:.0f}/s ...")
         Bank(engine, outbox).run(operations, rate)
         say("waiting for the relay to deliver everything ...")
-        wait_until_delivered(engine, 120)
-    finally:
-        query.stop()
+        wait_until_delivered(engine, STAGE_TIMEOUT_S)
     seconds = time.monotonic() - started
     report = status_report(engine)
     with engine.connect() as conn:
