@@ -327,7 +327,8 @@ class EventServerTarget(Target):
         while True:
             try:
                 if self._client is None:
-                    self._client, self._server = await self._group.connect(self._wait)
+                    gone = self._server if lost is not None else None
+                    self._client, self._server = await self._group.connect(self._wait, gone)
                     if lost is not None:
                         log.warning(
                             "event server target %r moved to %s (%s)",

@@ -103,16 +103,22 @@ class ServerGroup:
             )
         return ", ".join(self._addresses)
 
-    async def connect(self, wait: float) -> tuple[Client, str]:
+    async def connect(self, wait: float, lost: str | None = None) -> tuple[Client, str]:
         """A connection to a server of the group and its address; TargetUnavailable if none
-        accepted within ``wait`` seconds."""
+        accepted within ``wait`` seconds.
+
+        ``lost`` is the server whose connection was just lost: it is tried last, since a
+        killed server's listening socket may still take a connection for an instant.
+        """
         from tidings.client import connect
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         errors: dict[str, str] = {}
         while True:
-            for address in await self._candidates(errors):
+            candidates = await self._candidates(errors)
+            candidates.sort(key=lambda address: address == lost)  # stable: order kept
+            for address in candidates:
                 remaining = deadline - loop.time()
                 try:
                     client = await connect(
@@ -140,7 +146,7 @@ class ServerGroup:
         """The addresses to try now, in order (an error is noted under the Monitor's address
         when it cannot be reached)."""
         if self._monitor is None:
-            return self._addresses
+            return list(self._addresses)
         import hat.monitor.client  # only targets configured with a Monitor load it
 
         where = self._monitor.monitor_address
