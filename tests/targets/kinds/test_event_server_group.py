@@ -20,13 +20,17 @@ import pytest
 from hat.monitor.common import BlessingReq, BlessingRes, ComponentInfo
 
 from bench.harness.processes import ServerProcess, free_port, local_address, wait_for_port
+from tests.support.helpers import relay_config, statuses
 from tests.support.waiting import run, wait_until
 from tidings.client import connect
 from tidings.config import load_config
+from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetUnavailable
 from tidings.events.model import StoredEvent
 from tidings.events.outbox import OutboxEvent
 from tidings.events.query import QueryData
+from tidings.outbox.producer import Outbox
+from tidings.pipeline.relay import start_relay
 from tidings.server.store.schema import events_table
 from tidings.targets import registry  # noqa: F401 - enters the target kinds' models
 from tidings.targets.kinds.event_server import EventServerTarget, EventServerTargetConfig
@@ -51,13 +55,18 @@ def _event(n: int) -> OutboxEvent:
 
 
 def _numbers(server: ServerProcess) -> list[int]:
-    """The ``n`` of every relayed event the server holds, in its log order."""
+    """The ``n`` of every event the target published that the server holds, in log order."""
+    return [payload["n"] for payload in _payloads(server)]
+
+
+def _payloads(server: ServerProcess) -> list[dict]:
+    """The payloads of the events under type ``t`` a server holds, in its log order."""
 
     async def query() -> list[StoredEvent]:
         async with await connect(server.eventer, timeout=5) as client:
             return await client.query(QueryData(event_types=(("t", "*"),), order="ascending"))
 
-    return [json.loads(e.payload)["n"] for e in sorted(run(query()), key=lambda e: e.id)]
+    return [json.loads(e.payload) for e in sorted(run(query()), key=lambda e: e.id)]
 
 
 def _in_key_order(numbers: list[int]) -> None:
@@ -331,3 +340,36 @@ def _held_in_file(server: ServerProcess) -> list[int]:
         rows = db.execute(f"select payload from {events_table.name}").fetchall()
     payloads = [json.loads(payload) for (payload,) in rows if payload]
     return sorted(p["n"] for p in payloads if isinstance(p, dict) and "n" in p)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_the_relay_publishes_to_the_next_server_after_a_kill(spark, two_servers, tmp_path) -> None:
+    """The Spark relay with a two-address target: a run into a, a SIGKILL, and the next run
+    delivers into b; every outbox row ends PUBLISHED, each server's events in key order."""
+    a, b = two_servers
+    targets = {
+        "pair": {"kind": "event_server", "addresses": [a.eventer, b.eventer], "type_prefix": ["t"]}
+    }
+    config = relay_config(tmp_path, targets=targets, routes={"Created": ["pair"]})
+    engine = make_engine(config.database.url)
+    outbox = Outbox(engine)
+
+    def emit(numbers: range) -> None:
+        for n in numbers:
+            with outbox.transaction() as tx:
+                tx.emit("Created", {"n": n}, partition_key=f"k{n % KEYS}")
+
+    emit(range(0, 40))
+    start_relay(spark, config, available_now=True).awaitTermination()
+    a.kill()
+    emit(range(40, 80))
+    start_relay(spark, config, available_now=True).awaitTermination()
+    assert set(statuses(engine).values()) == {"PUBLISHED"}
+    on_b = [envelope["data"]["n"] for envelope in _payloads(b)]
+    _in_key_order(on_b)
+    assert set(on_b) == set(range(40, 80))
+    a.start()
+    on_a = [envelope["data"]["n"] for envelope in _payloads(a)]
+    _in_key_order(on_a)
+    assert set(on_a) == set(range(40))
