@@ -211,8 +211,11 @@ class Publisher:
         self.confirmed.extend(numbers)
 
     def run(self) -> None:
-        while not self.stop.is_set():
-            self.publish()
+        try:
+            while not self.stop.is_set():
+                self.publish()
+        except Exception as exc:  # the test reports it, not the thread
+            self.errors.append(f"{type(exc).__name__}: {exc}")
 
 
 @pytest.mark.slow
@@ -223,10 +226,16 @@ def test_the_target_moves_to_the_next_address_when_its_server_is_killed(two_serv
     thread = threading.Thread(target=publisher.run)
     try:
         thread.start()
-        wait_until(lambda: len(publisher.confirmed) >= 40, 30)
+        wait_until(
+            lambda: len(publisher.confirmed) >= 40, 30, explain=lambda: str(publisher.errors)
+        )
         a.kill()  # SIGKILL, while calls go on
         sent_at_kill = publisher.next
-        wait_until(lambda: len(publisher.confirmed) >= sent_at_kill + 40, HANG_S)
+        wait_until(
+            lambda: len(publisher.confirmed) >= sent_at_kill + 40,
+            HANG_S,
+            explain=lambda: str(publisher.errors),
+        )
         publisher.stop.set()
         thread.join(HANG_S)
     finally:

@@ -331,7 +331,7 @@ class EventServerTarget(Target):
                     self._client, self._server = await self._group.connect(self._wait, gone)
                     if lost is not None:
                         log.warning(
-                            "event server target %r moved to %s (%s)",
+                            "event server target %r: publishing to %s now (%s)",
                             self.name,
                             self._server,
                             lost,

@@ -27,7 +27,7 @@ from pydantic import Field
 
 from tidings.address import Address
 from tidings.config.model import StrictModel
-from tidings.errors import TargetUnavailable
+from tidings.errors import ConnectionClosed, TargetUnavailable
 
 if TYPE_CHECKING:  # the client (and the wire) load where a connection is made
     from tidings.client import Client
@@ -124,7 +124,7 @@ class ServerGroup:
                     client = await connect(
                         address, timeout=max(0.05, min(CONNECT_ATTEMPT_S, remaining))
                     )
-                except (OSError, TimeoutError) as exc:
+                except (OSError, TimeoutError, ConnectionClosed) as exc:
                     errors[address] = f"{type(exc).__name__}: {exc}"
                     continue
                 return client, address
