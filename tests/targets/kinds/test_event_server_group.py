@@ -165,6 +165,21 @@ def test_the_monitor_names_the_blessed_servers_of_the_group_as_hat_event_does() 
     assert blessed_addresses(components, "event") == ["tcp+sbs://c:3", "tcp+sbs://f:6"]
 
 
+def test_an_unreachable_monitor_makes_the_target_unavailable_naming_it() -> None:
+    """A port where nothing listens stands for a Monitor Server that is down."""
+    where = local_address(free_port())
+    target = _target(
+        monitor={"monitor_address": where, "server_group": "event"}, failover_wait="300ms"
+    )
+    try:
+        with pytest.raises(TargetUnavailable) as raised:
+            target.publish([_event(0)])
+    finally:
+        target.close()
+    assert f"group 'event' of the Monitor at {where}" in str(raised.value)
+    assert f"Monitor {where}: " in str(raised.value)
+
+
 # --- a static pair -----------------------------------------------------------------------
 
 
