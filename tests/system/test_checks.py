@@ -80,6 +80,18 @@ def test_a_target_address_no_server_listens_on() -> None:
     )
 
 
+def test_a_server_group_is_checked_address_by_address() -> None:
+    """A target of several addresses feeds each configured server it names; one that no
+    server listens on is named under ``addresses``."""
+
+    def pair(d: dict[str, Any]) -> None:
+        target = d["targets"]["main"]
+        target["addresses"] = [target.pop("address"), "tcp+sbs://127.0.0.1:23999"]
+
+    (found,) = _findings(pair)
+    assert found.startswith("targets.main.addresses tcp+sbs://127.0.0.1:23999: no configured")
+
+
 def test_a_stream_type_no_route_produces() -> None:
     def unrouted(d: dict[str, Any]) -> None:
         d["servers"]["main"]["streams"][0]["types"]["SHIPPED"] = ["shop", "OrderShipped"]

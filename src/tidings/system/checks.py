@@ -95,9 +95,13 @@ def _unserved_addresses(config: TidingsConfig) -> list[str]:
     listed = ", ".join(f"{n} ({s.eventer_server.address})" for n, s in config.servers.items())
     findings = []
     followers = [
-        (f"targets.{name}.address", str(getattr(target, "address", "")))
+        (
+            f"targets.{name}.{'addresses' if getattr(target, 'addresses', None) else 'address'}",
+            str(address),
+        )
         for name, target in config.targets.items()
         if target.kind == "event_server"
+        for address in getattr(target, "server_addresses", [])
     ]
     followers += [
         (f"intermediaries.{n}.event_server", i.event_server)
@@ -124,15 +128,17 @@ def _feeds(config: TidingsConfig) -> dict[str, _Feed]:
     by_file = {f: n for n, s in config.servers.items() if (f := _sqlite_file(s)) is not None}
     into: dict[str, list[str]] = {name: [] for name in config.servers}  # server -> targets
     for name, target in config.targets.items():
-        server = None
-        if target.kind == "event_server":
-            server = by_address.get(host_port(str(getattr(target, "address", ""))))
+        servers: list[str | None] = []
+        if target.kind == "event_server":  # a redundant group: each of its servers
+            addresses = getattr(target, "server_addresses", [])
+            servers = [by_address.get(host_port(str(address))) for address in addresses]
         elif target.kind == "event_store":
             url = str(getattr(target, "url", ""))
             if url.startswith("sqlite:///"):
-                server = by_file.get(Path(url.removeprefix("sqlite:///")).resolve())
-        if server is not None:
-            into[server].append(name)
+                servers = [by_file.get(Path(url.removeprefix("sqlite:///")).resolve())]
+        for server in servers:
+            if server is not None:
+                into[server].append(name)
     feeds = {}
     for server, targets in into.items():
         feed = _Feed(set(), set())

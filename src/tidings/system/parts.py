@@ -98,9 +98,10 @@ def parts_of(config: TidingsConfig, path: Path) -> list[Part]:
     ]
     if config.targets:
         addresses = [
-            str(getattr(target, "address", ""))
+            str(address)
             for target in config.targets.values()
             if target.kind == "event_server"
+            for address in getattr(target, "server_addresses", [])
         ]
         parts.append(
             Part(
