@@ -156,7 +156,7 @@ class Consumers:
                 .where(_key(stream, user, component))
                 .values(last_id=last_id, acked_at=utcnow())
             )
-        return last_id, covers
+        return last_id, (covers if covers != old else None)
 
     def apply(self, stream: str, user: str, component: str, covers: Covers) -> int:
         """Take a peer's word for a consumer: registered, and past what ``covers`` cover.
