@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tidings.errors import StreamError
 from tidings.events.model import EventId, PayloadKind, StoredEvent, json_event
 from tidings.server.store import EventStore
 from tidings.streams.consumers.positions import Consumers
@@ -133,7 +134,7 @@ def test_the_sync_applies_the_peers_consumer_events_once(
     with caplog.at_level(logging.WARNING):
         assert sync.catch_up() == 0
     assert "peer consumer event skipped" in caplog.text
-    with pytest.raises(Exception, match="consumer event EventId.* is malformed"):
+    with pytest.raises(StreamError, match=r"consumer event EventId.* is malformed"):
         read_consumer_event(bad)
 
 
