@@ -14,8 +14,12 @@ prefix of its own log that the covers cover (:func:`covered_prefix`): nothing af
 been acknowledged for sure, so nothing is lost; events the covers cover that lie beyond it
 (logged in another order here) are sent again, the at-least-once side of the bargain.
 
-The covers travel as events of the reserved type ``tidings/stream/consumer/<stream>`` in
-the log (:data:`CONSUMER_TYPE`), so the Syncer carries them without any change to its wire.
+The covers travel as events of the reserved type
+``tidings/stream/consumer/<stream>/<user>/<component>/<origin server>`` in the log
+(:data:`~tidings.streams.typemap.CONSUMER_TYPE`), so the Syncer carries them without any
+change to its wire. Each carries the consumer's whole covers as its origin server knew them,
+which only grow: the latest event of such a type supersedes the earlier ones, and retention
+(:mod:`.retention`) discards those by the store's keep-the-latest-of-each-type rule.
 """
 
 from __future__ import annotations
@@ -93,8 +97,11 @@ def _not_consumer_event() -> ColumnElement[bool]:
     return ~events_table.c.type.startswith(encode_type(CONSUMER_TYPE)[:-1] + ",")
 
 
-def consumer_event(stream: str, user: str, component: str, covers: Covers) -> NewEvent:
-    """The event that tells the group a consumer is registered and what it has passed."""
+def consumer_event(
+    server_id: int, stream: str, user: str, component: str, covers: Covers
+) -> NewEvent:
+    """The event by which server ``server_id`` tells the group that a consumer is registered
+    and what it has passed."""
     payload = {
         "stream": stream,
         "user": user,
@@ -102,7 +109,7 @@ def consumer_event(stream: str, user: str, component: str, covers: Covers) -> Ne
         "covers": [[server, *ident] for server, ident in sorted(covers.items())],
     }
     return NewEvent(
-        (*CONSUMER_TYPE, stream),
+        (*CONSUMER_TYPE, stream, user, component, str(server_id)),
         json.dumps(payload, separators=(",", ":")).encode(),
         PayloadKind.JSON,
     )

@@ -295,7 +295,9 @@ class StreamService:
         reply that acknowledged waits for it: once a consumer hears back, the group can know
         its position as soon as the Syncer has carried the event."""
         try:
-            await self._engine.submit([consumer_event(self.name, user, component, covers)])
+            await self._engine.submit(
+                [consumer_event(self._engine.server_id, self.name, user, component, covers)]
+            )
         except (EngineError, StoreError) as exc:
             raise StreamError(
                 INTERNAL_ERROR, f"stream {self.name}: cannot record the consumer: {exc}"
