@@ -24,8 +24,10 @@ S, U = "s", "ftn18"
 RETAIN = {"enabled": True, "min_age": "0s"}
 
 
-def _pair(tmp_path: Path) -> tuple[EventStore, EventStore]:
-    return EventStore(f"sqlite:///{tmp_path}/a.db", 1), EventStore(f"sqlite:///{tmp_path}/b.db", 2)
+def _pair(tmp_path: Path, a_url: str | None = None) -> tuple[EventStore, EventStore]:
+    """Servers 1 and 2 (server 1 on ``a_url`` if given)."""
+    a = EventStore(a_url or f"sqlite:///{tmp_path}/a.db", 1)
+    return a, EventStore(f"sqlite:///{tmp_path}/b.db", 2)
 
 
 def _own(store: EventStore, *names: str) -> list[StoredEvent]:
@@ -36,8 +38,10 @@ def _positions(store: EventStore) -> dict[EventId, int]:
     return {e.id: e.position for e in store.read(0, 10_000)}
 
 
-def test_a_position_moves_to_the_peer_as_far_as_its_own_order_allows(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
+def test_a_position_moves_to_the_peer_as_far_as_its_own_order_allows(
+    tmp_path: Path, database_url: str
+) -> None:
+    a, b = _pair(tmp_path, database_url)
     a_events = _own(a, "a1", "a2")
     b_events = _own(b, "b1")
     b.append_synced(a_events)  # B: b1 a1 a2
@@ -63,8 +67,10 @@ def test_a_position_moves_to_the_peer_as_far_as_its_own_order_allows(tmp_path: P
     assert on_b.covers(S, U, "C") == covers
 
 
-def test_acknowledging_on_the_peer_continues_from_the_covers(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
+def test_acknowledging_on_the_peer_continues_from_the_covers(
+    tmp_path: Path, database_url: str
+) -> None:
+    b, a = _pair(tmp_path, database_url)  # the peer (server 1) on each backend
     first = _own(a, "a1", "a2", "a3")
     b.append_synced(first)
     on_a, on_b = Consumers(a), Consumers(b)
@@ -76,8 +82,8 @@ def test_acknowledging_on_the_peer_continues_from_the_covers(tmp_path: Path) -> 
     _own(b, "b1")
     _, grown = on_b.acknowledge(S, U, "C", 4)
     assert grown is not None
-    assert grown[1] == (first[2].id.session, first[2].id.instance)
-    assert grown[2] == (b.last_event_id().session, b.last_event_id().instance)
+    assert grown[a.server_id] == (first[2].id.session, first[2].id.instance)
+    assert grown[b.server_id] == (b.last_event_id().session, b.last_event_id().instance)
     # Acknowledging what is acknowledged already tells the group nothing.
     assert on_b.acknowledge(S, U, "C", 3) == (4, None)
 
