@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from bench.harness.processes import ServerProcess, free_port
 from tests.support.child_parts import ChildPart
 from tests.support.stream_helpers import PASSWORD, USER, FutoInClient
 from tests.support.stream_pair import (
@@ -23,10 +26,11 @@ from tests.support.stream_pair import (
     Producer,
     check_delivery,
     items,
+    serving,
     start_pair,
     stream_count,
 )
-from tests.support.waiting import run, until
+from tests.support.waiting import run, until, wait_until
 from tidings.streams.client import StreamEvent, consume
 
 pytestmark = pytest.mark.slow
@@ -77,7 +81,9 @@ def test_python_and_cli_consumers_resume_on_the_peer_after_a_kill(tmp_path: Path
 
     try:
         run(scenario(), timeout=150)
-        assert check_delivery(pushed, producer.sent) <= PUSH_BOUND
+        duplicates = check_delivery(pushed, producer.sent)
+        print(f"push consumer: {duplicates} duplicates")
+        assert duplicates <= PUSH_BOUND
         # The poll consumer had acknowledged all but its last reply, which held what came
         # within one poll interval of the end of the first part (the producer had stopped).
         assert check_delivery(items(polled.lines()), producer.sent) <= PUSH["max_group_events"]
@@ -116,6 +122,7 @@ def test_futoin_reliable_receiver_pointed_at_the_peer_resumes(tmp_path: Path) ->
         # On the peer it resumed where it had acknowledged: the first part again only as
         # far as it was in flight, never from the beginning.
         again = [item for item in after if item in set(before)]
+        print(f"ReliableReceiver: {len(again)} duplicates")
         assert len(again) <= PUSH_BOUND, f"{len(again)} events of the first part again"
         check_delivery(before + after, producer.sent)
     finally:
@@ -130,3 +137,64 @@ async def _until_async(read: Callable[[], Awaitable[int]], want: int, timeout: f
     while (got := await read()) < want:
         assert loop.time() < deadline, f"only {got} of {want} within {timeout} s"
         await asyncio.sleep(0.1)
+
+
+def test_a_consumer_follows_the_blessing_of_a_monitor_group(tmp_path: Path) -> None:
+    """BLESS_ONE: only the blessed server serves its streams; killed, the other is blessed,
+    starts its streams (catching up on the consumer events it synced meanwhile), and the
+    consumer resumes there."""
+    monitor_port = free_port()
+    monitor = ServerProcess.hat_monitor(tmp_path / "monitor", monitor_port, "BLESS_ONE")
+    monitor.start(20)
+    a, b = start_pair(tmp_path, monitor_port)
+    producer = Producer()
+    pushed: list[tuple[int, int]] = []
+    go = asyncio.Event()
+
+    async def slow(event: StreamEvent) -> None:
+        await go.wait()
+        await asyncio.sleep(0.01)
+        pushed.append((event.data["k"], event.data["n"]))
+
+    try:
+        wait_until(lambda: [serving(a), serving(b)].count(True) == 1, 30)
+        time.sleep(1)  # the Monitor settled: still exactly one serves
+        [active] = [server for server in (a, b) if serving(server)]
+        standby = b if active is a else a
+
+        def synced() -> bool:  # the standby's store, read as a file: it serves no stream
+            with contextlib.closing(sqlite3.connect(f"{tmp_path}/{standby.part.name}.db")) as db:
+                [(count,)] = db.execute(
+                    "SELECT count(*) FROM event_events WHERE type = ?", ('["orders","created"]',)
+                )
+            return int(count) >= FIRST
+
+        async def scenario() -> float:
+            consumer = asyncio.create_task(
+                consume([a.url, b.url], USER, PASSWORD, "PUSHED", slow, connect_timeout=30)
+            )
+            try:
+                await producer.send(active.url, FIRST)
+                await until(synced, 30)
+                go.set()
+                await until(lambda: len(pushed) >= FIRST // 3, 30)
+                active.part.kill()
+                killed = time.monotonic()
+                await until(lambda: serving(standby), 30)
+                took = time.monotonic() - killed
+                await producer.send(standby.url, SECOND)
+                await until(lambda: set(pushed) >= set(producer.sent), 60)
+                return took
+            finally:
+                consumer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await consumer
+
+        took = run(scenario(), timeout=150)
+        duplicates = check_delivery(pushed, producer.sent)
+        print(f"blessed in {took:.2f} s after the kill; {duplicates} duplicates")
+        assert duplicates <= PUSH_BOUND
+    finally:
+        for part in (a.part, b.part):
+            part.stop()
+        monitor.stop()

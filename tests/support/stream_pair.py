@@ -4,6 +4,7 @@ stream ``s``; and what the failover tests check of what consumers received."""
 
 from __future__ import annotations
 
+import socket
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,9 +32,11 @@ class PairServer:
     port: int
 
 
-def start_pair(work: Path) -> tuple[PairServer, PairServer]:
-    """Start servers 1 and 2 (each the other's Syncer peer); return once both streams
-    accept connections."""
+def start_pair(work: Path, monitor_port: int | None = None) -> tuple[PairServer, PairServer]:
+    """Start servers 1 and 2, each the other's static Syncer peer, or members of group
+    ``event`` of the Monitor on ``monitor_port``; return once both streams accept
+    connections (static), or once both have started (Monitor: only the blessed one
+    serves its streams)."""
     syncers = {1: free_port(), 2: free_port()}
     servers = []
     for server_id, peer_id in ((1, 2), (2, 1)):
@@ -42,9 +45,17 @@ def start_pair(work: Path) -> tuple[PairServer, PairServer]:
         )
         config["engine"]["server_id"] = server_id
         config["syncer_server"] = {"address": local_address(syncers[server_id])}
-        config["syncer_peers"] = [
-            {"server_id": peer_id, "address": local_address(syncers[peer_id])}
-        ]
+        if monitor_port is None:
+            config["syncer_peers"] = [
+                {"server_id": peer_id, "address": local_address(syncers[peer_id])}
+            ]
+        else:
+            config["syncer_token"] = "pair"
+            config["monitor"] = {
+                "name": f"server{server_id}",
+                "group": "event",
+                "monitor_address": local_address(monitor_port),
+            }
         path = work / f"server{server_id}.yaml"
         path.write_text(yaml.safe_dump(config))
         part = ChildPart(f"server{server_id}", ["server", "--conf", str(path)], work)
@@ -54,8 +65,20 @@ def start_pair(work: Path) -> tuple[PairServer, PairServer]:
         server.part.start()
     for server in servers:
         assert server.part.proc is not None
-        wait_for_port(server.port, 30, process=server.part.proc, log=server.part.log)
+        if monitor_port is None:
+            wait_for_port(server.port, 30, process=server.part.proc, log=server.part.log)
+        else:
+            wait_for_port(syncers[int(server.part.name[-1])], 30, process=server.part.proc)
     return servers[0], servers[1]
+
+
+def serving(server: PairServer) -> bool:
+    """Whether the server's streams accept connections now."""
+    try:
+        socket.create_connection(("127.0.0.1", server.port), 0.2).close()
+    except OSError:
+        return False
+    return True
 
 
 class Producer:
