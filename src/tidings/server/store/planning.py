@@ -266,7 +266,8 @@ def plan_synced(
             key = (synced.outbox_event_id, encoded_types[synced.type])
             owner = owners.get(key)
             if owner is not None:
-                log.warning(
+                # Expected in a group: the relay's event reached this server too.
+                log.info(
                     "synced event %s skipped: outbox event %r of type %s is already stored as %s",
                     synced.id,
                     synced.outbox_event_id,
