@@ -96,6 +96,18 @@ async def orders_at(server: ServerProcess) -> list[StoredEvent]:
         return await connection.query(QueryData(event_types=(ORDERS,)))
 
 
+async def settled_orders(server: ServerProcess, timeout: float = 10.0) -> Counter[str]:
+    """How often each ``orders`` event is stored at ``server``, once both E and F are there
+    (or at ``timeout``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while set(stored := ids_of(await orders_at(server))) != {"E", "F"}:
+        if loop.time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    return stored
+
+
 def ids_of(events: list[StoredEvent]) -> Counter[str]:
     return Counter(client.json_value(e)["id"] for e in events)
 
@@ -144,17 +156,7 @@ def test_a_resent_event_is_stored_notified_and_streamed_once_after_its_server_di
         async with await client.connect(b.eventer) as relay_to_b:
             await relay_to_b.register_outbox([order("F")])
         for server in (a, b):
-            events: list[StoredEvent] = []
-
-            async def both_there(server: ServerProcess = server) -> bool:
-                events[:] = await orders_at(server)
-                return set(ids_of(events)) == {"E", "F"}
-
-            for _ in range(200):
-                if await both_there():
-                    break
-                await asyncio.sleep(0.05)
-            assert ids_of(events) == Counter({"E": 1, "F": 1}), server.workdir
+            assert await settled_orders(server) == Counter({"E": 1, "F": 1}), server.workdir
         await asyncio.sleep(0.5)  # nothing late
         assert notified == Counter({"E": 1, "F": 1})
 
