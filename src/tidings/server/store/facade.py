@@ -141,7 +141,7 @@ class EventStore:
         reuses their ids.
 
         An event whose ``(outbox_event_id, type)`` is already stored under another id is
-        skipped (logged) instead of failing the call: that is how an outbox event is stored
+        skipped with a warning instead of failing the call: that is how an outbox event is stored
         once across a group of servers. It reaches several of them, from the relay (which
         resends to another server when one fails before answering) and from their peers'
         Syncers (which carry the outbox id between tidings servers); each store keeps the

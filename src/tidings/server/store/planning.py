@@ -266,8 +266,7 @@ def plan_synced(
             key = (synced.outbox_event_id, encoded_types[synced.type])
             owner = owners.get(key)
             if owner is not None:
-                # Expected in a group: the relay's event reached this server too.
-                log.info(
+                log.warning(
                     "synced event %s skipped: outbox event %r of type %s is already stored as %s",
                     synced.id,
                     synced.outbox_event_id,
