@@ -16,6 +16,7 @@ import pytest
 
 from bench.harness.processes import local_address
 from tests.server.syncer.test_syncer import LOCAL, all_events, node, raw_client, receive
+from tests.support.helpers import hat_event_server
 from tests.support.waiting import run, until
 from tidings import client
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
@@ -229,3 +230,55 @@ def test_events_sent_to_both_servers_at_once_are_stored_once_in_each(tmp_path: P
                 assert sorted(e.outbox_event_id or "" for e in orders) == sorted(outbox_ids)
 
     run(main())
+
+
+# --- a hat-event 0.8.5 peer ------------------------------------------------------------------
+
+
+def test_a_hat_event_peer_syncs_as_before_and_sees_the_marked_name(tmp_path: Path) -> None:
+    """hat-event 0.8.5 as our syncer client gets plain events, outbox events included; as
+    our syncer server it is sent the marked name, and shows it in its status event."""
+    import hat.event.common as hat_common
+    import hat.event.eventer as hat_eventer
+    import hat.event.syncer.client as hat_syncer_client
+
+    async def main(eventer_port: int, syncer_port: int) -> None:
+        async with node(tmp_path, 1) as a:
+            await a.register([outbox_event("o-1", 1), outbox_event("o-2", 2)])
+            server = await SyncerServer.start(LOCAL, a)
+            synced = asyncio.Event()
+            got: list[hat_common.Event] = []
+            hat_client = await hat_syncer_client.connect(
+                local_address(server.port),
+                "hat-probe",
+                hat_common.EventId(1, 0, 0),
+                synced_cb=synced.set,
+                events_cb=got.extend,
+            )
+            await asyncio.wait_for(synced.wait(), 10)
+            await until(lambda: sum(e.event_type[0] == "orders" for e in got) == 2)
+            assert [e.payload.data for e in got if e.event_type[0] == "orders"] == [
+                {"n": 1},
+                {"n": 2},
+            ]
+            assert server.clients == [("hat-probe", True)]
+
+            ours = SyncerClient(local_address(syncer_port), a, 7, min_delay=0.1)
+            await ours.start()
+            await ours.wait_synced(15)
+            eventer = await hat_eventer.connect(local_address(eventer_port))
+            query = hat_common.QueryData(event_types=[("event", "syncer", "server")], max_results=1)
+            expected = [{"client_name": mark_client_name("1"), "synced": True}]
+            for _ in range(150):  # lmdb serves what it flushed, every second
+                status = await eventer.query(query)
+                if status and status[0].payload.data == expected:
+                    break
+                await asyncio.sleep(0.1)
+            assert status[0].payload.data == expected
+            await eventer.async_close()
+            await ours.aclose()
+            await hat_client.async_close()
+            await server.aclose()
+
+    with hat_event_server(tmp_path, 7) as (eventer_port, syncer_port, _):
+        run(main(eventer_port, syncer_port), 60)
