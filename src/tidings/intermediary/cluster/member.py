@@ -29,6 +29,7 @@ rate would have given it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Hashable
 
@@ -37,7 +38,7 @@ from tidings.intermediary.cluster.areas import AreaUpstream, Composer
 from tidings.intermediary.cluster.directory import Directory
 from tidings.intermediary.cluster.peers import RemotePart
 from tidings.intermediary.cluster.responsibility import Partition, RegionPartition
-from tidings.intermediary.node.intermediary import Intermediary, Upstream
+from tidings.intermediary.node.intermediary import Intermediary, Upstream, requests_of
 from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.node.snapshot import Snapshot
 from tidings.intermediary.regions.geometry import parse_region
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: The most members a request may have gone through (``via``) before it is refused.
 MAX_VIA = 8
+#: The longest a subscribe reply waits for the member's own feed to apply its requests.
+CATCH_UP_S = 10.0
 #: The fields a cluster adds to a subscribe request.
 CLUSTER_FIELDS = ("client", "via")
 
@@ -207,8 +210,32 @@ class ClusterServer(IntermediaryServer):
         self._clients[subscriber] = client if isinstance(client, str) else None
         self._handing.pop((subscriber, str(key)), None)
         self._releasing.pop((subscriber, str(key)), None)
+        if await self._feed_caught_up():
+            reply["from_epoch"] = self.intermediary.state.epoch + 1
         reply["intermediary"] = self.name
         return reply
+
+    async def _feed_caught_up(self) -> bool:
+        """Wait until the batches of this member's own feed reflect every request made so far
+        (True), when the feed counts them (one in another process). The node cannot see that
+        through the cut along the cells (:class:`.areas.AreaUpstream` hides the counts, and a
+        re-cut after the directory changed asks the feed for pieces outside any
+        subscribe), so without this ``from_epoch`` could name an epoch whose state still
+        lacks the new pieces and the subscriber would get a view missing entities. False:
+        the feed does not count, or it did not catch up within :data:`CATCH_UP_S` (the reply
+        keeps its epoch, and a warning says so)."""
+        counts = requests_of(self.feed)
+        if counts is None:
+            return False
+        wanted = counts[0]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_S
+        while (counts := requests_of(self.feed)) is not None and counts[1] < wanted:
+            if loop.time() > deadline:
+                log.warning("%s: upstream did not apply a request in %s s", self.name, CATCH_UP_S)
+                return False
+            await asyncio.sleep(0.005)
+        return True
 
     def _owner_name(self, region: object, client: object) -> str:
         """The name of the member owning ``region``'s home slot, by the owners last read

@@ -1,0 +1,237 @@
+"""A deployed tier of intermediaries (issue 29 item 5), run as a user runs it: a
+``tidings intermediary simulate`` publisher and ``tidings intermediary serve --tier world``, real
+subprocesses on real sockets, subscribers entering at any member. Responsibility is split
+among three members, a view spans two of them, and a member SIGKILLed mid-stream has its
+subscribers served by the others, then by its replacement, every frame its tick's brute
+force (the publisher's simulation, replayed here from its seed). Waits are bounded so a broken
+build fails instead of hanging; nothing asserts a timing."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.support import waiting
+from tests.support.intermediary_helpers import inside
+from tidings.intermediary.client.handover import ClusterClient
+from tidings.intermediary.client.subscriber import ReceivedFrame
+from tidings.intermediary.node.generation import FrameKind
+from tidings.intermediary.publisher.simulation import Simulation
+from tidings.intermediary.regions.geometry import Box
+
+pytestmark = [pytest.mark.slow, pytest.mark.sockets]
+
+AGENTS, SIDE, SPEED, TICK_HZ, SEED = 300, 90.0, 5.0, 20.0, 3
+#: Three members, one per 30-unit strip of the world along x (cells [3, 1]).
+WEST = {"box": {"lo": [3, 5], "hi": [25, 40]}}
+MIDDLE = {"box": {"lo": [35, 50], "hi": [55, 85]}}
+EAST = {"box": {"lo": [65, 10], "hi": [88, 40]}}
+#: Middle in the middle strip, reaching into the west one: a view spanning two members.
+ACROSS = {"sphere": {"center": [40, 30], "radius": 15}}
+REGIONS = {"west": WEST, "middle": MIDDLE, "east": EAST, "across": ACROSS}
+until = functools.partial(waiting.until, timeout=90.0, interval=0.05)
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Replay:
+    """The publisher's positions at any tick: its simulation rebuilt from the same seed and
+    stepped by the same period."""
+
+    def __init__(self) -> None:
+        self.sim = Simulation(AGENTS, Box((0.0, 0.0), (SIDE, SIDE)), max_speed=SPEED, seed=SEED)
+        self.ticks: dict[int, np.ndarray] = {0: self.sim.positions.copy()}
+
+    def at(self, tick: int) -> np.ndarray:
+        while self.sim.tick < tick:
+            self.sim.step(1.0 / TICK_HZ)
+            self.ticks[self.sim.tick] = self.sim.positions.copy()
+        return self.ticks[tick]
+
+
+def check(frames: list[ReceivedFrame], spec: dict, replay: Replay) -> None:
+    """Strictly increasing epochs; each frame its tick's brute-force view."""
+    epochs = [f.header.epoch for f in frames]
+    assert epochs == sorted(set(epochs)), "epochs out of order or repeated"
+    for frame in frames:
+        positions = replay.at(frame.header.epoch)
+        expected = np.flatnonzero(inside(positions, spec))
+        if frame.header.kind is FrameKind.VIEW:
+            np.testing.assert_array_equal(frame.ids, expected)
+            np.testing.assert_allclose(frame.world_positions(), positions[frame.ids])
+        elif frame.header.kind is FrameKind.EMPTY:
+            assert expected.size == 0
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tidings.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def first_line(process: subprocess.Popen[str], starting: str) -> str:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith(starting), line + process.stdout.read()
+    return line
+
+
+def member_pids(tier: subprocess.Popen[str]) -> dict[int, int]:
+    """The tier's member processes by the port they listen on (from /proc)."""
+    children = Path(f"/proc/{tier.pid}/task/{tier.pid}/children").read_text().split()
+    found = {}
+    for pid in map(int, children):
+        inodes = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd) if fd.is_symlink() else ""
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                found[int(fields[1].split(":")[1], 16)] = pid
+    return found
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
+    feed_port, *ports = free_ports(4)
+    config = {
+        "intermediary_tiers": {
+            "world": {
+                "members": [f"127.0.0.1:{port}" for port in ports],
+                "spatial": {
+                    "upstream": f"ws://127.0.0.1:{feed_port}/",
+                    "world_lo": [0, 0],
+                    "world_hi": [SIDE, SIDE],
+                },
+                "responsibility": {"by": "region", "cells": [3, 1]},
+            }
+        }
+    }
+    path = tmp_path / "tidings.yaml"
+    path.write_text(yaml.safe_dump(config))
+    publisher = start(
+        "intermediary", "simulate", "--agents", str(AGENTS), "--world", str(SIDE),
+        "--speed", str(SPEED), "--tick-hz", str(TICK_HZ), "--seed", str(SEED),
+        "--listen", f"127.0.0.1:{feed_port}",
+    )  # fmt: skip
+    tier = None
+    try:
+        first_line(publisher, "simulation of")
+        tier = start("intermediary", "serve", "-c", str(path), "--tier", "world")
+        first_line(tier, "intermediary tier world serving")
+        yield [f"ws://127.0.0.1:{port}/" for port in ports], tier
+    finally:
+        for process in (tier, publisher):
+            if process is not None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+                assert process.stdout is not None
+                process.stdout.close()
+
+
+def test_a_tier_splits_responsibility_and_survives_a_member_killed(
+    deployment: tuple[list[str], subprocess.Popen[str]],
+) -> None:
+    urls, tier = deployment
+    got: dict[str, list[ReceivedFrame]] = {key: [] for key in REGIONS}
+    replay = Replay()
+    timings: dict[str, float] = {}
+
+    async def main() -> None:
+        clients: dict[str, ClusterClient] = {}
+        readers = []
+
+        async def read(client: ClusterClient) -> None:
+            async for frame in client.frames():
+                got[frame.key].append(frame)
+
+        try:
+            # Every subscriber enters at the west member: the tier redirects each to the
+            # member owning its region's home.
+            for key, region in REGIONS.items():
+                client = await ClusterClient.connect(urls)
+                await client.subscribe(key, region, rate_hz=1000)
+                clients[key] = client
+                readers.append(asyncio.create_task(read(client)))
+            served = {key: client.where(key) for key, client in clients.items()}
+            assert served == {
+                "west": urls[0],
+                "middle": urls[1],
+                "east": urls[2],
+                "across": urls[1],
+            }
+
+            def more(keys: list[str], n: int = 10) -> Coroutine[Any, Any, None]:
+                counts = {key: len(got[key]) for key in keys}
+                return until(lambda: all(len(got[k]) > counts[k] + n for k in keys))
+
+            await more(list(REGIONS))
+            pids = member_pids(tier)
+            assert len(set(pids.values())) == 3  # each member its own process
+
+            # SIGKILL the middle member: "middle" and "across" lose their member, and "west"
+            # its entry's neighbour's piece of nothing; the tier notices and moves them.
+            killed = int(urls[1].rsplit(":", 1)[1].rstrip("/"))
+            before = {key: len(got[key]) for key in got}
+            t0 = time.monotonic()
+            os.kill(pids[killed], signal.SIGKILL)
+            await until(
+                lambda: all(clients[k].where(k) not in ("", urls[1]) for k in ("middle", "across"))
+                and all(len(got[k]) > before[k] for k in ("middle", "across"))
+            )
+            timings["served by another member"] = time.monotonic() - t0
+            await more(list(REGIONS))
+            # The replacement on the killed member's address takes its share back: the
+            # subscribers are handed over to it, make before break.
+            await until(
+                lambda: all(clients[k].where(k) == urls[1] for k in ("middle", "across"))
+                and not any(c.moving() for c in clients.values())
+            )
+            timings["back on the replacement"] = time.monotonic() - t0
+            await more(list(REGIONS))
+            assert clients["west"].where("west") == urls[0]
+            assert clients["east"].where("east") == urls[2]
+            assert member_pids(tier)[killed] != pids[killed]
+        finally:
+            for task in readers:
+                task.cancel()
+            for client in clients.values():
+                await client.close()
+        for client in clients.values():
+            assert client.stale == 0
+
+    asyncio.run(asyncio.wait_for(main(), 300))
+    print("failover:", {k: round(v, 2) for k, v in timings.items()})
+    for key, region in REGIONS.items():
+        check(got[key], region, replay)
