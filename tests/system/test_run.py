@@ -60,6 +60,14 @@ def test_the_example_deployment_has_its_parts_in_start_order() -> None:
     assert parts[1].needs == parts[2].needs == ("server.main",)
 
 
+def test_a_tier_is_one_part_run_with_its_name_and_up_once_its_last_member_listens() -> None:
+    path = EXAMPLE.parent / "tier.yaml"
+    (part,) = parts_of(load_config_file(path), path)
+    assert (part.name, part.kind, part.needs) == ("tier.world", "intermediary", ())
+    assert part.command[3:] == ("intermediary", "serve", "-c", str(path), "--tier", "world")
+    assert part.ready_on == ("127.0.0.1", 8303)
+
+
 def test_run_starts_restarts_reports_and_stops_the_parts_in_order(tmp_path: Path) -> None:
     path, ports = deployment(tmp_path)
     run = Run(path)

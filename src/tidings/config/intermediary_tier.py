@@ -116,13 +116,6 @@ class IntermediaryTierConfig(StrictModel):
         lambda cls, v: parse_duration(v)
     )
 
-    @field_validator("check_every", "round")
-    @classmethod
-    def _positive(cls, v: timedelta) -> timedelta:
-        if v <= timedelta(0):
-            raise ValueError("must be more than zero")
-        return v
-
     @field_validator("members")
     @classmethod
     def _distinct(cls, v: list[str]) -> list[str]:

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Coroutine, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -207,16 +207,20 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
             t0 = time.monotonic()
             os.kill(pids[killed], signal.SIGKILL)
             await until(
-                lambda: all(clients[k].where(k) not in ("", urls[1]) for k in ("middle", "across"))
-                and all(len(got[k]) > before[k] for k in ("middle", "across"))
+                lambda: (
+                    all(clients[k].where(k) not in ("", urls[1]) for k in ("middle", "across"))
+                    and all(len(got[k]) > before[k] for k in ("middle", "across"))
+                )
             )
             timings["served by another member"] = time.monotonic() - t0
             await more(list(REGIONS))
             # The replacement on the killed member's address takes its share back: the
             # subscribers are handed over to it, make before break.
             await until(
-                lambda: all(clients[k].where(k) == urls[1] for k in ("middle", "across"))
-                and not any(c.moving() for c in clients.values())
+                lambda: (
+                    all(clients[k].where(k) == urls[1] for k in ("middle", "across"))
+                    and not any(c.moving() for c in clients.values())
+                )
             )
             timings["back on the replacement"] = time.monotonic() - t0
             await more(list(REGIONS))
