@@ -53,9 +53,9 @@ def serve(
     from tidings.intermediary.serving.service import Listening, serve_intermediary
 
     configure_logging(log_level_option(log_level, "--log-level"))
-    for option, value in (("--name", name), ("--tier", tier)):
+    for option, value, what in (("--name", name, "an intermediary"), ("--tier", tier, "a tier")):
         if value is not None and config is None:
-            fail(f"{option} {value}: names a part of a deployment's file; give it with -c FILE")
+            fail(f"{option} {value}: names {what} of a deployment's file; give it with -c FILE")
     if name is not None and tier is not None:
         fail("--name and --tier: give one (a tier's members are not intermediaries: sections)")
     loaded = load_or_exit(config)

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.support import waiting
+from tests.support.cli_runs import one_error_line, run_tidings
 from tests.support.intermediary_helpers import inside
 from tidings.intermediary.client.handover import ClusterClient
 from tidings.intermediary.client.subscriber import ReceivedFrame
@@ -32,7 +33,7 @@ from tidings.intermediary.node.generation import FrameKind
 from tidings.intermediary.publisher.simulation import Simulation
 from tidings.intermediary.regions.geometry import Box
 
-pytestmark = [pytest.mark.slow, pytest.mark.sockets]
+pytestmark = pytest.mark.sockets
 
 AGENTS, SIDE, SPEED, TICK_HZ, SEED = 300, 90.0, 5.0, 20.0, 3
 #: Three members, one per 30-unit strip of the world along x (cells [3, 1]).
@@ -160,6 +161,7 @@ def deployment(tmp_path: Path) -> Iterator[tuple[list[str], subprocess.Popen[str
                 process.stdout.close()
 
 
+@pytest.mark.slow
 def test_a_tier_splits_responsibility_and_survives_a_member_killed(
     deployment: tuple[list[str], subprocess.Popen[str]],
 ) -> None:
@@ -239,3 +241,42 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
     print("failover:", {k: round(v, 2) for k, v in timings.items()})
     for key, region in REGIONS.items():
         check(got[key], region, replay)
+
+
+@pytest.mark.slow  # four interpreters start, one after the other
+def test_a_member_that_cannot_start_ends_the_tier_with_one_line(tmp_path: Path) -> None:
+    """The publisher unreachable, then a member's address taken: exit 2, one line naming the
+    member and why, and no member left running."""
+    feed_port, *ports = free_ports(3)
+    config = {
+        "intermediary_tiers": {
+            "world": {
+                "members": [f"127.0.0.1:{port}" for port in ports],
+                "spatial": {
+                    "upstream": f"ws://127.0.0.1:{feed_port}/",
+                    "world_lo": [0, 0],
+                    "world_hi": [SIDE, SIDE],
+                },
+            }
+        }
+    }
+    path = tmp_path / "tidings.yaml"
+    path.write_text(yaml.safe_dump(config))
+    line = one_error_line(run_tidings("intermediary", "serve", "-c", str(path), "--tier", "world"))
+    assert "member world-0 did not start" in line and "cannot connect" in line
+    publisher = start("intermediary", "simulate", "--listen", f"127.0.0.1:{feed_port}")
+    taken = socket.create_server(("127.0.0.1", ports[1]))
+    try:
+        first_line(publisher, "simulation of")
+        line = one_error_line(
+            run_tidings("intermediary", "serve", "-c", str(path), "--tier", "world")
+        )
+        assert "member world-1 did not start" in line and f"{ports[1]}" in line
+        with socket.create_server(("127.0.0.1", ports[0])):  # world-0 ended: its port is free
+            pass
+    finally:
+        taken.close()
+        publisher.send_signal(signal.SIGTERM)
+        publisher.wait(30)
+        assert publisher.stdout is not None
+        publisher.stdout.close()
