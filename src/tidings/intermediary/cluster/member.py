@@ -62,7 +62,9 @@ class ClusterServer(IntermediaryServer):
     holding boxes on a member's behalf); members in other processes are reached through the
     directory's URLs only. Other keyword arguments go to :class:`IntermediaryServer`;
     ``tick_s=None`` (the default here) leaves stepping to the owner (a
-    :class:`.in_process.Cluster`).
+    :class:`.in_process.Cluster`). ``remote_feed``: ``feed`` is in another process and applies
+    requests later than its next batch, so a subscribe is answered once it applied them
+    (:meth:`_feed_caught_up`).
     """
 
     def __init__(
@@ -76,9 +78,11 @@ class ClusterServer(IntermediaryServer):
         peers: Callable[[str], ClusterServer | None] = lambda name: None,
         scheduler: Scheduler | None = None,
         tick_s: float | None = None,
+        remote_feed: bool = False,
         **options: object,
     ) -> None:
         self.name = name
+        self.remote_feed = remote_feed
         self.feed = feed
         self.directory = directory
         self.partition = partition
@@ -217,7 +221,7 @@ class ClusterServer(IntermediaryServer):
 
     async def _feed_caught_up(self) -> bool:
         """Wait until the batches of this member's own feed reflect every request made so far
-        (True), when the feed counts them (one in another process). The node cannot see that
+        (True), when the feed is in another process and counts them. The node cannot see that
         through the cut along the cells (:class:`.areas.AreaUpstream` hides the counts, and a
         re-cut after the directory changed asks the feed for pieces outside any
         subscribe), so without this ``from_epoch`` could name an epoch whose state still
@@ -225,7 +229,7 @@ class ClusterServer(IntermediaryServer):
         the feed does not count, or it did not catch up within :data:`CATCH_UP_S` (the reply
         keeps its epoch, and a warning says so)."""
         counts = requests_of(self.feed)
-        if counts is None:
+        if counts is None or not self.remote_feed:  # a feed here applies them by the next batch
             return False
         wanted = counts[0]
         loop = asyncio.get_running_loop()

@@ -72,6 +72,7 @@ async def main(plan: dict[str, Any]) -> int:
         dim=plan["dim"],
         tick_s=plan["round_s"],
         source=feed.take,
+        remote_feed=True,
     )
     try:
         await member.start(plan["host"], plan.get("port", 0))
