@@ -42,7 +42,10 @@ MIDDLE = {"box": {"lo": [35, 50], "hi": [55, 85]}}
 EAST = {"box": {"lo": [65, 10], "hi": [88, 40]}}
 #: Middle in the middle strip, reaching into the west one: a view spanning two members.
 ACROSS = {"sphere": {"center": [40, 30], "radius": 15}}
-REGIONS = {"west": WEST, "middle": MIDDLE, "east": EAST, "across": ACROSS}
+#: Middle in the west strip, reaching into the middle one: when the middle member dies, the
+#: west member (fewest cells, first) takes its cell and serves this view from its own state.
+REACH = {"box": {"lo": [15, 50], "hi": [40, 80]}}
+REGIONS = {"west": WEST, "middle": MIDDLE, "east": EAST, "across": ACROSS, "reach": REACH}
 until = functools.partial(waiting.until, timeout=90.0, interval=0.05)
 
 
@@ -192,6 +195,7 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
                 "middle": urls[1],
                 "east": urls[2],
                 "across": urls[1],
+                "reach": urls[0],
             }
 
             def more(keys: list[str], n: int = 10) -> Coroutine[Any, Any, None]:
@@ -202,8 +206,8 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
             pids = member_pids(tier)
             assert len(set(pids.values())) == 3  # each member its own process
 
-            # SIGKILL the middle member: "middle" and "across" lose their member, and "west"
-            # its entry's neighbour's piece of nothing; the tier notices and moves them.
+            # SIGKILL the middle member: "middle" and "across" lose their member, and "reach"
+            # the piece it took from it; the tier notices and moves them.
             killed = int(urls[1].rsplit(":", 1)[1].rstrip("/"))
             before = {key: len(got[key]) for key in got}
             t0 = time.monotonic()

@@ -34,11 +34,12 @@ import logging
 from collections.abc import Callable, Hashable
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.cluster.areas import AreaUpstream, Composer
+from tidings.intermediary.cluster.areas import AreaUpstream, Composer, areas
 from tidings.intermediary.cluster.directory import Directory
 from tidings.intermediary.cluster.peers import RemotePart
 from tidings.intermediary.cluster.responsibility import Partition, RegionPartition
 from tidings.intermediary.node.intermediary import Intermediary, Upstream, requests_of
+from tidings.intermediary.node.publisher_store import SubscriptionRecord
 from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.node.snapshot import Snapshot
 from tidings.intermediary.regions.geometry import parse_region
@@ -100,8 +101,14 @@ class ClusterServer(IntermediaryServer):
             world=partition.world if isinstance(partition, RegionPartition) else None,
             scheduler=scheduler if scheduler is not None else Scheduler(per_epoch=True),
         )
+        #: Cells this member took over, and the feed request count that covers them, while its
+        #: remote feed has not applied that request (:meth:`_compose`).
+        self._settling: tuple[int, frozenset[int]] | None = None
         if isinstance(partition, RegionPartition):
-            node.compose = Composer(name, partition, self.owners, self._state_of, self._remotes.get)
+            self._composer = Composer(
+                name, partition, self.owners, self._state_of, self._remotes.get
+            )
+            node.compose = self._compose
         super().__init__(node, tick_s=tick_s, **options)  # type: ignore[arg-type]
         #: The client id each subscriber declared (for responsibility by hash).
         self._clients: dict[Hashable, str | None] = {}
@@ -271,11 +278,30 @@ class ClusterServer(IntermediaryServer):
         owners = self.directory.owners()
         if owners == self._owners:
             return False
+        taken = {s for s, o in owners.items() if o == self.name and self._owners.get(s) != o}
         self._owners = owners
         if self.area is not None:
             self.area.recut()
+            counts = requests_of(self.feed)
+            if taken and counts is not None and self.remote_feed:
+                before = set() if self._settling is None else self._settling[1]
+                self._settling = (counts[0], frozenset(taken | before))
         self.rehome()
         return True
+
+    def _compose(self, record: SubscriptionRecord, own: Snapshot) -> Snapshot | None:
+        """The composer's state for ``record``, or None (no frame this round) while the
+        record's view reaches into cells this member took over and its remote feed has not
+        applied the request for them: its own state there is not filled yet (a member that
+        died left them to it), and a frame would miss their entities."""
+        if self._settling is not None:
+            wanted, cells = self._settling
+            counts = requests_of(self.feed)
+            if counts is None or counts[1] >= wanted:
+                self._settling = None
+            elif cells.intersection(areas(self._composer.partition, record.subscription)):
+                return None
+        return self._composer(record, own)
 
     def rehome(self) -> int:
         """Push a handover for every subscription whose home slot another member owns now
