@@ -284,3 +284,59 @@ def test_a_member_that_cannot_start_ends_the_tier_with_one_line(tmp_path: Path) 
         publisher.wait(30)
         assert publisher.stdout is not None
         publisher.stdout.close()
+
+
+class CountingFeed:
+    """A member's feed in another process as the member sees it: it counts the requests
+    made and those its batches reflect (``applied``), which the test moves by hand. Fake
+    because the real lag (a request crossing the wire while the publisher ticks) cannot be
+    made to fall on one chosen round."""
+
+    requested = 0
+    applied = 0
+
+    def subscribe(self, boxes: object) -> None:
+        self.requested += 1
+
+    def unsubscribe(self, boxes: object) -> None:
+        self.requested += 1
+
+    def follow(self, entities: object) -> None:
+        pass
+
+
+def test_cells_taken_over_give_no_frame_until_the_feed_applied_them() -> None:
+    """Member a takes member b's cell (b died): a view reaching into it is not composed from
+    a's own state until a's feed applied the request for that cell; a view inside a's old
+    cell is served meanwhile."""
+    from tidings.intermediary.cluster.directory import Directory
+    from tidings.intermediary.cluster.member import ClusterServer
+    from tidings.intermediary.cluster.responsibility import RegionPartition
+
+    async def main() -> None:
+        directory = Directory()
+        directory.join("a", "ws://127.0.0.1:9/")
+        directory.join("b", "ws://127.0.0.1:9/")
+        directory.assign([0], "a")
+        directory.assign([1], "b")
+        partition = RegionPartition(Box((0.0, 0.0), (100.0, 50.0)), (2, 1))
+        feed = CountingFeed()
+        member = ClusterServer("a", feed, directory, partition, dim=2, remote_feed=True)
+        node = member.intermediary
+        node.subscribe(1, "across", {"box": {"lo": [30, 10], "hi": [70, 40]}}, 0.0, 10.0, None)
+        node.subscribe(1, "west", {"box": {"lo": [5, 10], "hi": [20, 40]}}, 0.0, 10.0, None)
+        records = {r.key: r for r in node.publishers.records()}
+        feed.applied = feed.requested
+        own = node.state.snapshot()
+        assert member._compose(records["across"], own) is not None
+        directory.assign([1], "a")
+        directory.leave("b")
+        assert member.refresh()
+        assert feed.requested > feed.applied  # a asked its feed for the cell it took
+        assert member._compose(records["across"], own) is None
+        assert member._compose(records["west"], own) is not None
+        feed.applied = feed.requested
+        assert member._compose(records["across"], own) is not None
+        await member.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
