@@ -123,8 +123,13 @@ def member_pids(tier: subprocess.Popen[str]) -> dict[int, int]:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
+def deployment(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
+    """The publisher and a tier of three members (its settings: the test's parameter, by
+    default responsibility by region in three strips along x)."""
     feed_port, *ports = free_ports(4)
+    settings = getattr(request, "param", {"responsibility": {"by": "region", "cells": [3, 1]}})
     config = {
         "intermediary_tiers": {
             "world": {
@@ -134,7 +139,7 @@ def deployment(tmp_path: Path) -> Iterator[tuple[list[str], subprocess.Popen[str
                     "world_lo": [0, 0],
                     "world_hi": [SIDE, SIDE],
                 },
-                "responsibility": {"by": "region", "cells": [3, 1]},
+                **settings,
             }
         }
     }
@@ -284,6 +289,66 @@ def test_a_member_that_cannot_start_ends_the_tier_with_one_line(tmp_path: Path) 
         publisher.wait(30)
         assert publisher.stdout is not None
         publisher.stdout.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "deployment", [{"responsibility": {"by": "hash"}, "replace_dead": False}], indirect=True
+)
+def test_a_tier_by_hash_spreads_subscribers_and_the_others_take_a_dead_members(
+    deployment: tuple[list[str], subprocess.Popen[str]],
+) -> None:
+    """Nine subscribers with their own ids, each entering at another member, land where the
+    hash of their id says; the member serving most is SIGKILLed and not replaced: its
+    subscribers are served by the two others, every frame its tick's brute force."""
+    urls, tier = deployment
+    specs = {f"k{i}": (WEST, MIDDLE, EAST)[i % 3] for i in range(9)}
+    got: dict[str, list[ReceivedFrame]] = {key: [] for key in specs}
+
+    async def main() -> None:
+        clients: dict[str, ClusterClient] = {}
+        readers = []
+
+        async def read(client: ClusterClient) -> None:
+            async for frame in client.frames():
+                got[frame.key].append(frame)
+
+        try:
+            for i, (key, region) in enumerate(specs.items()):
+                entries = urls[i % 3 :] + urls[: i % 3]
+                client = await ClusterClient.connect(entries, client_id=f"subscriber-{i}")
+                await client.subscribe(key, region, rate_hz=1000)
+                clients[key] = client
+                readers.append(asyncio.create_task(read(client)))
+            where = {key: client.where(key) for key, client in clients.items()}
+            busiest = max(urls, key=lambda url: list(where.values()).count(url))
+            moved = [key for key, url in where.items() if url == busiest]
+            assert len(set(where.values())) > 1  # spread over several members
+            counts = {key: len(got[key]) for key in got}
+            await until(lambda: all(len(got[k]) > counts[k] + 10 for k in got))
+            port = int(busiest.rsplit(":", 1)[1].rstrip("/"))
+            before = {key: len(got[key]) for key in got}
+            t0 = time.monotonic()
+            os.kill(member_pids(tier)[port], signal.SIGKILL)
+            await until(
+                lambda: (
+                    all(clients[k].where(k) not in ("", busiest) for k in moved)
+                    and all(len(got[k]) > before[k] + 10 for k in got)
+                )
+            )
+            print(f"failover by hash: {time.monotonic() - t0:.2f} s for {len(moved)} keys")
+            assert port not in member_pids(tier)  # not replaced
+        finally:
+            for task in readers:
+                task.cancel()
+            for client in clients.values():
+                await client.close()
+        assert all(client.stale == 0 for client in clients.values())
+
+    asyncio.run(asyncio.wait_for(main(), 300))
+    replay = Replay()
+    for key, region in specs.items():
+        check(got[key], region, replay)
 
 
 class CountingFeed:
