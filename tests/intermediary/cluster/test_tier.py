@@ -405,3 +405,50 @@ def test_cells_taken_over_give_no_frame_until_the_feed_applied_them() -> None:
         await member.aclose()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.slow
+def test_with_every_member_dead_a_new_one_takes_every_slot(tmp_path: Path) -> None:
+    """Both members SIGKILLed, replace_dead off: the tier still starts one member (else
+    nothing would serve), on the first seat, owning every slot; the dead left the directory."""
+    from tidings.config.intermediary_tier import IntermediaryTierConfig
+    from tidings.intermediary.cluster.directory import Directory
+    from tidings.intermediary.cluster.tier import Tier
+    from tidings.intermediary.publisher.server import SimulationServer
+
+    async def main() -> None:
+        sim = Simulation(50, Box((0.0, 0.0), (SIDE, SIDE)), seed=1)
+        publisher = SimulationServer(sim, tick_hz=20)
+        upstream = await publisher.start()
+        ports = free_ports(2)
+        config = IntermediaryTierConfig.model_validate(
+            {
+                "members": [f"127.0.0.1:{port}" for port in ports],
+                "spatial": {"upstream": upstream, "world_lo": [0, 0], "world_hi": [SIDE, SIDE]},
+                "responsibility": {"by": "hash", "buckets": 8},
+                "replace_dead": False,
+            }
+        )
+        tier = Tier("t", config, tmp_path / "directory.db")
+        try:
+            members = await tier.start_all()
+            assert Directory(tmp_path / "directory.db").owners() == {
+                **{slot: "t-0" for slot in range(4)},
+                **{slot: "t-1" for slot in range(4, 8)},
+            }
+            for member in members:
+                member.process.kill()
+                await member.process.wait()
+            assert await tier.bury_dead() == ["t-0", "t-1"]
+            assert tier.members == {} and tier.vacant == [0, 1]
+            heir = await tier.refill()
+            assert heir is not None and heir.url == f"ws://127.0.0.1:{ports[0]}/"
+            directory = Directory(tmp_path / "directory.db")
+            assert set(directory.owners().values()) == {heir.name}
+            assert [m.name for m in directory.members()] == [heir.name]
+            assert await tier.refill() is None  # replace_dead off: one member lives
+        finally:
+            await tier.aclose()
+            await publisher.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 120))

@@ -20,7 +20,8 @@ responsible for and hands subscriptions over when their slot moves. What a tier 
   cells is recomposed from the heir's.
 * **Replacement** (``replace_dead``). The next round starts a new member on the dead one's
   seat (its address, free again) and gives it its share back; the survivors hand those
-  subscriptions over to it make-before-break, so no subscriber loses an epoch twice.
+  subscriptions over to it make-before-break, so no subscriber loses an epoch twice. With
+  every member dead, a member is started whatever ``replace_dead`` says, and takes all.
 
 No splitting or merging: a deployed tier's size is what the operator configured.
 """
@@ -136,45 +137,42 @@ class Tier(ProcessCluster):
     async def bury_dead(self) -> list[str]:
         """Members whose process ended on its own: their slots spread over the survivors
         (each slot to the one owning fewest then), they leave the directory, and their seats
-        wait for a replacement. With no survivor, a member is started at once on the oldest
-        vacant seat and takes every slot."""
+        wait for a replacement. With no survivor their slots stay theirs until
+        :meth:`refill` starts a member, which takes them."""
         dead = [name for name, m in self.members.items() if m.process.returncode is not None]
         for name in dead:
             member = self.members.pop(name)
             await children.end(member.process)
             self.vacant.append(self.seat_of.pop(name))
             slots = self.directory.slots_of(name)
-            if not self.members:
-                heir = await self._seat(self.vacant.pop(0))
-                self.directory.assign(slots, heir.name)
-            else:
-                owned = {n: len(self.directory.slots_of(n)) for n in self.members}
-                given: dict[str, list[int]] = {n: [] for n in self.members}
-                for slot in slots:
-                    heir_name = min(owned, key=lambda n: owned[n])
-                    given[heir_name].append(slot)
-                    owned[heir_name] += 1
-                for heir_name, moved in given.items():
-                    if moved:
-                        self.directory.assign(moved, heir_name)
-            with contextlib.suppress(IntermediaryError):
+            owned = {n: len(self.directory.slots_of(n)) for n in self.members}
+            given: dict[str, list[int]] = {n: [] for n in self.members}
+            for slot in slots if owned else []:
+                heir = min(owned, key=lambda n: owned[n])
+                given[heir].append(slot)
+                owned[heir] += 1
+            for heir, moved in given.items():
+                if moved:
+                    self.directory.assign(moved, heir)
+            with contextlib.suppress(IntermediaryError):  # no survivor: it keeps them
                 self.directory.leave(name)
             log.warning(
                 "tier: member %s exited (%s); its %d slot(s) went to %s",
                 name,
                 member.process.returncode,
                 len(slots),
-                ", ".join(self.members),
+                ", ".join(self.members) or "nobody until a member starts",
             )
             self._changed()
             self.on_death(name)
         return dead
 
     async def refill(self) -> MemberProcess | None:
-        """A new member on the oldest vacant seat, given that seat's share back (None: no
-        seat is vacant, or :attr:`replace_dead` is off). One that cannot start (its address
-        still taken) is logged, and tried again next round."""
-        if not self.vacant or not self.replace_dead:
+        """A new member on the oldest vacant seat, given that seat's share back and every
+        slot no live member owns (None: no seat is vacant, or :attr:`replace_dead` is off
+        and some member lives). One that cannot start (its address still taken, the
+        publisher away) is logged, and tried again next round."""
+        if not self.vacant or (not self.replace_dead and self.members):
             return None
         seat = self.vacant[0]
         try:
@@ -183,7 +181,12 @@ class Tier(ProcessCluster):
             log.warning("tier: seat %s: %s", seat, exc)
             return None
         self.vacant.pop(0)
-        self.directory.assign(self.share[seat], member.name)
+        owners = self.directory.owners()
+        orphans = [slot for slot, owner in owners.items() if owner not in self.members]
+        self.directory.assign(sorted({*self.share[seat], *orphans}), member.name)
+        for gone in {owners[slot] for slot in orphans}:
+            with contextlib.suppress(IntermediaryError):
+                self.directory.leave(gone)
         self._changed()
         log.warning("tier: %s replaces seat %d at %s", member.name, seat, member.url)
         return member
