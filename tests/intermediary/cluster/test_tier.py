@@ -410,7 +410,8 @@ def test_cells_taken_over_give_no_frame_until_the_feed_applied_them() -> None:
 @pytest.mark.slow
 def test_with_every_member_dead_a_new_one_takes_every_slot(tmp_path: Path) -> None:
     """Both members SIGKILLed, replace_dead off: the tier still starts one member (else
-    nothing would serve), on the first seat, owning every slot; the dead left the directory."""
+    nothing would serve), on the first seat, owning every slot, once the publisher it needs is
+    back; the dead left the directory."""
     from tidings.config.intermediary_tier import IntermediaryTierConfig
     from tidings.intermediary.cluster.directory import Directory
     from tidings.intermediary.cluster.tier import Tier
@@ -441,7 +442,15 @@ def test_with_every_member_dead_a_new_one_takes_every_slot(tmp_path: Path) -> No
                 await member.process.wait()
             assert await tier.bury_dead() == ["t-0", "t-1"]
             assert tier.members == {} and tier.vacant == [0, 1]
-            heir = await tier.refill()
+            # The publisher away too: no member can start; the tier waits and tries again.
+            await publisher.aclose()
+            assert await tier.refill() is None and tier.vacant == [0, 1]
+            await publisher.start("127.0.0.1", int(upstream.rsplit(":", 1)[1].rstrip("/")))
+            heir = None
+            for _ in range(100):
+                if (heir := await tier.refill()) is not None:
+                    break
+                await asyncio.sleep(0.2)
             assert heir is not None and heir.url == f"ws://127.0.0.1:{ports[0]}/"
             directory = Directory(tmp_path / "directory.db")
             assert set(directory.owners().values()) == {heir.name}

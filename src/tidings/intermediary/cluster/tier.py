@@ -33,6 +33,7 @@ import contextlib
 import itertools
 import logging
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +45,9 @@ from tidings.intermediary.cluster.responsibility import HashPartition, Partition
 from tidings.intermediary.regions.geometry import Box
 
 log = logging.getLogger(__name__)
+
+#: The longest pause between tries to start a replacement that failed to start.
+MAX_PAUSE_S = 10.0
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -106,6 +110,10 @@ class Tier(ProcessCluster):
         #: Called with the name of each member found dead (after its slots moved).
         self.on_death: Callable[[str], None] = lambda name: None
         self._starting: list[int] = []
+        #: After a replacement failed to start: the pause before the next try (doubling up
+        #: to MAX_PAUSE_S, so a publisher that is away is not met by a process every round).
+        self._pause_s = 0.0
+        self._retry_at = 0.0
 
     def _address(self, name: str) -> tuple[str, int]:
         seat = self._starting.pop(0)
@@ -171,15 +179,21 @@ class Tier(ProcessCluster):
         """A new member on the oldest vacant seat, given that seat's share back and every
         slot no live member owns (None: no seat is vacant, or :attr:`replace_dead` is off
         and some member lives). One that cannot start (its address still taken, the
-        publisher away) is logged, and tried again next round."""
+        publisher away) is logged, and tried again after a pause that doubles up to
+        :data:`MAX_PAUSE_S`."""
         if not self.vacant or (not self.replace_dead and self.members):
+            return None
+        if time.monotonic() < self._retry_at:
             return None
         seat = self.vacant[0]
         try:
             member = await self._seat(seat)
         except IntermediaryError as exc:
-            log.warning("tier: seat %s: %s", seat, exc)
+            self._pause_s = min(2 * self._pause_s, MAX_PAUSE_S) if self._pause_s else 0.5
+            self._retry_at = time.monotonic() + self._pause_s
+            log.warning("tier: seat %s: %s; tried again in %.1f s", seat, exc, self._pause_s)
             return None
+        self._pause_s, self._retry_at = 0.0, 0.0
         self.vacant.pop(0)
         owners = self.directory.owners()
         orphans = [slot for slot, owner in owners.items() if owner not in self.members]
