@@ -161,3 +161,48 @@ def test_config_check_passes_the_example(path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "servers:" in result.stdout and "'***'" in result.stdout  # the hash is masked
+
+
+TIER_EXAMPLE = EXAMPLE.parent / "tier.yaml"
+
+
+def _with_tier(d: dict[str, Any]) -> None:
+    d["intermediary_tiers"] = {
+        "world": {
+            "members": ["127.0.0.1:8301", "127.0.0.1:8302"],
+            "spatial": {
+                "upstream": "ws://127.0.0.1:8200/",
+                "world_lo": [0, 0],
+                "world_hi": [100, 100],
+            },
+        }
+    }
+
+
+def test_a_tier_that_fits_has_no_findings_and_so_has_its_example() -> None:
+    assert _findings(_with_tier) == []
+    assert system_findings(load_config_file(TIER_EXAMPLE)) == []
+
+
+def test_a_tier_member_on_another_parts_port_and_a_tier_following_a_part() -> None:
+    def clash(d: dict[str, Any]) -> None:
+        _with_tier(d)
+        d["intermediary_tiers"]["world"]["members"][1] = "127.0.0.1:8100"
+        d["intermediary_tiers"]["world"]["spatial"]["upstream"] = "ws://127.0.0.1:8301/"
+
+    assert _findings(clash) == [
+        "intermediaries.live.listen and intermediary_tiers.world.members[1] both listen on "
+        "port 8100",
+        "intermediary_tiers.world.spatial.upstream ws://127.0.0.1:8301/: "
+        "intermediary_tiers.world.members[0] listens there, not a spatial publisher",
+    ]
+
+
+def test_config_check_passes_the_tier_example() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tidings.cli", "config", "check", "-c", str(TIER_EXAMPLE)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "intermediary_tiers:" in result.stdout

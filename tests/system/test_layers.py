@@ -194,8 +194,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model matching validation query outbox",
     "tidings.config": (
-        "model loading targets relay intermediary server passwords stream_types streams "
-        "tidings_file"
+        "model loading targets relay intermediary intermediary_tier server passwords "
+        "stream_types streams tidings_file"
     ),
     "tidings.outbox": "envelope schema checks incomplete producer",
     "tidings.routing": "table",
@@ -240,7 +240,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.client": "subscriber client handover",
     "tidings.intermediary.cluster": (
         "responsibility directory children peers areas member membership in_process "
-        "member_process process_cluster"
+        "member_process process_cluster tier"
     ),
     "tidings.intermediary.measurement": (
         "wsreceive fanout intermediary_process subscriber_process demo"

@@ -5,13 +5,15 @@ how they meet. :func:`system_findings` looks at that, from the configuration alo
 network, no files), and returns one line per problem naming both sides:
 
 - two parts listening on one port (Eventer, Syncer, streams, metrics, intermediaries, the
-  relay's metrics; an unspecified address such as ``0.0.0.0`` overlaps every other);
+  members of intermediary tiers, the relay's metrics; an unspecified address such as
+  ``0.0.0.0`` overlaps every other);
 - an ``event_server`` target or an intermediary following an address no configured server
   listens on (checked when the file has ``servers:``);
 - a stream type pattern that no route delivers into its server, naming the type prefixes
   the targets into that server use (so a prefix that differs between target and stream is
   named as such);
-- an intermediary table whose row events no route delivers into the server it follows.
+- an intermediary table whose row events no route delivers into the server it follows;
+- an intermediary tier whose spatial upstream is where a part of the file listens.
 
 A server counts as fed by an ``event_server`` target with its Eventer address, and by an
 ``event_store`` target on its SQLite file. Routes through ``routing.default`` and targets
@@ -70,6 +72,11 @@ def _listeners(config: TidingsConfig) -> list[_Listener]:
     if "intermediary" in config.model_fields_set:
         named["intermediary"] = config.intermediary
     found.extend(_Listener(f"{w}.listen", *host_port(s.listen)) for w, s in named.items())
+    for name, tier in config.intermediary_tiers.items():
+        found.extend(
+            _Listener(f"intermediary_tiers.{name}.members[{i}]", *host_port(member))
+            for i, member in enumerate(tier.members)
+        )
     return found
 
 
@@ -81,6 +88,23 @@ def _port_clashes(config: TidingsConfig) -> list[str]:
             same_host = a.host == b.host or a.host in _ANY_HOST or b.host in _ANY_HOST
             if a.port == b.port and same_host:
                 findings.append(f"{a.where} and {b.where} both listen on port {a.port}")
+    return findings
+
+
+def _tier_upstreams(config: TidingsConfig) -> list[str]:
+    """A tier whose spatial upstream is where a part of the file listens: members would
+    follow an intermediary, an event server or themselves, never a spatial publisher."""
+    listeners = _listeners(config)
+    findings = []
+    for name, tier in config.intermediary_tiers.items():
+        url = tier.spatial.upstream
+        host, port = host_port(url.partition("://")[2].partition("/")[0])
+        for listener in listeners:
+            if listener.port == port and (listener.host == host or listener.host in _ANY_HOST):
+                findings.append(
+                    f"intermediary_tiers.{name}.spatial.upstream {url}: {listener.where} "
+                    "listens there, not a spatial publisher"
+                )
     return findings
 
 
@@ -207,6 +231,7 @@ def system_findings(config: TidingsConfig) -> list[str]:
     feeds = _feeds(config)
     return [
         *_port_clashes(config),
+        *_tier_upstreams(config),
         *_unserved_addresses(config),
         *_unfed_streams(config, feeds),
         *_unfed_tables(config, feeds),
