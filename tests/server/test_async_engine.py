@@ -119,33 +119,34 @@ def test_listeners_hear_synced_and_local_batches_in_storage_order(tmp_path: Path
 
 def test_a_lock_held_by_another_writer_never_blocks_the_event_loop(tmp_path: Path) -> None:
     """A small group would be written on the loop; with the database locked elsewhere it
-    goes to the write thread instead, and the loop keeps running meanwhile."""
+    goes to the write thread instead, and the loop keeps running meanwhile. (The lock is
+    released once the loop has shown it runs: the write then goes through.)"""
     path = tmp_path / "events.db"
     store = EventStore(f"sqlite:///{path}")
     locker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     locker.execute("BEGIN IMMEDIATE")
-    release = threading.Timer(1.5, locker.execute, ("COMMIT",))
 
-    async def main() -> tuple[float, list[StoredEvent | None]]:
+    async def main() -> tuple[float, bool, list[StoredEvent | None]]:
         engine = AsyncEngine(Engine(store, []))
         try:
-            release.start()
             register = engine.submit([_event("waits")])
             loop = asyncio.get_running_loop()
             started = loop.time()
             await asyncio.sleep(0.1)
             slept = loop.time() - started
-            return slept, await register
+            waiting = not register.done()
+            locker.execute("COMMIT")
+            return slept, waiting, await register
         finally:
             await engine.aclose()
 
     try:
-        slept, [stored] = run(main())
+        slept, waiting, [stored] = run(main())
     finally:
-        release.join()
         locker.close()
         store.close()
     assert slept < 1.0, f"the loop was blocked for {slept:.2f} s"
+    assert waiting, "the registration did not wait for the lock"
     assert stored is not None and stored.type == ("t", "waits")
 
 
