@@ -65,12 +65,12 @@ def test_a_target_without_a_kind_names_the_kinds() -> None:
     [
         (
             {"relay": {"trigger_interval": "0s"}},
-            "relay.trigger_interval: Value error, must be more",
+            "relay.trigger_interval: must be more",
         ),
         ({"relay": {"max_events_per_batch": 2**64}}, "relay.max_events_per_batch: Input should be"),
-        ({"replay": {"time_limit": "0s"}}, "replay.time_limit: Value error, must be more than 0s"),
+        ({"replay": {"time_limit": "0s"}}, "replay.time_limit: must be more than 0s"),
         ({"relay": {"retry": {"initial_backoff": "2d"}}}, "at most 1h (got 2d)"),
-        ({"intermediary": {"tick": "1h"}}, "intermediary.tick: Value error, must be more than 0s"),
+        ({"intermediary": {"tick": "1h"}}, "intermediary.tick: must be more than 0s"),
     ],
 )
 def test_intervals_and_sizes_have_bounds(data: dict, said: str) -> None:
@@ -124,3 +124,19 @@ def test_config_check_names_a_path_it_cannot_write(tmp_path: Path) -> None:
         result.output
     )
     assert f"error: relay.checkpoint_dir {blocker}/cp: cannot be created" in result.output
+
+
+def test_our_own_checks_speak_without_pydantics_value_error_prefix() -> None:
+    """A check of ours says what is wrong; pydantic's ``Value error, `` in front of it says
+    only which exception carried it, and is left out. Pydantic's own messages are kept."""
+    with pytest.raises(ConfigError) as caught:
+        load_config({"intermediary": {"listen": "8100"}, "relay": {"partitions": 0}})
+    message = str(caught.value)
+    assert "intermediary.listen: expected HOST:PORT, e.g. 127.0.0.1:8100, got '8100'" in message
+    assert "relay.partitions: Input should be greater than 0 (got 0)" in message
+    assert "Value error" not in message
+    archive = ["streams", "archive", "http://127.0.0.1:1/s", "--dir", "a", "--checkpoint", "c"]
+    result = runner.invoke(app, [*archive, "--user", "u", "--component", "LIVE"])
+    assert result.exit_code == 2, result.output
+    assert "component: LIVE cannot be registered" in result.output
+    assert "Value error" not in result.output

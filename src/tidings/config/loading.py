@@ -45,6 +45,13 @@ def shown_value(path: tuple[int | str, ...], value: Any) -> str:
     return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
 
 
+def error_message(error: ErrorDetails) -> str:
+    """What a validation error says, without pydantic's ``Value error, `` in front of our
+    own validators' messages: a user reads what is wrong, not which exception said so."""
+    message = error["msg"]
+    return message.removeprefix("Value error, ") if error["type"] == "value_error" else message
+
+
 def _describe(error: ErrorDetails) -> str:
     path = ".".join(str(p) for p in error["loc"]) or "(top level)"
     value = shown_value(error["loc"], error.get("input"))
@@ -52,7 +59,7 @@ def _describe(error: ErrorDetails) -> str:
         return f"{path}: unknown key (value {value})"
     if error["type"] == "missing":
         return f"{path}: required key is missing"
-    return f"{path}: {error['msg']} (got {value})"
+    return f"{path}: {error_message(error)} (got {value})"
 
 
 M = TypeVar("M", bound=BaseModel)
