@@ -140,3 +140,24 @@ def test_our_own_checks_speak_without_pydantics_value_error_prefix() -> None:
     assert result.exit_code == 2, result.output
     assert "component: LIVE cannot be registered" in result.output
     assert "Value error" not in result.output
+
+
+def test_merge_keys_repeat_a_mapping_and_a_key_given_beside_them_wins(tmp_path: Path) -> None:
+    """``<<: *name`` is YAML's way to write a mapping once: it is no key written twice, and a
+    key given beside it replaces the merged one; a key written twice is still refused."""
+    text = (
+        "targets:\n"
+        "  a: &store {kind: event_store, url: 'sqlite:///a.db', type_prefix: [shop]}\n"
+        "  b:\n"
+        "    <<: *store\n"
+        "    url: 'sqlite:///b.db'\n"
+    )
+    config = load_config_file(_write(tmp_path, text))
+    a, b = config.targets["a"], config.targets["b"]
+    assert (a.kind, b.kind) == ("event_store", "event_store")
+    assert getattr(b, "type_prefix", None) == ["shop"]
+    assert getattr(a, "url", "").endswith("/a.db") and getattr(b, "url", "").endswith("/b.db")
+    with pytest.raises(
+        ConfigError, match=r"key 'url' appears twice in one mapping \(lines 5 and 6\)"
+    ):
+        load_config_file(_write(tmp_path, text + "    url: 'sqlite:///c.db'\n"))

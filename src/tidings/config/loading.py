@@ -179,12 +179,17 @@ def read_config_data(path: str | Path, *, used: set[str] | None = None) -> Any:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a mapping with the same key twice: PyYAML keeps the last
-    silently, so a target defined twice would lose its first definition unseen."""
+    silently, so a target defined twice would lose its first definition unseen.
+
+    Merge keys (``<<: *defaults``) are YAML's own way to repeat a mapping: the keys they
+    bring in may be given again beside them (the mapping's own value wins, as YAML says),
+    and only keys written in the mapping itself are checked against each other."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
+            merge = key_node.tag == _MERGE_TAG
+            key = key_node.value if merge else self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -196,3 +201,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+#: The tag of a ``<<`` key: its value is merged into the mapping (by the loader's
+#: ``flatten_mapping``), it is not a key of its own.
+_MERGE_TAG = "tag:yaml.org,2002:merge"
