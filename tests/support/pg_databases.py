@@ -1,13 +1,12 @@
 """Empty PostgreSQL databases for tests, one per test, without creating one per test.
 
-``CREATE DATABASE`` copies the template and checkpoints (0.2-0.4 s, more on a busy
-machine), and ``DROP DATABASE`` costs again: with about 150 PostgreSQL tests in the server's
-part alone that was half of its run. A database a test is done with is instead emptied
-(its schemas dropped, ``public`` made again as a new database has it) and renamed, and the
-next test gets it: as empty as a new one, under a name no test has used before, so nothing
-that remembers a database by its URL (a process-wide cache of targets, say) can mistake it
-for the previous test's. A database that cannot be emptied is dropped; all are dropped at
-the end of the run.
+``CREATE DATABASE`` copies the template (0.2-0.4 s, more on a busy machine) and ``DROP
+DATABASE`` costs again: with about 150 PostgreSQL tests in the server's part alone, that was
+half of its run. A database a test is done with is instead renamed and emptied (its schemas
+dropped, ``public`` made again as a new database has it), and the next test gets it: as
+empty as a new one, under a name no test has used before, so nothing that remembers a
+database by its URL (a process-wide cache of targets, say) can mistake it for the previous
+test's. A database that cannot be emptied is dropped; all are dropped at the end of the run.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 #: The schemas a test made (every schema but the system's and ``public``).
-_TESTS_SCHEMAS = (
+_TEST_SCHEMAS = (
     "SELECT nspname FROM pg_namespace "
     "WHERE nspname NOT IN ('information_schema', 'public') AND nspname NOT LIKE 'pg\\_%'"
 )
@@ -94,14 +93,13 @@ class PgDatabases:
         host, _, port = self._server.rpartition(":")
         return f"host={host} port={port} user=postgres dbname={database} connect_timeout=5"
 
-    def _execute(self, statement: sql.Composable, *params: object) -> list[tuple[object, ...]]:
+    def _execute(self, statement: sql.Composable, *params: object) -> None:
         if self._admin is None or self._admin.closed:  # never opened, or lost
             try:
                 self._admin = psycopg.connect(self._conninfo("postgres"), autocommit=True)
             except psycopg.OperationalError as exc:
                 raise DatabaseUnreachable(str(exc).splitlines()[0]) from None
-        cursor = self._admin.execute(statement, params or None)
-        return cursor.fetchall() if cursor.description else []
+        self._admin.execute(statement, params or None)
 
     def _disconnect_all(self, name: str) -> None:
         """End every session on ``name`` (a test's leaked connection, say), as ``DROP
@@ -128,7 +126,7 @@ def _empty(conninfo: str) -> bool:
     """Drop every schema of the database and make ``public`` again as new; whether nothing
     is left outside the system's schemas then."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        schemas = [row[0] for row in conn.execute(_TESTS_SCHEMAS).fetchall()]
+        schemas = [row[0] for row in conn.execute(_TEST_SCHEMAS).fetchall()]
         for schema in [*schemas, "public"]:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
         for statement in _NEW_PUBLIC:
