@@ -69,6 +69,37 @@ def test_two_parts_on_one_port() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("listen", "clashes"),
+    [
+        ("localhost:8090", True),  # the stream's 127.0.0.1, by another name
+        ("LocalHost:8090", True),
+        ("[::]:8090", True),  # every address, IPv6's spelling
+        ("127.0.0.2:8090", False),  # another address, the same port
+        ("127.0.0.1:8091", False),
+    ],
+)
+def test_a_port_clash_is_judged_as_binding_would(listen: str, clashes: bool) -> None:
+    def listen_at(d: dict[str, Any]) -> None:
+        d["intermediaries"]["live"]["listen"] = listen
+
+    clash = "servers.main.streams[0] and intermediaries.live.listen both listen on port 8090"
+    assert _findings(listen_at) == ([clash] if clashes else [])
+
+
+def test_port_0_never_clashes() -> None:
+    """Port 0 binds whichever port is free: two parts given it never meet, on one address
+    or on every one."""
+
+    def any_port(d: dict[str, Any]) -> None:
+        live = d["intermediaries"]["live"]
+        live["listen"] = "127.0.0.1:0"
+        d["intermediaries"]["more"] = {**live, "listen": "0.0.0.0:0"}
+        d["intermediaries"]["again"] = {**live, "listen": "localhost:0"}
+
+    assert _findings(any_port) == []
+
+
 def test_a_target_address_no_server_listens_on() -> None:
     def elsewhere(d: dict[str, Any]) -> None:
         d["targets"]["main"]["address"] = "tcp+sbs://127.0.0.1:23999"

@@ -245,6 +245,7 @@ def streams_archive(
     from pydantic import ValidationError
 
     from tidings.config import RelayConfig
+    from tidings.config.loading import error_message
     from tidings.config.streams import StreamSourceConfig
     from tidings.pipeline.spark import spark_session
     from tidings.streams.jobs import start_archive
@@ -256,7 +257,7 @@ def streams_archive(
         )
     except ValidationError as exc:
         first = exc.errors()[0]
-        fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+        fail(f"{'.'.join(map(str, first['loc']))}: {error_message(first)}")
     StreamOptions.of(source.options()).check()  # before Spark: one line if it fails
     spark = spark_session(RelayConfig(spark_master=spark_master), "tidings-stream-archive")
     try:

@@ -5,8 +5,9 @@ how they meet. :func:`system_findings` looks at that, from the configuration alo
 network, no files), and returns one line per problem naming both sides:
 
 - two parts listening on one port (Eventer, Syncer, streams, metrics, intermediaries, the
-  members of intermediary tiers, the relay's metrics; an unspecified address such as
-  ``0.0.0.0`` overlaps every other);
+  members of intermediary tiers, the relay's metrics) as binding sees it: ``localhost`` is
+  ``127.0.0.1``, an unspecified address such as ``0.0.0.0`` overlaps every other on its
+  port, and port 0 (any free port) never clashes;
 - an ``event_server`` target or an intermediary following an address no configured server
   listens on (checked when the file has ``servers:``);
 - a stream type pattern that no route delivers into its server, naming the type prefixes
@@ -33,6 +34,9 @@ from tidings.events.matching import QueryType, matches
 from tidings.system.parts import host_port
 
 _ANY_HOST = {"0.0.0.0", "::", ""}
+#: Names that bind where an address does (what ``localhost`` resolves to on every system
+#: tidings runs on).
+_SAME_AS = {"localhost": "127.0.0.1"}
 
 
 @dataclass(frozen=True)
@@ -80,13 +84,21 @@ def _listeners(config: TidingsConfig) -> list[_Listener]:
     return found
 
 
+def _binds_together(a: _Listener, b: _Listener) -> bool:
+    """Whether binding ``b`` fails once ``a`` is bound: one port (not 0, which binds any
+    free one) on one address, an unspecified address taking the port on all of them."""
+    if a.port != b.port or a.port == 0:
+        return False
+    hosts = [_SAME_AS.get(h.lower(), h.lower()) for h in (a.host, b.host)]
+    return hosts[0] == hosts[1] or any(h in _ANY_HOST for h in hosts)
+
+
 def _port_clashes(config: TidingsConfig) -> list[str]:
     listeners = _listeners(config)
     findings = []
     for i, a in enumerate(listeners):
         for b in listeners[i + 1 :]:
-            same_host = a.host == b.host or a.host in _ANY_HOST or b.host in _ANY_HOST
-            if a.port == b.port and same_host:
+            if _binds_together(a, b):
                 findings.append(f"{a.where} and {b.where} both listen on port {a.port}")
     return findings
 
