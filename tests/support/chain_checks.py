@@ -10,13 +10,24 @@ import random
 from pathlib import Path
 from typing import Any
 
+import yaml
 from sqlalchemy import Engine, func, select, text
 
+from tidings.config.passwords import hash_password
+from tidings.db import make_engine
 from tidings.intermediary.views.rows import emit_row
 from tidings.outbox.producer import OutboxTransaction
 from tidings.outbox.schema import outbox_event
 from tidings.server.store import EventStore
 
+#: The type prefix the relay's event_server target gives the chain's events.
+PREFIX = "chain"
+#: The stream user the consumers log in as.
+USER, PASSWORD = "app", "pw"
+#: The longest wait for one step (a part's progress, the chain catching up).
+WAIT = 120.0
+#: How far a part must move events after a test starts watching it before it is killed.
+MOVED = 20
 #: The counters the producers write to; each is a partition key.
 KEYS = 12
 #: The intermediary's SQL view over the counter table.
@@ -109,3 +120,108 @@ def never_older(views: list[tuple[float, int, list[list[Any]]]]) -> bool:
                 return False
             shown[key] = n
     return True
+
+
+class Outcome:
+    """What the outbox committed once the producers stopped, and the checks of what a store
+    or a consumer ended with against it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.events = committed(engine)
+        #: The events the streams carry (the row events go to the intermediary only).
+        self.counted = {
+            event_id: row for event_id, row in self.events.items() if row[2] == "Counted"
+        }
+        self._order = {event_id: n for n, event_id in enumerate(self.events)}  # sequence order
+        self._key_of = {event_id: row[0] for event_id, row in self.events.items()}
+
+    def consumed_all(self, lines: list[dict[str, Any]]) -> bool:
+        """Whether a consumer's JSON lines hold every counted event."""
+        return self.counted.keys() <= {e["data"]["id"] for e in lines}
+
+    def assert_stored(self, db_path: Path) -> None:
+        """The store holds each committed event once, per key in sequence order, and nothing
+        else."""
+        ids = stored(db_path)
+        assert sorted(ids) == sorted(self.events), db_path.name
+        assert out_of_order(ids, self._order, self._key_of) is None, db_path.name
+
+    def assert_consumed(self, name: str, lines: list[dict[str, Any]]) -> None:
+        """A consumer got every counted event at least once, as committed, per key in order
+        of first delivery, and nothing else."""
+        assert {e["data"]["id"] for e in lines} == self.counted.keys(), name
+        assert all(e["data"] == self.counted[e["data"]["id"]][1] for e in lines), name
+        first = list(dict.fromkeys(e["data"]["id"] for e in lines))
+        assert out_of_order(first, self._order, self._key_of) is None, name
+
+
+def chain_server(
+    server_id: int, db_path: str, eventer: str, stream_port: int, **more: Any
+) -> dict[str, Any]:
+    """An event server of the chain on SQLite, serving :func:`chain_stream` on
+    ``stream_port`` to :data:`USER` (``more``: further sections, e.g. its Syncer)."""
+    return {
+        "backend": {"module": "tidings.server.backends.sqlite", "db_path": db_path},
+        "engine": {"server_id": server_id},
+        "eventer_server": {"address": eventer},
+        "stream_users": {USER: {"password_hash": hash_password(PASSWORD)}},
+        "streams": [chain_stream(stream_port)],
+        **more,
+    }
+
+
+def chain_stream(port: int) -> dict[str, Any]:
+    """The FTN18 stream of ``Counted`` events the chain tests' consumers read."""
+    return {
+        "name": "chain",
+        "port": port,
+        "path": "/chain",
+        "types": {"COUNTED": [PREFIX, "Counted"]},
+    }
+
+
+def counter_view_intermediary(port: int, event_server: str | list[str]) -> dict[str, Any]:
+    """The intermediary serving the counter table from its row events."""
+    return {
+        "listen": f"127.0.0.1:{port}",
+        "event_server": event_server,
+        "row_type_prefix": [PREFIX],
+        "tables": {"item": {"columns": {"id": "integer", "n": "integer"}, "keyed_by": "id"}},
+    }
+
+
+def chain_file(
+    work: Path, pg_url: str, target: dict[str, Any], servers: dict[str, Any], live: dict[str, Any]
+) -> str:
+    """The deployment's ``tidings.yaml`` in ``work``: the outbox on ``pg_url``, the relay's
+    ``event_server`` target (``target`` gives where it publishes), both event types routed to
+    it, the ``servers`` and the intermediary ``live``."""
+    data = {
+        "database": {"url": pg_url},
+        "outbox": {"originator": "chain-test"},
+        "targets": {"server": {"kind": "event_server", **target, "type_prefix": [PREFIX]}},
+        "routing": {"routes": {"Counted": ["server"], "rows.item": ["server"]}},
+        "relay": {"checkpoint_dir": str(work / "checkpoint"), "trigger_interval": "100ms"},
+        "servers": servers,
+        "intermediaries": {"live": live},
+    }
+    path = work / "tidings.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def chain_outbox(pg_url: str) -> Engine:
+    """The service's database: the producers' domain tables created."""
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        for statement in DDL:
+            conn.exec_driver_sql(statement)
+    return engine
+
+
+def stop_all(stoppable: list[Any], engine: Engine) -> None:
+    """End a chain test: stop the producers, the watcher and the parts (each has ``stop``),
+    in the order given, then close the database's engine."""
+    for thing in stoppable:
+        thing.stop()
+    engine.dispose()

@@ -34,94 +34,50 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
 
 from bench.harness.processes import free_port, local_address, wait_for_port
 from tests.support.chain_checks import (
-    DDL,
+    MOVED,
+    PASSWORD,
+    USER,
     VIEW,
+    WAIT,
+    Outcome,
     all_published,
-    committed,
+    chain_file,
+    chain_outbox,
+    chain_server,
+    counter_view_intermediary,
     never_older,
-    out_of_order,
     published,
     source_rows,
-    stored,
+    stop_all,
     write_counted,
 )
-from tests.support.child_parts import ChildPart, supervised_wait
+from tests.support.child_parts import ChildPart, Progress, supervised_wait, wait_moving
 from tests.support.producers import OutOfOrderProducers
 from tests.support.view_watcher import ViewWatcher
-from tidings.config.passwords import hash_password
-from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.postgres, pytest.mark.sockets]
-
-PREFIX = "chain"
-USER, PASSWORD = "app", "pw"
-#: The longest wait for one step (a part's progress, the chain catching up).
-WAIT = 120.0
-#: How far a part must move events after the test starts watching it before it is killed.
-MOVED = 20
-
-
-def _deployment(work: Path, pg: str, ports: dict[str, int]) -> Path:
-    """The whole deployment in one ``tidings.yaml``."""
-    eventer = local_address(ports["eventer"])
-    data = {
-        "database": {"url": pg},
-        "outbox": {"originator": "chain-test"},
-        "targets": {
-            "server": {"kind": "event_server", "address": eventer, "type_prefix": [PREFIX]}
-        },
-        "routing": {"routes": {"Counted": ["server"], "rows.item": ["server"]}},
-        "relay": {"checkpoint_dir": str(work / "checkpoint"), "trigger_interval": "100ms"},
-        "servers": {
-            "main": {
-                "backend": {"module": "tidings.server.backends.sqlite", "db_path": "events.db"},
-                "engine": {"server_id": 1},
-                "eventer_server": {"address": eventer},
-                "stream_users": {USER: {"password_hash": hash_password(PASSWORD)}},
-                "streams": [
-                    {
-                        "name": "chain",
-                        "port": ports["stream"],
-                        "path": "/chain",
-                        "types": {"COUNTED": [PREFIX, "Counted"]},
-                    }
-                ],
-            }
-        },
-        "intermediaries": {
-            "live": {
-                "listen": f"127.0.0.1:{ports['live']}",
-                "event_server": eventer,
-                "row_type_prefix": [PREFIX],
-                "tables": {
-                    "item": {"columns": {"id": "integer", "n": "integer"}, "keyed_by": "id"}
-                },
-            }
-        },
-    }
-    path = work / "tidings.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def test_every_committed_event_reaches_every_reader_across_crashes(
     pg_url: str, tmp_path: Path
 ) -> None:
     ports = {"eventer": free_port(), "stream": free_port(), "live": free_port()}
-    path = str(_deployment(tmp_path, pg_url, ports))
-    engine = make_engine(pg_url)
-    with engine.begin() as conn:
-        for statement in DDL:
-            conn.exec_driver_sql(statement)
+    eventer = local_address(ports["eventer"])
+    path = chain_file(
+        tmp_path,
+        pg_url,
+        {"address": eventer},
+        {"main": chain_server(1, "events.db", eventer, ports["stream"])},
+        counter_view_intermediary(ports["live"], eventer),
+    )
+    engine = chain_outbox(pg_url)
     stream = f"http://127.0.0.1:{ports['stream']}/chain"
     login = {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASSWORD}
     server = ChildPart("server", ["server", "-c", path, "--name", "main"], tmp_path)
@@ -149,17 +105,10 @@ def test_every_committed_event_reaches_every_reader_across_crashes(
         pushed_got = (lambda: len(pushed.lines()), MOVED)
         polling_got = (lambda: len(polling.lines()), MOVED)
 
-        def moving(*progress: tuple[Callable[[], int], int]) -> None:
-            """Wait until each ``progress`` count has grown by its amount from now."""
-            bases = [count() for count, _ in progress]
-            supervised_wait(
-                parts,
-                lambda: all(c() >= b + n for (c, n), b in zip(progress, bases, strict=True)),
-                WAIT,
-                lambda: "\n".join(p.tail() for p in parts),
-            )
+        def moving(*progress: Progress) -> None:
+            wait_moving(parts, progress, WAIT)
 
-        def crash(victims: list[ChildPart], *progress: tuple[Callable[[], int], int]) -> None:
+        def crash(victims: list[ChildPart], *progress: Progress) -> None:
             """Once the victims are seen moving events (``moving(*progress)``), SIGKILL them
             at a random moment and start them again after a random pause."""
             moving(*progress)
@@ -182,46 +131,28 @@ def test_every_committed_event_reaches_every_reader_across_crashes(
         time.sleep(2.0)
         producers.stop()
 
-        committed_events = committed(engine)
-        counted = {
-            event_id: row for event_id, row in committed_events.items() if row[2] == "Counted"
-        }
+        outcome = Outcome(engine)
         supervised_wait(parts, lambda: all_published(engine), WAIT, relay.tail)
         for consumer in (pushed, polling):
             supervised_wait(
-                parts,
-                lambda c=consumer: counted.keys() <= {e["data"]["id"] for e in c.lines()},
-                WAIT,
-                consumer.tail,
+                parts, lambda c=consumer: outcome.consumed_all(c.lines()), WAIT, consumer.tail
             )
         source = source_rows(engine)
         supervised_wait(parts, lambda: watcher.latest() == source, WAIT, live.tail)
 
         print(
-            f"{len(committed_events)} events committed "
+            f"{len(outcome.events)} events committed "
             f"({producers.overtaken} transactions overtaken), "
             f"{len(producers.rolled_back)} rolled back; consumers got "
             + ", ".join(f"{len(c.lines())} ({c.name})" for c in (pushed, polling))
-            + f" of {len(counted)}; the subscriber had {watcher.connections} connections"
+            + f" of {len(outcome.counted)}; the subscriber had {watcher.connections} connections"
         )
         # The producers committed out of sequence order within keys; rollbacks left nothing.
         assert producers.overtaken >= 10 and producers.rolled_back
-        assert committed_events.keys() == set(producers.committed)  # no rolled-back id in the log
-        order = {event_id: n for n, event_id in enumerate(committed_events)}  # sequence order
-        key_of = {event_id: row[0] for event_id, row in committed_events.items()}
-
-        stored_ids = stored(tmp_path / "events.db")
-        assert sorted(stored_ids) == sorted(
-            committed_events
-        )  # each committed event once, nothing else
-        assert out_of_order(stored_ids, order, key_of) is None
-
+        assert outcome.events.keys() == set(producers.committed)  # no rolled-back id in the log
+        outcome.assert_stored(tmp_path / "events.db")
         for consumer in (pushed, polling):
-            got = consumer.lines()
-            assert {e["data"]["id"] for e in got} == counted.keys(), consumer.name
-            assert all(e["data"] == counted[e["data"]["id"]][1] for e in got), consumer.name
-            first = list(dict.fromkeys(e["data"]["id"] for e in got))
-            assert out_of_order(first, order, key_of) is None, consumer.name
+            outcome.assert_consumed(consumer.name, consumer.lines())
 
         assert watcher.connections >= 2 and not watcher.errors  # it lived through the crash
         assert never_older(watcher.views)
@@ -229,8 +160,4 @@ def test_every_committed_event_reaches_every_reader_across_crashes(
         assert all(part.kills == 2 for part in parts)
         assert {p.name: p.exits for p in parts if p.exits and p is not live} == {}
     finally:
-        producers.stop()
-        watcher.stop()
-        for part in reversed(parts):
-            part.stop()
-        engine.dispose()
+        stop_all([producers, watcher, *reversed(parts)], engine)
