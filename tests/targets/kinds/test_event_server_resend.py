@@ -8,15 +8,18 @@ on its own with a clock the test turns.
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench.harness.processes import ServerProcess, free_port
 from tidings.config import load_config
-from tidings.errors import ConfigError
+from tidings.errors import ConfigError, TargetUnavailable
 from tidings.events.model import NewEvent
+from tidings.events.outbox import OutboxEvent
 from tidings.targets import registry  # noqa: F401 - enters the target kinds' models
 from tidings.targets.kinds.resend_window import ResendWindow, weight
 
@@ -33,6 +36,12 @@ class Clock:
 
 def _new(n: int, size: int = 0) -> NewEvent:
     return NewEvent(type=("t", "Created"), payload=b"x" * size, outbox_event_id=f"evt-{n}")
+
+
+def _padded(n: int) -> OutboxEvent:
+    """Event ``n`` with ~300 bytes of payload: alone under 1 KiB, 24 of them well over."""
+    event = _event(n)
+    return replace(event, payload=json.dumps({"n": n, "pad": "x" * 300}))
 
 
 def _ids(window: ResendWindow) -> list[str | None]:
@@ -172,3 +181,37 @@ def test_only_events_confirmed_within_the_window_are_sent_again(unsynced_pair) -
     finally:
         target.close()
     assert _numbers(b) == list(range(8, 24))
+
+
+@pytest.mark.slow
+@pytest.mark.sockets
+def test_a_window_the_next_server_will_not_take_holds_the_target_until_it_ages(
+    tmp_path: Path,
+) -> None:
+    """b closes the connection on a frame over 1 KiB (a real server limit, standing for a
+    re-send that cannot get through): the window of a's 24 events, one request of ~4 KiB,
+    never reaches it, while single events do. The target is unavailable (the relay would
+    hold the call, uncharged), nothing of the call is stored, and once the window has aged
+    the call goes to b."""
+    a = ServerProcess.tidings(tmp_path / "a", 1, {"eventer": free_port()})
+    b = ServerProcess.tidings(
+        tmp_path / "b", 2, {"eventer": free_port()}, eventer={"max_frame_bytes": 1024}
+    )
+    target = _target(addresses=[a.eventer, b.eventer], failover_resend="2s")
+    try:
+        a.start()
+        b.start()
+        for n in range(24):
+            assert target.publish([_padded(n)]) == [None]
+        a.kill()
+        with pytest.raises(TargetUnavailable) as raised:
+            target.publish([_padded(24)])
+        assert "while sending the events confirmed before" in str(raised.value)
+        assert _numbers(b) == []
+        time.sleep(2.2)
+        assert target.publish([_padded(24)]) == [None]
+        assert _numbers(b) == [24]
+    finally:
+        target.close()
+        a.stop()
+        b.stop()

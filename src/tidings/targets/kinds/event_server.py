@@ -370,9 +370,12 @@ class EventServerTarget(Target):
 
         A new connection first gets the events confirmed within ``failover_resend``
         (:meth:`_resend`); they are older in their keys than any of this call's events,
-        which the relay sends only once the earlier ones of their keys are confirmed.
+        which the relay sends only once the earlier ones of their keys are confirmed. A
+        connection lost again while those go is no fault of this call's events (none was
+        sent): the target is unavailable for now.
         """
         lost: str | None = None
+        resending = False
         while True:
             try:
                 if self._client is None:
@@ -386,11 +389,19 @@ class EventServerTarget(Target):
                             lost,
                             extra={"target": self.name, "server": self._server},
                         )
+                    resending = True
                     await self._resend(self._client)
+                    resending = False
                 async with asyncio.timeout(self._timeout):
                     return await self._client.register_outbox(new_events)
             except (ConnectionClosed, OSError) as exc:
                 await self._disconnect()
+                if lost is not None and resending:
+                    raise TargetUnavailable(
+                        f"event server target {self.name!r}: the connection was lost again "
+                        f"({self._server}) while sending the events confirmed before: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
                 if lost is not None:
                     raise TargetCallFailed(
                         f"event server target {self.name!r}: the connection was lost again "
@@ -406,9 +417,9 @@ class EventServerTarget(Target):
         """Send the window again to the server just connected, in order, before anything else.
 
         The events stay confirmed whatever happens here. A lost connection counts as the
-        new server's loss (the call moves on, as for its own request); a refusal or a
-        timeout makes the target unavailable for now (nothing of the call was sent), and
-        the next call sends the window again, by then shorter by age.
+        new server's loss (see :meth:`_register`); a refusal or a timeout makes the target
+        unavailable for now (nothing of the call was sent), and the next call sends the
+        window again, by then shorter by age.
         """
         events = self._window.events()
         if not events:
