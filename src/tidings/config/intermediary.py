@@ -13,7 +13,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.address import Address
-from tidings.config.model import HOUR, SECOND, ZERO, Duration, StrictModel, parse_duration, within
+from tidings.config.model import (
+    HOUR,
+    SECOND,
+    ZERO,
+    Duration,
+    StrictModel,
+    parsed_durations,
+    within,
+)
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: The kinds a column of an intermediary's table may declare (those of its SQL views).
@@ -118,14 +126,7 @@ class IntermediaryLimitsConfig(StrictModel):
         default=timedelta(seconds=5), description="How long one evaluation of a view may take."
     )
 
-    _durations = field_validator("view_timeout", mode="before")(lambda cls, v: parse_duration(v))
-
-    @field_validator("view_timeout")
-    @classmethod
-    def _positive(cls, v: timedelta) -> timedelta:
-        if v <= timedelta(0):
-            raise ValueError("must be more than zero")
-        return v
+    _durations = parsed_durations("view_timeout")
 
 
 class IntermediarySpatialConfig(StrictModel):
@@ -221,16 +222,7 @@ class IntermediaryConfig(StrictModel):
         ),
     )
 
-    _durations = field_validator("tick", "request_timeout", mode="before")(
-        lambda cls, v: parse_duration(v)
-    )
-
-    @field_validator("tick", "request_timeout")
-    @classmethod
-    def _positive(cls, v: timedelta) -> timedelta:
-        if v <= timedelta(0):
-            raise ValueError("must be more than zero")
-        return v
+    _durations = parsed_durations("tick", "request_timeout")
 
     @field_validator("tables")
     @classmethod
