@@ -200,7 +200,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.outbox": "envelope schema checks incomplete producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults kinds registry routed",
-    "tidings.targets.kinds": "event_store server_group event_server jetstream",
+    "tidings.targets.kinds": "event_store server_group resend_window event_server jetstream",
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
     "tidings.pipeline": (
         "jobconfig publishing source spark lease replay relay archive_layout housekeeping status "

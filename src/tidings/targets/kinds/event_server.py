@@ -19,6 +19,15 @@ events of a call are confirmed only by the server's reply, and a server that alr
 one (the outbox id, carried across a synced pair by the Syncer) does not store it twice. If
 no server accepts within ``failover_wait``, the target is down (the relay holds the events).
 
+Servers sync each other asynchronously, so what the lost server confirmed just before it
+died may be missing on the next one. On every new connection the target therefore first
+sends again the events confirmed within ``failover_resend``
+(:mod:`tidings.targets.kinds.resend_window`), in their order, before the call it is making:
+the new server stores those it lacks ahead of the later events of their keys and
+recognises the others by outbox id. The window is memory of this target instance: Spark
+reuses a Python worker, and the target built in it (:mod:`tidings.targets.registry`),
+across micro-batches, but a worker keeps only what it confirmed itself.
+
 The target is synchronous (Spark tasks call it) while the client is asyncio, so each target
 owns a small event loop in a daemon thread (:mod:`tidings.targets.loop_thread`); calls wait
 on it with the configured timeout.
@@ -46,6 +55,7 @@ from tidings.events.validation import WILDCARDS
 from tidings.targets.base import Target
 from tidings.targets.destination import DestinationTemplate, RenderError
 from tidings.targets.kinds.event_store import to_new_event
+from tidings.targets.kinds.resend_window import ResendWindow, weight
 from tidings.targets.kinds.server_group import MonitorDiscoveryConfig, ServerGroup
 from tidings.targets.loop_thread import LoopThread
 
@@ -99,6 +109,32 @@ class EventServerTargetConfig(TargetConfig):
             "relay holds its events; bounded by ``timeout``."
         ),
     )
+    failover_resend: Annotated[Duration, within(ZERO, HOUR, zero=True)] = Field(
+        default=timedelta(seconds=10),
+        description=(
+            "How far back, on a new connection (after its server was lost), the target sends "
+            "again the events confirmed before, ahead of the call it is making: the time the "
+            "servers' Syncer may take to copy an event to its peers. ``0s`` sends nothing again."
+        ),
+    )
+    failover_resend_events: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "At most this many confirmed events are kept to send again (the oldest go first); "
+            "past it, the ``failover_resend`` window is shorter."
+        ),
+    )
+    failover_resend_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        le=2**30,
+        description=(
+            "At most about this many bytes of confirmed events are kept to send again (the "
+            "oldest go first); past it, the ``failover_resend`` window is shorter."
+        ),
+    )
     type_prefix: list[str] = Field(
         default_factory=list,
         description="Segments put before the event type: the stored type is ``[*prefix, type]``.",
@@ -118,7 +154,7 @@ class EventServerTargetConfig(TargetConfig):
         ),
     )
 
-    _durations = field_validator("timeout", "failover_wait", mode="before")(
+    _durations = field_validator("timeout", "failover_wait", "failover_resend", mode="before")(
         lambda cls, v: parse_duration(v)
     )
 
@@ -183,11 +219,10 @@ def _requests(events: Sequence[NewEvent]) -> list[tuple[int, int]]:
     chunks: list[tuple[int, int]] = []
     start, size = 0, 0
     for n, event in enumerate(events):
-        weight = len(event.payload or b"") + sum(map(len, event.type)) + 64
-        size += weight
+        size += (event_weight := weight(event))
         if size > _REQUEST_BYTES and n > start:
             chunks.append((start, n))
-            start, size = n, weight
+            start, size = n, event_weight
     chunks.append((start, len(events)))
     return chunks
 
@@ -216,8 +251,15 @@ class EventServerTarget(Target):
         )
         self._timeout = config.timeout.total_seconds()
         self._wait = min(config.failover_wait.total_seconds(), self._timeout)
-        # A call may connect and register twice (once after losing its server).
-        self._bound = 2 * (self._wait + self._timeout) + 1
+        # A call may connect twice (once after losing its server), and each time send the
+        # window again (a request per ~4 MiB of it) before registering.
+        resend_requests = -(-config.failover_resend_bytes // _REQUEST_BYTES) + 1
+        self._bound = 2 * (self._wait + self._timeout * (1 + resend_requests)) + 1
+        self._window = ResendWindow(
+            config.failover_resend.total_seconds(),
+            config.failover_resend_events,
+            config.failover_resend_bytes,
+        )
         self._group = ServerGroup(self._who(), config.server_addresses, config.monitor)
         self._client: Client | None = None
         self._server = ""  # the address self._client is connected to
@@ -292,6 +334,8 @@ class EventServerTarget(Target):
                 # Nothing of this call goes on after it has reported (it would race the next
                 # call on the connection); a late store is harmless (outbox dedup).
                 results = self._loop.run(self._register(events), self._bound)
+                if None not in results:  # confirmed: kept, in the order confirmed
+                    self._window.add(events)
         except (TargetUnavailable, TargetCallFailed):
             raise
         except Exception as exc:
@@ -313,6 +357,7 @@ class EventServerTarget(Target):
             with contextlib.suppress(Exception):
                 self._loop.run(self._leave(), self._timeout)
             self._loop.stop()
+            self._window.clear()
 
     async def _register(self, new_events: Sequence[NewEvent]) -> list[StoredEvent | None]:
         """Register on the current server, or on another one if its connection is lost.
@@ -322,8 +367,15 @@ class EventServerTarget(Target):
         already holds once (outbox dedup). Lost again on a fresh connection, the request
         itself may be what the server refuses (a frame too large, an unknown message), so
         the call fails as a whole and the relay narrows it down.
+
+        A new connection first gets the events confirmed within ``failover_resend``
+        (:meth:`_resend`); they are older in their keys than any of this call's events,
+        which the relay sends only once the earlier ones of their keys are confirmed. A
+        connection lost again while those go is no fault of this call's events (none was
+        sent): the target is unavailable for now.
         """
         lost: str | None = None
+        resending = False
         while True:
             try:
                 if self._client is None:
@@ -337,10 +389,19 @@ class EventServerTarget(Target):
                             lost,
                             extra={"target": self.name, "server": self._server},
                         )
+                    resending = True
+                    await self._resend(self._client)
+                    resending = False
                 async with asyncio.timeout(self._timeout):
                     return await self._client.register_outbox(new_events)
             except (ConnectionClosed, OSError) as exc:
                 await self._disconnect()
+                if lost is not None and resending:
+                    raise TargetUnavailable(
+                        f"event server target {self.name!r}: the connection was lost again "
+                        f"({self._server}) while sending the events confirmed before: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
                 if lost is not None:
                     raise TargetCallFailed(
                         f"event server target {self.name!r}: the connection was lost again "
@@ -351,6 +412,40 @@ class EventServerTarget(Target):
                 # Whatever happened to the link, the next call starts on a fresh connection.
                 await self._disconnect()
                 raise
+
+    async def _resend(self, client: Client) -> None:
+        """Send the window again to the server just connected, in order, before anything else.
+
+        The events stay confirmed whatever happens here. A lost connection counts as the
+        new server's loss (see :meth:`_register`); a refusal or a timeout makes the target
+        unavailable for now (nothing of the call was sent), and the next call sends the
+        window again, by then shorter by age.
+        """
+        events = self._window.events()
+        if not events:
+            return
+        for start, end in _requests(events):
+            try:
+                async with asyncio.timeout(self._timeout):
+                    results = await client.register_outbox(events[start:end])
+            except TimeoutError as exc:
+                raise TargetUnavailable(
+                    f"event server target {self.name!r}: {self._server} did not take the "
+                    f"{len(events)} events confirmed before within {self._timeout:g}s"
+                ) from exc
+            if refused := sum(result is None for result in results):
+                raise TargetUnavailable(
+                    f"event server target {self.name!r}: {self._server} refused {refused} of "
+                    f"the {len(events)} events confirmed before, sent again after a move"
+                )
+        self._window.renew()
+        log.info(
+            "event server target %r: sent %d recently confirmed events again to %s",
+            self.name,
+            len(events),
+            self._server,
+            extra={"target": self.name, "server": self._server, "events": len(events)},
+        )
 
     async def _disconnect(self) -> None:
         client, self._client = self._client, None
