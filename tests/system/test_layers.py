@@ -232,7 +232,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "subscriber_store subscribe applied intermediary"
     ),
     "tidings.intermediary.views": (
-        "patterns rows primitives sqlviews sqltables eventviews event_server_upstream"
+        "patterns rows primitives sqlviews sqltables eventviews resync latest_rows "
+        "event_server_upstream"
     ),
     "tidings.intermediary.feed": "wire remote",
     "tidings.intermediary.publisher": "simulation server",

@@ -183,11 +183,12 @@ class IntermediaryConfig(StrictModel):
             "``HOST:PORT`` of its WebSocket endpoint and web page; 0.0.0.0 exposes every interface."
         ),
     )
-    event_server: Address = Field(
+    event_server: Address | list[Address] = Field(
         default="tcp+sbs://127.0.0.1:23012",
         description=(
-            "The Eventer address of the event server it follows (one connection; when it is "
-            "lost the intermediary exits)."
+            "The Eventer address of the event server it follows, or the addresses of the "
+            "servers of a redundant group: it connects to one, and when that connection is "
+            "lost it serves its last state marked stale and reconnects, trying them in turn."
         ),
     )
     row_type_prefix: list[Annotated[str, Field(min_length=1)]] = Field(
@@ -231,6 +232,22 @@ class IntermediaryConfig(StrictModel):
         if v <= timedelta(0):
             raise ValueError("must be more than zero")
         return v
+
+    @field_validator("event_server")
+    @classmethod
+    def _addresses(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("give at least one address")
+            for address in v:
+                if v.count(address) > 1:
+                    raise ValueError(f"{address} is listed twice")
+        return v
+
+    @property
+    def event_servers(self) -> list[str]:
+        """The addresses of ``event_server``, as a list."""
+        return [self.event_server] if isinstance(self.event_server, str) else self.event_server
 
     @field_validator("tables")
     @classmethod

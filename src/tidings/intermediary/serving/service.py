@@ -17,12 +17,12 @@ also subscribes to a publisher of moving entities over the spatial feed
 subscriptions (and the moving map at ``/view``) from it; without it a ``region``
 subscription is answered with an error naming that, and the others go on.
 
-The connections upstream are made once: an unreachable event server or spatial publisher at
-start is an :class:`~tidings.errors.IntermediaryError` (the command's exit 2), and a
-connection lost while serving ends the service with one too, after closing every
-subscriber's connection;
-restarting is the supervisor's job (systemd ``Restart=on-failure``), because subscribers
-must re-subscribe anyway to get a view that is complete again.
+An event server (none of the group's addresses answering) or spatial publisher unreachable at
+start is an :class:`~tidings.errors.IntermediaryError` (the command's exit 2). A connection
+lost while serving is ridden out: the service keeps serving the last state, tells every
+subscriber the upstream is stale (:func:`.envelope.status_message`), reconnects with backoff
+and resynchronises (:class:`~.event_server_upstream.TidingsChain`,
+:class:`~.feed.remote.RemoteFeed`), then tells them it is fresh; no subscriber re-subscribes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tidings.config import IntermediaryConfig
@@ -88,13 +88,16 @@ class EventServerIntermediary(IntermediaryServer):
         tick_s: float,
         limits: TransportLimits,
         spatial: tuple[Intermediary, RemoteFeed] | None = None,
+        upstreams: Callable[[], Mapping[str, str | None]] | None = None,
     ) -> None:
         node, source = (
             (Intermediary(2, _NoSpatialUpstream()), None)
             if spatial is None
             else (spatial[0], spatial[1].take)
         )
-        super().__init__(node, source=source, views=views, tick_s=tick_s, limits=limits)
+        super().__init__(
+            node, source=source, views=views, tick_s=tick_s, limits=limits, upstreams=upstreams
+        )
         self.event_server = event_server
         self.spatial = spatial is not None
         self.app.router.routes.extend(static_page_routes("live"))
@@ -129,14 +132,14 @@ async def serve_intermediary(
     stop: asyncio.Event,
     on_listening: Callable[[Listening], None] | None = None,
 ) -> None:
-    """Serve until ``stop`` is set; an :class:`IntermediaryError` if the event server cannot
-    be reached, the address cannot be listened on, or the event server's connection is lost."""
+    """Serve until ``stop`` is set; an :class:`IntermediaryError` if no event server of the
+    configuration can be reached at start or the address cannot be listened on."""
     host, _, port = config.listen.rpartition(":")
     host = host.strip("[]")
     limits = config.limits
     catalog = catalog_of(config)
     chain = TidingsChain(
-        config.event_server, request_timeout=config.request_timeout.total_seconds()
+        config.event_servers, request_timeout=config.request_timeout.total_seconds()
     )
     await chain.start()
     spatial: tuple[Intermediary, RemoteFeed] | None = None
@@ -157,7 +160,7 @@ async def serve_intermediary(
             max_per_subscriber=limits.max_subscriptions_per_subscriber,
         )
         server = EventServerIntermediary(
-            config.event_server,
+            ", ".join(config.event_servers),
             views,
             tick_s=config.tick.total_seconds(),
             limits=TransportLimits(
@@ -168,6 +171,7 @@ async def serve_intermediary(
                 max_queued_messages=limits.max_queued_messages,
             ),
             spatial=spatial,
+            upstreams=lambda: {"event_server": chain.stale},
         )
         await server.start(host, int(port))
         try:
@@ -185,7 +189,7 @@ async def serve_intermediary(
             )  # fmt: skip
             if on_listening is not None:
                 on_listening(where)
-            while not stop.is_set() and chain.closed is None and not _lost(spatial):
+            while not stop.is_set() and not _lost(spatial):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(_WATCH_S):
                         await stop.wait()
@@ -196,12 +200,8 @@ async def serve_intermediary(
             lost = spatial[1].closed_reason if _lost(spatial) else None
             await spatial[1].aclose()
         await chain.aclose()
-    if chain.closed is not None:
-        raise IntermediaryError(
-            f"the connection to the event server {config.event_server} was lost: {chain.closed}"
-        )
     if spatial is not None and lost is not None:  # ended by the publisher, not by stop
         raise IntermediaryError(
             f"the connection to the spatial publisher {spatial[1].url} was lost: {lost}"
         )
-    log.info("intermediary stopped", extra={"event_server": config.event_server})
+    log.info("intermediary stopped", extra={"event_server": chain.address})
