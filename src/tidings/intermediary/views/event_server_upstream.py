@@ -11,8 +11,9 @@ task receives notifications and queues them as :class:`~.eventviews.ChainBatch` 
 Initial state. A table newly folded is loaded with a query *after* the subscription that
 includes its row type, while the notifications are held: an event committed meanwhile is then
 in the query's answer, in the held notifications, or in both, never in neither. The load is
-the newest row event of every key (:func:`.latest_rows.latest_rows`), so it costs the table's
-size, not its history. Its newest event ids are the table's floor (a
+the newest row event of every key (:meth:`tidings.client.Client.query_latest_by_key`, a
+tidings extension the server answers from its store), so it costs the table's size, not its
+history. Its newest event ids are the table's floor (a
 :class:`~.resync.Watermark`): a row event is folded only if it is past the floor, so nothing is
 folded twice.
 
@@ -46,7 +47,6 @@ from collections.abc import Mapping, Sequence
 from tidings.client import Client, ConnectionClosed, QueryData, QueryType, StoredEvent, connect
 from tidings.errors import IntermediaryError, TidingsError
 from tidings.intermediary.views.eventviews import ChainBatch
-from tidings.intermediary.views.latest_rows import latest_rows
 from tidings.intermediary.views.resync import Watermark
 from tidings.tasks import Backoff, stop_task
 
@@ -149,7 +149,7 @@ class TidingsChain:
                 query = QueryData(event_types=self._patterns, t_from=since_us, order="ascending")
                 missed = await client.query(query)
             for table, row_type in unloaded:
-                loaded = await latest_rows(client, row_type)
+                loaded = await client.query_latest_by_key(row_type)
                 floor = Watermark()
                 floor.take(loaded)
                 self._floors[table] = floor
