@@ -237,8 +237,13 @@ def test_a_killed_event_server_is_ridden_out_and_subscribers_converge(
     assert events == [1, 2, 3]
     # Stale after what came before the kill; event 2 (registered as the server came back)
     # after it, caught up or live; fresh before what was registered after it.
-    order = [m.get("payload", m.get("stale")) for m in got if m["op"] in ("event", "status")]
-    assert order.index(1) < order.index(True) < order.index(2) and order[-2:] == [False, 3]
+    order = [
+        ("event", m["payload"]) if m["op"] == "event" else ("stale", m["stale"])
+        for m in got
+        if m["op"] in ("event", "status")
+    ]
+    assert order.index(("event", 1)) < order.index(("stale", True)) < order.index(("event", 2))
+    assert order[-2:] == [("stale", False), ("event", 3)]
     assert proc.returncode == 0, err
     assert "intermediary chain: resynchronised" in err
 
