@@ -235,7 +235,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.views": (
         "patterns rows primitives sqlviews sqltables eventviews resync event_server_upstream"
     ),
-    "tidings.intermediary.feed": "wire remote",
+    "tidings.intermediary.feed": "wire remote resilient",
     "tidings.intermediary.publisher": "simulation server",
     "tidings.intermediary.serving": "page envelope connection transport service",
     "tidings.intermediary.client": "subscriber client handover",

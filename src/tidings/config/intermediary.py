@@ -133,7 +133,12 @@ class IntermediarySpatialConfig(StrictModel):
     speaking the spatial feed protocol (``tidings intermediary simulate``, or your own, see
     :mod:`tidings.intermediary.feed.remote`), so ``region`` subscriptions are served too."""
 
-    upstream: str = Field(description="Where the publisher listens: ``ws://HOST:PORT/``.")
+    upstream: str | list[str] = Field(
+        description=(
+            "Where the publisher listens: ``ws://HOST:PORT/``, or several such URLs tried in "
+            "turn when the connection is lost."
+        )
+    )
     world_lo: list[float] = Field(
         min_length=2,
         max_length=3,
@@ -158,10 +163,19 @@ class IntermediarySpatialConfig(StrictModel):
 
     @field_validator("upstream")
     @classmethod
-    def _ws_url(cls, v: str) -> str:
-        if not v.startswith(("ws://", "wss://")):
-            raise ValueError(f"expected a ws:// URL of the spatial publisher, got {v!r}")
+    def _ws_url(cls, v: str | list[str]) -> str | list[str]:
+        urls = [v] if isinstance(v, str) else v
+        if not urls:
+            raise ValueError("give at least one URL")
+        for url in urls:
+            if not url.startswith(("ws://", "wss://")):
+                raise ValueError(f"expected a ws:// URL of the spatial publisher, got {url!r}")
         return v
+
+    @property
+    def upstreams(self) -> list[str]:
+        """The URLs of ``upstream``, as a list."""
+        return [self.upstream] if isinstance(self.upstream, str) else self.upstream
 
     @model_validator(mode="after")
     def _world(self) -> IntermediarySpatialConfig:

@@ -6,6 +6,7 @@ with one line and exit code 2."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
@@ -227,7 +228,7 @@ def test_a_killed_event_server_is_ridden_out_and_subscribers_converge(
     proc = _serve(config)
     try:
         wait_for_port(port, 30, process=proc)
-        got = run(_ride_out(f"ws://127.0.0.1:{port}/", event_server))
+        got = run(_ride_out(f"ws://127.0.0.1:{port}/", event_server), 120)
     finally:
         _, err = _stop(proc)
     statuses = [m for m in got if m["op"] == "status"]
@@ -445,7 +446,7 @@ def test_a_region_is_served_from_a_spatial_publisher_and_sigterm_ends_both(
     ) in feed_out
 
 
-def test_a_spatial_publisher_not_there_or_gone_ends_it_with_exit_2(
+def test_a_spatial_publisher_not_there_at_start_is_one_line_and_exit_2(
     tmp_path: Path, event_server: ServerProcess
 ) -> None:
     feed_port, port = free_port(), free_port()
@@ -461,16 +462,77 @@ def test_a_spatial_publisher_not_there_or_gone_ends_it_with_exit_2(
     assert len(lines) == 1 and lines[0].startswith(
         f"error: feed: cannot connect to ws://127.0.0.1:{feed_port}/"
     ), lines
-    publisher = _simulate(feed_port)
-    try:
-        wait_for_port(feed_port, 30, process=publisher)
-        proc = _serve(config)
-        wait_for_port(port, 30, process=proc)
-    finally:
-        _stop(publisher)
-    _assert_it_ends_with_exit_2(
-        proc, f"error: the connection to the spatial publisher ws://127.0.0.1:{feed_port}/ was lost"
+
+
+async def _region_across_restart(url: str, restart: Any) -> tuple[list[Any], list[Any], list[Any]]:
+    """A region's frames before the publisher goes, the status messages, and frames after
+    it is back (``restart`` stops and starts it), on one connection."""
+    async with await IntermediaryClient.connect(url) as subscriber:
+        await subscriber.subscribe("near", SPHERE, rate_hz=20)
+        before = await _frames(subscriber, 2)
+        restart_task = asyncio.get_running_loop().run_in_executor(None, restart)
+        statuses = [await subscriber.message(60), await subscriber.message(60)]
+        await restart_task
+        async for _ in subscriber.frames():  # frames sent before the fresh status
+            break
+        after = await _frames(subscriber, 3)
+        assert subscriber.close_code is None
+        return before, statuses, after
+
+
+async def _frames(subscriber: IntermediaryClient, count: int) -> list[Any]:
+    frames = []
+    async for frame in subscriber.frames():
+        if frame.ids.size:
+            frames.append(frame)
+        if len(frames) == count:
+            return frames
+    raise AssertionError("the subscription ended")
+
+
+@pytest.mark.slow
+def test_a_spatial_publisher_gone_and_back_is_ridden_out_with_its_new_state(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    """The publisher (3000 agents) is stopped and another (1000 agents, ids below 1000)
+    started on its port: the region's subscriber is told the spatial upstream is stale and
+    then fresh, keeps its connection and subscription, and its frames then hold only the new
+    publisher's agents (the old ones were deleted, not kept as ghosts)."""
+    feed_port, port = free_port(), free_port()
+    spatial = {"upstream": [f"ws://127.0.0.1:{feed_port}/"], "world_lo": [0, 0]}
+    spatial["world_hi"] = [200, 200]
+    config = _config(
+        tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer, spatial=spatial
     )
+    publishers = [_simulate(feed_port)]
+
+    def restart() -> None:
+        _stop(publishers[0])
+        publishers.append(_simulate(feed_port, "--agents", "1000", "--seed", "5"))
+        wait_for_port(feed_port, 30, process=publishers[-1])
+
+    try:
+        wait_for_port(feed_port, 30, process=publishers[0])
+        proc = _serve(config)
+        try:
+            wait_for_port(port, 30, process=proc)
+            before, statuses, after = run(
+                _region_across_restart(f"ws://127.0.0.1:{port}/", restart), 120
+            )
+        finally:
+            _, err = _stop(proc)
+    finally:
+        for publisher in publishers:
+            if publisher.poll() is None:
+                _stop(publisher)
+    assert max(int(f.ids.max()) for f in before) >= 1000  # the first publisher's agents
+    assert [(m["op"], m["upstream"], m["stale"]) for m in statuses] == [
+        ("status", "spatial", True),
+        ("status", "spatial", False),
+    ]
+    assert all(int(f.ids.max()) < 1000 for f in after)
+    assert proc.returncode == 0, err
+    assert "feed: resynchronised" in err
 
 
 @pytest.mark.parametrize(

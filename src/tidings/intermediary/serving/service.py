@@ -22,21 +22,24 @@ start is an :class:`~tidings.errors.IntermediaryError` (the command's exit 2). A
 lost while serving is ridden out: the service keeps serving the last state, tells every
 subscriber the upstream is stale (:func:`.envelope.status_message`), reconnects with backoff
 and resynchronises (:class:`~.event_server_upstream.TidingsChain`,
-:class:`~.feed.remote.RemoteFeed`), then tells them it is fresh; no subscriber re-subscribes.
+:class:`~.feed.resilient.ResilientFeed`), then tells them it is fresh; no subscriber re-subscribes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tidings.config import IntermediaryConfig
 from tidings.errors import IntermediaryError
-from tidings.intermediary.feed.remote import RemoteFeed, remote_intermediary
+from tidings.intermediary.feed.resilient import ResilientFeed
 from tidings.intermediary.node.intermediary import Intermediary
+from tidings.intermediary.node.scheduling import Scheduler
+from tidings.intermediary.regions.coverage import UpstreamPolicy
 from tidings.intermediary.regions.geometry import Box
 from tidings.intermediary.serving.page import static_page_routes
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
@@ -45,9 +48,6 @@ from tidings.intermediary.views.eventviews import EventViews
 from tidings.intermediary.views.sqlviews import Catalog, SqlLimits
 
 log = logging.getLogger(__name__)
-
-#: How often the service looks whether the event server's connection is still open.
-_WATCH_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,27 @@ class _NoSpatialUpstream:
             raise IntermediaryError("region: this intermediary has no spatial upstream")
 
 
+async def spatial_intermediary(
+    urls: Sequence[str], world: Box, margin: float
+) -> tuple[Intermediary, ResilientFeed]:
+    """An intermediary fed by the spatial publisher at ``urls`` through a
+    :class:`ResilientFeed` (see :func:`.feed.remote.remote_intermediary` for its policy)."""
+    node: Intermediary | None = None
+
+    def held() -> np.ndarray:
+        return np.empty(0, np.int64) if node is None else np.asarray(node.state.snapshot().ids)
+
+    feed = await ResilientFeed.connect(urls, world.dim, held)
+    node = Intermediary(
+        world.dim,
+        feed,
+        world=world,
+        policy=UpstreamPolicy.margin(margin),
+        scheduler=Scheduler(per_epoch=True),
+    )
+    return node, feed
+
+
 class EventServerIntermediary(IntermediaryServer):
     """An intermediary server whose upstream is an event server (events and SQL views) and,
     if ``spatial`` is given, a spatial publisher (``region`` subscriptions)."""
@@ -87,7 +108,7 @@ class EventServerIntermediary(IntermediaryServer):
         *,
         tick_s: float,
         limits: TransportLimits,
-        spatial: tuple[Intermediary, RemoteFeed] | None = None,
+        spatial: tuple[Intermediary, ResilientFeed] | None = None,
         upstreams: Callable[[], Mapping[str, str | None]] | None = None,
     ) -> None:
         node, source = (
@@ -111,10 +132,6 @@ class EventServerIntermediary(IntermediaryServer):
                 "which has no spatial state; subscribe to events or sql"
             )
         return await super().handle_request(subscriber, request)
-
-
-def _lost(spatial: tuple[Intermediary, RemoteFeed] | None) -> bool:
-    return spatial is not None and spatial[1].closed.is_set()
 
 
 def catalog_of(config: IntermediaryConfig) -> Catalog | None:
@@ -142,13 +159,12 @@ async def serve_intermediary(
         config.event_servers, request_timeout=config.request_timeout.total_seconds()
     )
     await chain.start()
-    spatial: tuple[Intermediary, RemoteFeed] | None = None
-    lost: str | None = None
+    spatial: tuple[Intermediary, ResilientFeed] | None = None
     try:
         if config.spatial is not None:
             world = Box(tuple(config.spatial.world_lo), tuple(config.spatial.world_hi))
-            spatial = await remote_intermediary(
-                config.spatial.upstream, world, config.spatial.margin
+            spatial = await spatial_intermediary(
+                config.spatial.upstreams, world, config.spatial.margin
             )
         views = EventViews(
             chain,
@@ -171,7 +187,10 @@ async def serve_intermediary(
                 max_queued_messages=limits.max_queued_messages,
             ),
             spatial=spatial,
-            upstreams=lambda: {"event_server": chain.stale},
+            upstreams=lambda: {
+                "event_server": chain.stale,
+                **({} if spatial is None else {"spatial": spatial[1].stale}),
+            },
         )
         await server.start(host, int(port))
         try:
@@ -189,19 +208,11 @@ async def serve_intermediary(
             )  # fmt: skip
             if on_listening is not None:
                 on_listening(where)
-            while not stop.is_set() and not _lost(spatial):
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_WATCH_S):
-                        await stop.wait()
+            await stop.wait()
         finally:
             await server.aclose()
     finally:
         if spatial is not None:
-            lost = spatial[1].closed_reason if _lost(spatial) else None
             await spatial[1].aclose()
         await chain.aclose()
-    if spatial is not None and lost is not None:  # ended by the publisher, not by stop
-        raise IntermediaryError(
-            f"the connection to the spatial publisher {spatial[1].url} was lost: {lost}"
-        )
     log.info("intermediary stopped", extra={"event_server": chain.address})
