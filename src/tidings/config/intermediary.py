@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from tidings.address import Address
+from tidings.address import parse_address
 from tidings.config.model import HOUR, SECOND, ZERO, Duration, StrictModel, parse_duration, within
+from tidings.errors import ConfigError
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: The kinds a column of an intermediary's table may declare (those of its SQL views).
@@ -197,7 +198,7 @@ class IntermediaryConfig(StrictModel):
             "``HOST:PORT`` of its WebSocket endpoint and web page; 0.0.0.0 exposes every interface."
         ),
     )
-    event_server: Address | list[Address] = Field(
+    event_server: str | list[str] = Field(
         default="tcp+sbs://127.0.0.1:23012",
         description=(
             "The Eventer address of the event server it follows, or the addresses of the "
@@ -250,12 +251,18 @@ class IntermediaryConfig(StrictModel):
     @field_validator("event_server")
     @classmethod
     def _addresses(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("give at least one address")
-            for address in v:
-                if v.count(address) > 1:
-                    raise ValueError(f"{address} is listed twice")
+        """Each a ``tcp+sbs://HOST:PORT`` address (one error line for a bad one, whichever
+        form), at least one, none twice."""
+        addresses = [v] if isinstance(v, str) else v
+        if not addresses:
+            raise ValueError("give at least one address")
+        for address in addresses:
+            try:
+                parse_address(address)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+            if addresses.count(address) > 1:
+                raise ValueError(f"{address} is listed twice")
         return v
 
     @property

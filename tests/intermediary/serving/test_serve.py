@@ -255,6 +255,15 @@ def test_a_killed_event_server_is_ridden_out_and_subscribers_converge(
         ({"listen": "8100"}, "intermediary.listen: Value error, expected HOST:PORT"),
         ({"event_server": "http://h:1"}, "intermediary.event_server: Value error, address"),
         (
+            {"event_server": ["tcp+sbs://h:1", "tcp+sbs://h"]},
+            "intermediary.event_server: Value error, address 'tcp+sbs://h': expected",
+        ),
+        ({"event_server": []}, "intermediary.event_server: Value error, give at least one"),
+        (
+            {"event_server": ["tcp+sbs://h:1", "tcp+sbs://h:1"]},
+            "intermediary.event_server: Value error, tcp+sbs://h:1 is listed twice",
+        ),
+        (
             {"tables": {"users": {"columns": {"id": "integer"}, "keyed_by": "uid"}}},
             "intermediary.tables.users: Value error, keyed_by: 'uid' is not one of the columns",
         ),
@@ -541,6 +550,10 @@ def test_a_spatial_publisher_gone_and_back_is_ridden_out_with_its_new_state(
         (
             {"upstream": "http://h:1/", "world_lo": [0, 0], "world_hi": [1, 1]},
             "intermediary.spatial.upstream: Value error, expected a ws:// URL",
+        ),
+        (
+            {"upstream": [], "world_lo": [0, 0], "world_hi": [1, 1]},
+            "intermediary.spatial.upstream: Value error, give at least one URL",
         ),
         (
             {"upstream": "ws://h:1/", "world_lo": [0, 0], "world_hi": [1, 1, 1]},
