@@ -249,6 +249,66 @@ def test_a_killed_event_server_is_ridden_out_and_subscribers_converge(
     assert "intermediary chain: resynchronised" in err
 
 
+async def _move_to_peer(url: str, a: ServerProcess, b: ServerProcess) -> list[dict[str, Any]]:
+    """Events registered on ``a`` (and synced to ``b``), ``a`` SIGKILLed, more registered on
+    ``b`` meanwhile and after: what the subscriber got until the last one."""
+    got: list[dict[str, Any]] = []
+
+    async def until(subscriber: IntermediaryClient, last: Any) -> None:
+        while not last(message := await subscriber.message(60)):
+            got.append(message)
+        got.append(message)
+
+    async def register(server: ServerProcess, *payloads: int) -> None:
+        async with await client.connect(server.eventer) as producer:
+            await producer.register_with_response(
+                [client.json_event(("app", str(p)), p) for p in payloads]
+            )
+
+    async with await IntermediaryClient.connect(url) as subscriber:
+        await subscriber.subscribe_events("ev", [["app", "*"]])
+        await register(a, 1, 2)
+        await until(subscriber, lambda m: m.get("payload") == 2)
+        await register(b, 3)  # synced to a, notified by both
+        await until(subscriber, lambda m: m.get("payload") == 3)
+        a.kill()
+        await register(b, 4)
+        await until(subscriber, lambda m: m["op"] == "status" and not m["stale"])
+        await register(b, 5)
+        await until(subscriber, lambda m: m.get("payload") == 5)
+        assert subscriber.close_code is None
+    return got
+
+
+@pytest.mark.slow
+def test_an_intermediary_moves_to_the_peer_of_a_killed_server_and_folds_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    """A redundant pair (Syncer): the intermediary follows ``[a, b]``; ``a`` is SIGKILLed and
+    it moves to ``b``, which holds ``a``'s events with ``a``'s ids. The subscriber gets every
+    event once, in order, those registered on ``b`` while it moved included."""
+    ports = {name: {"eventer": free_port(), "syncer": free_port()} for name in "ab"}
+    syncers = {name: local_address(port["syncer"]) for name, port in ports.items()}
+    a = ServerProcess.tidings(tmp_path / "a", 1, ports["a"], [(2, syncers["b"])], "t0k3n")
+    b = ServerProcess.tidings(tmp_path / "b", 2, ports["b"], [(1, syncers["a"])], "t0k3n")
+    a.start()
+    b.start()
+    port = free_port()
+    config = _config(tmp_path, listen=f"127.0.0.1:{port}", event_server=[a.eventer, b.eventer])
+    proc = _serve(config)
+    try:
+        wait_for_port(port, 30, process=proc)
+        got = run(_move_to_peer(f"ws://127.0.0.1:{port}/", a, b), 120)
+    finally:
+        _, err = _stop(proc)
+        a.stop()
+        b.stop()
+    events = [m["payload"] for m in got if m["op"] == "event"]
+    assert events == [1, 2, 3, 4, 5]
+    assert [m["stale"] for m in got if m["op"] == "status"] == [True, False]
+    assert f"resynchronised from {b.eventer}" in err
+
+
 @pytest.mark.parametrize(
     ("section", "line"),
     [
