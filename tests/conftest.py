@@ -1,25 +1,36 @@
 """Shared fixtures: one local SparkSession for the whole run, and the databases storage tests
-run on: a SQLite file, or a fresh database on the real PostgreSQL server."""
+run on: a SQLite file, or an empty database of its own on the real PostgreSQL server."""
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import OperationalError
 
+from tests.support.pg_databases import DatabaseUnreachable, PgDatabases
 from tidings.config import RelayConfig
 
 PG_SERVER = "127.0.0.1:5432"
-PG_ADMIN_URL = f"postgresql+psycopg://postgres@{PG_SERVER}/postgres"
 #: How .ci/run starts the local PostgreSQL when it is down.
 PG_START = 'pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start'
 
 #: The backends of a test that runs on both: one spelling of their ids in every test name.
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+#: Where ``tmp_path`` lives when this machine has it: a tmpfs, as /tmp often is not. The
+#: storage tests commit thousands of times, and on a disk each commit waits for a sync.
+MEMORY_TEMPROOT = "/dev/shm"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Test directories on :data:`MEMORY_TEMPROOT` where it is writable, unless the run
+    chose a place (``--basetemp``, ``PYTEST_DEBUG_TEMPROOT``); elsewhere the system's
+    temporary directory, as pytest's default."""
+    if "PYTEST_DEBUG_TEMPROOT" not in os.environ and os.access(MEMORY_TEMPROOT, os.W_OK):
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = MEMORY_TEMPROOT
 
 
 @pytest.fixture(scope="session")
@@ -32,34 +43,34 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def pg_databases() -> Iterator[PgDatabases]:
+    """The run's empty PostgreSQL databases, reused from test to test (see
+    :mod:`tests.support.pg_databases`); dropped at the end of the run."""
+    databases = PgDatabases(PG_SERVER)
+    yield databases
+    databases.close()
+
+
 @pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL database on the local server, dropped afterwards.
+def pg_url(pg_databases: PgDatabases) -> Iterator[str]:
+    """An empty PostgreSQL database on the local server, of this test alone.
 
     A server that is down fails the test, with the command that starts it: a skip would let a
     run pass without the PostgreSQL half of the suite. (``-m "not postgres"`` leaves it out.)
     """
-    name = f"tidings_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(
-        PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
-    )
     try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        reason = str(exc.orig).splitlines()[0]
+        name = pg_databases.take()
+    except DatabaseUnreachable as exc:
         raise pytest.fail.Exception(
-            f"PostgreSQL is not reachable on {PG_SERVER} ({reason}). Start it with\n"
+            f"PostgreSQL is not reachable on {PG_SERVER} ({exc}). Start it with\n"
             f"    {PG_START}\nor leave its tests out with -m 'not postgres'.",
             pytrace=False,
         ) from None
     try:
         yield f"postgresql://postgres@{PG_SERVER}/{name}"
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        pg_databases.give_back(name)
 
 
 @pytest.fixture(params=BACKENDS)

@@ -16,6 +16,16 @@ from tidings.db import make_engine
 GOOD = "{good}"  # stands for the FAILED event's id in the arguments below
 
 
+def _refused(log: Path, tmp_path: Path, args: list[str]) -> str:
+    """The one error line of ``tidings ARGS -c LOG``, which must leave the log as it was
+    (its seq 2 still FAILED)."""
+    engine = make_engine(relay_config(tmp_path).database.url)
+    before = statuses(engine)
+    line = one_error_line(run_tidings(*args, "-c", str(log)))
+    assert statuses(engine) == before and before[2] == "FAILED"
+    return line
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -30,14 +40,10 @@ def test_an_id_that_is_not_an_event_id_is_refused(
     incomplete_log: tuple[Path, list[str]], tmp_path: Path, args: list[str]
 ) -> None:
     path, ids = incomplete_log
-    engine = make_engine(relay_config(tmp_path).database.url)
-    before = statuses(engine)
     given = [ids[1] if arg == GOOD else arg for arg in args]  # ids[1] is FAILED
-    line = one_error_line(run_tidings(*given, "-c", str(path)))
-    assert line == (
+    assert _refused(path, tmp_path, given) == (
         "error: 'not-a-uuid' is not an event id (event ids are UUIDs, as `events list` shows them)"
     )
-    assert statuses(engine) == before and before[2] == "FAILED"
 
 
 @pytest.mark.parametrize(
@@ -53,8 +59,4 @@ def test_an_unknown_target_is_refused_the_same_way_everywhere(
     incomplete_log: tuple[Path, list[str]], tmp_path: Path, args: list[str]
 ) -> None:
     path, _ = incomplete_log
-    engine = make_engine(relay_config(tmp_path).database.url)
-    before = statuses(engine)
-    line = one_error_line(run_tidings(*args, "-c", str(path)))
-    assert line == "error: unknown target 'nosuch' (defined: store)"
-    assert statuses(engine) == before and before[2] == "FAILED"
+    assert _refused(path, tmp_path, args) == "error: unknown target 'nosuch' (defined: store)"

@@ -60,6 +60,14 @@ def test_a_server_of_the_file_runs_alone(tmp_path: Path) -> None:
         (["server", "--name", "nosuch"], "--name nosuch: no such server in"),
         (["intermediary", "serve", "--name", "nosuch"], "--name nosuch: no such intermediary"),
         (
+            ["intermediary", "serve", "--tier", "nosuch"],
+            "--tier nosuch: no such tier in",
+        ),
+        (
+            ["intermediary", "serve", "--tier", "t", "--name", "live"],
+            "--name and --tier: give one",
+        ),
+        (
             ["server", "--name", "main", "--conf", "server.yaml"],
             "give --conf FILE (a server's own file) or -c FILE --name NAME, not both",
         ),
@@ -80,6 +88,10 @@ def test_a_part_not_in_the_file_is_one_line_and_exit_2(
         (
             ["intermediary", "serve", "--name", "live"],
             "--name live: names an intermediary of a deployment's file",
+        ),
+        (
+            ["intermediary", "serve", "--tier", "world"],
+            "--tier world: names a tier of a deployment's file",
         ),
     ],
 )

@@ -65,12 +65,12 @@ def test_a_target_without_a_kind_names_the_kinds() -> None:
     [
         (
             {"relay": {"trigger_interval": "0s"}},
-            "relay.trigger_interval: Value error, must be more",
+            "relay.trigger_interval: must be more",
         ),
         ({"relay": {"max_events_per_batch": 2**64}}, "relay.max_events_per_batch: Input should be"),
-        ({"replay": {"time_limit": "0s"}}, "replay.time_limit: Value error, must be more than 0s"),
+        ({"replay": {"time_limit": "0s"}}, "replay.time_limit: must be more than 0s"),
         ({"relay": {"retry": {"initial_backoff": "2d"}}}, "at most 1h (got 2d)"),
-        ({"intermediary": {"tick": "1h"}}, "intermediary.tick: Value error, must be more than 0s"),
+        ({"intermediary": {"tick": "1h"}}, "intermediary.tick: must be more than 0s"),
     ],
 )
 def test_intervals_and_sizes_have_bounds(data: dict, said: str) -> None:
@@ -124,3 +124,40 @@ def test_config_check_names_a_path_it_cannot_write(tmp_path: Path) -> None:
         result.output
     )
     assert f"error: relay.checkpoint_dir {blocker}/cp: cannot be created" in result.output
+
+
+def test_our_own_checks_speak_without_pydantics_value_error_prefix() -> None:
+    """A check of ours says what is wrong; pydantic's ``Value error, `` in front of it says
+    only which exception carried it, and is left out. Pydantic's own messages are kept."""
+    with pytest.raises(ConfigError) as caught:
+        load_config({"intermediary": {"listen": "8100"}, "relay": {"partitions": 0}})
+    message = str(caught.value)
+    assert "intermediary.listen: expected HOST:PORT, e.g. 127.0.0.1:8100, got '8100'" in message
+    assert "relay.partitions: Input should be greater than 0 (got 0)" in message
+    assert "Value error" not in message
+    archive = ["streams", "archive", "http://127.0.0.1:1/s", "--dir", "a", "--checkpoint", "c"]
+    result = runner.invoke(app, [*archive, "--user", "u", "--component", "LIVE"])
+    assert result.exit_code == 2, result.output
+    assert "component: LIVE cannot be registered" in result.output
+    assert "Value error" not in result.output
+
+
+def test_merge_keys_repeat_a_mapping_and_a_key_given_beside_them_wins(tmp_path: Path) -> None:
+    """``<<: *name`` is YAML's way to write a mapping once: it is no key written twice, and a
+    key given beside it replaces the merged one; a key written twice is still refused."""
+    text = (
+        "targets:\n"
+        "  a: &store {kind: event_store, url: 'sqlite:///a.db', type_prefix: [shop]}\n"
+        "  b:\n"
+        "    <<: *store\n"
+        "    url: 'sqlite:///b.db'\n"
+    )
+    config = load_config_file(_write(tmp_path, text))
+    a, b = config.targets["a"], config.targets["b"]
+    assert (a.kind, b.kind) == ("event_store", "event_store")
+    assert getattr(b, "type_prefix", None) == ["shop"]
+    assert getattr(a, "url", "").endswith("/a.db") and getattr(b, "url", "").endswith("/b.db")
+    with pytest.raises(
+        ConfigError, match=r"key 'url' appears twice in one mapping \(lines 5 and 6\)"
+    ):
+        load_config_file(_write(tmp_path, text + "    url: 'sqlite:///c.db'\n"))

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 
+from bench.harness.processes import free_port
 from tests.support.stream_helpers import PASSWORD, USER, add_events, serving, stream_server_config
 from tests.support.waiting import run, until
 from tidings.errors import StreamError
@@ -22,7 +23,9 @@ from tidings.streams.client import StreamClient, StreamEvent, consume
 pytestmark = pytest.mark.sockets
 
 
-async def _consume(url: str, component: str, count: int, **options) -> list[StreamEvent]:
+async def _consume(
+    url: str | list[str], component: str, count: int, **options
+) -> list[StreamEvent]:
     """Run :func:`consume` until ``count`` events were handled."""
     got: list[StreamEvent] = []
 
@@ -265,3 +268,25 @@ def test_consume_cli_live_prints_new_events(tmp_path) -> None:
             assert not set(ids) & set(old)
 
     run(scenario(), timeout=90)
+
+
+@pytest.mark.parametrize("push", [True, False], ids=["push", "poll"])
+def test_python_consumer_moves_past_a_dead_url_to_the_next(tmp_path, push: bool) -> None:
+    config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True)
+    dead = f"http://127.0.0.1:{free_port()}/evt"  # nobody listens there
+
+    async def scenario() -> None:
+        async with serving(config) as server:
+            ids = await add_events(server.url, 10)
+            got = await _consume([dead, server.url], "MOVER", 10, push=push, connect_timeout=10)
+            assert [e.id for e in got] == ids
+
+    run(scenario(), timeout=60)
+
+
+def test_consume_refuses_an_empty_url_list() -> None:
+    async def handler(event: StreamEvent) -> None:
+        raise AssertionError("never called")
+
+    with pytest.raises(StreamError, match="no stream URL given"):
+        run(consume([], USER, PASSWORD, "C", handler))

@@ -32,6 +32,12 @@ def test_a_stream_never_reached_is_one_line_after_the_connect_timeout(mode: list
     assert line == f"error: cannot reach stream {url}: connection refused"
 
 
+def test_a_group_never_reached_names_every_url() -> None:
+    urls = [f"http://127.0.0.1:{free_port()}/evt" for _ in range(2)]  # nobody listens there
+    line = one_error_line(_consume(",".join(urls), "C", "--connect-timeout", "1"))
+    assert line == f"error: cannot reach stream {urls[0]} nor {urls[1]}: connection refused"
+
+
 def test_push_to_a_path_that_is_no_stream_names_the_http_answer(tmp_path) -> None:
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db")
     with serving_in_thread(config) as server:

@@ -107,3 +107,19 @@ def supervised_wait(
         return predicate()
 
     wait_until(check, timeout, interval=0.1, explain=explain)
+
+
+#: A count that grows as a part moves events, and by how much it must grow to count as moving.
+Progress = tuple[Callable[[], int], int]
+
+
+def wait_moving(parts: Sequence[ChildPart], progress: Sequence[Progress], timeout: float) -> None:
+    """Wait until each ``progress`` count has grown by its amount from now, as
+    :func:`supervised_wait` does (the parts' logs explain a timeout)."""
+    bases = [count() for count, _ in progress]
+    supervised_wait(
+        parts,
+        lambda: all(c() >= b + n for (c, n), b in zip(progress, bases, strict=True)),
+        timeout,
+        lambda: "\n".join(p.tail() for p in parts),
+    )

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from sqlalchemy import Connection, select
 
@@ -33,38 +34,33 @@ class _RollBack(Exception):
     """Raised inside a transaction to roll it back on purpose."""
 
 
+@dataclass(eq=False)
 class OutOfOrderProducers:
     """``threads`` threads running ``write`` in transactions until :meth:`stop`."""
 
-    def __init__(
-        self,
-        outbox: Outbox,
-        write: Write,
-        *,
-        threads: int = 4,
-        rollback_share: float = 0.1,
-        long_hold_share: float = 0.2,
-        long_hold: tuple[float, float] = (0.2, 1.0),
-        pause: tuple[float, float] = (0.03, 0.08),
-    ) -> None:
-        self.outbox = outbox
-        self.write = write
-        self.rollback_share = rollback_share
-        self.long_hold_share = long_hold_share
-        self.long_hold = long_hold
-        self.pause = pause
-        #: Event ids of committed transactions, and of those rolled back.
-        self.committed: list[str] = []
-        self.rolled_back: list[str] = []
-        #: Committed transactions that a later-numbered one with an event of the same
-        #: partition key had committed before.
-        self.overtaken = 0
-        self._errors: list[BaseException] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+    outbox: Outbox
+    write: Write
+    _: KW_ONLY
+    threads: int = 4
+    rollback_share: float = 0.1
+    long_hold_share: float = 0.2
+    long_hold: tuple[float, float] = (0.2, 1.0)
+    pause: tuple[float, float] = (0.03, 0.08)
+    #: Event ids of committed transactions, and of those rolled back.
+    committed: list[str] = field(default_factory=list, init=False)
+    rolled_back: list[str] = field(default_factory=list, init=False)
+    #: Committed transactions that a later-numbered one with an event of the same
+    #: partition key had committed before.
+    overtaken: int = field(default=0, init=False)
+    _errors: list[BaseException] = field(default_factory=list, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _threads: list[threading.Thread] = field(init=False)
+
+    def __post_init__(self) -> None:
         self._threads = [
             threading.Thread(target=self._run, args=(n,), name=f"producer-{n}", daemon=True)
-            for n in range(threads)
+            for n in range(self.threads)
         ]
 
     def start(self) -> None:

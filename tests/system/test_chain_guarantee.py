@@ -32,109 +32,52 @@ Asserted against what was committed (the outbox rows and the domain table):
 
 from __future__ import annotations
 
-import json
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from sqlalchemy import Engine, func, select, text
 
 from bench.harness.processes import free_port, local_address, wait_for_port
-from tests.support.child_parts import ChildPart, supervised_wait
+from tests.support.chain_checks import (
+    MOVED,
+    PASSWORD,
+    USER,
+    VIEW,
+    WAIT,
+    Outcome,
+    all_published,
+    chain_file,
+    chain_outbox,
+    chain_server,
+    counter_view_intermediary,
+    never_older,
+    published,
+    source_rows,
+    stop_all,
+    write_counted,
+)
+from tests.support.child_parts import ChildPart, Progress, supervised_wait, wait_moving
 from tests.support.producers import OutOfOrderProducers
 from tests.support.view_watcher import ViewWatcher
-from tidings.config.passwords import hash_password
-from tidings.db import make_engine
-from tidings.intermediary.views.rows import emit_row
-from tidings.outbox.producer import Outbox, OutboxTransaction
-from tidings.outbox.schema import outbox_event
-from tidings.server.store import EventStore
+from tidings.outbox.producer import Outbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.postgres, pytest.mark.sockets]
-
-PREFIX = "chain"
-KEYS = 12
-VIEW = "SELECT id, n FROM item ORDER BY id"
-UPSERT = "INSERT INTO item (id, n) VALUES (:id, 1) ON CONFLICT (id) DO UPDATE SET n = item.n + 1"
-USER, PASSWORD = "app", "pw"
-#: The longest wait for one step (a part's progress, the chain catching up).
-WAIT = 120.0
-#: How far a part must move events after the test starts watching it before it is killed.
-MOVED = 20
-
-
-def _write(tx: OutboxTransaction, rng: random.Random, thread: int) -> list[str]:
-    """A ``Counted`` event (for the stream) keyed by a counter, with an insert-only domain
-    write, so that transactions of one key are ordered by nothing but their sequence numbers;
-    and in half of the transactions the counter's row incremented, with its row event (for
-    the intermediary; the row's lock orders the increments of one counter)."""
-    key = rng.randrange(KEYS)
-    conn = tx.connection
-    conn.execute(text("INSERT INTO tally (key, by) VALUES (:key, :by)"), {"key": key, "by": thread})
-    emitted = [tx.emit("Counted", {"key": key, "by": thread}, partition_key=f"k{key}")]
-    if rng.random() < 0.5:
-        conn.execute(text(UPSERT), {"id": key})
-        n = conn.execute(text("SELECT n FROM item WHERE id = :id"), {"id": key}).scalar_one()
-        emitted.append(emit_row(tx, "item", key, {"id": key, "n": n}))
-    return emitted
-
-
-def _deployment(work: Path, pg: str, ports: dict[str, int]) -> Path:
-    """The whole deployment in one ``tidings.yaml``."""
-    eventer = local_address(ports["eventer"])
-    data = {
-        "database": {"url": pg},
-        "outbox": {"originator": "chain-test"},
-        "targets": {
-            "server": {"kind": "event_server", "address": eventer, "type_prefix": [PREFIX]}
-        },
-        "routing": {"routes": {"Counted": ["server"], "rows.item": ["server"]}},
-        "relay": {"checkpoint_dir": str(work / "checkpoint"), "trigger_interval": "100ms"},
-        "servers": {
-            "main": {
-                "backend": {"module": "tidings.server.backends.sqlite", "db_path": "events.db"},
-                "engine": {"server_id": 1},
-                "eventer_server": {"address": eventer},
-                "stream_users": {USER: {"password_hash": hash_password(PASSWORD)}},
-                "streams": [
-                    {
-                        "name": "chain",
-                        "port": ports["stream"],
-                        "path": "/chain",
-                        "types": {"COUNTED": [PREFIX, "Counted"]},
-                    }
-                ],
-            }
-        },
-        "intermediaries": {
-            "live": {
-                "listen": f"127.0.0.1:{ports['live']}",
-                "event_server": eventer,
-                "row_type_prefix": [PREFIX],
-                "tables": {
-                    "item": {"columns": {"id": "integer", "n": "integer"}, "keyed_by": "id"}
-                },
-            }
-        },
-    }
-    path = work / "tidings.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def test_every_committed_event_reaches_every_reader_across_crashes(
     pg_url: str, tmp_path: Path
 ) -> None:
     ports = {"eventer": free_port(), "stream": free_port(), "live": free_port()}
-    path = str(_deployment(tmp_path, pg_url, ports))
-    engine = make_engine(pg_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE item (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
-        conn.exec_driver_sql("CREATE TABLE tally (key INTEGER NOT NULL, by INTEGER NOT NULL)")
+    eventer = local_address(ports["eventer"])
+    path = chain_file(
+        tmp_path,
+        pg_url,
+        {"address": eventer},
+        {"main": chain_server(1, "events.db", eventer, ports["stream"])},
+        counter_view_intermediary(ports["live"], eventer),
+    )
+    engine = chain_outbox(pg_url)
     stream = f"http://127.0.0.1:{ports['stream']}/chain"
     login = {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASSWORD}
     server = ChildPart("server", ["server", "-c", path, "--name", "main"], tmp_path)
@@ -146,7 +89,7 @@ def test_every_committed_event_reaches_every_reader_across_crashes(
     polling = ChildPart("polling", ["consume", stream, "Polling", "--poll"], tmp_path, login)
     parts = [server, relay, live, pushed, polling]
     watcher = ViewWatcher(f"ws://127.0.0.1:{ports['live']}/", VIEW)
-    producers = OutOfOrderProducers(Outbox(engine), _write)
+    producers = OutOfOrderProducers(Outbox(engine), write_counted)
     rng = random.Random(28)
     try:
         server.start()
@@ -157,22 +100,15 @@ def test_every_committed_event_reaches_every_reader_across_crashes(
         watcher.start()
         producers.start()
 
-        published = (lambda: _published(engine), MOVED)
+        relayed = (lambda: published(engine), MOVED)
         views = (lambda: len(watcher.views), 3)
         pushed_got = (lambda: len(pushed.lines()), MOVED)
         polling_got = (lambda: len(polling.lines()), MOVED)
 
-        def moving(*progress: tuple[Callable[[], int], int]) -> None:
-            """Wait until each ``progress`` count has grown by its amount from now."""
-            bases = [count() for count, _ in progress]
-            supervised_wait(
-                parts,
-                lambda: all(c() >= b + n for (c, n), b in zip(progress, bases, strict=True)),
-                WAIT,
-                lambda: "\n".join(p.tail() for p in parts),
-            )
+        def moving(*progress: Progress) -> None:
+            wait_moving(parts, progress, WAIT)
 
-        def crash(victims: list[ChildPart], *progress: tuple[Callable[[], int], int]) -> None:
+        def crash(victims: list[ChildPart], *progress: Progress) -> None:
             """Once the victims are seen moving events (``moving(*progress)``), SIGKILL them
             at a random moment and start them again after a random pause."""
             moving(*progress)
@@ -185,123 +121,43 @@ def test_every_committed_event_reaches_every_reader_across_crashes(
 
         # One part at a time, then all at once (as a crash of the machine, but the
         # database's, would), each while the chain moves events.
-        crash([relay], published)
-        crash([server], published)
+        crash([relay], relayed)
+        crash([server], relayed)
         crash([live], views)
         crash([pushed], pushed_got)
         crash([polling], polling_got)
-        crash(parts, published, views, pushed_got, polling_got)
-        moving(published, views, pushed_got, polling_got)  # all of it flows again
+        crash(parts, relayed, views, pushed_got, polling_got)
+        moving(relayed, views, pushed_got, polling_got)  # all of it flows again
         time.sleep(2.0)
         producers.stop()
 
-        committed = _committed(engine)
-        counted = {event_id: row for event_id, row in committed.items() if row[2] == "Counted"}
-        supervised_wait(parts, lambda: _all_published(engine), WAIT, relay.tail)
+        outcome = Outcome(engine)
+        supervised_wait(parts, lambda: all_published(engine), WAIT, relay.tail)
         for consumer in (pushed, polling):
             supervised_wait(
-                parts,
-                lambda c=consumer: counted.keys() <= {e["data"]["id"] for e in c.lines()},
-                WAIT,
-                consumer.tail,
+                parts, lambda c=consumer: outcome.consumed_all(c.lines()), WAIT, consumer.tail
             )
-        source = _rows(engine)
+        source = source_rows(engine)
         supervised_wait(parts, lambda: watcher.latest() == source, WAIT, live.tail)
 
         print(
-            f"{len(committed)} events committed ({producers.overtaken} transactions overtaken), "
+            f"{len(outcome.events)} events committed "
+            f"({producers.overtaken} transactions overtaken), "
             f"{len(producers.rolled_back)} rolled back; consumers got "
             + ", ".join(f"{len(c.lines())} ({c.name})" for c in (pushed, polling))
-            + f" of {len(counted)}; the subscriber had {watcher.connections} connections"
+            + f" of {len(outcome.counted)}; the subscriber had {watcher.connections} connections"
         )
         # The producers committed out of sequence order within keys; rollbacks left nothing.
         assert producers.overtaken >= 10 and producers.rolled_back
-        assert committed.keys() == set(producers.committed)  # no rolled-back id in the log
-        order = {event_id: n for n, event_id in enumerate(committed)}  # sequence order
-        key_of = {event_id: row[0] for event_id, row in committed.items()}
-
-        stored = _stored(tmp_path)
-        assert sorted(stored) == sorted(committed)  # each committed event once, nothing else
-        assert _out_of_order(stored, order, key_of) is None
-
+        assert outcome.events.keys() == set(producers.committed)  # no rolled-back id in the log
+        outcome.assert_stored(tmp_path / "events.db")
         for consumer in (pushed, polling):
-            got = consumer.lines()
-            assert {e["data"]["id"] for e in got} == counted.keys(), consumer.name
-            assert all(e["data"] == counted[e["data"]["id"]][1] for e in got), consumer.name
-            first = list(dict.fromkeys(e["data"]["id"] for e in got))
-            assert _out_of_order(first, order, key_of) is None, consumer.name
+            outcome.assert_consumed(consumer.name, consumer.lines())
 
         assert watcher.connections >= 2 and not watcher.errors  # it lived through the crash
-        assert _never_older(watcher.views)
+        assert never_older(watcher.views)
 
         assert all(part.kills == 2 for part in parts)
         assert {p.name: p.exits for p in parts if p.exits and p is not live} == {}
     finally:
-        producers.stop()
-        watcher.stop()
-        for part in reversed(parts):
-            part.stop()
-        engine.dispose()
-
-
-def _committed(engine: Engine) -> dict[str, tuple[str, Any, str]]:
-    """The committed events in sequence order: event id -> (partition key, decoded payload,
-    type)."""
-    columns = (outbox_event.c.event_id, outbox_event.c.partition_key, outbox_event.c.payload)
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(*columns, outbox_event.c.event_type).order_by(outbox_event.c.seq)
-        )
-        return {r.event_id: (r.partition_key, json.loads(r.payload), r.event_type) for r in rows}
-
-
-def _published(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return conn.execute(
-            select(func.count()).where(outbox_event.c.status == "PUBLISHED")
-        ).scalar_one()
-
-
-def _all_published(engine: Engine) -> bool:
-    with engine.connect() as conn:
-        statuses = {r[0] for r in conn.execute(select(outbox_event.c.status).distinct())}
-    return statuses == {"PUBLISHED"}
-
-
-def _rows(engine: Engine) -> list[list[int]]:
-    with engine.connect() as conn:
-        return [list(r) for r in conn.exec_driver_sql(VIEW)]
-
-
-def _stored(work: Path) -> list[str]:
-    """The outbox event ids of the server's events, in the server's (log) order."""
-    store = EventStore(f"sqlite:///{work / 'events.db'}")
-    try:
-        events = store.read(0, limit=10_000_000)
-    finally:
-        store.close()
-    return [e.outbox_event_id for e in events if e.outbox_event_id is not None]
-
-
-def _out_of_order(ids: list[str], order: dict[str, int], key_of: dict[str, str]) -> str | None:
-    """The first event of ``ids`` that comes after a later-logged one of its key (``order``:
-    the log's), said in words; None if there is none."""
-    last: dict[str, tuple[int, str]] = {}
-    for event_id in ids:
-        key, place = key_of[event_id], order[event_id]
-        if key in last and place < last[key][0]:
-            return f"key {key}: {event_id} (log #{place}) after {last[key][1]} (#{last[key][0]})"
-        last[key] = (place, event_id)
-    return None
-
-
-def _never_older(views: list[tuple[float, int, list[list[Any]]]]) -> bool:
-    """Whether no row of a view (``[id, n]``, ``n`` only ever growing at the source) ever
-    showed a smaller ``n`` than an earlier view had shown, across reconnections."""
-    shown: dict[int, int] = {}
-    for _, _, rows in views:
-        for key, n in rows:
-            if n < shown.get(key, 0):
-                return False
-            shown[key] = n
-    return True
+        stop_all([producers, watcher, *reversed(parts)], engine)

@@ -69,6 +69,37 @@ def test_two_parts_on_one_port() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("listen", "clashes"),
+    [
+        ("localhost:8090", True),  # the stream's 127.0.0.1, by another name
+        ("LocalHost:8090", True),
+        ("[::]:8090", True),  # every address, IPv6's spelling
+        ("127.0.0.2:8090", False),  # another address, the same port
+        ("127.0.0.1:8091", False),
+    ],
+)
+def test_a_port_clash_is_judged_as_binding_would(listen: str, clashes: bool) -> None:
+    def listen_at(d: dict[str, Any]) -> None:
+        d["intermediaries"]["live"]["listen"] = listen
+
+    clash = "servers.main.streams[0] and intermediaries.live.listen both listen on port 8090"
+    assert _findings(listen_at) == ([clash] if clashes else [])
+
+
+def test_port_0_never_clashes() -> None:
+    """Port 0 binds whichever port is free: two parts given it never meet, on one address
+    or on every one."""
+
+    def any_port(d: dict[str, Any]) -> None:
+        live = d["intermediaries"]["live"]
+        live["listen"] = "127.0.0.1:0"
+        d["intermediaries"]["more"] = {**live, "listen": "0.0.0.0:0"}
+        d["intermediaries"]["again"] = {**live, "listen": "localhost:0"}
+
+    assert _findings(any_port) == []
+
+
 def test_a_target_address_no_server_listens_on() -> None:
     def elsewhere(d: dict[str, Any]) -> None:
         d["targets"]["main"]["address"] = "tcp+sbs://127.0.0.1:23999"
@@ -78,6 +109,18 @@ def test_a_target_address_no_server_listens_on() -> None:
         "targets.main.address tcp+sbs://127.0.0.1:23999: no configured server listens there "
         "(servers: main (tcp+sbs://127.0.0.1:23012))"
     )
+
+
+def test_a_server_group_is_checked_address_by_address() -> None:
+    """A target of several addresses feeds each configured server it names; one that no
+    server listens on is named under ``addresses``."""
+
+    def pair(d: dict[str, Any]) -> None:
+        target = d["targets"]["main"]
+        target["addresses"] = [target.pop("address"), "tcp+sbs://127.0.0.1:23999"]
+
+    (found,) = _findings(pair)
+    assert found.startswith("targets.main.addresses tcp+sbs://127.0.0.1:23999: no configured")
 
 
 def test_a_stream_type_no_route_produces() -> None:
@@ -149,3 +192,48 @@ def test_config_check_passes_the_example(path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "servers:" in result.stdout and "'***'" in result.stdout  # the hash is masked
+
+
+TIER_EXAMPLE = EXAMPLE.parent / "tier.yaml"
+
+
+def _with_tier(d: dict[str, Any]) -> None:
+    d["intermediary_tiers"] = {
+        "world": {
+            "members": ["127.0.0.1:8301", "127.0.0.1:8302"],
+            "spatial": {
+                "upstream": "ws://127.0.0.1:8200/",
+                "world_lo": [0, 0],
+                "world_hi": [100, 100],
+            },
+        }
+    }
+
+
+def test_a_tier_that_fits_has_no_findings_and_so_has_its_example() -> None:
+    assert _findings(_with_tier) == []
+    assert system_findings(load_config_file(TIER_EXAMPLE)) == []
+
+
+def test_a_tier_member_on_another_parts_port_and_a_tier_following_a_part() -> None:
+    def clash(d: dict[str, Any]) -> None:
+        _with_tier(d)
+        d["intermediary_tiers"]["world"]["members"][1] = "127.0.0.1:8100"
+        d["intermediary_tiers"]["world"]["spatial"]["upstream"] = "ws://127.0.0.1:8301/"
+
+    assert _findings(clash) == [
+        "intermediaries.live.listen and intermediary_tiers.world.members[1] both listen on "
+        "port 8100",
+        "intermediary_tiers.world.spatial.upstream ws://127.0.0.1:8301/: "
+        "intermediary_tiers.world.members[0] listens there, not a spatial publisher",
+    ]
+
+
+def test_config_check_passes_the_tier_example() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tidings.cli", "config", "check", "-c", str(TIER_EXAMPLE)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "intermediary_tiers:" in result.stdout

@@ -194,13 +194,13 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model matching validation query outbox",
     "tidings.config": (
-        "model loading targets relay intermediary server passwords stream_types streams "
-        "tidings_file"
+        "model loading targets relay intermediary intermediary_tier server passwords "
+        "stream_types streams tidings_file"
     ),
     "tidings.outbox": "envelope schema checks incomplete producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults kinds registry routed",
-    "tidings.targets.kinds": "event_store event_server jetstream",
+    "tidings.targets.kinds": "event_store server_group event_server jetstream",
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
     "tidings.pipeline": (
         "jobconfig publishing source spark lease replay relay archive_layout housekeeping status "
@@ -224,7 +224,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.server.syncer": "common client server",
     "tidings.streams": "protocol typemap consumers service client spark_source jobs",
     "tidings.streams.protocol": "ftn3 interfaces encoding channel",
-    "tidings.streams.consumers": "positions retention admin metrics",
+    "tidings.streams.consumers": "replication positions sync retention admin metrics",
     "tidings.streams.service": "auth feed reader push sessions functions app runner",
     "tidings.intermediary": "regions node views feed publisher serving client cluster measurement",
     "tidings.intermediary.regions": "geometry coverage coveredcells grid",
@@ -241,7 +241,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.client": "subscriber client handover",
     "tidings.intermediary.cluster": (
         "responsibility directory children peers areas member membership in_process "
-        "member_process process_cluster"
+        "member_process process_cluster tier"
     ),
     "tidings.intermediary.measurement": (
         "wsreceive fanout intermediary_process subscriber_process demo"

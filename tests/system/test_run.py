@@ -60,6 +60,14 @@ def test_the_example_deployment_has_its_parts_in_start_order() -> None:
     assert parts[1].needs == parts[2].needs == ("server.main",)
 
 
+def test_a_tier_is_one_part_run_with_its_name_and_up_once_its_last_member_listens() -> None:
+    path = EXAMPLE.parent / "tier.yaml"
+    (part,) = parts_of(load_config_file(path), path)
+    assert (part.name, part.kind, part.needs) == ("tier.world", "intermediary", ())
+    assert part.command[3:] == ("intermediary", "serve", "-c", str(path), "--tier", "world")
+    assert part.ready_on == ("127.0.0.1", 8303)
+
+
 def test_run_starts_restarts_reports_and_stops_the_parts_in_order(tmp_path: Path) -> None:
     path, ports = deployment(tmp_path)
     run = Run(path)
@@ -211,6 +219,74 @@ def test_no_part_outlives_a_supervisor_killed_hard_and_one_file_has_one_supervis
             again.close()
     finally:
         run.close()
+
+
+@pytest.mark.slow
+def test_run_restarts_a_tier_killed_whole_and_its_subscribers_come_back(tmp_path: Path) -> None:
+    """``tidings run`` with a tier: up once its members listen; the tier's own process
+    SIGKILLed, its members end with it (they read its pipe), the supervisor starts the tier
+    again on the same addresses, and a subscriber given the members' URLs is served again
+    without subscribing anew; SIGTERM stops everything, no member left listening."""
+    import asyncio
+
+    import yaml
+
+    from tests.support import waiting
+    from tidings.intermediary.client.handover import ClusterClient
+
+    feed, *ports = (free_port() for _ in range(3))
+    path = tmp_path / "tidings.yaml"
+    members = [f"127.0.0.1:{port}" for port in ports]
+    spatial = {"upstream": f"ws://127.0.0.1:{feed}/", "world_lo": [0, 0], "world_hi": [100, 100]}
+    path.write_text(
+        yaml.safe_dump({"intermediary_tiers": {"world": {"members": members, "spatial": spatial}}})
+    )
+    publisher = subprocess.Popen(
+        [*TIDINGS, "intermediary", "simulate", "--listen", f"127.0.0.1:{feed}", "--world", "100"],
+        stdout=subprocess.DEVNULL,
+    )
+    run = None
+    try:
+        wait_for_port(feed, 60, process=publisher)
+        run = Run(path)
+        wait_until(lambda: run.part("tier.world")["up"], 90, explain=run.output)
+        first = run.part("tier.world")["pid"]
+
+        async def subscriber() -> None:
+            urls = [f"ws://{member}/" for member in members]
+            client = await ClusterClient.connect(urls)
+            got: list[int] = []
+
+            async def read() -> None:
+                async for frame in client.frames():
+                    got.append(frame.header.epoch)
+
+            reader = asyncio.create_task(read())
+            try:
+                await client.subscribe("east", {"box": {"lo": [60, 0], "hi": [90, 90]}})
+                await waiting.until(lambda: len(got) > 5, 60)
+                os.kill(first, signal.SIGKILL)
+                await waiting.until(
+                    lambda: (p := run.part("tier.world"))["up"] and p["pid"] != first, 120
+                )
+                seen = len(got)
+                await waiting.until(lambda: len(got) > seen + 5, 90)
+                assert got == sorted(set(got))  # epochs increase across the restart
+            finally:
+                reader.cancel()
+                await client.close()
+
+        run_async(subscriber(), 300)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(60) == 0, run.output()
+        for port in ports:
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        if run is not None:
+            run.close()
+        publisher.terminate()
+        publisher.wait(30)
 
 
 async def _stored(address: str) -> list[object]:

@@ -7,9 +7,12 @@ each event is owed to.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
 import typer
 
@@ -47,6 +50,43 @@ KeyOption = Annotated[str | None, typer.Option("--key", help="Partition key.")]
 AgeOption = Annotated[
     str | None, typer.Option("--older-than", help="Logged longer ago than this, e.g. 10m.")
 ]
+
+#: The options that choose events, by parameter name: every filtering command has them all.
+_FILTER_OPTIONS = {
+    "statuses": StatusOption,
+    "ids": IdOption,
+    "event_type": TypeOption,
+    "target": TargetOption,
+    "key": KeyOption,
+    "older_than": AgeOption,
+}
+
+
+def _filtered(command: Callable[..., None]) -> Callable[..., None]:
+    """``command(config, *, where, limit, ...)`` as a command with the filter's options in
+    place of ``where``: the options are declared once, and the command gets them as one
+    :class:`EventFilter` (with its own ``--limit``), checked before it runs."""
+    # ``where`` is given here, not by typer: its type (imported for type checkers only)
+    # need not resolve at run time.
+    hints = get_type_hints(command, localns={"EventFilter": object}, include_extras=True)
+    parameters: list[inspect.Parameter] = []
+    for parameter in inspect.signature(command).parameters.values():
+        if parameter.name == "where":
+            parameters += [
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a)
+                for name, a in _FILTER_OPTIONS.items()
+            ]
+        else:
+            parameters.append(parameter.replace(annotation=hints[parameter.name]))
+
+    @functools.wraps(command)
+    def run(**given: Any) -> None:
+        chosen = {name: given.pop(name) for name in _FILTER_OPTIONS}
+        command(where=_filter(**chosen, limit=given["limit"]), **given)
+
+    run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in parameters}
+    return run
 
 
 def _incomplete(config: Path | None, target: str | None = None) -> IncompleteEvents:
@@ -99,20 +139,16 @@ def _filter(
 
 
 @events_app.command("list")
+@_filtered
 def events_list(
     config: ConfigOption = None,
-    status: StatusOption = None,
-    event_id: IdOption = None,
-    event_type: TypeOption = None,
-    target: TargetOption = None,
-    key: KeyOption = None,
-    older_than: AgeOption = None,
+    *,
+    where: EventFilter,
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """The incomplete events in log order, with each target's state, error and failures."""
-    where = _filter(status, event_id, event_type, target, key, older_than, limit)
-    found = _incomplete(config, target).find(where)
+    found = _incomplete(config, where.target).find(where)
     if as_json:
         for event in found:
             record = {
@@ -149,20 +185,16 @@ def events_list(
 
 
 @events_app.command("resubmit")
+@_filtered
 def events_resubmit(
     config: ConfigOption = None,
-    status: StatusOption = None,
-    event_id: IdOption = None,
-    event_type: TypeOption = None,
-    target: TargetOption = None,
-    key: KeyOption = None,
-    older_than: AgeOption = None,
+    *,
+    where: EventFilter,
     limit: Annotated[int | None, typer.Option(min=1, help="At most this many.")] = None,
 ) -> None:
     """Hand events back to the relay (default: FAILED ones); confirmed targets are not
     sent them again. --status UNROUTABLE re-drives events whose route was added since."""
-    where = _filter(status, event_id, event_type, target, key, older_than, limit)
-    count = _incomplete(config, target).resubmit(where)
+    count = _incomplete(config, where.target).resubmit(where)
     console.print(f"resubmitted {count} event(s); the relay sends them in key order")
 
 

@@ -5,17 +5,24 @@ such a publisher, a simulation of moving agents.
 It runs :func:`tidings.intermediary.serving.service.serve_intermediary` with the ``intermediary:``
 section of the configuration until SIGINT or SIGTERM (exit 0). No event server reachable at
 start, an address in use or a bad configuration end it with one line and exit code 2; a
-connection lost while serving is ridden out (the service reconnects and resynchronises).
+connection lost while serving is ridden out (the service reconnects and resynchronises). With
+``--tier NAME`` it runs the ``intermediary_tiers:`` entry NAME instead: every member as its own
+process, responsibility split among them, a dead member's share moved to the others and the
+member replaced (:mod:`tidings.intermediary.cluster.tier`); a member that cannot start ends it
+with one line and exit code 2.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tidings.cli.common import ConfigOption, app, console, fail, load_or_exit, log_level_option
 from tidings.logs import configure_logging
+
+if TYPE_CHECKING:
+    from tidings.config.intermediary_tier import IntermediaryTierConfig
 
 intermediary_app = typer.Typer(
     no_args_is_help=True,
@@ -31,19 +38,33 @@ def serve(
         str | None,
         typer.Option(help="The intermediary of the file's intermediaries: section to run."),
     ] = None,
+    tier: Annotated[
+        str | None,
+        typer.Option(help="The tier of the file's intermediary_tiers: section to run."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Log level of the JSON-line logs.")] = "INFO",
 ) -> None:
     """Serve event and SQL-view subscriptions over WebSocket (and the page at /live),
-    fed by the event server of the configuration's intermediary: section."""
+    fed by the event server of the configuration's intermediary: section; with --tier, a
+    tier of intermediaries serving region subscriptions, each member its own process."""
     import asyncio
     import signal
 
     from tidings.intermediary.serving.service import Listening, serve_intermediary
 
     configure_logging(log_level_option(log_level, "--log-level"))
-    if name is not None and config is None:
-        fail(f"--name {name}: names an intermediary of a deployment's file; give it with -c FILE")
+    for option, value, what in (("--name", name, "an intermediary"), ("--tier", tier, "a tier")):
+        if value is not None and config is None:
+            fail(f"{option} {value}: names {what} of a deployment's file; give it with -c FILE")
+    if name is not None and tier is not None:
+        fail("--name and --tier: give one (a tier's members are not intermediaries: sections)")
     loaded = load_or_exit(config)
+    if tier is not None:
+        if tier not in loaded.intermediary_tiers:
+            found = ", ".join(sorted(loaded.intermediary_tiers)) or "none"
+            fail(f"--tier {tier}: no such tier in {config} (intermediary_tiers: {found})")
+        _serve_tier(tier, loaded.intermediary_tiers[tier])
+        return
     settings = loaded.intermediary
     if name is not None:
         if name not in loaded.intermediaries:
@@ -67,6 +88,34 @@ def serve(
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         await serve_intermediary(settings, stop, listening)
+
+    asyncio.run(run())
+
+
+def _serve_tier(name: str, settings: IntermediaryTierConfig) -> None:
+    """Run tier ``name`` until SIGINT or SIGTERM; one line once every member serves."""
+    import asyncio
+    import signal
+
+    from tidings.intermediary.cluster.process_cluster import MemberProcess
+    from tidings.intermediary.cluster.tier import serve_tier
+
+    def ready(members: list[MemberProcess]) -> None:
+        listed = ", ".join(f"{member.name} {member.url}" for member in members)
+        console.print(
+            f"intermediary tier {name} serving: {listed}; fed by the spatial publisher "
+            f"{settings.spatial.upstream}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await serve_tier(name, settings, stop, ready)
 
     asyncio.run(run())
 

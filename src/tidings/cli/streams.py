@@ -19,7 +19,14 @@ if TYPE_CHECKING:
 
 @app.command()
 def consume(
-    url: Annotated[str, typer.Argument(help="The stream's URL, e.g. http://127.0.0.1:8090/evt")],
+    url: Annotated[
+        str,
+        typer.Argument(
+            help="The stream's URL, e.g. http://127.0.0.1:8090/evt; for a redundant group, "
+            "the URLs of its servers separated by commas (a lost connection moves to the next, "
+            "and the consumer resumes there from its last acknowledged event)."
+        ),
+    ],
     component: Annotated[
         str, typer.Argument(help="Consumer component (1-16 of A-Z a-z 0-9 _); LIVE is live.")
     ],
@@ -65,6 +72,7 @@ def consume(
     if live:
         component = LIVE
     wanted = [t.strip() for t in want.split(",") if t.strip()] if want is not None else None
+    urls = [u.strip() for u in url.split(",") if u.strip()]
     printed = 0
     done = asyncio.Event()
 
@@ -81,7 +89,7 @@ def consume(
     async def run() -> None:
         task = asyncio.create_task(
             consume(
-                url,
+                urls,
                 user,
                 password,
                 component,
@@ -237,6 +245,7 @@ def streams_archive(
     from pydantic import ValidationError
 
     from tidings.config import RelayConfig
+    from tidings.config.loading import error_message
     from tidings.config.streams import StreamSourceConfig
     from tidings.pipeline.spark import spark_session
     from tidings.streams.jobs import start_archive
@@ -248,7 +257,7 @@ def streams_archive(
         )
     except ValidationError as exc:
         first = exc.errors()[0]
-        fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+        fail(f"{'.'.join(map(str, first['loc']))}: {error_message(first)}")
     StreamOptions.of(source.options()).check()  # before Spark: one line if it fails
     spark = spark_session(RelayConfig(spark_master=spark_master), "tidings-stream-archive")
     try:

@@ -27,6 +27,7 @@ from tidings.config.intermediary import (
     IntermediarySpatialConfig,
     IntermediaryTableConfig,
 )
+from tidings.config.intermediary_tier import IntermediaryTierConfig, TierResponsibilityConfig
 from tidings.config.loading import read_config_data, substitute_env, validate_config
 from tidings.config.model import (
     DAY,
@@ -84,6 +85,7 @@ __all__ = [
     "IntermediaryLimitsConfig",
     "IntermediarySpatialConfig",
     "IntermediaryTableConfig",
+    "IntermediaryTierConfig",
     "LocalPath",
     "MetricsConfig",
     "OutboxConfig",
@@ -94,6 +96,7 @@ __all__ = [
     "StrictModel",
     "TargetConfig",
     "TidingsConfig",
+    "TierResponsibilityConfig",
     "config_json_schema",
     "find_config_file",
     "load_config",

@@ -13,7 +13,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.address import parse_address
-from tidings.config.model import HOUR, SECOND, ZERO, Duration, StrictModel, parse_duration, within
+from tidings.config.model import (
+    HOUR,
+    SECOND,
+    ZERO,
+    Duration,
+    StrictModel,
+    parsed_durations,
+    within,
+)
 from tidings.errors import ConfigError
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -119,14 +127,7 @@ class IntermediaryLimitsConfig(StrictModel):
         default=timedelta(seconds=5), description="How long one evaluation of a view may take."
     )
 
-    _durations = field_validator("view_timeout", mode="before")(lambda cls, v: parse_duration(v))
-
-    @field_validator("view_timeout")
-    @classmethod
-    def _positive(cls, v: timedelta) -> timedelta:
-        if v <= timedelta(0):
-            raise ValueError("must be more than zero")
-        return v
+    _durations = parsed_durations("view_timeout")
 
 
 class IntermediarySpatialConfig(StrictModel):
@@ -134,10 +135,10 @@ class IntermediarySpatialConfig(StrictModel):
     speaking the spatial feed protocol (``tidings intermediary simulate``, or your own, see
     :mod:`tidings.intermediary.feed.remote`), so ``region`` subscriptions are served too."""
 
-    upstream: str | list[str] = Field(
+    upstream: str = Field(
         description=(
-            "Where the publisher listens: ``ws://HOST:PORT/``, or several such URLs tried in "
-            "turn when the connection is lost."
+            "Where the publisher listens: ``ws://HOST:PORT/`` (a lost connection is ridden "
+            "out: the intermediary reconnects to it)."
         )
     )
     world_lo: list[float] = Field(
@@ -164,19 +165,10 @@ class IntermediarySpatialConfig(StrictModel):
 
     @field_validator("upstream")
     @classmethod
-    def _ws_url(cls, v: str | list[str]) -> str | list[str]:
-        urls = [v] if isinstance(v, str) else v
-        if not urls:
-            raise ValueError("give at least one URL")
-        for url in urls:
-            if not url.startswith(("ws://", "wss://")):
-                raise ValueError(f"expected a ws:// URL of the spatial publisher, got {url!r}")
+    def _ws_url(cls, v: str) -> str:
+        if not v.startswith(("ws://", "wss://")):
+            raise ValueError(f"expected a ws:// URL of the spatial publisher, got {v!r}")
         return v
-
-    @property
-    def upstreams(self) -> list[str]:
-        """The URLs of ``upstream``, as a list."""
-        return [self.upstream] if isinstance(self.upstream, str) else self.upstream
 
     @model_validator(mode="after")
     def _world(self) -> IntermediarySpatialConfig:
@@ -237,16 +229,7 @@ class IntermediaryConfig(StrictModel):
         ),
     )
 
-    _durations = field_validator("tick", "request_timeout", mode="before")(
-        lambda cls, v: parse_duration(v)
-    )
-
-    @field_validator("tick", "request_timeout")
-    @classmethod
-    def _positive(cls, v: timedelta) -> timedelta:
-        if v <= timedelta(0):
-            raise ValueError("must be more than zero")
-        return v
+    _durations = parsed_durations("tick", "request_timeout")
 
     @field_validator("event_server")
     @classmethod

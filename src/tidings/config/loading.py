@@ -45,6 +45,13 @@ def shown_value(path: tuple[int | str, ...], value: Any) -> str:
     return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
 
 
+def error_message(error: ErrorDetails) -> str:
+    """What a validation error says, without pydantic's ``Value error, `` in front of our
+    own validators' messages: a user reads what is wrong, not which exception said so."""
+    message = error["msg"]
+    return message.removeprefix("Value error, ") if error["type"] == "value_error" else message
+
+
 def _describe(error: ErrorDetails) -> str:
     path = ".".join(str(p) for p in error["loc"]) or "(top level)"
     value = shown_value(error["loc"], error.get("input"))
@@ -52,7 +59,7 @@ def _describe(error: ErrorDetails) -> str:
         return f"{path}: unknown key (value {value})"
     if error["type"] == "missing":
         return f"{path}: required key is missing"
-    return f"{path}: {error['msg']} (got {value})"
+    return f"{path}: {error_message(error)} (got {value})"
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -172,12 +179,17 @@ def read_config_data(path: str | Path, *, used: set[str] | None = None) -> Any:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a mapping with the same key twice: PyYAML keeps the last
-    silently, so a target defined twice would lose its first definition unseen."""
+    silently, so a target defined twice would lose its first definition unseen.
+
+    Merge keys (``<<: *defaults``) are YAML's own way to repeat a mapping: the keys they
+    bring in may be given again beside them (the mapping's own value wins, as YAML says),
+    and only keys written in the mapping itself are checked against each other."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
+            merge = key_node.tag == _MERGE_TAG
+            key = key_node.value if merge else self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -189,3 +201,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+#: The tag of a ``<<`` key: its value is merged into the mapping (by the loader's
+#: ``flatten_mapping``), it is not a key of its own.
+_MERGE_TAG = "tag:yaml.org,2002:merge"

@@ -24,6 +24,7 @@ from pydantic import (
     TypeAdapter,
     ValidationInfo,
     WithJsonSchema,
+    field_validator,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -48,6 +49,20 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, str) and value.startswith("P"):  # ISO 8601, as model_dump_json writes
         return _TIMEDELTA.validate_python(value)
     raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 30s, 30m, 2h, 7d)")
+
+
+def parsed_durations(*fields: str, nullable: bool = False) -> Any:
+    """A before-validator of a model's :data:`Duration` ``fields``, parsing what a file holds
+    with :func:`parse_duration` (``nullable``: None stays None), assigned in the class body
+    (``_durations = parsed_durations("tick", "timeout")``).
+
+    It parses ahead of the field's own checks, so that a bound's error shows the value as a
+    duration (``got 2d``), not as written."""
+
+    def parse(cls: type, value: Any) -> Any:
+        return None if nullable and value is None else parse_duration(value)
+
+    return field_validator(*fields, mode="before")(parse)
 
 
 #: In the JSON Schema a duration is what a file may hold: ``"250ms"``, ``"30m"``, an ISO 8601

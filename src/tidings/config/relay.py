@@ -22,6 +22,7 @@ from tidings.config.model import (
     LocalPath,
     StrictModel,
     parse_duration,
+    parsed_durations,
     within,
 )
 from tidings.errors import ConfigError
@@ -127,9 +128,7 @@ class RetryConfig(StrictModel):
         description="An explicit schedule, one pause per retry (instead of ``attempts``).",
     )
 
-    _durations = field_validator("initial_backoff", "max_backoff", mode="before")(
-        lambda cls, v: parse_duration(v)
-    )
+    _durations = parsed_durations("initial_backoff", "max_backoff")
 
     @field_validator("backoff", mode="before")
     @classmethod
@@ -218,9 +217,7 @@ class RelayConfig(StrictModel):
         ),
     )
 
-    _durations = field_validator("trigger_interval", "replay_every", mode="before")(
-        lambda cls, v: None if v is None else parse_duration(v)
-    )
+    _durations = parsed_durations("trigger_interval", "replay_every", nullable=True)
 
     @field_validator("driver_java_options")
     @classmethod
@@ -264,9 +261,7 @@ class ReplayConfig(StrictModel):
         default=100_000, gt=0, le=1_000_000_000, description="The most events one replay run takes."
     )
 
-    _durations = field_validator("older_than", "time_limit", mode="before")(
-        lambda cls, v: parse_duration(v)
-    )
+    _durations = parsed_durations("older_than", "time_limit")
 
 
 class HousekeepingConfig(StrictModel):
@@ -302,7 +297,7 @@ class HousekeepingConfig(StrictModel):
         description="The most events one run archives or deletes (None: all).",
     )
 
-    _durations = field_validator("older_than", mode="before")(lambda cls, v: parse_duration(v))
+    _durations = parsed_durations("older_than")
 
 
 class MetricsConfig(StrictModel):

@@ -1,12 +1,13 @@
 """``tidings.yaml``: one file that can describe a whole deployment, as one validated model.
 
-It holds the relay's sections (:mod:`.relay`), the targets (:mod:`.targets`), the event
-servers with their streams (``servers:``, each entry an event server's file, :mod:`.streams`),
-the intermediaries (``intermediaries:``, and the older single ``intermediary:`` section,
-:mod:`.intermediary`), and checks what crosses them inside the file (routes name defined
-targets; retries stay under the replay's threshold). The checks across parts (ports,
-addresses, type prefixes, feeds) are the system check's (:mod:`tidings.system.checks`).
-The hat-format server file stays a file of its own too, for hat users (:mod:`.server`).
+It holds the relay's sections (:mod:`.relay`), the targets (:mod:`.targets`), the event servers
+with their streams (``servers:``, each entry an event server's file, :mod:`.streams`), the
+intermediaries (``intermediaries:``, and the older single ``intermediary:`` section,
+:mod:`.intermediary`; tiers of them, ``intermediary_tiers:``, :mod:`.intermediary_tier`), and
+checks what crosses them inside the file (routes name defined targets; retries stay under the
+replay's threshold). The checks across parts (ports, addresses, type prefixes, feeds) are the
+system check's (:mod:`tidings.system.checks`). The hat-format server file stays a file of its
+own too, for hat users (:mod:`.server`).
 
 Relative paths in a configuration *file* (SQLite URLs, the checkpoint and archive
 directories, fault files), defaults included, are relative to the file's directory, so a
@@ -26,6 +27,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 import tidings.config.relay as sections
 from tidings.config.intermediary import IntermediaryConfig
+from tidings.config.intermediary_tier import IntermediaryTierConfig
 from tidings.config.loading import read_config_data, validate_config
 from tidings.config.model import StrictModel
 from tidings.config.streams import StreamServerConfig
@@ -85,11 +87,23 @@ class TidingsConfig(StrictModel):
         default_factory=dict,
         description="The deployment's intermediaries by name, each like ``intermediary:``.",
     )
+    intermediary_tiers: dict[str, IntermediaryTierConfig] = Field(
+        default_factory=dict,
+        description=(
+            "Tiers of intermediaries by name (``tidings intermediary serve --tier NAME``): "
+            "several members sharing one spatial publisher, responsibility split among them."
+        ),
+    )
 
-    @field_validator("targets", "servers", "intermediaries")
+    @field_validator("targets", "servers", "intermediaries", "intermediary_tiers")
     @classmethod
     def _part_names(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        what = {"targets": "target", "servers": "server", "intermediaries": "intermediary"}
+        what = {
+            "targets": "target",
+            "servers": "server",
+            "intermediaries": "intermediary",
+            "intermediary_tiers": "tier",
+        }
         for name in v:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
                 raise ValueError(

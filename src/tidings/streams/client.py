@@ -14,8 +14,14 @@
   told of the seq gaps that mark skipped groups (``on_gap``).
 
 Both reconnect after a failure with a growing delay and resume where the server has the
-consumer; a live consumer resumes at the newest events. Errors the server names arrive as
-:class:`~tidings.errors.StreamError` with the FutoIn error name.
+consumer; a live consumer resumes at the newest events. Given the URLs of several servers
+of a redundant group, a consumer moves to the next one on a lost connection (at once, the
+delay growing only once every one has failed): the group shares the consumers' positions
+(:mod:`tidings.streams.consumers.replication`), so it resumes from its last acknowledged
+position there. A polling consumer sends no ``last_id`` to a server before that server has
+answered it (an id is one server's own number); what it handled but had not acknowledged
+comes again. Errors the server names arrive as :class:`~tidings.errors.StreamError` with
+the FutoIn error name.
 """
 
 from __future__ import annotations
@@ -120,7 +126,6 @@ class StreamClient:
 class _Consumption:
     """What :func:`consume` was asked for, handed to the poll or push loop."""
 
-    url: str
     user: str
     password: str
     component: str
@@ -136,7 +141,7 @@ class _Consumption:
 
 
 async def consume(
-    url: str,
+    url: str | Sequence[str],
     user: str,
     password: str,
     component: str,
@@ -150,8 +155,9 @@ async def consume(
     connect_timeout: float | None = None,
 ) -> None:
     """Consume a stream until cancelled (see the module docstring); ``component`` LIVE
-    consumes live. Errors that retrying cannot fix (SecurityError, NotRegistered,
-    InvalidRequest, an endpoint that is not a stream, …) are raised.
+    consumes live. ``url`` is the stream's URL, or those of the servers of a group. Errors
+    that retrying cannot fix (SecurityError, NotRegistered, InvalidRequest, an endpoint that
+    is not a stream, …) are raised.
 
     Connection failures are retried. Before the stream has been reached, for at most
     ``connect_timeout`` seconds (None: for ever), a slow answer included: a stream never
@@ -159,14 +165,17 @@ async def consume(
     connection is retried for ever (the server may be restarting), and said: one warning
     when it is lost, one when it is reached again, however many tries lie between.
     """
-    state = _Connection(url, on_ready, connect_timeout)
-    asked = _Consumption(
-        url, user, password, component, handler, want, on_gap, state.ready, max_delay
-    )
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise StreamError("InvalidRequest", "consume: no stream URL given")
+    for each in urls:
+        http_url(each)  # a malformed URL is refused now, not at its turn
+    state = _Connection(urls, on_ready, connect_timeout)
+    asked = _Consumption(user, password, component, handler, want, on_gap, state.ready, max_delay)
     while True:
         try:
             async with state.attempt():
-                await (_push(asked) if push else _poll_loop(asked))
+                await (_push(asked, state.url) if push else _poll_loop(asked, state.url))
         except (ConnectionClosed, OSError, websockets.ConnectionClosed) as exc:
             await asyncio.sleep(state.failed(exc))
 
@@ -174,15 +183,18 @@ async def consume(
 class _Connection:
     """Whether :func:`consume` has reached its stream, and what a failed try means: before
     it first did, a failure at the connect deadline is final; after, a lost connection is
-    reported once and retried. Tries are spaced by a delay doubling up to 5 s."""
+    reported once and retried. Each failure moves to the next URL at once; once every URL
+    has failed in turn, tries are spaced by a delay doubling up to 5 s."""
 
     #: A try begun just before the deadline gets this long to be answered.
     LAST_TRY = 1.0
 
     def __init__(
-        self, url: str, on_ready: Callable[[], None] | None, connect_timeout: float | None
+        self, urls: list[str], on_ready: Callable[[], None] | None, connect_timeout: float | None
     ) -> None:
-        self.url = url
+        self._urls = urls
+        self._index = 0
+        self._failed_in_turn = 0
         self._on_ready = on_ready
         self._connect_timeout = connect_timeout
         self._clock = asyncio.get_running_loop().time
@@ -208,8 +220,14 @@ class _Connection:
             self._cut = scope.expired()
             self._scope = None
 
+    @property
+    def url(self) -> str:
+        """The URL of the server to try now."""
+        return self._urls[self._index]
+
     def ready(self) -> None:
         """The stream answered: registered (reliable) and ready to receive."""
+        self._failed_in_turn = 0
         if self._scope is not None:
             self._scope.reschedule(None)  # reached: no deadline on this connection
         if self.lost:
@@ -221,12 +239,19 @@ class _Connection:
     def failed(self, exc: BaseException) -> float:
         """A try failed with a connection error: the seconds to wait before the next, or
         ConnectionClosed for a stream never reached once its deadline has passed."""
-        delay, self._delay = self._delay, min(self._delay * 2, 5.0)
+        failed_url = self.url
+        self._index = (self._index + 1) % len(self._urls)
+        self._failed_in_turn += 1
+        if self._failed_in_turn < len(self._urls):
+            delay = 0.0  # another server to try: at once
+        else:
+            self._failed_in_turn = 0
+            delay, self._delay = self._delay, min(self._delay * 2, 5.0)
         if self.reached:
             if not self.lost:
                 log.warning(
                     "stream connection lost; reconnecting until it is back",
-                    extra={"url": self.url, "error": failure_reason(exc)},
+                    extra={"url": failed_url, "next": self.url, "error": failure_reason(exc)},
                 )
             else:
                 log.debug("stream still unreachable", extra={"error": failure_reason(exc)})
@@ -239,7 +264,9 @@ class _Connection:
                 if self._cut
                 else failure_reason(exc)
             )
-            raise ConnectionClosed(f"cannot reach stream {self.url}: {why}") from None
+            raise ConnectionClosed(
+                f"cannot reach stream {' nor '.join(self._urls)}: {why}"
+            ) from None
         log.info("stream not reachable yet; retrying", extra={"error": failure_reason(exc)})
         return min(delay, left)
 
@@ -267,9 +294,9 @@ def failure_reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-async def _poll_loop(asked: _Consumption) -> None:
+async def _poll_loop(asked: _Consumption, url: str) -> None:
     component, want = asked.component, asked.want
-    async with StreamClient(asked.url, asked.user, asked.password) as client:
+    async with StreamClient(url, asked.user, asked.password) as client:
         if component != LIVE:
             await client.register(component)
         asked.ready()
@@ -301,22 +328,20 @@ async def _poll_loop(asked: _Consumption) -> None:
             raise
 
 
-async def _push(asked: _Consumption) -> None:
+async def _push(asked: _Consumption, url: str) -> None:
     sec = f"{asked.user}:{asked.password}"
     component = asked.component
     try:
-        connection = await websockets.connect(
-            ws_url(asked.url), max_size=_MAX_FRAME, compression=None
-        )
+        connection = await websockets.connect(ws_url(url), max_size=_MAX_FRAME, compression=None)
     except websockets.InvalidStatus as exc:
         raise StreamError(
             "InternalError",
-            f"stream {ws_url(asked.url)}: HTTP {exc.response.status_code}, not a stream's "
+            f"stream {ws_url(url)}: HTTP {exc.response.status_code}, not a stream's "
             "WebSocket endpoint",
         ) from None
     except websockets.InvalidHandshake as exc:
         raise StreamError(
-            "InternalError", f"stream {ws_url(asked.url)}: not a WebSocket endpoint: {exc}"
+            "InternalError", f"stream {ws_url(url)}: not a WebSocket endpoint: {exc}"
         ) from None
     async with connection as ws:
         receiver = _Receiver(ws, asked.handler, asked.on_gap, live=component == LIVE)

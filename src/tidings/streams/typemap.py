@@ -15,6 +15,15 @@ from tidings.config.stream_types import check_type_patterns, type_patterns
 from tidings.events.matching import ANY_ONE, ANY_REST, QueryType, TypeMatcher
 from tidings.events.model import EventType
 
+#: The type prefix of the servers' consumer events (:mod:`.consumers.replication`):
+#: reserved, no stream carries them.
+CONSUMER_TYPE: EventType = ("tidings", "stream", "consumer")
+
+
+def is_consumer_type(event_type: EventType) -> bool:
+    """Whether ``event_type`` is a consumer event's."""
+    return event_type[: len(CONSUMER_TYPE)] == CONSUMER_TYPE
+
 
 class TypeMap:
     """A stream's FTN18 names and their patterns; see the module docstring."""
@@ -40,7 +49,11 @@ class TypeMap:
         return [p for name in dict.fromkeys(want) for p in self.patterns.get(name, ())]
 
     def name_of(self, event_type: EventType) -> str | None:
-        """The FTN18 name of an event of ``event_type``; ``None`` if the stream omits it."""
+        """The FTN18 name of an event of ``event_type``; ``None`` if the stream omits it.
+        No stream carries the servers' own consumer events, whatever its patterns
+        (:mod:`tidings.streams.consumers.replication`)."""
+        if is_consumer_type(event_type):
+            return None
         for name, matcher in self._matchers.items():
             if matcher.matches(event_type):
                 return name

@@ -5,13 +5,16 @@ how they meet. :func:`system_findings` looks at that, from the configuration alo
 network, no files), and returns one line per problem naming both sides:
 
 - two parts listening on one port (Eventer, Syncer, streams, metrics, intermediaries, the
-  relay's metrics; an unspecified address such as ``0.0.0.0`` overlaps every other);
+  members of intermediary tiers, the relay's metrics) as binding sees it: ``localhost`` is
+  ``127.0.0.1``, an unspecified address such as ``0.0.0.0`` overlaps every other on its
+  port, and port 0 (any free port) never clashes;
 - an ``event_server`` target or an intermediary following an address no configured server
   listens on (checked when the file has ``servers:``);
 - a stream type pattern that no route delivers into its server, naming the type prefixes
   the targets into that server use (so a prefix that differs between target and stream is
   named as such);
-- an intermediary table whose row events no route delivers into the server it follows.
+- an intermediary table whose row events no route delivers into the server it follows;
+- an intermediary tier whose spatial upstream is where a part of the file listens.
 
 A server counts as fed by an ``event_server`` target with its Eventer address, and by an
 ``event_store`` target on its SQLite file. Routes through ``routing.default`` and targets
@@ -31,6 +34,9 @@ from tidings.events.matching import QueryType, matches
 from tidings.system.parts import host_port
 
 _ANY_HOST = {"0.0.0.0", "::", ""}
+#: Names that bind where an address does (what ``localhost`` resolves to on every system
+#: tidings runs on).
+_SAME_AS = {"localhost": "127.0.0.1"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,21 @@ def _listeners(config: TidingsConfig) -> list[_Listener]:
     if "intermediary" in config.model_fields_set:
         named["intermediary"] = config.intermediary
     found.extend(_Listener(f"{w}.listen", *host_port(s.listen)) for w, s in named.items())
+    for name, tier in config.intermediary_tiers.items():
+        found.extend(
+            _Listener(f"intermediary_tiers.{name}.members[{i}]", *host_port(member))
+            for i, member in enumerate(tier.members)
+        )
     return found
+
+
+def _binds_together(a: _Listener, b: _Listener) -> bool:
+    """Whether binding ``b`` fails once ``a`` is bound: one port (not 0, which binds any
+    free one) on one address, an unspecified address taking the port on all of them."""
+    if a.port != b.port or a.port == 0:
+        return False
+    hosts = [_SAME_AS.get(h.lower(), h.lower()) for h in (a.host, b.host)]
+    return hosts[0] == hosts[1] or any(h in _ANY_HOST for h in hosts)
 
 
 def _port_clashes(config: TidingsConfig) -> list[str]:
@@ -78,9 +98,25 @@ def _port_clashes(config: TidingsConfig) -> list[str]:
     findings = []
     for i, a in enumerate(listeners):
         for b in listeners[i + 1 :]:
-            same_host = a.host == b.host or a.host in _ANY_HOST or b.host in _ANY_HOST
-            if a.port == b.port and same_host:
+            if _binds_together(a, b):
                 findings.append(f"{a.where} and {b.where} both listen on port {a.port}")
+    return findings
+
+
+def _tier_upstreams(config: TidingsConfig) -> list[str]:
+    """A tier whose spatial upstream is where a part of the file listens: members would
+    follow an intermediary, an event server or themselves, never a spatial publisher."""
+    listeners = _listeners(config)
+    findings = []
+    for name, tier in config.intermediary_tiers.items():
+        url = tier.spatial.upstream
+        host, port = host_port(url.partition("://")[2].partition("/")[0])
+        for listener in listeners:
+            if listener.port == port and (listener.host == host or listener.host in _ANY_HOST):
+                findings.append(
+                    f"intermediary_tiers.{name}.spatial.upstream {url}: {listener.where} "
+                    "listens there, not a spatial publisher"
+                )
     return findings
 
 
@@ -95,9 +131,13 @@ def _unserved_addresses(config: TidingsConfig) -> list[str]:
     listed = ", ".join(f"{n} ({s.eventer_server.address})" for n, s in config.servers.items())
     findings = []
     followers = [
-        (f"targets.{name}.address", str(getattr(target, "address", "")))
+        (
+            f"targets.{name}.{'addresses' if getattr(target, 'addresses', None) else 'address'}",
+            str(address),
+        )
         for name, target in config.targets.items()
         if target.kind == "event_server"
+        for address in getattr(target, "server_addresses", [])
     ]
     followers += [
         (f"intermediaries.{n}.event_server", address)
@@ -125,15 +165,17 @@ def _feeds(config: TidingsConfig) -> dict[str, _Feed]:
     by_file = {f: n for n, s in config.servers.items() if (f := _sqlite_file(s)) is not None}
     into: dict[str, list[str]] = {name: [] for name in config.servers}  # server -> targets
     for name, target in config.targets.items():
-        server = None
-        if target.kind == "event_server":
-            server = by_address.get(host_port(str(getattr(target, "address", ""))))
+        servers: list[str | None] = []
+        if target.kind == "event_server":  # a redundant group: each of its servers
+            addresses = getattr(target, "server_addresses", [])
+            servers = [by_address.get(host_port(str(address))) for address in addresses]
         elif target.kind == "event_store":
             url = str(getattr(target, "url", ""))
             if url.startswith("sqlite:///"):
-                server = by_file.get(Path(url.removeprefix("sqlite:///")).resolve())
-        if server is not None:
-            into[server].append(name)
+                servers = [by_file.get(Path(url.removeprefix("sqlite:///")).resolve())]
+        for server in servers:
+            if server is not None:
+                into[server].append(name)
     feeds = {}
     for server, targets in into.items():
         feed = _Feed(set(), set())
@@ -202,6 +244,7 @@ def system_findings(config: TidingsConfig) -> list[str]:
     feeds = _feeds(config)
     return [
         *_port_clashes(config),
+        *_tier_upstreams(config),
         *_unserved_addresses(config),
         *_unfed_streams(config, feeds),
         *_unfed_tables(config, feeds),

@@ -1,8 +1,10 @@
 """The parts one ``tidings.yaml`` configures, and how each runs alone.
 
 A part is a process: the relay (when the file has targets), each event server under
-``servers:`` (with its streams), each intermediary under ``intermediaries:``, and the older
-single ``intermediary:`` section when the file sets it. Each runs from the same file with
+``servers:`` (with its streams), each intermediary under ``intermediaries:``, the older
+single ``intermediary:`` section when the file sets it, and each tier under
+``intermediary_tiers:`` (one process supervising its members, which it starts and replaces
+itself). Each runs from the same file with
 the command a user would type (``tidings server -c FILE --name main``), so ``tidings run``
 supervises exactly what systemd or Kubernetes would run one by one.
 
@@ -98,9 +100,10 @@ def parts_of(config: TidingsConfig, path: Path) -> list[Part]:
     ]
     if config.targets:
         addresses = [
-            str(getattr(target, "address", ""))
+            str(address)
             for target in config.targets.values()
             if target.kind == "event_server"
+            for address in getattr(target, "server_addresses", [])
         ]
         parts.append(
             Part(
@@ -123,5 +126,14 @@ def parts_of(config: TidingsConfig, path: Path) -> list[Part]:
             following(*settings.event_servers),
         )
         for name, chosen, settings in intermediaries
+    )
+    parts.extend(
+        Part(
+            f"tier.{name}",
+            "intermediary",
+            tidings_command("intermediary", "serve", "-c", file, "--tier", name),
+            host_port(tier.members[-1]),  # members start in order: the last one is up last
+        )
+        for name, tier in config.intermediary_tiers.items()
     )
     return sorted(parts, key=lambda part: part.start_rank)

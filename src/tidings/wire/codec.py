@@ -62,11 +62,12 @@ REPOSITORY = sbs.Repository(*_SCHEMA_TEXTS)
 SCHEMAS = prescan.Schemas(evaluator.evaluate_modules(parser.parse(t) for t in _SCHEMA_TEXTS))
 
 #: The protocol modules, as messages name them on the wire: chatter's keep-alive,
-#: hat-event's client protocol and its servers' sync, and tidings' one extension.
+#: hat-event's client protocol and its servers' sync, and tidings' extensions of both.
 PING = "HatPing"
 EVENTER = "HatEventer"
 SYNCER = "HatSyncer"
 TIDINGS_EVENTER = "TidingsEventer"
+TIDINGS_SYNCER = "TidingsSyncer"
 
 #: The message types each protocol module defines; anything else is a protocol error.
 MESSAGE_TYPES: dict[str, frozenset[str]] = {
@@ -83,6 +84,7 @@ MESSAGE_TYPES: dict[str, frozenset[str]] = {
     ),
     SYNCER: frozenset({"MsgReq", "MsgSynced", "MsgEvents", "MsgFlushReq", "MsgFlushRes"}),
     TIDINGS_EVENTER: frozenset({"MsgRegisterReq", "MsgLatestByKeyReq"}),
+    TIDINGS_SYNCER: frozenset({"MsgEvents"}),
 }
 
 

@@ -312,27 +312,27 @@ def test_an_intermediary_moves_to_the_peer_of_a_killed_server_and_folds_nothing_
 @pytest.mark.parametrize(
     ("section", "line"),
     [
-        ({"listen": "8100"}, "intermediary.listen: Value error, expected HOST:PORT"),
-        ({"event_server": "http://h:1"}, "intermediary.event_server: Value error, address"),
+        ({"listen": "8100"}, "intermediary.listen: expected HOST:PORT"),
+        ({"event_server": "http://h:1"}, "intermediary.event_server: address"),
         (
             {"event_server": ["tcp+sbs://h:1", "tcp+sbs://h"]},
-            "intermediary.event_server: Value error, address 'tcp+sbs://h': expected",
+            "intermediary.event_server: address 'tcp+sbs://h': expected",
         ),
-        ({"event_server": []}, "intermediary.event_server: Value error, give at least one"),
+        ({"event_server": []}, "intermediary.event_server: give at least one"),
         (
             {"event_server": ["tcp+sbs://h:1", "tcp+sbs://h:1"]},
-            "intermediary.event_server: Value error, tcp+sbs://h:1 is listed twice",
+            "intermediary.event_server: tcp+sbs://h:1 is listed twice",
         ),
         (
             {"tables": {"users": {"columns": {"id": "integer"}, "keyed_by": "uid"}}},
-            "intermediary.tables.users: Value error, keyed_by: 'uid' is not one of the columns",
+            "intermediary.tables.users: keyed_by: 'uid' is not one of the columns",
         ),
         (
             {"tables": {"users": {"columns": {"id": "int"}, "keyed_by": "id"}}},
             "intermediary.tables.users.columns.id: Input should be 'integer'",
         ),
         ({"limits": {"max_queued_messages": 0}}, "intermediary.limits.max_queued_messages:"),
-        ({"tick": "soon"}, "intermediary.tick: Value error, not a duration: 'soon'"),
+        ({"tick": "soon"}, "intermediary.tick: not a duration: 'soon'"),
         ({"row_type_prefx": ["db"]}, "intermediary.row_type_prefx: unknown key"),
     ],
 )
@@ -568,7 +568,7 @@ def test_a_spatial_publisher_gone_and_back_is_ridden_out_with_its_new_state(
     then fresh, keeps its connection and subscription, and its frames then hold only the new
     publisher's agents (the old ones were deleted, not kept as ghosts)."""
     feed_port, port = free_port(), free_port()
-    spatial = {"upstream": [f"ws://127.0.0.1:{feed_port}/"], "world_lo": [0, 0]}
+    spatial = {"upstream": f"ws://127.0.0.1:{feed_port}/", "world_lo": [0, 0]}
     spatial["world_hi"] = [200, 200]
     config = _config(
         tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer, spatial=spatial
@@ -609,19 +609,15 @@ def test_a_spatial_publisher_gone_and_back_is_ridden_out_with_its_new_state(
     [
         (
             {"upstream": "http://h:1/", "world_lo": [0, 0], "world_hi": [1, 1]},
-            "intermediary.spatial.upstream: Value error, expected a ws:// URL",
-        ),
-        (
-            {"upstream": [], "world_lo": [0, 0], "world_hi": [1, 1]},
-            "intermediary.spatial.upstream: Value error, give at least one URL",
+            "intermediary.spatial.upstream: expected a ws:// URL",
         ),
         (
             {"upstream": "ws://h:1/", "world_lo": [0, 0], "world_hi": [1, 1, 1]},
-            "intermediary.spatial: Value error, world_lo and world_hi must have the same",
+            "intermediary.spatial: world_lo and world_hi must have the same",
         ),
         (
             {"upstream": "ws://h:1/", "world_lo": [0, 5], "world_hi": [1, 1]},
-            "intermediary.spatial: Value error, world: axis 1 needs finite world_lo < world_hi",
+            "intermediary.spatial: world: axis 1 needs finite world_lo < world_hi",
         ),
         (
             {"upstream": "ws://h:1/", "world_lo": [0], "world_hi": [1, 1]},

@@ -15,7 +15,9 @@ subscription where it was, still served, and the error in :attr:`ClusterClient.e
 **A member that dies.** The subscriptions it served are subscribed again through the entry
 (which redirects to whoever the directory names now), retried with a growing pause for
 :data:`RECOVER_S` seconds; the epochs published meanwhile are lost, the stream's epochs
-still strictly increase, and each failed try is in :attr:`ClusterClient.errors`.
+still strictly increase, and each failed try is in :attr:`ClusterClient.errors`. A client
+given several entries (a deployed tier's members' URLs) goes on to the next when its entry
+is the member that died, so a tier has no member whose death strands its subscribers.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import asyncio
 import contextlib
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,8 +81,12 @@ class ClusterClient(Subscriber):
     closes it). ``client_id`` is the id responsibility by hash places it by (a random one
     by default)."""
 
-    def __init__(self, entry: str, client_id: str | None, max_buffered: int) -> None:
-        self.entry = entry
+    def __init__(self, entries: Sequence[str], client_id: str | None, max_buffered: int) -> None:
+        if not entries:
+            raise IntermediaryError("client: give at least one entry URL")
+        #: Every member the client may enter the cluster at, :attr:`entry` the one in use.
+        self.entries = tuple(entries)
+        self.entry = self.entries[0]
         self.client_id = client_id or uuid.uuid4().hex
         self.max_buffered = max_buffered
         #: Frames dropped because their epoch was not above the last delivered one.
@@ -103,16 +109,38 @@ class ClusterClient(Subscriber):
 
     @classmethod
     async def connect(
-        cls, entry: str, *, client_id: str | None = None, max_buffered: int = 4096
+        cls,
+        entry: str | Sequence[str],
+        *,
+        client_id: str | None = None,
+        max_buffered: int = 4096,
     ) -> ClusterClient:
-        """A client entering the cluster at ``entry`` (any member's URL)."""
-        client = cls(entry, client_id, max_buffered)
+        """A client entering the cluster at ``entry`` (any member's URL), or at the first of
+        several that answers (a tier's members: the others are where it goes on when its
+        entry dies)."""
+        client = cls([entry] if isinstance(entry, str) else list(entry), client_id, max_buffered)
         try:
-            await client._link(entry)
+            await client._enter()
         except BaseException:
             await client.close()
             raise
         return client
+
+    async def _enter(self) -> _Link:
+        """A connection to an entry: the one in use, else the next that answers (it becomes
+        the one in use); none answering is the last one's error."""
+        start = self.entries.index(self.entry)
+        failure: IntermediaryError | None = None
+        for url in self.entries[start:] + self.entries[:start]:
+            try:
+                link = await self._link(url)
+            except IntermediaryError as exc:
+                failure = exc
+                continue
+            self.entry = url
+            return link
+        assert failure is not None
+        raise failure
 
     # -- requests ----------------------------------------------------------------------
 
@@ -125,7 +153,7 @@ class ClusterClient(Subscriber):
         stream = _Stream(request)
         self._streams[key] = stream
         try:
-            link, reply = await self._place(stream, self.entry)
+            link, reply = await self._place(stream, (await self._enter()).url)
         except BaseException:
             self._streams.pop(key, None)
             raise
@@ -339,7 +367,7 @@ class ClusterClient(Subscriber):
         try:
             while key in self._streams:
                 try:
-                    link, reply = await self._place(stream, self.entry)
+                    link, reply = await self._place(stream, (await self._enter()).url)
                 except IntermediaryError as exc:
                     self.errors[key] = str(exc)
                     if loop.time() + pause > deadline:

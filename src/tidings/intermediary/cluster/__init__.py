@@ -9,5 +9,6 @@ member's upstream along the cells and composes views that span several members' 
 subscriptions over. :mod:`.membership` is the bookkeeping every cluster shares: its members,
 and when one splits or merges; :mod:`.in_process` is a cluster whose members share one
 process, stepped together; :mod:`.member_process` is one member in its own OS process, and
-:mod:`.process_cluster` the supervisor that starts and stops such processes.
+:mod:`.process_cluster` the supervisor that starts and stops such processes; :mod:`.tier` is
+such a supervisor for a deployed tier: members on configured addresses, the dead replaced.
 """

@@ -29,15 +29,17 @@ rate would have given it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Hashable
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.cluster.areas import AreaUpstream, Composer
+from tidings.intermediary.cluster.areas import AreaUpstream, Composer, areas
 from tidings.intermediary.cluster.directory import Directory
 from tidings.intermediary.cluster.peers import RemotePart
 from tidings.intermediary.cluster.responsibility import Partition, RegionPartition
-from tidings.intermediary.node.intermediary import Intermediary, Upstream
+from tidings.intermediary.node.intermediary import Intermediary, Upstream, requests_of
+from tidings.intermediary.node.publisher_store import SubscriptionRecord
 from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.node.snapshot import Snapshot
 from tidings.intermediary.regions.geometry import parse_region
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 
 #: The most members a request may have gone through (``via``) before it is refused.
 MAX_VIA = 8
+#: The longest a subscribe reply waits for the member's own feed to apply its requests.
+CATCH_UP_S = 10.0
 #: The fields a cluster adds to a subscribe request.
 CLUSTER_FIELDS = ("client", "via")
 
@@ -59,7 +63,9 @@ class ClusterServer(IntermediaryServer):
     holding boxes on a member's behalf); members in other processes are reached through the
     directory's URLs only. Other keyword arguments go to :class:`IntermediaryServer`;
     ``tick_s=None`` (the default here) leaves stepping to the owner (a
-    :class:`.in_process.Cluster`).
+    :class:`.in_process.Cluster`). ``remote_feed``: ``feed`` is in another process and applies
+    requests later than its next batch, so a subscribe is answered once it applied them
+    (:meth:`_feed_caught_up`).
     """
 
     def __init__(
@@ -73,9 +79,11 @@ class ClusterServer(IntermediaryServer):
         peers: Callable[[str], ClusterServer | None] = lambda name: None,
         scheduler: Scheduler | None = None,
         tick_s: float | None = None,
+        remote_feed: bool = False,
         **options: object,
     ) -> None:
         self.name = name
+        self.remote_feed = remote_feed
         self.feed = feed
         self.directory = directory
         self.partition = partition
@@ -93,8 +101,14 @@ class ClusterServer(IntermediaryServer):
             world=partition.world if isinstance(partition, RegionPartition) else None,
             scheduler=scheduler if scheduler is not None else Scheduler(per_epoch=True),
         )
+        #: Cells this member took over, and the feed request count that covers them, while its
+        #: remote feed has not applied that request (:meth:`_compose`).
+        self._settling: tuple[int, frozenset[int]] | None = None
         if isinstance(partition, RegionPartition):
-            node.compose = Composer(name, partition, self.owners, self._state_of, self._remotes.get)
+            self._composer = Composer(
+                name, partition, self.owners, self._state_of, self._remotes.get
+            )
+            node.compose = self._compose
         super().__init__(node, tick_s=tick_s, **options)  # type: ignore[arg-type]
         #: The client id each subscriber declared (for responsibility by hash).
         self._clients: dict[Hashable, str | None] = {}
@@ -207,8 +221,32 @@ class ClusterServer(IntermediaryServer):
         self._clients[subscriber] = client if isinstance(client, str) else None
         self._handing.pop((subscriber, str(key)), None)
         self._releasing.pop((subscriber, str(key)), None)
+        if await self._feed_caught_up():
+            reply["from_epoch"] = self.intermediary.state.epoch + 1
         reply["intermediary"] = self.name
         return reply
+
+    async def _feed_caught_up(self) -> bool:
+        """Wait until the batches of this member's own feed reflect every request made so far
+        (True), when the feed is in another process and counts them. The node cannot see that
+        through the cut along the cells (:class:`.areas.AreaUpstream` hides the counts, and a
+        re-cut after the directory changed asks the feed for pieces outside any
+        subscribe), so without this ``from_epoch`` could name an epoch whose state still
+        lacks the new pieces and the subscriber would get a view missing entities. False:
+        the feed does not count, or it did not catch up within :data:`CATCH_UP_S` (the reply
+        keeps its epoch, and a warning says so)."""
+        counts = requests_of(self.feed)
+        if counts is None or not self.remote_feed:  # a feed here applies them by the next batch
+            return False
+        wanted = counts[0]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_S
+        while (counts := requests_of(self.feed)) is not None and counts[1] < wanted:
+            if loop.time() > deadline:
+                log.warning("%s: upstream did not apply a request in %s s", self.name, CATCH_UP_S)
+                return False
+            await asyncio.sleep(0.005)
+        return True
 
     def _owner_name(self, region: object, client: object) -> str:
         """The name of the member owning ``region``'s home slot, by the owners last read
@@ -240,11 +278,30 @@ class ClusterServer(IntermediaryServer):
         owners = self.directory.owners()
         if owners == self._owners:
             return False
+        taken = {s for s, o in owners.items() if o == self.name and self._owners.get(s) != o}
         self._owners = owners
         if self.area is not None:
             self.area.recut()
+            counts = requests_of(self.feed)
+            if taken and counts is not None and self.remote_feed:
+                before = set() if self._settling is None else self._settling[1]
+                self._settling = (counts[0], frozenset(taken | before))
         self.rehome()
         return True
+
+    def _compose(self, record: SubscriptionRecord, own: Snapshot) -> Snapshot | None:
+        """The composer's state for ``record``, or None (no frame this round) while the
+        record's view reaches into cells this member took over and its remote feed has not
+        applied the request for them: its own state there is not filled yet (a member that
+        died left them to it), and a frame would miss their entities."""
+        if self._settling is not None:
+            wanted, cells = self._settling
+            counts = requests_of(self.feed)
+            if counts is None or counts[1] >= wanted:
+                self._settling = None
+            elif cells.intersection(areas(self._composer.partition, record.subscription)):
+                return None
+        return self._composer(record, own)
 
     def rehome(self) -> int:
         """Push a handover for every subscription whose home slot another member owns now

@@ -2,15 +2,16 @@
 :class:`.process_cluster.ProcessCluster` (an overloaded intermediary starts
 another process and hands subscriptions over).
 
-Run as ``python -m tidings.intermediary.cluster.member_process`` with a JSON plan on stdin's first
-line: ``{"name", "directory": PATH, "partition": {"grid": [nx, ny(, nz)], "world": [[lo],
-[hi]]} or {"hash": n}, "dim", "upstream": URL, "host", "round_s", "report_s"}``. The member
-is a :class:`.member.ClusterServer` fed by a :class:`.feed.remote.RemoteFeed`; it follows
-the shared directory before every round (slots moved by the supervisor start handovers) and
-reports its load there every ``report_s`` (:meth:`.directory.Directory.report`). It joins the
-directory with its URL, prints ``ready URL`` and serves until SIGTERM or stdin closes (exit
-0), or until its upstream connection ends (exit 3). One that cannot open the directory or
-reach its upstream prints ``error`` and why, and exits 2.
+Run as ``python -m tidings.intermediary.cluster.member_process`` with a JSON plan on stdin's
+first line: ``{"name", "directory": PATH, "partition": {"grid": [nx, ny(, nz)], "world": [[lo],
+[hi]]} or {"hash": n}, "dim", "upstream": URL, "host", "port" (0: any free one), "round_s",
+"report_s"}``. The member is a :class:`.member.ClusterServer` fed by a
+:class:`.feed.remote.RemoteFeed`; it follows the shared directory before every round (slots
+moved by the supervisor start handovers) and reports its load there every ``report_s``
+(:meth:`.directory.Directory.report`). It joins the directory with its URL, prints ``ready URL``
+and serves until SIGTERM or stdin closes (exit 0), or until its upstream connection ends (exit
+3). One that cannot open the directory or reach its upstream prints ``error`` and why, and exits
+2.
 """
 
 from __future__ import annotations
@@ -71,8 +72,14 @@ async def main(plan: dict[str, Any]) -> int:
         dim=plan["dim"],
         tick_s=plan["round_s"],
         source=feed.take,
+        remote_feed=True,
     )
-    await member.start(plan["host"])
+    try:
+        await member.start(plan["host"], plan.get("port", 0))
+    except IntermediaryError as exc:  # its address is taken: the supervisor says so
+        print("error", exc, flush=True)
+        await feed.aclose()
+        return 2
     directory.join(member.name, member.url)
     print("ready", member.url, flush=True)
     loop = asyncio.get_running_loop()

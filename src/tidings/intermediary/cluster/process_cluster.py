@@ -85,14 +85,21 @@ class ProcessCluster(Membership[MemberProcess]):
 
     # -- members -----------------------------------------------------------------------
 
+    def _address(self, name: str) -> tuple[str, int]:
+        """Where member ``name`` listens: any free port of :attr:`host` (a deployed tier
+        gives each member its configured address, :class:`.tier.Tier`)."""
+        return self.host, 0
+
     async def _start_member(self, name: str) -> MemberProcess:
+        host, port = self._address(name)
         plan = {
             "name": name,
             "directory": self.path,
             "partition": self._partition,
             "dim": self.dim,
             "upstream": self.upstream,
-            "host": self.host,
+            "host": host,
+            "port": port,
             "round_s": self.round_s,
             "report_s": self.report_s,
         }

@@ -164,7 +164,7 @@ async def serve_intermediary(
         if config.spatial is not None:
             world = Box(tuple(config.spatial.world_lo), tuple(config.spatial.world_hi))
             spatial = await spatial_intermediary(
-                config.spatial.upstreams, world, config.spatial.margin
+                [config.spatial.upstream], world, config.spatial.margin
             )
         views = EventViews(
             chain,

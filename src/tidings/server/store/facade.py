@@ -141,10 +141,12 @@ class EventStore:
         reuses their ids.
 
         An event whose ``(outbox_event_id, type)`` is already stored under another id is
-        skipped with a warning instead of failing the call: that key is the relay's dedup
-        within one store, and the same outbox event legitimately reaches several servers
-        (the relay targeting each of them), each storing it under its own id. The database
-        holds one row per key, and refusing the batch would stop the sync for good. For the
+        skipped with a warning instead of failing the call: that is how an outbox event is stored
+        once across a group of servers. It reaches several of them, from the relay (which
+        resends to another server when one fails before answering) and from their peers'
+        Syncers (which carry the outbox id between tidings servers); each store keeps the
+        first copy it gets. The database holds one row per key, and refusing the batch would
+        stop the sync for good. For the
         same reason PostgreSQL skips, with an error, an event too long for its indexes (see
         :func:`~tidings.events.validation.size_problem`).
         """

@@ -8,6 +8,13 @@ of that server again: the store is the only cursor, so nothing is lost or stored
 registers the ``('event', 'syncer', 'client', <peer>, 'synced')`` status event (see
 :mod:`.common`) when its synced state changes.
 
+It asks for the outbox ids (the mark on its ``clientName``, see :mod:`.common`): a tidings
+peer then sends ``TidingsSyncer.MsgEvents``, and the store skips an event whose outbox
+event it holds already (:meth:`EventStore.append_synced
+<tidings.server.store.facade.EventStore.append_synced>`), so that an outbox event that
+reached this server from the relay and from a peer is stored, notified and streamed once.
+A hat-event peer sends plain ``HatSyncer.MsgEvents``, stored as they come.
+
 The peer it is given is trusted: whoever names it has checked that its server id is not
 our own and that its ``syncer_token`` matches ours, since ``HatSyncer.MsgReq`` has no token
 field: the configuration (:mod:`tidings.config.server`) for static ``syncer_peers``, and
@@ -22,11 +29,18 @@ import logging
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, TidingsError
 from tidings.events.model import StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.syncer.common import client_status_type
+from tidings.server.syncer.common import (
+    client_status_type,
+    mark_client_name,
+    outbox_events_from_sbs,
+)
 from tidings.wire import chatter, codec
 from tidings.wire.chatter import Connection
 
 log = logging.getLogger(__name__)
+
+#: The messages that bring events: hat-event's, and the extension's with their outbox ids.
+_EVENTS_MESSAGES = frozenset({(codec.SYNCER, "MsgEvents"), (codec.TIDINGS_SYNCER, "MsgEvents")})
 
 #: Events of consecutive MsgEvents stored together at most (one session may exceed it).
 MAX_SYNCED_BATCH = 10_000
@@ -162,7 +176,10 @@ class SyncerClient:
 
     async def _sync(self, connection: Connection) -> None:
         last = await self._engine.read(self._engine.store.last_event_id, self.peer_server_id)
-        request = {"lastEventId": codec.event_id_to_sbs(last), "clientName": self.client_name}
+        request = {
+            "lastEventId": codec.event_id_to_sbs(last),
+            "clientName": mark_client_name(self.client_name),
+        }
         connection.send(codec.SYNCER, "MsgReq", request)
         log.debug(
             "syncer client of server %d: asked for events after %s", self.peer_server_id, last
@@ -173,7 +190,7 @@ class SyncerClient:
                 message = await connection.receive()
             kind = (message.module, message.type)
             following = None
-            if kind == (codec.SYNCER, "MsgEvents"):
+            if kind in _EVENTS_MESSAGES:
                 events, following = self._events_waiting(connection, message)
                 if events and not self.synced:
                     await self._report(False)
@@ -202,14 +219,14 @@ class SyncerClient:
         :data:`MAX_SYNCED_BATCH` (stored in one transaction: a peer that sends one session
         per message is followed at the store's batch speed, not one commit per session),
         and the first other message already received, to be handled next, in order."""
-        events = codec.events_from_sbs(message.data, "MsgEvents")
+        events = _events_of(message)
         while len(events) < MAX_SYNCED_BATCH:
             following = connection.receive_ready()
             if following is None:
                 return events, None
-            if (following.module, following.type) != (codec.SYNCER, "MsgEvents"):
+            if (following.module, following.type) not in _EVENTS_MESSAGES:
                 return events, following
-            events += codec.events_from_sbs(following.data, "MsgEvents")
+            events += _events_of(following)
         return events, None
 
     async def _report(self, synced: bool) -> None:
@@ -227,3 +244,10 @@ class SyncerClient:
                 self.peer_server_id,
                 exc,
             )
+
+
+def _events_of(message: chatter.Message) -> list[StoredEvent]:
+    """The events of a ``HatSyncer.MsgEvents`` or a ``TidingsSyncer.MsgEvents``."""
+    if message.module == codec.TIDINGS_SYNCER:
+        return outbox_events_from_sbs(message.data)
+    return codec.events_from_sbs(message.data, "MsgEvents")

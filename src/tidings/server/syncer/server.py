@@ -8,7 +8,9 @@ per session, then ``MsgSynced``, then the new events of that server as they are 
 in hat-event, only events of the requested server are sent, so a server passes on its own
 events (and whatever it holds of the requested server), never a mix. It registers the
 ``('event', 'syncer', 'server')`` status event (see :mod:`.common`) on every change of its
-client list.
+client list. A client whose ``clientName`` carries the outbox-ids mark (a tidings server,
+see :mod:`.common`) is sent ``TidingsSyncer.MsgEvents``, which carry each event's outbox
+id, in place of ``HatSyncer.MsgEvents``.
 
 hat-event's ``syncer_token`` cannot be checked here: ``HatSyncer.MsgReq`` has no token
 field, so a SyncerServer serves anyone who can connect to its port (as hat-event's does).
@@ -34,7 +36,11 @@ from tidings.config.server import require_positive_ints
 from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
-from tidings.server.syncer.common import SERVER_STATUS_TYPE
+from tidings.server.syncer.common import (
+    SERVER_STATUS_TYPE,
+    encode_outbox_events,
+    parse_client_name,
+)
 from tidings.wire import chatter, chatter_server, codec
 from tidings.wire.chatter import Connection
 
@@ -72,10 +78,6 @@ def _sessions(events: Sequence[StoredEvent]) -> list[list[StoredEvent]]:
     return groups
 
 
-def _encode_events(events: Sequence[StoredEvent]) -> bytes:
-    return codec.encode_events(events)
-
-
 @dataclass(eq=False)
 class _Client:
     """One syncer client of the server, from its MsgReq until it disconnects."""
@@ -93,6 +95,17 @@ class _Client:
     pending: list[StoredEvent] = field(default_factory=list)
     #: ``pending`` overflowed and was dropped: the backlog must read on.
     overflowed: bool = False
+    #: It asked for the outbox ids (``TidingsSyncer.MsgEvents``).
+    outbox_ids: bool = False
+
+    def encode(self, events: Sequence[StoredEvent]) -> bytes:
+        """The body of the events message this client is sent."""
+        return encode_outbox_events(events) if self.outbox_ids else codec.encode_events(events)
+
+    @property
+    def events_module(self) -> str:
+        """The module of the events message this client is sent."""
+        return codec.TIDINGS_SYNCER if self.outbox_ids else codec.SYNCER
 
 
 class SyncerServer:
@@ -248,11 +261,12 @@ class SyncerServer:
             )
             return None
         try:
-            last, name = _parse_request(message.data)
+            last, sent_name = _parse_request(message.data)
         except ProtocolError as exc:
             connection.close(f"invalid HatSyncer.MsgReq: {exc}")
             return None
-        return _Client(connection, name, last.server, last)
+        name, outbox_ids = parse_client_name(sent_name)
+        return _Client(connection, name, last.server, last, outbox_ids=outbox_ids)
 
     async def _send_backlog(self, client: _Client) -> None:
         """Send the stored events after the client's id, then MsgSynced, then go live.
@@ -303,8 +317,8 @@ class SyncerServer:
         if events[0].id <= client.last_sent:
             events = [event for event in events if event.id > client.last_sent]
             encoded = None
-        body = _encode_events(events) if encoded is None else encoded
-        client.connection.send_encoded(codec.SYNCER, "MsgEvents", body)
+        body = client.encode(events) if encoded is None else encoded
+        client.connection.send_encoded(client.events_module, "MsgEvents", body)
         client.last_sent = events[-1].id
 
     def _check_unsent(self, client: _Client) -> None:
@@ -323,7 +337,8 @@ class SyncerServer:
         if not self._clients:
             return
         groups = _sessions(events)
-        encoded: dict[int, bytes] = {}
+        #: By session index and whether with outbox ids: encoded once for all clients.
+        encoded: dict[tuple[int, bool], bytes] = {}
         for client in list(self._clients):
             if not client.connection.is_open:
                 continue
@@ -340,9 +355,10 @@ class SyncerServer:
                 continue
             try:
                 for index, group in mine:
-                    if index not in encoded:
-                        encoded[index] = _encode_events(group)
-                    self._send(client, group, encoded[index])
+                    key = (index, client.outbox_ids)
+                    if key not in encoded:
+                        encoded[key] = client.encode(group)
+                    self._send(client, group, encoded[key])
             except ConnectionClosed:
                 continue
             self._check_unsent(client)

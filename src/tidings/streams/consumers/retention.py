@@ -10,6 +10,10 @@ discarding, run the archiver (``tidings streams archive``): it is a registered c
 an event is never discarded before it is archived. A consumer that is gone for good holds
 everything back until it is unregistered (``tidings streams unregister``); its lag shows in
 ``tidings streams status``.
+
+A pass also discards the consumer events (:mod:`.replication`) that a later one of the same
+consumer and origin server supersedes, once they are applied here and older than the
+shortest ``min_age``: they would otherwise grow the log by one event per acknowledgement.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tidings.events.timeutil import utcnow
 from tidings.server.store import EventStore
 from tidings.server.store.retention import Keep, discard
 from tidings.streams.consumers.positions import Consumers
+from tidings.streams.consumers.replication import CONSUMER_PATTERN
 from tidings.streams.typemap import type_map_from_config
 
 log = logging.getLogger(__name__)
@@ -64,7 +69,22 @@ def retention_pass(store: EventStore, consumers: Consumers, streams: Sequence[St
                 extra={"stream": stream.config.name, "up_to": up_to, "discarded": discarded},
             )
         total += discarded
-    return total
+    return total + _discard_consumer_events(store, consumers, streams)
+
+
+def _discard_consumer_events(
+    store: EventStore, consumers: Consumers, streams: Sequence[StreamConfig]
+) -> int:
+    """Discard the superseded consumer events (see the module docstring)."""
+    ages = [s.retention.min_age for s in streams if s.retention.enabled]
+    if not ages:
+        return 0
+    cutoff_us = int((utcnow() - min(ages)).timestamp() * 1_000_000)
+    up_to = consumers.synced()
+    discarded = 0
+    while deleted := discard(store, [CONSUMER_PATTERN], up_to, [], cutoff_us):
+        discarded += deleted
+    return discarded
 
 
 def _bound(consumers: Consumers, stream: StreamConfig) -> int | None:

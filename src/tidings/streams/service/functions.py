@@ -37,6 +37,7 @@ from tidings.events.model import NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.streams.consumers.metrics import stream_metrics
 from tidings.streams.consumers.positions import Consumers
+from tidings.streams.consumers.replication import Covers, consumer_event
 from tidings.streams.protocol.channel import Channel
 from tidings.streams.protocol.encoding import event_list
 from tidings.streams.protocol.ftn3 import (
@@ -161,6 +162,7 @@ class StreamService:
             raise StreamError(LIVE_NOT_ALLOWED, "the LIVE component cannot be registered")
         created = await self._blocking(self._consumers.register, self.name, user, component)
         if created:
+            await self._tell_group(user, component, {})
             log.info(
                 "stream consumer registered",
                 extra={"stream": self.name, "user": user, "component": component},
@@ -280,9 +282,26 @@ class StreamService:
         return await loop.run_in_executor(self._password_checks, self._users.authenticate, sec)
 
     async def _acknowledge(self, user: str, component: str, position: int) -> int:
-        return await self._blocking(
+        now, covers = await self._blocking(
             self._consumers.acknowledge, self.name, user, component, position
         )
+        if covers is not None:
+            await self._tell_group(user, component, covers)
+        return now
+
+    async def _tell_group(self, user: str, component: str, covers: Covers) -> None:
+        """Write the consumer's registration and covers to the log, where the Syncer takes
+        them to the other servers of the group (:mod:`..consumers.sync` applies them). The
+        reply that acknowledged waits for it: once a consumer hears back, the group can know
+        its position as soon as the Syncer has carried the event."""
+        try:
+            await self._engine.submit(
+                [consumer_event(self._engine.server_id, self.name, user, component, covers)]
+            )
+        except (EngineError, StoreError) as exc:
+            raise StreamError(
+                INTERNAL_ERROR, f"stream {self.name}: cannot record the consumer: {exc}"
+            ) from exc
 
     @contextlib.asynccontextmanager
     async def _lock(self, user: str, component: str) -> AsyncIterator[None]:

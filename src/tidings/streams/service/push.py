@@ -7,7 +7,11 @@ in between were not wanted).
 - **Reliable** (a registered component): seq has no gaps, and a reply (any reply that is not
   an error: FutoIn's stock receivers answer ``true`` or ``{}``) acknowledges its group. Groups
   are acknowledged in seq order, so the consumer's stored position moves to the covered
-  position of the newest group whose earlier groups are all answered. An error reply, no
+  position of the newest group whose earlier groups are all answered. A group counts as in
+  flight until its acknowledgement is recorded (the position written and the group told,
+  :mod:`..consumers.replication`), not only until its reply: at most ``max_in_flight``
+  groups are ever sent and not yet recorded, which bounds what a consumer moving to another
+  server of the group can get twice. An error reply, no
   reply within ``ack_timeout`` or a closed socket ends the session and closes the socket:
   the consumer reconnects, and the groups it never acknowledged are sent again from its
   stored position (nothing lost; nothing it acknowledged sent twice). A new session of the
@@ -49,10 +53,11 @@ class _Acknowledger:
     session goes on pushing while the database writes, and replies that arrive together
     cost one write. An acknowledgement that fails ends the session (:meth:`check`)."""
 
-    def __init__(self, acknowledge: Acknowledge) -> None:
+    def __init__(self, acknowledge: Acknowledge, on_written: Callable[[], None]) -> None:
         self._acknowledge = acknowledge
+        self._on_written = on_written
         self._target = 0
-        self._written = 0
+        self.written = 0
         self._task: asyncio.Task[None] | None = None
 
     def advance(self, position: int) -> None:
@@ -77,10 +82,11 @@ class _Acknowledger:
         self.check()
 
     async def _write(self) -> None:
-        while self._target > self._written:
+        while self._target > self.written:
             target = self._target
             await self._acknowledge(target)
-            self._written = target
+            self.written = target
+            self._on_written()
 
 
 @dataclass
@@ -113,13 +119,15 @@ class PushSession:
         self._max_bytes = message_bytes - _CALL_OVERHEAD
         self._want = want
         self._sent = start
-        self._acks = None if acknowledge is None else _Acknowledger(acknowledge)
+        self._wake = asyncio.Event()
+        self._acks = None if acknowledge is None else _Acknowledger(acknowledge, self._wake.set)
         self._ack_timeout = ack_timeout
         self._seq = 0
         self._skip_ack_at = 0.0
         self._in_flight: deque[_Group] = deque()
+        #: The covered positions of groups answered but not yet recorded, in seq order.
+        self._unrecorded: deque[int] = deque()
         self.stopped = asyncio.Event()
-        self._wake = asyncio.Event()
 
     @property
     def reliable(self) -> bool:
@@ -158,7 +166,7 @@ class PushSession:
                 self._settle()  # replies that came before a close still count
                 if self._channel.closed.is_set() or self.stopped.is_set():
                     return
-                room = len(self._in_flight) < self._config.max_in_flight
+                room = len(self._in_flight) + len(self._unrecorded) < self._config.max_in_flight
                 if room and await self._send_group():
                     continue
                 if room and feed.high > self._sent:
@@ -231,6 +239,10 @@ class PushSession:
                 log.info("live consumer refused a group", extra={"error": reply.error})
             if self._acks is not None:
                 self._acks.advance(group.covers)
+                self._unrecorded.append(group.covers)
+        if self._acks is not None:
+            while self._unrecorded and self._unrecorded[0] <= self._acks.written:
+                self._unrecorded.popleft()
 
 
 async def stop_session(

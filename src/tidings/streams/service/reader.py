@@ -51,8 +51,8 @@ class StreamReader:
         if not patterns:
             return Batch([], max(after, self._store.last_position()))
         found = read_positions(self._store, after, limit, patterns)
-        chosen = self._encoded(found.events, max_bytes)
-        if len(chosen) < len(found.events):
+        chosen, cut = self._encoded(found.events, max_bytes)
+        if cut:
             return Batch(chosen, chosen[-1].position)
         return Batch(chosen, found.scanned)
 
@@ -65,19 +65,24 @@ class StreamReader:
     def _newest(self, want: Sequence[str] | None, limit: int, max_bytes: int) -> Batch:
         patterns = self._type_map.wanted_patterns(want)
         found = read_newest(self._store, limit, patterns) if patterns else []
-        chosen = self._encoded(found[::-1], max_bytes)[::-1]
+        chosen = self._encoded(found[::-1], max_bytes)[0][::-1]
         return Batch(chosen, chosen[-1].position if chosen else 0)
 
-    def _encoded(self, events: Sequence[StoredEvent], max_bytes: int) -> list[WireEvent]:
-        """``events`` encoded, as many as fit ``max_bytes`` (at least one)."""
+    def _encoded(
+        self, events: Sequence[StoredEvent], max_bytes: int
+    ) -> tuple[list[WireEvent], bool]:
+        """``events`` encoded, as many as fit ``max_bytes`` (at least one), and whether
+        some were left out for size. Consumer events that a wide pattern selected are left
+        out: no stream carries them (:meth:`.TypeMap.name_of`)."""
         chosen: list[WireEvent] = []
         size = 0
         for event in events:
             name = self._type_map.name_of(event.type)
-            assert name is not None  # the patterns select only the stream's types
+            if name is None:
+                continue
             encoded = wire_event(event, name)
             size += len(encoded.encoded) + 1
             if chosen and size > max_bytes:
-                break
+                return chosen, True
             chosen.append(encoded)
-        return chosen
+        return chosen, False

@@ -25,6 +25,7 @@ from tidings.server.runner import Attachment, RunningServer
 from tidings.serving import QuietServer, listen
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.retention import run_retention
+from tidings.streams.consumers.sync import ConsumerSync
 from tidings.streams.service.app import build_app
 from tidings.streams.service.auth import Users
 from tidings.streams.service.feed import StreamFeed
@@ -49,6 +50,7 @@ class RunningStreams:
     password_checks: ThreadPoolExecutor | None = None
     unsubscribe: list[object] = field(default_factory=list)
     retention: asyncio.Task[None] | None = None
+    sync: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(
@@ -60,6 +62,10 @@ class RunningStreams:
         running = cls({}, executor=executor, password_checks=checks)
         try:
             consumers = await loop.run_in_executor(executor, Consumers, server.store)
+            # The peers' consumer events: listened to before the first catch-up reads.
+            sync = ConsumerSync(server.store, consumers, executor)
+            running.unsubscribe.append(server.engine.subscribe(sync.notice))
+            running.sync = loop.create_task(sync.run())
             by_address: dict[tuple[str, int], list[StreamConfig]] = {}
             for stream in config.streams:
                 by_address.setdefault((stream.host, stream.port), []).append(stream)
@@ -93,8 +99,9 @@ class RunningStreams:
                     await task
         for service in self.services.values():
             await service.aclose()
-        if self.retention is not None:
-            await stop_task(self.retention)
+        for background in (self.retention, self.sync):
+            if background is not None:
+                await stop_task(background)
         for remove in self.unsubscribe:
             remove()  # type: ignore[operator]
         for pool in (self.executor, self.password_checks):

@@ -5,5 +5,6 @@ side by side, and :mod:`tidings.targets.registry` finds them here, so adding a k
 adding a module to this package. The embedded event store
 (:mod:`~tidings.targets.kinds.event_store`), a remote tidings event server
 (:mod:`~tidings.targets.kinds.event_server`) and NATS JetStream
-(:mod:`~tidings.targets.kinds.jetstream`).
+(:mod:`~tidings.targets.kinds.jetstream`). :mod:`~tidings.targets.kinds.server_group` is
+no kind: it is how the event-server target finds a server of a redundant group.
 """

@@ -12,6 +12,13 @@ An event's type on the server is ``type_prefix`` plus the outbox type, or, with
 (:mod:`tidings.targets.destination`), e.g. ``["orders", "{headers.aggregate_type}",
 "{event_type}"]``. An event whose template cannot be filled fails alone at this target.
 
+The server is one of a group (:mod:`tidings.targets.kinds.server_group`): one address,
+an ordered list of addresses, or the servers a Hat Monitor blesses. When the connection to
+the server in use is lost, the call goes again, whole, to another server of the group; the
+events of a call are confirmed only by the server's reply, and a server that already holds
+one (the outbox id, carried across a synced pair by the Syncer) does not store it twice. If
+no server accepts within ``failover_wait``, the target is down (the relay holds the events).
+
 The target is synchronous (Spark tasks call it) while the client is asyncio, so each target
 owns a small event loop in a daemon thread (:mod:`tidings.targets.loop_thread`); calls wait
 on it with the configured timeout.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,17 +39,23 @@ from pydantic import Field, field_validator, model_validator
 
 from tidings.address import Address
 from tidings.config import HOUR, ZERO, Duration, TargetConfig, parse_duration, within
-from tidings.errors import TargetCallFailed, TargetUnavailable
+from tidings.errors import ConnectionClosed, TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, StoredEvent
 from tidings.events.outbox import OutboxEvent
 from tidings.events.validation import WILDCARDS
 from tidings.targets.base import Target
 from tidings.targets.destination import DestinationTemplate, RenderError
 from tidings.targets.kinds.event_store import to_new_event
+from tidings.targets.kinds.server_group import MonitorDiscoveryConfig, ServerGroup
 from tidings.targets.loop_thread import LoopThread
 
 if TYPE_CHECKING:  # the client (and the wire) load where a connection is made
     from tidings.client import Client
+
+log = logging.getLogger(__name__)
+
+#: Where a target without ``address``, ``addresses`` or ``monitor`` publishes.
+DEFAULT_ADDRESS = "tcp+sbs://127.0.0.1:23012"
 
 #: Bytes of payload per register request: far below the server's frame limit (16 MiB by
 #: default), large enough that requests, not round trips, carry the throughput.
@@ -56,9 +70,34 @@ class EventServerTargetConfig(TargetConfig):
     """
 
     kind: Literal["event_server"] = Field(description="The target's kind: ``event_server``.")
-    address: Address = Field(
-        default="tcp+sbs://127.0.0.1:23012",
-        description="The Eventer address of the tidings event server (its ``eventer_server``).",
+    address: Address | None = Field(
+        default=None,
+        description=(
+            "The Eventer address of the tidings event server (its ``eventer_server``); "
+            f"``{DEFAULT_ADDRESS}`` if neither this, ``addresses`` nor ``monitor`` is given."
+        ),
+    )
+    addresses: list[Address] | None = Field(
+        default=None,
+        description=(
+            "Instead of ``address``: the Eventer addresses of a redundant group of servers, in "
+            "the order they are tried; the first that accepts is used until it is lost."
+        ),
+    )
+    monitor: MonitorDiscoveryConfig | None = Field(
+        default=None,
+        description=(
+            "Instead of ``address``: find the server through a Hat Monitor Server, as "
+            "hat-event clients do (with ``BLESS_ONE``, the blessed server of the group)."
+        ),
+    )
+    failover_wait: Annotated[Duration, within(ZERO, HOUR)] = Field(
+        default=timedelta(seconds=2),
+        description=(
+            "How long a call waits for some server of the group to accept a connection "
+            "(going round the addresses again) before the target counts as down and the "
+            "relay holds its events; bounded by ``timeout``."
+        ),
     )
     type_prefix: list[str] = Field(
         default_factory=list,
@@ -73,10 +112,15 @@ class EventServerTargetConfig(TargetConfig):
     )
     timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=10),
-        description="How long connecting and one call's registration may take together.",
+        description=(
+            "How long one registration request may take once connected (connecting is "
+            "bounded by ``failover_wait``)."
+        ),
     )
 
-    _durations = field_validator("timeout", mode="before")(lambda cls, v: parse_duration(v))
+    _durations = field_validator("timeout", "failover_wait", mode="before")(
+        lambda cls, v: parse_duration(v)
+    )
 
     @field_validator("type_template")
     @classmethod
@@ -90,11 +134,33 @@ class EventServerTargetConfig(TargetConfig):
                     raise ValueError(f"segment {segment!r} is {why}")
         return v
 
+    @field_validator("addresses")
+    @classmethod
+    def _some_addresses(cls, v: list[Address] | None) -> list[Address] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("addresses needs at least one address (or leave it out)")
+            if len(set(v)) < len(v):
+                raise ValueError(f"addresses lists an address twice: {v}")
+        return v
+
     @model_validator(mode="after")
     def _prefix_or_template(self) -> EventServerTargetConfig:
         if self.type_template is not None and self.type_prefix:
             raise ValueError("set type_prefix or type_template, not both")
+        given = [
+            key for key in ("address", "addresses", "monitor") if getattr(self, key) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"set one of address, addresses or monitor, not {' and '.join(given)}")
         return self
+
+    @property
+    def server_addresses(self) -> list[str]:
+        """The Eventer addresses configured, in order (none with ``monitor``)."""
+        if self.monitor is not None:
+            return []
+        return list(self.addresses or [self.address or DEFAULT_ADDRESS])
 
 
 def segment_problem(value: str) -> str | None:
@@ -127,7 +193,8 @@ def _requests(events: Sequence[NewEvent]) -> list[tuple[int, int]]:
 
 
 class EventServerTarget(Target):
-    """Publishes to the event server at ``config.address``, connecting on first use.
+    """Publishes to a server of its group (one address, several, or the Monitor's choice),
+    connecting on first use and moving to another server when its connection is lost.
 
     One call is one session on the server, stored in one transaction, so the target is
     ``atomic``: if the server refuses any event of a call, the whole call is reported failed,
@@ -148,7 +215,12 @@ class EventServerTarget(Target):
             else None
         )
         self._timeout = config.timeout.total_seconds()
+        self._wait = min(config.failover_wait.total_seconds(), self._timeout)
+        # A call may connect and register twice (once after losing its server).
+        self._bound = 2 * (self._wait + self._timeout) + 1
+        self._group = ServerGroup(self._who(), config.server_addresses, config.monitor)
         self._client: Client | None = None
+        self._server = ""  # the address self._client is connected to
         self._loop = LoopThread(f"tidings-target-{name}")
         self._lock = threading.Lock()
 
@@ -214,13 +286,13 @@ class EventServerTarget(Target):
         return f"{self._who()}: no type for event {event.event_id} (seq {event.seq}): {exc}"
 
     def _register_chunk(self, events: Sequence[NewEvent]) -> None:
-        prefix = f"event server target {self.name!r} ({self._config.address})"
+        prefix = f"event server target {self.name!r} ({self._group.describe()})"
         try:
             with self._lock:
                 # Nothing of this call goes on after it has reported (it would race the next
                 # call on the connection); a late store is harmless (outbox dedup).
-                results = self._loop.run(self._register(events), self._timeout + 1)
-        except TargetUnavailable:
+                results = self._loop.run(self._register(events), self._bound)
+        except (TargetUnavailable, TargetCallFailed):
             raise
         except Exception as exc:
             raise TargetCallFailed(f"{prefix} failed: {type(exc).__name__}: {exc}") from exc
@@ -239,29 +311,52 @@ class EventServerTarget(Target):
                 return
             # Closing ends the loop thread whatever the link does.
             with contextlib.suppress(Exception):
-                self._loop.run(self._disconnect(), self._timeout)
+                self._loop.run(self._leave(), self._timeout)
             self._loop.stop()
 
     async def _register(self, new_events: Sequence[NewEvent]) -> list[StoredEvent | None]:
-        try:
-            async with asyncio.timeout(self._timeout):  # connecting and registering together
-                if self._client is None:
-                    try:
-                        from tidings.client import connect
+        """Register on the current server, or on another one if its connection is lost.
 
-                        self._client = await connect(self._config.address)
-                    except OSError as exc:
-                        raise TargetUnavailable(
-                            f"event server target {self.name!r}: cannot connect to "
-                            f"{self._config.address}: {exc}"
-                        ) from exc
-                return await self._client.register_outbox(new_events)
-        except BaseException:
-            # Whatever happened to the link, the next call starts on a fresh connection.
-            await self._disconnect()
-            raise
+        A lost connection is taken as the server's loss once: the events (none of them
+        confirmed) go again, to whichever server of the group accepts, which stores those it
+        already holds once (outbox dedup). Lost again on a fresh connection, the request
+        itself may be what the server refuses (a frame too large, an unknown message), so
+        the call fails as a whole and the relay narrows it down.
+        """
+        lost: str | None = None
+        while True:
+            try:
+                if self._client is None:
+                    gone = self._server if lost is not None else None
+                    self._client, self._server = await self._group.connect(self._wait, gone)
+                    if lost is not None:
+                        log.warning(
+                            "event server target %r: publishing to %s now (%s)",
+                            self.name,
+                            self._server,
+                            lost,
+                            extra={"target": self.name, "server": self._server},
+                        )
+                async with asyncio.timeout(self._timeout):
+                    return await self._client.register_outbox(new_events)
+            except (ConnectionClosed, OSError) as exc:
+                await self._disconnect()
+                if lost is not None:
+                    raise TargetCallFailed(
+                        f"event server target {self.name!r}: the connection was lost again "
+                        f"({self._server}): {type(exc).__name__}: {exc}"
+                    ) from exc
+                lost = f"lost {self._server}: {type(exc).__name__}: {exc}"
+            except BaseException:
+                # Whatever happened to the link, the next call starts on a fresh connection.
+                await self._disconnect()
+                raise
 
     async def _disconnect(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+    async def _leave(self) -> None:
+        await self._disconnect()
+        await self._group.aclose()

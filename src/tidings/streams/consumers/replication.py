@@ -1,0 +1,131 @@
+"""A consumer's position in terms every server of a redundant group understands.
+
+A stream position is one store's local number: the same event has different positions on
+two servers of a pair, and the two logs may even interleave the servers' events
+differently. What the servers share is the event id ``(server, session, instance)``, which
+the Syncer preserves, and the order of each server's own events, which every log keeps
+(the Syncer client resumes after the last id of that server and stores in id order).
+
+So a consumer's acknowledged position travels as its *covers*: for each origin server,
+the id of the newest of that server's events the consumer has passed. Every event of that
+server up to that id has been acknowledged, on whichever server it was read. A server that
+learns a consumer's covers moves the consumer's local position to the end of the longest
+prefix of its own log that the covers cover (:func:`covered_prefix`): nothing after it has
+been acknowledged for sure, so nothing is lost; events the covers cover that lie beyond it
+(logged in another order here) are sent again, the at-least-once side of the bargain.
+
+The covers travel as events of the reserved type
+``tidings/stream/consumer/<stream>/<user>/<component>/<origin server>`` in the log
+(:data:`~tidings.streams.typemap.CONSUMER_TYPE`), so the Syncer carries them without any
+change to its wire. Each carries the consumer's whole covers as its origin server knew them,
+which only grow: the latest event of such a type supersedes the earlier ones, and retention
+(:mod:`.retention`) discards those by the store's keep-the-latest-of-each-type rule.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from sqlalchemy import Connection, func, select
+from sqlalchemy.sql import ColumnElement
+
+from tidings.errors import StreamError
+from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent, encode_type
+from tidings.server.store.schema import events_table
+from tidings.streams.protocol.ftn3 import INVALID_REQUEST
+from tidings.streams.typemap import CONSUMER_TYPE
+
+#: The query pattern of every consumer event.
+CONSUMER_PATTERN: EventType = (*CONSUMER_TYPE, "*")
+
+#: Per origin server: the ``(session, instance)`` of the newest of its events passed.
+Covers = dict[int, tuple[int, int]]
+
+#: Events read per step when moving a position over covered events.
+_SCAN_STEP = 1000
+
+
+def merged(old: Mapping[int, tuple[int, int]], new: Mapping[int, tuple[int, int]]) -> Covers:
+    """The covers of both (per server the newer id): covers only ever grow."""
+    result = dict(old)
+    for server, ident in new.items():
+        if ident > result.get(server, (0, 0)):
+            result[server] = ident
+    return result
+
+
+def ids_between(conn: Connection, after: int, upto: int) -> Covers:
+    """The covers of the log's events at positions ``(after, upto]``: per server, the id of
+    its event of the highest position there (its newest, as each server's events are in id
+    order in every log). Consumer events do not count: no consumer reads them, and were
+    they counted, the position moving past one would write another, without end."""
+    e = events_table.c
+    newest = (
+        select(func.max(e.position))
+        .where(e.position > after, e.position <= upto, _not_consumer_event())
+        .group_by(e.server)
+    )
+    rows = conn.execute(select(e.server, e.session, e.instance).where(e.position.in_(newest))).all()
+    return {int(server): (int(session), int(instance)) for server, session, instance in rows}
+
+
+def covered_prefix(conn: Connection, start: int, covers: Mapping[int, tuple[int, int]]) -> int:
+    """The end of the longest run of the log after ``start`` whose events ``covers`` all
+    cover (consumer events aside: no consumer reads them): the position a consumer at
+    ``start`` with those covers may move to."""
+    e = events_table.c
+    position = start
+    while True:
+        rows = conn.execute(
+            select(e.position, e.server, e.session, e.instance)
+            .where(e.position > position, _not_consumer_event())
+            .order_by(e.position)
+            .limit(_SCAN_STEP)
+        ).all()
+        for row_position, server, session, instance in rows:
+            if (int(session), int(instance)) > covers.get(int(server), (0, 0)):
+                return position
+            position = int(row_position)
+        if len(rows) < _SCAN_STEP:
+            return position
+
+
+def _not_consumer_event() -> ColumnElement[bool]:
+    """The SQL condition that an event is not a consumer event (its type text does not
+    start with the reserved prefix's: a range of the type index)."""
+    return ~events_table.c.type.startswith(encode_type(CONSUMER_TYPE)[:-1] + ",")
+
+
+def consumer_event(
+    server_id: int, stream: str, user: str, component: str, covers: Covers
+) -> NewEvent:
+    """The event by which server ``server_id`` tells the group that a consumer is registered
+    and what it has passed."""
+    payload = {
+        "stream": stream,
+        "user": user,
+        "component": component,
+        "covers": [[server, *ident] for server, ident in sorted(covers.items())],
+    }
+    return NewEvent(
+        (*CONSUMER_TYPE, stream, user, component, str(server_id)),
+        json.dumps(payload, separators=(",", ":")).encode(),
+        PayloadKind.JSON,
+    )
+
+
+def read_consumer_event(event: StoredEvent) -> tuple[str, str, str, Covers]:
+    """``(stream, user, component, covers)`` of a consumer event; InvalidRequest if it is
+    not one this version can read (a peer's event is data from outside)."""
+    try:
+        payload = json.loads(event.payload or b"")
+        covers = {
+            int(server): (int(session), int(instance))
+            for server, session, instance in payload["covers"]
+        }
+        return str(payload["stream"]), str(payload["user"]), str(payload["component"]), covers
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StreamError(
+            INVALID_REQUEST, f"consumer event {event.id} is malformed: {type(exc).__name__}: {exc}"
+        ) from None

@@ -1,0 +1,182 @@
+"""Consumer positions across a redundant pair, on two real SQLite stores whose logs hold the
+same events in different orders (each server's own first, the peer's as the Syncer stores
+them: with their ids, in their origin's order)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from tests.support.stream_helpers import stream_server_config
+from tidings.config.streams import load_stream_server_config
+from tidings.errors import StreamError
+from tidings.events.model import EventId, PayloadKind, StoredEvent, json_event
+from tidings.server.store import EventStore
+from tidings.streams.consumers.positions import Consumers
+from tidings.streams.consumers.replication import consumer_event, read_consumer_event
+from tidings.streams.consumers.retention import retention_pass
+from tidings.streams.consumers.sync import ConsumerSync
+from tidings.streams.typemap import CONSUMER_TYPE, TypeMap, is_consumer_type
+
+S, U = "s", "ftn18"
+RETAIN = {"enabled": True, "min_age": "0s"}
+
+
+def _pair(tmp_path: Path, a_url: str | None = None) -> tuple[EventStore, EventStore]:
+    """Servers 1 and 2 (server 1 on ``a_url`` if given)."""
+    a = EventStore(a_url or f"sqlite:///{tmp_path}/a.db", 1)
+    return a, EventStore(f"sqlite:///{tmp_path}/b.db", 2)
+
+
+def _own(store: EventStore, *names: str) -> list[StoredEvent]:
+    return store.register([json_event(("orders", name), {"name": name}) for name in names])
+
+
+def _positions(store: EventStore) -> dict[EventId, int]:
+    return {e.id: e.position for e in store.read(0, 10_000)}
+
+
+def test_a_position_moves_to_the_peer_as_far_as_its_own_order_allows(
+    tmp_path: Path, database_url: str
+) -> None:
+    a, b = _pair(tmp_path, database_url)
+    a_events = _own(a, "a1", "a2")
+    b_events = _own(b, "b1")
+    b.append_synced(a_events)  # B: b1 a1 a2
+    a.append_synced(b_events)  # A: a1 a2 b1
+    on_a, on_b = Consumers(a), Consumers(b)
+    on_a.register(S, U, "C")
+
+    position, covers = on_a.acknowledge(S, U, "C", 2)  # a1 a2 read on A
+    assert (position, covers) == (2, {1: (a_events[1].id.session, a_events[1].id.instance)})
+    assert covers is not None
+    # On B, b1 comes first and was not read: the consumer starts before it there (a1 and
+    # a2 come again: duplicates, never a loss).
+    assert on_b.apply(S, U, "C", covers) == 0
+    assert on_b.position(S, U, "C") == 0
+
+    _, covers = on_a.acknowledge(S, U, "C", 3)  # b1 read on A too
+    assert covers is not None and set(covers) == {1, 2}
+    assert on_b.apply(S, U, "C", covers) == 3  # everything B holds
+    assert on_b.covers(S, U, "C") == covers
+
+    # Covers only grow: an older word from the peer moves nothing back.
+    assert on_b.apply(S, U, "C", {1: (a_events[0].id.session, a_events[0].id.instance)}) == 3
+    assert on_b.covers(S, U, "C") == covers
+
+
+def test_acknowledging_on_the_peer_continues_from_the_covers(
+    tmp_path: Path, database_url: str
+) -> None:
+    b, a = _pair(tmp_path, database_url)  # the peer (server 1) on each backend
+    first = _own(a, "a1", "a2", "a3")
+    b.append_synced(first)
+    on_a, on_b = Consumers(a), Consumers(b)
+    on_a.register(S, U, "C")
+    _, covers = on_a.acknowledge(S, U, "C", 2)
+    assert covers is not None
+    assert on_b.apply(S, U, "C", covers) == 2
+    # The consumer moved to B, which took new events; it acknowledges there.
+    _own(b, "b1")
+    _, grown = on_b.acknowledge(S, U, "C", 4)
+    assert grown is not None
+    assert grown[a.server_id] == (first[2].id.session, first[2].id.instance)
+    assert grown[b.server_id] == (b.last_event_id().session, b.last_event_id().instance)
+    # Acknowledging what is acknowledged already tells the group nothing.
+    assert on_b.acknowledge(S, U, "C", 3) == (4, None)
+
+
+def test_consumer_events_are_passed_over_and_never_counted(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    events = _own(a, "a1")
+    a.register([consumer_event(1, S, U, "OTHER", {})])
+    events += _own(a, "a2")
+    a.register([consumer_event(1, S, U, "OTHER", {})])  # position 4
+    b.append_synced(a.read(0, 100))
+    on_a, on_b = Consumers(a), Consumers(b)
+    on_a.register(S, U, "C")
+    _, covers = on_a.acknowledge(S, U, "C", 3)
+    assert covers == {1: (events[1].id.session, events[1].id.instance)}
+    # Moving over a consumer event alone grows no covers: nothing to tell the group (were
+    # it told, that would be one more consumer event to move over, without end).
+    assert on_a.acknowledge(S, U, "C", 4) == (4, None)
+    # The peer moves over the consumer events its covers do not name (up to its last
+    # covered event: the one after it is left to be passed over when read, never sent).
+    assert on_b.apply(S, U, "C", covers) == 3
+
+
+def test_apply_registers_and_unregister_forgets_the_covers(tmp_path: Path) -> None:
+    a, _ = _pair(tmp_path)
+    consumers = Consumers(a)
+    _own(a, "a1")
+    assert consumers.apply(S, U, "NEW", {}) == 0  # registered by a peer's word
+    assert not consumers.register(S, U, "NEW")
+    consumers.apply(S, U, "NEW", {1: (1, 1)})
+    assert consumers.position(S, U, "NEW") == 1
+    assert consumers.unregister(S, U, "NEW")
+    assert consumers.covers(S, U, "NEW") == {}
+
+
+def test_the_sync_applies_the_peers_consumer_events_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = _pair(tmp_path)
+    _own(a, "a1", "a2")
+    on_a, on_b = Consumers(a), Consumers(b)
+    on_a.register(S, U, "C")
+    _, covers = on_a.acknowledge(S, U, "C", 2)
+    assert covers is not None
+    a.register([consumer_event(1, S, U, "C", covers)])
+    b.register([consumer_event(2, S, U, "MINE", {1: (1, 2)})])  # B's own: B applied it itself
+    b.append_synced(a.read(0, 100))
+    sync = ConsumerSync(b, on_b, executor=None)  # type: ignore[arg-type]  # catch_up only
+    assert sync.catch_up() == 1
+    assert on_b.position(S, U, "C") == 3  # a1 a2 and A's consumer event
+    assert [c.component for c in on_b.of_stream(S)] == ["C"]
+    assert sync.catch_up() == 0  # already applied: from where it stopped
+
+    bad = StoredEvent(
+        0, EventId(1, 9, 1), (*CONSUMER_TYPE, S), 1, None, b"[]", PayloadKind.JSON, None
+    )
+    b.append_synced([bad])
+    with caplog.at_level(logging.WARNING):
+        assert sync.catch_up() == 0
+    assert "peer consumer event skipped" in caplog.text
+    with pytest.raises(StreamError, match=r"consumer event EventId.* is malformed"):
+        read_consumer_event(bad)
+
+
+def test_no_stream_carries_consumer_events() -> None:
+    types = TypeMap({"ALL": (("*",),)})
+    assert types.name_of(("orders", "x")) == "ALL"
+    assert types.name_of((*CONSUMER_TYPE, S)) is None
+
+
+def test_retention_discards_the_superseded_consumer_events_once_applied(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    _own(a, "a1", "a2", "a3")
+    on_a, on_b = Consumers(a), Consumers(b)
+    on_a.register(S, U, "C")
+    for position in (1, 2, 3):
+        _, covers = on_a.acknowledge(S, U, "C", position)
+        assert covers is not None
+        a.register([consumer_event(1, S, U, "C", covers)])
+    b.register([consumer_event(2, S, U, "C", {})])  # B's own word for the same consumer
+    b.append_synced(a.read(0, 100))
+    [stream] = load_stream_server_config(
+        stream_server_config(f"sqlite:///{tmp_path}/b.db", retention=RETAIN)
+    ).streams
+
+    def consumer_events() -> list[int]:
+        return [e.position for e in b.read(0, 100) if is_consumer_type(e.type)]
+
+    assert len(consumer_events()) == 4
+    assert retention_pass(b, on_b, [stream]) == 0  # not applied here yet: all stay
+    ConsumerSync(b, on_b, executor=None).catch_up()  # type: ignore[arg-type]
+    assert retention_pass(b, on_b, [stream]) == 2
+    # The latest of each origin stays: A's says everything A knew, B's is B's own.
+    kept = consumer_events()
+    assert len(kept) == 2
+    assert on_b.position(S, U, "C") == 4  # a1 a2 a3, after B's own consumer event

@@ -1,0 +1,200 @@
+"""Stream consumers across the failover of a redundant pair: real servers as child processes
+on their own SQLite files, the active one SIGKILLed while consumers are part-way through.
+
+A consumer that moves to the other server continues from its last acknowledged position
+there: every event arrives at least once, in order per key, and the duplicates stay within
+what was in flight (the streams guide states the bound). Without the shared positions, the
+consumer would start again from the beginning on the other server: hundreds of duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from bench.harness.processes import ServerProcess, free_port
+from tests.support.child_parts import ChildPart
+from tests.support.stream_helpers import PASSWORD, USER, FutoInClient
+from tests.support.stream_pair import (
+    PUSH,
+    Producer,
+    check_delivery,
+    items,
+    serving,
+    start_pair,
+    stream_count,
+)
+from tests.support.waiting import run, until, wait_until
+from tidings.streams.client import StreamEvent, consume
+
+pytestmark = pytest.mark.slow
+
+#: Events a push consumer may get twice after a failover: the groups in flight, and one
+#: group more whose acknowledgement the Syncer had not yet carried to the peer when the
+#: active server died (a group takes the slow consumers here far longer than a Syncer hop).
+PUSH_BOUND = (PUSH["max_in_flight"] + 1) * PUSH["max_group_events"]
+FIRST, SECOND = 400, 200
+
+
+def test_python_and_cli_consumers_resume_on_the_peer_after_a_kill(tmp_path: Path) -> None:
+    a, b = start_pair(tmp_path)
+    login = {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASSWORD}
+    polled = ChildPart(
+        "polled", ["consume", f"{a.url},{b.url}", "POLLED", "--poll"], tmp_path, login
+    )
+    producer = Producer()
+    pushed: list[tuple[int, int]] = []
+    go = asyncio.Event()
+
+    async def slow(event: StreamEvent) -> None:
+        # Held until the first part is all sent, then slow: part-way, with groups in
+        # flight, at the kill.
+        await go.wait()
+        await asyncio.sleep(0.01)
+        pushed.append((event.data["k"], event.data["n"]))
+
+    async def scenario() -> None:
+        consumer = asyncio.create_task(
+            consume([a.url, b.url], USER, PASSWORD, "PUSHED", slow, connect_timeout=30)
+        )
+        try:
+            polled.start()
+            await producer.send(a.url, FIRST)
+            await _until_async(lambda: stream_count(b.url), FIRST, 30)  # B has synced them
+            go.set()
+            await until(lambda: len(pushed) >= FIRST // 3, 30)
+            assert len(pushed) < FIRST, "the push consumer was to be part-way at the kill"
+            a.part.kill()
+            await producer.send(b.url, SECOND)
+            await until(lambda: set(pushed) >= set(producer.sent), 60)
+            await until(lambda: set(items(polled.lines())) >= set(producer.sent), 60)
+        finally:
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+
+    try:
+        run(scenario(), timeout=150)
+        duplicates = check_delivery(pushed, producer.sent)
+        print(f"push consumer: {duplicates} duplicates")
+        assert duplicates <= PUSH_BOUND
+        # The poll consumer had acknowledged all but its last reply, which held what came
+        # within one poll interval of the end of the first part (the producer had stopped).
+        assert check_delivery(items(polled.lines()), producer.sent) <= PUSH["max_group_events"]
+        assert "stream connection lost" in polled.log.read_text()
+    finally:
+        for part in (polled, a.part, b.part):
+            part.stop()
+
+
+def test_futoin_reliable_receiver_pointed_at_the_peer_resumes(tmp_path: Path) -> None:
+    a, b = start_pair(tmp_path)
+    producer = Producer()
+
+    async def scenario() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        options = {"mode": "reliable", "creds": f"{USER}:{PASSWORD}", "component": "FUT"}
+        await producer.send(a.url, FIRST)
+        await _until_async(lambda: stream_count(b.url), FIRST, 30)
+        first = await FutoInClient(url="ws" + a.url[4:], **options).start()
+        try:
+            await first.wait_events(FIRST, 30)
+            a.part.kill()
+        finally:
+            await first.kill()
+        await producer.send(b.url, SECOND)
+        second = await FutoInClient(url="ws" + b.url[4:], **options).start()
+        try:
+            await until(lambda: set(items(second.events)) >= set(producer.sent[FIRST:]), 30)
+            assert not second.errors, second.errors
+        finally:
+            await second.kill()
+        return items(first.events), items(second.events)
+
+    try:
+        before, after = run(scenario(), timeout=120)
+        assert before == producer.sent[:FIRST]
+        # On the peer it resumed where it had acknowledged: the first part again only as
+        # far as it was in flight, never from the beginning.
+        again = [item for item in after if item in set(before)]
+        print(f"ReliableReceiver: {len(again)} duplicates")
+        assert len(again) <= PUSH_BOUND, f"{len(again)} events of the first part again"
+        check_delivery(before + after, producer.sent)
+    finally:
+        for part in (a.part, b.part):
+            part.stop()
+
+
+async def _until_async(read: Callable[[], Awaitable[int]], want: int, timeout: float) -> None:
+    """Wait until ``read()`` gives at least ``want``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (got := await read()) < want:
+        assert loop.time() < deadline, f"only {got} of {want} within {timeout} s"
+        await asyncio.sleep(0.1)
+
+
+def test_a_consumer_follows_the_blessing_of_a_monitor_group(tmp_path: Path) -> None:
+    """BLESS_ONE: only the blessed server serves its streams; killed, the other is blessed,
+    starts its streams (catching up on the consumer events it synced meanwhile), and the
+    consumer resumes there."""
+    monitor_port = free_port()
+    monitor = ServerProcess.hat_monitor(tmp_path / "monitor", monitor_port, "BLESS_ONE")
+    monitor.start(20)
+    a, b = start_pair(tmp_path, monitor_port)
+    producer = Producer()
+    pushed: list[tuple[int, int]] = []
+    go = asyncio.Event()
+
+    async def slow(event: StreamEvent) -> None:
+        await go.wait()
+        await asyncio.sleep(0.01)
+        pushed.append((event.data["k"], event.data["n"]))
+
+    try:
+        wait_until(lambda: [serving(a), serving(b)].count(True) == 1, 30)
+        time.sleep(1)  # the Monitor settled: still exactly one serves
+        [active] = [server for server in (a, b) if serving(server)]
+        standby = b if active is a else a
+
+        def synced() -> bool:  # the standby's store, read as a file: it serves no stream
+            with contextlib.closing(sqlite3.connect(f"{tmp_path}/{standby.part.name}.db")) as db:
+                [(count,)] = db.execute(
+                    "SELECT count(*) FROM event_events WHERE type = ?", ('["orders","created"]',)
+                )
+            return int(count) >= FIRST
+
+        async def scenario() -> float:
+            consumer = asyncio.create_task(
+                consume([a.url, b.url], USER, PASSWORD, "PUSHED", slow, connect_timeout=30)
+            )
+            try:
+                await producer.send(active.url, FIRST)
+                await until(synced, 30)
+                go.set()
+                await until(lambda: len(pushed) >= FIRST // 3, 30)
+                active.part.kill()
+                killed = time.monotonic()
+                await until(lambda: serving(standby), 30)
+                took = time.monotonic() - killed
+                await producer.send(standby.url, SECOND)
+                await until(lambda: set(pushed) >= set(producer.sent), 60)
+                return took
+            finally:
+                consumer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await consumer
+
+        took = run(scenario(), timeout=150)
+        duplicates = check_delivery(pushed, producer.sent)
+        print(f"blessed in {took:.2f} s after the kill; {duplicates} duplicates")
+        assert duplicates <= PUSH_BOUND
+    finally:
+        for part in (a.part, b.part):
+            part.stop()
+        monitor.stop()
