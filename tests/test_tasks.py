@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from tests.support.waiting import run
-from tidings.tasks import stop_task
+from tidings.tasks import Backoff, stop_task
 
 
 def test_a_running_task_is_cancelled_and_has_ended_when_stop_returns() -> None:
@@ -45,3 +45,25 @@ def test_an_error_the_task_ends_with_on_its_way_out_is_raised() -> None:
 
     with pytest.raises(RuntimeError, match="cleanup failed"):
         run(scenario())
+
+
+def test_backoff_doubles_to_its_cap_with_jitter_below_and_starts_over_after_reset() -> None:
+    backoff = Backoff(first=0.1, cap=0.5, jitter=0.2)
+    delays = [backoff.next_delay() for _ in range(5)]
+    for delay, nominal in zip(delays, [0.1, 0.2, 0.4, 0.5, 0.5], strict=True):
+        assert nominal * 0.8 <= delay <= nominal
+    backoff.reset()
+    assert backoff.next_delay() <= 0.1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"first": 0.0}, "expected 0 < first <= cap"),
+        ({"first": 2.0, "cap": 1.0}, "expected 0 < first <= cap"),
+        ({"jitter": 1.0}, r"jitter must be in \[0, 1\)"),
+    ],
+)
+def test_a_bad_backoff_is_refused_naming_why(options: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Backoff(**options)

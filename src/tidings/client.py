@@ -167,6 +167,23 @@ class Client:
         _expect(reply, "MsgQueryRes")
         return codec.events_from_sbs(reply.data, "MsgQueryRes")
 
+    async def query_latest_by_key(self, event_type: Sequence[str]) -> list[StoredEvent]:
+        """The newest event of each key among the JSON events of ``event_type`` (exact), in
+        the server's order: the key is the payload's ``key`` (or its CloudEvents ``data``'s),
+        as in the row-change events of :mod:`tidings.intermediary.views.rows`.
+
+        A tidings extension; hat-event servers do not know the message and close the
+        connection."""
+        try:
+            checked = list(validate_query_type(tuple(event_type)))
+        except (StoreError, TypeError) as exc:
+            raise ClientError(f"query_latest_by_key: {exc}") from exc
+        if "?" in checked or "*" in checked:
+            raise ClientError(f"query_latest_by_key: expected an exact type, got {checked}")
+        reply = await self._request(codec.TIDINGS_EVENTER, "MsgLatestByKeyReq", {"type": checked})
+        _expect(reply, "MsgQueryRes")
+        return codec.events_from_sbs(reply.data, "MsgQueryRes")
+
     async def subscribe(self, types: Sequence[tuple[str, ...]]) -> None:
         """Replace the subscription: from now on :meth:`receive` gets events of ``types``.
 

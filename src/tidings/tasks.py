@@ -3,13 +3,14 @@
 A server's loop, ticker or reader runs as a task until its owner closes; closing cancels it
 and waits for it to end, so that nothing of it runs past the close. Its cancellation is the
 expected end, not an error, and is not passed on. One helper, so that every part stops its
-tasks the same way.
+tasks the same way; and one :class:`Backoff`, so that every part that reconnects waits alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from typing import Any
 
 
@@ -19,3 +20,27 @@ async def stop_task(task: asyncio.Future[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+class Backoff:
+    """Delays between attempts to reach an upstream again: ``first`` seconds, doubled after
+    each failed attempt up to ``cap``, each shortened by a random share of up to ``jitter``
+    (so many intermediaries that lost one server do not knock on the next all at once).
+    :meth:`reset` after a success, so the next outage starts quick again."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0, jitter: float = 0.2) -> None:
+        if not 0 < first <= cap:
+            raise ValueError(f"backoff: expected 0 < first <= cap, got {first} and {cap}")
+        if not 0 <= jitter < 1:
+            raise ValueError(f"backoff: jitter must be in [0, 1), got {jitter}")
+        self.first, self.cap, self.jitter = first, cap, jitter
+        self._next = first
+
+    def reset(self) -> None:
+        self._next = self.first
+
+    def next_delay(self) -> float:
+        """The delay before the next attempt (and double it for the one after)."""
+        delay = self._next * (1 - random.random() * self.jitter)
+        self._next = min(self._next * 2, self.cap)
+        return delay

@@ -82,7 +82,13 @@ async def chain_rig(
     tap = Tap(chain)
     views = EventViews(tap, CATALOG, row_type_prefix=row_type_prefix, limits=sql_limits)
     spatial = Intermediary(2, Simulation(0, WORLD).feed(), world=WORLD)
-    server = IntermediaryServer(spatial, views=views, tick_s=0.01, limits=limits)
+    server = IntermediaryServer(
+        spatial,
+        views=views,
+        tick_s=0.01,
+        limits=limits,
+        upstreams=lambda: {"event_server": chain.stale},
+    )
     await server.start()
     try:
         yield ChainRig(server, views, tap)

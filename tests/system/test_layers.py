@@ -215,7 +215,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "runner"
     ),
     "tidings.server.store": (
-        "driver schema counters planning appending facade type_patterns queries positions retention"
+        "driver schema counters planning appending facade type_patterns queries latest_by_key "
+        "positions retention"
     ),
     "tidings.server.backends": "postgresql sqlite",
     "tidings.server.writing": "queue durability",
@@ -232,9 +233,9 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "subscriber_store subscribe applied intermediary"
     ),
     "tidings.intermediary.views": (
-        "patterns rows primitives sqlviews sqltables eventviews event_server_upstream"
+        "patterns rows primitives sqlviews sqltables eventviews resync event_server_upstream"
     ),
-    "tidings.intermediary.feed": "wire remote",
+    "tidings.intermediary.feed": "wire remote resilient",
     "tidings.intermediary.publisher": "simulation server",
     "tidings.intermediary.serving": "page envelope connection transport service",
     "tidings.intermediary.client": "subscriber client handover",

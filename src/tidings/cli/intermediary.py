@@ -3,9 +3,9 @@
 such a publisher, a simulation of moving agents.
 
 It runs :func:`tidings.intermediary.serving.service.serve_intermediary` with the ``intermediary:``
-section of the configuration until SIGINT or SIGTERM (exit 0). An unreachable event server,
-an address in use or a bad configuration end it with one line and exit code 2; so does
-losing the event server's connection while serving (a supervisor restarts it). With
+section of the configuration until SIGINT or SIGTERM (exit 0). No event server reachable at
+start, an address in use or a bad configuration end it with one line and exit code 2; a
+connection lost while serving is ridden out (the service reconnects and resynchronises). With
 ``--tier NAME`` it runs the ``intermediary_tiers:`` entry NAME instead: every member as its own
 process, responsibility split among them, a dead member's share moved to the others and the
 member replaced (:mod:`tidings.intermediary.cluster.tier`); a member that cannot start ends it

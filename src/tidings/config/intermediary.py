@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from tidings.address import Address
+from tidings.address import parse_address
 from tidings.config.model import (
     HOUR,
     SECOND,
@@ -22,6 +22,7 @@ from tidings.config.model import (
     parsed_durations,
     within,
 )
+from tidings.errors import ConfigError
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: The kinds a column of an intermediary's table may declare (those of its SQL views).
@@ -134,7 +135,12 @@ class IntermediarySpatialConfig(StrictModel):
     speaking the spatial feed protocol (``tidings intermediary simulate``, or your own, see
     :mod:`tidings.intermediary.feed.remote`), so ``region`` subscriptions are served too."""
 
-    upstream: str = Field(description="Where the publisher listens: ``ws://HOST:PORT/``.")
+    upstream: str = Field(
+        description=(
+            "Where the publisher listens: ``ws://HOST:PORT/`` (a lost connection is ridden "
+            "out: the intermediary reconnects to it)."
+        )
+    )
     world_lo: list[float] = Field(
         min_length=2,
         max_length=3,
@@ -184,11 +190,12 @@ class IntermediaryConfig(StrictModel):
             "``HOST:PORT`` of its WebSocket endpoint and web page; 0.0.0.0 exposes every interface."
         ),
     )
-    event_server: Address = Field(
+    event_server: str | list[str] = Field(
         default="tcp+sbs://127.0.0.1:23012",
         description=(
-            "The Eventer address of the event server it follows (one connection; when it is "
-            "lost the intermediary exits)."
+            "The Eventer address of the event server it follows, or the addresses of the "
+            "servers of a redundant group: it connects to one, and when that connection is "
+            "lost it serves its last state marked stale and reconnects, trying them in turn."
         ),
     )
     row_type_prefix: list[Annotated[str, Field(min_length=1)]] = Field(
@@ -223,6 +230,28 @@ class IntermediaryConfig(StrictModel):
     )
 
     _durations = parsed_durations("tick", "request_timeout")
+
+    @field_validator("event_server")
+    @classmethod
+    def _addresses(cls, v: str | list[str]) -> str | list[str]:
+        """Each a ``tcp+sbs://HOST:PORT`` address (one error line for a bad one, whichever
+        form), at least one, none twice."""
+        addresses = [v] if isinstance(v, str) else v
+        if not addresses:
+            raise ValueError("give at least one address")
+        for address in addresses:
+            try:
+                parse_address(address)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+            if addresses.count(address) > 1:
+                raise ValueError(f"{address} is listed twice")
+        return v
+
+    @property
+    def event_servers(self) -> list[str]:
+        """The addresses of ``event_server``, as a list."""
+        return [self.event_server] if isinstance(self.event_server, str) else self.event_server
 
     @field_validator("tables")
     @classmethod

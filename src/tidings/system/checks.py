@@ -140,8 +140,9 @@ def _unserved_addresses(config: TidingsConfig) -> list[str]:
         for address in getattr(target, "server_addresses", [])
     ]
     followers += [
-        (f"intermediaries.{n}.event_server", i.event_server)
+        (f"intermediaries.{n}.event_server", address)
         for n, i in config.intermediaries.items()
+        for address in i.event_servers
     ]
     for where, address in followers:
         if host_port(address) not in served:
@@ -222,7 +223,7 @@ def _unfed_tables(config: TidingsConfig, feeds: dict[str, _Feed]) -> list[str]:
     by_address = _server_addresses(config)
     findings = []
     for name, section in config.intermediaries.items():
-        server = by_address.get(host_port(section.event_server))
+        server = by_address.get(host_port(section.event_servers[0]))
         if server is None:
             continue
         feed = feeds[server]

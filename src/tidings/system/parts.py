@@ -123,7 +123,7 @@ def parts_of(config: TidingsConfig, path: Path) -> list[Part]:
             "intermediary",
             tidings_command("intermediary", "serve", "-c", file, *chosen),
             host_port(settings.listen),
-            following(settings.event_server),
+            following(*settings.event_servers),
         )
         for name, chosen, settings in intermediaries
     )

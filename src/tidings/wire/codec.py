@@ -83,7 +83,7 @@ MESSAGE_TYPES: dict[str, frozenset[str]] = {
         }
     ),
     SYNCER: frozenset({"MsgReq", "MsgSynced", "MsgEvents", "MsgFlushReq", "MsgFlushRes"}),
-    TIDINGS_EVENTER: frozenset({"MsgRegisterReq"}),
+    TIDINGS_EVENTER: frozenset({"MsgRegisterReq", "MsgLatestByKeyReq"}),
     TIDINGS_SYNCER: frozenset({"MsgEvents"}),
 }
 

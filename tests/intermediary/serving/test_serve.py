@@ -6,6 +6,7 @@ with one line and exit code 2."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
@@ -168,16 +169,144 @@ def test_an_unreachable_event_server_is_one_line_and_exit_2(tmp_path: Path) -> N
     assert "intermediary listening" not in out.decode()
 
 
-def test_losing_the_event_server_ends_it_with_exit_2(
+async def _ride_out(url: str, server: ServerProcess) -> list[dict[str, Any]]:
+    """A subscriber of events and a view while ``server`` is SIGKILLed and started again,
+    with events and row changes before, during the outage's end and after: every message
+    it got, its connection never closed."""
+    got: list[dict[str, Any]] = []
+
+    async def until(subscriber: IntermediaryClient, last: Any) -> None:
+        while not last(message := await subscriber.message(60)):
+            got.append(message)
+        got.append(message)
+
+    def row(key: int, name: str, city: str) -> client.NewEvent:
+        return client.json_event(
+            ("db", "rows.users"), {"key": key, "row": {"id": key, "name": name, "city": city}}
+        )
+
+    async with await IntermediaryClient.connect(url) as subscriber:
+        await subscriber.subscribe_events("ev", [["app", "*"]])
+        await subscriber.subscribe_sql("v", "SELECT id, name FROM users ORDER BY id")
+        async with await client.connect(server.eventer) as producer:
+            await producer.register_with_response(
+                [client.json_event(("app", "1"), 1), row(1, "ann", "Oslo"), row(2, "bob", "Rome")]
+            )
+        await until(subscriber, lambda m: m.get("rows") == [[1, "ann"], [2, "bob"]])
+        server.kill()
+        await until(subscriber, lambda m: m["op"] == "status")
+        server.start()
+        async with await client.connect(server.eventer) as producer:
+            await producer.register_with_response(
+                [client.json_event(("app", "2"), 2), row(1, "ann", "Bergen"), row(3, "cy", "Oslo")]
+            )
+            await until(subscriber, lambda m: m["op"] == "status")
+            await producer.register_with_response(
+                [client.json_event(("app", "3"), 3), row(2, "bo", "Rome")]
+            )
+        await until(subscriber, lambda m: m.get("rows") == [[1, "ann"], [2, "bo"], [3, "cy"]])
+        assert subscriber.close_code is None and subscriber.stale == {}
+    return got
+
+
+@pytest.mark.slow
+def test_a_killed_event_server_is_ridden_out_and_subscribers_converge(
     tmp_path: Path, event_server: ServerProcess
 ) -> None:
+    """SIGKILL the event server under a served intermediary, then start it again: the
+    subscriber keeps its connection and subscriptions, is told the upstream is stale and then
+    fresh, gets every event once in order, and its view converges (row changes made while
+    the intermediary was away included)."""
     port = free_port()
-    proc = _serve(_config(tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer))
-    wait_for_port(port, 30, process=proc)
-    event_server.stop()
-    _assert_it_ends_with_exit_2(
-        proc, f"error: the connection to the event server {event_server.eventer} was lost"
+    config = _config(
+        tmp_path,
+        listen=f"127.0.0.1:{port}",
+        event_server=[event_server.eventer],
+        row_type_prefix=["db"],
+        tables=TABLES,
     )
+    proc = _serve(config)
+    try:
+        wait_for_port(port, 30, process=proc)
+        got = run(_ride_out(f"ws://127.0.0.1:{port}/", event_server), 120)
+    finally:
+        _, err = _stop(proc)
+    statuses = [m for m in got if m["op"] == "status"]
+    assert [m["stale"] for m in statuses] == [True, False]
+    assert all(m["upstream"] == "event_server" for m in statuses)
+    events = [m["payload"] for m in got if m["op"] == "event"]
+    assert events == [1, 2, 3]
+    # Stale after what came before the kill; event 2 (registered as the server came back)
+    # after it, caught up or live; fresh before what was registered after it.
+    order = [
+        ("event", m["payload"]) if m["op"] == "event" else ("stale", m["stale"])
+        for m in got
+        if m["op"] in ("event", "status")
+    ]
+    assert order.index(("event", 1)) < order.index(("stale", True)) < order.index(("event", 2))
+    assert order[-2:] == [("stale", False), ("event", 3)]
+    assert proc.returncode == 0, err
+    assert "intermediary chain: resynchronised" in err
+
+
+async def _move_to_peer(url: str, a: ServerProcess, b: ServerProcess) -> list[dict[str, Any]]:
+    """Events registered on ``a`` (and synced to ``b``), ``a`` SIGKILLed, more registered on
+    ``b`` meanwhile and after: what the subscriber got until the last one."""
+    got: list[dict[str, Any]] = []
+
+    async def until(subscriber: IntermediaryClient, last: Any) -> None:
+        while not last(message := await subscriber.message(60)):
+            got.append(message)
+        got.append(message)
+
+    async def register(server: ServerProcess, *payloads: int) -> None:
+        async with await client.connect(server.eventer) as producer:
+            await producer.register_with_response(
+                [client.json_event(("app", str(p)), p) for p in payloads]
+            )
+
+    async with await IntermediaryClient.connect(url) as subscriber:
+        await subscriber.subscribe_events("ev", [["app", "*"]])
+        await register(a, 1, 2)
+        await until(subscriber, lambda m: m.get("payload") == 2)
+        await register(b, 3)  # synced to a, notified by both
+        await until(subscriber, lambda m: m.get("payload") == 3)
+        a.kill()
+        await register(b, 4)
+        await until(subscriber, lambda m: m["op"] == "status" and not m["stale"])
+        await register(b, 5)
+        await until(subscriber, lambda m: m.get("payload") == 5)
+        assert subscriber.close_code is None
+    return got
+
+
+@pytest.mark.slow
+def test_an_intermediary_moves_to_the_peer_of_a_killed_server_and_folds_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    """A redundant pair (Syncer): the intermediary follows ``[a, b]``; ``a`` is SIGKILLed and
+    it moves to ``b``, which holds ``a``'s events with ``a``'s ids. The subscriber gets every
+    event once, in order, those registered on ``b`` while it moved included."""
+    ports = {name: {"eventer": free_port(), "syncer": free_port()} for name in "ab"}
+    syncers = {name: local_address(port["syncer"]) for name, port in ports.items()}
+    a = ServerProcess.tidings(tmp_path / "a", 1, ports["a"], [(2, syncers["b"])], "t0k3n")
+    b = ServerProcess.tidings(tmp_path / "b", 2, ports["b"], [(1, syncers["a"])], "t0k3n")
+    a.start()
+    b.start()
+    port = free_port()
+    config = _config(tmp_path, listen=f"127.0.0.1:{port}", event_server=[a.eventer, b.eventer])
+    proc = _serve(config)
+    try:
+        wait_for_port(port, 30, process=proc)
+        got = run(_move_to_peer(f"ws://127.0.0.1:{port}/", a, b), 120)
+    finally:
+        _, err = _stop(proc)
+        a.stop()
+        b.stop()
+    events = [m["payload"] for m in got if m["op"] == "event"]
+    assert events == [1, 2, 3, 4, 5]
+    assert [m["stale"] for m in got if m["op"] == "status"] == [True, False]
+    assert f"resynchronised from {b.eventer}" in err
 
 
 @pytest.mark.parametrize(
@@ -185,6 +314,15 @@ def test_losing_the_event_server_ends_it_with_exit_2(
     [
         ({"listen": "8100"}, "intermediary.listen: expected HOST:PORT"),
         ({"event_server": "http://h:1"}, "intermediary.event_server: address"),
+        (
+            {"event_server": ["tcp+sbs://h:1", "tcp+sbs://h"]},
+            "intermediary.event_server: address 'tcp+sbs://h': expected",
+        ),
+        ({"event_server": []}, "intermediary.event_server: give at least one"),
+        (
+            {"event_server": ["tcp+sbs://h:1", "tcp+sbs://h:1"]},
+            "intermediary.event_server: tcp+sbs://h:1 is listed twice",
+        ),
         (
             {"tables": {"users": {"columns": {"id": "integer"}, "keyed_by": "uid"}}},
             "intermediary.tables.users: keyed_by: 'uid' is not one of the columns",
@@ -377,7 +515,7 @@ def test_a_region_is_served_from_a_spatial_publisher_and_sigterm_ends_both(
     ) in feed_out
 
 
-def test_a_spatial_publisher_not_there_or_gone_ends_it_with_exit_2(
+def test_a_spatial_publisher_not_there_at_start_is_one_line_and_exit_2(
     tmp_path: Path, event_server: ServerProcess
 ) -> None:
     feed_port, port = free_port(), free_port()
@@ -393,16 +531,77 @@ def test_a_spatial_publisher_not_there_or_gone_ends_it_with_exit_2(
     assert len(lines) == 1 and lines[0].startswith(
         f"error: feed: cannot connect to ws://127.0.0.1:{feed_port}/"
     ), lines
-    publisher = _simulate(feed_port)
-    try:
-        wait_for_port(feed_port, 30, process=publisher)
-        proc = _serve(config)
-        wait_for_port(port, 30, process=proc)
-    finally:
-        _stop(publisher)
-    _assert_it_ends_with_exit_2(
-        proc, f"error: the connection to the spatial publisher ws://127.0.0.1:{feed_port}/ was lost"
+
+
+async def _region_across_restart(url: str, restart: Any) -> tuple[list[Any], list[Any], list[Any]]:
+    """A region's frames before the publisher goes, the status messages, and frames after
+    it is back (``restart`` stops and starts it), on one connection."""
+    async with await IntermediaryClient.connect(url) as subscriber:
+        await subscriber.subscribe("near", SPHERE, rate_hz=20)
+        before = await _frames(subscriber, 2)
+        restart_task = asyncio.get_running_loop().run_in_executor(None, restart)
+        statuses = [await subscriber.message(60), await subscriber.message(60)]
+        await restart_task
+        async for _ in subscriber.frames():  # frames sent before the fresh status
+            break
+        after = await _frames(subscriber, 3)
+        assert subscriber.close_code is None
+        return before, statuses, after
+
+
+async def _frames(subscriber: IntermediaryClient, count: int) -> list[Any]:
+    frames = []
+    async for frame in subscriber.frames():
+        if frame.ids.size:
+            frames.append(frame)
+        if len(frames) == count:
+            return frames
+    raise AssertionError("the subscription ended")
+
+
+@pytest.mark.slow
+def test_a_spatial_publisher_gone_and_back_is_ridden_out_with_its_new_state(
+    tmp_path: Path, event_server: ServerProcess
+) -> None:
+    """The publisher (3000 agents) is stopped and another (1000 agents, ids below 1000)
+    started on its port: the region's subscriber is told the spatial upstream is stale and
+    then fresh, keeps its connection and subscription, and its frames then hold only the new
+    publisher's agents (the old ones were deleted, not kept as ghosts)."""
+    feed_port, port = free_port(), free_port()
+    spatial = {"upstream": f"ws://127.0.0.1:{feed_port}/", "world_lo": [0, 0]}
+    spatial["world_hi"] = [200, 200]
+    config = _config(
+        tmp_path, listen=f"127.0.0.1:{port}", event_server=event_server.eventer, spatial=spatial
     )
+    publishers = [_simulate(feed_port)]
+
+    def restart() -> None:
+        _stop(publishers[0])
+        publishers.append(_simulate(feed_port, "--agents", "1000", "--seed", "5"))
+        wait_for_port(feed_port, 30, process=publishers[-1])
+
+    try:
+        wait_for_port(feed_port, 30, process=publishers[0])
+        proc = _serve(config)
+        try:
+            wait_for_port(port, 30, process=proc)
+            before, statuses, after = run(
+                _region_across_restart(f"ws://127.0.0.1:{port}/", restart), 120
+            )
+        finally:
+            _, err = _stop(proc)
+    finally:
+        for publisher in publishers:
+            if publisher.poll() is None:
+                _stop(publisher)
+    assert max(int(f.ids.max()) for f in before) >= 1000  # the first publisher's agents
+    assert [(m["op"], m["upstream"], m["stale"]) for m in statuses] == [
+        ("status", "spatial", True),
+        ("status", "spatial", False),
+    ]
+    assert all(int(f.ids.max()) < 1000 for f in after)
+    assert proc.returncode == 0, err
+    assert "feed: resynchronised" in err
 
 
 @pytest.mark.parametrize(

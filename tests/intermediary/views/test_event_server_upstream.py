@@ -10,7 +10,7 @@ import json
 import random
 import socket
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from tidings.intermediary.serving.envelope import DROPPED_CLOSE_CODE
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
 from tidings.intermediary.views.sqltables import TableState
 from tidings.intermediary.views.sqlviews import SqlLimits
+from tidings.server.eventer.server import EventerServer
 
 pytestmark = pytest.mark.sockets
 
@@ -432,24 +433,54 @@ def test_a_key_names_one_subscription_whatever_its_kind(tmp_path: Path) -> None:
     run(main())
 
 
-def test_when_the_event_server_goes_away_new_upstream_needs_get_a_clear_error(
+def test_while_the_event_server_is_away_subscribers_are_told_and_new_needs_wait_for_it(
     tmp_path: Path,
 ) -> None:
+    """The server's Eventer closes and opens again on the same store and port: the
+    subscriber is told the upstream is stale and then fresh, keeps its connection, may
+    subscribe meanwhile (to what needs the server), and gets every event registered while
+    the intermediary was away once, in order, for the old and the new subscription."""
+
     async def main() -> None:
         async with _subscriber(tmp_path) as (srv, rig, client):
+            got: list[dict[str, Any]] = []
             await client.subscribe_events("a", [["app", "*"]])
+            async with await connect(srv.address) as producer:
+                await producer.register_with_response([json_event(("app", "1"), 1)])
             await srv.server.aclose()
-            await asyncio.wait_for(_until(lambda: rig.tap.chain.closed is not None), WAIT)
-            with pytest.raises(IntermediaryError, match="chain: not connected"):
-                await client.subscribe_events("b", [["other"]])
-            # What needs nothing new upstream is still taken, and the connection goes on.
-            assert (await client.subscribe_events("c", [["app", "x"]]))["covered"] is True
-            assert sorted(rig.views.subscriptions(client.subscriber)) == ["a", "c"]
-            # Unsubscribing still works; upstream cannot shrink, which only costs events.
-            assert (await client.unsubscribe("a"))["removed"] == 1
-            assert rig.views.patterns == (("app", "*"),)
+            stale = await _read_until(client, got, lambda m: m["op"] == "status")
+            assert stale["upstream"] == "event_server" and stale["stale"] is True
+            assert stale["reason"]
+            assert (await client.subscribe_events("b", [["other"]]))["covered"] is False
+            server = await EventerServer.start(srv.address, srv.engine)
+            try:
+                async with await connect(srv.address) as producer:
+                    await producer.register_with_response(
+                        [json_event(("app", "2"), 2), json_event(("other",), 3)]
+                    )
+                fresh = await _read_until(client, got, lambda m: m["op"] == "status")
+                assert fresh == {"op": "status", "upstream": "event_server", "stale": False}
+                async with await connect(srv.address) as producer:
+                    await producer.register_with_response([json_event(("app", "3"), 4)])
+                await _read_until(client, got, lambda m: m.get("payload") == 4)
+            finally:
+                await server.aclose()
+            events = [(m["key"], m["payload"]) for m in got if m["op"] == "event"]
+            assert events == [("a", 1), ("a", 2), ("b", 3), ("a", 4)]
+            assert rig.tap.chain.resyncs == 1 and rig.tap.chain.stale is None
 
     run(main())
+
+
+async def _read_until(
+    client: IntermediaryClient, got: list[dict[str, Any]], last: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """Read messages into ``got`` up to the first for which ``last`` holds; that one."""
+    while True:
+        message = await client.message(WAIT)
+        got.append(message)
+        if last(message):
+            return message
 
 
 def test_a_view_stopped_by_its_bounds_says_so_and_the_subscription_goes_on(

@@ -7,7 +7,9 @@ decoded (:func:`.generation.decode_frame`) into a bounded buffer that :meth:`fra
 iterates. The buffer keeps the latest frames: a caller slower than the server loses the
 oldest (counted in :attr:`IntermediaryClient.overflowed`), as the server itself would drop
 them. JSON messages of event and SQL-view subscriptions (``op`` ``event`` or ``view``) are a
-stream: they are all kept, in order, for :meth:`IntermediaryClient.message`.
+stream: they are all kept, in order, for :meth:`IntermediaryClient.message`, and so are the
+server's ``status`` messages (an upstream lost or back), in order with them;
+:attr:`IntermediaryClient.stale` says which upstreams are stale now.
 """
 
 from __future__ import annotations
@@ -31,9 +33,17 @@ class IntermediaryClient(Subscriber):
     """A subscriber connected to one intermediary; use :meth:`connect` (``async with``
     closes it)."""
 
-    def __init__(self, websocket: Any, subscriber: int, max_buffered: int) -> None:
+    def __init__(
+        self,
+        websocket: Any,
+        subscriber: int,
+        max_buffered: int,
+        stale: dict[str, str] | None = None,
+    ) -> None:
         self.websocket = websocket
         self.subscriber = subscriber
+        #: The server's upstreams that are stale (name -> why), as its messages said so far.
+        self.stale: dict[str, str] = dict(stale or {})
         self.overflowed = 0
         self.close_code: int | None = None
         self.close_reason: str | None = None
@@ -55,7 +65,7 @@ class IntermediaryClient(Subscriber):
         if hello.get("op") != "hello":
             await websocket.close()
             raise IntermediaryError(f"client: expected a hello, got {hello!r}")
-        return cls(websocket, int(hello["subscriber"]), max_buffered)
+        return cls(websocket, int(hello["subscriber"]), max_buffered, hello.get("stale"))
 
     async def _subscribe_region(self, key: str, request: dict[str, Any]) -> dict[str, Any]:
         """A refusal raises :class:`IntermediaryError` with the server's message."""
@@ -143,8 +153,13 @@ class IntermediaryClient(Subscriber):
     def _on_text(self, message: dict[str, Any]) -> None:
         """A JSON message from the server: here, the reply to the request waiting (a
         subclass that follows the cluster's pushed messages routes those elsewhere), or an
-        event or view message of an event-type or SQL subscription."""
-        if message.get("op") in ("event", "view"):
+        event or view message of an event-type or SQL subscription, or a status."""
+        if message.get("op") == "status":
+            if message.get("stale"):
+                self.stale[str(message.get("upstream"))] = str(message.get("reason"))
+            else:
+                self.stale.pop(str(message.get("upstream")), None)
+        if message.get("op") in ("event", "view", "status"):
             self._messages.put_nowait(message)
         else:
             self._replies.put_nowait(message)

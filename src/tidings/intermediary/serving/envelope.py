@@ -43,3 +43,13 @@ def open_envelope(message: bytes) -> tuple[str, bytes]:
 def clip_reason(reason: str) -> str:
     """``reason`` cut to what a close frame carries (:data:`MAX_REASON_BYTES` of UTF-8)."""
     return reason.encode()[:MAX_REASON_BYTES].decode(errors="ignore")
+
+
+def status_message(upstream: str, stale: str | None) -> dict[str, object]:
+    """The message that tells every subscriber an upstream (``event_server`` or ``spatial``)
+    was lost (``stale``: why; what is served is its last state, and it reconnects) or is
+    back and caught up (``stale`` None). Subscriptions stay as they are either way."""
+    message: dict[str, object] = {"op": "status", "upstream": upstream, "stale": stale is not None}
+    if stale is not None:
+        message["reason"] = stale
+    return message

@@ -17,26 +17,29 @@ also subscribes to a publisher of moving entities over the spatial feed
 subscriptions (and the moving map at ``/view``) from it; without it a ``region``
 subscription is answered with an error naming that, and the others go on.
 
-The connections upstream are made once: an unreachable event server or spatial publisher at
-start is an :class:`~tidings.errors.IntermediaryError` (the command's exit 2), and a
-connection lost while serving ends the service with one too, after closing every
-subscriber's connection;
-restarting is the supervisor's job (systemd ``Restart=on-failure``), because subscribers
-must re-subscribe anyway to get a view that is complete again.
+An event server (none of the group's addresses answering) or spatial publisher unreachable at
+start is an :class:`~tidings.errors.IntermediaryError` (the command's exit 2). A connection
+lost while serving is ridden out: the service keeps serving the last state, tells every
+subscriber the upstream is stale (:func:`.envelope.status_message`), reconnects with backoff
+and resynchronises (:class:`~.event_server_upstream.TidingsChain`,
+:class:`~.feed.resilient.ResilientFeed`), then tells them it is fresh; no subscriber re-subscribes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from tidings.config import IntermediaryConfig
 from tidings.errors import IntermediaryError
-from tidings.intermediary.feed.remote import RemoteFeed, remote_intermediary
+from tidings.intermediary.feed.resilient import ResilientFeed
 from tidings.intermediary.node.intermediary import Intermediary
+from tidings.intermediary.node.scheduling import Scheduler
+from tidings.intermediary.regions.coverage import UpstreamPolicy
 from tidings.intermediary.regions.geometry import Box
 from tidings.intermediary.serving.page import static_page_routes
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
@@ -45,9 +48,6 @@ from tidings.intermediary.views.eventviews import EventViews
 from tidings.intermediary.views.sqlviews import Catalog, SqlLimits
 
 log = logging.getLogger(__name__)
-
-#: How often the service looks whether the event server's connection is still open.
-_WATCH_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,27 @@ class _NoSpatialUpstream:
             raise IntermediaryError("region: this intermediary has no spatial upstream")
 
 
+async def spatial_intermediary(
+    urls: Sequence[str], world: Box, margin: float
+) -> tuple[Intermediary, ResilientFeed]:
+    """An intermediary fed by the spatial publisher at ``urls`` through a
+    :class:`ResilientFeed` (see :func:`.feed.remote.remote_intermediary` for its policy)."""
+    node: Intermediary | None = None
+
+    def held() -> np.ndarray:
+        return np.empty(0, np.int64) if node is None else np.asarray(node.state.snapshot().ids)
+
+    feed = await ResilientFeed.connect(urls, world.dim, held)
+    node = Intermediary(
+        world.dim,
+        feed,
+        world=world,
+        policy=UpstreamPolicy.margin(margin),
+        scheduler=Scheduler(per_epoch=True),
+    )
+    return node, feed
+
+
 class EventServerIntermediary(IntermediaryServer):
     """An intermediary server whose upstream is an event server (events and SQL views) and,
     if ``spatial`` is given, a spatial publisher (``region`` subscriptions)."""
@@ -87,14 +108,17 @@ class EventServerIntermediary(IntermediaryServer):
         *,
         tick_s: float,
         limits: TransportLimits,
-        spatial: tuple[Intermediary, RemoteFeed] | None = None,
+        spatial: tuple[Intermediary, ResilientFeed] | None = None,
+        upstreams: Callable[[], Mapping[str, str | None]] | None = None,
     ) -> None:
         node, source = (
             (Intermediary(2, _NoSpatialUpstream()), None)
             if spatial is None
             else (spatial[0], spatial[1].take)
         )
-        super().__init__(node, source=source, views=views, tick_s=tick_s, limits=limits)
+        super().__init__(
+            node, source=source, views=views, tick_s=tick_s, limits=limits, upstreams=upstreams
+        )
         self.event_server = event_server
         self.spatial = spatial is not None
         self.app.router.routes.extend(static_page_routes("live"))
@@ -108,10 +132,6 @@ class EventServerIntermediary(IntermediaryServer):
                 "which has no spatial state; subscribe to events or sql"
             )
         return await super().handle_request(subscriber, request)
-
-
-def _lost(spatial: tuple[Intermediary, RemoteFeed] | None) -> bool:
-    return spatial is not None and spatial[1].closed.is_set()
 
 
 def catalog_of(config: IntermediaryConfig) -> Catalog | None:
@@ -129,23 +149,22 @@ async def serve_intermediary(
     stop: asyncio.Event,
     on_listening: Callable[[Listening], None] | None = None,
 ) -> None:
-    """Serve until ``stop`` is set; an :class:`IntermediaryError` if the event server cannot
-    be reached, the address cannot be listened on, or the event server's connection is lost."""
+    """Serve until ``stop`` is set; an :class:`IntermediaryError` if no event server of the
+    configuration can be reached at start or the address cannot be listened on."""
     host, _, port = config.listen.rpartition(":")
     host = host.strip("[]")
     limits = config.limits
     catalog = catalog_of(config)
     chain = TidingsChain(
-        config.event_server, request_timeout=config.request_timeout.total_seconds()
+        config.event_servers, request_timeout=config.request_timeout.total_seconds()
     )
     await chain.start()
-    spatial: tuple[Intermediary, RemoteFeed] | None = None
-    lost: str | None = None
+    spatial: tuple[Intermediary, ResilientFeed] | None = None
     try:
         if config.spatial is not None:
             world = Box(tuple(config.spatial.world_lo), tuple(config.spatial.world_hi))
-            spatial = await remote_intermediary(
-                config.spatial.upstream, world, config.spatial.margin
+            spatial = await spatial_intermediary(
+                [config.spatial.upstream], world, config.spatial.margin
             )
         views = EventViews(
             chain,
@@ -157,7 +176,7 @@ async def serve_intermediary(
             max_per_subscriber=limits.max_subscriptions_per_subscriber,
         )
         server = EventServerIntermediary(
-            config.event_server,
+            ", ".join(config.event_servers),
             views,
             tick_s=config.tick.total_seconds(),
             limits=TransportLimits(
@@ -168,6 +187,10 @@ async def serve_intermediary(
                 max_queued_messages=limits.max_queued_messages,
             ),
             spatial=spatial,
+            upstreams=lambda: {
+                "event_server": chain.stale,
+                **({} if spatial is None else {"spatial": spatial[1].stale}),
+            },
         )
         await server.start(host, int(port))
         try:
@@ -185,23 +208,11 @@ async def serve_intermediary(
             )  # fmt: skip
             if on_listening is not None:
                 on_listening(where)
-            while not stop.is_set() and chain.closed is None and not _lost(spatial):
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_WATCH_S):
-                        await stop.wait()
+            await stop.wait()
         finally:
             await server.aclose()
     finally:
         if spatial is not None:
-            lost = spatial[1].closed_reason if _lost(spatial) else None
             await spatial[1].aclose()
         await chain.aclose()
-    if chain.closed is not None:
-        raise IntermediaryError(
-            f"the connection to the event server {config.event_server} was lost: {chain.closed}"
-        )
-    if spatial is not None and lost is not None:  # ended by the publisher, not by stop
-        raise IntermediaryError(
-            f"the connection to the spatial publisher {spatial[1].url} was lost: {lost}"
-        )
-    log.info("intermediary stopped", extra={"event_server": config.event_server})
+    log.info("intermediary stopped", extra={"event_server": chain.address})

@@ -10,7 +10,8 @@ and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "c
 "from_epoch"}``, ``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error",
 "message"}``; a bad request is answered and the connection goes on) and binary messages,
 one per frame: a one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s
-layout). The first message is ``{"op": "hello", "subscriber": <id>}``. The same server
+layout). The first message is ``{"op": "hello", "subscriber": <id>}`` (with ``"stale":
+{upstream: reason}`` while an upstream is lost). The same server
 serves the web page of one subscriber's live view (:mod:`.page`: ``GET /view``).
 
 Slow subscribers never hold the others ([146]): each connection (:mod:`.connection`) has one
@@ -43,6 +44,11 @@ subscriber whose backlog from earlier ticks is over ``max_queued_messages`` is c
 not sent yet is replaced by the next one (counted like a replaced frame). A key names one
 subscription whatever its kind: a subscribe replaces the key's previous subscription of any
 kind.
+
+With ``upstreams`` (each upstream's name -> why it is stale, or None), an upstream that is
+lost or back is announced to every connection after the tick's messages
+(:func:`.envelope.status_message`: ``{"op": "status", "upstream", "stale", "reason"}``);
+meanwhile the subscribers are served the last state and keep their subscriptions.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +73,12 @@ from tidings.errors import IntermediaryError
 from tidings.intermediary.node.batches import UpdateBatch
 from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, Intermediary, Served
 from tidings.intermediary.serving.connection import Connection
-from tidings.intermediary.serving.envelope import DROPPED_CLOSE_CODE, FULL_CLOSE_CODE, clip_reason
+from tidings.intermediary.serving.envelope import (
+    DROPPED_CLOSE_CODE,
+    FULL_CLOSE_CODE,
+    clip_reason,
+    status_message,
+)
 from tidings.intermediary.serving.page import page_routes
 from tidings.serving import QuietServer, listen
 from tidings.tasks import stop_task
@@ -118,8 +129,12 @@ class IntermediaryServer:
         limits: TransportLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         views: EventViews | None = None,
+        upstreams: Callable[[], Mapping[str, str | None]] | None = None,
     ) -> None:
         self.intermediary = intermediary
+        #: Each upstream's name -> why it is stale (None: fresh), asked every tick.
+        self.upstreams = upstreams
+        self._stale: dict[str, str] = {}
         self.views = views
         self.source = source
         self.tick_s = tick_s
@@ -223,12 +238,29 @@ class IntermediaryServer:
         kicks = self.intermediary.take_disconnects()
         if self.views is not None:
             kicks += self._queue(self.views.step(self.clock(), self.budget))
+        self._announce()
         for subscriber, reason in kicks:
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
             if conn is not None and not conn.kicked.is_set():
                 conn.reason = reason
                 conn.kicked.set()
         return len(round_)
+
+    def _announce(self) -> None:
+        """Tell every subscriber of an upstream that became stale or fresh again, after the
+        tick's messages (so a ``fresh`` follows the events that caught up)."""
+        if self.upstreams is None:
+            return
+        now = {name: why for name, why in self.upstreams().items() if why is not None}
+        changed: list[tuple[str, str | None]] = [
+            (n, w) for n, w in now.items() if self._stale.get(n) != w
+        ]
+        changed += [(n, None) for n in self._stale if n not in now]
+        self._stale = now
+        for name, why in changed:
+            message = status_message(name, why)
+            for conn in self.connections.values():
+                conn.queue(message)
 
     def notify(self, subscriber: int, message: dict[str, object]) -> bool:
         """Push ``message`` (JSON) to ``subscriber`` after every frame already offered to it;
@@ -289,7 +321,10 @@ class IntermediaryServer:
         reader = asyncio.create_task(self._reader(conn))
         kicked = asyncio.create_task(conn.kicked.wait())
         try:
-            await websocket.send_text(json.dumps({"op": "hello", "subscriber": conn.id}))
+            hello: dict[str, object] = {"op": "hello", "subscriber": conn.id}
+            if self._stale:
+                hello["stale"] = dict(self._stale)
+            await websocket.send_text(json.dumps(hello))
             await asyncio.wait({reader, writer, kicked}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (reader, writer, kicked):

@@ -1,19 +1,31 @@
-"""The tidings chain upstream: an intermediary fed by the event server.
+"""The tidings chain upstream: an intermediary fed by the event server (or by any server of a
+redundant group).
 
-:class:`TidingsChain` is one connection of the public client (:mod:`tidings.client`, the Hat
-Eventer protocol) to the event server. It implements
+:class:`TidingsChain` is a connection of the public client (:mod:`tidings.client`, the Hat
+Eventer protocol) to one of the group's addresses. It implements
 :class:`~tidings.intermediary.views.eventviews.ChainUpstream`: :meth:`TidingsChain.update`
 replaces the server's subscription with the intermediary's pattern set, and a background
 task receives notifications and queues them as :class:`~.eventviews.ChainBatch` es that
 :meth:`TidingsChain.take` hands over, one epoch's worth at a time.
 
-Initial state. A table newly folded is loaded with a query (all its row events, oldest
-first) *after* the subscription that includes its row type: an event committed meanwhile is
-then in the query's answer, in the notifications, or in both, never in neither. Its row
-events notified while the load is under way are held; when the answer comes, the load and
-the held events newer than the answer's newest (event ids grow in the server's order) go out
-as one batch, and from then on a row event of that table is folded only when it is newer
-than the load's newest, so nothing is folded twice or out of order.
+Initial state. A table newly folded is loaded with a query *after* the subscription that
+includes its row type, while the notifications are held: an event committed meanwhile is then
+in the query's answer, in the held notifications, or in both, never in neither. The load is
+the newest row event of every key (:meth:`tidings.client.Client.query_latest_by_key`, a
+tidings extension the server answers from its store), so it costs the table's size, not its
+history. Its newest event ids are the table's floor (a
+:class:`~.resync.Watermark`): a row event is folded only if it is past the floor, so nothing is
+folded twice.
+
+Losing the server. When the connection ends the chain is *stale* (:attr:`TidingsChain.stale`
+says why) and the intermediary goes on serving what it holds. It tries the addresses in turn,
+waiting by a :class:`~tidings.tasks.Backoff` after each round that reached none; once one
+answers it subscribes again and asks for every event of its patterns since the
+:class:`~.resync.Watermark`'s time, holding notifications meanwhile, and hands over only
+events past the mark (the same mark every notification passes). Subscriptions changed while
+stale are taken and recorded, and tables added meanwhile are loaded then. Only then is it
+fresh again. So subscribers see every event once, in order, and views converge, without
+re-subscribing.
 
 A request on the connection is answered only after the server took every message sent
 before it, so after a change of subscription a small query serves as a barrier:
@@ -21,69 +33,84 @@ before it, so after a change of subscription a small query serves as a barrier:
 
 Backpressure: at most ``max_batches`` batches wait for :meth:`take`; past that the task stops
 receiving, and the server, whose notifications then queue, drops the connection as a slow
-subscriber (it is a bug in the caller, who takes every tick). The connection is not
-re-established after a loss (:attr:`TidingsChain.closed` says why).
+subscriber (it is a bug in the caller, who takes every tick); the chain then resynchronises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from tidings.client import (
-    Client,
-    ConnectionClosed,
-    EventId,
-    QueryData,
-    QueryType,
-    StoredEvent,
-    connect,
-)
+from tidings.client import Client, ConnectionClosed, QueryData, QueryType, StoredEvent, connect
 from tidings.errors import IntermediaryError, TidingsError
 from tidings.intermediary.views.eventviews import ChainBatch
-from tidings.tasks import stop_task
+from tidings.intermediary.views.resync import Watermark
+from tidings.tasks import Backoff, stop_task
 
 log = logging.getLogger(__name__)
 
 
 class TidingsChain:
-    """Upstream of :class:`~.eventviews.EventViews` over an event server at ``address``
-    (``tcp+sbs://host:port``). :meth:`start`, then :meth:`aclose`."""
+    """Upstream of :class:`~.eventviews.EventViews` over an event server at ``addresses``
+    (``tcp+sbs://host:port``, one or the servers of a group, tried in turn). :meth:`start`,
+    then :meth:`aclose`."""
 
     def __init__(
-        self, address: str, *, max_batches: int = 10_000, request_timeout: float = 30.0
+        self,
+        addresses: str | Sequence[str],
+        *,
+        max_batches: int = 10_000,
+        request_timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        backoff: Backoff | None = None,
     ) -> None:
-        self.address = address
+        self.addresses = (addresses,) if isinstance(addresses, str) else tuple(addresses)
+        if not self.addresses:
+            raise IntermediaryError("chain: expected at least one event server address")
+        #: The address connected to (or last connected to).
+        self.address = self.addresses[0]
         self.max_batches = max_batches
         self.request_timeout = request_timeout
-        #: Why the connection ended (None while it is open).
-        self.closed: str | None = None
+        self.connect_timeout = connect_timeout
+        self.backoff = backoff or Backoff()
+        #: Why the chain is not fresh (None while connected and in sync).
+        self.stale: str | None = "not started"
+        #: How many times it reconnected and resynchronised.
+        self.resyncs = 0
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
+        self._receiver: asyncio.Task[str] | None = None
+        self._lock = asyncio.Lock()
         self._inbox: deque[ChainBatch] = deque()
         self._room = asyncio.Event()
         self._room.set()
-        #: row type -> table, for the tables folded (loading or live).
+        #: Notifications held while a load or a resynchronisation is under way.
+        self._holding: list[StoredEvent] | None = None
+        self._seen = Watermark()
+        self._patterns: tuple[QueryType, ...] = ()
+        #: row type -> table, for the tables folded (loaded or not yet).
         self._types: dict[QueryType, str] = {}
-        #: Held row events of tables being loaded.
-        self._loading: dict[str, list[StoredEvent]] = {}
-        #: The newest event id of each live table's load (None: the load was empty).
-        self._floors: dict[str, EventId | None] = {}
+        #: Each loaded table's floor; a table without one waits for its load.
+        self._floors: dict[str, Watermark] = {}
 
     async def start(self) -> None:
-        try:
-            self._client = await connect(self.address, request_timeout=self.request_timeout)
-        except (OSError, TidingsError) as exc:
-            raise IntermediaryError(f"chain: cannot connect to {self.address}: {exc}") from exc
-        self._task = asyncio.get_running_loop().create_task(self._receive())
+        """Connect to the first address that answers; none answering is an error here (a
+        loss later is ridden out)."""
+        self._client = await self._connect_any()
+        self.stale = None
+        self._task = asyncio.get_running_loop().create_task(self._run(self._client))
 
     async def aclose(self) -> None:
         if self._task is not None:
             await stop_task(self._task)
+        if self._receiver is not None:
+            await stop_task(self._receiver)
         if self._client is not None:
             await self._client.aclose()
+        self.stale = "closed"
 
     def take(self) -> list[ChainBatch]:
         batches = list(self._inbox)
@@ -92,53 +119,136 @@ class TidingsChain:
         return batches
 
     async def update(self, patterns: Sequence[QueryType], tables: Mapping[str, QueryType]) -> None:
-        client = self._client
-        if client is None or self.closed is not None:
-            raise IntermediaryError(f"chain: not connected ({self.closed or 'not started'})")
-        new = {t: ty for t, ty in tables.items() if t not in self._types.values()}
-        for table in set(self._types.values()) - set(tables):
-            self._floors.pop(table, None)
-            self._loading.pop(table, None)
-        for table in new:
-            self._loading[table] = []
-        self._types = {ty: t for t, ty in tables.items()}
-        try:
-            await client.subscribe(list(patterns))
-            for table, row_type in new.items():
-                loaded = await client.query(QueryData(event_types=(row_type,), order="ascending"))
-                floor = max((e.id for e in loaded), default=None)
-                held = [e for e in self._loading.pop(table) if floor is None or e.id > floor]
-                self._floors[table] = floor
-                self._inbox.append(ChainBatch(rows={table: (*loaded, *held)}))
-            if not new:  # the barrier: answered once the subscription is taken
-                await client.query(QueryData(max_results=0))
-        except TidingsError as exc:
-            for table in new:
-                self._loading.pop(table, None)
-                self._floors.pop(table, None)
-            self._types = {ty: t for ty, t in self._types.items() if t not in new}
-            raise IntermediaryError(f"chain: {exc}") from exc
+        async with self._lock:
+            old = (self._patterns, dict(self._types), dict(self._floors))
+            self._patterns = tuple(patterns)
+            self._types = {ty: t for t, ty in tables.items()}
+            self._floors = {t: f for t, f in self._floors.items() if t in tables}
+            client = self._client
+            if client is None:  # stale: taken now, done when the server is back
+                return
+            try:
+                await self._apply(client)
+            except ConnectionClosed:  # lost meanwhile: the resynchronisation will do it
+                return
+            except TidingsError as exc:
+                self._patterns, self._types, self._floors = old
+                raise IntermediaryError(f"chain: {exc}") from exc
 
-    async def _receive(self) -> None:
-        assert self._client is not None
+    # -- the connection ----------------------------------------------------------------
+
+    async def _apply(self, client: Client, *, since_us: int | None = None) -> None:
+        """Subscribe ``client`` to the patterns and load the tables not loaded yet (and, with
+        ``since_us``, catch up from then), the notifications held meanwhile."""
+        unloaded = [(t, ty) for ty, t in self._types.items() if t not in self._floors]
+        self._holding = []
+        try:
+            await client.subscribe(list(self._patterns))
+            missed: list[StoredEvent] = []
+            if since_us is not None and self._patterns:
+                query = QueryData(event_types=self._patterns, t_from=since_us, order="ascending")
+                missed = await client.query(query)
+            for table, row_type in unloaded:
+                loaded = await client.query_latest_by_key(row_type)
+                floor = Watermark()
+                floor.take(loaded)
+                self._floors[table] = floor
+                self._inbox.append(ChainBatch(rows={table: tuple(loaded)}))
+            if since_us is None and not unloaded:  # the barrier: answered once subscribed
+                await client.query(QueryData(max_results=0))
+            self._deliver(missed)
+            self._deliver(self._holding)
+        finally:
+            self._holding = None
+
+    async def _connect_any(self) -> Client:
+        """One round over the addresses, from the one last used."""
+        start = self.addresses.index(self.address)
+        errors = []
+        for address in self.addresses[start:] + self.addresses[:start]:
+            try:
+                client = await connect(
+                    address, timeout=self.connect_timeout, request_timeout=self.request_timeout
+                )
+            except (OSError, TimeoutError, TidingsError) as exc:
+                errors.append(f"{address}: {exc or type(exc).__name__}")
+                continue
+            self.address = address
+            return client
+        if len(errors) == 1:
+            raise IntermediaryError(f"chain: cannot connect to {errors[0]}")
+        raise IntermediaryError(f"chain: cannot connect to any event server: {'; '.join(errors)}")
+
+    async def _run(self, client: Client) -> None:
+        """Receive from ``client``; when it is lost, reconnect and resynchronise, forever."""
+        self._receiver = asyncio.get_running_loop().create_task(self._receive(client))
+        while True:
+            self.stale = await self._receiver
+            lost_at_us = time.time_ns() // 1000
+            self._client = None
+            log.warning(
+                "intermediary chain to %s lost: %s; serving stale state, reconnecting",
+                self.address,
+                self.stale,
+            )
+            await client.aclose()
+            client, self._receiver = await self._resync(lost_at_us)
+
+    async def _resync(self, lost_at_us: int) -> tuple[Client, asyncio.Task[str]]:
+        """Reconnect (with backoff) and catch up; the new connection, fresh, and its
+        receiving task (started before the subscription, so nothing is left unread)."""
+        while True:
+            try:
+                client = await self._connect_any()
+            except IntermediaryError as exc:
+                delay = self.backoff.next_delay()
+                log.info("intermediary chain: %s; next try in %.2f s", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            self._receiver = receiver = asyncio.get_running_loop().create_task(
+                self._receive(client)
+            )
+            try:
+                async with self._lock:
+                    await self._apply(client, since_us=self._seen.since(lost_at_us))
+                    self._client = client
+            except TidingsError as exc:
+                log.warning("intermediary chain: resynchronising from %s: %s", self.address, exc)
+                await stop_task(receiver)
+                await client.aclose()
+                await asyncio.sleep(self.backoff.next_delay())
+                continue
+            self.backoff.reset()
+            self.resyncs += 1
+            self.stale = None
+            log.warning("intermediary chain: resynchronised from %s", self.address)
+            return client, receiver
+
+    async def _receive(self, client: Client) -> str:
+        """Take notifications until the connection ends; why it ended."""
         try:
             while True:
                 await self._room.wait()
-                events = await self._client.receive()
-                rows: dict[str, list[StoredEvent]] = {}
-                for event in events:
-                    table = self._types.get(event.type)
-                    if table is None:
-                        continue
-                    if table in self._loading:
-                        self._loading[table].append(event)
-                    elif (floor := self._floors.get(table)) is None or event.id > floor:
-                        rows.setdefault(table, []).append(event)
-                self._inbox.append(
-                    ChainBatch(tuple(events), {t: tuple(e) for t, e in rows.items()})
-                )
-                if len(self._inbox) >= self.max_batches:
-                    self._room.clear()
+                events = await client.receive()
+                if self._holding is not None:
+                    self._holding.extend(events)
+                else:
+                    self._deliver(events)
+                    if len(self._inbox) >= self.max_batches:
+                        self._room.clear()
         except (ConnectionClosed, TidingsError) as exc:
-            self.closed = str(exc) or type(exc).__name__
-            log.error("intermediary chain to %s closed: %s", self.address, self.closed)
+            return str(exc) or type(exc).__name__
+
+    def _deliver(self, events: Sequence[StoredEvent]) -> None:
+        """Queue the events past the mark as one batch, with the row events to fold (those
+        of loaded tables, past the table's floor)."""
+        fresh = self._seen.take(events)
+        if not fresh:
+            return
+        rows: dict[str, list[StoredEvent]] = {}
+        for event in fresh:
+            table = self._types.get(event.type)
+            floor = None if table is None else self._floors.get(table)
+            if floor is not None and floor.is_new(event.id):
+                rows.setdefault(table, []).append(event)  # type: ignore[arg-type]
+        self._inbox.append(ChainBatch(tuple(fresh), {t: tuple(e) for t, e in rows.items()}))

@@ -90,7 +90,8 @@ class ChainUpstream(Protocol):
     async def update(self, patterns: Sequence[QueryType], tables: Mapping[str, QueryType]) -> None:
         """Subscribe to exactly ``patterns``, fold the row events of exactly ``tables`` (table
         -> its row type), loading a new table's rows; returns once the server has taken the
-        subscription and new tables' loads are queued."""
+        subscription and new tables' loads are queued, or at once while the server is
+        unreachable (the change is then made when it is back)."""
         ...
 
     def take(self) -> list[ChainBatch]:

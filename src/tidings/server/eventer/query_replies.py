@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import IO, Any
 
+from tidings.events.model import EventType
 from tidings.events.query import QueryData
 from tidings.server.store import EVENT_COLUMNS, EventStore, events_from_rows
+from tidings.server.store.latest_by_key import latest_by_key_rows
 from tidings.server.store.queries import query_rows
 from tidings.wire import codec
 
@@ -81,12 +83,23 @@ def is_bulk(query: QueryData) -> bool:
 
 def plan_reply(store: EventStore, query: QueryData) -> ReplyPlan:
     """Read and encode the query's result a chunk at a time (blocking: run it in a thread)."""
+    bounded = query.max_results is not None and query.max_results <= _KEPT_REPLY_EVENTS
+    return plan_rows(query_rows(store, query, CHUNK_EVENTS), keep=bounded)
+
+
+def plan_latest_by_key(store: EventStore, event_type: EventType) -> ReplyPlan:
+    """The reply of the newest event of each key of ``event_type`` (blocking)."""
+    return plan_rows(latest_by_key_rows(store, event_type, CHUNK_EVENTS))
+
+
+def plan_rows(chunks: Iterable[Sequence[tuple[Any, ...]]], *, keep: bool = False) -> ReplyPlan:
+    """The reply of the stored rows ``chunks`` yields (blocking: run it in a thread); with
+    ``keep``, small rows' encodings are kept for the next reply."""
     spool = tempfile.SpooledTemporaryFile(max_size=INLINE_REPLY_BYTES)  # noqa: SIM115
     count = size = 0
-    bounded = query.max_results is not None and query.max_results <= _KEPT_REPLY_EVENTS
-    encode = _encode_kept if bounded else _encode_rows
+    encode = _encode_kept if keep else _encode_rows
     try:
-        for rows in query_rows(store, query, CHUNK_EVENTS):
+        for rows in chunks:
             for start in range(0, len(rows), CHUNK_EVENTS):
                 chunk = rows[start : start + CHUNK_EVENTS]
                 size += spool.write(encode(chunk))

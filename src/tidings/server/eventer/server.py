@@ -50,7 +50,14 @@ from tidings.events.model import EventType, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.notify import Notifier
-from tidings.server.eventer.query_replies import EMPTY_REPLY, is_bulk, plan_reply, stream_body
+from tidings.server.eventer.query_replies import (
+    EMPTY_REPLY,
+    ReplyPlan,
+    is_bulk,
+    plan_latest_by_key,
+    plan_reply,
+    stream_body,
+)
 from tidings.server.eventer.registrations import Registrations
 from tidings.wire import chatter, chatter_server, codec
 
@@ -112,6 +119,7 @@ class EventerServer:
             (codec.EVENTER, "MsgRegisterReq"): self._on_register,
             (codec.EVENTER, "MsgQueryReq"): self._on_query,
             (codec.TIDINGS_EVENTER, "MsgRegisterReq"): self._on_register_outbox,
+            (codec.TIDINGS_EVENTER, "MsgLatestByKeyReq"): self._on_latest_by_key,
         }
 
     @classmethod
@@ -260,20 +268,44 @@ class EventerServer:
         """
         await client.registrations.wait()
         self.counters.queries += 1
-        connection = client.connection
         try:
             query = codec.query_from_sbs(message.data)
             plan = await self._engine.read(
                 plan_reply, self._engine.store, query, bulk=is_bulk(query)
             )
         except (ProtocolError, StoreError) as exc:
-            log.warning(
-                "eventer: query from %s refused, answered with no events: %s",
-                connection.peer,
-                exc,
-                extra={"peer": connection.peer, "error": str(exc)},
-            )
+            self._refused(client, "query", exc)
             plan = EMPTY_REPLY
+        await self._send_plan(client, message, plan)
+
+    async def _on_latest_by_key(self, client: _Client, message: chatter.Message) -> None:
+        """The tidings extension ``TidingsEventer.MsgLatestByKeyReq``: the newest event of
+        each key of one type (:mod:`tidings.server.store.latest_by_key`), answered as a
+        query is; an invalid request gets no events and a log line."""
+        await client.registrations.wait()
+        self.counters.queries += 1
+        try:
+            event_type = tuple(message.data["type"])
+            plan = await self._engine.read(
+                plan_latest_by_key, self._engine.store, event_type, bulk=True
+            )
+        except (ProtocolError, StoreError) as exc:
+            self._refused(client, "latest by key", exc)
+            plan = EMPTY_REPLY
+        await self._send_plan(client, message, plan)
+
+    def _refused(self, client: _Client, what: str, exc: Exception) -> None:
+        log.warning(
+            "eventer: %s from %s refused, answered with no events: %s",
+            what,
+            client.connection.peer,
+            exc,
+            extra={"peer": client.connection.peer, "error": str(exc)},
+        )
+
+    async def _send_plan(self, client: _Client, message: chatter.Message, plan: ReplyPlan) -> None:
+        """Send a planned ``MsgQueryRes``: whole if small, else streamed from its spool."""
+        connection = client.connection
         if plan.body is not None:
             self._send_encoded(connection, "MsgQueryRes", plan.body, message.conversation)
             await connection.drain()
