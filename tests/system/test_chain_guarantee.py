@@ -26,8 +26,8 @@ Asserted against what was committed (the outbox rows and the domain table):
 - the intermediary's view converges to the source rows, and the watching subscriber never
   saw a row go back to an older value, across the intermediary's crash;
 - every outbox row is PUBLISHED;
-- no part ended on its own, but the intermediary when its event server was killed (it does
-  not reconnect by itself: docs/guides/intermediaries.md).
+- no part ended on its own, but the intermediary when started again before its event
+  server listened (it rides out a lost server once running, but will not start without one).
 """
 
 from __future__ import annotations
