@@ -1,4 +1,6 @@
-"""The relay: a Spark Structured Streaming query from the event log to the targets."""
+"""The relay: a Spark Structured Streaming query from the event log to the targets, run
+under the relay lease (:mod:`tidings.pipeline.standby`), so one relay publishes from an
+outbox and any other started on it stands by to take over."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.publishing.outcome import Summary
 from tidings.pipeline.spark import activate, spark_location
+from tidings.pipeline.standby import OWNER_OPTION, RelayLease, check_fence
 
 log = logging.getLogger(__name__)
 #: How long a stop request waits for the batch in flight to commit.
@@ -30,11 +33,17 @@ def start_relay(
     config_path: str | None = None,
     *,
     available_now: bool = False,
+    lease_owner: str | None = None,
 ) -> StreamingQuery:
-    """Start the relay query; with ``available_now`` it drains what is committed and stops."""
+    """Start the relay query; with ``available_now`` it drains what is committed and stops.
+
+    With ``lease_owner`` (the holder of the relay lease) every task and batch checks that
+    the lease is still held before it publishes or commits (the fence)."""
     ensure_schema(shared_engine(config.database.url))
     activate(spark)
     options = job_options(config, config_path)
+    if lease_owner is not None:
+        options[OWNER_OPTION] = lease_owner
     checkpoint = spark_location(config.relay.checkpoint_dir)  # Spark creates it, also on HDFS
     stream = spark.readStream.format("tidings_outbox").options(**options).load()
     writer = (
@@ -69,7 +78,9 @@ class _BatchRecorder:
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         from tidings.pipeline.source.task import record_batch
 
-        record_batch(self.options, "relay", batch_id, frame.collect())
+        rows = frame.collect()
+        check_fence(shared_engine(self.options["database_url"]), self.options)
+        record_batch(self.options, "relay", batch_id, rows)
 
 
 def _wait_between_batches(query: StreamingQuery, timeout: float) -> None:
@@ -89,8 +100,16 @@ def run_relay(
     stop: threading.Event | None = None,
     on_replay: Callable[[Summary], None] | None = None,
     on_tick: Callable[[], None] | None = None,
+    on_standby: Callable[[str], None] | None = None,
+    on_active: Callable[[], None] | None = None,
 ) -> None:
     """Run the relay until ``stop`` is set (or, with ``once``, until the log is drained).
+
+    The relay first takes the relay lease. While another relay holds it, this one stands by
+    (``on_standby`` is told the holder's name) and starts its query only once it took the
+    lease (``on_active``); if it loses the lease while active, it stops its query before the
+    lease can expire and stands by again. With ``once`` a lease held by another relay is a
+    :class:`~tidings.errors.RelayError`: a drain beside an active relay has nothing to do.
 
     The relay itself resumes events held while a target was down and sends retries when they
     are due (carry-over, :mod:`tidings.pipeline.source.datasource`). If
@@ -105,35 +124,77 @@ def run_relay(
     :data:`STOP_GRACE_S`); a batch stopped before its commit is taken again by the next run
     and its events are not sent twice to a target that deduplicates.
     """
+    stop = stop if stop is not None else threading.Event()
+    engine = shared_engine(config.database.url)
+    ensure_schema(engine)
+    lease = RelayLease(engine, config.relay.lease)
+    while lease.acquire(stop, wait=not once, on_standby=on_standby):
+        if on_active is not None:
+            on_active()
+        try:
+            _run_leased(spark, config, config_path, lease, once, stop, on_replay, on_tick)
+        finally:
+            if not lease.lost.is_set():
+                lease.release()
+        if not lease.lost.is_set():
+            return
+        log.warning("relay lease lost; standing by again", extra={"owner": lease.owner})
+
+
+def _run_leased(
+    spark: SparkSession,
+    config: TidingsConfig,
+    config_path: str | None,
+    lease: RelayLease,
+    once: bool,
+    stop: threading.Event,
+    on_replay: Callable[[Summary], None] | None,
+    on_tick: Callable[[], None] | None,
+) -> None:
+    """The relay's query while this relay holds the lease (:func:`run_relay`)."""
     from tidings.pipeline.replay import run_replay
 
-    query = start_relay(spark, config, config_path, available_now=once)
+    query = start_relay(spark, config, config_path, available_now=once, lease_owner=lease.owner)
     every = config.relay.replay_every
     period = every.total_seconds() if every is not None and not once else None
-    next_replay = time.monotonic() + period if period is not None else None
+    next_replay = time.monotonic() + (period or 0.0)
     try:
-        while query.isActive and not (stop is not None and stop.is_set()):
-            try:
-                # PySpark takes seconds as a float here; its annotation says int.
-                query.awaitTermination(0.5)  # type: ignore[arg-type]
-            except StreamingQueryException:
-                break  # raised below as a RelayError, with Spark's reason
-            if on_tick is not None:
-                on_tick()
-            if period is not None and next_replay is not None and time.monotonic() >= next_replay:
+        with lease.guard(on_lost=query.stop):
+            while query.isActive and not stop.is_set() and not lease.lost.is_set():
                 try:
-                    summary = run_replay(spark, config, config_path)
-                except Exception:  # the next scheduled run tries again; the relay goes on
-                    log.exception("scheduled replay failed")
-                else:
-                    if on_replay is not None and summary.events:
-                        on_replay(summary)
-                next_replay = time.monotonic() + period
-        if query.isActive:  # asked to stop: let the batch in flight commit first
-            _wait_between_batches(query, STOP_GRACE_S)
+                    # PySpark takes seconds as a float here; its annotation says int.
+                    query.awaitTermination(0.5)  # type: ignore[arg-type]
+                except StreamingQueryException:
+                    break  # raised below as a RelayError, with Spark's reason
+                if on_tick is not None:
+                    on_tick()
+                if period is not None and time.monotonic() >= next_replay:
+                    _scheduled_replay(run_replay, spark, config, config_path, on_replay)
+                    next_replay = time.monotonic() + period
+            if query.isActive and not lease.lost.is_set():
+                _wait_between_batches(query, STOP_GRACE_S)  # asked to stop: let it commit
     finally:
         query.stop()
     if on_tick is not None:
         on_tick()
-    if query.exception() is not None:
+    if query.exception() is not None and not lease.lost.is_set():
+        if lease.holder() not in (None, lease.owner):  # fenced by a task before the watchdog
+            lease.lost.set()
+            return
         raise RelayError(f"the relay query failed: {query.exception()}")
+
+
+def _scheduled_replay(
+    run_replay: Callable[..., Summary],
+    spark: SparkSession,
+    config: TidingsConfig,
+    config_path: str | None,
+    on_replay: Callable[[Summary], None] | None,
+) -> None:
+    try:
+        summary = run_replay(spark, config, config_path)
+    except Exception:  # the next scheduled run tries again; the relay goes on
+        log.exception("scheduled replay failed")
+    else:
+        if on_replay is not None and summary.events:
+            on_replay(summary)
