@@ -122,9 +122,9 @@ def test_a_relay_that_cannot_renew_stops_before_its_lease_expires(tmp_path: Path
 
 def test_lease_timings_are_validated() -> None:
     assert RelayConfig().lease.ttl.total_seconds() == 5
-    with pytest.raises(ValidationError, match="at most a third of relay.lease.ttl"):
+    with pytest.raises(ValidationError, match=r"at most a third of relay\.lease\.ttl"):
         RelayConfig.model_validate({"lease": {"ttl": "2s", "renew_every": "1s"}})
-    with pytest.raises(ValidationError, match="poll_every .* must be at most"):
+    with pytest.raises(ValidationError, match=r"poll_every .* must be at most"):
         RelayConfig.model_validate(
             {"lease": {"ttl": "3s", "renew_every": "1s", "poll_every": "5s"}}
         )
