@@ -3,6 +3,7 @@ the active one is fenced when it loses it or cannot renew it (on SQLite and Post
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import Engine, update
+from typer.testing import CliRunner
 
+from tests.support.helpers import relay_config, write_config
 from tests.support.waiting import wait_until
+from tidings.cli import app
 from tidings.config.relay import RelayConfig, RelayLeaseConfig
 from tidings.db import make_engine
 from tidings.errors import RelayError
@@ -54,7 +58,7 @@ def test_a_second_relay_stands_by_and_takes_over_when_the_first_lets_go(db: Engi
     stop = threading.Event()
     assert first.acquire(stop)
     with pytest.raises(RelayError, match=f"holds the relay lease \\({first.owner}\\)"):
-        second.acquire(stop, wait=False)  # relay --once beside an active relay
+        second.acquire(stop, patience=0.5)  # relay --once beside an active relay
     thread, seen = _standing_by(second, stop)
     wait_until(lambda: relay_lease_state(db).standby == (second.owner,), 10)
     assert seen == [first.owner]  # told whom it waits for, and has not taken the lease
@@ -132,3 +136,26 @@ def test_lease_timings_are_validated() -> None:
         RelayConfig.model_validate({"lease": {"ttl": "500ms"}})
     with pytest.raises(ValidationError, match="more than 0s"):
         RelayConfig.model_validate({"lease": {"renew_every": "0s"}})
+
+
+def test_status_names_the_active_relay_and_the_standby(tmp_path: Path) -> None:
+    config = relay_config(tmp_path)
+    path = write_config(config, tmp_path / "tidings.yaml")
+    db = make_engine(config.database.url)
+    ensure_schema(db)
+    assert "relay lease: free" in CliRunner().invoke(app, ["status", "-c", str(path)]).output
+    first, second = RelayLease(db, FAST), RelayLease(db, FAST)
+    stop = threading.Event()
+    assert first.acquire(stop)
+    thread, _ = _standing_by(second, stop)
+    try:
+        wait_until(lambda: relay_lease_state(db).standby == (second.owner,), 10)
+        shown = CliRunner().invoke(app, ["status", "-c", str(path), "--json"])
+        assert json.loads(shown.output)["relay_lease"]["active"] == first.owner
+        assert json.loads(shown.output)["relay_lease"]["standby"] == [second.owner]
+        table = CliRunner().invoke(app, ["status", "-c", str(path)]).output
+        assert f"relay lease: held by {first.owner}" in table
+        assert f"standing by: {second.owner}" in table
+    finally:
+        stop.set()
+        thread.join(10)

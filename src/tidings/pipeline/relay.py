@@ -108,7 +108,8 @@ def run_relay(
     The relay first takes the relay lease. While another relay holds it, this one stands by
     (``on_standby`` is told the holder's name) and starts its query only once it took the
     lease (``on_active``); if it loses the lease while active, it stops its query before the
-    lease can expire and stands by again. With ``once`` a lease held by another relay is a
+    lease can expire and stands by again. With ``once`` it waits only as long as the lease
+    of a relay that died can last; a lease another relay keeps renewing is then a
     :class:`~tidings.errors.RelayError`: a drain beside an active relay has nothing to do.
 
     The relay itself resumes events held while a target was down and sends retries when they
@@ -128,7 +129,9 @@ def run_relay(
     engine = shared_engine(config.database.url)
     ensure_schema(engine)
     lease = RelayLease(engine, config.relay.lease)
-    while lease.acquire(stop, wait=not once, on_standby=on_standby):
+    # A drain waits out the lease of a relay that died, not one that keeps renewing it.
+    patience = lease.ttl + lease.poll_every if once else None
+    while lease.acquire(stop, patience=patience, on_standby=on_standby):
         if on_active is not None:
             on_active()
         try:

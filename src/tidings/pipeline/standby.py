@@ -73,11 +73,13 @@ class RelayLease:
         self,
         stop: threading.Event,
         *,
-        wait: bool = True,
+        patience: float | None = None,
         on_standby: Callable[[str], None] | None = None,
     ) -> bool:
         """Take the lease, standing by while another relay holds it; False if ``stop`` was
-        set first. Without ``wait``, a lease held by another relay is a :class:`RelayError`."""
+        set first. After ``patience`` seconds of standing by (None: no limit), a lease still
+        held by another relay is a :class:`RelayError`."""
+        give_up = None if patience is None else time.monotonic() + patience
         announced = False
         try:
             while not stop.is_set():
@@ -86,7 +88,7 @@ class RelayLease:
                     log.info("relay lease taken", extra={"owner": self.owner})
                     return True
                 holder = self.holder() or "another relay"
-                if not wait:
+                if give_up is not None and time.monotonic() >= give_up:
                     raise RelayError(
                         f"another relay holds the relay lease ({holder}) and is publishing "
                         "from this outbox; stop it first or run this one as its standby"
