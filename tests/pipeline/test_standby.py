@@ -14,13 +14,15 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, update
 from typer.testing import CliRunner
 
-from tests.support.helpers import relay_config, write_config
+from tests.support.helpers import relay_config, statuses, store_events, write_config
 from tests.support.waiting import wait_until
 from tidings.cli import app
 from tidings.config.relay import RelayConfig, RelayLeaseConfig
 from tidings.db import make_engine
 from tidings.errors import RelayError
+from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import ensure_schema, lease
+from tidings.pipeline.relay import run_relay
 from tidings.pipeline.standby import (
     OWNER_OPTION,
     RELAY_LEASE,
@@ -159,3 +161,50 @@ def test_status_names_the_active_relay_and_the_standby(tmp_path: Path) -> None:
     finally:
         stop.set()
         thread.join(10)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_relay_that_loses_its_lease_stops_its_query_and_stands_by(spark, tmp_path: Path) -> None:
+    """The lease taken from under a running relay (as a standby does once the lease expired
+    while this relay was paused): its query stops, it publishes nothing more and stands by;
+    when the lease is free again it takes it back and publishes the rest, each event once."""
+    config = relay_config(tmp_path, lease=FAST.model_dump(mode="json"))
+    db = make_engine(config.database.url)
+    outbox = Outbox(db)
+    told: list[str] = []
+    stop = threading.Event()
+    relay = threading.Thread(
+        target=run_relay,
+        args=(spark, config),
+        kwargs={"stop": stop, "on_standby": told.append, "on_active": lambda: told.append("on")},
+    )
+    relay.start()
+    try:
+        _emit(outbox, 0, 5)
+        wait_until(lambda: set(statuses(db).values()) == {"PUBLISHED"}, 120)
+        with db.begin() as conn:  # another relay took it, and renews it far ahead
+            conn.execute(
+                update(lease)
+                .where(lease.c.name == RELAY_LEASE)
+                .values(owner="other", expires_at=time.time() + 3600)
+            )
+        wait_until(lambda: told == ["on", "other"], 30)  # stopped its query, stands by
+        _emit(outbox, 5, 5)
+        time.sleep(3)  # a relay still publishing would have taken them by now
+        assert list(statuses(db).values()).count("PENDING") == 5
+        with db.begin() as conn:  # the other relay stopped cleanly
+            conn.execute(update(lease).where(lease.c.name == RELAY_LEASE).values(expires_at=0))
+        wait_until(lambda: set(statuses(db).values()) == {"PUBLISHED"}, 120)
+        assert told == ["on", "other", "on"]
+    finally:
+        stop.set()
+        relay.join(120)
+    assert not relay.is_alive()
+    assert len(store_events(config)) == 10
+
+
+def _emit(outbox: Outbox, start: int, count: int) -> None:
+    with outbox.transaction() as tx:
+        for n in range(start, start + count):
+            tx.emit("Created", {"n": n}, partition_key="k")
