@@ -157,12 +157,20 @@ def _run_leased(
     """The relay's query while this relay holds the lease (:func:`run_relay`)."""
     from tidings.pipeline.replay import run_replay
 
-    query = start_relay(spark, config, config_path, available_now=once, lease_owner=lease.owner)
     every = config.relay.replay_every
     period = every.total_seconds() if every is not None and not once else None
     next_replay = time.monotonic() + (period or 0.0)
-    try:
-        with lease.guard(on_lost=query.stop):
+    started: list[StreamingQuery] = []
+
+    def stop_started() -> None:
+        for running in started:
+            running.stop()
+
+    # Renewing from the moment the lease was taken: starting the query may outlast a TTL.
+    with lease.guard(on_lost=stop_started):
+        query = start_relay(spark, config, config_path, available_now=once, lease_owner=lease.owner)
+        started.append(query)
+        try:
             while query.isActive and not stop.is_set() and not lease.lost.is_set():
                 try:
                     # PySpark takes seconds as a float here; its annotation says int.
@@ -176,8 +184,8 @@ def _run_leased(
                     next_replay = time.monotonic() + period
             if query.isActive and not lease.lost.is_set():
                 _wait_between_batches(query, STOP_GRACE_S)  # asked to stop: let it commit
-    finally:
-        query.stop()
+        finally:
+            query.stop()  # also when the lease was lost while the query started
     if on_tick is not None:
         on_tick()
     if query.exception() is not None and not lease.lost.is_set():

@@ -59,6 +59,8 @@ class RelayLease:
         self.poll_every = settings.poll_every.total_seconds()
         self._standby_row = f"{STANDBY_PREFIX}{uuid.uuid4().hex}"
         self.lost = threading.Event()
+        #: When the renewal that took the lease was sent (monotonic): where the fence starts.
+        self.taken_at = 0.0
 
     def holder(self) -> str | None:
         """Who holds the relay lease now (database clock), if anyone."""
@@ -83,7 +85,9 @@ class RelayLease:
         announced = False
         try:
             while not stop.is_set():
+                sent = time.monotonic()
                 if try_acquire(self.engine, RELAY_LEASE, self.owner, self.ttl):
+                    self.taken_at = sent
                     self.lost.clear()
                     log.info("relay lease taken", extra={"owner": self.owner})
                     return True
@@ -121,7 +125,7 @@ class LeaseGuard:
     def __init__(self, lease: RelayLease, on_lost: Callable[[], None]) -> None:
         self.lease = lease
         self.on_lost = on_lost
-        self._fence_at = time.monotonic() + lease.ttl - lease.renew_every
+        self._fence_at = lease.taken_at + lease.ttl - lease.renew_every
         self._moved = threading.Condition()
         self._done = threading.Event()
         self._threads = [
