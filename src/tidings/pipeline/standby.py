@@ -17,7 +17,8 @@ take over:
 * A paused or stalled driver (SIGSTOP, a long GC pause, a frozen VM) can miss its fence.
   Its work is fenced in the database too: each task checks the lease before each chunk it
   publishes and the driver checks it before recording a batch, so the stale relay writes
-  no status and commits no batch of the checkpoint after its lease passed to another. What
+  no status and commits no batch of the checkpoint after its lease passed to another, and
+  its source plans no batch (it writes no offsets to the checkpoint). What
   it sent in the chunk under way when it froze reaches the targets again from the new relay
   and the targets de-duplicate it by event id (the same as after a crash).
 """
@@ -30,13 +31,16 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, delete, select
 
-from tidings.config.relay import RelayLeaseConfig
 from tidings.errors import RelayError
 from tidings.outbox.schema import lease
 from tidings.pipeline.lease import db_now, new_owner, release, still_held, try_acquire
+
+if TYPE_CHECKING:
+    from tidings.config.relay import RelayLeaseConfig
 
 log = logging.getLogger(__name__)
 
