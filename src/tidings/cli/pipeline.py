@@ -42,8 +42,10 @@ def relay(
 ) -> None:
     """Run the relay pipeline on Spark until interrupted (or once with --once).
 
-    SIGINT (Ctrl-C) and SIGTERM stop it cleanly: the query stops, a summary line is
-    printed and the exit code is 0.
+    One relay publishes from an outbox (it holds the relay lease); another started on it
+    stands by and takes over when the first dies. SIGINT (Ctrl-C) and SIGTERM stop it
+    cleanly: the query stops, the lease is released, a summary line is printed and the exit
+    code is 0.
     """
     from tidings.db import shared_engine
     from tidings.outbox.schema import ensure_schema
