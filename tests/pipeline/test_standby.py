@@ -204,6 +204,42 @@ def test_a_relay_that_loses_its_lease_stops_its_query_and_stands_by(spark, tmp_p
     assert len(store_events(config)) == 10
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_active_relay_outlives_a_stale_relays_write_to_its_checkpoint(
+    spark, tmp_path: Path
+) -> None:
+    """The race fencing leaves (a stale relay frozen between its lease check and its offsets
+    write), injected: the next batch's offsets file written into the checkpoint behind the
+    active relay's back. Its query fails on Spark's concurrent-update check; it keeps its
+    lease, starts the query again and publishes on, each event once."""
+    config = relay_config(tmp_path, lease=FAST.model_dump(mode="json"))
+    db = make_engine(config.database.url)
+    outbox = Outbox(db)
+    told: list[str] = []
+    stop = threading.Event()
+    relay = threading.Thread(
+        target=run_relay,
+        args=(spark, config),
+        kwargs={"stop": stop, "on_standby": told.append, "on_active": lambda: told.append("on")},
+    )
+    relay.start()
+    offsets = tmp_path / "checkpoint" / "offsets"
+    try:
+        _emit(outbox, 0, 5)
+        wait_until(lambda: set(statuses(db).values()) == {"PUBLISHED"}, 120)
+        newest = max(int(f.name) for f in offsets.iterdir() if f.name.isdigit())
+        (offsets / str(newest + 1)).write_bytes((offsets / str(newest)).read_bytes())
+        _emit(outbox, 5, 5)
+        wait_until(lambda: set(statuses(db).values()) == {"PUBLISHED"}, 120)
+        assert told == ["on", "on"]  # started again, never stood by
+    finally:
+        stop.set()
+        relay.join(120)
+    assert not relay.is_alive()
+    assert len(store_events(config)) == 10
+
+
 def _emit(outbox: Outbox, start: int, count: int) -> None:
     with outbox.transaction() as tx:
         for n in range(start, start + count):

@@ -25,6 +25,11 @@ from tidings.pipeline.standby import OWNER_OPTION, RelayLease, check_fence
 log = logging.getLogger(__name__)
 #: How long a stop request waits for the batch in flight to commit.
 STOP_GRACE_S = 30.0
+#: Spark's error when another query wrote the same batch to the checkpoint first: a relay
+#: that lost its lease froze between its source's lease check and that write
+#: (:mod:`tidings.pipeline.standby`). The active relay starts its query again, this often.
+_CHECKPOINT_RACE = "CONCURRENT_STREAM_LOG_UPDATE"
+_CHECKPOINT_RACES = 3
 
 
 def start_relay(
@@ -131,14 +136,25 @@ def run_relay(
     lease = RelayLease(engine, config.relay.lease)
     # A drain waits out the lease of a relay that died, not one that keeps renewing it.
     patience = lease.ttl + lease.poll_every if once else None
+    races = 0
     while lease.acquire(stop, patience=patience, on_standby=on_standby):
         if on_active is not None:
             on_active()
+        raced = False
         try:
-            _run_leased(spark, config, config_path, lease, once, stop, on_replay, on_tick)
+            raced = _run_leased(spark, config, config_path, lease, once, stop, on_replay, on_tick)
         finally:
-            if not lease.lost.is_set():
+            if not lease.lost.is_set() and not raced:
                 lease.release()
+        if raced:  # keeps the lease (taking it again renews it) and starts the query again
+            races += 1
+            if races > _CHECKPOINT_RACES:
+                raise RelayError(
+                    f"another streaming query keeps writing this relay's checkpoint "
+                    f"({config.relay.checkpoint_dir}); is a relay without the relay lease "
+                    "(an older tidings) running on it?"
+                )
+            continue
         if not lease.lost.is_set():
             return
         log.warning("relay lease lost; standing by again", extra={"owner": lease.owner})
@@ -153,8 +169,9 @@ def _run_leased(
     stop: threading.Event,
     on_replay: Callable[[Summary], None] | None,
     on_tick: Callable[[], None] | None,
-) -> None:
-    """The relay's query while this relay holds the lease (:func:`run_relay`)."""
+) -> bool:
+    """The relay's query while this relay holds the lease (:func:`run_relay`); True when
+    it failed because another query wrote the same batch to the checkpoint first."""
     from tidings.pipeline.replay import run_replay
 
     every = config.relay.replay_every
@@ -188,11 +205,16 @@ def _run_leased(
             query.stop()  # also when the lease was lost while the query started
     if on_tick is not None:
         on_tick()
-    if query.exception() is not None and not lease.lost.is_set():
-        if lease.holder() not in (None, lease.owner):  # fenced by a task before the watchdog
-            lease.lost.set()
-            return
-        raise RelayError(f"the relay query failed: {query.exception()}")
+    failure = query.exception()
+    if failure is None or lease.lost.is_set():
+        return False
+    if lease.holder() not in (None, lease.owner):  # fenced by a task before the watchdog
+        lease.lost.set()
+        return False
+    if _CHECKPOINT_RACE in str(failure):
+        log.warning("a stale relay wrote this relay's next batch; starting the query again")
+        return True
+    raise RelayError(f"the relay query failed: {failure}")
 
 
 def _scheduled_replay(

@@ -21,6 +21,9 @@ take over:
   its source plans no batch (it writes no offsets to the checkpoint). What
   it sent in the chunk under way when it froze reaches the targets again from the new relay
   and the targets de-duplicate it by event id (the same as after a crash).
+* Left: a driver frozen between its source's check and Spark's write of that batch's
+  offsets can write the batch id the new relay writes too; Spark fails whichever query is
+  second, and the active relay starts its query again (:mod:`tidings.pipeline.relay`).
 """
 
 from __future__ import annotations
