@@ -25,6 +25,7 @@ from tidings.cli.system import RunDirOption, down_parts, part_lags, parts_status
 from tidings.errors import TidingsError
 
 if TYPE_CHECKING:
+    from tidings.pipeline.standby import RelayLeaseState
     from tidings.pipeline.status import HealthReport
 
 
@@ -41,8 +42,10 @@ def relay(
 ) -> None:
     """Run the relay pipeline on Spark until interrupted (or once with --once).
 
-    SIGINT (Ctrl-C) and SIGTERM stop it cleanly: the query stops, a summary line is
-    printed and the exit code is 0.
+    One relay publishes from an outbox (it holds the relay lease); another started on it
+    stands by and takes over when the first dies. SIGINT (Ctrl-C) and SIGTERM stop it
+    cleanly: the query stops, the lease is released, a summary line is printed and the exit
+    code is 0.
     """
     from tidings.db import shared_engine
     from tidings.outbox.schema import ensure_schema
@@ -75,6 +78,13 @@ def relay(
                     f"replay: {s.published} published, {s.failed} failed, {s.held} held"
                 ),
                 on_tick=progress.tick,
+                on_standby=lambda holder: console.print(
+                    f"relay standing by: another relay holds the relay lease ({holder}); "
+                    "taking over when it stops renewing it",
+                    markup=False,
+                    soft_wrap=True,
+                ),
+                on_active=lambda: console.print("relay active: holds the relay lease"),
             )
     except TidingsError as exc:
         err.print(f"relay failed: {exc}", markup=False)
@@ -193,6 +203,7 @@ def status(
     """
     from tidings.db import make_engine
     from tidings.outbox.schema import ensure_schema
+    from tidings.pipeline.standby import relay_lease_state
     from tidings.pipeline.status import health_problems, health_report
     from tidings.routing.table import current_routes
 
@@ -204,6 +215,7 @@ def status(
     try:  # an unreachable database: one line, exit 2 (cli.common)
         ensure_schema(engine)
         report = health_report(engine, current_routes(cfg, engine), errors=errors)
+        relays = relay_lease_state(engine)
     finally:
         engine.dispose()
     lags = {} if parts is None else part_lags(cfg, report.lag_events)
@@ -211,12 +223,14 @@ def status(
         for name, part in parts["parts"].items():
             part["lag"] = lags.get(name)
     if as_json:
-        shown = report.as_json() | ({} if parts is None else {"parts": parts})
+        shown = report.as_json() | {"relay_lease": relays.as_json()}
+        shown |= {} if parts is None else {"parts": parts}
         typer.echo(json.dumps(shown, indent=2))  # plain: rich would wrap
     elif not check:
         if parts is not None:
             print_parts(parts, lags)
         _print_status(report)
+        _print_relays(relays)
     if check:
         problems = health_problems(
             report, max_lag=max_lag, max_lag_seconds=lag_s, max_batch_age_seconds=batch_s
@@ -265,6 +279,16 @@ def _print_status(report: HealthReport) -> None:
         console.print(
             f"seq {e.seq} {e.event_type} ({e.updated_at}): {e.error}", markup=False, style="red"
         )
+
+
+def _print_relays(relays: RelayLeaseState) -> None:
+    if relays.active is None:
+        line = "relay lease: free (no relay active)"
+    else:
+        line = f"relay lease: held by {relays.active} (expires in {relays.expires_in_s} s)"
+    if relays.standby:
+        line += f"; standing by: {', '.join(relays.standby)}"
+    console.print(line, markup=False, soft_wrap=True)
 
 
 @routes_app.command("list")

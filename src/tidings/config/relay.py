@@ -16,13 +16,16 @@ from pydantic import Field, field_validator, model_validator
 from tidings.config.model import (
     DAY,
     HOUR,
+    SECOND,
     ZERO,
     DatabaseUrl,
     Duration,
     LocalPath,
+    ParsedDuration,
     StrictModel,
     parse_duration,
     parsed_durations,
+    spoken_duration,
     within,
 )
 from tidings.errors import ConfigError
@@ -154,6 +157,46 @@ class RetryConfig(StrictModel):
             )
 
 
+class RelayLeaseConfig(StrictModel):
+    """The relay's lease: one relay publishes, any other started on the same outbox stands by.
+
+    A standby takes over at most ``ttl`` (plus one ``poll_every`` and its query's start) after
+    the active relay last renewed. The active relay stops publishing once ``ttl`` minus one
+    ``renew_every`` has passed since it last sent a renewal that succeeded, before the lease
+    can expire under it; ``ttl`` must therefore leave room for at least three renewals."""
+
+    ttl: Annotated[ParsedDuration, within(SECOND, 10 * 60 * SECOND)] = Field(
+        default=timedelta(seconds=5),
+        description=(
+            "How long the lease lasts after each renewal (database clock): the longest a "
+            "dead relay's standby waits before taking over."
+        ),
+    )
+    renew_every: Annotated[ParsedDuration, within(ZERO, 60 * SECOND)] = Field(
+        default=timedelta(seconds=1),
+        description="How often the active relay renews its lease.",
+    )
+    poll_every: Annotated[ParsedDuration, within(ZERO, 60 * SECOND)] = Field(
+        default=timedelta(milliseconds=500),
+        description="How often a standby relay tries to take the lease.",
+    )
+
+    @model_validator(mode="after")
+    def _room_to_renew(self) -> RelayLeaseConfig:
+        if self.renew_every * 3 > self.ttl:
+            raise ValueError(
+                f"relay.lease.renew_every ({spoken_duration(self.renew_every)}) must be at most a "
+                f"third of relay.lease.ttl ({spoken_duration(self.ttl)}): the active relay needs "
+                "room for retries before its lease could expire"
+            )
+        if self.poll_every > self.ttl:
+            raise ValueError(
+                f"relay.lease.poll_every ({spoken_duration(self.poll_every)}) must be at most "
+                f"relay.lease.ttl ({spoken_duration(self.ttl)})"
+            )
+        return self
+
+
 class RelayConfig(StrictModel):
     """The Spark relay pipeline."""
 
@@ -186,6 +229,10 @@ class RelayConfig(StrictModel):
     retry: RetryConfig = Field(
         default=RetryConfig(),
         description="Tries per target before an event is FAILED there, and the pauses between.",
+    )
+    lease: RelayLeaseConfig = Field(
+        default=RelayLeaseConfig(),
+        description="The lease that keeps a second relay on the same outbox standing by.",
     )
     replay_every: Annotated[Duration, within(ZERO, 7 * DAY)] | None = Field(
         default=None,

@@ -119,6 +119,10 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
         self._until = self.log.settle(_SETTLE_SECONDS)
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        from tidings.pipeline.standby import check_fence
+
+        # A relay that lost its lease plans no batch: it writes no offsets to the checkpoint.
+        check_fence(self.log.engine, self.options)
         after, carry = int(start["seq"]), int(start.get("carry", 0))
         carried = self._carry_due(after)
         max_rows = self.log.max_rows

@@ -32,6 +32,7 @@ from tidings.pipeline.publishing.retry import RetryPolicy
 from tidings.pipeline.source.queries import read_slice
 from tidings.pipeline.source.slices import LogSlice
 from tidings.pipeline.source.workerheap import freeze_heap
+from tidings.pipeline.standby import check_fence
 from tidings.routing.table import current_routes
 from tidings.targets.base import Target
 from tidings.targets.registry import shared_target
@@ -49,6 +50,7 @@ def publish_task(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
     publisher = task_publisher(config, options)
     summary = Summary()
     for chunk in read_slice(engine, part):
+        check_fence(engine, options)  # a relay that lost its lease publishes no more
         summary.merge(publisher.run(chunk))
     batch = _one_text_row("summary", json.dumps(summary.as_dict()))
     freeze_heap()  # after the first task: the worker's imports and connections exist
