@@ -1,10 +1,10 @@
 """A synced event the store cannot keep is skipped, and the sync goes on past it.
 
 The peer is a raw syncer server on a real socket (frames written from the specification),
-since neither tidings nor hat-event 0.8.5 sends every kind of bad event: it sends each kind
-of bad event with good ones, in one MsgEvents and in separate ones, and its last event bad;
-then it drops the connection, and checks where our real SyncerClient, over a real SQLite
-store, resumes.
+since neither tidings nor hat-event 0.8.5 sends every kind of bad event (a hat-event peer
+may send a wildcard type segment): it sends each kind of bad event with good ones, in one
+MsgEvents and in separate ones, and its last event bad; then it drops the connection, and
+checks where our real SyncerClient, over a real SQLite store, resumes.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,10 @@ BAD: dict[str, tuple[str, Callable[[int, int], StoredEvent]]] = {
     "overlong outbox id": ("TidingsSyncer", lambda s, i: synced(s, i, ("bad",), "x" * 501)),
     "outbox id with NUL": ("TidingsSyncer", lambda s, i: synced(s, i, ("bad",), "a\x00b")),
     "empty outbox id": ("TidingsSyncer", lambda s, i: synced(s, i, ("bad",), "")),
+    "payload not JSON": (
+        "HatSyncer",
+        lambda s, i: replace(synced(s, i, ("bad",), None), payload=b"{not json"),
+    ),
 }
 
 
@@ -155,5 +160,6 @@ def test_invalid_synced_event_is_skipped_and_the_sync_goes_on(
         "overlong outbox id": "over 500 bytes",
         "outbox id with NUL": "NUL",
         "empty outbox id": "non-empty str",
+        "payload not JSON": "not valid JSON",
     }[kind]
     assert all(reason in message for message in errors), errors
