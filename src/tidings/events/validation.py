@@ -69,7 +69,12 @@ def size_problem(event_type: EventType, outbox_event_id: str | None) -> str | No
             f"type {_shown(event_type)} is too long: over {MAX_TYPE_TEXT} characters "
             "as stored (JSON, non-ASCII escaped)"
         )
-    if outbox_event_id is not None and (
+    return None if outbox_event_id is None else _outbox_id_size_problem(outbox_event_id)
+
+
+def _outbox_id_size_problem(outbox_event_id: str) -> str | None:
+    """Why an outbox id is too long for the stores' indexes, or None."""
+    if (
         len(outbox_event_id) > MAX_OUTBOX_ID_BYTES
         or len(outbox_event_id.encode(errors="surrogatepass")) > MAX_OUTBOX_ID_BYTES
     ):
@@ -81,6 +86,23 @@ def _shown(event_type: EventType) -> str:
     """A type in a message, cut short."""
     text = repr(event_type)
     return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def validate_synced_event(synced: StoredEvent) -> str | None:
+    """Why a syncer client must not store ``synced``, or None if it may.
+
+    :meth:`EventStore.append_synced` refuses a whole batch for one such event, and a peer
+    re-sends the same batch on every reconnect, so the syncer client sorts them out first
+    and skips them. An outbox id (the tidings extension) is held to the limit that a new
+    event's is held to on every backend, as no tidings server registers a longer one.
+    """
+    try:
+        check_synced_event("", synced)
+    except StoreError as exc:
+        return str(exc)
+    if synced.outbox_event_id is not None:
+        return _outbox_id_size_problem(synced.outbox_event_id)
+    return None
 
 
 def check_synced_event(where: str, synced: object) -> None:

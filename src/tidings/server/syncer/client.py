@@ -15,6 +15,14 @@ event it holds already (:meth:`EventStore.append_synced
 reached this server from the relay and from a peer is stored, notified and streamed once.
 A hat-event peer sends plain ``HatSyncer.MsgEvents``, stored as they come.
 
+An event the store cannot keep (a ``*`` type segment, an empty type, a bad outbox id; see
+:func:`~tidings.server.syncer.common.sort_synced_events`) is skipped with an error naming
+the peer, the event and why, and the rest of its batch is stored. The client then resumes
+after the last event it skipped, if that is later than the store's last id of the peer
+(events are sent in id order, and every earlier one was stored or skipped), so that a peer
+whose last event is bad does not send it, and have it logged, on every reconnect. After a
+restart the store is the cursor again, and such an event is skipped (and logged) once more.
+
 The peer it is given is trusted: whoever names it has checked that its server id is not
 our own and that its ``syncer_token`` matches ours, since ``HatSyncer.MsgReq`` has no token
 field: the configuration (:mod:`tidings.config.server`) for static ``syncer_peers``, and
@@ -27,12 +35,12 @@ import asyncio
 import logging
 
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, TidingsError
-from tidings.events.model import StoredEvent, json_event
+from tidings.events.model import EventId, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.syncer.common import (
     client_status_type,
     mark_client_name,
-    outbox_events_from_sbs,
+    sort_synced_events,
 )
 from tidings.wire import chatter, codec
 from tidings.wire.chatter import Connection
@@ -82,6 +90,8 @@ class SyncerClient:
         self._synced = asyncio.Event()
         self._reported: bool | None = None
         self._connection: Connection | None = None
+        #: The last event of the peer skipped after every earlier one was handled.
+        self._skipped_to: EventId | None = None
         self._task: asyncio.Task[None] | None = None
         self._state = "stopped"
 
@@ -176,6 +186,8 @@ class SyncerClient:
 
     async def _sync(self, connection: Connection) -> None:
         last = await self._engine.read(self._engine.store.last_event_id, self.peer_server_id)
+        if self._skipped_to is not None and self._skipped_to > last:
+            last = self._skipped_to
         request = {
             "lastEventId": codec.event_id_to_sbs(last),
             "clientName": mark_client_name(self.client_name),
@@ -191,10 +203,12 @@ class SyncerClient:
             kind = (message.module, message.type)
             following = None
             if kind in _EVENTS_MESSAGES:
-                events, following = self._events_waiting(connection, message)
+                events, skipped, following = self._events_waiting(connection, message)
                 if events and not self.synced:
                     await self._report(False)
+                self._log_skipped(skipped)
                 await self._engine.register_synced(events)
+                self._skipped_past(skipped)
             elif kind == (codec.SYNCER, "MsgSynced"):
                 self._synced.set()
                 self._set_state("synced")
@@ -214,20 +228,40 @@ class SyncerClient:
     @staticmethod
     def _events_waiting(
         connection: Connection, message: chatter.Message
-    ) -> tuple[list[StoredEvent], chatter.Message | None]:
+    ) -> tuple[list[StoredEvent], list[tuple[EventId, str]], chatter.Message | None]:
         """The events of ``message`` and of the MsgEvents received right behind it, up to
         :data:`MAX_SYNCED_BATCH` (stored in one transaction: a peer that sends one session
         per message is followed at the store's batch speed, not one commit per session),
-        and the first other message already received, to be handled next, in order."""
-        events = _events_of(message)
-        while len(events) < MAX_SYNCED_BATCH:
+        the ids of those to skip and why, and the first other message already received,
+        to be handled next, in order."""
+        events, skipped = sort_synced_events(message.module, message.data)
+        while len(events) + len(skipped) < MAX_SYNCED_BATCH:
             following = connection.receive_ready()
             if following is None:
-                return events, None
+                return events, skipped, None
             if (following.module, following.type) not in _EVENTS_MESSAGES:
-                return events, following
-            events += _events_of(following)
-        return events, None
+                return events, skipped, following
+            more, more_skipped = sort_synced_events(following.module, following.data)
+            events += more
+            skipped += more_skipped
+        return events, skipped, None
+
+    def _log_skipped(self, skipped: list[tuple[EventId, str]]) -> None:
+        for event_id, reason in skipped:
+            log.error(
+                "syncer client of server %d at %s: synced event %s skipped: %s",
+                self.peer_server_id,
+                self.address,
+                event_id,
+                reason,
+                extra={"peer": self.address, "event_id": str(event_id)},
+            )
+
+    def _skipped_past(self, skipped: list[tuple[EventId, str]]) -> None:
+        """Once the events around them are stored, resume after the skipped ones."""
+        ids = [event_id for event_id, _ in skipped if event_id.server == self.peer_server_id]
+        if ids and (self._skipped_to is None or max(ids) > self._skipped_to):
+            self._skipped_to = max(ids)
 
     async def _report(self, synced: bool) -> None:
         """Register the synced status event if it differs from the last one registered."""
@@ -244,10 +278,3 @@ class SyncerClient:
                 self.peer_server_id,
                 exc,
             )
-
-
-def _events_of(message: chatter.Message) -> list[StoredEvent]:
-    """The events of a ``HatSyncer.MsgEvents`` or a ``TidingsSyncer.MsgEvents``."""
-    if message.module == codec.TIDINGS_SYNCER:
-        return outbox_events_from_sbs(message.data)
-    return codec.events_from_sbs(message.data, "MsgEvents")

@@ -30,7 +30,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tidings.events.model import EventType, StoredEvent
+from tidings.errors import ProtocolError
+from tidings.events.model import EventId, EventType, StoredEvent
+from tidings.events.validation import validate_synced_event
 from tidings.wire import codec
 
 #: Type of the event listing the syncer server's clients.
@@ -80,12 +82,43 @@ _NONE, _VALUE = b"\x80", b"\x81"
 
 def outbox_events_from_sbs(value: codec.Value) -> list[StoredEvent]:
     """The events of a decoded ``TidingsSyncer.MsgEvents``, with their outbox ids."""
+    return [_synced_event(item, True, f"MsgEvents[{i}]") for i, item in enumerate(value)]
+
+
+def sort_synced_events(
+    module: str, value: codec.Value
+) -> tuple[list[StoredEvent], list[tuple[EventId, str]]]:
+    """The events of a decoded ``HatSyncer.MsgEvents`` or ``TidingsSyncer.MsgEvents``
+    (``module``) that the store can keep, and the id of each other one with why not.
+
+    One event that cannot be decoded or stored (a ``*`` type segment from a hat-event peer,
+    an empty type, a bad outbox id) must not fail its batch: the peer would send that batch
+    again on every reconnect, and the sync would stop for good.
+    """
+    outbox = module == codec.TIDINGS_SYNCER
     events: list[StoredEvent] = []
+    skipped: list[tuple[EventId, str]] = []
     for index, item in enumerate(value):
-        event = codec.event_from_sbs(item["event"], f"MsgEvents[{index}].event")
-        choice, outbox_id = item["outboxEventId"]
-        if choice == "value":
-            # Checked as every synced event's outbox id is, by the store.
-            event = replace(event, outbox_event_id=outbox_id)
-        events.append(event)
-    return events
+        field = f"MsgEvents[{index}]"
+        try:
+            event = _synced_event(item, outbox, field)
+        except ProtocolError as exc:
+            wire_event = item["event"] if outbox else item
+            skipped.append((codec.event_id_from_sbs(wire_event["id"]), str(exc)))
+            continue
+        problem = validate_synced_event(event)
+        if problem is None:
+            events.append(event)
+        else:
+            skipped.append((event.id, f"{field}: {problem}"))
+    return events, skipped
+
+
+def _synced_event(item: codec.Value, outbox: bool, field: str) -> StoredEvent:
+    """One event of an events message (``outbox``: of the extension's, with its outbox id,
+    checked as a new event's is, by :func:`sort_synced_events`)."""
+    if not outbox:
+        return codec.event_from_sbs(item, field)
+    event = codec.event_from_sbs(item["event"], f"{field}.event")
+    choice, outbox_id = item["outboxEventId"]
+    return event if choice == "none" else replace(event, outbox_event_id=outbox_id)
