@@ -122,14 +122,11 @@ def member_pids(tier: subprocess.Popen[str]) -> dict[int, int]:
     return found
 
 
-@pytest.fixture
-def deployment(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
-    """The publisher and a tier of three members (its settings: the test's parameter, by
-    default responsibility by region in three strips along x)."""
-    feed_port, *ports = free_ports(4)
-    settings = getattr(request, "param", {"responsibility": {"by": "region", "cells": [3, 1]}})
+def tier_file(
+    tmp_path: Path, feed_port: int, ports: list[int], settings: dict[str, Any] | None = None
+) -> Path:
+    """A configuration file of one tier, ``world``: members on ``ports`` of 127.0.0.1, fed by
+    the spatial publisher on ``feed_port`` (the world SIDE by SIDE), and ``settings``."""
     config = {
         "intermediary_tiers": {
             "world": {
@@ -139,12 +136,24 @@ def deployment(
                     "world_lo": [0, 0],
                     "world_hi": [SIDE, SIDE],
                 },
-                **settings,
+                **(settings or {}),
             }
         }
     }
     path = tmp_path / "tidings.yaml"
     path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def deployment(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
+    """The publisher and a tier of three members (its settings: the test's parameter, by
+    default responsibility by region in three strips along x)."""
+    feed_port, *ports = free_ports(4)
+    settings = getattr(request, "param", {"responsibility": {"by": "region", "cells": [3, 1]}})
+    path = tier_file(tmp_path, feed_port, ports, settings)
     publisher = start(
         "intermediary", "simulate", "--agents", str(AGENTS), "--world", str(SIDE),
         "--speed", str(SPEED), "--tick-hz", str(TICK_HZ), "--seed", str(SEED),
@@ -257,20 +266,7 @@ def test_a_member_that_cannot_start_ends_the_tier_with_one_line(tmp_path: Path) 
     """The publisher unreachable, then a member's address taken: exit 2, one line naming the
     member and why, and no member left running."""
     feed_port, *ports = free_ports(3)
-    config = {
-        "intermediary_tiers": {
-            "world": {
-                "members": [f"127.0.0.1:{port}" for port in ports],
-                "spatial": {
-                    "upstream": f"ws://127.0.0.1:{feed_port}/",
-                    "world_lo": [0, 0],
-                    "world_hi": [SIDE, SIDE],
-                },
-            }
-        }
-    }
-    path = tmp_path / "tidings.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = tier_file(tmp_path, feed_port, ports)
     line = one_error_line(run_tidings("intermediary", "serve", "-c", str(path), "--tier", "world"))
     assert "member world-0 did not start" in line and "cannot connect" in line
     publisher = start("intermediary", "simulate", "--listen", f"127.0.0.1:{feed_port}")
