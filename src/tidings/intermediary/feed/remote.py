@@ -29,7 +29,7 @@ from tidings.intermediary.feed.wire import (
     decode_batch,
 )
 from tidings.intermediary.node.batches import UpdateBatch
-from tidings.intermediary.node.intermediary import Intermediary
+from tidings.intermediary.node.intermediary import Intermediary, Upstream
 from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.regions.coverage import UpstreamPolicy
 from tidings.intermediary.regions.geometry import Box
@@ -185,11 +185,17 @@ async def remote_intermediary(
     ``margin`` (claim 2), served when new state arrives ([89]'s "state updated" trigger) at
     most at each subscriber's rate, so a frame leaves right after its epoch."""
     feed = await RemoteFeed.connect(url, world.dim, open_timeout=open_timeout)
-    node = Intermediary(
+    return margin_intermediary(feed, world, margin), feed
+
+
+def margin_intermediary(feed: Upstream, world: Box, margin: float) -> Intermediary:
+    """An intermediary of ``world`` fed by ``feed`` with the policy above: upstream boxes
+    grown by ``margin``, a frame served right after each epoch; the one policy of an
+    intermediary fed by a remote publisher, however it reaches it."""
+    return Intermediary(
         world.dim,
         feed,
         world=world,
         policy=UpstreamPolicy.margin(margin),
         scheduler=Scheduler(per_epoch=True),
     )
-    return node, feed

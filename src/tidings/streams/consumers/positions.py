@@ -107,15 +107,7 @@ class Consumers:
         c = consumers_table.c
         try:
             with self._store.transaction("register a stream consumer") as conn:
-                conn.execute(
-                    insert(consumers_table).values(
-                        stream=stream,
-                        user_name=user,
-                        component=component,
-                        last_id=0,
-                        registered_at=utcnow(),
-                    )
-                )
+                _insert_consumer(conn, stream, user, component)
             return True
         except StoreError as exc:
             if not isinstance(exc.__cause__, IntegrityError):
@@ -166,15 +158,7 @@ class Consumers:
             current = _locked_position(conn, stream, user, component)
             if current is None:
                 current = 0
-                conn.execute(
-                    insert(consumers_table).values(
-                        stream=stream,
-                        user_name=user,
-                        component=component,
-                        last_id=0,
-                        registered_at=utcnow(),
-                    )
-                )
+                _insert_consumer(conn, stream, user, component)
             old = _covers(conn, stream, user, component)
             grown = merged(old, covers)
             _write_covers(conn, stream, user, component, old, grown)
@@ -254,6 +238,15 @@ def _key(stream: str, user: str, component: str) -> ColumnElement[bool]:
 def _covers_key(stream: str, user: str, component: str) -> ColumnElement[bool]:
     c = covers_table.c
     return and_(c.stream == stream, c.user_name == user, c.component == component)
+
+
+def _insert_consumer(conn: Connection, stream: str, user: str, component: str) -> None:
+    """A new consumer's row: registered now, at position 0 (before the stream's first event)."""
+    conn.execute(
+        insert(consumers_table).values(
+            stream=stream, user_name=user, component=component, last_id=0, registered_at=utcnow()
+        )
+    )
 
 
 def _locked_position(conn: Connection, stream: str, user: str, component: str) -> int | None:
