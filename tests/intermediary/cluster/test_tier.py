@@ -122,6 +122,22 @@ def member_pids(tier: subprocess.Popen[str]) -> dict[int, int]:
     return found
 
 
+async def read_into(got: dict[str, list[ReceivedFrame]], client: ClusterClient) -> None:
+    """Put every frame ``client`` receives in ``got`` under its subscription's key."""
+    async for frame in client.frames():
+        got[frame.key].append(frame)
+
+
+async def stop_reading(
+    readers: list[asyncio.Task[None]], clients: dict[str, ClusterClient]
+) -> None:
+    """Cancel the :func:`read_into` tasks and close their clients."""
+    for task in readers:
+        task.cancel()
+    for client in clients.values():
+        await client.close()
+
+
 def tier_file(
     tmp_path: Path, feed_port: int, ports: list[int], settings: dict[str, Any] | None = None
 ) -> Path:
@@ -190,11 +206,6 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
     async def main() -> None:
         clients: dict[str, ClusterClient] = {}
         readers = []
-
-        async def read(client: ClusterClient) -> None:
-            async for frame in client.frames():
-                got[frame.key].append(frame)
-
         try:
             # Every subscriber enters at the west member: the tier redirects each to the
             # member owning its region's home.
@@ -202,7 +213,7 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
                 client = await ClusterClient.connect(urls)
                 await client.subscribe(key, region, rate_hz=1000)
                 clients[key] = client
-                readers.append(asyncio.create_task(read(client)))
+                readers.append(asyncio.create_task(read_into(got, client)))
             served = {key: client.where(key) for key, client in clients.items()}
             assert served == {
                 "west": urls[0],
@@ -248,10 +259,7 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
             assert clients["east"].where("east") == urls[2]
             assert member_pids(tier)[killed] != pids[killed]
         finally:
-            for task in readers:
-                task.cancel()
-            for client in clients.values():
-                await client.close()
+            await stop_reading(readers, clients)
         for client in clients.values():
             assert client.stale == 0
 
@@ -304,18 +312,13 @@ def test_a_tier_by_hash_spreads_subscribers_and_the_others_take_a_dead_members(
     async def main() -> None:
         clients: dict[str, ClusterClient] = {}
         readers = []
-
-        async def read(client: ClusterClient) -> None:
-            async for frame in client.frames():
-                got[frame.key].append(frame)
-
         try:
             for i, (key, region) in enumerate(specs.items()):
                 entries = urls[i % 3 :] + urls[: i % 3]
                 client = await ClusterClient.connect(entries, client_id=f"subscriber-{i}")
                 await client.subscribe(key, region, rate_hz=1000)
                 clients[key] = client
-                readers.append(asyncio.create_task(read(client)))
+                readers.append(asyncio.create_task(read_into(got, client)))
             where = {key: client.where(key) for key, client in clients.items()}
             busiest = max(urls, key=lambda url: list(where.values()).count(url))
             moved = [key for key, url in where.items() if url == busiest]
@@ -335,10 +338,7 @@ def test_a_tier_by_hash_spreads_subscribers_and_the_others_take_a_dead_members(
             print(f"failover by hash: {time.monotonic() - t0:.2f} s for {len(moved)} keys")
             assert port not in member_pids(tier)  # not replaced
         finally:
-            for task in readers:
-                task.cancel()
-            for client in clients.values():
-                await client.close()
+            await stop_reading(readers, clients)
         assert all(client.stale == 0 for client in clients.values())
 
     asyncio.run(asyncio.wait_for(main(), 300))

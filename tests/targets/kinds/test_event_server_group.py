@@ -188,17 +188,6 @@ def test_an_unreachable_monitor_makes_the_target_unavailable_naming_it() -> None
 # --- a static pair -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def two_servers(tmp_path: Path):
-    servers = []
-    for server_id, name in ((1, "a"), (2, "b")):
-        servers.append(ServerProcess.tidings(tmp_path / name, server_id, {"eventer": free_port()}))
-        servers[-1].start()
-    yield servers
-    for server in servers:
-        server.stop()
-
-
 class Publisher:
     """Publishes numbered events in calls of ``size``, each call again until every event
     of it is confirmed (as the relay does: an unavailable target holds them); the events

@@ -119,17 +119,6 @@ def test_the_resend_window_defaults_and_a_zero_window_validate() -> None:
 # --- a pair that does not sync -----------------------------------------------------------
 
 
-@pytest.fixture
-def unsynced_pair(tmp_path: Path):
-    servers = []
-    for server_id, name in ((1, "a"), (2, "b")):
-        servers.append(ServerProcess.tidings(tmp_path / name, server_id, {"eventer": free_port()}))
-        servers[-1].start()
-    yield servers
-    for server in servers:
-        server.stop()
-
-
 def _publish(target, numbers: range) -> None:
     assert target.publish([_event(n) for n in numbers]) == [None] * len(numbers)
 
@@ -138,12 +127,12 @@ def _publish(target, numbers: range) -> None:
 @pytest.mark.sockets
 @pytest.mark.parametrize("resend", ["10s", "0s"])
 def test_after_a_kill_the_next_server_gets_what_the_dead_one_confirmed_first(
-    unsynced_pair, resend: str
+    two_servers, resend: str
 ) -> None:
     """a confirmed 0..39 and is SIGKILLed; 40..79 go to b, which never heard of a. With the
     window, b holds all 80 once each, a's ahead of the later events of every key; without
     it (``0s``), b lacks a's: the gap the window closes."""
-    a, b = unsynced_pair
+    a, b = two_servers
     target = _target(addresses=[a.eventer, b.eventer], failover_resend=resend)
     try:
         for start in range(0, 40, 8):
@@ -165,10 +154,10 @@ def test_after_a_kill_the_next_server_gets_what_the_dead_one_confirmed_first(
 
 @pytest.mark.slow
 @pytest.mark.sockets
-def test_only_events_confirmed_within_the_window_are_sent_again(unsynced_pair) -> None:
+def test_only_events_confirmed_within_the_window_are_sent_again(two_servers) -> None:
     """Events older than ``failover_resend`` when the move happens are not sent again: a
     server that lost them waits for the dead one's Syncer (the case the window leaves out)."""
-    a, b = unsynced_pair
+    a, b = two_servers
     target = _target(addresses=[a.eventer, b.eventer], failover_resend="500ms")
     try:
         _publish(target, range(0, 8))
