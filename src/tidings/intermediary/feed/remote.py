@@ -86,10 +86,7 @@ class RemoteFeed:
 
     def subscribe(self, boxes: Sequence[Box]) -> None:
         self._check_open()
-        boxes = list(boxes)
-        for box in boxes:
-            if not isinstance(box, Box) or box.dim != self.dim:
-                raise IntermediaryError(f"feed: expected {self.dim}D boxes, got {box!r}")
+        boxes = checked_boxes(boxes, self.dim)
         if len(self._boxes) + len(boxes) > MAX_FEED_BOXES:
             raise IntermediaryError(f"feed: more than {MAX_FEED_BOXES} boxes on one feed")
         self._boxes.extend(boxes)
@@ -97,13 +94,7 @@ class RemoteFeed:
 
     def unsubscribe(self, boxes: Sequence[Box]) -> None:
         self._check_open()
-        kept = list(self._boxes)
-        for box in boxes:
-            try:
-                kept.remove(box)
-            except ValueError:
-                raise IntermediaryError(f"feed: {box!r} is not subscribed") from None
-        self._boxes = kept
+        self._boxes = without(self._boxes, boxes)
         self._send({"op": "unsubscribe", "boxes": [box_spec(box) for box in boxes]})
 
     def follow(self, entities: frozenset[int]) -> None:
@@ -175,6 +166,28 @@ def _why(exc: websockets.ConnectionClosed | None, websocket: Any = None) -> str:
     if received is None:
         return "the connection was lost"
     return f"closed by the publisher: {received.code} {received.reason}".strip()
+
+
+def checked_boxes(boxes: Sequence[Box], dim: int) -> list[Box]:
+    """``boxes`` as a list, each a :class:`Box` of ``dim`` dimensions, or the error a feed's
+    caller gets before anything is sent."""
+    boxes = list(boxes)
+    for box in boxes:
+        if not isinstance(box, Box) or box.dim != dim:
+            raise IntermediaryError(f"feed: expected {dim}D boxes, got {box!r}")
+    return boxes
+
+
+def without(subscribed: Sequence[Box], boxes: Sequence[Box]) -> list[Box]:
+    """The ``subscribed`` boxes less one of each of ``boxes`` (a box subscribed twice stays
+    once); a box that is not subscribed is an error, and nothing is removed."""
+    kept = list(subscribed)
+    for box in boxes:
+        try:
+            kept.remove(box)
+        except ValueError:
+            raise IntermediaryError(f"feed: {box!r} is not subscribed") from None
+    return kept
 
 
 async def remote_intermediary(

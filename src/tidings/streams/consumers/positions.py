@@ -50,12 +50,21 @@ from tidings.streams.protocol.ftn3 import NOT_REGISTERED
 
 _metadata = MetaData()
 
+
+def _consumer_key() -> list[Column[str]]:
+    """The key of a consumer's rows, (stream, user, component): new columns for each table,
+    as a column belongs to one table."""
+    return [
+        Column("stream", String(64), primary_key=True),
+        Column("user_name", String(64), primary_key=True),
+        Column("component", String(16), primary_key=True),
+    ]
+
+
 consumers_table = Table(
     "stream_consumers",
     _metadata,
-    Column("stream", String(64), primary_key=True),
-    Column("user_name", String(64), primary_key=True),
-    Column("component", String(16), primary_key=True),
+    *_consumer_key(),
     Column("last_id", BigInteger, nullable=False, default=0),
     Column("registered_at", DateTime(timezone=True), nullable=False),
     Column("acked_at", DateTime(timezone=True)),
@@ -65,9 +74,7 @@ consumers_table = Table(
 covers_table = Table(
     "stream_consumer_covers",
     _metadata,
-    Column("stream", String(64), primary_key=True),
-    Column("user_name", String(64), primary_key=True),
-    Column("component", String(16), primary_key=True),
+    *_consumer_key(),
     Column("server", BigInteger, primary_key=True, autoincrement=False),
     Column("session", BigInteger, nullable=False),
     Column("instance", BigInteger, nullable=False),
