@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from tests.support.helpers import relay_config, statuses, store_events, write_config
 from tests.support.waiting import wait_until
 from tidings.cli import app
+from tidings.config import TidingsConfig
 from tidings.config.relay import RelayConfig, RelayLeaseConfig
 from tidings.db import make_engine
 from tidings.errors import RelayError
@@ -172,14 +173,7 @@ def test_a_relay_that_loses_its_lease_stops_its_query_and_stands_by(spark, tmp_p
     config = relay_config(tmp_path, lease=FAST.model_dump(mode="json"))
     db = make_engine(config.database.url)
     outbox = Outbox(db)
-    told: list[str] = []
-    stop = threading.Event()
-    relay = threading.Thread(
-        target=run_relay,
-        args=(spark, config),
-        kwargs={"stop": stop, "on_standby": told.append, "on_active": lambda: told.append("on")},
-    )
-    relay.start()
+    relay, stop, told = _relay_thread(spark, config)
     try:
         _emit(outbox, 0, 5)
         wait_until(lambda: set(statuses(db).values()) == {"PUBLISHED"}, 120)
@@ -216,14 +210,7 @@ def test_the_active_relay_outlives_a_stale_relays_write_to_its_checkpoint(
     config = relay_config(tmp_path, lease=FAST.model_dump(mode="json"))
     db = make_engine(config.database.url)
     outbox = Outbox(db)
-    told: list[str] = []
-    stop = threading.Event()
-    relay = threading.Thread(
-        target=run_relay,
-        args=(spark, config),
-        kwargs={"stop": stop, "on_standby": told.append, "on_active": lambda: told.append("on")},
-    )
-    relay.start()
+    relay, stop, told = _relay_thread(spark, config)
     offsets = tmp_path / "checkpoint" / "offsets"
     try:
         _emit(outbox, 0, 5)
@@ -238,6 +225,22 @@ def test_the_active_relay_outlives_a_stale_relays_write_to_its_checkpoint(
         relay.join(120)
     assert not relay.is_alive()
     assert len(store_events(config)) == 10
+
+
+def _relay_thread(
+    spark, config: TidingsConfig
+) -> tuple[threading.Thread, threading.Event, list[str]]:
+    """A relay running in a thread: the thread, the event that stops it, and what it told of
+    its lease in order (``"on"`` when it became active, the holder's name when it stood by)."""
+    told: list[str] = []
+    stop = threading.Event()
+    relay = threading.Thread(
+        target=run_relay,
+        args=(spark, config),
+        kwargs={"stop": stop, "on_standby": told.append, "on_active": lambda: told.append("on")},
+    )
+    relay.start()
+    return relay, stop, told
 
 
 def _emit(outbox: Outbox, start: int, count: int) -> None:

@@ -42,6 +42,23 @@ PUSH_BOUND = (PUSH["max_in_flight"] + 1) * PUSH["max_group_events"]
 FIRST, SECOND = 400, 200
 
 
+def held_then_slow() -> tuple[
+    list[tuple[int, int]], asyncio.Event, Callable[[StreamEvent], Awaitable[None]]
+]:
+    """A push consumer's callback held until ``go`` is set (the first part all sent), then
+    slow: part-way, with groups in flight, at the kill. Returns the (key, n) it got in order,
+    ``go`` and the callback."""
+    pushed: list[tuple[int, int]] = []
+    go = asyncio.Event()
+
+    async def slow(event: StreamEvent) -> None:
+        await go.wait()
+        await asyncio.sleep(0.01)
+        pushed.append((event.data["k"], event.data["n"]))
+
+    return pushed, go, slow
+
+
 def test_python_and_cli_consumers_resume_on_the_peer_after_a_kill(tmp_path: Path) -> None:
     a, b = start_pair(tmp_path)
     login = {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": PASSWORD}
@@ -49,15 +66,7 @@ def test_python_and_cli_consumers_resume_on_the_peer_after_a_kill(tmp_path: Path
         "polled", ["consume", f"{a.url},{b.url}", "POLLED", "--poll"], tmp_path, login
     )
     producer = Producer()
-    pushed: list[tuple[int, int]] = []
-    go = asyncio.Event()
-
-    async def slow(event: StreamEvent) -> None:
-        # Held until the first part is all sent, then slow: part-way, with groups in
-        # flight, at the kill.
-        await go.wait()
-        await asyncio.sleep(0.01)
-        pushed.append((event.data["k"], event.data["n"]))
+    pushed, go, slow = held_then_slow()
 
     async def scenario() -> None:
         consumer = asyncio.create_task(
@@ -148,13 +157,7 @@ def test_a_consumer_follows_the_blessing_of_a_monitor_group(tmp_path: Path) -> N
     monitor.start(20)
     a, b = start_pair(tmp_path, monitor_port)
     producer = Producer()
-    pushed: list[tuple[int, int]] = []
-    go = asyncio.Event()
-
-    async def slow(event: StreamEvent) -> None:
-        await go.wait()
-        await asyncio.sleep(0.01)
-        pushed.append((event.data["k"], event.data["n"]))
+    pushed, go, slow = held_then_slow()
 
     try:
         wait_until(lambda: [serving(a), serving(b)].count(True) == 1, 30)

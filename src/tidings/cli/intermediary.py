@@ -14,6 +14,7 @@ with one line and exit code 2.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -22,6 +23,8 @@ from tidings.cli.common import ConfigOption, app, console, fail, load_or_exit, l
 from tidings.logs import configure_logging
 
 if TYPE_CHECKING:
+    import asyncio
+
     from tidings.config.intermediary_tier import IntermediaryTierConfig
 
 intermediary_app = typer.Typer(
@@ -47,9 +50,6 @@ def serve(
     """Serve event and SQL-view subscriptions over WebSocket (and the page at /live),
     fed by the event server of the configuration's intermediary: section; with --tier, a
     tier of intermediaries serving region subscriptions, each member its own process."""
-    import asyncio
-    import signal
-
     from tidings.intermediary.serving.service import Listening, serve_intermediary
 
     configure_logging(log_level_option(log_level, "--log-level"))
@@ -74,50 +74,49 @@ def serve(
 
     def listening(where: Listening) -> None:
         spatial = "" if where.spatial is None else f" and the spatial publisher {where.spatial}"
-        console.print(
+        _say(
             f"intermediary listening on {where.websocket} (page: {where.page}), "
-            f"fed by the event server {where.event_server}{spatial}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
+            f"fed by the event server {where.event_server}{spatial}"
         )
+
+    _until_signalled(lambda stop: serve_intermediary(settings, stop, listening))
+
+
+def _until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run ``serve(stop)`` on a new event loop, ``stop`` set by SIGINT or SIGTERM: how every
+    command here ends cleanly (exit 0) when the operator or the service manager stops it."""
+    import asyncio
+    import signal
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await serve_intermediary(settings, stop, listening)
+        await serve(stop)
 
     asyncio.run(run())
 
 
+def _say(line: str) -> None:
+    """Print one status line as it is (no markup, no highlighting, never wrapped), so that a
+    script or a test can read the addresses in it."""
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def _serve_tier(name: str, settings: IntermediaryTierConfig) -> None:
     """Run tier ``name`` until SIGINT or SIGTERM; one line once every member serves."""
-    import asyncio
-    import signal
-
     from tidings.intermediary.cluster.process_cluster import MemberProcess
     from tidings.intermediary.cluster.tier import serve_tier
 
     def ready(members: list[MemberProcess]) -> None:
         listed = ", ".join(f"{member.name} {member.url}" for member in members)
-        console.print(
+        _say(
             f"intermediary tier {name} serving: {listed}; fed by the spatial publisher "
-            f"{settings.spatial.upstream}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
+            f"{settings.spatial.upstream}"
         )
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await serve_tier(name, settings, stop, ready)
-
-    asyncio.run(run())
+    _until_signalled(lambda stop: serve_tier(name, settings, stop, ready))
 
 
 @intermediary_app.command("simulate")
@@ -137,8 +136,6 @@ def simulate(
     """Serve a simulation of moving agents over the spatial feed: the upstream that
     ``intermediary serve`` (its spatial: section) and the library's intermediaries take
     region subscriptions from. Runs until SIGINT or SIGTERM."""
-    import asyncio
-    import signal
 
     from tidings.errors import IntermediaryError
     from tidings.intermediary.publisher.server import SimulationServer
@@ -153,26 +150,19 @@ def simulate(
     box = Box((0.0,) * dim, (world,) * dim)
     simulation = Simulation(agents, box, max_speed=speed, seed=seed)
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+    async def run(stop: asyncio.Event) -> None:
         server = SimulationServer(simulation, tick_hz)
         url = await server.start(host.strip("[]"), int(port))
-        console.print(
+        _say(
             f"simulation of {agents} agents in a {dim}D world of side {world:g} at "
-            f"{tick_hz:g} Hz, serving the spatial feed on {url}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
+            f"{tick_hz:g} Hz, serving the spatial feed on {url}"
         )
         try:
             await stop.wait()
         finally:
             await server.aclose()
 
-    asyncio.run(run())
+    _until_signalled(run)
 
 
 __all__ = ["intermediary_app", "serve", "simulate"]

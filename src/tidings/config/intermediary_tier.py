@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.config.intermediary import IntermediarySpatialConfig
-from tidings.config.model import SECOND, ZERO, Duration, StrictModel, parse_duration, within
+from tidings.config.model import SECOND, ZERO, Duration, StrictModel, parsed_durations, within
 
 #: The most members one tier may have (each is a process of the machine).
 MAX_MEMBERS = 64
@@ -112,9 +112,7 @@ class IntermediaryTierConfig(StrictModel):
         description="How often each member takes its upstream's batches and serves.",
     )
 
-    _durations = field_validator("check_every", "round", mode="before")(
-        lambda cls, v: parse_duration(v)
-    )
+    _durations = parsed_durations("check_every", "round")
 
     @field_validator("members")
     @classmethod

@@ -122,14 +122,27 @@ def member_pids(tier: subprocess.Popen[str]) -> dict[int, int]:
     return found
 
 
-@pytest.fixture
-def deployment(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
-    """The publisher and a tier of three members (its settings: the test's parameter, by
-    default responsibility by region in three strips along x)."""
-    feed_port, *ports = free_ports(4)
-    settings = getattr(request, "param", {"responsibility": {"by": "region", "cells": [3, 1]}})
+async def read_into(got: dict[str, list[ReceivedFrame]], client: ClusterClient) -> None:
+    """Put every frame ``client`` receives in ``got`` under its subscription's key."""
+    async for frame in client.frames():
+        got[frame.key].append(frame)
+
+
+async def stop_reading(
+    readers: list[asyncio.Task[None]], clients: dict[str, ClusterClient]
+) -> None:
+    """Cancel the :func:`read_into` tasks and close their clients."""
+    for task in readers:
+        task.cancel()
+    for client in clients.values():
+        await client.close()
+
+
+def tier_file(
+    tmp_path: Path, feed_port: int, ports: list[int], settings: dict[str, Any] | None = None
+) -> Path:
+    """A configuration file of one tier, ``world``: members on ``ports`` of 127.0.0.1, fed by
+    the spatial publisher on ``feed_port`` (the world SIDE by SIDE), and ``settings``."""
     config = {
         "intermediary_tiers": {
             "world": {
@@ -139,12 +152,24 @@ def deployment(
                     "world_lo": [0, 0],
                     "world_hi": [SIDE, SIDE],
                 },
-                **settings,
+                **(settings or {}),
             }
         }
     }
     path = tmp_path / "tidings.yaml"
     path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def deployment(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
+    """The publisher and a tier of three members (its settings: the test's parameter, by
+    default responsibility by region in three strips along x)."""
+    feed_port, *ports = free_ports(4)
+    settings = getattr(request, "param", {"responsibility": {"by": "region", "cells": [3, 1]}})
+    path = tier_file(tmp_path, feed_port, ports, settings)
     publisher = start(
         "intermediary", "simulate", "--agents", str(AGENTS), "--world", str(SIDE),
         "--speed", str(SPEED), "--tick-hz", str(TICK_HZ), "--seed", str(SEED),
@@ -181,11 +206,6 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
     async def main() -> None:
         clients: dict[str, ClusterClient] = {}
         readers = []
-
-        async def read(client: ClusterClient) -> None:
-            async for frame in client.frames():
-                got[frame.key].append(frame)
-
         try:
             # Every subscriber enters at the west member: the tier redirects each to the
             # member owning its region's home.
@@ -193,7 +213,7 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
                 client = await ClusterClient.connect(urls)
                 await client.subscribe(key, region, rate_hz=1000)
                 clients[key] = client
-                readers.append(asyncio.create_task(read(client)))
+                readers.append(asyncio.create_task(read_into(got, client)))
             served = {key: client.where(key) for key, client in clients.items()}
             assert served == {
                 "west": urls[0],
@@ -239,10 +259,7 @@ def test_a_tier_splits_responsibility_and_survives_a_member_killed(
             assert clients["east"].where("east") == urls[2]
             assert member_pids(tier)[killed] != pids[killed]
         finally:
-            for task in readers:
-                task.cancel()
-            for client in clients.values():
-                await client.close()
+            await stop_reading(readers, clients)
         for client in clients.values():
             assert client.stale == 0
 
@@ -257,20 +274,7 @@ def test_a_member_that_cannot_start_ends_the_tier_with_one_line(tmp_path: Path) 
     """The publisher unreachable, then a member's address taken: exit 2, one line naming the
     member and why, and no member left running."""
     feed_port, *ports = free_ports(3)
-    config = {
-        "intermediary_tiers": {
-            "world": {
-                "members": [f"127.0.0.1:{port}" for port in ports],
-                "spatial": {
-                    "upstream": f"ws://127.0.0.1:{feed_port}/",
-                    "world_lo": [0, 0],
-                    "world_hi": [SIDE, SIDE],
-                },
-            }
-        }
-    }
-    path = tmp_path / "tidings.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = tier_file(tmp_path, feed_port, ports)
     line = one_error_line(run_tidings("intermediary", "serve", "-c", str(path), "--tier", "world"))
     assert "member world-0 did not start" in line and "cannot connect" in line
     publisher = start("intermediary", "simulate", "--listen", f"127.0.0.1:{feed_port}")
@@ -308,18 +312,13 @@ def test_a_tier_by_hash_spreads_subscribers_and_the_others_take_a_dead_members(
     async def main() -> None:
         clients: dict[str, ClusterClient] = {}
         readers = []
-
-        async def read(client: ClusterClient) -> None:
-            async for frame in client.frames():
-                got[frame.key].append(frame)
-
         try:
             for i, (key, region) in enumerate(specs.items()):
                 entries = urls[i % 3 :] + urls[: i % 3]
                 client = await ClusterClient.connect(entries, client_id=f"subscriber-{i}")
                 await client.subscribe(key, region, rate_hz=1000)
                 clients[key] = client
-                readers.append(asyncio.create_task(read(client)))
+                readers.append(asyncio.create_task(read_into(got, client)))
             where = {key: client.where(key) for key, client in clients.items()}
             busiest = max(urls, key=lambda url: list(where.values()).count(url))
             moved = [key for key, url in where.items() if url == busiest]
@@ -339,10 +338,7 @@ def test_a_tier_by_hash_spreads_subscribers_and_the_others_take_a_dead_members(
             print(f"failover by hash: {time.monotonic() - t0:.2f} s for {len(moved)} keys")
             assert port not in member_pids(tier)  # not replaced
         finally:
-            for task in readers:
-                task.cancel()
-            for client in clients.values():
-                await client.close()
+            await stop_reading(readers, clients)
         assert all(client.stale == 0 for client in clients.values())
 
     asyncio.run(asyncio.wait_for(main(), 300))

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from bench.harness.processes import local_address
-from tests.server.syncer.test_syncer import LOCAL, all_events, node, raw_client, receive
+from tests.server.syncer.test_syncer import (
+    LOCAL,
+    all_events,
+    hat_syncer_probe,
+    node,
+    raw_client,
+    receive,
+)
 from tests.support.helpers import hat_event_server
 from tests.support.waiting import run, until
 from tidings import client
@@ -240,22 +247,12 @@ def test_a_hat_event_peer_syncs_as_before_and_sees_the_marked_name(tmp_path: Pat
     our syncer server it is sent the marked name, and shows it in its status event."""
     import hat.event.common as hat_common
     import hat.event.eventer as hat_eventer
-    import hat.event.syncer.client as hat_syncer_client
 
     async def main(eventer_port: int, syncer_port: int) -> None:
         async with node(tmp_path, 1) as a:
             await a.register([outbox_event("o-1", 1), outbox_event("o-2", 2)])
             server = await SyncerServer.start(LOCAL, a)
-            synced = asyncio.Event()
-            got: list[hat_common.Event] = []
-            hat_client = await hat_syncer_client.connect(
-                local_address(server.port),
-                "hat-probe",
-                hat_common.EventId(1, 0, 0),
-                synced_cb=synced.set,
-                events_cb=got.extend,
-            )
-            await asyncio.wait_for(synced.wait(), 10)
+            hat_client, got = await hat_syncer_probe(server.port)
             await until(lambda: sum(e.event_type[0] == "orders" for e in got) == 2)
             assert [e.payload.data for e in got if e.event_type[0] == "orders"] == [
                 {"n": 1},

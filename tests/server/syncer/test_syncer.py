@@ -10,6 +10,7 @@ import subprocess
 import time
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -431,24 +432,32 @@ def test_client_reconnects_when_the_server_restarts(tmp_path: Path) -> None:
 # --- interop with hat-event 0.8.5 -----------------------------------------------------------
 
 
-def test_hat_event_syncer_client_syncs_from_our_server(tmp_path: Path) -> None:
+async def hat_syncer_probe(port: int) -> tuple[Any, list[Any]]:
+    """The real hat-event 0.8.5 syncer client, ``hat-probe``, connected to our Syncer server
+    on ``port`` from the start of server 1 and synced: the client, and the list the events it
+    receives are put in (hat-event's own ``Event``s)."""
     import hat.event.common as hat_common
     import hat.event.syncer.client as hat_syncer_client
 
+    synced = asyncio.Event()
+    got: list[hat_common.Event] = []
+    client = await hat_syncer_client.connect(
+        local_address(port),
+        "hat-probe",
+        hat_common.EventId(1, 0, 0),
+        synced_cb=synced.set,
+        events_cb=got.extend,
+    )
+    await asyncio.wait_for(synced.wait(), 10)
+    return client, got
+
+
+def test_hat_event_syncer_client_syncs_from_our_server(tmp_path: Path) -> None:
     async def main() -> None:
         async with node(tmp_path, 1) as a:
             await register(a, "before", 3)
             server = await SyncerServer.start(LOCAL, a)
-            synced = asyncio.Event()
-            got: list[hat_common.Event] = []
-            client = await hat_syncer_client.connect(
-                local_address(server.port),
-                "hat-probe",
-                hat_common.EventId(1, 0, 0),
-                synced_cb=synced.set,
-                events_cb=got.extend,
-            )
-            await asyncio.wait_for(synced.wait(), 10)
+            client, got = await hat_syncer_probe(server.port)
 
             def theirs() -> list[tuple[int, int, int]]:
                 return [(e.event_id.server, e.event_id.session, e.event_id.instance) for e in got]

@@ -18,7 +18,7 @@ from tests.support.helpers import relay_config, statuses
 from tests.support.waiting import run
 from tests.support.witness_module import witness_config
 from tidings.client import connect
-from tidings.config import load_config
+from tidings.config import TidingsConfig, load_config
 from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import StoredEvent
@@ -64,6 +64,13 @@ def _target(server: ServerProcess, **extra: object) -> EventServerTarget:
         kind="event_server", address=server.eventer, type_prefix=["t"], timeout="3s", **extra
     )
     return EventServerTarget("remote", config)
+
+
+def _relay_into(server: ServerProcess, tmp_path: Path, **relay: object) -> TidingsConfig:
+    """A relay's configuration (``relay`` its settings) routing ``Created`` events to
+    ``server`` as the target ``remote``, their types under ``t``."""
+    targets = {"remote": {"kind": "event_server", "address": server.eventer, "type_prefix": ["t"]}}
+    return relay_config(tmp_path, targets=targets, routes={"Created": ["remote"]}, **relay)
 
 
 def test_publish_is_confirmed_and_a_second_publish_stores_nothing_new(server) -> None:
@@ -136,10 +143,7 @@ def test_a_server_that_never_answers_times_out_and_the_next_call_starts_afresh(
 
 @pytest.mark.spark
 def test_relay_into_a_remote_server_is_exactly_once(spark, server, tmp_path: Path) -> None:
-    targets = {"remote": {"kind": "event_server", "address": server.eventer, "type_prefix": ["t"]}}
-    config = relay_config(
-        tmp_path, targets=targets, routes={"Created": ["remote"]}, max_events_per_batch=40
-    )
+    config = _relay_into(server, tmp_path, max_events_per_batch=40)
     engine = make_engine(config.database.url)
     outbox = Outbox(engine)
     ids = []
@@ -176,12 +180,7 @@ def test_an_event_the_server_refuses_fails_alone(spark, tmp_path: Path) -> None:
     )
     server.start()
     try:
-        targets = {
-            "remote": {"kind": "event_server", "address": server.eventer, "type_prefix": ["t"]}
-        }
-        config = relay_config(
-            tmp_path, targets=targets, routes={"Created": ["remote"]}, partitions=1
-        )
+        config = _relay_into(server, tmp_path, partitions=1)
         engine = make_engine(config.database.url)
         outbox = Outbox(engine)
         for n in range(30):
@@ -223,12 +222,7 @@ def test_the_servers_modules_see_relayed_events(spark, tmp_path: Path) -> None:
     )
     server.start()
     try:
-        targets = {
-            "remote": {"kind": "event_server", "address": server.eventer, "type_prefix": ["t"]}
-        }
-        relay = relay_config(
-            tmp_path, targets=targets, routes={"Created": ["remote"]}, max_events_per_batch=7
-        )
+        relay = _relay_into(server, tmp_path, max_events_per_batch=7)
         outbox = Outbox(make_engine(relay.database.url))
         for n in range(20):
             with outbox.transaction() as tx:

@@ -106,9 +106,14 @@ def _target(**where: object) -> EventServerTarget:
     ],
 )
 def test_a_bad_server_group_is_a_config_error_naming_it(entry: dict, message: str) -> None:
+    _refused_naming(entry, message)
+
+
+def _refused_naming(entry: dict, message: str) -> None:
+    """An event_server target ``remote`` with ``entry`` is a ConfigError naming the target and
+    saying ``message``."""
     with pytest.raises(ConfigError) as raised:
         load_config({"targets": {"remote": {"kind": "event_server", **entry}}})
-
     assert "targets.remote" in str(raised.value) and message in str(raised.value)
 
 
@@ -181,17 +186,6 @@ def test_an_unreachable_monitor_makes_the_target_unavailable_naming_it() -> None
 
 
 # --- a static pair -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def two_servers(tmp_path: Path):
-    servers = []
-    for server_id, name in ((1, "a"), (2, "b")):
-        servers.append(ServerProcess.tidings(tmp_path / name, server_id, {"eventer": free_port()}))
-        servers[-1].start()
-    yield servers
-    for server in servers:
-        server.stop()
 
 
 class Publisher:

@@ -17,13 +17,13 @@ import pytest
 
 from bench.harness.processes import ServerProcess, free_port
 from tidings.config import load_config
-from tidings.errors import ConfigError, TargetUnavailable
+from tidings.errors import TargetUnavailable
 from tidings.events.model import NewEvent
 from tidings.events.outbox import OutboxEvent
 from tidings.targets import registry  # noqa: F401 - enters the target kinds' models
 from tidings.targets.kinds.resend_window import ResendWindow, weight
 
-from .test_event_server_group import _event, _in_key_order, _numbers, _target
+from .test_event_server_group import _event, _in_key_order, _numbers, _refused_naming, _target
 
 
 class Clock:
@@ -104,9 +104,7 @@ def test_a_window_of_zero_keeps_nothing() -> None:
     ],
 )
 def test_a_bad_resend_window_is_a_config_error_naming_it(entry: dict, message: str) -> None:
-    with pytest.raises(ConfigError) as raised:
-        load_config({"targets": {"remote": {"kind": "event_server", **entry}}})
-    assert "targets.remote" in str(raised.value) and message in str(raised.value)
+    _refused_naming(entry, message)
 
 
 def test_the_resend_window_defaults_and_a_zero_window_validate() -> None:
@@ -121,17 +119,6 @@ def test_the_resend_window_defaults_and_a_zero_window_validate() -> None:
 # --- a pair that does not sync -----------------------------------------------------------
 
 
-@pytest.fixture
-def unsynced_pair(tmp_path: Path):
-    servers = []
-    for server_id, name in ((1, "a"), (2, "b")):
-        servers.append(ServerProcess.tidings(tmp_path / name, server_id, {"eventer": free_port()}))
-        servers[-1].start()
-    yield servers
-    for server in servers:
-        server.stop()
-
-
 def _publish(target, numbers: range) -> None:
     assert target.publish([_event(n) for n in numbers]) == [None] * len(numbers)
 
@@ -140,12 +127,12 @@ def _publish(target, numbers: range) -> None:
 @pytest.mark.sockets
 @pytest.mark.parametrize("resend", ["10s", "0s"])
 def test_after_a_kill_the_next_server_gets_what_the_dead_one_confirmed_first(
-    unsynced_pair, resend: str
+    two_servers, resend: str
 ) -> None:
     """a confirmed 0..39 and is SIGKILLed; 40..79 go to b, which never heard of a. With the
     window, b holds all 80 once each, a's ahead of the later events of every key; without
     it (``0s``), b lacks a's: the gap the window closes."""
-    a, b = unsynced_pair
+    a, b = two_servers
     target = _target(addresses=[a.eventer, b.eventer], failover_resend=resend)
     try:
         for start in range(0, 40, 8):
@@ -167,10 +154,10 @@ def test_after_a_kill_the_next_server_gets_what_the_dead_one_confirmed_first(
 
 @pytest.mark.slow
 @pytest.mark.sockets
-def test_only_events_confirmed_within_the_window_are_sent_again(unsynced_pair) -> None:
+def test_only_events_confirmed_within_the_window_are_sent_again(two_servers) -> None:
     """Events older than ``failover_resend`` when the move happens are not sent again: a
     server that lost them waits for the dead one's Syncer (the case the window leaves out)."""
-    a, b = unsynced_pair
+    a, b = two_servers
     target = _target(addresses=[a.eventer, b.eventer], failover_resend="500ms")
     try:
         _publish(target, range(0, 8))

@@ -29,7 +29,7 @@ from tidings.intermediary.feed.wire import (
     decode_batch,
 )
 from tidings.intermediary.node.batches import UpdateBatch
-from tidings.intermediary.node.intermediary import Intermediary
+from tidings.intermediary.node.intermediary import Intermediary, Upstream
 from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.regions.coverage import UpstreamPolicy
 from tidings.intermediary.regions.geometry import Box
@@ -86,10 +86,7 @@ class RemoteFeed:
 
     def subscribe(self, boxes: Sequence[Box]) -> None:
         self._check_open()
-        boxes = list(boxes)
-        for box in boxes:
-            if not isinstance(box, Box) or box.dim != self.dim:
-                raise IntermediaryError(f"feed: expected {self.dim}D boxes, got {box!r}")
+        boxes = checked_boxes(boxes, self.dim)
         if len(self._boxes) + len(boxes) > MAX_FEED_BOXES:
             raise IntermediaryError(f"feed: more than {MAX_FEED_BOXES} boxes on one feed")
         self._boxes.extend(boxes)
@@ -97,13 +94,7 @@ class RemoteFeed:
 
     def unsubscribe(self, boxes: Sequence[Box]) -> None:
         self._check_open()
-        kept = list(self._boxes)
-        for box in boxes:
-            try:
-                kept.remove(box)
-            except ValueError:
-                raise IntermediaryError(f"feed: {box!r} is not subscribed") from None
-        self._boxes = kept
+        self._boxes = without(self._boxes, boxes)
         self._send({"op": "unsubscribe", "boxes": [box_spec(box) for box in boxes]})
 
     def follow(self, entities: frozenset[int]) -> None:
@@ -177,6 +168,28 @@ def _why(exc: websockets.ConnectionClosed | None, websocket: Any = None) -> str:
     return f"closed by the publisher: {received.code} {received.reason}".strip()
 
 
+def checked_boxes(boxes: Sequence[Box], dim: int) -> list[Box]:
+    """``boxes`` as a list, each a :class:`Box` of ``dim`` dimensions, or the error a feed's
+    caller gets before anything is sent."""
+    boxes = list(boxes)
+    for box in boxes:
+        if not isinstance(box, Box) or box.dim != dim:
+            raise IntermediaryError(f"feed: expected {dim}D boxes, got {box!r}")
+    return boxes
+
+
+def without(subscribed: Sequence[Box], boxes: Sequence[Box]) -> list[Box]:
+    """The ``subscribed`` boxes less one of each of ``boxes`` (a box subscribed twice stays
+    once); a box that is not subscribed is an error, and nothing is removed."""
+    kept = list(subscribed)
+    for box in boxes:
+        try:
+            kept.remove(box)
+        except ValueError:
+            raise IntermediaryError(f"feed: {box!r} is not subscribed") from None
+    return kept
+
+
 async def remote_intermediary(
     url: str, world: Box, margin: float, *, open_timeout: float = 10.0
 ) -> tuple[Intermediary, RemoteFeed]:
@@ -185,11 +198,17 @@ async def remote_intermediary(
     ``margin`` (claim 2), served when new state arrives ([89]'s "state updated" trigger) at
     most at each subscriber's rate, so a frame leaves right after its epoch."""
     feed = await RemoteFeed.connect(url, world.dim, open_timeout=open_timeout)
-    node = Intermediary(
+    return margin_intermediary(feed, world, margin), feed
+
+
+def margin_intermediary(feed: Upstream, world: Box, margin: float) -> Intermediary:
+    """An intermediary of ``world`` fed by ``feed`` with the policy above: upstream boxes
+    grown by ``margin``, a frame served right after each epoch; the one policy of an
+    intermediary fed by a remote publisher, however it reaches it."""
+    return Intermediary(
         world.dim,
         feed,
         world=world,
         policy=UpstreamPolicy.margin(margin),
         scheduler=Scheduler(per_epoch=True),
     )
-    return node, feed

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.feed.remote import RemoteFeed
+from tidings.intermediary.feed.remote import RemoteFeed, checked_boxes, without
 from tidings.intermediary.node.batches import UpdateBatch
 from tidings.intermediary.regions.geometry import Box
 from tidings.tasks import Backoff, stop_task
@@ -89,20 +89,12 @@ class ResilientFeed:
     # -- the Upstream protocol ---------------------------------------------------------
 
     def subscribe(self, boxes: Sequence[Box]) -> None:
-        boxes = list(boxes)
-        for box in boxes:
-            if not isinstance(box, Box) or box.dim != self.dim:
-                raise IntermediaryError(f"feed: expected {self.dim}D boxes, got {box!r}")
+        boxes = checked_boxes(boxes, self.dim)
         self._send(lambda feed: feed.subscribe(boxes))
         self._boxes.extend(boxes)
 
     def unsubscribe(self, boxes: Sequence[Box]) -> None:
-        kept = list(self._boxes)
-        for box in boxes:
-            try:
-                kept.remove(box)
-            except ValueError:
-                raise IntermediaryError(f"feed: {box!r} is not subscribed") from None
+        kept = without(self._boxes, boxes)
         self._send(lambda feed: feed.unsubscribe(boxes))
         self._boxes = kept
 

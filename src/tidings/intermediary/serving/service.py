@@ -36,10 +36,9 @@ import numpy as np
 
 from tidings.config import IntermediaryConfig
 from tidings.errors import IntermediaryError
+from tidings.intermediary.feed.remote import margin_intermediary
 from tidings.intermediary.feed.resilient import ResilientFeed
 from tidings.intermediary.node.intermediary import Intermediary
-from tidings.intermediary.node.scheduling import Scheduler
-from tidings.intermediary.regions.coverage import UpstreamPolicy
 from tidings.intermediary.regions.geometry import Box
 from tidings.intermediary.serving.page import static_page_routes
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
@@ -87,13 +86,7 @@ async def spatial_intermediary(
         return np.empty(0, np.int64) if node is None else np.asarray(node.state.snapshot().ids)
 
     feed = await ResilientFeed.connect(urls, world.dim, held)
-    node = Intermediary(
-        world.dim,
-        feed,
-        world=world,
-        policy=UpstreamPolicy.margin(margin),
-        scheduler=Scheduler(per_epoch=True),
-    )
+    node = margin_intermediary(feed, world, margin)
     return node, feed
 
 

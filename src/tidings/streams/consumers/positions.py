@@ -50,12 +50,21 @@ from tidings.streams.protocol.ftn3 import NOT_REGISTERED
 
 _metadata = MetaData()
 
+
+def _consumer_key() -> list[Column[str]]:
+    """The key of a consumer's rows, (stream, user, component): new columns for each table,
+    as a column belongs to one table."""
+    return [
+        Column("stream", String(64), primary_key=True),
+        Column("user_name", String(64), primary_key=True),
+        Column("component", String(16), primary_key=True),
+    ]
+
+
 consumers_table = Table(
     "stream_consumers",
     _metadata,
-    Column("stream", String(64), primary_key=True),
-    Column("user_name", String(64), primary_key=True),
-    Column("component", String(16), primary_key=True),
+    *_consumer_key(),
     Column("last_id", BigInteger, nullable=False, default=0),
     Column("registered_at", DateTime(timezone=True), nullable=False),
     Column("acked_at", DateTime(timezone=True)),
@@ -65,9 +74,7 @@ consumers_table = Table(
 covers_table = Table(
     "stream_consumer_covers",
     _metadata,
-    Column("stream", String(64), primary_key=True),
-    Column("user_name", String(64), primary_key=True),
-    Column("component", String(16), primary_key=True),
+    *_consumer_key(),
     Column("server", BigInteger, primary_key=True, autoincrement=False),
     Column("session", BigInteger, nullable=False),
     Column("instance", BigInteger, nullable=False),
@@ -107,15 +114,7 @@ class Consumers:
         c = consumers_table.c
         try:
             with self._store.transaction("register a stream consumer") as conn:
-                conn.execute(
-                    insert(consumers_table).values(
-                        stream=stream,
-                        user_name=user,
-                        component=component,
-                        last_id=0,
-                        registered_at=utcnow(),
-                    )
-                )
+                _insert_consumer(conn, stream, user, component)
             return True
         except StoreError as exc:
             if not isinstance(exc.__cause__, IntegrityError):
@@ -166,15 +165,7 @@ class Consumers:
             current = _locked_position(conn, stream, user, component)
             if current is None:
                 current = 0
-                conn.execute(
-                    insert(consumers_table).values(
-                        stream=stream,
-                        user_name=user,
-                        component=component,
-                        last_id=0,
-                        registered_at=utcnow(),
-                    )
-                )
+                _insert_consumer(conn, stream, user, component)
             old = _covers(conn, stream, user, component)
             grown = merged(old, covers)
             _write_covers(conn, stream, user, component, old, grown)
@@ -254,6 +245,15 @@ def _key(stream: str, user: str, component: str) -> ColumnElement[bool]:
 def _covers_key(stream: str, user: str, component: str) -> ColumnElement[bool]:
     c = covers_table.c
     return and_(c.stream == stream, c.user_name == user, c.component == component)
+
+
+def _insert_consumer(conn: Connection, stream: str, user: str, component: str) -> None:
+    """A new consumer's row: registered now, at position 0 (before the stream's first event)."""
+    conn.execute(
+        insert(consumers_table).values(
+            stream=stream, user_name=user, component=component, last_id=0, registered_at=utcnow()
+        )
+    )
 
 
 def _locked_position(conn: Connection, stream: str, user: str, component: str) -> int | None:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from tidings.address import Address
-from tidings.config import HOUR, ZERO, Duration, TargetConfig, parse_duration, within
+from tidings.config import HOUR, ZERO, Duration, TargetConfig, parsed_durations, within
 from tidings.errors import ConnectionClosed, TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, StoredEvent
 from tidings.events.outbox import OutboxEvent
@@ -154,9 +154,7 @@ class EventServerTargetConfig(TargetConfig):
         ),
     )
 
-    _durations = field_validator("timeout", "failover_wait", "failover_resend", mode="before")(
-        lambda cls, v: parse_duration(v)
-    )
+    _durations = parsed_durations("timeout", "failover_wait", "failover_resend")
 
     @field_validator("type_template")
     @classmethod

@@ -23,7 +23,7 @@ from tidings.config import (
     LocalPath,
     StrictModel,
     TargetConfig,
-    parse_duration,
+    parsed_durations,
     within,
 )
 from tidings.targets.kinds.jetstream.messages import subject_filter, subject_template
@@ -152,12 +152,8 @@ class JetStreamTargetConfig(TargetConfig):
         default=None, description="TLS settings for the servers (None: the NATS client's defaults)."
     )
 
-    _durations = field_validator("duplicate_window", "ack_timeout", mode="before")(
-        lambda cls, v: parse_duration(v)
-    )
-    _max_age = field_validator("max_age", mode="before")(
-        lambda cls, v: None if v is None else parse_duration(v)
-    )
+    _durations = parsed_durations("duplicate_window", "ack_timeout")
+    _max_age = parsed_durations("max_age", nullable=True)
 
     @field_validator("credentials", "nkey")
     @classmethod
