@@ -41,6 +41,7 @@ from tidings.errors import StoreError, StreamError
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.server.store import EventStore
 from tidings.streams.consumers.replication import (
+    NAME_LENGTHS,
     Covers,
     covered_prefix,
     ids_between,
@@ -53,9 +54,9 @@ _metadata = MetaData()
 consumers_table = Table(
     "stream_consumers",
     _metadata,
-    Column("stream", String(64), primary_key=True),
-    Column("user_name", String(64), primary_key=True),
-    Column("component", String(16), primary_key=True),
+    Column("stream", String(NAME_LENGTHS["stream"]), primary_key=True),
+    Column("user_name", String(NAME_LENGTHS["user"]), primary_key=True),
+    Column("component", String(NAME_LENGTHS["component"]), primary_key=True),
     Column("last_id", BigInteger, nullable=False, default=0),
     Column("registered_at", DateTime(timezone=True), nullable=False),
     Column("acked_at", DateTime(timezone=True)),
@@ -65,9 +66,9 @@ consumers_table = Table(
 covers_table = Table(
     "stream_consumer_covers",
     _metadata,
-    Column("stream", String(64), primary_key=True),
-    Column("user_name", String(64), primary_key=True),
-    Column("component", String(16), primary_key=True),
+    Column("stream", String(NAME_LENGTHS["stream"]), primary_key=True),
+    Column("user_name", String(NAME_LENGTHS["user"]), primary_key=True),
+    Column("component", String(NAME_LENGTHS["component"]), primary_key=True),
     Column("server", BigInteger, primary_key=True, autoincrement=False),
     Column("session", BigInteger, nullable=False),
     Column("instance", BigInteger, nullable=False),
