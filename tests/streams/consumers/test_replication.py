@@ -4,8 +4,10 @@ them: with their ids, in their origin's order)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from tidings.streams.consumers.replication import consumer_event, read_consumer_
 from tidings.streams.consumers.retention import retention_pass
 from tidings.streams.consumers.sync import ConsumerSync
 from tidings.streams.typemap import CONSUMER_TYPE, TypeMap, is_consumer_type
+from tidings.tasks import stop_task
 
 S, U = "s", "ftn18"
 RETAIN = {"enabled": True, "min_age": "0s"}
@@ -246,3 +249,44 @@ def test_bad_peer_consumer_events_are_skipped_and_the_valid_one_after_them_appli
     caplog.clear()
     assert sync.catch_up() == 0
     assert "skipped" not in caplog.text
+
+
+def test_the_sync_task_outlives_an_unexpected_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    here, peer = _pair(tmp_path)
+    events = _own(peer, "p1")
+    here.append_synced([*events, _peer_event(2, 2, _payload((S, U, "C"), [[2, 1, 1]]))])
+    consumers = Consumers(here)
+    # A fake fault: the checks before the database leave no real event that fails here, so
+    # the first catch-up is made to fail as a bug would.
+    executor = ThreadPoolExecutor(1)
+    sync = ConsumerSync(here, consumers, executor)
+    real, calls = sync.catch_up, []
+
+    def failing_once() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return real()
+
+    monkeypatch.setattr(sync, "catch_up", failing_once)
+    monkeypatch.setattr("tidings.streams.consumers.sync._RETRY", 0.05)
+
+    async def run_a_while() -> None:
+        task = asyncio.get_running_loop().create_task(sync.run())
+        try:
+            for _ in range(200):
+                if len(calls) > 1:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            assert not task.done()
+        finally:
+            await stop_task(task)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run_a_while())
+    executor.shutdown()
+    assert "stream consumer sync failed unexpectedly" in caplog.text
+    assert consumers.position(S, U, "C") == 1  # applied by the second, restarted try
