@@ -232,14 +232,16 @@ def test_bad_peer_consumer_events_are_skipped_and_the_valid_one_after_them_appli
             _peer_event(2, 4, _payload((S, U, "C"), [[2, 2**64, 1]])),
             _peer_event(2, 5, _payload(long_name, [[2, 1, 1]]), long_name),
             _peer_event(2, 6, _payload(("s" * 65, U, "C"), [[2, 1, 1]]), ("s" * 65, U, "C")),
+            _peer_event(2, 7, _payload((S, U, "C\x00"), [[2, 1, 1]]), (S, U, "C\x00")),
+            _peer_event(2, 8, _payload((S, U, "C\ud800"), [[2, 1, 1]]), (S, U, "C\ud800")),
             forged,
-            _peer_event(2, 7, _payload((S, U, "C"), [[2, 1, 1]])),
+            _peer_event(2, 10, _payload((S, U, "C"), [[2, 1, 1]])),
         ]
     )
     sync = ConsumerSync(here, consumers, executor=None)  # type: ignore[arg-type]  # catch_up only
     with caplog.at_level(logging.WARNING):
         assert sync.catch_up() == 1
-    assert caplog.text.count("peer consumer event skipped") == 5
+    assert caplog.text.count("peer consumer event skipped") == 7
     reasons = " ".join(getattr(r, "error", "") for r in caplog.records)
     assert "RecursionError" in reasons and "outside 1.." in reasons
     assert "not that of its payload and origin" in reasons

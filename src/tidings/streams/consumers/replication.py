@@ -144,6 +144,9 @@ def _read(event: StoredEvent) -> tuple[str, str, str, Covers]:
     for name, value in (("stream", stream), ("user", user), ("component", component)):
         if not 0 < len(value) <= NAME_LENGTHS[name]:
             raise ValueError(f"{name} must be 1 to {NAME_LENGTHS[name]} characters long")
+        if "\x00" in value:  # PostgreSQL refuses a NUL in text (and json can make one)
+            raise ValueError(f"{name} holds a NUL")
+        value.encode()  # UnicodeEncodeError for a lone surrogate, which json can make too
     covers: Covers = {}
     for server, session, instance in payload["covers"]:
         ident = tuple(int(n) for n in (server, session, instance))
