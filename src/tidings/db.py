@@ -111,7 +111,10 @@ def _naming_itself(engine: Engine) -> Engine:
     shown = engine.url.render_as_string(hide_password=True)
 
     def name(context: Any) -> None:
-        setattr(context.sqlalchemy_exception, DATABASE_ATTRIBUTE, shown)
+        # None when the error is not the database's (e.g. an int too large for the driver):
+        # naming it then would raise AttributeError in place of the real error.
+        if context.sqlalchemy_exception is not None:
+            setattr(context.sqlalchemy_exception, DATABASE_ATTRIBUTE, shown)
 
     event.listen(engine, "handle_error", name)
     return engine

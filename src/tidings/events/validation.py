@@ -23,6 +23,22 @@ WILDCARDS = frozenset({ANY_ONE, ANY_REST})
 #: longer one failed the whole transaction, so every registration grouped with it.
 MAX_TYPE_TEXT = 2_000
 MAX_OUTBOX_ID_BYTES = 500
+#: The type prefix of the event servers' own consumer events (a stream consumer's position,
+#: replicated between redundant servers): only the servers write them, so an edge taking
+#: events from clients (the Eventer, the relay's targets) refuses it, or anyone able to
+#: register an event could move any consumer past events it never read.
+RESERVED_CONSUMER_TYPE: EventType = ("tidings", "stream", "consumer")
+
+
+def reserved_type_problem(event_type: EventType) -> str | None:
+    """Why a client may not register an event of ``event_type`` (it is under the reserved
+    consumer prefix), or None."""
+    if tuple(event_type[: len(RESERVED_CONSUMER_TYPE)]) != RESERVED_CONSUMER_TYPE:
+        return None
+    return (
+        f"type {_shown(event_type)} is under the reserved prefix "
+        f"{'/'.join(RESERVED_CONSUMER_TYPE)}: only the event servers write those events"
+    )
 
 
 def validate_new_event(new_event: object) -> str | None:

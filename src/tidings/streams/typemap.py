@@ -14,10 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from tidings.config.stream_types import check_type_patterns, type_patterns
 from tidings.events.matching import ANY_ONE, ANY_REST, QueryType, TypeMatcher
 from tidings.events.model import EventType
+from tidings.events.validation import RESERVED_CONSUMER_TYPE
 
 #: The type prefix of the servers' consumer events (:mod:`.consumers.replication`):
-#: reserved, no stream carries them.
-CONSUMER_TYPE: EventType = ("tidings", "stream", "consumer")
+#: reserved, no stream carries them and no client may register them.
+CONSUMER_TYPE: EventType = RESERVED_CONSUMER_TYPE
 
 
 def is_consumer_type(event_type: EventType) -> bool:

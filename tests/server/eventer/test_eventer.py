@@ -118,6 +118,27 @@ def test_invalid_type_fails_alone(tmp_path: Path, caplog: pytest.LogCaptureFixtu
     assert sum("reserved as a query wildcard" in line for line in warnings_of(caplog)) == 3
 
 
+def test_the_servers_consumer_events_are_refused_from_clients(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client could otherwise forge a stream consumer's position (its origin: this
+    server) and move it past events it never read."""
+    forged = json_event(
+        ("tidings", "stream", "consumer", "s", "u", "C", "1"),
+        {"stream": "s", "user": "u", "component": "C", "covers": [[1, 1, 99]]},
+    )
+
+    async def main() -> None:
+        async with running(tmp_path) as srv, await connect(srv.address) as client:
+            results = await client.register_with_response([forged, NewEvent(("ok",))])
+            assert types_of(results) == [None, ("ok",)]
+            found = await client.query(QueryData(event_types=(("tidings", "stream", "*"),)))
+            assert found == []
+
+    run(main())
+    assert any("reserved prefix tidings/stream/consumer" in line for line in warnings_of(caplog))
+
+
 class Exploding:
     """A module that aborts every session containing a ``boom`` event."""
 

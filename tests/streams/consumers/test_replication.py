@@ -4,7 +4,10 @@ them: with their ids, in their origin's order)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from tidings.streams.consumers.replication import consumer_event, read_consumer_
 from tidings.streams.consumers.retention import retention_pass
 from tidings.streams.consumers.sync import ConsumerSync
 from tidings.streams.typemap import CONSUMER_TYPE, TypeMap, is_consumer_type
+from tidings.tasks import stop_task
 
 S, U = "s", "ftn18"
 RETAIN = {"enabled": True, "min_age": "0s"}
@@ -180,3 +184,111 @@ def test_retention_discards_the_superseded_consumer_events_once_applied(tmp_path
     kept = consumer_events()
     assert len(kept) == 2
     assert on_b.position(S, U, "C") == 4  # a1 a2 a3, after B's own consumer event
+
+
+def _peer_event(
+    server: int, instance: int, payload: bytes, consumer: tuple[str, str, str] = (S, U, "C")
+) -> StoredEvent:
+    """A consumer event as the Syncer stores a peer's: its type names ``server``."""
+    return StoredEvent(
+        0,
+        EventId(server, 1, instance),
+        (*CONSUMER_TYPE, *consumer, str(server)),
+        1,
+        None,
+        payload,
+        PayloadKind.JSON,
+        None,
+    )
+
+
+def _payload(consumer: tuple[str, str, str], covers: list[list[int]]) -> bytes:
+    stream, user, component = consumer
+    text = {"stream": stream, "user": user, "component": component, "covers": covers}
+    return json.dumps(text).encode()
+
+
+def test_bad_peer_consumer_events_are_skipped_and_the_valid_one_after_them_applied(
+    tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    here, peer = _pair(tmp_path, database_url)  # the syncing server (1) on each backend
+    events = _own(peer, "p1", "p2")
+    here.append_synced(events)
+    consumers = Consumers(here)
+    long_name = (S, U, "C" * 17)
+    forged = StoredEvent(  # says it is server 3's word, but server 2 wrote it
+        0,
+        EventId(2, 1, 9),
+        (*CONSUMER_TYPE, S, U, "C", "3"),
+        1,
+        None,
+        _payload((S, U, "C"), [[2, 1, 2]]),
+        PayloadKind.JSON,
+        None,
+    )
+    here.append_synced(
+        [
+            _peer_event(2, 3, b"[" * 100_000 + b"]" * 100_000),
+            _peer_event(2, 4, _payload((S, U, "C"), [[2, 2**64, 1]])),
+            _peer_event(2, 5, _payload(long_name, [[2, 1, 1]]), long_name),
+            _peer_event(2, 6, _payload(("s" * 65, U, "C"), [[2, 1, 1]]), ("s" * 65, U, "C")),
+            _peer_event(2, 7, _payload((S, U, "C\x00"), [[2, 1, 1]]), (S, U, "C\x00")),
+            _peer_event(2, 8, _payload((S, U, "C\ud800"), [[2, 1, 1]]), (S, U, "C\ud800")),
+            forged,
+            _peer_event(2, 10, _payload((S, U, "C"), [[2, 1, 1]])),
+        ]
+    )
+    sync = ConsumerSync(here, consumers, executor=None)  # type: ignore[arg-type]  # catch_up only
+    with caplog.at_level(logging.WARNING):
+        assert sync.catch_up() == 1
+    assert caplog.text.count("peer consumer event skipped") == 7
+    reasons = " ".join(getattr(r, "error", "") for r in caplog.records)
+    assert "RecursionError" in reasons and "outside 1.." in reasons
+    assert "not that of its payload and origin" in reasons
+    assert [c.component for c in consumers.of_stream(S)] == ["C"]
+    assert consumers.position(S, U, "C") == 1  # p1, as the valid event said; not p2
+    # Past them for good: the next catch-up reads nothing again.
+    caplog.clear()
+    assert sync.catch_up() == 0
+    assert "skipped" not in caplog.text
+
+
+def test_the_sync_task_outlives_an_unexpected_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    here, peer = _pair(tmp_path)
+    events = _own(peer, "p1")
+    here.append_synced([*events, _peer_event(2, 2, _payload((S, U, "C"), [[2, 1, 1]]))])
+    consumers = Consumers(here)
+    # A fake fault: the checks before the database leave no real event that fails here, so
+    # the first catch-up is made to fail as a bug would.
+    executor = ThreadPoolExecutor(1)
+    sync = ConsumerSync(here, consumers, executor)
+    real, calls = sync.catch_up, []
+
+    def failing_once() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return real()
+
+    monkeypatch.setattr(sync, "catch_up", failing_once)
+    monkeypatch.setattr("tidings.streams.consumers.sync._RETRY", 0.05)
+
+    async def run_a_while() -> None:
+        task = asyncio.get_running_loop().create_task(sync.run())
+        try:
+            for _ in range(200):
+                if len(calls) > 1:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            assert not task.done()
+        finally:
+            await stop_task(task)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run_a_while())
+    executor.shutdown()
+    assert "stream consumer sync failed unexpectedly" in caplog.text
+    assert consumers.position(S, U, "C") == 1  # applied by the second, restarted try

@@ -308,6 +308,28 @@ def test_types_come_from_a_template_and_an_event_without_its_header_fails_alone(
     ]
 
 
+def test_a_template_filled_to_the_reserved_consumer_prefix_fails_alone(server) -> None:
+    """Only the event servers write stream consumer events: a template that makes one from
+    an event's header refuses that event, the others go on."""
+    config = EventServerTargetConfig(
+        kind="event_server",
+        address=server.eventer,
+        timeout="3s",
+        type_template=["{headers.area}", "stream", "consumer", "{event_type}"],
+    )
+    target = EventServerTarget("remote", config)
+    events = [_typed_event(1, "a", {"area": "tidings"}), _typed_event(2, "b", {"area": "shop"})]
+    try:
+        results = target.publish(events)
+    finally:
+        target.close()
+    assert results[0] is not None and "reserved prefix tidings/stream/consumer" in results[0]
+    assert results[1] is None
+    assert [e.type for e in _events(server, ("?", "stream", "*"))] == [
+        ("shop", "stream", "consumer", "Created")
+    ]
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
@@ -315,6 +337,12 @@ def test_types_come_from_a_template_and_an_event_without_its_header_fails_alone(
         ({"type_template": ["orders", "*"]}, "segment '*' is a query wildcard"),
         ({"type_template": []}, "at least one segment"),
         ({"type_template": ["{event_type}"], "type_prefix": ["t"]}, "not both"),
+        (
+            {"type_template": ["tidings", "stream", "consumer", "{event_type}"]},
+            "type_template ['tidings', 'stream', 'consumer'] makes types under the reserved "
+            "prefix tidings/stream/consumer",
+        ),
+        ({"type_prefix": ["tidings", "stream", "consumer", "x"]}, "reserved prefix"),
     ],
 )
 def test_a_bad_type_template_is_a_config_error_naming_it(entry: dict, message: str) -> None:

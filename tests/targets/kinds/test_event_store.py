@@ -197,3 +197,33 @@ def test_relayed_events_reach_the_targets_module(spark, tmp_path: Path) -> None:
     stored = store_events(config)
     assert sorted(i for i, _ in _relayed(stored)) == sorted(ids)
     assert sorted(_witnessed(stored)) == sorted(_relayed(stored))
+
+
+def test_a_type_under_the_servers_reserved_consumer_prefix_is_refused(tmp_path: Path) -> None:
+    """Only the event servers write stream consumer events: a prefix making them is a
+    config error, and an outbox type completing a prefix to them is refused alone."""
+    with pytest.raises(ConfigError, match="reserved prefix tidings/stream/consumer"):
+        load_config(
+            {
+                "targets": {
+                    "store": {
+                        "kind": "event_store",
+                        "url": f"sqlite:///{tmp_path / 'a.db'}",
+                        "type_prefix": ["tidings", "stream", "consumer"],
+                    }
+                }
+            }
+        )
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    config = EventStoreTargetConfig(kind="event_store", url=url, type_prefix=["tidings", "stream"])
+    target = EventStoreTarget("store", config)
+    try:
+        reserved = _outbox_event(0, "consumer")
+        assert "reserved prefix tidings/stream/consumer" in (target.refusal(reserved) or "")
+        assert target.refusal(_outbox_event(1)) is None
+        with pytest.raises(TargetCallFailed, match="reserved prefix"):
+            target.publish([reserved, _outbox_event(1)])
+        assert target.publish([_outbox_event(1)]) == [None]
+    finally:
+        target.close()
+    assert [e.type for e in _stored(url)] == [("tidings", "stream", "Created")]

@@ -4,7 +4,8 @@ Registrations are pipelined: a connection's register requests are queued with th
 without waiting for each to be stored (up to ``_MAX_IN_FLIGHT`` at a time), so that
 requests waiting together are stored in one transaction, each still its own session, and
 replies go out in request order as they complete. A register request is one engine
-session; events that cannot be stored (a wildcard in the type, a bad payload) fail alone,
+session; events that cannot be stored (a wildcard in the type, a bad payload, a type under
+the servers' reserved consumer prefix) fail alone,
 and a session a module aborts fails as a whole, while the server goes on.
 
 The tidings extension ``TidingsEventer.MsgRegisterReq`` registers events carrying the id of
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator
 
 from tidings.errors import ProtocolError
 from tidings.events.model import NewEvent, StoredEvent
+from tidings.events.validation import reserved_type_problem
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.eventer.notify import INLINE_EVENTS
 from tidings.wire import chatter, codec
@@ -239,10 +241,16 @@ def _new_event(
         _log_refused(peer, index, f"outboxEventId {outbox_event_id!r} is not a string")
         return None
     try:
-        return codec.register_event_from_sbs(item, f"event {index}", outbox_event_id)
+        new_event = codec.register_event_from_sbs(item, f"event {index}", outbox_event_id)
     except ProtocolError as exc:
         _log_refused(peer, index, str(exc))
         return None
+    # The servers' own consumer events are written by the servers alone: a client's would
+    # move stream consumers past events they never read.
+    if (problem := reserved_type_problem(new_event.type)) is not None:
+        _log_refused(peer, index, problem)
+        return None
+    return new_event
 
 
 def _log_refused(peer: str, index: int, problem: str) -> None:

@@ -41,6 +41,7 @@ from tidings.errors import StoreError, StreamError
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.server.store import EventStore
 from tidings.streams.consumers.replication import (
+    NAME_LENGTHS,
     Covers,
     covered_prefix,
     ids_between,
@@ -55,9 +56,9 @@ def _consumer_key() -> list[Column[str]]:
     """The key of a consumer's rows, (stream, user, component): new columns for each table,
     as a column belongs to one table."""
     return [
-        Column("stream", String(64), primary_key=True),
-        Column("user_name", String(64), primary_key=True),
-        Column("component", String(16), primary_key=True),
+        Column("stream", String(NAME_LENGTHS["stream"]), primary_key=True),
+        Column("user_name", String(NAME_LENGTHS["user"]), primary_key=True),
+        Column("component", String(NAME_LENGTHS["component"]), primary_key=True),
     ]
 
 

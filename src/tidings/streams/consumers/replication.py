@@ -32,6 +32,7 @@ from sqlalchemy.sql import ColumnElement
 
 from tidings.errors import StreamError
 from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent, encode_type
+from tidings.events.validation import INT64_MAX
 from tidings.server.store.schema import events_table
 from tidings.streams.protocol.ftn3 import INVALID_REQUEST
 from tidings.streams.typemap import CONSUMER_TYPE
@@ -41,6 +42,9 @@ CONSUMER_PATTERN: EventType = (*CONSUMER_TYPE, "*")
 
 #: Per origin server: the ``(session, instance)`` of the newest of its events passed.
 Covers = dict[int, tuple[int, int]]
+
+#: The longest consumer names the positions' tables keep (their column lengths).
+NAME_LENGTHS = {"stream": 64, "user": 64, "component": 16}
 
 #: Events read per step when moving a position over covered events.
 _SCAN_STEP = 1000
@@ -117,15 +121,36 @@ def consumer_event(
 
 def read_consumer_event(event: StoredEvent) -> tuple[str, str, str, Covers]:
     """``(stream, user, component, covers)`` of a consumer event; InvalidRequest if it is
-    not one this version can read (a peer's event is data from outside)."""
+    not one this version can read or its origin did not write it (a peer's event is data
+    from outside: whatever is wrong with it, it must not stop the sync, and nothing in it
+    may reach the database unchecked)."""
     try:
-        payload = json.loads(event.payload or b"")
-        covers = {
-            int(server): (int(session), int(instance))
-            for server, session, instance in payload["covers"]
-        }
-        return str(payload["stream"]), str(payload["user"]), str(payload["component"]), covers
-    except (ValueError, TypeError, KeyError) as exc:
+        return _read(event)
+    except Exception as exc:  # anything: a nesting too deep for json (RecursionError) too
         raise StreamError(
-            INVALID_REQUEST, f"consumer event {event.id} is malformed: {type(exc).__name__}: {exc}"
+            INVALID_REQUEST,
+            f"consumer event {event.id} is malformed: {type(exc).__name__}: {str(exc)[:200]}",
         ) from None
+
+
+def _read(event: StoredEvent) -> tuple[str, str, str, Covers]:
+    payload = json.loads(event.payload or b"")
+    stream, user, component = (str(payload[key]) for key in ("stream", "user", "component"))
+    # Its type names the consumer and the server that wrote it: only that server may speak
+    # for it (an event registered elsewhere with a forged type is refused).
+    expected = (*CONSUMER_TYPE, stream, user, component, str(event.id.server))
+    if tuple(event.type) != expected:
+        raise ValueError(f"type {event.type!r} is not that of its payload and origin")
+    for name, value in (("stream", stream), ("user", user), ("component", component)):
+        if not 0 < len(value) <= NAME_LENGTHS[name]:
+            raise ValueError(f"{name} must be 1 to {NAME_LENGTHS[name]} characters long")
+        if "\x00" in value:  # PostgreSQL refuses a NUL in text (and json can make one)
+            raise ValueError(f"{name} holds a NUL")
+        value.encode()  # UnicodeEncodeError for a lone surrogate, which json can make too
+    covers: Covers = {}
+    for server, session, instance in payload["covers"]:
+        ident = tuple(int(n) for n in (server, session, instance))
+        if not all(1 <= n <= INT64_MAX for n in ident):
+            raise ValueError(f"cover {list(ident)} is outside 1..{INT64_MAX}")
+        covers[ident[0]] = (ident[1], ident[2])
+    return stream, user, component, covers

@@ -5,7 +5,10 @@ events (:mod:`.replication`); the Syncer copies them with the rest of the log. T
 them back in position order from where it last stopped (kept in the store, so a server
 that was down or not serving catches up at start-up) and applies the peers' ones to the
 local consumers (:meth:`.positions.Consumers.apply`). A server's own consumer events are
-skipped: it applied them when it wrote them.
+skipped: it applied them when it wrote them. A peer's event that is malformed, out of the
+database's ranges, or not written by the server its type names
+(:func:`.replication.read_consumer_event`) is skipped with a warning, and an unexpected
+failure is logged and retried: one bad event never stops the sync.
 
 It runs while the streams run, woken by the engine's listener when a batch holds a peer's
 consumer event; with a Monitor, that is while the server is blessed, and the catch-up at
@@ -61,6 +64,10 @@ class ConsumerSync:
                 log.warning("stream consumer sync failed", extra={"error": str(exc)})
                 await asyncio.sleep(_RETRY)
                 continue
+            except Exception as exc:  # a bug: logged, and tried again rather than dead
+                log.error("stream consumer sync failed unexpectedly", exc_info=exc)
+                await asyncio.sleep(_RETRY)
+                continue
             await self._wake.wait()
 
     def catch_up(self) -> int:
@@ -74,6 +81,8 @@ class ConsumerSync:
             for event in found.events:
                 if event.id.server == own:
                     continue
+                # A malformed or forged event is passed over (the position below moves past
+                # it): it must not stop the sync for the events after it.
                 try:
                     stream, user, component, covers = read_consumer_event(event)
                 except StreamError as exc:

@@ -51,10 +51,10 @@ from tidings.config import HOUR, ZERO, Duration, TargetConfig, parsed_durations,
 from tidings.errors import ConnectionClosed, TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, StoredEvent
 from tidings.events.outbox import OutboxEvent
-from tidings.events.validation import WILDCARDS
+from tidings.events.validation import WILDCARDS, reserved_type_problem
 from tidings.targets.base import Target
 from tidings.targets.destination import DestinationTemplate, RenderError
-from tidings.targets.kinds.event_store import to_new_event
+from tidings.targets.kinds.event_store import to_new_event, unreserved_prefix
 from tidings.targets.kinds.resend_window import ResendWindow, weight
 from tidings.targets.kinds.server_group import MonitorDiscoveryConfig, ServerGroup
 from tidings.targets.loop_thread import LoopThread
@@ -166,7 +166,15 @@ class EventServerTargetConfig(TargetConfig):
                 template = segment_template(segment)
                 if not template.fields and (why := segment_problem(segment)) is not None:
                     raise ValueError(f"segment {segment!r} is {why}")
+            literal = []
+            for segment in v:
+                if segment_template(segment).fields:
+                    break
+                literal.append(segment)
+            unreserved_prefix(literal, "type_template")
         return v
+
+    _prefix = field_validator("type_prefix")(lambda cls, v: unreserved_prefix(v))
 
     @field_validator("addresses")
     @classmethod
@@ -315,9 +323,14 @@ class EventServerTarget(Target):
     def _new_event(self, event: OutboxEvent) -> NewEvent:
         """The server event ``event`` becomes; RenderError if its type cannot be built."""
         if self._type_template is None:
-            return to_new_event(event, self._type_prefix)
-        event_type = tuple(segment.render(event) for segment in self._type_template)
-        return replace(to_new_event(event, ()), type=event_type)
+            new_event = to_new_event(event, self._type_prefix)
+        else:
+            event_type = tuple(segment.render(event) for segment in self._type_template)
+            new_event = replace(to_new_event(event, ()), type=event_type)
+        # The servers' consumer events are theirs alone (the server would refuse it too).
+        if (problem := reserved_type_problem(new_event.type)) is not None:
+            raise RenderError(problem)
+        return new_event
 
     def _who(self) -> str:
         return f"event server target {self.name!r}"

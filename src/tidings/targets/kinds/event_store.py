@@ -25,13 +25,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tidings.config import DatabaseUrl, TargetConfig
 from tidings.config.server import ModuleConfig
 from tidings.errors import EngineError, ModuleLoadError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.outbox import OutboxEvent
+from tidings.events.validation import RESERVED_CONSUMER_TYPE, reserved_type_problem
 from tidings.server.engine import Engine
 from tidings.server.store import EventStore
 from tidings.targets.base import Target
@@ -60,6 +61,8 @@ class EventStoreTargetConfig(TargetConfig):
     server_id: int = Field(
         default=1, gt=0, description="The Hat server id the store's events are registered under."
     )
+
+    _prefix = field_validator("type_prefix")(lambda cls, v: unreserved_prefix(v))
     modules: list[ModuleConfig] = Field(
         default_factory=list,
         description=(
@@ -102,6 +105,9 @@ class EventStoreTarget(Target):
         """
         if not events:
             return []
+        for event in events:  # the relay asks refusal first; a caller that did not fails
+            if (problem := self.refusal(event)) is not None:
+                raise TargetCallFailed(problem)
         try:
             engine = self._opened_engine()
         except (ModuleLoadError, EngineError) as exc:  # a module's create or subscription
@@ -113,6 +119,12 @@ class EventStoreTarget(Target):
         except Exception as exc:
             raise TargetCallFailed(self._error("failed", exc)) from exc
         return [None] * len(events)
+
+    def refusal(self, event: OutboxEvent) -> str | None:
+        """The event's type would fall under the servers' reserved consumer prefix (an
+        outbox type completing the configured prefix to it)."""
+        problem = reserved_type_problem((*self._type_prefix, event.event_type))
+        return None if problem is None else f"event store target {self.name!r}: {problem}"
 
     def _error(self, what: str, exc: Exception) -> str:
         return f"event store target {self.name!r} {what}: {type(exc).__name__}: {exc}"
@@ -138,6 +150,17 @@ class EventStoreTarget(Target):
                     raise
                 self._engine = engine
             return self._engine
+
+
+def unreserved_prefix(type_prefix: list[str], name: str = "type_prefix") -> list[str]:
+    """``type_prefix``, unless every event it makes is under the servers' reserved consumer
+    prefix (ValueError, naming the option ``name``): the servers alone write those."""
+    if reserved_type_problem((*type_prefix, "")) is not None:
+        raise ValueError(
+            f"{name} {type_prefix!r} makes types under the reserved prefix "
+            f"{'/'.join(RESERVED_CONSUMER_TYPE)}, which only the event servers write"
+        )
+    return type_prefix
 
 
 def to_new_event(event: OutboxEvent, type_prefix: tuple[str, ...]) -> NewEvent:
