@@ -6,6 +6,8 @@ goes up by one per register call and ``instance`` is one counter per server over
 sessions. A store seeds its own server's counters from the stored events when it opens,
 synced events move their servers' counters past their ids, and while a held transaction
 (``durability: periodic``) is open the counters live in memory (:class:`HeldCounters`).
+Beside them, each server's mark (:func:`raise_server_marks`) keeps the greatest id received
+from it, where the Syncer resumes.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from collections.abc import Callable, Sequence
 from sqlalchemy import Connection, func, insert, select, update
 
 from tidings.errors import StoreError
-from tidings.events.model import StoredEvent
+from tidings.events.model import EventId, StoredEvent
 from tidings.server.store.driver import DriverCursor
-from tidings.server.store.schema import counters_table, events_table
+from tidings.server.store.schema import counters_table, events_table, server_marks_table
 
 #: The name of the position counter (one for the whole log).
 POSITION_COUNTER = "position"
@@ -75,6 +77,42 @@ def raise_id_counters(conn: Connection, stored: Sequence[StoredEvent]) -> None:
                 .where(counters_table.c.name == name, counters_table.c.value < value)
                 .values(value=value)
             )
+
+
+def raise_server_marks(conn: DriverCursor, received: Sequence[StoredEvent]) -> None:
+    """Move each server's mark up to the greatest id of ``received`` (what its Syncer sent,
+    whether stored now or skipped as already there), never down.
+
+    :meth:`~.facade.EventStore.last_event_id` answers from it when retention has deleted
+    the events since: otherwise it would fall back to an older id, the Syncer would ask the
+    peer for everything after it, and the events would be stored and delivered again.
+    """
+    greatest: dict[int, tuple[int, int]] = {}
+    for event in received:
+        server, pair = event.id.server, (event.id.session, event.id.instance)
+        greatest[server] = max(greatest.get(server, pair), pair)
+    conn.executemany(
+        f"INSERT INTO {server_marks_table.name} (server, session, instance) VALUES (?, ?, ?) "
+        "ON CONFLICT (server) DO UPDATE SET session = excluded.session, "
+        "instance = excluded.instance WHERE (event_server_marks.session, "
+        "event_server_marks.instance) < (excluded.session, excluded.instance)",
+        [(server, *pair) for server, pair in sorted(greatest.items())],
+    )
+
+
+def last_event_id(conn: Connection, server: int) -> EventId:
+    """The greater of ``server``'s mark and its greatest stored id (its own registered
+    events move no mark); ``EventId(server, 0, 0)`` when there is neither."""
+    c, m = events_table.c, server_marks_table.c
+    stored = conn.execute(
+        select(c.session, c.instance)
+        .where(c.server == server)
+        .order_by(c.session.desc(), c.instance.desc())
+        .limit(1)
+    ).first()
+    mark = conn.execute(select(m.session, m.instance).where(m.server == server)).first()
+    session, instance = max(tuple(row) for row in (stored, mark, (0, 0)) if row is not None)
+    return EventId(server, session, instance)
 
 
 class HeldCounters:

@@ -17,7 +17,13 @@ from tidings.errors import StoreError
 from tidings.events.model import EventId, EventType, NewEvent, StoredEvent
 from tidings.events.validation import require_int, require_outbox_id
 from tidings.server.store.appending import Appending
-from tidings.server.store.counters import HeldCounters, raise_id_counters, seed_counters
+from tidings.server.store.counters import (
+    HeldCounters,
+    last_event_id,
+    raise_id_counters,
+    raise_server_marks,
+    seed_counters,
+)
 from tidings.server.store.driver import (
     Checkpointer,
     DriverCursor,
@@ -155,6 +161,7 @@ class EventStore:
             return []
         with self._transaction("append synced events", append=True) as conn:
             raw = DriverCursor.of(conn)
+            raise_server_marks(raw, events)
             fresh = plan_synced(conn, raw, events, encoded_types)
             if not fresh:
                 return []
@@ -238,21 +245,16 @@ class EventStore:
             return conn.execute(select(func.count()).select_from(events_table)).scalar_one()
 
     def last_event_id(self, server_id: int | None = None) -> EventId:
-        """Return the greatest stored id of ``server_id`` (default: this store's server).
+        """Return the greatest id of ``server_id`` (default: this store's server) stored or
+        received from its Syncer, even if retention has deleted it since: the Syncer resumes
+        after it (see :func:`~.counters.raise_server_marks`).
 
-        ``EventId(server, 0, 0)`` means no event of that server is stored, as in Hat.
+        ``EventId(server, 0, 0)`` means no event of that server was stored, as in Hat.
         """
         server = self.server_id if server_id is None else server_id
         require_int("server_id", server, minimum=1)
-        query = (
-            select(events_table.c.session, events_table.c.instance)
-            .where(events_table.c.server == server)
-            .order_by(events_table.c.session.desc(), events_table.c.instance.desc())
-            .limit(1)
-        )
         with self._transaction("read last event id") as conn:
-            row = conn.execute(query).first()
-        return EventId(server, 0, 0) if row is None else EventId(server, row.session, row.instance)
+            return last_event_id(conn, server)
 
     @contextmanager
     def snapshot(self, action: str = "read") -> Iterator[Connection]:

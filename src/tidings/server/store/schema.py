@@ -30,6 +30,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
     insert,
+    inspect,
     select,
     text,
     update,
@@ -144,6 +145,18 @@ event_types_table = Table(
     sqlite_with_rowid=False,
 )
 
+#: The greatest event id of each server this store has received (a peer's Syncer sent it),
+#: whether it is still stored or not: retention may delete all of a peer's events, and the
+#: Syncer resumes after this id rather than ask the peer for its history again (see
+#: :func:`~tidings.server.store.counters.raise_server_marks`). Only grows.
+server_marks_table = Table(
+    "event_server_marks",
+    _metadata,
+    Column("server", BigInteger, primary_key=True, autoincrement=False),
+    Column("session", BigInteger, nullable=False),
+    Column("instance", BigInteger, nullable=False),
+)
+
 #: The v1 index that event_events_type_time_idx replaces (see _upgrade_from_1).
 _V1_TYPE_INDEX = "event_events_type_idx"
 
@@ -195,9 +208,24 @@ def prepare_schema(conn: Connection, url: str) -> None:
         conn.execute(
             update(_meta).where(_meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
         )
+    new_marks = not inspect(conn).has_table(server_marks_table.name)
     _metadata.create_all(conn)
+    if new_marks:
+        _fill_server_marks(conn)
     if stored is None:
         conn.execute(insert(_meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+
+
+def _fill_server_marks(conn: Connection) -> None:
+    """Start ``event_server_marks`` of a store made before it with each server's greatest
+    stored id, so that an existing store needs no migration (an added table, not a new
+    schema version: an older tidings reading the store just ignores it)."""
+    conn.exec_driver_sql(
+        "INSERT INTO event_server_marks (server, session, instance) "
+        "SELECT e.server, e.session, MAX(e.instance) FROM event_events e JOIN "
+        "(SELECT server, MAX(session) AS session FROM event_events GROUP BY server) m "
+        "ON e.server = m.server AND e.session = m.session GROUP BY e.server, e.session"
+    )
 
 
 def _upgrade_from_1(conn: Connection, url: str) -> None:
