@@ -153,10 +153,10 @@ class ServerGroup:
         if self._monitor_client is None or self._monitor_client.is_closing:
             conf = {"name": self._monitor.name, "group": self._monitor.group}
             try:
-                self._monitor_client = await asyncio.wait_for(
-                    hat.monitor.client.connect({**conf, "monitor_address": where}),
-                    CONNECT_ATTEMPT_S,
-                )
+                async with asyncio.timeout(CONNECT_ATTEMPT_S):
+                    self._monitor_client = await hat.monitor.client.connect(
+                        {**conf, "monitor_address": where}
+                    )
             except (OSError, TimeoutError, ConnectionError) as exc:
                 self._monitor_client = None
                 errors[f"Monitor {where}"] = f"{type(exc).__name__}: {exc}"
