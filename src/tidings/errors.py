@@ -134,3 +134,14 @@ class StreamError(TidingsError):
 class IntermediaryError(TidingsError):
     """An intermediary refused a subscription or could not serve it; the message names the
     problem."""
+
+
+class AccessRefused(IntermediaryError):
+    """A subscriber was refused at the WebSocket handshake, before the upgrade: ``status`` is
+    the HTTP status it got (401: no credentials where they are needed, or wrong ones), and
+    the message says why without repeating a secret."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason

@@ -194,8 +194,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model matching validation query outbox",
     "tidings.config": (
-        "model loading targets relay intermediary intermediary_tier server passwords "
-        "stream_types streams tidings_file"
+        "model loading passwords tls targets relay intermediary_access intermediary "
+        "intermediary_tier server stream_types streams tidings_file"
     ),
     "tidings.outbox": "envelope schema checks incomplete producer",
     "tidings.routing": "table",
@@ -233,11 +233,14 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "subscriber_store subscribe applied intermediary"
     ),
     "tidings.intermediary.views": (
-        "patterns rows primitives sqlviews sqltables eventviews resync event_server_upstream"
+        "patterns grants rows primitives sqlviews sqltables eventviews resync "
+        "event_server_upstream"
     ),
     "tidings.intermediary.feed": "wire remote resilient",
     "tidings.intermediary.publisher": "simulation server",
-    "tidings.intermediary.serving": "page envelope connection transport service",
+    "tidings.intermediary.serving": (
+        "credentials access page envelope connection transport service"
+    ),
     "tidings.intermediary.client": "subscriber client handover",
     "tidings.intermediary.cluster": (
         "responsibility directory children peers areas member membership in_process "

@@ -1,6 +1,7 @@
 """The ``intermediary:`` section of ``tidings.yaml``: what ``tidings intermediary serve``
-listens on, the event server it follows, the domain tables its SQL views read, its bounds,
-and an optional spatial upstream.
+listens on (with TLS, :mod:`.tls`), who may subscribe to what (:mod:`.intermediary_access`),
+the event server it follows, the domain tables its SQL views read, its bounds, and an
+optional spatial upstream.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.address import parse_address
+from tidings.config.intermediary_access import SubscriberAccess
 from tidings.config.model import (
     HOUR,
     SECOND,
@@ -22,6 +24,7 @@ from tidings.config.model import (
     parsed_durations,
     within,
 )
+from tidings.config.tls import TlsClient, TlsServer
 from tidings.errors import ConfigError
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -137,9 +140,16 @@ class IntermediarySpatialConfig(StrictModel):
 
     upstream: str = Field(
         description=(
-            "Where the publisher listens: ``ws://HOST:PORT/`` (a lost connection is ridden "
-            "out: the intermediary reconnects to it)."
+            "Where the publisher listens: ``ws://HOST:PORT/``, or ``wss://`` over TLS (a lost "
+            "connection is ridden out: the intermediary reconnects to it)."
         )
+    )
+    tls: TlsClient | None = Field(
+        default=None,
+        description=(
+            "With a ``wss://`` upstream: how its certificate is verified and the client "
+            "certificate to present (absent: verified against the system's CAs)."
+        ),
     )
     world_lo: list[float] = Field(
         min_length=2,
@@ -167,8 +177,22 @@ class IntermediarySpatialConfig(StrictModel):
     @classmethod
     def _ws_url(cls, v: str) -> str:
         if not v.startswith(("ws://", "wss://")):
-            raise ValueError(f"expected a ws:// URL of the spatial publisher, got {v!r}")
+            raise ValueError(f"expected a ws:// or wss:// URL of the spatial publisher, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _tls_needs_wss(self) -> IntermediarySpatialConfig:
+        if self.tls is not None and not self.upstream.startswith("wss://"):
+            raise ValueError(
+                f"tls: the upstream {self.upstream} is not wss://; TLS settings would be unused"
+            )
+        return self
+
+    def connect_options(self) -> dict[str, Any]:
+        """The TLS keyword arguments of the connection to the publisher (none for ws://)."""
+        if not self.upstream.startswith("wss://"):
+            return {}
+        return (self.tls or TlsClient()).connect_options("spatial.tls")
 
     @model_validator(mode="after")
     def _world(self) -> IntermediarySpatialConfig:
@@ -180,7 +204,7 @@ class IntermediarySpatialConfig(StrictModel):
         return self
 
 
-class IntermediaryConfig(StrictModel):
+class IntermediaryConfig(SubscriberAccess):
     """``tidings intermediary serve``: an intermediary whose upstream is an event server,
     serving event and SQL-view subscriptions over WebSocket."""
 
@@ -188,6 +212,13 @@ class IntermediaryConfig(StrictModel):
         default="127.0.0.1:8100",
         description=(
             "``HOST:PORT`` of its WebSocket endpoint and web page; 0.0.0.0 exposes every interface."
+        ),
+    )
+    tls: TlsServer | None = Field(
+        default=None,
+        description=(
+            "Serve the WebSocket and the pages over TLS (``wss://``, ``https://``) with this "
+            "certificate and key (absent: plaintext)."
         ),
     )
     event_server: str | list[str] = Field(
@@ -252,6 +283,11 @@ class IntermediaryConfig(StrictModel):
     def event_servers(self) -> list[str]:
         """The addresses of ``event_server``, as a list."""
         return [self.event_server] if isinstance(self.event_server, str) else self.event_server
+
+    @model_validator(mode="after")
+    def _granted_tables(self) -> IntermediaryConfig:
+        self.check_tables(list(self.tables))
+        return self
 
     @field_validator("tables")
     @classmethod

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -28,6 +28,8 @@ from pydantic import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from tidings.errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -175,6 +177,18 @@ DatabaseUrl = Annotated[str, _relative_to_config_file(resolve_database_url)]
 #: says so with ``Field(default=..., validate_default=True)``; this is the same, spread into
 #: ``Field`` (``**RESOLVED_DEFAULT``), for the models that still write it so.
 RESOLVED_DEFAULT: dict[str, Any] = {"validate_default": True}
+
+
+V = TypeVar("V")
+
+
+def as_value_error(check: Callable[[V], object], value: V) -> None:
+    """Run a check that raises ConfigError inside a pydantic validator (which reports
+    ValueErrors with the key path)."""
+    try:
+        check(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class StrictModel(BaseModel):

@@ -11,62 +11,43 @@ configured (:mod:`.passwords`), directly or from an environment variable.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from tidings.config.model import DAY, HOUR, MS, SECOND, ZERO, ParsedDuration, StrictModel, within
-from tidings.config.passwords import check_hash
+from tidings.config.model import (
+    DAY,
+    HOUR,
+    MS,
+    SECOND,
+    ZERO,
+    ParsedDuration,
+    StrictModel,
+    as_value_error,
+    within,
+)
+from tidings.config.passwords import PasswordHashConfig
 from tidings.config.server import ServerConfig, load_server_config, load_server_config_file
 from tidings.config.stream_types import type_patterns
-from tidings.errors import ConfigError
-
-V = TypeVar("V")
 
 
-class StreamUserConfig(StrictModel):
+class StreamUserConfig(PasswordHashConfig):
     """A user of the streams: the scrypt hash of its password, or the variable holding it."""
-
-    password_hash: str | None = Field(
-        default=None,
-        description=(
-            "The scrypt hash of the user's password, as ``tidings streams hash-password`` prints "
-            "it."
-        ),
-    )
-    password_hash_env: str | None = Field(
-        default=None,
-        description="The environment variable holding that hash, read when the server starts.",
-    )
 
     @model_validator(mode="after")
     def _one_source(self) -> StreamUserConfig:
-        if (self.password_hash is None) == (self.password_hash_env is None):
+        if not self.has_password:
             raise ValueError("give exactly one of password_hash and password_hash_env")
-        if self.password_hash is not None:
-            _as_value_error(check_hash, self.password_hash)
         return self
 
     def resolved_hash(self, user: str) -> str:
         """The hash, read from the environment if configured so (at start-up)."""
-        if self.password_hash is not None:
-            return self.password_hash
-        assert self.password_hash_env is not None
-        value = os.environ.get(self.password_hash_env)
-        if not value:
-            raise ConfigError(
-                f"stream_users.{user}.password_hash_env: the variable "
-                f"{self.password_hash_env} is not set"
-            )
-        try:
-            return check_hash(value)
-        except ConfigError as exc:
-            raise ConfigError(f"stream_users.{user} ({self.password_hash_env}): {exc}") from None
+        value = self.password_hash_of(f"stream_users.{user}")
+        assert value is not None
+        return value
 
 
 class PushConfig(StrictModel):
@@ -184,7 +165,7 @@ class StreamConfig(StrictModel):
     @field_validator("types")
     @classmethod
     def _types(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        _as_value_error(type_patterns, value)
+        as_value_error(type_patterns, value)
         return value
 
     @model_validator(mode="after")
@@ -331,15 +312,6 @@ def load_stream_server_config_file(path: str | Path | None = None) -> StreamServ
     config = load_server_config_file(path, model=StreamServerConfig)
     assert isinstance(config, StreamServerConfig)
     return config.resolved()
-
-
-def _as_value_error(check: Callable[[V], object], value: V) -> None:
-    """Run a check that raises ConfigError inside a pydantic validator (which reports
-    ValueErrors with the key path)."""
-    try:
-        check(value)
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
 
 
 __all__ = [

@@ -12,7 +12,14 @@ JavaScript module (package data in ``static/``, no framework, no build step):
   draws them on a canvas;
 * ``GET /view.json`` -- what the page cannot know by itself: the intermediary's dimension and
   world box, so that a bare ``/view`` shows the whole world (``"world": null`` if the
-  intermediary has none, and the page then asks for a region).
+  intermediary has none, and the page then asks for a region);
+* ``GET /auth`` -- who the request's credentials (or none) prove to be, as the WebSocket
+  handshake would decide it: ``{"identity": name}``, or 401 and ``{"error": why}``. A
+  browser cannot read why its WebSocket was refused, so the pages ask here first and show
+  the reason (and a form for a token or a user and password).
+
+The pages and their scripts hold no data and are served to anyone; the data flows over the
+WebSocket, which admits only whom :mod:`.access` lets in.
 
 The page does not validate the region: it passes the numbers as they are and shows the
 server's ``{"op": "error"}`` message, so there is one validation, the server's.
@@ -26,7 +33,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tidings.errors import AccessRefused
 from tidings.intermediary.node.intermediary import Intermediary
+from tidings.intermediary.serving.access import Gatekeeper
 
 #: The page's files are small and never change while a server runs: read once.
 _STATIC = resources.files("tidings.intermediary.serving") / "static"
@@ -51,8 +60,16 @@ def static_page_routes(name: str) -> list[Route]:
     ]
 
 
-def page_routes(intermediary: Intermediary) -> list[Route]:
+def page_routes(intermediary: Intermediary, access: Gatekeeper) -> list[Route]:
     """The page's routes, for the intermediary's Starlette application."""
+
+    async def auth(request: Request) -> Response:
+        client = request.client.host if request.client is not None else None
+        try:
+            grant = await access.admit(request.headers, client)
+        except AccessRefused as exc:
+            return JSONResponse({"error": exc.reason}, exc.status, headers=_REVALIDATE)
+        return JSONResponse({"identity": grant.identity}, headers=_REVALIDATE)
 
     async def defaults(request: Request) -> Response:
         world = intermediary.subscriptions.world
@@ -63,4 +80,8 @@ def page_routes(intermediary: Intermediary) -> list[Route]:
             }
         )
 
-    return [*static_page_routes("view"), Route("/view.json", defaults, methods=["GET"])]
+    return [
+        *static_page_routes("view"),
+        Route("/view.json", defaults, methods=["GET"]),
+        Route("/auth", auth, methods=["GET"]),
+    ]
