@@ -609,7 +609,7 @@ def test_a_spatial_publisher_gone_and_back_is_ridden_out_with_its_new_state(
     [
         (
             {"upstream": "http://h:1/", "world_lo": [0, 0], "world_hi": [1, 1]},
-            "intermediary.spatial.upstream: expected a ws:// URL",
+            "intermediary.spatial.upstream: expected a ws:// or wss:// URL",
         ),
         (
             {"upstream": "ws://h:1/", "world_lo": [0, 0], "world_hi": [1, 1, 1]},

@@ -16,7 +16,8 @@ JavaScript module (package data in ``static/``, no framework, no build step):
 * ``GET /auth`` -- who the request's credentials (or none) prove to be, as the WebSocket
   handshake would decide it: ``{"identity": name}``, or 401 and ``{"error": why}``. A
   browser cannot read why its WebSocket was refused, so the pages ask here first and show
-  the reason (and a form for a token or a user and password).
+  the reason (and a form for a token or a user and password); ``GET /auth.js`` is the
+  module of both pages that does it.
 
 The pages and their scripts hold no data and are served to anyone; the data flows over the
 WebSocket, which admits only whom :mod:`.access` lets in.
@@ -43,21 +44,24 @@ _STATIC = resources.files("tidings.intermediary.serving") / "static"
 _REVALIDATE = {"Cache-Control": "no-cache"}
 
 
-def static_page_routes(name: str) -> list[Route]:
-    """``GET /<name>`` and ``GET /<name>.js``: the page ``static/<name>.html`` and its module."""
-    html = (_STATIC / f"{name}.html").read_bytes()
+def _module(name: str) -> Route:
+    """``GET /<name>.js``: the module ``static/<name>.js``."""
     script = (_STATIC / f"{name}.js").read_bytes()
-
-    async def page(request: Request) -> Response:
-        return Response(html, media_type="text/html; charset=utf-8", headers=_REVALIDATE)
 
     async def module(request: Request) -> Response:
         return Response(script, media_type="text/javascript; charset=utf-8", headers=_REVALIDATE)
 
-    return [
-        Route(f"/{name}", page, methods=["GET"]),
-        Route(f"/{name}.js", module, methods=["GET"]),
-    ]
+    return Route(f"/{name}.js", module, methods=["GET"])
+
+
+def static_page_routes(name: str) -> list[Route]:
+    """``GET /<name>`` and ``GET /<name>.js``: the page ``static/<name>.html`` and its module."""
+    html = (_STATIC / f"{name}.html").read_bytes()
+
+    async def page(request: Request) -> Response:
+        return Response(html, media_type="text/html; charset=utf-8", headers=_REVALIDATE)
+
+    return [Route(f"/{name}", page, methods=["GET"]), _module(name)]
 
 
 def page_routes(intermediary: Intermediary, access: Gatekeeper) -> list[Route]:
@@ -84,4 +88,5 @@ def page_routes(intermediary: Intermediary, access: Gatekeeper) -> list[Route]:
         *static_page_routes("view"),
         Route("/view.json", defaults, methods=["GET"]),
         Route("/auth", auth, methods=["GET"]),
+        _module("auth"),
     ]
