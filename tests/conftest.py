@@ -81,3 +81,12 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'test.db'}"
     url: str = request.getfixturevalue("pg_url")
     return url
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A CA, a server certificate for 127.0.0.1 and localhost, a client certificate, and a
+    second CA that signed neither (:mod:`tests.support.certificates`), once per run."""
+    from tests.support.certificates import certificates
+
+    return certificates(tmp_path_factory.mktemp("tls"))

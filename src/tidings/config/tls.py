@@ -63,9 +63,13 @@ def _load_chain(context: ssl.SSLContext, where: str, cert_file: str, key_file: s
             "PEM key (readable by the service's user only)"
         ) from None
     except ssl.SSLError as exc:
+        what = (
+            "the key does not belong to the certificate"
+            if exc.reason == "KEY_VALUES_MISMATCH"
+            else f"not a PEM certificate chain and its key ({exc.reason or exc})"
+        )
         raise ConfigError(
-            f"{_key(where, 'cert_file')} {cert_file} and its key_file {key_file}: not a PEM "
-            f"certificate chain and its key ({exc.reason or exc})"
+            f"{_key(where, 'cert_file')} {cert_file} and its key_file {key_file}: {what}"
         ) from None
 
 

@@ -93,7 +93,7 @@ from tidings.intermediary.serving.envelope import (
 )
 from tidings.intermediary.serving.page import page_routes
 from tidings.intermediary.views.grants import NOTHING, Grant
-from tidings.serving import QuietServer, listen
+from tidings.serving import DenyingWebSockets, QuietServer, listen
 from tidings.tasks import stop_task
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ class IntermediaryServer:
             log_config=None,
             access_log=False,
             lifespan="off",
-            ws="websockets-sansio",
+            ws=DenyingWebSockets,
             ws_max_size=self.limits.max_message_bytes,
             ws_per_message_deflate=False,
             proxy_headers=False,
