@@ -83,7 +83,7 @@ def test_hashes_from_the_environment_are_read_at_start_and_a_missing_one_is_name
     monkeypatch.setenv("DASH_TOKEN_HASH", "sha256$" + "ab" * 32)
     assert Gatekeeper.from_config(section) is not None
     monkeypatch.setenv("DASH_TOKEN_HASH", TOKEN)  # the token itself, by mistake
-    with pytest.raises(ConfigError, match="DASH_TOKEN_HASH.*a token hash must be") as caught:
+    with pytest.raises(ConfigError, match=r"DASH_TOKEN_HASH.*a token hash must be") as caught:
         Gatekeeper.from_config(section)
     assert TOKEN not in str(caught.value)
 
@@ -120,7 +120,9 @@ def test_a_tier_takes_the_same_keys_and_refuses_peer_tls_without_tls() -> None:
 
 def test_a_spatial_upstream_takes_tls_only_over_wss(tls_files: dict[str, str]) -> None:
     spatial = {"upstream": "ws://127.0.0.1:8200/", "world_lo": [0, 0], "world_hi": [9, 9]}
-    with pytest.raises(ConfigError, match="tls: the upstream ws://127.0.0.1:8200/ is not wss://"):
+    with pytest.raises(
+        ConfigError, match=r"tls: the upstream ws://127\.0\.0\.1:8200/ is not wss://"
+    ):
         _intermediary(spatial=spatial | {"tls": {"ca_file": tls_files["ca.pem"]}})
     secure = spatial | {
         "upstream": "wss://127.0.0.1:8200/",

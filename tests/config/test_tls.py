@@ -114,5 +114,5 @@ def test_each_unusable_file_is_named_by_its_key(tls_files: dict[str, str], tmp_p
         validate_config(TlsClient, {"ca_file": missing}, "tls")
     with pytest.raises(ConfigError, match="give both cert_file and key_file"):
         validate_config(TlsClient, {"cert_file": tls_files["client.pem"]}, "tls")
-    with pytest.raises(ConfigError, match="unknown key|Extra inputs"):
+    with pytest.raises(ConfigError, match=r"unknown key"):
         validate_config(TlsServer, {"cert_file": "a", "key_file": "b", "ca": "c"}, "tls")

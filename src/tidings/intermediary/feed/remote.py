@@ -87,7 +87,10 @@ class RemoteFeed:
                 **tls,
             )
         except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
-            raise IntermediaryError(f"feed: cannot connect to {url}: {exc}") from None
+            # A TLS alert read in place of the HTTP answer is the cause of "no valid HTTP
+            # response" (a publisher that wants a client certificate): say it.
+            cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+            raise IntermediaryError(f"feed: cannot connect to {url}: {exc}{cause}") from None
         feed = cls(websocket, dim, url)
         loop = asyncio.get_running_loop()
         feed._tasks = [loop.create_task(feed._read()), loop.create_task(feed._write())]
