@@ -15,13 +15,15 @@ from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from bench.harness.processes import ServerProcess, free_port, tidings_cli, wait_for_port
 from tests.intermediary.serving.test_serve import LIVE_DOM, _next, _stop, event_server
 from tests.support.chromium import Browser
 from tests.support.waiting import run
 from tidings import client
-from tidings.config.passwords import hash_token, new_token
+from tidings.cli import app
+from tidings.config.passwords import MIN_TOKEN_CHARS, hash_token, new_token
 from tidings.config.tls import TlsClient
 from tidings.errors import AccessRefused, IntermediaryError
 from tidings.intermediary.client.client import IntermediaryClient
@@ -168,3 +170,33 @@ def test_the_live_page_over_https_signs_in_and_shows_a_refused_table(
     assert events["cells"] == ['app/paid {"order":7}']
     assert view["cells"] == ["idname", "3cy"]
     assert refused["state"].startswith("subscriber 'dash' may not subscribe to table orders")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--tls-cert-file", "/nowhere.pem"],
+            "error: --tls-cert-file and --tls-key-file: give both",
+        ),
+        (
+            ["--tls-cert-file", "/nowhere.pem", "--tls-key-file", "/nowhere.key"],
+            "error: --tls-cert-file /nowhere.pem: cannot read it: No such file or directory",
+        ),
+    ],
+)
+def test_simulate_with_unusable_tls_files_is_one_line_and_exit_2(
+    args: list[str], line: str
+) -> None:
+    result = CliRunner().invoke(app, ["intermediary", "simulate", "--listen", "127.0.0.1:0", *args])
+    assert result.exit_code == 2, result.output
+    [said] = result.stderr.strip().splitlines()
+    assert said.startswith(line)
+
+
+def test_new_token_prints_a_token_and_the_hash_a_configuration_takes() -> None:
+    result = CliRunner().invoke(app, ["intermediary", "new-token"])
+    assert result.exit_code == 0, result.output
+    token, digest = result.stdout.split()
+    assert len(token) >= MIN_TOKEN_CHARS and digest == hash_token(token)
+    assert CliRunner().invoke(app, ["intermediary", "new-token"]).stdout.split()[0] != token
