@@ -6,7 +6,6 @@ optional spatial upstream.
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
@@ -14,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.address import parse_address
-from tidings.config.intermediary_access import SubscriberAccess
+from tidings.config.intermediary_access import SubscriberAccess, check_corners
 from tidings.config.model import (
     HOUR,
     SECOND,
@@ -196,11 +195,7 @@ class IntermediarySpatialConfig(StrictModel):
 
     @model_validator(mode="after")
     def _world(self) -> IntermediarySpatialConfig:
-        if len(self.world_lo) != len(self.world_hi):
-            raise ValueError("world_lo and world_hi must have the same number of axes")
-        for axis, (lo, hi) in enumerate(zip(self.world_lo, self.world_hi, strict=True)):
-            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                raise ValueError(f"world: axis {axis} needs finite world_lo < world_hi")
+        check_corners(self.world_lo, self.world_hi, ("world_lo", "world_hi"))
         return self
 
 

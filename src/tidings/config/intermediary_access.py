@@ -31,6 +31,16 @@ ANONYMOUS = "anonymous"
 EVERYTHING = "*"
 
 
+def check_corners(lo: list[float], hi: list[float], names: tuple[str, str]) -> None:
+    """ValueError unless ``lo`` and ``hi`` (keys ``names``) are the corners of a box: as many
+    axes each, and finite ``lo < hi`` on every one."""
+    if len(lo) != len(hi):
+        raise ValueError(f"{names[0]} and {names[1]} must have the same number of axes")
+    for axis, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        if not (math.isfinite(a) and math.isfinite(b) and a < b):
+            raise ValueError(f"axis {axis} needs finite {names[0]} < {names[1]}")
+
+
 class AllowedBox(StrictModel):
     """An axis-aligned box of the world a subscriber may subscribe regions inside."""
 
@@ -41,11 +51,7 @@ class AllowedBox(StrictModel):
 
     @model_validator(mode="after")
     def _a_box(self) -> AllowedBox:
-        if len(self.lo) != len(self.hi):
-            raise ValueError("lo and hi must have the same number of axes")
-        for axis, (lo, hi) in enumerate(zip(self.lo, self.hi, strict=True)):
-            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                raise ValueError(f"axis {axis} needs finite lo < hi")
+        check_corners(self.lo, self.hi, ("lo", "hi"))
         return self
 
 

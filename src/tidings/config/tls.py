@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from tidings.config.model import LocalPath, StrictModel
+from tidings.config.model import LocalPath, StrictModel, as_value_error
 from tidings.errors import ConfigError
 
 #: The oldest protocol either side speaks.
@@ -102,15 +102,12 @@ class TlsServer(StrictModel):
 
     @model_validator(mode="after")
     def _loads(self) -> TlsServer:
-        try:
-            self.context(where="")
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        as_value_error(TlsServer.context, self)
         return self
 
-    def context(self, where: str = "tls") -> ssl.SSLContext:
+    def context(self, where: str = "") -> ssl.SSLContext:
         """The server side's context (TLS 1.2 or later); ConfigError naming a file that
-        cannot be used, as ``where.<key>``."""
+        cannot be used by its key (``where.<key>``: ``where`` the section's key path)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = MINIMUM_VERSION
         _load_chain(context, where, self.cert_file, self.key_file)
@@ -152,15 +149,12 @@ class TlsClient(StrictModel):
     def _loads(self) -> TlsClient:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("give both cert_file and key_file, or neither")
-        try:
-            self.context(where="")
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        as_value_error(TlsClient.context, self)
         return self
 
-    def context(self, where: str = "tls") -> ssl.SSLContext:
+    def context(self, where: str = "") -> ssl.SSLContext:
         """The client side's context (TLS 1.2 or later); ConfigError naming a file that
-        cannot be used, as ``where.<key>``."""
+        cannot be used by its key (``where.<key>``: ``where`` the section's key path)."""
         if self.ca_file is None:
             context = ssl.create_default_context()
         else:  # verifying, against this CA only

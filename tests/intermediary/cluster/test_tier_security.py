@@ -9,9 +9,6 @@ are bounded so a broken build fails instead of hanging; nothing asserts a timing
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +27,7 @@ from tests.intermediary.cluster.test_tier import (
     WEST,
     Replay,
     check,
+    end,
     first_line,
     free_ports,
     read_into,
@@ -98,16 +96,7 @@ def secured(tmp_path: Path, tls_files: dict[str, str]) -> Iterator[list[str]]:
         assert "wss://" in first_line(tier, "intermediary tier world serving")
         yield [f"wss://127.0.0.1:{port}/" for port in ports]
     finally:
-        for process in (tier, publisher):
-            if process is not None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
-                assert process.stdout is not None
-                process.stdout.close()
+        end(tier, publisher)
 
 
 @pytest.mark.slow

@@ -18,10 +18,15 @@ import yaml
 from typer.testing import CliRunner
 
 from bench.harness.processes import ServerProcess, free_port, tidings_cli, wait_for_port
-from tests.intermediary.serving.test_serve import LIVE_DOM, _next, _stop, event_server
+from tests.intermediary.serving.test_serve import (
+    _next,
+    _stop,
+    event_server,
+    live_panels,
+    produce_paid_and_cy,
+)
 from tests.support.chromium import Browser
 from tests.support.waiting import run
-from tidings import client
 from tidings.cli import app
 from tidings.config.passwords import MIN_TOKEN_CHARS, hash_token, new_token
 from tidings.config.tls import TlsClient
@@ -68,18 +73,6 @@ def _serve_secured(
     return port, proc
 
 
-async def _produce(eventer: str) -> None:
-    async with await client.connect(eventer) as producer:
-        await producer.register_with_response(
-            [
-                client.json_event(("app", "paid"), {"order": 7}),
-                client.json_event(
-                    ("db", "rows.users"), {"key": 3, "row": {"id": 3, "name": "cy", "city": "Oslo"}}
-                ),
-            ]
-        )
-
-
 def test_a_subscriber_over_wss_with_a_token_sees_what_its_grant_allows(
     tmp_path: Path, event_server: ServerProcess, tls_files: dict[str, str]
 ) -> None:
@@ -99,7 +92,7 @@ def test_a_subscriber_over_wss_with_a_token_sees_what_its_grant_allows(
                 await dash.subscribe_sql("o", "SELECT id FROM orders")
             with pytest.raises(IntermediaryError, match=r"'dash' may not subscribe to events \["):
                 await dash.subscribe_events("all", [["*"]])
-            await _produce(event_server.eventer)
+            await produce_paid_and_cy(event_server.eventer)
             return await _next(dash, "event", "ev")
 
     try:
@@ -125,18 +118,10 @@ async def _the_page(url: str, eventer: str, profile: Path, trust: str, form: boo
                 f"(() => {{ const f = document.getElementById('login');"
                 f" f.token.value = {TOKEN!r}; f.requestSubmit(); }})()"
             )
-        await page.wait_for(
-            "window.tidingsLive?.state === 'live' && window.tidingsLive.panels.sql1.rows !== null"
-        )
+        panels = await live_panels(page, eventer)
         assert await page.evaluate("window.tidingsLive.identity") == "dash"
         assert await page.evaluate("location.hash") == ""  # the token left the address bar
-        await _produce(eventer)
-        await page.wait_for(
-            "window.tidingsLive.panels.events1.events.length === 1 && "
-            "window.tidingsLive.panels.sql1.rows.length === 1 && "
-            "window.tidingsLive.panels.sql2.error"
-        )
-        return await page.evaluate(LIVE_DOM)
+        return panels
     finally:
         await browser.close()
 
