@@ -14,19 +14,19 @@ import pytest
 
 from tidings.config import validate_config
 from tidings.config.model import StrictModel
-from tidings.config.tls import TlsClient, TlsServer
+from tidings.config.tls import TlsClientConfig, TlsServerConfig
 from tidings.errors import ConfigError
 
 
 class _Section(StrictModel):
     """A section holding a ``tls:`` key, as a part's section does."""
 
-    tls: TlsServer
+    tls: TlsServerConfig
 
 
-def _server(files: dict[str, str], **extra: str) -> TlsServer:
+def _server(files: dict[str, str], **extra: str) -> TlsServerConfig:
     data = {"cert_file": files["server.pem"], "key_file": files["server.key"], **extra}
-    return validate_config(TlsServer, data, "tls")
+    return validate_config(TlsServerConfig, data, "tls")
 
 
 def _handshake(server: ssl.SSLContext, client: ssl.SSLContext) -> tuple[str, str]:
@@ -61,29 +61,29 @@ def test_a_client_verifies_the_server_against_its_ca_and_refuses_another(
     tls_files: dict[str, str],
 ) -> None:
     server = _server(tls_files).context()
-    trusting = TlsClient(ca_file=tls_files["ca.pem"]).context()
+    trusting = TlsClientConfig(ca_file=tls_files["ca.pem"]).context()
     assert _handshake(server, trusting) == ("ok", "ok")
     assert trusting.verify_mode is ssl.CERT_REQUIRED and trusting.check_hostname
-    other = TlsClient(ca_file=tls_files["other-ca.pem"]).context()
+    other = TlsClientConfig(ca_file=tls_files["other-ca.pem"]).context()
     _, refused = _handshake(server, other)
     assert "CERTIFICATE_VERIFY_FAILED" in refused
-    system = TlsClient().context()  # the system's CAs do not know the test CA
+    system = TlsClientConfig().context()  # the system's CAs do not know the test CA
     assert "CERTIFICATE_VERIFY_FAILED" in _handshake(server, system)[1]
-    unverified = TlsClient(verify=False).context()
+    unverified = TlsClientConfig(verify=False).context()
     assert _handshake(server, unverified) == ("ok", "ok")
 
 
 def test_mutual_tls_needs_a_client_certificate_of_the_clients_ca(
     tls_files: dict[str, str],
 ) -> None:
-    server = _server(tls_files, client_ca_file=tls_files["ca.pem"]).context()
-    with_cert = TlsClient(
+    server = _server(tls_files, ca_file=tls_files["ca.pem"]).context()
+    with_cert = TlsClientConfig(
         ca_file=tls_files["ca.pem"],
         cert_file=tls_files["client.pem"],
         key_file=tls_files["client.key"],
     ).context()
     assert _handshake(server, with_cert) == ("ok", "ok")
-    without = TlsClient(ca_file=tls_files["ca.pem"]).context()
+    without = TlsClientConfig(ca_file=tls_files["ca.pem"]).context()
     refused_by_server, _ = _handshake(server, without)
     assert "certificate" in refused_by_server.lower()
 
@@ -104,15 +104,20 @@ def test_each_unusable_file_is_named_by_its_key(tls_files: dict[str, str], tmp_p
         ({"cert_file": str(garbage)}, r"cert_file .*garbage.pem and its key_file .*: not a PEM"),
         ({"key_file": tls_files["client.key"]}, r"the key does not belong to the certificate"),
         ({"key_file": str(encrypted)}, r"key_file .*encrypted.key: the key is encrypted"),
-        ({"client_ca_file": str(garbage)}, r"client_ca_file .*garbage.pem: not PEM CA"),
+        ({"ca_file": str(garbage)}, r"ca_file .*garbage.pem: not PEM CA"),
     ]
     for change, message in cases:
         data = {"cert_file": tls_files["server.pem"], "key_file": tls_files["server.key"]}
         with pytest.raises(ConfigError, match=message):
             validate_config(_Section, {"tls": data | change}, "section")
     with pytest.raises(ConfigError, match=rf"ca_file {missing}: cannot read it"):
-        validate_config(TlsClient, {"ca_file": missing}, "tls")
-    with pytest.raises(ConfigError, match="give both cert_file and key_file"):
-        validate_config(TlsClient, {"cert_file": tls_files["client.pem"]}, "tls")
+        validate_config(TlsClientConfig, {"ca_file": missing}, "tls")
+    with pytest.raises(ConfigError, match="key_file is set without cert_file"):
+        validate_config(TlsClientConfig, {"key_file": tls_files["client.key"]}, "tls")
+    both = tmp_path / "both.pem"  # a certificate with its key in one file, as hat's pem_file
+    both.write_text(
+        Path(tls_files["server.pem"]).read_text() + Path(tls_files["server.key"]).read_text()
+    )
+    assert TlsServerConfig(cert_file=str(both)).context() is not None
     with pytest.raises(ConfigError, match=r"unknown key"):
-        validate_config(TlsServer, {"cert_file": "a", "key_file": "b", "ca": "c"}, "tls")
+        validate_config(TlsServerConfig, {"cert_file": "a", "key_file": "b", "ca": "c"}, "tls")

@@ -140,7 +140,8 @@ def simulate(
         typer.Option(help="Serve the feed over TLS (wss://) with this certificate chain (PEM)."),
     ] = None,
     tls_key_file: Annotated[
-        Path | None, typer.Option(help="The key of --tls-cert-file (PEM, not encrypted).")
+        Path | None,
+        typer.Option(help="The key of --tls-cert-file (PEM, not encrypted), if not in it."),
     ] = None,
     tls_client_ca_file: Annotated[
         Path | None,
@@ -185,27 +186,22 @@ def _server_tls(
 ) -> ssl.SSLContext | None:
     """The TLS context of the ``--tls-*`` options (None without them); a file that cannot be
     used ends the command with one line naming it."""
-    from tidings.config.tls import TlsServer
-    from tidings.errors import ConfigError
+    from tidings.config.tls import TlsServerConfig
+    from tidings.errors import TidingsError
 
     if cert is None and key is None and client_ca is None:
         return None
-    if cert is None or key is None:
-        fail("--tls-cert-file and --tls-key-file: give both (and --tls-client-ca-file with them)")
-    settings = TlsServer.model_construct(
+    if cert is None:
+        fail("--tls-cert-file: needed with --tls-key-file and --tls-client-ca-file")
+    settings = TlsServerConfig.model_construct(
         cert_file=str(cert),
-        key_file=str(key),
-        client_ca_file=None if client_ca is None else str(client_ca),
+        key_file=None if key is None else str(key),
+        ca_file=None if client_ca is None else str(client_ca),
     )
     try:
-        return settings.context(where="")
-    except ConfigError as exc:  # names the key first: say which option that is
-        message = str(exc)
-        for name in ("client_ca_file", "cert_file", "key_file"):
-            if message.startswith(name):
-                message = "--tls-" + name.replace("_", "-") + message[len(name) :]
-                break
-        fail(message)
+        return settings.context()
+    except TidingsError as exc:  # names the file and what is wrong with it
+        fail(f"--tls-*: {exc}")
 
 
 @intermediary_app.command("new-token")

@@ -23,7 +23,7 @@ from tidings.config.model import (
     parsed_durations,
     within,
 )
-from tidings.config.tls import TlsClient, TlsServer
+from tidings.config.tls import TlsClientConfig, TlsServerConfig
 from tidings.errors import ConfigError
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -37,6 +37,19 @@ def _host_port(value: str) -> str:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"expected HOST:PORT, e.g. 127.0.0.1:8100, got {value!r}")
     return value
+
+
+def tls_connect_options(url: str, tls: TlsClientConfig | None) -> dict[str, Any]:
+    """The ``ssl`` (and ``server_hostname``) keyword arguments of a ``websockets`` connection
+    to ``url``: none for ``ws://``; for ``wss://``, ``tls``'s (absent: verified against the
+    system's CAs)."""
+    if not url.startswith("wss://"):
+        return {}
+    tls = tls or TlsClientConfig()
+    options: dict[str, Any] = {"ssl": tls.context()}
+    if tls.server_name is not None:
+        options["server_hostname"] = tls.server_name
+    return options
 
 
 class IntermediaryTableConfig(StrictModel):
@@ -143,7 +156,7 @@ class IntermediarySpatialConfig(StrictModel):
             "connection is ridden out: the intermediary reconnects to it)."
         )
     )
-    tls: TlsClient | None = Field(
+    tls: TlsClientConfig | None = Field(
         default=None,
         description=(
             "With a ``wss://`` upstream: how its certificate is verified and the client "
@@ -189,9 +202,7 @@ class IntermediarySpatialConfig(StrictModel):
 
     def connect_options(self) -> dict[str, Any]:
         """The TLS keyword arguments of the connection to the publisher (none for ws://)."""
-        if not self.upstream.startswith("wss://"):
-            return {}
-        return (self.tls or TlsClient()).connect_options("spatial.tls")
+        return tls_connect_options(self.upstream, self.tls)
 
     @model_validator(mode="after")
     def _world(self) -> IntermediarySpatialConfig:
@@ -209,7 +220,7 @@ class IntermediaryConfig(SubscriberAccess):
             "``HOST:PORT`` of its WebSocket endpoint and web page; 0.0.0.0 exposes every interface."
         ),
     )
-    tls: TlsServer | None = Field(
+    tls: TlsServerConfig | None = Field(
         default=None,
         description=(
             "Serve the WebSocket and the pages over TLS (``wss://``, ``https://``) with this "

@@ -19,7 +19,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from tidings.config.intermediary import IntermediarySpatialConfig
 from tidings.config.intermediary_access import SubscriberAccess
 from tidings.config.model import SECOND, ZERO, Duration, StrictModel, parsed_durations, within
-from tidings.config.tls import TlsClient, TlsServer
+from tidings.config.tls import TlsClientConfig, TlsServerConfig
 
 #: The most members one tier may have (each is a process of the machine).
 MAX_MEMBERS = 64
@@ -92,14 +92,14 @@ class IntermediaryTierConfig(SubscriberAccess):
             "at any of them (a member redirects a subscription it is not responsible for)."
         ),
     )
-    tls: TlsServer | None = Field(
+    tls: TlsServerConfig | None = Field(
         default=None,
         description=(
             "Every member serves over TLS (``wss://``) with this certificate and key, which "
             "must name every member's host (absent: plaintext)."
         ),
     )
-    peer_tls: TlsClient | None = Field(
+    peer_tls: TlsClientConfig | None = Field(
         default=None,
         description=(
             "With ``tls``: how a member verifies another's certificate when it takes the "

@@ -1,10 +1,10 @@
-"""TLS as configurations write it, for any part: :class:`TlsServer` (a listening side's
+"""TLS as configurations write it, for any part: :class:`TlsServerConfig` (a listening side's
 certificate and key, and optionally the CA its clients' certificates must be signed by:
-mutual TLS) and :class:`TlsClient` (a connecting side's verification: on by default, against
-the system's CAs or a given CA, and optionally a client certificate).
+mutual TLS) and :class:`TlsClientConfig` (a connecting side's verification: on by default,
+against the system's CAs or a given CA, and optionally a client certificate).
 
-Each builds the :class:`ssl.SSLContext` its side uses (:meth:`TlsServer.context`,
-:meth:`TlsClient.context`). The files are checked when the configuration is validated, by
+Each builds the :class:`ssl.SSLContext` its side uses (:meth:`TlsServerConfig.context`,
+:meth:`TlsClientConfig.context`). The files are checked when the configuration is validated, by
 building that context once, so ``tidings config check`` and a start-up both name an
 unreadable file, a file that is not PEM, or a key that does not match its certificate,
 with the key of the file in question (``tls.cert_file /etc/x.pem: cannot read it: No such
@@ -18,7 +18,6 @@ Eventer, the Syncer, the streams) can take the same keys.
 from __future__ import annotations
 
 import ssl
-from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -51,15 +50,18 @@ def _readable(key: str, path: str) -> None:
         raise ConfigError(f"{key} {path}: cannot read it: {exc.strerror or exc}") from None
 
 
-def _load_chain(context: ssl.SSLContext, where: str, cert_file: str, key_file: str) -> None:
-    """The certificate chain and its key into ``context``; ConfigError naming the file."""
+def _load_chain(context: ssl.SSLContext, where: str, cert_file: str, key_file: str | None) -> None:
+    """The certificate chain and its key (in ``cert_file`` if ``key_file`` is None) into
+    ``context``; ConfigError naming the file."""
     _readable(_key(where, "cert_file"), cert_file)
-    _readable(_key(where, "key_file"), key_file)
+    if key_file is not None:
+        _readable(_key(where, "key_file"), key_file)
     try:
         context.load_cert_chain(cert_file, key_file, password=_no_passphrase)
     except _NoPassphrase:
         raise ConfigError(
-            f"{_key(where, 'key_file')} {key_file}: the key is encrypted; give an unencrypted "
+            f"{_key(where, 'key_file' if key_file else 'cert_file')} {key_file or cert_file}: "
+            "the key is encrypted; give an unencrypted "
             "PEM key (readable by the service's user only)"
         ) from None
     except ssl.SSLError as exc:
@@ -69,7 +71,8 @@ def _load_chain(context: ssl.SSLContext, where: str, cert_file: str, key_file: s
             else f"not a PEM certificate chain and its key ({exc.reason or exc})"
         )
         raise ConfigError(
-            f"{_key(where, 'cert_file')} {cert_file} and its key_file {key_file}: {what}"
+            f"{_key(where, 'cert_file')} {cert_file} and its key_file {key_file or '(in it)'}: "
+            f"{what}"
         ) from None
 
 
@@ -84,15 +87,19 @@ def _load_ca(context: ssl.SSLContext, key: str, ca_file: str) -> None:
         ) from None
 
 
-class TlsServer(StrictModel):
+class TlsServerConfig(StrictModel):
     """TLS on a listening socket: its certificate chain and key, and, for mutual TLS, the CA
     every client's certificate must be signed by."""
 
     cert_file: LocalPath = Field(
-        description="The certificate chain (PEM), the server's certificate first."
+        description=(
+            "The certificate chain (PEM), the server's certificate first; it may hold the key too."
+        )
     )
-    key_file: LocalPath = Field(description="Its private key (PEM, not encrypted).")
-    client_ca_file: LocalPath | None = Field(
+    key_file: LocalPath | None = Field(
+        default=None, description="Its private key (PEM, not encrypted), if not in cert_file."
+    )
+    ca_file: LocalPath | None = Field(
         default=None,
         description=(
             "Mutual TLS: clients must present a certificate signed by a CA of this file (PEM); "
@@ -101,8 +108,8 @@ class TlsServer(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _loads(self) -> TlsServer:
-        as_value_error(TlsServer.context, self)
+    def _loads(self) -> TlsServerConfig:
+        as_value_error(TlsServerConfig.context, self)
         return self
 
     def context(self, where: str = "") -> ssl.SSLContext:
@@ -111,13 +118,13 @@ class TlsServer(StrictModel):
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = MINIMUM_VERSION
         _load_chain(context, where, self.cert_file, self.key_file)
-        if self.client_ca_file is not None:
-            _load_ca(context, _key(where, "client_ca_file"), self.client_ca_file)
+        if self.ca_file is not None:  # only this CA: the system's must not vouch for clients
+            _load_ca(context, _key(where, "ca_file"), self.ca_file)
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
 
-class TlsClient(StrictModel):
+class TlsClientConfig(StrictModel):
     """TLS on a connection this side opens: how the server's certificate is verified, and
     the certificate to present when the server asks for one (mutual TLS)."""
 
@@ -146,10 +153,10 @@ class TlsClient(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _loads(self) -> TlsClient:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("give both cert_file and key_file, or neither")
-        as_value_error(TlsClient.context, self)
+    def _loads(self) -> TlsClientConfig:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file is set without cert_file")
+        as_value_error(TlsClientConfig.context, self)
         return self
 
     def context(self, where: str = "") -> ssl.SSLContext:
@@ -164,14 +171,6 @@ class TlsClient(StrictModel):
         if not self.verify:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-        if self.cert_file is not None and self.key_file is not None:
+        if self.cert_file is not None:
             _load_chain(context, where, self.cert_file, self.key_file)
         return context
-
-    def connect_options(self, where: str = "tls") -> dict[str, Any]:
-        """The ``ssl`` (and ``server_hostname``) keyword arguments of an asyncio or
-        ``websockets`` connection."""
-        options: dict[str, Any] = {"ssl": self.context(where)}
-        if self.server_name is not None:
-            options["server_hostname"] = self.server_name
-        return options

@@ -36,7 +36,7 @@ from tests.intermediary.cluster.test_tier import (
     until,
 )
 from tidings.config.passwords import hash_password, hash_token, new_token
-from tidings.config.tls import TlsClient
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import AccessRefused, IntermediaryError
 from tidings.intermediary.client.handover import ClusterClient
 from tidings.intermediary.client.subscriber import ReceivedFrame
@@ -104,7 +104,7 @@ def test_a_redirected_subscriber_keeps_its_identity_and_its_grant(
     secured: list[str], tls_files: dict[str, str]
 ) -> None:
     urls = secured
-    trusting = TlsClient(ca_file=tls_files["ca.pem"]).context()
+    trusting = TlsClientConfig(ca_file=tls_files["ca.pem"]).context()
     got: dict[str, list[ReceivedFrame]] = {"middle": [], "across": [], "west": []}
     replay = Replay()
 
@@ -143,7 +143,7 @@ def test_a_redirected_subscriber_keeps_its_identity_and_its_grant(
             with pytest.raises(IntermediaryError, match="CERTIFICATE_VERIFY_FAILED"):
                 await ClusterClient.connect(
                     urls[0], credentials=token,
-                    tls=TlsClient(ca_file=tls_files["other-ca.pem"]).context(),
+                    tls=TlsClientConfig(ca_file=tls_files["other-ca.pem"]).context(),
                 )  # fmt: skip
 
             await until(lambda: all(len(frames) > 10 for frames in got.values()))

@@ -8,13 +8,15 @@ instead of hanging."""
 from __future__ import annotations
 
 import ssl
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.support.intermediary_helpers import WORLD
 from tests.support.waiting import run, until
-from tidings.config.tls import TlsClient, TlsServer
+from tidings.config.intermediary import tls_connect_options
+from tidings.config.tls import TlsClientConfig, TlsServerConfig
 from tidings.errors import IntermediaryError
 from tidings.intermediary.feed.remote import RemoteFeed
 from tidings.intermediary.feed.resilient import ResilientFeed
@@ -29,16 +31,18 @@ HARBOUR = Box((10.0, 10.0), (60.0, 60.0))
 
 
 def _mutual(files: dict[str, str]) -> ssl.SSLContext:
-    settings = TlsServer(
-        cert_file=files["server.pem"], key_file=files["server.key"], client_ca_file=files["ca.pem"]
+    settings = TlsServerConfig(
+        cert_file=files["server.pem"], key_file=files["server.key"], ca_file=files["ca.pem"]
     )
     return settings.context()
 
 
-def _client(files: dict[str, str], ca: str = "ca.pem", certificate: bool = True) -> TlsClient:
-    if not certificate:
-        return TlsClient(ca_file=files[ca])
-    return TlsClient(ca_file=files[ca], cert_file=files["client.pem"], key_file=files["client.key"])
+def _client(files: dict[str, str], ca: str = "ca.pem", certificate: bool = True) -> dict[str, Any]:
+    """The connection's TLS options, trusting ``ca``, with the client certificate or not."""
+    mine = (
+        {"cert_file": files["client.pem"], "key_file": files["client.key"]} if certificate else {}
+    )
+    return tls_connect_options("wss://", TlsClientConfig(ca_file=files[ca], **mine))
 
 
 def test_a_feed_over_mutual_tls_serves_verified_intermediaries_and_refuses_the_rest(
@@ -49,12 +53,12 @@ def test_a_feed_over_mutual_tls_serves_verified_intermediaries_and_refuses_the_r
         url = await publisher.start()
         assert url.startswith("wss://")
         try:
-            good = await RemoteFeed.connect(url, 2, tls=_client(tls_files).connect_options())
+            good = await RemoteFeed.connect(url, 2, tls=_client(tls_files))
             good.subscribe([HARBOUR])
             await until(lambda: any(len(b.ids) for b in good.take()), WAIT)
 
             refusals = [
-                (_client(tls_files, "other-ca.pem").connect_options(), "CERTIFICATE_VERIFY_FAILED"),
+                (_client(tls_files, "other-ca.pem"), "CERTIFICATE_VERIFY_FAILED"),
                 ({}, "CERTIFICATE_VERIFY_FAILED"),  # the system's CAs do not know the test CA
             ]
             for options, reason in refusals:
@@ -64,7 +68,7 @@ def test_a_feed_over_mutual_tls_serves_verified_intermediaries_and_refuses_the_r
                     await RemoteFeed.connect(url, 2, tls=options)
             # No client certificate: the publisher ends the connection in its handshake (with
             # TLS 1.3 the client learns it reading the HTTP answer, which never comes).
-            anonymous = _client(tls_files, certificate=False).connect_options()
+            anonymous = _client(tls_files, certificate=False)
             with pytest.raises(IntermediaryError, match=f"feed: cannot connect to {url}: "):
                 await RemoteFeed.connect(url, 2, tls=anonymous)
             with pytest.raises(IntermediaryError, match="feed: cannot connect to ws://"):
@@ -85,7 +89,7 @@ def test_a_resilient_feed_reconnects_over_tls_with_its_options(tls_files: dict[s
     async def main() -> None:
         publisher = SimulationServer(Simulation(500, WORLD, seed=5), 20.0, _mutual(tls_files))
         url = await publisher.start()
-        options = _client(tls_files).connect_options()
+        options = _client(tls_files)
         feed = await ResilientFeed.connect([url], 2, lambda: np.empty(0, np.int64), tls=options)
         try:
             feed.subscribe([HARBOUR])

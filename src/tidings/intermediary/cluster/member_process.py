@@ -34,9 +34,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tidings.config.intermediary import tls_connect_options
 from tidings.config.intermediary_access import SubscriberAccess
 from tidings.config.loading import validate_config
-from tidings.config.tls import TlsClient, TlsServer
+from tidings.config.tls import TlsClientConfig, TlsServerConfig
 from tidings.errors import IntermediaryError, TidingsError
 from tidings.intermediary.cluster.directory import Directory, Load
 from tidings.intermediary.cluster.member import ClusterServer
@@ -88,30 +89,30 @@ class Security:
         spec = plan.get("security") or {}
         access = validate_config(SubscriberAccess, spec.get("access") or {}, "access")
         token = spec.get("peer_token")
-        tls = spec.get("tls") and validate_config(TlsServer, spec["tls"], "tls")
-        peer_tls = validate_config(TlsClient, spec.get("peer_tls") or {}, "peer_tls")
-        upstream_tls = validate_config(TlsClient, spec.get("upstream_tls") or {}, "spatial.tls")
+        tls = spec.get("tls") and validate_config(TlsServerConfig, spec["tls"], "tls")
+        peer_tls = validate_config(TlsClientConfig, spec.get("peer_tls") or {}, "peer_tls")
+        upstream_tls = spec.get("upstream_tls") and validate_config(
+            TlsClientConfig, spec["upstream_tls"], "spatial.tls"
+        )
         return cls(
             Gatekeeper.from_config(access, peer_token=token),
-            tls.context("tls") if tls else None,
-            peer_tls.context("peer_tls") if tls else None,
-            upstream_tls.connect_options("spatial.tls")
-            if str(plan["upstream"]).startswith("wss://")
-            else {},
+            tls.context() if tls else None,
+            peer_tls.context() if tls else None,
+            tls_connect_options(str(plan["upstream"]), upstream_tls or None),
             Credentials(token=token) if token else None,
         )
 
 
 def member_security(
     access: SubscriberAccess,
-    tls: TlsServer | None,
-    peer_tls: TlsClient | None,
-    upstream_tls: TlsClient | None,
+    tls: TlsServerConfig | None,
+    peer_tls: TlsClientConfig | None,
+    upstream_tls: TlsClientConfig | None,
     peer_token: str,
 ) -> dict[str, Any]:
     """The plan's ``security`` for members of a tier configured so (JSON)."""
 
-    def dumped(model: TlsServer | TlsClient | None) -> dict[str, Any] | None:
+    def dumped(model: TlsServerConfig | TlsClientConfig | None) -> dict[str, Any] | None:
         return None if model is None else model.model_dump(mode="json")
 
     return {

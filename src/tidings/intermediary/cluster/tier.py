@@ -52,6 +52,7 @@ from tidings.intermediary.cluster.member_process import member_security
 from tidings.intermediary.cluster.process_cluster import MemberProcess, ProcessCluster
 from tidings.intermediary.cluster.responsibility import HashPartition, Partition, RegionPartition
 from tidings.intermediary.regions.geometry import Box
+from tidings.intermediary.serving.access import Gatekeeper
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class Tier(ProcessCluster):
             directory = Path(self._tmp.name) / "directory.db"
         partition = tier_partition(config)
         access = SubscriberAccess(subscribers=config.subscribers, anonymous=config.anonymous)
+        Gatekeeper.from_config(access)  # a hash variable not set: named here, not by a member
         security = member_security(
             access, config.tls, config.peer_tls, config.spatial.tls, new_token()
         )

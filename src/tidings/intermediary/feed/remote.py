@@ -74,7 +74,7 @@ class RemoteFeed:
         cls, url: str, dim: int, *, open_timeout: float = 10.0, tls: Mapping[str, Any] = NO_TLS
     ) -> RemoteFeed:
         """Connected to the publisher at ``url``; ``tls``: the TLS options of a ``wss://``
-        one (:meth:`tidings.config.tls.TlsClient.connect_options`; without them a ``wss://``
+        one (:func:`tidings.config.intermediary.tls_connect_options`; without them a ``wss://``
         publisher is verified against the system's CAs). A publisher that cannot be reached,
         or whose certificate does not verify, is an error naming it."""
         try:

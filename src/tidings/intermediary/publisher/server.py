@@ -9,7 +9,7 @@ only when the previous one has left (:meth:`SimulationServer`'s tick skips that 
 counted in :attr:`FeedConnection.skipped`), and the next one is relative to what was really
 sent. A slow intermediary gets fewer, later ticks, and bounded memory at the publisher.
 
-With ``tls`` (an :class:`ssl.SSLContext`, :meth:`tidings.config.tls.TlsServer.context`) the
+With ``tls`` (an :class:`ssl.SSLContext`, :meth:`tidings.config.tls.TlsServerConfig.context`) the
 feed is served over TLS (``wss://``), and with that context's client CA only to
 intermediaries presenting a certificate it signed (mutual TLS: how a publisher knows its
 intermediaries). A client that does not complete the TLS handshake (plaintext to this

@@ -168,7 +168,7 @@ async def serve_intermediary(
     limits = config.limits
     catalog = catalog_of(config)
     access = Gatekeeper.from_config(config)  # a hash variable not set ends it here
-    tls = None if config.tls is None else config.tls.context("tls")
+    tls = None if config.tls is None else config.tls.context()
     spatial_tls = {} if config.spatial is None else config.spatial.connect_options()
     chain = TidingsChain(
         config.event_servers, request_timeout=config.request_timeout.total_seconds()
