@@ -16,6 +16,12 @@ and code using the store directly read alike::
 Events received from a server have ``position`` 0 (a position is local to a store) and no
 outbox id, except that :meth:`Client.register_outbox` fills in the ids it sent.
 
+A reply larger than the client's ``max_frame_bytes`` (64 MiB by default) fails its request
+with :class:`ReplyTooLarge` (the connection stays open): a query without ``max_results``
+is answered with every event it selects, in one message, as hat-event 0.8.5 does (its
+protocol has no paging). :meth:`Client.query_pages` reads a large result in pages, the way
+any hat-event 0.8.5 client can; :meth:`Client.query_latest_by_key` pages on its own.
+
 Requests on one client are answered in the order they were sent. Notifications of a
 subscription wait, up to a bound, until :meth:`Client.receive` takes them; a subscribing
 client should keep receiving, or reading stops (replies included) and the server eventually
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -35,6 +41,7 @@ from tidings.errors import (
     ConfigError,
     ConnectionClosed,
     ProtocolError,
+    ReplyTooLarge,
     RequestTimeout,
     StoreError,
     TidingsError,
@@ -69,6 +76,7 @@ __all__ = [
     "ProtocolError",
     "QueryData",
     "QueryType",
+    "ReplyTooLarge",
     "RequestTimeout",
     "StoreError",
     "StoredEvent",
@@ -77,6 +85,12 @@ __all__ = [
     "json_event",
     "json_value",
 ]
+
+#: Events per page of :meth:`Client.query_pages` unless told (about 1 MiB of small events).
+DEFAULT_PAGE_EVENTS = 10_000
+#: What a reply's frame holds besides its events (envelope, names, counts), kept free when
+#: a page is bounded by the client's frame limit.
+_REPLY_OVERHEAD_BYTES = 4096
 
 
 async def connect(
@@ -167,12 +181,65 @@ class Client:
         _expect(reply, "MsgQueryRes")
         return codec.events_from_sbs(reply.data, "MsgQueryRes")
 
+    async def query_pages(
+        self, query: QueryData | None = None, page_events: int = DEFAULT_PAGE_EVENTS
+    ) -> AsyncIterator[list[StoredEvent]]:
+        """The events ``query`` selects (default: all, newest first), a page at a time.
+
+        For results too large for one reply (:class:`ReplyTooLarge`) or for memory. Each
+        page is a query of hat-event 0.8.5, so it works against hat-event servers too: the
+        query with ``max_results`` and its time bound moved to the last page's last
+        timestamp (bounds are inclusive, so the events at that timestamp come again and are
+        skipped by id; a session's events share a timestamp, so a page asks for
+        ``page_events`` more than it skips). ``query.max_results`` bounds the whole; pages
+        are in the query's order, which must be by timestamp (events without a source
+        timestamp cannot be paged by it), and ``unique_type`` is not paged (its result is
+        one event per type). Events stored meanwhile past the last page's bound are
+        included; pages are not one snapshot.
+        """
+        query = QueryData() if query is None else query
+        if not isinstance(query, QueryData):
+            raise ClientError(f"query must be a tidings QueryData, not {type(query).__name__}")
+        if query.order_by != "timestamp" or query.unique_type:
+            raise ClientError("query_pages: pages by timestamp, without unique_type")
+        if isinstance(page_events, bool) or not isinstance(page_events, int) or page_events < 1:
+            raise ClientError(f"query_pages: page_events must be a positive int: {page_events!r}")
+        ascending = query.order == "ascending"
+        bound: int | None = None
+        seen: set[EventId] = set()  # the ids at ``bound`` already given
+        left = query.max_results
+        while left is None or left > 0:
+            size = page_events + len(seen)
+            if left is not None:
+                size = min(size, left + len(seen))
+            window = dataclasses.replace(query, max_results=size)
+            if bound is not None and ascending:
+                window = dataclasses.replace(window, t_from=bound)
+            elif bound is not None:
+                window = dataclasses.replace(window, t_to=bound)
+            page = await self.query(window)
+            fresh = [event for event in page if event.id not in seen]
+            if left is not None:
+                fresh = fresh[:left]
+                left -= len(fresh)
+            if fresh:
+                yield fresh
+            if len(page) < size:
+                return
+            last = page[-1].timestamp_us
+            if last != bound:
+                bound, seen = last, set()
+            seen.update(event.id for event in page if event.timestamp_us == last)
+
     async def query_latest_by_key(self, event_type: Sequence[str]) -> list[StoredEvent]:
         """The newest event of each key among the JSON events of ``event_type`` (exact), in
         the server's order: the key is the payload's ``key`` (or its CloudEvents ``data``'s),
         as in the row-change events of :mod:`tidings.intermediary.views.rows`.
 
-        A tidings extension; hat-event servers do not know the message and close the
+        Read in pages that fit this client's ``max_frame_bytes``, each continuing after the
+        last event of the one before, until one is empty. A key changed during a load of
+        several pages comes again with its newer event in a later page: fold the events in
+        order. A tidings extension; hat-event servers do not know the message and close the
         connection."""
         try:
             checked = list(validate_query_type(tuple(event_type)))
@@ -180,9 +247,18 @@ class Client:
             raise ClientError(f"query_latest_by_key: {exc}") from exc
         if "?" in checked or "*" in checked:
             raise ClientError(f"query_latest_by_key: expected an exact type, got {checked}")
-        reply = await self._request(codec.TIDINGS_EVENTER, "MsgLatestByKeyReq", {"type": checked})
-        _expect(reply, "MsgQueryRes")
-        return codec.events_from_sbs(reply.data, "MsgQueryRes")
+        max_bytes = max(1, self._connection.max_frame_bytes - _REPLY_OVERHEAD_BYTES)
+        events: list[StoredEvent] = []
+        last: EventId | None = None
+        while True:
+            request = codec.latest_by_key_request_to_sbs(checked, last, max_bytes)
+            reply = await self._request(codec.TIDINGS_EVENTER, "MsgLatestByKeyReq", request)
+            _expect(reply, "MsgQueryRes")
+            page = codec.events_from_sbs(reply.data, "MsgQueryRes")
+            if not page:
+                return events
+            events += page
+            last = page[-1].id
 
     async def subscribe(self, types: Sequence[tuple[str, ...]]) -> None:
         """Replace the subscription: from now on :meth:`receive` gets events of ``types``.

@@ -88,6 +88,12 @@ class ConnectionClosed(TidingsError):
     """The connection is closed (by either side, or after a protocol error)."""
 
 
+class ReplyTooLarge(TidingsError):
+    """A reply was larger than the connection's ``max_frame_bytes``: it was read past and
+    dropped, its request fails with this error (naming the size and the limit), and the
+    connection stays open. Ask for less, in pages, or connect with a larger limit."""
+
+
 class RequestTimeout(TidingsError, TimeoutError):
     """A request got no reply within its timeout; the connection stays open.
 

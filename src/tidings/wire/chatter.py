@@ -13,7 +13,11 @@ requests resolve their futures there, and every other message is decoded and que
 peer that sends faster than it is served stops being read instead of growing our memory.
 Anything malformed (garbage, a truncated or oversize frame, an unknown message type,
 undecodable SBS) closes that connection with one log line naming the reason; nothing else
-is affected.
+is affected. One oversize frame is not malformed: a reply to one of our own requests. A
+hat-event server answers a query with every event it selects, in one message, however large
+(hat-event 0.8.5 has no paging), so such a reply is read past and dropped, its request fails
+with :class:`ReplyTooLarge` naming the size and ``max_frame_bytes``, and the connection is
+kept.
 
 One frame is read and decoded at a time per connection, a large one without stalling the
 event loop (:mod:`tidings.wire.frame_reader`). A large outgoing message can be streamed
@@ -32,9 +36,15 @@ from collections.abc import AsyncIterable
 from typing import Any, NamedTuple
 
 from tidings.address import parse_address
-from tidings.errors import ConnectionClosed, ProtocolError, RequestTimeout
+from tidings.errors import ConnectionClosed, ProtocolError, ReplyTooLarge, RequestTimeout
 from tidings.wire import codec, envelope
-from tidings.wire.frame_reader import decode_body, read_frame
+from tidings.wire.frame_reader import (
+    OVERSIZE_HEAD_BYTES,
+    FrameTooLarge,
+    decode_body,
+    read_frame,
+    skip_frame,
+)
 from tidings.wire.lag import LagWatch
 from tidings.wire.receive_queue import ReceiveQueue
 
@@ -120,6 +130,11 @@ class Connection:
     @property
     def is_open(self) -> bool:
         return not self._closed.is_set()
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame this end reads (see :class:`ReplyTooLarge` for a reply over it)."""
+        return self._max_frame_bytes
 
     @property
     def close_reason(self) -> str | None:
@@ -352,9 +367,10 @@ class Connection:
         for task in self._tasks:
             if task is not asyncio.current_task():
                 task.cancel()
+        closed = f"connection to {self.peer} closed" + (f": {reason}" if reason else "")
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(ConnectionClosed(f"connection to {self.peer} closed"))
+                future.set_exception(ConnectionClosed(closed))
         self._received.end()
 
     async def aclose(self) -> None:
@@ -379,7 +395,12 @@ class Connection:
         reason: str | None = None
         try:
             while True:
-                await self._dispatch(await read_frame(self._reader, self._max_frame_bytes))
+                try:
+                    frame = await read_frame(self._reader, self._max_frame_bytes)
+                except FrameTooLarge as too_large:
+                    await self._skip_oversize_reply(too_large)
+                    continue
+                await self._dispatch(frame)
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
                 reason = f"truncated frame ({len(exc.partial)} of {exc.expected} bytes)"
@@ -390,6 +411,35 @@ class Connection:
         except asyncio.CancelledError:
             return
         self.close(reason)
+
+    async def _skip_oversize_reply(self, too_large: FrameTooLarge) -> None:
+        """Read past an oversize reply to one of our requests and fail that request with
+        :class:`ReplyTooLarge`: the peer answered what was asked, so the connection is kept.
+        Any other oversize frame raises ``too_large`` (the connection closes)."""
+        if not self._pending:
+            raise too_large
+        prefix = await self._reader.readexactly(min(too_large.size, OVERSIZE_HEAD_BYTES))
+        try:
+            head = envelope.parse_head(prefix)
+        except ProtocolError:
+            raise too_large from None
+        future = None if head.owner else self._pending.get(head.first)
+        if future is None or future.done() or head.type not in codec.MESSAGE_TYPES.get(
+            head.module or "", ()
+        ):
+            raise too_large
+        await skip_frame(self._reader, too_large.size - len(prefix))
+        reason = (
+            f"{head.module}.{head.type} of {too_large.size} bytes from {self.peer} exceeds "
+            f"max_frame_bytes ({too_large.limit} bytes): the reply was dropped and the "
+            "connection kept; ask for less at a time (pages) or raise max_frame_bytes"
+        )
+        log.warning(
+            "chatter: %s",
+            reason,
+            extra={"peer": self.peer, "bytes": too_large.size, "limit": too_large.limit},
+        )
+        future.set_exception(ReplyTooLarge(reason))
 
     async def _dispatch(self, frame: bytes | bytearray) -> None:
         received = envelope.parse(frame)

@@ -22,21 +22,38 @@ INLINE_DECODE_BYTES = 64 * 1024
 _DECODE_SLICE_BYTES = 64 * 1024
 #: Reading a large frame takes the socket's bytes this many at a time.
 _READ_CHUNK = 256 * 1024
+#: What is read of an oversize frame to learn which conversation it belongs to: the
+#: envelope's fields before the body (two integers, three flags, the module and type names
+#: and the body's length) take well under this.
+OVERSIZE_HEAD_BYTES = 256
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame announced more than ``max_frame_bytes``; nothing of it was read yet (the
+    stream stands at its envelope), so the reader may still skip it whole."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"frame of {size} bytes exceeds the limit of {limit} bytes (max_frame_bytes)"
+        )
+        self.size = size
+        self.limit = limit
 
 
 async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> bytes | bytearray:
     """The next frame's envelope (the bytes after its length prefix).
 
-    A frame over ``max_frame_bytes`` or with an invalid prefix is a :class:`ProtocolError`;
-    a stream that ends inside a frame raises :class:`asyncio.IncompleteReadError` or
-    :class:`ProtocolError`, both naming how much of it arrived.
+    A frame over ``max_frame_bytes`` is a :class:`FrameTooLarge`, one with an invalid prefix
+    a :class:`ProtocolError`; a stream that ends inside a frame raises
+    :class:`asyncio.IncompleteReadError` or :class:`ProtocolError`, both naming how much of
+    it arrived.
     """
     length_size = (await reader.readexactly(1))[0]
     if not 1 <= length_size <= envelope.MAX_LENGTH_BYTES:
         raise ProtocolError(f"invalid frame: length of length {length_size}")
     size = int.from_bytes(await reader.readexactly(length_size), "big")
     if size > max_frame_bytes:
-        raise ProtocolError(f"frame of {size} bytes exceeds the limit of {max_frame_bytes} bytes")
+        raise FrameTooLarge(size, max_frame_bytes)
     if size <= _READ_CHUNK:
         return await reader.readexactly(size)
     # Grown as the bytes arrive (not allocated from the announced size), and never held
@@ -48,6 +65,17 @@ async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> byte
             raise ProtocolError(f"truncated frame ({len(frame)} of {size} bytes)")
         frame += piece
     return frame
+
+
+async def skip_frame(reader: asyncio.StreamReader, size: int) -> None:
+    """Read past the rest (``size`` bytes) of an oversize frame, a piece at a time, keeping
+    none of it."""
+    left = size
+    while left:
+        piece = await reader.read(min(left, _READ_CHUNK))
+        if not piece:
+            raise ProtocolError(f"truncated frame ({size - left} of {size} bytes skipped)")
+        left -= len(piece)
 
 
 async def decode_body(

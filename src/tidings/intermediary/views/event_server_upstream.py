@@ -21,7 +21,8 @@ Losing the server. When the connection ends the chain is *stale* (:attr:`Tidings
 says why) and the intermediary goes on serving what it holds. It tries the addresses in turn,
 waiting by a :class:`~tidings.tasks.Backoff` after each round that reached none; once one
 answers it subscribes again and asks for every event of its patterns since the
-:class:`~.resync.Watermark`'s time, holding notifications meanwhile, and hands over only
+:class:`~.resync.Watermark`'s time (in pages: a long outage may have a backlog larger than
+one reply may be), holding notifications meanwhile, and hands over only
 events past the mark (the same mark every notification passes). Subscriptions changed while
 stale are taken and recorded, and tables added meanwhile are loaded then. Only then is it
 fresh again. So subscribers see every event once, in order, and views converge, without
@@ -147,7 +148,7 @@ class TidingsChain:
             missed: list[StoredEvent] = []
             if since_us is not None and self._patterns:
                 query = QueryData(event_types=self._patterns, t_from=since_us, order="ascending")
-                missed = await client.query(query)
+                missed = [e async for page in client.query_pages(query) for e in page]
             for table, row_type in unloaded:
                 loaded = await client.query_latest_by_key(row_type)
                 floor = Watermark()

@@ -279,15 +279,15 @@ class EventerServer:
         await self._send_plan(client, message, plan)
 
     async def _on_latest_by_key(self, client: _Client, message: chatter.Message) -> None:
-        """The tidings extension ``TidingsEventer.MsgLatestByKeyReq``: the newest event of
-        each key of one type (:mod:`tidings.server.store.latest_by_key`), answered as a
-        query is; an invalid request gets no events and a log line."""
+        """The tidings extension ``TidingsEventer.MsgLatestByKeyReq``: a page of the newest
+        event of each key of one type (:mod:`tidings.server.store.latest_by_key`), answered
+        as a query is; an invalid request gets no events and a log line."""
         await client.registrations.wait()
         self.counters.queries += 1
         try:
-            event_type = tuple(message.data["type"])
+            event_type, after, max_bytes = codec.latest_by_key_request_from_sbs(message.data)
             plan = await self._engine.read(
-                plan_latest_by_key, self._engine.store, event_type, bulk=True
+                plan_latest_by_key, self._engine.store, event_type, after, max_bytes, bulk=True
             )
         except (ProtocolError, StoreError) as exc:
             self._refused(client, "latest by key", exc)
