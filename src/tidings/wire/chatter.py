@@ -424,8 +424,10 @@ class Connection:
         except ProtocolError:
             raise too_large from None
         future = None if head.owner else self._pending.get(head.first)
-        if future is None or future.done() or head.type not in codec.MESSAGE_TYPES.get(
-            head.module or "", ()
+        if (
+            future is None
+            or future.done()
+            or head.type not in codec.MESSAGE_TYPES.get(head.module or "", ())
         ):
             raise too_large
         await skip_frame(self._reader, too_large.size - len(prefix))
