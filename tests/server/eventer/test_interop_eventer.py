@@ -215,3 +215,23 @@ def test_hat_event_server_stores_wildcard_types_which_we_refuse(hat_server: str)
             assert wildcard is not None and wildcard.type == ("tidings", "?")
 
     run(main())
+
+
+def test_our_client_pages_a_query_of_hat_event_server(hat_server: str) -> None:
+    """``Client.query_pages`` asks only what hat-event 0.8.5 answers: pages smaller than a
+    session give the events of one query, once each, in its order."""
+
+    async def main() -> None:
+        async with await connect(hat_server) as client:
+            for session in range(4):
+                await client.register_with_response(
+                    [NewEvent(("pages", str(session), str(n))) for n in range(10)]
+                )
+            for order in ("ascending", "descending"):
+                query = QueryData(event_types=(("pages", "*"),), order=order)
+                whole = await client.query(query)
+                assert len(whole) == 40
+                paged = [e async for page in client.query_pages(query, 7) for e in page]
+                assert paged == whole
+
+    run(main())
