@@ -88,6 +88,11 @@ __all__ = [
 
 #: Events per page of :meth:`Client.query_pages` unless told (about 1 MiB of small events).
 DEFAULT_PAGE_EVENTS = 10_000
+#: The bytes of events a page of :meth:`Client.query_latest_by_key` asks for at most (~65,000
+#: row events): a frame is decoded whole before the next is read, and meanwhile the
+#: server's ping waits unanswered (hat-event drops a peer after 20 s), so pages stay far
+#: below that on a busy machine, not as large as the frame limit allows.
+LATEST_PAGE_BYTES = 8 * 1024 * 1024
 #: What a reply's frame holds besides its events (envelope, names, counts), kept free when
 #: a page is bounded by the client's frame limit.
 _REPLY_OVERHEAD_BYTES = 4096
@@ -236,8 +241,9 @@ class Client:
         the server's order: the key is the payload's ``key`` (or its CloudEvents ``data``'s),
         as in the row-change events of :mod:`tidings.intermediary.views.rows`.
 
-        Read in pages that fit this client's ``max_frame_bytes``, each continuing after the
-        last event of the one before, until one is empty. A key changed during a load of
+        Read in pages of at most :data:`LATEST_PAGE_BYTES` that fit this client's
+        ``max_frame_bytes``, each continuing after the last event of the one before, until
+        one is empty. A key changed during a load of
         several pages comes again with its newer event in a later page: fold the events in
         order. A tidings extension; hat-event servers do not know the message and close the
         connection."""
@@ -247,7 +253,8 @@ class Client:
             raise ClientError(f"query_latest_by_key: {exc}") from exc
         if "?" in checked or "*" in checked:
             raise ClientError(f"query_latest_by_key: expected an exact type, got {checked}")
-        max_bytes = max(1, self._connection.max_frame_bytes - _REPLY_OVERHEAD_BYTES)
+        limit = self._connection.max_frame_bytes - _REPLY_OVERHEAD_BYTES
+        max_bytes = max(1, min(limit, LATEST_PAGE_BYTES))
         events: list[StoredEvent] = []
         last: EventId | None = None
         while True:

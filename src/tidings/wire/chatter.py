@@ -39,10 +39,11 @@ from tidings.address import parse_address
 from tidings.errors import ConnectionClosed, ProtocolError, ReplyTooLarge, RequestTimeout
 from tidings.wire import codec, envelope
 from tidings.wire.frame_reader import (
-    OVERSIZE_HEAD_BYTES,
     FrameTooLarge,
+    ReadProgress,
     decode_body,
     read_frame,
+    read_oversize_head,
     skip_frame,
 )
 from tidings.wire.lag import LagWatch
@@ -122,6 +123,7 @@ class Connection:
         #: peer took (see lagging).
         self._written = 0
         self._lag = LagWatch()
+        self._progress = ReadProgress()
         self._tasks = [asyncio.create_task(self._read_loop(), name=f"chatter read {self.peer}")]
         if ping_interval:
             pinger = self._ping_loop(ping_interval)
@@ -396,11 +398,13 @@ class Connection:
         try:
             while True:
                 try:
-                    frame = await read_frame(self._reader, self._max_frame_bytes)
+                    frame = await read_frame(self._reader, self._max_frame_bytes, self._progress)
                 except FrameTooLarge as too_large:
                     await self._skip_oversize_reply(too_large)
                     continue
+                self._progress.busy = True
                 await self._dispatch(frame)
+                self._progress.busy = False
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
                 reason = f"truncated frame ({len(exc.partial)} of {exc.expected} bytes)"
@@ -418,11 +422,7 @@ class Connection:
         Any other oversize frame raises ``too_large`` (the connection closes)."""
         if not self._pending:
             raise too_large
-        prefix = await self._reader.readexactly(min(too_large.size, OVERSIZE_HEAD_BYTES))
-        try:
-            head = envelope.parse_head(prefix)
-        except ProtocolError:
-            raise too_large from None
+        head, left = await read_oversize_head(self._reader, too_large)
         future = None if head.owner else self._pending.get(head.first)
         if (
             future is None
@@ -430,17 +430,14 @@ class Connection:
             or head.type not in codec.MESSAGE_TYPES.get(head.module or "", ())
         ):
             raise too_large
-        await skip_frame(self._reader, too_large.size - len(prefix))
+        await skip_frame(self._reader, left, self._progress)
         reason = (
             f"{head.module}.{head.type} of {too_large.size} bytes from {self.peer} exceeds "
             f"max_frame_bytes ({too_large.limit} bytes): the reply was dropped and the "
             "connection kept; ask for less at a time (pages) or raise max_frame_bytes"
         )
-        log.warning(
-            "chatter: %s",
-            reason,
-            extra={"peer": self.peer, "bytes": too_large.size, "limit": too_large.limit},
-        )
+        extra = {"peer": self.peer, "bytes": too_large.size, "limit": too_large.limit}
+        log.warning("chatter: %s", reason, extra=extra)
         future.set_exception(ReplyTooLarge(reason))
 
     async def _dispatch(self, frame: bytes | bytearray) -> None:
@@ -479,6 +476,7 @@ class Connection:
             while True:
                 await asyncio.sleep(interval)
                 pong = asyncio.Event()
+                taken = self._progress.taken
                 conversation = self.send(codec.PING, "MsgPing", None, last=False)
                 self._pongs[conversation.first_id] = pong
                 try:
@@ -492,6 +490,10 @@ class Connection:
                     if self._streaming:
                         # Our ping still waits behind a streamed frame, whose writing closes
                         # a peer that stops reading (send_stream).
+                        continue
+                    if self._progress.taken != taken or self._progress.busy:
+                        # The peer is sending a large frame (the reply waits behind it), or
+                        # we are decoding one (the reply waits in the socket).
                         continue
                     self.close(f"no ping reply within {interval} s")
                     return

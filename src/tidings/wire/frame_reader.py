@@ -28,6 +28,19 @@ _READ_CHUNK = 256 * 1024
 OVERSIZE_HEAD_BYTES = 256
 
 
+class ReadProgress:
+    """What a connection has read: the bytes of frames taken so far, and whether it is
+    handling (decoding, dispatching) a frame it read. Its pinger judges the peer by this too:
+    a pong waits behind a large frame the peer is still sending, or in the socket while
+    this end decodes one, and neither means the peer is gone."""
+
+    __slots__ = ("busy", "taken")
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.busy = False
+
+
 class FrameTooLarge(ProtocolError):
     """A frame announced more than ``max_frame_bytes``; nothing of it was read yet (the
     stream stands at its envelope), so the reader may still skip it whole."""
@@ -40,8 +53,11 @@ class FrameTooLarge(ProtocolError):
         self.limit = limit
 
 
-async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> bytes | bytearray:
-    """The next frame's envelope (the bytes after its length prefix).
+async def read_frame(
+    reader: asyncio.StreamReader, max_frame_bytes: int, progress: ReadProgress | None = None
+) -> bytes | bytearray:
+    """The next frame's envelope (the bytes after its length prefix); ``progress`` counts
+    the bytes of a large one as they arrive.
 
     A frame over ``max_frame_bytes`` is a :class:`FrameTooLarge`, one with an invalid prefix
     a :class:`ProtocolError`; a stream that ends inside a frame raises
@@ -64,18 +80,36 @@ async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> byte
         if not piece:
             raise ProtocolError(f"truncated frame ({len(frame)} of {size} bytes)")
         frame += piece
+        if progress is not None:
+            progress.taken += len(piece)
     return frame
 
 
-async def skip_frame(reader: asyncio.StreamReader, size: int) -> None:
+async def read_oversize_head(
+    reader: asyncio.StreamReader, too_large: FrameTooLarge
+) -> tuple[envelope.Head, int]:
+    """The envelope fields of an oversize frame, read from its first bytes, and how many of
+    its bytes are left (for :func:`skip_frame`); ``too_large`` if they are no envelope."""
+    prefix = await reader.readexactly(min(too_large.size, OVERSIZE_HEAD_BYTES))
+    try:
+        return envelope.parse_head(prefix), too_large.size - len(prefix)
+    except ProtocolError:
+        raise too_large from None
+
+
+async def skip_frame(
+    reader: asyncio.StreamReader, size: int, progress: ReadProgress | None = None
+) -> None:
     """Read past the rest (``size`` bytes) of an oversize frame, a piece at a time, keeping
-    none of it."""
+    none of it; ``progress`` counts the bytes."""
     left = size
     while left:
         piece = await reader.read(min(left, _READ_CHUNK))
         if not piece:
             raise ProtocolError(f"truncated frame ({size - left} of {size} bytes skipped)")
         left -= len(piece)
+        if progress is not None:
+            progress.taken += len(piece)
 
 
 async def decode_body(
