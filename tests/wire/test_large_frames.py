@@ -1,7 +1,9 @@
-"""A frame over ``max_frame_bytes``: a reply to one of our requests fails that request alone
-with :class:`ReplyTooLarge` (naming the size and the limit) and the connection goes on; any
-other oversize frame closes the connection, and the requests still waiting learn why. On a
-socket pair, the peer's frames written from the specification."""
+"""Large frames. One over ``max_frame_bytes``: a reply to one of our requests fails that
+request alone with :class:`ReplyTooLarge` (naming the size and the limit) and the connection
+goes on; any other oversize frame closes the connection, and the requests still waiting
+learn why. A peer still sending a large frame is not taken for gone by the pinger, though
+its pong waits behind the frame. On a socket pair, the peer's frames written from the
+specification."""
 
 from __future__ import annotations
 
@@ -95,3 +97,24 @@ def test_any_other_oversize_frame_closes_and_waiting_requests_learn_why(case: st
 
     message = run(main())
     assert f"exceeds the limit of {LIMIT} bytes (max_frame_bytes)" in message
+
+
+def test_a_peer_sending_a_large_frame_for_several_ping_intervals_is_not_gone() -> None:
+    """The frame (~1 MB) arrives in pieces over about four ping intervals; the peer answers
+    no ping meanwhile (a hat peer's pong would wait behind the frame)."""
+
+    async def main() -> tuple[Message, bool]:
+        connection, _raw_reader, raw_writer = await socket_pair(ping_interval=0.2)
+        frame = raw_message("HatEventer", "MsgNotify", BIG_REPLY * 300)
+        piece = len(frame) // 16 + 1
+        for start in range(0, len(frame), piece):
+            raw_writer.write(frame[start : start + piece])
+            await asyncio.sleep(0.05)
+        message = await connection.receive()
+        still_open = connection.is_open
+        await connection.aclose()
+        return message, still_open
+
+    message, still_open = run(main())
+    assert len(message.data) == len(BIG_REPLY) * 300
+    assert still_open
