@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import ssl
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -38,6 +39,7 @@ from tidings.errors import (
     RequestTimeout,
     StoreError,
     TidingsError,
+    TlsError,
 )
 from tidings.events import (
     EventId,
@@ -73,6 +75,7 @@ __all__ = [
     "StoreError",
     "StoredEvent",
     "TidingsError",
+    "TlsError",
     "connect",
     "json_event",
     "json_value",
@@ -83,20 +86,33 @@ async def connect(
     address: str,
     subscriptions: Sequence[tuple[str, ...]] = (),
     *,
+    tls: chatter.ClientTls | ssl.SSLContext | None = None,
     max_frame_bytes: int = chatter.DEFAULT_MAX_FRAME_BYTES,
     ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
     timeout: float = 10.0,
     request_timeout: float | None = None,
 ) -> Client:
-    """Connect to the Eventer server at ``address`` (``tcp+sbs://host:port``).
+    """Connect to the Eventer server at ``address`` (``tcp+sbs://host:port``, or
+    ``ssl+sbs://host:port`` for TLS).
 
     ``subscriptions`` are event types in which ``?`` stands for one segment and a final
     ``*`` for any number; if any are given they are subscribed at once (as hat-event's
     client does). ``timeout`` bounds connecting, ``request_timeout`` (None: no bound) each
     request with a reply (:class:`RequestTimeout` when it runs out).
+
+    Over TLS the server's certificate is verified, against the system's CAs unless ``tls``
+    names a CA file, and must name the address's host; ``tls`` also holds the client
+    certificate a server with mutual TLS requires. It is a
+    :class:`tidings.config.tls.TlsClientConfig` (the files are read again for each
+    connection, so renewed ones are used) or a ready :class:`ssl.SSLContext`. A handshake that
+    fails raises :class:`TlsError` saying why.
     """
     connection = await chatter.connect(
-        address, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval, timeout=timeout
+        address,
+        tls=tls,
+        max_frame_bytes=max_frame_bytes,
+        ping_interval=ping_interval,
+        timeout=timeout,
     )
     client = Client(connection, request_timeout)
     if subscriptions:

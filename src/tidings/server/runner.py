@@ -94,14 +94,21 @@ class RunningServer:
                 await async_engine.write(engine.start)
             syncer = None
             if config.syncer_server is not None:
-                syncer = await SyncerServer.start(config.syncer_server.address, async_engine)
+                syncer = await SyncerServer.start(
+                    config.syncer_server.address, async_engine, tls=config.syncer_server.tls
+                )
                 undo.push_async_callback(syncer.aclose)
             running = cls(config, store, async_engine, syncer, attach)
             if standalone:
                 await running._open_serving()
                 undo.push_async_callback(running._close_serving)
                 for peer in config.syncer_peers:
-                    client = SyncerClient(peer.address, async_engine, peer.server_id)
+                    client = SyncerClient(
+                        peer.address,
+                        async_engine,
+                        peer.server_id,
+                        tls=config.syncer_client.tls,
+                    )
                     await client.start()
                     undo.push_async_callback(client.aclose)
                     running.static_peers.append(client)
@@ -135,6 +142,7 @@ class RunningServer:
             max_frame_bytes=self.config.eventer_server.max_frame_bytes,
             max_subscriber_lag_bytes=self.config.eventer_server.max_subscriber_lag_bytes,
             counters=self.counters,
+            tls=self.config.eventer_server.tls,
         )
         if self.attach is not None:
             try:

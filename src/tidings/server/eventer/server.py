@@ -44,6 +44,7 @@ from tidings.config.server import (
     DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
     require_positive_ints,
 )
+from tidings.config.tls import TlsServerConfig
 from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.matching import TypeMatcher
 from tidings.events.model import EventType, StoredEvent, json_event
@@ -132,8 +133,10 @@ class EventerServer:
         max_subscriber_lag_bytes: int = DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
         ping_interval: float = chatter.DEFAULT_PING_INTERVAL,
         counters: EventerCounters | None = None,
+        tls: TlsServerConfig | None = None,
     ) -> Self:
-        """Listen on ``address`` (``tcp+sbs://host:port``, port 0 for any free port)."""
+        """Listen on ``address`` (``tcp+sbs://host:port``, or ``ssl+sbs://`` with ``tls``;
+        port 0 for any free port)."""
         require_positive_ints(
             "eventer server",
             max_frame_bytes=max_frame_bytes,
@@ -141,7 +144,11 @@ class EventerServer:
         )
         server = cls(engine, max_subscriber_lag_bytes, ping_interval, counters)
         server._server = await chatter_server.listen(
-            address, server._serve, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
+            address,
+            server._serve,
+            tls=None if tls is None else tls.context(),
+            max_frame_bytes=max_frame_bytes,
+            ping_interval=ping_interval,
         )
         server._port = server._server.port
         # Early: subscribers hear of a registration when it is answered, also before its
