@@ -12,11 +12,14 @@ import datetime
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tidings.config.tls import TlsClientConfig, TlsServerConfig
 
 _DAY = datetime.timedelta(days=1)
 
@@ -124,3 +127,26 @@ class TestCA:
         issued.key.write_bytes(key_pem)
         issued.pem.write_bytes(cert_pem + key_pem)
         return issued
+
+
+class TlsSetup:
+    """A CA, a server certificate for this host, and the TLS settings of both sides."""
+
+    def __init__(self, directory: Path) -> None:
+        self.ca = TestCA(directory)
+        self.server = self.ca.server()
+
+    def server_tls(self, *, mutual: bool = False) -> TlsServerConfig:
+        """The server's settings; ``mutual``: clients must present a certificate of the CA."""
+        return TlsServerConfig(
+            cert_file=str(self.server.cert),
+            key_file=str(self.server.key),
+            ca_file=str(self.ca.cert) if mutual else None,
+        )
+
+    def client_tls(self, identity: str | None = None, **options: Any) -> TlsClientConfig:
+        """A client's settings trusting the CA; with ``identity``, its certificate too."""
+        if identity is not None:
+            issued = self.ca.client(identity)
+            options = {"cert_file": str(issued.cert), "key_file": str(issued.key), **options}
+        return TlsClientConfig(ca_file=str(self.ca.cert), **options)

@@ -93,6 +93,17 @@ class _ServerCollector(Collector):
             ("notifications", counters.notifications, "Eventer notify messages sent"),
         ):
             yield CounterMetricFamily(f"tidings_server_{name}", doc, value=value)
+        refused = CounterMetricFamily(
+            "tidings_server_tls_handshakes_refused",
+            "TLS handshakes refused (an untrusted or missing client certificate, plaintext "
+            "sent to a TLS port, no handshake in time), by listener",
+            labels=["listener"],
+        )
+        refused.add_metric(["eventer"], counters.refused_handshakes)
+        refused.add_metric(
+            ["syncer"], 0 if running.syncer is None else running.syncer.refused_handshakes
+        )
+        yield refused
         yield GaugeMetricFamily(
             "tidings_server_eventer_clients",
             "Eventer clients connected",

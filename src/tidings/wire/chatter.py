@@ -530,7 +530,7 @@ async def connect(
         raise TlsError(
             f"TLS to {address}: the server closed the connection during the handshake "
             f"({str(exc) or type(exc).__name__}); "
-            "does it serve ssl+sbs there?"
+            "does the server serve ssl+sbs there?"
         ) from None
     return Connection(
         reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval, to_server=True

@@ -39,8 +39,6 @@ class Server:
         self._server = server
         self._connections = connections
         self._handlers = handlers
-        #: TLS handshakes that failed (each logged) since the server started listening.
-        self.refused_handshakes = 0
 
     @property
     def port(self) -> int:
@@ -74,13 +72,14 @@ async def listen(
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ping_interval: float | None = DEFAULT_PING_INTERVAL,
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    on_refused: Callable[[], None] | None = None,
 ) -> Server:
     """Listen on ``address`` and serve each connection with ``handler``.
 
     An ``ssl+sbs://`` address needs ``tls``, the server's context (a ConfigError otherwise,
     as is ``tls`` with a ``tcp+sbs://`` address). A connection whose handshake fails or
-    takes over ``handshake_timeout`` seconds is closed with a log line and counted in
-    :attr:`Server.refused_handshakes`; the handler never sees it.
+    takes over ``handshake_timeout`` seconds is closed with a log line and ``on_refused``
+    called (to count it); the handler never sees it.
     """
     host, port, secure = parse_endpoint(address)
     if secure and tls is None:
@@ -98,7 +97,8 @@ async def listen(
         handlers.add(task)
         task.add_done_callback(handlers.discard)
         if tls is not None and not await _handshake(writer, tls, handshake_timeout):
-            listening.refused_handshakes += 1
+            if on_refused is not None:
+                on_refused()
             return
         connection = Connection(
             reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
@@ -116,8 +116,7 @@ async def listen(
             await connection.aclose()
 
     server = await asyncio.start_server(on_accept, host, port, limit=2**16)
-    listening = Server(server, connections, handlers)
-    return listening
+    return Server(server, connections, handlers)
 
 
 async def _handshake(writer: asyncio.StreamWriter, context: ssl.SSLContext, timeout: float) -> bool:

@@ -17,3 +17,5 @@ class EventerCounters:
     register_requests: int = 0
     queries: int = 0
     notifications: int = 0
+    #: TLS handshakes refused (each logged by :mod:`tidings.wire.chatter_server`).
+    refused_handshakes: int = 0

@@ -149,6 +149,7 @@ class EventerServer:
             tls=None if tls is None else tls.context(),
             max_frame_bytes=max_frame_bytes,
             ping_interval=ping_interval,
+            on_refused=server._refused_handshake,
         )
         server._port = server._server.port
         # Early: subscribers hear of a registration when it is answered, also before its
@@ -160,6 +161,9 @@ class EventerServer:
             extra={"address": address, "port": server.port},
         )
         return server
+
+    def _refused_handshake(self) -> None:
+        self.counters.refused_handshakes += 1
 
     @property
     def port(self) -> int:

@@ -123,6 +123,11 @@ class SyncerServer:
         self._closing = False
         self._server: chatter_server.Server | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        #: TLS handshakes refused (each logged), for the metrics.
+        self.refused_handshakes = 0
+
+    def _refused_handshake(self) -> None:
+        self.refused_handshakes += 1
 
     @classmethod
     async def start(
@@ -151,6 +156,7 @@ class SyncerServer:
                 self._serve,
                 tls=None if tls is None else tls.context(),
                 ping_interval=ping_interval,
+                on_refused=self._refused_handshake,
             )
         except BaseException:
             self._unsubscribe()
