@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from tidings.errors import (
+    AccessDenied,
     ClientError,
     ConfigError,
     ConnectionClosed,
@@ -58,6 +59,7 @@ from tidings.wire import chatter, codec
 
 #: Everything the client's calls take, return and raise, so a user needs no other import.
 __all__ = [
+    "AccessDenied",
     "Client",
     "ClientError",
     "ConfigError",
@@ -91,6 +93,8 @@ async def connect(
     ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
     timeout: float = 10.0,
     request_timeout: float | None = None,
+    identity: str | None = None,
+    password: str | None = None,
 ) -> Client:
     """Connect to the Eventer server at ``address`` (``tcp+sbs://host:port``, or
     ``ssl+sbs://host:port`` for TLS).
@@ -106,6 +110,10 @@ async def connect(
     :class:`tidings.config.tls.TlsClientConfig` (the files are read again for each
     connection, so renewed ones are used) or a ready :class:`ssl.SSLContext`. A handshake that
     fails raises :class:`TlsError` saying why.
+
+    ``identity`` and ``password`` log in (a tidings extension; the server's
+    ``eventer_server.identities``), only over TLS or on loopback: a refused login raises
+    :class:`AccessDenied` with the server's reason. A client certificate needs no login.
     """
     connection = await chatter.connect(
         address,
@@ -115,6 +123,12 @@ async def connect(
         timeout=timeout,
     )
     client = Client(connection, request_timeout)
+    if identity is not None or password is not None:
+        try:
+            await client.login(identity or "", password or "")
+        except BaseException:
+            await client.aclose()
+            raise
     if subscriptions:
         try:
             await client.subscribe(subscriptions)
@@ -134,6 +148,17 @@ class Client:
     @property
     def is_open(self) -> bool:
         return self._connection.is_open
+
+    async def login(self, identity: str, password: str) -> None:
+        """Name this client to the server (a tidings extension; see :func:`connect`), as its
+        first request; :class:`AccessDenied` with the server's reason if refused."""
+        reply = await self._request(
+            codec.TIDINGS_EVENTER, "MsgLoginReq", {"identity": identity, "password": password}
+        )
+        if (reply.module, reply.type) != (codec.TIDINGS_EVENTER, "MsgLoginRes"):
+            raise ProtocolError(f"expected MsgLoginRes, got {reply.module}.{reply.type}")
+        if not reply.data["success"]:
+            raise AccessDenied(f"login as {identity!r} refused: {reply.data['message']}")
 
     async def register(self, events: Sequence[NewEvent]) -> None:
         """Register ``events`` as one session without waiting for the result.

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tidings.address import Address, MonitorAddress, is_tls
+from tidings.config.eventer_access import EventerAnonymousConfig, EventerIdentityConfig
 from tidings.config.loading import read_config_data, validate_config
 from tidings.config.model import StrictModel, resolve_path
 from tidings.config.tls import TlsClientConfig, TlsServerConfig
@@ -165,9 +166,28 @@ class EventerServerConfig(StrictModel):
         ),
     )
 
+    anonymous: EventerAnonymousConfig = Field(
+        default=EventerAnonymousConfig(),
+        description=(
+            "tidings: clients without an identity (no verified certificate, no login): where "
+            "they may connect from (loopback by default) and what they may do."
+        ),
+    )
+    identities: dict[str, EventerIdentityConfig] = Field(
+        default_factory=dict,
+        description=(
+            "tidings: the identities the Eventer knows, by name (a client certificate's CN, or "
+            "a login name), each with what it may do. Listed: a certificate naming another "
+            "identity is refused. Empty: every certificate the CA signed may do everything."
+        ),
+    )
+
     @model_validator(mode="after")
     def _tls(self) -> EventerServerConfig:
         _tls_matches_scheme(self.address, self.tls)
+        for name in self.identities:
+            if not name or name != name.strip():
+                raise ValueError(f"identities: {name!r} is not an identity name")
         return self
 
 

@@ -104,6 +104,22 @@ class _ServerCollector(Collector):
             ["syncer"], 0 if running.syncer is None else running.syncer.refused_handshakes
         )
         yield refused
+        access = CounterMetricFamily(
+            "tidings_server_eventer_refusals",
+            "Eventer refusals by identity or grant: clients (an unknown certificate identity, "
+            "an anonymous client where none are served), logins, registered events, queries "
+            "and subscriptions (narrowed to what is granted)",
+            labels=["refused"],
+        )
+        for label, value in (
+            ("client", counters.refused_clients),
+            ("login", counters.refused_logins),
+            ("event", counters.refused_events),
+            ("query", counters.refused_queries),
+            ("subscription", counters.refused_subscriptions),
+        ):
+            access.add_metric([label], value)
+        yield access
         yield GaugeMetricFamily(
             "tidings_server_eventer_clients",
             "Eventer clients connected",

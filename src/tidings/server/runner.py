@@ -27,6 +27,7 @@ from tidings.errors import ConfigError, StoreError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.backends import open_backend
 from tidings.server.engine import Engine
+from tidings.server.eventer.access import EventerAccess
 from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.server import EventerServer
 from tidings.server.metrics import MetricsEndpoint
@@ -143,6 +144,9 @@ class RunningServer:
             max_subscriber_lag_bytes=self.config.eventer_server.max_subscriber_lag_bytes,
             counters=self.counters,
             tls=self.config.eventer_server.tls,
+            access=EventerAccess(
+                self.config.eventer_server.anonymous, self.config.eventer_server.identities
+            ),
         )
         if self.attach is not None:
             try:
