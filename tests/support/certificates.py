@@ -132,9 +132,11 @@ class TestCA:
 class TlsSetup:
     """A CA, a server certificate for this host, and the TLS settings of both sides."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self, directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    ) -> None:
         self.ca = TestCA(directory)
-        self.server = self.ca.server()
+        self.server = self.ca.server(hosts=hosts)
 
     def server_tls(self, *, mutual: bool = False) -> TlsServerConfig:
         """The server's settings; ``mutual``: clients must present a certificate of the CA."""

@@ -131,13 +131,13 @@ class Running:
 
 @asynccontextmanager
 async def running(
-    tmp_path: Path, modules: list[Module] | None = None, **options: Any
+    tmp_path: Path, modules: list[Module] | None = None, host: str = "127.0.0.1", **options: Any
 ) -> AsyncIterator[Running]:
-    """An Eventer server on a free port over a SQLite store in ``tmp_path`` (over TLS if
-    ``options`` hold ``tls``)."""
+    """An Eventer server on a free port of ``host`` over a SQLite store in ``tmp_path`` (over
+    TLS if ``options`` hold ``tls``)."""
     scheme = "tcp+sbs" if options.get("tls") is None else "ssl+sbs"
     async with async_engine(tmp_path / "events.db", modules or ()) as engine:
-        server = await EventerServer.start(f"{scheme}://127.0.0.1:0", engine, **options)
+        server = await EventerServer.start(f"{scheme}://{host}:0", engine, **options)
         try:
             yield Running(server, engine, engine.store, scheme)
         finally:

@@ -17,9 +17,11 @@ from tests.support.helpers import hat_event_server
 from tests.support.server_helpers import running
 from tests.support.waiting import run, until
 from tidings.client import TlsError, connect, json_event, json_value
+from tidings.config.eventer_access import EventerIdentityConfig
 from tidings.config.tls import TlsClientConfig
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.query import QueryData
+from tidings.server.eventer.access import EventerAccess
 from tidings.server.eventer.server import EVENTER_EVENT_TYPE
 
 pytestmark = pytest.mark.sockets
@@ -284,3 +286,34 @@ def test_our_client_against_hat_event_server_over_tls(tmp_path: Path) -> None:
 
     with hat_event_server(tmp_path, 1, tls_pem=setup.server.pem) as (eventer_port, _, _):
         run(main(local_address(eventer_port, "ssl+sbs")), 60)
+
+
+def test_hat_client_with_a_certified_identity_is_refused_by_type_as_hat_expresses_it(
+    tmp_path: Path,
+) -> None:
+    """hat-event 0.8.5's client, identified by its certificate, granted ``orders/*`` only:
+    the refused event's result is None (hat's failed registration), the query answers the
+    granted types, the subscription notifies them, and the client goes on."""
+    setup = TlsSetup(tmp_path / "pki")
+    pem = setup.ca.client("hat-relay").pem
+    grants = {"may_register": [["orders", "*"]], "may_query": [["orders", "*"]]}
+    policy = EventerAccess(identities={"hat-relay": EventerIdentityConfig(**grants)})
+
+    async def main() -> None:
+        tls = setup.server_tls(mutual=True)
+        async with running(tmp_path, tls=tls, access=policy) as srv:
+            client = await hat_eventer.connect(srv.address, [("*",)], pem_file=str(pem))
+            try:
+                order, user = await client.register_with_response(
+                    [register_event(("orders", "1"), json_payload(1)), register_event(("users",))]
+                )
+                assert order is not None and user is None
+                assert await client.receive() == [order]
+                assert await client.query(hat.QueryData()) == [order]
+                assert await client.query(hat.QueryData(event_types=[("users", "*")])) == []
+                [later] = await client.register_with_response([register_event(("orders", "2"))])
+                assert later is not None
+            finally:
+                await client.async_close()
+
+    run(main())
