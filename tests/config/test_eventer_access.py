@@ -26,7 +26,7 @@ def server(**eventer: Any) -> dict[str, Any]:
 def test_by_default_anonymous_clients_are_served_on_loopback_with_everything() -> None:
     eventer = load_server_config(server()).eventer_server
     assert eventer.anonymous.allowed_from == "loopback"
-    assert eventer.anonymous.may_register == EVERYTHING
+    assert eventer.anonymous.patterns("register") == EVERYTHING
     assert eventer.identities == {}
 
 
@@ -41,10 +41,10 @@ def test_identities_and_their_grants_load_as_patterns() -> None:
             },
         )
     ).eventer_server
-    assert eventer.anonymous.may_register == ()
+    assert eventer.anonymous.patterns("register") == ()
     relay = eventer.identities["relay"]
-    assert relay.may_register == (("orders", "*"),)
-    assert relay.may_subscribe == EVERYTHING
+    assert relay.patterns("register") == (("orders", "*"),)
+    assert relay.patterns("subscribe") == EVERYTHING
     assert eventer.identities["app"].password_hash == digest
 
 

@@ -30,26 +30,30 @@ from tidings.events.matching import QueryType, validate_query_type
 EVERYTHING: tuple[QueryType, ...] = (("*",),)
 
 
+def _everything() -> list[list[str]]:
+    return [list(pattern) for pattern in EVERYTHING]
+
+
 class EventerGrantsConfig(StrictModel):
     """The event types a client may register, query and subscribe to, as Hat patterns
     (``?`` one segment, a final ``*`` any number)."""
 
-    may_register: tuple[QueryType, ...] = Field(
-        default=EVERYTHING,
+    may_register: list[list[str]] = Field(
+        default_factory=_everything,
         description=(
             "Patterns of the event types it may register; another type's event fails alone "
             "(``MsgRegisterRes`` holds no event for it). ``[]``: none."
         ),
     )
-    may_query: tuple[QueryType, ...] = Field(
-        default=EVERYTHING,
+    may_query: list[list[str]] = Field(
+        default_factory=_everything,
         description=(
             "Patterns of the event types it may query; a query is narrowed to them (the part "
             "outside is refused and logged, never answered). ``[]``: none."
         ),
     )
-    may_subscribe: tuple[QueryType, ...] = Field(
-        default=EVERYTHING,
+    may_subscribe: list[list[str]] = Field(
+        default_factory=_everything,
         description=(
             "Patterns of the event types it may subscribe to; a subscription is narrowed to "
             "them, as a query is. ``[]``: none."
@@ -61,14 +65,18 @@ class EventerGrantsConfig(StrictModel):
     def _patterns(cls, value: object) -> object:
         if not isinstance(value, list | tuple):
             return value  # pydantic says what it expected
-        patterns = []
         for pattern in value:
             candidate = tuple(pattern) if isinstance(pattern, list | tuple) else pattern
             try:
-                patterns.append(validate_query_type(candidate))
+                validate_query_type(candidate)
             except StoreError as exc:
                 raise ValueError(f"{pattern!r} is not an event type pattern: {exc}") from None
-        return tuple(patterns)
+        return value
+
+    def patterns(self, kind: Literal["register", "query", "subscribe"]) -> tuple[QueryType, ...]:
+        """The patterns granted for one kind of request, as query types."""
+        granted: list[list[str]] = getattr(self, f"may_{kind}")
+        return tuple(tuple(pattern) for pattern in granted)
 
 
 class EventerIdentityConfig(EventerGrantsConfig):

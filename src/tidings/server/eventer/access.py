@@ -62,9 +62,9 @@ class Grants:
     __slots__ = ("_register_matcher", "query", "register", "subscribe")
 
     def __init__(self, config: EventerGrantsConfig) -> None:
-        self.register = config.may_register
-        self.query = config.may_query
-        self.subscribe = config.may_subscribe
+        self.register = config.patterns("register")
+        self.query = config.patterns("query")
+        self.subscribe = config.patterns("subscribe")
         self._register_matcher = None if self.register == EVERYTHING else TypeMatcher(self.register)
 
     def may_register(self, event_type: EventType) -> bool:
