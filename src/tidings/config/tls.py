@@ -30,14 +30,15 @@ from tidings.errors import TlsError
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
 
 
-def _readable_file(what: str, path: str | None) -> str | None:
-    """A configured file must be there, and readable, when the configuration is read."""
+def readable_file(what: str, path: str | None) -> str | None:
+    """A configured file (certificates, keys, credentials) must be there, and readable, when
+    the configuration is read, not at the first connection: a ValueError naming ``what``."""
     if path is None:
         return None
     if not Path(path).is_file():
-        raise ValueError(f"{what} {path!r} does not exist (or is not a file)")
+        raise ValueError(f"{what} file {path!r} does not exist (or is not a file)")
     if not os.access(path, os.R_OK):
-        raise ValueError(f"{what} {path!r} is not readable by this process")
+        raise ValueError(f"{what} file {path!r} is not readable by this process")
     return path
 
 
@@ -65,7 +66,7 @@ class TlsServerConfig(StrictModel):
     @field_validator("cert_file", "key_file", "ca_file")
     @classmethod
     def _files(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _readable_file(f"tls.{info.field_name}", v)
+        return readable_file(f"tls.{info.field_name}", v)
 
     @property
     def mutual(self) -> bool:
@@ -119,7 +120,7 @@ class TlsClientConfig(StrictModel):
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
     def _files(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _readable_file(f"tls.{info.field_name}", v)
+        return readable_file(f"tls.{info.field_name}", v)
 
     @model_validator(mode="after")
     def _consistent(self) -> TlsClientConfig:
