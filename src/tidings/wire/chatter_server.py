@@ -129,10 +129,16 @@ async def _handshake(writer: asyncio.StreamWriter, context: ssl.SSLContext, time
     """
     peer = writer.get_extra_info("peername")
     where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+    level = logging.WARNING
     try:
         async with asyncio.timeout(timeout):
             await writer.start_tls(context)
         return True
+    except (ssl.SSLEOFError, ConnectionResetError) as exc:
+        # The peer hung up: a port probe (a load balancer's TCP check), or a client that
+        # refused our certificate and says so on its side. Noted, not warned of.
+        level = logging.INFO
+        reason = f"connection lost during the handshake ({str(exc) or type(exc).__name__})"
     except ssl.SSLCertVerificationError as exc:
         reason = f"client certificate refused: {exc.verify_message}"
     except ssl.SSLError as exc:
@@ -145,8 +151,12 @@ async def _handshake(writer: asyncio.StreamWriter, context: ssl.SSLContext, time
         reason = f"no handshake within {timeout:g} s"
     except (ConnectionError, OSError) as exc:
         reason = f"connection lost during the handshake ({str(exc) or type(exc).__name__})"
-    log.warning(
-        "TLS handshake with %s refused: %s", where, reason, extra={"peer": where, "reason": reason}
+    log.log(
+        level,
+        "TLS handshake with %s refused: %s",
+        where,
+        reason,
+        extra={"peer": where, "reason": reason},
     )
     # Closed, not aborted: the alert telling the client why (its certificate is missing
     # or not trusted) may still be in the buffer, and it is a few bytes.
