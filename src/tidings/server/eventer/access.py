@@ -56,8 +56,8 @@ _CONCURRENT_CHECKS = 2
 
 
 class Grants:
-    """What one client may do: the patterns of each request kind, and a matcher for the
-    register check (made once per connection)."""
+    """What a client may do: the patterns of each request kind, and a matcher for the
+    register check (made once per identity, when the server starts)."""
 
     __slots__ = ("_register_matcher", "query", "register", "subscribe")
 
