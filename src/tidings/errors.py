@@ -94,6 +94,22 @@ class ReplyTooLarge(TidingsError):
     connection stays open. Ask for less, in pages, or connect with a larger limit."""
 
 
+class TlsError(TidingsError, OSError):
+    """A TLS link cannot be made: a certificate, key or CA file cannot be loaded, or the
+    handshake failed (the peer's certificate is not trusted or names another host, the peer
+    required a certificate we have not, or it does not speak TLS). The message names the
+    file or the address and says which.
+
+    It is also an :class:`OSError`, what a failed connection raises, so a part that keeps
+    reconnecting treats it as one: it logs why and tries again.
+    """
+
+
+class AccessDenied(TidingsError):
+    """A server refused a client's identity or request; the message names the identity and
+    what was refused."""
+
+
 class RequestTimeout(TidingsError, TimeoutError):
     """A request got no reply within its timeout; the connection stays open.
 

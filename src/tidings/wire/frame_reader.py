@@ -26,6 +26,12 @@ _READ_CHUNK = 256 * 1024
 #: envelope's fields before the body (two integers, three flags, the module and type names
 #: and the body's length) take well under this.
 OVERSIZE_HEAD_BYTES = 256
+#: The first byte of a TLS record, read as a length of length, and what it tells: the peer
+#: speaks TLS on a plaintext link (a ``tcp+sbs`` address where ``ssl+sbs`` is served).
+_TLS_RECORDS = {
+    21: " (a TLS alert: the peer speaks TLS, use an ssl+sbs:// address)",
+    22: " (a TLS handshake: the peer speaks TLS, serve or use an ssl+sbs:// address)",
+}
 
 
 class ReadProgress:
@@ -66,7 +72,8 @@ async def read_frame(
     """
     length_size = (await reader.readexactly(1))[0]
     if not 1 <= length_size <= envelope.MAX_LENGTH_BYTES:
-        raise ProtocolError(f"invalid frame: length of length {length_size}")
+        hint = _TLS_RECORDS.get(length_size, "")
+        raise ProtocolError(f"invalid frame: length of length {length_size}{hint}")
     size = int.from_bytes(await reader.readexactly(length_size), "big")
     if size > max_frame_bytes:
         raise FrameTooLarge(size, max_frame_bytes)
