@@ -82,20 +82,6 @@ def _names(module: str, type_name: str) -> bytes:
     )
 
 
-class Head(NamedTuple):
-    """The envelope's fields before the body, and where the body starts."""
-
-    id: int
-    first: int
-    owner: bool
-    token: bool
-    last: bool
-    module: str | None
-    type: str
-    body_size: int
-    body_start: int
-
-
 def parse(frame: bytes | bytearray) -> Envelope:
     """The envelope of a frame's message (without the length prefix); malformed bytes raise
     :class:`ProtocolError`, as hat-sbs's decoder would refuse them.
@@ -103,27 +89,18 @@ def parse(frame: bytes | bytearray) -> Envelope:
     Runs for every message received: the few module and type names are looked up, not
     decoded each time."""
     end = len(frame)
-    head = parse_head(frame)
-    if head.body_size != end - head.body_start:
-        raise ProtocolError(
-            f"Hat.Msg: undecodable SBS (body of {head.body_size} bytes, "
-            f"{end - head.body_start} left)"
-        )
-    return Envelope(
-        head.id,
-        head.first,
-        head.owner,
-        head.token,
-        head.last,
-        head.module,
-        head.type,
-        memoryview(frame)[head.body_start :],
-    )
+    fields, size, start = parse_head(frame)
+    if size != end - start:
+        raise ProtocolError(f"Hat.Msg: undecodable SBS (body of {size} bytes, {end - start} left)")
+    return Envelope(*fields, memoryview(frame)[start:])
 
 
-def parse_head(data: bytes | bytearray) -> Head:
-    """The envelope's fields from the start of a frame (the whole frame, or only its first
-    bytes: an oversize frame is skipped once its conversation is known)."""
+def parse_head(
+    data: bytes | bytearray,
+) -> tuple[tuple[int, int, bool, bool, bool, str | None, str], int, int]:
+    """The envelope's fields before the body (an :class:`Envelope`'s, in order), the body's
+    size and where it starts, read from the start of a frame: the whole frame, or only its
+    first bytes (an oversize frame is skipped once its conversation is known)."""
     end = len(data)
     try:
         message_id, pos = read_integer(data, 0, end)
@@ -141,7 +118,7 @@ def parse_head(data: bytes | bytearray) -> Head:
         size, pos = read_integer(data, pos, end)
     except ProtocolError as exc:
         raise ProtocolError(f"Hat.Msg: undecodable SBS ({exc})") from None
-    return Head(message_id, first, owner, token, last, module, type_name, size, pos)
+    return (message_id, first, owner, token, last, module, type_name), size, pos
 
 
 #: The protocol's module and message type names, by their bytes; other names are decoded

@@ -94,14 +94,16 @@ async def read_frame(
 
 async def read_oversize_head(
     reader: asyncio.StreamReader, too_large: FrameTooLarge
-) -> tuple[envelope.Head, int]:
-    """The envelope fields of an oversize frame, read from its first bytes, and how many of
-    its bytes are left (for :func:`skip_frame`); ``too_large`` if they are no envelope."""
+) -> tuple[envelope.Envelope, int]:
+    """The envelope of an oversize frame (its body left out), read from its first bytes,
+    and how many of its bytes are left (for :func:`skip_frame`); ``too_large`` if they are
+    no envelope."""
     prefix = await reader.readexactly(min(too_large.size, OVERSIZE_HEAD_BYTES))
     try:
-        return envelope.parse_head(prefix), too_large.size - len(prefix)
+        fields, _, _ = envelope.parse_head(prefix)
     except ProtocolError:
         raise too_large from None
+    return envelope.Envelope(*fields, memoryview(b"")), too_large.size - len(prefix)
 
 
 async def skip_frame(
