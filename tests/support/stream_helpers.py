@@ -60,6 +60,41 @@ def stream_server_config(database_url: str, **stream: Any) -> dict[str, Any]:
     }
 
 
+BILLING, BILLING_PASSWORD = "billing", "billpass"
+BILLING_HASH = hash_password(BILLING_PASSWORD, n=2**10)
+BILLING_SEC = f"{BILLING}:{BILLING_PASSWORD}"
+#: The restricted user of :func:`access_config`: billing reads ORDER events of tenant acme as
+#: BILL* components, and may add them; live, it reads ORDER and AUDIT events of acme or of
+#: every tenant ("all").
+ALLOW = [
+    {
+        "streams": ["s"],
+        "components": ["BILL*"],
+        "types": ["ORDER"],
+        "add_event": ["ORDER"],
+        "where": {"/tenant": "acme"},
+    },
+    {
+        "streams": ["s"],
+        "components": ["LIVE"],
+        "types": ["ORDER", "AUDIT"],
+        "where": {"/tenant": {"in": ["acme", "all"]}},
+    },
+]
+
+
+def access_config(database: str, **stream: Any) -> dict[str, Any]:
+    """Stream ``s`` (metrics on) and stream ``t`` on the same port, the stream helpers'
+    unrestricted users, and ``billing`` with :data:`ALLOW`."""
+    config = stream_server_config(database, secure_channel=True, metrics=True, **stream)
+    config["streams"].append(config["streams"][0] | {"name": "t", "path": "/other"})
+    config["stream_users"][BILLING] = {
+        "password_hash": BILLING_HASH,
+        "allow": copy.deepcopy(ALLOW),
+    }
+    return config
+
+
 @dataclass
 class Serving:
     """A running server with streams: its configuration and the first stream's URL."""

@@ -16,53 +16,23 @@ import httpx
 import pytest
 
 from tests.support.stream_helpers import (
+    BILLING,
+    BILLING_SEC,
     RawConsumer,
+    access_config,
     call,
     push_ids,
     serving,
-    stream_server_config,
 )
 from tests.support.waiting import run
-from tidings.config.passwords import hash_password
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.server.store import EventStore
 
 pytestmark = pytest.mark.sockets
 
-BILLING, BILLING_PASSWORD = "billing", "billpass"
-BILLING_SEC = f"{BILLING}:{BILLING_PASSWORD}"
 REGISTER = "futoin.evt.poll:1.1:registerConsumer"
 POLL = "futoin.evt.poll:1.1:pollEvents"
 ADD = "futoin.evt.gen:1.1:addEvent"
-#: billing reads ORDER events of tenant acme as BILL* components, and may add them; live, it
-#: reads ORDER and AUDIT events of acme or of every tenant.
-ALLOW = [
-    {
-        "streams": ["s"],
-        "components": ["BILL*"],
-        "types": ["ORDER"],
-        "add_event": ["ORDER"],
-        "where": {"/tenant": "acme"},
-    },
-    {
-        "streams": ["s"],
-        "components": ["LIVE"],
-        "types": ["ORDER", "AUDIT"],
-        "where": {"/tenant": {"in": ["acme", "all"]}},
-    },
-]
-
-
-def access_config(database: str, **stream: Any) -> dict[str, Any]:
-    """Stream ``s`` (metrics on) and stream ``t`` on the same port, the stream helpers'
-    unrestricted users, and ``billing`` with :data:`ALLOW`."""
-    config = stream_server_config(database, secure_channel=True, metrics=True, **stream)
-    config["streams"].append(config["streams"][0] | {"name": "t", "path": "/other"})
-    config["stream_users"][BILLING] = {
-        "password_hash": hash_password(BILLING_PASSWORD, n=2**10),
-        "allow": ALLOW,
-    }
-    return config
 
 
 async def billing(url: str, function: str, params: dict[str, Any]) -> dict[str, Any]:
