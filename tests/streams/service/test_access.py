@@ -274,7 +274,8 @@ def test_a_consumer_far_behind_reads_the_store_through_the_filter(
 ) -> None:
     """Events stored before the server started are read from the store, not the feed. A
     read whose events the filter all holds back reads on (two reads of 1,000 here), and one
-    that finds none within its reads still moves the position past what it looked at."""
+    that finds none within its reads still moves the position past what it looked at; a
+    LIVE poll reads on until it finds one."""
     monkeypatch.setattr("tidings.streams.service.reader.MAX_STORE_READS", 2)
     url = f"sqlite:///{tmp_path}/e.db"
     store = EventStore(url)
@@ -296,6 +297,9 @@ def test_a_consumer_far_behind_reads_the_store_through_the_filter(
                 1501,
                 1502,
             ]
+            # A LIVE poll has no position to move: it reads on to the next event it may see.
+            live = await billing(server.url, POLL, {"component": "LIVE", "last_id": "1502"})
+            assert _ids(live) == [4003]
             reply = await billing(server.url, POLL, {"component": "BILLING", "last_id": "1502"})
             assert _ids(reply) == []  # 2,000 looked at, none for billing
             assert position_of(await metrics(server.url), "BILLING") == 3502

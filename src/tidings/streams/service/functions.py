@@ -203,7 +203,9 @@ class StreamService:
             if last_id is None:
                 batch = await self._reader.newest(selection, MAX_EVENTS, max_bytes)
             else:
-                batch = await self._reader.read(last_id, selection, MAX_EVENTS, max_bytes)
+                batch = await self._reader.read(
+                    last_id, selection, MAX_EVENTS, max_bytes, exhaustive=True
+                )
             return RawJson(event_list(batch.events))
         async with self._lock(user, component):
             if last_id is not None:

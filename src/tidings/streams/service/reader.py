@@ -3,8 +3,13 @@
 Both paths give the same events in position order (see :mod:`.feed`), chosen by the
 consumer's :class:`~.selection.Selection`; a store read runs in a worker thread and encodes
 and filters its events there, off the event loop. A store read whose events the data filter
-all drops reads on, up to :data:`MAX_STORE_READS` reads, so that a consumer far behind with
-a narrow filter moves through the log in large steps rather than in empty replies.
+all drops reads on. For a reading that moves a position (a registered consumer's, a push
+session's), it stops after :data:`MAX_STORE_READS` reads, however many events it found, so
+that one request's work is bounded: the position moves past what it looked at, and the next
+read goes on from there. A stateless ``LIVE`` poll has no position to move, so it reads on
+until it finds an event or the end of the log (``exhaustive``): an empty reply must mean
+that there is nothing after ``last_id`` for it, or the poller (and the Spark source, which
+reads its micro-batches so) would stop there for ever.
 """
 
 from __future__ import annotations
@@ -45,24 +50,42 @@ class StreamReader:
         self._type_map = type_map
         self._executor = executor
 
-    async def read(self, after: int, selection: Selection, limit: int, max_bytes: int) -> Batch:
+    async def read(
+        self,
+        after: int,
+        selection: Selection,
+        limit: int,
+        max_bytes: int,
+        *,
+        exhaustive: bool = False,
+    ) -> Batch:
         """Up to ``limit`` events ``selection`` admits after ``after``, within ``max_bytes``
-        of encoded events (at least one event, however large)."""
+        of encoded events (at least one event, however large); ``exhaustive``: reading the
+        store on to its end while they are none (see the module docstring)."""
         batch = self.feed.read(after, selection, limit, max_bytes)
         if batch is not None:
             return batch
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._executor, self.read_store, after, selection, limit, max_bytes
+            self._executor, self.read_store, after, selection, limit, max_bytes, exhaustive
         )
 
-    def read_store(self, after: int, selection: Selection, limit: int, max_bytes: int) -> Batch:
+    def read_store(
+        self,
+        after: int,
+        selection: Selection,
+        limit: int,
+        max_bytes: int,
+        exhaustive: bool = False,
+    ) -> Batch:
         """:meth:`read` from the store only (blocking)."""
         patterns = self._type_map.wanted_patterns(selection.want)
         if not patterns:
             return Batch([], max(after, self._store.last_position()))
         scanned = after
-        for _ in range(MAX_STORE_READS):
+        reads = 0
+        while exhaustive or reads < MAX_STORE_READS:
+            reads += 1
             found = read_positions(self._store, scanned, limit, patterns)
             chosen = self._encoded(found.events, selection, max_bytes)
             if chosen.cut:
