@@ -68,6 +68,7 @@ def test_grants_load_with_their_defaults(tmp_path) -> None:
             r"allow\.0\.where: /t: in takes a non-empty list",
         ),
         ([{"streams": ["s"], "read": ["ORDER"]}], r"allow\.0\.read: unknown key"),
+        (None, r"allow: allow is empty \(null\): write \[\] for a user that may do nothing"),
     ],
 )
 def test_bad_grants_are_refused_naming_the_key(tmp_path, allow: Any, error: str) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from tidings.config.model import StrictModel
 from tidings.config.stream_types import generated_type
@@ -77,8 +77,9 @@ class StreamGrant(StrictModel):
 
     @field_validator("streams", "components", "types", "add_event")
     @classmethod
-    def _names(cls, value: list[str], info: Any) -> list[str]:
-        rule, shape = _NAME_RULES["types" if info.field_name == "add_event" else info.field_name]
+    def _names(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        field = info.field_name or "types"
+        rule, shape = _NAME_RULES["types" if field == "add_event" else field]
         for name in value:
             if not rule.match(name):
                 raise ValueError(

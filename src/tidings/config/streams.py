@@ -53,6 +53,18 @@ class StreamUserConfig(StrictModel):
         ),
     )
 
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        # Called only for a key present in the file: ``allow:`` with nothing after it is
+        # YAML's null, and must not mean "everything".
+        if value is None:
+            raise ValueError(
+                "allow is empty (null): write [] for a user that may do nothing, or leave the "
+                "key out for one that may do everything"
+            )
+        return value
+
     @model_validator(mode="after")
     def _one_source(self) -> StreamUserConfig:
         if (self.password_hash is None) == (self.password_hash_env is None):
