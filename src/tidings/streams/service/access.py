@@ -163,6 +163,12 @@ class StreamAccess:
     def _check_known(
         self, want: Sequence[str] | None, shown: Sequence[str], who: str = "", component: str = ""
     ) -> None:
+        """Refuse a ``want`` that names a type the stream does not carry, or no type at all:
+        those types could never arrive, and the consumer would wait for them in silence (a
+        mistyped name among good ones as much as a list of only unknown ones). FTN18 lets a
+        generator skip what it does not produce; a stream server knows what it carries, so
+        it says so, listing ``shown``: what the stream carries, or for a user with
+        permissions (``who``), what that user may read as ``component``."""
         if want is None:
             return
         known = self._type_map.names

@@ -20,8 +20,8 @@ the function. Consumers belong to the calling user: ``(user, component)``.
 - ``readyToReceive``: starts a push session on the channel (:mod:`.push`), tracked with the
   stream's others (:mod:`.sessions`).
 - ``addEvent``: if the user may add the type and its data passes the user's filter, one
-  event registered through the engine (a session: modules run,
-  subscribers notified); its id. The native ``addXferEvent`` is :meth:`tidings.Outbox.emit`
+  event registered through the engine (a session: modules run, subscribers notified); its
+  id. The native ``addXferEvent`` is :meth:`tidings.Outbox.emit`
   in the caller's transaction.
 """
 
