@@ -153,6 +153,20 @@ class StreamError(TidingsError):
         self.description = description
 
 
+class StreamRefused(StreamError, AccessDenied):
+    """A stream refused an authenticated user what its permissions do not allow: FTN3's
+    ``Unauthorized`` ("security policy on the executor side does not allow access"), as
+    opposed to ``SecurityError``, a failed authentication; an :class:`AccessDenied` like
+    every part's refusals. ``user`` and ``reason`` (which permission was missing:
+    ``stream``, ``component``, ``type``, ``add_event`` or ``add_event_data``) are what the
+    stream's metrics count the refusal under."""
+
+    def __init__(self, user: str, reason: str, description: str) -> None:
+        super().__init__("Unauthorized", description)
+        self.user = user
+        self.reason = reason
+
+
 class IntermediaryError(TidingsError):
     """An intermediary refused a subscription or could not serve it; the message names the
     problem."""
