@@ -86,7 +86,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture(scope="session")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A CA, a server certificate for 127.0.0.1 and localhost, a client certificate, and a
-    second CA that signed neither (:mod:`tests.support.certificates`), once per run."""
-    from tests.support.certificates import certificates
+    second CA that signed neither (:mod:`tests.support.certificates`), once per run: their
+    files by name (``ca.pem``, ``other-ca.pem``, ``server.pem``/``.key``,
+    ``client.pem``/``.key``)."""
+    from tests.support.certificates import TestCA
 
-    return certificates(tmp_path_factory.mktemp("tls"))
+    directory = tmp_path_factory.mktemp("tls")
+    ca, other = TestCA(directory), TestCA(directory, "other")
+    server, client = ca.server(), ca.client("client")
+    files = {"ca.pem": ca.cert, "other-ca.pem": other.cert, "server.pem": server.cert}
+    files |= {"server.key": server.key, "client.pem": client.cert, "client.key": client.key}
+    return {name: str(path) for name, path in files.items()}

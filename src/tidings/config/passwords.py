@@ -78,6 +78,13 @@ def parse_hash(value: str) -> tuple[int, int, int, bytes, bytes]:
     return n, r, p, salt, digest
 
 
+def password_matches(password: str, stored: str) -> bool:
+    """Whether ``password`` is the one ``stored`` (a valid hash) was made of; compared in
+    constant time. Costs a hash's scrypt (see :data:`SCRYPT_COST`): call it off the loop."""
+    n, r, p, salt, digest = parse_hash(stored)
+    return hmac.compare_digest(scrypt(password, salt, n, r, p), digest)
+
+
 def scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
     """The digest of ``password`` with ``salt`` at the cost (n, r, p)."""
     return hashlib.scrypt(
@@ -179,7 +186,7 @@ class PasswordBook:
     time, and so is an unknown name, so that timing does not tell names apart."""
 
     def __init__(self, hashes: Mapping[str, str]) -> None:
-        self._hashes = {name: parse_hash(value) for name, value in hashes.items()}
+        self._hashes = {name: check_hash(value) for name, value in hashes.items()}
         self._key = secrets.token_bytes(32)
         self._verified: set[bytes] = set()
         self._lock = Lock()
@@ -206,9 +213,10 @@ class PasswordBook:
         if self.remembered(name, password):
             return True
         stored = self._hashes.get(name)
-        n, r, p, salt, digest = stored or (*SCRYPT_COST, b"\0" * 16, b"")
-        candidate = scrypt(password, salt, n, r, p)
-        if stored is None or not hmac.compare_digest(candidate, digest):
+        if stored is None:
+            scrypt(password, b"\0" * 16, *SCRYPT_COST)  # as costly as a known name's check
+            return False
+        if not password_matches(password, stored):
             return False
         with self._lock:
             self._verified.add(self._token(name, password))

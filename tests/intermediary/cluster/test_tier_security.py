@@ -37,7 +37,7 @@ from tests.intermediary.cluster.test_tier import (
 )
 from tidings.config.passwords import hash_password, hash_token, new_token
 from tidings.config.tls import TlsClientConfig
-from tidings.errors import AccessRefused, IntermediaryError
+from tidings.errors import AccessRefused, IntermediaryError, SubscriptionRefused
 from tidings.intermediary.client.handover import ClusterClient
 from tidings.intermediary.client.subscriber import ReceivedFrame
 from tidings.intermediary.serving.credentials import Credentials
@@ -133,10 +133,10 @@ def test_a_redirected_subscriber_keeps_its_identity_and_its_grant(
             # and the same at the member that owns the region.
             for entry in (urls[0], urls[2]):
                 denied = await ClusterClient.connect(entry, credentials=token, tls=trusting)
-                with pytest.raises(IntermediaryError, match=r"subscriber 'map' may not .*region"):
+                with pytest.raises(SubscriptionRefused, match=r"subscriber 'map' may not .*region"):
                     await denied.subscribe("east", EAST)
                 await denied.close()
-            with pytest.raises(IntermediaryError, match="subscriber 'scout' may not"):
+            with pytest.raises(SubscriptionRefused, match="subscriber 'scout' may not"):
                 await scout.subscribe("middle", MIDDLE)
             with pytest.raises(AccessRefused, match="anonymous subscribers are not allowed"):
                 await ClusterClient.connect(urls[0], tls=trusting)

@@ -29,7 +29,7 @@ from tidings.client import connect, json_event
 from tidings.config.intermediary_access import SubscriberAccess
 from tidings.config.passwords import hash_password, hash_token, new_token
 from tidings.config.tls import TlsClientConfig, TlsServerConfig
-from tidings.errors import AccessRefused, IntermediaryError
+from tidings.errors import AccessRefused, SubscriptionRefused
 from tidings.intermediary.client.client import IntermediaryClient
 from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.credentials import Credentials
@@ -219,11 +219,11 @@ def test_denials_name_the_identity_and_the_connection_serves_what_is_allowed(
             ]
             for call, arguments, refused in denials:
                 with pytest.raises(
-                    IntermediaryError, match=f"subscriber 'dash' may not .*{re.escape(refused)}"
+                    SubscriptionRefused, match=f"subscriber 'dash' may not .*{re.escape(refused)}"
                 ):
                     await call(*arguments)  # type: ignore[operator]
             # The same key, refused, keeps what it had: "users" is still the users view.
-            with pytest.raises(IntermediaryError, match="table orders"):
+            with pytest.raises(SubscriptionRefused, match="table orders"):
                 await dash.subscribe_sql("users", "SELECT id FROM orders")
 
             row = {"id": 1, "name": "Ada", "city": "Oslo", "age": 36}

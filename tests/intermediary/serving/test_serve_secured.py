@@ -30,7 +30,7 @@ from tests.support.waiting import run
 from tidings.cli import app
 from tidings.config.passwords import MIN_TOKEN_CHARS, hash_token, new_token
 from tidings.config.tls import TlsClientConfig
-from tidings.errors import AccessRefused, IntermediaryError
+from tidings.errors import AccessRefused, SubscriptionRefused
 from tidings.intermediary.client.client import IntermediaryClient
 from tidings.intermediary.serving.credentials import Credentials
 
@@ -88,9 +88,11 @@ def test_a_subscriber_over_wss_with_a_token_sees_what_its_grant_allows(
             assert dash.identity == "dash"
             await dash.subscribe_events("ev", [["app", "*"]])
             await dash.subscribe_sql("v", "SELECT id, name FROM users")
-            with pytest.raises(IntermediaryError, match="'dash' may not subscribe to table orders"):
+            with pytest.raises(
+                SubscriptionRefused, match="'dash' may not subscribe to table orders"
+            ):
                 await dash.subscribe_sql("o", "SELECT id FROM orders")
-            with pytest.raises(IntermediaryError, match=r"'dash' may not subscribe to events \["):
+            with pytest.raises(SubscriptionRefused, match=r"'dash' may not subscribe to events \["):
                 await dash.subscribe_events("all", [["*"]])
             await produce_paid_and_cy(event_server.eventer)
             return await _next(dash, "event", "ev")

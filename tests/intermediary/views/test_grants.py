@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidings.errors import IntermediaryError
+from tidings.errors import SubscriptionRefused
 from tidings.intermediary.regions.geometry import parse_region
 from tidings.intermediary.views.grants import NOTHING, Grant
 
@@ -33,7 +33,7 @@ def test_patterns_the_grant_covers_are_allowed(pattern: tuple[str, ...]) -> None
     [("app", "*"), ("*",), ("app", "?"), ("app", "users", "x"), ("audit", "*"), ("secret",)],
 )
 def test_patterns_reaching_past_the_grant_are_refused_naming_both(pattern: tuple[str, ...]) -> None:
-    with pytest.raises(IntermediaryError) as caught:
+    with pytest.raises(SubscriptionRefused) as caught:
         GRANT.check_events([("app", "orders"), pattern])
     message = str(caught.value)
     assert message.startswith("subscriber 'dash' may not subscribe to events [")
@@ -51,13 +51,13 @@ def test_a_pattern_too_costly_to_decide_is_refused_though_covered() -> None:
     crafted = [(*("?" * i), f"x{a}", *("?" * (14 - i)), f"z{i}{a}") for i in range(15)
                for a in range(2)]  # fmt: skip
     crafted.append((*("?" * 15), "*"))
-    with pytest.raises(IntermediaryError, match="may not subscribe to events"):
+    with pytest.raises(SubscriptionRefused, match="may not subscribe to events"):
         Grant.of("c", crafted, [], []).check_events([("?",) * 16])
 
 
 def test_tables_are_granted_by_name_case_insensitively() -> None:
     GRANT.check_tables(["users", "ORDERS"])
-    with pytest.raises(IntermediaryError, match=r"'dash' may not subscribe to table secrets \("):
+    with pytest.raises(SubscriptionRefused, match=r"'dash' may not subscribe to table secrets \("):
         GRANT.check_tables(["users", "secrets"])
 
 
@@ -80,7 +80,7 @@ def test_regions_inside_the_union_of_the_granted_boxes_are_allowed() -> None:
     ],
 )
 def test_regions_reaching_outside_the_grant_are_refused_naming_both(spec: dict) -> None:
-    with pytest.raises(IntermediaryError) as caught:
+    with pytest.raises(SubscriptionRefused) as caught:
         GRANT.check_region(parse_region(spec))
     message = str(caught.value)
     assert message.startswith("subscriber 'dash' may not subscribe to the region [")
@@ -89,7 +89,7 @@ def test_regions_reaching_outside_the_grant_are_refused_naming_both(spec: dict) 
 
 def test_a_relative_region_needs_a_grant_of_every_region() -> None:
     relative = parse_region({"sphere": {"center": [0, 0], "radius": 1}, "relative_to": 7})
-    with pytest.raises(IntermediaryError, match="relative to entity 7"):
+    with pytest.raises(SubscriptionRefused, match="relative to entity 7"):
         GRANT.check_region(relative)
     Grant.of("all", [], [], "*").check_region(relative)
 
@@ -99,9 +99,9 @@ def test_everything_and_nothing() -> None:
     everything.check_events([("any", "thing", "*")])
     everything.check_tables(["whatever"])
     everything.check_region(parse_region({"box": {"lo": [-1e9, 0], "hi": [1e9, 1]}}))
-    with pytest.raises(IntermediaryError, match="allowed: no event types"):
+    with pytest.raises(SubscriptionRefused, match="allowed: no event types"):
         NOTHING.check_events([("a",)])
-    with pytest.raises(IntermediaryError, match="allowed: no tables"):
+    with pytest.raises(SubscriptionRefused, match="allowed: no tables"):
         NOTHING.check_tables(["a"])
-    with pytest.raises(IntermediaryError, match="allowed: no regions"):
+    with pytest.raises(SubscriptionRefused, match="allowed: no regions"):
         NOTHING.check_region(parse_region({"box": {"lo": [0, 0], "hi": [1, 1]}}))

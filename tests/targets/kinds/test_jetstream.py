@@ -31,7 +31,6 @@ from sqlalchemy import select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
 from bench.harness.processes import NATS_SERVER, NatsServer, free_port, wait_for_port
-from tests.support.certificates import certificates
 from tests.support.helpers import (
     SHARED_URL,
     admin,
@@ -976,10 +975,32 @@ def test_a_user_credentials_file_authenticates(
             make_target(servers=[url]).publish([event(2)])
 
 
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _certificates(directory: Path) -> dict[str, str]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
+    files = {n: str(directory / n) for n in ("ca.pem", "ca.key", "server.pem", "server.key")}
+    files |= {n: str(directory / n) for n in ("client.pem", "client.key")}
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+             "-keyout", files["ca.key"], "-out", files["ca.pem"])  # fmt: skip
+    for name, extension in (("server", "subjectAltName=IP:127.0.0.1"), ("client", None)):
+        csr = str(directory / f"{name}.csr")
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                 "-keyout", files[f"{name}.key"], "-out", csr)  # fmt: skip
+        extra = ["-extfile", str(directory / f"{name}.ext")] if extension else []
+        if extension:
+            (directory / f"{name}.ext").write_text(extension + "\n")
+        _openssl("x509", "-req", "-in", csr, "-CA", files["ca.pem"], "-CAkey", files["ca.key"],
+                 "-CAcreateserial", "-days", "1", "-out", files[f"{name}.pem"], *extra)  # fmt: skip
+    return files
+
+
 def test_tls_with_a_client_certificate(
     make_target: Callable[..., JetStreamTarget], tmp_path: Path
 ) -> None:
-    files = certificates(tmp_path)
+    files = _certificates(tmp_path)
     tls = (
         f'tls {{ cert_file: "{files["server.pem"]}", key_file: "{files["server.key"]}", '
         f'ca_file: "{files["ca.pem"]}", verify: true }}\n'

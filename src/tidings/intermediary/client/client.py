@@ -29,7 +29,7 @@ from typing import Any
 
 import websockets
 
-from tidings.errors import AccessRefused, IntermediaryError
+from tidings.errors import AccessRefused, IntermediaryError, SubscriptionRefused
 from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber
 from tidings.intermediary.node.generation import decode_frame
 from tidings.intermediary.serving.credentials import Credentials
@@ -159,7 +159,8 @@ class IntermediaryClient(Subscriber):
                 )
             reply = reply_task.result()
         if reply.get("op") == "error":
-            raise IntermediaryError(str(reply.get("message")))
+            refused = reply.get("refused") is True
+            raise (SubscriptionRefused if refused else IntermediaryError)(str(reply.get("message")))
         return reply
 
     async def frames(self) -> AsyncIterator[ReceivedFrame]:

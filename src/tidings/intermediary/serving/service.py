@@ -171,7 +171,9 @@ async def serve_intermediary(
     tls = None if config.tls is None else config.tls.context()
     spatial_tls = {} if config.spatial is None else config.spatial.connect_options()
     chain = TidingsChain(
-        config.event_servers, request_timeout=config.request_timeout.total_seconds()
+        config.event_servers,
+        request_timeout=config.request_timeout.total_seconds(),
+        tls=config.event_server_tls,
     )
     await chain.start()
     spatial: tuple[Intermediary, ResilientFeed] | None = None

@@ -78,7 +78,7 @@ from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from tidings.errors import IntermediaryError
+from tidings.errors import IntermediaryError, SubscriptionRefused
 from tidings.intermediary.node.batches import UpdateBatch
 from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, Intermediary, Served
 from tidings.intermediary.regions.geometry import parse_region
@@ -418,6 +418,8 @@ class IntermediaryServer:
             return await self.handle_request(conn.id, request)
         except IntermediaryError as exc:
             reply: dict[str, object] = {"op": "error", "message": str(exc)}
+            if isinstance(exc, SubscriptionRefused):  # the client raises it as one
+                reply["refused"] = True
             key = request.get("key")
             if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
                 reply["key"] = key

@@ -2,7 +2,7 @@
 
 A :class:`Grant` is an identity's name with its allowed event types (Hat patterns), tables
 and regions, built from the configuration (:mod:`tidings.config.intermediary_access`). Each
-check raises an :class:`~tidings.errors.IntermediaryError` naming the identity and what it
+check raises a :class:`~tidings.errors.SubscriptionRefused` naming the identity and what it
 may not have; the caller answers that request with it and the connection goes on serving
 the subscriptions that were allowed.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tidings.errors import IntermediaryError
+from tidings.errors import SubscriptionRefused
 from tidings.events.matching import QueryType
 from tidings.intermediary.regions.coverage import covers
 from tidings.intermediary.regions.geometry import Box, Relative, Subscription
@@ -78,8 +78,8 @@ class Grant:
             else tuple(Box(tuple(lo), tuple(hi)) for lo, hi in regions),
         )
 
-    def _refuse(self, what: str, allowed: str) -> IntermediaryError:
-        return IntermediaryError(
+    def _refuse(self, what: str, allowed: str) -> SubscriptionRefused:
+        return SubscriptionRefused(
             f"subscriber {self.identity!r} may not subscribe to {what} (allowed: {allowed})"
         )
 
