@@ -91,17 +91,26 @@ def newest_confirmations(
     deliveries: Iterable[Iterable[tuple[str, Mapping[str, Any]]]],
 ) -> dict[str, datetime]:
     """Per target, the newest confirmation among ``deliveries`` (each one event's
-    ``(target, state)`` pairs)."""
+    ``(target, state)`` pairs). A time that does not parse is left out: a mark is a help
+    to the re-send, and must never keep an outcome from being recorded."""
     stamps: dict[str, set[str]] = {}
     for states in deliveries:
         for name, state in states:
             if state.get("state") == _CONFIRMED and isinstance(at := state.get("at"), str):
                 stamps.setdefault(name, set()).add(at)
-    return {name: max(map(_parsed, found)) for name, found in stamps.items()}
+    newest = {}
+    for name, found in stamps.items():
+        times = [time for time in map(_parsed, found) if time is not None]
+        if times:
+            newest[name] = max(times)
+    return newest
 
 
-def _parsed(stamp: str) -> datetime:
-    return as_utc(datetime.fromisoformat(stamp))
+def _parsed(stamp: str) -> datetime | None:
+    try:
+        return as_utc(datetime.fromisoformat(stamp))
+    except ValueError:
+        return None
 
 
 class ConfirmationLog:
@@ -146,7 +155,11 @@ class ConfirmationLog:
         sql, params = confirmed_query(self.engine, target, since)
         with self.engine.connect() as conn:
             rows = conn.exec_driver_sql(sql, params).all()
-        return [(seq, weight) for seq, at, weight in rows if _parsed(at) >= since]
+        return [
+            (seq, weight)
+            for seq, at, weight in rows
+            if isinstance(at, str) and (time := _parsed(at)) is not None and time >= since
+        ]
 
 
 def confirmed_query(engine: Engine, target: str, since: datetime) -> tuple[str, tuple[Any, ...]]:
