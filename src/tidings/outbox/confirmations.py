@@ -15,11 +15,12 @@ was (a standby relay starts publishing tens of seconds after the active relay an
 died together). Every ``record_outcomes`` raises the mark (:func:`raise_marks`), one upsert
 per target in the same transaction.
 
-Reading is two indexed steps, cheap on a log of any size: the rows changed since the
-window's start, through the ``(status, updated_at)`` index (``updated_at`` is written with
-each delivery state, so a row confirmed within the window was changed within it), keeping
-those whose delivery to the target was confirmed within the window; then the chosen rows by
-``seq``. The design notes (docs/design/redundancy.md) show both query plans.
+Reading takes three indexed reads, cheap on a log of any size: the mark by its key; the
+rows changed since the window's start, through the ``(status, updated_at)`` index
+(``updated_at`` is written with each delivery state, so a row confirmed within the window
+was changed within it), keeping those whose delivery to the target was confirmed within the
+window; then the chosen rows by ``seq``. The design notes (docs/design/redundancy.md) show
+the second one's plans.
 """
 
 from __future__ import annotations
