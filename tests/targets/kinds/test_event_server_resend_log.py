@@ -52,9 +52,14 @@ def _worker(servers: list[str], engine: Engine | None) -> EventServerTarget:
     return target
 
 
-def _relay_task(engine: Engine, target: EventServerTarget) -> None:
-    """What a relay task does with the log's open rows: publish them and record outcomes."""
-    Publisher(engine, ROUTES, {"group": target}.get, [0.0]).run(logged_rows(engine))
+def _relay_task(engine: Engine, servers: list[str], *, attached: bool = True) -> None:
+    """What a relay task of a new worker does with the log's open rows: publish them (with
+    the log attached, as the relay does, or not) and record outcomes; then the worker goes."""
+    target = _worker(servers, engine if attached else None)
+    try:
+        Publisher(engine, ROUTES, {"group": target}.get, [0.0]).run(logged_rows(engine))
+    finally:
+        target.close()
 
 
 def _numbers(server) -> list[int]:
@@ -81,20 +86,12 @@ def test_the_next_server_gets_what_another_worker_confirmed_on_the_dead_one_firs
     engine = make_engine(url or f"sqlite:///{tmp_path / 'app.db'}")
     ensure_schema(engine)
     _emit(engine, range(HALF))
-    first = _worker([a.eventer, b.eventer], engine if attached else None)
-    try:
-        _relay_task(engine, first)
-    finally:
-        first.close()
+    _relay_task(engine, [a.eventer, b.eventer], attached=attached)
     assert set(statuses(engine).values()) == {"PUBLISHED"}
     time.sleep(1.5)  # the relay that takes over starts later than the window is long
     a.kill()
     _emit(engine, range(HALF, 2 * HALF))
-    second = _worker([a.eventer, b.eventer], engine if attached else None)
-    try:
-        _relay_task(engine, second)
-    finally:
-        second.close()
+    _relay_task(engine, [a.eventer, b.eventer], attached=attached)
     assert set(statuses(engine).values()) == {"PUBLISHED"}
     on_b = _numbers(b)
     _in_key_order(on_b)
@@ -131,11 +128,7 @@ def test_each_worker_that_moves_sends_the_log_again_and_the_server_keeps_one_cop
     engine = make_engine(f"sqlite:///{tmp_path / 'app.db'}")
     ensure_schema(engine)
     _emit(engine, range(4))
-    first = _worker([a.eventer, b.eventer], engine)
-    try:
-        _relay_task(engine, first)
-    finally:
-        first.close()
+    _relay_task(engine, [a.eventer, b.eventer])
     a.kill()
     for n in (100, 101):
         worker = _worker([a.eventer, b.eventer], engine)
