@@ -29,6 +29,10 @@ relay's tasks attach (:meth:`attach_log`), which records the confirmations of ev
 worker and every earlier relay process, and completed from this instance's memory (what
 its process confirmed and has not recorded yet).
 
+Over TLS (``ssl+sbs://`` addresses) the servers' certificates are verified, against ``tls``'s
+CA or the system's, and ``tls`` holds the relay's client certificate for servers with mutual
+TLS (:mod:`tidings.config.tls`).
+
 The target is synchronous (Spark tasks call it) while the client is asyncio, so each target
 owns a small event loop in a daemon thread (:mod:`tidings.targets.loop_thread`); calls wait
 on it with the configured timeout.
@@ -47,8 +51,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tidings.address import Address
+from tidings.address import Address, is_tls
 from tidings.config import HOUR, ZERO, Duration, TargetConfig, parsed_durations, within
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import ConnectionClosed, TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, StoredEvent
 from tidings.events.outbox import OutboxEvent
@@ -75,7 +80,8 @@ _REQUEST_BYTES = 4 * 1024 * 1024
 
 
 class EventServerTargetConfig(TargetConfig):
-    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``).
+    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``, or
+    ``ssl+sbs://`` over TLS).
 
     Events travel with their outbox event id (a tidings extension of the protocol), so the
     server stores each outbox event once however often it is published.
@@ -151,6 +157,14 @@ class EventServerTargetConfig(TargetConfig):
             '``[orders, "{headers.aggregate_type}", "{event_type}"]``.'
         ),
     )
+    tls: TlsClientConfig | None = Field(
+        default=None,
+        description=(
+            "For servers at ``ssl+sbs://`` addresses: the CA their certificates are checked "
+            "against (absent: the system's CAs) and the client certificate presented to a "
+            "server with mutual TLS (its CN is the relay's identity there)."
+        ),
+    )
     timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=10),
         description=(
@@ -200,6 +214,9 @@ class EventServerTargetConfig(TargetConfig):
         ]
         if len(given) > 1:
             raise ValueError(f"set one of address, addresses or monitor, not {' and '.join(given)}")
+        plain = not any(is_tls(address) for address in self.server_addresses)
+        if self.tls is not None and self.monitor is None and plain:
+            raise ValueError("tls is set, but no address is ssl+sbs://")
         return self
 
     @property
@@ -272,7 +289,7 @@ class EventServerTarget(Target):
             config.failover_resend_events,
             config.failover_resend_bytes,
         )
-        self._group = ServerGroup(self._who(), config.server_addresses, config.monitor)
+        self._group = ServerGroup(self._who(), config.server_addresses, config.monitor, config.tls)
         self._client: Client | None = None
         self._server = ""  # the address self._client is connected to
         self._loop = LoopThread(f"tidings-target-{name}")
