@@ -463,11 +463,9 @@ class EventServerTarget(Target):
         that cannot be read makes the target unavailable for now (nothing of the call was
         sent), and the next call sends the window again, by then shorter by age.
         """
-        recorded = []
-        if self._log is not None:
-            recorded = await read_recorded(
-                self._log, self.name, self._window, self._new_event, self._timeout
-            )
+        recorded = await read_recorded(
+            self._log, self.name, self._window, self._new_event, self._timeout
+        )
         events = self._window.with_recorded(recorded)
         if not events:
             return

@@ -136,7 +136,7 @@ class ResendWindow:
 
 
 async def read_recorded(
-    log: ConfirmationLog,
+    log: ConfirmationLog | None,
     target: str,
     window: ResendWindow,
     convert: Callable[[OutboxEvent], NewEvent],
@@ -144,8 +144,9 @@ async def read_recorded(
 ) -> list[Confirmed]:
     """The events ``log`` records as confirmed at ``target`` within ``window``'s bounds, as
     the target sends them (``convert``); :class:`~tidings.errors.TargetUnavailable` if the
-    log cannot be read within ``timeout`` seconds (better held than sent out of order)."""
-    if window.seconds <= 0:
+    log cannot be read within ``timeout`` seconds (better held than sent out of order);
+    none without a log (a target the relay does not run) or with a window of 0."""
+    if log is None or window.seconds <= 0:
         return []
     try:
         async with asyncio.timeout(timeout):
