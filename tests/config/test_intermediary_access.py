@@ -24,7 +24,7 @@ def _intermediary(**section: Any) -> Any:
 def test_the_defaults_let_anonymous_clients_in_from_loopback_only_granted_everything() -> None:
     section = _intermediary()
     assert section.subscribers == {} and section.tls is None
-    assert section.anonymous.allow == "loopback"
+    assert section.anonymous.allowed_from == "loopback"
     assert (section.anonymous.events, section.anonymous.tables) == ([["*"]], ["*"])
     assert section.anonymous.regions == "*"
 
@@ -96,7 +96,7 @@ def test_a_tier_takes_the_same_keys_and_refuses_peer_tls_without_tls() -> None:
             "intermediary_tiers": {
                 "w": tier
                 | {
-                    "anonymous": {"allow": "never"},
+                    "anonymous": {"allowed_from": "nowhere"},
                     "subscribers": {
                         "map": {"token_hash": hash_token(TOKEN), "regions": [{"lo": [0, 0],
                                                                              "hi": [5, 5]}]}
@@ -105,7 +105,7 @@ def test_a_tier_takes_the_same_keys_and_refuses_peer_tls_without_tls() -> None:
             }
         }
     )  # fmt: skip
-    assert loaded.intermediary_tiers["w"].anonymous.allow == "never"
+    assert loaded.intermediary_tiers["w"].anonymous.allowed_from == "nowhere"
     with pytest.raises(ConfigError, match="peer_tls: the members serve plaintext"):
         load_config({"intermediary_tiers": {"w": tier | {"peer_tls": {"verify": False}}}})
     with pytest.raises(ConfigError, match="tables: 'users' is not a table"):

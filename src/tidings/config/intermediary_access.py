@@ -152,12 +152,13 @@ class SubscriberConfig(PasswordHashConfig, SubscriberGrant):
 class AnonymousConfig(SubscriberGrant):
     """Clients that send no credentials: whether they are let in, and their grant."""
 
-    allow: Literal["never", "loopback", "any"] = Field(
+    allowed_from: Literal["loopback", "anywhere", "nowhere"] = Field(
         default="loopback",
         description=(
-            "``loopback``: only connections from this machine (127.0.0.0/8, ::1); ``any``: "
-            "from anywhere; ``never``: every client authenticates. Behind a proxy on the same "
-            "machine every client comes from loopback: set ``never`` there."
+            "``loopback``: only connections from this machine (127.0.0.0/8, ::1), as the "
+            "Eventer's ``anonymous.allowed_from``; ``anywhere``; ``nowhere``: every client "
+            "authenticates. Behind a proxy on the same machine every client comes from "
+            "loopback: set ``nowhere`` there."
         ),
     )
     events: list[Annotated[list[str], Field(min_length=1)]] = Field(

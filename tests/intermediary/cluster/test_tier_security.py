@@ -69,7 +69,7 @@ def secured(tmp_path: Path, tls_files: dict[str, str]) -> Iterator[list[str]]:
                 "members": [f"127.0.0.1:{port}" for port in ports],
                 "tls": {"cert_file": tls_files["server.pem"], "key_file": tls_files["server.key"]},
                 "peer_tls": {"ca_file": tls_files["ca.pem"]},
-                "anonymous": {"allow": "never"},
+                "anonymous": {"allowed_from": "nowhere"},
                 "subscribers": SUBSCRIBERS,
                 "spatial": {
                     "upstream": f"wss://127.0.0.1:{feed_port}/",

@@ -42,7 +42,7 @@ TOKEN = new_token()
 PASSWORD = "correct horse"
 ACCESS = SubscriberAccess.model_validate(
     {
-        "anonymous": {"allow": "never"},
+        "anonymous": {"allowed_from": "nowhere"},
         "subscribers": {
             "dash": {
                 "token_hash": hash_token(TOKEN),
@@ -267,7 +267,7 @@ def test_anonymous_clients_are_admitted_from_loopback_only_by_default(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    ("allow", "client", "admitted"),
+    ("allowed_from", "client", "admitted"),
     [
         ("loopback", "127.0.0.1", True),
         ("loopback", "127.3.4.5", True),
@@ -276,12 +276,16 @@ def test_anonymous_clients_are_admitted_from_loopback_only_by_default(tmp_path: 
         ("loopback", "192.0.2.7", False),
         ("loopback", "::ffff:192.0.2.7", False),
         ("loopback", None, False),
-        ("any", "192.0.2.7", True),
-        ("never", "127.0.0.1", False),
+        ("anywhere", "192.0.2.7", True),
+        ("nowhere", "127.0.0.1", False),
     ],
 )
-def test_where_anonymous_clients_come_from(allow: str, client: str | None, admitted: bool) -> None:
-    gate = Gatekeeper.from_config(SubscriberAccess.model_validate({"anonymous": {"allow": allow}}))
+def test_where_anonymous_clients_come_from(
+    allowed_from: str, client: str | None, admitted: bool
+) -> None:
+    gate = Gatekeeper.from_config(
+        SubscriberAccess.model_validate({"anonymous": {"allowed_from": allowed_from}})
+    )
 
     async def main() -> None:
         if admitted:

@@ -57,7 +57,7 @@ def _serve_secured(
         "row_type_prefix": ["db"],
         "tables": TABLES,
         "tls": {"cert_file": tls_files["server.pem"], "key_file": tls_files["server.key"]},
-        "anonymous": {"allow": "never"},
+        "anonymous": {"allowed_from": "nowhere"},
         "subscribers": {
             "dash": {"token_hash_env": "DASH_TOKEN_HASH", "events": [["app", "*"]],
                      "tables": ["users"]},

@@ -109,7 +109,11 @@ class Gatekeeper:
             grants[PEER] = Grant.everything(PEER)
         anonymous = access.anonymous
         return cls(
-            tokens, PasswordBook(hashes), grants, anonymous.allow, _grant(ANONYMOUS, anonymous)
+            tokens,
+            PasswordBook(hashes),
+            grants,
+            anonymous.allowed_from,
+            _grant(ANONYMOUS, anonymous),
         )
 
     async def handshake(self, websocket: WebSocket) -> Grant | None:
@@ -156,9 +160,9 @@ class Gatekeeper:
         return self._grants[name]
 
     def _anonymous(self, client: str | None) -> Grant:
-        if self.anonymous == "any" or (self.anonymous == "loopback" and is_loopback(client)):
+        if self.anonymous == "anywhere" or (self.anonymous == "loopback" and is_loopback(client)):
             return self._anonymous_grant
-        where = "" if self.anonymous == "never" else f" from {client} (only from this machine)"
+        where = "" if self.anonymous == "nowhere" else f" from {client} (only from this machine)"
         raise AccessRefused(401, f"anonymous subscribers are not allowed here{where}; {EXPECTED}")
 
     def _by_token(self, token: str) -> str:
