@@ -84,7 +84,7 @@ async def _report(
 async def _open(
     port: int, count: int, tls: ssl.SSLContext | None = None, first: bytes = b""
 ) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    """``count`` connections, each sending ``first``; those the server refused at once are left out."""
+    """``count`` connections, each sending ``first`` (those refused at once left out)."""
     opened = []
     for _ in range(count):
         try:
@@ -145,7 +145,8 @@ async def idle_websockets(target: Target) -> str:
     for ws in sockets:
         with contextlib.suppress(Exception):
             await ws.close()
-    return f"{len(sockets):,} opened, {len(sockets) - open_now:,} closed by the server within {target.hold_s:g} s"
+    closed = len(sockets) - open_now
+    return f"{len(sockets):,} opened, {closed:,} closed by the server within {target.hold_s:g} s"
 
 
 async def oversized_http(target: Target) -> str:

@@ -32,6 +32,8 @@ from tidings.streams.service.auth import Users
 from tidings.streams.service.feed import StreamFeed
 from tidings.streams.service.functions import StreamService
 from tidings.streams.service.reader import StreamReader
+from tidings.streams.service.refusals import SLOW_REQUEST_HEAD, Refusals
+from tidings.streams.service.slow_clients import REQUEST_HEAD_TIMEOUT_S, protocol_class
 from tidings.streams.typemap import type_map_from_config
 from tidings.tasks import stop_task
 
@@ -75,7 +77,11 @@ class RunningStreams:
                 )
             for (host, port), streams in by_address.items():
                 services = {s.path: running.services[s.name] for s in streams}
-                running.servers.append(await _serve(host, port, streams, build_app(services)))
+                # A connection closed before its path is known counts under the port's first
+                # stream.
+                refusals = running.services[streams[0].name].refusals
+                app = build_app(services)
+                running.servers.append(await _serve(host, port, streams, app, refusals))
                 log.info(
                     "streams serving",
                     extra={"address": f"{host}:{port}", "streams": [s.name for s in streams]},
@@ -169,9 +175,11 @@ def _service(
 
 
 async def _serve(
-    host: str, port: int, streams: list[StreamConfig], app: object
+    host: str, port: int, streams: list[StreamConfig], app: object, refusals: Refusals
 ) -> tuple[QuietServer, asyncio.Task[None]]:
-    """Start uvicorn for ``app`` on ``host:port``; return once it accepts connections."""
+    """Start uvicorn for ``app`` on ``host:port``; return once it accepts connections. A
+    connection that sends no whole request head in time is closed and counted in
+    ``refusals`` (:mod:`.slow_clients`)."""
     tls = {s.tls_certfile for s in streams}
     if len(tls) > 1:
         raise ConfigError(f"streams on {host}:{port} must all use the same TLS certificate")
@@ -188,6 +196,11 @@ async def _serve(
         log_config=None,
         access_log=False,
         lifespan="off",
+        http=protocol_class(
+            lambda: refusals.record(
+                "", SLOW_REQUEST_HEAD, f"no request head within {REQUEST_HEAD_TIMEOUT_S:g} s"
+            )
+        ),
         ws="websockets-sansio",
         ws_max_size=max(s.max_request_bytes for s in streams) + 1024,
         ws_per_message_deflate=False,
