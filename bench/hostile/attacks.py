@@ -188,19 +188,25 @@ def _malformed(i: int) -> str:
 
 
 async def malformed_frames(target: Target) -> str:
-    """``count`` malformed requests on one WebSocket, each answered before the next."""
+    """``count`` malformed requests on a WebSocket, each answered before the next; a new
+    WebSocket whenever the server closed one (counted)."""
     outcomes: dict[str, int] = {}
-    async with websockets.connect(target.stream_url.replace("http", "ws")) as ws:
+    ws = await websockets.connect(target.stream_url.replace("http", "ws"))
+    try:
         for i in range(target.count):
-            await ws.send(_malformed(i))
             try:
+                await ws.send(_malformed(i))
                 async with asyncio.timeout(30):
                     reply = json.loads(await ws.recv())
+                outcome = str(reply.get("e", "answered"))
             except TimeoutError:
                 outcome = "no answer in 30 s"
-            else:
-                outcome = str(reply.get("e", "answered"))
+            except websockets.ConnectionClosed as exc:
+                outcome = f"WebSocket closed ({exc.rcvd.code if exc.rcvd else '-'})"
+                ws = await websockets.connect(target.stream_url.replace("http", "ws"))
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    finally:
+        await ws.close()
     return _summary(outcomes)
 
 
