@@ -1,9 +1,10 @@
 """Helpers of the event-server tests: raw chatter frames on sockets, an engine on a SQLite
-store of its own, an Eventer server on a free port."""
+store of its own, an Eventer server on a free port, what a running server holds."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -14,7 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.waiting import run
+from tidings.client import connect
 from tidings.events.model import StoredEvent
+from tidings.events.query import QueryData
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine, Module
 from tidings.server.eventer.server import EventerServer
@@ -161,3 +165,14 @@ def event_to_sbs(event: StoredEvent) -> dict[str, Any]:
             else ("value", codec.payload_to_sbs(kind, event.payload))
         ),
     }
+
+
+def server_payloads(address: str, type_root: str = "t") -> list[Any]:
+    """The JSON payloads of the events under ``(type_root, *)`` that the event server at
+    ``address`` holds, in its log order (as a client queries them over the Eventer)."""
+
+    async def query() -> list[StoredEvent]:
+        async with await connect(address, timeout=5) as client:
+            return await client.query(QueryData(event_types=((type_root, "*"),), order="ascending"))
+
+    return [json.loads(e.payload) for e in sorted(run(query()), key=lambda e: e.id)]

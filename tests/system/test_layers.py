@@ -197,7 +197,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "model loading tls targets relay intermediary intermediary_tier passwords "
         "eventer_access server stream_types stream_access streams tidings_file"
     ),
-    "tidings.outbox": "envelope schema checks incomplete producer",
+    "tidings.outbox": "envelope schema confirmations checks incomplete producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults kinds registry routed",
     "tidings.targets.kinds": "event_store server_group resend_window event_server jetstream",
