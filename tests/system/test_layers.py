@@ -226,7 +226,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.streams.protocol": "ftn3 interfaces encoding channel",
     "tidings.streams.consumers": "replication positions sync retention admin metrics",
     "tidings.streams.service": (
-        "auth refusals selection access feed reader push sessions functions app runner"
+        "auth refusals slow_clients selection access feed reader push sessions functions app runner"
     ),
     "tidings.intermediary": "regions node views feed publisher serving client cluster measurement",
     "tidings.intermediary.regions": "geometry coverage coveredcells grid",
