@@ -252,7 +252,7 @@ ATTACKS: dict[str, tuple[str, Callable[[Target], Awaitable[str]]]] = {
     "oversized_http": ("one 32 MiB POST (limit 64 KiB)", oversized_http),
     "oversized_ws": ("a WebSocket frame declaring 2^40 bytes", oversized_ws_header),
     "malformed_ws": (
-        "malformed requests on one WebSocket (60 KB nesting among them)",
+        "malformed requests on one WebSocket (40 KB nesting among them)",
         malformed_frames,
     ),
     "tls_handshakes": ("full TLS handshakes to the Eventer, 32 at once", tls_handshake_flood),
