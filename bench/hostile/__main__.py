@@ -106,12 +106,11 @@ async def run(scale: str, only: list[str]) -> dict[str, Any]:
             url.replace("http", "ws"),
             CREDS,
         ]
-        bystanders = {
-            "eventer": await Bystander.start(eventer),
-            "stream": await Bystander.start(url, stream_cmd),
-        }
+        bystanders: dict[str, Bystander] = {}
         rows: dict[str, Any] = {}
         try:
+            bystanders["eventer"] = await Bystander.start(eventer)
+            bystanders["stream"] = await Bystander.start(url, stream_cmd)
             names = ["none", *(n for n in ATTACKS if not only or n in only)]
             for name in names:
                 _reset_peak(pid)
