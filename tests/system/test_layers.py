@@ -215,7 +215,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "runner"
     ),
     "tidings.server.store": (
-        "driver schema counters planning appending facade type_patterns queries latest_by_key "
+        "driver schema counters copies planning appending facade type_patterns queries "
+        "latest_by_key "
         "positions retention"
     ),
     "tidings.server.backends": "postgresql sqlite",

@@ -92,6 +92,49 @@ def test_acknowledging_on_the_peer_continues_from_the_covers(
     assert on_b.acknowledge(S, U, "C", 3) == (4, None)
 
 
+def _relayed(store: EventStore, outbox_id: str) -> StoredEvent:
+    """The outbox event ``outbox_id`` as the relay stores it on ``store``."""
+    [event] = store.register([json_event(("orders", "E"), {"e": 1}, outbox_event_id=outbox_id)])
+    return event
+
+
+def _own_of(store: EventStore) -> list[StoredEvent]:
+    """What ``store``'s Syncer serves a peer: its own events."""
+    return [e for e in store.read(0, 10_000) if e.id.server == store.server_id]
+
+
+def test_a_peers_copy_of_an_event_held_under_another_id_counts_as_covered(
+    tmp_path: Path, database_url: str
+) -> None:
+    """The relay sent E to A, lost A before A's answer (and before A's Syncer carried E),
+    and sent E again to B: each store holds E under its own id, and each skips the other's
+    copy when it arrives. A consumer that read E on A must not get E, nor anything before
+    it, again on B; nor, the other way, what it read on B again on A."""
+    a, b = _pair(tmp_path, database_url)
+    [a1] = _own(a, "a1")
+    b.append_synced([a1])  # synced before the trouble
+    e_a = _relayed(a, "E")
+    e_b = _relayed(b, "E")  # the relay's second try, to B
+    [b2] = _own(b, "b2")
+    b.append_synced(_own_of(a))  # A is back: E_A arrives at B, held as E_B
+    a.append_synced(_own_of(b))  # and E_B at A
+    assert [e.id for e in b.read(0, 100)] == [a1.id, e_b.id, b2.id]
+    assert [e.id for e in a.read(0, 100)] == [a1.id, e_a.id, b2.id]
+    on_a, on_b = Consumers(a), Consumers(b)
+
+    on_a.register(S, U, "C")
+    _, covers = on_a.acknowledge(S, U, "C", e_a.position)  # a1 and E read on A
+    assert covers == {1: (e_a.id.session, e_a.id.instance)}
+    # On B, E is E_B: covered by its copy's id, so the consumer continues after it with b2.
+    assert on_b.apply(S, U, "C", covers) == e_b.position
+    assert [e.id for e in b.read(on_b.position(S, U, "C"), 100)] == [b2.id]
+
+    on_b.register(S, U, "D")
+    _, covers = on_b.acknowledge(S, U, "D", b2.position)  # everything, read on B
+    assert covers == {1: (a1.id.session, a1.id.instance), 2: (b2.id.session, b2.id.instance)}
+    assert on_a.apply(S, U, "D", covers) == b2.position  # E_A counted by E_B
+
+
 def test_consumer_events_are_passed_over_and_never_counted(tmp_path: Path) -> None:
     a, b = _pair(tmp_path)
     events = _own(a, "a1")
