@@ -225,7 +225,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.server.syncer": "common client server",
     "tidings.streams": "protocol typemap consumers service client spark_source jobs",
     "tidings.streams.protocol": "ftn3 interfaces encoding channel",
-    "tidings.streams.consumers": "replication positions sync retention admin metrics",
+    "tidings.streams.consumers": "replication positions sync compaction retention admin metrics",
     "tidings.streams.service": "auth feed reader push sessions functions app runner",
     "tidings.intermediary": "regions node views feed publisher serving client cluster measurement",
     "tidings.intermediary.regions": "geometry coverage coveredcells grid",

@@ -127,6 +127,20 @@ class RetentionConfig(StrictModel):
     )
 
 
+class ConsumerEventsConfig(StrictModel):
+    """The consumer events by which the servers of a group share their consumers' positions
+    (see :mod:`tidings.streams.consumers.compaction`)."""
+
+    compact_every: Annotated[ParsedDuration, within(10 * MS, DAY, zero=True)] = Field(
+        default=timedelta(seconds=10),
+        description=(
+            "How often the consumer events that a later one supersedes are deleted (with or "
+            "without stream retention): between passes, each acknowledgement that moved a "
+            "consumer adds one."
+        ),
+    )
+
+
 class StreamConfig(StrictModel):
     """One FTN18 stream."""
 
@@ -208,6 +222,13 @@ class StreamServerConfig(ServerConfig):
     )
     streams: list[StreamConfig] = Field(
         default_factory=list, description="The FTN18 streams the server serves."
+    )
+    stream_consumer_events: ConsumerEventsConfig = Field(
+        default=ConsumerEventsConfig(),
+        description=(
+            "The events that share the streams' consumers and their positions with the other "
+            "servers of a redundant group."
+        ),
     )
 
     @model_validator(mode="after")
@@ -345,6 +366,7 @@ def _as_value_error(check: Callable[[V], object], value: V) -> None:
 __all__ = [
     "AggregateConfig",
     "AggregateDestination",
+    "ConsumerEventsConfig",
     "PushConfig",
     "RetentionConfig",
     "StreamConfig",

@@ -12,20 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.stream_helpers import stream_server_config
-from tidings.config.streams import load_stream_server_config
 from tidings.errors import StreamError
 from tidings.events.model import EventId, PayloadKind, StoredEvent, json_event
 from tidings.server.store import EventStore
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.replication import consumer_event, read_consumer_event
-from tidings.streams.consumers.retention import retention_pass
 from tidings.streams.consumers.sync import ConsumerSync
-from tidings.streams.typemap import CONSUMER_TYPE, TypeMap, is_consumer_type
+from tidings.streams.typemap import CONSUMER_TYPE, TypeMap
 from tidings.tasks import stop_task
 
 S, U = "s", "ftn18"
-RETAIN = {"enabled": True, "min_age": "0s"}
 
 
 def _pair(tmp_path: Path, a_url: str | None = None) -> tuple[EventStore, EventStore]:
@@ -199,34 +195,6 @@ def test_no_stream_carries_consumer_events() -> None:
     types = TypeMap({"ALL": (("*",),)})
     assert types.name_of(("orders", "x")) == "ALL"
     assert types.name_of((*CONSUMER_TYPE, S)) is None
-
-
-def test_retention_discards_the_superseded_consumer_events_once_applied(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
-    _own(a, "a1", "a2", "a3")
-    on_a, on_b = Consumers(a), Consumers(b)
-    on_a.register(S, U, "C")
-    for position in (1, 2, 3):
-        _, covers = on_a.acknowledge(S, U, "C", position)
-        assert covers is not None
-        a.register([consumer_event(1, S, U, "C", covers)])
-    b.register([consumer_event(2, S, U, "C", {})])  # B's own word for the same consumer
-    b.append_synced(a.read(0, 100))
-    [stream] = load_stream_server_config(
-        stream_server_config(f"sqlite:///{tmp_path}/b.db", retention=RETAIN)
-    ).streams
-
-    def consumer_events() -> list[int]:
-        return [e.position for e in b.read(0, 100) if is_consumer_type(e.type)]
-
-    assert len(consumer_events()) == 4
-    assert retention_pass(b, on_b, [stream]) == 0  # not applied here yet: all stay
-    ConsumerSync(b, on_b, executor=None).catch_up()  # type: ignore[arg-type]
-    assert retention_pass(b, on_b, [stream]) == 2
-    # The latest of each origin stays: A's says everything A knew, B's is B's own.
-    kept = consumer_events()
-    assert len(kept) == 2
-    assert on_b.position(S, U, "C") == 4  # a1 a2 a3, after B's own consumer event
 
 
 def _peer_event(
