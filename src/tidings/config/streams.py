@@ -116,7 +116,9 @@ class RetentionConfig(StrictModel):
         default=timedelta(days=1),
         description=(
             "Events younger than this stay, so that a re-published outbox event is still "
-            "recognised by its stored copy (the store's duplicate window)."
+            "recognised by its stored copy (the store's duplicate window). A ``tidings.yaml`` "
+            "refuses one shorter than the ``failover_resend`` of an ``event_server`` target "
+            "publishing into the server."
         ),
     )
     every: Annotated[ParsedDuration, within(10 * MS, DAY, zero=True)] = Field(

@@ -20,8 +20,8 @@ The covers travel as events of the reserved type
 ``tidings/stream/consumer/<stream>/<user>/<component>/<origin server>`` in the log
 (:data:`~tidings.streams.typemap.CONSUMER_TYPE`), so the Syncer carries them without any
 change to its wire. Each carries the consumer's whole covers as its origin server knew them,
-which only grow: the latest event of such a type supersedes the earlier ones, and retention
-(:mod:`.retention`) discards those by the store's keep-the-latest-of-each-type rule.
+which only grow: the latest event of such a type supersedes the earlier ones, and the
+compaction (:mod:`.compaction`) deletes those.
 """
 
 from __future__ import annotations
