@@ -24,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from tidings.errors import (
+    AccessDenied,
     ClientError,
     ConfigError,
     ConnectionClosed,
@@ -43,6 +44,7 @@ from tidings.errors import (
     TargetError,
     TargetUnavailable,
     TidingsError,
+    TlsError,
     TransactionDoomed,
     UsageError,
 )
@@ -87,6 +89,7 @@ _LAZY = {
 _WITH_TARGET_KINDS = frozenset({"TidingsConfig", "load_config", "load_config_file"})
 
 __all__ = [
+    "AccessDenied",
     "ClientError",
     "ConfigError",
     "ConnectionClosed",
@@ -122,6 +125,7 @@ __all__ = [
     "TargetUnavailable",
     "TidingsConfig",
     "TidingsError",
+    "TlsError",
     "TransactionDoomed",
     "UsageError",
     "incomplete_events_from_config",

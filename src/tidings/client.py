@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import ssl
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
 from tidings.errors import (
+    AccessDenied,
     ClientError,
     ConfigError,
     ConnectionClosed,
@@ -38,6 +40,7 @@ from tidings.errors import (
     RequestTimeout,
     StoreError,
     TidingsError,
+    TlsError,
 )
 from tidings.events import (
     EventId,
@@ -56,6 +59,7 @@ from tidings.wire import chatter, codec
 
 #: Everything the client's calls take, return and raise, so a user needs no other import.
 __all__ = [
+    "AccessDenied",
     "Client",
     "ClientError",
     "ConfigError",
@@ -73,6 +77,7 @@ __all__ = [
     "StoreError",
     "StoredEvent",
     "TidingsError",
+    "TlsError",
     "connect",
     "json_event",
     "json_value",
@@ -83,22 +88,47 @@ async def connect(
     address: str,
     subscriptions: Sequence[tuple[str, ...]] = (),
     *,
+    tls: chatter.ClientTls | ssl.SSLContext | None = None,
     max_frame_bytes: int = chatter.DEFAULT_MAX_FRAME_BYTES,
     ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
     timeout: float = 10.0,
     request_timeout: float | None = None,
+    identity: str | None = None,
+    password: str | None = None,
 ) -> Client:
-    """Connect to the Eventer server at ``address`` (``tcp+sbs://host:port``).
+    """Connect to the Eventer server at ``address`` (``tcp+sbs://host:port``, or
+    ``ssl+sbs://host:port`` for TLS).
 
     ``subscriptions`` are event types in which ``?`` stands for one segment and a final
     ``*`` for any number; if any are given they are subscribed at once (as hat-event's
     client does). ``timeout`` bounds connecting, ``request_timeout`` (None: no bound) each
     request with a reply (:class:`RequestTimeout` when it runs out).
+
+    Over TLS the server's certificate is verified, against the system's CAs unless ``tls``
+    names a CA file, and must name the address's host; ``tls`` also holds the client
+    certificate a server with mutual TLS requires. It is a
+    :class:`tidings.config.tls.TlsClientConfig` (the files are read again for each
+    connection, so renewed ones are used) or a ready :class:`ssl.SSLContext`. A handshake that
+    fails raises :class:`TlsError` saying why.
+
+    ``identity`` and ``password`` log in (a tidings extension; the server's
+    ``eventer_server.identities``), only over TLS or on loopback: a refused login raises
+    :class:`AccessDenied` with the server's reason. A client certificate needs no login.
     """
     connection = await chatter.connect(
-        address, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval, timeout=timeout
+        address,
+        tls=tls,
+        max_frame_bytes=max_frame_bytes,
+        ping_interval=ping_interval,
+        timeout=timeout,
     )
     client = Client(connection, request_timeout)
+    if identity is not None or password is not None:
+        try:
+            await client.login(identity or "", password or "")
+        except BaseException:
+            await client.aclose()
+            raise
     if subscriptions:
         try:
             await client.subscribe(subscriptions)
@@ -118,6 +148,17 @@ class Client:
     @property
     def is_open(self) -> bool:
         return self._connection.is_open
+
+    async def login(self, identity: str, password: str) -> None:
+        """Name this client to the server (a tidings extension; see :func:`connect`), as its
+        first request; :class:`AccessDenied` with the server's reason if refused."""
+        reply = await self._request(
+            codec.TIDINGS_EVENTER, "MsgLoginReq", {"identity": identity, "password": password}
+        )
+        if (reply.module, reply.type) != (codec.TIDINGS_EVENTER, "MsgLoginRes"):
+            raise ProtocolError(f"expected MsgLoginRes, got {reply.module}.{reply.type}")
+        if not reply.data["success"]:
+            raise AccessDenied(f"login as {identity!r} refused: {reply.data['message']}")
 
     async def register(self, events: Sequence[NewEvent]) -> None:
         """Register ``events`` as one session without waiting for the result.

@@ -21,7 +21,17 @@ import pytest
 
 from bench.harness.processes import ServerProcess, free_port
 from tests.support.child_parts import ChildPart
-from tests.support.stream_helpers import PASSWORD, USER, FutoInClient, call, poll
+from tests.support.stream_helpers import (
+    ALLOW,
+    BILLING,
+    BILLING_HASH,
+    BILLING_SEC,
+    PASSWORD,
+    USER,
+    FutoInClient,
+    call,
+    poll,
+)
 from tests.support.stream_pair import (
     KEYS,
     PUSH,
@@ -43,6 +53,9 @@ pytestmark = pytest.mark.slow
 #: group more whose acknowledgement the Syncer had not yet carried to the peer when the
 #: active server died (a group takes the slow consumers here far longer than a Syncer hop).
 PUSH_BOUND = (PUSH["max_in_flight"] + 1) * PUSH["max_group_events"]
+REGISTER = "futoin.evt.poll:1.1:registerConsumer"
+POLL = "futoin.evt.poll:1.1:pollEvents"
+ADD = "futoin.evt.gen:1.1:addEvent"
 FIRST, SECOND = 400, 200
 
 
@@ -205,6 +218,59 @@ def test_a_consumer_follows_the_blessing_of_a_monitor_group(tmp_path: Path) -> N
         for part in (a.part, b.part):
             part.stop()
         monitor.stop()
+
+
+def test_a_position_past_filtered_events_reaches_the_peer(tmp_path: Path) -> None:
+    """The data filter holds events back from billing (:func:`access_config`'s user); its
+    position moves past them on the server it polls, and the peer learns that position
+    (the covers name the held-back events too: they count as delivered), so a consumer
+    moving there neither gets the events it had nor holds retention back on them."""
+    billing = {BILLING: {"password_hash": BILLING_HASH, "allow": ALLOW}}
+    a, b = start_pair(tmp_path, users=billing)
+
+    def positions(server: str) -> tuple[int, int]:
+        """The server's stored position of billing's BILLING, and its own position of the
+        last event held back from it."""
+        with contextlib.closing(sqlite3.connect(f"{tmp_path}/{server}.db")) as db:
+            consumer = db.execute(
+                "SELECT last_id FROM stream_consumers WHERE user_name = ? AND component = ?",
+                (BILLING, "BILLING"),
+            ).fetchall()
+            [(held_back,)] = db.execute(
+                "SELECT max(position) FROM event_events WHERE CAST(payload AS TEXT) LIKE '%globex%'"
+            ).fetchall()
+        return (consumer[0][0] if consumer else -1), held_back or 0
+
+    async def scenario() -> None:
+        register = {"component": "BILLING"}
+        assert await call(a.url, REGISTER, register, sec=BILLING_SEC) == {"r": True}
+        ids = []
+        for tenant in ("acme", "globex", "globex"):
+            reply = await call(a.url, ADD, {"type": "ORDER", "data": {"tenant": tenant}})
+            ids.append(int(reply["r"]))
+        polled = await call(a.url, POLL, {"component": "BILLING"}, sec=BILLING_SEC)
+        assert [int(e["id"]) for e in polled["r"]] == ids[:1]
+        again = {"component": "BILLING", "last_id": str(ids[0])}
+        assert (await call(a.url, POLL, again, sec=BILLING_SEC))["r"] == []
+        position, held_back = positions("server1")
+        assert position >= held_back == ids[2]
+
+        def peer_knows() -> bool:
+            position, held_back = positions("server2")
+            return held_back > 0 and position >= held_back
+
+        await until(peer_knows, 30)
+        # On the peer: nothing again (neither the acme event nor the held-back ones).
+        assert (await call(b.url, POLL, register, sec=BILLING_SEC))["r"] == []
+        reply = await call(b.url, ADD, {"type": "ORDER", "data": {"tenant": "acme"}})
+        polled = await call(b.url, POLL, register, sec=BILLING_SEC)
+        assert [int(e["id"]) for e in polled["r"]] == [int(reply["r"])]
+
+    try:
+        run(scenario(), timeout=60)
+    finally:
+        for part in (a.part, b.part):
+            part.stop()
 
 
 def test_an_event_read_on_a_is_not_read_again_from_bs_own_copy(tmp_path: Path) -> None:

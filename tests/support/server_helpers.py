@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from bench.harness.processes import local_address
 from tidings.events.model import StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine, Module
@@ -123,21 +122,24 @@ class Running:
     server: EventerServer
     engine: AsyncEngine
     store: EventStore
+    scheme: str = "tcp+sbs"
 
     @property
     def address(self) -> str:
-        return local_address(self.server.port)
+        return f"{self.scheme}://127.0.0.1:{self.server.port}"
 
 
 @asynccontextmanager
 async def running(
-    tmp_path: Path, modules: list[Module] | None = None, **options: Any
+    tmp_path: Path, modules: list[Module] | None = None, host: str = "127.0.0.1", **options: Any
 ) -> AsyncIterator[Running]:
-    """An Eventer server on a free port over a SQLite store in ``tmp_path``."""
+    """An Eventer server on a free port of ``host`` over a SQLite store in ``tmp_path`` (over
+    TLS if ``options`` hold ``tls``)."""
+    scheme = "tcp+sbs" if options.get("tls") is None else "ssl+sbs"
     async with async_engine(tmp_path / "events.db", modules or ()) as engine:
-        server = await EventerServer.start("tcp+sbs://127.0.0.1:0", engine, **options)
+        server = await EventerServer.start(f"{scheme}://{host}:0", engine, **options)
         try:
-            yield Running(server, engine, engine.store)
+            yield Running(server, engine, engine.store, scheme)
         finally:
             await server.aclose()
 

@@ -23,6 +23,7 @@ from pydantic import Field, field_validator, model_validator
 from tidings.config.model import DAY, HOUR, MS, SECOND, ZERO, ParsedDuration, StrictModel, within
 from tidings.config.passwords import check_hash
 from tidings.config.server import ServerConfig, load_server_config, load_server_config_file
+from tidings.config.stream_access import StreamGrant, check_grants
 from tidings.config.stream_types import type_patterns
 from tidings.errors import ConfigError
 
@@ -43,6 +44,26 @@ class StreamUserConfig(StrictModel):
         default=None,
         description="The environment variable holding that hash, read when the server starts.",
     )
+    allow: list[StreamGrant] | None = Field(
+        default=None,
+        description=(
+            "What the user may do: streams, components, types, ``addEvent`` and a data filter "
+            "per entry (see the security page). Left out: everything, as before permissions "
+            "existed (unless ``stream_allow_required``); ``[]``: nothing."
+        ),
+    )
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        # Called only for a key present in the file: ``allow:`` with nothing after it is
+        # YAML's null, and must not mean "everything".
+        if value is None:
+            raise ValueError(
+                "allow is empty (null): write [] for a user that may do nothing, or leave the "
+                "key out for one that may do everything"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> StreamUserConfig:
@@ -232,6 +253,13 @@ class StreamServerConfig(ServerConfig):
             "servers of a redundant group."
         ),
     )
+    stream_allow_required: bool = Field(
+        default=False,
+        description=(
+            "Every stream user needs an ``allow`` list: a user without one is a configuration "
+            "error, instead of a user that may do everything."
+        ),
+    )
 
     @model_validator(mode="after")
     def _streams(self) -> StreamServerConfig:
@@ -248,7 +276,20 @@ class StreamServerConfig(ServerConfig):
                 )
         if self.streams and not self.stream_users:
             raise ValueError("streams need at least one entry under stream_users")
+        unrestricted = self.unrestricted_users()
+        if self.stream_allow_required and unrestricted:
+            raise ValueError(
+                f"stream_users: no allow list for {', '.join(unrestricted)}, and "
+                "stream_allow_required is set (give each user its allow list)"
+            )
+        grants = {name: user.allow for name, user in self.stream_users.items()}
+        types = {stream.name: type_patterns(stream.types) for stream in self.streams}
+        _as_value_error(lambda _: check_grants(grants, types), None)
         return self
+
+    def unrestricted_users(self) -> list[str]:
+        """The stream users without an ``allow`` list: they may do everything."""
+        return [name for name, user in self.stream_users.items() if user.allow is None]
 
     def resolved(self) -> StreamServerConfig:
         """TLS paths made absolute against the configuration file's directory."""
@@ -372,6 +413,7 @@ __all__ = [
     "PushConfig",
     "RetentionConfig",
     "StreamConfig",
+    "StreamGrant",
     "StreamServerConfig",
     "StreamSourceConfig",
     "StreamUserConfig",

@@ -83,7 +83,9 @@ MESSAGE_TYPES: dict[str, frozenset[str]] = {
         }
     ),
     SYNCER: frozenset({"MsgReq", "MsgSynced", "MsgEvents", "MsgFlushReq", "MsgFlushRes"}),
-    TIDINGS_EVENTER: frozenset({"MsgRegisterReq", "MsgLatestByKeyReq"}),
+    TIDINGS_EVENTER: frozenset(
+        {"MsgRegisterReq", "MsgLatestByKeyReq", "MsgLoginReq", "MsgLoginRes"}
+    ),
     TIDINGS_SYNCER: frozenset({"MsgEvents"}),
 }
 

@@ -22,6 +22,12 @@ INLINE_DECODE_BYTES = 64 * 1024
 _DECODE_SLICE_BYTES = 64 * 1024
 #: Reading a large frame takes the socket's bytes this many at a time.
 _READ_CHUNK = 256 * 1024
+#: The first byte of a TLS record, read as a length of length, and what it tells: the peer
+#: speaks TLS on a plaintext link (a ``tcp+sbs`` address where ``ssl+sbs`` is served).
+_TLS_RECORDS = {
+    21: " (a TLS alert: the peer speaks TLS, use an ssl+sbs:// address)",
+    22: " (a TLS handshake: the peer speaks TLS, serve or use an ssl+sbs:// address)",
+}
 
 
 async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> bytes | bytearray:
@@ -33,7 +39,8 @@ async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> byte
     """
     length_size = (await reader.readexactly(1))[0]
     if not 1 <= length_size <= envelope.MAX_LENGTH_BYTES:
-        raise ProtocolError(f"invalid frame: length of length {length_size}")
+        hint = _TLS_RECORDS.get(length_size, "")
+        raise ProtocolError(f"invalid frame: length of length {length_size}{hint}")
     size = int.from_bytes(await reader.readexactly(length_size), "big")
     if size > max_frame_bytes:
         raise ProtocolError(f"frame of {size} bytes exceeds the limit of {max_frame_bytes} bytes")

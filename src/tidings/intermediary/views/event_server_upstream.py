@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from tidings.client import Client, ConnectionClosed, QueryData, QueryType, StoredEvent, connect
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import IntermediaryError, TidingsError
 from tidings.intermediary.views.eventviews import ChainBatch
 from tidings.intermediary.views.resync import Watermark
@@ -55,8 +56,8 @@ log = logging.getLogger(__name__)
 
 class TidingsChain:
     """Upstream of :class:`~.eventviews.EventViews` over an event server at ``addresses``
-    (``tcp+sbs://host:port``, one or the servers of a group, tried in turn). :meth:`start`,
-    then :meth:`aclose`."""
+    (``tcp+sbs://host:port`` or ``ssl+sbs://`` with ``tls``, one or the servers of a group,
+    tried in turn). :meth:`start`, then :meth:`aclose`."""
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class TidingsChain:
         request_timeout: float = 30.0,
         connect_timeout: float = 5.0,
         backoff: Backoff | None = None,
+        tls: TlsClientConfig | None = None,
     ) -> None:
         self.addresses = (addresses,) if isinstance(addresses, str) else tuple(addresses)
         if not self.addresses:
@@ -76,6 +78,8 @@ class TidingsChain:
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self.backoff = backoff or Backoff()
+        #: How servers at ``ssl+sbs://`` addresses are verified (None: the system's CAs).
+        self.tls = tls
         #: Why the chain is not fresh (None while connected and in sync).
         self.stale: str | None = "not started"
         #: How many times it reconnected and resynchronised.
@@ -168,7 +172,10 @@ class TidingsChain:
         for address in self.addresses[start:] + self.addresses[:start]:
             try:
                 client = await connect(
-                    address, timeout=self.connect_timeout, request_timeout=self.request_timeout
+                    address,
+                    tls=self.tls,
+                    timeout=self.connect_timeout,
+                    request_timeout=self.request_timeout,
                 )
             except (OSError, TimeoutError, TidingsError) as exc:
                 errors.append(f"{address}: {exc or type(exc).__name__}")

@@ -4,15 +4,17 @@
 Read at scrape time from the store (:func:`.admin.stream_status`), so they
 show what ``tidings streams status`` shows: each registered consumer's position and lag,
 and the newest and oldest retained ids; plus the push sessions open right now. Each consumer
-is labelled ``stream``, ``user`` and ``component``.
+is labelled ``stream``, ``user`` and ``component``. The refusals are counted since the server
+started, by ``user`` (empty for a failed authentication) and ``reason``
+(:mod:`tidings.streams.service.refusals`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tidings.config.streams import StreamConfig
@@ -23,12 +25,19 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _StreamCollector(Collector):
-    def __init__(self, store: EventStore, stream: StreamConfig, push_sessions: int) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        stream: StreamConfig,
+        push_sessions: int,
+        refusals: Mapping[tuple[str, str], int],
+    ) -> None:
         self._store = store
         self._stream = stream
         self._push_sessions = push_sessions
+        self._refusals = refusals
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         status = stream_status(self._store, self._stream)
         name = self._stream.name
         ids = GaugeMetricFamily(
@@ -59,11 +68,24 @@ class _StreamCollector(Collector):
         )
         sessions.add_metric([name], self._push_sessions)
         yield sessions
+        refused = CounterMetricFamily(
+            "tidings_stream_refusals",
+            "Requests refused: failed authentications and missing permissions",
+            labels=["stream", "user", "reason"],
+        )
+        for (user, reason), count in sorted(self._refusals.items()):
+            refused.add_metric([name, user, reason], count)
+        yield refused
 
 
-def stream_metrics(store: EventStore, stream: StreamConfig, push_sessions: int) -> bytes:
+def stream_metrics(
+    store: EventStore,
+    stream: StreamConfig,
+    push_sessions: int,
+    refusals: Mapping[tuple[str, str], int],
+) -> bytes:
     """The stream's metrics in Prometheus' text format (blocking: reads the store), with
-    ``push_sessions`` reliable push sessions open."""
+    ``push_sessions`` reliable push sessions open and the ``refusals`` by (user, reason)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_StreamCollector(store, stream, push_sessions))
+    registry.register(_StreamCollector(store, stream, push_sessions, refusals))
     return generate_latest(registry)

@@ -27,6 +27,7 @@ from tidings.streams.consumers.compaction import run_compaction
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.retention import run_retention
 from tidings.streams.consumers.sync import ConsumerSync
+from tidings.streams.service.access import StreamAccess
 from tidings.streams.service.app import build_app
 from tidings.streams.service.auth import Users
 from tidings.streams.service.feed import StreamFeed
@@ -72,7 +73,7 @@ class RunningStreams:
             for stream in config.streams:
                 by_address.setdefault((stream.host, stream.port), []).append(stream)
                 running.services[stream.name] = _service(
-                    stream, server, consumers, users, executor, running
+                    stream, config, server, consumers, users, executor, running
                 )
             for (host, port), streams in by_address.items():
                 services = {s.path: running.services[s.name] for s in streams}
@@ -128,6 +129,13 @@ def streams_attachment(config: StreamServerConfig) -> Attachment | None:
     if not config.streams:
         return None
     users = Users({name: user.resolved_hash(name) for name, user in config.stream_users.items()})
+    unrestricted = config.unrestricted_users()
+    if unrestricted:
+        log.warning(
+            "stream users without an allow list may use every stream, as any component, "
+            "read every type and call addEvent (give them allow lists, see the security page)",
+            extra={"users": unrestricted},
+        )
 
     async def attach(server: RunningServer) -> Callable[[], Awaitable[None]]:
         return (await RunningStreams.start(config, server, users)).aclose
@@ -137,6 +145,7 @@ def streams_attachment(config: StreamServerConfig) -> Attachment | None:
 
 def _service(
     stream: StreamConfig,
+    config: StreamServerConfig,
     server: RunningServer,
     consumers: Consumers,
     users: Users,
@@ -152,9 +161,20 @@ def _service(
     feed = StreamFeed(type_map, server.store.last_position())
     running.unsubscribe.append(server.engine.subscribe(feed.add))
     reader = StreamReader(server.store, feed, type_map, executor)
+    access = StreamAccess(
+        stream.name, type_map, {name: user.allow for name, user in config.stream_users.items()}
+    )
     assert running.password_checks is not None
     return StreamService(
-        stream, type_map, server.engine, reader, consumers, users, executor, running.password_checks
+        stream,
+        type_map,
+        server.engine,
+        reader,
+        consumers,
+        users,
+        access,
+        executor,
+        running.password_checks,
     )
 
 

@@ -28,6 +28,10 @@ recognises the others by outbox id. The window is memory of this target instance
 reuses a Python worker, and the target built in it (:mod:`tidings.targets.registry`),
 across micro-batches, but a worker keeps only what it confirmed itself.
 
+Over TLS (``ssl+sbs://`` addresses) the servers' certificates are verified, against ``tls``'s
+CA or the system's, and ``tls`` holds the relay's client certificate for servers with mutual
+TLS (:mod:`tidings.config.tls`).
+
 The target is synchronous (Spark tasks call it) while the client is asyncio, so each target
 owns a small event loop in a daemon thread (:mod:`tidings.targets.loop_thread`); calls wait
 on it with the configured timeout.
@@ -46,8 +50,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tidings.address import Address
+from tidings.address import Address, is_tls
 from tidings.config import HOUR, ZERO, Duration, TargetConfig, parsed_durations, within
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import ConnectionClosed, TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, StoredEvent
 from tidings.events.outbox import OutboxEvent
@@ -73,7 +78,8 @@ _REQUEST_BYTES = 4 * 1024 * 1024
 
 
 class EventServerTargetConfig(TargetConfig):
-    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``).
+    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``, or
+    ``ssl+sbs://`` over TLS).
 
     Events travel with their outbox event id (a tidings extension of the protocol), so the
     server stores each outbox event once however often it is published.
@@ -146,6 +152,14 @@ class EventServerTargetConfig(TargetConfig):
             '``[orders, "{headers.aggregate_type}", "{event_type}"]``.'
         ),
     )
+    tls: TlsClientConfig | None = Field(
+        default=None,
+        description=(
+            "For servers at ``ssl+sbs://`` addresses: the CA their certificates are checked "
+            "against (absent: the system's CAs) and the client certificate presented to a "
+            "server with mutual TLS (its CN is the relay's identity there)."
+        ),
+    )
     timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=10),
         description=(
@@ -195,6 +209,9 @@ class EventServerTargetConfig(TargetConfig):
         ]
         if len(given) > 1:
             raise ValueError(f"set one of address, addresses or monitor, not {' and '.join(given)}")
+        plain = not any(is_tls(address) for address in self.server_addresses)
+        if self.tls is not None and self.monitor is None and plain:
+            raise ValueError("tls is set, but no address is ssl+sbs://")
         return self
 
     @property
@@ -266,7 +283,7 @@ class EventServerTarget(Target):
             config.failover_resend_events,
             config.failover_resend_bytes,
         )
-        self._group = ServerGroup(self._who(), config.server_addresses, config.monitor)
+        self._group = ServerGroup(self._who(), config.server_addresses, config.monitor, config.tls)
         self._client: Client | None = None
         self._server = ""  # the address self._client is connected to
         self._loop = LoopThread(f"tidings-target-{name}")
