@@ -23,6 +23,7 @@ from tidings.config.streams import StreamConfig, StreamServerConfig
 from tidings.errors import ConfigError
 from tidings.server.runner import Attachment, RunningServer
 from tidings.serving import QuietServer, listen
+from tidings.streams.consumers.compaction import run_compaction
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.retention import run_retention
 from tidings.streams.consumers.sync import ConsumerSync
@@ -53,6 +54,7 @@ class RunningStreams:
     password_checks: ThreadPoolExecutor | None = None
     unsubscribe: list[object] = field(default_factory=list)
     retention: asyncio.Task[None] | None = None
+    compaction: asyncio.Task[None] | None = None
     sync: asyncio.Task[None] | None = None
 
     @classmethod
@@ -86,6 +88,14 @@ class RunningStreams:
                     "streams serving",
                     extra={"address": f"{host}:{port}", "streams": [s.name for s in streams]},
                 )
+            running.compaction = loop.create_task(
+                run_compaction(
+                    server.store,
+                    consumers,
+                    config.stream_consumer_events.compact_every.total_seconds(),
+                    executor,
+                )
+            )
             if any(s.retention.enabled for s in config.streams):
                 running.retention = loop.create_task(
                     run_retention(server.store, consumers, config.streams, executor)
@@ -106,7 +116,7 @@ class RunningStreams:
                     await task
         for service in self.services.values():
             await service.aclose()
-        for background in (self.retention, self.sync):
+        for background in (self.retention, self.compaction, self.sync):
             if background is not None:
                 await stop_task(background)
         for remove in self.unsubscribe:
