@@ -15,6 +15,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,8 +30,10 @@ from tests.support.stream_helpers import (
     USER,
     FutoInClient,
     call,
+    poll,
 )
 from tests.support.stream_pair import (
+    KEYS,
     PUSH,
     Producer,
     check_delivery,
@@ -40,6 +43,8 @@ from tests.support.stream_pair import (
     stream_count,
 )
 from tests.support.waiting import run, until, wait_until
+from tidings.events.model import EventId, NewEvent, json_event
+from tidings.server.store import EventStore
 from tidings.streams.client import StreamEvent, consume
 
 pytestmark = pytest.mark.slow
@@ -266,3 +271,70 @@ def test_a_position_past_filtered_events_reaches_the_peer(tmp_path: Path) -> Non
     finally:
         for part in (a.part, b.part):
             part.stop()
+
+
+def test_an_event_read_on_a_is_not_read_again_from_bs_own_copy(tmp_path: Path) -> None:
+    """The relay sent the last events to A, lost A before A's Syncer carried them, and sent
+    them again to B: both servers hold them, each under its own ids (the stores are laid out
+    so before the servers start, as the relay would have left them). A consumer that read
+    them on A, and had more in flight, moves to B: it gets again what was in flight, and
+    nothing of what it had acknowledged, though B holds that under B's ids: each server
+    recorded the other's skipped copy as another id of its own event."""
+    relayed = [(i % KEYS, i // KEYS) for i in range(FIRST // 10)]
+    stores = {n: EventStore(f"sqlite:///{tmp_path}/server{n}.db", n) for n in (1, 2)}
+    try:
+        on_a = stores[1].register([_relayed(item) for item in relayed])
+        stores[2].append_synced(on_a[:10])  # A's Syncer carried these in time
+        stores[2].register([_relayed(item) for item in relayed[10:]])  # the relay's second try
+    finally:
+        for store in stores.values():
+            store.close()
+    a, b = start_pair(tmp_path)
+    producer = Producer()
+    producer.sent = list(relayed)  # the next events continue each key
+
+    async def scenario() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        await producer.send(a.url, KEYS)  # then A takes new events
+        await _until_async(lambda: stream_count(b.url), len(producer.sent), 30)
+        await call(a.url, "futoin.evt.poll:1.1:registerConsumer", {"component": "C"})
+        got = (await poll(a.url, "C"))["r"]
+        assert items(got) == producer.sent
+        # It acknowledges the relayed events only (so that its covers name none of B's own
+        # events, which would cover B's copies without the copies' record); the new ones are
+        # in flight when A dies.
+        in_flight = (await poll(a.url, "C", on_a[-1].position))["r"]
+        assert items(in_flight) == producer.sent[len(relayed) :]
+        last = on_a[-1].id
+        await until(lambda: _covers_of_a(tmp_path / "server2.db", "C") >= last, 30)
+        a.part.kill()
+        await producer.send(b.url, SECOND // 10)
+        after: list[dict[str, Any]] = []
+        while len(after) < len(producer.sent) - len(relayed):
+            after += (await poll(b.url, "C", after[-1]["id"] if after else None))["r"]
+        return items(got), items(after)
+
+    try:
+        before, after = run(scenario(), timeout=120)
+        assert after == producer.sent[len(relayed) :]  # in flight again, then the new ones
+        check_delivery(before + after, producer.sent)
+    finally:
+        for part in (a.part, b.part):
+            part.stop()
+
+
+def _relayed(item: tuple[int, int]) -> NewEvent:
+    """Item ``(k, n)`` as the relay stores it on stream ``s``, with its outbox id."""
+    key, n = item
+    return json_event(("orders", "created"), {"k": key, "n": n}, outbox_event_id=f"o-{key}-{n}")
+
+
+def _covers_of_a(database: Path, component: str) -> EventId:
+    """How far of server 1's events consumer ``component`` has read, as the store in
+    ``database`` knows it (read as a file: the server is running)."""
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        found = db.execute(
+            "SELECT session, instance FROM stream_consumer_covers WHERE component = ? "
+            "AND server = 1",
+            (component,),
+        ).fetchone()
+    return EventId(1, *found) if found else EventId(1, 0, 0)

@@ -215,7 +215,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "runner"
     ),
     "tidings.server.store": (
-        "driver schema counters planning appending facade type_patterns queries latest_by_key "
+        "driver schema counters copies planning appending facade type_patterns queries "
+        "latest_by_key "
         "positions retention"
     ),
     "tidings.server.backends": "postgresql sqlite",
@@ -224,9 +225,9 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.server.syncer": "common client server",
     "tidings.streams": "protocol typemap consumers service client spark_source jobs",
     "tidings.streams.protocol": "ftn3 interfaces encoding channel",
-    "tidings.streams.consumers": "replication positions sync retention admin metrics",
+    "tidings.streams.consumers": ("replication positions sync compaction retention admin metrics"),
     "tidings.streams.service": (
-        "auth refusals selection access feed reader push sessions functions app runner"
+        "auth refusals slow_clients selection access feed reader push sessions functions app runner"
     ),
     "tidings.intermediary": "regions node views feed publisher serving client cluster measurement",
     "tidings.intermediary.regions": "geometry coverage coveredcells grid",

@@ -119,7 +119,9 @@ class RetentionConfig(StrictModel):
         default=timedelta(days=1),
         description=(
             "Events younger than this stay, so that a re-published outbox event is still "
-            "recognised by its stored copy (the store's duplicate window)."
+            "recognised by its stored copy (the store's duplicate window). A ``tidings.yaml`` "
+            "refuses one shorter than the ``failover_resend`` of an ``event_server`` target "
+            "publishing into the server."
         ),
     )
     every: Annotated[ParsedDuration, within(10 * MS, DAY, zero=True)] = Field(
@@ -127,6 +129,20 @@ class RetentionConfig(StrictModel):
     )
     batch: int = Field(
         default=10_000, ge=1, le=1_000_000, description="Events deleted per transaction."
+    )
+
+
+class ConsumerEventsConfig(StrictModel):
+    """The consumer events by which the servers of a group share their consumers' positions
+    (see :mod:`tidings.streams.consumers.compaction`)."""
+
+    compact_every: Annotated[ParsedDuration, within(10 * MS, DAY, zero=True)] = Field(
+        default=timedelta(seconds=10),
+        description=(
+            "How often the consumer events that a later one supersedes are deleted (with or "
+            "without stream retention): between passes, each acknowledgement that moved a "
+            "consumer adds one."
+        ),
     )
 
 
@@ -211,6 +227,13 @@ class StreamServerConfig(ServerConfig):
     )
     streams: list[StreamConfig] = Field(
         default_factory=list, description="The FTN18 streams the server serves."
+    )
+    stream_consumer_events: ConsumerEventsConfig = Field(
+        default=ConsumerEventsConfig(),
+        description=(
+            "The events that share the streams' consumers and their positions with the other "
+            "servers of a redundant group."
+        ),
     )
     stream_allow_required: bool = Field(
         default=False,
@@ -359,6 +382,7 @@ def load_stream_server_config_file(path: str | Path | None = None) -> StreamServ
 __all__ = [
     "AggregateConfig",
     "AggregateDestination",
+    "ConsumerEventsConfig",
     "PushConfig",
     "RetentionConfig",
     "StreamConfig",

@@ -4,7 +4,9 @@ Every refused request counts under its user and reason: ``authentication`` (a wr
 missing password: no user is known, so the user is empty, and the names a caller claims
 never become labels, which would let it grow the metrics without bound), or the permission
 it lacked (``stream``, ``component``, ``type``, ``add_event``, ``add_event_data``: see
-:class:`~tidings.errors.StreamRefused`). The first refusal of each kind (user, reason and
+:class:`~tidings.errors.StreamRefused`), or ``slow_request_head``: a connection closed for
+sending no whole request head in time, counted under the first stream of its port
+(:mod:`.slow_clients`). The first refusal of each kind (user, reason and
 message) is logged as a warning; repeats only count, so a client that retries a refused
 call, or floods wrong passwords, costs one log line per cause.
 """
@@ -17,6 +19,8 @@ from collections import Counter
 log = logging.getLogger(__name__)
 
 AUTHENTICATION = "authentication"
+#: A connection closed for sending no whole request head in time (:mod:`.slow_clients`).
+SLOW_REQUEST_HEAD = "slow_request_head"
 #: The distinct refusals logged per stream, at most (beyond them, refusals only count).
 MAX_LOGGED = 1000
 

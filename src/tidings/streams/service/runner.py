@@ -23,6 +23,7 @@ from tidings.config.streams import StreamConfig, StreamServerConfig
 from tidings.errors import ConfigError
 from tidings.server.runner import Attachment, RunningServer
 from tidings.serving import QuietServer, listen
+from tidings.streams.consumers.compaction import run_compaction
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.retention import run_retention
 from tidings.streams.consumers.sync import ConsumerSync
@@ -32,6 +33,8 @@ from tidings.streams.service.auth import Users
 from tidings.streams.service.feed import StreamFeed
 from tidings.streams.service.functions import StreamService
 from tidings.streams.service.reader import StreamReader
+from tidings.streams.service.refusals import SLOW_REQUEST_HEAD, Refusals
+from tidings.streams.service.slow_clients import REQUEST_HEAD_TIMEOUT_S, protocol_class
 from tidings.streams.typemap import type_map_from_config
 from tidings.tasks import stop_task
 
@@ -51,6 +54,7 @@ class RunningStreams:
     password_checks: ThreadPoolExecutor | None = None
     unsubscribe: list[object] = field(default_factory=list)
     retention: asyncio.Task[None] | None = None
+    compaction: asyncio.Task[None] | None = None
     sync: asyncio.Task[None] | None = None
 
     @classmethod
@@ -75,11 +79,23 @@ class RunningStreams:
                 )
             for (host, port), streams in by_address.items():
                 services = {s.path: running.services[s.name] for s in streams}
-                running.servers.append(await _serve(host, port, streams, build_app(services)))
+                # A connection closed before its path is known counts under the port's first
+                # stream.
+                refusals = running.services[streams[0].name].refusals
+                app = build_app(services)
+                running.servers.append(await _serve(host, port, streams, app, refusals))
                 log.info(
                     "streams serving",
                     extra={"address": f"{host}:{port}", "streams": [s.name for s in streams]},
                 )
+            running.compaction = loop.create_task(
+                run_compaction(
+                    server.store,
+                    consumers,
+                    config.stream_consumer_events.compact_every.total_seconds(),
+                    executor,
+                )
+            )
             if any(s.retention.enabled for s in config.streams):
                 running.retention = loop.create_task(
                     run_retention(server.store, consumers, config.streams, executor)
@@ -100,7 +116,7 @@ class RunningStreams:
                     await task
         for service in self.services.values():
             await service.aclose()
-        for background in (self.retention, self.sync):
+        for background in (self.retention, self.compaction, self.sync):
             if background is not None:
                 await stop_task(background)
         for remove in self.unsubscribe:
@@ -169,9 +185,11 @@ def _service(
 
 
 async def _serve(
-    host: str, port: int, streams: list[StreamConfig], app: object
+    host: str, port: int, streams: list[StreamConfig], app: object, refusals: Refusals
 ) -> tuple[QuietServer, asyncio.Task[None]]:
-    """Start uvicorn for ``app`` on ``host:port``; return once it accepts connections."""
+    """Start uvicorn for ``app`` on ``host:port``; return once it accepts connections. A
+    connection that sends no whole request head in time is closed and counted in
+    ``refusals`` (:mod:`.slow_clients`)."""
     tls = {s.tls_certfile for s in streams}
     if len(tls) > 1:
         raise ConfigError(f"streams on {host}:{port} must all use the same TLS certificate")
@@ -188,6 +206,11 @@ async def _serve(
         log_config=None,
         access_log=False,
         lifespan="off",
+        http=protocol_class(
+            lambda: refusals.record(
+                "", SLOW_REQUEST_HEAD, f"no request head within {REQUEST_HEAD_TIMEOUT_S:g} s"
+            )
+        ),
         ws="websockets-sansio",
         ws_max_size=max(s.max_request_bytes for s in streams) + 1024,
         ws_per_message_deflate=False,
