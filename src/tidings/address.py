@@ -8,6 +8,7 @@ nothing of tidings but its errors) and the configuration does not have to import
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, NamedTuple
 from urllib.parse import urlsplit
 
@@ -80,3 +81,14 @@ def _plain(address: str) -> str:
 Address = Annotated[str, AfterValidator(_checked)]
 #: A Monitor Server's address: ``tcp+sbs://`` only (see :func:`_plain`).
 MonitorAddress = Annotated[str, AfterValidator(_plain)]
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether a peer's address is this machine's (127.0.0.0/8, ::1, or ::ffff:127.x)."""
+    try:
+        address = ipaddress.ip_address((host or "").split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback

@@ -171,3 +171,21 @@ def test_the_relay_target_and_the_intermediary_take_the_same_shape(tmp_path: Pat
     loaded = load_config_file(tmp_path / "tidings.yaml")
     assert loaded.intermediary.event_server_tls is not None
     assert loaded.intermediary.event_server_tls.ca_file == str(setup.ca.cert)
+
+
+def test_an_encrypted_key_is_refused_without_a_passphrase_prompt(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    setup = TlsSetup(tmp_path)
+    key = serialization.load_pem_private_key(setup.server.key.read_bytes(), password=None)
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
+    config = TlsServerConfig(cert_file=str(setup.server.cert), key_file=str(encrypted))
+    with pytest.raises(TlsError, match=r"encrypted.key'.*the private key is encrypted"):
+        config.context()

@@ -150,12 +150,27 @@ class TlsClientConfig(StrictModel):
         return context
 
 
+class _EncryptedKey(Exception):
+    """Raised by :func:`_encrypted_key` to leave ``load_cert_chain``."""
+
+
+def _encrypted_key() -> bytes:
+    """Called by OpenSSL only for an encrypted key: without a callback it would prompt for
+    a passphrase on the terminal, and a part started by a supervisor would hang."""
+    raise _EncryptedKey
+
+
 def _load_chain(context: ssl.SSLContext, cert_file: str, key_file: str | None) -> None:
     files = f"tls.cert_file {cert_file!r}" + (
         f" with tls.key_file {key_file!r}" if key_file else ""
     )
     try:
-        context.load_cert_chain(cert_file, key_file)
+        context.load_cert_chain(cert_file, key_file, password=_encrypted_key)
+    except _EncryptedKey:
+        raise TlsError(
+            f"{files}: the private key is encrypted; tidings takes unencrypted keys only "
+            "(protect the file by its permissions)"
+        ) from None
     except ssl.SSLError as exc:
         if "KEY_VALUES_MISMATCH" in str(exc):
             why = "the key does not belong to the certificate"

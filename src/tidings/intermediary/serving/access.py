@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import time
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ from collections.abc import Mapping
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket
 
+from tidings.address import is_loopback
 from tidings.config.intermediary_access import ANONYMOUS, SubscriberAccess, SubscriberGrant
 from tidings.config.passwords import PasswordBook, token_digest
 from tidings.errors import AccessRefused
@@ -48,17 +48,6 @@ CHALLENGE = 'Bearer realm="tidings", Basic realm="tidings", charset="UTF-8"'
 REFUSAL_LOG_S = 10.0
 #: The name a tier's members go by when they subscribe to each other.
 PEER = "tier member"
-
-
-def is_loopback(host: str | None) -> bool:
-    """Whether a peer's address is this machine's (127.0.0.0/8, ::1, or ::ffff:127.x)."""
-    try:
-        address = ipaddress.ip_address((host or "").split("%")[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
 
 
 class Gatekeeper:

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from tidings.address import is_loopback
 from tidings.config.eventer_access import (
     EVERYTHING,
     EventerAnonymousConfig,
@@ -206,13 +206,7 @@ class EventerAccess:
 
 
 def _loopback(connection: Connection) -> bool:
-    try:
-        return (
-            connection.peer_host is not None
-            and ipaddress.ip_address(connection.peer_host).is_loopback
-        )
-    except ValueError:
-        return False
+    return is_loopback(connection.peer_host)
 
 
 def shown(types: Iterable[QueryType]) -> str:
