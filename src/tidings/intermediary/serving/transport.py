@@ -80,6 +80,7 @@ from tidings.intermediary.serving.envelope import (
     status_message,
 )
 from tidings.intermediary.serving.page import page_routes
+from tidings.logs import OncePerCause
 from tidings.serving import QuietServer, listen
 from tidings.tasks import stop_task
 
@@ -87,6 +88,8 @@ if TYPE_CHECKING:
     from tidings.intermediary.views.eventviews import EventViews
 
 log = logging.getLogger(__name__)
+#: A request's unexpected failure is logged once per place, not once per request.
+_once = OncePerCause(log)
 
 
 @dataclass(frozen=True)
@@ -374,11 +377,17 @@ class IntermediaryServer:
         try:
             return await self.handle_request(conn.id, request)
         except IntermediaryError as exc:
-            reply: dict[str, object] = {"op": "error", "message": str(exc)}
-            key = request.get("key")
-            if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
-                reply["key"] = key
-            return reply
+            message = str(exc)
+        except RecursionError:  # the request's nesting, met past parsing
+            message = "request: JSON nested too deeply"
+        except Exception as exc:  # a bug this request met: answered, logged once per place
+            _once.failure("intermediary: a request failed", exc)
+            message = "request: failed (the intermediary's log says why)"
+        reply: dict[str, object] = {"op": "error", "message": message}
+        key = request.get("key")
+        if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
+            reply["key"] = key
+        return reply
 
     async def handle_request(
         self, subscriber: int, request: dict[str, object]

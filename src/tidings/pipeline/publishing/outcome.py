@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 from tidings.db import driver_stamp, placeholder
 from tidings.events.outbox import DeliveryState, EventStatus, OutboxEvent
 from tidings.events.timeutil import utcnow
+from tidings.redaction import scrub
 
 # Plain strings: reading a member off an enum class costs a descriptor call per event.
 CONFIRMED, FAILED = DeliveryState.CONFIRMED.value, DeliveryState.FAILED.value
@@ -56,6 +57,8 @@ class LoggedEvent:
         return self.deliveries.get(target, {}).get("state") == FAILED
 
     def settle(self, status: EventStatus, error: str | None = None) -> None:
+        # A target's error may quote its URL: no password goes into the log's rows.
+        error = None if error is None else scrub(error)
         if (status, error) != (self.status, self.error_details):
             self.status, self.error_details, self.changed = status, error, True
 
