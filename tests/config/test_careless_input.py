@@ -105,9 +105,11 @@ def test_an_error_about_a_section_shows_its_size_not_its_content_and_no_secret()
         )
     message = str(caught.value)
     assert "outbox: " in message and "(got a list of 3 items)" in message
-    assert "relay.nonsense: unknown key (value a mapping with 2 keys)" in message
-    assert "token: unknown key (value a value (not shown: the key holds a secret))" in message
-    assert "'a', 'b'" not in message
+    # Refused keys are named, never echoed: a misplaced key may hold a secret.
+    lines = [line.strip() for line in message.splitlines()]
+    assert "relay.nonsense: unknown key" in lines
+    assert "targets.t.event_server.token: unknown key" in lines
+    assert "'a', 'b'" not in message and "'p'" not in message and "5" not in message
 
 
 def test_config_check_names_a_path_it_cannot_write(tmp_path: Path) -> None:

@@ -32,7 +32,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tidings.errors import ConnectionClosed, StreamError
 from tidings.logs import OncePerCause
-from tidings.streams.consumers.metrics import CONTENT_TYPE
 from tidings.streams.protocol import ftn3
 from tidings.streams.protocol.channel import Channel
 from tidings.streams.service.functions import Deferred, RawJson, StreamService
@@ -56,10 +55,6 @@ def build_app(services: Mapping[str, StreamService]) -> Starlette:
     for path, service in services.items():
         routes.append(Route(path, _http_endpoint(service), methods=["POST"]))
         routes.append(WebSocketRoute(path, _ws_endpoint(service)))
-        if service.config.metrics:
-            routes.append(
-                Route(path.rstrip("/") + "/metrics", _metrics_endpoint(service), methods=["GET"])
-            )
     return Starlette(routes=routes)
 
 
@@ -146,13 +141,6 @@ def _http_endpoint(service: StreamService) -> Any:
         if not isinstance(reply, bytes):
             reply = await reply
         return Response(reply, media_type=MEDIA_TYPE)
-
-    return endpoint
-
-
-def _metrics_endpoint(service: StreamService) -> Any:
-    async def endpoint(_request: HttpRequest) -> Response:
-        return Response(await service.metrics(), media_type=CONTENT_TYPE)
 
     return endpoint
 

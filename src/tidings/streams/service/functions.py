@@ -35,7 +35,6 @@ from tidings.config.streams import StreamConfig
 from tidings.errors import EngineError, StoreError, StreamError
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
 from tidings.server.async_engine import AsyncEngine
-from tidings.streams.consumers.metrics import stream_metrics
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.replication import Covers, consumer_event
 from tidings.streams.protocol.channel import Channel
@@ -142,12 +141,9 @@ class StreamService:
         assert request.func == "addEvent"
         return await self._add_event(params["type"], params["data"])
 
-    async def metrics(self) -> bytes:
-        """The stream's Prometheus metrics (read from the store in a worker thread)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, stream_metrics, self._engine.store, self.config, self._push.reliable
-        )
+    def push_sessions(self) -> int:
+        """How many reliable consumers have a push session running (for the metrics)."""
+        return self._push.reliable
 
     async def channel_closed(self, channel: Channel) -> None:
         """Stop the push session on a channel that closed, if it has one."""
