@@ -81,3 +81,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'test.db'}"
     url: str = request.getfixturevalue("pg_url")
     return url
+
+
+@pytest.fixture
+def forgotten_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No secret remembered from files earlier tests of this process read: a test that
+    checks a secret is never shown must not pass because another test's file taught the
+    process to scrub it (:mod:`tidings.redaction`)."""
+    from tidings import redaction
+
+    monkeypatch.setattr(redaction, "_remembered", set())
+    monkeypatch.setattr(redaction, "_ordered", ())

@@ -68,11 +68,13 @@ def hide_url_credentials(text: str) -> str:
 
 
 def shown_url(url: str) -> str:
-    """``url`` as an error may show it (quoted): its password hidden; a URL holding an
-    ``@`` whose password could not be found (it does not parse as one) is not shown."""
+    """``url`` (or any text) as an error may show it, quoted: URL passwords hidden; text
+    that still looks like ``user:password@`` (a URL too malformed to find its password in)
+    is not shown at all."""
     hidden = hide_url_passwords(url)
-    if "@" in hidden and MASK not in hidden:
-        return "(a URL not shown: it may hold a password)"
+    userinfo, at, _ = hidden.rpartition("@")
+    if at and ":" in userinfo and not userinfo.endswith(MASK):
+        return "<not shown: it may hold a password>"
     return repr(hidden)
 
 

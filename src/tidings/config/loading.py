@@ -26,7 +26,7 @@ from pydantic_core import ErrorDetails
 
 from tidings.config.model import spoken_duration
 from tidings.errors import ConfigError
-from tidings.redaction import hide_url_passwords, remember, scrub, secret_name, secrets_in
+from tidings.redaction import remember, scrub, secret_name, secrets_in, shown_url
 
 #: The longest value an error shows whole.
 _SHOWN_CHARS = 80
@@ -43,7 +43,7 @@ def shown_value(path: tuple[int | str, ...], value: Any) -> str:
         return f"a list of {len(value)} item{'s' if len(value) != 1 else ''}"
     if isinstance(value, timedelta):
         return spoken_duration(value)
-    text = hide_url_passwords(repr(value))
+    text = shown_url(value) if isinstance(value, str) else repr(value)
     return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
 
 

@@ -8,7 +8,8 @@ One Starlette WebSocket endpoint. A subscriber sends JSON text requests::
 
 and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "covered",
 "from_epoch"}``, ``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error",
-"message"}``; a bad request is answered and the connection goes on) and binary messages,
+"message"}``; a bad request is answered and the connection goes on, one that fails
+unexpectedly too, logged once per place it failed at) and binary messages,
 one per frame: a one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s
 layout). The first message is ``{"op": "hello", "subscriber": <id>}`` (with ``"stale":
 {upstream: reason}`` while an upstream is lost). The same server
@@ -88,8 +89,6 @@ if TYPE_CHECKING:
     from tidings.intermediary.views.eventviews import EventViews
 
 log = logging.getLogger(__name__)
-#: A request's unexpected failure is logged once per place, not once per request.
-_once = OncePerCause(log)
 
 
 @dataclass(frozen=True)
@@ -151,6 +150,8 @@ class IntermediaryServer:
             routes=[WebSocketRoute("/", self._endpoint), *page_routes(intermediary)]
         )
         self._next_id = 0
+        #: A request's unexpected failure is logged once per place, not once per request.
+        self._problems = OncePerCause(log)
         self._server: uvicorn.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -381,7 +382,7 @@ class IntermediaryServer:
         except RecursionError:  # the request's nesting, met past parsing
             message = "request: JSON nested too deeply"
         except Exception as exc:  # a bug this request met: answered, logged once per place
-            _once.failure("intermediary: a request failed", exc)
+            self._problems.failure("intermediary: a request failed", exc)
             message = "request: failed (the intermediary's log says why)"
         reply: dict[str, object] = {"op": "error", "message": message}
         key = request.get("key")

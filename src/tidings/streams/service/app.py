@@ -31,15 +31,12 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tidings.errors import ConnectionClosed, StreamError
-from tidings.logs import OncePerCause
 from tidings.streams.protocol import ftn3
 from tidings.streams.protocol.channel import Channel
 from tidings.streams.service.functions import Deferred, RawJson, StreamService
 
 log = logging.getLogger(__name__)
 
-#: Problems a peer can cause at will are logged once per cause and minute, not per request.
-_once = OncePerCause(log)
 #: The refusals worth an operator's notice: malformed requests and failed logins (the
 #: protocol's other errors, an unregistered consumer say, are its normal answers).
 _LOGGED_REFUSALS = frozenset({ftn3.INVALID_REQUEST, ftn3.SECURITY_ERROR})
@@ -107,9 +104,9 @@ def _refused(service: StreamService, exc: StreamError, rid: str | None) -> bytes
     """The error reply to a request refused with ``exc``; a refusal of the request itself
     (malformed, or its sender not authenticated) is logged once per kind and stream."""
     if exc.name in _LOGGED_REFUSALS:
-        _once.log(
+        service.problems.log(
             logging.WARNING,
-            ("refused", service.name, exc.name),
+            ("refused", exc.name),
             f"stream {service.name}: request refused: {exc.name}: {exc.description[:200]}",
             extra={"stream": service.name, "error": exc.name},
         )
@@ -119,7 +116,9 @@ def _refused(service: StreamService, exc: StreamError, rid: str | None) -> bytes
 def _failed(service: StreamService, exc: Exception, rid: str | None) -> bytes:
     """The InternalError reply to a request that failed on ``exc``, logged with its
     traceback once per place it failed at (a peer may repeat the request at will)."""
-    _once.failure(f"stream {service.name}: request failed", exc, extra={"stream": service.name})
+    service.problems.failure(
+        f"stream {service.name}: request failed", exc, extra={"stream": service.name}
+    )
     return ftn3.error(StreamError(ftn3.INTERNAL_ERROR, "the request failed"), rid)
 
 
@@ -177,7 +176,7 @@ def _ws_endpoint(service: StreamService) -> Any:
                 data = message.get("bytes")
                 if data is None:
                     data = (message.get("text") or "").encode()
-                if not _is_reply(data, channel):
+                if not _is_reply(service, data, channel):
                     await requests.put(data)
         except (WebSocketDisconnect, RuntimeError):
             pass
@@ -193,7 +192,7 @@ def _ws_endpoint(service: StreamService) -> Any:
     return endpoint
 
 
-def _is_reply(data: bytes, channel: Channel) -> bool:
+def _is_reply(service: StreamService, data: bytes, channel: Channel) -> bool:
     """Hand a reply to one of our calls to the channel; True if ``data`` was one."""
     try:
         message = ftn3.decode(data)
@@ -204,7 +203,7 @@ def _is_reply(data: bytes, channel: Channel) -> bool:
     try:
         channel.answer(ftn3.parse_reply(message))
     except StreamError as exc:
-        _once.log(
+        service.problems.log(
             logging.WARNING,
             "bad reply",
             f"bad reply from a stream consumer: {exc}",

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from tidings.config.streams import StreamConfig
 from tidings.errors import EngineError, StoreError, StreamError
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
+from tidings.logs import OncePerCause
 from tidings.server.async_engine import AsyncEngine
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.replication import Covers, consumer_event
@@ -108,6 +109,9 @@ class StreamService:
         self._password_checks = password_checks
         self._push = PushSessions(self.name)
         self._consumer_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        #: What its transport logs once per cause: malformed requests, failed logins,
+        #: failures (:mod:`.app`); one per stream and run, so a restart starts afresh.
+        self.problems = OncePerCause(logging.getLogger("tidings.streams.service.app"))
 
     async def call(self, request: Request, channel: Channel | None, secure: bool) -> Any:
         """Run one request; its result, or StreamError with the FTN3 error to send."""
