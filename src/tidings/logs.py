@@ -130,8 +130,9 @@ class OncePerCause:
     ) -> bool:
         """Log an unexpected error ``exc`` (with its traceback) once per place it was raised
         at: the same bug met by every request of a flood is one cause."""
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = (frames[-1].filename, frames[-1].lineno) if frames else None
+        where = None
+        for frame, line in traceback.walk_tb(exc.__traceback__):  # no source read: cheap
+            where = (frame.f_code.co_filename, line)
         return self.log(
             logging.ERROR,
             (message, type(exc).__name__, where),
