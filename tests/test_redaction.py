@@ -23,8 +23,8 @@ from tidings.redaction import (
         "password_hash",
         "syncer_token",
         "apiKey",
-        "nkey",
-        "credentials",
+        "nkey_seed",
+        "user_credentials",
         "DB_PASSWORD",
         "TIDINGS_APP_HASH",
         "seed",
@@ -36,7 +36,16 @@ def test_names_that_say_secret(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["password_hash_env", "credentials_file", "tls_keyfile", "keyed_by", "url", "tokens_per_s"],
+    [
+        "password_hash_env",
+        "credentials_file",
+        "tls_keyfile",
+        "keyed_by",
+        "url",
+        "tokens_per_s",
+        "credentials",  # the JetStream target's: a file's path, in NATS's words
+        "nkey",
+    ],
 )
 def test_names_that_only_say_where_a_secret_is_or_nothing(name: str) -> None:
     assert not secret_name(name)

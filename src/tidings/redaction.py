@@ -4,7 +4,8 @@ A secret is found by where it sits, not by a list of today's keys:
 
 - the value of a key whose name says secret (password, secret, token, key, hash,
   credentials, nkey, seed), unless the name ends in ``_env``/``_file``/``_path``/``_dir``
-  (it names where a secret is, not the secret: ``password_hash_env``, ``credentials_file``);
+  (it names where a secret is, not the secret: ``password_hash_env``, ``credentials_file``)
+  or is the JetStream target's ``credentials`` or ``nkey`` (a file's path, in NATS's words);
 - the password of any URL (``postgresql://user:password@host/db``);
 - the value of a substituted variable whose name says secret (``${DB_PASSWORD}``).
 
@@ -32,8 +33,12 @@ _SECRET_WORD = re.compile(
     r"|seed)(?=$|[_.-])",
     re.IGNORECASE,
 )
-#: ...unless it names a file, a path or the variable a secret is read from.
+#: ...unless it names a file, a path or the variable a secret is read from...
 _NOT_A_SECRET = re.compile(r"[_.-](env|file|path|dir)$", re.IGNORECASE)
+#: ...or is one of the keys that hold a file's path under NATS's own names (the JetStream
+#: target's ``credentials`` and ``nkey``): the secret is the file, and its path is what an
+#: error about it must name.
+_FILE_KEYS = frozenset({"credentials", "nkey"})
 #: ``scheme://user:password@`` (a URL's password; the user and host stay readable).
 _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*:)[^/@\s]+@")
 #: ``scheme://userinfo@``: a URL's whole credentials (NATS takes a token as the user part).
@@ -52,6 +57,8 @@ _lock = threading.Lock()
 
 def secret_name(name: str) -> bool:
     """Whether a key or variable named ``name`` holds a secret (see the module's rules)."""
+    if name.lower() in _FILE_KEYS:
+        return False
     snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name)
     return bool(_SECRET_WORD.search(snake)) and not _NOT_A_SECRET.search(snake)
 
