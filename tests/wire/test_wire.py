@@ -993,7 +993,7 @@ def test_a_json_payload_deeper_than_the_stack_is_refused_new_and_kept_when_store
     ProtocolError for that event (not a RecursionError ending the link); one a server
     stored already (a peer's, a reply's) passes as its origin took it."""
     deep = "[" * 30_000 + "]" * 30_000
-    with pytest.raises(ProtocolError, match="event 0.payload: json payload is nested too deeply"):
+    with pytest.raises(ProtocolError, match=r"event 0\.payload: json payload is nested too deeply"):
         codec.payload_from_sbs(("json", deep), "event 0.payload", strict=True)
     assert codec.payload_from_sbs(("json", deep), "event.payload") == (
         PayloadKind.JSON,
