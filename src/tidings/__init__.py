@@ -24,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from tidings.errors import (
+    AccessDenied,
     ClientError,
     ConfigError,
     ConnectionClosed,
@@ -34,15 +35,18 @@ from tidings.errors import (
     ModuleLoadError,
     ProtocolError,
     RelayError,
+    ReplyTooLarge,
     RequestTimeout,
     SchemaError,
     StoreBusy,
     StoreError,
     StreamError,
+    StreamRefused,
     TargetCallFailed,
     TargetError,
     TargetUnavailable,
     TidingsError,
+    TlsError,
     TransactionDoomed,
     UsageError,
 )
@@ -87,6 +91,7 @@ _LAZY = {
 _WITH_TARGET_KINDS = frozenset({"TidingsConfig", "load_config", "load_config_file"})
 
 __all__ = [
+    "AccessDenied",
     "ClientError",
     "ConfigError",
     "ConnectionClosed",
@@ -111,17 +116,20 @@ __all__ = [
     "ProtocolError",
     "QueryData",
     "RelayError",
+    "ReplyTooLarge",
     "RequestTimeout",
     "SchemaError",
     "StoreBusy",
     "StoreError",
     "StoredEvent",
     "StreamError",
+    "StreamRefused",
     "TargetCallFailed",
     "TargetError",
     "TargetUnavailable",
     "TidingsConfig",
     "TidingsError",
+    "TlsError",
     "TransactionDoomed",
     "UsageError",
     "incomplete_events_from_config",

@@ -21,8 +21,10 @@ import yaml
 from click.testing import Result
 from typer.testing import CliRunner
 
+from tests.support.certificates import TlsSetup
 from tests.support.helpers import relay_config, write_config
 from tidings.cli import app
+from tidings.config.passwords import hash_password
 
 runner = CliRunner()
 UNREACHABLE = "postgresql+psycopg://app:pw@127.0.0.1:1/x"  # nothing listens on port 1
@@ -228,3 +230,54 @@ def test_a_port_out_of_range_or_in_use_is_one_line(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         result = runner.invoke(app, ["relay", "-c", str(path), "--metrics-port", str(port)])
     _one_error_line(result, "ddress already in use")
+
+
+def test_config_check_loads_the_tls_files_and_names_one_that_is_not_pem(tmp_path: Path) -> None:
+    setup = TlsSetup(tmp_path / "pki")
+    garbage = tmp_path / "pki" / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    server = {
+        "type": "event",
+        "backend": {"module": "tidings.server.backends.sqlite", "db_path": "e.db"},
+        "engine": {"server_id": 1},
+        "eventer_server": {
+            "address": "ssl+sbs://127.0.0.1:23012",
+            "tls": {
+                "cert_file": "pki/tidings-test-server.crt",
+                "key_file": "pki/tidings-test-server.key",
+            },
+            "identities": {"app": {"password_hash": hash_password("pw", n=2**4)}},
+        },
+        "syncer_server": {
+            "address": "ssl+sbs://127.0.0.1:23013",
+            "tls": {"cert_file": str(garbage), "key_file": str(setup.server.key)},
+        },
+    }
+    path = tmp_path / "event.yaml"
+    path.write_text(yaml.safe_dump(server))
+    result = runner.invoke(app, ["config", "check", "--conf", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "syncer_server.tls: tls.cert_file" in result.stderr
+    assert "garbage.pem" in result.stderr and "not a PEM certificate" in result.stderr
+    assert "eventer_server.tls" not in result.stderr  # its files load
+    shown = yaml.safe_load(result.stdout)
+    assert shown["eventer_server"]["tls"]["cert_file"] == str(setup.server.cert)
+    assert shown["eventer_server"]["identities"]["app"]["password_hash"] == "***"
+
+    in_file = tmp_path / "tidings.yaml"
+    in_file.write_text(
+        yaml.safe_dump(
+            {
+                "targets": {
+                    "remote": {
+                        "kind": "event_server",
+                        "address": "ssl+sbs://127.0.0.1:23012",
+                        "tls": {"ca_file": str(garbage)},
+                    }
+                }
+            }
+        )
+    )
+    result = runner.invoke(app, ["config", "check", "-c", str(in_file)])
+    assert result.exit_code == 2
+    assert "targets.remote.tls: tls.ca_file" in result.stderr

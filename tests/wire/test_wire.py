@@ -27,7 +27,7 @@ from tests.support.server_helpers import (
     warnings_of,
 )
 from tests.support.waiting import run
-from tidings.address import parse_address
+from tidings.address import parse_address, parse_endpoint
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
@@ -563,19 +563,22 @@ def test_encode_integer_is_hat_sbs_integer() -> None:
         ("tcp+sbs://127.0.0.1:23012", ("127.0.0.1", 23012)),
         ("tcp+sbs://localhost:0", ("localhost", 0)),
         ("tcp+sbs://[::1]:5/", ("::1", 5)),
+        ("ssl+sbs://example.org:23012", ("example.org", 23012)),
     ],
 )
 def test_parse_address(address: str, expected: tuple[str, int]) -> None:
     assert parse_address(address) == expected
+    assert parse_endpoint(address).tls == address.startswith("ssl+sbs")
 
 
 @pytest.mark.parametrize(
     ("address", "message"),
     [
         (23012, "must be a string"),
-        ("ssl+sbs://127.0.0.1:1", "scheme must be tcp\\+sbs"),
-        ("tcp://127.0.0.1:1", "scheme must be tcp\\+sbs"),
+        ("tls://127.0.0.1:1", "scheme must be tcp\\+sbs or ssl\\+sbs"),
+        ("tcp://127.0.0.1:1", "scheme must be tcp\\+sbs or ssl\\+sbs"),
         ("127.0.0.1:1", "scheme must be tcp\\+sbs"),
+        ("ssl+sbs://127.0.0.1", "expected ssl\\+sbs://HOST:PORT"),
         ("tcp+sbs://127.0.0.1", "expected tcp\\+sbs://HOST:PORT"),
         ("tcp+sbs://:1", "expected tcp\\+sbs://HOST:PORT"),
         ("tcp+sbs://127.0.0.1:1/path", "expected tcp\\+sbs://HOST:PORT"),

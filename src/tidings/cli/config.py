@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 if TYPE_CHECKING:
     from tidings.config import TidingsConfig
+    from tidings.config.streams import StreamServerConfig
 
 from tidings.cli.common import ConfigOption, ServerConfOption, config_app, err
 from tidings.redaction import masked, scrub
@@ -34,7 +35,8 @@ def check(
     """Validate the configuration and print it resolved (YAML), secrets masked; then check
     that its parts fit together (ports, addresses, type prefixes, stream type maps, table
     feeds) and that the files and directories it writes can be written. Exit 2 with the
-    errors if it is invalid, its parts do not fit, or a path cannot be written."""
+    errors if it is invalid, its parts do not fit, a path cannot be written, or a TLS file
+    is not what it should be (not PEM, a key of another certificate)."""
     import yaml
 
     from tidings.config.loading import secret_values
@@ -42,13 +44,18 @@ def check(
     used: set[str] = set()
     findings: list[str] = []
     if server or conf is not None:
-        data = _server_config(conf, used)
+        from tidings.system.tls_files import server_tls_problems
+
+        server_config = _server_config(conf, used)
+        findings = server_tls_problems(server_config)
+        data = server_config.model_dump(mode="json")
     else:
         from tidings.system.checks import system_findings
         from tidings.system.paths import unwritable_paths
+        from tidings.system.tls_files import tls_problems
 
         loaded = _tidings_config(config, used)
-        findings = unwritable_paths(loaded) + system_findings(loaded)
+        findings = unwritable_paths(loaded) + system_findings(loaded) + tls_problems(loaded)
         data = loaded.model_dump(mode="json")
     # typer.echo, not rich: the YAML must come out byte for byte (no markup, no emoji codes)
     typer.echo(yaml.safe_dump(masked(data, secret_values(used)), sort_keys=False), nl=False)
@@ -75,14 +82,14 @@ def _tidings_config(path: Path | None, used: set[str]) -> TidingsConfig:
     return load_config_file(path, used=used)
 
 
-def _server_config(path: Path | None, used: set[str]) -> dict[str, Any]:
+def _server_config(path: Path | None, used: set[str]) -> StreamServerConfig:
     from tidings.config import read_config_data
     from tidings.config.server import default_config_path
     from tidings.config.streams import load_stream_server_config
 
     path = path if path is not None else default_config_path()
     data = read_config_data(path, used=used)
-    return load_stream_server_config(data, path.resolve().parent).model_dump(mode="json")
+    return load_stream_server_config(data, path.resolve().parent)
 
 
 @config_app.command("schema")

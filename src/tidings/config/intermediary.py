@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from tidings.address import parse_address
+from tidings.address import is_tls, parse_address
 from tidings.config.model import (
     HOUR,
     SECOND,
@@ -22,6 +22,7 @@ from tidings.config.model import (
     parsed_durations,
     within,
 )
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import ConfigError
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -193,9 +194,18 @@ class IntermediaryConfig(StrictModel):
     event_server: str | list[str] = Field(
         default="tcp+sbs://127.0.0.1:23012",
         description=(
-            "The Eventer address of the event server it follows, or the addresses of the "
+            "The Eventer address (``tcp+sbs://`` or ``ssl+sbs://``) of the event server it "
+            "follows, or the addresses of the "
             "servers of a redundant group: it connects to one, and when that connection is "
             "lost it serves its last state marked stale and reconnects, trying them in turn."
+        ),
+    )
+    event_server_tls: TlsClientConfig | None = Field(
+        default=None,
+        description=(
+            "For event servers at ``ssl+sbs://`` addresses: the CA their certificates are "
+            "checked against (absent: the system's CAs) and the client certificate presented "
+            "to a server with mutual TLS (its CN is the intermediary's identity there)."
         ),
     )
     row_type_prefix: list[Annotated[str, Field(min_length=1)]] = Field(
@@ -234,8 +244,8 @@ class IntermediaryConfig(StrictModel):
     @field_validator("event_server")
     @classmethod
     def _addresses(cls, v: str | list[str]) -> str | list[str]:
-        """Each a ``tcp+sbs://HOST:PORT`` address (one error line for a bad one, whichever
-        form), at least one, none twice."""
+        """Each a ``tcp+sbs://HOST:PORT`` or ``ssl+sbs://HOST:PORT`` address (one error line
+        for a bad one, whichever form), at least one, none twice."""
         addresses = [v] if isinstance(v, str) else v
         if not addresses:
             raise ValueError("give at least one address")
@@ -247,6 +257,12 @@ class IntermediaryConfig(StrictModel):
             if addresses.count(address) > 1:
                 raise ValueError(f"{address} is listed twice")
         return v
+
+    @model_validator(mode="after")
+    def _event_server_tls(self) -> IntermediaryConfig:
+        if self.event_server_tls is not None and not any(map(is_tls, self.event_servers)):
+            raise ValueError("event_server_tls is set, but no event_server address is ssl+sbs://")
+        return self
 
     @property
     def event_servers(self) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import secrets
 
 from tidings.errors import ConfigError
@@ -54,6 +55,13 @@ def parse_hash(value: str) -> tuple[int, int, int, bytes, bytes]:
             "hash-password` prints it (passwords are never configured in clear)"
         ) from None
     return n, r, p, salt, digest
+
+
+def password_matches(password: str, stored: str) -> bool:
+    """Whether ``password`` is the one ``stored`` (a valid hash) was made of; compared in
+    constant time. Costs a hash's scrypt (see :data:`SCRYPT_COST`): call it off the loop."""
+    n, r, p, salt, digest = parse_hash(stored)
+    return hmac.compare_digest(scrypt(password, salt, n, r, p), digest)
 
 
 def scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:

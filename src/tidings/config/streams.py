@@ -23,6 +23,7 @@ from pydantic import Field, field_validator, model_validator
 from tidings.config.model import DAY, HOUR, MS, SECOND, ZERO, ParsedDuration, StrictModel, within
 from tidings.config.passwords import check_hash
 from tidings.config.server import ServerConfig, load_server_config, load_server_config_file
+from tidings.config.stream_access import StreamGrant, check_grants
 from tidings.config.stream_types import type_patterns
 from tidings.errors import ConfigError
 
@@ -44,6 +45,26 @@ class StreamUserConfig(StrictModel):
         default=None,
         description="The environment variable holding that hash, read when the server starts.",
     )
+    allow: list[StreamGrant] | None = Field(
+        default=None,
+        description=(
+            "What the user may do: streams, components, types, ``addEvent`` and a data filter "
+            "per entry (see the security page). Left out: everything, as before permissions "
+            "existed (unless ``stream_allow_required``); ``[]``: nothing."
+        ),
+    )
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        # Called only for a key present in the file: ``allow:`` with nothing after it is
+        # YAML's null, and must not mean "everything".
+        if value is None:
+            raise ValueError(
+                "allow is empty (null): write [] for a user that may do nothing, or leave the "
+                "key out for one that may do everything"
+            )
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -130,7 +151,9 @@ class RetentionConfig(StrictModel):
         default=timedelta(days=1),
         description=(
             "Events younger than this stay, so that a re-published outbox event is still "
-            "recognised by its stored copy (the store's duplicate window)."
+            "recognised by its stored copy (the store's duplicate window). A ``tidings.yaml`` "
+            "refuses one shorter than the ``failover_resend`` of an ``event_server`` target "
+            "publishing into the server."
         ),
     )
     every: Annotated[ParsedDuration, within(10 * MS, DAY, zero=True)] = Field(
@@ -138,6 +161,20 @@ class RetentionConfig(StrictModel):
     )
     batch: int = Field(
         default=10_000, ge=1, le=1_000_000, description="Events deleted per transaction."
+    )
+
+
+class ConsumerEventsConfig(StrictModel):
+    """The consumer events by which the servers of a group share their consumers' positions
+    (see :mod:`tidings.streams.consumers.compaction`)."""
+
+    compact_every: Annotated[ParsedDuration, within(10 * MS, DAY, zero=True)] = Field(
+        default=timedelta(seconds=10),
+        description=(
+            "How often the consumer events that a later one supersedes are deleted (with or "
+            "without stream retention): between passes, each acknowledgement that moved a "
+            "consumer adds one."
+        ),
     )
 
 
@@ -227,6 +264,20 @@ class StreamServerConfig(ServerConfig):
     streams: list[StreamConfig] = Field(
         default_factory=list, description="The FTN18 streams the server serves."
     )
+    stream_consumer_events: ConsumerEventsConfig = Field(
+        default=ConsumerEventsConfig(),
+        description=(
+            "The events that share the streams' consumers and their positions with the other "
+            "servers of a redundant group."
+        ),
+    )
+    stream_allow_required: bool = Field(
+        default=False,
+        description=(
+            "Every stream user needs an ``allow`` list: a user without one is a configuration "
+            "error, instead of a user that may do everything."
+        ),
+    )
 
     @model_validator(mode="after")
     def _streams(self) -> StreamServerConfig:
@@ -250,7 +301,20 @@ class StreamServerConfig(ServerConfig):
                     "metrics endpoint, and this server has none: add metrics: {port: PORT} "
                     "(it listens on 127.0.0.1 unless metrics.address says otherwise)"
                 )
+        unrestricted = self.unrestricted_users()
+        if self.stream_allow_required and unrestricted:
+            raise ValueError(
+                f"stream_users: no allow list for {', '.join(unrestricted)}, and "
+                "stream_allow_required is set (give each user its allow list)"
+            )
+        grants = {name: user.allow for name, user in self.stream_users.items()}
+        types = {stream.name: type_patterns(stream.types) for stream in self.streams}
+        _as_value_error(lambda _: check_grants(grants, types), None)
         return self
+
+    def unrestricted_users(self) -> list[str]:
+        """The stream users without an ``allow`` list: they may do everything."""
+        return [name for name, user in self.stream_users.items() if user.allow is None]
 
     def resolved(self) -> StreamServerConfig:
         """TLS paths made absolute against the configuration file's directory."""
@@ -370,9 +434,11 @@ def _as_value_error(check: Callable[[V], object], value: V) -> None:
 __all__ = [
     "AggregateConfig",
     "AggregateDestination",
+    "ConsumerEventsConfig",
     "PushConfig",
     "RetentionConfig",
     "StreamConfig",
+    "StreamGrant",
     "StreamServerConfig",
     "StreamSourceConfig",
     "StreamUserConfig",

@@ -230,6 +230,7 @@ class MonitorLink:
                     self._engine,
                     server_id,
                     client_name=str(self._config.engine.server_id),
+                    tls=self._config.syncer_client.tls,
                 )
                 self.peers[server_id] = peer
                 await peer.start()

@@ -149,7 +149,9 @@ async def serve_intermediary(
     limits = config.limits
     catalog = catalog_of(config)
     chain = TidingsChain(
-        config.event_servers, request_timeout=config.request_timeout.total_seconds()
+        config.event_servers,
+        request_timeout=config.request_timeout.total_seconds(),
+        tls=config.event_server_tls,
     )
     await chain.start()
     spatial: tuple[Intermediary, ResilientFeed] | None = None

@@ -70,7 +70,9 @@ def decode(data: str | bytes) -> dict[str, Any]:
         message = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise StreamError(INVALID_REQUEST, f"the message is not JSON: {exc}") from None
-    except RecursionError:  # deeper than the interpreter's stack: a few KB of [[[[ do it
+    except RecursionError:
+        # A few KB of "[[[[..." (a cheap request, sent without login) must be the sender's
+        # mistake, answered as such, not an internal error with a traceback each time.
         raise StreamError(INVALID_REQUEST, NESTED_TOO_DEEPLY) from None
     if not isinstance(message, dict):
         raise StreamError(INVALID_REQUEST, "the message is not a JSON object")

@@ -37,9 +37,10 @@ from tidings.streams.service.functions import Deferred, RawJson, StreamService
 
 log = logging.getLogger(__name__)
 
-#: The refusals worth an operator's notice: malformed requests and failed logins (the
-#: protocol's other errors, an unregistered consumer say, are its normal answers).
-_LOGGED_REFUSALS = frozenset({ftn3.INVALID_REQUEST, ftn3.SECURITY_ERROR})
+#: The refusals this module logs: malformed requests. (Failed logins and missing permissions
+#: are counted and logged by the stream's refusals, :mod:`.refusals`; the protocol's other
+#: errors, an unregistered consumer say, are its normal answers.)
+_LOGGED_REFUSALS = frozenset({ftn3.INVALID_REQUEST})
 
 MEDIA_TYPE = "application/futoin+json"
 #: Requests of one WebSocket peer waiting their turn, at most; reading stops while full.
@@ -101,8 +102,8 @@ def _reply(result: Any, rid: str | None) -> bytes:
 
 
 def _refused(service: StreamService, exc: StreamError, rid: str | None) -> bytes:
-    """The error reply to a request refused with ``exc``; a refusal of the request itself
-    (malformed, or its sender not authenticated) is logged once per kind and stream."""
+    """The error reply to a request refused with ``exc``; a malformed request is logged once
+    per stream and minute, with the count of the others."""
     if exc.name in _LOGGED_REFUSALS:
         service.problems.log(
             logging.WARNING,
