@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness.processes import free_port
 from tests.support.stream_helpers import add_events, call, poll, serving, stream_server_config
 from tests.support.waiting import run
 from tidings.config.streams import load_stream_server_config
@@ -21,7 +20,6 @@ def test_stream_metrics_show_positions_and_lag_on_the_servers_loopback_endpoint(
     import httpx
 
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True, metrics=True)
-    config["metrics"] = {"port": free_port()}
 
     async def scenario() -> str:
         async with serving(config) as server:
@@ -34,7 +32,7 @@ def test_stream_metrics_show_positions_and_lag_on_the_servers_loopback_endpoint(
             await poll(server.url, "BEHIND", ids[1])
             async with httpx.AsyncClient() as client:
                 on_stream_port = await client.get(server.url + "/metrics")
-                response = await client.get(f"http://127.0.0.1:{config['metrics']['port']}/metrics")
+                response = await client.get(server.metrics_url)
             assert on_stream_port.status_code in (404, 405)
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/plain")
@@ -52,5 +50,6 @@ def test_stream_metrics_show_positions_and_lag_on_the_servers_loopback_endpoint(
 
 def test_stream_metrics_need_the_servers_metrics_endpoint(tmp_path) -> None:
     config = stream_server_config(f"sqlite:///{tmp_path}/e.db", metrics=True)
+    del config["metrics"]
     with pytest.raises(ConfigError, match=r"streams.0.metrics: .* add metrics: \{port: PORT\}"):
         load_stream_server_config(config)
