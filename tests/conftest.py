@@ -97,3 +97,14 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     files = {"ca.pem": ca.cert, "other-ca.pem": other.cert, "server.pem": server.cert}
     files |= {"server.key": server.key, "client.pem": client.cert, "client.key": client.key}
     return {name: str(path) for name, path in files.items()}
+
+
+@pytest.fixture
+def forgotten_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No secret remembered from files earlier tests of this process read: a test that
+    checks a secret is never shown must not pass because another test's file taught the
+    process to scrub it (:mod:`tidings.redaction`)."""
+    from tidings import redaction
+
+    monkeypatch.setattr(redaction, "_remembered", set())
+    monkeypatch.setattr(redaction, "_ordered", ())

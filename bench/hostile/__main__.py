@@ -60,17 +60,10 @@ def server(work: Path, tls: TlsSetup) -> tuple[ServerProcess, dict[str, int]]:
 
 
 async def refusals(ports: dict[str, int]) -> dict[str, float]:
-    """Every refusal counter of the server's and the stream's metrics."""
-    counts: dict[str, float] = {}
+    """Every refusal counter of the server's metrics, the stream's included."""
     async with httpx.AsyncClient(timeout=10) as client:
-        for url in (
-            f"http://127.0.0.1:{ports['metrics']}/metrics",
-            f"http://127.0.0.1:{ports['stream']}/metrics",
-        ):
-            text = (await client.get(url)).text
-            for name, labels, value in REFUSALS.findall(text):
-                counts[name + labels] = float(value)
-    return counts
+        text = (await client.get(f"http://127.0.0.1:{ports['metrics']}/metrics")).text
+    return {name + labels: float(value) for name, labels, value in REFUSALS.findall(text)}
 
 
 def figures(bystander: Bystander, start: float, end: float) -> dict[str, Any]:

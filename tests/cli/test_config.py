@@ -147,7 +147,7 @@ def test_config_check_prints_the_resolved_configuration_with_secrets_masked(
 
 
 def test_secret_names_and_url_passwords_are_masked_whatever_the_section() -> None:
-    from tidings.cli.config import masked
+    from tidings.redaction import masked
 
     data = {
         "syncer_token": "abc",

@@ -44,10 +44,11 @@ def backend_of(database_url: str) -> dict[str, str]:
 
 
 def stream_server_config(database_url: str, **stream: Any) -> dict[str, Any]:
-    """A server configuration with one stream ``s`` on a free port at ``/evt``."""
+    """A server configuration with one stream ``s`` on a free port at ``/evt`` (with
+    ``metrics=True``, the server's metrics endpoint on a free port, where they are served)."""
     entry = {"name": "s", "port": free_port(), "path": "/evt", "types": copy.deepcopy(TYPES)}
     entry |= stream
-    return {
+    config = {
         "type": "event",
         "backend": backend_of(database_url),
         "engine": {"server_id": 1},
@@ -58,6 +59,9 @@ def stream_server_config(database_url: str, **stream: Any) -> dict[str, Any]:
         },
         "streams": [entry],
     }
+    if entry.get("metrics"):
+        config["metrics"] = {"port": free_port()}
+    return config
 
 
 BILLING, BILLING_PASSWORD = "billing", "billpass"
@@ -105,6 +109,12 @@ class Serving:
     @property
     def ws_url(self) -> str:
         return "ws" + self.url[4:]
+
+    @property
+    def metrics_url(self) -> str:
+        """The server's metrics endpoint, where the streams' metrics are served."""
+        assert self.config.metrics is not None, "stream_server_config(..., metrics=True)"
+        return f"http://127.0.0.1:{self.config.metrics.port}/metrics"
 
 
 @contextlib.asynccontextmanager

@@ -989,3 +989,16 @@ def test_a_peer_that_stops_reading_a_streamed_frame_is_closed(
 
     assert run(main()) == "peer took nothing of a reply for 0.2 s"
     assert len(warnings_of(caplog)) == 1
+
+
+def test_a_json_payload_deeper_than_the_stack_is_refused_new_and_kept_when_stored() -> None:
+    """Issue 30: a new event's payload nested past the interpreter's stack is a
+    ProtocolError for that event (not a RecursionError ending the link); one a server
+    stored already (a peer's, a reply's) passes as its origin took it."""
+    deep = "[" * 30_000 + "]" * 30_000
+    with pytest.raises(ProtocolError, match=r"event 0\.payload: json payload is nested too deeply"):
+        codec.payload_from_sbs(("json", deep), "event 0.payload", strict=True)
+    assert codec.payload_from_sbs(("json", deep), "event.payload") == (
+        PayloadKind.JSON,
+        deep.encode(),
+    )

@@ -30,6 +30,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from tidings.errors import ConfigError
+from tidings.redaction import shown_url
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -147,8 +148,8 @@ def resolve_database_url(url: str, base_dir: Path) -> str:
         return url
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ValueError(f"not a database URL: {url!r} ({exc})") from None
+    except ArgumentError:
+        raise ValueError(f"not a database URL: {shown_url(url)}") from None
     database = parsed.database
     if not database or database == ":memory:" or database.startswith("file:"):
         return url

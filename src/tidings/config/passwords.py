@@ -25,6 +25,7 @@ import os
 import secrets
 from collections.abc import Callable, Mapping
 from threading import Lock
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -147,6 +148,7 @@ class PasswordHashConfig(StrictModel):
 
     password_hash: str | None = Field(
         default=None,
+        repr=False,
         description=(
             "The scrypt hash of the password, as ``tidings streams hash-password`` prints it."
         ),
@@ -155,6 +157,19 @@ class PasswordHashConfig(StrictModel):
         default=None,
         description="The environment variable holding that hash, read when the server starts.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_clear_password(cls, data: Any) -> Any:
+        """A clear ``password`` is refused with what to write instead, and not echoed: the
+        file must not hold it, and the error must not spread it further."""
+        if isinstance(data, dict) and "password" in data:
+            raise ValueError(
+                "password: clear passwords are not accepted (the file keeps only a hash); "
+                "write password_hash: with the hash that `tidings streams hash-password` "
+                "prints for it, or password_hash_env: naming a variable that holds the hash"
+            )
+        return data
 
     @model_validator(mode="after")
     def _one_password_source(self) -> PasswordHashConfig:

@@ -241,6 +241,7 @@ class SyncerPeerConfig(StrictModel):
     )
     syncer_token: str | None = Field(
         default=None,
+        repr=False,
         description=(
             "The peer's ``syncer_token``; it must equal ours, or the configuration is refused."
         ),
@@ -302,6 +303,7 @@ class ServerConfig(StrictModel):
     )
     syncer_token: str | None = Field(
         default=None,
+        repr=False,
         description=(
             "Servers sync only with peers of the same token; through a Monitor, a server without "
             "one syncs with every peer of its group (as in hat-event)."
@@ -358,9 +360,9 @@ class ServerConfig(StrictModel):
                 )
             if peer.syncer_token != self.syncer_token:
                 raise ValueError(
-                    f"syncer_peers.{index}.syncer_token: {peer.syncer_token!r} does not match "
-                    f"this server's syncer_token {self.syncer_token!r}; servers sync only "
-                    "when their tokens are equal"
+                    f"syncer_peers.{index}.syncer_token: "
+                    f"{_token_mismatch(peer.syncer_token, self.syncer_token)}; "
+                    "servers sync only when their tokens are equal"
                 )
         if self.monitor is not None and self.syncer_peers:
             raise ValueError(
@@ -375,6 +377,15 @@ class ServerConfig(StrictModel):
     def resolve(self, path: str | Path) -> Path:
         """``path`` made absolute against the configuration file's directory."""
         return resolve_path(path, self.base_dir)
+
+
+def _token_mismatch(peer_token: str | None, own_token: str | None) -> str:
+    """Why a peer's token does not fit ours, without either token (they are secrets)."""
+    if peer_token is None:
+        return "not set, but this server has one"
+    if own_token is None:
+        return "set, but this server has no syncer_token"
+    return "does not match this server's syncer_token (neither is shown)"
 
 
 def require_positive_ints(owner: str, **values: object) -> None:

@@ -197,7 +197,11 @@ class StreamConfig(StrictModel):
     )
     metrics: bool = Field(
         default=False,
-        description="Serve Prometheus metrics at ``<path>/metrics`` (consumer positions and lag).",
+        description=(
+            "Export the stream's Prometheus metrics (consumer positions and lag) on the server's "
+            "metrics endpoint (its ``metrics:`` section, on 127.0.0.1 by default), not on the "
+            "stream's own port."
+        ),
     )
 
     @field_validator("types")
@@ -258,6 +262,13 @@ class StreamServerConfig(ServerConfig):
                 )
         if self.streams and not self.stream_users:
             raise ValueError("streams need at least one entry under stream_users")
+        for index, stream in enumerate(self.streams):
+            if stream.metrics and self.metrics is None:
+                raise ValueError(
+                    f"streams.{index}.metrics: a stream's metrics are served on the server's "
+                    "metrics endpoint, and this server has none: add metrics: {port: PORT} "
+                    "(it listens on 127.0.0.1 unless metrics.address says otherwise)"
+                )
         unrestricted = self.unrestricted_users()
         if self.stream_allow_required and unrestricted:
             raise ValueError(

@@ -100,6 +100,12 @@ class RunningServer:
                 )
                 undo.push_async_callback(syncer.aclose)
             running = cls(config, store, async_engine, syncer, attach)
+            # Before the serving parts: the attachment (the streams) adds its own metrics.
+            if config.metrics is not None:
+                running.metrics = MetricsEndpoint(
+                    running, config.metrics.address, config.metrics.port
+                )
+                undo.callback(running.metrics.close)
             if standalone:
                 await running._open_serving()
                 undo.push_async_callback(running._close_serving)
@@ -113,11 +119,6 @@ class RunningServer:
                     await client.start()
                     undo.push_async_callback(client.aclose)
                     running.static_peers.append(client)
-            if config.metrics is not None:
-                running.metrics = MetricsEndpoint(
-                    running, config.metrics.address, config.metrics.port
-                )
-                undo.callback(running.metrics.close)
             if not standalone:
                 running.monitor = await MonitorLink.start(config, async_engine, running._serve)
                 undo.push_async_callback(running.monitor.aclose)

@@ -228,6 +228,11 @@ def payload_from_sbs(
             _parse_json(inner, _STRICT_JSON if strict else _JSON)
         except ValueError as exc:
             raise ProtocolError(f"{field}: json payload is not valid JSON: {exc}") from exc
+        except RecursionError:  # deeper than the interpreter's stack: a few KB of [[[[ do it
+            # A new event is refused; one a server stored already (parsed there at a
+            # shallower stack) passes unchecked, as its origin took it.
+            if strict:
+                raise ProtocolError(f"{field}: json payload is nested too deeply") from None
         return PayloadKind.JSON, inner.encode()
     if name == "sbs":
         return PayloadKind.SBS, encode("Hat", "Data", inner)

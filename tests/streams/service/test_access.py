@@ -51,9 +51,9 @@ def _ids(reply: dict[str, Any]) -> list[int]:
 
 
 async def metrics(url: str) -> dict[str, float]:
-    """The stream's metrics: ``name{labels}`` -> value."""
+    """The metrics at ``url`` (the server's endpoint): ``name{labels}`` -> value."""
     async with httpx.AsyncClient() as client:
-        text = (await client.get(url + "/metrics")).text
+        text = (await client.get(url)).text
     found = re.findall(r"^(tidings_\S+) (\S+)$", text, re.MULTILINE)
     return {name: float(value) for name, value in found}
 
@@ -117,7 +117,7 @@ def test_refusals_name_the_user_and_what_it_may_not_have(
             # The same refusal again: counted, not logged again.
             for _ in range(3):
                 await billing(url, REGISTER, {"component": "AUDITOR"})
-            values = await metrics(url)
+            values = await metrics(server.metrics_url)
             counted = {
                 reason: values.get(
                     f'tidings_stream_refusals_total{{reason="{reason}",stream="s",user="{user}"}}'
@@ -222,7 +222,7 @@ def test_the_data_filter_holds_back_events_and_positions_move_past_them(
                 assert _ids(reply) == []
 
             async def position() -> float:
-                return position_of(await metrics(url), "BILLING") or 0
+                return position_of(await metrics(server.metrics_url), "BILLING") or 0
 
             # Past the trailing globex event (and, it may be, past the servers' own
             # consumer events after it, which no consumer reads).
@@ -302,7 +302,7 @@ def test_a_consumer_far_behind_reads_the_store_through_the_filter(
             assert _ids(live) == [4003]
             reply = await billing(server.url, POLL, {"component": "BILLING", "last_id": "1502"})
             assert _ids(reply) == []  # 2,000 looked at, none for billing
-            assert position_of(await metrics(server.url), "BILLING") == 3502
+            assert position_of(await metrics(server.metrics_url), "BILLING") == 3502
             assert _ids(await billing(server.url, POLL, {"component": "BILLING"})) == [4003]
             newest = await billing(server.url, POLL, {"component": "LIVE"})
             assert _ids(newest) == [4003]  # of the newest 1,000, the one it may read

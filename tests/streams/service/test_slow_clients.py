@@ -53,10 +53,12 @@ def test_idle_and_slow_heads_are_closed_and_counted(tmp_path, monkeypatch) -> No
             idle.close()
             trickling.cancel()
             # Others are served all along, a keep-alive client across several requests too.
+            ping = json.dumps({"f": "futoin.ping:1.0:ping", "p": {"echo": 1}})
             async with httpx.AsyncClient() as client:
                 for _ in range(3):
-                    reply = await client.get(server.url + "/metrics")
-                    assert reply.status_code == 200
+                    reply = await client.post(server.url, content=ping)
+                    assert reply.json() == {"r": {"echo": 1}}
+                reply = await client.get(server.metrics_url)
             counted = re.search(
                 r'tidings_stream_refusals_total\{[^}]*reason="slow_request_head"[^}]*\} (\S+)',
                 reply.text,

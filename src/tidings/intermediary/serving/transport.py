@@ -8,7 +8,8 @@ One Starlette WebSocket endpoint. A subscriber sends JSON text requests::
 
 and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "covered",
 "from_epoch"}``, ``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error",
-"message"}``; a bad request is answered and the connection goes on) and binary messages,
+"message"}``; a bad request is answered and the connection goes on, one that fails
+unexpectedly too, logged once per place it failed at) and binary messages,
 one per frame: a one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s
 layout). The first message is ``{"op": "hello", "subscriber": <id>, "identity": <name>}``
 (with ``"stale": {upstream: reason}`` while an upstream is lost). The same server
@@ -93,6 +94,7 @@ from tidings.intermediary.serving.envelope import (
 )
 from tidings.intermediary.serving.page import page_routes
 from tidings.intermediary.views.grants import NOTHING, Grant
+from tidings.logs import OncePerCause
 from tidings.serving import DenyingWebSockets, QuietServer, listen
 from tidings.tasks import stop_task
 
@@ -166,6 +168,8 @@ class IntermediaryServer:
             routes=[WebSocketRoute("/", self._endpoint), *page_routes(intermediary, self.access)]
         )
         self._next_id = 0
+        #: A request's unexpected failure is logged once per place, not once per request.
+        self._problems = OncePerCause(log)
         self._server: uvicorn.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -417,13 +421,20 @@ class IntermediaryServer:
         try:
             return await self.handle_request(conn.id, request)
         except IntermediaryError as exc:
-            reply: dict[str, object] = {"op": "error", "message": str(exc)}
-            if isinstance(exc, SubscriptionRefused):  # the client raises it as one
-                reply["refused"] = True
-            key = request.get("key")
-            if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
-                reply["key"] = key
-            return reply
+            message = str(exc)
+            refused = isinstance(exc, SubscriptionRefused)  # the client raises it as one
+        except RecursionError:  # the request's nesting, met past parsing
+            message, refused = "request: JSON nested too deeply", False
+        except Exception as exc:  # a bug this request met: answered, logged once per place
+            self._problems.failure("intermediary: a request failed", exc)
+            message, refused = "request: failed (the intermediary's log says why)", False
+        reply: dict[str, object] = {"op": "error", "message": message}
+        if refused:
+            reply["refused"] = True
+        key = request.get("key")
+        if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
+            reply["key"] = key
+        return reply
 
     async def handle_request(
         self, subscriber: int, request: dict[str, object]

@@ -25,6 +25,7 @@ from tidings.db import driver_stamp, placeholder
 from tidings.events.outbox import DeliveryState, EventStatus, OutboxEvent
 from tidings.events.timeutil import utcnow
 from tidings.outbox.confirmations import newest_confirmations, raise_marks
+from tidings.redaction import scrub
 
 # Plain strings: reading a member off an enum class costs a descriptor call per event.
 CONFIRMED, FAILED = DeliveryState.CONFIRMED.value, DeliveryState.FAILED.value
@@ -57,6 +58,8 @@ class LoggedEvent:
         return self.deliveries.get(target, {}).get("state") == FAILED
 
     def settle(self, status: EventStatus, error: str | None = None) -> None:
+        # A target's error may quote its URL: no password goes into the log's rows.
+        error = None if error is None else scrub(error)
         if (status, error) != (self.status, self.error_details):
             self.status, self.error_details, self.changed = status, error, True
 

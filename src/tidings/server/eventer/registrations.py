@@ -27,12 +27,15 @@ from collections.abc import Callable, Iterator
 from tidings.errors import ProtocolError
 from tidings.events.model import EventType, NewEvent, StoredEvent
 from tidings.events.validation import reserved_type_problem
+from tidings.logs import OncePerCause
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.eventer.access import ClientAccess
 from tidings.server.eventer.notify import INLINE_EVENTS
 from tidings.wire import chatter, codec
 
 log = logging.getLogger(__name__)
+#: Refused events are logged once per client connection and minute (see _log_refused).
+_once = OncePerCause(log)
 
 #: Register requests, and their payload bytes, of one connection queued with the engine
 #: before the server stops reading that connection (TCP then pushes back on the client).
@@ -278,10 +281,12 @@ def _new_event(
 
 
 def _log_refused(peer: str, index: int, problem: str) -> None:
-    log.warning(
-        "eventer: event %d from %s refused: %s",
-        index,
+    """Log a refused event once per client connection (then counted): one request may
+    carry thousands of bad events, and a line each would be a flood for the price of one
+    frame."""
+    _once.log(
+        logging.WARNING,
         peer,
-        problem,
+        f"eventer: event {index} from {peer} refused: {problem}",
         extra={"peer": peer, "index": index},
     )

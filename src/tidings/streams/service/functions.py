@@ -38,8 +38,8 @@ from typing import Any, TypeVar
 from tidings.config.streams import StreamConfig
 from tidings.errors import EngineError, StoreError, StreamError, StreamRefused
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
+from tidings.logs import OncePerCause
 from tidings.server.async_engine import AsyncEngine
-from tidings.streams.consumers.metrics import stream_metrics
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.replication import Covers, consumer_event
 from tidings.streams.protocol.channel import Channel
@@ -119,6 +119,9 @@ class StreamService:
         self._password_checks = password_checks
         self._push = PushSessions(self.name)
         self._consumer_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        #: What its transport logs once per cause: malformed requests, failed logins,
+        #: failures (:mod:`.app`); one per stream and run, so a restart starts afresh.
+        self.problems = OncePerCause(logging.getLogger("tidings.streams.service.app"))
 
     async def call(self, request: Request, channel: Channel | None, secure: bool) -> Any:
         """Run one request; its result, or StreamError with the FTN3 error to send."""
@@ -158,17 +161,14 @@ class StreamService:
         assert request.func == "readyToReceive" and channel is not None
         return await self._ready(channel, user, component, selection, request.minor)
 
-    async def metrics(self) -> bytes:
-        """The stream's Prometheus metrics (read from the store in a worker thread)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor,
-            stream_metrics,
-            self._engine.store,
-            self.config,
-            self._push.reliable,
-            dict(self.refusals.counts),  # a copy: the loop goes on counting meanwhile
-        )
+    def push_sessions(self) -> int:
+        """How many reliable consumers have a push session running (for the metrics)."""
+        return self._push.reliable
+
+    def refusal_counts(self) -> dict[tuple[str, str], int]:
+        """The refusals so far by (user, reason), copied whole (for the metrics, read in
+        their thread while the loop goes on counting)."""
+        return dict(self.refusals.counts)
 
     async def channel_closed(self, channel: Channel) -> None:
         """Stop the push session on a channel that closed, if it has one."""

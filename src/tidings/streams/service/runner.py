@@ -24,6 +24,7 @@ from tidings.errors import ConfigError
 from tidings.server.runner import Attachment, RunningServer
 from tidings.serving import QuietServer, listen
 from tidings.streams.consumers.compaction import run_compaction
+from tidings.streams.consumers.metrics import MeasuredStream, StreamsCollector
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.retention import run_retention
 from tidings.streams.consumers.sync import ConsumerSync
@@ -77,6 +78,7 @@ class RunningStreams:
                 running.services[stream.name] = _service(
                     stream, config, server, consumers, users, executor, running
                 )
+            running._measure(config, server)
             for (host, port), streams in by_address.items():
                 services = {s.path: running.services[s.name] for s in streams}
                 # A connection closed before its path is known counts under the port's first
@@ -104,6 +106,22 @@ class RunningStreams:
             await running.aclose()
             raise
         return running
+
+    def _measure(self, config: StreamServerConfig, server: RunningServer) -> None:
+        """Add the streams with ``metrics: true`` to the server's metrics endpoint (the
+        configuration has one when a stream asks for metrics)."""
+        services = self.services
+        measured = [
+            MeasuredStream(s, services[s.name].push_sessions, services[s.name].refusal_counts)
+            for s in config.streams
+            if s.metrics
+        ]
+        if not measured:
+            return
+        assert server.metrics is not None, "checked by StreamServerConfig"
+        registry, collector = server.metrics.registry, StreamsCollector(server.store, measured)
+        registry.register(collector)
+        self.unsubscribe.append(lambda: registry.unregister(collector))
 
     async def aclose(self) -> None:
         """Stop accepting and close every connection first (a consumer reconnecting must
