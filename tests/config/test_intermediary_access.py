@@ -50,7 +50,7 @@ def test_a_subscriber_holds_hashes_and_a_grant_of_nothing_unless_given() -> None
         ({"token_hash": TOKEN}, r"a token hash must be sha256\$"),
         ({"password_hash": "s3cret"}, "a password hash must be scrypt"),
         ({"token": TOKEN}, "unknown key"),
-        ({"password": "s3cret"}, "unknown key"),
+        ({"password": "s3cret"}, "clear passwords are not accepted"),
         ({"token_hash_env": "A", "token_hash": hash_token(TOKEN)}, "not both"),
         ({"token_hash_env": "A", "tables": ["nope"]}, r"tables: 'nope' is not a table"),
         ({"token_hash_env": "A", "events": [["*", "x"]]}, "'\\*' is allowed only as the last"),
