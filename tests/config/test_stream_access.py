@@ -3,6 +3,7 @@ refused with the key named (a typo in a permission must not deny in silence)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -84,3 +85,18 @@ def test_stream_allow_required_refuses_users_without_a_list(tmp_path) -> None:
         load_stream_server_config(config)
     config["stream_users"][OTHER_USER]["allow"] = []  # may do nothing: allowed to say so
     assert load_stream_server_config(config).unrestricted_users() == []
+
+
+def test_a_user_without_allow_reads_the_same_after_a_json_round_trip(tmp_path) -> None:
+    """The relay hands its configuration to its tasks as JSON: a user left without ``allow``
+    (everything) must not come back as ``allow: null``, which a file may not say."""
+    config = stream_server_config(f"sqlite:///{tmp_path}/x.db")
+    loaded = load_stream_server_config(config)
+    assert loaded.stream_users[USER].allow is None
+    again = load_stream_server_config(json.loads(loaded.model_dump_json()))
+    assert again.stream_users[USER].allow is None
+    granted = load_stream_server_config(_with_allow(tmp_path, []))
+    assert (
+        load_stream_server_config(json.loads(granted.model_dump_json())).stream_users[USER].allow
+        == []
+    )

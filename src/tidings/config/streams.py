@@ -40,6 +40,9 @@ class StreamUserConfig(PasswordHashConfig):
 
     allow: list[StreamGrant] | None = Field(
         default=None,
+        # Left out when unset, so a configuration dumped and read again (the relay's job
+        # options, a JSON round trip) reads "everything" again, not the refused null.
+        exclude_if=lambda value: value is None,
         description=(
             "What the user may do: streams, components, types, ``addEvent`` and a data filter "
             "per entry (see the security page). Left out: everything, as before permissions "
