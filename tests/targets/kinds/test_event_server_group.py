@@ -30,7 +30,7 @@ from tidings.events.model import StoredEvent
 from tidings.events.outbox import OutboxEvent
 from tidings.events.query import QueryData
 from tidings.outbox.producer import Outbox
-from tidings.pipeline.relay import start_relay
+from tidings.pipeline.relay_query import start_relay
 from tidings.server.store.schema import events_table
 from tidings.targets import registry  # noqa: F401 - enters the target kinds' models
 from tidings.targets.kinds.event_server import EventServerTarget, EventServerTargetConfig
