@@ -45,7 +45,7 @@ def test_a_standby_warms_up_publishing_nothing_then_starts_its_prepared_query(
     standby = WarmStandby(spark, config, None, lease.owner)
     try:
         standby.prepare()
-        assert standby.prepared
+        assert standby.prepared()
         warm = _warm_up_query(spark)
         assert warm is not None
         wait_until(lambda: warm.lastProgress is not None, 120)
@@ -60,7 +60,7 @@ def test_a_standby_warms_up_publishing_nothing_then_starts_its_prepared_query(
 
         assert lease.acquire(threading.Event())
         writer = standby.take()
-        assert writer is not None and not standby.prepared
+        assert writer is not None and not standby.prepared()
         query = start_writer(writer, config)
         standby.close()  # as the relay does: the warm-up stops while the query starts
         assert _warm_up_query(spark) is None
@@ -88,7 +88,7 @@ def test_a_standby_that_cannot_prepare_says_so_and_starts_cold(
     standby = WarmStandby(spark, config, None, "owner")
     with caplog.at_level(logging.WARNING, logger="tidings.pipeline.warmup"):
         standby.prepare()
+        assert not standby.prepared()
     assert "preparing the takeover failed; it will start cold" in caplog.text
-    assert not standby.prepared
     assert standby.take() is None
     assert _warm_up_query(spark) is None

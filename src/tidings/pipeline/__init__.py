@@ -17,8 +17,9 @@ Bottom up:
 - the jobs: :mod:`~tidings.pipeline.replay`; the streaming relay: its query
   (:mod:`~tidings.pipeline.relay_query`), a standby's preparation to take it over
   (:mod:`~tidings.pipeline.warmup`) and the relay run under the lease
-  (:mod:`~tidings.pipeline.relay`); and :mod:`~tidings.pipeline.housekeeping`, which archives in the Parquet layout of
-  :mod:`~tidings.pipeline.archive_layout` (the stream archiver writes it too);
+  (:mod:`~tidings.pipeline.relay`); and :mod:`~tidings.pipeline.housekeeping`, which
+  archives in the Parquet layout of :mod:`~tidings.pipeline.archive_layout` (the stream
+  archiver writes it too);
 - what the log says about delivery (:mod:`~tidings.pipeline.status`, for ``tidings status``)
   and the relay's Prometheus :mod:`~tidings.pipeline.metrics`.
 

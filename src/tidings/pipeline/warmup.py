@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,7 +53,11 @@ WARM_BATCH_WAIT_S = 30.0
 
 
 class WarmStandby:
-    """The relay query built and the warm-up running while this relay stands by."""
+    """The relay query built and the warm-up running while this relay stands by.
+
+    The preparation runs in a thread of its own, so that the standby goes on polling the
+    lease and announcing itself meanwhile; taking the prepared query (or closing) waits for
+    it to end."""
 
     def __init__(
         self,
@@ -63,19 +68,43 @@ class WarmStandby:
     ) -> None:
         self.spark, self.config, self.config_path = spark, config, config_path
         self.lease_owner = lease_owner
+        self._thread: threading.Thread | None = None
         self._writer: DataStreamWriter | None = None
         self._warm_up: StreamingQuery | None = None
         self._checkpoint: Path | None = None
 
-    @property
+    def prepare(self) -> None:
+        """Start preparing (building the relay query, starting the warm-up), unless it is
+        under way or done."""
+        if self._thread is not None or self._writer is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._prepare, name="relay-standby-prepare", daemon=True
+        )
+        self._thread.start()
+
     def prepared(self) -> bool:
+        """Whether a relay query is prepared (once the preparation under way ended)."""
+        self._join()
         return self._writer is not None
 
-    def prepare(self) -> None:
-        """Build the relay query and start the warm-up, unless done already; a failure is
-        logged, and the takeover then starts cold."""
-        if self._writer is not None:
-            return
+    def take(self) -> DataStreamWriter | None:
+        """The prepared relay query, once (after the preparation under way ended); None if
+        nothing was prepared. The warm-up runs on until :meth:`close`: the relay starts its
+        query first and stops the warm-up while that query starts (Spark starts a Python
+        process for its source meanwhile)."""
+        self._join()
+        writer, self._writer = self._writer, None
+        return writer
+
+    def close(self) -> None:
+        """Stop the warm-up (after its batch in flight) and remove its checkpoint."""
+        self._join()
+        self._stop_warm_up()
+
+    def _prepare(self) -> None:
+        """Build the relay query and start the warm-up; a failure is logged, and the
+        takeover then starts cold."""
         began = time.monotonic()
         try:
             self._writer = relay_writer(
@@ -95,22 +124,16 @@ class WarmStandby:
                 "standby relay: preparing the takeover failed; it will start cold", exc_info=True
             )
             self._writer = None
-            self.close()
+            self._stop_warm_up()
             return
-        log.info(
-            "standby relay prepared",
-            extra={"seconds": round(time.monotonic() - began, 3)},
-        )
+        log.info("standby relay prepared", extra={"seconds": round(time.monotonic() - began, 3)})
 
-    def take(self) -> DataStreamWriter | None:
-        """The prepared relay query, once; None if nothing was prepared. The warm-up runs on
-        until :meth:`close`: the relay starts its query first and stops the warm-up while
-        that query starts (Spark starts a Python process for its source meanwhile)."""
-        writer, self._writer = self._writer, None
-        return writer
+    def _join(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
 
-    def close(self) -> None:
-        """Stop the warm-up (after its batch in flight) and remove its checkpoint."""
+    def _stop_warm_up(self) -> None:
         warm_up, self._warm_up = self._warm_up, None
         if warm_up is not None:
             try:
