@@ -7,7 +7,9 @@ publishing to a ``tidings server`` process through an ``event_server`` target, w
 producer commits one event per transaction at a steady rate over a few keys. The active relay
 is SIGKILLed (its whole process group, JVM included) ``kills`` times, each time after the
 standby announced itself and publishing ran steadily for a while; the killed relay is started
-again, as a supervisor would, and becomes the next standby.
+again, as a supervisor would, and becomes the next standby; each kill waits until the standby
+is warm (:mod:`tidings.pipeline.warmup`: its warm-up's first batch recorded, ``warmed_s``
+after it stood by).
 
 Each takeover is timed from the kill, by the new relay's log lines (JSON, millisecond stamps),
 by the target's store and by the outbox:
@@ -16,7 +18,8 @@ by the target's store and by the outbox:
 * ``query``: it logs ``relay started`` (its streaming query is started);
 * ``planned``: it logs ``relay first batch planned`` (the first micro-batch's offsets are in
   the checkpoint and its job is about to run);
-* ``target``: the server stored the first event after the kill (the server's timestamp);
+* ``target``: the server stored its first event after the lease was taken (the server's
+  timestamp; an event the dead relay sent may still be stored just after the kill);
 * ``published``: the outbox's PUBLISHED count grew (polled every 50 ms): publishing again;
 * ``recorded``: it logs ``relay first batch recorded`` (the first batch's tasks all ended).
 

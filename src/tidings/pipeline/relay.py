@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
@@ -26,11 +27,25 @@ from tidings.pipeline.warmup import WarmStandby
 log = logging.getLogger(__name__)
 #: How long a stop request waits for the batch in flight to commit.
 STOP_GRACE_S = 30.0
-#: Spark's error when another query wrote the same batch to the checkpoint first: a relay
-#: that lost its lease froze between its source's lease check and that write
-#: (:mod:`tidings.pipeline.standby`). The active relay starts its query again, this often.
-_CHECKPOINT_RACE = "CONCURRENT_STREAM_LOG_UPDATE"
-_CHECKPOINT_RACES = 3
+#: Failures after which the active relay keeps its lease and starts its query again (from
+#: the checkpoint, as after a crash), at most :data:`_RESTARTS` times in a row each: what
+#: Spark's error says -> what the relay logs, and what it fails with when they keep coming.
+_TRANSIENT = {
+    # Another query wrote the same batch to the checkpoint first: a relay that lost its lease
+    # froze between its source's lease check and that write (tidings.pipeline.standby).
+    "CONCURRENT_STREAM_LOG_UPDATE": (
+        "a stale relay wrote this relay's next batch",
+        "another streaming query keeps writing this relay's checkpoint ({checkpoint}); is a "
+        "relay without the relay lease (an older tidings) running on it?",
+    ),
+    # A Python process Spark started (the query's streaming source) did not connect back
+    # within the 10 s Spark waits, fixed: a machine too busy to start one in time.
+    "Python worker failed to connect back": (
+        "a Python process of Spark's did not start in time (is the machine overloaded?)",
+        "Spark's Python processes keep failing to start within 10 s; is the machine overloaded?",
+    ),
+}
+_RESTARTS = 3
 
 
 def run_relay(
@@ -84,27 +99,26 @@ def run_relay(
         if standby is not None:
             standby.prepare()
 
-    races = 0
+    restarts: dict[str, int] = {}
     try:
         while lease.acquire(stop, patience=patience, on_standby=standing_by):
             if on_active is not None:
                 on_active()
-            raced = False
+            restart: _Restart | None = None
             try:
-                raced = _run_leased(
+                restart = _run_leased(
                     spark, config, config_path, lease, once, stop, standby, on_replay, on_tick
                 )
             finally:
-                if not lease.lost.is_set() and not raced:
+                if not lease.lost.is_set() and restart is None:
                     lease.release()
-            if raced:  # keeps the lease (taking it again renews it) and starts the query again
-                races += 1
-                if races > _CHECKPOINT_RACES:
-                    raise RelayError(
-                        f"another streaming query keeps writing this relay's checkpoint "
-                        f"({config.relay.checkpoint_dir}); is a relay without the relay lease "
-                        "(an older tidings) running on it?"
-                    )
+            if restart is not None:  # keeps the lease (taking it again renews it)
+                count = 1 if restart.progressed else restarts.get(restart.cause, 0) + 1
+                restarts[restart.cause] = count
+                if count > _RESTARTS:
+                    checkpoint = config.relay.checkpoint_dir
+                    why = _TRANSIENT[restart.cause][1].format(checkpoint=checkpoint)
+                    raise RelayError(f"{why} (last: {restart.failure})")
                 continue
             if not lease.lost.is_set():
                 return
@@ -124,10 +138,10 @@ def _run_leased(
     standby: WarmStandby | None,
     on_replay: Callable[[Summary], None] | None,
     on_tick: Callable[[], None] | None,
-) -> bool:
+) -> _Restart | None:
     """The relay's query while this relay holds the lease (:func:`run_relay`): the one
-    ``standby`` prepared while standing by, else built now; True when it failed because
-    another query wrote the same batch to the checkpoint first."""
+    ``standby`` prepared while standing by, else built now; a :class:`_Restart` when it
+    failed for a passing reason and is to be started again."""
     from tidings.pipeline.replay import run_replay
 
     every = config.relay.replay_every
@@ -170,14 +184,23 @@ def _run_leased(
         on_tick()
     failure = query.exception()
     if failure is None or lease.lost.is_set():
-        return False
+        return None
     if lease.holder() not in (None, lease.owner):  # fenced by a task before the watchdog
         lease.lost.set()
-        return False
-    if _CHECKPOINT_RACE in str(failure):
-        log.warning("a stale relay wrote this relay's next batch; starting the query again")
-        return True
+        return None
+    for cause, (what, _) in _TRANSIENT.items():
+        if cause in str(failure):
+            log.warning(f"{what}; starting the query again")
+            return _Restart(cause, str(failure).splitlines()[0], query.lastProgress is not None)
     raise RelayError(f"the relay query failed: {failure}")
+
+
+class _Restart(NamedTuple):
+    """The relay query failed for a passing reason (:data:`_TRANSIENT`): start it again."""
+
+    cause: str  # the key of _TRANSIENT
+    failure: str  # Spark's error, its first line
+    progressed: bool  # a batch ran before it failed: the failures in a row start again
 
 
 def _scheduled_replay(
