@@ -20,7 +20,9 @@ by the target's store and by the outbox:
   the checkpoint and its job is about to run);
 * ``target``: the server stored its first event after the lease was taken (the server's
   timestamp; an event the dead relay sent may still be stored just after the kill);
-* ``published``: the outbox's PUBLISHED count grew (polled every 50 ms): publishing again;
+* ``published``: the outbox's PUBLISHED count grew after the lease was taken (polled every
+  0.1 s or so): publishing again (the dead relay's orphaned Python workers may record the
+  chunk they were sending just after the kill);
 * ``recorded``: it logs ``relay first batch recorded`` (the first batch's tasks all ended).
 
 Afterwards the server's store must hold every committed event once, each key's in log order,
@@ -90,7 +92,8 @@ _MEANING = {
     "planned": "it logs `relay first batch planned` (the first micro-batch is in the "
     "checkpoint's offsets and its job about to run)",
     "target": "the server's timestamp of the first event it stored after the lease was taken",
-    "published": "the outbox's PUBLISHED count grew (polled every 50 ms): publishing again",
+    "published": "the outbox's PUBLISHED count grew after the lease was taken (polled): "
+    "publishing again",
     "recorded": "it logs `relay first batch recorded` (the first batch's tasks all ended)",
 }
 _WAIT_S = 300.0
@@ -230,35 +233,53 @@ def takeover(
     before = rig.published()
     wait_for("steady publishing", lambda: rig.published() > before, active.tail)
     time.sleep(rng.uniform(0, 1))
-    base = rig.published()
     killed = time.time()
     active.kill()
     say(f"  {active.name} killed")
-    published: float | None = None
-    deadline = time.monotonic() + _WAIT_S
-    while published is None and time.monotonic() < deadline:
-        if rig.published() > base:
-            published = time.time()
-        else:
-            time.sleep(0.05)
-    recorded = _LOGGED["recorded"]
-    wait_for(
-        "the first batch recorded",
-        lambda: standby.logged(recorded, killed) is not None,
-        standby.tail,
-    )
+    watch = PublishedWatch(rig)
+    lease_message, recorded = _LOGGED["lease"], _LOGGED["recorded"]
+
+    def published_again() -> bool:
+        watch.sample()
+        lease = standby.logged(lease_message, killed)
+        grown = lease is not None and watch.grew_after(lease[0]) is not None
+        return grown and standby.logged(recorded, killed) is not None
+
+    wait_for("publishing again", published_again, standby.tail)
     steps: dict[str, float | None] = {}
     for step, message in _LOGGED.items():
         found = standby.logged(message, killed)
         steps[step] = None if found is None else found[0]
     lease = steps["lease"]
-    steps["target"] = None if lease is None else first_stored_after(rig.store_url, lease)
-    steps["published"] = published
+    assert lease is not None
+    steps["published"] = watch.grew_after(lease)
+    wait_for("stored", lambda: first_stored_after(rig.store_url, lease) is not None, standby.tail)
+    steps["target"] = first_stored_after(rig.store_url, lease)
     taken = {k: None if t is None else round(t - killed, 2) for k, t in steps.items()}
     taken["warmed_s"] = _warmed(standby)
     say(f"  {standby.name} took over: " + ", ".join(f"{k} {v} s" for k, v in taken.items()))
     active.start()
     return {name: taken[name] for name in (*STEPS, "warmed_s")}
+
+
+class PublishedWatch:
+    """The outbox's PUBLISHED count over time, to tell when the new relay published: the
+    dead relay's Python workers, orphaned, may still record the chunk they were sending for
+    a moment after the kill, so only growth after the lease was taken counts."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.samples: list[tuple[float, int]] = []
+
+    def sample(self) -> None:
+        self.samples.append((time.time(), self.rig.published()))
+
+    def grew_after(self, moment: float) -> float | None:
+        """The first sample after ``moment`` above the count at ``moment``, if any."""
+        before = [count for at, count in self.samples if at <= moment]
+        if not before:
+            return None
+        return next((at for at, count in self.samples if at > moment and count > before[-1]), None)
 
 
 def _warmed(standby: RelayProcess) -> float | None:
