@@ -412,7 +412,7 @@ def markdown(r: dict[str, Any], quick: bool, runtime: float) -> str:
         "",
     ]
     columns = (*STEPS, "warmed_s")
-    header = ("run", *STEPS.values(), "(standby warm after)")
+    header = ("run", *STEPS.values(), "(standby warm, s after it stood by)")
     for name, d in r["databases"].items():
         rows = [(str(n + 1), *(_cell(t[c]) for c in columns)) for n, t in enumerate(d["takeovers"])]
         rows.append(("median", *(_cell(d["median"][c]) for c in columns)))
