@@ -81,3 +81,30 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'test.db'}"
     url: str = request.getfixturevalue("pg_url")
     return url
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A CA, a server certificate for 127.0.0.1 and localhost, a client certificate, and a
+    second CA that signed neither (:mod:`tests.support.certificates`), once per run: their
+    files by name (``ca.pem``, ``other-ca.pem``, ``server.pem``/``.key``,
+    ``client.pem``/``.key``)."""
+    from tests.support.certificates import TestCA
+
+    directory = tmp_path_factory.mktemp("tls")
+    ca, other = TestCA(directory), TestCA(directory, "other")
+    server, client = ca.server(), ca.client("client")
+    files = {"ca.pem": ca.cert, "other-ca.pem": other.cert, "server.pem": server.cert}
+    files |= {"server.key": server.key, "client.pem": client.cert, "client.key": client.key}
+    return {name: str(path) for name, path in files.items()}
+
+
+@pytest.fixture
+def forgotten_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No secret remembered from files earlier tests of this process read: a test that
+    checks a secret is never shown must not pass because another test's file taught the
+    process to scrub it (:mod:`tidings.redaction`)."""
+    from tidings import redaction
+
+    monkeypatch.setattr(redaction, "_remembered", set())
+    monkeypatch.setattr(redaction, "_ordered", ())

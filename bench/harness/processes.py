@@ -41,9 +41,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def local_address(port: int) -> str:
-    """The event-server address (Eventer or Syncer) of ``port`` on the loopback."""
-    return f"tcp+sbs://127.0.0.1:{port}"
+def local_address(port: int, scheme: str = "tcp+sbs") -> str:
+    """The event-server address (Eventer or Syncer) of ``port`` on the loopback (``scheme``
+    ``ssl+sbs`` for TLS)."""
+    return f"{scheme}://127.0.0.1:{port}"
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -193,10 +194,14 @@ class ServerProcess:
         max_db_size: int = 100 * 2**20,
         monitor: dict[str, str] | None = None,
         token: str | None = None,
+        tls_pem: Path | None = None,
     ) -> ServerProcess:
         """hat-event 0.8.5's own server on its lmdb backend (its memory backend is broken in
         0.8.5), logging warnings and errors only; in a Monitor group if ``monitor`` (its
-        client configuration) is given, its Syncer token ``token``."""
+        client configuration) is given, its Syncer token ``token``. With ``tls_pem`` (its
+        certificate and key in one PEM file) it serves ``ssl+sbs://`` addresses, through
+        :mod:`bench.harness.hat_tls_server`."""
+        scheme = "tcp+sbs" if tls_pem is None else "ssl+sbs"
         config: dict[str, Any] = {
             "type": "event",
             "log": _HAT_LOG,
@@ -210,16 +215,21 @@ class ServerProcess:
                 "ordered": [{"order_by": "TIMESTAMP", "subscriptions": [["*"]]}],
             },
             "engine": {"server_id": server_id, "modules": []},
-            "eventer_server": {"address": local_address(ports["eventer"])},
+            "eventer_server": {"address": local_address(ports["eventer"], scheme)},
         }
         if "syncer" in ports:
-            config["syncer_server"] = {"address": local_address(ports["syncer"])}
+            config["syncer_server"] = {"address": local_address(ports["syncer"], scheme)}
         if token is not None:
             config["syncer_token"] = token
+        command = [str(HAT_EVENT_SERVER)]
+        env = None
+        if tls_pem is not None:
+            command = [sys.executable, str(Path(__file__).with_name("hat_tls_server.py"))]
+            env = {**os.environ, "HAT_TLS_PEM": str(tls_pem)}
         if monitor is not None:
             config["monitor"] = monitor
-            return cls([str(HAT_EVENT_SERVER)], workdir, config, ports, ["syncer"])
-        return cls([str(HAT_EVENT_SERVER)], workdir, config, ports)
+            return cls(command, workdir, config, ports, ["syncer"], env=env)
+        return cls(command, workdir, config, ports, env=env)
 
     @classmethod
     def hat_monitor(cls, workdir: Path, port: int, algorithm: str = "BLESS_ALL") -> ServerProcess:

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,13 +152,11 @@ class Bystander:
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def start(cls, address: str) -> Bystander:
+    async def start(cls, address: str, command: Sequence[str] = ()) -> Bystander:
+        """Start the bystander process: this module's (hat's client on ``address``), or
+        ``command``, any that prints its round trips in the same form."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.server.hostile",
-            "--bystander",
-            address,
+            *(command or (sys.executable, "-m", "bench.server.hostile", "--bystander", address)),
             stdout=asyncio.subprocess.PIPE,
             env=bench_env(),
         )
@@ -166,7 +164,10 @@ class Bystander:
         deadline = time.monotonic() + 30
         while len(bystander.trips) < 20:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"bystander made {len(bystander.trips)} requests in 30 s")
+                raise RuntimeError(
+                    f"bystander made {len(bystander.trips)} requests in 30 s; "
+                    f"its first errors: {bystander.errors[:3]}"
+                )
             await asyncio.sleep(0.05)
         return bystander
 
@@ -196,6 +197,10 @@ class Bystander:
         )
         last_end = max((e for _, e, _, _ in self.trips), default=start)
         return max(worst, (end - max(last_end, start)) * 1000)
+
+    def round_trips(self, start: float, end: float) -> list[float]:
+        """The round trips (ms) of the requests in flight between the two times."""
+        return sorted(ms for s, e, ms, _ in self.trips if e >= start and s <= end)
 
     def errors_between(self, start: float, end: float) -> list[str]:
         return [error for at, error in self.errors if start <= at <= end]

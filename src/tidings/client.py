@@ -16,6 +16,12 @@ and code using the store directly read alike::
 Events received from a server have ``position`` 0 (a position is local to a store) and no
 outbox id, except that :meth:`Client.register_outbox` fills in the ids it sent.
 
+A reply larger than the client's ``max_frame_bytes`` (64 MiB by default) fails its request
+with :class:`ReplyTooLarge` (the connection stays open): a query without ``max_results``
+is answered with every event it selects, in one message, as hat-event 0.8.5 does (its
+protocol has no paging). :meth:`Client.query_pages` reads a large result in pages, the way
+any hat-event 0.8.5 client can; :meth:`Client.query_latest_by_key` pages on its own.
+
 Requests on one client are answered in the order they were sent. Notifications of a
 subscription wait, up to a bound, until :meth:`Client.receive` takes them; a subscribing
 client should keep receiving, or reading stops (replies included) and the server eventually
@@ -26,18 +32,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+import ssl
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
 from tidings.errors import (
+    AccessDenied,
     ClientError,
     ConfigError,
     ConnectionClosed,
     ProtocolError,
+    ReplyTooLarge,
     RequestTimeout,
     StoreError,
     TidingsError,
+    TlsError,
 )
 from tidings.events import (
     EventId,
@@ -56,6 +66,7 @@ from tidings.wire import chatter, codec
 
 #: Everything the client's calls take, return and raise, so a user needs no other import.
 __all__ = [
+    "AccessDenied",
     "Client",
     "ClientError",
     "ConfigError",
@@ -69,36 +80,74 @@ __all__ = [
     "ProtocolError",
     "QueryData",
     "QueryType",
+    "ReplyTooLarge",
     "RequestTimeout",
     "StoreError",
     "StoredEvent",
     "TidingsError",
+    "TlsError",
     "connect",
     "json_event",
     "json_value",
 ]
+
+#: Events per page of :meth:`Client.query_pages` unless told (about 1 MiB of small events).
+DEFAULT_PAGE_EVENTS = 10_000
+#: The bytes of events a page of :meth:`Client.query_latest_by_key` asks for at most (~65,000
+#: row events): a frame is decoded whole before the next is read, and meanwhile the
+#: server's ping waits unanswered (hat-event drops a peer after 20 s), so pages stay far
+#: below that on a busy machine, not as large as the frame limit allows.
+LATEST_PAGE_BYTES = 8 * 1024 * 1024
+#: What a reply's frame holds besides its events (envelope, names, counts), kept free when
+#: a page is bounded by the client's frame limit.
+_REPLY_OVERHEAD_BYTES = 4096
 
 
 async def connect(
     address: str,
     subscriptions: Sequence[tuple[str, ...]] = (),
     *,
+    tls: chatter.ClientTls | ssl.SSLContext | None = None,
     max_frame_bytes: int = chatter.DEFAULT_MAX_FRAME_BYTES,
     ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
     timeout: float = 10.0,
     request_timeout: float | None = None,
+    identity: str | None = None,
+    password: str | None = None,
 ) -> Client:
-    """Connect to the Eventer server at ``address`` (``tcp+sbs://host:port``).
+    """Connect to the Eventer server at ``address`` (``tcp+sbs://host:port``, or
+    ``ssl+sbs://host:port`` for TLS).
 
     ``subscriptions`` are event types in which ``?`` stands for one segment and a final
     ``*`` for any number; if any are given they are subscribed at once (as hat-event's
     client does). ``timeout`` bounds connecting, ``request_timeout`` (None: no bound) each
     request with a reply (:class:`RequestTimeout` when it runs out).
+
+    Over TLS the server's certificate is verified, against the system's CAs unless ``tls``
+    names a CA file, and must name the address's host; ``tls`` also holds the client
+    certificate a server with mutual TLS requires. It is a
+    :class:`tidings.config.tls.TlsClientConfig` (the files are read again for each
+    connection, so renewed ones are used) or a ready :class:`ssl.SSLContext`. A handshake that
+    fails raises :class:`TlsError` saying why.
+
+    ``identity`` and ``password`` log in (a tidings extension; the server's
+    ``eventer_server.identities``), only over TLS or on loopback: a refused login raises
+    :class:`AccessDenied` with the server's reason. A client certificate needs no login.
     """
     connection = await chatter.connect(
-        address, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval, timeout=timeout
+        address,
+        tls=tls,
+        max_frame_bytes=max_frame_bytes,
+        ping_interval=ping_interval,
+        timeout=timeout,
     )
     client = Client(connection, request_timeout)
+    if identity is not None or password is not None:
+        try:
+            await client.login(identity or "", password or "")
+        except BaseException:
+            await client.aclose()
+            raise
     if subscriptions:
         try:
             await client.subscribe(subscriptions)
@@ -118,6 +167,17 @@ class Client:
     @property
     def is_open(self) -> bool:
         return self._connection.is_open
+
+    async def login(self, identity: str, password: str) -> None:
+        """Name this client to the server (a tidings extension; see :func:`connect`), as its
+        first request; :class:`AccessDenied` with the server's reason if refused."""
+        reply = await self._request(
+            codec.TIDINGS_EVENTER, "MsgLoginReq", {"identity": identity, "password": password}
+        )
+        if (reply.module, reply.type) != (codec.TIDINGS_EVENTER, "MsgLoginRes"):
+            raise ProtocolError(f"expected MsgLoginRes, got {reply.module}.{reply.type}")
+        if not reply.data["success"]:
+            raise AccessDenied(f"login as {identity!r} refused: {reply.data['message']}")
 
     async def register(self, events: Sequence[NewEvent]) -> None:
         """Register ``events`` as one session without waiting for the result.
@@ -167,12 +227,66 @@ class Client:
         _expect(reply, "MsgQueryRes")
         return codec.events_from_sbs(reply.data, "MsgQueryRes")
 
+    async def query_pages(
+        self, query: QueryData | None = None, page_events: int = DEFAULT_PAGE_EVENTS
+    ) -> AsyncIterator[list[StoredEvent]]:
+        """The events ``query`` selects (default: all, newest first), a page at a time.
+
+        For results too large for one reply (:class:`ReplyTooLarge`) or for memory. Each
+        page is a query of hat-event 0.8.5, so it works against hat-event servers too: the
+        query with ``max_results`` and its time bound moved to the last page's last
+        timestamp (bounds are inclusive, so the events at that timestamp come again and are
+        skipped by id; a session's events share a timestamp, so a page asks for
+        ``page_events`` more than it skips). ``query.max_results`` bounds the whole; pages
+        are in the query's order, which must be by timestamp (events without a source
+        timestamp cannot be paged by it), and ``unique_type`` is not paged (its result is
+        one event per type). Events stored meanwhile past the last page's bound are
+        included; pages are not one snapshot.
+        """
+        query = QueryData() if query is None else query
+        if not isinstance(query, QueryData):
+            raise ClientError(f"query must be a tidings QueryData, not {type(query).__name__}")
+        if query.order_by != "timestamp" or query.unique_type:
+            raise ClientError("query_pages: pages by timestamp, without unique_type")
+        if isinstance(page_events, bool) or not isinstance(page_events, int) or page_events < 1:
+            raise ClientError(f"query_pages: page_events must be a positive int: {page_events!r}")
+        ascending = query.order == "ascending"
+        bound: int | None = None
+        seen: set[EventId] = set()  # the ids at ``bound`` already given
+        left = query.max_results
+        while left is None or left > 0:
+            size = page_events + len(seen)
+            if left is not None:
+                size = min(size, left + len(seen))
+            window = dataclasses.replace(query, max_results=size)
+            if bound is not None and ascending:
+                window = dataclasses.replace(window, t_from=bound)
+            elif bound is not None:
+                window = dataclasses.replace(window, t_to=bound)
+            page = await self.query(window)
+            fresh = [event for event in page if event.id not in seen]
+            if left is not None:
+                fresh = fresh[:left]
+                left -= len(fresh)
+            if fresh:
+                yield fresh
+            if len(page) < size:
+                return
+            last = page[-1].timestamp_us
+            if last != bound:
+                bound, seen = last, set()
+            seen.update(event.id for event in page if event.timestamp_us == last)
+
     async def query_latest_by_key(self, event_type: Sequence[str]) -> list[StoredEvent]:
         """The newest event of each key among the JSON events of ``event_type`` (exact), in
         the server's order: the key is the payload's ``key`` (or its CloudEvents ``data``'s),
         as in the row-change events of :mod:`tidings.intermediary.views.rows`.
 
-        A tidings extension; hat-event servers do not know the message and close the
+        Read in pages of at most :data:`LATEST_PAGE_BYTES` that fit this client's
+        ``max_frame_bytes``, each continuing after the last event of the one before, until
+        one is empty. A key changed during a load of
+        several pages comes again with its newer event in a later page: fold the events in
+        order. A tidings extension; hat-event servers do not know the message and close the
         connection."""
         try:
             checked = list(validate_query_type(tuple(event_type)))
@@ -180,9 +294,19 @@ class Client:
             raise ClientError(f"query_latest_by_key: {exc}") from exc
         if "?" in checked or "*" in checked:
             raise ClientError(f"query_latest_by_key: expected an exact type, got {checked}")
-        reply = await self._request(codec.TIDINGS_EVENTER, "MsgLatestByKeyReq", {"type": checked})
-        _expect(reply, "MsgQueryRes")
-        return codec.events_from_sbs(reply.data, "MsgQueryRes")
+        limit = self._connection.max_frame_bytes - _REPLY_OVERHEAD_BYTES
+        max_bytes = max(1, min(limit, LATEST_PAGE_BYTES))
+        events: list[StoredEvent] = []
+        last: EventId | None = None
+        while True:
+            request = codec.latest_by_key_request_to_sbs(checked, last, max_bytes)
+            reply = await self._request(codec.TIDINGS_EVENTER, "MsgLatestByKeyReq", request)
+            _expect(reply, "MsgQueryRes")
+            page = codec.events_from_sbs(reply.data, "MsgQueryRes")
+            if not page:
+                return events
+            events += page
+            last = page[-1].id
 
     async def subscribe(self, types: Sequence[tuple[str, ...]]) -> None:
         """Replace the subscription: from now on :meth:`receive` gets events of ``types``.

@@ -88,6 +88,28 @@ class ConnectionClosed(TidingsError):
     """The connection is closed (by either side, or after a protocol error)."""
 
 
+class ReplyTooLarge(TidingsError):
+    """A reply was larger than the connection's ``max_frame_bytes``: it was read past and
+    dropped, its request fails with this error (naming the size and the limit), and the
+    connection stays open. Ask for less, in pages, or connect with a larger limit."""
+
+
+class TlsError(TidingsError, OSError):
+    """A TLS link cannot be made: a certificate, key or CA file cannot be loaded, or the
+    handshake failed (the peer's certificate is not trusted or names another host, the peer
+    required a certificate we have not, or it does not speak TLS). The message names the
+    file or the address and says which.
+
+    It is also an :class:`OSError`, what a failed connection raises, so a part that keeps
+    reconnecting treats it as one: it logs why and tries again.
+    """
+
+
+class AccessDenied(TidingsError):
+    """A server refused a client's identity or request; the message names the identity and
+    what was refused."""
+
+
 class RequestTimeout(TidingsError, TimeoutError):
     """A request got no reply within its timeout; the connection stays open.
 
@@ -131,6 +153,37 @@ class StreamError(TidingsError):
         self.description = description
 
 
+class StreamRefused(StreamError, AccessDenied):
+    """A stream refused an authenticated user what its permissions do not allow: FTN3's
+    ``Unauthorized`` ("security policy on the executor side does not allow access"), as
+    opposed to ``SecurityError``, a failed authentication; an :class:`AccessDenied` like
+    every part's refusals. ``user`` and ``reason`` (which permission was missing:
+    ``stream``, ``component``, ``type``, ``add_event`` or ``add_event_data``) are what the
+    stream's metrics count the refusal under."""
+
+    def __init__(self, user: str, reason: str, description: str) -> None:
+        super().__init__("Unauthorized", description)
+        self.user = user
+        self.reason = reason
+
+
 class IntermediaryError(TidingsError):
     """An intermediary refused a subscription or could not serve it; the message names the
     problem."""
+
+
+class AccessRefused(IntermediaryError, AccessDenied):
+    """A subscriber was refused at an intermediary's WebSocket handshake, before the upgrade:
+    ``status`` is the HTTP status it got (401: no credentials where they are needed, or
+    wrong ones), and the message says why without repeating a secret."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class SubscriptionRefused(IntermediaryError, AccessDenied):
+    """An intermediary refused a subscription its subscriber's grant does not allow (an
+    event type, a table, a region); the message names the identity, what was refused and
+    what the grant allows. The connection goes on serving the rest."""

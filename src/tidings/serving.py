@@ -13,6 +13,8 @@ import socket
 from collections.abc import Iterator
 
 import uvicorn
+from uvicorn._types import ASGISendEvent
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 
 class QuietServer(uvicorn.Server):
@@ -22,6 +24,21 @@ class QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class DenyingWebSockets(WebSocketsSansIOProtocol):
+    """uvicorn's ``websockets-sansio`` protocol, with the handshake counted as complete once a
+    denial response (a refusal before the upgrade, e.g. 401) has been sent.
+
+    uvicorn 0.54 leaves it incomplete, so every refused handshake also logged "ASGI callable
+    returned without completing handshake" at ERROR: a log line an attacker could make at
+    will, and an alert for nothing. Its wsproto implementation already does this; the fix is
+    proposed upstream (Kludex/uvicorn#3138), and this class goes when a release has it."""
+
+    async def send(self, message: ASGISendEvent) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
+            self.handshake_complete = True
 
 
 def listen(host: str, port: int, send_buffer: int | None = None) -> socket.socket:

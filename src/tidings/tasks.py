@@ -3,14 +3,18 @@
 A server's loop, ticker or reader runs as a task until its owner closes; closing cancels it
 and waits for it to end, so that nothing of it runs past the close. Its cancellation is the
 expected end, not an error, and is not passed on. One helper, so that every part stops its
-tasks the same way; and one :class:`Backoff`, so that every part that reconnects waits alike.
+tasks the same way; one :class:`Backoff`, so that every part that reconnects waits alike;
+and one :func:`run_every` for the blocking upkeep a part runs now and then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
+from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
 
@@ -20,6 +24,25 @@ async def stop_task(task: asyncio.Future[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def run_every(
+    every: float,
+    executor: Executor,
+    work: Callable[[], object],
+    failed: str,
+    log: logging.Logger,
+) -> None:
+    """Run the blocking ``work`` in ``executor`` every ``every`` seconds until cancelled. A
+    run that fails is logged (``failed`` says what failed) and the next one tries again: an
+    upkeep in the background must not end for one bad run."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await loop.run_in_executor(executor, work)
+        except Exception:
+            log.exception("%s; retrying at the next run", failed)
 
 
 class Backoff:

@@ -21,8 +21,10 @@ import yaml
 from click.testing import Result
 from typer.testing import CliRunner
 
+from tests.support.certificates import TlsSetup
 from tests.support.helpers import relay_config, write_config
 from tidings.cli import app
+from tidings.config.passwords import hash_password
 
 runner = CliRunner()
 UNREACHABLE = "postgresql+psycopg://app:pw@127.0.0.1:1/x"  # nothing listens on port 1
@@ -145,7 +147,7 @@ def test_config_check_prints_the_resolved_configuration_with_secrets_masked(
 
 
 def test_secret_names_and_url_passwords_are_masked_whatever_the_section() -> None:
-    from tidings.cli.config import masked
+    from tidings.redaction import masked
 
     data = {
         "syncer_token": "abc",
@@ -228,3 +230,88 @@ def test_a_port_out_of_range_or_in_use_is_one_line(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         result = runner.invoke(app, ["relay", "-c", str(path), "--metrics-port", str(port)])
     _one_error_line(result, "ddress already in use")
+
+
+def test_config_check_loads_the_tls_files_and_names_one_that_is_not_pem(tmp_path: Path) -> None:
+    setup = TlsSetup(tmp_path / "pki")
+    garbage = tmp_path / "pki" / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    server = {
+        "type": "event",
+        "backend": {"module": "tidings.server.backends.sqlite", "db_path": "e.db"},
+        "engine": {"server_id": 1},
+        "eventer_server": {
+            "address": "ssl+sbs://127.0.0.1:23012",
+            "tls": {
+                "cert_file": "pki/tidings-test-server.crt",
+                "key_file": "pki/tidings-test-server.key",
+            },
+            "identities": {"app": {"password_hash": hash_password("pw", n=2**4)}},
+        },
+        "syncer_server": {
+            "address": "ssl+sbs://127.0.0.1:23013",
+            "tls": {"cert_file": str(garbage), "key_file": str(setup.server.key)},
+        },
+    }
+    path = tmp_path / "event.yaml"
+    path.write_text(yaml.safe_dump(server))
+    result = runner.invoke(app, ["config", "check", "--conf", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "syncer_server.tls: tls.cert_file" in result.stderr
+    assert "garbage.pem" in result.stderr and "not a PEM certificate" in result.stderr
+    assert "eventer_server.tls" not in result.stderr  # its files load
+    shown = yaml.safe_load(result.stdout)
+    assert shown["eventer_server"]["tls"]["cert_file"] == str(setup.server.cert)
+    assert shown["eventer_server"]["identities"]["app"]["password_hash"] == "***"
+
+    in_file = tmp_path / "tidings.yaml"
+    in_file.write_text(
+        yaml.safe_dump(
+            {
+                "targets": {
+                    "remote": {
+                        "kind": "event_server",
+                        "address": "ssl+sbs://127.0.0.1:23012",
+                        "tls": {"ca_file": str(garbage)},
+                    }
+                }
+            }
+        )
+    )
+    result = runner.invoke(app, ["config", "check", "-c", str(in_file)])
+    assert result.exit_code == 2
+    assert "targets.remote.tls: tls.ca_file" in result.stderr
+
+
+def test_config_check_loads_the_intermediaries_tls_files_too(tmp_path: Path) -> None:
+    """An intermediary's own certificate, its spatial publisher's CA and a tier's peer CA
+    are loaded by the check as the parts will load them, each named by its key."""
+    TlsSetup(tmp_path / "pki")
+    garbage = tmp_path / "pki" / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    spatial = {"upstream": "wss://127.0.0.1:8200/", "world_lo": [0, 0], "world_hi": [9, 9]}
+    path = tmp_path / "tidings.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "intermediary": {
+                    "tls": {"cert_file": str(garbage), "key_file": str(garbage)},
+                    "spatial": spatial | {"tls": {"ca_file": str(garbage)}},
+                },
+                "intermediary_tiers": {
+                    "w": {
+                        "members": ["127.0.0.1:8301"],
+                        "spatial": spatial,
+                        "tls": {"cert_file": "pki/tidings-test-server.crt",
+                                "key_file": "pki/tidings-test-server.key"},
+                        "peer_tls": {"ca_file": str(garbage)},
+                    }
+                },
+            }
+        )
+    )  # fmt: skip
+    result = runner.invoke(app, ["config", "check", "-c", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    for key in ("intermediary.tls:", "intermediary.spatial.tls:", "intermediary_tiers.w.peer_tls:"):
+        assert key in result.stderr
+    assert "intermediary_tiers.w.tls:" not in result.stderr  # its files load

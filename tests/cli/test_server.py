@@ -94,6 +94,15 @@ def test_the_example_runs_as_is_from_another_directory(tmp_path: Path) -> None:
             "module 'no.such.module': cannot import it",
         ),
     ],
+    # Named by what they test: the contents hold free ports, which differ between the
+    # pytest-xdist workers that each collect the tests.
+    ids=[
+        "no-backend",
+        "monitor-without-group",
+        "monitor-away",
+        "no-such-backend",
+        "no-such-module",
+    ],
 )
 def test_bad_configuration_exits_2_with_the_reason(
     tmp_path: Path, content: str, expected: str

@@ -79,3 +79,5 @@ def test_the_example_stream_configuration_loads(monkeypatch) -> None:
         "OrderPlaced",
     )
     assert config.stream_users["app"].resolved_hash("app").startswith("scrypt$")
+    [grant] = config.stream_users["app"].allow or []
+    assert grant.add_event == ["ORDER_PLACED", "ORDER_SHIPPED"]

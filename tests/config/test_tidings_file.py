@@ -7,6 +7,7 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -286,3 +287,75 @@ def test_the_json_schema_accepts_the_relay_guide_example_and_refuses_what_loadin
             jsonschema.validate(bad, schema)
         with pytest.raises(ConfigError):
             load_config(bad)
+
+
+def _group(retention: dict[str, Any], **target: Any) -> dict[str, Any]:
+    """A file with servers a and b (a stream each with ``retention``) and an
+    ``event_server`` target ``relay_to`` publishing to both (``target`` keys added)."""
+
+    def server(server_id: int, port: int, monitor: bool) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "backend": {"module": "tidings.server.backends.sqlite", "db_path": f"{server_id}.db"},
+            "engine": {"server_id": server_id},
+            "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{port}"},
+            "stream_users": {"u": {"password_hash_env": "H"}},
+            "streams": [
+                {"name": "s", "port": port + 100, "types": {"A": ["a"]}, "retention": retention}
+            ],
+        }
+        if monitor:
+            entry["monitor"] = {
+                "name": f"s{server_id}",
+                "group": "event",
+                "monitor_address": "tcp+sbs://127.0.0.1:23010",
+            }
+        return entry
+
+    monitor = "monitor" in target
+    return {
+        "servers": {"a": server(1, 23012, monitor), "b": server(2, 23022, monitor)},
+        "targets": {
+            "relay_to": {
+                "kind": "event_server",
+                **({} if monitor else {"addresses": ["tcp+sbs://127.0.0.1:23022"]}),
+                **target,
+            }
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("target", "server"),
+    [
+        ({}, "b"),  # its address
+        (
+            {"monitor": {"monitor_address": "tcp+sbs://127.0.0.1:23010", "server_group": "event"}},
+            "a",
+        ),
+    ],
+    ids=["addresses", "monitor"],
+)
+def test_a_retention_shorter_than_the_relays_resend_window_is_refused(
+    target: dict, server: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(_group({"enabled": True, "min_age": "5s"}, **target))
+    assert str(refused.value).startswith(
+        f"servers.{server}.streams[0].retention.min_age (5s) is shorter than "
+        "targets.relay_to.failover_resend (10s): "
+    )
+
+
+@pytest.mark.parametrize(
+    ("retention", "target"),
+    [
+        ({"enabled": True, "min_age": "10s"}, {}),  # as long as the window
+        ({"enabled": False, "min_age": "0s"}, {}),  # no retention
+        ({"enabled": True, "min_age": "5s"}, {"failover_resend": "0s"}),  # nothing sent again
+        ({"enabled": True, "min_age": "5s"}, {"failover_resend": "5s"}),
+        # a server the target does not publish to (a only; b is where it publishes)
+        ({"enabled": True, "min_age": "5s"}, {"addresses": ["tcp+sbs://127.0.0.1:23032"]}),
+    ],
+)
+def test_a_retention_the_resend_window_fits_in_is_accepted(retention: dict, target: dict) -> None:
+    load_config(_group(retention, **target))

@@ -9,11 +9,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, event, update
+from sqlalchemy import Engine, update
 from typer.testing import CliRunner
 
 from tests.conftest import BACKENDS
 from tests.support.helpers import relay_config, write_config
+from tests.support.query_plans import reads, sqlite_plans
 from tidings.cli import app
 from tidings.db import make_engine
 from tidings.events.timeutil import utcnow
@@ -98,27 +99,11 @@ def test_report_reads_the_log_only_through_indexes(tmp_path: Path) -> None:
     none scans outbox_event or the batch log (the report must stay cheap on a 10M-row log)."""
     engine = make_engine(f"sqlite:///{tmp_path / 'app.db'}")
     _build_log(engine)
-    statements: list[tuple[str, object]] = []
-
-    @event.listens_for(engine, "before_cursor_execute")
-    def capture(conn, cursor, statement, parameters, context, executemany) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "tidings_meta" not in statement:
-            statements.append((statement, parameters))
-
-    health_report(engine, ROUTES)
-    event.remove(engine, "before_cursor_execute", capture)
-    assert len(statements) == 6
-    raw = engine.raw_connection()
-    try:
-        for statement, parameters in statements:
-            plan = [
-                row[-1]
-                for row in raw.cursor().execute(f"EXPLAIN QUERY PLAN {statement}", parameters)
-            ]
-            reads = [step for step in plan if step.startswith(("SCAN", "SEARCH"))]
-            assert reads and all(step.startswith("SEARCH") for step in reads), (statement, plan)
-    finally:
-        raw.close()
+    plans = sqlite_plans(engine, lambda: health_report(engine, ROUTES))
+    assert len(plans) == 6
+    for statement, plan in plans:
+        steps = reads(plan)
+        assert steps and all(step.startswith("SEARCH") for step in steps), (statement, plan)
 
 
 def test_problems_name_each_reason(tmp_path: Path) -> None:

@@ -14,7 +14,15 @@ import pytest
 
 from bench.harness.processes import free_port
 from tests.support.cli_runs import one_error_line, run_tidings
-from tests.support.stream_helpers import PASSWORD, USER, serving_in_thread, stream_server_config
+from tests.support.stream_helpers import (
+    BILLING,
+    BILLING_PASSWORD,
+    PASSWORD,
+    USER,
+    access_config,
+    serving_in_thread,
+    stream_server_config,
+)
 
 pytestmark = pytest.mark.sockets
 
@@ -108,3 +116,17 @@ def test_https_to_a_plain_http_stream_names_the_failed_tls_handshake(
         url = server.url.replace("http://", "https://")
         line = one_error_line(_consume(url, "C", "--connect-timeout", "1", *mode))
     assert line.startswith(f"error: cannot reach stream {url}: TLS handshake failed: [SSL: ")
+
+
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_a_component_the_user_may_not_consume_as_is_one_line_naming_both(
+    tmp_path, mode: list[str]
+) -> None:
+    """Retrying cannot give a user a permission: the refusal ends the consumer at once."""
+    config = access_config(f"sqlite:///{tmp_path}/e.db")
+    env = os.environ | {"TIDINGS_STREAM_USER": BILLING, "TIDINGS_STREAM_PASSWORD": BILLING_PASSWORD}
+    with serving_in_thread(config) as server:
+        done = run_tidings("consume", server.url, "AUDITOR", *mode, env=env, timeout=60)
+    assert one_error_line(done) == (
+        "error: Unauthorized: user 'billing' may not consume stream 's' as component AUDITOR"
+    )

@@ -9,14 +9,17 @@ import asyncio
 import pytest
 
 from tests.support.stream_helpers import (
+    BILLING_SEC,
     SEC,
     FutoInClient,
+    access_config,
     add_events,
+    call,
     futoin,
     serving,
     stream_server_config,
 )
-from tests.support.waiting import run
+from tests.support.waiting import run, until
 
 pytestmark = pytest.mark.sockets
 
@@ -214,5 +217,70 @@ def test_futoin_reliable_receiver_reconnects_across_a_server_restart(tmp_path) -
                 assert _ids(receiver.events) == before + after
         finally:
             await receiver.kill()
+
+    run(scenario(), timeout=90)
+
+
+def test_futoin_sees_refusals_as_unauthorized_and_only_what_the_filter_passes(
+    tmp_path,
+) -> None:
+    """billing (:func:`access_config`): refused components and types reach FutoIn's client
+    as FTN3's Unauthorized; its receivers get only the events of tenant acme."""
+    config = access_config(f"sqlite:///{tmp_path}/e.db")
+
+    async def scenario() -> None:
+        async with serving(config) as server:
+            ids = []
+            for tenant in ("globex", "acme", "globex", "acme", "globex"):
+                reply = await call(
+                    server.url,
+                    "futoin.evt.gen:1.1:addEvent",
+                    {"type": "ORDER", "data": {"tenant": tenant}},
+                )
+                ids.append(int(reply["r"]))
+            acme = [ids[1], ids[3]]
+            polled = await futoin(
+                mode="poll", url=server.url, creds=BILLING_SEC, component="BILLP", count=2
+            )
+            assert _ids(polled.events) == acme
+            pushed = await futoin(
+                mode="reliable", url=server.ws_url, creds=BILLING_SEC, component="BILLR", count=2
+            )
+            assert _ids(pushed.events) == acme
+            for options in [
+                {"iface": "poll", "func": "registerConsumer", "params": {"component": "AUDITOR"}},
+                {
+                    "iface": "poll",
+                    "func": "pollEvents",
+                    "params": {"component": "BILLP", "want": ["PAY"]},
+                },
+                {
+                    "iface": "gen",
+                    "func": "addEvent",
+                    "params": {"type": "ORDER", "data": {"tenant": "globex"}},
+                    "url": "secure+" + server.url,
+                },
+            ]:
+                client = await futoin(
+                    mode="call", creds=BILLING_SEC, **({"url": server.url} | options)
+                )
+                assert [line["error"] for line in client.errors] == ["Unauthorized"], client.lines
+            generated = await futoin(
+                mode="gen",
+                url="secure+" + server.ws_url,
+                creds=BILLING_SEC,
+                type="ORDER",
+                data={"tenant": "acme"},
+            )
+            assert [line["result"] for line in generated.lines if "result" in line]
+            refused = await FutoInClient(
+                mode="reliable", url=server.ws_url, creds=BILLING_SEC, component="AUDITOR"
+            ).start()
+            try:
+                await until(lambda: bool(refused.errors), 20)
+                assert refused.errors[0]["error"] == "Unauthorized", refused.lines
+                assert not refused.events
+            finally:
+                await refused.kill()
 
     run(scenario(), timeout=90)

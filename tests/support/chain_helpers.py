@@ -5,6 +5,7 @@ that records what the chain handed over (the real chain, only observed)."""
 from __future__ import annotations
 
 import sqlite3
+import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,6 +15,7 @@ from tidings.client import QueryType
 from tidings.intermediary.client.client import IntermediaryClient
 from tidings.intermediary.node.intermediary import Intermediary
 from tidings.intermediary.publisher.simulation import Simulation
+from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
 from tidings.intermediary.views.event_server_upstream import TidingsChain
 from tidings.intermediary.views.eventviews import ChainBatch, EventViews
@@ -62,10 +64,11 @@ class ChainRig:
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.server.port}/"
+        return f"{self.server.scheme}://127.0.0.1:{self.server.port}/"
 
-    async def client(self) -> IntermediaryClient:
-        return await IntermediaryClient.connect(self.url)
+    async def client(self, **options: Any) -> IntermediaryClient:
+        """A subscriber (``options``: :meth:`IntermediaryClient.connect`'s)."""
+        return await IntermediaryClient.connect(self.url, **options)
 
 
 @asynccontextmanager
@@ -75,8 +78,12 @@ async def chain_rig(
     row_type_prefix: Sequence[str] = (),
     limits: TransportLimits | None = None,
     sql_limits: SqlLimits | None = None,
+    access: Gatekeeper | None = None,
+    tls: ssl.SSLContext | None = None,
+    host: str = "127.0.0.1",
 ) -> AsyncIterator[ChainRig]:
-    """An intermediary on a free port, chained to the event server at ``address``."""
+    """An intermediary on a free port of ``host``, chained to the event server at
+    ``address`` (``access``, ``tls``: as :class:`IntermediaryServer` takes them)."""
     chain = TidingsChain(address)
     await chain.start()
     tap = Tap(chain)
@@ -88,8 +95,10 @@ async def chain_rig(
         tick_s=0.01,
         limits=limits,
         upstreams=lambda: {"event_server": chain.stale},
+        access=access,
+        tls=tls,
     )
-    await server.start()
+    await server.start(host)
     try:
         yield ChainRig(server, views, tap)
     finally:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,19 @@ CHROMIUM = Path("/usr/bin/chromium")
 #: How long Chromium may take to start, and any one command to answer (a bound, so a broken
 #: build fails rather than hangs; the machine is small and shared).
 WAIT_S = 60.0
+
+
+def _spki(certificate: str) -> str:
+    """The base64 SHA-256 of a certificate's public key (SubjectPublicKeyInfo, DER)."""
+    key = subprocess.run(
+        ["openssl", "x509", "-in", certificate, "-pubkey", "-noout"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    der = subprocess.run(
+        ["openssl", "pkey", "-pubin", "-outform", "der"], input=key, check=True, capture_output=True
+    ).stdout
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
 
 
 class BrowserError(Exception):
@@ -81,9 +96,14 @@ class Browser:
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def start(cls, profile: Path, *, width: int = 800, height: int = 600) -> Browser:
+    async def start(
+        cls, profile: Path, *, width: int = 800, height: int = 600, trust: str | None = None
+    ) -> Browser:
         """Start Chromium with a fresh profile directory ``profile``; a missing Chromium fails
-        the test saying how to install it."""
+        the test saying how to install it. ``trust``: a server certificate (PEM) whose key
+        Chromium accepts over HTTPS and WSS, as if a CA it knows had signed it (its
+        ``--ignore-certificate-errors-spki-list``: that key only, every other certificate
+        still checked)."""
         if not CHROMIUM.exists():
             pytest.fail(
                 f"Chromium is missing ({CHROMIUM}): the web page tests need it; "
@@ -106,6 +126,7 @@ class Browser:
             f"--user-data-dir={profile}",
             "--remote-debugging-port=0",
             f"--window-size={width},{height}",
+            *([] if trust is None else [f"--ignore-certificate-errors-spki-list={_spki(trust)}"]),
             "about:blank",
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
@@ -155,7 +176,12 @@ class Browser:
             "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}
         )
         page = Page(self, target["targetId"], attached["sessionId"])
-        loaded = f"location.href === {json.dumps(url)} && document.readyState !== 'loading'"
+        # Without the fragment: a page may take it away (one that reads credentials there).
+        base = url.partition("#")[0]
+        loaded = (
+            f"location.href.split('#')[0] === {json.dumps(base)} "
+            "&& document.readyState !== 'loading'"
+        )
         while True:
             try:  # the tab starts on about:blank, whose context the navigation destroys
                 if await page.evaluate(loaded):

@@ -142,12 +142,13 @@ def delete_stream(stream: str, url: str = SHARED_URL) -> None:
 
 @contextlib.contextmanager
 def hat_event_server(
-    tmp_path: Path, server_id: int
+    tmp_path: Path, server_id: int, tls_pem: Path | None = None
 ) -> Iterator[tuple[int, int, subprocess.Popen[bytes]]]:
     """A real hat-event 0.8.5 server (lmdb backend) in ``tmp_path/hat-event``: its eventer and
-    syncer ports and process; stopped at the end if still running."""
+    syncer ports and process; stopped at the end if still running. With ``tls_pem`` (its
+    certificate and key) both serve ``ssl+sbs://``."""
     ports = {"eventer": free_port(), "syncer": free_port()}
-    server = ServerProcess.hat_event(tmp_path / "hat-event", server_id, ports)
+    server = ServerProcess.hat_event(tmp_path / "hat-event", server_id, ports, tls_pem=tls_pem)
     server.start(20)
     try:
         assert server.proc is not None

@@ -1,9 +1,10 @@
 """Helpers of the event-server tests: raw chatter frames on sockets, an engine on a SQLite
-store of its own, an Eventer server on a free port."""
+store of its own, an Eventer server on a free port, what a running server holds."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -14,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from bench.harness.processes import local_address
+from tests.support.waiting import run
+from tidings.client import connect
 from tidings.events.model import StoredEvent
+from tidings.events.query import QueryData
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.engine import Engine, Module
 from tidings.server.eventer.server import EventerServer
@@ -123,21 +126,24 @@ class Running:
     server: EventerServer
     engine: AsyncEngine
     store: EventStore
+    scheme: str = "tcp+sbs"
 
     @property
     def address(self) -> str:
-        return local_address(self.server.port)
+        return f"{self.scheme}://127.0.0.1:{self.server.port}"
 
 
 @asynccontextmanager
 async def running(
-    tmp_path: Path, modules: list[Module] | None = None, **options: Any
+    tmp_path: Path, modules: list[Module] | None = None, host: str = "127.0.0.1", **options: Any
 ) -> AsyncIterator[Running]:
-    """An Eventer server on a free port over a SQLite store in ``tmp_path``."""
+    """An Eventer server on a free port of ``host`` over a SQLite store in ``tmp_path`` (over
+    TLS if ``options`` hold ``tls``)."""
+    scheme = "tcp+sbs" if options.get("tls") is None else "ssl+sbs"
     async with async_engine(tmp_path / "events.db", modules or ()) as engine:
-        server = await EventerServer.start("tcp+sbs://127.0.0.1:0", engine, **options)
+        server = await EventerServer.start(f"{scheme}://{host}:0", engine, **options)
         try:
-            yield Running(server, engine, engine.store)
+            yield Running(server, engine, engine.store, scheme)
         finally:
             await server.aclose()
 
@@ -159,3 +165,14 @@ def event_to_sbs(event: StoredEvent) -> dict[str, Any]:
             else ("value", codec.payload_to_sbs(kind, event.payload))
         ),
     }
+
+
+def server_payloads(address: str, type_root: str = "t") -> list[Any]:
+    """The JSON payloads of the events under ``(type_root, *)`` that the event server at
+    ``address`` holds, in its log order (as a client queries them over the Eventer)."""
+
+    async def query() -> list[StoredEvent]:
+        async with await connect(address, timeout=5) as client:
+            return await client.query(QueryData(event_types=((type_root, "*"),), order="ascending"))
+
+    return [json.loads(e.payload) for e in sorted(run(query()), key=lambda e: e.id)]

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets
 
 from bench.harness.processes import free_port, local_address
 from tests.support.waiting import until
@@ -43,10 +44,11 @@ def backend_of(database_url: str) -> dict[str, str]:
 
 
 def stream_server_config(database_url: str, **stream: Any) -> dict[str, Any]:
-    """A server configuration with one stream ``s`` on a free port at ``/evt``."""
+    """A server configuration with one stream ``s`` on a free port at ``/evt`` (with
+    ``metrics=True``, the server's metrics endpoint on a free port, where they are served)."""
     entry = {"name": "s", "port": free_port(), "path": "/evt", "types": copy.deepcopy(TYPES)}
     entry |= stream
-    return {
+    config = {
         "type": "event",
         "backend": backend_of(database_url),
         "engine": {"server_id": 1},
@@ -57,6 +59,44 @@ def stream_server_config(database_url: str, **stream: Any) -> dict[str, Any]:
         },
         "streams": [entry],
     }
+    if entry.get("metrics"):
+        config["metrics"] = {"port": free_port()}
+    return config
+
+
+BILLING, BILLING_PASSWORD = "billing", "billpass"
+BILLING_HASH = hash_password(BILLING_PASSWORD, n=2**10)
+BILLING_SEC = f"{BILLING}:{BILLING_PASSWORD}"
+#: The restricted user of :func:`access_config`: billing reads ORDER events of tenant acme as
+#: BILL* components, and may add them; live, it reads ORDER and AUDIT events of acme or of
+#: every tenant ("all").
+ALLOW = [
+    {
+        "streams": ["s"],
+        "components": ["BILL*"],
+        "types": ["ORDER"],
+        "add_event": ["ORDER"],
+        "where": {"/tenant": "acme"},
+    },
+    {
+        "streams": ["s"],
+        "components": ["LIVE"],
+        "types": ["ORDER", "AUDIT"],
+        "where": {"/tenant": {"in": ["acme", "all"]}},
+    },
+]
+
+
+def access_config(database: str, **stream: Any) -> dict[str, Any]:
+    """Stream ``s`` (metrics on) and stream ``t`` on the same port, the stream helpers'
+    unrestricted users, and ``billing`` with :data:`ALLOW`."""
+    config = stream_server_config(database, secure_channel=True, metrics=True, **stream)
+    config["streams"].append(config["streams"][0] | {"name": "t", "path": "/other"})
+    config["stream_users"][BILLING] = {
+        "password_hash": BILLING_HASH,
+        "allow": copy.deepcopy(ALLOW),
+    }
+    return config
 
 
 @dataclass
@@ -69,6 +109,12 @@ class Serving:
     @property
     def ws_url(self) -> str:
         return "ws" + self.url[4:]
+
+    @property
+    def metrics_url(self) -> str:
+        """The server's metrics endpoint, where the streams' metrics are served."""
+        assert self.config.metrics is not None, "stream_server_config(..., metrics=True)"
+        return f"http://127.0.0.1:{self.config.metrics.port}/metrics"
 
 
 @contextlib.asynccontextmanager
@@ -162,6 +208,69 @@ async def poll(url: str, component: str, last_id: int | None = None, **params: A
     """pollEvents over HTTP; the reply."""
     p = {"component": component, "last_id": None if last_id is None else str(last_id)} | params
     return await call(url, "futoin.evt.poll:1.1:pollEvents", p)
+
+
+class RawConsumer:
+    """A consumer speaking FTN3 over a WebSocket by hand, to see every frame."""
+
+    def __init__(self, ws: Any, sec: str = SEC) -> None:
+        self.ws = ws
+        self.sec = sec
+        self.calls = 0
+
+    @classmethod
+    async def connect(cls, url: str, sec: str = SEC) -> RawConsumer:
+        return cls(await websockets.connect(url, max_size=None), sec)
+
+    async def request(
+        self, func: str, params: dict[str, Any], iface: str = "futoin.evt.push"
+    ) -> str:
+        self.calls += 1
+        rid = f"C{self.calls}"
+        message = {"f": f"{iface}:1.1:{func}", "p": params, "rid": rid, "sec": self.sec}
+        await self.ws.send(json.dumps(message).encode())  # binary, as FutoIn sends
+        return rid
+
+    async def start(self, component: str, want: list[str] | None = None) -> None:
+        if component != "LIVE":
+            await self.request("registerConsumer", {"component": component})
+        await self.request("readyToReceive", {"component": component, "want": want})
+
+    async def next_push(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The next onEvents call (replies to our requests are skipped)."""
+        while True:
+            message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+            if "f" in message:
+                assert message["f"] == "futoin.evt.receiver:1.1:onEvents"
+                assert message["rid"].startswith("S")
+                return message
+            assert "e" not in message, message
+
+    async def no_push(self, wait: float = 0.5) -> None:
+        with pytest.raises(TimeoutError):
+            await self.next_push(wait)
+
+    async def ack(self, push: dict[str, Any], reply: Any = True) -> None:
+        await self.ws.send(json.dumps({"r": reply, "rid": push["rid"]}))
+
+    async def collect(self, count: int) -> tuple[list[int], list[int]]:
+        """Acknowledge pushes until ``count`` events came; their ids and the groups' seqs."""
+        ids: list[int] = []
+        seqs: list[int] = []
+        while len(ids) < count:
+            push = await self.next_push()
+            ids += push_ids(push)
+            seqs.append(push["p"]["seq"])
+            await self.ack(push)
+        return ids, seqs
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+def push_ids(push: dict[str, Any]) -> list[int]:
+    """The event ids of an onEvents call."""
+    return [int(event["id"]) for event in push["p"]["events"]]
 
 
 def node() -> str:

@@ -32,11 +32,13 @@ class PairServer:
     port: int
 
 
-def start_pair(work: Path, monitor_port: int | None = None) -> tuple[PairServer, PairServer]:
+def start_pair(
+    work: Path, monitor_port: int | None = None, users: dict[str, Any] | None = None
+) -> tuple[PairServer, PairServer]:
     """Start servers 1 and 2, each the other's static Syncer peer, or members of group
     ``event`` of the Monitor on ``monitor_port``; return once both streams accept
     connections (static), or once both have started (Monitor: only the blessed one
-    serves its streams)."""
+    serves its streams). ``users``: stream users both have besides the helpers' own."""
     syncers = {1: free_port(), 2: free_port()}
     servers = []
     for server_id, peer_id in ((1, 2), (2, 1)):
@@ -44,6 +46,7 @@ def start_pair(work: Path, monitor_port: int | None = None) -> tuple[PairServer,
             f"sqlite:///{work}/server{server_id}.db", secure_channel=True, push=PUSH
         )
         config["engine"]["server_id"] = server_id
+        config["stream_users"] |= users or {}
         config["syncer_server"] = {"address": local_address(syncers[server_id])}
         if monitor_port is None:
             config["syncer_peers"] = [

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds the files name
+from tests.support.certificates import TlsSetup
 from tidings.config import load_config, load_config_file
 from tidings.system.checks import system_findings
 
@@ -109,6 +110,25 @@ def test_a_target_address_no_server_listens_on() -> None:
         "targets.main.address tcp+sbs://127.0.0.1:23999: no configured server listens there "
         "(servers: main (tcp+sbs://127.0.0.1:23012))"
     )
+
+
+def test_a_client_and_its_server_must_agree_on_tls(tmp_path: Path) -> None:
+    """A server on ssl+sbs:// followed at tcp+sbs:// (or the other way round) would refuse
+    every connection: named, with the scheme each side uses."""
+    setup = TlsSetup(tmp_path)
+
+    def secured(d: dict[str, Any]) -> None:
+        server = d["servers"]["main"]["eventer_server"]
+        server["address"] = "ssl+sbs://127.0.0.1:23012"
+        server["tls"] = setup.server_tls().model_dump()
+
+    found = _findings(secured)
+    assert found == [
+        f"{where} tcp+sbs://127.0.0.1:23012: server main listens there as "
+        "ssl+sbs://127.0.0.1:23012; client and server must both use TLS (ssl+sbs://) or both "
+        "not (tcp+sbs://)"
+        for where in ("targets.main.address", "intermediaries.live.event_server")
+    ]
 
 
 def test_a_server_group_is_checked_address_by_address() -> None:

@@ -25,6 +25,7 @@ from tests.support.helpers import HEAVY, fresh_interpreter, heavy_modules_after,
 #: first). ``tidings`` is the package itself, the public face above everything.
 LAYERS = (
     "errors",
+    "redaction",  # secrets kept out of errors, logs and shown configurations
     "events",  # the one event model: no SQLAlchemy, no Spark
     "address",  # tcp+sbs:// addresses, checked by the configuration, used by the wire
     "logs",
@@ -192,12 +193,12 @@ def test_a_server_configuration_loads_no_other_part_of_the_server() -> None:
 #: the package imports it). Every package is here; docs/layout.md says what each one does.
 PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
-    "tidings.events": "timeutil ids model matching validation query outbox",
+    "tidings.events": "timeutil ids model matching data_filter validation query outbox",
     "tidings.config": (
-        "model loading targets relay intermediary intermediary_tier server passwords "
-        "stream_types streams tidings_file"
+        "model loading passwords tls targets relay intermediary_access intermediary "
+        "intermediary_tier eventer_access server stream_types stream_access streams tidings_file"
     ),
-    "tidings.outbox": "envelope schema checks incomplete producer",
+    "tidings.outbox": "envelope schema confirmations checks incomplete producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults kinds registry routed",
     "tidings.targets.kinds": "event_store server_group resend_window event_server jetstream",
@@ -215,17 +216,20 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "runner"
     ),
     "tidings.server.store": (
-        "driver schema counters planning appending facade type_patterns queries latest_by_key "
+        "driver schema counters copies planning appending facade type_patterns queries "
+        "latest_by_key "
         "positions retention"
     ),
     "tidings.server.backends": "postgresql sqlite",
     "tidings.server.writing": "queue durability",
-    "tidings.server.eventer": "counters notify query_replies registrations server",
+    "tidings.server.eventer": "counters access notify query_replies registrations server",
     "tidings.server.syncer": "common client server",
     "tidings.streams": "protocol typemap consumers service client spark_source jobs",
     "tidings.streams.protocol": "ftn3 interfaces encoding channel",
-    "tidings.streams.consumers": "replication positions sync retention admin metrics",
-    "tidings.streams.service": "auth feed reader push sessions functions app runner",
+    "tidings.streams.consumers": ("replication positions sync compaction retention admin metrics"),
+    "tidings.streams.service": (
+        "auth refusals slow_clients selection access feed reader push sessions functions app runner"
+    ),
     "tidings.intermediary": "regions node views feed publisher serving client cluster measurement",
     "tidings.intermediary.regions": "geometry coverage coveredcells grid",
     "tidings.intermediary.node": (
@@ -233,11 +237,13 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "subscriber_store subscribe applied intermediary"
     ),
     "tidings.intermediary.views": (
-        "patterns rows primitives sqlviews sqltables eventviews resync event_server_upstream"
+        "patterns grants rows primitives sqlviews sqltables eventviews resync event_server_upstream"
     ),
     "tidings.intermediary.feed": "wire remote resilient",
     "tidings.intermediary.publisher": "simulation server",
-    "tidings.intermediary.serving": "page envelope connection transport service",
+    "tidings.intermediary.serving": (
+        "credentials access page envelope connection transport service"
+    ),
     "tidings.intermediary.client": "subscriber client handover",
     "tidings.intermediary.cluster": (
         "responsibility directory children peers areas member membership in_process "
@@ -246,7 +252,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.measurement": (
         "wsreceive fanout intermediary_process subscriber_process demo"
     ),
-    "tidings.system": "parts checks paths state children supervisor",
+    "tidings.system": "parts checks paths tls_files state children supervisor",
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
         "common relay_progress config events server streams intermediary fanout system pipeline "

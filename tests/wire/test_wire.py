@@ -27,7 +27,7 @@ from tests.support.server_helpers import (
     warnings_of,
 )
 from tests.support.waiting import run
-from tidings.address import parse_address
+from tidings.address import parse_address, parse_endpoint
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
@@ -563,19 +563,22 @@ def test_encode_integer_is_hat_sbs_integer() -> None:
         ("tcp+sbs://127.0.0.1:23012", ("127.0.0.1", 23012)),
         ("tcp+sbs://localhost:0", ("localhost", 0)),
         ("tcp+sbs://[::1]:5/", ("::1", 5)),
+        ("ssl+sbs://example.org:23012", ("example.org", 23012)),
     ],
 )
 def test_parse_address(address: str, expected: tuple[str, int]) -> None:
     assert parse_address(address) == expected
+    assert parse_endpoint(address).tls == address.startswith("ssl+sbs")
 
 
 @pytest.mark.parametrize(
     ("address", "message"),
     [
         (23012, "must be a string"),
-        ("ssl+sbs://127.0.0.1:1", "scheme must be tcp\\+sbs"),
-        ("tcp://127.0.0.1:1", "scheme must be tcp\\+sbs"),
+        ("tls://127.0.0.1:1", "scheme must be tcp\\+sbs or ssl\\+sbs"),
+        ("tcp://127.0.0.1:1", "scheme must be tcp\\+sbs or ssl\\+sbs"),
         ("127.0.0.1:1", "scheme must be tcp\\+sbs"),
+        ("ssl+sbs://127.0.0.1", "expected ssl\\+sbs://HOST:PORT"),
         ("tcp+sbs://127.0.0.1", "expected tcp\\+sbs://HOST:PORT"),
         ("tcp+sbs://:1", "expected tcp\\+sbs://HOST:PORT"),
         ("tcp+sbs://127.0.0.1:1/path", "expected tcp\\+sbs://HOST:PORT"),
@@ -986,3 +989,16 @@ def test_a_peer_that_stops_reading_a_streamed_frame_is_closed(
 
     assert run(main()) == "peer took nothing of a reply for 0.2 s"
     assert len(warnings_of(caplog)) == 1
+
+
+def test_a_json_payload_deeper_than_the_stack_is_refused_new_and_kept_when_stored() -> None:
+    """Issue 30: a new event's payload nested past the interpreter's stack is a
+    ProtocolError for that event (not a RecursionError ending the link); one a server
+    stored already (a peer's, a reply's) passes as its origin took it."""
+    deep = "[" * 30_000 + "]" * 30_000
+    with pytest.raises(ProtocolError, match=r"event 0\.payload: json payload is nested too deeply"):
+        codec.payload_from_sbs(("json", deep), "event 0.payload", strict=True)
+    assert codec.payload_from_sbs(("json", deep), "event.payload") == (
+        PayloadKind.JSON,
+        deep.encode(),
+    )

@@ -3,7 +3,8 @@
 Bad input and a bad environment end a command with one line on stderr and exit code 2,
 never a traceback: commands raise, and :class:`OneLineErrors` (the application's command
 group) turns tidings' errors, an unreachable or unusable database and OS errors (an address
-in use, a permission) into that line, printed literally (no rich markup).
+in use, a permission) into that line, printed literally (no rich markup) and without the
+secrets of the configuration read.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tidings.config import (
 )
 from tidings.errors import TidingsError
 from tidings.logs import configure_logging
+from tidings.redaction import hide_url_passwords, scrub
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,9 @@ class OneLineErrors(TyperGroup):
 
 
 def fail(message: str) -> NoReturn:
-    """End the command with ``error: message`` (printed literally) and exit code 2."""
-    err.print(f"error: {message}", markup=False, highlight=False)
+    """End the command with ``error: message`` (printed literally, secrets scrubbed:
+    :func:`tidings.redaction.scrub`) and exit code 2."""
+    err.print(f"error: {scrub(message)}", markup=False, highlight=False)
     raise typer.Exit(2)
 
 
@@ -128,7 +131,7 @@ def load_or_exit(path: Path | None) -> TidingsConfig:
         fail(str(exc))
     err.print(
         f"note: no configuration given (-c, ${CONFIG_ENV} or ./tidings.yaml): using the "
-        f"defaults (database {config.database.url})",
+        f"defaults (database {hide_url_passwords(config.database.url)})",
         markup=False,
         highlight=False,
     )

@@ -14,7 +14,9 @@ with one line and exit code 2.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -24,6 +26,7 @@ from tidings.logs import configure_logging
 
 if TYPE_CHECKING:
     import asyncio
+    import ssl
 
     from tidings.config.intermediary_tier import IntermediaryTierConfig
 
@@ -132,6 +135,18 @@ def simulate(
         "127.0.0.1:8200"
     ),
     seed: Annotated[int, typer.Option(help="Seed of the agents' start (reproducible).")] = 0,
+    tls_cert_file: Annotated[
+        Path | None,
+        typer.Option(help="Serve the feed over TLS (wss://) with this certificate chain (PEM)."),
+    ] = None,
+    tls_key_file: Annotated[
+        Path | None,
+        typer.Option(help="The key of --tls-cert-file (PEM, not encrypted), if not in it."),
+    ] = None,
+    tls_client_ca_file: Annotated[
+        Path | None,
+        typer.Option(help="Mutual TLS: intermediaries must present a certificate of this CA."),
+    ] = None,
 ) -> None:
     """Serve a simulation of moving agents over the spatial feed: the upstream that
     ``intermediary serve`` (its spatial: section) and the library's intermediaries take
@@ -147,11 +162,12 @@ def simulate(
         raise IntermediaryError(
             f"--listen: expected HOST:PORT, e.g. 127.0.0.1:8200, got {listen!r}"
         )
+    tls = _server_tls(tls_cert_file, tls_key_file, tls_client_ca_file)
     box = Box((0.0,) * dim, (world,) * dim)
     simulation = Simulation(agents, box, max_speed=speed, seed=seed)
 
     async def run(stop: asyncio.Event) -> None:
-        server = SimulationServer(simulation, tick_hz)
+        server = SimulationServer(simulation, tick_hz, tls)
         url = await server.start(host.strip("[]"), int(port))
         _say(
             f"simulation of {agents} agents in a {dim}D world of side {world:g} at "
@@ -165,4 +181,38 @@ def simulate(
     _until_signalled(run)
 
 
-__all__ = ["intermediary_app", "serve", "simulate"]
+def _server_tls(
+    cert: Path | None, key: Path | None, client_ca: Path | None
+) -> ssl.SSLContext | None:
+    """The TLS context of the ``--tls-*`` options (None without them); a file that cannot be
+    used ends the command with one line naming it."""
+    from tidings.config.tls import TlsServerConfig
+    from tidings.errors import TidingsError
+
+    if cert is None and key is None and client_ca is None:
+        return None
+    if cert is None:
+        fail("--tls-cert-file: needed with --tls-key-file and --tls-client-ca-file")
+    settings = TlsServerConfig.model_construct(
+        cert_file=str(cert),
+        key_file=None if key is None else str(key),
+        ca_file=None if client_ca is None else str(client_ca),
+    )
+    try:
+        return settings.context()
+    except TidingsError as exc:  # names the file and what is wrong with it
+        fail(f"--tls-*: {exc}")
+
+
+@intermediary_app.command("new-token")
+def new_token() -> None:
+    """Print a new random token for a subscriber (give it to the subscriber) and, on the
+    next line, its hash (the subscriber's token_hash in the configuration)."""
+    from tidings.config.passwords import hash_token
+    from tidings.config.passwords import new_token as make_token
+
+    token = make_token()
+    sys.stdout.write(f"{token}\n{hash_token(token)}\n")
+
+
+__all__ = ["intermediary_app", "new_token", "serve", "simulate"]

@@ -15,6 +15,7 @@ from tidings.cli.common import (
     app,
     console,
     err,
+    fail,
     load_or_exit,
     require_target,
     routes_app,
@@ -23,6 +24,7 @@ from tidings.cli.common import (
 from tidings.cli.relay_progress import RelayProgress, run_summary, stop_on_signals
 from tidings.cli.system import RunDirOption, down_parts, part_lags, parts_status, print_parts
 from tidings.errors import TidingsError
+from tidings.redaction import scrub
 
 if TYPE_CHECKING:
     from tidings.pipeline.standby import RelayLeaseState
@@ -87,7 +89,7 @@ def relay(
                 on_active=lambda: console.print("relay active: holds the relay lease"),
             )
     except TidingsError as exc:
-        err.print(f"relay failed: {exc}", markup=False)
+        err.print(f"relay failed: {scrub(str(exc))}", markup=False)
         raise typer.Exit(1) from None
     follower.poll()  # what the last batches logged
     what = "relay --once" if once else "relay stopped"
@@ -329,8 +331,7 @@ def routes_add(
     try:
         add_route(engine, event_type, target)
     except TidingsError as exc:
-        err.print(f"error: cannot route it: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        fail(f"cannot route it: {exc}")
     console.print(f"{event_type} -> {target} added", markup=False)
     events = IncompleteEvents(engine, current_routes(cfg, engine).targets_for)
     waiting = EventFilter(statuses=frozenset({EventStatus.UNROUTABLE}), event_type=event_type)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tidings.cli.common import ConfigOption, app, err, fail, load_or_exit, log_level_option
+from tidings.cli.common import ConfigOption, app, fail, load_or_exit, log_level_option
 from tidings.errors import TidingsError
 from tidings.logs import configure_logging
 
@@ -59,8 +59,6 @@ def server(
         apply_logging(cfg)
         asyncio.run(serve(cfg, attach=streams_attachment(cfg)))
     except TidingsError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     except OSError as exc:  # e.g. the address is in use
-        err.print(f"error: cannot start the server: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        fail(f"cannot start the server: {exc}")

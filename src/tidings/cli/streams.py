@@ -11,6 +11,7 @@ import typer
 
 from tidings.cli.common import ServerConfOption, app, console, err, fail, streams_app
 from tidings.errors import TidingsError
+from tidings.redaction import scrub
 
 if TYPE_CHECKING:
     from tidings.config.streams import StreamServerConfig
@@ -109,8 +110,7 @@ def consume(
     try:
         asyncio.run(run())
     except (StreamError, ConnectionClosed) as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -124,8 +124,7 @@ def _stream_store(conf: Path | None) -> tuple[StreamServerConfig, EventStore]:
         config = load_stream_server_config_file(conf)
         return config, open_store(config)
     except TidingsError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
 
 
 @streams_app.command("status")
@@ -142,8 +141,7 @@ def streams_status(
     try:
         statuses = [stream_status(store, stream) for stream in config.streams]
     except TidingsError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     finally:
         store.close()
     if as_json:
@@ -205,8 +203,7 @@ def streams_hash_password() -> None:
     try:
         sys.stdout.write(hash_password(password) + "\n")
     except TidingsError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
 
 
 def _run_query(query: object, once: bool) -> None:
@@ -217,7 +214,7 @@ def _run_query(query: object, once: bool) -> None:
         query.stop()  # type: ignore[attr-defined]
     error = query.exception()  # type: ignore[attr-defined]
     if error is not None:
-        err.print(f"error: the query failed: {error}", markup=False)
+        err.print(f"error: the query failed: {scrub(str(error))}", markup=False)
         raise typer.Exit(1)
     if once:
         console.print("done: everything available was processed", markup=False)
@@ -263,8 +260,7 @@ def streams_archive(
     try:
         query = start_archive(spark, source.options(), str(archive_dir), str(checkpoint), once=once)
     except TidingsError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     _run_query(query, once)
 
 
@@ -284,8 +280,7 @@ def streams_aggregate(
     try:
         cfg = validate_config(AggregateConfig, read_config_data(config), "aggregation")
     except TidingsError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     for name, source in cfg.sources.items():  # before Spark: one line if one fails
         try:
             StreamOptions.of(source.options()).check()

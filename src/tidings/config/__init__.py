@@ -9,10 +9,12 @@ one model, built from one module per part, on shared machinery:
   the key;
 - :mod:`.targets`, :mod:`.relay`, :mod:`.intermediary`: the sections of ``tidings.yaml``,
   and :mod:`.tidings_file`: the file as a whole (loading it, finding it, its JSON Schema);
-- :mod:`.server`: the event server's file;
-- :mod:`.passwords`, :mod:`.stream_types`, :mod:`.streams`: the streams' sections of the
-  event server's file (the password hashes they hold, the type maps they check) and the files
-  of the streams' Spark jobs.
+- :mod:`.tls`: the TLS settings of every link, server side and client side;
+- :mod:`.server`: the event server's file, with who may use its Eventer
+  (:mod:`.eventer_access`);
+- :mod:`.passwords`, :mod:`.stream_types`, :mod:`.stream_access`, :mod:`.streams`: the
+  streams' sections of the event server's file (the password hashes they hold, the type maps
+  they check, what each user may do) and the files of the streams' Spark jobs.
 
 This package sits low (above the event model and addresses, below the database and every
 part), so a part's runtime objects stay with the part and are built from these models. Here

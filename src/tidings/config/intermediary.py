@@ -1,18 +1,19 @@
 """The ``intermediary:`` section of ``tidings.yaml``: what ``tidings intermediary serve``
-listens on, the event server it follows, the domain tables its SQL views read, its bounds,
-and an optional spatial upstream.
+listens on (with TLS, :mod:`.tls`), who may subscribe to what (:mod:`.intermediary_access`),
+the event server it follows, the domain tables its SQL views read, its bounds, and an
+optional spatial upstream.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from tidings.address import parse_address
+from tidings.address import is_tls, parse_address
+from tidings.config.intermediary_access import SubscriberAccess, check_corners
 from tidings.config.model import (
     HOUR,
     SECOND,
@@ -22,6 +23,7 @@ from tidings.config.model import (
     parsed_durations,
     within,
 )
+from tidings.config.tls import TlsClientConfig, TlsServerConfig
 from tidings.errors import ConfigError
 
 _SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -35,6 +37,19 @@ def _host_port(value: str) -> str:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"expected HOST:PORT, e.g. 127.0.0.1:8100, got {value!r}")
     return value
+
+
+def tls_connect_options(url: str, tls: TlsClientConfig | None) -> dict[str, Any]:
+    """The ``ssl`` (and ``server_hostname``) keyword arguments of a ``websockets`` connection
+    to ``url``: none for ``ws://``; for ``wss://``, ``tls``'s (absent: verified against the
+    system's CAs)."""
+    if not url.startswith("wss://"):
+        return {}
+    tls = tls or TlsClientConfig()
+    options: dict[str, Any] = {"ssl": tls.context()}
+    if tls.server_name is not None:
+        options["server_hostname"] = tls.server_name
+    return options
 
 
 class IntermediaryTableConfig(StrictModel):
@@ -137,9 +152,16 @@ class IntermediarySpatialConfig(StrictModel):
 
     upstream: str = Field(
         description=(
-            "Where the publisher listens: ``ws://HOST:PORT/`` (a lost connection is ridden "
-            "out: the intermediary reconnects to it)."
+            "Where the publisher listens: ``ws://HOST:PORT/``, or ``wss://`` over TLS (a lost "
+            "connection is ridden out: the intermediary reconnects to it)."
         )
+    )
+    tls: TlsClientConfig | None = Field(
+        default=None,
+        description=(
+            "With a ``wss://`` upstream: how its certificate is verified and the client "
+            "certificate to present (absent: verified against the system's CAs)."
+        ),
     )
     world_lo: list[float] = Field(
         min_length=2,
@@ -167,20 +189,28 @@ class IntermediarySpatialConfig(StrictModel):
     @classmethod
     def _ws_url(cls, v: str) -> str:
         if not v.startswith(("ws://", "wss://")):
-            raise ValueError(f"expected a ws:// URL of the spatial publisher, got {v!r}")
+            raise ValueError(f"expected a ws:// or wss:// URL of the spatial publisher, got {v!r}")
         return v
 
     @model_validator(mode="after")
+    def _tls_needs_wss(self) -> IntermediarySpatialConfig:
+        if self.tls is not None and not self.upstream.startswith("wss://"):
+            raise ValueError(
+                f"tls: the upstream {self.upstream} is not wss://; TLS settings would be unused"
+            )
+        return self
+
+    def connect_options(self) -> dict[str, Any]:
+        """The TLS keyword arguments of the connection to the publisher (none for ws://)."""
+        return tls_connect_options(self.upstream, self.tls)
+
+    @model_validator(mode="after")
     def _world(self) -> IntermediarySpatialConfig:
-        if len(self.world_lo) != len(self.world_hi):
-            raise ValueError("world_lo and world_hi must have the same number of axes")
-        for axis, (lo, hi) in enumerate(zip(self.world_lo, self.world_hi, strict=True)):
-            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                raise ValueError(f"world: axis {axis} needs finite world_lo < world_hi")
+        check_corners(self.world_lo, self.world_hi, ("world_lo", "world_hi"))
         return self
 
 
-class IntermediaryConfig(StrictModel):
+class IntermediaryConfig(SubscriberAccess):
     """``tidings intermediary serve``: an intermediary whose upstream is an event server,
     serving event and SQL-view subscriptions over WebSocket."""
 
@@ -190,12 +220,28 @@ class IntermediaryConfig(StrictModel):
             "``HOST:PORT`` of its WebSocket endpoint and web page; 0.0.0.0 exposes every interface."
         ),
     )
+    tls: TlsServerConfig | None = Field(
+        default=None,
+        description=(
+            "Serve the WebSocket and the pages over TLS (``wss://``, ``https://``) with this "
+            "certificate and key (absent: plaintext)."
+        ),
+    )
     event_server: str | list[str] = Field(
         default="tcp+sbs://127.0.0.1:23012",
         description=(
-            "The Eventer address of the event server it follows, or the addresses of the "
+            "The Eventer address (``tcp+sbs://`` or ``ssl+sbs://``) of the event server it "
+            "follows, or the addresses of the "
             "servers of a redundant group: it connects to one, and when that connection is "
             "lost it serves its last state marked stale and reconnects, trying them in turn."
+        ),
+    )
+    event_server_tls: TlsClientConfig | None = Field(
+        default=None,
+        description=(
+            "For event servers at ``ssl+sbs://`` addresses: the CA their certificates are "
+            "checked against (absent: the system's CAs) and the client certificate presented "
+            "to a server with mutual TLS (its CN is the intermediary's identity there)."
         ),
     )
     row_type_prefix: list[Annotated[str, Field(min_length=1)]] = Field(
@@ -234,8 +280,8 @@ class IntermediaryConfig(StrictModel):
     @field_validator("event_server")
     @classmethod
     def _addresses(cls, v: str | list[str]) -> str | list[str]:
-        """Each a ``tcp+sbs://HOST:PORT`` address (one error line for a bad one, whichever
-        form), at least one, none twice."""
+        """Each a ``tcp+sbs://HOST:PORT`` or ``ssl+sbs://HOST:PORT`` address (one error line
+        for a bad one, whichever form), at least one, none twice."""
         addresses = [v] if isinstance(v, str) else v
         if not addresses:
             raise ValueError("give at least one address")
@@ -248,10 +294,21 @@ class IntermediaryConfig(StrictModel):
                 raise ValueError(f"{address} is listed twice")
         return v
 
+    @model_validator(mode="after")
+    def _event_server_tls(self) -> IntermediaryConfig:
+        if self.event_server_tls is not None and not any(map(is_tls, self.event_servers)):
+            raise ValueError("event_server_tls is set, but no event_server address is ssl+sbs://")
+        return self
+
     @property
     def event_servers(self) -> list[str]:
         """The addresses of ``event_server``, as a list."""
         return [self.event_server] if isinstance(self.event_server, str) else self.event_server
+
+    @model_validator(mode="after")
+    def _granted_tables(self) -> IntermediaryConfig:
+        self.check_tables(list(self.tables))
+        return self
 
     @field_validator("tables")
     @classmethod

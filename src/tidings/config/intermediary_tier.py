@@ -4,7 +4,8 @@ NAME``: where each member listens, the spatial publisher they share, and how res
 is split among them (cells of the world, or buckets of subscriber ids).
 
 Kept apart from :mod:`.intermediary` (one intermediary's section): a tier reuses its spatial
-upstream model and nothing else.
+upstream model, and shares with it who may subscribe (:mod:`.intermediary_access`) and TLS
+(:mod:`.tls`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.config.intermediary import IntermediarySpatialConfig
+from tidings.config.intermediary_access import SubscriberAccess
 from tidings.config.model import SECOND, ZERO, Duration, StrictModel, parsed_durations, within
+from tidings.config.tls import TlsClientConfig, TlsServerConfig
 
 #: The most members one tier may have (each is a process of the machine).
 MAX_MEMBERS = 64
@@ -77,7 +80,7 @@ class TierResponsibilityConfig(StrictModel):
         return v
 
 
-class IntermediaryTierConfig(StrictModel):
+class IntermediaryTierConfig(SubscriberAccess):
     """Several intermediaries as one tier, each its own process, supervised by the process
     ``tidings intermediary serve --tier NAME`` runs."""
 
@@ -87,6 +90,20 @@ class IntermediaryTierConfig(StrictModel):
         description=(
             "``HOST:PORT`` of each member's WebSocket endpoint; subscribers may enter the tier "
             "at any of them (a member redirects a subscription it is not responsible for)."
+        ),
+    )
+    tls: TlsServerConfig | None = Field(
+        default=None,
+        description=(
+            "Every member serves over TLS (``wss://``) with this certificate and key, which "
+            "must name every member's host (absent: plaintext)."
+        ),
+    )
+    peer_tls: TlsClientConfig | None = Field(
+        default=None,
+        description=(
+            "With ``tls``: how a member verifies another's certificate when it takes the "
+            "pieces of a view in that member's cells (absent: against the system's CAs)."
         ),
     )
     spatial: IntermediarySpatialConfig = Field(
@@ -121,6 +138,13 @@ class IntermediaryTierConfig(StrictModel):
             if v.count(member) > 1:
                 raise ValueError(f"member {member!r} is listed twice")
         return v
+
+    @model_validator(mode="after")
+    def _peer_tls_needs_tls(self) -> IntermediaryTierConfig:
+        if self.peer_tls is not None and self.tls is None:
+            raise ValueError("peer_tls: the members serve plaintext (no tls), so it is unused")
+        self.check_tables([])
+        return self
 
     @model_validator(mode="after")
     def _slots_for_everyone(self) -> IntermediaryTierConfig:

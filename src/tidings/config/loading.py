@@ -5,7 +5,10 @@ Every file tidings reads goes through here, so they all behave alike: a
 :class:`~tidings.errors.ConfigError` names the offending key path and the value found there
 (a typo is found from the message alone), and ``${VAR}`` and ``${VAR:-default}`` in a file's
 string values are replaced when it is read, so secrets need not be written in it (``$${``
-writes a literal ``${``).
+writes a literal ``${``). An error never shows a secret (:mod:`tidings.redaction`): not the
+value of a secret-named key, not a URL's password, not the value of a key it refuses (a
+misspelt key may well hold a password), and a section or the whole file only by its size.
+The secrets of every file read are remembered, so that logs and errors scrub them.
 """
 
 from __future__ import annotations
@@ -23,9 +26,8 @@ from pydantic_core import ErrorDetails
 
 from tidings.config.model import spoken_duration
 from tidings.errors import ConfigError
+from tidings.redaction import remember, scrub, secret_name, secrets_in, shown_url
 
-#: Key names whose values an error never shows (passwords, hashes, tokens, keys).
-_SECRET_KEY = re.compile(r"password|secret|token|hash|credential|key$", re.IGNORECASE)
 #: The longest value an error shows whole.
 _SHOWN_CHARS = 80
 
@@ -33,7 +35,7 @@ _SHOWN_CHARS = 80
 def shown_value(path: tuple[int | str, ...], value: Any) -> str:
     """``value`` as an error message shows it: a short scalar as written, a mapping or list
     by its size (a top-level error must not print the whole file), never a secret's."""
-    if any(_SECRET_KEY.search(str(part)) for part in path):
+    if any(secret_name(str(part)) for part in path):
         return "a value (not shown: the key holds a secret)"
     if isinstance(value, dict):
         return f"a mapping with {len(value)} key{'s' if len(value) != 1 else ''}"
@@ -41,7 +43,7 @@ def shown_value(path: tuple[int | str, ...], value: Any) -> str:
         return f"a list of {len(value)} item{'s' if len(value) != 1 else ''}"
     if isinstance(value, timedelta):
         return spoken_duration(value)
-    text = repr(value)
+    text = shown_url(value) if isinstance(value, str) else repr(value)
     return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
 
 
@@ -54,12 +56,16 @@ def error_message(error: ErrorDetails) -> str:
 
 def _describe(error: ErrorDetails) -> str:
     path = ".".join(str(p) for p in error["loc"]) or "(top level)"
-    value = shown_value(error["loc"], error.get("input"))
     if error["type"] == "extra_forbidden":
-        return f"{path}: unknown key (value {value})"
+        return f"{path}: unknown key"  # named, never echoed: it may be a misplaced secret
     if error["type"] == "missing":
         return f"{path}: required key is missing"
-    return f"{path}: {error_message(error)} (got {value})"
+    found = error.get("input")
+    if error["type"] == "value_error" and isinstance(found, dict | list | tuple):
+        # Our own check of a whole section: its message says what is wrong, and the
+        # section's size would say nothing more.
+        return f"{path}: {error_message(error)}"
+    return f"{path}: {error_message(error)} (got {shown_value(error['loc'], found)})"
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -76,13 +82,21 @@ def validate_config(
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{what} must be a mapping at the top level, got {data!r}")
+        raise ConfigError(
+            f"{what} must be a mapping at the top level, got {_kind_of(data)} "
+            "(its content is not shown)"
+        )
     try:
         return model.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         raise ConfigError(
-            f"invalid {what}:\n  " + "\n  ".join(_describe(e) for e in exc.errors())
+            scrub(f"invalid {what}:\n  " + "\n  ".join(_describe(e) for e in exc.errors()))
         ) from None
+
+
+def _kind_of(data: Any) -> str:
+    names = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+    return names.get(type(data), f"a {type(data).__name__}")
 
 
 #: ``${NAME}``, ``${NAME:-default}``, or ``$${...}`` (an escaped, literal ``${...}``).
@@ -152,7 +166,7 @@ def substitute_env(
 def read_config_data(path: str | Path, *, used: set[str] | None = None) -> Any:
     """The parsed content of a YAML (or JSON, a subset of YAML) configuration file, with
     environment variables substituted (:func:`substitute_env`; ``used`` collects their
-    names)."""
+    names). Its secrets are remembered (:func:`tidings.redaction.remember`)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -174,7 +188,17 @@ def read_config_data(path: str | Path, *, used: set[str] | None = None) -> Any:
         raise ConfigError(f"{path}: not valid YAML{where}: {what}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return substitute_env(data, origin=str(path), used=used)
+    variables: set[str] = set()
+    data = substitute_env(data, origin=str(path), used=variables)
+    remember(secrets_in(data) | secret_values(variables))
+    if used is not None:
+        used |= variables
+    return data
+
+
+def secret_values(variables: set[str]) -> set[str]:
+    """The values of the environment variables among ``variables`` whose names say secret."""
+    return {v for name in variables if secret_name(name) and (v := os.environ.get(name))}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -28,6 +28,9 @@ from pydantic import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from tidings.errors import ConfigError
+from tidings.redaction import shown_url
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -145,8 +148,8 @@ def resolve_database_url(url: str, base_dir: Path) -> str:
         return url
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ValueError(f"not a database URL: {url!r} ({exc})") from None
+    except ArgumentError:
+        raise ValueError(f"not a database URL: {shown_url(url)}") from None
     database = parsed.database
     if not database or database == ":memory:" or database.startswith("file:"):
         return url
@@ -175,6 +178,18 @@ DatabaseUrl = Annotated[str, _relative_to_config_file(resolve_database_url)]
 #: says so with ``Field(default=..., validate_default=True)``; this is the same, spread into
 #: ``Field`` (``**RESOLVED_DEFAULT``), for the models that still write it so.
 RESOLVED_DEFAULT: dict[str, Any] = {"validate_default": True}
+
+
+V = TypeVar("V")
+
+
+def as_value_error(check: Callable[[V], object], value: V) -> None:
+    """Run a check that raises ConfigError inside a pydantic validator (which reports
+    ValueErrors with the key path)."""
+    try:
+        check(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class StrictModel(BaseModel):

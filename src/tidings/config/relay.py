@@ -29,6 +29,7 @@ from tidings.config.model import (
     within,
 )
 from tidings.errors import ConfigError
+from tidings.redaction import shown_url
 
 
 class DatabaseConfig(StrictModel):
@@ -47,7 +48,9 @@ class DatabaseConfig(StrictModel):
     @classmethod
     def _known_dialect(cls, v: str) -> str:
         if not v.startswith(("sqlite:", "postgresql:", "postgresql+psycopg:")):
-            raise ValueError(f"unsupported database url {v!r}: use sqlite:/// or postgresql://")
+            raise ValueError(
+                f"unsupported database url {shown_url(v)}: use sqlite:/// or postgresql://"
+            )
         return v
 
 

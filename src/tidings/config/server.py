@@ -9,8 +9,13 @@ through a Hat Monitor Server as in hat-event (``monitor``, see :mod:`tidings.ser
 or, where there is no Monitor, from a static list (``syncer_peers``); one server uses one of
 the two. tidings' own tuning keys (frame and lag limits, session bound) have defaults.
 
-Relative paths (the SQLite backend's ``db_path``) are relative to the configuration file's
-directory, so a configuration works the same from any working directory.
+Relative paths (the SQLite backend's ``db_path``, the TLS files) are relative to the
+configuration file's directory, so a configuration works the same from any working directory.
+
+TLS (:mod:`.tls`) is hat-event's ``ssl+sbs://`` scheme on the Eventer and Syncer addresses,
+with tidings' ``tls`` keys beside them: the certificate and key the server presents, and a
+CA whose certificates clients must present (mutual TLS); ``syncer_client.tls`` says how the
+Syncer checks its peers.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tidings.address import Address
+from tidings.address import Address, MonitorAddress, is_tls
+from tidings.config.eventer_access import EventerAnonymousConfig, EventerIdentityConfig
 from tidings.config.loading import read_config_data, validate_config
 from tidings.config.model import StrictModel, resolve_path
+from tidings.config.tls import TlsClientConfig, TlsServerConfig
 from tidings.errors import ConfigError
 
 DEFAULT_EVENTER_ADDRESS = "tcp+sbs://127.0.0.1:23012"
@@ -117,12 +124,30 @@ class EngineConfig(StrictModel):
     )
 
 
+def _tls_matches_scheme(address: str, tls: object | None) -> None:
+    """An ``ssl+sbs://`` address needs ``tls``, and ``tls`` needs one."""
+    if is_tls(address) and tls is None:
+        raise ValueError(f"address {address} is ssl+sbs: tls (cert_file, key_file) must be set")
+    if tls is not None and not is_tls(address):
+        raise ValueError(f"tls is set: the address must be ssl+sbs://, not {address}")
+
+
 class EventerServerConfig(StrictModel):
     """``eventer_server``: where clients register, query and subscribe (hat's Eventer)."""
 
     address: Address = Field(
         default=DEFAULT_EVENTER_ADDRESS,
-        description="The ``tcp+sbs://HOST:PORT`` the Eventer listens on.",
+        description=(
+            "The ``tcp+sbs://HOST:PORT`` the Eventer listens on, or ``ssl+sbs://HOST:PORT`` "
+            "for TLS (with ``tls``)."
+        ),
+    )
+    tls: TlsServerConfig | None = Field(
+        default=None,
+        description=(
+            "TLS (with an ``ssl+sbs://`` address): the server's certificate and key, and the CA "
+            "whose certificates clients must present (mutual TLS)."
+        ),
     )
     max_frame_bytes: int = Field(
         default=DEFAULT_MAX_FRAME_BYTES,
@@ -141,13 +166,65 @@ class EventerServerConfig(StrictModel):
         ),
     )
 
+    anonymous: EventerAnonymousConfig = Field(
+        default=EventerAnonymousConfig(),
+        description=(
+            "tidings: clients without an identity (no verified certificate, no login): where "
+            "they may connect from (loopback by default) and what they may do."
+        ),
+    )
+    identities: dict[str, EventerIdentityConfig] = Field(
+        default_factory=dict,
+        description=(
+            "tidings: the identities the Eventer knows, by name (a client certificate's CN, or "
+            "a login name), each with what it may do. Listed: a certificate naming another "
+            "identity is refused. Empty: every certificate the CA signed may do everything."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _tls(self) -> EventerServerConfig:
+        _tls_matches_scheme(self.address, self.tls)
+        for name in self.identities:
+            if not name or name != name.strip():
+                raise ValueError(f"identities: {name!r} is not an identity name")
+        return self
+
 
 class SyncerServerConfig(StrictModel):
     """``syncer_server``: where redundant peers fetch this server's events."""
 
     address: Address = Field(
         default=DEFAULT_SYNCER_ADDRESS,
-        description="The ``tcp+sbs://HOST:PORT`` the Syncer listens on.",
+        description=(
+            "The ``tcp+sbs://HOST:PORT`` the Syncer listens on, or ``ssl+sbs://HOST:PORT`` for "
+            "TLS (with ``tls``)."
+        ),
+    )
+    tls: TlsServerConfig | None = Field(
+        default=None,
+        description=(
+            "TLS (with an ``ssl+sbs://`` address): the server's certificate and key, and the CA "
+            "whose certificates peers must present (mutual TLS, on top of ``syncer_token``)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _tls(self) -> SyncerServerConfig:
+        _tls_matches_scheme(self.address, self.tls)
+        return self
+
+
+class SyncerClientConfig(StrictModel):
+    """``syncer_client``: how this server's Syncer connects to its peers' Syncer servers."""
+
+    tls: TlsClientConfig | None = Field(
+        default=None,
+        description=(
+            "For peers at ``ssl+sbs://`` addresses: the CA their certificates are checked "
+            "against (absent: the system's CAs) and the certificate presented to peers that "
+            "require one."
+        ),
     )
 
 
@@ -164,6 +241,7 @@ class SyncerPeerConfig(StrictModel):
     )
     syncer_token: str | None = Field(
         default=None,
+        repr=False,
         description=(
             "The peer's ``syncer_token``; it must equal ours, or the configuration is refused."
         ),
@@ -177,7 +255,9 @@ class MonitorConfig(StrictModel):
 
     name: str = Field(min_length=1, description="This server's Monitor Component name.")
     group: str = Field(min_length=1, description="Its group: servers of one group sync.")
-    monitor_address: Address = Field(description="The local Monitor Server to connect to.")
+    monitor_address: MonitorAddress = Field(
+        description="The local Monitor Server to connect to (``tcp+sbs://``)."
+    )
 
 
 class MetricsEndpointConfig(StrictModel):
@@ -223,10 +303,15 @@ class ServerConfig(StrictModel):
     )
     syncer_token: str | None = Field(
         default=None,
+        repr=False,
         description=(
             "Servers sync only with peers of the same token; through a Monitor, a server without "
             "one syncs with every peer of its group (as in hat-event)."
         ),
+    )
+    syncer_client: SyncerClientConfig = Field(
+        default=SyncerClientConfig(),
+        description="tidings: how the Syncer connects to its peers (TLS).",
     )
     syncer_peers: list[SyncerPeerConfig] = Field(
         default_factory=list,
@@ -275,9 +360,9 @@ class ServerConfig(StrictModel):
                 )
             if peer.syncer_token != self.syncer_token:
                 raise ValueError(
-                    f"syncer_peers.{index}.syncer_token: {peer.syncer_token!r} does not match "
-                    f"this server's syncer_token {self.syncer_token!r}; servers sync only "
-                    "when their tokens are equal"
+                    f"syncer_peers.{index}.syncer_token: "
+                    f"{_token_mismatch(peer.syncer_token, self.syncer_token)}; "
+                    "servers sync only when their tokens are equal"
                 )
         if self.monitor is not None and self.syncer_peers:
             raise ValueError(
@@ -292,6 +377,15 @@ class ServerConfig(StrictModel):
     def resolve(self, path: str | Path) -> Path:
         """``path`` made absolute against the configuration file's directory."""
         return resolve_path(path, self.base_dir)
+
+
+def _token_mismatch(peer_token: str | None, own_token: str | None) -> str:
+    """Why a peer's token does not fit ours, without either token (they are secrets)."""
+    if peer_token is None:
+        return "not set, but this server has one"
+    if own_token is None:
+        return "set, but this server has no syncer_token"
+    return "does not match this server's syncer_token (neither is shown)"
 
 
 def require_positive_ints(owner: str, **values: object) -> None:
@@ -310,7 +404,7 @@ def load_server_config(
     model with sections of its own, as the streams do)."""
     if isinstance(data, dict) and base_dir is not None:
         data = {**data, "base_dir": base_dir}
-    return validate_config(model, data, "server configuration")
+    return validate_config(model, data, "server configuration", base_dir)
 
 
 def default_config_path() -> Path:

@@ -58,6 +58,15 @@ def check_type_patterns(patterns: Mapping[str, tuple[QueryType, ...]]) -> None:
                 )
 
 
+def generated_type(patterns: tuple[QueryType, ...]) -> QueryType | None:
+    """The one server type ``addEvent`` stores an event of an FTN18 type with these
+    patterns as: its pattern, if it has exactly one and that has no wildcard; else None
+    (the stream cannot generate that type)."""
+    if len(patterns) != 1 or any(s in (ANY_ONE, ANY_REST) for s in patterns[0]):
+        return None
+    return patterns[0] or None
+
+
 def type_patterns(types: Mapping[str, Iterable[object]]) -> dict[str, tuple[QueryType, ...]]:
     """The checked patterns of a configured map: ``NAME: [seg, …]`` (one pattern) or
     ``NAME: [[seg, …], …]`` (several)."""

@@ -11,62 +11,65 @@ configured (:mod:`.passwords`), directly or from an environment variable.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from tidings.config.model import DAY, HOUR, MS, SECOND, ZERO, ParsedDuration, StrictModel, within
-from tidings.config.passwords import check_hash
+from tidings.config.model import (
+    DAY,
+    HOUR,
+    MS,
+    SECOND,
+    ZERO,
+    ParsedDuration,
+    StrictModel,
+    as_value_error,
+    within,
+)
+from tidings.config.passwords import PasswordHashConfig
 from tidings.config.server import ServerConfig, load_server_config, load_server_config_file
+from tidings.config.stream_access import StreamGrant, check_grants
 from tidings.config.stream_types import type_patterns
-from tidings.errors import ConfigError
-
-V = TypeVar("V")
 
 
-class StreamUserConfig(StrictModel):
+class StreamUserConfig(PasswordHashConfig):
     """A user of the streams: the scrypt hash of its password, or the variable holding it."""
 
-    password_hash: str | None = Field(
+    allow: list[StreamGrant] | None = Field(
         default=None,
         description=(
-            "The scrypt hash of the user's password, as ``tidings streams hash-password`` prints "
-            "it."
+            "What the user may do: streams, components, types, ``addEvent`` and a data filter "
+            "per entry (see the security page). Left out: everything, as before permissions "
+            "existed (unless ``stream_allow_required``); ``[]``: nothing."
         ),
     )
-    password_hash_env: str | None = Field(
-        default=None,
-        description="The environment variable holding that hash, read when the server starts.",
-    )
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        # Called only for a key present in the file: ``allow:`` with nothing after it is
+        # YAML's null, and must not mean "everything".
+        if value is None:
+            raise ValueError(
+                "allow is empty (null): write [] for a user that may do nothing, or leave the "
+                "key out for one that may do everything"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> StreamUserConfig:
-        if (self.password_hash is None) == (self.password_hash_env is None):
+        if not self.has_password:
             raise ValueError("give exactly one of password_hash and password_hash_env")
-        if self.password_hash is not None:
-            _as_value_error(check_hash, self.password_hash)
         return self
 
     def resolved_hash(self, user: str) -> str:
         """The hash, read from the environment if configured so (at start-up)."""
-        if self.password_hash is not None:
-            return self.password_hash
-        assert self.password_hash_env is not None
-        value = os.environ.get(self.password_hash_env)
-        if not value:
-            raise ConfigError(
-                f"stream_users.{user}.password_hash_env: the variable "
-                f"{self.password_hash_env} is not set"
-            )
-        try:
-            return check_hash(value)
-        except ConfigError as exc:
-            raise ConfigError(f"stream_users.{user} ({self.password_hash_env}): {exc}") from None
+        value = self.password_hash_of(f"stream_users.{user}")
+        assert value is not None
+        return value
 
 
 class PushConfig(StrictModel):
@@ -116,7 +119,9 @@ class RetentionConfig(StrictModel):
         default=timedelta(days=1),
         description=(
             "Events younger than this stay, so that a re-published outbox event is still "
-            "recognised by its stored copy (the store's duplicate window)."
+            "recognised by its stored copy (the store's duplicate window). A ``tidings.yaml`` "
+            "refuses one shorter than the ``failover_resend`` of an ``event_server`` target "
+            "publishing into the server."
         ),
     )
     every: Annotated[ParsedDuration, within(10 * MS, DAY, zero=True)] = Field(
@@ -124,6 +129,20 @@ class RetentionConfig(StrictModel):
     )
     batch: int = Field(
         default=10_000, ge=1, le=1_000_000, description="Events deleted per transaction."
+    )
+
+
+class ConsumerEventsConfig(StrictModel):
+    """The consumer events by which the servers of a group share their consumers' positions
+    (see :mod:`tidings.streams.consumers.compaction`)."""
+
+    compact_every: Annotated[ParsedDuration, within(10 * MS, DAY, zero=True)] = Field(
+        default=timedelta(seconds=10),
+        description=(
+            "How often the consumer events that a later one supersedes are deleted (with or "
+            "without stream retention): between passes, each acknowledgement that moved a "
+            "consumer adds one."
+        ),
     )
 
 
@@ -178,13 +197,17 @@ class StreamConfig(StrictModel):
     )
     metrics: bool = Field(
         default=False,
-        description="Serve Prometheus metrics at ``<path>/metrics`` (consumer positions and lag).",
+        description=(
+            "Export the stream's Prometheus metrics (consumer positions and lag) on the server's "
+            "metrics endpoint (its ``metrics:`` section, on 127.0.0.1 by default), not on the "
+            "stream's own port."
+        ),
     )
 
     @field_validator("types")
     @classmethod
     def _types(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        _as_value_error(type_patterns, value)
+        as_value_error(type_patterns, value)
         return value
 
     @model_validator(mode="after")
@@ -209,6 +232,20 @@ class StreamServerConfig(ServerConfig):
     streams: list[StreamConfig] = Field(
         default_factory=list, description="The FTN18 streams the server serves."
     )
+    stream_consumer_events: ConsumerEventsConfig = Field(
+        default=ConsumerEventsConfig(),
+        description=(
+            "The events that share the streams' consumers and their positions with the other "
+            "servers of a redundant group."
+        ),
+    )
+    stream_allow_required: bool = Field(
+        default=False,
+        description=(
+            "Every stream user needs an ``allow`` list: a user without one is a configuration "
+            "error, instead of a user that may do everything."
+        ),
+    )
 
     @model_validator(mode="after")
     def _streams(self) -> StreamServerConfig:
@@ -225,7 +262,27 @@ class StreamServerConfig(ServerConfig):
                 )
         if self.streams and not self.stream_users:
             raise ValueError("streams need at least one entry under stream_users")
+        for index, stream in enumerate(self.streams):
+            if stream.metrics and self.metrics is None:
+                raise ValueError(
+                    f"streams.{index}.metrics: a stream's metrics are served on the server's "
+                    "metrics endpoint, and this server has none: add metrics: {port: PORT} "
+                    "(it listens on 127.0.0.1 unless metrics.address says otherwise)"
+                )
+        unrestricted = self.unrestricted_users()
+        if self.stream_allow_required and unrestricted:
+            raise ValueError(
+                f"stream_users: no allow list for {', '.join(unrestricted)}, and "
+                "stream_allow_required is set (give each user its allow list)"
+            )
+        grants = {name: user.allow for name, user in self.stream_users.items()}
+        types = {stream.name: type_patterns(stream.types) for stream in self.streams}
+        as_value_error(lambda _: check_grants(grants, types), None)
         return self
+
+    def unrestricted_users(self) -> list[str]:
+        """The stream users without an ``allow`` list: they may do everything."""
+        return [name for name, user in self.stream_users.items() if user.allow is None]
 
     def resolved(self) -> StreamServerConfig:
         """TLS paths made absolute against the configuration file's directory."""
@@ -333,21 +390,14 @@ def load_stream_server_config_file(path: str | Path | None = None) -> StreamServ
     return config.resolved()
 
 
-def _as_value_error(check: Callable[[V], object], value: V) -> None:
-    """Run a check that raises ConfigError inside a pydantic validator (which reports
-    ValueErrors with the key path)."""
-    try:
-        check(value)
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-
-
 __all__ = [
     "AggregateConfig",
     "AggregateDestination",
+    "ConsumerEventsConfig",
     "PushConfig",
     "RetentionConfig",
     "StreamConfig",
+    "StreamGrant",
     "StreamServerConfig",
     "StreamSourceConfig",
     "StreamUserConfig",

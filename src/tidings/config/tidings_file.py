@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
 import tidings.config.relay as sections
+from tidings.address import parse_address
 from tidings.config.intermediary import IntermediaryConfig
 from tidings.config.intermediary_tier import IntermediaryTierConfig
 from tidings.config.loading import read_config_data, validate_config
-from tidings.config.model import StrictModel
+from tidings.config.model import StrictModel, spoken_duration
 from tidings.config.streams import StreamServerConfig
 from tidings.config.targets import KindTargetConfig, target_kinds_json_schema
 from tidings.errors import ConfigError
@@ -142,6 +144,7 @@ class TidingsConfig(StrictModel):
                 f"replay.retry_count_threshold ({threshold}), which ends every retry of an "
                 "event: raise the threshold or lower the tries"
             )
+        _check_resend_windows(self)
         named = [(f"routing.routes.{key}", names) for key, names in self.routing.routes.items()]
         for where, names in [*named, ("routing.default", self.routing.default)]:
             for name in names:
@@ -150,6 +153,53 @@ class TidingsConfig(StrictModel):
                         f"{where}: unknown target {name!r} "
                         f"(defined targets: {', '.join(sorted(self.targets)) or 'none'})"
                     )
+
+
+def _check_resend_windows(config: TidingsConfig) -> None:
+    """Refuse a stream retention ``min_age`` shorter than the ``failover_resend`` window of
+    an ``event_server`` target publishing into its server.
+
+    After a failover the target sends the events its lost server confirmed within that
+    window again, to the next server, which recognises each by its stored copy. Retention
+    may discard an event that every consumer has read once it is ``min_age`` old; if that
+    can happen inside the window, the event sent again finds no copy, is stored a second
+    time, and every consumer gets it twice: the exactly-once promise of the event server
+    target broken by configuration. So this is an error, not a warning.
+    """
+    for target_name, target in config.targets.items():
+        window: timedelta = getattr(target, "failover_resend", timedelta(0))
+        if target.kind != "event_server" or window <= timedelta(0):
+            continue
+        for server_name, server in _servers_fed(config, target).items():
+            for index, stream in enumerate(server.streams):
+                retention = stream.retention
+                if retention.enabled and retention.min_age < window:
+                    raise ConfigError(
+                        f"servers.{server_name}.streams[{index}].retention.min_age "
+                        f"({spoken_duration(retention.min_age)}) is shorter than "
+                        f"targets.{target_name}.failover_resend ({spoken_duration(window)}): "
+                        "after a failover the target sends the events of that window again, "
+                        "and one that retention had discarded would be stored and delivered "
+                        "twice; raise min_age to at least the window or shorten the window"
+                    )
+
+
+def _servers_fed(config: TidingsConfig, target: KindTargetConfig) -> dict[str, StreamServerConfig]:
+    """The configured servers an ``event_server`` target publishes to: those its addresses
+    name (by host and port), or those of its Monitor group."""
+    monitor = getattr(target, "monitor", None)
+    if monitor is not None:
+        return {
+            name: server
+            for name, server in config.servers.items()
+            if server.monitor is not None and server.monitor.group == monitor.server_group
+        }
+    wanted = {parse_address(str(a)) for a in getattr(target, "server_addresses", [])}
+    return {
+        name: server
+        for name, server in config.servers.items()
+        if parse_address(server.eventer_server.address) in wanted
+    }
 
 
 def load_config(data: dict[str, Any] | None = None) -> TidingsConfig:

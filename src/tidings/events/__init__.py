@@ -4,7 +4,8 @@ An event is seen from several sides, and each side is a module here: the outbox 
 producer writes and the relay reads (:mod:`~tidings.events.outbox`), the event as the event
 server stores and serves it (:mod:`~tidings.events.model`), the checks every edge applies
 before storing one (:mod:`~tidings.events.validation`), the queries and type patterns that
-select events (:mod:`~tidings.events.query`, :mod:`~tidings.events.matching`) and the UTC
+select events (:mod:`~tidings.events.query`, :mod:`~tidings.events.matching`), conditions on
+an event's data that decide who may see it (:mod:`~tidings.events.data_filter`) and the UTC
 time helpers they share (:mod:`~tidings.events.timeutil`).
 
 Data flows up from here: the outbox, the wire codec, the server, the client and the targets

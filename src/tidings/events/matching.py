@@ -112,3 +112,55 @@ class TypeMatcher:
                 node.any_one = _Node()
             return node.any_one
         return node.children.setdefault(segment, _Node())
+
+
+def intersect(a: QueryType, b: QueryType) -> QueryType | None:
+    """The query type matching exactly the event types both ``a`` and ``b`` match, or None
+    if none does (both validated query types).
+
+    One type always suffices, since ``*`` stands only last: position by position a literal
+    meets an equal literal or ``?``, ``?`` meets ``?``, and where one side reaches its ``*``
+    the other side's rest is what both match from there.
+    """
+    both: list[str] = []
+    for index in range(max(len(a), len(b))):
+        x = a[index] if index < len(a) else None
+        y = b[index] if index < len(b) else None
+        if x == ANY_REST:
+            return (*both, *b[index:])
+        if y == ANY_REST:
+            return (*both, *a[index:])
+        if x is None or y is None:
+            return None  # one ended without a '*': the lengths differ
+        if x == ANY_ONE:
+            both.append(y)
+        elif y == ANY_ONE or x == y:
+            both.append(x)
+        else:
+            return None
+    return tuple(both)
+
+
+def narrow(
+    requested: Iterable[QueryType], allowed: Iterable[QueryType]
+) -> tuple[list[QueryType], list[QueryType]]:
+    """What of ``requested`` lies within ``allowed``: the query types matching exactly the
+    event types some requested type and some allowed type both match, and the requested
+    types not wholly within one allowed type (each refused in part or whole).
+
+    Access control by type uses it: a client asking for more than it may see is served what
+    it may, and the rest is refused by name.
+    """
+    allowed = list(allowed)
+    kept: list[QueryType] = []
+    refused: list[QueryType] = []
+    for query_type in requested:
+        pieces = [p for a in allowed if (p := intersect(a, query_type)) is not None]
+        if query_type in pieces:
+            pieces = [query_type]  # wholly allowed: the smaller pieces add nothing
+        else:
+            refused.append(query_type)
+        for piece in pieces:
+            if piece not in kept:
+                kept.append(piece)
+    return kept, refused

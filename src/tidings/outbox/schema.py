@@ -3,7 +3,8 @@
 Tables follow the design document's physical model (``outbox_event``,
 ``outbox_event_attribute`` and its indexes) extended with the patent's event-log fields
 ([0060], [0062]), a per-target delivery state, and ``seq``: the monotonically increasing
-log sequence the relay reads in order.
+log sequence the relay reads in order. ``tidings_target_mark`` keeps, per target, when the
+newest confirmation recorded there was made (see :mod:`tidings.outbox.confirmations`).
 
 On PostgreSQL ``seq`` comes from :func:`tidings_next_seq`, which forces the transaction to
 own a transaction id *before* it draws a sequence value. The relay relies on that to know
@@ -39,7 +40,7 @@ from tidings.errors import SchemaError
 from tidings.events.outbox import OutboxEvent
 from tidings.events.timeutil import as_utc
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = MetaData()
 
@@ -172,6 +173,15 @@ lease = Table(
     Column("expires_at", Float, nullable=False),  # epoch seconds
 )
 
+#: Per target: the newest confirmation the log records there (``deliveries``' ``at``), never
+#: lowered. Version 2 of the schema.
+target_mark = Table(
+    "tidings_target_mark",
+    metadata,
+    Column("target", String(256), primary_key=True),
+    Column("confirmed_at", DateTime(timezone=True), nullable=False),
+)
+
 meta = Table(
     "tidings_meta",
     metadata,
@@ -198,7 +208,12 @@ def _upgrade_to_1(engine: Engine) -> None:
             )
 
 
-_UPGRADES = {1: _upgrade_to_1}
+def _upgrade_to_2(engine: Engine) -> None:
+    # A log created at version 1 lacks the marks (a new log got them from version 1's step).
+    metadata.create_all(engine, tables=[target_mark])
+
+
+_UPGRADES = {1: _upgrade_to_1, 2: _upgrade_to_2}
 
 
 def _stored_version(engine: Engine) -> int:

@@ -93,6 +93,33 @@ class _ServerCollector(Collector):
             ("notifications", counters.notifications, "Eventer notify messages sent"),
         ):
             yield CounterMetricFamily(f"tidings_server_{name}", doc, value=value)
+        refused = CounterMetricFamily(
+            "tidings_server_tls_handshakes_refused",
+            "TLS handshakes refused (an untrusted or missing client certificate, plaintext "
+            "sent to a TLS port, no handshake in time), by listener",
+            labels=["listener"],
+        )
+        refused.add_metric(["eventer"], counters.refused_handshakes)
+        refused.add_metric(
+            ["syncer"], 0 if running.syncer is None else running.syncer.refused_handshakes
+        )
+        yield refused
+        access = CounterMetricFamily(
+            "tidings_server_eventer_refusals",
+            "Eventer refusals by identity or grant: clients (an unknown certificate identity, "
+            "an anonymous client where none are served), logins, registered events, queries "
+            "and subscriptions (narrowed to what is granted)",
+            labels=["refused"],
+        )
+        for label, value in (
+            ("client", counters.refused_clients),
+            ("login", counters.refused_logins),
+            ("event", counters.refused_events),
+            ("query", counters.refused_queries),
+            ("subscription", counters.refused_subscriptions),
+        ):
+            access.add_metric([label], value)
+        yield access
         yield GaugeMetricFamily(
             "tidings_server_eventer_clients",
             "Eventer clients connected",

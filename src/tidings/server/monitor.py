@@ -87,7 +87,7 @@ def _unfit(data: dict[str, Any], server_id: int, token: str | None) -> str | Non
     except ConfigError as exc:
         return f"syncer_server_address: {exc}"
     if token is not None and data.get("syncer_token") != token:
-        return f"syncer_token {data.get('syncer_token')!r} differs from ours"
+        return "its syncer_token differs from ours (neither is shown)"
     return None
 
 
@@ -230,6 +230,7 @@ class MonitorLink:
                     self._engine,
                     server_id,
                     client_name=str(self._config.engine.server_id),
+                    tls=self._config.syncer_client.tls,
                 )
                 self.peers[server_id] = peer
                 await peer.start()

@@ -27,6 +27,7 @@ from tidings.errors import ConfigError, StoreError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.backends import open_backend
 from tidings.server.engine import Engine
+from tidings.server.eventer.access import EventerAccess
 from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.server import EventerServer
 from tidings.server.metrics import MetricsEndpoint
@@ -94,22 +95,30 @@ class RunningServer:
                 await async_engine.write(engine.start)
             syncer = None
             if config.syncer_server is not None:
-                syncer = await SyncerServer.start(config.syncer_server.address, async_engine)
+                syncer = await SyncerServer.start(
+                    config.syncer_server.address, async_engine, tls=config.syncer_server.tls
+                )
                 undo.push_async_callback(syncer.aclose)
             running = cls(config, store, async_engine, syncer, attach)
-            if standalone:
-                await running._open_serving()
-                undo.push_async_callback(running._close_serving)
-                for peer in config.syncer_peers:
-                    client = SyncerClient(peer.address, async_engine, peer.server_id)
-                    await client.start()
-                    undo.push_async_callback(client.aclose)
-                    running.static_peers.append(client)
+            # Before the serving parts: the attachment (the streams) adds its own metrics.
             if config.metrics is not None:
                 running.metrics = MetricsEndpoint(
                     running, config.metrics.address, config.metrics.port
                 )
                 undo.callback(running.metrics.close)
+            if standalone:
+                await running._open_serving()
+                undo.push_async_callback(running._close_serving)
+                for peer in config.syncer_peers:
+                    client = SyncerClient(
+                        peer.address,
+                        async_engine,
+                        peer.server_id,
+                        tls=config.syncer_client.tls,
+                    )
+                    await client.start()
+                    undo.push_async_callback(client.aclose)
+                    running.static_peers.append(client)
             if not standalone:
                 running.monitor = await MonitorLink.start(config, async_engine, running._serve)
                 undo.push_async_callback(running.monitor.aclose)
@@ -135,6 +144,10 @@ class RunningServer:
             max_frame_bytes=self.config.eventer_server.max_frame_bytes,
             max_subscriber_lag_bytes=self.config.eventer_server.max_subscriber_lag_bytes,
             counters=self.counters,
+            tls=self.config.eventer_server.tls,
+            access=EventerAccess(
+                self.config.eventer_server.anonymous, self.config.eventer_server.identities
+            ),
         )
         if self.attach is not None:
             try:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from tidings.config.stream_types import check_type_patterns, type_patterns
-from tidings.events.matching import ANY_ONE, ANY_REST, QueryType, TypeMatcher
+from tidings.config.stream_types import check_type_patterns, generated_type, type_patterns
+from tidings.events.matching import QueryType, TypeMatcher
 from tidings.events.model import EventType
 from tidings.events.validation import RESERVED_CONSUMER_TYPE
 
@@ -63,10 +63,7 @@ class TypeMap:
     def event_type_of(self, name: str) -> EventType | None:
         """The one server type ``addEvent`` stores an event of FTN18 type ``name`` as: the
         name's pattern, if it has exactly one and it has no wildcard; else ``None``."""
-        patterns = self.patterns.get(name, ())
-        if len(patterns) != 1 or any(s in (ANY_ONE, ANY_REST) for s in patterns[0]):
-            return None
-        return patterns[0] or None
+        return generated_type(self.patterns.get(name, ()))
 
 
 def type_map_from_config(types: Mapping[str, Iterable[object]]) -> TypeMap:

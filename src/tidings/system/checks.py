@@ -9,7 +9,8 @@ network, no files), and returns one line per problem naming both sides:
   ``127.0.0.1``, an unspecified address such as ``0.0.0.0`` overlaps every other on its
   port, and port 0 (any free port) never clashes;
 - an ``event_server`` target or an intermediary following an address no configured server
-  listens on (checked when the file has ``servers:``);
+  listens on (checked when the file has ``servers:``), or following it with TLS where the
+  server serves without, or the other way round;
 - a stream type pattern that no route delivers into its server, naming the type prefixes
   the targets into that server use (so a prefix that differs between target and stream is
   named as such);
@@ -27,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidings.address import is_tls
 from tidings.config import TidingsConfig
 from tidings.config.stream_types import type_patterns
 from tidings.config.streams import StreamServerConfig
@@ -145,9 +147,15 @@ def _unserved_addresses(config: TidingsConfig) -> list[str]:
         for address in i.event_servers
     ]
     for where, address in followers:
-        if host_port(address) not in served:
+        server = served.get(host_port(address))
+        if server is None:
             findings.append(
                 f"{where} {address}: no configured server listens there (servers: {listed})"
+            )
+        elif is_tls(address) != is_tls(served_at := config.servers[server].eventer_server.address):
+            findings.append(
+                f"{where} {address}: server {server} listens there as {served_at}; client and "
+                "server must both use TLS (ssl+sbs://) or both not (tcp+sbs://)"
             )
     return findings
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from tidings.config import TargetConfig
 from tidings.events.outbox import OutboxEvent
+
+if TYPE_CHECKING:  # the database layer loads only where a log is attached
+    from tidings.outbox.confirmations import ConfirmationLog
 
 
 class Target(ABC):
@@ -64,6 +67,13 @@ class Target(ABC):
         and must not raise; a target that cannot know yet answers None.
         """
         return None
+
+    def attach_log(self, log: ConfirmationLog) -> None:  # noqa: B027 - optional hook
+        """The outbox log in which the relay records this target's confirmations, given by
+        the relay's and the replay's tasks before they publish (again for every task: the
+        target is shared by the tasks of its process). A target that must know what was
+        confirmed before by other processes (the ``event_server`` target, to send it again
+        after a move) reads it there; most targets need nothing of it."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most targets hold nothing
         """Release connections; the target is not used afterwards."""

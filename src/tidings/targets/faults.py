@@ -13,9 +13,13 @@ import fcntl
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.base import Target
+
+if TYPE_CHECKING:
+    from tidings.outbox.confirmations import ConfirmationLog
 
 
 def _take_fault(path: Path) -> bool:
@@ -55,6 +59,9 @@ class FaultInjectingTarget(Target):
 
     def refusal(self, event: OutboxEvent) -> str | None:
         return self.inner.refusal(event)
+
+    def attach_log(self, log: ConfirmationLog) -> None:
+        self.inner.attach_log(log)
 
     def close(self) -> None:
         self.inner.close()

@@ -13,13 +13,19 @@ requests resolve their futures there, and every other message is decoded and que
 peer that sends faster than it is served stops being read instead of growing our memory.
 Anything malformed (garbage, a truncated or oversize frame, an unknown message type,
 undecodable SBS) closes that connection with one log line naming the reason; nothing else
-is affected.
+is affected. One oversize frame is not malformed: a reply to one of our own requests. A
+hat-event server answers a query with every event it selects, in one message, however large
+(hat-event 0.8.5 has no paging), so such a reply is read past and dropped, its request fails
+with :class:`ReplyTooLarge` naming the size and ``max_frame_bytes``, and the connection is
+kept.
 
 One frame is read and decoded at a time per connection, a large one without stalling the
 event loop (:mod:`tidings.wire.frame_reader`). A large outgoing message can be streamed
 (:meth:`Connection.send_stream`): frames sent meanwhile wait behind it, so frames never
 interleave. :func:`connect` opens a connection; :mod:`tidings.wire.chatter_server` listens
-for them.
+for them. Over TLS (an ``ssl+sbs://`` address, as in hat-event 0.8.5) the frames are the same,
+inside the TLS session; a peer's verified client certificate names it
+(:attr:`Connection.certificate_identity`).
 """
 
 from __future__ import annotations
@@ -28,13 +34,27 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 from collections.abc import AsyncIterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from tidings.address import parse_address
-from tidings.errors import ConnectionClosed, ProtocolError, RequestTimeout
+from tidings.address import parse_endpoint
+from tidings.errors import (
+    ConnectionClosed,
+    ProtocolError,
+    ReplyTooLarge,
+    RequestTimeout,
+    TlsError,
+)
 from tidings.wire import codec, envelope
-from tidings.wire.frame_reader import decode_body, read_frame
+from tidings.wire.frame_reader import (
+    FrameTooLarge,
+    ReadProgress,
+    decode_body,
+    read_frame,
+    read_oversize_head,
+    skip_frame,
+)
 from tidings.wire.lag import LagWatch
 from tidings.wire.receive_queue import ReceiveQueue
 
@@ -98,6 +118,12 @@ class Connection:
         self._ping_interval = ping_interval
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        #: The peer's host (an IP address), for decisions by where a client connects from.
+        self.peer_host: str | None = peer[0] if isinstance(peer, tuple) else None
+        #: The link is TLS.
+        self.secure = writer.get_extra_info("sslcontext") is not None
+        #: The CN of the peer's verified certificate (mutual TLS), else None.
+        self.certificate_identity = certificate_identity(writer)
         self._ids = itertools.count(1)
         self._received: ReceiveQueue[Message] = ReceiveQueue(_RECEIVE_QUEUE, max_queued_bytes)
         self._pending: dict[int, asyncio.Future[Message]] = {}
@@ -112,6 +138,7 @@ class Connection:
         #: peer took (see lagging).
         self._written = 0
         self._lag = LagWatch()
+        self._progress = ReadProgress()
         self._tasks = [asyncio.create_task(self._read_loop(), name=f"chatter read {self.peer}")]
         if ping_interval:
             pinger = self._ping_loop(ping_interval)
@@ -120,6 +147,11 @@ class Connection:
     @property
     def is_open(self) -> bool:
         return not self._closed.is_set()
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame this end reads (see :class:`ReplyTooLarge` for a reply over it)."""
+        return self._max_frame_bytes
 
     @property
     def close_reason(self) -> str | None:
@@ -352,9 +384,10 @@ class Connection:
         for task in self._tasks:
             if task is not asyncio.current_task():
                 task.cancel()
+        closed = f"connection to {self.peer} closed" + (f": {reason}" if reason else "")
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(ConnectionClosed(f"connection to {self.peer} closed"))
+                future.set_exception(ConnectionClosed(closed))
         self._received.end()
 
     async def aclose(self) -> None:
@@ -377,19 +410,65 @@ class Connection:
 
     async def _read_loop(self) -> None:
         reason: str | None = None
+        heard = False
         try:
             while True:
-                await self._dispatch(await read_frame(self._reader, self._max_frame_bytes))
+                try:
+                    frame = await read_frame(self._reader, self._max_frame_bytes, self._progress)
+                except FrameTooLarge as too_large:
+                    await self._skip_oversize_reply(too_large)
+                    heard = True
+                    continue
+                heard = True
+                self._progress.busy = True
+                await self._dispatch(frame)
+                self._progress.busy = False
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
                 reason = f"truncated frame ({len(exc.partial)} of {exc.expected} bytes)"
+            elif self._to_server and self.secure and not heard:
+                # asyncio drops a refused TLS 1.3 client's connection without the alert
+                # that would say why: say what it most likely means.
+                reason = (
+                    "the server closed the TLS connection before sending anything: it may "
+                    "require a client certificate (mutual TLS) and refuse ours, or our lack "
+                    "of one; its log says why"
+                )
         except ProtocolError as exc:
             reason = f"protocol error: {exc}"
+        except ssl.SSLError as exc:
+            # After the handshake: the peer refused us late (TLS 1.3 checks a client's
+            # certificate after the client's handshake is done) or broke the TLS stream.
+            reason = f"TLS: {exc.reason or exc}"
         except (ConnectionError, OSError):
             pass
         except asyncio.CancelledError:
             return
         self.close(reason)
+
+    async def _skip_oversize_reply(self, too_large: FrameTooLarge) -> None:
+        """Read past an oversize reply to one of our requests and fail that request with
+        :class:`ReplyTooLarge`: the peer answered what was asked, so the connection is kept.
+        Any other oversize frame raises ``too_large`` (the connection closes)."""
+        if not self._pending:
+            raise too_large
+        head, left = await read_oversize_head(self._reader, too_large)
+        future = None if head.owner else self._pending.get(head.first)
+        if (
+            future is None
+            or future.done()
+            or head.type not in codec.MESSAGE_TYPES.get(head.module or "", ())
+        ):
+            raise too_large
+        await skip_frame(self._reader, left, self._progress)
+        reason = (
+            f"{head.module}.{head.type} of {too_large.size} bytes from {self.peer} exceeds "
+            f"max_frame_bytes ({too_large.limit} bytes): the reply was dropped and the "
+            "connection kept; ask for less at a time (pages) or raise max_frame_bytes"
+        )
+        extra = {"peer": self.peer, "bytes": too_large.size, "limit": too_large.limit}
+        log.warning("chatter: %s", reason, extra=extra)
+        future.set_exception(ReplyTooLarge(reason))
 
     async def _dispatch(self, frame: bytes | bytearray) -> None:
         received = envelope.parse(frame)
@@ -427,6 +506,7 @@ class Connection:
             while True:
                 await asyncio.sleep(interval)
                 pong = asyncio.Event()
+                taken = self._progress.taken
                 conversation = self.send(codec.PING, "MsgPing", None, last=False)
                 self._pongs[conversation.first_id] = pong
                 try:
@@ -441,6 +521,10 @@ class Connection:
                         # Our ping still waits behind a streamed frame, whose writing closes
                         # a peer that stops reading (send_stream).
                         continue
+                    if self._progress.taken != taken or self._progress.busy:
+                        # The peer is sending a large frame (the reply waits behind it), or
+                        # we are decoding one (the reply waits in the socket).
+                        continue
                     self.close(f"no ping reply within {interval} s")
                     return
                 finally:
@@ -449,17 +533,97 @@ class Connection:
             return
 
 
+class ClientTls(Protocol):
+    """TLS settings of a connection to an ``ssl+sbs://`` address: what
+    :class:`tidings.config.tls.TlsClientConfig` holds (the wire does not load the
+    configuration package; anything with these members will do)."""
+
+    @property
+    def verify(self) -> bool: ...
+
+    @property
+    def server_name(self) -> str | None: ...
+
+    def context(self) -> ssl.SSLContext: ...
+
+
 async def connect(
     address: str,
     *,
+    tls: ClientTls | ssl.SSLContext | None = None,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ping_interval: float | None = DEFAULT_PING_INTERVAL,
     timeout: float = 10.0,
 ) -> Connection:
-    """Open a connection to ``address`` (``tcp+sbs://host:port``)."""
-    host, port = parse_address(address)
-    async with asyncio.timeout(timeout):
-        reader, writer = await asyncio.open_connection(host, port)
+    """Open a connection to ``address`` (``tcp+sbs://host:port`` or ``ssl+sbs://host:port``).
+
+    An ``ssl+sbs`` address is reached over TLS as ``tls`` says (settings, whose context is
+    made for this connection, or a ready :class:`ssl.SSLContext`); without ``tls`` the
+    server's certificate is verified against the system's CAs. Unless verification is off,
+    the certificate must name the address's host (or ``server_name``). A ``tcp+sbs``
+    address is plaintext whatever ``tls`` says (a group may mix the two). A handshake that
+    fails is a :class:`TlsError` saying why (an OSError, as a refused connection is);
+    ``timeout`` bounds connecting and the handshake together.
+    """
+    host, port, secure = parse_endpoint(address)
+    context, server_hostname = None, None
+    if secure:
+        context, server_hostname = _client_context(address, host, tls)
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=context, server_hostname=server_hostname
+            )
+    except ssl.SSLCertVerificationError as exc:
+        raise TlsError(
+            f"TLS to {address}: the server's certificate is refused: {exc.verify_message}"
+        ) from None
+    except ssl.SSLError as exc:
+        raise TlsError(
+            f"TLS to {address}: handshake failed ({exc.reason or exc}); does the server serve "
+            "ssl+sbs there?"
+        ) from None
+    except ConnectionResetError as exc:
+        if not secure:
+            raise
+        raise TlsError(
+            f"TLS to {address}: the server closed the connection during the handshake "
+            f"({str(exc) or type(exc).__name__}); "
+            "does the server serve ssl+sbs there?"
+        ) from None
     return Connection(
         reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval, to_server=True
     )
+
+
+def _client_context(
+    address: str, host: str, tls: ClientTls | ssl.SSLContext | None
+) -> tuple[ssl.SSLContext, str | None]:
+    """The context of a TLS connection to ``address`` and the name its certificate must
+    hold (None when the context checks no name)."""
+    if tls is None:
+        return ssl.create_default_context(), host
+    if isinstance(tls, ssl.SSLContext):
+        return tls, host if tls.check_hostname else None
+    if not tls.verify:
+        log.warning(
+            "TLS to %s without verifying the server (tls.verify: false)",
+            address,
+            extra={"address": address},
+        )
+        return tls.context(), None
+    return tls.context(), tls.server_name or host
+
+
+def certificate_identity(writer: asyncio.StreamWriter) -> str | None:
+    """The subject common name (CN) of the certificate the peer presented and this side
+    verified, or None (a plaintext link, no certificate, or one not verified: Python reports
+    the certificate only once it is verified)."""
+    certificate = writer.get_extra_info("peercert")
+    if not certificate:
+        return None
+    for rdn in certificate.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None

@@ -3,23 +3,28 @@
 The server side of :mod:`tidings.wire.chatter` (whose :func:`~tidings.wire.chatter.connect`
 is the client side): the Eventer and Syncer servers listen with :func:`listen`, each
 connection gets a task of its own running the handler, and closing the server closes every
-connection and waits for the handlers, so a closed server leaves nothing running.
+connection and waits for the handlers, so a closed server leaves nothing running. On an
+``ssl+sbs://`` address every connection is a TLS session first (hat-event 0.8.5's framing
+inside it), and a failed handshake is logged and counted, never handed to the handler.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 
-from tidings.address import parse_address
-from tidings.errors import ConnectionClosed
+from tidings.address import parse_endpoint
+from tidings.errors import ConfigError, ConnectionClosed
 from tidings.wire.chatter import DEFAULT_MAX_FRAME_BYTES, DEFAULT_PING_INTERVAL, Connection
 
 log = logging.getLogger(__name__)
 
 #: Serves one accepted connection; the connection is closed when it returns.
 Handler = Callable[[Connection], Awaitable[None]]
+#: How long an accepted connection may take to finish its TLS handshake, in seconds.
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 
 
 class Server:
@@ -63,11 +68,26 @@ async def listen(
     address: str,
     handler: Handler,
     *,
+    tls: ssl.SSLContext | None = None,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ping_interval: float | None = DEFAULT_PING_INTERVAL,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    on_refused: Callable[[], None] | None = None,
 ) -> Server:
-    """Listen on ``address`` and serve each connection with ``handler``."""
-    host, port = parse_address(address)
+    """Listen on ``address`` and serve each connection with ``handler``.
+
+    An ``ssl+sbs://`` address needs ``tls``, the server's context (a ConfigError otherwise,
+    as is ``tls`` with a ``tcp+sbs://`` address). A connection whose handshake fails or
+    takes over ``handshake_timeout`` seconds is closed with a log line and ``on_refused``
+    called (to count it); the handler never sees it.
+    """
+    host, port, secure = parse_endpoint(address)
+    if secure and tls is None:
+        raise ConfigError(f"{address}: an ssl+sbs address needs tls (a certificate and its key)")
+    if tls is not None and not secure:
+        raise ConfigError(
+            f"{address}: tls is set, so the address must be ssl+sbs://, not tcp+sbs://"
+        )
     connections: set[Connection] = set()
     handlers: set[asyncio.Task[None]] = set()
 
@@ -76,6 +96,10 @@ async def listen(
         assert task is not None  # asyncio runs each accepted connection's callback in a task
         handlers.add(task)
         task.add_done_callback(handlers.discard)
+        if tls is not None and not await _handshake(writer, tls, handshake_timeout):
+            if on_refused is not None:
+                on_refused()
+            return
         connection = Connection(
             reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
         )
@@ -93,3 +117,52 @@ async def listen(
 
     server = await asyncio.start_server(on_accept, host, port, limit=2**16)
     return Server(server, connections, handlers)
+
+
+async def _handshake(writer: asyncio.StreamWriter, context: ssl.SSLContext, timeout: float) -> bool:
+    """Upgrade an accepted connection to TLS; on failure log why, drop it and return False.
+
+    The handshake is made here rather than by the listening socket, so that a refused one
+    (a client certificate not from the CA, none where one is required, plaintext sent to
+    the TLS port, a client that never finishes) is logged and counted: asyncio's own
+    listener drops those silently.
+    """
+    peer = writer.get_extra_info("peername")
+    where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+    level = logging.WARNING
+    try:
+        async with asyncio.timeout(timeout):
+            await writer.start_tls(context)
+        return True
+    except (ssl.SSLEOFError, ConnectionResetError) as exc:
+        # The peer hung up: a port probe (a load balancer's TCP check), or a client that
+        # refused our certificate and says so on its side. Noted, not warned of.
+        level = logging.INFO
+        reason = f"connection lost during the handshake ({str(exc) or type(exc).__name__})"
+    except ssl.SSLCertVerificationError as exc:
+        reason = f"client certificate refused: {exc.verify_message}"
+    except ssl.SSLError as exc:
+        reason = f"{exc.reason or exc}" + (
+            " (plaintext sent to a TLS port? the client must use ssl+sbs://)"
+            if exc.reason in _PLAINTEXT_REASONS
+            else ""
+        )
+    except TimeoutError:
+        reason = f"no handshake within {timeout:g} s"
+    except (ConnectionError, OSError) as exc:
+        reason = f"connection lost during the handshake ({str(exc) or type(exc).__name__})"
+    log.log(
+        level,
+        "TLS handshake with %s refused: %s",
+        where,
+        reason,
+        extra={"peer": where, "reason": reason},
+    )
+    # Closed, not aborted: the alert telling the client why (its certificate is missing
+    # or not trusted) may still be in the buffer, and it is a few bytes.
+    writer.close()
+    return False
+
+
+#: OpenSSL's reasons for a first record that is not TLS (what a tcp+sbs client sends).
+_PLAINTEXT_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})

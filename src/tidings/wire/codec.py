@@ -83,7 +83,9 @@ MESSAGE_TYPES: dict[str, frozenset[str]] = {
         }
     ),
     SYNCER: frozenset({"MsgReq", "MsgSynced", "MsgEvents", "MsgFlushReq", "MsgFlushRes"}),
-    TIDINGS_EVENTER: frozenset({"MsgRegisterReq", "MsgLatestByKeyReq"}),
+    TIDINGS_EVENTER: frozenset(
+        {"MsgRegisterReq", "MsgLatestByKeyReq", "MsgLoginReq", "MsgLoginRes"}
+    ),
     TIDINGS_SYNCER: frozenset({"MsgEvents"}),
 }
 
@@ -226,6 +228,11 @@ def payload_from_sbs(
             _parse_json(inner, _STRICT_JSON if strict else _JSON)
         except ValueError as exc:
             raise ProtocolError(f"{field}: json payload is not valid JSON: {exc}") from exc
+        except RecursionError:  # deeper than the interpreter's stack: a few KB of [[[[ do it
+            # A new event is refused; one a server stored already (parsed there at a
+            # shallower stack) passes unchecked, as its origin took it.
+            if strict:
+                raise ProtocolError(f"{field}: json payload is nested too deeply") from None
         return PayloadKind.JSON, inner.encode()
     if name == "sbs":
         return PayloadKind.SBS, encode("Hat", "Data", inner)
@@ -437,6 +444,30 @@ def query_from_sbs(value: Value) -> QueryData:
         order_by=_ORDER_BYS[value["orderBy"][0]],
         unique_type=value["uniqueType"],
         max_results=_optional(value["maxResults"]),
+    )
+
+
+def latest_by_key_request_to_sbs(
+    event_type: Sequence[str], last_event_id: EventId | None, max_bytes: int | None
+) -> dict[str, Value]:
+    """A ``TidingsEventer.MsgLatestByKeyReq``: the page after ``last_event_id`` (None: the
+    first), of at most ``max_bytes`` of events (None: no bound)."""
+    return {
+        "type": list(event_type),
+        "lastEventId": (
+            ("none", None) if last_event_id is None else ("value", event_id_to_sbs(last_event_id))
+        ),
+        "maxBytes": ("none", None) if max_bytes is None else ("value", max_bytes),
+    }
+
+
+def latest_by_key_request_from_sbs(value: Value) -> tuple[EventType, EventId | None, int | None]:
+    """The type, the last event id and the byte bound of a ``MsgLatestByKeyReq``."""
+    last = _optional(value["lastEventId"])
+    return (
+        tuple(value["type"]),
+        None if last is None else event_id_from_sbs(last),
+        _optional(value["maxBytes"]),
     )
 
 

@@ -8,7 +8,9 @@ Because the body comes last, a frame's head (everything before the body) depends
 the body's size: :func:`frame_head` builds it without the body, so a large body can be
 written after it piece by piece (a streamed query reply), and :func:`parse` reads the
 envelope's few fields by hand and hands back the body as a view into the frame, so that a
-large frame is never copied to be decoded.
+large frame is never copied to be decoded. :func:`parse_head` reads those fields from a
+frame's first bytes alone: a reply over the frame limit is skipped, not read, once its
+conversation is known.
 """
 
 from __future__ import annotations
@@ -87,27 +89,36 @@ def parse(frame: bytes | bytearray) -> Envelope:
     Runs for every message received: the few module and type names are looked up, not
     decoded each time."""
     end = len(frame)
+    fields, size, start = parse_head(frame)
+    if size != end - start:
+        raise ProtocolError(f"Hat.Msg: undecodable SBS (body of {size} bytes, {end - start} left)")
+    return Envelope(*fields, memoryview(frame)[start:])
+
+
+def parse_head(
+    data: bytes | bytearray,
+) -> tuple[tuple[int, int, bool, bool, bool, str | None, str], int, int]:
+    """The envelope's fields before the body (an :class:`Envelope`'s, in order), the body's
+    size and where it starts, read from the start of a frame: the whole frame, or only its
+    first bytes (an oversize frame is skipped once its conversation is known)."""
+    end = len(data)
     try:
-        message_id, pos = read_integer(frame, 0, end)
-        first, pos = read_integer(frame, pos, end)
+        message_id, pos = read_integer(data, 0, end)
+        first, pos = read_integer(data, pos, end)
         if pos + 3 > end:
             raise ProtocolError("envelope ends in its flags")
-        owner, token, last = frame[pos] != 0, frame[pos + 1] != 0, frame[pos + 2] != 0
-        has_module, pos = read_integer(frame, pos + 3, end)
+        owner, token, last = data[pos] != 0, data[pos + 1] != 0, data[pos + 2] != 0
+        has_module, pos = read_integer(data, pos + 3, end)
         if has_module not in (0, 1):
             raise ProtocolError(f"module choice index {has_module} is not in the schema")
         module = None
         if has_module:
-            module, pos = _name(frame, pos, end)
-        type_name, pos = _name(frame, pos, end)
-        size, pos = read_integer(frame, pos, end)
+            module, pos = _name(data, pos, end)
+        type_name, pos = _name(data, pos, end)
+        size, pos = read_integer(data, pos, end)
     except ProtocolError as exc:
         raise ProtocolError(f"Hat.Msg: undecodable SBS ({exc})") from None
-    if size != end - pos:
-        raise ProtocolError(f"Hat.Msg: undecodable SBS (body of {size} bytes, {end - pos} left)")
-    return Envelope(
-        message_id, first, owner, token, last, module, type_name, memoryview(frame)[pos:]
-    )
+    return (message_id, first, owner, token, last, module, type_name), size, pos
 
 
 #: The protocol's module and message type names, by their bytes; other names are decoded

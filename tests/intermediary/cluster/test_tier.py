@@ -182,16 +182,21 @@ def deployment(
         first_line(tier, "intermediary tier world serving")
         yield [f"ws://127.0.0.1:{port}/" for port in ports], tier
     finally:
-        for process in (tier, publisher):
-            if process is not None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
-                assert process.stdout is not None
-                process.stdout.close()
+        end(tier, publisher)
+
+
+def end(*processes: subprocess.Popen[str] | None) -> None:
+    """SIGTERM each process started (SIGKILL to its group if it does not end in 30 s)."""
+    for process in processes:
+        if process is not None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            assert process.stdout is not None
+            process.stdout.close()
 
 
 @pytest.mark.slow

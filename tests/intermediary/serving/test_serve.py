@@ -28,7 +28,7 @@ from bench.harness.processes import (
     tidings_cli,
     wait_for_port,
 )
-from tests.support.chromium import Browser
+from tests.support.chromium import Browser, Page
 from tests.support.waiting import run
 from tidings import client
 from tidings.cli import app
@@ -400,29 +400,38 @@ LIVE_DOM = """Array.from(document.querySelectorAll('section')).map((s) => ({
 }))"""
 
 
+async def produce_paid_and_cy(eventer: str) -> None:
+    """An ``app/paid`` event and the row of user 3, "cy" of Oslo, into the event server."""
+    async with await client.connect(eventer) as producer:
+        await producer.register_with_response(
+            [
+                client.json_event(("app", "paid"), {"order": 7}),
+                client.json_event(
+                    ("db", "rows.users"), {"key": 3, "row": {"id": 3, "name": "cy", "city": "Oslo"}}
+                ),
+            ]
+        )
+
+
+async def live_panels(page: Page, eventer: str) -> list[dict[str, Any]]:
+    """Once the /live page of ``events=app/*``, a view of users and a refused view is live:
+    :func:`produce_paid_and_cy`, then its panels once each shows it (:data:`LIVE_DOM`)."""
+    await page.wait_for(
+        "window.tidingsLive?.state === 'live' && window.tidingsLive.panels.sql1.rows !== null"
+    )
+    await produce_paid_and_cy(eventer)
+    await page.wait_for(
+        "window.tidingsLive.panels.events1.events.length === 1 && "
+        "window.tidingsLive.panels.sql1.rows.length === 1 && "
+        "window.tidingsLive.panels.sql2.error"
+    )
+    return await page.evaluate(LIVE_DOM)
+
+
 async def _watch_the_page(url: str, eventer: str, profile: Path) -> list[dict[str, Any]]:
     browser = await Browser.start(profile)
     try:
-        page = await browser.open(url)
-        await page.wait_for(
-            "window.tidingsLive?.state === 'live' && window.tidingsLive.panels.sql1.rows !== null"
-        )
-        async with await client.connect(eventer) as producer:
-            await producer.register_with_response(
-                [
-                    client.json_event(("app", "paid"), {"order": 7}),
-                    client.json_event(
-                        ("db", "rows.users"),
-                        {"key": 3, "row": {"id": 3, "name": "cy", "city": "Oslo"}},
-                    ),
-                ]
-            )
-        await page.wait_for(
-            "window.tidingsLive.panels.events1.events.length === 1 && "
-            "window.tidingsLive.panels.sql1.rows.length === 1 && "
-            "window.tidingsLive.panels.sql2.error"
-        )
-        return await page.evaluate(LIVE_DOM)
+        return await live_panels(await browser.open(url), eventer)
     finally:
         await browser.close()
 
@@ -609,7 +618,7 @@ def test_a_spatial_publisher_gone_and_back_is_ridden_out_with_its_new_state(
     [
         (
             {"upstream": "http://h:1/", "world_lo": [0, 0], "world_hi": [1, 1]},
-            "intermediary.spatial.upstream: expected a ws:// URL",
+            "intermediary.spatial.upstream: expected a ws:// or wss:// URL",
         ),
         (
             {"upstream": "ws://h:1/", "world_lo": [0, 0], "world_hi": [1, 1, 1]},
@@ -617,7 +626,7 @@ def test_a_spatial_publisher_gone_and_back_is_ridden_out_with_its_new_state(
         ),
         (
             {"upstream": "ws://h:1/", "world_lo": [0, 5], "world_hi": [1, 1]},
-            "intermediary.spatial: world: axis 1 needs finite world_lo < world_hi",
+            "intermediary.spatial: axis 1 needs finite world_lo < world_hi",
         ),
         (
             {"upstream": "ws://h:1/", "world_lo": [0], "world_hi": [1, 1]},

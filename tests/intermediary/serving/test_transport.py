@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable
@@ -305,3 +306,49 @@ def test_an_oversized_message_closes_with_1009_and_a_full_server_refuses_with_10
         await first.close()
 
     run(body, limits=TransportLimits(max_message_bytes=4096, max_connections=1))
+
+
+class _Buggy(IntermediaryServer):
+    """A fake for a fault no real request produces on demand: a bug met by ``op: explode``."""
+
+    async def handle_request(
+        self, subscriber: int, request: dict[str, object]
+    ) -> dict[str, object]:
+        if request.get("op") == "explode":
+            raise KeyError("a bug")
+        return await super().handle_request(subscriber, request)
+
+
+def test_a_request_that_meets_a_bug_is_answered_and_logged_once_not_per_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 30: a peer repeating a request that fails must not write a traceback each
+    time; and the connection goes on (it used to close without a word)."""
+
+    async def body(rig: Rig) -> None:
+        async with websockets.connect(rig.url) as raw:
+            await raw.recv()  # hello
+            for _ in range(20):
+                await raw.send(json.dumps({"op": "explode", "key": "k"}))
+                reply = json.loads(await raw.recv())
+                assert reply == {
+                    "op": "error",
+                    "message": "request: failed (the intermediary's log says why)",
+                    "key": "k",
+                }
+            await raw.send(json.dumps({"op": "subscribe", "key": "k", "region": SMALL}))
+            assert json.loads(await raw.recv())["op"] == "subscribed"
+
+    async def main() -> None:
+        rig = Rig()
+        rig.server = _Buggy(rig.node, source=rig.source, tick_s=0.01)
+        await rig.server.start()
+        try:
+            await asyncio.wait_for(body(rig), WAIT)
+        finally:
+            await rig.server.aclose()
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(main())
+    failed = [r for r in caplog.records if "a request failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None

@@ -19,10 +19,12 @@ import pytest
 import websockets
 
 from tests.intermediary.views.test_patterns import brute
+from tests.support.certificates import TestCA, TlsSetup
 from tests.support.chain_helpers import CATALOG, DDL, ChainRig, chain_rig, next_view, reference
 from tests.support.intermediary_helpers import WHOLE, WORLD
 from tests.support.server_helpers import Running, running
 from tidings.client import Client, StoredEvent, connect, json_event
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import IntermediaryError
 from tidings.events.matching import matches
 from tidings.intermediary.client.client import IntermediaryClient
@@ -31,6 +33,7 @@ from tidings.intermediary.publisher.simulation import Simulation
 from tidings.intermediary.serving.connection import Connection
 from tidings.intermediary.serving.envelope import DROPPED_CLOSE_CODE
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
+from tidings.intermediary.views.event_server_upstream import TidingsChain
 from tidings.intermediary.views.sqltables import TableState
 from tidings.intermediary.views.sqlviews import SqlLimits
 from tidings.server.eventer.server import EventerServer
@@ -699,3 +702,31 @@ def test_an_unchanged_view_never_replaces_the_pending_one_it_refers_to() -> None
     assert json.loads(conn.views["v"]) == rows
     rig._queue([(1, newer)])
     assert json.loads(conn.views["v"]) == newer and conn.replaced == 1
+
+
+def test_the_chain_follows_a_server_over_mutual_tls_and_refuses_one_it_cannot_verify(
+    tmp_path: Path,
+) -> None:
+    setup = TlsSetup(tmp_path / "pki")
+    stranger = TestCA(tmp_path / "other", "other")
+
+    async def main() -> None:
+        async with running(tmp_path, tls=setup.server_tls(mutual=True)) as srv:
+            chain = TidingsChain(srv.address, tls=setup.client_tls("intermediary"))
+            await chain.start()
+            try:
+                await chain.update([("app", "*")], {})
+                async with await connect(srv.address, tls=setup.client_tls("app")) as producer:
+                    [sent] = await producer.register_with_response([json_event(("app", "x"), 1)])
+                got: list[StoredEvent] = []
+                while not got:
+                    got += [e for batch in chain.take() for e in batch.events]
+                    await asyncio.sleep(0.01)
+                assert got == [sent]
+            finally:
+                await chain.aclose()
+            untrusting = TidingsChain(srv.address, tls=TlsClientConfig(ca_file=str(stranger.cert)))
+            with pytest.raises(IntermediaryError, match="certificate is refused"):
+                await untrusting.start()
+
+    run(main())

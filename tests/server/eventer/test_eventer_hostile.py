@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -311,3 +312,32 @@ def test_our_client_reads_a_streamed_reply_as_one_frame(tmp_path: Path) -> None:
                 assert await client.query(QueryData(max_results=1)) != []
 
     run(main(), timeout=60)
+
+
+def test_json_payloads_nested_too_deeply_are_refused_alone_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30: 60 KB of ``[[[[`` as an event's JSON payload used to end the connection
+    with a RecursionError traceback in the log, per connection; now each such event is
+    refused alone (the others of its request are stored), one log line tells of them all,
+    and the connection goes on."""
+    deep = ("[" * 30_000 + "]" * 30_000).encode()
+    bad = [
+        NewEvent(("deep", str(n)), payload_kind=PayloadKind.JSON, payload=deep) for n in range(50)
+    ]
+
+    async def main() -> None:
+        async with running(tmp_path) as srv, await connect(srv.address) as client:
+            stored = await client.register_with_response([*bad, NewEvent(("ok", "1"))])
+            assert [e is None for e in stored] == [True] * 50 + [False]
+            [after] = await client.register_with_response([NewEvent(("ok", "2"))])
+            assert after is not None  # the same connection goes on
+            found = await client.query(QueryData(event_types=(("deep", "*"),)))
+            assert found == []
+
+    with caplog.at_level(logging.INFO):
+        run(main())
+    refused = [line for line in warnings_of(caplog) if "refused" in line]
+    assert len(refused) == 1, refused
+    assert "json payload is nested too deeply" in refused[0]
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback for a peer's input

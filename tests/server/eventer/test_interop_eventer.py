@@ -1,5 +1,6 @@
 """Wire compatibility with hat-event 0.8.5, both ways: its real client against our Eventer
-server, and our client against its real server (lmdb backend, in a subprocess)."""
+server, and our client against its real server (lmdb backend, in a subprocess), in plaintext
+(``tcp+sbs``) and over TLS (``ssl+sbs``)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ import hat.event.eventer as hat_eventer
 import pytest
 
 from bench.harness.processes import local_address
+from tests.support.certificates import TestCA, TlsSetup
 from tests.support.helpers import hat_event_server
 from tests.support.server_helpers import running
-from tests.support.waiting import run
-from tidings.client import connect, json_event, json_value
+from tests.support.waiting import run, until
+from tidings.client import TlsError, connect, json_event, json_value
+from tidings.config.eventer_access import EventerIdentityConfig
+from tidings.config.tls import TlsClientConfig
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.query import QueryData
+from tidings.server.eventer.access import EventerAccess
 from tidings.server.eventer.server import EVENTER_EVENT_TYPE
 
 pytestmark = pytest.mark.sockets
@@ -213,5 +218,122 @@ def test_hat_event_server_stores_wildcard_types_which_we_refuse(hat_server: str)
             )
             assert ok is not None
             assert wildcard is not None and wildcard.type == ("tidings", "?")
+
+    run(main())
+
+
+def test_our_client_pages_a_query_of_hat_event_server(hat_server: str) -> None:
+    """``Client.query_pages`` asks only what hat-event 0.8.5 answers: pages smaller than a
+    session give the events of one query, once each, in its order."""
+
+    async def main() -> None:
+        async with await connect(hat_server) as client:
+            for session in range(4):
+                await client.register_with_response(
+                    [NewEvent(("pages", str(session), str(n))) for n in range(10)]
+                )
+            for order in ("ascending", "descending"):
+                query = QueryData(event_types=(("pages", "*"),), order=order)
+                whole = await client.query(query)
+                assert len(whole) == 40
+                paged = [e async for page in client.query_pages(query, 7) for e in page]
+                assert paged == whole
+
+    run(main())
+
+
+# --- over TLS (ssl+sbs://), both ways ------------------------------------------------------
+
+
+def test_hat_client_over_tls_with_and_without_a_client_certificate(tmp_path: Path) -> None:
+    """hat-event 0.8.5's client speaks ssl+sbs as it is: without verifying the server, and
+    with its ``pem_file`` (certificate and key in one file) as the client certificate that
+    a server with mutual TLS requires."""
+    setup = TlsSetup(tmp_path / "pki")
+    client_pem = setup.ca.client("hat-client").pem
+
+    async def round_trip(address: str, **options: object) -> None:
+        client = await hat_eventer.connect(address, [("a", "*")], **options)
+        try:
+            [event] = await client.register_with_response(
+                [register_event(("a", "tls"), json_payload({"x": 1}))]
+            )
+            assert event is not None and event.payload == json_payload({"x": 1})
+            assert await client.receive() == [event]
+        finally:
+            await client.async_close()
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "mutual").mkdir()
+
+    async def main() -> None:
+        async with running(tmp_path / "one", tls=setup.server_tls()) as srv:
+            assert srv.address.startswith("ssl+sbs://")
+            await round_trip(srv.address)
+        async with running(tmp_path / "mutual", tls=setup.server_tls(mutual=True)) as srv:
+            await round_trip(srv.address, pem_file=str(client_pem))
+            # Without its certificate hat's client connects (TLS 1.3 checks it after the
+            # client's handshake) and is dropped before its first reply.
+            refused = await hat_eventer.connect(srv.address)
+            try:
+                with pytest.raises(ConnectionError):
+                    await refused.register_with_response([register_event(("a", "no"))])
+            finally:
+                await refused.async_close()
+            await until(lambda: srv.server.counters.refused_handshakes == 1)
+            await round_trip(srv.address, pem_file=str(client_pem))  # served on
+
+    run(main())
+
+
+def test_our_client_against_hat_event_server_over_tls(tmp_path: Path) -> None:
+    """A real hat-event 0.8.5 server serving ssl+sbs (its certificate from our CA, see
+    bench.harness.hat_tls_server); our client verifies it, and refuses it when its CA or
+    name is not what the client expects."""
+    setup = TlsSetup(tmp_path / "pki")
+    other = TestCA(tmp_path / "other", "other")
+
+    async def main(address: str) -> None:
+        async with await connect(address, tls=setup.client_tls()) as client:
+            [stored] = await client.register_with_response([json_event(("tidings", "tls"), 1)])
+            assert stored is not None
+            [found] = await client.query(QueryData(event_types=(("tidings", "tls"),)))
+            assert found == stored
+        with pytest.raises(TlsError, match="certificate is refused"):
+            await connect(address, tls=TlsClientConfig(ca_file=str(other.cert)))
+        with pytest.raises(TlsError, match="mismatch"):
+            await connect(address, tls=setup.client_tls(server_name="elsewhere.example"))
+
+    with hat_event_server(tmp_path, 1, tls_pem=setup.server.pem) as (eventer_port, _, _):
+        run(main(local_address(eventer_port, "ssl+sbs")), 60)
+
+
+def test_hat_client_with_a_certified_identity_is_refused_by_type_as_hat_expresses_it(
+    tmp_path: Path,
+) -> None:
+    """hat-event 0.8.5's client, identified by its certificate, granted ``orders/*`` only:
+    the refused event's result is None (hat's failed registration), the query answers the
+    granted types, the subscription notifies them, and the client goes on."""
+    setup = TlsSetup(tmp_path / "pki")
+    pem = setup.ca.client("hat-relay").pem
+    grants = {"may_register": [["orders", "*"]], "may_query": [["orders", "*"]]}
+    policy = EventerAccess(identities={"hat-relay": EventerIdentityConfig(**grants)})
+
+    async def main() -> None:
+        tls = setup.server_tls(mutual=True)
+        async with running(tmp_path, tls=tls, access=policy) as srv:
+            client = await hat_eventer.connect(srv.address, [("*",)], pem_file=str(pem))
+            try:
+                order, user = await client.register_with_response(
+                    [register_event(("orders", "1"), json_payload(1)), register_event(("users",))]
+                )
+                assert order is not None and user is None
+                assert await client.receive() == [order]
+                assert await client.query(hat.QueryData()) == [order]
+                assert await client.query(hat.QueryData(event_types=[("users", "*")])) == []
+                [later] = await client.register_with_response([register_event(("orders", "2"))])
+                assert later is not None
+            finally:
+                await client.async_close()
 
     run(main())

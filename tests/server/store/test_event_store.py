@@ -25,6 +25,7 @@ from tidings.events.outbox import OutboxEvent
 from tidings.events.query import QueryData
 from tidings.events.validation import validate_new_event
 from tidings.server.store import EventStore
+from tidings.server.store.copies import copies_between
 from tidings.server.store.queries import query_events
 from tidings.targets.kinds.event_store import EventStoreTarget, EventStoreTargetConfig
 
@@ -647,6 +648,27 @@ def test_a_synced_event_colliding_on_the_outbox_key_is_skipped_with_a_warning(
     assert "EventId(server=2, session=1, instance=1)" in warnings[0]
     assert "EventId(server=1, session=1, instance=1)" in warnings[0]
     assert "EventId(server=2, session=1, instance=2)" in warnings[1]
+
+
+def test_a_skipped_copy_is_recorded_as_another_id_of_the_event_held(store: EventStore) -> None:
+    """Whose copy names which held event: a stored one, or one stored earlier in the batch;
+    recorded once however often it comes, and forgotten with its event."""
+    (local,) = store.register([_event("orders", outbox_id="A")])
+    batch = [
+        _synced(2, 1, 1, "orders", outbox_id="A"),  # a copy of the local event
+        _synced(2, 1, 2, "audit", outbox_id="A"),  # stored
+        _synced(3, 1, 1, "audit", outbox_id="A"),  # a copy of the one just above
+    ]
+    [audit] = store.append_synced(batch)
+    assert store.append_synced(batch) == []  # sent again: nothing new, no error
+
+    def copies() -> dict[int, list[EventId]]:
+        with store.transaction("read the copies") as conn:
+            return copies_between(conn, 0, audit.position)
+
+    assert copies() == {local.position: [EventId(2, 1, 1)], audit.position: [EventId(3, 1, 1)]}
+    assert store.delete_positions([local.position]) == 1
+    assert copies() == {audit.position: [EventId(3, 1, 1)]}
 
 
 def test_a_synced_event_postgresql_cannot_index_is_skipped_with_an_error(

@@ -12,20 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.stream_helpers import stream_server_config
-from tidings.config.streams import load_stream_server_config
 from tidings.errors import StreamError
 from tidings.events.model import EventId, PayloadKind, StoredEvent, json_event
 from tidings.server.store import EventStore
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.replication import consumer_event, read_consumer_event
-from tidings.streams.consumers.retention import retention_pass
 from tidings.streams.consumers.sync import ConsumerSync
-from tidings.streams.typemap import CONSUMER_TYPE, TypeMap, is_consumer_type
+from tidings.streams.typemap import CONSUMER_TYPE, TypeMap
 from tidings.tasks import stop_task
 
 S, U = "s", "ftn18"
-RETAIN = {"enabled": True, "min_age": "0s"}
 
 
 def _pair(tmp_path: Path, a_url: str | None = None) -> tuple[EventStore, EventStore]:
@@ -92,6 +88,49 @@ def test_acknowledging_on_the_peer_continues_from_the_covers(
     assert on_b.acknowledge(S, U, "C", 3) == (4, None)
 
 
+def _relayed(store: EventStore, outbox_id: str) -> StoredEvent:
+    """The outbox event ``outbox_id`` as the relay stores it on ``store``."""
+    [event] = store.register([json_event(("orders", "E"), {"e": 1}, outbox_event_id=outbox_id)])
+    return event
+
+
+def _own_of(store: EventStore) -> list[StoredEvent]:
+    """What ``store``'s Syncer serves a peer: its own events."""
+    return [e for e in store.read(0, 10_000) if e.id.server == store.server_id]
+
+
+def test_a_peers_copy_of_an_event_held_under_another_id_counts_as_covered(
+    tmp_path: Path, database_url: str
+) -> None:
+    """The relay sent E to A, lost A before A's answer (and before A's Syncer carried E),
+    and sent E again to B: each store holds E under its own id, and each skips the other's
+    copy when it arrives. A consumer that read E on A must not get E, nor anything before
+    it, again on B; nor, the other way, what it read on B again on A."""
+    a, b = _pair(tmp_path, database_url)
+    [a1] = _own(a, "a1")
+    b.append_synced([a1])  # synced before the trouble
+    e_a = _relayed(a, "E")
+    e_b = _relayed(b, "E")  # the relay's second try, to B
+    [b2] = _own(b, "b2")
+    b.append_synced(_own_of(a))  # A is back: E_A arrives at B, held as E_B
+    a.append_synced(_own_of(b))  # and E_B at A
+    assert [e.id for e in b.read(0, 100)] == [a1.id, e_b.id, b2.id]
+    assert [e.id for e in a.read(0, 100)] == [a1.id, e_a.id, b2.id]
+    on_a, on_b = Consumers(a), Consumers(b)
+
+    on_a.register(S, U, "C")
+    _, covers = on_a.acknowledge(S, U, "C", e_a.position)  # a1 and E read on A
+    assert covers == {1: (e_a.id.session, e_a.id.instance)}
+    # On B, E is E_B: covered by its copy's id, so the consumer continues after it with b2.
+    assert on_b.apply(S, U, "C", covers) == e_b.position
+    assert [e.id for e in b.read(on_b.position(S, U, "C"), 100)] == [b2.id]
+
+    on_b.register(S, U, "D")
+    _, covers = on_b.acknowledge(S, U, "D", b2.position)  # everything, read on B
+    assert covers == {1: (a1.id.session, a1.id.instance), 2: (b2.id.session, b2.id.instance)}
+    assert on_a.apply(S, U, "D", covers) == b2.position  # E_A counted by E_B
+
+
 def test_consumer_events_are_passed_over_and_never_counted(tmp_path: Path) -> None:
     a, b = _pair(tmp_path)
     events = _own(a, "a1")
@@ -156,34 +195,6 @@ def test_no_stream_carries_consumer_events() -> None:
     types = TypeMap({"ALL": (("*",),)})
     assert types.name_of(("orders", "x")) == "ALL"
     assert types.name_of((*CONSUMER_TYPE, S)) is None
-
-
-def test_retention_discards_the_superseded_consumer_events_once_applied(tmp_path: Path) -> None:
-    a, b = _pair(tmp_path)
-    _own(a, "a1", "a2", "a3")
-    on_a, on_b = Consumers(a), Consumers(b)
-    on_a.register(S, U, "C")
-    for position in (1, 2, 3):
-        _, covers = on_a.acknowledge(S, U, "C", position)
-        assert covers is not None
-        a.register([consumer_event(1, S, U, "C", covers)])
-    b.register([consumer_event(2, S, U, "C", {})])  # B's own word for the same consumer
-    b.append_synced(a.read(0, 100))
-    [stream] = load_stream_server_config(
-        stream_server_config(f"sqlite:///{tmp_path}/b.db", retention=RETAIN)
-    ).streams
-
-    def consumer_events() -> list[int]:
-        return [e.position for e in b.read(0, 100) if is_consumer_type(e.type)]
-
-    assert len(consumer_events()) == 4
-    assert retention_pass(b, on_b, [stream]) == 0  # not applied here yet: all stay
-    ConsumerSync(b, on_b, executor=None).catch_up()  # type: ignore[arg-type]
-    assert retention_pass(b, on_b, [stream]) == 2
-    # The latest of each origin stays: A's says everything A knew, B's is B's own.
-    kept = consumer_events()
-    assert len(kept) == 2
-    assert on_b.position(S, U, "C") == 4  # a1 a2 a3, after B's own consumer event
 
 
 def _peer_event(

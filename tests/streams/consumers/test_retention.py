@@ -137,31 +137,3 @@ def test_streams_status_and_unregister_on_the_command_line(tmp_path) -> None:
             await until(lambda: _stored(url) & set(ids) == {ids[-1]}, 10)  # the latest stays
 
     run(after(), timeout=60)
-
-
-def test_stream_metrics_show_positions_and_lag(tmp_path) -> None:
-    import httpx
-
-    config = stream_server_config(f"sqlite:///{tmp_path}/e.db", secure_channel=True, metrics=True)
-
-    async def scenario() -> str:
-        async with serving(config) as server:
-            for component in ("UP", "BEHIND"):
-                await call(
-                    server.url, "futoin.evt.poll:1.1:registerConsumer", {"component": component}
-                )
-            ids = await add_events(server.url, 6)
-            await poll(server.url, "UP", ids[-1])
-            await poll(server.url, "BEHIND", ids[1])
-            async with httpx.AsyncClient() as client:
-                response = await client.get(server.url + "/metrics")
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/plain")
-            return response.text
-
-    text = run(scenario(), timeout=60)
-    assert (
-        'tidings_stream_consumer_lag_events{component="BEHIND",stream="s",user="ftn18"} 4.0' in text
-    )
-    assert 'tidings_stream_consumer_lag_events{component="UP",stream="s",user="ftn18"} 0.0' in text
-    assert 'tidings_stream_id{end="last",stream="s"}' in text

@@ -6,76 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import pytest
 import websockets
 
-from tests.support.stream_helpers import SEC, add_events, call, poll, serving, stream_server_config
+from tests.support.stream_helpers import (
+    SEC,
+    RawConsumer,
+    add_events,
+    call,
+    poll,
+    push_ids,
+    serving,
+    stream_server_config,
+)
 from tests.support.waiting import run
 
 pytestmark = pytest.mark.sockets
-
-
-class RawConsumer:
-    """A consumer speaking FTN3 over a WebSocket by hand, to see every frame."""
-
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.calls = 0
-
-    @classmethod
-    async def connect(cls, url: str) -> RawConsumer:
-        return cls(await websockets.connect(url, max_size=None))
-
-    async def request(
-        self, func: str, params: dict[str, Any], iface: str = "futoin.evt.push"
-    ) -> str:
-        self.calls += 1
-        rid = f"C{self.calls}"
-        message = {"f": f"{iface}:1.1:{func}", "p": params, "rid": rid, "sec": SEC}
-        await self.ws.send(json.dumps(message).encode())  # binary, as FutoIn sends
-        return rid
-
-    async def start(self, component: str, want: list[str] | None = None) -> None:
-        if component != "LIVE":
-            await self.request("registerConsumer", {"component": component})
-        await self.request("readyToReceive", {"component": component, "want": want})
-
-    async def next_push(self, timeout: float = 5.0) -> dict[str, Any]:
-        """The next onEvents call (replies to our requests are skipped)."""
-        while True:
-            message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-            if "f" in message:
-                assert message["f"] == "futoin.evt.receiver:1.1:onEvents"
-                assert message["rid"].startswith("S")
-                return message
-            assert "e" not in message, message
-
-    async def no_push(self, wait: float = 0.5) -> None:
-        with pytest.raises(TimeoutError):
-            await self.next_push(wait)
-
-    async def ack(self, push: dict[str, Any], reply: Any = True) -> None:
-        await self.ws.send(json.dumps({"r": reply, "rid": push["rid"]}))
-
-    async def collect(self, count: int) -> tuple[list[int], list[int]]:
-        """Acknowledge pushes until ``count`` events came; their ids and the groups' seqs."""
-        ids: list[int] = []
-        seqs: list[int] = []
-        while len(ids) < count:
-            push = await self.next_push()
-            ids += _ids(push)
-            seqs.append(push["p"]["seq"])
-            await self.ack(push)
-        return ids, seqs
-
-    async def close(self) -> None:
-        await self.ws.close()
-
-
-def _ids(push: dict[str, Any]) -> list[int]:
-    return [int(event["id"]) for event in push["p"]["events"]]
 
 
 def test_reliable_push_in_seq_order_with_two_groups_in_flight(database_url: str) -> None:
@@ -90,25 +37,25 @@ def test_reliable_push_in_seq_order_with_two_groups_in_flight(database_url: str)
             await consumer.start("P")
             first, second = await consumer.next_push(), await consumer.next_push()
             assert (first["p"]["seq"], second["p"]["seq"]) == (0, 1)
-            assert _ids(first) + _ids(second) == ids[:6]
+            assert push_ids(first) + push_ids(second) == ids[:6]
             await consumer.no_push()  # two groups in flight, and no more
             await consumer.ack(first, {})  # any reply that is not an error acknowledges
             third = await consumer.next_push()
-            assert third["p"]["seq"] == 2 and _ids(third) == ids[6:9]
+            assert third["p"]["seq"] == 2 and push_ids(third) == ids[6:9]
             await consumer.ack(second)
             await consumer.close()
             # Acknowledged: the first two groups. The third comes again, from seq 0.
             again = await RawConsumer.connect(server.ws_url)
             await again.start("P")
             resent = await again.next_push()
-            assert resent["p"]["seq"] == 0 and _ids(resent) == ids[6:9]
+            assert resent["p"]["seq"] == 0 and push_ids(resent) == ids[6:9]
             await again.ack(resent)
             last = await again.next_push()
-            assert last["p"]["seq"] == 1 and _ids(last) == ids[9:]
+            assert last["p"]["seq"] == 1 and push_ids(last) == ids[9:]
             await again.ack(last)
             [new] = await add_events(server.url, 1)
             live_one = await again.next_push()
-            assert live_one["p"]["seq"] == 2 and _ids(live_one) == [new]
+            assert live_one["p"]["seq"] == 2 and push_ids(live_one) == [new]
             await again.ack(live_one)
             await again.close()
             # Switch to polling: it continues after what push had acknowledged.
@@ -128,13 +75,13 @@ def test_push_filters_by_want(tmp_path) -> None:
             consumer = await RawConsumer.connect(server.ws_url)
             await consumer.start("W", want=["PAY"])
             push = await consumer.next_push()
-            assert _ids(push) == [pay]
+            assert push_ids(push) == [pay]
             await consumer.ack(push)
             await add_events(server.url, 3, "ORDER")
             await consumer.no_push()
             [pay2] = await add_events(server.url, 1, "PAY")
             push = await consumer.next_push()
-            assert _ids(push) == [pay2] and push["p"]["seq"] == 1
+            assert push_ids(push) == [pay2] and push["p"]["seq"] == 1
             await consumer.close()
 
     run(scenario())
@@ -173,7 +120,7 @@ def test_polling_then_push_continues_from_the_acknowledged_position(tmp_path) ->
             consumer = await RawConsumer.connect(server.ws_url)
             await consumer.start("S")
             push = await consumer.next_push()
-            assert _ids(push) == ids[2:]
+            assert push_ids(push) == ids[2:]
             await consumer.close()
 
     run(scenario())
@@ -190,15 +137,15 @@ def test_a_consumer_gone_mid_push_loses_nothing_and_harms_no_one(database_url: s
             await bystander.start("B")
             leaving = await RawConsumer.connect(server.ws_url)
             await leaving.start("G")
-            assert _ids(await leaving.next_push()) == ids
+            assert push_ids(await leaving.next_push()) == ids
             leaving.ws.transport.abort()  # gone without a closing handshake
             push = await bystander.next_push()
-            assert _ids(push) == ids
+            assert push_ids(push) == ids
             await bystander.ack(push)
             back = await RawConsumer.connect(server.ws_url)
             await back.start("G")
             resent = await back.next_push()
-            assert resent["p"]["seq"] == 0 and _ids(resent) == ids
+            assert resent["p"]["seq"] == 0 and push_ids(resent) == ids
             await back.ack(resent)
             more = await add_events(server.url, 2)
             assert (await back.collect(2))[0] == more
@@ -226,11 +173,11 @@ def test_a_consumer_that_never_answers_is_disconnected_alone(tmp_path) -> None:
                 for _ in range(20):
                     await silent.next_push(1.0)
             push = await other.next_push()
-            assert _ids(push) == ids
+            assert push_ids(push) == ids
             await other.ack(push)
             again = await RawConsumer.connect(server.ws_url)
             await again.start("Q")
-            assert _ids(await again.next_push()) == ids  # never acknowledged: sent again
+            assert push_ids(await again.next_push()) == ids  # never acknowledged: sent again
             await again.close()
             await other.close()
 
@@ -251,7 +198,7 @@ def test_a_refused_group_is_sent_again_after_reconnecting(tmp_path) -> None:
                 await consumer.next_push(5)
             again = await RawConsumer.connect(server.ws_url)
             await again.start("R")
-            assert _ids(await again.next_push()) == ids
+            assert push_ids(await again.next_push()) == ids
             await again.close()
 
     run(scenario())
@@ -277,13 +224,13 @@ def test_live_push_starts_at_new_events_and_marks_skipped_groups_with_a_seq_gap(
             assert received == ids and seqs == list(range(len(seqs)))
             [single] = await add_events(server.url, 1)
             waiting = await consumer.next_push()  # left unanswered while 20 more come
-            assert _ids(waiting) == [single]
+            assert push_ids(waiting) == [single]
             many = await add_events(server.url, 20)
             await consumer.ack(waiting)
             after = await consumer.next_push()
             gap = after["p"]["seq"] - waiting["p"]["seq"]
             assert gap == 2  # one seq skipped: the oldest waiting events were dropped
-            assert _ids(after)[0] >= many[-5] and _ids(after)[-1] <= many[-1]
+            assert push_ids(after)[0] >= many[-5] and push_ids(after)[-1] <= many[-1]
             await consumer.ack(after)
             await consumer.close()
 

@@ -14,11 +14,13 @@ import pytest
 from sqlalchemy import select
 
 from bench.harness.processes import TIDINGS, ServerProcess, bench_env, free_port, local_address
+from tests.support.certificates import TestCA, TlsSetup
 from tests.support.helpers import relay_config, statuses
 from tests.support.waiting import run
 from tests.support.witness_module import witness_config
 from tidings.client import connect
 from tidings.config import TidingsConfig, load_config
+from tidings.config.tls import TlsClientConfig
 from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import StoredEvent
@@ -350,3 +352,50 @@ def test_a_bad_type_template_is_a_config_error_naming_it(entry: dict, message: s
         load_config({"targets": {"remote": {"kind": "event_server", **entry}}})
 
     assert "targets.remote" in str(raised.value) and message in str(raised.value)
+
+
+def test_publishing_over_mutual_tls_and_a_server_the_target_cannot_verify(
+    tmp_path: Path,
+) -> None:
+    """The target verifies the server (its CA, the address's host) and presents the relay's
+    certificate; a server it cannot verify makes it unavailable, saying why."""
+    setup = TlsSetup(tmp_path / "pki")
+    ports = {"eventer": free_port(), "syncer": free_port()}
+    address = local_address(ports["eventer"], "ssl+sbs")
+    tls = setup.server_tls(mutual=True).model_dump()
+    process = ServerProcess.tidings(
+        tmp_path / "server", 1, ports, eventer={"address": address, "tls": tls}
+    )
+    process.start()
+    try:
+        relay_tls = setup.client_tls("relay")
+        config = EventServerTargetConfig(
+            kind="event_server", address=address, type_prefix=["t"], timeout="3s", tls=relay_tls
+        )
+        target = EventServerTarget("remote", config)
+        try:
+            assert target.publish([_outbox_event(n) for n in range(3)]) == [None] * 3
+        finally:
+            target.close()
+
+        async def stored() -> list[StoredEvent]:
+            async with await connect(address, tls=setup.client_tls("reader")) as client:
+                return await client.query(QueryData(event_types=(("t", "*"),)))
+
+        assert len(run(stored())) == 3
+        stranger = TestCA(tmp_path / "other", "other")
+        untrusting = EventServerTargetConfig(
+            kind="event_server",
+            address=address,
+            timeout="3s",
+            failover_wait="300ms",
+            tls=TlsClientConfig(ca_file=str(stranger.cert)),
+        )
+        target = EventServerTarget("remote", untrusting)
+        try:
+            with pytest.raises(TargetUnavailable, match="certificate is refused"):
+                target.publish([_outbox_event(9)])
+        finally:
+            target.close()
+    finally:
+        process.stop()

@@ -21,14 +21,12 @@ from hat.monitor.common import BlessingReq, BlessingRes, ComponentInfo
 
 from bench.harness.processes import ServerProcess, free_port, local_address, wait_for_port
 from tests.support.helpers import relay_config, statuses
-from tests.support.waiting import run, wait_until
-from tidings.client import connect
+from tests.support.server_helpers import server_payloads
+from tests.support.waiting import wait_until
 from tidings.config import load_config
 from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetUnavailable
-from tidings.events.model import StoredEvent
 from tidings.events.outbox import OutboxEvent
-from tidings.events.query import QueryData
 from tidings.outbox.producer import Outbox
 from tidings.pipeline.relay_query import start_relay
 from tidings.server.store.schema import events_table
@@ -61,12 +59,7 @@ def _numbers(server: ServerProcess) -> list[int]:
 
 def _payloads(server: ServerProcess) -> list[dict]:
     """The payloads of the events under type ``t`` a server holds, in its log order."""
-
-    async def query() -> list[StoredEvent]:
-        async with await connect(server.eventer, timeout=5) as client:
-            return await client.query(QueryData(event_types=(("t", "*"),), order="ascending"))
-
-    return [json.loads(e.payload) for e in sorted(run(query()), key=lambda e: e.id)]
+    return server_payloads(server.eventer)
 
 
 def _in_key_order(numbers: list[int]) -> None:

@@ -21,7 +21,7 @@ from tidings.errors import TargetUnavailable
 from tidings.events.model import NewEvent
 from tidings.events.outbox import OutboxEvent
 from tidings.targets import registry  # noqa: F401 - enters the target kinds' models
-from tidings.targets.kinds.resend_window import ResendWindow, weight
+from tidings.targets.kinds.resend_window import Confirmed, ResendWindow, resend_list, weight
 
 from .test_event_server_group import _event, _in_key_order, _numbers, _refused_naming, _target
 
@@ -34,8 +34,9 @@ class Clock:
         return self.now
 
 
-def _new(n: int, size: int = 0) -> NewEvent:
-    return NewEvent(type=("t", "Created"), payload=b"x" * size, outbox_event_id=f"evt-{n}")
+def _new(n: int, size: int = 0) -> Confirmed:
+    """Event ``n`` as confirmed: its seq (n + 1, as ``_event``'s) and its server event."""
+    return n + 1, NewEvent(type=("t", "Created"), payload=b"x" * size, outbox_event_id=f"evt-{n}")
 
 
 def _padded(n: int) -> OutboxEvent:
@@ -44,8 +45,9 @@ def _padded(n: int) -> OutboxEvent:
     return replace(event, payload=json.dumps({"n": n, "pad": "x" * 300}))
 
 
-def _ids(window: ResendWindow) -> list[str | None]:
-    return [event.outbox_event_id for event in window.events()]
+def _ids(window: ResendWindow | list[Confirmed]) -> list[str | None]:
+    entries = window.events() if isinstance(window, ResendWindow) else window
+    return [event.outbox_event_id for _, event in entries]
 
 
 # --- the window --------------------------------------------------------------------------
@@ -69,7 +71,7 @@ def test_sent_again_to_a_new_server_the_events_age_from_then() -> None:
     window = ResendWindow(10.0, 100, 2**20, clock)
     window.add([_new(0)])
     clock.now += 9
-    window.renew()  # the new server confirmed it now: its own sync starts now
+    window.renew(window.events())  # the new server confirmed it now: its own sync starts now
     clock.now += 9
     assert _ids(window) == ["evt-0"]
 
@@ -80,11 +82,30 @@ def test_the_oldest_events_leave_first_past_the_count_or_the_bytes() -> None:
     by_count.add([_new(n) for n in range(5)])
     assert _ids(by_count) == ["evt-2", "evt-3", "evt-4"]
 
-    size = weight(_new(0, 1000))
+    size = weight(_new(0, 1000)[1])
     by_bytes = ResendWindow(10.0, 100, 2 * size + 10, clock)
     by_bytes.add([_new(0, 1000), _new(1, 1000)])
     by_bytes.add([_new(2, 1000)])
     assert _ids(by_bytes) == ["evt-1", "evt-2"]
+
+
+def test_what_the_log_recorded_and_the_window_remembers_go_once_each_in_log_order() -> None:
+    """The window may hold an event sent again at an earlier move (seq 2) that the log's
+    window has left, while the log holds later events another process confirmed since (seq
+    3, 5): they go in log order, each once (seq 3 is in both)."""
+    merged = resend_list([_new(2), _new(4)], [_new(1), _new(2), _new(0)], 100, 2**20)
+    assert _ids(merged) == ["evt-0", "evt-1", "evt-2", "evt-4"]
+
+
+def test_past_its_bounds_the_resend_list_leaves_out_the_oldest_in_log_order() -> None:
+    """Per key (n % 4 here) only its latest events stay: never a later one without the
+    ones between."""
+    recorded = [_new(n) for n in range(0, 10, 2)]
+    remembered = [_new(n) for n in range(1, 10, 2)]
+    assert _ids(resend_list(recorded, remembered, 3, 2**20)) == ["evt-7", "evt-8", "evt-9"]
+    size = weight(_new(0, 100)[1])
+    big = [_new(n, 100) for n in range(6)]
+    assert _ids(resend_list(big, [], 100, 2 * size + 1)) == ["evt-4", "evt-5"]
 
 
 def test_a_window_of_zero_keeps_nothing() -> None:

@@ -10,6 +10,11 @@ them. JSON messages of event and SQL-view subscriptions (``op`` ``event`` or ``v
 stream: they are all kept, in order, for :meth:`IntermediaryClient.message`, and so are the
 server's ``status`` messages (an upstream lost or back), in order with them;
 :attr:`IntermediaryClient.stale` says which upstreams are stale now.
+
+It proves who it is at the handshake with :class:`~.serving.credentials.Credentials` (a
+token, or a user and password) and speaks TLS to a ``wss://`` URL, verifying the server's
+certificate (against the system's CAs, or the context given). A refusal at the handshake is
+an :class:`~tidings.errors.AccessRefused` with the server's status and reason.
 """
 
 from __future__ import annotations
@@ -17,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 import websockets
 
-from tidings.errors import IntermediaryError
+from tidings.errors import AccessRefused, IntermediaryError, SubscriptionRefused
 from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber
 from tidings.intermediary.node.generation import decode_frame
+from tidings.intermediary.serving.credentials import Credentials
 from tidings.intermediary.serving.envelope import open_envelope
 
 
@@ -39,9 +46,12 @@ class IntermediaryClient(Subscriber):
         subscriber: int,
         max_buffered: int,
         stale: dict[str, str] | None = None,
+        identity: str = "",
     ) -> None:
         self.websocket = websocket
         self.subscriber = subscriber
+        #: The identity the server took this client for (its hello says so).
+        self.identity = identity
         #: The server's upstreams that are stale (name -> why), as its messages said so far.
         self.stale: dict[str, str] = dict(stale or {})
         self.overflowed = 0
@@ -57,15 +67,36 @@ class IntermediaryClient(Subscriber):
 
     @classmethod
     async def connect(
-        cls, url: str, *, max_buffered: int = 1024, **options: Any
+        cls,
+        url: str,
+        *,
+        max_buffered: int = 1024,
+        credentials: Credentials | None = None,
+        tls: ssl.SSLContext | None = None,
+        **options: Any,
     ) -> IntermediaryClient:
-        """Connect to ``url`` (``ws://host:port/``) and wait for the server's hello."""
-        websocket = await websockets.connect(url, **options)
+        """Connect to ``url`` (``ws://host:port/``, or ``wss://`` over TLS: verified with
+        ``tls``, default the system's CAs) with ``credentials`` (None: anonymous) and wait
+        for the server's hello. Other ``options`` go to ``websockets.connect``."""
+        if credentials is not None:
+            options["additional_headers"] = credentials.headers()
+        if tls is not None:  # websockets refuses it with a ws:// URL, saying so
+            options["ssl"] = tls
+        try:
+            websocket = await websockets.connect(url, **options)
+        except websockets.InvalidStatus as exc:
+            raise refusal(url, exc) from None
         hello = json.loads(await websocket.recv())
         if hello.get("op") != "hello":
             await websocket.close()
             raise IntermediaryError(f"client: expected a hello, got {hello!r}")
-        return cls(websocket, int(hello["subscriber"]), max_buffered, hello.get("stale"))
+        return cls(
+            websocket,
+            int(hello["subscriber"]),
+            max_buffered,
+            hello.get("stale"),
+            str(hello.get("identity", "")),
+        )
 
     async def _subscribe_region(self, key: str, request: dict[str, Any]) -> dict[str, Any]:
         """A refusal raises :class:`IntermediaryError` with the server's message."""
@@ -128,7 +159,8 @@ class IntermediaryClient(Subscriber):
                 )
             reply = reply_task.result()
         if reply.get("op") == "error":
-            raise IntermediaryError(str(reply.get("message")))
+            refused = reply.get("refused") is True
+            raise (SubscriptionRefused if refused else IntermediaryError)(str(reply.get("message")))
         return reply
 
     async def frames(self) -> AsyncIterator[ReceivedFrame]:
@@ -186,3 +218,16 @@ class IntermediaryClient(Subscriber):
             self.close_code = self.websocket.close_code
             self.close_reason = self.websocket.close_reason
             self._closed.set()
+
+
+def refusal(url: str, exc: websockets.InvalidStatus) -> IntermediaryError:
+    """The error of a handshake the server answered with an HTTP status: its reason (the
+    body the server wrote), as an :class:`AccessRefused` for 401 and 403."""
+    response = exc.response
+    reason = response.body.decode(errors="replace").strip()[:300] if response.body else ""
+    reason = reason or response.reason_phrase
+    if response.status_code in (401, 403):
+        return AccessRefused(
+            response.status_code, f"client: {url} refused the connection: {reason}"
+        )
+    return IntermediaryError(f"client: {url} answered {response.status_code}: {reason}")

@@ -18,21 +18,29 @@ subscription where it was, still served, and the error in :attr:`ClusterClient.e
 still strictly increase, and each failed try is in :attr:`ClusterClient.errors`. A client
 given several entries (a deployed tier's members' URLs) goes on to the next when its entry
 is the member that died, so a tier has no member whose death strands its subscribers.
+
+**Identity.** The client opens every connection (its entry, a redirect's owner, a
+handover's new member, a dead member's heir) with the same credentials and TLS context, so
+each member admits it as the same identity and holds it to the same grant: a redirect or a
+handover never changes what the subscriber may see. A member that refuses it (401) is an
+error naming that member, as for one that cannot be reached.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidings.errors import IntermediaryError
+from tidings.errors import AccessRefused, IntermediaryError
 from tidings.intermediary.client.client import IntermediaryClient
 from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber
+from tidings.intermediary.serving.credentials import Credentials
 
 #: The most redirects one subscribe follows.
 MAX_HOPS = 4
@@ -81,7 +89,14 @@ class ClusterClient(Subscriber):
     closes it). ``client_id`` is the id responsibility by hash places it by (a random one
     by default)."""
 
-    def __init__(self, entries: Sequence[str], client_id: str | None, max_buffered: int) -> None:
+    def __init__(
+        self,
+        entries: Sequence[str],
+        client_id: str | None,
+        max_buffered: int,
+        credentials: Credentials | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         if not entries:
             raise IntermediaryError("client: give at least one entry URL")
         #: Every member the client may enter the cluster at, :attr:`entry` the one in use.
@@ -89,6 +104,8 @@ class ClusterClient(Subscriber):
         self.entry = self.entries[0]
         self.client_id = client_id or uuid.uuid4().hex
         self.max_buffered = max_buffered
+        self.credentials = credentials
+        self.tls = tls
         #: Frames dropped because their epoch was not above the last delivered one.
         self.stale = 0
         #: Handovers completed.
@@ -114,11 +131,15 @@ class ClusterClient(Subscriber):
         *,
         client_id: str | None = None,
         max_buffered: int = 4096,
+        credentials: Credentials | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> ClusterClient:
         """A client entering the cluster at ``entry`` (any member's URL), or at the first of
         several that answers (a tier's members: the others are where it goes on when its
-        entry dies)."""
-        client = cls([entry] if isinstance(entry, str) else list(entry), client_id, max_buffered)
+        entry dies), proving ``credentials`` to each member (None: anonymous) and verifying
+        ``wss://`` members with ``tls`` (default: the system's CAs)."""
+        entries = [entry] if isinstance(entry, str) else list(entry)
+        client = cls(entries, client_id, max_buffered, credentials, tls)
         try:
             await client._enter()
         except BaseException:
@@ -219,7 +240,11 @@ class ClusterClient(Subscriber):
         if link is not None and not link._closed.is_set():
             return link
         try:
-            link = await _Link.connect(url, max_buffered=self.max_buffered)  # type: ignore[assignment]
+            link = await _Link.connect(  # type: ignore[assignment]
+                url, max_buffered=self.max_buffered, credentials=self.credentials, tls=self.tls
+            )
+        except AccessRefused:  # names the member's URL and its reason already
+            raise
         except Exception as exc:  # refused, not a WebSocket, no hello: all name the member
             named = f"intermediary {owner!r} at {url}" if owner else url
             raise IntermediaryError(f"client: cannot reach {named}: {exc}") from None

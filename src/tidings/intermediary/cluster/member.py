@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable, Hashable
 
 from tidings.errors import IntermediaryError
@@ -43,6 +44,7 @@ from tidings.intermediary.node.publisher_store import SubscriptionRecord
 from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.node.snapshot import Snapshot
 from tidings.intermediary.regions.geometry import parse_region
+from tidings.intermediary.serving.credentials import Credentials
 from tidings.intermediary.serving.transport import IntermediaryServer
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,11 @@ class ClusterServer(IntermediaryServer):
     ``tick_s=None`` (the default here) leaves stepping to the owner (a
     :class:`.in_process.Cluster`). ``remote_feed``: ``feed`` is in another process and applies
     requests later than its next batch, so a subscribe is answered once it applied them
-    (:meth:`_feed_caught_up`).
+    (:meth:`_feed_caught_up`). ``peer_credentials`` and ``peer_tls``: how it connects to a
+    member in another process (as a member of the tier; verifying a ``wss://`` member).
+
+    A subscription its subscriber's grant does not allow is refused here, before any
+    redirect: every member holds the same grants, so the owner would refuse it too.
     """
 
     def __init__(
@@ -80,9 +86,13 @@ class ClusterServer(IntermediaryServer):
         scheduler: Scheduler | None = None,
         tick_s: float | None = None,
         remote_feed: bool = False,
+        peer_credentials: Credentials | None = None,
+        peer_tls: ssl.SSLContext | None = None,
         **options: object,
     ) -> None:
         self.name = name
+        self.peer_credentials = peer_credentials
+        self.peer_tls = peer_tls
         self.remote_feed = remote_feed
         self.feed = feed
         self.directory = directory
@@ -135,7 +145,8 @@ class ClusterServer(IntermediaryServer):
     @property
     def url(self) -> str:
         """Where subscribers reach this member (what it writes in the directory)."""
-        return f"ws://{self.host}:{self.port}/"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}/"
 
     def owners(self) -> dict[int, str]:
         """The slots' owners as this member last read them (:meth:`refresh`)."""
@@ -160,7 +171,7 @@ class ClusterServer(IntermediaryServer):
                 member = self.directory.member(name)
             except IntermediaryError:
                 return None
-            self._remotes[name] = RemotePart(name, member.url)
+            self._remotes[name] = RemotePart(name, member.url, self.peer_credentials, self.peer_tls)
         return self._remotes[name]
 
     async def aclose(self) -> None:
@@ -198,6 +209,7 @@ class ClusterServer(IntermediaryServer):
             or not all(isinstance(name, str) for name in via)
         ):
             raise IntermediaryError(f"request.via: expected at most {MAX_VIA} member names")
+        self.check_region(subscriber, request.get("region"))
         self.refresh()  # decide on the owners just read; the upstream is cut along them
         name = self._owner_name(parse_region(request.get("region")), client)
         key = request.get("key")

@@ -4,6 +4,10 @@ pieces of its upstream boxes that lie in that member's cells, and keeps the last
 each piece's frames. The remote member is then responsible for those pieces (its own
 upstream covers them), and a view spanning both areas is composed per epoch from this
 member's state and the remote frames of the same epoch (:class:`.areas.Composer`).
+
+It connects as a member of the tier (the credentials its supervisor gave it, granted
+everything: the piece belongs to a view this member checked against its own subscriber's
+grant) and verifies a ``wss://`` member's certificate with the tier's TLS context.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections import Counter
 from collections.abc import Sequence
 
@@ -23,6 +28,7 @@ from tidings.intermediary.node.generation import MAX_ENTITIES_CAP, FrameKind
 from tidings.intermediary.node.intermediary import MAX_RATE_HZ
 from tidings.intermediary.node.publisher_store import DEFAULT_MAX_PER_SUBSCRIBER
 from tidings.intermediary.regions.geometry import Box
+from tidings.intermediary.serving.credentials import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +46,17 @@ class RemotePart:
     the ``Upstream`` protocol) and as the source of :meth:`part`. Must be created on the
     running event loop; :meth:`aclose` ends its connection."""
 
-    def __init__(self, name: str, url: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        credentials: Credentials | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.name = name
         self.url = url
+        self.credentials = credentials
+        self.tls = tls
         #: Why the remote member could not be used (empty while all is well).
         self.error = ""
         self._count: Counter[Box] = Counter()
@@ -151,7 +165,9 @@ class RemotePart:
             if len(keys) < DEFAULT_MAX_PER_SUBSCRIBER:
                 return client
         try:
-            client = await IntermediaryClient.connect(self.url)
+            client = await IntermediaryClient.connect(
+                self.url, credentials=self.credentials, tls=self.tls
+            )
         except Exception as exc:  # refused, not a member: named, and views wait for it
             raise IntermediaryError(
                 f"cannot reach intermediary {self.name!r} at {self.url}: {exc}"

@@ -28,6 +28,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tidings.errors import IntermediaryError
 from tidings.intermediary.cluster import children
@@ -70,6 +71,7 @@ class ProcessCluster(Membership[MemberProcess]):
         round_s: float = 0.01,
         report_s: float = 0.25,
         interval_s: float = 0.5,
+        security: dict[str, Any] | None = None,
     ) -> None:
         self.path = str(directory)
         super().__init__("p", partition, Directory(self.path), policy, interval_s)
@@ -79,6 +81,9 @@ class ProcessCluster(Membership[MemberProcess]):
         self.round_s = round_s
         self.report_s = report_s
         self.interval_s = interval_s
+        #: Each member's plan's ``security`` (:func:`.member_process.member_security`; None:
+        #: plaintext, anonymous subscribers from this machine).
+        self.security = security
         #: When the last change was made: loads measured before it are not judged on.
         self._changed_at = 0.0
         self._partition = partition_spec(partition)
@@ -103,6 +108,8 @@ class ProcessCluster(Membership[MemberProcess]):
             "round_s": self.round_s,
             "report_s": self.report_s,
         }
+        if self.security is not None:
+            plan["security"] = self.security
         process = await children.spawn("tidings.intermediary.cluster.member_process", plan)
         (url,) = await children.ready(process, f"cluster: member {name}", START_TIMEOUT_S)
         return MemberProcess(name, url, process)

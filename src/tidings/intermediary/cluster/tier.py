@@ -23,6 +23,12 @@ responsible for and hands subscriptions over when their slot moves. What a tier 
   subscriptions over to it make-before-break, so no subscriber loses an epoch twice. With
   every member dead, a member is started whatever ``replace_dead`` says, and takes all.
 
+* **Security.** The members share the tier's ``tls:``, ``subscribers:`` and ``anonymous:``,
+  so a subscriber proves the same identity at every member and is held to the same grant
+  wherever a redirect or a handover takes it; the members take pieces of views from each
+  other as members, with a token the supervisor makes for the run
+  (:func:`.member_process.member_security`).
+
 No splitting or merging: a deployed tier's size is what the operator configured.
 """
 
@@ -37,12 +43,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tidings.config.intermediary_access import SubscriberAccess
 from tidings.config.intermediary_tier import IntermediaryTierConfig
+from tidings.config.passwords import new_token
 from tidings.errors import IntermediaryError
 from tidings.intermediary.cluster import children
+from tidings.intermediary.cluster.member_process import member_security
 from tidings.intermediary.cluster.process_cluster import MemberProcess, ProcessCluster
 from tidings.intermediary.cluster.responsibility import HashPartition, Partition, RegionPartition
 from tidings.intermediary.regions.geometry import Box
+from tidings.intermediary.serving.access import Gatekeeper
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +99,11 @@ class Tier(ProcessCluster):
             self._tmp = tempfile.TemporaryDirectory(prefix=f"tidings-tier-{name}-")
             directory = Path(self._tmp.name) / "directory.db"
         partition = tier_partition(config)
+        access = SubscriberAccess(subscribers=config.subscribers, anonymous=config.anonymous)
+        Gatekeeper.from_config(access)  # a hash variable not set: named here, not by a member
+        security = member_security(
+            access, config.tls, config.peer_tls, config.spatial.tls, new_token()
+        )
         super().__init__(
             config.spatial.upstream,
             partition,
@@ -97,6 +112,7 @@ class Tier(ProcessCluster):
             policy=None,
             round_s=config.round.total_seconds(),
             interval_s=config.check_every.total_seconds(),
+            security=security,
         )
         self._prefix = f"{name}-"
         self.config = config

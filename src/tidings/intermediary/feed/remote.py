@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import websockets
@@ -36,6 +37,9 @@ from tidings.intermediary.regions.geometry import Box
 from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
+
+#: No TLS options: a ``ws://`` publisher, or a ``wss://`` one verified by the system's CAs.
+NO_TLS: Mapping[str, Any] = MappingProxyType({})
 
 
 class RemoteFeed:
@@ -66,7 +70,13 @@ class RemoteFeed:
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
-    async def connect(cls, url: str, dim: int, *, open_timeout: float = 10.0) -> RemoteFeed:
+    async def connect(
+        cls, url: str, dim: int, *, open_timeout: float = 10.0, tls: Mapping[str, Any] = NO_TLS
+    ) -> RemoteFeed:
+        """Connected to the publisher at ``url``; ``tls``: the TLS options of a ``wss://``
+        one (:func:`tidings.config.intermediary.tls_connect_options`; without them a ``wss://``
+        publisher is verified against the system's CAs). A publisher that cannot be reached,
+        or whose certificate does not verify, is an error naming it."""
         try:
             websocket = await websockets.connect(
                 url,
@@ -74,9 +84,13 @@ class RemoteFeed:
                 compression=None,
                 ping_interval=None,
                 open_timeout=open_timeout,
+                **tls,
             )
         except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
-            raise IntermediaryError(f"feed: cannot connect to {url}: {exc}") from None
+            # A TLS alert read in place of the HTTP answer is the cause of "no valid HTTP
+            # response" (a publisher that wants a client certificate): say it.
+            cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+            raise IntermediaryError(f"feed: cannot connect to {url}: {exc}{cause}") from None
         feed = cls(websocket, dim, url)
         loop = asyncio.get_running_loop()
         feed._tasks = [loop.create_task(feed._read()), loop.create_task(feed._write())]
@@ -191,13 +205,18 @@ def without(subscribed: Sequence[Box], boxes: Sequence[Box]) -> list[Box]:
 
 
 async def remote_intermediary(
-    url: str, world: Box, margin: float, *, open_timeout: float = 10.0
+    url: str,
+    world: Box,
+    margin: float,
+    *,
+    open_timeout: float = 10.0,
+    tls: Mapping[str, Any] = NO_TLS,
 ) -> tuple[Intermediary, RemoteFeed]:
     """An intermediary subscribing to the publisher at ``url`` (a :class:`RemoteFeed`; the
     caller's server takes its batches with :meth:`RemoteFeed.take`): upstream boxes grown by
     ``margin`` (claim 2), served when new state arrives ([89]'s "state updated" trigger) at
     most at each subscriber's rate, so a frame leaves right after its epoch."""
-    feed = await RemoteFeed.connect(url, world.dim, open_timeout=open_timeout)
+    feed = await RemoteFeed.connect(url, world.dim, open_timeout=open_timeout, tls=tls)
     return margin_intermediary(feed, world, margin), feed
 
 

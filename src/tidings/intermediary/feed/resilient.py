@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from tidings.errors import IntermediaryError
-from tidings.intermediary.feed.remote import RemoteFeed, checked_boxes, without
+from tidings.intermediary.feed.remote import NO_TLS, RemoteFeed, checked_boxes, without
 from tidings.intermediary.node.batches import UpdateBatch
 from tidings.intermediary.regions.geometry import Box
 from tidings.tasks import Backoff, stop_task
@@ -47,6 +48,7 @@ class ResilientFeed:
         *,
         backoff: Backoff | None = None,
         open_timeout: float = 10.0,
+        tls: Mapping[str, Any] = NO_TLS,
     ) -> None:
         if not urls:
             raise IntermediaryError("feed: expected at least one publisher URL")
@@ -55,6 +57,7 @@ class ResilientFeed:
         self.held = held
         self.backoff = backoff or Backoff()
         self.open_timeout = open_timeout
+        self.tls = tls
         #: Why the feed is not fresh (None while connected and in sync).
         self.stale: str | None = "not connected"
         #: How many times it reconnected.
@@ -77,10 +80,17 @@ class ResilientFeed:
 
     @classmethod
     async def connect(
-        cls, urls: Sequence[str], dim: int, held: Callable[[], np.ndarray], **options: float
+        cls,
+        urls: Sequence[str],
+        dim: int,
+        held: Callable[[], np.ndarray],
+        *,
+        open_timeout: float = 10.0,
+        tls: Mapping[str, Any] = NO_TLS,
     ) -> ResilientFeed:
-        """Connected to the first URL that answers; none answering is an error here."""
-        feed = cls(urls, dim, held, open_timeout=options.get("open_timeout", 10.0))
+        """Connected to the first URL that answers (``tls``: as
+        :meth:`.remote.RemoteFeed.connect` takes it); none answering is an error here."""
+        feed = cls(urls, dim, held, open_timeout=open_timeout, tls=tls)
         feed._feed = await feed._connect_any()
         feed.stale = None
         feed._task = asyncio.get_running_loop().create_task(feed._run())
@@ -146,7 +156,9 @@ class ResilientFeed:
         errors = []
         for url in self.urls:
             try:
-                return await RemoteFeed.connect(url, self.dim, open_timeout=self.open_timeout)
+                return await RemoteFeed.connect(
+                    url, self.dim, open_timeout=self.open_timeout, tls=self.tls
+                )
             except IntermediaryError as exc:
                 errors.append(str(exc))
         raise IntermediaryError("; ".join(errors))

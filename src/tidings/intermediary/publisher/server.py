@@ -8,6 +8,12 @@ before it, so batches cannot be dropped; instead the publisher computes a connec
 only when the previous one has left (:meth:`SimulationServer`'s tick skips that connection,
 counted in :attr:`FeedConnection.skipped`), and the next one is relative to what was really
 sent. A slow intermediary gets fewer, later ticks, and bounded memory at the publisher.
+
+With ``tls`` (an :class:`ssl.SSLContext`, :meth:`tidings.config.tls.TlsServerConfig.context`) the
+feed is served over TLS (``wss://``), and with that context's client CA only to
+intermediaries presenting a certificate it signed (mutual TLS: how a publisher knows its
+intermediaries). A client that does not complete the TLS handshake (plaintext to this
+port, a certificate refused) is dropped by it; the others go on.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import contextlib
 import json
 import logging
 import math
+import ssl
 import time
 from collections.abc import Sequence
 
@@ -81,11 +88,14 @@ class SimulationServer:
     """A :class:`.simulation.Simulation` ticking at ``tick_hz`` and served to intermediaries
     over WebSocket (the module docstring's protocol); :meth:`start`, then :meth:`aclose`."""
 
-    def __init__(self, simulation: Simulation, tick_hz: float = 10.0) -> None:
+    def __init__(
+        self, simulation: Simulation, tick_hz: float = 10.0, tls: ssl.SSLContext | None = None
+    ) -> None:
         if not (isinstance(tick_hz, int | float) and math.isfinite(tick_hz) and tick_hz > 0):
             raise IntermediaryError(f"feed: tick_hz must be a number > 0, not {tick_hz!r}")
         self.simulation = simulation
         self.tick_hz = float(tick_hz)
+        self.tls = tls
         self.connections: list[FeedConnection] = []
         #: Bytes of batches sent (the upstream bandwidth), headers included.
         self.bytes_sent = 0
@@ -103,6 +113,7 @@ class SimulationServer:
                 max_size=MAX_CONTROL_BYTES,
                 compression=None,
                 ping_interval=None,
+                ssl=self.tls,
             )
         except OSError as exc:
             raise IntermediaryError(
@@ -110,7 +121,8 @@ class SimulationServer:
             ) from None
         self.port = next(iter(self._server.sockets)).getsockname()[1]
         self._ticker = asyncio.get_running_loop().create_task(self._tick())
-        return f"ws://{host}:{self.port}/"
+        shown = f"[{host}]" if ":" in host else host
+        return f"{'ws' if self.tls is None else 'wss'}://{shown}:{self.port}/"
 
     async def aclose(self) -> None:
         if self._ticker is not None:

@@ -24,14 +24,17 @@ from starlette.websockets import WebSocket
 
 from tidings.intermediary.node.intermediary import Served
 from tidings.intermediary.serving.envelope import envelope
+from tidings.intermediary.views.grants import NOTHING, Grant
 
 
 @dataclass
 class Connection:
-    """A subscriber's connection: its socket, what waits to be sent, and its request tokens."""
+    """A subscriber's connection: its socket, the grant of the identity it proved at the
+    handshake, what waits to be sent, and its request tokens."""
 
     id: int
     websocket: WebSocket
+    grant: Grant = NOTHING
     slot: list[Served] | None = None
     texts: deque[str] = field(default_factory=deque)
     #: The latest view message per key not sent yet (a view is a latest value).

@@ -12,7 +12,15 @@ JavaScript module (package data in ``static/``, no framework, no build step):
   draws them on a canvas;
 * ``GET /view.json`` -- what the page cannot know by itself: the intermediary's dimension and
   world box, so that a bare ``/view`` shows the whole world (``"world": null`` if the
-  intermediary has none, and the page then asks for a region).
+  intermediary has none, and the page then asks for a region);
+* ``GET /auth`` -- who the request's credentials (or none) prove to be, as the WebSocket
+  handshake would decide it: ``{"identity": name}``, or 401 and ``{"error": why}``. A
+  browser cannot read why its WebSocket was refused, so the pages ask here first and show
+  the reason (and a form for a token or a user and password); ``GET /auth.js`` is the
+  module of both pages that does it.
+
+The pages and their scripts hold no data and are served to anyone; the data flows over the
+WebSocket, which admits only whom :mod:`.access` lets in.
 
 The page does not validate the region: it passes the numbers as they are and shows the
 server's ``{"op": "error"}`` message, so there is one validation, the server's.
@@ -26,7 +34,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tidings.errors import AccessRefused
 from tidings.intermediary.node.intermediary import Intermediary
+from tidings.intermediary.serving.access import Gatekeeper
 
 #: The page's files are small and never change while a server runs: read once.
 _STATIC = resources.files("tidings.intermediary.serving") / "static"
@@ -34,25 +44,36 @@ _STATIC = resources.files("tidings.intermediary.serving") / "static"
 _REVALIDATE = {"Cache-Control": "no-cache"}
 
 
-def static_page_routes(name: str) -> list[Route]:
-    """``GET /<name>`` and ``GET /<name>.js``: the page ``static/<name>.html`` and its module."""
-    html = (_STATIC / f"{name}.html").read_bytes()
+def _module(name: str) -> Route:
+    """``GET /<name>.js``: the module ``static/<name>.js``."""
     script = (_STATIC / f"{name}.js").read_bytes()
-
-    async def page(request: Request) -> Response:
-        return Response(html, media_type="text/html; charset=utf-8", headers=_REVALIDATE)
 
     async def module(request: Request) -> Response:
         return Response(script, media_type="text/javascript; charset=utf-8", headers=_REVALIDATE)
 
-    return [
-        Route(f"/{name}", page, methods=["GET"]),
-        Route(f"/{name}.js", module, methods=["GET"]),
-    ]
+    return Route(f"/{name}.js", module, methods=["GET"])
 
 
-def page_routes(intermediary: Intermediary) -> list[Route]:
+def static_page_routes(name: str) -> list[Route]:
+    """``GET /<name>`` and ``GET /<name>.js``: the page ``static/<name>.html`` and its module."""
+    html = (_STATIC / f"{name}.html").read_bytes()
+
+    async def page(request: Request) -> Response:
+        return Response(html, media_type="text/html; charset=utf-8", headers=_REVALIDATE)
+
+    return [Route(f"/{name}", page, methods=["GET"]), _module(name)]
+
+
+def page_routes(intermediary: Intermediary, access: Gatekeeper) -> list[Route]:
     """The page's routes, for the intermediary's Starlette application."""
+
+    async def auth(request: Request) -> Response:
+        client = request.client.host if request.client is not None else None
+        try:
+            grant = await access.admit(request.headers, client)
+        except AccessRefused as exc:
+            return JSONResponse({"error": exc.reason}, exc.status, headers=_REVALIDATE)
+        return JSONResponse({"identity": grant.identity}, headers=_REVALIDATE)
 
     async def defaults(request: Request) -> Response:
         world = intermediary.subscriptions.world
@@ -63,4 +84,9 @@ def page_routes(intermediary: Intermediary) -> list[Route]:
             }
         )
 
-    return [*static_page_routes("view"), Route("/view.json", defaults, methods=["GET"])]
+    return [
+        *static_page_routes("view"),
+        Route("/view.json", defaults, methods=["GET"]),
+        Route("/auth", auth, methods=["GET"]),
+        _module("auth"),
+    ]

@@ -11,6 +11,12 @@ tables. Its query string lists the subscriptions, each repeatable:
 (``&rate_hz=``, ``&priority=``); it does not validate them but shows the server's error
 (``static/live.js``).
 
+Who may subscribe to what, and TLS, come from the section too: its ``tls:`` serves the
+socket and the pages over TLS only (``wss://``, ``https://``), its ``subscribers:`` and
+``anonymous:`` make the :class:`~.access.Gatekeeper` every handshake goes through; a
+certificate that cannot be used, or a subscriber's hash variable that is not set, ends the
+start with a :class:`~tidings.errors.ConfigError` naming it.
+
 Spatial state does not come from an event server: with the ``spatial:`` section the service
 also subscribes to a publisher of moving entities over the spatial feed
 (:mod:`.feed.wire`; ``tidings intermediary simulate`` runs one) and serves ``region``
@@ -29,17 +35,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tidings.config import IntermediaryConfig
 from tidings.errors import IntermediaryError
-from tidings.intermediary.feed.remote import margin_intermediary
+from tidings.intermediary.feed.remote import NO_TLS, margin_intermediary
 from tidings.intermediary.feed.resilient import ResilientFeed
 from tidings.intermediary.node.intermediary import Intermediary
 from tidings.intermediary.regions.geometry import Box
+from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.page import static_page_routes
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
 from tidings.intermediary.views.event_server_upstream import TidingsChain
@@ -76,16 +85,17 @@ class _NoSpatialUpstream:
 
 
 async def spatial_intermediary(
-    urls: Sequence[str], world: Box, margin: float
+    urls: Sequence[str], world: Box, margin: float, tls: Mapping[str, Any] = NO_TLS
 ) -> tuple[Intermediary, ResilientFeed]:
     """An intermediary fed by the spatial publisher at ``urls`` through a
-    :class:`ResilientFeed` (see :func:`.feed.remote.remote_intermediary` for its policy)."""
+    :class:`ResilientFeed` (see :func:`.feed.remote.remote_intermediary` for its policy;
+    ``tls``: the TLS options of a ``wss://`` publisher)."""
     node: Intermediary | None = None
 
     def held() -> np.ndarray:
         return np.empty(0, np.int64) if node is None else np.asarray(node.state.snapshot().ids)
 
-    feed = await ResilientFeed.connect(urls, world.dim, held)
+    feed = await ResilientFeed.connect(urls, world.dim, held, tls=tls)
     node = margin_intermediary(feed, world, margin)
     return node, feed
 
@@ -103,6 +113,8 @@ class EventServerIntermediary(IntermediaryServer):
         limits: TransportLimits,
         spatial: tuple[Intermediary, ResilientFeed] | None = None,
         upstreams: Callable[[], Mapping[str, str | None]] | None = None,
+        access: Gatekeeper | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         node, source = (
             (Intermediary(2, _NoSpatialUpstream()), None)
@@ -110,7 +122,14 @@ class EventServerIntermediary(IntermediaryServer):
             else (spatial[0], spatial[1].take)
         )
         super().__init__(
-            node, source=source, views=views, tick_s=tick_s, limits=limits, upstreams=upstreams
+            node,
+            source=source,
+            views=views,
+            tick_s=tick_s,
+            limits=limits,
+            upstreams=upstreams,
+            access=access,
+            tls=tls,
         )
         self.event_server = event_server
         self.spatial = spatial is not None
@@ -148,8 +167,13 @@ async def serve_intermediary(
     host = host.strip("[]")
     limits = config.limits
     catalog = catalog_of(config)
+    access = Gatekeeper.from_config(config)  # a hash variable not set ends it here
+    tls = None if config.tls is None else config.tls.context()
+    spatial_tls = {} if config.spatial is None else config.spatial.connect_options()
     chain = TidingsChain(
-        config.event_servers, request_timeout=config.request_timeout.total_seconds()
+        config.event_servers,
+        request_timeout=config.request_timeout.total_seconds(),
+        tls=config.event_server_tls,
     )
     await chain.start()
     spatial: tuple[Intermediary, ResilientFeed] | None = None
@@ -157,7 +181,7 @@ async def serve_intermediary(
         if config.spatial is not None:
             world = Box(tuple(config.spatial.world_lo), tuple(config.spatial.world_hi))
             spatial = await spatial_intermediary(
-                [config.spatial.upstream], world, config.spatial.margin
+                [config.spatial.upstream], world, config.spatial.margin, spatial_tls
             )
         views = EventViews(
             chain,
@@ -184,13 +208,16 @@ async def serve_intermediary(
                 "event_server": chain.stale,
                 **({} if spatial is None else {"spatial": spatial[1].stale}),
             },
+            access=access,
+            tls=tls,
         )
         await server.start(host, int(port))
         try:
             shown = f"[{host}]" if ":" in host else host
+            secure = "s" if tls is not None else ""
             where = Listening(
-                f"ws://{shown}:{server.port}/",
-                f"http://{shown}:{server.port}/live",
+                f"ws{secure}://{shown}:{server.port}/",
+                f"http{secure}://{shown}:{server.port}/live",
                 chain.address,
                 None if spatial is None else spatial[1].url,
             )

@@ -8,11 +8,20 @@ One Starlette WebSocket endpoint. A subscriber sends JSON text requests::
 
 and gets, in order, one JSON reply per request (``{"op": "subscribed", "key", "covered",
 "from_epoch"}``, ``{"op": "unsubscribed", "key", "removed"}`` or ``{"op": "error",
-"message"}``; a bad request is answered and the connection goes on) and binary messages,
+"message"}``; a bad request is answered and the connection goes on, one that fails
+unexpectedly too, logged once per place it failed at) and binary messages,
 one per frame: a one-byte key length, the key (UTF-8) and the frame (:mod:`.generation`'s
-layout). The first message is ``{"op": "hello", "subscriber": <id>}`` (with ``"stale":
-{upstream: reason}`` while an upstream is lost). The same server
+layout). The first message is ``{"op": "hello", "subscriber": <id>, "identity": <name>}``
+(with ``"stale": {upstream: reason}`` while an upstream is lost). The same server
 serves the web page of one subscriber's live view (:mod:`.page`: ``GET /view``).
+
+Who may connect is decided before the WebSocket upgrade (:mod:`.access`): the handshake
+carries a token or a user and password (:mod:`.credentials`), or none, and a refusal is an
+HTTP 401 with the reason as its body; the connection keeps the :class:`~.views.grants.Grant`
+of the identity it proved, and a subscription the grant does not allow is answered with an
+error naming the identity and what was refused, while the connection goes on. With ``tls``
+(an :class:`ssl.SSLContext`) the socket and the pages are served over TLS only; a client
+that does not speak TLS to it fails its own handshake and harms no other.
 
 Slow subscribers never hold the others ([146]): each connection (:mod:`.connection`) has one
 outgoing slot holding the latest round's frames; a writer task per connection empties it (a
@@ -58,6 +67,7 @@ import contextlib
 import functools
 import json
 import logging
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -69,10 +79,13 @@ from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from tidings.errors import IntermediaryError
+from tidings.errors import IntermediaryError, SubscriptionRefused
 from tidings.intermediary.node.batches import UpdateBatch
 from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, Intermediary, Served
+from tidings.intermediary.regions.geometry import parse_region
+from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.connection import Connection
+from tidings.intermediary.serving.credentials import SUBPROTOCOL
 from tidings.intermediary.serving.envelope import (
     DROPPED_CLOSE_CODE,
     FULL_CLOSE_CODE,
@@ -80,7 +93,9 @@ from tidings.intermediary.serving.envelope import (
     status_message,
 )
 from tidings.intermediary.serving.page import page_routes
-from tidings.serving import QuietServer, listen
+from tidings.intermediary.views.grants import NOTHING, Grant
+from tidings.logs import OncePerCause
+from tidings.serving import DenyingWebSockets, QuietServer, listen
 from tidings.tasks import stop_task
 
 if TYPE_CHECKING:
@@ -130,8 +145,13 @@ class IntermediaryServer:
         clock: Callable[[], float] = time.monotonic,
         views: EventViews | None = None,
         upstreams: Callable[[], Mapping[str, str | None]] | None = None,
+        access: Gatekeeper | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.intermediary = intermediary
+        #: Who may connect (default: anonymous clients from this machine, granted all).
+        self.access = access or Gatekeeper.from_config()
+        self.tls = tls
         #: Each upstream's name -> why it is stale (None: fresh), asked every tick.
         self.upstreams = upstreams
         self._stale: dict[str, str] = {}
@@ -145,13 +165,20 @@ class IntermediaryServer:
         #: The latest connections closed by the server, with why (bounded, for metrics).
         self.disconnects: deque[Disconnect] = deque(maxlen=1000)
         self.app = Starlette(
-            routes=[WebSocketRoute("/", self._endpoint), *page_routes(intermediary)]
+            routes=[WebSocketRoute("/", self._endpoint), *page_routes(intermediary, self.access)]
         )
         self._next_id = 0
+        #: A request's unexpected failure is logged once per place, not once per request.
+        self._problems = OncePerCause(log)
         self._server: uvicorn.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.port = 0
+
+    @property
+    def scheme(self) -> str:
+        """``wss`` when served over TLS, else ``ws``."""
+        return "ws" if self.tls is None else "wss"
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -170,10 +197,11 @@ class IntermediaryServer:
             log_config=None,
             access_log=False,
             lifespan="off",
-            ws="websockets-sansio",
+            ws=DenyingWebSockets,
             ws_max_size=self.limits.max_message_bytes,
             ws_per_message_deflate=False,
             proxy_headers=False,
+            ssl_context_factory=None if self.tls is None else self._tls_context,
         )
         self._server = QuietServer(config)
         self._serve_task = asyncio.get_running_loop().create_task(
@@ -186,6 +214,13 @@ class IntermediaryServer:
             await asyncio.sleep(0.01)
         if self.tick_s is not None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run(self.tick_s))
+
+    def _tls_context(
+        self, config: uvicorn.Config, default: Callable[[], ssl.SSLContext]
+    ) -> ssl.SSLContext:
+        """uvicorn's TLS context: the one given (not one uvicorn builds from files)."""
+        assert self.tls is not None
+        return self.tls
 
     async def aclose(self) -> None:
         """Stop the loop, then stop accepting and close every connection."""
@@ -306,14 +341,22 @@ class IntermediaryServer:
     # -- connections -------------------------------------------------------------------
 
     async def _endpoint(self, websocket: WebSocket) -> None:
-        await websocket.accept()
+        grant = await self.access.handshake(websocket)
+        if grant is None:
+            return
+        offered = websocket.scope.get("subprotocols") or []
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         if len(self.connections) >= self.limits.max_connections:
             # Accepted first so the client reads a close code and reason, not a bare 403.
             await websocket.close(FULL_CLOSE_CODE, "too many connections")
             return
         self._next_id += 1
         conn = Connection(
-            self._next_id, websocket, tokens=float(self.limits.burst), refilled=self.clock()
+            self._next_id,
+            websocket,
+            grant,
+            tokens=float(self.limits.burst),
+            refilled=self.clock(),
         )
         self.connections[conn.id] = conn
         ready = functools.partial(self.intermediary.set_ready, conn.id, True)
@@ -321,7 +364,11 @@ class IntermediaryServer:
         reader = asyncio.create_task(self._reader(conn))
         kicked = asyncio.create_task(conn.kicked.wait())
         try:
-            hello: dict[str, object] = {"op": "hello", "subscriber": conn.id}
+            hello: dict[str, object] = {
+                "op": "hello",
+                "subscriber": conn.id,
+                "identity": grant.identity,
+            }
             if self._stale:
                 hello["stale"] = dict(self._stale)
             await websocket.send_text(json.dumps(hello))
@@ -374,11 +421,20 @@ class IntermediaryServer:
         try:
             return await self.handle_request(conn.id, request)
         except IntermediaryError as exc:
-            reply: dict[str, object] = {"op": "error", "message": str(exc)}
-            key = request.get("key")
-            if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
-                reply["key"] = key
-            return reply
+            message = str(exc)
+            refused = isinstance(exc, SubscriptionRefused)  # the client raises it as one
+        except RecursionError:  # the request's nesting, met past parsing
+            message, refused = "request: JSON nested too deeply", False
+        except Exception as exc:  # a bug this request met: answered, logged once per place
+            self._problems.failure("intermediary: a request failed", exc)
+            message, refused = "request: failed (the intermediary's log says why)", False
+        reply: dict[str, object] = {"op": "error", "message": message}
+        if refused:
+            reply["refused"] = True
+        key = request.get("key")
+        if isinstance(key, str) and len(key) <= MAX_KEY_BYTES:
+            reply["key"] = key
+        return reply
 
     async def handle_request(
         self, subscriber: int, request: dict[str, object]
@@ -400,6 +456,7 @@ class IntermediaryServer:
                 )
             if kinds != ["region"]:
                 return await self._subscribe_views(subscriber, request, key)
+            self.check_region(subscriber, request.get("region"))
             outcome = self.intermediary.subscribe(
                 subscriber,
                 key,  # type: ignore[arg-type]
@@ -445,9 +502,20 @@ class IntermediaryServer:
             sql=request.get("sql"),
             priority=request.get("priority", 0.0),
             rate_hz=request.get("rate_hz", 10.0),
+            grant=self.grant_of(subscriber),
         )
         self.intermediary.unsubscribe(subscriber, key)  # type: ignore[arg-type]
         return {"op": "subscribed", "key": key, "covered": was_covered}
+
+    def grant_of(self, subscriber: int) -> Grant:
+        """What ``subscriber`` may subscribe to (nothing, if it is not connected)."""
+        conn = self.connections.get(subscriber)
+        return NOTHING if conn is None else conn.grant
+
+    def check_region(self, subscriber: int, spec: object) -> None:
+        """Refuse a region ``subscriber``'s grant does not allow (or that is no region),
+        naming its identity and the region."""
+        self.grant_of(subscriber).check_region(parse_region(spec))
 
 
 _SUBSCRIBE_FIELDS = frozenset(

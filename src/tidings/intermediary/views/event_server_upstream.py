@@ -21,7 +21,8 @@ Losing the server. When the connection ends the chain is *stale* (:attr:`Tidings
 says why) and the intermediary goes on serving what it holds. It tries the addresses in turn,
 waiting by a :class:`~tidings.tasks.Backoff` after each round that reached none; once one
 answers it subscribes again and asks for every event of its patterns since the
-:class:`~.resync.Watermark`'s time, holding notifications meanwhile, and hands over only
+:class:`~.resync.Watermark`'s time (in pages: a long outage may have a backlog larger than
+one reply may be), holding notifications meanwhile, and hands over only
 events past the mark (the same mark every notification passes). Subscriptions changed while
 stale are taken and recorded, and tables added meanwhile are loaded then. Only then is it
 fresh again. So subscribers see every event once, in order, and views converge, without
@@ -45,6 +46,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from tidings.client import Client, ConnectionClosed, QueryData, QueryType, StoredEvent, connect
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import IntermediaryError, TidingsError
 from tidings.intermediary.views.eventviews import ChainBatch
 from tidings.intermediary.views.resync import Watermark
@@ -55,8 +57,8 @@ log = logging.getLogger(__name__)
 
 class TidingsChain:
     """Upstream of :class:`~.eventviews.EventViews` over an event server at ``addresses``
-    (``tcp+sbs://host:port``, one or the servers of a group, tried in turn). :meth:`start`,
-    then :meth:`aclose`."""
+    (``tcp+sbs://host:port`` or ``ssl+sbs://`` with ``tls``, one or the servers of a group,
+    tried in turn). :meth:`start`, then :meth:`aclose`."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class TidingsChain:
         request_timeout: float = 30.0,
         connect_timeout: float = 5.0,
         backoff: Backoff | None = None,
+        tls: TlsClientConfig | None = None,
     ) -> None:
         self.addresses = (addresses,) if isinstance(addresses, str) else tuple(addresses)
         if not self.addresses:
@@ -76,6 +79,8 @@ class TidingsChain:
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self.backoff = backoff or Backoff()
+        #: How servers at ``ssl+sbs://`` addresses are verified (None: the system's CAs).
+        self.tls = tls
         #: Why the chain is not fresh (None while connected and in sync).
         self.stale: str | None = "not started"
         #: How many times it reconnected and resynchronised.
@@ -147,7 +152,7 @@ class TidingsChain:
             missed: list[StoredEvent] = []
             if since_us is not None and self._patterns:
                 query = QueryData(event_types=self._patterns, t_from=since_us, order="ascending")
-                missed = await client.query(query)
+                missed = [e async for page in client.query_pages(query) for e in page]
             for table, row_type in unloaded:
                 loaded = await client.query_latest_by_key(row_type)
                 floor = Watermark()
@@ -168,7 +173,10 @@ class TidingsChain:
         for address in self.addresses[start:] + self.addresses[:start]:
             try:
                 client = await connect(
-                    address, timeout=self.connect_timeout, request_timeout=self.request_timeout
+                    address,
+                    tls=self.tls,
+                    timeout=self.connect_timeout,
+                    request_timeout=self.request_timeout,
                 )
             except (OSError, TimeoutError, TidingsError) as exc:
                 errors.append(f"{address}: {exc or type(exc).__name__}")

@@ -57,6 +57,7 @@ from tidings.events import PayloadKind, QueryType, StoredEvent, TypeMatcher
 from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, check_schedule
 from tidings.intermediary.node.publisher_store import DEFAULT_MAX_PER_SUBSCRIBER
 from tidings.intermediary.node.scheduling import Scheduler
+from tidings.intermediary.views.grants import Grant
 from tidings.intermediary.views.patterns import covers_all, parse_patterns, widen
 from tidings.intermediary.views.primitives import Primitive, covers
 from tidings.intermediary.views.rows import parse_row_change, row_server_type
@@ -197,9 +198,12 @@ class EventViews:
         sql: object = None,
         priority: object = 0.0,
         rate_hz: object = 10.0,
+        grant: Grant | None = None,
     ) -> bool:
         """Subscribe (or replace) ``key`` to event-type ``events`` (a list of patterns) or
-        to the view ``sql``; whether it was covered (nothing new asked upstream)."""
+        to the view ``sql``; whether it was covered (nothing new asked upstream). With
+        ``grant``, what it does not allow is refused, naming the identity (the key's
+        previous subscription stays)."""
         if not isinstance(key, str) or not key or len(key.encode()) > MAX_KEY_BYTES:
             raise IntermediaryError(
                 f"key: expected a non-empty string of at most {MAX_KEY_BYTES} bytes"
@@ -216,10 +220,14 @@ class EventViews:
                 )
             if events is not None:
                 patterns = parse_patterns(events)
+                if grant is not None:
+                    grant.check_events(patterns)
                 record: _EventSub | _ViewSub = _EventSub(patterns, TypeMatcher(patterns))
                 was_covered = covers_all(self.patterns, patterns)
             else:
                 view = self._parse_view(sql)
+                if grant is not None:
+                    grant.check_tables(view.tables)
                 prio, rate = check_schedule(priority, rate_hz, self.scheduler.max_priority)
                 record = _ViewSub(view)
                 held = [self._primitive(t) for t in self.tables]

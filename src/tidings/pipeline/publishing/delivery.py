@@ -29,6 +29,7 @@ from tidings.events.timeutil import utcnow
 from tidings.pipeline.publishing.breaker import CircuitBreaker, breaker_for
 from tidings.pipeline.publishing.outcome import CONFIRMED, FAILED, LoggedEvent, Summary
 from tidings.pipeline.publishing.retry import RetryPolicy
+from tidings.redaction import scrub
 from tidings.targets.base import Target
 
 TargetLookup = Callable[[str], Target | None]
@@ -112,7 +113,8 @@ class Delivery:
             assert culprit is not None
             with self._lock:
                 failures = culprit.deliveries.get(name, {}).get("failures", 0) + 1
-                state = {"state": FAILED, "error": unit.error, "at": stamp, "failures": failures}
+                error = None if unit.error is None else scrub(unit.error)
+                state = {"state": FAILED, "error": error, "at": stamp, "failures": failures}
                 if failures < self.retry.attempts:
                     state["retry_at"] = round(now + self.retry.delay(failures), 3)
                 culprit.deliveries[name] = state

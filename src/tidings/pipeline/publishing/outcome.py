@@ -24,6 +24,8 @@ from sqlalchemy import Engine
 from tidings.db import driver_stamp, placeholder
 from tidings.events.outbox import DeliveryState, EventStatus, OutboxEvent
 from tidings.events.timeutil import utcnow
+from tidings.outbox.confirmations import newest_confirmations, raise_marks
+from tidings.redaction import scrub
 
 # Plain strings: reading a member off an enum class costs a descriptor call per event.
 CONFIRMED, FAILED = DeliveryState.CONFIRMED.value, DeliveryState.FAILED.value
@@ -56,6 +58,8 @@ class LoggedEvent:
         return self.deliveries.get(target, {}).get("state") == FAILED
 
     def settle(self, status: EventStatus, error: str | None = None) -> None:
+        # A target's error may quote its URL: no password goes into the log's rows.
+        error = None if error is None else scrub(error)
         if (status, error) != (self.status, self.error_details):
             self.status, self.error_details, self.changed = status, error, True
 
@@ -115,7 +119,8 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
     """Write the state of ``settled`` events to the log, in one transaction.
 
     With ``delete_published`` (the design document's delete-on-success mode) a PUBLISHED
-    event and its attributes are deleted instead.
+    event and its attributes are deleted instead. Each target's mark (its newest
+    confirmation, :mod:`tidings.outbox.confirmations`) is raised in the same transaction.
     """
     done = [i for i in settled if delete_published and i.status == EventStatus.PUBLISHED]
     if done:
@@ -126,10 +131,14 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
     stamp = driver_stamp(dialect)
     now = stamp(utcnow())
     mark = placeholder(engine.dialect.paramstyle)
+    groups = _outcome_groups(settled)
+    # From the groups' delivery states (a flush has few), not from every event's.
+    confirmed = newest_confirmations(
+        [((name, dict(state)) for name, state in key[3]) for key in groups]
+        + [item.deliveries.items() for item in done]
+    )
     with engine.begin() as conn:
-        for (status, retries, error, deliveries, published), seqs in _outcome_groups(
-            settled
-        ).items():
+        for (status, retries, error, deliveries, published), seqs in groups.items():
             values = (
                 status,
                 retries,
@@ -151,6 +160,7 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
                 done_seqs,
             )
             conn.exec_driver_sql(f"DELETE FROM outbox_event WHERE {rows}", done_seqs)
+        raise_marks(conn, confirmed)  # last: the rows above are this task's alone
 
 
 def _update_sql(dialect: str, mark: str, *, over_parked: bool) -> str:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
 from tidings.events.timeutil import utcnow
+from tidings.outbox.confirmations import ConfirmationLog
 from tidings.outbox.schema import batch_log
 from tidings.pipeline.jobconfig import job_config
 from tidings.pipeline.publishing.outcome import Summary
@@ -86,10 +87,15 @@ def _one_text_row(name: str, text: str) -> pa.RecordBatch:
 def task_publisher(config: TidingsConfig, options: Mapping[str, str]) -> Publisher:
     """The publisher of one task, with the configuration and routes in force."""
     engine = shared_engine(config.database.url)
+    confirmations = ConfirmationLog(engine)
 
     def lookup(name: str) -> Target | None:
         spec = config.targets.get(name)
-        return None if spec is None else shared_target(name, spec)
+        if spec is None:
+            return None
+        target = shared_target(name, spec)
+        target.attach_log(confirmations)  # where it reads what other processes confirmed
+        return target
 
     deadline = None
     if options.get("deadline_epoch"):

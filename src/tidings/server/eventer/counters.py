@@ -17,3 +17,14 @@ class EventerCounters:
     register_requests: int = 0
     queries: int = 0
     notifications: int = 0
+    #: TLS handshakes refused (each logged by :mod:`tidings.wire.chatter_server`).
+    refused_handshakes: int = 0
+    #: Connections refused for who they are (an unknown certificate identity, an anonymous
+    #: client where anonymous ones are not served), and logins refused.
+    refused_clients: int = 0
+    refused_logins: int = 0
+    #: Events not registered, queries and subscriptions narrowed or refused, by grant
+    #: (:mod:`tidings.server.eventer.access`).
+    refused_events: int = 0
+    refused_queries: int = 0
+    refused_subscriptions: int = 0

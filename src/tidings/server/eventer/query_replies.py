@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import IO, Any
 
-from tidings.events.model import EventType
+from tidings.events.model import EventId, EventType
 from tidings.events.query import QueryData
 from tidings.server.store import EVENT_COLUMNS, EventStore, events_from_rows
 from tidings.server.store.latest_by_key import latest_by_key_rows
@@ -87,23 +87,38 @@ def plan_reply(store: EventStore, query: QueryData) -> ReplyPlan:
     return plan_rows(query_rows(store, query, CHUNK_EVENTS), keep=bounded)
 
 
-def plan_latest_by_key(store: EventStore, event_type: EventType) -> ReplyPlan:
-    """The reply of the newest event of each key of ``event_type`` (blocking)."""
-    return plan_rows(latest_by_key_rows(store, event_type, CHUNK_EVENTS))
+def plan_latest_by_key(
+    store: EventStore, event_type: EventType, after: EventId | None, max_bytes: int | None
+) -> ReplyPlan:
+    """The reply of one page of the newest event of each key of ``event_type``: the keys
+    whose newest event comes after the event ``after``, at most ``max_bytes`` of events
+    (at least one) (blocking)."""
+    chunks = latest_by_key_rows(store, event_type, CHUNK_EVENTS, after)
+    try:
+        return plan_rows(chunks, max_bytes=max_bytes)
+    finally:
+        chunks.close()  # a page cut short ends the store's snapshot now
 
 
-def plan_rows(chunks: Iterable[Sequence[tuple[Any, ...]]], *, keep: bool = False) -> ReplyPlan:
+def plan_rows(
+    chunks: Iterable[Sequence[tuple[Any, ...]]],
+    *,
+    keep: bool = False,
+    max_bytes: int | None = None,
+) -> ReplyPlan:
     """The reply of the stored rows ``chunks`` yields (blocking: run it in a thread); with
-    ``keep``, small rows' encodings are kept for the next reply."""
+    ``keep``, small rows' encodings are kept for the next reply; with ``max_bytes``, the
+    reply stops before the event that would take its events past that many bytes (it holds
+    one event at least)."""
     spool = tempfile.SpooledTemporaryFile(max_size=INLINE_REPLY_BYTES)  # noqa: SIM115
     count = size = 0
     encode = _encode_kept if keep else _encode_rows
     try:
-        for rows in chunks:
-            for start in range(0, len(rows), CHUNK_EVENTS):
-                chunk = rows[start : start + CHUNK_EVENTS]
-                size += spool.write(encode(chunk))
-                count += len(chunk)
+        for events, block in _blocks(chunks, encode, each=max_bytes is not None):
+            if max_bytes is not None and count and size + len(block) > max_bytes:
+                break
+            size += spool.write(block)
+            count += events
         head = codec.encode_integer(count)
         spool.seek(0)
         if size > INLINE_REPLY_BYTES:
@@ -114,6 +129,23 @@ def plan_rows(chunks: Iterable[Sequence[tuple[Any, ...]]], *, keep: bool = False
         raise
     spool.close()
     return ReplyPlan(count, len(body), body)
+
+
+def _blocks(
+    chunks: Iterable[Sequence[tuple[Any, ...]]],
+    encode: Callable[[Sequence[tuple[Any, ...]]], bytes],
+    *,
+    each: bool,
+) -> Iterator[tuple[int, bytes]]:
+    """The encoded rows as (events, bytes): a chunk of events at a time, or, with ``each``,
+    one event at a time (a reply bounded in bytes is cut between two events)."""
+    for rows in chunks:
+        for start in range(0, len(rows), CHUNK_EVENTS):
+            chunk = rows[start : start + CHUNK_EVENTS]
+            if each:
+                yield from ((1, item) for item in map(codec.encode_event, events_from_rows(chunk)))
+            else:
+                yield len(chunk), encode(chunk)
 
 
 def _encode_rows(rows: Sequence[tuple[Any, ...]]) -> bytes:

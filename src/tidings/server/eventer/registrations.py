@@ -6,7 +6,8 @@ requests waiting together are stored in one transaction, each still its own sess
 replies go out in request order as they complete. A register request is one engine
 session; events that cannot be stored (a wildcard in the type, a bad payload, a type under
 the servers' reserved consumer prefix) fail alone,
-and a session a module aborts fails as a whole, while the server goes on.
+and a session a module aborts fails as a whole, while the server goes on. So does an event
+of a type the client's grant does not cover (:mod:`.access`).
 
 The tidings extension ``TidingsEventer.MsgRegisterReq`` registers events carrying the id of
 the outbox event they come from; the store keeps each outbox event once, however often it is
@@ -24,13 +25,17 @@ import logging
 from collections.abc import Callable, Iterator
 
 from tidings.errors import ProtocolError
-from tidings.events.model import NewEvent, StoredEvent
+from tidings.events.model import EventType, NewEvent, StoredEvent
 from tidings.events.validation import reserved_type_problem
+from tidings.logs import OncePerCause
 from tidings.server.async_engine import AsyncEngine
+from tidings.server.eventer.access import ClientAccess
 from tidings.server.eventer.notify import INLINE_EVENTS
 from tidings.wire import chatter, codec
 
 log = logging.getLogger(__name__)
+#: Refused events are logged once per client connection and minute (see _log_refused).
+_once = OncePerCause(log)
 
 #: Register requests, and their payload bytes, of one connection queued with the engine
 #: before the server stops reading that connection (TCP then pushes back on the client).
@@ -46,6 +51,7 @@ class Registrations:
     """The register requests of one connection, from queued with the engine to replied."""
 
     __slots__ = (
+        "_access",
         "_engine",
         "_last_answer",
         "_reply_tasks",
@@ -63,8 +69,11 @@ class Registrations:
         engine: AsyncEngine,
         send_reply: SendReply,
         reply_tasks: set[asyncio.Task[None]],
+        access: ClientAccess,
     ) -> None:
         self.connection = connection
+        #: What the client may register (an event of another type fails alone).
+        self._access = access
         self._engine = engine
         self._send_reply = send_reply
         #: The server's register replies being encoded off the loop (kept there until sent).
@@ -88,7 +97,11 @@ class Registrations:
         """Queue the convertible events of a register request (``outbox``: the tidings
         extension's records) as one session and go on; the reply (unless the request was
         sent with ``last``, hat-event's fire-and-forget) is sent when it is stored."""
-        new_events = await _new_events(self.connection.peer, message, outbox)
+        new_events, refused = await _new_events(
+            self.connection.peer, message, outbox, self._access.grants.may_register
+        )
+        if refused:
+            self._access.refused_events(refused)
         valid = [event for event in new_events if event is not None]
         if not valid:
             # Nothing to store; the reply still waits for the replies before it.
@@ -210,26 +223,40 @@ class _Answer:
         self.then.clear()
 
 
-async def _new_events(peer: str, message: chatter.Message, outbox: bool) -> list[NewEvent | None]:
-    """The NewEvents of a register request (``outbox``: the tidings extension's records);
-    a large request is converted off the loop, as its frame was decoded."""
+#: Whether the client may register an event of a type (its grant).
+MayRegister = Callable[[EventType], bool]
+
+
+async def _new_events(
+    peer: str, message: chatter.Message, outbox: bool, may_register: MayRegister
+) -> tuple[list[NewEvent | None], list[EventType]]:
+    """The NewEvents of a register request (``outbox``: the tidings extension's records),
+    None for each that fails, and the types of those refused by the client's grant; a large
+    request is converted off the loop, as its frame was decoded."""
     items = message.data if isinstance(message.data, list) else []
     if len(items) > INLINE_EVENTS:
-        return await asyncio.to_thread(_convert, peer, items, outbox)
-    return _convert(peer, items, outbox)
+        return await asyncio.to_thread(_convert, peer, items, outbox, may_register)
+    return _convert(peer, items, outbox, may_register)
 
 
-def _convert(peer: str, items: list[codec.Value], outbox: bool) -> list[NewEvent | None]:
+def _convert(
+    peer: str, items: list[codec.Value], outbox: bool, may_register: MayRegister
+) -> tuple[list[NewEvent | None], list[EventType]]:
     new_events: list[NewEvent | None] = []
+    refused: list[EventType] = []
     for index, item in enumerate(items):
         if not outbox:
-            new_events.append(_new_event(peer, index, item, None))
+            new_event = _new_event(peer, index, item, None)
         elif isinstance(item, dict) and "outboxEventId" in item and "event" in item:
-            new_events.append(_new_event(peer, index, item["event"], item["outboxEventId"]))
+            new_event = _new_event(peer, index, item["event"], item["outboxEventId"])
         else:
             _log_refused(peer, index, "expected a record {outboxEventId, event}")
-            new_events.append(None)
-    return new_events
+            new_event = None
+        if new_event is not None and not may_register(new_event.type):
+            refused.append(new_event.type)  # logged once per type by the caller
+            new_event = None
+        new_events.append(new_event)
+    return new_events, refused
 
 
 def _new_event(
@@ -254,10 +281,12 @@ def _new_event(
 
 
 def _log_refused(peer: str, index: int, problem: str) -> None:
-    log.warning(
-        "eventer: event %d from %s refused: %s",
-        index,
+    """Log a refused event once per client connection (then counted): one request may
+    carry thousands of bad events, and a line each would be a flood for the price of one
+    frame."""
+    _once.log(
+        logging.WARNING,
         peer,
-        problem,
+        f"eventer: event {index} from {peer} refused: {problem}",
         extra={"peer": peer, "index": index},
     )

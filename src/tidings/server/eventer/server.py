@@ -44,10 +44,12 @@ from tidings.config.server import (
     DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
     require_positive_ints,
 )
+from tidings.config.tls import TlsServerConfig
 from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.matching import TypeMatcher
 from tidings.events.model import EventType, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
+from tidings.server.eventer.access import Admission, ClientAccess, EventerAccess
 from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.notify import Notifier
 from tidings.server.eventer.query_replies import (
@@ -71,13 +73,16 @@ STATUS_DISCONNECTED = "DISCONNECTED"
 
 
 class _Client:
-    """One connected client: its subscription (None until it subscribes) and its register
-    requests."""
+    """One connected client: who it is and what it may do, its subscription (None until it
+    subscribes) and its register requests."""
 
-    __slots__ = ("connection", "matcher", "registrations")
+    __slots__ = ("access", "connection", "matcher", "registrations")
 
-    def __init__(self, connection: chatter.Connection, registrations: Registrations) -> None:
+    def __init__(
+        self, connection: chatter.Connection, access: ClientAccess, registrations: Registrations
+    ) -> None:
         self.connection = connection
+        self.access = access
         self.matcher: TypeMatcher | None = None
         self.registrations = registrations
 
@@ -94,8 +99,10 @@ class EventerServer:
         max_subscriber_lag_bytes: int,
         stall_seconds: float,
         counters: EventerCounters | None = None,
+        access: EventerAccess | None = None,
     ) -> None:
         self._engine = engine
+        self._access = access or EventerAccess()
         self._max_lag = max_subscriber_lag_bytes
         #: A streamed reply of which the client takes nothing for this long closes it.
         self._stall_seconds = stall_seconds
@@ -120,6 +127,7 @@ class EventerServer:
             (codec.EVENTER, "MsgQueryReq"): self._on_query,
             (codec.TIDINGS_EVENTER, "MsgRegisterReq"): self._on_register_outbox,
             (codec.TIDINGS_EVENTER, "MsgLatestByKeyReq"): self._on_latest_by_key,
+            (codec.TIDINGS_EVENTER, "MsgLoginReq"): self._on_login,
         }
 
     @classmethod
@@ -132,16 +140,25 @@ class EventerServer:
         max_subscriber_lag_bytes: int = DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
         ping_interval: float = chatter.DEFAULT_PING_INTERVAL,
         counters: EventerCounters | None = None,
+        tls: TlsServerConfig | None = None,
+        access: EventerAccess | None = None,
     ) -> Self:
-        """Listen on ``address`` (``tcp+sbs://host:port``, port 0 for any free port)."""
+        """Listen on ``address`` (``tcp+sbs://host:port``, or ``ssl+sbs://`` with ``tls``;
+        port 0 for any free port). ``access`` says who is served and may do what (default:
+        anonymous clients on loopback, granted everything)."""
         require_positive_ints(
             "eventer server",
             max_frame_bytes=max_frame_bytes,
             max_subscriber_lag_bytes=max_subscriber_lag_bytes,
         )
-        server = cls(engine, max_subscriber_lag_bytes, ping_interval, counters)
+        server = cls(engine, max_subscriber_lag_bytes, ping_interval, counters, access)
         server._server = await chatter_server.listen(
-            address, server._serve, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
+            address,
+            server._serve,
+            tls=None if tls is None else tls.context(),
+            max_frame_bytes=max_frame_bytes,
+            ping_interval=ping_interval,
+            on_refused=server._refused_handshake,
         )
         server._port = server._server.port
         # Early: subscribers hear of a registration when it is answered, also before its
@@ -153,6 +170,9 @@ class EventerServer:
             extra={"address": address, "port": server.port},
         )
         return server
+
+    def _refused_handshake(self) -> None:
+        self.counters.refused_handshakes += 1
 
     @property
     def port(self) -> int:
@@ -186,16 +206,22 @@ class EventerServer:
     # --- connections ----------------------------------------------------------------------
 
     async def _serve(self, connection: chatter.Connection) -> None:
-        """Serve one connection from its CONNECTED event to its DISCONNECTED event."""
+        """Admit a connection's client (:mod:`.access`), then serve it from its CONNECTED
+        event to its DISCONNECTED event."""
         if self._closing:
             return
+        admission = await self._admit(connection)
+        if admission is None:
+            self.counters.refused_clients += 1
+            return
         await self._register_status(connection, STATUS_CONNECTED)
+        access = ClientAccess(connection, admission, self.counters)
         registrations = Registrations(
-            connection, self._engine, self._send_encoded, self._reply_tasks
+            connection, self._engine, self._send_encoded, self._reply_tasks, access
         )
-        client = _Client(connection, registrations)
+        client = _Client(connection, access, registrations)
         self._clients.add(client)
-        log.debug("eventer client %s connected", connection.peer, extra={"peer": connection.peer})
+        log.debug("eventer client %s connected", access.who, extra={"peer": connection.peer})
         try:
             await self._serve_requests(client)
         except ConnectionClosed:
@@ -210,6 +236,18 @@ class EventerServer:
             )
             await self._register_status(connection, STATUS_DISCONNECTED)
 
+    async def _admit(self, connection: chatter.Connection) -> Admission | None:
+        """Who the client is, or None once its connection is closed for it (logged)."""
+        admission = self._access.admit(connection)
+        if isinstance(admission, str):
+            connection.close(admission)
+            return None
+        if admission.grants is None:
+            return await self._access.await_login(
+                connection, admission.anonymous_refused, self._stall_seconds
+            )
+        return admission
+
     async def _serve_requests(self, client: _Client) -> None:
         """Handle the client's messages one by one until its connection closes."""
         connection = client.connection
@@ -221,6 +259,8 @@ class EventerServer:
                     f"unexpected message {message.module}.{message.type} from an eventer client"
                 )
                 return
+            if handler != self._on_login:
+                client.access.fresh = False
             await handler(client, message)
 
     async def _register_status(self, connection: chatter.Connection, status: str) -> None:
@@ -240,10 +280,31 @@ class EventerServer:
 
     # --- requests -------------------------------------------------------------------------
 
+    async def _on_login(self, client: _Client, message: chatter.Message) -> None:
+        """The tidings extension's login, as a client's first message: from then on it is
+        the identity it names. A refused login (answered, and logged) leaves it as it was;
+        so does a late one, refused unchecked (one password check per connection)."""
+        access = client.access
+        if not access.fresh or access.admission.identity is not None:
+            said = "log in with the first message, once, before any other request"
+            reply = {"success": False, "message": said}
+            self.counters.refused_logins += 1
+            client.connection.send(
+                codec.TIDINGS_EVENTER, "MsgLoginRes", reply, conversation=message.conversation
+            )
+            return
+        access.fresh = False
+        admission = await self._access.answer_login(client.connection, message)
+        if admission is None:
+            self.counters.refused_logins += 1
+        else:
+            access.admission = admission
+
     async def _on_subscribe(self, client: _Client, message: chatter.Message) -> None:
-        """Replace the client's subscription; an invalid one closes the connection."""
+        """Replace the client's subscription, narrowed to its grant; an invalid one closes
+        the connection."""
         try:
-            types = [tuple(t) for t in message.data]
+            types = client.access.narrow_subscription([tuple(t) for t in message.data])
             # Subscribed to nothing (hat's client subscribes so by default): not a subscriber,
             # so that a batch nobody subscribed to costs nothing to notify.
             client.matcher = TypeMatcher(types) if types else None
@@ -269,9 +330,13 @@ class EventerServer:
         await client.registrations.wait()
         self.counters.queries += 1
         try:
-            query = codec.query_from_sbs(message.data)
-            plan = await self._engine.read(
-                plan_reply, self._engine.store, query, bulk=is_bulk(query)
+            granted = client.access.narrow_query(codec.query_from_sbs(message.data))
+            plan = (
+                EMPTY_REPLY
+                if granted is None
+                else await self._engine.read(
+                    plan_reply, self._engine.store, granted, bulk=is_bulk(granted)
+                )
             )
         except (ProtocolError, StoreError) as exc:
             self._refused(client, "query", exc)
@@ -279,15 +344,19 @@ class EventerServer:
         await self._send_plan(client, message, plan)
 
     async def _on_latest_by_key(self, client: _Client, message: chatter.Message) -> None:
-        """The tidings extension ``TidingsEventer.MsgLatestByKeyReq``: the newest event of
-        each key of one type (:mod:`tidings.server.store.latest_by_key`), answered as a
-        query is; an invalid request gets no events and a log line."""
+        """The tidings extension ``TidingsEventer.MsgLatestByKeyReq``: a page of the newest
+        event of each key of one type (:mod:`tidings.server.store.latest_by_key`), answered
+        as a query is; an invalid request gets no events and a log line."""
         await client.registrations.wait()
         self.counters.queries += 1
         try:
-            event_type = tuple(message.data["type"])
-            plan = await self._engine.read(
-                plan_latest_by_key, self._engine.store, event_type, bulk=True
+            event_type, after, max_bytes = codec.latest_by_key_request_from_sbs(message.data)
+            plan = (
+                await self._engine.read(
+                    plan_latest_by_key, self._engine.store, event_type, after, max_bytes, bulk=True
+                )
+                if client.access.may_query(event_type)
+                else EMPTY_REPLY
             )
         except (ProtocolError, StoreError) as exc:
             self._refused(client, "latest by key", exc)

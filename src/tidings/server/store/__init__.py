@@ -17,15 +17,15 @@ the store's tables lives in this package.
 One module per concern, bottom up: :mod:`.driver` (engine, transactions, the append lock,
 the plain-SQL cursor, the WAL checkpoint thread), :mod:`.schema` (tables, creation,
 upgrades, the row format), :mod:`.counters` (positions, session and instance numbers),
-:mod:`.planning` (what an append stores: dedup, then the rows), :mod:`.appending` (one
-append transaction for a writer that reads what is stored first), :mod:`.facade` (the
-:class:`EventStore`); then the reads and deletes on top of it: :mod:`.type_patterns` (Hat
-type patterns as conditions on the stored type), :mod:`.queries` (Hat queries from the
-indexes), :mod:`.positions` (reads in position order, for stream consumers) and
-:mod:`.retention` (discarding what every reader is done with). The names below are the
-store's surface for the rest of the server and its users; what only the store's own modules
-use (the planner's ``Registered``, which :meth:`EventStore.register_sessions` returns) stays
-in its module.
+:mod:`.copies` (the peers' copies of held events, by their ids), :mod:`.planning` (what an
+append stores: dedup, then the rows), :mod:`.appending` (one append transaction for a
+writer that reads what is stored first), :mod:`.facade` (the :class:`EventStore`); then the
+reads and deletes on top of it: :mod:`.type_patterns` (Hat type patterns as conditions on
+the stored type), :mod:`.queries` (Hat queries from the indexes), :mod:`.positions` (reads
+in position order, for stream consumers) and :mod:`.retention` (discarding what every
+reader is done with). The names below are the store's surface for the rest of the server
+and its users; what only the store's own modules use (the planner's ``Registered``, which
+:meth:`EventStore.register_sessions` returns) stays in its module.
 """
 
 from tidings.server.store.driver import DriverCursor

@@ -24,6 +24,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from tidings.db import SQLITE_BUSY_TIMEOUT, SQLITE_PRAGMAS, driver_url, make_engine
 from tidings.errors import StoreBusy, StoreError
+from tidings.redaction import shown_url
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,9 @@ def parse_url(url: str) -> URL:
     """Parse and check ``url``; a bare ``postgresql://`` gets the psycopg 3 driver."""
     try:
         parsed = driver_url(url)
-    except ArgumentError as exc:
-        raise StoreError(f"event store: invalid database url {url!r}: {exc}") from exc
+    except ArgumentError:
+        # Not SQLAlchemy's message: it quotes the whole URL, password included.
+        raise StoreError(f"event store: invalid database url {shown_url(url)}") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
         raise StoreError("event store: an in-memory SQLite database is not durable; give a file")

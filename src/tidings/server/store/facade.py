@@ -17,6 +17,7 @@ from tidings.errors import StoreError
 from tidings.events.model import EventId, EventType, NewEvent, StoredEvent
 from tidings.events.validation import require_int, require_outbox_id
 from tidings.server.store.appending import Appending
+from tidings.server.store.copies import forget_copies, record_copies
 from tidings.server.store.counters import (
     HeldCounters,
     last_event_id,
@@ -151,10 +152,10 @@ class EventStore:
         once across a group of servers. It reaches several of them, from the relay (which
         resends to another server when one fails before answering) and from their peers'
         Syncers (which carry the outbox id between tidings servers); each store keeps the
-        first copy it gets. The database holds one row per key, and refusing the batch would
-        stop the sync for good. For the
-        same reason PostgreSQL skips, with an error, an event too long for its indexes (see
-        :func:`~tidings.events.validation.size_problem`).
+        first copy it gets, and records the skipped copy's id as another name of it
+        (:mod:`.copies`). The database holds one row per key, and refusing the batch would
+        stop the sync for good. For the same reason PostgreSQL skips, with an error, an
+        event too long for its indexes (see :func:`~tidings.events.validation.size_problem`).
         """
         encoded_types = encode_synced_types(events)
         if not events:
@@ -162,12 +163,13 @@ class EventStore:
         with self._transaction("append synced events", append=True) as conn:
             raw = DriverCursor.of(conn)
             raise_server_marks(raw, events)
-            fresh = plan_synced(conn, raw, events, encoded_types)
-            if not fresh:
-                return []
-            stored = insert_synced(raw, fresh, encoded_types)
-            add_types(raw, {encoded_types[e.type] for e in stored})
-            raise_id_counters(conn, stored)
+            plan = plan_synced(conn, raw, events, encoded_types)
+            stored = insert_synced(raw, plan.fresh, encoded_types) if plan.fresh else []
+            if stored:
+                add_types(raw, {encoded_types[e.type] for e in stored})
+                raise_id_counters(conn, stored)
+            held = plan.held | {e.id: e.position for e in stored}
+            record_copies(raw, [(copy, held[owner]) for copy, owner in plan.copies])
         return stored
 
     def read(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
@@ -271,15 +273,16 @@ class EventStore:
             yield conn
 
     def delete_positions(self, positions: Sequence[int]) -> int:
-        """Delete the events at ``positions`` (:mod:`.retention` decides which); how many
-        there were. Positions are never reused: the counters keep growing past deleted
-        events."""
+        """Delete the events at ``positions`` (:mod:`.retention` decides which), and the
+        records of their peers' copies (:mod:`.copies`); how many events there were.
+        Positions are never reused: the counters keep growing past deleted events."""
         deleted = 0
         c = events_table.c
         with self._transaction("delete events", append=True) as conn:
             for start in range(0, len(positions), _DELETE_CHUNK):
                 chunk = list(positions[start : start + _DELETE_CHUNK])
                 deleted += conn.execute(delete(events_table).where(c.position.in_(chunk))).rowcount
+                forget_copies(conn, chunk)
         return deleted
 
     @contextmanager

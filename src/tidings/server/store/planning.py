@@ -239,21 +239,34 @@ def insert_sessions(
     return stored
 
 
+@dataclass(frozen=True, slots=True)
+class SyncedPlan:
+    """What an append of synced events stores, and the copies it skips."""
+
+    #: The synced events to store, in input order.
+    fresh: list[StoredEvent]
+    #: Each skipped copy of an outbox event held under another id: ``(copy id, id held)``.
+    copies: list[tuple[EventId, EventId]]
+    #: The positions of the already stored events among the ids held.
+    held: dict[EventId, int]
+
+
 def plan_synced(
     conn: Connection,
     raw: DriverCursor,
     events: Sequence[StoredEvent],
     encoded_types: dict[EventType, str],
-) -> list[StoredEvent]:
+) -> SyncedPlan:
     """The synced events to store: not stored yet, first of their id in the call, not
-    colliding on the outbox dedup key with another id (see EventStore.append_synced), and,
-    on PostgreSQL, not too long to index. ``raw`` is the driver cursor of ``conn``."""
+    colliding on the outbox dedup key with another id (those are the copies, see
+    EventStore.append_synced), and, on PostgreSQL, not too long to index. ``raw`` is the
+    driver cursor of ``conn``."""
     seen = _select_known_ids(conn, {e.id for e in events})
     known_keys = select_outbox_keys(
         raw, {e.outbox_event_id for e in events if e.outbox_event_id is not None}
     )
     owners = {key: stored.id for key, stored in known_keys.items()}
-    fresh: list[StoredEvent] = []
+    plan = SyncedPlan([], [], {stored.id: stored.position for stored in known_keys.values()})
     for synced in events:
         if synced.id in seen:
             continue
@@ -273,11 +286,12 @@ def plan_synced(
                     key[1],
                     owner,
                 )
+                plan.copies.append((synced.id, owner))
                 continue
             owners[key] = synced.id
         seen.add(synced.id)
-        fresh.append(synced)
-    return fresh
+        plan.fresh.append(synced)
+    return plan
 
 
 def insert_synced(

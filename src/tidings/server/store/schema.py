@@ -157,6 +157,25 @@ server_marks_table = Table(
     Column("instance", BigInteger, nullable=False),
 )
 
+#: The peers' copies of events this store holds under another id. An outbox event that
+#: reached two servers of a group from the relay (sent again to the second after the first
+#: was lost) is stored by each under its own id; when the Syncer then brings one server's
+#: copy to the other, that store skips it (it holds the outbox id and type already, see
+#: :meth:`~tidings.server.store.facade.EventStore.append_synced`) and records here that the
+#: copy's id ``(server, session, instance)`` names the event held at ``position``. Stream
+#: consumers, whose positions travel between servers as event ids, count either id
+#: (:mod:`.copies`). A row goes when its event is deleted. An added table, not a new schema
+#: version: an older tidings reading the store ignores it.
+synced_copies_table = Table(
+    "event_synced_copies",
+    _metadata,
+    Column("server", BigInteger, primary_key=True, autoincrement=False),
+    Column("session", BigInteger, primary_key=True, autoincrement=False),
+    Column("instance", BigInteger, primary_key=True, autoincrement=False),
+    Column("position", BigInteger, nullable=False),
+    Index("event_synced_copies_position_idx", "position"),
+)
+
 #: The v1 index that event_events_type_time_idx replaces (see _upgrade_from_1).
 _V1_TYPE_INDEX = "event_events_type_idx"
 

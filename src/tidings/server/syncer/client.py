@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, TidingsError
 from tidings.events.model import EventId, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
@@ -74,6 +75,7 @@ class SyncerClient:
         max_delay: float = 5.0,
         connect_timeout: float = 5.0,
         ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
+        tls: TlsClientConfig | None = None,
     ) -> None:
         if not 0 < min_delay <= max_delay:
             raise ConfigError(
@@ -87,6 +89,8 @@ class SyncerClient:
         self._max_delay = max_delay
         self._connect_timeout = connect_timeout
         self._ping_interval = ping_interval
+        #: How an ``ssl+sbs://`` peer is verified, and the certificate we present to it.
+        self._tls = tls
         self._synced = asyncio.Event()
         self._reported: bool | None = None
         self._connection: Connection | None = None
@@ -149,7 +153,10 @@ class SyncerClient:
         while True:
             try:
                 connection = await chatter.connect(
-                    self.address, ping_interval=self._ping_interval, timeout=self._connect_timeout
+                    self.address,
+                    tls=self._tls,
+                    ping_interval=self._ping_interval,
+                    timeout=self._connect_timeout,
                 )
             except (OSError, TimeoutError) as exc:
                 self._set_state(

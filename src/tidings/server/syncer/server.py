@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tidings.config.server import require_positive_ints
+from tidings.config.tls import TlsServerConfig
 from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, StoredEvent, json_event
 from tidings.server.async_engine import AsyncEngine
@@ -122,6 +123,11 @@ class SyncerServer:
         self._closing = False
         self._server: chatter_server.Server | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        #: TLS handshakes refused (each logged), for the metrics.
+        self.refused_handshakes = 0
+
+    def _refused_handshake(self) -> None:
+        self.refused_handshakes += 1
 
     @classmethod
     async def start(
@@ -131,9 +137,11 @@ class SyncerServer:
         *,
         limits: SyncerLimits = SyncerLimits(),
         ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
+        tls: TlsServerConfig | None = None,
     ) -> SyncerServer:
-        """Listen on ``address`` (``tcp+sbs://HOST:PORT``, port 0 for any) and register the
-        empty client list, as hat-event does when its syncer server starts."""
+        """Listen on ``address`` (``tcp+sbs://HOST:PORT``, or ``ssl+sbs://`` with ``tls``;
+        port 0 for any) and register the empty client list, as hat-event does when its syncer
+        server starts."""
         require_positive_ints(
             "syncer server",
             backlog_chunk=limits.backlog_chunk,
@@ -144,7 +152,11 @@ class SyncerServer:
         self._unsubscribe = engine.subscribe(self._on_stored)
         try:
             self._server = await chatter_server.listen(
-                address, self._serve, ping_interval=ping_interval
+                address,
+                self._serve,
+                tls=None if tls is None else tls.context(),
+                ping_interval=ping_interval,
+                on_refused=self._refused_handshake,
             )
         except BaseException:
             self._unsubscribe()

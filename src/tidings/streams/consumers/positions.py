@@ -228,6 +228,13 @@ class Consumers:
             for r in rows
         ]
 
+    def registered(self) -> set[tuple[str, str, str]]:
+        """Every registered consumer of every stream, as ``(stream, user, component)``."""
+        c = consumers_table.c
+        with self._store.transaction("list the stream consumers") as conn:
+            rows = conn.execute(select(c.stream, c.user_name, c.component)).all()
+        return {(str(stream), str(user), str(component)) for stream, user, component in rows}
+
     def lowest_position(self, stream: str) -> int | None:
         """The lowest position of the stream's consumers; None if it has none."""
         with self._store.transaction("read the lowest consumer position") as conn:

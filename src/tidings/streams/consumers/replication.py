@@ -12,14 +12,16 @@ server up to that id has been acknowledged, on whichever server it was read. A s
 learns a consumer's covers moves the consumer's local position to the end of the longest
 prefix of its own log that the covers cover (:func:`covered_prefix`): nothing after it has
 been acknowledged for sure, so nothing is lost; events the covers cover that lie beyond it
-(logged in another order here) are sent again, the at-least-once side of the bargain.
+(logged in another order here) are sent again, the at-least-once side of the bargain. An
+outbox event that two servers stored under their own ids (the relay sent it to both) has
+two names; each store records the other's as its copy, and either name counts as covered.
 
 The covers travel as events of the reserved type
 ``tidings/stream/consumer/<stream>/<user>/<component>/<origin server>`` in the log
 (:data:`~tidings.streams.typemap.CONSUMER_TYPE`), so the Syncer carries them without any
 change to its wire. Each carries the consumer's whole covers as its origin server knew them,
-which only grow: the latest event of such a type supersedes the earlier ones, and retention
-(:mod:`.retention`) discards those by the store's keep-the-latest-of-each-type rule.
+which only grow: the latest event of such a type supersedes the earlier ones, and the
+compaction (:mod:`.compaction`) deletes those.
 """
 
 from __future__ import annotations
@@ -31,8 +33,16 @@ from sqlalchemy import Connection, func, select
 from sqlalchemy.sql import ColumnElement
 
 from tidings.errors import StreamError
-from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent, encode_type
+from tidings.events.model import (
+    EventId,
+    EventType,
+    NewEvent,
+    PayloadKind,
+    StoredEvent,
+    encode_type,
+)
 from tidings.events.validation import INT64_MAX
+from tidings.server.store.copies import copies_between
 from tidings.server.store.schema import events_table
 from tidings.streams.protocol.ftn3 import INVALID_REQUEST
 from tidings.streams.typemap import CONSUMER_TYPE
@@ -77,7 +87,9 @@ def ids_between(conn: Connection, after: int, upto: int) -> Covers:
 def covered_prefix(conn: Connection, start: int, covers: Mapping[int, tuple[int, int]]) -> int:
     """The end of the longest run of the log after ``start`` whose events ``covers`` all
     cover (consumer events aside: no consumer reads them): the position a consumer at
-    ``start`` with those covers may move to."""
+    ``start`` with those covers may move to. An event held here under one id may have been
+    read elsewhere under another (a peer's copy of the same outbox event, which the store
+    skipped and recorded, :mod:`tidings.server.store.copies`): covering either counts."""
     e = events_table.c
     position = start
     while True:
@@ -87,12 +99,18 @@ def covered_prefix(conn: Connection, start: int, covers: Mapping[int, tuple[int,
             .order_by(e.position)
             .limit(_SCAN_STEP)
         ).all()
+        copies = copies_between(conn, position, int(rows[-1][0])) if rows else {}
         for row_position, server, session, instance in rows:
-            if (int(session), int(instance)) > covers.get(int(server), (0, 0)):
+            names = [EventId(server, session, instance), *copies.get(int(row_position), ())]
+            if not any(_covered(covers, name) for name in names):
                 return position
             position = int(row_position)
         if len(rows) < _SCAN_STEP:
             return position
+
+
+def _covered(covers: Mapping[int, tuple[int, int]], event: EventId) -> bool:
+    return (event.session, event.instance) <= covers.get(event.server, (0, 0))
 
 
 def _not_consumer_event() -> ColumnElement[bool]:

@@ -11,14 +11,12 @@ an event is never discarded before it is archived. A consumer that is gone for g
 everything back until it is unregistered (``tidings streams unregister``); its lag shows in
 ``tidings streams status``.
 
-A pass also discards the consumer events (:mod:`.replication`) that a later one of the same
-consumer and origin server supersedes, once they are applied here and older than the
-shortest ``min_age``: they would otherwise grow the log by one event per acknowledgement.
+The consumer events (:mod:`.replication`) are left to their own compaction
+(:mod:`.compaction`), which runs with or without retention.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -29,8 +27,8 @@ from tidings.events.timeutil import utcnow
 from tidings.server.store import EventStore
 from tidings.server.store.retention import Keep, discard
 from tidings.streams.consumers.positions import Consumers
-from tidings.streams.consumers.replication import CONSUMER_PATTERN
 from tidings.streams.typemap import type_map_from_config
+from tidings.tasks import run_every
 
 log = logging.getLogger(__name__)
 
@@ -69,22 +67,7 @@ def retention_pass(store: EventStore, consumers: Consumers, streams: Sequence[St
                 extra={"stream": stream.config.name, "up_to": up_to, "discarded": discarded},
             )
         total += discarded
-    return total + _discard_consumer_events(store, consumers, streams)
-
-
-def _discard_consumer_events(
-    store: EventStore, consumers: Consumers, streams: Sequence[StreamConfig]
-) -> int:
-    """Discard the superseded consumer events (see the module docstring)."""
-    ages = [s.retention.min_age for s in streams if s.retention.enabled]
-    if not ages:
-        return 0
-    cutoff_us = int((utcnow() - min(ages)).timestamp() * 1_000_000)
-    up_to = consumers.synced()
-    discarded = 0
-    while deleted := discard(store, [CONSUMER_PATTERN], up_to, [], cutoff_us):
-        discarded += deleted
-    return discarded
+    return total
 
 
 def _bound(consumers: Consumers, stream: StreamConfig) -> int | None:
@@ -102,10 +85,10 @@ async def run_retention(
 ) -> None:
     """Run retention passes until cancelled, at the shortest ``every`` of the streams."""
     every = min(s.retention.every.total_seconds() for s in streams if s.retention.enabled)
-    loop = asyncio.get_running_loop()
-    while True:
-        await asyncio.sleep(every)
-        try:
-            await loop.run_in_executor(executor, retention_pass, store, consumers, streams)
-        except Exception:
-            log.exception("stream retention pass failed; retrying at the next one")
+    await run_every(
+        every,
+        executor,
+        lambda: retention_pass(store, consumers, streams),
+        "stream retention pass failed",
+        log,
+    )

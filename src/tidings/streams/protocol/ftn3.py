@@ -28,6 +28,8 @@ INTERNAL_ERROR = "InternalError"
 NOT_REGISTERED = "NotRegistered"
 LIVE_NOT_ALLOWED = "LiveNotAllowed"
 
+#: What a message nested deeper than the interpreter can follow is told.
+NESTED_TOO_DEEPLY = "the message is nested too deeply"
 #: The fields FTN3 allows in a request.
 _REQUEST_FIELDS = frozenset({"f", "p", "forcersp", "obf", "rid", "sec"})
 #: The fields of a reply to a call this side made (push: the consumer's onEvents replies).
@@ -68,6 +70,10 @@ def decode(data: str | bytes) -> dict[str, Any]:
         message = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise StreamError(INVALID_REQUEST, f"the message is not JSON: {exc}") from None
+    except RecursionError:
+        # A few KB of "[[[[..." (a cheap request, sent without login) must be the sender's
+        # mistake, answered as such, not an internal error with a traceback each time.
+        raise StreamError(INVALID_REQUEST, NESTED_TOO_DEEPLY) from None
     if not isinstance(message, dict):
         raise StreamError(INVALID_REQUEST, "the message is not a JSON object")
     return message

@@ -4,9 +4,11 @@ Each stream's path takes FTN3 requests both ways FutoIn's client sends them: ``P
 one JSON request as the body (``Content-Type: application/futoin+json``), and a WebSocket
 at the same URL carrying one JSON message per frame (text or binary), where the server's
 pushes travel too. Every reply is ``application/futoin+json``, an error included, so the
-caller always learns the FTN3 error name. One bad request (malformed, too large, unknown
-function, failing) is answered with its error and affects nothing else. A WebSocket's
-requests take their turns in the order they came, so a consumer may send
+caller always learns the FTN3 error name. One bad request (malformed, too large, nested too
+deeply, unknown function, failing) is answered with its error and affects nothing else; it
+is logged once per cause, not per request (:class:`~tidings.logs.OncePerCause`: a peer
+repeating a bad request must not flood the log). A WebSocket's requests take their turns
+in the order they came, so a consumer may send
 ``registerConsumer`` and ``readyToReceive`` without waiting between them; an ``addEvent``'s
 turn ends once its event is queued for the engine (in order), so pipelined ones share
 commits and their replies follow as they are stored. The replies to the server's pushes are
@@ -29,12 +31,16 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tidings.errors import ConnectionClosed, StreamError
-from tidings.streams.consumers.metrics import CONTENT_TYPE
 from tidings.streams.protocol import ftn3
 from tidings.streams.protocol.channel import Channel
 from tidings.streams.service.functions import Deferred, RawJson, StreamService
 
 log = logging.getLogger(__name__)
+
+#: The refusals this module logs: malformed requests. (Failed logins and missing permissions
+#: are counted and logged by the stream's refusals, :mod:`.refusals`; the protocol's other
+#: errors, an unregistered consumer say, are its normal answers.)
+_LOGGED_REFUSALS = frozenset({ftn3.INVALID_REQUEST})
 
 MEDIA_TYPE = "application/futoin+json"
 #: Requests of one WebSocket peer waiting their turn, at most; reading stops while full.
@@ -47,10 +53,6 @@ def build_app(services: Mapping[str, StreamService]) -> Starlette:
     for path, service in services.items():
         routes.append(Route(path, _http_endpoint(service), methods=["POST"]))
         routes.append(WebSocketRoute(path, _ws_endpoint(service)))
-        if service.config.metrics:
-            routes.append(
-                Route(path.rstrip("/") + "/metrics", _metrics_endpoint(service), methods=["GET"])
-            )
     return Starlette(routes=routes)
 
 
@@ -73,9 +75,11 @@ async def answer(
         request = ftn3.parse_request(message)
         result = await service.call(request, channel, secure)
     except StreamError as exc:
-        return ftn3.error(exc, rid)
-    except Exception:
-        return _failed(service, rid)
+        return _refused(service, exc, rid)
+    except RecursionError:  # the request's nesting, met past decoding
+        return _refused(service, StreamError(ftn3.INVALID_REQUEST, ftn3.NESTED_TOO_DEEPLY), rid)
+    except Exception as exc:
+        return _failed(service, exc, rid)
     if isinstance(result, Deferred):
         return _reply_later(service, result, rid)
     return _reply(result, rid)
@@ -85,9 +89,9 @@ async def _reply_later(service: StreamService, deferred: Deferred, rid: str | No
     try:
         return _reply(await deferred.result, rid)
     except StreamError as exc:
-        return ftn3.error(exc, rid)
-    except Exception:
-        return _failed(service, rid)
+        return _refused(service, exc, rid)
+    except Exception as exc:
+        return _failed(service, exc, rid)
 
 
 def _reply(result: Any, rid: str | None) -> bytes:
@@ -97,8 +101,25 @@ def _reply(result: Any, rid: str | None) -> bytes:
     return ftn3.result(result, rid)
 
 
-def _failed(service: StreamService, rid: str | None) -> bytes:
-    log.exception("stream request failed", extra={"stream": service.name})
+def _refused(service: StreamService, exc: StreamError, rid: str | None) -> bytes:
+    """The error reply to a request refused with ``exc``; a malformed request is logged once
+    per stream and minute, with the count of the others."""
+    if exc.name in _LOGGED_REFUSALS:
+        service.problems.log(
+            logging.WARNING,
+            ("refused", exc.name),
+            f"stream {service.name}: request refused: {exc.name}: {exc.description[:200]}",
+            extra={"stream": service.name, "error": exc.name},
+        )
+    return ftn3.error(exc, rid)
+
+
+def _failed(service: StreamService, exc: Exception, rid: str | None) -> bytes:
+    """The InternalError reply to a request that failed on ``exc``, logged with its
+    traceback once per place it failed at (a peer may repeat the request at will)."""
+    service.problems.failure(
+        f"stream {service.name}: request failed", exc, extra={"stream": service.name}
+    )
     return ftn3.error(StreamError(ftn3.INTERNAL_ERROR, "the request failed"), rid)
 
 
@@ -120,13 +141,6 @@ def _http_endpoint(service: StreamService) -> Any:
         if not isinstance(reply, bytes):
             reply = await reply
         return Response(reply, media_type=MEDIA_TYPE)
-
-    return endpoint
-
-
-def _metrics_endpoint(service: StreamService) -> Any:
-    async def endpoint(_request: HttpRequest) -> Response:
-        return Response(await service.metrics(), media_type=CONTENT_TYPE)
 
     return endpoint
 
@@ -163,7 +177,7 @@ def _ws_endpoint(service: StreamService) -> Any:
                 data = message.get("bytes")
                 if data is None:
                     data = (message.get("text") or "").encode()
-                if not _is_reply(data, channel):
+                if not _is_reply(service, data, channel):
                     await requests.put(data)
         except (WebSocketDisconnect, RuntimeError):
             pass
@@ -179,7 +193,7 @@ def _ws_endpoint(service: StreamService) -> Any:
     return endpoint
 
 
-def _is_reply(data: bytes, channel: Channel) -> bool:
+def _is_reply(service: StreamService, data: bytes, channel: Channel) -> bool:
     """Hand a reply to one of our calls to the channel; True if ``data`` was one."""
     try:
         message = ftn3.decode(data)
@@ -190,8 +204,11 @@ def _is_reply(data: bytes, channel: Channel) -> bool:
     try:
         channel.answer(ftn3.parse_reply(message))
     except StreamError as exc:
-        log.warning(
-            "bad reply from a stream consumer", extra={"peer": channel.peer, "error": str(exc)}
+        service.problems.log(
+            logging.WARNING,
+            "bad reply",
+            f"bad reply from a stream consumer: {exc}",
+            extra={"peer": channel.peer},
         )
     return True
 

@@ -14,18 +14,20 @@ in increasing order.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tidings.events.model import StoredEvent
 from tidings.streams.protocol.encoding import WireEvent, wire_event
+from tidings.streams.service.selection import Selection
 from tidings.streams.typemap import TypeMap
 
 
 @dataclass(frozen=True, slots=True)
 class Batch:
     """Events after a position, in order, and how far the read looked (``scanned``):
-    events up to it that are not in ``events`` were not wanted."""
+    events up to it that are not in ``events`` were not selected (not wanted, or not for
+    this consumer's user to read)."""
 
     events: list[WireEvent]
     scanned: int
@@ -69,10 +71,8 @@ class StreamFeed:
         """How many of the stream's events in memory lie after ``after``."""
         return len(self._positions) - bisect_right(self._positions, after, lo=self._start)
 
-    def read(
-        self, after: int, wanted: Collection[str] | None, limit: int, max_bytes: int
-    ) -> Batch | None:
-        """Up to ``limit`` wanted events after ``after`` within ``max_bytes`` (at least one
+    def read(self, after: int, selection: Selection, limit: int, max_bytes: int) -> Batch | None:
+        """Up to ``limit`` selected events after ``after`` within ``max_bytes`` (at least one
         event, however large); None if ``after`` is below what memory covers."""
         if after < self.floor:
             return None
@@ -83,7 +83,7 @@ class StreamFeed:
         while index < len(events):
             event = events[index]
             index += 1
-            if wanted is not None and event.name not in wanted:
+            if not selection.admits(event):
                 continue
             size += len(event.encoded) + 1
             if chosen and size > max_bytes:

@@ -4,20 +4,24 @@ The transport (:mod:`.app`) hands every request here with its channel (a WebSock
 None for HTTP) and whether that channel is secure. This module applies the interface's
 requirements (FTN3 ``requires``: a secure channel for ``futoin.evt.gen``, a bi-directional
 one for ``futoin.evt.push``, a user for everything but ping), authenticates the caller and
-runs the function. Consumers belong to the calling user: ``(user, component)``.
+checks what the user may do on the stream (:mod:`.access`: a refusal is ``Unauthorized``,
+counted in the stream's metrics with the failed authentications, :mod:`.refusals`) and runs
+the function. Consumers belong to the calling user: ``(user, component)``.
 
 - ``registerConsumer``: persisted, repeatable; ``LIVE`` is ``LiveNotAllowed``.
 - ``pollEvents``: ``last_id`` acknowledges (never backwards) and the reply holds the events
   after the consumer's stored position in id order, at most 1,000 and within the reply size
   the caller's interface version allows. When nothing it wants is there, its position moves
-  past what it does not want (FTN18: skipped events count as delivered). ``LIVE`` keeps no
-  state: events after ``last_id``, or the newest ones without it. A ``want`` naming a type
-  the stream does not carry is InvalidRequest, naming the types it carries (here and for
-  ``readyToReceive``).
+  past what it does not want, and past what its user may not read (FTN18: skipped events
+  count as delivered). ``LIVE`` keeps no state: events after ``last_id``, or the newest ones
+  without it. A ``want`` naming a type the stream does not carry is InvalidRequest, naming
+  the types it carries (here and for ``readyToReceive``); one naming a type the user may not
+  read is Unauthorized. Either way the consumer is sent its :class:`.selection.Selection`.
 - ``readyToReceive``: starts a push session on the channel (:mod:`.push`), tracked with the
   stream's others (:mod:`.sessions`).
-- ``addEvent``: one event registered through the engine (a session: modules run,
-  subscribers notified); its id. The native ``addXferEvent`` is :meth:`tidings.Outbox.emit`
+- ``addEvent``: if the user may add the type and its data passes the user's filter, one
+  event registered through the engine (a session: modules run, subscribers notified); its
+  id. The native ``addXferEvent`` is :meth:`tidings.Outbox.emit`
   in the caller's transaction.
 """
 
@@ -27,15 +31,15 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from tidings.config.streams import StreamConfig
-from tidings.errors import EngineError, StoreError, StreamError
+from tidings.errors import EngineError, StoreError, StreamError, StreamRefused
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
+from tidings.logs import OncePerCause
 from tidings.server.async_engine import AsyncEngine
-from tidings.streams.consumers.metrics import stream_metrics
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.replication import Covers, consumer_event
 from tidings.streams.protocol.channel import Channel
@@ -54,9 +58,12 @@ from tidings.streams.protocol.interfaces import (
     interface_of,
     message_limit,
 )
+from tidings.streams.service.access import StreamAccess
 from tidings.streams.service.auth import Users
 from tidings.streams.service.push import Acknowledge, PushSession
 from tidings.streams.service.reader import StreamReader
+from tidings.streams.service.refusals import AUTHENTICATION, Refusals
+from tidings.streams.service.selection import Selection
 from tidings.streams.service.sessions import PushSessions
 from tidings.streams.typemap import TypeMap
 
@@ -95,6 +102,7 @@ class StreamService:
         reader: StreamReader,
         consumers: Consumers,
         users: Users,
+        access: StreamAccess,
         executor: Executor,
         password_checks: Executor,
     ) -> None:
@@ -105,10 +113,15 @@ class StreamService:
         self._reader = reader
         self._consumers = consumers
         self._users = users
+        self._access = access
+        self.refusals = Refusals(self.name)
         self._executor = executor
         self._password_checks = password_checks
         self._push = PushSessions(self.name)
         self._consumer_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        #: What its transport logs once per cause: malformed requests, failed logins,
+        #: failures (:mod:`.app`); one per stream and run, so a restart starts afresh.
+        self.problems = OncePerCause(logging.getLogger("tidings.streams.service.app"))
 
     async def call(self, request: Request, channel: Channel | None, secure: bool) -> Any:
         """Run one request; its result, or StreamError with the FTN3 error to send."""
@@ -125,29 +138,37 @@ class StreamService:
                 INVALID_REQUEST, f"{request.func} is not a function of {request.iface}"
             )
         user = self._users.remembered(request.sec) or await self._authenticate(request.sec)
+        try:
+            return await self._run(request, params, channel, user)
+        except StreamRefused as exc:
+            self.refusals.record(exc.user, exc.reason, exc.description)
+            raise
+
+    async def _run(
+        self, request: Request, params: dict[str, Any], channel: Channel | None, user: str
+    ) -> Any:
+        """Run an authenticated user's request, if its permissions allow it."""
+        self._access.check_stream(user)
         if request.func == "registerConsumer":
             return await self._register(user, params["component"])
-        if request.func in ("pollEvents", "readyToReceive"):
-            self._check_want(params["want"])
+        if request.func == "addEvent":
+            return await self._add_event(user, params["type"], params["data"])
+        component = params["component"]
+        selection = self._access.selection(user, component, params["want"])
         if request.func == "pollEvents":
             limit = message_limit(request.minor) - _REPLY_OVERHEAD
-            return await self._poll(
-                user, params["component"], params["last_id"], params["want"], limit
-            )
-        if request.func == "readyToReceive":
-            assert channel is not None
-            return await self._ready(
-                channel, user, params["component"], params["want"], request.minor
-            )
-        assert request.func == "addEvent"
-        return await self._add_event(params["type"], params["data"])
+            return await self._poll(user, component, params["last_id"], selection, limit)
+        assert request.func == "readyToReceive" and channel is not None
+        return await self._ready(channel, user, component, selection, request.minor)
 
-    async def metrics(self) -> bytes:
-        """The stream's Prometheus metrics (read from the store in a worker thread)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, stream_metrics, self._engine.store, self.config, self._push.reliable
-        )
+    def push_sessions(self) -> int:
+        """How many reliable consumers have a push session running (for the metrics)."""
+        return self._push.reliable
+
+    def refusal_counts(self) -> dict[tuple[str, str], int]:
+        """The refusals so far by (user, reason), copied whole (for the metrics, read in
+        their thread while the loop goes on counting)."""
+        return dict(self.refusals.counts)
 
     async def channel_closed(self, channel: Channel) -> None:
         """Stop the push session on a channel that closed, if it has one."""
@@ -160,6 +181,7 @@ class StreamService:
     async def _register(self, user: str, component: str) -> bool:
         if component == LIVE:
             raise StreamError(LIVE_NOT_ALLOWED, "the LIVE component cannot be registered")
+        self._access.check_component(user, component)
         created = await self._blocking(self._consumers.register, self.name, user, component)
         if created:
             await self._tell_group(user, component, {})
@@ -169,37 +191,21 @@ class StreamService:
             )
         return True
 
-    def _check_want(self, want: Sequence[str] | None) -> None:
-        """Refuse a ``want`` that names a type the stream does not carry, or no type at all:
-        those types could never arrive, and the consumer would wait for them in silence (a
-        mistyped name among good ones as much as a list of only unknown ones). FTN18 lets a
-        generator skip what it does not produce; a stream server knows what it carries, so
-        it says so."""
-        if want is None:
-            return
-        known = self._type_map.names
-        unknown = [name for name in dict.fromkeys(want) if name not in known]
-        if unknown or not want:
-            what = f"does not carry {', '.join(unknown)}" if unknown else "got an empty list"
-            raise StreamError(
-                INVALID_REQUEST,
-                f"want: stream {self.name!r} {what} (it carries {', '.join(known)}; "
-                "null wants them all)",
-            )
-
     async def _poll(
         self,
         user: str,
         component: str,
         last_id: int | None,
-        want: Sequence[str] | None,
+        selection: Selection,
         max_bytes: int,
     ) -> RawJson:
         if component == LIVE:
             if last_id is None:
-                batch = await self._reader.newest(want, MAX_EVENTS, max_bytes)
+                batch = await self._reader.newest(selection, MAX_EVENTS, max_bytes)
             else:
-                batch = await self._reader.read(last_id, want, MAX_EVENTS, max_bytes)
+                batch = await self._reader.read(
+                    last_id, selection, MAX_EVENTS, max_bytes, exhaustive=True
+                )
             return RawJson(event_list(batch.events))
         async with self._lock(user, component):
             if last_id is not None:
@@ -208,7 +214,7 @@ class StreamService:
                 position = await self._blocking(
                     self._consumers.position, self.name, user, component
                 )
-            batch = await self._reader.read(position, want, MAX_EVENTS, max_bytes)
+            batch = await self._reader.read(position, selection, MAX_EVENTS, max_bytes)
             if not batch.events and batch.scanned > position:
                 await self._acknowledge(user, component, batch.scanned)
         return RawJson(event_list(batch.events))
@@ -218,7 +224,7 @@ class StreamService:
         channel: Channel,
         user: str,
         component: str,
-        want: Sequence[str] | None,
+        selection: Selection,
         minor: int,
     ) -> bool:
         """Start pushing to ``channel``; the call returns at once, the pushes follow."""
@@ -232,7 +238,7 @@ class StreamService:
                 config,
                 function=f"{RECEIVER}:1.{minor}:onEvents",
                 message_bytes=message_limit(minor),
-                want=want,
+                selection=selection,
                 start=start,
                 acknowledge=acknowledge,
                 ack_timeout=config.ack_timeout.total_seconds(),
@@ -256,7 +262,8 @@ class StreamService:
             self._push.start(session(start, acknowledge), channel, key)
         return True
 
-    async def _add_event(self, name: str, data: Any) -> Deferred:
+    async def _add_event(self, user: str, name: str, data: Any) -> Deferred:
+        self._access.check_add(user, name, data)
         event_type = self._type_map.event_type_of(name)
         if event_type is None:
             raise StreamError(
@@ -279,7 +286,11 @@ class StreamService:
         """A full check (scrypt) in the password thread, which only such checks use: a
         flood of wrong passwords queues there, never in front of consumers' work."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._password_checks, self._users.authenticate, sec)
+        try:
+            return await loop.run_in_executor(self._password_checks, self._users.authenticate, sec)
+        except StreamError as exc:
+            self.refusals.record("", AUTHENTICATION, exc.description)
+            raise
 
     async def _acknowledge(self, user: str, component: str, position: int) -> int:
         now, covers = await self._blocking(

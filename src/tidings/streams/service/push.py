@@ -2,7 +2,7 @@
 
 FTN18: events go out in groups, ``onEvents(seq, events)``, several groups in flight, seq
 from 0. Each group has the position it covers (the last event's, or further when the events
-in between were not wanted).
+in between were not wanted, or not for the consumer's user to read).
 
 - **Reliable** (a registered component): seq has no gaps, and a reply (any reply that is not
   an error: FutoIn's stock receivers answer ``true`` or ``{}``) acknowledges its group. Groups
@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tidings.config.streams import PushConfig
@@ -37,6 +37,7 @@ from tidings.streams.protocol.channel import Channel
 from tidings.streams.protocol.encoding import event_list
 from tidings.streams.protocol.ftn3 import Reply
 from tidings.streams.service.reader import StreamReader
+from tidings.streams.service.selection import Selection
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class PushSession:
         *,
         function: str,
         message_bytes: int,
-        want: Sequence[str] | None,
+        selection: Selection,
         start: int,
         acknowledge: Acknowledge | None,
         ack_timeout: float,
@@ -117,7 +118,7 @@ class PushSession:
         self._config = config
         self._function = function
         self._max_bytes = message_bytes - _CALL_OVERHEAD
-        self._want = want
+        self._selection = selection
         self._sent = start
         self._wake = asyncio.Event()
         self._acks = None if acknowledge is None else _Acknowledger(acknowledge, self._wake.set)
@@ -200,7 +201,7 @@ class PushSession:
         if 0 < feed.pending(self._sent) < config.max_group_events and not self._in_flight:
             await asyncio.sleep(config.group_delay.total_seconds())  # let a group fill up
         batch = await self._reader.read(
-            self._sent, self._want, config.max_group_events, self._max_bytes
+            self._sent, self._selection, config.max_group_events, self._max_bytes
         )
         if self.stopped.is_set():
             return False
@@ -208,7 +209,7 @@ class PushSession:
             self._sent = max(self._sent, batch.scanned)
             now = time.monotonic()
             if self._acks is not None and not self._in_flight and now >= self._skip_ack_at:
-                # Nothing wanted up to there: move the stored position past it (at most
+                # Nothing selected up to there: move the stored position past it (at most
                 # once a second; a restart before that only reads those events again).
                 self._skip_ack_at = now + _SKIP_ACK_SECONDS
                 self._acks.advance(self._sent)

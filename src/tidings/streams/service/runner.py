@@ -23,14 +23,19 @@ from tidings.config.streams import StreamConfig, StreamServerConfig
 from tidings.errors import ConfigError
 from tidings.server.runner import Attachment, RunningServer
 from tidings.serving import QuietServer, listen
+from tidings.streams.consumers.compaction import run_compaction
+from tidings.streams.consumers.metrics import MeasuredStream, StreamsCollector
 from tidings.streams.consumers.positions import Consumers
 from tidings.streams.consumers.retention import run_retention
 from tidings.streams.consumers.sync import ConsumerSync
+from tidings.streams.service.access import StreamAccess
 from tidings.streams.service.app import build_app
 from tidings.streams.service.auth import Users
 from tidings.streams.service.feed import StreamFeed
 from tidings.streams.service.functions import StreamService
 from tidings.streams.service.reader import StreamReader
+from tidings.streams.service.refusals import SLOW_REQUEST_HEAD, Refusals
+from tidings.streams.service.slow_clients import REQUEST_HEAD_TIMEOUT_S, protocol_class
 from tidings.streams.typemap import type_map_from_config
 from tidings.tasks import stop_task
 
@@ -50,6 +55,7 @@ class RunningStreams:
     password_checks: ThreadPoolExecutor | None = None
     unsubscribe: list[object] = field(default_factory=list)
     retention: asyncio.Task[None] | None = None
+    compaction: asyncio.Task[None] | None = None
     sync: asyncio.Task[None] | None = None
 
     @classmethod
@@ -70,15 +76,28 @@ class RunningStreams:
             for stream in config.streams:
                 by_address.setdefault((stream.host, stream.port), []).append(stream)
                 running.services[stream.name] = _service(
-                    stream, server, consumers, users, executor, running
+                    stream, config, server, consumers, users, executor, running
                 )
+            running._measure(config, server)
             for (host, port), streams in by_address.items():
                 services = {s.path: running.services[s.name] for s in streams}
-                running.servers.append(await _serve(host, port, streams, build_app(services)))
+                # A connection closed before its path is known counts under the port's first
+                # stream.
+                refusals = running.services[streams[0].name].refusals
+                app = build_app(services)
+                running.servers.append(await _serve(host, port, streams, app, refusals))
                 log.info(
                     "streams serving",
                     extra={"address": f"{host}:{port}", "streams": [s.name for s in streams]},
                 )
+            running.compaction = loop.create_task(
+                run_compaction(
+                    server.store,
+                    consumers,
+                    config.stream_consumer_events.compact_every.total_seconds(),
+                    executor,
+                )
+            )
             if any(s.retention.enabled for s in config.streams):
                 running.retention = loop.create_task(
                     run_retention(server.store, consumers, config.streams, executor)
@@ -87,6 +106,22 @@ class RunningStreams:
             await running.aclose()
             raise
         return running
+
+    def _measure(self, config: StreamServerConfig, server: RunningServer) -> None:
+        """Add the streams with ``metrics: true`` to the server's metrics endpoint (the
+        configuration has one when a stream asks for metrics)."""
+        services = self.services
+        measured = [
+            MeasuredStream(s, services[s.name].push_sessions, services[s.name].refusal_counts)
+            for s in config.streams
+            if s.metrics
+        ]
+        if not measured:
+            return
+        assert server.metrics is not None, "checked by StreamServerConfig"
+        registry, collector = server.metrics.registry, StreamsCollector(server.store, measured)
+        registry.register(collector)
+        self.unsubscribe.append(lambda: registry.unregister(collector))
 
     async def aclose(self) -> None:
         """Stop accepting and close every connection first (a consumer reconnecting must
@@ -99,7 +134,7 @@ class RunningStreams:
                     await task
         for service in self.services.values():
             await service.aclose()
-        for background in (self.retention, self.sync):
+        for background in (self.retention, self.compaction, self.sync):
             if background is not None:
                 await stop_task(background)
         for remove in self.unsubscribe:
@@ -118,6 +153,13 @@ def streams_attachment(config: StreamServerConfig) -> Attachment | None:
     if not config.streams:
         return None
     users = Users({name: user.resolved_hash(name) for name, user in config.stream_users.items()})
+    unrestricted = config.unrestricted_users()
+    if unrestricted:
+        log.warning(
+            "stream users without an allow list may use every stream, as any component, "
+            "read every type and call addEvent (give them allow lists, see the security page)",
+            extra={"users": unrestricted},
+        )
 
     async def attach(server: RunningServer) -> Callable[[], Awaitable[None]]:
         return (await RunningStreams.start(config, server, users)).aclose
@@ -127,6 +169,7 @@ def streams_attachment(config: StreamServerConfig) -> Attachment | None:
 
 def _service(
     stream: StreamConfig,
+    config: StreamServerConfig,
     server: RunningServer,
     consumers: Consumers,
     users: Users,
@@ -142,16 +185,29 @@ def _service(
     feed = StreamFeed(type_map, server.store.last_position())
     running.unsubscribe.append(server.engine.subscribe(feed.add))
     reader = StreamReader(server.store, feed, type_map, executor)
+    access = StreamAccess(
+        stream.name, type_map, {name: user.allow for name, user in config.stream_users.items()}
+    )
     assert running.password_checks is not None
     return StreamService(
-        stream, type_map, server.engine, reader, consumers, users, executor, running.password_checks
+        stream,
+        type_map,
+        server.engine,
+        reader,
+        consumers,
+        users,
+        access,
+        executor,
+        running.password_checks,
     )
 
 
 async def _serve(
-    host: str, port: int, streams: list[StreamConfig], app: object
+    host: str, port: int, streams: list[StreamConfig], app: object, refusals: Refusals
 ) -> tuple[QuietServer, asyncio.Task[None]]:
-    """Start uvicorn for ``app`` on ``host:port``; return once it accepts connections."""
+    """Start uvicorn for ``app`` on ``host:port``; return once it accepts connections. A
+    connection that sends no whole request head in time is closed and counted in
+    ``refusals`` (:mod:`.slow_clients`)."""
     tls = {s.tls_certfile for s in streams}
     if len(tls) > 1:
         raise ConfigError(f"streams on {host}:{port} must all use the same TLS certificate")
@@ -168,6 +224,11 @@ async def _serve(
         log_config=None,
         access_log=False,
         lifespan="off",
+        http=protocol_class(
+            lambda: refusals.record(
+                "", SLOW_REQUEST_HEAD, f"no request head within {REQUEST_HEAD_TIMEOUT_S:g} s"
+            )
+        ),
         ws="websockets-sansio",
         ws_max_size=max(s.max_request_bytes for s in streams) + 1024,
         ws_per_message_deflate=False,

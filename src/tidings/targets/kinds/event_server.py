@@ -22,11 +22,16 @@ no server accepts within ``failover_wait``, the target is down (the relay holds 
 Servers sync each other asynchronously, so what the lost server confirmed just before it
 died may be missing on the next one. On every new connection the target therefore first
 sends again the events confirmed within ``failover_resend``
-(:mod:`tidings.targets.kinds.resend_window`), in their order, before the call it is making:
+(:mod:`tidings.targets.kinds.resend_window`), in log order, before the call it is making:
 the new server stores those it lacks ahead of the later events of their keys and
-recognises the others by outbox id. The window is memory of this target instance: Spark
-reuses a Python worker, and the target built in it (:mod:`tidings.targets.registry`),
-across micro-batches, but a worker keeps only what it confirmed itself.
+recognises the others by outbox id. What was confirmed is read from the outbox log the
+relay's tasks attach (:meth:`attach_log`), which records the confirmations of every Spark
+worker and every earlier relay process, and completed from this instance's memory (what
+its process confirmed and has not recorded yet).
+
+Over TLS (``ssl+sbs://`` addresses) the servers' certificates are verified, against ``tls``'s
+CA or the system's, and ``tls`` holds the relay's client certificate for servers with mutual
+TLS (:mod:`tidings.config.tls`).
 
 The target is synchronous (Spark tasks call it) while the client is asyncio, so each target
 owns a small event loop in a daemon thread (:mod:`tidings.targets.loop_thread`); calls wait
@@ -46,8 +51,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tidings.address import Address
+from tidings.address import Address, is_tls
 from tidings.config import HOUR, ZERO, Duration, TargetConfig, parsed_durations, within
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import ConnectionClosed, TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, StoredEvent
 from tidings.events.outbox import OutboxEvent
@@ -55,12 +61,13 @@ from tidings.events.validation import WILDCARDS, reserved_type_problem
 from tidings.targets.base import Target
 from tidings.targets.destination import DestinationTemplate, RenderError
 from tidings.targets.kinds.event_store import to_new_event, unreserved_prefix
-from tidings.targets.kinds.resend_window import ResendWindow, weight
+from tidings.targets.kinds.resend_window import ResendWindow, read_recorded, weight
 from tidings.targets.kinds.server_group import MonitorDiscoveryConfig, ServerGroup
 from tidings.targets.loop_thread import LoopThread
 
 if TYPE_CHECKING:  # the client (and the wire) load where a connection is made
     from tidings.client import Client
+    from tidings.outbox.confirmations import ConfirmationLog
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +80,8 @@ _REQUEST_BYTES = 4 * 1024 * 1024
 
 
 class EventServerTargetConfig(TargetConfig):
-    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``).
+    """A tidings event server over the network (the Eventer protocol, ``tcp+sbs://``, or
+    ``ssl+sbs://`` over TLS).
 
     Events travel with their outbox event id (a tidings extension of the protocol), so the
     server stores each outbox event once however often it is published.
@@ -114,7 +122,10 @@ class EventServerTargetConfig(TargetConfig):
         description=(
             "How far back, on a new connection (after its server was lost), the target sends "
             "again the events confirmed before, ahead of the call it is making: the time the "
-            "servers' Syncer may take to copy an event to its peers. ``0s`` sends nothing again."
+            "servers' Syncer may take to copy an event to its peers. Counted back from the "
+            "newest confirmation the outbox log records at this target (whichever relay "
+            "process made it), so a relay that takes over later still covers the last "
+            "moments of a server that died with its predecessor. ``0s`` sends nothing again."
         ),
     )
     failover_resend_events: int = Field(
@@ -122,7 +133,7 @@ class EventServerTargetConfig(TargetConfig):
         ge=1,
         le=1_000_000,
         description=(
-            "At most this many confirmed events are kept to send again (the oldest go first); "
+            "At most this many confirmed events are sent again (the oldest are left out); "
             "past it, the ``failover_resend`` window is shorter."
         ),
     )
@@ -131,8 +142,8 @@ class EventServerTargetConfig(TargetConfig):
         ge=1024,
         le=2**30,
         description=(
-            "At most about this many bytes of confirmed events are kept to send again (the "
-            "oldest go first); past it, the ``failover_resend`` window is shorter."
+            "At most about this many bytes of confirmed events are sent again (the oldest are "
+            "left out); past it, the ``failover_resend`` window is shorter."
         ),
     )
     type_prefix: list[str] = Field(
@@ -144,6 +155,14 @@ class EventServerTargetConfig(TargetConfig):
         description=(
             "Instead of ``type_prefix``: one template per segment of the stored type, e.g. "
             '``[orders, "{headers.aggregate_type}", "{event_type}"]``.'
+        ),
+    )
+    tls: TlsClientConfig | None = Field(
+        default=None,
+        description=(
+            "For servers at ``ssl+sbs://`` addresses: the CA their certificates are checked "
+            "against (absent: the system's CAs) and the client certificate presented to a "
+            "server with mutual TLS (its CN is the relay's identity there)."
         ),
     )
     timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
@@ -195,6 +214,9 @@ class EventServerTargetConfig(TargetConfig):
         ]
         if len(given) > 1:
             raise ValueError(f"set one of address, addresses or monitor, not {' and '.join(given)}")
+        plain = not any(is_tls(address) for address in self.server_addresses)
+        if self.tls is not None and self.monitor is None and plain:
+            raise ValueError("tls is set, but no address is ssl+sbs://")
         return self
 
     @property
@@ -257,16 +279,17 @@ class EventServerTarget(Target):
         )
         self._timeout = config.timeout.total_seconds()
         self._wait = min(config.failover_wait.total_seconds(), self._timeout)
-        # A call may connect twice (once after losing its server), and each time send the
-        # window again (a request per ~4 MiB of it) before registering.
+        # A call may connect twice (once after losing its server), and each time read the
+        # outbox log and send the window again (a request per ~4 MiB of it) before registering.
         resend_requests = -(-config.failover_resend_bytes // _REQUEST_BYTES) + 1
-        self._bound = 2 * (self._wait + self._timeout * (1 + resend_requests)) + 1
+        self._bound = 2 * (self._wait + self._timeout * (2 + resend_requests)) + 1
+        self._log: ConfirmationLog | None = None
         self._window = ResendWindow(
             config.failover_resend.total_seconds(),
             config.failover_resend_events,
             config.failover_resend_bytes,
         )
-        self._group = ServerGroup(self._who(), config.server_addresses, config.monitor)
+        self._group = ServerGroup(self._who(), config.server_addresses, config.monitor, config.tls)
         self._client: Client | None = None
         self._server = ""  # the address self._client is connected to
         self._loop = LoopThread(f"tidings-target-{name}")
@@ -275,6 +298,10 @@ class EventServerTarget(Target):
     @property
     def config(self) -> EventServerTargetConfig:
         return self._config
+
+    def attach_log(self, log: ConfirmationLog) -> None:
+        """Read what was confirmed before a move from ``log`` as well as from memory."""
+        self._log = log
 
     def publish(self, events: Sequence[OutboxEvent]) -> list[str | None]:
         """Register ``events`` in requests of at most ~4 MiB, in order.
@@ -289,6 +316,7 @@ class EventServerTarget(Target):
         results: list[str | None] = [None] * len(events)
         sendable: list[int] = []  # indexes into events, in order
         new_events: list[NewEvent] = []
+        seqs: list[int] = []
         stopped: dict[str, int] = {}  # ordering key -> seq of its event without a type
         for n, event in enumerate(events):
             if (behind := stopped.get(event.ordering_key)) is not None:
@@ -301,9 +329,10 @@ class EventServerTarget(Target):
                 stopped[event.ordering_key] = event.seq
                 continue
             sendable.append(n)
+            seqs.append(event.seq)
         for start, end in _requests(new_events) if new_events else []:
             try:
-                self._register_chunk(new_events[start:end])
+                self._register_chunk(new_events[start:end], seqs[start:end])
             except TargetUnavailable:
                 if not start:
                     raise
@@ -338,7 +367,7 @@ class EventServerTarget(Target):
     def _no_type(self, event: OutboxEvent, exc: RenderError) -> str:
         return f"{self._who()}: no type for event {event.event_id} (seq {event.seq}): {exc}"
 
-    def _register_chunk(self, events: Sequence[NewEvent]) -> None:
+    def _register_chunk(self, events: Sequence[NewEvent], seqs: Sequence[int]) -> None:
         prefix = f"event server target {self.name!r} ({self._group.describe()})"
         try:
             with self._lock:
@@ -346,7 +375,7 @@ class EventServerTarget(Target):
                 # call on the connection); a late store is harmless (outbox dedup).
                 results = self._loop.run(self._register(events), self._bound)
                 if None not in results:  # confirmed: kept, in the order confirmed
-                    self._window.add(events)
+                    self._window.add(zip(seqs, events, strict=True))
         except (TargetUnavailable, TargetCallFailed):
             raise
         except Exception as exc:
@@ -425,20 +454,26 @@ class EventServerTarget(Target):
                 raise
 
     async def _resend(self, client: Client) -> None:
-        """Send the window again to the server just connected, in order, before anything else.
+        """Send what was confirmed within the window again to the server just connected, in
+        log order, before anything else: what the outbox log records (every process's
+        confirmations) and what this instance remembers (its own, recorded or not yet).
 
         The events stay confirmed whatever happens here. A lost connection counts as the
-        new server's loss (see :meth:`_register`); a refusal or a timeout makes the target
-        unavailable for now (nothing of the call was sent), and the next call sends the
-        window again, by then shorter by age.
+        new server's loss (see :meth:`_register`); a refusal, a timeout or an outbox log
+        that cannot be read makes the target unavailable for now (nothing of the call was
+        sent), and the next call sends the window again, by then shorter by age.
         """
-        events = self._window.events()
+        recorded = await read_recorded(
+            self._log, self.name, self._window, self._new_event, self._timeout
+        )
+        events = self._window.with_recorded(recorded)
         if not events:
             return
-        for start, end in _requests(events):
+        new_events = [event for _, event in events]
+        for start, end in _requests(new_events):
             try:
                 async with asyncio.timeout(self._timeout):
-                    results = await client.register_outbox(events[start:end])
+                    results = await client.register_outbox(new_events[start:end])
             except TimeoutError as exc:
                 raise TargetUnavailable(
                     f"event server target {self.name!r}: {self._server} did not take the "
@@ -449,12 +484,14 @@ class EventServerTarget(Target):
                     f"event server target {self.name!r}: {self._server} refused {refused} of "
                     f"the {len(events)} events confirmed before, sent again after a move"
                 )
-        self._window.renew()
+        self._window.renew(events)
         log.info(
-            "event server target %r: sent %d recently confirmed events again to %s",
+            "event server target %r: sent %d recently confirmed events again to %s "
+            "(%d of them read from the outbox log)",
             self.name,
             len(events),
             self._server,
+            len(recorded),
             extra={"target": self.name, "server": self._server, "events": len(events)},
         )
 

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from tidings.address import Address
+from tidings.address import MonitorAddress
 from tidings.config.model import StrictModel
+from tidings.config.tls import TlsClientConfig
 from tidings.errors import ConnectionClosed, TargetUnavailable
 
 if TYPE_CHECKING:  # the client (and the wire) load where a connection is made
@@ -46,7 +47,9 @@ class MonitorDiscoveryConfig(StrictModel):
     the target is a Monitor Component (``name`` in ``group``) and connects to a blessed
     event server of ``server_group``."""
 
-    monitor_address: Address = Field(description="The local Monitor Server to connect to.")
+    monitor_address: MonitorAddress = Field(
+        description="The local Monitor Server to connect to (``tcp+sbs://``)."
+    )
     server_group: str = Field(
         min_length=1,
         description="The Monitor group of the event servers (their ``monitor.group``).",
@@ -87,11 +90,17 @@ class ServerGroup:
     """
 
     def __init__(
-        self, who: str, addresses: Sequence[str], monitor: MonitorDiscoveryConfig | None
+        self,
+        who: str,
+        addresses: Sequence[str],
+        monitor: MonitorDiscoveryConfig | None,
+        tls: TlsClientConfig | None = None,
     ) -> None:
         self._who = who
         self._addresses = list(addresses)
         self._monitor = monitor
+        #: How servers at ``ssl+sbs://`` addresses are verified (None: the system's CAs).
+        self._tls = tls
         self._monitor_client: Any = None
 
     def describe(self) -> str:
@@ -122,7 +131,9 @@ class ServerGroup:
                 remaining = deadline - loop.time()
                 try:
                     client = await connect(
-                        address, timeout=max(0.05, min(CONNECT_ATTEMPT_S, remaining))
+                        address,
+                        tls=self._tls,
+                        timeout=max(0.05, min(CONNECT_ATTEMPT_S, remaining)),
                     )
                 except (OSError, TimeoutError, ConnectionClosed) as exc:
                     errors[address] = f"{type(exc).__name__}: {exc}"

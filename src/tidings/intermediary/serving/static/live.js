@@ -10,7 +10,13 @@
 // first in the list, the last MAX_EVENTS kept) and {"op": "view", "key", "epoch", "columns",
 // "rows"} (the table replaced), {"op": "view", "unchanged": true} or {"op": "view", "error"}.
 //
+// It connects as whom the credentials in its address's fragment prove (#token=... or
+// #user=...&password=...), else anonymously, else as what the form it then shows is given
+// (auth.js).
+//
 // window.tidingsLive holds what the page shows, for the console and the tests.
+
+import { signIn, subprotocols } from "./auth.js";
 
 const MAX_EVENTS = 200;
 
@@ -18,7 +24,7 @@ const statusLine = document.getElementById("status");
 const errorLine = document.getElementById("error");
 const panelsBox = document.getElementById("panels");
 
-const live = { state: "loading", panels: {}, error: null, closed: null };
+const live = { state: "loading", panels: {}, error: null, closed: null, identity: null };
 window.tidingsLive = live;
 
 function element(tag, text, className) {
@@ -101,7 +107,7 @@ function fail(text) {
   errorLine.textContent = text;
 }
 
-function start() {
+async function start() {
   const specs = panels(new URLSearchParams(location.search));
   if (specs.length === 0) {
     live.state = "idle";
@@ -109,14 +115,18 @@ function start() {
     return;
   }
   const made = specs.map(addPanel);
-  const socket = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`);
+  const refused = (text) => { live.state = "refused"; statusLine.textContent = text; };
+  const { credentials, identity } = await signIn(document.querySelector("header"), refused);
+  live.identity = identity;
+  const socket = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`,
+                               subprotocols(credentials));
   const pending = []; // panels waiting for their reply, in the order of the requests
   socket.onmessage = (event) => {
     const message = JSON.parse(event.data);
     const panel = live.panels[message.key];
     if (message.op === "hello") {
       live.state = "subscribing";
-      statusLine.textContent = `subscriber ${message.subscriber}`;
+      statusLine.textContent = `subscriber ${message.subscriber} (${message.identity})`;
       made.forEach((p) => { pending.push(p); socket.send(JSON.stringify(p.request)); });
     } else if (message.op === "subscribed" || message.op === "error" && pending.length) {
       const asked = pending.shift();
@@ -143,4 +153,4 @@ function start() {
   };
 }
 
-start();
+start().catch((err) => fail(err.message));

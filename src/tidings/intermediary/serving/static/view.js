@@ -9,8 +9,14 @@
 // float64 origin of relative frames, then `count` int64 ids and `count * dim` float32 or
 // float64 positions, zlib-compressed as a whole when flagged. All little-endian.
 //
+// It connects as whom the credentials in its address's fragment prove (#token=... or
+// #user=...&password=...), else anonymously, else as what the form it then shows is given
+// (auth.js).
+//
 // window.tidingsView holds what the page shows (the last frame, the error, the close
-// reason, the projection last drawn with), for the console and the tests.
+// reason, the projection last drawn with, the identity), for the console and the tests.
+
+import { signIn, subprotocols } from "./auth.js";
 
 const KEY = "view";
 const HEADER_BYTES = 36;
@@ -53,6 +59,7 @@ const view = {
   closed: null, // {code, reason}
   project: null, // (x, y) in the frame's coordinates -> canvas pixel, as last drawn
   colours: COLOURS,
+  identity: null, // who the server admitted the page as
 };
 window.tidingsView = view;
 const arrivals = []; // times of the frames of the last second
@@ -343,7 +350,7 @@ function show(frame) {
 
 function onText(socket, message) {
   if (message.op === "hello") {
-    setState(`subscriber ${message.subscriber}, subscribing`);
+    setState(`subscriber ${message.subscriber} (${message.identity}), subscribing`);
     socket.send(JSON.stringify(view.request));
   } else if (message.op === "subscribed") {
     setState("live");
@@ -363,9 +370,12 @@ async function start() {
     showError(err.message);
     return;
   }
+  const { credentials, identity } = await signIn(document.querySelector("header"), setState);
+  view.identity = identity;
   const url = new URL("./", window.location.href);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  const socket = new WebSocket(url);
+  url.hash = "";
+  const socket = new WebSocket(url, subprotocols(credentials));
   socket.binaryType = "arraybuffer";
   setState("connecting");
   // Frames are decoded one after another, in order (inflating is asynchronous).
@@ -389,4 +399,4 @@ async function start() {
   setInterval(showStatus, 500); // frames/s falls to 0 when frames stop
 }
 
-start();
+start().catch((err) => showError(err.message));

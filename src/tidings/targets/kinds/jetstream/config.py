@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -21,55 +20,16 @@ from tidings.config import (
     ZERO,
     Duration,
     LocalPath,
-    StrictModel,
     TargetConfig,
     parsed_durations,
     within,
 )
+from tidings.config.tls import TlsClientConfig, readable_file
 from tidings.targets.kinds.jetstream.messages import subject_filter, subject_template
 from tidings.targets.kinds.jetstream.stream import CreateStream, StreamNeeds
 
 #: What ``subject_prefix`` may hold, and a subject template once its placeholders are filled.
 _SUBJECT = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
-
-
-def _existing_file(what: str, path: str | None) -> str | None:
-    """A configured file must be there when the configuration is read, not at first publish."""
-    if path is not None and not Path(path).is_file():
-        raise ValueError(f"{what} file {path!r} does not exist (or is not a file)")
-    return path
-
-
-class JetStreamTls(StrictModel):
-    """TLS to the NATS servers: the CA that signed their certificates, and a client
-    certificate when the servers verify clients (``verify: true``)."""
-
-    ca_file: LocalPath | None = Field(
-        default=None,
-        description="The CA that signed the servers' certificates (None: the system's CAs).",
-    )
-    cert_file: LocalPath | None = Field(
-        default=None,
-        description="A client certificate, for servers that verify clients (``verify: true``).",
-    )
-    key_file: LocalPath | None = Field(
-        default=None, description="The key of ``cert_file`` (only with it)."
-    )
-    server_name: str | None = Field(
-        default=None,
-        description="The name the servers' certificate is checked against, if not the URL's host.",
-    )
-
-    @field_validator("ca_file", "cert_file", "key_file")
-    @classmethod
-    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _existing_file(f"tls.{info.field_name}", v)
-
-    @model_validator(mode="after")
-    def _key_needs_cert(self) -> JetStreamTls:
-        if self.key_file is not None and self.cert_file is None:
-            raise ValueError("tls.key_file is set without tls.cert_file")
-        return self
 
 
 class JetStreamTargetConfig(TargetConfig):
@@ -148,8 +108,13 @@ class JetStreamTargetConfig(TargetConfig):
     nkey: LocalPath | None = Field(
         default=None, description="An nkey seed file (instead of ``credentials``)."
     )
-    tls: JetStreamTls | None = Field(
-        default=None, description="TLS settings for the servers (None: the NATS client's defaults)."
+    tls: TlsClientConfig | None = Field(
+        default=None,
+        description=(
+            "TLS to the servers: the CA that signed their certificates (absent: the system's "
+            "CAs) and a client certificate for servers that verify clients (``verify: true`` "
+            "in nats-server); None: the NATS client's defaults."
+        ),
     )
 
     _durations = parsed_durations("duplicate_window", "ack_timeout")
@@ -158,7 +123,7 @@ class JetStreamTargetConfig(TargetConfig):
     @field_validator("credentials", "nkey")
     @classmethod
     def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _existing_file(str(info.field_name), v)
+        return readable_file(str(info.field_name), v)
 
     @field_validator("subject_template")
     @classmethod

@@ -10,9 +10,9 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from tidings.errors import TargetError
-from tidings.targets.kinds.jetstream.config import JetStreamTargetConfig, JetStreamTls
-from tidings.targets.kinds.jetstream.messages import describe
+from tidings.config.tls import TlsClientConfig
+from tidings.errors import TargetError, TlsError
+from tidings.targets.kinds.jetstream.config import JetStreamTargetConfig
 
 
 def security_options(config: JetStreamTargetConfig, tls: ssl.SSLContext | None) -> dict[str, Any]:
@@ -30,14 +30,10 @@ def security_options(config: JetStreamTargetConfig, tls: ssl.SSLContext | None) 
     return options
 
 
-def tls_context(tls: JetStreamTls) -> ssl.SSLContext:
-    """A client context that verifies the servers against ``ca_file`` (else the system's
-    CAs) and presents ``cert_file``/``key_file`` if given."""
+def tls_context(tls: TlsClientConfig) -> ssl.SSLContext:
+    """The client context of ``tls`` (:meth:`TlsClientConfig.context`): the servers verified
+    against ``ca_file`` (else the system's CAs), ``cert_file``/``key_file`` presented."""
     try:
-        context = ssl.create_default_context(cafile=tls.ca_file)
-        if tls.cert_file is not None:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
-    except (OSError, ssl.SSLError) as exc:
-        files = ", ".join(f for f in (tls.ca_file, tls.cert_file, tls.key_file) if f)
-        raise TargetError(f"cannot load the TLS files ({files}): {describe(exc)}") from None
-    return context
+        return tls.context()
+    except TlsError as exc:
+        raise TargetError(f"cannot load the TLS files: {exc}") from None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
+from tidings.redaction import hide_url_credentials
 from tidings.targets.base import Target
 from tidings.targets.destination import RenderError
 from tidings.targets.kinds.jetstream.calls import Call, key_runs, not_sent
@@ -388,7 +389,8 @@ class JetStreamTarget(Target):
                 )
             except Exception as exc:
                 # nats-py reports the real cause (refused, timed out) only to error_cb.
-                causes.append(f"{server}: {describe(self._last_error or exc)}")
+                cause = describe(self._last_error or exc)
+                causes.append(hide_url_credentials(f"{server}: {cause}"))
         raise TargetError(f"cannot connect ({'; '.join(causes)})")
 
     async def _on_error(self, exc: Exception) -> None:
