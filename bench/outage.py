@@ -39,6 +39,7 @@ from bench.harness.machine import machine_info
 from bench.harness.markdown import command, heading, table
 from bench.harness.outbox import max_seq, publish_latencies_ms, status_counts
 from bench.harness.processes import NatsServer, free_port
+from bench.harness.producer import PacedProducer
 from bench.harness.progress import runtime_s, say
 from bench.harness.report import write_report
 from bench.harness.sizes import Scale, Sizes, arguments
@@ -65,27 +66,6 @@ class OutageSizes(Sizes):
 
 
 SCALE = Scale(full=OutageSizes(150, 20.0, 20.0, 60.0), quick=OutageSizes(100, 10.0, 10.0, 25.0))
-
-
-class Producer(threading.Thread):
-    """One event per transaction at a fixed rate, round-robin over the keys."""
-
-    def __init__(self, outbox: Outbox, rate: float) -> None:
-        super().__init__(daemon=True)
-        self.outbox, self.rate = outbox, rate
-        self.keys: dict[str, str] = {}
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        start, i = time.monotonic(), 0
-        while not self.stop.is_set():
-            with self.outbox.transaction() as tx:
-                key = f"k{i % KEYS}"
-                self.keys[tx.emit("Moved", {"i": i}, partition_key=key)] = key
-            i += 1
-            delay = start + i / self.rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
 
 
 def open_rows(engine: Any, upto: int | None = None) -> dict[str, int]:
@@ -162,7 +142,7 @@ def _note_recovery(engine: Any, t: Timeline) -> None:
 
 
 def traffic(
-    engine: Any, producer: Producer, server: NatsServer, phases: tuple[float, float, float]
+    engine: Any, producer: PacedProducer, server: NatsServer, phases: tuple[float, float, float]
 ) -> Timeline:
     """A published warm-up event (Spark's start-up before the clock starts), then the paced
     traffic: ``phases`` = (warm-up, outage, after the restart) in seconds; then waits up to
@@ -239,7 +219,7 @@ def main() -> int:
     server = NatsServer(free_port(), work / "jetstream")
     config = outage_config(work, server.url)
     engine = make_engine(config.database.url)
-    producer = Producer(Outbox(engine), rate)
+    producer = PacedProducer(Outbox(engine), rate, KEYS, "Moved")
     machine = machine_info()
     say(
         f"outage benchmark: {rate} ev/s, warm {warm_s:g} s, outage {outage_s:g} s, then "

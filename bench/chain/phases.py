@@ -121,7 +121,7 @@ def latencies(
     spark: Any, work: Path, name: str, url: str | None, sizes: ChainSizes
 ) -> dict[str, float]:
     """Per-hop and end-to-end latency percentiles (ms) at ``sizes.rate`` offered."""
-    from tidings.pipeline.relay import start_relay
+    from tidings.pipeline.relay_query import start_relay
 
     end = ChainEnd(work / f"{name}-end")
     end.start()

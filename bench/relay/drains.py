@@ -41,7 +41,7 @@ from tidings.outbox.schema import batch_log, ensure_schema
 
 def relay_drain(spark: Any, cfg: TidingsConfig) -> tuple[float, list[dict[str, Any]], TreeMonitor]:
     """Drain the backlog with an ``available_now`` relay; seconds, batches, CPU monitor."""
-    from tidings.pipeline.relay import start_relay
+    from tidings.pipeline.relay_query import start_relay
 
     monitor = TreeMonitor(os.getpid()).start()
     started = time.perf_counter()

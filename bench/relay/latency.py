@@ -86,7 +86,7 @@ def _paced_deposits(outbox: Outbox, total: int, rate: int) -> tuple[float, float
 def _latency_load(spark: Any, cfg: TidingsConfig, outbox: Outbox, total: int, rate: int) -> Load:
     """Start a streaming relay, probe it at idle, then offer the paced load and wait until
     the relay published it (up to 180 s)."""
-    from tidings.pipeline.relay import start_relay
+    from tidings.pipeline.relay_query import start_relay
 
     engine = outbox.engine
     query = start_relay(spark, cfg)

@@ -22,7 +22,8 @@ _STANDARD = set(vars(logging.makeLogRecord({})))
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            # Milliseconds: a relay's takeover is read from these lines, step by step.
+            "ts": f"{self.formatTime(record, '%Y-%m-%dT%H:%M:%S')}.{int(record.msecs):03d}",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": scrub(record.getMessage()),

@@ -236,6 +236,7 @@ def test_route_patterns_and_the_default_route() -> None:
     assert routes.targets_for("orders.created") == ("c", "o", "o2", "all")
     assert routes.targets_for("orders.paid") == ("o", "o2", "all")
     assert routes.targets_for("users.new") == ("all",)
+    assert routes.target_names() == {"c", "o", "o2", "all", "dead"}
     only_default = merge_routes({"A": ["a"]}, default=["dead"])
     assert only_default.targets_for("B") == ("dead",)
     assert only_default.targets_for("A") == ("a",)

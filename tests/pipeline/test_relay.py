@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from tidings.config import TidingsConfig
 from tidings.db import make_engine
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
-from tidings.pipeline.relay import start_relay
+from tidings.pipeline.relay_query import start_relay
 from tidings.pipeline.replay import ReplayLimits, run_replay
 from tidings.routing.table import add_route
 
@@ -73,6 +74,30 @@ def test_restart_from_checkpoint_resumes_without_loss_or_duplicate(spark, tmp_pa
     with engine.connect() as conn:
         logged = conn.execute(select(outbox_event.c.event_id).order_by(outbox_event.c.seq)).all()
     assert [e.outbox_event_id for e in stored] == [r[0] for r in logged]
+
+
+def test_each_start_logs_its_first_batch_planned_and_recorded(
+    spark, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """How long a start (a standby's takeover) took to publish is read from these lines."""
+    config = relay_config(tmp_path, max_events_per_batch=7)
+    outbox = Outbox(make_engine(config.database.url))
+    _emit(outbox, "Created", "a", 20)
+    with caplog.at_level(logging.INFO, logger="tidings.pipeline.relay_query"):
+        start_relay(spark, config, available_now=True).awaitTermination()
+        _emit(outbox, "Created", "a", 5)
+        start_relay(spark, config, available_now=True).awaitTermination()
+    firsts = [
+        (r.getMessage(), r.__dict__["batch_id"], r.__dict__.get("published"))
+        for r in caplog.records
+        if r.getMessage().startswith("relay first batch")
+    ]
+    assert firsts == [
+        ("relay first batch planned", 0, None),
+        ("relay first batch recorded", 0, 7),
+        ("relay first batch planned", 3, None),
+        ("relay first batch recorded", 3, 5),
+    ]
 
 
 def _store_down(tmp_path: Path) -> tuple[TidingsConfig, Path, Engine, Outbox]:

@@ -4,6 +4,7 @@ the active one is fenced when it loses it or cannot renew it (on SQLite and Post
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -23,6 +24,7 @@ from tidings.db import make_engine
 from tidings.errors import RelayError
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import ensure_schema, lease
+from tidings.pipeline import relay as relay_module
 from tidings.pipeline.relay import run_relay
 from tidings.pipeline.standby import (
     OWNER_OPTION,
@@ -225,6 +227,59 @@ def test_the_active_relay_outlives_a_stale_relays_write_to_its_checkpoint(
         relay.join(120)
     assert not relay.is_alive()
     assert len(store_events(config)) == 10
+
+
+class _FailedToStart:
+    """A relay query as Spark leaves it when a Python process it started (the streaming
+    source's) did not connect back within the 10 s Spark waits: a fault of a machine too
+    busy, which cannot be produced on demand, so it is stood in for."""
+
+    isActive = False
+    lastProgress = None
+
+    def stop(self) -> None:
+        pass
+
+    def exception(self) -> Exception:
+        return RuntimeError("Python worker failed to connect back.\n\tat PythonWorkerFactory")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_relay_query_whose_python_process_started_too_late_is_started_again(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first query the relay starts fails so (injected); the relay keeps its lease,
+    starts the query again and drains the log, each event once."""
+    starts: list[object] = []
+
+    def start_relay(*args: object, **kwargs: object) -> object:
+        starts.append(args)
+        return _FailedToStart() if len(starts) == 1 else real_start(*args, **kwargs)
+
+    real_start = relay_module.start_relay
+    monkeypatch.setattr(relay_module, "start_relay", start_relay)
+    config = relay_config(tmp_path)
+    db = make_engine(config.database.url)
+    _emit(Outbox(db), 0, 5)
+    with caplog.at_level(logging.WARNING, logger="tidings.pipeline.relay"):
+        run_relay(spark, config, once=True)
+    assert len(starts) == 2
+    assert "did not start in time" in caplog.text
+    assert set(statuses(db).values()) == {"PUBLISHED"}
+    assert len(store_events(config)) == 5
+    assert relay_lease_state(db).active is None  # released at the end
+
+
+def test_a_relay_whose_query_keeps_failing_to_start_stops_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started again three times in a row, failing each time (injected as above): the relay
+    gives up with an error naming the cause (no Spark runs: every start is the stand-in)."""
+    monkeypatch.setattr(relay_module, "start_relay", lambda *a, **k: _FailedToStart())
+    config = relay_config(tmp_path)
+    with pytest.raises(RelayError, match=r"keep failing to start within 10 s.*connect back"):
+        run_relay(None, config, once=True)  # type: ignore[arg-type]
 
 
 def _relay_thread(

@@ -204,8 +204,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.targets.kinds": "event_store server_group resend_window event_server jetstream",
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
     "tidings.pipeline": (
-        "jobconfig publishing lease standby source spark replay relay archive_layout housekeeping "
-        "status metrics"
+        "jobconfig publishing lease standby source spark replay relay_query warmup relay "
+        "archive_layout housekeeping status metrics"
     ),
     "tidings.pipeline.publishing": "retry breaker outcome delivery publisher",
     "tidings.pipeline.source": "slices watermark queries workerheap task datasource",

@@ -28,7 +28,7 @@ from tidings.db import make_engine
 from tidings.intermediary.client.client import IntermediaryClient
 from tidings.intermediary.views.rows import emit_deleted, emit_row, row_event_type
 from tidings.outbox.producer import Outbox
-from tidings.pipeline.relay import start_relay
+from tidings.pipeline.relay_query import start_relay
 
 pytestmark = [pytest.mark.spark, pytest.mark.sockets]
 

@@ -34,7 +34,7 @@ from tidings.events.model import StoredEvent
 from tidings.events.query import QueryData
 from tidings.outbox.envelope import envelope_headers
 from tidings.outbox.producer import Outbox
-from tidings.pipeline.relay import start_relay
+from tidings.pipeline.relay_query import start_relay
 
 pytestmark = [pytest.mark.spark, pytest.mark.nats, pytest.mark.sockets]
 

@@ -148,7 +148,7 @@ def running_relay(
     """The relay on local Spark for the block, warmed up first: one event emitted and
     delivered, so that Spark's workers are up before the demo's clock starts. Leaving the
     block stops the query (after its last committed batch, if the block waited for it)."""
-    from tidings.pipeline.relay import start_relay
+    from tidings.pipeline.relay_query import start_relay
     from tidings.pipeline.spark import spark_session
 
     say("starting Spark (local) and the relay ...")

@@ -14,9 +14,12 @@ Bottom up:
   sequence and whose tasks each take a slice of the log, read it and publish it where they
   run; the job's driver collects the tasks' summaries into the batch log;
 - :mod:`~tidings.pipeline.spark`, the session the jobs run on;
-- the jobs: :mod:`~tidings.pipeline.replay`, the streaming :mod:`~tidings.pipeline.relay`,
-  and :mod:`~tidings.pipeline.housekeeping`, which archives in the Parquet layout of
-  :mod:`~tidings.pipeline.archive_layout` (the stream archiver writes it too);
+- the jobs: :mod:`~tidings.pipeline.replay`; the streaming relay: its query
+  (:mod:`~tidings.pipeline.relay_query`), a standby's preparation to take it over
+  (:mod:`~tidings.pipeline.warmup`) and the relay run under the lease
+  (:mod:`~tidings.pipeline.relay`); and :mod:`~tidings.pipeline.housekeeping`, which
+  archives in the Parquet layout of :mod:`~tidings.pipeline.archive_layout` (the stream
+  archiver writes it too);
 - what the log says about delivery (:mod:`~tidings.pipeline.status`, for ``tidings status``)
   and the relay's Prometheus :mod:`~tidings.pipeline.metrics`.
 

@@ -1,6 +1,7 @@
-"""The relay: a Spark Structured Streaming query from the event log to the targets, run
-under the relay lease (:mod:`tidings.pipeline.standby`), so one relay publishes from an
-outbox and any other started on it stands by to take over."""
+"""The relay: a Spark Structured Streaming query from the event log to the targets
+(:mod:`tidings.pipeline.relay_query`), run under the relay lease
+(:mod:`tidings.pipeline.standby`), so one relay publishes from an outbox and any other
+started on it stands by, prepared to take over (:mod:`tidings.pipeline.warmup`)."""
 
 from __future__ import annotations
 
@@ -8,92 +9,43 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
 from tidings.errors import RelayError
 from tidings.outbox.schema import ensure_schema
-from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.publishing.outcome import Summary
-from tidings.pipeline.spark import activate, spark_location
-from tidings.pipeline.standby import OWNER_OPTION, RelayLease, check_fence
+from tidings.pipeline.relay_query import start_relay, start_writer, wait_between_batches
+from tidings.pipeline.standby import RelayLease
+from tidings.pipeline.warmup import WarmStandby
 
 log = logging.getLogger(__name__)
 #: How long a stop request waits for the batch in flight to commit.
 STOP_GRACE_S = 30.0
-#: Spark's error when another query wrote the same batch to the checkpoint first: a relay
-#: that lost its lease froze between its source's lease check and that write
-#: (:mod:`tidings.pipeline.standby`). The active relay starts its query again, this often.
-_CHECKPOINT_RACE = "CONCURRENT_STREAM_LOG_UPDATE"
-_CHECKPOINT_RACES = 3
-
-
-def start_relay(
-    spark: SparkSession,
-    config: TidingsConfig,
-    config_path: str | None = None,
-    *,
-    available_now: bool = False,
-    lease_owner: str | None = None,
-) -> StreamingQuery:
-    """Start the relay query; with ``available_now`` it drains what is committed and stops.
-
-    With ``lease_owner`` (the holder of the relay lease) every task and batch checks that
-    the lease is still held before it publishes or commits (the fence)."""
-    ensure_schema(shared_engine(config.database.url))
-    activate(spark)
-    options = job_options(config, config_path)
-    if lease_owner is not None:
-        options[OWNER_OPTION] = lease_owner
-    checkpoint = spark_location(config.relay.checkpoint_dir)  # Spark creates it, also on HDFS
-    stream = spark.readStream.format("tidings_outbox").options(**options).load()
-    writer = (
-        stream.writeStream.foreachBatch(_BatchRecorder(options))
-        .option("checkpointLocation", checkpoint)
-        .queryName("tidings-relay")
-    )
-    if available_now:
-        writer = writer.trigger(availableNow=True)
-    else:
-        ms = int(config.relay.trigger_interval.total_seconds() * 1000)
-        writer = writer.trigger(processingTime=f"{ms} milliseconds")
-    query = writer.start()
-    log.info("relay started", extra={"checkpoint": checkpoint, "id": str(query.id)})
-    return query
-
-
-class _BatchRecorder:
-    """A micro-batch, run in the driver: its tasks publish their slices (collecting the
-    batch runs them), then the batch's summary goes to the batch log.
-
-    Spark writes the batch to its checkpoint's commit log only after this returns, so a
-    batch cut short by a crash is run again (same id) and publishes nothing twice. Doing
-    the work in the source's tasks and recording it here takes one Python worker per task
-    and none per commit, where a Python sink took a second worker per task, a runner for
-    its commit and a planning worker per batch.
-    """
-
-    def __init__(self, options: dict[str, str]) -> None:
-        self.options = options
-
-    def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        from tidings.pipeline.source.task import record_batch
-
-        rows = frame.collect()
-        check_fence(shared_engine(self.options["database_url"]), self.options)
-        record_batch(self.options, "relay", batch_id, rows)
-
-
-def _wait_between_batches(query: StreamingQuery, timeout: float) -> None:
-    """Wait until ``query`` runs no trigger (or ``timeout`` passed): stopping it then
-    interrupts no batch between its publishing and its commit."""
-    deadline = time.monotonic() + timeout
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.05)
+#: Failures after which the active relay keeps its lease and starts its query again (from
+#: the checkpoint, as after a crash), at most :data:`_RESTARTS` times in a row each: what
+#: Spark's error says -> what the relay logs, and what it fails with when they keep coming.
+_TRANSIENT = {
+    # Another query wrote the same batch to the checkpoint first: a relay that lost its lease
+    # froze between its source's lease check and that write (tidings.pipeline.standby).
+    "CONCURRENT_STREAM_LOG_UPDATE": (
+        "a stale relay wrote this relay's next batch",
+        "another streaming query keeps writing this relay's checkpoint ({checkpoint}); is a "
+        "relay without the relay lease (an older tidings) running on it?",
+    ),
+    # A Python process Spark started (the query's streaming source) did not connect back
+    # within the 10 s Spark waits, fixed: a machine too busy to start one in time.
+    "Python worker failed to connect back": (
+        "a Python process of Spark's did not start in time (is the machine overloaded?)",
+        "Spark's Python processes keep failing to start within 10 s; is the machine overloaded?",
+    ),
+}
+_RESTARTS = 3
 
 
 def run_relay(
@@ -111,11 +63,13 @@ def run_relay(
     """Run the relay until ``stop`` is set (or, with ``once``, until the log is drained).
 
     The relay first takes the relay lease. While another relay holds it, this one stands by
-    (``on_standby`` is told the holder's name) and starts its query only once it took the
-    lease (``on_active``); if it loses the lease while active, it stops its query before the
-    lease can expire and stands by again. With ``once`` it waits only as long as the lease
-    of a relay that died can last; a lease another relay keeps renewing is then a
-    :class:`~tidings.errors.RelayError`: a drain beside an active relay has nothing to do.
+    (``on_standby`` is told the holder's name), prepared: its query built and a warm-up
+    query running on the same code paths (:mod:`tidings.pipeline.warmup`); it starts its
+    query only once it took the lease (``on_active``); if it loses the lease while active,
+    it stops its query before the lease can expire and stands by again. With ``once`` it
+    waits only as long as the lease of a relay that died can last; a lease another relay
+    keeps renewing is then a :class:`~tidings.errors.RelayError`: a drain beside an active
+    relay has nothing to do.
 
     The relay itself resumes events held while a target was down and sends retries when they
     are due (carry-over, :mod:`tidings.pipeline.source.datasource`). If
@@ -136,28 +90,42 @@ def run_relay(
     lease = RelayLease(engine, config.relay.lease)
     # A drain waits out the lease of a relay that died, not one that keeps renewing it.
     patience = lease.ttl + lease.poll_every if once else None
-    races = 0
-    while lease.acquire(stop, patience=patience, on_standby=on_standby):
-        if on_active is not None:
-            on_active()
-        raced = False
-        try:
-            raced = _run_leased(spark, config, config_path, lease, once, stop, on_replay, on_tick)
-        finally:
-            if not lease.lost.is_set() and not raced:
-                lease.release()
-        if raced:  # keeps the lease (taking it again renews it) and starts the query again
-            races += 1
-            if races > _CHECKPOINT_RACES:
-                raise RelayError(
-                    f"another streaming query keeps writing this relay's checkpoint "
-                    f"({config.relay.checkpoint_dir}); is a relay without the relay lease "
-                    "(an older tidings) running on it?"
+    # A drain does not stand by: it has no takeover to prepare.
+    standby = None if once else WarmStandby(spark, config, config_path, lease.owner)
+
+    def standing_by(holder: str) -> None:
+        if on_standby is not None:
+            on_standby(holder)
+        if standby is not None:
+            standby.prepare()
+
+    restarts: dict[str, int] = {}
+    try:
+        while lease.acquire(stop, patience=patience, on_standby=standing_by):
+            if on_active is not None:
+                on_active()
+            restart: _Restart | None = None
+            try:
+                restart = _run_leased(
+                    spark, config, config_path, lease, once, stop, standby, on_replay, on_tick
                 )
-            continue
-        if not lease.lost.is_set():
-            return
-        log.warning("relay lease lost; standing by again", extra={"owner": lease.owner})
+            finally:
+                if not lease.lost.is_set() and restart is None:
+                    lease.release()
+            if restart is not None:  # keeps the lease (taking it again renews it)
+                count = 1 if restart.progressed else restarts.get(restart.cause, 0) + 1
+                restarts[restart.cause] = count
+                if count > _RESTARTS:
+                    checkpoint = config.relay.checkpoint_dir
+                    why = _TRANSIENT[restart.cause][1].format(checkpoint=checkpoint)
+                    raise RelayError(f"{why} (last: {restart.failure})")
+                continue
+            if not lease.lost.is_set():
+                return
+            log.warning("relay lease lost; standing by again", extra={"owner": lease.owner})
+    finally:
+        if standby is not None:
+            standby.close()  # stopped while standing by
 
 
 def _run_leased(
@@ -167,11 +135,13 @@ def _run_leased(
     lease: RelayLease,
     once: bool,
     stop: threading.Event,
+    standby: WarmStandby | None,
     on_replay: Callable[[Summary], None] | None,
     on_tick: Callable[[], None] | None,
-) -> bool:
-    """The relay's query while this relay holds the lease (:func:`run_relay`); True when
-    it failed because another query wrote the same batch to the checkpoint first."""
+) -> _Restart | None:
+    """The relay's query while this relay holds the lease (:func:`run_relay`): the one
+    ``standby`` prepared while standing by, else built now; a :class:`_Restart` when it
+    failed for a passing reason and is to be started again."""
     from tidings.pipeline.replay import run_replay
 
     every = config.relay.replay_every
@@ -185,8 +155,15 @@ def _run_leased(
 
     # Renewing from the moment the lease was taken: starting the query may outlast a TTL.
     with lease.guard(on_lost=stop_started):
-        query = start_relay(spark, config, config_path, available_now=once, lease_owner=lease.owner)
+        prepared = None if standby is None else standby.take()
+        if prepared is not None:
+            query = start_writer(prepared, config)
+        else:
+            owner = lease.owner
+            query = start_relay(spark, config, config_path, available_now=once, lease_owner=owner)
         started.append(query)
+        if standby is not None:
+            standby.close()  # the warm-up stops while the query starts
         try:
             while query.isActive and not stop.is_set() and not lease.lost.is_set():
                 try:
@@ -200,21 +177,30 @@ def _run_leased(
                     _scheduled_replay(run_replay, spark, config, config_path, on_replay)
                     next_replay = time.monotonic() + period
             if query.isActive and not lease.lost.is_set():
-                _wait_between_batches(query, STOP_GRACE_S)  # asked to stop: let it commit
+                wait_between_batches(query, STOP_GRACE_S)  # asked to stop: let it commit
         finally:
             query.stop()  # also when the lease was lost while the query started
     if on_tick is not None:
         on_tick()
     failure = query.exception()
     if failure is None or lease.lost.is_set():
-        return False
+        return None
     if lease.holder() not in (None, lease.owner):  # fenced by a task before the watchdog
         lease.lost.set()
-        return False
-    if _CHECKPOINT_RACE in str(failure):
-        log.warning("a stale relay wrote this relay's next batch; starting the query again")
-        return True
+        return None
+    for cause, (what, _) in _TRANSIENT.items():
+        if cause in str(failure):
+            log.warning(f"{what}; starting the query again")
+            return _Restart(cause, str(failure).splitlines()[0], query.lastProgress is not None)
     raise RelayError(f"the relay query failed: {failure}")
+
+
+class _Restart(NamedTuple):
+    """The relay query failed for a passing reason (:data:`_TRANSIENT`): start it again."""
+
+    cause: str  # the key of _TRANSIENT
+    failure: str  # Spark's error, its first line
+    progressed: bool  # a batch ran before it failed: the failures in a row start again
 
 
 def _scheduled_replay(

@@ -52,6 +52,10 @@ class Routes:
             targets = self._resolved[event_type] = tuple(found) or self.default
         return targets
 
+    def target_names(self) -> set[str]:
+        """Every target some event type goes to."""
+        return {name for names in self.by_type.values() for name in names} | set(self.default)
+
 
 #: A route key ending in it is a prefix pattern; alone, it matches every type.
 WILDCARD = "*"

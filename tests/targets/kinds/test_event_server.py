@@ -28,7 +28,7 @@ from tidings.events.outbox import OutboxEvent
 from tidings.events.query import QueryData
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
-from tidings.pipeline.relay import start_relay
+from tidings.pipeline.relay_query import start_relay
 from tidings.targets.kinds.event_server import EventServerTarget, EventServerTargetConfig
 
 pytestmark = pytest.mark.sockets

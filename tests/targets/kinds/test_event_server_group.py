@@ -28,7 +28,7 @@ from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
 from tidings.outbox.producer import Outbox
-from tidings.pipeline.relay import start_relay
+from tidings.pipeline.relay_query import start_relay
 from tidings.server.store.schema import events_table
 from tidings.targets import registry  # noqa: F401 - enters the target kinds' models
 from tidings.targets.kinds.event_server import EventServerTarget, EventServerTargetConfig

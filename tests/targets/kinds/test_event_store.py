@@ -26,7 +26,7 @@ from tidings.errors import ConfigError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import StoredEvent
 from tidings.events.outbox import OutboxEvent
 from tidings.outbox.producer import Outbox
-from tidings.pipeline.relay import start_relay
+from tidings.pipeline.relay_query import start_relay
 from tidings.server.store import EventStore
 from tidings.targets.kinds.event_store import EventStoreTarget, EventStoreTargetConfig
 

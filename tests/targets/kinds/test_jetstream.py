@@ -47,7 +47,7 @@ from tidings.events.outbox import OutboxEvent
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.publishing.breaker import MAX_PAUSE_S
-from tidings.pipeline.relay import start_relay
+from tidings.pipeline.relay_query import start_relay
 from tidings.pipeline.replay import ReplayLimits, run_replay
 from tidings.targets.kinds.jetstream.config import JetStreamTargetConfig
 from tidings.targets.kinds.jetstream.messages import (

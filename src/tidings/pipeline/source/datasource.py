@@ -22,6 +22,10 @@ an event-number limit taken in log order, again partitioned by key bucket. A key
 FAILED event is past the retry-count threshold is left out as a whole (it cannot move until
 an operator acts), so its held events never eat the limit of the keys that can.
 
+Warm-up (option ``warm_up``, a standby relay's, :mod:`tidings.pipeline.warmup`): every
+trigger plans one slice that reads nothing (``{"seq": 0, "carry": n}``, no database), and its
+task loads what a relay task loads and publishes nothing.
+
 A task is handed its slice (:class:`LogSlice`) and publishes it where it runs
 (:func:`tidings.pipeline.source.task.publish_task`): it reads the slice's rows itself and
 yields one row, its :class:`~tidings.pipeline.publishing.outcome.Summary`. The events never
@@ -60,6 +64,8 @@ if TYPE_CHECKING:
 
 #: A streaming offset: ``{"seq": n, "carry": c}`` (see the module's docstring).
 Offset = dict[str, int]
+#: The option that makes a stream a standby's warm-up (see the module's docstring).
+WARM_UP_OPTION = "warm_up"
 _EVENTS_PER_TASK = 5_000
 _SETTLE_SECONDS = 60.0  # availableNow: how long to wait for in-flight writers to finish
 _CARRY_FIRST_S = 0.5  # pause between carry-overs while they make progress
@@ -108,8 +114,11 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
         self._carry_pause = _CARRY_FIRST_S
         self._open_below: int | None = None  # open rows at or below the offset, last count
         self._carried_once = False
+        self._warm_up = self.options.get(WARM_UP_OPTION) == "true"
 
     def initialOffset(self) -> Offset:
+        if self._warm_up:
+            return {"seq": 0, "carry": 0}
         return {"seq": self.log.start(), "carry": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -119,6 +128,8 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
         self._until = self.log.settle(_SETTLE_SECONDS)
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        if self._warm_up:  # a batch every trigger, reading nothing
+            return {"seq": 0, "carry": int(start.get("carry", 0)) + 1}
         from tidings.pipeline.standby import check_fence
 
         # A relay that lost its lease plans no batch: it writes no offsets to the checkpoint.
@@ -162,6 +173,8 @@ class OutboxStreamReader(_LogUser, DataSourceStreamReader, SupportsTriggerAvaila
     def partitions(self, start: Offset, end: Offset) -> list[LogSlice]:
         after, upto = int(start["seq"]), int(end["seq"])
         carry = int(end.get("carry", 0)) != int(start.get("carry", 0))
+        if self._warm_up:
+            return [LogSlice(0, 0, 0, 1)]
         if upto <= after and not carry:
             return []
         rows = (upto - after) + ((self._open_below or 0) if carry else 0)
@@ -197,7 +210,12 @@ class ReplayReader(_LogUser, DataSourceReader):
 
 
 def _published(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
-    """Publish ``part`` in this task (loading the publisher here, where it runs)."""
+    """Publish ``part`` in this task (loading the publisher here, where it runs); in a
+    warm-up, load it and publish nothing."""
+    if options.get(WARM_UP_OPTION) == "true":
+        from tidings.pipeline.source.task import warm_up_task
+
+        return warm_up_task(options)
     from tidings.pipeline.source.task import publish_task
 
     return publish_task(options, part)

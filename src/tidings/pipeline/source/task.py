@@ -58,6 +58,21 @@ def publish_task(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
     return batch
 
 
+def warm_up_task(options: Mapping[str, str]) -> pa.RecordBatch:
+    """A standby relay's warm-up task (:mod:`tidings.pipeline.warmup`): what
+    :func:`publish_task` loads before its first chunk (the configuration, the engine, the
+    routes, the publisher, the routed targets' clients), loaded in this worker for the relay
+    query's first task; nothing read, nothing published. An empty summary."""
+    config = job_config(options)
+    publisher = task_publisher(config, options)
+    for name in publisher.routes.target_names():
+        if (spec := config.targets.get(name)) is not None:
+            shared_target(name, spec)
+    batch = _one_text_row("summary", json.dumps(Summary().as_dict()))
+    freeze_heap()
+    return batch
+
+
 def _one_text_row(name: str, text: str) -> pa.RecordBatch:
     """A one-row, one-column batch of ``text``, built from raw buffers: converting Python
     objects makes pyarrow import pandas, 50 MiB more in every task worker."""
