@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from tidings.config.model import StrictModel
+from tidings.config.model import AnonymousFrom, StrictModel
 from tidings.config.passwords import check_hash
 from tidings.errors import ConfigError, StoreError
 from tidings.events.matching import QueryType, validate_query_type
@@ -103,7 +103,7 @@ class EventerIdentityConfig(EventerGrantsConfig):
 class EventerAnonymousConfig(EventerGrantsConfig):
     """Clients without an identity: where they may connect from, and what they may do."""
 
-    allowed_from: Literal["loopback", "anywhere", "nowhere"] = Field(
+    allowed_from: AnonymousFrom = Field(
         default="loopback",
         description=(
             "``loopback``: served when they connect from this host (127.0.0.0/8, ::1); "

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tidings.config.model import StrictModel, as_value_error
+from tidings.config.model import AnonymousFrom, StrictModel, as_value_error
 from tidings.config.passwords import PasswordHashConfig, check_token_hash, hash_from_env
 from tidings.errors import StoreError
 from tidings.events.matching import QueryType, validate_query_type
@@ -152,7 +152,7 @@ class SubscriberConfig(PasswordHashConfig, SubscriberGrant):
 class AnonymousConfig(SubscriberGrant):
     """Clients that send no credentials: whether they are let in, and their grant."""
 
-    allowed_from: Literal["loopback", "anywhere", "nowhere"] = Field(
+    allowed_from: AnonymousFrom = Field(
         default="loopback",
         description=(
             "``loopback``: only connections from this machine (127.0.0.0/8, ::1), as the "

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -190,6 +190,11 @@ def as_value_error(check: Callable[[V], object], value: V) -> None:
         check(value)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
+
+
+#: Where clients without an identity are served from: the Eventer's and the intermediaries'
+#: ``anonymous.allowed_from`` (one rule, :func:`tidings.address.is_loopback`).
+AnonymousFrom: TypeAlias = Literal["loopback", "anywhere", "nowhere"]
 
 
 class StrictModel(BaseModel):
