@@ -30,6 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from tidings.errors import ConfigError, StreamError
+from tidings.pipeline.source.runner_exit import quiet_when_the_jvm_closes
 from tidings.streams.client import LIVE, failure_reason, ftn3_outcome, http_url
 from tidings.streams.protocol import ftn3
 from tidings.streams.protocol.interfaces import COMPONENT
@@ -128,6 +129,8 @@ class TidingsStreamDataSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: object) -> TidingsStreamReader:
+        # Called in Spark's streaming source runner: a stopped query ends it quietly.
+        quiet_when_the_jvm_closes()
         return TidingsStreamReader(self.options)
 
 

@@ -49,6 +49,10 @@ class TypeMap:
             return self.all_patterns()
         return [p for name in dict.fromkeys(want) for p in self.patterns.get(name, ())]
 
+    def carries(self, event_type: EventType) -> bool:
+        """Whether the stream sends events of ``event_type`` (:meth:`name_of` names it)."""
+        return self.name_of(event_type) is not None
+
     def name_of(self, event_type: EventType) -> str | None:
         """The FTN18 name of an event of ``event_type``; ``None`` if the stream omits it.
         No stream carries the servers' own consumer events, whatever its patterns

@@ -150,6 +150,37 @@ def test_consumer_events_are_passed_over_and_never_counted(tmp_path: Path) -> No
     assert on_b.apply(S, U, "C", covers) == 3
 
 
+def test_the_peers_own_events_outside_the_stream_do_not_hold_a_position_back(
+    tmp_path: Path, database_url: str
+) -> None:
+    """B's own status events (its Syncer's ``('event', 'syncer', ...)``) fall between A's
+    events in B's log, but after them in A's, where a consumer that read A's events has not
+    passed them: its covers do not name them. They are not in the stream, so the consumer
+    moves over them on B; without the stream's types (a stream B does not serve) they stop
+    it, as before: duplicates at worst, never a loss. An event of the stream the covers do
+    not name still stops it."""
+    a, b = _pair(tmp_path, database_url)
+    first = _own(a, "a1")
+    b.append_synced(first)
+    status = b.register([json_event(("event", "syncer", "client", "1", "synced"), True)])
+    then = _own(a, "a2", "a3")
+    b.append_synced(then)  # B: a1 status a2 a3
+    on_a = Consumers(a)
+    on_a.register(S, U, "C")
+    _, covers = on_a.acknowledge(S, U, "C", 3)  # A: a1 a2 a3, all read
+    assert covers is not None and set(covers) == {1}
+    stream_types = TypeMap({"ORDER": (("orders", "*"),)})
+    on_b = Consumers(b, {S: stream_types.carries})
+    assert on_b.apply(S, U, "C", covers) == _positions(b)[then[-1].id] == 4
+    # Another stream's consumer (no types known for it here) stops at the status event.
+    assert Consumers(b).apply("other", U, "C", covers) == _positions(b)[first[0].id]
+    # An event of the stream that the covers do not name stops the consumer.
+    [late] = _own(b, "b1")
+    b.append_synced(_own(a, "a4"))
+    assert on_b.apply(S, U, "C", covers) == 4
+    assert late.position == 5
+
+
 def test_apply_registers_and_unregister_forgets_the_covers(tmp_path: Path) -> None:
     a, _ = _pair(tmp_path)
     consumers = Consumers(a)

@@ -55,6 +55,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from tidings.pipeline.source.runner_exit import quiet_when_the_jvm_closes
 from tidings.pipeline.source.slices import SCHEMA, LogSlice
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ class OutboxDataSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: object) -> OutboxStreamReader:
+        # Called in Spark's streaming source runner: a stopped query ends it quietly.
+        quiet_when_the_jvm_closes()
         return OutboxStreamReader(self.options)
 
     def reader(self, schema: object) -> ReplayReader:

@@ -16,6 +16,7 @@ moving the local position over what they cover.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -38,6 +39,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ColumnElement
 
 from tidings.errors import StoreError, StreamError
+from tidings.events.model import EventType
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.server.store import EventStore
 from tidings.streams.consumers.replication import (
@@ -105,8 +107,13 @@ class Consumer:
 class Consumers:
     """The registered consumers of every stream of one store. Blocking: call from a thread."""
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(
+        self, store: EventStore, carried: Mapping[str, Callable[[EventType], bool]] | None = None
+    ) -> None:
         self._store = store
+        #: Per stream served here: whether it carries a type (a peer's covers move a
+        #: consumer of it over the types it does not carry, :meth:`apply`).
+        self._carried = dict(carried or {})
         with store.transaction("create the stream consumers table") as conn:
             _metadata.create_all(conn, checkfirst=True)
 
@@ -161,7 +168,8 @@ class Consumers:
     def apply(self, stream: str, user: str, component: str, covers: Covers) -> int:
         """Take a peer's word for a consumer: registered, and past what ``covers`` cover.
         Registers it if it is new here, grows its covers and moves its position over the
-        events they cover (:func:`.replication.covered_prefix`); the position now."""
+        events they cover and those its stream does not carry
+        (:func:`.replication.covered_prefix`); the position now."""
         with self._store.transaction("apply a peer's stream consumer") as conn:
             current = _locked_position(conn, stream, user, component)
             if current is None:
@@ -170,7 +178,7 @@ class Consumers:
             old = _covers(conn, stream, user, component)
             grown = merged(old, covers)
             _write_covers(conn, stream, user, component, old, grown)
-            position = covered_prefix(conn, current, grown)
+            position = covered_prefix(conn, current, grown, self._carried.get(stream))
             if position > current:
                 conn.execute(
                     update(consumers_table)

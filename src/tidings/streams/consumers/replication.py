@@ -27,7 +27,7 @@ compaction (:mod:`.compaction`) deletes those.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import Connection, func, select
 from sqlalchemy.sql import ColumnElement
@@ -43,7 +43,7 @@ from tidings.events.model import (
 )
 from tidings.events.validation import INT64_MAX
 from tidings.server.store.copies import copies_between
-from tidings.server.store.schema import events_table
+from tidings.server.store.schema import decode_type, events_table
 from tidings.streams.protocol.ftn3 import INVALID_REQUEST
 from tidings.streams.typemap import CONSUMER_TYPE
 
@@ -84,25 +84,36 @@ def ids_between(conn: Connection, after: int, upto: int) -> Covers:
     return {int(server): (int(session), int(instance)) for server, session, instance in rows}
 
 
-def covered_prefix(conn: Connection, start: int, covers: Mapping[int, tuple[int, int]]) -> int:
+def covered_prefix(
+    conn: Connection,
+    start: int,
+    covers: Mapping[int, tuple[int, int]],
+    carried: Callable[[EventType], bool] | None = None,
+) -> int:
     """The end of the longest run of the log after ``start`` whose events ``covers`` all
-    cover (consumer events aside: no consumer reads them): the position a consumer at
-    ``start`` with those covers may move to. An event held here under one id may have been
-    read elsewhere under another (a peer's copy of the same outbox event, which the store
-    skipped and recorded, :mod:`tidings.server.store.copies`): covering either counts."""
+    cover: the position a consumer at ``start`` with those covers may move to. Events no
+    consumer of the stream could be sent do not stop the run: consumer events, and, given
+    ``carried`` (whether the consumer's stream carries a type), the types it does not carry,
+    such as this server's own status events, which the peer that wrote the covers may
+    have logged elsewhere in its order or not at all. An event held here under one id may
+    have been read elsewhere under another (a peer's copy of the same outbox event, which
+    the store skipped and recorded, :mod:`tidings.server.store.copies`): covering either
+    counts."""
     e = events_table.c
     position = start
     while True:
         rows = conn.execute(
-            select(e.position, e.server, e.session, e.instance)
+            select(e.position, e.server, e.session, e.instance, e.type)
             .where(e.position > position, _not_consumer_event())
             .order_by(e.position)
             .limit(_SCAN_STEP)
         ).all()
         copies = copies_between(conn, position, int(rows[-1][0])) if rows else {}
-        for row_position, server, session, instance in rows:
+        for row_position, server, session, instance, type_text in rows:
             names = [EventId(server, session, instance), *copies.get(int(row_position), ())]
-            if not any(_covered(covers, name) for name in names):
+            if not any(_covered(covers, name) for name in names) and (
+                carried is None or carried(decode_type(type_text))
+            ):
                 return position
             position = int(row_position)
         if len(rows) < _SCAN_STEP:

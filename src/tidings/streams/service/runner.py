@@ -36,7 +36,7 @@ from tidings.streams.service.functions import StreamService
 from tidings.streams.service.reader import StreamReader
 from tidings.streams.service.refusals import SLOW_REQUEST_HEAD, Refusals
 from tidings.streams.service.slow_clients import REQUEST_HEAD_TIMEOUT_S, protocol_class
-from tidings.streams.typemap import type_map_from_config
+from tidings.streams.typemap import TypeMap, type_map_from_config
 from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,11 @@ class RunningStreams:
         loop = asyncio.get_running_loop()
         running = cls({}, executor=executor, password_checks=checks)
         try:
-            consumers = await loop.run_in_executor(executor, Consumers, server.store)
+            type_maps = {
+                stream.name: type_map_from_config(stream.types) for stream in config.streams
+            }
+            carried = {name: type_map.carries for name, type_map in type_maps.items()}
+            consumers = await loop.run_in_executor(executor, Consumers, server.store, carried)
             # The peers' consumer events: listened to before the first catch-up reads.
             sync = ConsumerSync(server.store, consumers, executor)
             running.unsubscribe.append(server.engine.subscribe(sync.notice))
@@ -76,7 +80,14 @@ class RunningStreams:
             for stream in config.streams:
                 by_address.setdefault((stream.host, stream.port), []).append(stream)
                 running.services[stream.name] = _service(
-                    stream, config, server, consumers, users, executor, running
+                    stream,
+                    type_maps[stream.name],
+                    config,
+                    server,
+                    consumers,
+                    users,
+                    executor,
+                    running,
                 )
             running._measure(config, server)
             for (host, port), streams in by_address.items():
@@ -169,6 +180,7 @@ def streams_attachment(config: StreamServerConfig) -> Attachment | None:
 
 def _service(
     stream: StreamConfig,
+    type_map: TypeMap,
     config: StreamServerConfig,
     server: RunningServer,
     consumers: Consumers,
@@ -181,7 +193,6 @@ def _service(
     The position is read and the listener added in one step on the loop, so no batch falls
     between them.
     """
-    type_map = type_map_from_config(stream.types)
     feed = StreamFeed(type_map, server.store.last_position())
     running.unsubscribe.append(server.engine.subscribe(feed.add))
     reader = StreamReader(server.store, feed, type_map, executor)
