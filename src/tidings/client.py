@@ -62,7 +62,7 @@ from tidings.events import (
     json_event,
     validate_query_type,
 )
-from tidings.wire import chatter, codec
+from tidings.wire import chatter, chatter_client, codec
 
 #: Everything the client's calls take, return and raise, so a user needs no other import.
 __all__ = [
@@ -107,7 +107,7 @@ async def connect(
     address: str,
     subscriptions: Sequence[tuple[str, ...]] = (),
     *,
-    tls: chatter.ClientTls | ssl.SSLContext | None = None,
+    tls: chatter_client.ClientTls | ssl.SSLContext | None = None,
     max_frame_bytes: int = chatter.DEFAULT_MAX_FRAME_BYTES,
     ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
     timeout: float = 10.0,
@@ -134,7 +134,7 @@ async def connect(
     ``eventer_server.identities``), only over TLS or on loopback: a refused login raises
     :class:`AccessDenied` with the server's reason. A client certificate needs no login.
     """
-    connection = await chatter.connect(
+    connection = await chatter_client.connect(
         address,
         tls=tls,
         max_frame_bytes=max_frame_bytes,

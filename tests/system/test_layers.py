@@ -208,9 +208,11 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "archive_layout housekeeping status metrics"
     ),
     "tidings.pipeline.publishing": "retry breaker outcome delivery publisher",
-    "tidings.pipeline.source": "slices watermark queries workerheap task datasource",
+    "tidings.pipeline.source": "runner_exit slices watermark queries workerheap task datasource",
     "tidings.pipeline.housekeeping": "selection archiving run",
-    "tidings.wire": "lag receive_queue prescan codec envelope frame_reader chatter chatter_server",
+    "tidings.wire": (
+        "lag receive_queue prescan codec envelope frame_reader chatter chatter_client chatter_server"
+    ),
     "tidings.server": (
         "store backends engine writing change_feed async_engine eventer syncer monitor metrics "
         "runner"

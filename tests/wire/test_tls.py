@@ -19,7 +19,7 @@ from tests.support.waiting import run, until
 from tidings.config.tls import TlsClientConfig
 from tidings.errors import ConfigError, ConnectionClosed, TlsError
 from tidings.events.query import QueryData
-from tidings.wire import chatter, chatter_server, codec
+from tidings.wire import chatter, chatter_client, chatter_server, codec
 
 pytestmark = pytest.mark.sockets
 
@@ -59,7 +59,7 @@ async def echo_server(
 
 async def ask(address: str, tls: TlsClientConfig | ssl.SSLContext | None = None) -> None:
     """Connect, make one request and close; raises what connecting or the request raised."""
-    connection = await chatter.connect(address, tls=tls, ping_interval=None, timeout=5)
+    connection = await chatter_client.connect(address, tls=tls, ping_interval=None, timeout=5)
     try:
         query = codec.query_to_sbs(QueryData())
         reply = await connection.request(codec.EVENTER, "MsgQueryReq", query, timeout=5)

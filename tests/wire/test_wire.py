@@ -31,7 +31,15 @@ from tidings.address import parse_address, parse_endpoint
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.events.query import QueryData
-from tidings.wire import chatter, chatter_server, codec, envelope, frame_reader, prescan
+from tidings.wire import (
+    chatter,
+    chatter_client,
+    chatter_server,
+    codec,
+    envelope,
+    frame_reader,
+    prescan,
+)
 from tidings.wire.chatter import Connection
 
 # --- codec ----------------------------------------------------------------------------------
@@ -878,7 +886,7 @@ def test_server_close_waits_for_handlers() -> None:
                 done.append(connection.peer)
 
         server = await chatter_server.listen("tcp+sbs://127.0.0.1:0", handler, ping_interval=None)
-        client = await chatter.connect(local_address(server.port), ping_interval=None)
+        client = await chatter_client.connect(local_address(server.port), ping_interval=None)
         while not server.connections:
             await asyncio.sleep(0.01)
         await server.aclose()

@@ -1,6 +1,6 @@
 """Listening for chatter connections: every accepted one is served by a handler.
 
-The server side of :mod:`tidings.wire.chatter` (whose :func:`~tidings.wire.chatter.connect`
+The server side of :mod:`tidings.wire.chatter` (whose :func:`~tidings.wire.chatter_client.connect`
 is the client side): the Eventer and Syncer servers listen with :func:`listen`, each
 connection gets a task of its own running the handler, and closing the server closes every
 connection and waits for the handlers, so a closed server leaves nothing running. On an

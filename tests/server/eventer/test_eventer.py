@@ -26,7 +26,7 @@ from tidings.events.query import QueryData
 from tidings.server.engine import Engine, SessionEvent
 from tidings.server.eventer.server import EVENTER_EVENT_TYPE, EventerServer
 from tidings.server.store import EventStore
-from tidings.wire import chatter, codec
+from tidings.wire import chatter_client, codec
 
 pytestmark = pytest.mark.sockets
 
@@ -243,7 +243,7 @@ def test_invalid_query_gets_an_empty_reply(
 ) -> None:
     async def main() -> None:
         async with running(tmp_path) as srv:
-            connection = await chatter.connect(srv.address, ping_interval=None)
+            connection = await chatter_client.connect(srv.address, ping_interval=None)
             value = codec.query_to_sbs(QueryData())
             value["types"] = ("value", [["*", "x"]])
             reply = await connection.request("HatEventer", "MsgQueryReq", value, timeout=5)

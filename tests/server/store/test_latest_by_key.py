@@ -20,7 +20,7 @@ from tidings.errors import StoreError
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
 from tidings.server.store import EventStore, events_from_rows
 from tidings.server.store.latest_by_key import latest_by_key_rows
-from tidings.wire import chatter, codec
+from tidings.wire import chatter_client, codec
 
 ROWS = ("db", "rows.users")
 
@@ -193,7 +193,7 @@ def test_the_server_bounds_a_page_by_the_bytes_asked_for(tmp_path: Path) -> None
         async with running(tmp_path) as srv:
             async with await connect(srv.address) as client:
                 await client.register_with_response([_row(key, key) for key in range(10)])
-            connection = await chatter.connect(srv.address)
+            connection = await chatter_client.connect(srv.address)
             try:
                 counts = []
                 for max_bytes in (1, 200, None):

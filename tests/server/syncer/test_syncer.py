@@ -25,7 +25,7 @@ from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
 from tidings.server.syncer.common import SERVER_STATUS_TYPE, client_status_type
 from tidings.server.syncer.server import SyncerLimits, SyncerServer
-from tidings.wire import chatter, codec
+from tidings.wire import chatter, chatter_client, codec
 
 pytestmark = [pytest.mark.sockets, pytest.mark.timeout(120)]
 
@@ -65,7 +65,7 @@ def of_type(engine: AsyncEngine, event_type: tuple[str, ...]) -> list[object]:
 
 async def raw_client(port: int, last: EventId, name: str = "raw") -> chatter.Connection:
     """A bare chatter connection that has sent its MsgReq."""
-    connection = await chatter.connect(local_address(port))
+    connection = await chatter_client.connect(local_address(port))
     request = {"lastEventId": codec.event_id_to_sbs(last), "clientName": name}
     connection.send("HatSyncer", "MsgReq", request)
     return connection
@@ -297,7 +297,7 @@ def test_first_message_must_be_msgreq(tmp_path: Path, caplog: pytest.LogCaptureF
     async def main() -> None:
         async with node(tmp_path, 1) as a:
             server = await SyncerServer.start(LOCAL, a)
-            bad = await chatter.connect(local_address(server.port))
+            bad = await chatter_client.connect(local_address(server.port))
             bad.send("HatSyncer", "MsgSynced", None)
             await asyncio.wait_for(bad.wait_closed(), 10)
 

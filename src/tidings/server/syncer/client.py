@@ -43,7 +43,7 @@ from tidings.server.syncer.common import (
     mark_client_name,
     sort_synced_events,
 )
-from tidings.wire import chatter, codec
+from tidings.wire import chatter, chatter_client, codec
 from tidings.wire.chatter import Connection
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class SyncerClient:
         delay = self._min_delay
         while True:
             try:
-                connection = await chatter.connect(
+                connection = await chatter_client.connect(
                     self.address,
                     tls=self._tls,
                     ping_interval=self._ping_interval,
