@@ -201,7 +201,9 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.outbox": "envelope schema confirmations checks incomplete producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults kinds registry routed",
-    "tidings.targets.kinds": "event_store server_group resend_window event_server jetstream",
+    "tidings.targets.kinds": (
+        "event_store server_group resend_window event_server_config event_server jetstream"
+    ),
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
     "tidings.pipeline": (
         "jobconfig publishing lease standby source spark replay relay_query warmup relay "
@@ -211,7 +213,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.pipeline.source": "runner_exit slices watermark queries workerheap task datasource",
     "tidings.pipeline.housekeeping": "selection archiving run",
     "tidings.wire": (
-        "lag receive_queue prescan codec envelope frame_reader chatter chatter_client chatter_server"
+        "lag receive_queue prescan codec envelope frame_reader chatter chatter_client "
+        "chatter_server"
     ),
     "tidings.server": (
         "store backends engine writing change_feed async_engine eventer syncer monitor metrics "

@@ -29,7 +29,8 @@ from tidings.events.query import QueryData
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.relay_query import start_relay
-from tidings.targets.kinds.event_server import EventServerTarget, EventServerTargetConfig
+from tidings.targets.kinds.event_server import EventServerTarget
+from tidings.targets.kinds.event_server_config import EventServerTargetConfig
 
 pytestmark = pytest.mark.sockets
 

@@ -31,7 +31,8 @@ from tidings.outbox.producer import Outbox
 from tidings.pipeline.relay_query import start_relay
 from tidings.server.store.schema import events_table
 from tidings.targets import registry  # noqa: F401 - enters the target kinds' models
-from tidings.targets.kinds.event_server import EventServerTarget, EventServerTargetConfig
+from tidings.targets.kinds.event_server import EventServerTarget
+from tidings.targets.kinds.event_server_config import EventServerTargetConfig
 from tidings.targets.kinds.server_group import blessed_addresses
 
 pytestmark = pytest.mark.sockets
