@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from bench.harness.processes import free_port
+from tests.support.certificates import TlsSetup
 from tests.support.cli_runs import one_error_line, run_tidings
 from tests.support.stream_helpers import (
     BILLING,
@@ -130,3 +131,27 @@ def test_a_component_the_user_may_not_consume_as_is_one_line_naming_both(
     assert one_error_line(done) == (
         "error: Unauthorized: user 'billing' may not consume stream 's' as component AUDITOR"
     )
+
+
+@pytest.mark.parametrize("mode", [[], ["--poll"]], ids=["push", "poll"])
+def test_an_https_stream_is_verified_against_the_tls_ca_file(tmp_path, mode: list[str]) -> None:
+    """With the stream's CA the consumer gets through TLS to the stream (here to its refusal
+    of a wrong password); without it the system's CAs refuse the certificate; a CA file that
+    is not one is one line naming it."""
+    tls = TlsSetup(tmp_path / "tls")
+    config = stream_server_config(
+        f"sqlite:///{tmp_path}/e.db",
+        tls_certfile=str(tls.server.cert),
+        tls_keyfile=str(tls.server.key),
+    )
+    wrong = os.environ | {"TIDINGS_STREAM_USER": USER, "TIDINGS_STREAM_PASSWORD": "wrong"}
+    with serving_in_thread(config) as server:
+        url = server.url.replace("http://", "https://")
+        args = ("consume", url, "C", "--connect-timeout", "5", *mode)
+        verified = run_tidings(*args, "--tls-ca-file", str(tls.ca.cert), env=wrong, timeout=60)
+        assert one_error_line(verified).startswith("error: SecurityError")
+        unverified = one_error_line(_consume(url, "C", "--connect-timeout", "1", *mode))
+        assert "certificate verify failed" in unverified
+        (tmp_path / "no-ca.pem").write_text("not a certificate")
+        bad = run_tidings(*args, "--tls-ca-file", str(tmp_path / "no-ca.pem"), env=wrong)
+        assert "no-ca.pem" in one_error_line(bad) and "not a PEM CA certificate" in bad.stderr

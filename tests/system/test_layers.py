@@ -195,7 +195,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model matching data_filter validation query outbox",
     "tidings.config": (
-        "model loading passwords tls targets relay intermediary_access intermediary "
+        "model loading passwords tls certificates targets relay intermediary_access intermediary "
         "intermediary_tier eventer_access server stream_types stream_access streams tidings_file"
     ),
     "tidings.outbox": "envelope schema confirmations checks incomplete producer",
@@ -260,8 +260,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.system": "parts checks paths tls_files state children supervisor",
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
-        "common relay_progress config events server streams intermediary fanout system pipeline "
-        "demo __main__"
+        "common relay_progress config events server streams intermediary tls fanout system "
+        "pipeline demo __main__"
     ),
 }
 PACKAGE_ORDER = {package: tuple(order.split()) for package, order in PACKAGE_ORDER_TEXT.items()}

@@ -1,8 +1,8 @@
 """The ``tidings`` command line, one module per part: :mod:`.demo`, :mod:`.pipeline` (relay,
 replay, housekeep, status, routes), :mod:`.events` (incomplete events), :mod:`.server`,
 :mod:`.streams` (consume, streams), :mod:`.fanout` (fanout-demo), :mod:`.intermediary`
-(intermediary serve), :mod:`.system` (run: the whole deployment) and :mod:`.config`
-(config check, config schema).
+(intermediary serve), :mod:`.system` (run: the whole deployment), :mod:`.tls` (a CA and
+certificates) and :mod:`.config` (config check, config schema).
 
 Commands import what they run inside their bodies, so that ``tidings --help`` and a quick
 command do not pay for Spark, SQLAlchemy or the server.
@@ -18,6 +18,7 @@ from tidings.cli import (
     server,
     streams,
     system,
+    tls,
 )
 from tidings.cli.common import app
 
@@ -32,4 +33,5 @@ __all__ = [
     "server",
     "streams",
     "system",
+    "tls",
 ]

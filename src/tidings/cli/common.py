@@ -85,7 +85,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="The tidings command line: demo, relay, replay, housekeep, status, server, routes, "
-    "events, config, consume, streams, intermediary, fanout-demo.",
+    "events, config, consume, streams, intermediary, tls, fanout-demo.",
 )
 routes_app = typer.Typer(no_args_is_help=True, help="Show and change the routing table.")
 app.add_typer(routes_app, name="routes")

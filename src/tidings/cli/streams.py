@@ -57,6 +57,14 @@ def consume(
             help="Password (env TIDINGS_STREAM_PASSWORD; prompted for if unset).",
         ),
     ] = "",
+    tls_ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-ca-file",
+            help="For https:// streams: the CA their certificates are verified against (PEM; "
+            "default: the system's CAs).",
+        ),
+    ] = None,
 ) -> None:
     """Consume an FTN18 stream and print its events as JSON lines (reliable unless --live)."""
     import asyncio
@@ -72,6 +80,14 @@ def consume(
         password = typer.prompt("password", hide_input=True)
     if live:
         component = LIVE
+    tls = None
+    if tls_ca_file is not None:
+        from tidings.config.tls import TlsClientConfig
+
+        # loaded now: a file that is missing or not a CA is one line naming it (TlsError)
+        tls = TlsClientConfig.model_construct(
+            ca_file=str(tls_ca_file), cert_file=None, key_file=None, verify=True, server_name=None
+        ).context()
     wanted = [t.strip() for t in want.split(",") if t.strip()] if want is not None else None
     urls = [u.strip() for u in url.split(",") if u.strip()]
     printed = 0
@@ -98,6 +114,7 @@ def consume(
                 want=wanted,
                 push=not poll,
                 connect_timeout=connect_timeout,
+                tls=tls,
             )
         )
         waiter = asyncio.create_task(done.wait())

@@ -22,6 +22,10 @@ position there. A polling consumer sends no ``last_id`` to a server before that 
 answered it (an id is one server's own number); what it handled but had not acknowledged
 comes again. Errors the server names arrive as :class:`~tidings.errors.StreamError` with
 the FutoIn error name.
+
+Over ``https://`` (and ``wss://``) the server's certificate is verified: against the system's
+CAs, or the CA of an :class:`ssl.SSLContext` passed as ``tls`` (for a private CA;
+:meth:`tidings.config.tls.TlsClientConfig.context` makes one from files).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import websockets
 
-from tidings.errors import ConnectionClosed, StreamError
+from tidings.errors import ConnectionClosed, ProtocolError, StreamError
 from tidings.streams.protocol import ftn3
 
 log = logging.getLogger(__name__)
@@ -75,10 +79,19 @@ Handler = Callable[[StreamEvent], Awaitable[None]]
 class StreamClient:
     """FTN18 calls over HTTP to one stream endpoint (``http://`` or ``https://``)."""
 
-    def __init__(self, url: str, user: str, password: str, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        user: str,
+        password: str,
+        *,
+        timeout: float = 30.0,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.url = http_url(url)
         self._sec = f"{user}:{password}"
-        self._http = httpx.AsyncClient(timeout=timeout)
+        # ``tls``: how an https:// server is verified (None: the system's CAs)
+        self._http = httpx.AsyncClient(timeout=timeout, verify=True if tls is None else tls)
 
     async def call(self, iface: str, func: str, params: dict[str, Any]) -> Any:
         """One call; its result, or StreamError with the server's error name."""
@@ -134,6 +147,7 @@ class _Consumption:
     on_gap: Callable[[int, int], None] | None
     on_ready: Callable[[], None] | None
     max_delay: float
+    tls: ssl.SSLContext | None = None
 
     def ready(self) -> None:
         if self.on_ready is not None:
@@ -153,11 +167,13 @@ async def consume(
     max_delay: float = 1.0,
     on_ready: Callable[[], None] | None = None,
     connect_timeout: float | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     """Consume a stream until cancelled (see the module docstring); ``component`` LIVE
-    consumes live. ``url`` is the stream's URL, or those of the servers of a group. Errors
-    that retrying cannot fix (SecurityError, NotRegistered, InvalidRequest, an endpoint that
-    is not a stream, …) are raised.
+    consumes live; ``tls`` verifies ``https://`` servers (None: the system's CAs). ``url`` is
+    the stream's URL, or those of the servers of a group. Errors that retrying cannot fix
+    (SecurityError, NotRegistered, InvalidRequest, an endpoint that is not a stream, …) are
+    raised.
 
     Connection failures are retried. Before the stream has been reached, for at most
     ``connect_timeout`` seconds (None: for ever), a slow answer included: a stream never
@@ -171,7 +187,9 @@ async def consume(
     for each in urls:
         http_url(each)  # a malformed URL is refused now, not at its turn
     state = _Connection(urls, on_ready, connect_timeout)
-    asked = _Consumption(user, password, component, handler, want, on_gap, state.ready, max_delay)
+    asked = _Consumption(
+        user, password, component, handler, want, on_gap, state.ready, max_delay, tls
+    )
     while True:
         try:
             async with state.attempt():
@@ -296,7 +314,7 @@ def failure_reason(exc: BaseException) -> str:
 
 async def _poll_loop(asked: _Consumption, url: str) -> None:
     component, want = asked.component, asked.want
-    async with StreamClient(url, asked.user, asked.password) as client:
+    async with StreamClient(url, asked.user, asked.password, tls=asked.tls) as client:
         if component != LIVE:
             await client.register(component)
         asked.ready()
@@ -332,7 +350,14 @@ async def _push(asked: _Consumption, url: str) -> None:
     sec = f"{asked.user}:{asked.password}"
     component = asked.component
     try:
-        connection = await websockets.connect(ws_url(url), max_size=_MAX_FRAME, compression=None)
+        address = ws_url(url)
+        # websockets refuses an ssl context with a ws:// URL, and ssl=None with a wss:// one
+        options: dict[str, Any] = {}
+        if asked.tls is not None and address.startswith("wss:"):
+            options["ssl"] = asked.tls
+        connection = await websockets.connect(
+            address, max_size=_MAX_FRAME, compression=None, **options
+        )
     except websockets.InvalidStatus as exc:
         raise StreamError(
             "InternalError",
@@ -344,7 +369,7 @@ async def _push(asked: _Consumption, url: str) -> None:
             "InternalError", f"stream {ws_url(url)}: not a WebSocket endpoint: {exc}"
         ) from None
     async with connection as ws:
-        receiver = _Receiver(ws, asked.handler, asked.on_gap, live=component == LIVE)
+        receiver = _Receiver(ws, asked.handler, asked.on_gap, live=component == LIVE, url=address)
         calls = 0
 
         async def call(func: str, params: dict[str, Any]) -> None:
@@ -389,8 +414,10 @@ class _Receiver:
         handler: Handler,
         on_gap: Callable[[int, int], None] | None,
         live: bool,
+        url: str = "",
     ) -> None:
         self._ws = ws
+        self._url = url
         self._handler = handler
         self._on_gap = on_gap
         self._live = live
@@ -406,11 +433,11 @@ class _Receiver:
     async def read(self) -> None:
         try:
             async for frame in self._ws:
-                message = json.loads(frame)
+                message = server_json(f"stream {self._url}", frame)
                 if "f" in message:
                     self._on_call(message)
                 else:
-                    future = self._replies.pop(message.get("rid"), None)
+                    future = self._replies.pop(str(message.get("rid")), None)
                     if future is not None and not future.done():
                         try:
                             future.set_result(ftn3.outcome(message))
@@ -459,7 +486,23 @@ def ftn3_outcome(url: str, response: httpx.Response) -> Any:
     path that is no stream, a proxy's error page)."""
     if not response.headers.get("content-type", "").startswith("application/futoin+"):
         raise StreamError("InternalError", f"stream {url}: HTTP {response.status_code}, not FTN3")
-    return ftn3.outcome(response.json())
+    return ftn3.outcome(server_json(f"stream {url}", response.content))
+
+
+def server_json(server: str, data: str | bytes) -> dict[str, Any]:
+    """A JSON object a stream server sent, or a :class:`ProtocolError` naming ``server``:
+    not JSON, not an object, or nested deeper than the interpreter can follow (a hostile
+    server's few KB of ``[[[[`` raise RecursionError in ``json.loads``; the caller must get
+    an error it can name, not that)."""
+    try:
+        message = json.loads(data)
+    except RecursionError:
+        raise ProtocolError(f"{server}: the reply is JSON nested too deeply") from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise ProtocolError(f"{server}: the reply is not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(f"{server}: the reply is not a JSON object")
+    return message
 
 
 def http_url(url: str) -> str:

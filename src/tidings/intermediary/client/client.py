@@ -29,7 +29,7 @@ from typing import Any
 
 import websockets
 
-from tidings.errors import AccessRefused, IntermediaryError, SubscriptionRefused
+from tidings.errors import AccessRefused, IntermediaryError, ProtocolError, SubscriptionRefused
 from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber
 from tidings.intermediary.node.generation import decode_frame
 from tidings.intermediary.serving.credentials import Credentials
@@ -57,6 +57,8 @@ class IntermediaryClient(Subscriber):
         self.overflowed = 0
         self.close_code: int | None = None
         self.close_reason: str | None = None
+        #: Why this side closed the connection: a message from the server it could not read.
+        self.error: ProtocolError | None = None
         self._frames: deque[ReceivedFrame] = deque(maxlen=max_buffered)
         self._frame_ready = asyncio.Event()
         self._replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -86,7 +88,11 @@ class IntermediaryClient(Subscriber):
             websocket = await websockets.connect(url, **options)
         except websockets.InvalidStatus as exc:
             raise refusal(url, exc) from None
-        hello = json.loads(await websocket.recv())
+        try:
+            hello = server_json(url, await websocket.recv())
+        except ProtocolError:
+            await websocket.close(1002, "the hello is not JSON")
+            raise
         if hello.get("op") != "hello":
             await websocket.close()
             raise IntermediaryError(f"client: expected a hello, got {hello!r}")
@@ -120,9 +126,7 @@ class IntermediaryClient(Subscriber):
         if not self._messages.empty():
             return self._messages.get_nowait()
         if self._closed.is_set():
-            raise IntermediaryError(
-                f"client: connection closed ({self.close_code} {self.close_reason})"
-            )
+            raise self._closed_error()
         getter = asyncio.ensure_future(self._messages.get())
         closed = asyncio.ensure_future(self._closed.wait())
         try:
@@ -136,9 +140,7 @@ class IntermediaryClient(Subscriber):
         if getter.done() and not getter.cancelled():
             return getter.result()
         if self._closed.is_set():
-            raise IntermediaryError(
-                f"client: connection closed ({self.close_code} {self.close_reason})"
-            )
+            raise self._closed_error()
         raise TimeoutError(f"client: no message within {timeout} s")
 
     async def unsubscribe(self, key: str) -> dict[str, Any]:
@@ -154,9 +156,7 @@ class IntermediaryClient(Subscriber):
             closed_task.cancel()
             if not reply_task.done():
                 reply_task.cancel()
-                raise IntermediaryError(
-                    f"client: connection closed ({self.close_code} {self.close_reason})"
-                )
+                raise self._closed_error()
             reply = reply_task.result()
         if reply.get("op") == "error":
             refused = reply.get("refused") is True
@@ -196,6 +196,15 @@ class IntermediaryClient(Subscriber):
         else:
             self._replies.put_nowait(message)
 
+    def _closed_error(self) -> IntermediaryError | ProtocolError:
+        """What a call meets once the connection is closed: the server's unreadable message
+        if that closed it, else the close's code and reason."""
+        if self.error is not None:
+            return self.error
+        return IntermediaryError(
+            f"client: connection closed ({self.close_code} {self.close_reason})"
+        )
+
     def _on_frame(self, frame: ReceivedFrame) -> None:
         """A decoded frame, in arrival order with :meth:`_on_text`: into the buffer."""
         if len(self._frames) == self._frames.maxlen:
@@ -207,7 +216,14 @@ class IntermediaryClient(Subscriber):
         try:
             async for message in self.websocket:
                 if isinstance(message, str):
-                    self._on_text(json.loads(message))
+                    try:
+                        decoded = server_json("the server", message)
+                    except ProtocolError as exc:
+                        # a hostile or broken server: said once, to whoever waits next
+                        self.error = exc
+                        await self.websocket.close(1002, "a message was not JSON")
+                        break
+                    self._on_text(decoded)
                     continue
                 key, data = open_envelope(message)
                 header, ids, positions = decode_frame(data)
@@ -218,6 +234,21 @@ class IntermediaryClient(Subscriber):
             self.close_code = self.websocket.close_code
             self.close_reason = self.websocket.close_reason
             self._closed.set()
+
+
+def server_json(server: str, text: str | bytes) -> dict[str, Any]:
+    """A JSON object the server sent, or a :class:`ProtocolError` naming ``server`` and what
+    is wrong: not JSON, not an object, or nested deeper than the interpreter can follow (a
+    hostile server's few KB of ``[[[[`` raise RecursionError in ``json.loads``)."""
+    try:
+        message = json.loads(text)
+    except RecursionError:
+        raise ProtocolError(f"client: {server} sent JSON nested too deeply") from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise ProtocolError(f"client: {server} sent a message that is not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(f"client: {server} sent JSON that is not an object")
+    return message
 
 
 def refusal(url: str, exc: websockets.InvalidStatus) -> IntermediaryError:
