@@ -66,3 +66,21 @@ def test_the_relay_shares_the_endpoint_keys() -> None:
 def test_a_bad_value_is_refused_naming_its_key(section: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _intermediary(**section)
+
+
+def _tier(**settings: object) -> dict[str, object]:
+    tier = {
+        "members": ["127.0.0.1:8301", "127.0.0.1:8302"],
+        "spatial": {"upstream": "ws://127.0.0.1:8200/", "world_lo": [0, 0], "world_hi": [9, 9]},
+        **settings,
+    }
+    return {"intermediary_tiers": {"world": tier}}
+
+
+def test_a_tier_takes_one_metrics_port_per_member() -> None:
+    tier = load_config(_tier(metrics={"port": 9400})).intermediary_tiers["world"]
+    assert tier.metrics.port == 9400 and tier.metrics.address == "127.0.0.1"
+    with pytest.raises(ConfigError, match=r"take the port of member 127\.0\.0\.1:8302"):
+        load_config(_tier(metrics={"port": 8302}))
+    with pytest.raises(ConfigError, match="past 65535"):
+        load_config(_tier(metrics={"port": 65535}))
