@@ -175,12 +175,14 @@ class IntermediaryError(TidingsError):
 class AccessRefused(IntermediaryError, AccessDenied):
     """A subscriber was refused at an intermediary's WebSocket handshake, before the upgrade:
     ``status`` is the HTTP status it got (401: no credentials where they are needed, or
-    wrong ones), and the message says why without repeating a secret."""
+    wrong ones; 429: its address failed to log in too often, and ``retry_after_s`` says for
+    how long it is refused), and the message says why without repeating a secret."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, retry_after_s: float | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.retry_after_s = retry_after_s
 
 
 class SubscriptionRefused(IntermediaryError, AccessDenied):

@@ -195,7 +195,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model matching data_filter validation query outbox",
     "tidings.config": (
-        "model loading passwords tls certificates targets relay intermediary_access intermediary "
+        "model metrics loading passwords tls certificates targets relay intermediary_access "
+        "intermediary "
         "intermediary_tier eventer_access server stream_types stream_access streams tidings_file"
     ),
     "tidings.outbox": "envelope schema confirmations checks incomplete producer",
@@ -247,7 +248,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.feed": "wire remote resilient",
     "tidings.intermediary.publisher": "simulation server",
     "tidings.intermediary.serving": (
-        "credentials access page envelope connection transport service"
+        "credentials addresses access page envelope counters limits connection requests transport "
+        "metrics service"
     ),
     "tidings.intermediary.client": "subscriber client handover",
     "tidings.intermediary.cluster": (

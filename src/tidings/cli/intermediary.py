@@ -77,9 +77,10 @@ def serve(
 
     def listening(where: Listening) -> None:
         spatial = "" if where.spatial is None else f" and the spatial publisher {where.spatial}"
+        metrics = "" if where.metrics is None else f"; metrics at {where.metrics}"
         _say(
             f"intermediary listening on {where.websocket} (page: {where.page}), "
-            f"fed by the event server {where.event_server}{spatial}"
+            f"fed by the event server {where.event_server}{spatial}{metrics}"
         )
 
     _until_signalled(lambda stop: serve_intermediary(settings, stop, listening))

@@ -14,7 +14,9 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.address import is_tls, parse_address
 from tidings.config.intermediary_access import SubscriberAccess, check_corners
+from tidings.config.metrics import MetricsListenConfig
 from tidings.config.model import (
+    DAY,
     HOUR,
     SECOND,
     ZERO,
@@ -126,6 +128,36 @@ class IntermediaryLimitsConfig(StrictModel):
         le=1_000_000,
         description="Requests a subscriber may send at once above that rate (the bucket's size).",
     )
+    max_connections_per_address: int = Field(
+        default=100,
+        gt=0,
+        le=1_000_000,
+        description=(
+            "Connections at once from one client address, those still in their handshake "
+            "included (checked before any credential); one more is closed with code 1013 and "
+            "a reason naming this limit. Behind a proxy every client has the proxy's address: "
+            "raise it there."
+        ),
+    )
+    max_failed_logins: int | None = Field(
+        default=10,
+        gt=0,
+        le=1_000_000,
+        description=(
+            "Refused credentials (a wrong token or password, malformed ones) one client "
+            "address may present within ``failed_login_window``; past this every handshake "
+            "from that address is answered 429 for ``failed_login_block``, without checking "
+            "its credentials (a password is never hashed for it). null: no throttle."
+        ),
+    )
+    failed_login_window: Annotated[Duration, within(ZERO, DAY)] = Field(
+        default=timedelta(minutes=1),
+        description="The window ``max_failed_logins`` is counted over, per address.",
+    )
+    failed_login_block: Annotated[Duration, within(ZERO, DAY)] = Field(
+        default=timedelta(minutes=1),
+        description="How long an address past ``max_failed_logins`` is refused.",
+    )
     max_subscriptions_per_subscriber: int = Field(
         default=64,
         gt=0,
@@ -142,7 +174,7 @@ class IntermediaryLimitsConfig(StrictModel):
         default=timedelta(seconds=5), description="How long one evaluation of a view may take."
     )
 
-    _durations = parsed_durations("view_timeout")
+    _durations = parsed_durations("view_timeout", "failed_login_window", "failed_login_block")
 
 
 class IntermediarySpatialConfig(StrictModel):
@@ -274,6 +306,13 @@ class IntermediaryConfig(SubscriberAccess):
             "A spatial upstream besides the event server (None: region subscriptions are refused)."
         ),
     )
+    metrics: MetricsListenConfig = Field(
+        default=MetricsListenConfig(),
+        description=(
+            "Its Prometheus metrics at ``http://ADDRESS:PORT/metrics`` (no port: no endpoint; "
+            "on 127.0.0.1 unless ``address`` says otherwise)."
+        ),
+    )
 
     _durations = parsed_durations("tick", "request_timeout")
 
@@ -298,6 +337,16 @@ class IntermediaryConfig(SubscriberAccess):
     def _event_server_tls(self) -> IntermediaryConfig:
         if self.event_server_tls is not None and not any(map(is_tls, self.event_servers)):
             raise ValueError("event_server_tls is set, but no event_server address is ssl+sbs://")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_port(self) -> IntermediaryConfig:
+        listen_port = int(self.listen.rpartition(":")[2])
+        if self.metrics.port is not None and self.metrics.port == listen_port:
+            raise ValueError(
+                f"metrics.port: {self.metrics.port} is also the port of listen "
+                f"({self.listen}); give /metrics a port of its own"
+            )
         return self
 
     @property

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.config.intermediary import IntermediarySpatialConfig
 from tidings.config.intermediary_access import SubscriberAccess
+from tidings.config.metrics import MetricsListenConfig
 from tidings.config.model import SECOND, ZERO, Duration, StrictModel, parsed_durations, within
 from tidings.config.tls import TlsClientConfig, TlsServerConfig
 
@@ -129,7 +130,33 @@ class IntermediaryTierConfig(SubscriberAccess):
         description="How often each member takes its upstream's batches and serves.",
     )
 
+    metrics: MetricsListenConfig = Field(
+        default=MetricsListenConfig(),
+        description=(
+            "Each member's Prometheus metrics: member ``i`` (the ``i``-th of ``members``, and "
+            "its replacements) serves ``http://ADDRESS:PORT+i/metrics`` (no port: none)."
+        ),
+    )
+
     _durations = parsed_durations("check_every", "round")
+
+    @model_validator(mode="after")
+    def _metrics_ports(self) -> IntermediaryTierConfig:
+        if self.metrics.port is None:
+            return self
+        last = self.metrics.port + len(self.members) - 1
+        if last > 65535:
+            raise ValueError(
+                f"metrics.port: {len(self.members)} members need ports {self.metrics.port}.."
+                f"{last}, past 65535"
+            )
+        for member in self.members:
+            if self.metrics.port <= int(member.rpartition(":")[2]) <= last:
+                raise ValueError(
+                    f"metrics.port: the members' metrics ports {self.metrics.port}..{last} "
+                    f"take the port of member {member}"
+                )
+        return self
 
     @field_validator("members")
     @classmethod

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from tidings.config.metrics import MetricsListenConfig
 from tidings.config.model import (
     DAY,
     HOUR,
@@ -350,20 +351,11 @@ class HousekeepingConfig(StrictModel):
     _durations = parsed_durations("older_than")
 
 
-class MetricsConfig(StrictModel):
-    """Prometheus metrics; ``port`` None means no HTTP endpoint is started."""
+class MetricsConfig(MetricsListenConfig):
+    """Prometheus metrics; ``port`` None means no HTTP endpoint is started (the endpoint's
+    keys are :class:`~tidings.config.metrics.MetricsListenConfig`'s, shared with the
+    intermediaries)."""
 
-    port: int | None = Field(
-        default=None,
-        gt=0,
-        lt=65536,
-        description="The port of the /metrics endpoint (None: no endpoint).",
-    )
-    address: str = Field(
-        default="127.0.0.1",
-        min_length=1,
-        description="The interface /metrics listens on; 0.0.0.0 exposes it on every interface.",
-    )
     max_event_types: int = Field(
         default=100,
         gt=0,

@@ -253,12 +253,16 @@ def server_json(server: str, text: str | bytes) -> dict[str, Any]:
 
 def refusal(url: str, exc: websockets.InvalidStatus) -> IntermediaryError:
     """The error of a handshake the server answered with an HTTP status: its reason (the
-    body the server wrote), as an :class:`AccessRefused` for 401 and 403."""
+    body the server wrote), as an :class:`AccessRefused` for 401, 403 and 429 (an address
+    refused for failing to log in too often: ``retry_after_s`` says for how long)."""
     response = exc.response
     reason = response.body.decode(errors="replace").strip()[:300] if response.body else ""
     reason = reason or response.reason_phrase
-    if response.status_code in (401, 403):
+    if response.status_code in (401, 403, 429):
+        retry_after = response.headers.get("Retry-After", "")
         return AccessRefused(
-            response.status_code, f"client: {url} refused the connection: {reason}"
+            response.status_code,
+            f"client: {url} refused the connection: {reason}",
+            retry_after_s=float(retry_after) if retry_after.isdigit() else None,
         )
     return IntermediaryError(f"client: {url} answered {response.status_code}: {reason}")

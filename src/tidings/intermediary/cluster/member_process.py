@@ -5,7 +5,8 @@ another process and hands subscriptions over).
 Run as ``python -m tidings.intermediary.cluster.member_process`` with a JSON plan on stdin's
 first line: ``{"name", "directory": PATH, "partition": {"grid": [nx, ny(, nz)], "world": [[lo],
 [hi]]} or {"hash": n}, "dim", "upstream": URL, "host", "port" (0: any free one), "round_s",
-"report_s", "security"}`` (``security``, optional: :func:`member_security`'s keys). The member
+"report_s", "security", "metrics"}`` (``security``, optional: :func:`member_security`'s keys;
+``metrics``, optional: ``{"address", "port"}`` of its Prometheus endpoint). The member
 is a :class:`.member.ClusterServer` fed by a
 :class:`.feed.remote.RemoteFeed`; it follows the shared directory before every round (slots
 moved by the supervisor start handovers) and reports its load there every ``report_s``
@@ -45,6 +46,7 @@ from tidings.intermediary.cluster.responsibility import partition_from
 from tidings.intermediary.feed.remote import RemoteFeed
 from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.credentials import Credentials
+from tidings.intermediary.serving.metrics import IntermediaryMetrics
 from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,15 @@ async def main(plan: dict[str, Any]) -> int:
         print("error", exc, flush=True)
         await feed.aclose()
         return 2
+    metrics = None
+    try:
+        if spec := plan.get("metrics"):
+            metrics = IntermediaryMetrics(member, spec["address"], spec["port"])
+    except TidingsError as exc:  # its metrics port is taken: the supervisor says so
+        print("error", exc, flush=True)
+        await member.aclose()
+        await feed.aclose()
+        return 2
     directory.join(member.name, member.url)
     print("ready", member.url, flush=True)
     loop = asyncio.get_running_loop()
@@ -169,6 +180,8 @@ async def main(plan: dict[str, Any]) -> int:
     finally:
         for task in tasks:
             await stop_task(task)
+        if metrics is not None:
+            metrics.close()
         await member.aclose()
         await feed.aclose()
         directory.close()

@@ -110,9 +110,14 @@ class ProcessCluster(Membership[MemberProcess]):
         }
         if self.security is not None:
             plan["security"] = self.security
+        plan.update(self._plan_extras(name))
         process = await children.spawn("tidings.intermediary.cluster.member_process", plan)
         (url,) = await children.ready(process, f"cluster: member {name}", START_TIMEOUT_S)
         return MemberProcess(name, url, process)
+
+    def _plan_extras(self, name: str) -> dict[str, Any]:
+        """More keys of member ``name``'s plan (a deployed tier adds its metrics port)."""
+        return {}
 
     async def _end_member(self, member: MemberProcess) -> None:
         await children.end(member.process)

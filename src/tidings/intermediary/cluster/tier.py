@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tidings.config.intermediary_access import SubscriberAccess
 from tidings.config.intermediary_tier import IntermediaryTierConfig
@@ -135,6 +136,13 @@ class Tier(ProcessCluster):
         seat = self._starting.pop(0)
         self.seat_of[name] = seat
         return self.seats[seat]
+
+    def _plan_extras(self, name: str) -> dict[str, Any]:
+        """The member's metrics endpoint: the configured port plus its seat's index."""
+        metrics = self.config.metrics
+        if metrics.port is None:
+            return {}
+        return {"metrics": {"address": metrics.address, "port": metrics.port + self.seat_of[name]}}
 
     async def _seat(self, seat: int) -> MemberProcess:
         """Start a member on ``seat`` (listening on its address, owning nothing yet)."""

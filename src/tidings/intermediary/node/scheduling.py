@@ -182,6 +182,9 @@ class Scheduler:
         self._reports: list[tuple[Hashable, str]] = []
         self._seq = 0
         self._serves = 0
+        #: Frames dropped since the start, every subscriber's (for metrics: a subscriber's
+        #: own count goes with it).
+        self.dropped_total = 0
         self._epoch = 0
         self._now = -math.inf
 
@@ -405,6 +408,7 @@ class Scheduler:
         """The subscriber was due but its channel was not ready: its frame is dropped."""
         sub.dropped_total += 1
         sub.dropped_run += 1
+        self.dropped_total += 1
         if self.on_drop is not None:
             reason = self.on_drop(sub.sid, sub.dropped_run, sub.dropped_total)
         elif sub.dropped_run >= self.max_dropped:

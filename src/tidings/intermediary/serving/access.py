@@ -13,6 +13,12 @@ event loop that serves everyone, so a password not verified before is checked in
 thread, at most :data:`PASSWORD_CHECKS` at a time (the others wait their turn; the loop
 goes on serving frames meanwhile).
 
+With a :class:`~.addresses.LoginThrottle`, an address that failed to log in too often is
+refused (429, with ``Retry-After``) before its credentials are looked at, and every refused
+credential is counted against its address; the ``/auth`` route of the pages goes through
+:meth:`Gatekeeper.admit` too, so it is no way around the throttle. Refusals are counted by
+reason (:attr:`Gatekeeper.refusals`) for the metrics.
+
 A tier's members take pieces of views from each other over the same wire; they prove they
 are members with a token their supervisor gives each of them when it starts them (never
 written anywhere), which grants everything: what a member asks another for is a piece of a
@@ -24,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import Mapping
 
 from starlette.responses import PlainTextResponse
@@ -34,6 +42,7 @@ from tidings.address import is_loopback
 from tidings.config.intermediary_access import ANONYMOUS, SubscriberAccess, SubscriberGrant
 from tidings.config.passwords import PasswordBook, token_digest
 from tidings.errors import AccessRefused
+from tidings.intermediary.serving.addresses import LoginThrottle
 from tidings.intermediary.serving.credentials import EXPECTED, Credentials, presented
 from tidings.intermediary.views.grants import Grant
 
@@ -61,6 +70,7 @@ class Gatekeeper:
         grants: Mapping[str, Grant],
         anonymous: str,
         anonymous_grant: Grant,
+        throttle: LoginThrottle | None = None,
     ) -> None:
         self._tokens = dict(tokens)
         self._passwords = passwords
@@ -68,18 +78,28 @@ class Gatekeeper:
         self.anonymous = anonymous
         self._anonymous_grant = anonymous_grant
         self._checks: asyncio.Semaphore | None = None
+        #: Refused logins per address (None: not throttled).
+        self.throttle = throttle
         #: Handshakes refused (no, malformed or wrong credentials), since the start.
         self.refused = 0
+        #: Refusals by reason since the start (``bad_credentials``, ``anonymous``,
+        #: ``login_throttled``), /auth's included.
+        self.refusals: Counter[str] = Counter()
         self._logged: dict[str, tuple[float, int]] = {}
 
     @classmethod
     def from_config(
-        cls, access: SubscriberAccess | None = None, *, peer_token: str | None = None
+        cls,
+        access: SubscriberAccess | None = None,
+        *,
+        peer_token: str | None = None,
+        throttle: LoginThrottle | None = None,
     ) -> Gatekeeper:
         """From the configuration's ``subscribers:`` and ``anonymous:`` (None: the defaults,
         anonymous from loopback only, granted everything); the hashes configured by
         environment variables are read now (ConfigError naming a missing one).
-        ``peer_token``: the token of a tier's members (granted everything)."""
+        ``peer_token``: the token of a tier's members (granted everything); ``throttle``:
+        the refused logins per address (None: no throttle)."""
         access = access or SubscriberAccess()
         tokens: dict[bytes, str] = {}
         hashes: dict[str, str] = {}
@@ -103,6 +123,7 @@ class Gatekeeper:
             grants,
             anonymous.allowed_from,
             _grant(ANONYMOUS, anonymous),
+            throttle,
         )
 
     async def handshake(self, websocket: WebSocket) -> Grant | None:
@@ -114,9 +135,10 @@ class Gatekeeper:
         except AccessRefused as exc:
             self.refused += 1
             self._log_refusal(client, exc)
-            response = PlainTextResponse(
-                exc.reason, exc.status, headers={"WWW-Authenticate": CHALLENGE}
-            )
+            headers = {"WWW-Authenticate": CHALLENGE}
+            if exc.retry_after_s is not None:
+                headers = {"Retry-After": str(math.ceil(exc.retry_after_s))}
+            response = PlainTextResponse(exc.reason, exc.status, headers=headers)
             with contextlib.suppress(Exception):  # the client may be gone already
                 await websocket.send_denial_response(response)
             return None
@@ -138,15 +160,37 @@ class Gatekeeper:
 
     async def admit(self, headers: Mapping[str, str], client: str | None) -> Grant:
         """The grant of the identity a handshake proves (``headers`` with lowercase names,
-        ``client`` the peer's address); :class:`AccessRefused` (401) with the reason."""
-        credentials = presented(headers)
-        if credentials is None:
+        ``client`` the peer's address); :class:`AccessRefused` (401, or 429 for an address
+        the throttle refuses) with the reason. Each refusal is counted by its reason."""
+        if self.throttle is not None:
+            left = self.throttle.blocked(client)
+            if left is not None:
+                self.refusals["login_throttled"] += 1
+                raise AccessRefused(
+                    429,
+                    f"too many failed logins from {client or 'your address'}: its handshakes "
+                    f"are refused for {math.ceil(left)} s more",
+                    retry_after_s=left,
+                )
+        try:
+            credentials = presented(headers)
+            if credentials is not None:
+                name = (
+                    self._by_token(credentials.token)
+                    if credentials.token is not None
+                    else await self._by_password(credentials)
+                )
+                return self._grants[name]
+        except AccessRefused:  # malformed or wrong credentials
+            self.refusals["bad_credentials"] += 1
+            if self.throttle is not None:
+                self.throttle.failed(client)
+            raise
+        try:
             return self._anonymous(client)
-        if credentials.token is not None:
-            name = self._by_token(credentials.token)
-        else:
-            name = await self._by_password(credentials)
-        return self._grants[name]
+        except AccessRefused:
+            self.refusals["anonymous"] += 1
+            raise
 
     def _anonymous(self, client: str | None) -> Grant:
         if self.anonymous == "anywhere" or (self.anonymous == "loopback" and is_loopback(client)):

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.websockets import WebSocket
 
 from tidings.intermediary.node.intermediary import Served
+from tidings.intermediary.serving.counters import ServingCounters
 from tidings.intermediary.serving.envelope import envelope
 from tidings.intermediary.views.grants import NOTHING, Grant
 
@@ -52,6 +53,8 @@ class Connection:
     failure: BaseException | None = None
     tokens: float = 0.0
     refilled: float = 0.0
+    #: The server's totals (frames and messages sent, replaced); its own by default.
+    counters: ServingCounters = field(default_factory=ServingCounters)
 
     def queue(self, message: dict[str, Any]) -> None:
         """An event message joins the queue; a view message replaces the one of its key not
@@ -63,6 +66,7 @@ class Connection:
             self.views[message["key"]] = json.dumps(message, default=str)
         elif not message.get("unchanged"):
             self.replaced += 1
+            self.counters.replaced += 1
             self.views[message["key"]] = json.dumps(message, default=str)
         self.wake.set()
 
@@ -73,6 +77,7 @@ class Connection:
         fails, is left to the writer (:func:`finish`). True if all of it was sent."""
         items, self.slot = self.slot or [], None
         for sent, served in enumerate(items):
+            self.counters.frames_sent += 1
             send = self.websocket.send_bytes(envelope(served.key, served.frame.data))
             try:
                 waiting_for = send.send(None)
@@ -100,16 +105,21 @@ class Connection:
             if self.pending is not None:
                 pending, self.pending = self.pending, None
                 await finish(*pending)
+            counters = self.counters
             while self.texts:
+                counters.messages_sent += 1
                 await self.websocket.send_text(self.texts.popleft())
             views, self.views = self.views, {}
             for text in views.values():
+                counters.messages_sent += 1
                 await self.websocket.send_text(text)
             items, self.slot = self.slot, None
             notices, self.notices = self.notices, []
             for served in items or ():
+                counters.frames_sent += 1
                 await self.websocket.send_bytes(envelope(served.key, served.frame.data))
             for notice in notices:
+                counters.messages_sent += 1
                 await self.websocket.send_text(notice)
             if self.slot is None:
                 ready()
@@ -123,6 +133,28 @@ class Connection:
             return False
         self.tokens -= 1
         return True
+
+
+def queue_messages(
+    connections: Mapping[Any, Connection], messages: list[tuple[Any, dict[str, Any]]], limit: int
+) -> list[tuple[Any, str]]:
+    """Queue a tick's JSON messages on their connections. A connection whose backlog from
+    earlier ticks is over ``limit`` is too slow: it is returned with the reason, to close (a
+    large tick alone never closes anyone; the memory bound is the limit plus one tick)."""
+    if not messages:
+        return []
+    over: dict[Any, str] = {}
+    backlog = {s: len(c.texts) for s, c in connections.items()}
+    for subscriber, message in messages:
+        conn = connections.get(subscriber)
+        if conn is None or conn.kicked.is_set() or subscriber in over:
+            continue
+        if backlog[subscriber] > limit:
+            over[subscriber] = f"too slow: more than {limit} messages waiting to be sent"
+            conn.texts.clear()
+            continue
+        conn.queue(message)
+    return list(over.items())
 
 
 async def finish(send: Coroutine[Any, Any, None], waiting_for: Any) -> None:

@@ -28,6 +28,7 @@ server's ``{"op": "error"}`` message, so there is one validation, the server's.
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 
 from starlette.requests import Request
@@ -72,7 +73,10 @@ def page_routes(intermediary: Intermediary, access: Gatekeeper) -> list[Route]:
         try:
             grant = await access.admit(request.headers, client)
         except AccessRefused as exc:
-            return JSONResponse({"error": exc.reason}, exc.status, headers=_REVALIDATE)
+            headers = dict(_REVALIDATE)
+            if exc.retry_after_s is not None:  # the address is throttled (429)
+                headers["Retry-After"] = str(math.ceil(exc.retry_after_s))
+            return JSONResponse({"error": exc.reason}, exc.status, headers=headers)
         return JSONResponse({"identity": grant.identity}, headers=_REVALIDATE)
 
     async def defaults(request: Request) -> Response:

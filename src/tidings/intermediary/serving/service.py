@@ -15,7 +15,10 @@ Who may subscribe to what, and TLS, come from the section too: its ``tls:`` serv
 socket and the pages over TLS only (``wss://``, ``https://``), its ``subscribers:`` and
 ``anonymous:`` make the :class:`~.access.Gatekeeper` every handshake goes through; a
 certificate that cannot be used, or a subscriber's hash variable that is not set, ends the
-start with a :class:`~tidings.errors.ConfigError` naming it.
+start with a :class:`~tidings.errors.ConfigError` naming it. Its ``limits:`` bound the
+connections per client address and throttle the addresses that fail to log in
+(:mod:`.addresses`); its ``metrics:``, with a port, serves Prometheus metrics
+(:mod:`.metrics`; a port that cannot be listened on is a ConfigError too).
 
 Spatial state does not come from an event server: with the ``spatial:`` section the service
 also subscribes to a publisher of moving entities over the spatial feed
@@ -49,6 +52,8 @@ from tidings.intermediary.feed.resilient import ResilientFeed
 from tidings.intermediary.node.intermediary import Intermediary
 from tidings.intermediary.regions.geometry import Box
 from tidings.intermediary.serving.access import Gatekeeper
+from tidings.intermediary.serving.addresses import LoginThrottle
+from tidings.intermediary.serving.metrics import IntermediaryMetrics
 from tidings.intermediary.serving.page import static_page_routes
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
 from tidings.intermediary.views.event_server_upstream import TidingsChain
@@ -67,6 +72,8 @@ class Listening:
     event_server: str
     #: The spatial publisher's URL, if the service has one.
     spatial: str | None = None
+    #: The Prometheus endpoint's URL, if it serves one.
+    metrics: str | None = None
 
 
 class _NoSpatialUpstream:
@@ -167,7 +174,14 @@ async def serve_intermediary(
     host = host.strip("[]")
     limits = config.limits
     catalog = catalog_of(config)
-    access = Gatekeeper.from_config(config)  # a hash variable not set ends it here
+    throttle = None
+    if limits.max_failed_logins is not None:
+        throttle = LoginThrottle(
+            limits.max_failed_logins,
+            limits.failed_login_window.total_seconds(),
+            limits.failed_login_block.total_seconds(),
+        )
+    access = Gatekeeper.from_config(config, throttle=throttle)  # a hash variable not set: here
     tls = None if config.tls is None else config.tls.context()
     spatial_tls = {} if config.spatial is None else config.spatial.connect_options()
     chain = TidingsChain(
@@ -201,6 +215,7 @@ async def serve_intermediary(
                 requests_per_s=limits.requests_per_s,
                 burst=limits.request_burst,
                 max_connections=limits.max_connections,
+                max_connections_per_address=limits.max_connections_per_address,
                 max_queued_messages=limits.max_queued_messages,
             ),
             spatial=spatial,
@@ -212,7 +227,10 @@ async def serve_intermediary(
             tls=tls,
         )
         await server.start(host, int(port))
+        metrics: IntermediaryMetrics | None = None
         try:
+            if config.metrics.port is not None:
+                metrics = IntermediaryMetrics(server, config.metrics.address, config.metrics.port)
             shown = f"[{host}]" if ":" in host else host
             secure = "s" if tls is not None else ""
             where = Listening(
@@ -220,19 +238,28 @@ async def serve_intermediary(
                 f"http{secure}://{shown}:{server.port}/live",
                 chain.address,
                 None if spatial is None else spatial[1].url,
+                None if metrics is None else _metrics_url(config.metrics.address, metrics.port),
             )
             log.info(
                 "intermediary listening",
                 extra={"websocket": where.websocket, "page": where.page,
-                       "event_server": where.event_server, "tables": sorted(config.tables)},
+                       "event_server": where.event_server, "tables": sorted(config.tables),
+                       "metrics": where.metrics},
             )  # fmt: skip
             if on_listening is not None:
                 on_listening(where)
             await stop.wait()
         finally:
+            if metrics is not None:
+                metrics.close()
             await server.aclose()
     finally:
         if spatial is not None:
             await spatial[1].aclose()
         await chain.aclose()
     log.info("intermediary stopped", extra={"event_server": chain.address})
+
+
+def _metrics_url(address: str, port: int) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}/metrics"

@@ -31,7 +31,11 @@ not ready, so the subscriber's frames are dropped (and counted) instead of queue
 scheduler's ``max_dropped`` in a row the connection is closed with
 :data:`.envelope.DROPPED_CLOSE_CODE` and the scheduler's reason.
 Request messages are bounded in size (uvicorn refuses a bigger frame with 1009) and in rate
-(a token bucket per connection; a request over it is refused with an error reply).
+(a token bucket per connection; a request over it is refused with an error reply:
+:mod:`.requests`). Connections are bounded per server (``max_connections``, close code 1013)
+and per client address (``max_connections_per_address``, counted from before the handshake,
+so before any password is hashed: :mod:`.addresses`). Every refusal is counted by reason in
+:attr:`IntermediaryServer.counters` (:mod:`.counters`), which :mod:`.metrics` exports.
 
 A background loop runs at ``tick_s``: it asks ``source`` for the upstream batches that
 arrived, applies them and ends the epoch if there were any (numbered with the publisher's
@@ -71,7 +75,6 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -84,7 +87,9 @@ from tidings.intermediary.node.batches import UpdateBatch
 from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, Intermediary, Served
 from tidings.intermediary.regions.geometry import parse_region
 from tidings.intermediary.serving.access import Gatekeeper
-from tidings.intermediary.serving.connection import Connection
+from tidings.intermediary.serving.addresses import AddressSlots
+from tidings.intermediary.serving.connection import Connection, queue_messages
+from tidings.intermediary.serving.counters import Disconnect, ServingCounters
 from tidings.intermediary.serving.credentials import SUBPROTOCOL
 from tidings.intermediary.serving.envelope import (
     DROPPED_CLOSE_CODE,
@@ -92,7 +97,9 @@ from tidings.intermediary.serving.envelope import (
     clip_reason,
     status_message,
 )
+from tidings.intermediary.serving.limits import TransportLimits as TransportLimits
 from tidings.intermediary.serving.page import page_routes
+from tidings.intermediary.serving.requests import count_close, error, parse
 from tidings.intermediary.views.grants import NOTHING, Grant
 from tidings.logs import OncePerCause
 from tidings.serving import DenyingWebSockets, QuietServer, listen
@@ -102,33 +109,6 @@ if TYPE_CHECKING:
     from tidings.intermediary.views.eventviews import EventViews
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TransportLimits:
-    """Bounds per server and per connection."""
-
-    max_message_bytes: int = 64 * 1024
-    #: Requests (subscribe/unsubscribe) per connection: a bucket of ``burst`` refilled at
-    #: ``requests_per_s``.
-    requests_per_s: float = 20.0
-    burst: int = 40
-    max_connections: int = 10_000
-    close_timeout_s: float = 10.0
-    #: SO_SNDBUF of accepted connections (None: the kernel's default and autotuning).
-    send_buffer_bytes: int | None = None
-    #: JSON messages (events, views) waiting to be sent on one connection; past this the
-    #: subscriber is too slow and is closed.
-    max_queued_messages: int = 10_000
-
-
-@dataclass(frozen=True)
-class Disconnect:
-    """A connection the server closed, and why."""
-
-    subscriber: int
-    code: int
-    reason: str
 
 
 class IntermediaryServer:
@@ -162,6 +142,10 @@ class IntermediaryServer:
         self.limits = limits or TransportLimits()
         self.clock = clock
         self.connections: dict[int, Connection] = {}
+        #: Totals since the start (refusals by reason, frames sent...), for metrics.
+        self.counters = ServingCounters()
+        #: Connections held per client address.
+        self.addresses = AddressSlots(self.limits.max_connections_per_address)
         #: The latest connections closed by the server, with why (bounded, for metrics).
         self.disconnects: deque[Disconnect] = deque(maxlen=1000)
         self.app = Starlette(
@@ -308,29 +292,14 @@ class IntermediaryServer:
         return True
 
     def _queue(self, messages: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str]]:
-        """Queue a tick's JSON messages on their connections. A connection whose backlog
-        from earlier ticks is over the limit is too slow: it is returned, to close (a large
-        tick alone never closes anyone; the memory bound is the limit plus one tick)."""
-        if not messages:
-            return []
-        limit = self.limits.max_queued_messages
-        over: dict[Any, str] = {}
-        backlog = {s: len(c.texts) for s, c in self.connections.items()}
-        for subscriber, message in messages:
-            conn = self.connections.get(subscriber)
-            if conn is None or conn.kicked.is_set() or subscriber in over:
-                continue
-            if backlog[subscriber] > limit:
-                over[subscriber] = f"too slow: more than {limit} messages waiting to be sent"
-                conn.texts.clear()
-                continue
-            conn.queue(message)
-        return list(over.items())
+        """:func:`.connection.queue_messages` on this server's connections."""
+        return queue_messages(self.connections, messages, self.limits.max_queued_messages)
 
     def _offer(self, conn: Connection, items: list[Served]) -> None:
         """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""
         if conn.slot is not None:
             conn.replaced += 1
+            self.counters.replaced += 1
         conn.slot = items
         self.intermediary.set_ready(conn.id, False)
         if conn.idle and not conn.wake.is_set() and conn.send_now():
@@ -341,15 +310,32 @@ class IntermediaryServer:
     # -- connections -------------------------------------------------------------------
 
     async def _endpoint(self, websocket: WebSocket) -> None:
-        grant = await self.access.handshake(websocket)
-        if grant is None:
+        address = websocket.client.host if websocket.client is not None else None
+        if not self.addresses.take(address):  # before the handshake: no password hashed
+            self.counters.refusals["too_many_from_address"] += 1
+            await self._refuse(websocket, self.addresses.refusal(address))
+            return
+        try:
+            grant = await self.access.handshake(websocket)
+            if grant is not None:
+                await self._connected(websocket, grant)
+        finally:
+            self.addresses.give_back(address)
+
+    async def _refuse(self, websocket: WebSocket, reason: str) -> None:
+        """Close with 1013 and ``reason``: accepted first so the client reads a close code
+        and reason, not a bare 403."""
+        offered = websocket.scope.get("subprotocols") or []
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        await websocket.close(FULL_CLOSE_CODE, clip_reason(reason))
+
+    async def _connected(self, websocket: WebSocket, grant: Grant) -> None:
+        if len(self.connections) >= self.limits.max_connections:
+            self.counters.refusals["too_many_connections"] += 1
+            await self._refuse(websocket, "too many connections")
             return
         offered = websocket.scope.get("subprotocols") or []
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        if len(self.connections) >= self.limits.max_connections:
-            # Accepted first so the client reads a close code and reason, not a bare 403.
-            await websocket.close(FULL_CLOSE_CODE, "too many connections")
-            return
         self._next_id += 1
         conn = Connection(
             self._next_id,
@@ -357,6 +343,7 @@ class IntermediaryServer:
             grant,
             tokens=float(self.limits.burst),
             refilled=self.clock(),
+            counters=self.counters,
         )
         self.connections[conn.id] = conn
         ready = functools.partial(self.intermediary.set_ready, conn.id, True)
@@ -386,6 +373,7 @@ class IntermediaryServer:
         if conn.kicked.is_set():
             reason = clip_reason(conn.reason or "too many frames dropped")
             self.disconnects.append(Disconnect(conn.id, DROPPED_CLOSE_CODE, reason))
+            self.counters.subscribers_dropped += 1
             with contextlib.suppress(Exception, asyncio.TimeoutError):
                 async with asyncio.timeout(self.limits.close_timeout_s):
                     await websocket.close(DROPPED_CLOSE_CODE, reason)
@@ -394,41 +382,27 @@ class IntermediaryServer:
         while True:
             message = await conn.websocket.receive()
             if message["type"] == "websocket.disconnect":
+                count_close(message, self.counters)
                 return
-            text = message.get("text")
-            if text is None:
-                reply: dict[str, object] = {
-                    "op": "error",
-                    "message": "request: expected a JSON text message",
-                }
-            elif len(text) > self.limits.max_message_bytes:
-                reply = {"op": "error", "message": "request: too long"}
-            elif not conn.take_token(self.clock(), self.limits.burst, self.limits.requests_per_s):
-                reply = {"op": "error", "message": "request: too many requests, slow down"}
-            else:
-                reply = await self._handle(conn, text)
+            request = parse(conn, message, self.limits, self.clock(), self.counters)
+            reply = request[0] if isinstance(request, tuple) else await self._handle(conn, request)
             await conn.websocket.send_text(json.dumps(reply))
 
-    async def _handle(self, conn: Connection, text: str) -> dict[str, object]:
-        try:
-            request = json.loads(text)
-        except ValueError as exc:
-            return {"op": "error", "message": f"request: not JSON ({exc})"}
-        except RecursionError:
-            return {"op": "error", "message": "request: JSON nested too deeply"}
-        if not isinstance(request, dict):
-            return {"op": "error", "message": "request: expected a JSON object"}
+    async def _handle(self, conn: Connection, request: dict[str, Any]) -> dict[str, object]:
+        refusals = self.counters.refusals
         try:
             return await self.handle_request(conn.id, request)
         except IntermediaryError as exc:
             message = str(exc)
             refused = isinstance(exc, SubscriptionRefused)  # the client raises it as one
+            refusals["not_granted" if refused else "invalid"] += 1
         except RecursionError:  # the request's nesting, met past parsing
             message, refused = "request: JSON nested too deeply", False
+            refusals["too_deep"] += 1
         except Exception as exc:  # a bug this request met: answered, logged once per place
             self._problems.failure("intermediary: a request failed", exc)
             message, refused = "request: failed (the intermediary's log says why)", False
-        reply: dict[str, object] = {"op": "error", "message": message}
+        reply = error(message)
         if refused:
             reply["refused"] = True
         key = request.get("key")

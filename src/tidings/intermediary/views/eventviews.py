@@ -279,6 +279,10 @@ class EventViews:
                     log.warning("intermediary: upstream not shrunk after unsubscribe: %s", exc)
             return len(gone)
 
+    def counts(self) -> tuple[int, int]:
+        """Event and SQL-view subscriptions held, every subscriber's (for metrics)."""
+        return len(self._events), len(self._views)
+
     def subscriptions(self, subscriber: Hashable) -> list[str]:
         """The keys ``subscriber`` holds here."""
         return sorted(self._keys.get(subscriber, ()))
