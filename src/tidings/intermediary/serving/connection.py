@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket
 
 from tidings.intermediary.node.intermediary import Served
 from tidings.intermediary.serving.envelope import envelope
+from tidings.intermediary.views.eventviews import EventText
 from tidings.intermediary.views.grants import NOTHING, Grant
 
 
@@ -53,11 +54,13 @@ class Connection:
     tokens: float = 0.0
     refilled: float = 0.0
 
-    def queue(self, message: dict[str, Any]) -> None:
+    def queue(self, message: dict[str, Any] | EventText) -> None:
         """An event message joins the queue; a view message replaces the one of its key not
         sent yet (counted in :attr:`replaced`, unless it says ``unchanged``: as the pending
         one)."""
-        if message["op"] != "view":
+        if isinstance(message, EventText):
+            self.texts.append(message.text())
+        elif message["op"] != "view":
             self.texts.append(json.dumps(message, default=str))
         elif message["key"] not in self.views:
             self.views[message["key"]] = json.dumps(message, default=str)

@@ -99,7 +99,7 @@ from tidings.serving import DenyingWebSockets, QuietServer, listen
 from tidings.tasks import stop_task
 
 if TYPE_CHECKING:
-    from tidings.intermediary.views.eventviews import EventViews
+    from tidings.intermediary.views.eventviews import EventText, EventViews
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,9 @@ class IntermediaryServer:
         conn.wake.set()
         return True
 
-    def _queue(self, messages: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str]]:
+    def _queue(
+        self, messages: list[tuple[Any, dict[str, Any] | EventText]]
+    ) -> list[tuple[Any, str]]:
         """Queue a tick's JSON messages on their connections. A connection whose backlog
         from earlier ticks is over the limit is too slow: it is returned, to close (a large
         tick alone never closes anyone; the memory bound is the limit plus one tick)."""
