@@ -122,7 +122,9 @@ class ServerProcess:
     Make one with :meth:`tidings`, :meth:`hat_event` or :meth:`hat_monitor`, or give the
     command (to which ``--conf server.yaml`` is added) and, for a module of ``bench/``,
     :func:`bench_env` as its ``env``.
-    ``ports`` are an event server's Eventer's (``"eventer"``) and, if it serves one, its
+    ``config_option`` is the option that names the file (``--conf``; ``-c`` for the
+    ``tidings`` commands that read a whole ``tidings.yaml``; None: the command takes no
+    file). ``ports`` are an event server's Eventer's (``"eventer"``) and, if it serves one, its
     Syncer's (``"syncer"``); :meth:`start` waits for those named in ``listening`` (default:
     all).
     """
@@ -135,6 +137,7 @@ class ServerProcess:
         ports: Mapping[str, int],
         listening: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
+        config_option: str | None = "--conf",
     ) -> None:
         self.workdir = workdir
         self._env = None if env is None else dict(env)
@@ -146,7 +149,9 @@ class ServerProcess:
         self.log_path = workdir / "server.log"
         workdir.mkdir(parents=True, exist_ok=True)
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
-        self._command = [*command, "--conf", str(self.config)]
+        self._command = [*command]
+        if config_option is not None:
+            self._command += [config_option, str(self.config)]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @classmethod

@@ -1,6 +1,8 @@
-"""The attacks, each an async function of the target and the scale that returns what
-happened to the attacker in a few words. Raw sockets where the attack is below what a
-client library would send (slowloris, lying frame headers, plaintext to a TLS port)."""
+"""The attacks: the shapes both parts use (floods, idle and slow connections, lying and
+malformed WebSocket frames, TLS handshakes; each an async function returning what happened to
+the attacker in a few words), and the streams part's attacks built from them. Raw sockets
+where the attack is below what a client library would send (slowloris, lying frame headers,
+plaintext to a TLS port: :mod:`bench.harness.sockets`)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import websockets
 
+from bench.harness.sockets import SLOW_HEAD, closed_count, closed_within, open_many, trickle
 from bench.server.hostile import frame
 
 #: Attacks running at once, at most, in the floods.
@@ -36,8 +40,15 @@ class Target:
     #: How long the slow and idle attacks hold their connections.
     hold_s: float
 
+    @property
+    def ws_url(self) -> str:
+        return self.stream_url.replace("http", "ws")
 
-async def _bounded(count: int, one: Callable[[int], Awaitable[str]]) -> dict[str, int]:
+
+# -- the shapes both parts use ---------------------------------------------------------------
+
+
+async def bounded(count: int, one: Callable[[int], Awaitable[str]]) -> dict[str, int]:
     """Run ``one`` ``count`` times, CONCURRENCY at once; how many ended each way."""
     outcomes: dict[str, int] = {}
     semaphore = asyncio.Semaphore(CONCURRENCY)
@@ -54,47 +65,121 @@ async def _bounded(count: int, one: Callable[[int], Awaitable[str]]) -> dict[str
     return outcomes
 
 
-def _summary(outcomes: dict[str, int]) -> str:
+def summary(outcomes: dict[str, int]) -> str:
+    """``1,234 what, 56 other``: the most frequent first."""
     return ", ".join(f"{n:,} {what}" for what, n in sorted(outcomes.items(), key=lambda x: -x[1]))
 
 
-async def _closed_within(reader: asyncio.StreamReader, timeout: float) -> bool:
-    """Whether the server closes the connection within ``timeout`` (reading what it sends)."""
-    try:
-        async with asyncio.timeout(timeout):
-            with contextlib.suppress(ConnectionError):
-                while await reader.read(65536):
-                    pass
-        return True
-    except TimeoutError:
-        return False
-
-
-async def _report(
-    opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]], held: float
+async def hold_open(
+    port: int,
+    count: int,
+    hold_s: float,
+    tls: ssl.SSLContext | None = None,
+    slow: bool = False,
 ) -> str:
-    """How many of the connections the server has closed by now; close them all."""
-    closed = 0
-    for reader, writer in opened:
-        closed += await _closed_within(reader, 0.01)
-        writer.close()
-    return f"{len(opened):,} opened, {closed:,} closed by the server within {held:g} s"
+    """``count`` connections that never send a byte (or, ``slow``, an HTTP head one header
+    a second), held ``hold_s`` s; how many the server closed meanwhile."""
+    opened = await open_many(port, count, tls, SLOW_HEAD if slow else b"")
+    if slow:
+        await trickle([writer for _, writer in opened], 1.0, hold_s)
+    else:
+        await asyncio.sleep(hold_s)
+    closed = await closed_count(opened)
+    return f"{len(opened):,} opened, {closed:,} closed by the server within {hold_s:g} s"
 
 
-async def _open(
-    port: int, count: int, tls: ssl.SSLContext | None = None, first: bytes = b""
-) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    """``count`` connections, each sending ``first`` (those refused at once left out)."""
-    opened = []
+async def idle_websockets(url: str, count: int, hold_s: float, **options: Any) -> str:
+    """``count`` opened WebSockets that never send a request (nor read); ``options`` go to
+    ``websockets.connect`` (TLS, credentials)."""
+    sockets = []
     for _ in range(count):
+        with contextlib.suppress(Exception):
+            sockets.append(await websockets.connect(url, **options))
+    await asyncio.sleep(hold_s)
+    open_now = sum(ws.state.name == "OPEN" for ws in sockets)
+    for ws in sockets:
+        with contextlib.suppress(Exception):
+            await ws.close()
+    closed = len(sockets) - open_now
+    return f"{len(sockets):,} opened, {closed:,} closed by the server within {hold_s:g} s"
+
+
+async def oversized_ws_header(url: str, **options: Any) -> str:
+    """A WebSocket frame whose header declares 2^40 bytes, then a trickle of them."""
+    async with websockets.connect(url, **options) as ws:
+        transport = ws.transport
+        # FIN, text; masked, 127: a 64-bit length follows; then the mask.
+        transport.write(b"\x81\xff" + (1 << 40).to_bytes(8, "big") + b"\0\0\0\0" + b"a" * 65536)
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
-        except OSError:
-            continue
-        if first:
-            writer.write(first)
-        opened.append((reader, writer))
-    return opened
+            async with asyncio.timeout(30):
+                await ws.wait_closed()
+        except TimeoutError:
+            return "still open after 30 s"
+        return f"closed by the server: {ws.close_code} {ws.close_reason!r}"
+
+
+async def malformed_requests(
+    url: str,
+    messages: list[str | bytes],
+    answer: Callable[[Any], str],
+    greeting: bool = False,
+    **options: Any,
+) -> str:
+    """Each of ``messages`` on a WebSocket, answered before the next (``answer`` names the
+    reply); a new WebSocket whenever the server closed one (counted). ``greeting``: the
+    server speaks first on a new WebSocket (its message is read and left out)."""
+    outcomes: dict[str, int] = {}
+
+    async def connect() -> Any:
+        ws = await websockets.connect(url, **options)
+        if greeting:
+            await ws.recv()
+        return ws
+
+    ws = await connect()
+    try:
+        for message in messages:
+            try:
+                await ws.send(message)
+                async with asyncio.timeout(30):
+                    reply = json.loads(await ws.recv())
+                outcome = answer(reply)
+            except TimeoutError:
+                outcome = "no answer in 30 s"
+            except websockets.ConnectionClosed as exc:
+                outcome = f"WebSocket closed ({exc.rcvd.code if exc.rcvd else '-'})"
+                ws = await connect()
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    finally:
+        await ws.close()
+    return summary(outcomes)
+
+
+async def handshake_flood(port: int, tls: ssl.SSLContext, count: int) -> str:
+    """``count`` full TLS handshakes, CONCURRENCY at once, each closed at once."""
+
+    async def one(i: int) -> str:
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
+        writer.close()
+        return "handshakes"
+
+    return summary(await bounded(count, one))
+
+
+async def plaintext_to_tls(port: int, data: bytes, count: int) -> str:
+    """``count`` connections sending ``data`` in plaintext to a TLS port."""
+
+    async def one(_: int) -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        closed = await closed_within(reader, 30)
+        writer.close()
+        return "closed by the server" if closed else "still open after 30 s"
+
+    return summary(await bounded(count, one))
+
+
+# -- the streams' attacks --------------------------------------------------------------------
 
 
 async def bad_passwords(target: Target) -> str:
@@ -111,42 +196,7 @@ async def bad_passwords(target: Target) -> str:
             reply = await client.post(target.stream_url, content=json.dumps(request))
             return str(reply.json().get("e", "accepted!"))
 
-        return _summary(await _bounded(target.count, one))
-
-
-async def slowloris(target: Target) -> str:
-    """``count`` connections, each sending an HTTP request's head one header a second."""
-    opened = await _open(target.stream_port, target.count, first=b"POST / HTTP/1.1\r\nHost: x\r\n")
-    deadline = time.monotonic() + target.hold_s
-    while time.monotonic() < deadline:
-        await asyncio.sleep(1)
-        for _, writer in opened:
-            if not writer.is_closing():
-                with contextlib.suppress(ConnectionError):
-                    writer.write(b"X-a: b\r\n")
-    return await _report(opened, target.hold_s)
-
-
-async def idle_connections(target: Target) -> str:
-    """``count`` TCP connections to the stream's port that never send a byte."""
-    opened = await _open(target.stream_port, target.count)
-    await asyncio.sleep(target.hold_s)
-    return await _report(opened, target.hold_s)
-
-
-async def idle_websockets(target: Target) -> str:
-    """``count`` opened WebSockets that never send a request (nor read)."""
-    sockets = []
-    for _ in range(target.count):
-        with contextlib.suppress(Exception):
-            sockets.append(await websockets.connect(target.stream_url.replace("http", "ws")))
-    await asyncio.sleep(target.hold_s)
-    open_now = sum(ws.state.name == "OPEN" for ws in sockets)
-    for ws in sockets:
-        with contextlib.suppress(Exception):
-            await ws.close()
-    closed = len(sockets) - open_now
-    return f"{len(sockets):,} opened, {closed:,} closed by the server within {target.hold_s:g} s"
+        return summary(await bounded(target.count, one))
 
 
 async def oversized_http(target: Target) -> str:
@@ -162,20 +212,6 @@ async def oversized_http(target: Target) -> str:
     )
 
 
-async def oversized_ws_header(target: Target) -> str:
-    """A WebSocket frame whose header declares 2^40 bytes, then a trickle of them."""
-    async with websockets.connect(target.stream_url.replace("http", "ws")) as ws:
-        transport = ws.transport
-        # FIN, text; masked, 127: a 64-bit length follows; then the mask.
-        transport.write(b"\x81\xff" + (1 << 40).to_bytes(8, "big") + b"\0\0\0\0" + b"a" * 65536)
-        try:
-            async with asyncio.timeout(30):
-                await ws.wait_closed()
-        except TimeoutError:
-            return "still open after 30 s"
-        return f"closed by the server: {ws.close_code} {ws.close_reason!r}"
-
-
 def _malformed(i: int) -> str:
     kinds = [
         "not json",
@@ -187,75 +223,45 @@ def _malformed(i: int) -> str:
     return kinds[i % len(kinds)]
 
 
-async def malformed_frames(target: Target) -> str:
-    """``count`` malformed requests on a WebSocket, each answered before the next; a new
-    WebSocket whenever the server closed one (counted)."""
-    outcomes: dict[str, int] = {}
-    ws = await websockets.connect(target.stream_url.replace("http", "ws"))
-    try:
-        for i in range(target.count):
-            try:
-                await ws.send(_malformed(i))
-                async with asyncio.timeout(30):
-                    reply = json.loads(await ws.recv())
-                outcome = str(reply.get("e", "answered"))
-            except TimeoutError:
-                outcome = "no answer in 30 s"
-            except websockets.ConnectionClosed as exc:
-                outcome = f"WebSocket closed ({exc.rcvd.code if exc.rcvd else '-'})"
-                ws = await websockets.connect(target.stream_url.replace("http", "ws"))
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    finally:
-        await ws.close()
-    return _summary(outcomes)
+def _ftn3_answer(reply: Any) -> str:
+    return str(reply.get("e", "answered"))
 
 
-async def tls_handshake_flood(target: Target) -> str:
-    """``count`` full TLS handshakes to the Eventer, each closed at once."""
-
-    async def one(_: int) -> str:
-        _, writer = await asyncio.open_connection(
-            "127.0.0.1", target.eventer_port, ssl=target.client_tls
-        )
-        writer.close()
-        return "handshakes"
-
-    return _summary(await _bounded(target.count, one))
-
-
-async def tls_plaintext(target: Target) -> str:
-    """``count`` connections sending a plaintext hat frame to the Eventer's TLS port."""
-
-    async def one(_: int) -> str:
-        reader, writer = await asyncio.open_connection("127.0.0.1", target.eventer_port)
-        writer.write(frame("MsgSubscribe", b"\x80"))
-        closed = await _closed_within(reader, 30)
-        writer.close()
-        return "closed by the server" if closed else "still open after 30 s"
-
-    return _summary(await _bounded(target.count, one))
+def _stream_attacks(t: Target) -> dict[str, Callable[[], Awaitable[str]]]:
+    return {
+        "bad_passwords": lambda: bad_passwords(t),
+        "slowloris": lambda: hold_open(t.stream_port, t.count, t.hold_s, slow=True),
+        "idle_tcp": lambda: hold_open(t.stream_port, t.count, t.hold_s),
+        "idle_websockets": lambda: idle_websockets(t.ws_url, t.count, t.hold_s),
+        "oversized_http": lambda: oversized_http(t),
+        "oversized_ws": lambda: oversized_ws_header(t.ws_url),
+        "malformed_ws": lambda: malformed_requests(
+            t.ws_url, [_malformed(i) for i in range(t.count)], _ftn3_answer
+        ),
+        "tls_handshakes": lambda: handshake_flood(t.eventer_port, t.client_tls, t.count),
+        "tls_plaintext": lambda: plaintext_to_tls(
+            t.eventer_port, frame("MsgSubscribe", b"\x80"), t.count
+        ),
+        "tls_silent": lambda: hold_open(t.eventer_port, t.count, t.hold_s),
+    }
 
 
-async def tls_silent(target: Target) -> str:
-    """``count`` TCP connections to the Eventer's TLS port that never start a handshake."""
-    opened = await _open(target.eventer_port, target.count)
-    await asyncio.sleep(target.hold_s)
-    return await _report(opened, target.hold_s)
+def stream_attacks(target: Target, only: list[str]) -> dict[str, Callable[[], Awaitable[str]]]:
+    """The attacks on ``target`` named in ``only`` (none named: all), in ATTACKS' order."""
+    every = _stream_attacks(target)
+    return {name: every[name] for name in ATTACKS if not only or name in only}
 
 
-#: name -> (what the attacker does, the attack).
-ATTACKS: dict[str, tuple[str, Callable[[Target], Awaitable[str]]]] = {
-    "bad_passwords": ("POSTs with wrong passwords, 32 at once", bad_passwords),
-    "slowloris": ("HTTP heads sent one header a second", slowloris),
-    "idle_tcp": ("TCP connections to the stream port, never a byte", idle_connections),
-    "idle_websockets": ("open WebSockets that never send or read", idle_websockets),
-    "oversized_http": ("one 32 MiB POST (limit 64 KiB)", oversized_http),
-    "oversized_ws": ("a WebSocket frame declaring 2^40 bytes", oversized_ws_header),
-    "malformed_ws": (
-        "malformed requests on one WebSocket (40 KB nesting among them)",
-        malformed_frames,
-    ),
-    "tls_handshakes": ("full TLS handshakes to the Eventer, 32 at once", tls_handshake_flood),
-    "tls_plaintext": ("a plaintext hat frame to the Eventer's TLS port", tls_plaintext),
-    "tls_silent": ("TCP connections to the TLS port, never a ClientHello", tls_silent),
+#: name -> what the attacker does.
+ATTACKS: dict[str, str] = {
+    "bad_passwords": "POSTs with wrong passwords, 32 at once",
+    "slowloris": "HTTP heads sent one header a second",
+    "idle_tcp": "TCP connections to the stream port, never a byte",
+    "idle_websockets": "open WebSockets that never send or read",
+    "oversized_http": "one 32 MiB POST (limit 64 KiB)",
+    "oversized_ws": "a WebSocket frame declaring 2^40 bytes",
+    "malformed_ws": "malformed requests on one WebSocket (40 KB nesting among them)",
+    "tls_handshakes": "full TLS handshakes to the Eventer, 32 at once",
+    "tls_plaintext": "a plaintext hat frame to the Eventer's TLS port",
+    "tls_silent": "TCP connections to the TLS port, never a ClientHello",
 }

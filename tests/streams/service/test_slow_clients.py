@@ -5,13 +5,13 @@ Real sockets against a real server; the head timeout is shortened so the test is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 
 import httpx
 import websockets
 
+from bench.harness.sockets import SLOW_HEAD, closed_within, trickle
 from tests.support.stream_helpers import poll, serving, stream_server_config
 from tests.support.waiting import run
 from tidings.streams.service import slow_clients
@@ -19,14 +19,7 @@ from tidings.streams.service import slow_clients
 
 async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
     """Whether the server closes the connection (well after the shortened timeout)."""
-    try:
-        async with asyncio.timeout(30):
-            with contextlib.suppress(ConnectionError):
-                while await reader.read(1024):
-                    pass
-        return True
-    except TimeoutError:
-        return False
+    return await closed_within(reader, 30)
 
 
 def test_idle_and_slow_heads_are_closed_and_counted(tmp_path, monkeypatch) -> None:
@@ -38,15 +31,8 @@ def test_idle_and_slow_heads_are_closed_and_counted(tmp_path, monkeypatch) -> No
             port = server.config.streams[0].port
             idle_reader, idle = await asyncio.open_connection("127.0.0.1", port)
             slow_reader, slow = await asyncio.open_connection("127.0.0.1", port)
-            slow.write(b"POST /evt HTTP/1.1\r\nHost: x\r\n")
-
-            async def trickle() -> None:
-                while not slow.is_closing():
-                    with contextlib.suppress(ConnectionError):
-                        slow.write(b"X-a: b\r\n")
-                    await asyncio.sleep(0.05)
-
-            trickling = asyncio.create_task(trickle())
+            slow.write(SLOW_HEAD)
+            trickling = asyncio.create_task(trickle([slow], 0.05, 30))
             assert await _closed_by_server(idle_reader)
             assert await _closed_by_server(slow_reader)
             slow.close()

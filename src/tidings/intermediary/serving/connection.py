@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket
 from tidings.intermediary.node.intermediary import Served
 from tidings.intermediary.serving.counters import ServingCounters
 from tidings.intermediary.serving.envelope import envelope
+from tidings.intermediary.views.eventviews import EventText
 from tidings.intermediary.views.grants import NOTHING, Grant
 
 
@@ -56,11 +57,13 @@ class Connection:
     #: The server's totals (frames and messages sent, replaced); its own by default.
     counters: ServingCounters = field(default_factory=ServingCounters)
 
-    def queue(self, message: dict[str, Any]) -> None:
+    def queue(self, message: dict[str, Any] | EventText) -> None:
         """An event message joins the queue; a view message replaces the one of its key not
         sent yet (counted in :attr:`replaced`, unless it says ``unchanged``: as the pending
         one)."""
-        if message["op"] != "view":
+        if isinstance(message, EventText):
+            self.texts.append(message.text())
+        elif message["op"] != "view":
             self.texts.append(json.dumps(message, default=str))
         elif message["key"] not in self.views:
             self.views[message["key"]] = json.dumps(message, default=str)
@@ -136,7 +139,9 @@ class Connection:
 
 
 def queue_messages(
-    connections: Mapping[Any, Connection], messages: list[tuple[Any, dict[str, Any]]], limit: int
+    connections: Mapping[Any, Connection],
+    messages: list[tuple[Any, dict[str, Any] | EventText]],
+    limit: int,
 ) -> list[tuple[Any, str]]:
     """Queue a tick's JSON messages on their connections. A connection whose backlog from
     earlier ticks is over ``limit`` is too slow: it is returned with the reason, to close (a

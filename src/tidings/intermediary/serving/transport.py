@@ -106,7 +106,7 @@ from tidings.serving import DenyingWebSockets, QuietServer, listen
 from tidings.tasks import stop_task
 
 if TYPE_CHECKING:
-    from tidings.intermediary.views.eventviews import EventViews
+    from tidings.intermediary.views.eventviews import EventText, EventViews
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,9 @@ class IntermediaryServer:
         conn.wake.set()
         return True
 
-    def _queue(self, messages: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str]]:
+    def _queue(
+        self, messages: list[tuple[Any, dict[str, Any] | EventText]]
+    ) -> list[tuple[Any, str]]:
         """:func:`.connection.queue_messages` on this server's connections."""
         return queue_messages(self.connections, messages, self.limits.max_queued_messages)
 
