@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
+from sqlalchemy import select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
 from bench.harness.processes import free_port
 from tests.support.certificates import TestCA
+from tests.support.helpers import relay_config, statuses
 from tests.targets.kinds.rabbitmq_support import (
     Topology,
     broker_user,
@@ -30,11 +32,21 @@ from tests.targets.kinds.rabbitmq_support import (
     stop_broker,
 )
 from tidings.config import load_config, load_config_file
-from tidings.errors import ConfigError, TargetCallFailed, TargetError, TargetUnavailable
+from tidings.db import make_engine
+from tidings.errors import (
+    ConfigError,
+    EmitError,
+    TargetCallFailed,
+    TargetError,
+    TargetUnavailable,
+)
 from tidings.events.outbox import OutboxEvent
+from tidings.outbox.schema import outbox_event
+from tidings.pipeline.relay_query import start_relay
 from tidings.targets.kinds.rabbitmq.config import RabbitMQTargetConfig
 from tidings.targets.kinds.rabbitmq.target import RabbitMQTarget
 from tidings.targets.registry import build_target
+from tidings.targets.routed import outbox_from_config
 
 LOGGED_AT = datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=UTC)
 
@@ -531,3 +543,56 @@ def test_close_stops_the_loop_thread_and_is_idempotent(
     assert "tidings-rabbitmq-rmq-test" not in {t.name for t in threading.enumerate()}
     with pytest.raises(TargetError):
         target.publish([event(2)])
+
+
+# -- through the relay, from configuration -------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_the_relay_publishes_from_configuration_and_fails_only_the_unroutable_event(
+    spark: Any, topology: Topology, tmp_path: Path
+) -> None:
+    """The relay (Spark) with a ``rabbitmq`` target from configuration: a routed outbox
+    refuses an oversize event at emit; of what was logged, the event no queue takes is
+    FAILED with the exchange and routing key named, the others are PUBLISHED and queued in
+    their keys' order. The oversize event is never logged, so seqs count from 1 after it."""
+    topology.declare_exchange()
+    queue = topology.queue("Created.eu")
+    target = {
+        "kind": "rabbitmq",
+        "exchange": topology.exchange,
+        "routing_key": "{event_type}.{payload.data.region}",
+        "max_message_size": 4096,
+        "confirm_timeout": "3s",
+    }
+    config = relay_config(tmp_path, targets={"rmq": target}, routes={"Created": ["rmq"]})
+    engine = make_engine(config.database.url)
+    outbox = outbox_from_config(config, engine)
+    too_big = {"region": "eu", "blob": "x" * 5000}
+    with pytest.raises(EmitError, match="over the broker's max_message_size of 4096"):  # noqa: SIM117
+        with outbox.transaction() as tx:
+            tx.emit("Created", too_big, partition_key="k0")
+    for n, (key, region) in enumerate([("k1", "eu"), ("k2", "eu"), ("k3", "us"), ("k1", "eu")]):
+        with outbox.transaction() as tx:
+            tx.emit("Created", {"n": n, "region": region}, partition_key=key)
+    with outbox.transaction() as tx:
+        tx.emit("Created", {"n": 4, "region": "eu"}, partition_key="k2")
+
+    start_relay(spark, config, available_now=True).awaitTermination()
+
+    assert statuses(engine) == {
+        1: "PUBLISHED", 2: "PUBLISHED", 3: "FAILED", 4: "PUBLISHED", 5: "PUBLISHED",
+    }  # fmt: skip
+    with engine.connect() as conn:
+        error = conn.execute(
+            select(outbox_event.c.error_details).where(outbox_event.c.seq == 3)
+        ).scalar_one()
+    assert (
+        f"unroutable: no queue is bound to exchange '{topology.exchange}' for routing key "
+        "'Created.us'" in error
+    )
+    stored = [(headers(m)["Tidings-Partition-Key"], int(headers(m)["Tidings-Seq"]))
+              for m in messages(queue)]  # fmt: skip
+    assert [s for k, s in stored if k == "k1"] == [1, 4]
+    assert [s for k, s in stored if k == "k2"] == [2, 5]
+    assert len(stored) == 4
