@@ -201,14 +201,17 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.outbox": "envelope schema confirmations checks incomplete producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults kinds registry routed",
-    "tidings.targets.kinds": "event_store server_group resend_window event_server jetstream",
+    "tidings.targets.kinds": (
+        "event_store server_group resend_window event_server jetstream rabbitmq"
+    ),
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
+    "tidings.targets.kinds.rabbitmq": "messages config target",
     "tidings.pipeline": (
         "jobconfig publishing lease standby source spark replay relay_query warmup relay "
         "archive_layout housekeeping status metrics"
     ),
     "tidings.pipeline.publishing": "retry breaker outcome delivery publisher",
-    "tidings.pipeline.source": "slices watermark queries workerheap task datasource",
+    "tidings.pipeline.source": "slices watermark queries workerheap task runner_exit datasource",
     "tidings.pipeline.housekeeping": "selection archiving run",
     "tidings.wire": "lag receive_queue prescan codec envelope frame_reader chatter chatter_server",
     "tidings.server": (
