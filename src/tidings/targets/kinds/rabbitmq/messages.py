@@ -21,12 +21,14 @@ event fails alone, at emit already.
 from __future__ import annotations
 
 from datetime import datetime
-
-from pamqp.commands import Basic
-from pamqp.header import ContentHeader
+from typing import TYPE_CHECKING
 
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.destination import DestinationTemplate
+
+if TYPE_CHECKING:  # pamqp is imported where a message is built: validating a configuration
+    # (every Spark worker does) loads neither it nor aiormq.
+    from pamqp.commands import Basic
 
 #: RabbitMQ's default ``max_message_size`` (3.8 and later): 128 MiB.
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
@@ -81,6 +83,8 @@ def message_headers(event: OutboxEvent) -> dict[str, str]:
 
 def message_properties(event: OutboxEvent, persistent: bool) -> Basic.Properties:
     """The AMQP properties of ``event``'s message (ValueError if pamqp refuses one)."""
+    from pamqp.commands import Basic
+
     correlation = event.correlation_id
     if correlation is not None and len(correlation.encode()) > MAX_SHORTSTR:
         correlation = None  # too long for the property; the header still carries it
@@ -96,6 +100,8 @@ def message_properties(event: OutboxEvent, persistent: bool) -> Basic.Properties
 
 def header_frame_size(body_size: int, properties: Basic.Properties) -> int:
     """Bytes of the content header frame (properties and headers) of a message."""
+    from pamqp.header import ContentHeader
+
     return len(ContentHeader(body_size=body_size, properties=properties).marshal()) + (
         _FRAME_OVERHEAD
     )
