@@ -11,7 +11,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,9 @@ from tidings.errors import (
 )
 from tidings.events.outbox import OutboxEvent
 from tidings.outbox.schema import outbox_event
+from tidings.pipeline.publishing.breaker import MAX_PAUSE_S
 from tidings.pipeline.relay_query import start_relay
+from tidings.pipeline.replay import ReplayLimits, run_replay
 from tidings.targets.kinds.rabbitmq.config import RabbitMQTargetConfig
 from tidings.targets.kinds.rabbitmq.target import RabbitMQTarget
 from tidings.targets.registry import build_target
@@ -596,3 +599,41 @@ def test_the_relay_publishes_from_configuration_and_fails_only_the_unroutable_ev
     assert [s for k, s in stored if k == "k1"] == [1, 4]
     assert [s for k, s in stored if k == "k2"] == [2, 5]
     assert len(stored) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_the_relay_holds_events_while_the_broker_is_stopped_then_delivers_them_in_order(
+    spark: Any, topology: Topology, tmp_path: Path
+) -> None:
+    """RabbitMQ stopped (``rabbitmqctl stop_app``) when the relay runs: the target is down
+    for the relay, so no event is charged a retry or FAILED; they wait HELD with the reason
+    and, once the broker is back, a replay delivers every one, each key in log order."""
+    topology.declare_exchange()
+    queue = topology.queue()
+    target = {"kind": "rabbitmq", "exchange": topology.exchange, "confirm_timeout": "2s"}
+    config = relay_config(tmp_path, targets={"rmq": target}, routes={"Created": ["rmq"]})
+    engine = make_engine(config.database.url)
+    outbox = outbox_from_config(config, engine)
+    for n in range(12):
+        with outbox.transaction() as tx:
+            tx.emit("Created", {"n": n}, partition_key=f"k{n % 3}")
+    stop_broker()
+    try:
+        start_relay(spark, config, available_now=True).awaitTermination()
+        with engine.connect() as conn:
+            rows = conn.execute(select(outbox_event).order_by(outbox_event.c.seq)).all()
+        assert {r.status for r in rows} <= {"HELD", "PENDING"}
+        assert all(r.retry_count == 0 for r in rows)
+        assert any("cannot connect" in (r.error_details or "") for r in rows)
+    finally:
+        start_broker()
+    time.sleep(MAX_PAUSE_S + 0.5)  # the breaker's longest pause: a probe is due now
+    limits = ReplayLimits.from_config(config)
+    run_replay(spark, config, limits=replace(limits, older_than=timedelta(0)))
+
+    assert set(statuses(engine).values()) == {"PUBLISHED"}
+    stored = [(headers(m)["Tidings-Partition-Key"], int(headers(m)["Tidings-Seq"]))
+              for m in messages(queue)]  # fmt: skip
+    for k in range(3):
+        assert [s for key, s in stored if key == f"k{k}"] == list(range(k + 1, 13, 3))
