@@ -14,6 +14,9 @@ reading), with the machine, the code measured and the CPU other processes took m
 - ``server``: the event server against hat-event 0.8.5's own server driven by the same
   client (register rates, latest and ordered queries, notify latency), on SQLite and
   PostgreSQL, with a floor server that stores nothing and hostile clients.
+- ``rabbitmq``: the rabbitmq target's publishing rate against raw aiormq publishing the same
+  persistent, mandatory, confirmed messages (many keys at once, and one key's run); it only
+  prints its figures.
 - ``streams``: the FTN18 streams against FutoIn's own server driven by the same FutoIn
   client (drain rates, latency), and tidings' Python consumer against a NATS JetStream pull
   consumer.

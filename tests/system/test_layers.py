@@ -203,9 +203,10 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults kinds registry routed",
     "tidings.targets.kinds": (
-        "event_store server_group resend_window event_server_config event_server jetstream"
+        "event_store server_group resend_window event_server_config event_server jetstream rabbitmq"
     ),
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
+    "tidings.targets.kinds.rabbitmq": "messages config target",
     "tidings.pipeline": (
         "jobconfig publishing lease standby source spark replay relay_query warmup relay "
         "archive_layout housekeeping status metrics"

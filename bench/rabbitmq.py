@@ -1,0 +1,146 @@
+"""The rabbitmq target's publishing rate against raw aiormq publishing the same messages.
+
+``python -m bench.rabbitmq [--quick]``: on the local broker (127.0.0.1:5672, guest/guest), a
+durable queue bound to a fresh topic exchange takes N persistent messages of the same size,
+published with ``mandatory`` and a publisher confirm for every one, twice per shape:
+
+* through :class:`~tidings.targets.kinds.rabbitmq.target.RabbitMQTarget.publish`, in calls
+  of ``call`` events as the relay makes them (what the target adds: its loop thread, routing
+  keys, properties and headers, per-key chaining);
+* by aiormq directly on one confirming channel, the same messages and confirmation level
+  (aiormq is the asyncio client aio-pika stands on; the target uses it too, so the ratio is
+  the target's own cost).
+
+Two shapes: ``many keys`` (every event of a call has its own key: all in flight at once) and
+``one key`` (a call is one key's run: each message waits for the confirm of the one before,
+in both). The ratio target/raw is the figure (issue 31's goal: at least 0.8). The exchange
+and queue are deleted afterwards. Prints the figures; records nothing (run it on a quiet
+machine and put them on the issue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime
+
+import aiormq
+from aiormq.abc import AbstractChannel
+from pamqp.commands import Basic
+
+from tidings.events.outbox import OutboxEvent
+from tidings.targets.kinds.rabbitmq.config import RabbitMQTargetConfig
+from tidings.targets.kinds.rabbitmq.messages import message_properties
+from tidings.targets.kinds.rabbitmq.target import RabbitMQTarget
+
+BROKER = "amqp://guest:guest@127.0.0.1:5672/"
+PAYLOAD = '{"specversion": "1.0", "type": "OrderCreated", "data": {"order": 1, "pad": "%s"}}'
+
+
+def events(count: int, one_key: bool, size: int) -> list[OutboxEvent]:
+    payload = PAYLOAD % ("x" * max(0, size - len(PAYLOAD)))
+    now = datetime.now(UTC)
+    return [
+        OutboxEvent(
+            seq=n + 1,
+            event_id=str(uuid.uuid4()),
+            event_type="OrderCreated",
+            payload=payload,
+            logged_at=now,
+            partition_key="only" if one_key else f"k{n}",
+            headers={"tenant": "acme"},
+        )
+        for n in range(count)
+    ]
+
+
+def through_target(exchange: str, batch: list[OutboxEvent], call: int) -> float:
+    """Messages per second through the target, in calls of ``call`` events."""
+    config = RabbitMQTargetConfig(kind="rabbitmq", exchange=exchange, servers=[BROKER])
+    target = RabbitMQTarget("bench", config)
+    try:
+        assert target.publish(batch[:1]) == [None]  # connected before the clock starts
+        started = time.perf_counter()
+        for at in range(1, len(batch), call):
+            results = target.publish(batch[at : at + call])
+            assert not any(results), results
+        return (len(batch) - 1) / (time.perf_counter() - started)
+    finally:
+        target.close()
+
+
+async def raw(exchange: str, batch: list[OutboxEvent], call: int, one_key: bool) -> float:
+    """Messages per second by aiormq directly, same messages and confirms."""
+    connection = await aiormq.connect(BROKER)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+
+        async def send(event: OutboxEvent) -> None:
+            confirmation = await channel.basic_publish(
+                event.payload.encode(),
+                exchange=exchange,
+                routing_key=event.event_type,
+                properties=message_properties(event, persistent=True),
+                mandatory=True,
+            )
+            assert isinstance(confirmation, Basic.Ack)
+
+        await send(batch[0])
+        started = time.perf_counter()
+        for at in range(1, len(batch), call):
+            chunk = batch[at : at + call]
+            if one_key:
+                for event in chunk:
+                    await send(event)
+            else:
+                await asyncio.gather(*(send(event) for event in chunk))
+        return (len(batch) - 1) / (time.perf_counter() - started)
+    finally:
+        await connection.close()
+
+
+async def _admin(action: str, exchange: str, queue: str) -> None:
+    connection = await aiormq.connect(BROKER)
+    try:
+        channel: AbstractChannel = await connection.channel()
+        if action == "make":
+            await channel.exchange_declare(exchange, exchange_type="topic", durable=True)
+            await channel.queue_declare(queue, durable=True)
+            await channel.queue_bind(queue, exchange, routing_key="#")
+        elif action == "purge":
+            await channel.queue_purge(queue)
+        else:
+            await channel.queue_delete(queue)
+            await channel.exchange_delete(exchange)
+    finally:
+        await connection.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.rabbitmq", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes: check that it runs")
+    parser.add_argument("--size", type=int, default=512, help="payload bytes (default 512)")
+    args = parser.parse_args()
+    count, call = (2_001, 500) if args.quick else (50_001, 1_000)
+    tag = uuid.uuid4().hex[:8]
+    exchange, queue = f"tidings-bench-{tag}", f"tidings-bench-{tag}"
+    asyncio.run(_admin("make", exchange, queue))
+    print("| shape | messages | tidings target msg/s | raw aiormq msg/s | ratio |")
+    print("|---|---|---|---|---|")
+    try:
+        for shape, one_key in (("many keys", False), ("one key", True)):
+            n = count if not one_key else max(1_001, count // 10)
+            target_rate = through_target(exchange, events(n, one_key, args.size), call)
+            asyncio.run(_admin("purge", exchange, queue))
+            raw_rate = asyncio.run(raw(exchange, events(n, one_key, args.size), call, one_key))
+            asyncio.run(_admin("purge", exchange, queue))
+            ratio = target_rate / raw_rate
+            print(f"| {shape} | {n - 1} | {target_rate:,.0f} | {raw_rate:,.0f} | {ratio:.2f} |")
+    finally:
+        asyncio.run(_admin("delete", exchange, queue))
+
+
+if __name__ == "__main__":
+    main()
