@@ -23,14 +23,20 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
+from sqlalchemy import select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
 from bench.harness.processes import free_port
 from tests.support.brokers import deliver_all, first_seen_order, mosquitto
 from tests.support.certificates import TestCA
+from tests.support.helpers import relay_config, statuses
 from tidings.config import load_config
+from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
+from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import outbox_event
+from tidings.pipeline.relay_query import start_relay
 from tidings.targets.kinds.mqtt.config import MqttTargetConfig
 from tidings.targets.kinds.mqtt.messages import packet_size, user_properties
 from tidings.targets.kinds.mqtt.target import MqttTarget
@@ -456,3 +462,36 @@ def test_close_is_final(make_target: Callable[..., MqttTarget]) -> None:
     target.close()
     with pytest.raises(TargetError, match="closed"):
         target.publish([event(2)])
+
+
+@pytest.mark.spark
+def test_the_relay_delivers_from_configuration_and_fails_only_the_event_without_a_topic(
+    spark: Any, tag: str, tmp_path: Path
+) -> None:
+    target = {"kind": "mqtt", "topic": f"{tag}/{{payload.data.region}}", "timeout": "2s"}
+    config = relay_config(
+        tmp_path, targets={"mq": target}, routes={"Created": ["mq"]}, retry={"backoff": ["1ms"]}
+    )
+    engine = make_engine(config.database.url)
+    outbox = Outbox(engine)  # no routed targets: the relay meets the bad event
+    for n, region in enumerate(["eu", None, "eu", "us"]):
+        with outbox.transaction() as tx:
+            tx.emit("Created", {"n": n, "region": region}, partition_key=f"k{n}")
+    sub = Subscriber(1883, f"{tag}/#")
+    try:
+        start_relay(spark, config, available_now=True).awaitTermination()
+        got = sub.wait_for(3)
+    finally:
+        sub.close()
+
+    assert statuses(engine) == {1: "PUBLISHED", 2: "FAILED", 3: "PUBLISHED", 4: "PUBLISHED"}
+    with engine.connect() as conn:
+        error = conn.execute(
+            select(outbox_event.c.error_details).where(outbox_event.c.seq == 2)
+        ).scalar_one()
+    assert "no topic for event" in error and "placeholder {payload.data.region}" in error
+    assert sorted((m.topic, m.prop("Tidings-Seq")) for m in got) == [
+        (f"{tag}/eu", "1"),
+        (f"{tag}/eu", "3"),
+        (f"{tag}/us", "4"),
+    ]

@@ -19,14 +19,20 @@ from typing import Any
 
 import pytest
 import redis
+from sqlalchemy import select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
 from bench.harness.processes import free_port
 from tests.support.brokers import PrivateServer, deliver_all, first_seen_order, redis_server
 from tests.support.certificates import TestCA
+from tests.support.helpers import relay_config, statuses
 from tidings.config import load_config
+from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetError, TargetUnavailable
 from tidings.events.outbox import OutboxEvent
+from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import outbox_event
+from tidings.pipeline.relay_query import start_relay
 from tidings.targets.kinds.redis_stream.config import RedisStreamTargetConfig
 from tidings.targets.kinds.redis_stream.target import RedisStreamTarget
 
@@ -389,3 +395,30 @@ def test_close_is_final(make_target: Callable[..., RedisStreamTarget]) -> None:
     target.close()
     with pytest.raises(TargetError, match="closed"):
         target.publish([event(2)])
+
+
+@pytest.mark.spark
+def test_the_relay_delivers_from_configuration_and_fails_only_the_event_without_a_stream(
+    spark: Any, tag: str, tmp_path: Path
+) -> None:
+    target = {"kind": "redis_stream", "stream": f"{tag}:{{payload.data.region}}", "timeout": "2s"}
+    config = relay_config(
+        tmp_path, targets={"rs": target}, routes={"Created": ["rs"]}, retry={"backoff": ["1ms"]}
+    )
+    engine = make_engine(config.database.url)
+    outbox = Outbox(engine)  # no routed targets: the relay meets the bad event
+    for n, region in enumerate(["eu", None, "eu", "us"]):
+        with outbox.transaction() as tx:
+            tx.emit("Created", {"n": n, "region": region}, partition_key=f"k{n}")
+
+    start_relay(spark, config, available_now=True).awaitTermination()
+
+    assert statuses(engine) == {1: "PUBLISHED", 2: "FAILED", 3: "PUBLISHED", 4: "PUBLISHED"}
+    with engine.connect() as conn:
+        error = conn.execute(
+            select(outbox_event.c.error_details).where(outbox_event.c.seq == 2)
+        ).scalar_one()
+    assert "no stream for event" in error and "placeholder {payload.data.region}" in error
+    eu = [json.loads(e["payload"])["data"]["n"] for e in entries(f"{tag}:eu")]
+    assert eu == [0, 2]
+    assert [e["seq"] for e in entries(f"{tag}:us")] == ["4"]
