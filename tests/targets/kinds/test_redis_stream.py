@@ -260,6 +260,27 @@ def test_an_unreachable_server_is_unavailable(
     assert target.publish([]) == []
 
 
+def test_a_server_restarted_between_calls_is_not_felt(
+    make_target: Callable[..., RedisStreamTarget], tmp_path: Path
+) -> None:
+    """redis-py's pool finds the connection the restart closed (it checks a connection for
+    EOF as it hands it out) and connects afresh: the relay's breaker is not opened by a
+    socket that was merely stale."""
+    server = redis_server(tmp_path / "r")
+    server.start()
+    try:
+        target = make_target(url=f"redis://127.0.0.1:{server.port}/0", stream="s")
+        assert target.publish([event(1)]) == [None]
+        server.kill()
+        server.start()  # nothing kept: a fresh, empty server
+
+        assert target.publish([event(2), event(3)]) == [None, None]
+
+        assert [e["seq"] for e in entries("s", f"redis://127.0.0.1:{server.port}/0")] == ["2", "3"]
+    finally:
+        server.kill()
+
+
 @pytest.mark.slow
 def test_the_server_killed_and_restarted_under_traffic_loses_nothing_and_keeps_order(
     make_target: Callable[..., RedisStreamTarget], tmp_path: Path
