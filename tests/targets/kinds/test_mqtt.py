@@ -239,6 +239,31 @@ def test_a_key_goes_in_call_order_across_rounds(
     assert order == {f"k{k}": [s for s in range(1, 61) if s % 3 == k] for k in (1, 2, 0)}
 
 
+def test_publishing_from_many_threads_at_once(
+    make_target: Callable[..., MqttTarget], tag: str
+) -> None:
+    """Calls from several threads (Spark's tasks) share one connection, one at a time."""
+    sub = Subscriber(1883, f"{tag}/#")
+    target = make_target()
+    results: list[list[str | None]] = []
+
+    def publish(base: int) -> None:
+        results.append(target.publish([event(base + i) for i in range(200)]))
+
+    threads = [threading.Thread(target=publish, args=(n * 1000,)) for n in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        got = sub.wait_for(800)
+    finally:
+        sub.close()
+
+    assert [r for batch in results for r in batch] == [None] * 800
+    assert len({m.prop("Tidings-Event-Id") for m in got}) == 800
+
+
 def test_an_event_whose_topic_cannot_be_filled_fails_alone_and_is_refused_at_emit(
     make_target: Callable[..., MqttTarget], tag: str
 ) -> None:

@@ -72,6 +72,8 @@ class MqttTarget(Target):
                 raise TargetUnavailable(f"mqtt target {self.name!r}: {exc}") from None
             rounds = Rounds(events)
             while sent := rounds.next_round():
+                if link.lost:  # lost after the last round's PUBACKs all came
+                    link = self._reconnect(rounds, link)
                 self._round(link, rounds, sent)
             return rounds.results
 
@@ -115,12 +117,14 @@ class MqttTarget(Target):
 
     def _window(self, link: Link, rounds: Rounds, ready: list[tuple[int, str]]) -> None:
         waiting: dict[int, tuple[int, str]] = {}  # packet id -> (index, topic)
+        unsent = False
         for index, topic in ready:
             event = rounds.events[index]
             properties = user_properties(event) if link.v5 else None
             mid = link.publish(topic, event.payload.encode(), properties)
             if isinstance(mid, str):
                 if link.lost:
+                    unsent = True
                     break
                 rounds.fail(index, self._error(topic, mid))
                 continue
@@ -137,7 +141,7 @@ class MqttTarget(Target):
                 rounds.fail(index, self._error(topic, f"the broker refused it: {reason}"))
                 if code in SERVER_STATES:
                     busy = reason
-        if link.lost or len(acks) < len(waiting):
+        if unsent or len(acks) < len(waiting):
             self._drop()
             self._unanswered(rounds, link, len(waiting) - len(acks))
         if busy is not None:
@@ -145,6 +149,17 @@ class MqttTarget(Target):
             if not any(rounds.confirmed):
                 raise TargetUnavailable(message)
             raise TargetCallFailed(message, confirmed=rounds.confirmed)
+
+    def _reconnect(self, rounds: Rounds, link: Link) -> Link:
+        """A new link for the call's next round, the last one lost after all its PUBACKs
+        came: what was confirmed stays confirmed if the broker cannot be reached now."""
+        try:
+            return self._connection()
+        except TargetError as exc:
+            message = f"mqtt target {self.name!r}: {link.lost_because} and {exc}"
+            if not any(rounds.confirmed):
+                raise TargetUnavailable(message) from None
+            raise TargetCallFailed(message, confirmed=rounds.confirmed) from None
 
     def _unanswered(self, rounds: Rounds, link: Link, missing: int) -> None:
         """PUBACKs are missing: the link was lost or the broker fell silent. Whether those
