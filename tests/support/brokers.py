@@ -10,7 +10,9 @@ from __future__ import annotations
 import getpass
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.harness.processes import free_port, wait_for_port
@@ -71,13 +73,21 @@ def mosquitto(
 
 
 def deliver_all(
-    target: Target, events: list[OutboxEvent], per_call: int = 40, deadline_s: float = 120.0
+    target: Target,
+    events: list[OutboxEvent],
+    per_call: int = 40,
+    deadline_s: float = 120.0,
+    *,
+    pace_s: float = 0.0,
+    progress: Callable[[int], None] | None = None,
 ) -> int:
     """Publish ``events`` (in log order) as the relay would until every one is confirmed:
     calls of up to ``per_call`` events, a key's events in order, what failed or was not
     confirmed sent again in the next call (a key's later events wait behind it), a pause
     after a failed call. Returns how many calls failed as a whole (the target unavailable or
-    the call failed); raises if the events are not all confirmed within ``deadline_s``."""
+    the call failed); raises if the events are not all confirmed within ``deadline_s``.
+    ``pace_s``: a pause after every call, so that traffic lasts; ``progress`` is told how
+    many events are confirmed after every call."""
     pending = list(events)
     failed_calls = 0
     deadline = time.monotonic() + deadline_s
@@ -105,7 +115,40 @@ def deliver_all(
                 blocked.add(event.ordering_key)
                 left.append(event)
         pending = left + pending[per_call:]
+        if progress is not None:
+            progress(len(events) - len(pending))
+        time.sleep(pace_s)
     return failed_calls
+
+
+class Traffic(threading.Thread):
+    """:func:`deliver_all` in a thread, paced, so that a test can stop the server while
+    events are still flowing (:meth:`wait_until` a share of them is confirmed)."""
+
+    def __init__(self, target: Target, events: list[OutboxEvent], pace_s: float = 0.01) -> None:
+        super().__init__(name="traffic", daemon=True)
+        self.target, self.events, self.pace_s = target, events, pace_s
+        self.confirmed = 0
+        self.failed_calls = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.failed_calls = deliver_all(
+                self.target, self.events, pace_s=self.pace_s, progress=self._progress
+            )
+        except BaseException as exc:
+            self.error = exc
+
+    def _progress(self, confirmed: int) -> None:
+        self.confirmed = confirmed
+
+    def wait_until(self, share: float, timeout: float = 60.0) -> None:
+        """Until ``share`` of the events are confirmed (AssertionError after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while self.confirmed < share * len(self.events):
+            assert self.is_alive() and time.monotonic() < deadline, "the traffic stalled"
+            time.sleep(0.01)
 
 
 def first_seen_order(entries: list[tuple[str, str, int]]) -> dict[str, list[int]]:

@@ -27,7 +27,7 @@ from sqlalchemy import select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
 from bench.harness.processes import free_port
-from tests.support.brokers import deliver_all, first_seen_order, mosquitto
+from tests.support.brokers import Traffic, first_seen_order, mosquitto
 from tests.support.certificates import TestCA
 from tests.support.helpers import relay_config, statuses
 from tidings.config import load_config
@@ -375,17 +375,16 @@ def test_the_broker_stopped_and_restarted_under_traffic_loses_nothing_and_keeps_
     sub = Subscriber(broker.port, "traffic/#", session=f"sub-{uuid.uuid4().hex[:8]}")
     target = make_target(port=broker.port, topic="traffic/{partition_key}", timeout="1s")
     events = [event(seq, partition_key=f"k{seq % 20}") for seq in range(1, 2001)]
-    outcome: list[int] = []
-    publisher = threading.Thread(target=lambda: outcome.append(deliver_all(target, events)))
+    traffic = Traffic(target, events)
     try:
-        publisher.start()
-        for _ in range(2):
-            time.sleep(0.4)
+        traffic.start()
+        for share in (0.3, 0.6):  # stopped while events are still flowing
+            traffic.wait_until(share)
             broker.kill(signal.SIGTERM)
             time.sleep(0.5)
             broker.start()
-        publisher.join(180)
-        assert outcome and outcome[0] >= 1  # the stops were felt
+        traffic.join(180)
+        assert traffic.error is None and traffic.failed_calls >= 1  # the stops were felt
         ids = {e.event_id for e in events}
         deadline = time.monotonic() + 30
         while {m.prop("Tidings-Event-Id") for m in sub.messages} != ids:

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
 from bench.harness.processes import free_port
-from tests.support.brokers import PrivateServer, deliver_all, first_seen_order, redis_server
+from tests.support.brokers import PrivateServer, Traffic, first_seen_order, redis_server
 from tests.support.certificates import TestCA
 from tests.support.helpers import relay_config, statuses
 from tidings.config import load_config
@@ -294,17 +294,16 @@ def test_the_server_killed_and_restarted_under_traffic_loses_nothing_and_keeps_o
     url = f"redis://127.0.0.1:{server.port}/0"
     target = make_target(url=url, stream="traffic", timeout="1s")
     events = [event(seq, partition_key=f"k{seq % 20}") for seq in range(1, 3001)]
-    outcome: list[int] = []
-    publisher = threading.Thread(target=lambda: outcome.append(deliver_all(target, events)))
+    traffic = Traffic(target, events)
     try:
-        publisher.start()
-        for _ in range(2):
-            time.sleep(0.4)
+        traffic.start()
+        for share in (0.3, 0.6):  # killed while events are still flowing
+            traffic.wait_until(share)
             server.kill(signal.SIGKILL)
             time.sleep(0.5)
             server.start()
-        publisher.join(180)
-        assert outcome and outcome[0] >= 1  # the kills were felt
+        traffic.join(180)
+        assert traffic.error is None and traffic.failed_calls >= 1  # the kills were felt
         stored = entries("traffic", url)
     finally:
         server.kill()
