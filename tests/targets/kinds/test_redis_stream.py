@@ -25,7 +25,7 @@ import tidings.targets.registry  # noqa: F401 - enters the target kinds into the
 from bench.harness.processes import free_port
 from tests.support.brokers import PrivateServer, Traffic, first_seen_order, redis_server
 from tests.support.certificates import TestCA
-from tests.support.helpers import relay_config, statuses
+from tests.support.helpers import fresh_interpreter, relay_config, statuses
 from tidings.config import load_config
 from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetError, TargetUnavailable
@@ -442,3 +442,16 @@ def test_the_relay_delivers_from_configuration_and_fails_only_the_event_without_
     eu = [json.loads(e["payload"])["data"]["n"] for e in entries(f"{tag}:eu")]
     assert eu == [0, 2]
     assert [e["seq"] for e in entries(f"{tag}:us")] == ["4"]
+
+
+def test_validating_a_configuration_loads_neither_redis_py_nor_paho() -> None:
+    """The registry imports every module of the kinds; a process that only validates a
+    configuration naming these targets (every Spark worker does) loads no client."""
+    loaded = fresh_interpreter(
+        "import sys, tidings.targets.registry\n"
+        "from tidings.config import load_config\n"
+        "load_config({'targets': {'r': {'kind': 'redis_stream', 'stream': 's'},"
+        " 'm': {'kind': 'mqtt', 'topic': 't'}}})\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'redis', 'paho'}))"
+    )
+    assert loaded == "[]"

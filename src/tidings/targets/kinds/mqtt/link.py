@@ -6,7 +6,9 @@ condition until their packet ids are acknowledged, the connection is lost, or th
 up. paho's own reconnection is off: it would send queued messages again after this target
 had reported them failed; a lost link is dropped and the next call opens a new one.
 
-Loaded only by a process that connects (the target imports it on first use).
+paho-mqtt itself is imported where it is used: the target registry imports every module
+of the kinds, and a process that only validates configurations (every Spark worker does)
+must not load it.
 """
 
 from __future__ import annotations
@@ -16,18 +18,16 @@ import secrets
 import string
 import threading
 import time
-from typing import Any
-
-import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-from paho.mqtt.reasoncodes import ReasonCode
+from typing import TYPE_CHECKING, Any
 
 from tidings.errors import TargetError, TlsError
 from tidings.targets.kinds.mqtt.config import MqttTargetConfig
 from tidings.targets.kinds.mqtt.messages import PROTOCOL_MAX_PACKET
 from tidings.targets.secrets import secret_from_env
+
+if TYPE_CHECKING:
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.reasoncodes import ReasonCode
 
 #: PUBACK arrived: the reason code (0 success, 0x10 no subscribers) and its name.
 Ack = tuple[int, str]
@@ -50,6 +50,9 @@ class Link:
         self._cond = threading.Condition()
         self._acks: dict[int, Ack] = {}
         self._connack: ReasonCode | None = None
+        import paho.mqtt.client as paho
+        from paho.mqtt.enums import CallbackAPIVersion
+
         client_id = config.client_id or "tidings-" + "".join(
             secrets.choice(string.ascii_lowercase + string.digits) for _ in range(15)
         )
@@ -112,6 +115,11 @@ class Link:
         self, topic: str, payload: bytes, properties: list[tuple[str, str]] | None
     ) -> int | str:
         """Send one QoS 1 PUBLISH; its packet id, or why it could not be sent."""
+        import paho.mqtt.client as paho
+        from paho.mqtt.enums import MQTTErrorCode
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
         props: Properties | None = None
         if properties is not None:
             props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
