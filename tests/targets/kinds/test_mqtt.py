@@ -188,6 +188,29 @@ def test_messages_arrive_with_topic_payload_and_user_properties(
     )
 
 
+def test_a_header_with_a_control_character_fails_alone_and_is_refused_at_emit(
+    make_target: Callable[..., MqttTarget], tag: str
+) -> None:
+    """Mosquitto closes the connection of a client that sends a control character in a user
+    property; the target refuses that event instead, and its neighbours go."""
+    sub = Subscriber(1883, f"{tag}/#")
+    target = make_target()
+    tabbed = event(2, headers={"note": "tab\there"})
+    try:
+        results = target.publish([event(1), tabbed, event(3)])
+        got = sub.wait_for(2)
+    finally:
+        sub.close()
+
+    assert results[0] is None and results[2] is None
+    assert results[1] is not None
+    assert "header 'note' holds a control character" in results[1]
+    assert target.refusal(tabbed) == results[1]
+    assert sorted(m.prop("Tidings-Seq") for m in got) == ["1", "3"]
+    # Over MQTT 3.1.1 there are no properties: the header travels in the payload alone.
+    assert make_target(protocol="3.1.1").publish([tabbed]) == [None]
+
+
 def test_mqtt_3_1_1_publishes_without_properties(
     make_target: Callable[..., MqttTarget], tag: str
 ) -> None:
@@ -413,6 +436,7 @@ def mqtt_config(**entry: Any) -> Any:
         ({"topic": "t/{aggregate}"}, "unknown placeholder {aggregate}"),
         ({"topic": "t/+/{event_type}"}, "cannot hold the wildcards + or #"),
         ({"topic": "t/#"}, "cannot hold the wildcards + or #"),
+        ({"topic": "t/\x01/{event_type}"}, "nor control characters"),
         ({"topic": "$SYS/{event_type}"}, "topics starting with $ are the broker's own"),
         ({"protocol": "4"}, "protocol"),
         ({"port": 0}, "port"),

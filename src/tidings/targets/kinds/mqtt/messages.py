@@ -31,6 +31,10 @@ TIDINGS_PROPERTIES = (
 )
 _RESERVED = frozenset(name.lower() for name in TIDINGS_PROPERTIES)
 _NOT_IN_A_LEVEL = re.compile(r"[/+#\x00]")
+#: What an MQTT string may not hold (Mosquitto closes the connection of a client that sends
+#: one, in a topic or a user property): control characters and the non-characters U+FFFE,
+#: U+FFFF.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ufffe\uffff]")
 #: The largest packet MQTT can frame (a remaining length of 268,435,455 bytes and its header).
 PROTOCOL_MAX_PACKET = 268_435_455 + 5
 #: PUBACK reason codes (MQTT 5) that say the broker cannot take messages now, not that this
@@ -44,6 +48,20 @@ def level_problem(value: str) -> str | None:
         return "empty, and a topic level cannot be"
     if bad := sorted(set(_NOT_IN_A_LEVEL.findall(value))):
         return f"a topic level cannot hold {' '.join(repr(c) for c in bad)}"
+    if _CONTROL.search(value):
+        return "an MQTT topic cannot hold control characters"
+    return None
+
+
+def properties_problem(pairs: list[tuple[str, str]]) -> str | None:
+    """Why a broker would refuse these user properties (None if it would not): a control
+    character in a header's name or value, on which Mosquitto drops the connection."""
+    for name, value in pairs:
+        if _CONTROL.search(name) or _CONTROL.search(value):
+            return (
+                f"header {name!r} holds a control character, which an MQTT user property "
+                "cannot hold (the broker would close the connection)"
+            )
     return None
 
 
@@ -51,8 +69,11 @@ def topic_template(text: str) -> DestinationTemplate:
     """A ``topic`` template parsed, and its literal text checked (ValueError if bad)."""
     template = DestinationTemplate(text, level_problem)
     shape = template.literal_shape("x")
-    if "+" in shape or "#" in shape or "\x00" in shape:
-        raise ValueError(f"{text!r}: a topic to publish to cannot hold the wildcards + or #")
+    if "+" in shape or "#" in shape or _CONTROL.search(shape):
+        raise ValueError(
+            f"{text!r}: a topic to publish to cannot hold the wildcards + or #, nor control "
+            "characters"
+        )
     if shape.startswith("$"):
         raise ValueError(f"{text!r}: topics starting with $ are the broker's own")
     if len(shape.encode()) > 65535:

@@ -27,6 +27,7 @@ from tidings.targets.kinds.mqtt.messages import (
     PROTOCOL_MAX_PACKET,
     SERVER_STATES,
     packet_size,
+    properties_problem,
     topic_template,
     user_properties,
 )
@@ -189,6 +190,8 @@ class MqttTarget(Target):
                 f"the payload is {len(payload)} bytes, over max_message_bytes ({limit})",
             )
         properties = user_properties(event) if self.config.protocol == "5" else None
+        if properties is not None and (problem := properties_problem(properties)) is not None:
+            return self._error(topic, problem)
         size = packet_size(topic, payload, properties)
         if size > max_packet:
             return self._error(
