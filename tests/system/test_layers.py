@@ -212,7 +212,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "archive_layout housekeeping status metrics"
     ),
     "tidings.pipeline.publishing": "retry breaker outcome delivery publisher",
-    "tidings.pipeline.source": "slices watermark queries workerheap task datasource",
+    "tidings.pipeline.source": "slices watermark queries workerheap task runner_exit datasource",
     "tidings.pipeline.housekeeping": "selection archiving run",
     "tidings.wire": "lag receive_queue prescan codec envelope frame_reader chatter chatter_server",
     "tidings.server": (
