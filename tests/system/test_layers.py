@@ -201,12 +201,15 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     ),
     "tidings.outbox": "envelope schema confirmations checks incomplete producer",
     "tidings.routing": "table",
-    "tidings.targets": "base destination loop_thread faults kinds registry routed",
+    "tidings.targets": "base destination loop_thread faults rounds secrets kinds registry routed",
     "tidings.targets.kinds": (
-        "event_store server_group resend_window event_server_config event_server jetstream rabbitmq"
+        "event_store server_group resend_window event_server_config event_server jetstream "
+        "rabbitmq redis_stream mqtt"
     ),
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
     "tidings.targets.kinds.rabbitmq": "messages config target",
+    "tidings.targets.kinds.redis_stream": "entries config connection target",
+    "tidings.targets.kinds.mqtt": "messages config link target",
     "tidings.pipeline": (
         "jobconfig publishing lease standby source spark replay relay_query warmup relay "
         "archive_layout housekeeping status metrics"

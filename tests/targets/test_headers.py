@@ -1,9 +1,12 @@
 """Custom headers survive every target kind: one relay run on Spark delivers emitted events
-to the embedded event store, a ``tidings server`` process and JetStream (the shared server
-at :4222), and each test reads the headers back as that target's consumers read events.
+to the embedded event store, a ``tidings server`` process, JetStream (the shared server at
+:4222) and Redis Streams (:6379), and each test reads the headers back as that target's
+consumers read events.
 
 The headers travel in the CloudEvents envelope (:mod:`tidings.outbox.envelope`); JetStream
-carries them as NATS headers too.
+carries them as NATS headers too, Redis as the entry's ``headers`` field. (MQTT is not here:
+``HEADERS`` holds a tab, which an MQTT user property cannot; tests/targets/kinds/test_mqtt.py
+reads its headers as user properties.)
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import redis
 from nats.aio.msg import Msg
 
 from bench.harness.processes import ServerProcess, free_port
@@ -36,7 +40,12 @@ from tidings.outbox.envelope import envelope_headers
 from tidings.outbox.producer import Outbox
 from tidings.pipeline.relay_query import start_relay
 
-pytestmark = [pytest.mark.spark, pytest.mark.nats, pytest.mark.sockets]
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.nats,
+    pytest.mark.redis,
+    pytest.mark.sockets,
+]
 
 #: Headers of every sort: CloudEvents-shaped names (attributes of their own), names
 #: CloudEvents cannot take or the envelope uses, a value with a tab, a long name.
@@ -60,6 +69,7 @@ class Delivered:
     stream: str
     subjects: str
     ids: tuple[str, str]
+    tag: str
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +82,7 @@ def delivered(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "store": store_target(workdir),
         "remote": {"kind": "event_server", "address": server.eventer, "type_prefix": ["t"]},
         "js": {"kind": "jetstream", "stream": stream, "subject_prefix": subjects},
+        "redis": {"kind": "redis_stream", "stream": f"tidings-hdr:{tag}"},
     }
     config = relay_config(workdir, targets=targets, routes={"Created": list(targets)})
     engine = make_engine(config.database.url)
@@ -83,10 +94,11 @@ def delivered(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             second = tx.emit("Created", {"n": 2}, partition_key="k")
         start_relay(spark, config, available_now=True).awaitTermination()
         assert set(statuses(engine).values()) == {"PUBLISHED"}
-        yield Delivered(config, server, stream, subjects, (first, second))
+        yield Delivered(config, server, stream, subjects, (first, second), tag)
     finally:
         server.stop()
         delete_stream(stream)
+        redis.Redis().delete(f"tidings-hdr:{tag}")
 
 
 def _envelopes(payloads: list[bytes | None]) -> list[dict[str, Any]]:
@@ -130,5 +142,17 @@ def test_jetstream_consumers_read_the_headers_as_nats_headers_and_in_the_envelop
     assert {k: first.headers[k] for k in HEADERS} == HEADERS
     assert first.headers["Nats-Msg-Id"] == delivered.ids[0]
     envelopes = _envelopes([first.data, second.data])
+    assert envelope_headers(envelopes[0]) == HEADERS
+    assert envelope_headers(envelopes[1]) == {}
+
+
+def test_redis_consumers_read_the_headers_as_a_field_and_in_the_envelope(
+    delivered: Delivered,
+) -> None:
+    first, second = redis.Redis().xrange(f"tidings-hdr:{delivered.tag}")
+    assert first[1][b"event_id"].decode() == delivered.ids[0]
+    assert json.loads(first[1][b"headers"]) == HEADERS
+    assert b"headers" not in second[1]
+    envelopes = _envelopes([first[1][b"payload"], second[1][b"payload"]])
     assert envelope_headers(envelopes[0]) == HEADERS
     assert envelope_headers(envelopes[1]) == {}

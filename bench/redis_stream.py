@@ -1,0 +1,129 @@
+"""The relay to Redis Streams beside redis-py's own XADD, with the same confirmation.
+
+``python -m bench.redis_stream [--quick]``: a SQLite backlog of deposits (the relay
+benchmark's workload, :mod:`bench.relay.workload`) is relayed by Spark to a
+``redis_stream`` target on the shared server (127.0.0.1:6379), and the same number of
+same-size entries is added by redis-py alone: pipelined ``XADD``s whose replies (the entry
+ids, the confirmation the target waits for too) are read per window. The raw figure is run
+before and after the relay, so a change in the machine's speed meanwhile shows; the goal is
+the relay at 0.8 x raw or more (issue 31). The relay's figure counts only if every event is
+PUBLISHED and in the stream. Figures are printed, not written: record them from a quiet
+machine only (``--quick`` is a check that the script works, its figures mean nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+from sqlalchemy import select
+
+from bench.harness.outbox import status_counts
+from bench.harness.progress import say
+from bench.relay.drains import relay_drain
+from bench.relay.workload import EVENT_TYPE, bench_config, fill_backlog
+from tidings.config import TidingsConfig
+from tidings.db import make_engine
+from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import OUTBOX_EVENT_COLUMNS, outbox_event, outbox_event_from_row
+from tidings.targets.kinds.redis_stream.entries import entry_fields
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+#: Events per run, partition keys, and the raw client's pipeline window.
+SIZES = {"full": (200_000, 1000, 5000), "quick": (2_000, 50, 500)}
+GOAL_RATIO = 0.8
+
+
+def sample_fields(cfg: TidingsConfig) -> dict[bytes, bytes]:
+    """The fields of one real relay entry, for same-size raw entries."""
+    engine = make_engine(cfg.database.url)
+    columns = [outbox_event.c[name] for name in OUTBOX_EVENT_COLUMNS]
+    with engine.connect() as conn:
+        row = conn.execute(select(*columns).order_by(outbox_event.c.seq).limit(1)).one()
+    engine.dispose()
+    return entry_fields(outbox_event_from_row(*row))
+
+
+def raw_xadd(fields: dict[bytes, bytes], events: int, window: int) -> float:
+    """redis-py alone: ``events`` XADDs to a fresh stream, a fresh ``event_id`` each,
+    pipelined in ``window``s whose replies are all read; msg/s."""
+    client = redis.Redis.from_url(REDIS_URL)
+    stream = f"bench:raw:{uuid.uuid4().hex[:8]}"
+    try:
+        started = time.perf_counter()
+        for start in range(0, events, window):
+            pipe = client.pipeline(transaction=False)
+            for _ in range(min(window, events - start)):
+                pipe.xadd(stream, {**fields, b"event_id": uuid.uuid4().hex.encode()})
+            replies = pipe.execute()
+            if not all(isinstance(reply, bytes) for reply in replies):
+                raise RuntimeError(f"raw XADD: unexpected replies {replies[:3]}")
+        elapsed = time.perf_counter() - started
+        if (stored := client.xlen(stream)) != events:
+            raise RuntimeError(f"raw XADD: the stream holds {stored}, expected {events}")
+        return events / elapsed
+    finally:
+        client.delete(stream)
+        client.close()
+
+
+def relay_run(spark: Any, cfg: TidingsConfig, stream: str, events: int) -> float | None:
+    """The backlog relayed by Spark to ``stream``; events/s, or None if not all arrived."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        secs, _batches, _monitor = relay_drain(spark, cfg)
+        counts = status_counts(make_engine(cfg.database.url))
+        stored = client.xlen(stream)
+    finally:
+        client.delete(stream)
+        client.close()
+    say(f"  relay: {events:,} events in {secs:.1f} s; statuses {counts}, stream held {stored:,}")
+    return events / secs if counts.get("PUBLISHED") == events and stored == events else None
+
+
+def main(argv: list[str]) -> int:
+    mode = "quick" if "--quick" in argv else "full"
+    events, keys, window = SIZES[mode]
+    from tidings.pipeline.spark import spark_session
+
+    with tempfile.TemporaryDirectory(prefix="tidings-bench-redis-") as tmp:
+        work = Path(tmp)
+        os.chdir(work)  # whatever Spark writes stays out of the checkout
+        stream = f"bench:relay:{uuid.uuid4().hex[:8]}"
+        target = {"kind": "redis_stream", "url": REDIS_URL, "stream": stream}
+        cfg = bench_config(work, "redis", {"redis": target}, {EVENT_TYPE: ["redis"]})
+        warm = bench_config(work, "warm", {"redis": {**target, "stream": f"{stream}:warm"}},
+                            {EVENT_TYPE: ["redis"]})  # fmt: skip
+        fill_backlog(Outbox(make_engine(warm.database.url), warm.outbox), 10, 5)
+        say(f"redis_stream benchmark ({mode}): {events:,} events over {keys:,} keys")
+        fill_backlog(Outbox(make_engine(cfg.database.url), cfg.outbox), events, keys)
+        fields = sample_fields(cfg)
+        say(f"  entry: {sum(len(k) + len(v) for k, v in fields.items())} B in {len(fields)} fields")
+        spark = spark_session(cfg.relay, app_name="tidings-bench-redis")
+        try:
+            relay_drain(spark, warm)  # Spark's and the workers' first start are not timed
+            redis.Redis.from_url(REDIS_URL).delete(f"{stream}:warm")
+            raw = [raw_xadd(fields, events, window)]
+            rate = relay_run(spark, cfg, stream, events)
+            raw.append(raw_xadd(fields, events, window))
+        finally:
+            spark.stop()
+    baseline = statistics.mean(raw)
+    say(f"raw redis-py XADD (before, after): {', '.join(f'{r:,.0f}' for r in raw)} msg/s")
+    if rate is None:
+        say("relay_redis_ev_s: not counted (not every event was PUBLISHED and in the stream)")
+        return 1
+    say(f"relay_redis_ev_s = {rate:,.0f}; raw_redis_xadd_ev_s = {baseline:,.0f}; "
+        f"ratio {rate / baseline:.2f} (goal >= {GOAL_RATIO})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
