@@ -201,8 +201,11 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.outbox": "envelope schema confirmations checks incomplete producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults kinds registry routed",
-    "tidings.targets.kinds": "event_store server_group resend_window event_server jetstream",
+    "tidings.targets.kinds": (
+        "event_store server_group resend_window event_server jetstream webhook"
+    ),
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
+    "tidings.targets.kinds.webhook": "answers cloudevent config target",
     "tidings.pipeline": (
         "jobconfig publishing lease standby source spark replay relay_query warmup relay "
         "archive_layout housekeeping status metrics"

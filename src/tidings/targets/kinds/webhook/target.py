@@ -172,7 +172,10 @@ class WebhookTarget(Target):
             url = self._template.render(event)
         except RenderError as exc:
             return Outcome(self._no_url(event, exc))
-        request = cloudevent_request(event, self.config.mode, self.config.source)
+        try:
+            request = cloudevent_request(event, self.config.mode, self.config.source)
+        except ValueError as exc:  # an envelope whose data_base64 is not base64
+            return Outcome(self._error(url, f"not a CloudEvent that can be sent: {exc}"))
         if (too_large := self._oversize(url, request)) is not None:
             return Outcome(too_large)
         headers = {**request.headers, **self._fixed, self.config.idempotency_header: event.event_id}
