@@ -400,18 +400,26 @@ def test_a_bad_webhook_configuration_is_a_config_error_naming_it(
     assert "targets.hook" in str(raised.value) and message in str(raised.value)
 
 
-def test_a_missing_auth_variable_is_named_when_the_target_is_built(
+def test_a_missing_auth_variable_makes_the_target_unavailable_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Read at the first publish: a producer that builds the target for its emit-time
+    refusals needs no credentials of the endpoint."""
     monkeypatch.delenv("HOOK_AUTH_MISSING", raising=False)
-    config = webhook_config(
-        url="http://127.0.0.1:1/x", headers_env={"Authorization": "HOOK_AUTH_MISSING"}
+    headers_env = {"Authorization": "HOOK_AUTH_MISSING"}
+    target = WebhookTarget(
+        "hook", webhook_config(url="http://127.0.0.1:1/x", headers_env=headers_env)
     )
+    try:
+        assert target.refusal(event(1)) is None
+        with pytest.raises(TargetUnavailable) as raised:
+            target.publish([event(1)])
+    finally:
+        target.close()
 
-    with pytest.raises(ConfigError) as raised:
-        WebhookTarget("hook", config)
-
-    assert "headers_env.Authorization: the variable HOOK_AUTH_MISSING" in str(raised.value)
+    assert "headers_env.Authorization: the variable HOOK_AUTH_MISSING is not set" in str(
+        raised.value
+    )
 
 
 # -- through the relay --------------------------------------------------------------------

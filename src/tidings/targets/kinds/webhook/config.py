@@ -4,8 +4,9 @@ retries and concurrency.
 Checked when the configuration is read: a URL (or URL template) that is not an absolute
 ``http``/``https`` URL, credentials written into it, a secret-looking header in ``headers``
 (it belongs in ``headers_env``), TLS settings on a plain ``http`` URL. The variables of
-``headers_env`` are read when the target is built, in the process that publishes (see
-:meth:`WebhookTargetConfig.auth_headers`), as the servers read their ``*_env`` secrets.
+``headers_env`` are read at the target's first publish, in the process that publishes (see
+:meth:`WebhookTargetConfig.auth_headers`), as the servers read their ``*_env`` secrets when
+they start.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class WebhookTargetConfig(TargetConfig):
         description=(
             "Header name -> the environment variable holding its whole value, e.g. "
             "``{Authorization: ORDERS_HOOK_AUTH}`` with ``Bearer ...`` in the variable; read "
-            "when the target is built, never written in the file."
+            "when the relay first publishes, never written in the file."
         ),
     )
     timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(

@@ -29,7 +29,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from tidings.errors import TargetCallFailed, TargetError, TargetUnavailable, TlsError
+from tidings.errors import (
+    ConfigError,
+    TargetCallFailed,
+    TargetError,
+    TargetUnavailable,
+    TlsError,
+)
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.base import Target
 from tidings.targets.destination import RenderError
@@ -71,8 +77,10 @@ class WebhookTarget(Target):
     def __init__(self, name: str, config: WebhookTargetConfig) -> None:
         super().__init__(name)
         self.config = config
-        # Read now, in the process that publishes: a missing variable is a ConfigError here.
-        self._fixed = {**config.headers, **config.auth_headers(f"targets.{name}")}
+        # The auth headers are read at the first publish (:meth:`_headers`), not here: a
+        # producer builds its routed targets to ask them for refusals at emit, and the
+        # service's process need not hold the endpoint's credentials.
+        self._fixed: dict[str, str] | None = None
         self._template = url_template(config.url)
         self._timeout = config.timeout.total_seconds()
         self._connect = config.connect_timeout.total_seconds()
@@ -147,12 +155,13 @@ class WebhookTarget(Target):
 
     async def _publish(self, events: Sequence[OutboxEvent], runs: list[list[int]]) -> list[Outcome]:
         client = self._http()
+        fixed = self._headers()
         outcomes: list[Outcome] = [CONFIRMED] * len(events)
         down: set[str] = set()  # endpoints that did not answer in this call
 
         async def chain(run: list[int]) -> None:
             for position, index in enumerate(run):
-                outcome = await self._deliver(client, events[index], down)
+                outcome = await self._deliver(client, fixed, events[index], down)
                 outcomes[index] = outcome
                 if outcome.error is not None:
                     for later in run[position + 1 :]:
@@ -163,7 +172,7 @@ class WebhookTarget(Target):
         return outcomes
 
     async def _deliver(
-        self, client: httpx.AsyncClient, event: OutboxEvent, down: set[str]
+        self, client: httpx.AsyncClient, fixed: dict[str, str], event: OutboxEvent, down: set[str]
     ) -> Outcome:
         """POST one event until it is answered for good (retries included)."""
         import httpx
@@ -178,7 +187,7 @@ class WebhookTarget(Target):
             return Outcome(self._error(url, f"not a CloudEvent that can be sent: {exc}"))
         if (too_large := self._oversize(url, request)) is not None:
             return Outcome(too_large)
-        headers = {**request.headers, **self._fixed, self.config.idempotency_header: event.event_id}
+        headers = {**request.headers, **fixed, self.config.idempotency_header: event.event_id}
         endpoint = _endpoint(url)
         limit = self._limit(endpoint)
         tries = 0
@@ -242,6 +251,18 @@ class WebhookTarget(Target):
                 self._limits.clear()  # only limits nothing waits on go with their calls' ends
             limit = self._limits[endpoint] = asyncio.Semaphore(self.config.max_concurrency)
         return limit
+
+    def _headers(self) -> dict[str, str]:
+        """The fixed and auth headers, the latter read from the environment once; a variable
+        that is not set makes the target unavailable (the events wait, uncharged, with the
+        reason naming the header and the variable) until the relay runs with it."""
+        if self._fixed is None:
+            try:
+                auth = self.config.auth_headers(f"targets.{self.name}")
+            except ConfigError as exc:
+                raise TargetUnavailable(f"webhook target {self.name!r}: {exc}") from None
+            self._fixed = {**self.config.headers, **auth}
+        return self._fixed
 
     def _http(self) -> httpx.AsyncClient:
         """The client, made on the loop on first use."""
