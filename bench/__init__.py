@@ -23,6 +23,8 @@ reading), with the machine, the code measured and the CPU other processes took m
 - ``fanout``: the intermediaries' fan-out of a moving-agents simulation to many subscribers
   in other processes (staleness, each subscriber's rate, upstream bytes against every
   subscriber fed directly), and the largest subscriber count that still holds the goals.
+- ``webhook``: the webhook target against a plain httpx client posting the same CloudEvents
+  to one local endpoint at the same confirmation level (events/s).
 
 ``harness`` is what they share: sizes, the report and its files, the CPU accounting and the
 processes they start (the tests start their servers with ``bench.harness.processes`` too).

@@ -204,12 +204,13 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.targets": "base destination loop_thread faults rounds secrets kinds registry routed",
     "tidings.targets.kinds": (
         "event_store server_group resend_window event_server_config event_server jetstream "
-        "rabbitmq redis_stream mqtt"
+        "rabbitmq redis_stream mqtt webhook"
     ),
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
     "tidings.targets.kinds.rabbitmq": "messages config target",
     "tidings.targets.kinds.redis_stream": "entries config connection target",
     "tidings.targets.kinds.mqtt": "messages config link target",
+    "tidings.targets.kinds.webhook": "answers cloudevent config target",
     "tidings.pipeline": (
         "jobconfig publishing lease standby source spark replay relay_query warmup relay "
         "archive_layout housekeeping status metrics"
