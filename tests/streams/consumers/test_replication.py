@@ -162,7 +162,7 @@ def test_the_peers_own_events_outside_the_stream_do_not_hold_a_position_back(
     a, b = _pair(tmp_path, database_url)
     first = _own(a, "a1")
     b.append_synced(first)
-    status = b.register([json_event(("event", "syncer", "client", "1", "synced"), True)])
+    b.register([json_event(("event", "syncer", "client", "1", "synced"), True)])
     then = _own(a, "a2", "a3")
     b.append_synced(then)  # B: a1 status a2 a3
     on_a = Consumers(a)
