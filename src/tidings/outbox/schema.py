@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -58,7 +59,11 @@ _TEXT = Text().with_variant(mysql.LONGTEXT(), *MYSQL_DIALECTS)
 _TIME = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *MYSQL_DIALECTS)
 _DOUBLE = Float().with_variant(mysql.DOUBLE(asdecimal=False), *MYSQL_DIALECTS)
 #: Every table's options on MySQL/MariaDB (ignored elsewhere).
-MYSQL_TABLE = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+MYSQL_TABLE: dict[str, Any] = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+}
 
 #: The open-row condition, spelled exactly as the partial index spells it so that the
 #: planners (SQLite's in particular) match it to the index.

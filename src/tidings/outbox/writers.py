@@ -63,9 +63,12 @@ def claim_slot(conn: Connection) -> None:
 def _new_slot(conn: Connection) -> int:
     """A new slot row, committed at once on another connection of the same engine."""
     with conn.engine.connect() as other:
-        slot = other.execute(insert(writer).values(claims=0)).inserted_primary_key[0]
+        made = other.execute(insert(writer).values(claims=0))
         other.commit()
-    return int(slot)
+    key = made.inserted_primary_key
+    if key is None:  # cannot happen with an AUTO_INCREMENT key; said for the type checker
+        raise EmitError("the database gave no key for a new tidings_writer row")
+    return int(key[0])
 
 
 def locked_claims(conn: Connection, slots: list[int] | None = None) -> dict[int, int]:
