@@ -198,7 +198,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "model loading passwords tls targets relay intermediary_access intermediary "
         "intermediary_tier eventer_access server stream_types stream_access streams tidings_file"
     ),
-    "tidings.outbox": "envelope schema confirmations checks incomplete producer",
+    "tidings.outbox": "envelope schema confirmations checks incomplete writers producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults kinds registry routed",
     "tidings.targets.kinds": "event_store server_group resend_window event_server jetstream",
@@ -208,7 +208,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "archive_layout housekeeping status metrics"
     ),
     "tidings.pipeline.publishing": "retry breaker outcome delivery publisher",
-    "tidings.pipeline.source": "slices watermark queries workerheap task datasource",
+    "tidings.pipeline.source": "slices watermark queries workerheap task runner_exit datasource",
     "tidings.pipeline.housekeeping": "selection archiving run",
     "tidings.wire": "lag receive_queue prescan codec envelope frame_reader chatter chatter_server",
     "tidings.server": (
