@@ -20,7 +20,7 @@ from tests.support.helpers import relay_config, statuses, store_events
 from tests.support.producers import OutOfOrderProducers
 from tests.support.waiting import wait_until
 from tidings.db import make_engine
-from tidings.errors import SchemaError
+from tidings.errors import EmitError, SchemaError
 from tidings.outbox.producer import Outbox, OutboxTransaction
 from tidings.outbox.schema import SCHEMA_VERSION, ensure_schema, meta, outbox_event
 from tidings.pipeline.relay_query import start_relay
@@ -152,6 +152,18 @@ def test_watermark_waits_for_a_writer_that_took_its_slot_before_others(mysql_url
             assert watermark() == 0
         younger_tx.commit()
     assert watermark.settle(10) == 3
+
+
+def test_an_emit_in_autocommit_mode_is_refused(mysql_url: str) -> None:
+    """Autocommit would end the slot's lock before the INSERT draws its seq (and could not
+    commit the event with a domain write anyway): a clear error, nothing written."""
+    engine = make_engine(mysql_url)
+    outbox = Outbox(engine)
+    with engine.connect() as conn:
+        auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+        with pytest.raises(EmitError, match="emit needs a transaction"):
+            outbox.emit(auto, "Created", {"n": 1})
+    assert statuses(engine) == {}
 
 
 def _write(tx: OutboxTransaction, rng: random.Random, thread: int) -> list[str]:

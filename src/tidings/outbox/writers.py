@@ -48,6 +48,16 @@ def claim_slot(conn: Connection) -> None:
     lock the relay waits on). The row exists and is committed before it is updated here, so
     the update takes a record lock only, never a gap lock that another insert could wait on.
     """
+    dbapi = conn.connection.dbapi_connection
+    autocommit = getattr(dbapi, "get_autocommit", None)
+    if autocommit is not None and autocommit():
+        # Each statement would commit alone: the slot's lock would end before the INSERT
+        # draws its seq, and the relay could pass that seq before it commits.
+        raise EmitError(
+            "emit needs a transaction: this MySQL connection is in autocommit mode (its "
+            "isolation_level is AUTOCOMMIT), where the event and the domain write cannot "
+            "commit together"
+        )
     info = conn.connection.info
     slot = info.get(_SLOT_KEY)
     if slot is None:
