@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import mysql_databases
 from tests.support.pg_databases import DatabaseUnreachable, PgDatabases
 from tidings.config import RelayConfig
 
@@ -18,6 +19,12 @@ PG_START = 'pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main
 
 #: The backends of a test that runs on both: one spelling of their ids in every test name.
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+#: The backends of the event log (the outbox, the relay's reads and writes): MySQL/MariaDB
+#: too. Folders whose tests are about the log run ``database_url`` on these
+#: (:func:`log_database_url`).
+LOG_BACKENDS = [*BACKENDS, pytest.param("mysql", marks=pytest.mark.mysql)]
+#: How .ci/run starts the local MariaDB when it is down.
+MYSQL_START = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd"
 
 
 #: Where ``tmp_path`` lives when this machine has it: a tmpfs, as /tmp often is not. The
@@ -77,10 +84,47 @@ def pg_url(pg_databases: PgDatabases) -> Iterator[str]:
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database on each backend: a SQLite file in the test's directory, or a fresh
     PostgreSQL database (:func:`pg_url`)."""
+    return backend_url(request, tmp_path)
+
+
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The empty database of ``request.param`` (a :data:`LOG_BACKENDS` id)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'test.db'}"
-    url: str = request.getfixturevalue("pg_url")
+    url: str = request.getfixturevalue("mysql_url" if request.param == "mysql" else "pg_url")
     return url
+
+
+def log_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """``database_url`` of the folders about the event log: also on MySQL/MariaDB. Their
+    conftest.py makes it their ``database_url`` (a fixture of the same name)."""
+    return backend_url(request, tmp_path)
+
+
+@pytest.fixture
+def mysql_url() -> Iterator[str]:
+    """An empty database on the local MariaDB, of this test alone, dropped after it.
+
+    A server that is down fails the test, with the command that starts it (as
+    :func:`pg_url`); ``-m 'not mysql'`` leaves these tests out.
+    """
+    try:
+        name = mysql_databases.create_database()
+    except mysql_databases.MysqlUnreachable as exc:
+        raise pytest.fail.Exception(
+            f"MariaDB is not reachable on {mysql_databases.MYSQL_HOST}:"
+            f"{mysql_databases.MYSQL_PORT} ({exc}). Start it with\n    {MYSQL_START}\n"
+            "or leave its tests out with -m 'not mysql'.",
+            pytrace=False,
+        ) from None
+    try:
+        yield mysql_databases.mysql_url(name)
+    finally:
+        from tidings.db import _engines
+
+        for key in [k for k in _engines if name in k]:  # the shared engines of this database
+            _engines.pop(key).dispose()
+        mysql_databases.drop_database(name)
 
 
 @pytest.fixture(scope="session")

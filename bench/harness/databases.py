@@ -1,5 +1,5 @@
-"""Scratch databases on the local PostgreSQL server, made fresh for a run and dropped after
-it, so that no benchmark measures on what another left behind."""
+"""Scratch databases on the local PostgreSQL and MariaDB servers, made fresh for a run and
+dropped after it, so that no benchmark measures on what another left behind."""
 
 from __future__ import annotations
 
@@ -26,6 +26,31 @@ def scratch_database(name: str) -> Iterator[str]:
         yield f"{PG}/{name}"
     finally:
         admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+#: The local MariaDB server the benchmarks use (root, no password), without a database.
+MARIADB = "mysql://root@127.0.0.1:3306"
+
+
+@contextlib.contextmanager
+def mariadb_scratch_database(name: str) -> Iterator[str]:
+    """A fresh MariaDB database on the local server, dropped afterwards; its URL."""
+    import pymysql
+
+    def admin(*statements: str) -> None:
+        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+        try:
+            with conn.cursor() as cursor:
+                for statement in statements:
+                    cursor.execute(statement)
+        finally:
+            conn.close()
+
+    admin(f"DROP DATABASE IF EXISTS `{name}`", f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    try:
+        yield f"{MARIADB}/{name}"
+    finally:
+        admin(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 def postgresql_version() -> str:

@@ -22,7 +22,7 @@ from bench.harness.progress import runtime_s, say
 from bench.harness.report import Report, measured, write_report
 from bench.harness.sizes import arguments, mode
 from bench.relay.drains import warm_spark
-from bench.relay.embedded import phase_embedded, phase_postgres, phase_scaling
+from bench.relay.embedded import phase_embedded, phase_mariadb, phase_postgres, phase_scaling
 from bench.relay.jetstream import phase_jetstream
 from bench.relay.latency import phase_latency
 from bench.relay.memory import phase_pss
@@ -62,6 +62,7 @@ def run_phases(work: Path, sizes: RelaySizes, quick: bool, report: Report) -> No
         phases = [
             ("phase 2 (embedded relay)", phase_embedded),
             ("phase 2b (PostgreSQL relay)", phase_postgres),
+            ("phase 2d (MariaDB relay)", phase_mariadb),
             ("phase 2c (relay scaling)", phase_scaling),
             ("phase 3 (jetstream relay)", phase_jetstream),
             ("phase 4 (latency)", phase_latency),

@@ -1,6 +1,6 @@
-"""Phases 2, 2b and 2c: the relay's rate into the event store (its own ceiling, the target
-costing little), the same on PostgreSQL, and whether the cost of an event grows with the
-backlog or with the log behind it."""
+"""Phases 2, 2b, 2d and 2c: the relay's rate into the event store (its own ceiling, the target
+costing little), the same on PostgreSQL and with the outbox on MariaDB, and whether the cost
+of an event grows with the backlog or with the log behind it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.cpu import postgres_cpu
-from bench.harness.databases import scratch_database
+from bench.harness.databases import mariadb_scratch_database, scratch_database
 from bench.harness.outbox import status_counts
 from bench.harness.progress import say
 from bench.harness.report import Report
@@ -37,6 +37,7 @@ from bench.relay.workload import (
     RelaySizes,
     bench_config,
     fill_backlog,
+    sqlite_url,
     store_count,
 )
 from tidings.config import TidingsConfig
@@ -109,6 +110,29 @@ def phase_postgres(spark: Any, work: Path, sizes: RelaySizes, report: Report) ->
     report.detail("postgres", f"the PostgreSQL server used {server - drain_before:.1f} CPU-s")
     drain = Drain(n, secs, counts, stored, batches, monitor)
     report_drain(report, "2b", "relay_postgres_ev_s", "postgres", drain)
+
+
+def phase_mariadb(spark: Any, work: Path, sizes: RelaySizes, report: Report) -> None:
+    """Phase 2d, ``relay_mariadb_ev_s``: phase 2 with the outbox on MariaDB (the local
+    server, a fresh database; the event store stays a SQLite file, as the event store does
+    not run on MySQL): the relay's rate beside SQLite's and PostgreSQL's, the gap-safe
+    watermark of writer slots included."""
+    n = sizes.embedded_events
+    say(f"phase 2d: relay with the outbox on MariaDB, backlog of {n:,} events")
+    tag = uuid.uuid4().hex[:8]
+    with mariadb_scratch_database(f"tidings_bench_app_{tag}") as app_url:
+        store_url = sqlite_url(work / f"mariadb-store-{tag}.db")
+        store = {"kind": "event_store", "url": store_url, "type_prefix": ["b"]}
+        cfg = bench_config(work, "mariadb", {"store": store}, {EVENT_TYPE: ["store"]}, app_url)
+        engine = make_engine(cfg.database.url)
+        secs = fill_backlog(Outbox(engine, cfg.outbox), n, sizes.partition_keys)
+        say(f"  backlog inserted in {secs:.1f} s ({n / secs:,.0f} ev/s via Outbox)")
+        secs, batches, monitor = relay_drain(spark, cfg)
+        counts = status_counts(engine)
+        stored = store_count(store_url)
+        engine.dispose()
+    drain = Drain(n, secs, counts, stored, batches, monitor)
+    report_drain(report, "2d", "relay_mariadb_ev_s", "mariadb", drain)
 
 
 def phase_scaling(spark: Any, work: Path, sizes: RelaySizes, report: Report) -> None:

@@ -1,10 +1,11 @@
-"""Engines for SQLite and PostgreSQL, configured the same way everywhere in tidings.
+"""Engines for SQLite, PostgreSQL and MySQL/MariaDB, configured the same way everywhere.
 
 :func:`make_engine` is the one way tidings makes an engine. SQLite gets WAL (readers never
 block the writer), a long busy timeout (the relay and the producer write the same file) and
 ``synchronous=NORMAL`` (durable at checkpoints, the usual choice with WAL); a caller with
 needs of its own (the event store) gives its pragmas and its own ``BEGIN``. PostgreSQL URLs
-are pointed at the psycopg 3 driver and pooled connections are checked before use. Code that
+are pointed at the psycopg 3 driver, MySQL and MariaDB URLs at PyMySQL (utf8mb4), and
+pooled connections are checked before use. Code that
 writes through the raw driver (the producer, the publisher's outcomes) passes datetimes as
 :func:`driver_stamp` says, so that SQLAlchemy reads them back as it wrote them.
 """
@@ -33,11 +34,28 @@ _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
 
 
+#: The dialect names of MySQL and MariaDB (SQLAlchemy names a ``mariadb://`` URL's dialect
+#: ``mariadb``); every MySQL-specific branch in tidings tests with :func:`is_mysql`.
+MYSQL_DIALECTS = ("mysql", "mariadb")
+
+
+def is_mysql(dialect: str) -> bool:
+    """Whether ``dialect`` (an engine's ``dialect.name``) is MySQL or MariaDB."""
+    return dialect in MYSQL_DIALECTS
+
+
 def driver_url(url: str | URL) -> URL:
-    """Parse ``url``; a bare ``postgresql://`` (or ``postgres://``) gets the psycopg 3 driver."""
+    """Parse ``url``; a bare ``postgresql://`` (or ``postgres://``) gets the psycopg 3 driver,
+    a bare ``mysql://`` or ``mariadb://`` PyMySQL, with the utf8mb4 character set unless the
+    URL names one (MySQL's ``utf8`` is three bytes a character and cannot store every
+    payload)."""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    elif parsed.drivername in MYSQL_DIALECTS:
+        parsed = parsed.set(drivername=f"{parsed.drivername}+pymysql")
+    if parsed.get_backend_name() in MYSQL_DIALECTS and "charset" not in parsed.query:
+        parsed = parsed.update_query_dict({"charset": "utf8mb4"})
     return parsed
 
 
@@ -47,7 +65,7 @@ def normalise_url(url: str) -> str:
 
 
 def placeholder(paramstyle: str) -> str:
-    """The raw driver's parameter mark: sqlite3 uses ``?``, psycopg ``%s``."""
+    """The raw driver's parameter mark: sqlite3 uses ``?``, psycopg and PyMySQL ``%s``."""
     return "?" if paramstyle == "qmark" else "%s"
 
 
@@ -56,9 +74,18 @@ def sqlite_text(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
+def mysql_stamp(value: datetime) -> datetime:
+    """UTC without a zone: a MySQL ``DATETIME`` keeps no zone, and PyMySQL drops an aware
+    datetime's offset without converting it, so every stamp is stored as UTC wall time (and
+    read back as UTC by :func:`tidings.events.timeutil.as_utc`)."""
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
 def driver_stamp(dialect: str) -> Callable[[datetime], Any]:
     """How to pass a datetime to the raw driver so that SQLAlchemy reads it back the same."""
-    return sqlite_text if dialect == "sqlite" else _unchanged
+    if dialect == "sqlite":
+        return sqlite_text
+    return mysql_stamp if is_mysql(dialect) else _unchanged
 
 
 def _unchanged(value: datetime) -> datetime:

@@ -212,7 +212,7 @@ def test_no_error_of_a_file_echoes_a_refused_value_a_secret_or_the_whole_file(
 @pytest.mark.parametrize(
     "text",
     [
-        "database: {url: 'mysql://app:dbpass@db/app'}\n",
+        "database: {url: 'oracle://app:dbpass@db/app'}\n",
         "database: {url: 'sqlite:/app:dbpass@x'}\n",  # too malformed to find the password in
         "database: {url: 'sqlite://app:dbpass@h:port/db'}\n",
         "- s3cret-pw\n- dbpass\n",  # not a mapping: the content is not shown

@@ -42,7 +42,7 @@ def test_defaults_are_the_embedded_setup() -> None:
         ({"relay": {"driver_java_options": "-Xmx2g -Dx=1"}}, "with relay.driver_memory"),
         ({"relay": {"retry": {"attempts": 30}}}, "over replay.retry_count_threshold (20)"),
         ({"databse": {"url": "x"}}, "databse: unknown key"),
-        ({"database": {"url": "mysql://x"}}, "mysql://x"),
+        ({"database": {"url": "oracle://x"}}, "oracle://x"),
         ({"targets": {"t": {"kind": "kafka"}}}, "kafka"),
         (
             {"targets": {"t": {"kind": "jetstream", "stream": "S"}}},
@@ -359,3 +359,10 @@ def test_a_retention_shorter_than_the_relays_resend_window_is_refused(
 )
 def test_a_retention_the_resend_window_fits_in_is_accepted(retention: dict, target: dict) -> None:
     load_config(_group(retention, **target))
+
+
+@pytest.mark.parametrize(
+    "url", ["mysql://app@db/app", "mariadb://app@db/app", "mysql+pymysql://app@db/app"]
+)
+def test_mysql_and_mariadb_urls_are_outbox_databases(url: str) -> None:
+    assert load_config({"database": {"url": url}}).database.url == url

@@ -21,7 +21,7 @@ from tidings.outbox.schema import outbox_event, outbox_event_attribute
 
 domain = MetaData()
 account = Table(
-    "account", domain, Column("id", String, primary_key=True), Column("balance", Integer)
+    "account", domain, Column("id", String(64), primary_key=True), Column("balance", Integer)
 )
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
+from tests.conftest import LOG_BACKENDS, log_database_url
 from tests.support.parts import part_marker
 from tidings.db import make_engine
 
@@ -16,3 +17,9 @@ pytest_collection_modifyitems = part_marker(__file__)
 def engine(tmp_path: Path) -> Engine:
     """A SQLite application database in the test's own folder."""
     return make_engine(f"sqlite:///{tmp_path / 'app.db'}")
+
+
+@pytest.fixture(params=LOG_BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The event log's backends, MySQL/MariaDB too (:func:`tests.conftest.log_database_url`)."""
+    return log_database_url(request, tmp_path)

@@ -1,4 +1,5 @@
-"""The relay and replay jobs on a real local SparkSession and real SQLite / PostgreSQL."""
+"""The relay and replay jobs on a real local SparkSession and real SQLite / PostgreSQL (and
+MariaDB: the replay here, the rest in test_mysql_log.py)."""
 
 from __future__ import annotations
 
@@ -100,11 +101,15 @@ def test_each_start_logs_its_first_batch_planned_and_recorded(
     ]
 
 
-def _store_down(tmp_path: Path) -> tuple[TidingsConfig, Path, Engine, Outbox]:
-    """A relay to an event store whose fault file says it is down (one retry, 1 ms)."""
+def _store_down(
+    tmp_path: Path, database_url: str | None = None
+) -> tuple[TidingsConfig, Path, Engine, Outbox]:
+    """A relay to an event store whose fault file says it is down (one retry, 1 ms); the
+    log in ``database_url`` (a SQLite file if None)."""
     fault = tmp_path / "store.fault"
     config = relay_config(
         tmp_path,
+        database_url,
         targets={"store": store_target(tmp_path, fault_file=str(fault))},
         retry={"backoff": ["1ms"]},
     )
@@ -113,8 +118,14 @@ def _store_down(tmp_path: Path) -> tuple[TidingsConfig, Path, Engine, Outbox]:
     return config, fault, engine, Outbox(engine)
 
 
-def test_replay_delivers_failed_and_held_in_order_within_limits(spark, tmp_path: Path) -> None:
-    config, fault, engine, outbox = _store_down(tmp_path)
+@pytest.mark.parametrize(
+    "server", ["sqlite", pytest.param("mysql_url", marks=pytest.mark.mysql, id="mysql")]
+)
+def test_replay_delivers_failed_and_held_in_order_within_limits(
+    spark, tmp_path: Path, request: pytest.FixtureRequest, server: str
+) -> None:
+    url = None if server == "sqlite" else request.getfixturevalue(server)
+    config, fault, engine, outbox = _store_down(tmp_path, url)
     for key in ("a", "b", "a", "b", "a"):
         _emit(outbox, "Created", key)
     start_relay(spark, config, available_now=True).awaitTermination()

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, update
 from typer.testing import CliRunner
 
-from tests.conftest import BACKENDS
+from tests.conftest import LOG_BACKENDS
 from tests.support.helpers import relay_config, write_config
 from tests.support.query_plans import reads, sqlite_plans
 from tidings.cli import app
@@ -69,9 +69,10 @@ def _build_log(engine: Engine) -> None:
     _log_batch(engine, 11, timedelta(0), job="replay")  # not the relay's watermark
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", LOG_BACKENDS)
 def test_report_counts_what_is_not_published(backend: str, request, tmp_path: Path) -> None:
-    url = request.getfixturevalue("pg_url") if backend == "postgresql" else None
+    fixture = {"postgresql": "pg_url", "mysql": "mysql_url"}.get(backend)
+    url = request.getfixturevalue(fixture) if fixture else None
     engine = make_engine(url or f"sqlite:///{tmp_path / 'app.db'}")
     _build_log(engine)
     report = health_report(engine, ROUTES, errors=5)

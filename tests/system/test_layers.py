@@ -199,7 +199,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "intermediary "
         "intermediary_tier eventer_access server stream_types stream_access streams tidings_file"
     ),
-    "tidings.outbox": "envelope schema confirmations checks incomplete producer",
+    "tidings.outbox": "envelope schema confirmations checks incomplete writers producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults rounds secrets kinds registry routed",
     "tidings.targets.kinds": (

@@ -350,7 +350,7 @@ def _bad_configurations(tmp_path: Path, data: dict[str, Any], s: Secrets, out: O
             ),
         ),
         "unsupported database": variant(
-            "mysql", database={"url": f"mysql://app:{s.outbox_pg}@db/app"}
+            "oracle", database={"url": f"oracle://app:{s.outbox_pg}@db/app"}
         ),
         "malformed database url": variant(
             "malformed", database={"url": f"sqlite:/app:{s.outbox_pg}@x"}

@@ -32,6 +32,17 @@ from tidings.config.model import (
 from tidings.errors import ConfigError
 from tidings.redaction import shown_url
 
+#: The database URLs tidings runs on (a bare ``mysql://`` or ``mariadb://`` gets PyMySQL).
+_KNOWN_URLS = (
+    "sqlite:",
+    "postgresql:",
+    "postgresql+psycopg:",
+    "mysql:",
+    "mysql+pymysql:",
+    "mariadb:",
+    "mariadb+pymysql:",
+)
+
 
 class DatabaseConfig(StrictModel):
     """Where the service's tables and the event log live."""
@@ -40,17 +51,19 @@ class DatabaseConfig(StrictModel):
         default="sqlite:///tidings.db",
         validate_default=True,
         description=(
-            "The outbox database: ``sqlite:///FILE`` (relative to this file) or "
-            "``postgresql://...``."
+            "The outbox database: ``sqlite:///FILE`` (relative to this file), "
+            "``postgresql://...`` or ``mysql://...`` (MySQL 8 or MariaDB 10.6 and later; "
+            "``mariadb://...`` is the same)."
         ),
     )
 
     @field_validator("url")
     @classmethod
     def _known_dialect(cls, v: str) -> str:
-        if not v.startswith(("sqlite:", "postgresql:", "postgresql+psycopg:")):
+        if not v.startswith(_KNOWN_URLS):
             raise ValueError(
-                f"unsupported database url {shown_url(v)}: use sqlite:/// or postgresql://"
+                f"unsupported database url {shown_url(v)}: use sqlite:///, postgresql:// "
+                "or mysql://"
             )
         return v
 

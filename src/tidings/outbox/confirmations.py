@@ -25,14 +25,15 @@ the second one's plans.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, func, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from tidings.db import driver_stamp, placeholder
+from tidings.db import driver_stamp, is_mysql, placeholder
 from tidings.events.outbox import DeliveryState, EventStatus, OutboxEvent
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.schema import (
@@ -80,6 +81,11 @@ def raise_marks(conn: Connection, confirmed: Mapping[str, datetime]) -> None:
         conn.execute(
             pg.on_conflict_do_update(index_elements=["target"], set_={"confirmed_at": newest}), rows
         )
+        return
+    if is_mysql(conn.dialect.name):
+        my = mysql.insert(target_mark)
+        newest = func.greatest(target_mark.c.confirmed_at, my.inserted.confirmed_at)
+        conn.execute(my.on_duplicate_key_update(confirmed_at=newest), rows)
         return
     lite = sqlite.insert(target_mark)
     newest = func.max(target_mark.c.confirmed_at, lite.excluded.confirmed_at)
@@ -179,6 +185,15 @@ def confirmed_query(engine: Engine, target: str, since: datetime) -> tuple[str, 
             f"AND json_extract(d.value, '$.state') = '{_CONFIRMED}'"
         )
         return sql, (driver_stamp(dialect)(since), target)
+    if is_mysql(dialect):
+        # JSON_VALUE with a path naming the target as a quoted member (any name is one).
+        sql = (
+            f"SELECT o.seq, JSON_VALUE(o.deliveries, {p}), {weight} FROM outbox_event AS o "
+            f"WHERE {_STATUS_IN} AND o.updated_at >= {p} "
+            f"AND JSON_VALUE(o.deliveries, {p}) = '{_CONFIRMED}'"
+        )
+        member = "$." + json.dumps(target)
+        return sql, (f"{member}.at", driver_stamp(dialect)(since), f"{member}.state")
     sql = (
         f"SELECT o.seq, o.deliveries::json -> {p} ->> 'at', {weight} FROM outbox_event AS o "
         f"WHERE {_STATUS_IN} AND o.updated_at >= {p} "

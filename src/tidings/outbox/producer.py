@@ -34,7 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tidings.config import OutboxConfig
-from tidings.db import driver_stamp, make_engine, placeholder
+from tidings.db import driver_stamp, is_mysql, make_engine, placeholder
 from tidings.errors import EmitError, TransactionDoomed
 from tidings.events.ids import new_id
 from tidings.events.outbox import EventStatus, OutboxEvent
@@ -49,6 +49,7 @@ from tidings.outbox.envelope import (
     cloudevents_envelope,
 )
 from tidings.outbox.schema import ensure_schema
+from tidings.outbox.writers import claim_slot
 
 DirectPublisher = Callable[[Sequence[OutboxEvent]], None]
 #: Why a routed target will always refuse an event (that target's ``refusal``), or None.
@@ -116,6 +117,8 @@ class Outbox:
         self._insert_event = _insert_sql("outbox_event", _EVENT_COLUMNS, style)
         self._insert_attribute = _insert_sql("outbox_event_attribute", _ATTRIBUTE_COLUMNS, style)
         self._stamp = driver_stamp(self.engine.dialect.name)
+        #: MySQL/MariaDB: an emit locks its connection's writer slot before drawing a seq.
+        self._claims_slot = is_mysql(self.engine.dialect.name)
 
     @contextmanager
     def transaction(self) -> Iterator[OutboxTransaction]:
@@ -194,6 +197,8 @@ class Outbox:
     def _insert(self, conn: Connection, draft: EventDraft, body: str) -> None:
         now = utcnow()
         stamp = self._stamp
+        if self._claims_slot:
+            claim_slot(conn)
         conn.exec_driver_sql(
             self._insert_event,
             (

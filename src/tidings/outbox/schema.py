@@ -10,12 +10,20 @@ On PostgreSQL ``seq`` comes from :func:`tidings_next_seq`, which forces the tran
 own a transaction id *before* it draws a sequence value. The relay relies on that to know
 when every transaction that could still commit a lower ``seq`` has finished (see
 :mod:`tidings.pipeline.source.watermark`).
+
+On MySQL/MariaDB ``seq`` is InnoDB's AUTO_INCREMENT, and the producer first takes its
+connection's row of ``tidings_writer`` (:mod:`tidings.outbox.writers`), for the same reason.
+Every table there is InnoDB with utf8mb4 and a binary collation (keys and types compare as
+they do on the other databases: ``"A" != "a"``), text columns are ``LONGTEXT`` (``TEXT`` holds
+64 KiB), times ``DATETIME(6)`` (plain ``DATETIME`` drops the microseconds) and the lease's
+expiry a ``DOUBLE`` (``FLOAT`` is single precision: epoch seconds to within minutes).
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -35,7 +43,9 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.dialects import mysql
 
+from tidings.db import MYSQL_DIALECTS, is_mysql
 from tidings.errors import SchemaError
 from tidings.events.outbox import OutboxEvent
 from tidings.events.timeutil import as_utc
@@ -43,6 +53,17 @@ from tidings.events.timeutil import as_utc
 SCHEMA_VERSION = 2
 
 metadata = MetaData()
+
+#: The column types whose MySQL form differs (see the module docstring).
+_TEXT = Text().with_variant(mysql.LONGTEXT(), *MYSQL_DIALECTS)
+_TIME = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *MYSQL_DIALECTS)
+_DOUBLE = Float().with_variant(mysql.DOUBLE(asdecimal=False), *MYSQL_DIALECTS)
+#: Every table's options on MySQL/MariaDB (ignored elsewhere).
+MYSQL_TABLE: dict[str, Any] = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+}
 
 #: The open-row condition, spelled exactly as the partial index spells it so that the
 #: planners (SQLite's in particular) match it to the index.
@@ -59,16 +80,16 @@ outbox_event = Table(
     Column("originator", String(256)),
     Column("partition_key", String(256)),
     Column("partition_bucket", Integer, nullable=False),
-    Column("payload", Text, nullable=False),
-    Column("headers", Text, nullable=False),
-    Column("logged_at", DateTime(timezone=True), nullable=False),
+    Column("payload", _TEXT, nullable=False),
+    Column("headers", _TEXT, nullable=False),
+    Column("logged_at", _TIME, nullable=False),
     Column("status", String(16), nullable=False),
     Column("retry_count", Integer, nullable=False, default=0),
-    Column("error_details", Text),
-    Column("last_publish_at", DateTime(timezone=True)),
-    Column("deliveries", Text),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("error_details", _TEXT),
+    Column("last_publish_at", _TIME),
+    Column("deliveries", _TEXT),
+    Column("created_at", _TIME, nullable=False),
+    Column("updated_at", _TIME, nullable=False),
     Column("concurrency_version", Integer, nullable=False, default=1),
     Index("idx_01_outbox_event", "status", "updated_at"),
     Index("idx_02_outbox_event", "correlation_id", "event_type"),
@@ -82,6 +103,7 @@ outbox_event = Table(
         postgresql_where=OPEN_ROW,
     ),
     sqlite_autoincrement=True,  # never reuse a seq after housekeeping deleted the newest rows
+    **MYSQL_TABLE,
 )
 
 #: The ``outbox_event`` columns an :class:`OutboxEvent` is made of, in the order
@@ -139,9 +161,10 @@ outbox_event_attribute = Table(
         nullable=False,
     ),
     Column("attribute_key", String(256), nullable=False),
-    Column("attribute_value", Text),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("attribute_value", _TEXT),
+    Column("updated_at", _TIME, nullable=False),
     UniqueConstraint("event_id", "attribute_key", name="uk_01_outbox_event_attribute"),
+    **MYSQL_TABLE,
 )
 
 route = Table(
@@ -150,7 +173,8 @@ route = Table(
     Column("event_type", String(256), primary_key=True),
     Column("target", String(256), primary_key=True),
     Column("enabled", Boolean, nullable=False, default=True),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", _TIME, nullable=False),
+    **MYSQL_TABLE,
 )
 
 batch_log = Table(
@@ -159,10 +183,11 @@ batch_log = Table(
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
     Column("job", String(16), nullable=False),
     Column("batch_id", BigInteger, nullable=False),
-    Column("finished_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", _TIME, nullable=False),
     Column("max_seq", BigInteger, nullable=False),
-    Column("summary", Text, nullable=False),
+    Column("summary", _TEXT, nullable=False),
     Index("idx_01_tidings_batch_log", "job", "max_seq"),
+    **MYSQL_TABLE,
 )
 
 lease = Table(
@@ -170,7 +195,8 @@ lease = Table(
     metadata,
     Column("name", String(64), primary_key=True),
     Column("owner", String(128), nullable=False),
-    Column("expires_at", Float, nullable=False),  # epoch seconds
+    Column("expires_at", _DOUBLE, nullable=False),  # epoch seconds
+    **MYSQL_TABLE,
 )
 
 #: Per target: the newest confirmation the log records there (``deliveries``' ``at``), never
@@ -179,7 +205,19 @@ target_mark = Table(
     "tidings_target_mark",
     metadata,
     Column("target", String(256), primary_key=True),
-    Column("confirmed_at", DateTime(timezone=True), nullable=False),
+    Column("confirmed_at", _TIME, nullable=False),
+    **MYSQL_TABLE,
+)
+
+#: MySQL/MariaDB only: one row per producer connection, locked by each transaction that
+#: emits before it draws a ``seq`` (:mod:`tidings.outbox.writers` says why).
+writer_metadata = MetaData()
+writer = Table(
+    "tidings_writer",
+    writer_metadata,
+    Column("slot", BigInteger, primary_key=True, autoincrement=True),
+    Column("claims", BigInteger, nullable=False),  # committed claims (emits) on this slot
+    **MYSQL_TABLE,
 )
 
 meta = Table(
@@ -187,6 +225,7 @@ meta = Table(
     metadata,
     Column("key", String(64), primary_key=True),
     Column("value", String(256), nullable=False),
+    **MYSQL_TABLE,
 )
 
 _PG_SEQ_FUNCTION = """
@@ -200,6 +239,8 @@ END $$
 
 def _upgrade_to_1(engine: Engine) -> None:
     metadata.create_all(engine)
+    if is_mysql(engine.dialect.name):
+        writer_metadata.create_all(engine)
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             conn.execute(text(_PG_SEQ_FUNCTION))
@@ -240,6 +281,18 @@ def ensure_schema(engine: Engine) -> None:
             conn.execute(text("SELECT pg_advisory_xact_lock(7411001)"))
             version = _stored_version(engine)
             _run_upgrades(engine, version)
+        return
+    if is_mysql(engine.dialect.name) and version < SCHEMA_VERSION:
+        # The same on MySQL, whose DDL commits at once: a lock of the session, not of a
+        # transaction, held around the whole upgrade.
+        with engine.connect() as conn:
+            got = conn.execute(text("SELECT GET_LOCK('tidings_schema', 60)")).scalar()
+            if got != 1:
+                raise SchemaError("timed out waiting for another process upgrading the schema")
+            try:
+                _run_upgrades(engine, _stored_version(engine))
+            finally:
+                conn.execute(text("SELECT RELEASE_LOCK('tidings_schema')"))
         return
     _run_upgrades(engine, version)
 

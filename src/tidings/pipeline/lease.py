@@ -21,10 +21,23 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Connection, Engine, Float, and_, cast, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Float,
+    and_,
+    cast,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
+from tidings.db import is_mysql
 from tidings.outbox.schema import lease
 
 
@@ -37,6 +50,10 @@ def db_now(engine: Engine | Connection) -> ColumnElement[float]:
     """The database's clock in epoch seconds, as an SQL expression (sub-second on both)."""
     if engine.dialect.name == "sqlite":
         return cast((func.julianday("now") - 2440587.5) * 86400.0, Float)
+    if is_mysql(engine.dialect.name):
+        # SYSDATE, not NOW: the time of the call, as clock_timestamp() (NOW is the
+        # statement's start). A DECIMAL with microseconds; + 0e0 makes it a DOUBLE.
+        return literal_column("(UNIX_TIMESTAMP(SYSDATE(6)) + 0e0)", Float)
     return cast(func.extract("epoch", func.clock_timestamp()), Float)
 
 

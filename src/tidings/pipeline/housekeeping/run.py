@@ -218,7 +218,7 @@ def _trim_batch_log(engine: Engine, before: datetime) -> int:
     The newest row is what ``tidings status`` shows; the row with the highest ``max_seq``
     is the job's watermark (the relay's resume point and the replay job's boundary).
     """
-    newest = select(func.max(batch_log.c.id)).group_by(batch_log.c.job)
+    newest = select(func.max(batch_log.c.id).label("id")).group_by(batch_log.c.job)
     top = (
         select(batch_log.c.job, func.max(batch_log.c.max_seq).label("max_seq"))
         .group_by(batch_log.c.job)
@@ -227,10 +227,14 @@ def _trim_batch_log(engine: Engine, before: datetime) -> int:
     highest = select(batch_log.c.id).join(
         top, and_(batch_log.c.job == top.c.job, batch_log.c.max_seq == top.c.max_seq)
     )
+    # Each kept set read through a derived table: MySQL refuses a DELETE whose subquery
+    # reads the table it deletes from, but not one that reads a materialised copy.
+    kept_newest = newest.subquery()
+    kept_highest = highest.subquery()
     query = batch_log.delete().where(
         batch_log.c.finished_at < before,
-        batch_log.c.id.not_in(newest),
-        batch_log.c.id.not_in(highest),
+        batch_log.c.id.not_in(select(kept_newest.c.id)),
+        batch_log.c.id.not_in(select(kept_highest.c.id)),
     )
     with engine.begin() as conn:
         return conn.execute(query).rowcount

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from tidings.db import driver_stamp, placeholder
+from tidings.db import driver_stamp, is_mysql, placeholder
 from tidings.events.outbox import DeliveryState, EventStatus, OutboxEvent
 from tidings.events.timeutil import utcnow
 from tidings.outbox.confirmations import newest_confirmations, raise_marks
@@ -154,13 +154,23 @@ def record_outcomes(engine: Engine, settled: list[LoggedEvent], *, delete_publis
         if done:
             rows = _seq_rows(dialect, mark)
             done_seqs = (_seq_array(dialect, [i.event.seq for i in done]),)
-            conn.exec_driver_sql(
-                "DELETE FROM outbox_event_attribute WHERE event_id IN "
-                f"(SELECT event_id FROM outbox_event WHERE {rows})",
-                done_seqs,
-            )
+            conn.exec_driver_sql(_delete_attributes_sql(dialect, rows), done_seqs)
             conn.exec_driver_sql(f"DELETE FROM outbox_event WHERE {rows}", done_seqs)
         raise_marks(conn, confirmed)  # last: the rows above are this task's alone
+
+
+def _delete_attributes_sql(dialect: str, rows: str) -> str:
+    """The attributes of the events in ``rows`` (:func:`_seq_rows`). MySQL as a join: its
+    planner runs ``IN (subquery)`` in a DELETE once per attribute row."""
+    if is_mysql(dialect):
+        return (
+            "DELETE a FROM outbox_event_attribute AS a JOIN outbox_event "
+            f"ON a.event_id = outbox_event.event_id WHERE outbox_event.{rows}"
+        )
+    return (
+        "DELETE FROM outbox_event_attribute WHERE event_id IN "
+        f"(SELECT event_id FROM outbox_event WHERE {rows})"
+    )
 
 
 def _update_sql(dialect: str, mark: str, *, over_parked: bool) -> str:
@@ -186,13 +196,19 @@ def _seq_rows(dialect: str, mark: str) -> str:
     """The rows whose seq is in the one array parameter ``mark`` (see :func:`_seq_array`)."""
     if dialect == "sqlite":
         return f"seq IN (SELECT value FROM json_each({mark}))"
+    if is_mysql(dialect):
+        # PyMySQL writes a tuple parameter as a parenthesised list: a primary-key range.
+        # (An IN over a JSON_TABLE subquery is planned as a scan of the whole log.)
+        return f"seq IN {mark}"
     return f"seq = ANY({mark})"
 
 
-def _seq_array(dialect: str, seqs: list[int]) -> str | list[int]:
-    """``seqs`` as one parameter: a JSON array for SQLite's ``json_each``, else a list
-    (psycopg sends it as an array)."""
-    return json.dumps(seqs) if dialect == "sqlite" else seqs
+def _seq_array(dialect: str, seqs: list[int]) -> str | list[int] | tuple[int, ...]:
+    """``seqs`` as one parameter: a JSON array for SQLite's ``json_each``, a tuple for
+    PyMySQL, else a list (psycopg sends it as an array)."""
+    if dialect == "sqlite":
+        return json.dumps(seqs)
+    return tuple(int(seq) for seq in seqs) if is_mysql(dialect) else seqs
 
 
 def _outcome_groups(items: Iterable[LoggedEvent]) -> dict[tuple[Any, ...], list[int]]:

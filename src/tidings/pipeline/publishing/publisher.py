@@ -43,6 +43,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from tidings.config import RetryConfig
+from tidings.db import is_mysql
 from tidings.events.outbox import OPEN_STATUSES, EventStatus
 from tidings.events.timeutil import as_utc, utcnow
 from tidings.outbox.schema import OPEN_ROW
@@ -380,10 +381,10 @@ def open_rows_before(engine: Engine, first: dict[str, int]) -> list[Any]:
     """The open rows of each key in ``first`` before that key's given seq, in one statement.
 
     The keys and their bounds travel as one parameter (a JSON object on SQLite, two arrays
-    on PostgreSQL) and each key is looked up in the open-row index: the cost follows the
-    rows found (usually none), not the keys asked for nor the size of the log. On SQLite
-    ``CROSS JOIN`` keeps that loop order (its planner would otherwise walk the status index
-    once per key: minutes on a large backlog).
+    on PostgreSQL, a JSON array of pairs on MySQL) and each key is looked up in the open-row
+    index: the cost follows the rows found (usually none), not the keys asked for nor the
+    size of the log. On SQLite ``CROSS JOIN`` keeps that loop order (its planner would
+    otherwise walk the status index once per key: minutes on a large backlog).
     """
     if not first:
         return []
@@ -395,6 +396,16 @@ def open_rows_before(engine: Engine, first: dict[str, int]) -> list[Any]:
             f"ON o.partition_key = j.key AND o.seq < j.value WHERE {open_row}"
         )
         params: tuple[Any, ...] = (json.dumps(first),)
+    elif is_mysql(engine.dialect.name):
+        # The keys as JSON_TABLE rows; COLLATE matches the log's binary collation, so that
+        # the comparison is exact and the open-row index is probed per key.
+        sql = (
+            f"SELECT {columns} FROM JSON_TABLE(%s, '$[*]' COLUMNS ("
+            "k VARCHAR(256) CHARACTER SET utf8mb4 PATH '$[0]', bound BIGINT PATH '$[1]')) AS j "
+            "JOIN outbox_event AS o ON o.partition_key = j.k COLLATE utf8mb4_bin "
+            f"AND o.seq < j.bound WHERE {open_row}"
+        )
+        params = (json.dumps(list(first.items())),)
     else:
         sql = (
             f"SELECT {columns} FROM unnest(%s::text[], %s::bigint[]) AS j(key, bound) "
