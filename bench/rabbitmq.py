@@ -30,6 +30,8 @@ import aiormq
 from aiormq.abc import AbstractChannel
 from pamqp.commands import Basic
 
+from bench.harness.machine import code_version, machine_info, machine_text
+from bench.harness.report import write_report
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.kinds.rabbitmq.config import RabbitMQTargetConfig
 from tidings.targets.kinds.rabbitmq.messages import message_properties
@@ -127,8 +129,12 @@ def main() -> None:
     tag = uuid.uuid4().hex[:8]
     exchange, queue = f"tidings-bench-{tag}", f"tidings-bench-{tag}"
     asyncio.run(_admin("make", exchange, queue))
-    print("| shape | messages | tidings target msg/s | raw aiormq msg/s | ratio |")
-    print("|---|---|---|---|---|")
+    header = [
+        "| shape | messages | tidings target msg/s | raw aiormq msg/s | ratio |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    print("\n".join(header))
+    rows: list[dict[str, object]] = []
     try:
         for shape, one_key in (("many keys", False), ("one key", True)):
             n = count if not one_key else max(1_001, count // 10)
@@ -137,9 +143,38 @@ def main() -> None:
             raw_rate = asyncio.run(raw(exchange, events(n, one_key, args.size), call, one_key))
             asyncio.run(_admin("purge", exchange, queue))
             ratio = target_rate / raw_rate
-            print(f"| {shape} | {n - 1} | {target_rate:,.0f} | {raw_rate:,.0f} | {ratio:.2f} |")
+            line = f"| {shape} | {n - 1} | {target_rate:,.0f} | {raw_rate:,.0f} | {ratio:.2f} |"
+            print(line)
+            header.append(line)
+            rows.append(
+                {
+                    "shape": shape,
+                    "messages": n - 1,
+                    "target_msg_s": round(target_rate, 1),
+                    "raw_aiormq_msg_s": round(raw_rate, 1),
+                    "ratio": round(ratio, 3),
+                }
+            )
     finally:
         asyncio.run(_admin("delete", exchange, queue))
+    machine = machine_info(spark=False)
+    result = {"machine": machine, "code": code_version(), "payload_bytes": args.size, "rows": rows}
+    text = "\n".join(
+        [
+            "# RabbitMQ target beside raw aiormq",
+            "",
+            f"Run `.venv/bin/python -m bench.rabbitmq{' --quick' if args.quick else ''}` on "
+            f"{machine['date']}; {code_version()}.",
+            "",
+            machine_text(machine),
+            "",
+            "Publisher confirms on both sides; the goal is a ratio of at least 0.8.",
+            "",
+            *header,
+        ]
+    )
+    paths = write_report("rabbitmq", result, text + "\n")
+    print(f"wrote {paths[0]} and {paths[1]}")
 
 
 if __name__ == "__main__":
