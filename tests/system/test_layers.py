@@ -25,6 +25,7 @@ from tests.support.helpers import HEAVY, fresh_interpreter, heavy_modules_after,
 #: first). ``tidings`` is the package itself, the public face above everything.
 LAYERS = (
     "errors",
+    "json_text",  # a peer's JSON object decoded, or a ProtocolError naming the peer
     "redaction",  # secrets kept out of errors, logs and shown configurations
     "events",  # the one event model: no SQLAlchemy, no Spark
     "address",  # tcp+sbs:// addresses, checked by the configuration, used by the wire

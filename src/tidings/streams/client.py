@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -43,7 +42,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import websockets
 
-from tidings.errors import ConnectionClosed, ProtocolError, StreamError
+from tidings.errors import ConnectionClosed, StreamError
+from tidings.json_text import json_object
 from tidings.streams.protocol import ftn3
 
 log = logging.getLogger(__name__)
@@ -433,7 +433,7 @@ class _Receiver:
     async def read(self) -> None:
         try:
             async for frame in self._ws:
-                message = server_json(f"stream {self._url}", frame)
+                message = json_object(f"stream {self._url}", frame)
                 if "f" in message:
                     self._on_call(message)
                 else:
@@ -486,23 +486,7 @@ def ftn3_outcome(url: str, response: httpx.Response) -> Any:
     path that is no stream, a proxy's error page)."""
     if not response.headers.get("content-type", "").startswith("application/futoin+"):
         raise StreamError("InternalError", f"stream {url}: HTTP {response.status_code}, not FTN3")
-    return ftn3.outcome(server_json(f"stream {url}", response.content))
-
-
-def server_json(server: str, data: str | bytes) -> dict[str, Any]:
-    """A JSON object a stream server sent, or a :class:`ProtocolError` naming ``server``:
-    not JSON, not an object, or nested deeper than the interpreter can follow (a hostile
-    server's few KB of ``[[[[`` raise RecursionError in ``json.loads``; the caller must get
-    an error it can name, not that)."""
-    try:
-        message = json.loads(data)
-    except RecursionError:
-        raise ProtocolError(f"{server}: the reply is JSON nested too deeply") from None
-    except ValueError as exc:  # UnicodeDecodeError included
-        raise ProtocolError(f"{server}: the reply is not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ProtocolError(f"{server}: the reply is not a JSON object")
-    return message
+    return ftn3.outcome(json_object(f"stream {url}", response.content))
 
 
 def http_url(url: str) -> str:

@@ -34,6 +34,7 @@ from tidings.intermediary.client.subscriber import ReceivedFrame, Subscriber
 from tidings.intermediary.node.generation import decode_frame
 from tidings.intermediary.serving.credentials import Credentials
 from tidings.intermediary.serving.envelope import open_envelope
+from tidings.json_text import json_object
 
 
 class IntermediaryClient(Subscriber):
@@ -89,7 +90,7 @@ class IntermediaryClient(Subscriber):
         except websockets.InvalidStatus as exc:
             raise refusal(url, exc) from None
         try:
-            hello = server_json(url, await websocket.recv())
+            hello = json_object(f"client: {url}", await websocket.recv())
         except ProtocolError:
             await websocket.close(1002, "the hello is not JSON")
             raise
@@ -217,7 +218,7 @@ class IntermediaryClient(Subscriber):
             async for message in self.websocket:
                 if isinstance(message, str):
                     try:
-                        decoded = server_json("the server", message)
+                        decoded = json_object("client: the server", message)
                     except ProtocolError as exc:
                         # a hostile or broken server: said once, to whoever waits next
                         self.error = exc
@@ -234,21 +235,6 @@ class IntermediaryClient(Subscriber):
             self.close_code = self.websocket.close_code
             self.close_reason = self.websocket.close_reason
             self._closed.set()
-
-
-def server_json(server: str, text: str | bytes) -> dict[str, Any]:
-    """A JSON object the server sent, or a :class:`ProtocolError` naming ``server`` and what
-    is wrong: not JSON, not an object, or nested deeper than the interpreter can follow (a
-    hostile server's few KB of ``[[[[`` raise RecursionError in ``json.loads``)."""
-    try:
-        message = json.loads(text)
-    except RecursionError:
-        raise ProtocolError(f"client: {server} sent JSON nested too deeply") from None
-    except ValueError as exc:  # UnicodeDecodeError included
-        raise ProtocolError(f"client: {server} sent a message that is not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ProtocolError(f"client: {server} sent JSON that is not an object")
-    return message
 
 
 def refusal(url: str, exc: websockets.InvalidStatus) -> IntermediaryError:
