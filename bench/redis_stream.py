@@ -1,21 +1,22 @@
 """The relay to Redis Streams beside redis-py's own XADD, with the same confirmation.
 
-``python -m bench.redis_stream [--quick]``: a SQLite backlog of deposits (the relay
+``python -m bench.redis_stream [--quick] [--results DIR]``: a SQLite backlog of deposits (the relay
 benchmark's workload, :mod:`bench.relay.workload`) is relayed by Spark to a
 ``redis_stream`` target on the shared server (127.0.0.1:6379), and the same number of
 same-size entries is added by redis-py alone: pipelined ``XADD``s whose replies (the entry
 ids, the confirmation the target waits for too) are read per window. The raw figure is run
 before and after the relay, so a change in the machine's speed meanwhile shows; the goal is
 the relay at 0.8 x raw or more (issue 31). The relay's figure counts only if every event is
-PUBLISHED and in the stream. Figures are printed, not written: record them from a quiet
-machine only (``--quick`` is a check that the script works, its figures mean nothing).
+PUBLISHED and in the stream. The report, with the machine, goes to
+``bench/results/redis_stream.json`` and ``.md`` (``--results``: another folder); record it
+from a quiet machine only (``--quick`` is a check that the script works, its figures mean
+nothing: give it ``--results`` elsewhere).
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -25,8 +26,12 @@ from typing import Any
 import redis
 from sqlalchemy import select
 
+from bench.harness.machine import code_version, machine_info
+from bench.harness.markdown import command, heading, table
 from bench.harness.outbox import status_counts
-from bench.harness.progress import say
+from bench.harness.progress import runtime_s, say
+from bench.harness.report import write_report
+from bench.harness.sizes import arguments, mode
 from bench.relay.drains import relay_drain
 from bench.relay.workload import EVENT_TYPE, bench_config, fill_backlog
 from tidings.config import TidingsConfig
@@ -88,11 +93,49 @@ def relay_run(spark: Any, cfg: TidingsConfig, stream: str, events: int) -> float
     return events / secs if counts.get("PUBLISHED") == events and stored == events else None
 
 
-def main(argv: list[str]) -> int:
-    mode = "quick" if "--quick" in argv else "full"
-    events, keys, window = SIZES[mode]
+def markdown(result: dict[str, Any], quick: bool) -> str:
+    """redis_stream.md: the relay beside raw XADD, the goal, whether every event arrived."""
+    relay = result["relay_redis_ev_s"]
+    ratio = result["ratio"]
+    rows = [
+        ("relay to the redis_stream target", "n/a" if relay is None else f"{relay:,.0f}", ""),
+        ("raw redis-py XADD, before and after (mean)", f"{result['raw_redis_xadd_ev_s']:,.0f}",
+         ""),
+        ("relay ÷ raw", "n/a" if ratio is None else f"{ratio:.2f}", f"≥ {GOAL_RATIO}"),
+    ]  # fmt: skip
+    s = result["sizes"]
+    lines = [
+        *heading(
+            "Redis Streams target benchmark" + (" (--quick)" if quick else ""),
+            command("redis_stream", *(["--quick"] if quick else [])),
+            result["machine"],
+            result["runtime_s"],
+            code=result["code"],
+        ),
+        f"{s['events']:,} events over {s['keys']:,} keys, a SQLite backlog relayed by Spark to "
+        f"one stream on the shared Redis; raw: pipelined XADDs of same-size entries "
+        f"({result['entry_bytes']} B in {result['entry_fields']} fields), replies read per "
+        f"window of {s['window']:,}; raw runs before and after the relay: "
+        + ", ".join(f"{r:,.0f}" for r in result["raw_runs_ev_s"])
+        + " msg/s.",
+        "",
+        *table(("events/s", "value", "goal"), "lrl", rows),
+        "",
+    ]
+    if relay is None:
+        lines += ["The relay's figure is not counted: not every event was PUBLISHED and in the "
+                  "stream.", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> int:
+    options = arguments("bench.redis_stream", __doc__, "2,000 events, to check it runs")
+    args = options.parse_args()
+    events, keys, window = SIZES[mode(args.quick)]
     from tidings.pipeline.spark import spark_session
 
+    results = args.results.resolve()
+    machine = machine_info()  # before the work folder becomes the current one (and goes)
     with tempfile.TemporaryDirectory(prefix="tidings-bench-redis-") as tmp:
         work = Path(tmp)
         os.chdir(work)  # whatever Spark writes stays out of the checkout
@@ -102,10 +145,11 @@ def main(argv: list[str]) -> int:
         warm = bench_config(work, "warm", {"redis": {**target, "stream": f"{stream}:warm"}},
                             {EVENT_TYPE: ["redis"]})  # fmt: skip
         fill_backlog(Outbox(make_engine(warm.database.url), warm.outbox), 10, 5)
-        say(f"redis_stream benchmark ({mode}): {events:,} events over {keys:,} keys")
+        say(f"redis_stream benchmark ({mode(args.quick)}): {events:,} events over {keys:,} keys")
         fill_backlog(Outbox(make_engine(cfg.database.url), cfg.outbox), events, keys)
         fields = sample_fields(cfg)
-        say(f"  entry: {sum(len(k) + len(v) for k, v in fields.items())} B in {len(fields)} fields")
+        entry_bytes = sum(len(k) + len(v) for k, v in fields.items())
+        say(f"  entry: {entry_bytes} B in {len(fields)} fields")
         spark = spark_session(cfg.relay, app_name="tidings-bench-redis")
         try:
             relay_drain(spark, warm)  # Spark's and the workers' first start are not timed
@@ -119,11 +163,26 @@ def main(argv: list[str]) -> int:
     say(f"raw redis-py XADD (before, after): {', '.join(f'{r:,.0f}' for r in raw)} msg/s")
     if rate is None:
         say("relay_redis_ev_s: not counted (not every event was PUBLISHED and in the stream)")
-        return 1
-    say(f"relay_redis_ev_s = {rate:,.0f}; raw_redis_xadd_ev_s = {baseline:,.0f}; "
-        f"ratio {rate / baseline:.2f} (goal >= {GOAL_RATIO})")  # fmt: skip
-    return 0
+    else:
+        say(f"relay_redis_ev_s = {rate:,.0f}; raw_redis_xadd_ev_s = {baseline:,.0f}; "
+            f"ratio {rate / baseline:.2f} (goal >= {GOAL_RATIO})")  # fmt: skip
+    result = {
+        "machine": machine,
+        "code": code_version(),
+        "runtime_s": runtime_s(),
+        "sizes": {"events": events, "keys": keys, "window": window},
+        "entry_bytes": entry_bytes,
+        "entry_fields": len(fields),
+        "relay_redis_ev_s": None if rate is None else round(rate, 1),
+        "raw_redis_xadd_ev_s": round(baseline, 1),
+        "raw_runs_ev_s": [round(r, 1) for r in raw],
+        "ratio": None if rate is None else round(rate / baseline, 3),
+        "goal_ratio": GOAL_RATIO,
+    }
+    paths = write_report("redis_stream", result, markdown(result, args.quick), results)
+    say(f"wrote {paths[0]} and {paths[1]}")
+    return 0 if rate is not None else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    raise SystemExit(main())

@@ -1,8 +1,11 @@
 """Benchmark of tidings' producer and relay, side by side with raw baselines.
 
-``python -m bench.relay [--quick] [--keep]``: every phase in turn in a temporary work
-directory (the current directory meanwhile, so that whatever Spark writes stays out of the
-checkout), then the report; the package's docstring says what each phase measures.
+``python -m bench.relay [--quick] [--keep] [--phases ...] [--events N]``: every phase in
+turn (or the ``--phases`` named) in a temporary work directory (the current directory
+meanwhile, so that whatever Spark writes stays out of the checkout), then the report; the
+package's docstring says what each phase measures. ``--phases embedded postgres mariadb``
+runs the relay on SQLite, PostgreSQL and MariaDB side by side in one run; ``--events N``
+sets the backlog of phases 2, 2b, 2d and 2c (a tiny one checks that they run).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,25 +53,38 @@ def start_spark(work: Path, report: Report) -> Any | None:
         return None
 
 
-def run_phases(work: Path, sizes: RelaySizes, quick: bool, report: Report) -> None:
-    """Every phase in turn, in ``work`` (the current directory meanwhile)."""
-    measured("phase 1 (producer)", lambda: phase_producer(work, sizes, report), report)
+SparkPhase = Callable[[Any, Path, RelaySizes, Report], None]
+#: The phases on the shared Spark session, in run order: ``--phases`` name, title, phase.
+SPARK_PHASES: list[tuple[str, str, SparkPhase]] = [
+    ("embedded", "phase 2 (embedded relay)", phase_embedded),
+    ("postgres", "phase 2b (PostgreSQL relay)", phase_postgres),
+    ("mariadb", "phase 2d (MariaDB relay)", phase_mariadb),
+    ("scaling", "phase 2c (relay scaling)", phase_scaling),
+    ("jetstream", "phase 3 (jetstream relay)", phase_jetstream),
+    ("latency", "phase 4 (latency)", phase_latency),
+]
+PHASES = ["producer", "pss", *(key for key, _, _ in SPARK_PHASES)]
+
+
+def run_phases(
+    work: Path, sizes: RelaySizes, quick: bool, report: Report, chosen: list[str]
+) -> None:
+    """The ``chosen`` phases in turn (run order, not ``chosen``'s), in ``work`` (the current
+    directory meanwhile)."""
+    if "producer" in chosen:
+        measured("phase 1 (producer)", lambda: phase_producer(work, sizes, report), report)
     # The PSS subprocess runs before this process starts its own JVM, so nothing else
     # competes with it for the two cores.
-    measured("phase 5 (peak PSS)", lambda: phase_pss(work, sizes, quick, report), report)
+    if "pss" in chosen:
+        measured("phase 5 (peak PSS)", lambda: phase_pss(work, sizes, quick, report), report)
+    phases = [(name, phase) for key, name, phase in SPARK_PHASES if key in chosen]
+    if not phases:
+        return
     spark = start_spark(work, report)
     if spark is None:
         return
     try:
         measured("warm-up", lambda: warm_spark(spark, work, report), report)
-        phases = [
-            ("phase 2 (embedded relay)", phase_embedded),
-            ("phase 2b (PostgreSQL relay)", phase_postgres),
-            ("phase 2d (MariaDB relay)", phase_mariadb),
-            ("phase 2c (relay scaling)", phase_scaling),
-            ("phase 3 (jetstream relay)", phase_jetstream),
-            ("phase 4 (latency)", phase_latency),
-        ]
         for name, phase in phases:
             measured(name, lambda phase=phase: phase(spark, work, sizes, report), report)
     finally:
@@ -76,8 +94,18 @@ def run_phases(work: Path, sizes: RelaySizes, quick: bool, report: Report) -> No
 def main() -> int:
     parser = arguments("bench.relay", __doc__, "smaller backlogs")
     parser.add_argument("--keep", action="store_true", help="keep the temporary work directory")
+    parser.add_argument(
+        "--phases", nargs="+", choices=PHASES, default=PHASES, help="run only these phases"
+    )
+    parser.add_argument(
+        "--events", type=int, help="the backlog of phases 2, 2b, 2d and 2c (default: the size's)"
+    )
     args = parser.parse_args()
     sizes = SCALE.pick(args.quick)
+    if args.events is not None:
+        if args.events < 1:
+            parser.error("--events must be at least 1")
+        sizes = replace(sizes, embedded_events=args.events)
     work = Path(tempfile.mkdtemp(prefix="tidings-bench-"))
     os.chdir(work)  # anything Spark writes relative to the cwd stays out of the repository
     report = Report()
@@ -87,17 +115,23 @@ def main() -> int:
     code = code_version()
     say(f"code: {code}")
     try:
-        run_phases(work, sizes, args.quick, report)
+        run_phases(work, sizes, args.quick, report, args.phases)
     finally:
         os.chdir(REPO)
         if args.keep:
             say(f"work dir kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+    if args.phases != PHASES or args.events is not None:
+        report.notes.insert(
+            0,
+            f"a partial run: phases {', '.join(args.phases)}; "
+            f"{sizes.embedded_events:,} events in phases 2, 2b, 2d and 2c",
+        )
     result = build_result(machine, code, sizes, args.quick, report)
     runtime = runtime_s()
     paths = write_report(
-        "relay", result, write_markdown(result, report, args.quick, runtime), args.results
+        "relay", result, write_markdown(result, report, sys.argv[1:], runtime), args.results
     )
     say(f"done in {runtime / 60:.1f} min; met: {result['met']}")
     say(f"wrote {paths[0]} and {paths[1]}")

@@ -26,6 +26,7 @@ DETAIL_TITLES = {
     "producer": "Producer (1)",
     "embedded": "Relay to the event store (2)",
     "postgres": "Relay on PostgreSQL (2b)",
+    "mariadb": "Relay with the outbox on MariaDB (2d)",
     "scaling": "Relay scaling (2c)",
     "jetstream": "Relay to JetStream (3)",
     "latency": "Latency (4)",
@@ -50,6 +51,9 @@ METHOD = [
     "100000, partitions 2; the clock covers query start to termination.",
     "2b. PostgreSQL: the same with the outbox and the event store in fresh databases on the "
     "local PostgreSQL server (dropped afterwards).",
+    "2d. MariaDB: the same with the outbox in a fresh database on the local MariaDB server "
+    "(dropped afterwards) and the event store on SQLite (it does not run on MySQL); the log "
+    "is read through the gap-safe watermark of writer slots.",
     "2c. Scaling: phase 2's drain again on a fresh log; then the same backlog behind 24 times "
     "as many rows already PUBLISHED (written in SQL with the batch-log row an earlier relay "
     "leaves, so the relay starts after them); then a backlog ten times phase 2's. Each rate "
@@ -74,15 +78,18 @@ def _figure_rows(result: dict[str, Any], figures: dict[str, float | None]) -> li
         value = figures.get(name)
         shown = "n/a" if value is None else f"{fmt.format(value)} {unit}"
         if name in GOALS:
-            ok = "yes" if result["met"][name] else "**no**"
+            ok = "n/a" if value is None else "yes" if result["met"][name] else "**no**"
             rows.append([name, shown, goal_text(name, figures), ok])
         else:
             rows.append([name, shown, "(baseline)", ""])
     return rows
 
 
-def write_markdown(result: dict[str, Any], report: Report, quick: bool, runtime: float) -> str:
-    run = command("relay", *(["--quick"] if quick else []))
+def write_markdown(
+    result: dict[str, Any], report: Report, options: list[str], runtime: float
+) -> str:
+    """relay.md; ``options``: the command line's options, as the run was given them."""
+    run = command("relay", *options)
     lines = [
         *heading("tidings relay benchmark", run, result["machine"], runtime),
         *table(("measure", "value", "goal", "met"), "lrlc", _figure_rows(result, report.figures)),
