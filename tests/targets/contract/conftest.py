@@ -1,0 +1,50 @@
+"""The contract suite's fixtures: ``kind``, one :class:`KindHarness` per kind in
+:data:`KINDS` (each test runs once per kind, with that kind's server markers), and the
+webhook kind's endpoint.
+
+A new target kind joins the suite by one harness module in this folder and its class here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.targets.contract.harness import KindHarness
+from tests.targets.contract.jetstream import JetStreamHarness
+from tests.targets.contract.mqtt import MqttHarness
+from tests.targets.contract.rabbitmq import RabbitMQHarness
+from tests.targets.contract.redis_stream import RedisStreamHarness
+from tests.targets.contract.webhook import WebhookHarness
+from tests.targets.kinds.webhook_support import HookServer
+
+KINDS: list[type[KindHarness]] = [
+    JetStreamHarness,
+    RabbitMQHarness,
+    RedisStreamHarness,
+    MqttHarness,
+    WebhookHarness,
+]
+
+
+def kind_params() -> list[pytest.ParameterSet]:
+    """One parameter per kind, with the markers of the server it needs."""
+    return [pytest.param(harness, marks=harness.marks, id=harness.kind) for harness in KINDS]
+
+
+@pytest.fixture(params=kind_params())
+def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KindHarness]:
+    harness: KindHarness = request.param(request, tmp_path)
+    yield harness
+    harness.close()
+
+
+@pytest.fixture(scope="session")
+def hook_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HookServer]:
+    """The webhook kind's endpoint, started the first time a webhook test needs it."""
+    hook = HookServer(tmp_path_factory.mktemp("hook"))
+    hook.start()
+    yield hook
+    hook.kill()
