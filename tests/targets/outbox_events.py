@@ -24,3 +24,18 @@ def event(seq: int, **fields: Any) -> OutboxEvent:
     }
     values.update(fields)
     return OutboxEvent(**values)
+
+
+def full_event(seq: int, headers: dict[str, str], **fields: Any) -> OutboxEvent:
+    """An event with every optional attribute set (a non-ASCII payload, version 2, a
+    correlation id, an originator, the partition key ``order-1``) and ``headers``: what a
+    kind's test reads back to see each attribute where that kind carries it."""
+    values: dict[str, Any] = {
+        "payload": '{"id": 1, "name": "Grüße"}',
+        "version": "2",
+        "correlation_id": "corr-1",
+        "originator": "shop",
+        "partition_key": "order-1",
+        "headers": headers,
+    }
+    return event(seq, **(values | fields))

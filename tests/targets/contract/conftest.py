@@ -3,6 +3,7 @@
 webhook kind's endpoint.
 
 A new target kind joins the suite by one harness module in this folder and its class here.
+(The webhook kind's endpoint, ``hook_server``, is in ``tests/targets/conftest.py``.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from tests.targets.contract.mqtt import MqttHarness
 from tests.targets.contract.rabbitmq import RabbitMQHarness
 from tests.targets.contract.redis_stream import RedisStreamHarness
 from tests.targets.contract.webhook import WebhookHarness
-from tests.targets.kinds.webhook_support import HookServer
 
 KINDS: list[type[KindHarness]] = [
     JetStreamHarness,
@@ -39,12 +39,3 @@ def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KindHarness
     harness: KindHarness = request.param(request, tmp_path)
     yield harness
     harness.close()
-
-
-@pytest.fixture(scope="session")
-def hook_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HookServer]:
-    """The webhook kind's endpoint, started the first time a webhook test needs it."""
-    hook = HookServer(tmp_path_factory.mktemp("hook"))
-    hook.start()
-    yield hook
-    hook.kill()

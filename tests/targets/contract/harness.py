@@ -9,6 +9,7 @@ against it.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +56,13 @@ class Sized:
     fragments: list[str]
     known_before_publish: bool
     delivered: Any = None
+
+
+def payload_n(text: str | bytes) -> int:
+    """The ``n`` of a payload: ``{"n": ...}`` as the tests send it, or the CloudEvents
+    envelope an outbox wraps it in (``{"data": {"n": ...}}``)."""
+    value = json.loads(text)
+    return int(value["n"] if "n" in value else value["data"]["n"])
 
 
 def config_entry(entry: dict[str, Any]) -> Any:

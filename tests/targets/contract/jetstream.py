@@ -4,7 +4,6 @@ afterwards."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ import pytest
 
 from bench.harness.processes import free_port
 from tests.support.helpers import SHARED_URL, delete_stream, stream_messages
-from tests.targets.contract.harness import NAME, Delivered, KindHarness, Sized
+from tests.targets.contract.harness import NAME, Delivered, KindHarness, Sized, payload_n
 from tests.targets.outbox_events import event
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.kinds.jetstream.messages import header_block_size, message_headers
@@ -110,7 +109,7 @@ class JetStreamHarness(KindHarness):
                 Delivered(
                     fields["Nats-Msg-Id"],
                     fields.get("Tidings-Partition-Key"),
-                    json.loads(msg.data)["n"],
+                    payload_n(msg.data),
                     msg.subject,
                     {k: v for k, v in fields.items() if not k.startswith(("Tidings-", "Nats-"))},
                 )

@@ -4,7 +4,6 @@ the size limit on a private ``mosquitto`` whose ``max_packet_size`` is 4000 byte
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ import pytest
 
 from bench.harness.processes import free_port
 from tests.support.brokers import mosquitto
-from tests.targets.contract.harness import Delivered, KindHarness, Sized
+from tests.targets.contract.harness import Delivered, KindHarness, Sized, payload_n
 from tests.targets.kinds.mqtt_support import Received, Subscriber
 from tests.targets.outbox_events import event
 from tidings.events.outbox import OutboxEvent
@@ -32,7 +31,7 @@ def as_delivered(message: Received) -> Delivered:
     return Delivered(
         props["Tidings-Event-Id"],
         props.get("Tidings-Partition-Key"),
-        json.loads(message.payload)["n"],
+        payload_n(message.payload),
         message.topic,
         {k: v for k, v in message.properties if k not in OWN},
     )
@@ -91,13 +90,11 @@ class MqttHarness(KindHarness):
             big = event(2, payload='"' + "x" * 2990 + '"', headers={"h": "v" * 1000})
             size = packet_size("sized/order.created", big.payload.encode(), user_properties(big))
             target = self.make(port=broker.port, topic="sized/{event_type}")
-            yield Sized(
-                target,
-                big,
-                [f"the packet would be {size} bytes (payload 2992)",
-                 "maximum packet size of 4000 bytes"],  # fmt: skip
-                known_before_publish=False,
-            )
+            reasons = [
+                f"the packet would be {size} bytes (payload 2992)",
+                "maximum packet size of 4000 bytes",
+            ]
+            yield Sized(target, big, reasons, known_before_publish=False)
         finally:
             broker.kill()
 

@@ -4,7 +4,6 @@ on the shared broker (127.0.0.1:5672), with durable queues bound to ``order.#`` 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any, ClassVar
 import pytest
 
 from bench.harness.processes import free_port
-from tests.targets.contract.harness import NAME, Delivered, KindHarness, Sized
+from tests.targets.contract.harness import NAME, Delivered, KindHarness, Sized, payload_n
 from tests.targets.kinds.rabbitmq_support import Topology, headers, messages
 from tests.targets.outbox_events import event
 from tidings.events.outbox import OutboxEvent
@@ -87,7 +86,7 @@ class RabbitMQHarness(KindHarness):
                     Delivered(
                         message.header.properties.message_id or "",
                         fields.get("Tidings-Partition-Key"),
-                        json.loads(message.body)["n"],
+                        payload_n(message.body),
                         message.routing_key or "",
                         {k: v for k, v in fields.items() if not k.startswith("Tidings-")},
                     )

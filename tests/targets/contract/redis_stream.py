@@ -16,7 +16,7 @@ import redis
 
 from bench.harness.processes import free_port
 from tests.support.brokers import redis_server
-from tests.targets.contract.harness import Delivered, KindHarness, Sized
+from tests.targets.contract.harness import Delivered, KindHarness, Sized, payload_n
 from tests.targets.outbox_events import event
 from tidings.events.outbox import OutboxEvent
 
@@ -42,7 +42,7 @@ def as_delivered(stream: str, fields: dict[str, str]) -> Delivered:
     return Delivered(
         fields["event_id"],
         fields.get("partition_key"),
-        json.loads(fields["payload"])["n"],
+        payload_n(fields["payload"]),
         stream,
         json.loads(fields.get("headers", "{}")),
     )

@@ -1,8 +1,8 @@
 """The contract every target kind keeps (issue 31), checked against each kind's real broker:
 confirmation per event, headers carried, destination templates, a refused event failing
 alone and stopping only its key, per-key order across rounds, calls from many threads, an
-unreachable broker as unavailable, size limits checked at emit, configuration errors, and
-a closed target staying closed.
+unreachable broker as unavailable, size limits checked at emit, configuration errors, a
+closed target staying closed, and the relay publishing from configuration.
 
 What only one kind does (MQTT's retained messages, Redis's MAXLEN, a webhook's Retry-After,
 JetStream's de-duplication, RabbitMQ's exchanges) is in that kind's own file under
@@ -12,14 +12,21 @@ JetStream's de-duplication, RabbitMQ's exchanges) is in that kind's own file und
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
+from tests.support.helpers import relay_config, statuses
 from tests.targets.contract.conftest import KINDS
 from tests.targets.contract.harness import NAME, KindHarness, config_entry
 from tests.targets.outbox_events import event
+from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetError, TargetUnavailable
+from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import outbox_event
+from tidings.pipeline.relay_query import start_relay
 
 NOT_SENT = "not sent: event seq 2 of its key failed before it in this call"
 
@@ -125,26 +132,27 @@ def test_a_refused_event_fails_alone_and_stops_only_its_key(kind: KindHarness) -
 
 
 def test_a_key_s_events_arrive_in_log_order_across_rounds_and_calls(kind: KindHarness) -> None:
-    """A long run of one key and three keys interleaved in one call (each key's events go
-    in rounds, one waiting for the confirmation of the one before), then calls of one event
-    per key, as the relay makes them."""
+    """The longest run of one key the relay gives a call (the target's ``events_per_key``)
+    and three keys interleaved with it in one call (each key's events go in rounds, one
+    waiting for the confirmation of the one before), then calls of one event per key."""
     target = kind.make()
-    run = [event(seq, partition_key="only") for seq in range(1, 201)]
-    mixed = [event(seq, partition_key=f"k{seq % 3}") for seq in range(201, 261)]
+    length = target.events_per_key
+    run = [event(seq, partition_key="only") for seq in range(1, length + 1)]
+    mixed = [event(seq, partition_key=f"k{seq % 3}") for seq in range(length + 1, length + 61)]
     first_call = [*(e for pair in zip(run, mixed, strict=False) for e in pair), *run[60:]]
 
-    assert target.publish(first_call) == [None] * 260
-    seq = 260
+    assert target.publish(first_call) == [None] * (length + 60)
+    seq = length + 60
     for _ in range(3):
         call = [event(seq := seq + 1, partition_key=f"key-{k}") for k in range(5)]
         assert target.publish(call) == [None] * 5
 
-    order = by_key(kind.delivered(275))
-    assert order["only"] == list(range(1, 201))
+    order = by_key(kind.delivered(length + 75))
+    assert order["only"] == list(range(1, length + 1))
     for k in range(3):
-        assert order[f"k{k}"] == [s for s in range(201, 261) if s % 3 == k]
+        assert order[f"k{k}"] == [s for s in range(length + 1, length + 61) if s % 3 == k]
     for k in range(5):
-        assert order[f"key-{k}"] == [261 + k, 266 + k, 271 + k]
+        assert order[f"key-{k}"] == [seq - 14 + k, seq - 9 + k, seq - 4 + k]
 
 
 def test_publishing_from_many_threads_at_once(kind: KindHarness) -> None:
@@ -241,3 +249,38 @@ def test_a_bad_configuration_is_a_config_error_naming_it(
         config_entry({"kind": harness.kind, **harness.minimal_entry, **entry})
 
     assert f"targets.{NAME}" in str(raised.value) and message in str(raised.value)
+
+
+# -- through the relay -------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_the_relay_delivers_from_configuration_and_fails_only_the_event_without_a_destination(
+    kind: KindHarness, spark: Any, tmp_path: Path
+) -> None:
+    """The relay (Spark) with the kind's target from configuration: the event whose payload
+    cannot fill the destination template is FAILED with the reason, the others are
+    PUBLISHED to the destinations their payloads name."""
+    template = kind.template("orders", "{payload.data.region}")
+    entry = {"kind": kind.kind, **kind.settings(), **kind.with_template(template)}
+    config = relay_config(
+        tmp_path, targets={NAME: entry}, routes={"Created": [NAME]}, retry={"backoff": ["1ms"]}
+    )
+    engine = make_engine(config.database.url)
+    outbox = Outbox(engine)  # no routed targets: the relay meets the bad event
+    for n, region in enumerate(["eu", None, "eu", "us"]):
+        with outbox.transaction() as tx:
+            tx.emit("Created", {"n": n, "region": region}, partition_key=f"k{n}")
+
+    start_relay(spark, config, available_now=True).awaitTermination()
+
+    assert statuses(engine) == {1: "PUBLISHED", 2: "FAILED", 3: "PUBLISHED", 4: "PUBLISHED"}
+    with engine.connect() as conn:
+        error = conn.execute(
+            select(outbox_event.c.error_details).where(outbox_event.c.seq == 2)
+        ).scalar_one()
+    assert f"no {kind.destination_word} for event" in error
+    assert "placeholder {payload.data.region}" in error
+    assert "the payload has no field 'data.region'" in error
+    eu, us = kind.destination("orders", "eu"), kind.destination("orders", "us")
+    assert sorted((d.destination, d.n) for d in kind.delivered(3)) == [(eu, 0), (eu, 2), (us, 3)]

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from bench.harness.processes import free_port
-from tests.targets.contract.harness import Delivered, KindHarness, Sized
+from tests.targets.contract.harness import Delivered, KindHarness, Sized, payload_n
 from tests.targets.kinds.webhook_support import HookServer
 from tests.targets.outbox_events import event
 from tidings.events.outbox import OutboxEvent
@@ -89,7 +89,7 @@ class WebhookHarness(KindHarness):
                 Delivered(
                     headers["ce-id"],
                     headers.get("ce-partitionkey"),
-                    json.loads(request["body"])["n"],
+                    payload_n(request["body"]),
                     request["path"],
                     {k: v for k, v in custom.items() if k not in ATTRIBUTES},
                 )

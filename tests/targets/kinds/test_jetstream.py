@@ -1,4 +1,7 @@
-"""The JetStream target against real NATS servers.
+"""The JetStream target against real NATS servers: what only this kind does (subjects and
+NATS headers, de-duplication by event id, the stream it creates or checks, a server dying or
+stalling mid-call, credentials files, nkeys, TLS). The contract every kind keeps is checked
+in ``tests/targets/contract/``.
 
 Most tests use the shared server on 127.0.0.1:4222, each with its own stream and subject
 prefix so they never see each other's messages. Outage and recovery tests run a private
@@ -18,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +43,10 @@ from tests.support.helpers import (
     stream_info,
     stream_messages,
 )
+from tests.targets.outbox_events import event, full_event
 from tidings.config import load_config, load_config_file
 from tidings.db import make_engine
-from tidings.errors import ConfigError, TargetCallFailed, TargetError, TargetUnavailable
-from tidings.events.outbox import OutboxEvent
+from tidings.errors import ConfigError, TargetCallFailed, TargetUnavailable
 from tidings.outbox.producer import Outbox
 from tidings.outbox.schema import outbox_event
 from tidings.pipeline.publishing.breaker import MAX_PAUSE_S
@@ -51,7 +54,6 @@ from tidings.pipeline.relay_query import start_relay
 from tidings.pipeline.replay import ReplayLimits, run_replay
 from tidings.targets.kinds.jetstream.config import JetStreamTargetConfig
 from tidings.targets.kinds.jetstream.messages import (
-    header_block_size,
     message_headers,
     subject_token,
 )
@@ -59,21 +61,6 @@ from tidings.targets.kinds.jetstream.stream import subject_covers
 from tidings.targets.kinds.jetstream.target import JetStreamTarget
 
 pytestmark = pytest.mark.nats
-
-LOGGED_AT = datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=UTC)
-
-
-def event(seq: int, **fields: Any) -> OutboxEvent:
-    """An event with a fresh id; ``fields`` override any attribute."""
-    values: dict[str, Any] = {
-        "seq": seq,
-        "event_id": uuid.uuid4().hex,
-        "event_type": "order.created",
-        "payload": f'{{"n": {seq}}}',
-        "logged_at": LOGGED_AT,
-    }
-    values.update(fields)
-    return OutboxEvent(**values)
 
 
 def raw_headers(msg: RawStreamMsg) -> list[tuple[str, str]]:
@@ -163,15 +150,8 @@ def test_messages_arrive_with_subject_headers_and_body(
     make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
 ) -> None:
     stream, prefix = names
-    full = event(
-        1,
-        event_type="order.created v2",
-        payload='{"id": 1, "name": "Grüße"}',
-        version="2",
-        correlation_id="corr-1",
-        originator="shop",
-        partition_key="order-1",
-        headers={"X-Tenant": "acme", "Tidings-Seq": "forged"},
+    full = full_event(
+        1, {"X-Tenant": "acme", "Tidings-Seq": "forged"}, event_type="order.created v2"
     )
     bare = event(2, event_type="OrderShipped")
 
@@ -201,27 +181,6 @@ def test_messages_arrive_with_subject_headers_and_body(
     }
 
 
-def test_events_of_a_key_are_stored_in_call_order(
-    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
-) -> None:
-    target = make_target()
-    keys = [f"key-{k}" for k in range(10)]
-    seq = 0
-    for _ in range(5):  # one event per key per call, as the relay guarantees
-        batch = []
-        for key in keys:
-            seq += 1
-            batch.append(event(seq, partition_key=key))
-        assert target.publish(batch) == [None] * len(batch)
-
-    stored: dict[str, list[int]] = {key: [] for key in keys}
-    for msg in stream_messages(names[0]):
-        assert msg.headers is not None
-        stored[msg.headers["Tidings-Partition-Key"]].append(int(msg.headers["Tidings-Seq"]))
-    for key in keys:
-        assert stored[key] == sorted(stored[key]) and len(stored[key]) == 5
-
-
 def test_a_call_sends_each_key_in_order_and_nothing_of_a_key_after_its_failure(
     make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
 ) -> None:
@@ -245,93 +204,6 @@ def test_a_call_sends_each_key_in_order_and_nothing_of_a_key_after_its_failure(
     assert results[3] is not None and "not sent: event seq 2 of its key failed" in results[3]
     stored = [int(msg.headers["Tidings-Seq"]) for msg in stream_messages(stream) if msg.headers]
     assert sorted(stored) == [1, 4]
-
-
-def test_a_long_run_of_one_key_is_stored_in_call_order(
-    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
-) -> None:
-    target = make_target()
-    run = [event(seq, partition_key="only") for seq in range(1, target.events_per_key + 1)]
-
-    assert target.publish(run) == [None] * len(run)
-
-    stored = [int(msg.headers["Tidings-Seq"]) for msg in stream_messages(names[0]) if msg.headers]
-    assert stored == list(range(1, target.events_per_key + 1))
-
-
-def test_a_bad_custom_header_fails_only_its_own_event(
-    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
-) -> None:
-    good, bad = event(1), event(2, headers={"Bad Header": "x"})
-
-    result = make_target().publish([good, bad])
-
-    assert result[0] is None
-    assert result[1] is not None and "BadHeaderError" in result[1]
-    assert stream_info(names[0]).state.messages == 1
-
-
-def message_size(event: OutboxEvent) -> tuple[int, int]:
-    """``(payload bytes, header bytes)`` of the message ``event`` becomes."""
-    return len(event.payload.encode()), header_block_size(message_headers(event))
-
-
-def _just_over_the_limit(limit: int) -> OutboxEvent:
-    """An event whose payload fits ``limit`` alone, but not with its headers."""
-    probe = event(2)
-    _, headers = message_size(probe)
-    return event(2, event_id=probe.event_id, payload='"' + "x" * (limit - headers // 2) + '"')
-
-
-def test_a_message_over_max_payload_with_its_headers_fails_alone_with_the_sizes(
-    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
-) -> None:
-    target = make_target()
-    assert target.publish([event(1)]) == [None]
-    limit = 1024 * 1024  # the shared server runs with NATS's default max_payload
-    big = _just_over_the_limit(limit)
-    payload, headers = message_size(big)
-    assert payload <= limit < payload + headers
-
-    results = target.publish([event(3), big, event(4)])
-
-    assert results[0] is None and results[2] is None  # its neighbours are not harmed
-    assert results[1] is not None
-    assert f"payload {payload} + headers {headers}" in results[1]
-    assert f"max_payload of {limit} bytes" in results[1]
-    assert target.publish([event(5)]) == [None]  # the connection was never broken
-    assert stream_info(names[0]).state.messages == 4
-
-
-def test_refusal_learns_the_server_limit_before_any_publish(
-    make_target: Callable[..., JetStreamTarget],
-) -> None:
-    target = make_target()
-    big = _just_over_the_limit(1024 * 1024)
-
-    reason = target.refusal(big)
-
-    assert reason is not None and "over the NATS server's max_payload" in reason
-    assert target.refusal(event(1)) is None
-
-
-def test_publishing_from_many_threads_at_once(
-    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
-) -> None:
-    target = make_target()
-    results: list[list[str | None]] = []
-
-    def publish(base: int) -> None:
-        results.append(target.publish([event(base + i) for i in range(250)]))
-
-    threads = [threading.Thread(target=publish, args=(n * 1000,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert [r for batch in results for r in batch] == [None] * 1000
-    assert stream_info(names[0]).state.messages == 1000
 
 
 # -- deduplication and the stream ------------------------------------------------------------
@@ -399,19 +271,6 @@ def test_without_create_stream_a_missing_stream_is_an_error(
 
 
 # -- outages ----------------------------------------------------------------------------------
-
-
-def test_unreachable_server_is_reported_as_unavailable_quickly(
-    make_target: Callable[..., JetStreamTarget],
-) -> None:
-    target = make_target(servers=[f"nats://127.0.0.1:{free_port()}"])
-    started = time.monotonic()
-
-    with pytest.raises(TargetUnavailable) as raised:
-        target.publish([event(1), event(2, event_type="order.paid")])
-
-    assert time.monotonic() - started < 60  # returns instead of retrying for minutes
-    assert "'js-test'" in str(raised.value) and "cannot connect" in str(raised.value)
 
 
 def test_recovers_once_the_server_becomes_reachable(
@@ -531,29 +390,6 @@ def test_a_server_that_acknowledges_nothing_is_down(
             target.publish([event(1), event(2)])
 
     assert "acknowledged none of 2 messages within 0.3s" in str(raised.value)
-
-
-# -- lifecycle --------------------------------------------------------------------------------
-
-
-def test_empty_publish_needs_no_server(make_target: Callable[..., JetStreamTarget]) -> None:
-    assert make_target(servers=[f"nats://127.0.0.1:{free_port()}"]).publish([]) == []
-
-
-def test_close_stops_the_loop_thread_and_is_idempotent(
-    make_target: Callable[..., JetStreamTarget],
-) -> None:
-    target = make_target()
-    assert target.publish([event(1)]) == [None]
-    before = {t.name for t in threading.enumerate()}
-    assert "tidings-jetstream-js-test" in before
-
-    target.close()
-    target.close()
-
-    assert "tidings-jetstream-js-test" not in {t.name for t in threading.enumerate()}
-    with pytest.raises(TargetError):
-        target.publish([event(2)])
 
 
 # -- a stream ops manage (create_stream, on_mismatch) ----------------------------------------
@@ -717,48 +553,18 @@ def test_the_relay_holds_events_while_the_stream_does_not_fit_then_delivers_them
 # -- subject templates -----------------------------------------------------------------------
 
 
-def test_subjects_come_from_a_header_and_a_payload_field(
+def test_the_stream_it_creates_captures_what_the_template_can_produce(
     make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
 ) -> None:
     stream, prefix = names
     template = f"{prefix}.{{headers.aggregate_type}}.{{payload.region}}"
     target = make_target(subject_prefix=None, subject_template=template)
-    order = event(1, headers={"aggregate_type": "order"}, payload='{"region": "eu", "n": 1}')
-    invoice = event(2, headers={"aggregate_type": "invoice"}, payload='{"region": "us"}')
+    order = event(1, headers={"aggregate_type": "order"}, payload='{"region": "eu"}')
 
-    assert target.publish([order, invoice]) == [None, None]
+    assert target.publish([order]) == [None]
 
-    stored = stream_messages(stream)
-    assert [m.subject for m in stored] == [f"{prefix}.order.eu", f"{prefix}.invoice.us"]
-    assert stored[0].headers is not None and stored[0].headers["Nats-Msg-Id"] == order.event_id
-    # The stream it created captures exactly what the template can produce.
+    assert [m.subject for m in stream_messages(stream)] == [f"{prefix}.order.eu"]
     assert stream_info(stream).config.subjects == [f"{prefix}.*.*"]
-
-
-def test_an_event_whose_placeholder_cannot_be_filled_fails_alone(
-    make_target: Callable[..., JetStreamTarget], names: tuple[str, str]
-) -> None:
-    stream, prefix = names
-    target = make_target(subject_prefix=None, subject_template=f"{prefix}.{{headers.kind}}")
-    first, last = event(1, headers={"kind": "order"}), event(4, headers={"kind": "refund"})
-    missing, dotted = event(2), event(3, headers={"kind": "order.v2"})
-
-    results = target.publish([first, missing, dotted, last])
-
-    assert results[0] is None and results[3] is None
-    assert results[1] == (
-        f"jetstream target 'js-test': no subject for event {missing.event_id} (seq 2): "
-        f"placeholder {{headers.kind}} of '{prefix}.{{headers.kind}}': the event has no "
-        "header 'kind'"
-    )
-    assert (
-        results[2] is not None
-        and "is 'order.v2': a NATS subject token cannot hold '.'" in (results[2])
-    )
-    assert [m.subject for m in stream_messages(stream)] == [f"{prefix}.order", f"{prefix}.refund"]
-    # The producer is told the same at emit time (a routed outbox asks refusal).
-    assert target.refusal(missing) == results[1]
-    assert target.refusal(first) is None
 
 
 def test_an_ops_stream_is_checked_against_the_template_subjects(
@@ -791,35 +597,6 @@ def jetstream_config(tmp_path: Path | None = None, **entry: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("entry", "message"),
-    [
-        (
-            {"subject_prefix": None, "subject_template": "orders.{aggregate}"},
-            "unknown placeholder {aggregate}",
-        ),
-        ({"subject_prefix": None, "subject_template": "orders.{headers.x"}, "unterminated"),
-        (
-            {"subject_prefix": None, "subject_template": "orders.{event_type}.>"},
-            "is not a NATS subject",
-        ),
-        ({"subject_template": "orders.{event_type}"}, "exactly one of subject_prefix"),
-        ({"subject_prefix": None}, "exactly one of subject_prefix"),
-        ({"create_stream": "sometimes"}, "create_stream"),
-        ({"on_mismatch": "shrug"}, "on_mismatch"),
-        ({"storage": "tape"}, "storage"),
-        ({"max_age": "forever"}, "not a duration"),
-    ],
-)
-def test_a_bad_jetstream_configuration_is_a_config_error_naming_it(
-    entry: dict[str, Any], message: str
-) -> None:
-    with pytest.raises(ConfigError) as raised:
-        jetstream_config(**entry)
-
-    assert "targets.js" in str(raised.value) and message in str(raised.value)
-
-
-@pytest.mark.parametrize(
     ("entry", "key", "missing"),
     [
         ({"credentials": "user.creds"}, "credentials", "user.creds"),
@@ -847,39 +624,6 @@ def test_credential_paths_are_relative_to_the_configuration_file(tmp_path: Path)
     assert config.tls.ca_file == str(tmp_path / "ca.pem")
     with pytest.raises(ConfigError, match="credentials or nkey, not both"):
         jetstream_config(tmp_path, credentials="user.creds", nkey="user.creds")
-
-
-@pytest.mark.spark
-def test_the_relay_fails_only_the_event_without_a_subject(
-    spark: Any, names: tuple[str, str], tmp_path: Path
-) -> None:
-    stream, prefix = names
-    target = {
-        "kind": "jetstream",
-        "stream": stream,
-        "subject_template": f"{prefix}.{{payload.data.region}}",
-        "ack_timeout": "2s",
-    }
-    config = relay_config(
-        tmp_path, targets={"js": target}, routes={"Created": ["js"]}, retry={"backoff": ["1ms"]}
-    )
-    engine = make_engine(config.database.url)
-    outbox = Outbox(engine)  # no routed targets: the relay meets the bad event
-    for n, region in enumerate(["eu", None, "us"]):
-        with outbox.transaction() as tx:
-            tx.emit("Created", {"n": n, "region": region}, partition_key=f"k{n}")
-    try:
-        start_relay(spark, config, available_now=True).awaitTermination()
-        assert statuses(engine) == {1: "PUBLISHED", 2: "FAILED", 3: "PUBLISHED"}
-        with engine.connect() as conn:
-            error = conn.execute(
-                select(outbox_event.c.error_details).where(outbox_event.c.seq == 2)
-            ).scalar_one()
-        assert "placeholder {payload.data.region}" in error
-        assert "the payload has no field 'data.region'" in error
-        assert [m.subject for m in stream_messages(stream)] == [f"{prefix}.eu", f"{prefix}.us"]
-    finally:
-        delete_stream(stream)
 
 
 # -- credentials, nkey and TLS, against a private nats-server that requires them -------------

@@ -1,4 +1,7 @@
-"""The rabbitmq (AMQP 0-9-1) target against the real RabbitMQ on 127.0.0.1:5672.
+"""The rabbitmq (AMQP 0-9-1) target against the real RabbitMQ on 127.0.0.1:5672: what only
+this kind does (message properties, the default exchange, mandatory routing, frame sizes,
+declaring exchanges, several servers, users, the broker stopped under traffic). The contract
+every kind keeps is checked in ``tests/targets/contract/``.
 
 Each test declares its own exchange and queues (unique names) and deletes them afterwards.
 The outage test stops RabbitMQ's application with ``rabbitmqctl stop_app`` and starts it
@@ -9,10 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +34,13 @@ from tests.targets.kinds.rabbitmq_support import (
     start_broker,
     stop_broker,
 )
+from tests.targets.outbox_events import event, full_event
 from tidings.config import load_config, load_config_file
 from tidings.db import make_engine
 from tidings.errors import (
     ConfigError,
     EmitError,
     TargetCallFailed,
-    TargetError,
     TargetUnavailable,
 )
 from tidings.events.outbox import OutboxEvent
@@ -50,21 +52,6 @@ from tidings.targets.kinds.rabbitmq.config import RabbitMQTargetConfig
 from tidings.targets.kinds.rabbitmq.target import RabbitMQTarget
 from tidings.targets.registry import build_target
 from tidings.targets.routed import outbox_from_config
-
-LOGGED_AT = datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=UTC)
-
-
-def event(seq: int, **fields: Any) -> OutboxEvent:
-    """An event with a fresh id; ``fields`` override any attribute."""
-    values: dict[str, Any] = {
-        "seq": seq,
-        "event_id": uuid.uuid4().hex,
-        "event_type": "order.created",
-        "payload": f'{{"n": {seq}}}',
-        "logged_at": LOGGED_AT,
-    }
-    values.update(fields)
-    return OutboxEvent(**values)
 
 
 @pytest.fixture
@@ -107,15 +94,7 @@ def test_messages_arrive_persistent_with_message_id_headers_and_body(
 ) -> None:
     topology.declare_exchange()
     queue = topology.queue("order.#")
-    full = event(
-        1,
-        payload='{"id": 1, "name": "Grüße"}',
-        version="2",
-        correlation_id="corr-1",
-        originator="shop",
-        partition_key="order-1",
-        headers={"X-Tenant": "acme", "tidings-seq": "forged", "BCC": "elsewhere"},
-    )
+    full = full_event(1, {"X-Tenant": "acme", "tidings-seq": "forged", "BCC": "elsewhere"})
     bare = event(2, event_type="order.paid")
 
     assert make_target().publish([full, bare]) == [None, None]
@@ -165,26 +144,7 @@ def test_not_persistent_when_configured(
     assert message.header.properties.delivery_mode == 1
 
 
-# -- unroutable, order, poison events ---------------------------------------------------------
-
-
-def test_an_unroutable_event_fails_alone_naming_the_exchange_and_routing_key(
-    make_target: Callable[..., RabbitMQTarget], topology: Topology
-) -> None:
-    topology.declare_exchange()
-    queue = topology.queue("order.*")
-    target = make_target()
-    stray = event(2, event_type="invoice.sent")
-
-    results = target.publish([event(1), stray, event(3)])
-
-    assert results[0] is None and results[2] is None
-    assert results[1] == (
-        f"rabbitmq target 'rmq-test': unroutable: no queue is bound to exchange "
-        f"'{topology.exchange}' for routing key 'invoice.sent' (returned: 312 NO_ROUTE)"
-    )
-    assert seqs(queue) == [1, 3]
-    assert target.publish([event(4)]) == [None]  # the channel is still good
+# -- unroutable, oversize headers ------------------------------------------------------------
 
 
 def test_without_mandatory_an_unroutable_message_is_confirmed_and_dropped(
@@ -195,58 +155,6 @@ def test_without_mandatory_an_unroutable_message_is_confirmed_and_dropped(
 
     assert make_target(mandatory=False).publish([event(1, event_type="invoice.sent")]) == [None]
     assert messages(queue) == []
-
-
-def test_a_key_goes_in_order_and_nothing_of_it_after_its_failure(
-    make_target: Callable[..., RabbitMQTarget], topology: Topology
-) -> None:
-    """Several events of a key in one call: each leaves once the one before it is
-    confirmed, so an unroutable one stops its key; another key goes on."""
-    topology.declare_exchange()
-    queue = topology.queue("order.*")
-    k1 = [event(1, partition_key="k1"), event(2, partition_key="k1", event_type="x.y")]
-    k1.append(event(3, partition_key="k1"))
-    k2 = [event(seq, partition_key="k2") for seq in (4, 5, 6)]
-
-    results = make_target().publish([k1[0], k2[0], k1[1], k2[1], k1[2], k2[2]])
-
-    assert results[0] is None and results[1] is None and results[3] is None
-    assert results[5] is None
-    assert results[2] is not None and "unroutable" in results[2]
-    assert results[4] == "not sent: event seq 2 of its key failed before it in this call"
-    stored = seqs(queue)
-    assert sorted(stored) == [1, 4, 5, 6]
-    assert [s for s in stored if s >= 4] == [4, 5, 6]
-
-
-def test_a_long_run_of_one_key_is_queued_in_call_order(
-    make_target: Callable[..., RabbitMQTarget], topology: Topology
-) -> None:
-    topology.declare_exchange()
-    queue = topology.queue()
-    target = make_target()
-    run = [event(seq, partition_key="only") for seq in range(1, 201)]
-
-    assert target.publish(run) == [None] * len(run)
-    assert seqs(queue) == list(range(1, 201))
-
-
-def test_a_payload_over_max_message_size_is_refused_alone_at_emit_and_at_publish(
-    make_target: Callable[..., RabbitMQTarget], topology: Topology
-) -> None:
-    topology.declare_exchange()
-    queue = topology.queue()
-    target = make_target(max_message_size=1000)
-    big = event(2, payload='"' + "x" * 1000 + '"')
-
-    reason = target.refusal(big)
-    results = target.publish([event(1), big, event(3)])
-
-    assert reason is not None
-    assert "the payload is 1002 bytes, over the broker's max_message_size of 1000" in reason
-    assert results == [None, reason, None]
-    assert target.refusal(event(4)) is None
-    assert seqs(queue) == [1, 3]
 
 
 def test_headers_too_large_for_one_frame_are_refused_alone(
@@ -262,67 +170,6 @@ def test_headers_too_large_for_one_frame_are_refused_alone(
     assert results[1] is not None and "over the connection's frame_max of 131072" in results[1]
     assert results[1] == target.refusal(heavy)
     assert seqs(queue) == [1, 3]
-
-
-def test_publishing_from_many_threads_at_once(
-    make_target: Callable[..., RabbitMQTarget], topology: Topology
-) -> None:
-    topology.declare_exchange()
-    queue = topology.queue()
-    target = make_target()
-    results: list[list[str | None]] = []
-
-    def publish(base: int) -> None:
-        results.append(target.publish([event(base + i) for i in range(100)]))
-
-    threads = [threading.Thread(target=publish, args=(n * 1000,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    assert [r for batch in results for r in batch] == [None] * 400
-    assert len(messages(queue)) == 400
-
-
-# -- routing-key templates ---------------------------------------------------------------------
-
-
-def test_routing_keys_come_from_a_header_and_a_payload_field(
-    make_target: Callable[..., RabbitMQTarget], topology: Topology
-) -> None:
-    topology.declare_exchange()
-    eu = topology.queue("order.eu")
-    us = topology.queue("*.us")
-    target = make_target(routing_key="{headers.aggregate}.{payload.region}")
-    order = event(1, headers={"aggregate": "order"}, payload='{"region": "eu"}')
-    invoice = event(2, headers={"aggregate": "invoice"}, payload='{"region": "us"}')
-
-    assert target.publish([order, invoice]) == [None, None]
-
-    assert [m.routing_key for m in messages(eu)] == ["order.eu"]
-    assert [m.routing_key for m in messages(us)] == ["invoice.us"]
-
-
-def test_an_event_whose_routing_key_cannot_be_filled_fails_alone(
-    make_target: Callable[..., RabbitMQTarget], topology: Topology
-) -> None:
-    topology.declare_exchange()
-    queue = topology.queue()
-    target = make_target(routing_key="orders.{headers.kind}")
-    missing = event(2)
-    too_long = event(3, headers={"kind": "k" * 250})
-
-    results = target.publish([event(1, headers={"kind": "a"}), missing, too_long])
-
-    assert results[0] is None
-    assert results[1] == (
-        f"rabbitmq target 'rmq-test': no routing key for event {missing.event_id} (seq 2): "
-        "placeholder {headers.kind} of 'orders.{headers.kind}': the event has no header 'kind'"
-    )
-    assert results[2] is not None and "the routing key is 257 bytes, over AMQP's 255" in results[2]
-    assert target.refusal(missing) == results[1]
-    assert seqs(queue) == [1]
 
 
 # -- the exchange --------------------------------------------------------------------------------
@@ -357,15 +204,6 @@ def test_exchange_type_declares_a_missing_exchange_and_refuses_another_type(
 
 
 # -- outages, credentials, TLS -----------------------------------------------------------------
-
-
-def test_an_unreachable_broker_is_unavailable(make_target: Callable[..., RabbitMQTarget]) -> None:
-    target = make_target(servers=[f"amqp://127.0.0.1:{free_port()}/"])
-
-    with pytest.raises(TargetUnavailable) as raised:
-        target.publish([event(1), event(2)])
-
-    assert "'rmq-test'" in str(raised.value) and "cannot connect" in str(raised.value)
 
 
 def test_the_next_server_is_tried_when_the_first_is_down(
@@ -483,33 +321,6 @@ def test_a_configuration_builds_the_target_through_the_registry() -> None:
     assert config.servers == ["amqp://127.0.0.1:5672/"] and config.mandatory
 
 
-@pytest.mark.parametrize(
-    ("entry", "message"),
-    [
-        ({"routing_key": "orders.{aggregate}"}, "unknown placeholder {aggregate}"),
-        ({"routing_key": "orders.{headers.x"}, "unterminated"),
-        ({"routing_key": "r" * 256}, "fixed text is over 255 bytes"),
-        ({"servers": ["http://broker:5672/"]}, "is not an AMQP URL"),
-        ({"servers": []}, "at least 1 item"),
-        ({"servers": ["amqp://h:5672/?heartbeat=5"]}, "not in the URL"),
-        ({"tls": {}}, "every server must be an amqps:// URL"),
-        ({"exchange": "", "exchange_type": "topic"}, "exchange_type needs an exchange name"),
-        ({"exchange_type": "queue"}, "exchange_type"),
-        ({"exchange": "bad name"}, "exchange"),
-        ({"max_message_size": 0}, "max_message_size"),
-        ({"confirm_timeout": "soon"}, "not a duration"),
-        ({"vhost": "/"}, "unknown key"),
-    ],
-)
-def test_a_bad_rabbitmq_configuration_is_a_config_error_naming_it(
-    entry: dict[str, Any], message: str
-) -> None:
-    with pytest.raises(ConfigError) as raised:
-        rabbitmq_config(**entry)
-
-    assert "targets.rmq" in str(raised.value) and message in str(raised.value)
-
-
 def test_a_missing_tls_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         rabbitmq_config(tmp_path, servers=["amqps://h:5671/"], tls={"ca_file": "ca.pem"})
@@ -522,30 +333,6 @@ def test_the_password_is_never_shown_in_a_configuration_error() -> None:
         rabbitmq_config(password="hunter2-secret", confirm_timeout="soon")
 
     assert "hunter2-secret" not in str(raised.value)
-
-
-# -- lifecycle ---------------------------------------------------------------------------------
-
-
-def test_empty_publish_needs_no_broker(make_target: Callable[..., RabbitMQTarget]) -> None:
-    assert make_target(servers=[f"amqp://127.0.0.1:{free_port()}/"]).publish([]) == []
-
-
-def test_close_stops_the_loop_thread_and_is_idempotent(
-    make_target: Callable[..., RabbitMQTarget], topology: Topology
-) -> None:
-    topology.declare_exchange()
-    topology.queue()
-    target = make_target()
-    assert target.publish([event(1)]) == [None]
-    assert "tidings-rabbitmq-rmq-test" in {t.name for t in threading.enumerate()}
-
-    target.close()
-    target.close()
-
-    assert "tidings-rabbitmq-rmq-test" not in {t.name for t in threading.enumerate()}
-    with pytest.raises(TargetError):
-        target.publish([event(2)])
 
 
 # -- through the relay, from configuration -------------------------------------------------------
