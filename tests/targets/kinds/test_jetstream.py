@@ -43,6 +43,7 @@ from tests.support.helpers import (
     stream_info,
     stream_messages,
 )
+from tests.targets.makers import target_maker
 from tests.targets.outbox_events import event, full_event
 from tidings.config import load_config, load_config_file
 from tidings.db import make_engine
@@ -88,24 +89,11 @@ def names() -> tuple[str, str]:
 def make_target(names: tuple[str, str]) -> Iterator[Callable[..., JetStreamTarget]]:
     """Build targets on the test's stream; close them and delete the stream afterwards."""
     stream, prefix = names
-    built: list[JetStreamTarget] = []
-
-    def make(**overrides: Any) -> JetStreamTarget:
-        settings: dict[str, Any] = {
-            "kind": "jetstream",
-            "stream": stream,
-            "subject_prefix": prefix,
-            "servers": [SHARED_URL],
-            "ack_timeout": "2s",
-        }
-        settings.update(overrides)
-        target = JetStreamTarget("js-test", JetStreamTargetConfig(**settings))
-        built.append(target)
-        return target
-
-    yield make
-    for target in built:
-        target.close()
+    defaults = {"kind": "jetstream", "stream": stream, "subject_prefix": prefix,
+                "servers": [SHARED_URL], "ack_timeout": "2s"}  # fmt: skip
+    yield from target_maker(
+        lambda entry: JetStreamTarget("js-test", JetStreamTargetConfig(**entry)), defaults
+    )
     # Streams on private servers vanish with their store; only the shared one needs cleaning.
     delete_stream(stream)
 

@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,6 +24,7 @@ import tidings.targets.registry  # noqa: F401 - enters the target kinds into the
 from tests.support.brokers import Traffic, first_seen_order, mosquitto
 from tests.support.certificates import TestCA
 from tests.targets.kinds.mqtt_support import Subscriber
+from tests.targets.makers import target_maker
 from tests.targets.outbox_events import event, full_event
 from tidings.errors import TargetUnavailable
 from tidings.targets.kinds.mqtt.config import MqttTargetConfig
@@ -47,22 +47,10 @@ def tag() -> Iterator[str]:
 
 @pytest.fixture
 def make_target(tag: str) -> Iterator[Callable[..., MqttTarget]]:
-    built: list[MqttTarget] = []
-
-    def make(**overrides: Any) -> MqttTarget:
-        settings: dict[str, Any] = {
-            "kind": "mqtt",
-            "topic": f"{tag}/{{event_type}}",
-            "timeout": "2s",
-            **overrides,
-        }
-        target = MqttTarget("mq-test", MqttTargetConfig(**settings))
-        built.append(target)
-        return target
-
-    yield make
-    for target in built:
-        target.close()
+    yield from target_maker(
+        lambda entry: MqttTarget("mq-test", MqttTargetConfig(**entry)),
+        {"kind": "mqtt", "topic": f"{tag}/{{event_type}}", "timeout": "2s"},
+    )
 
 
 # -- messages, topics, properties -----------------------------------------------------------

@@ -34,6 +34,7 @@ from tests.targets.kinds.rabbitmq_support import (
     start_broker,
     stop_broker,
 )
+from tests.targets.makers import target_maker
 from tests.targets.outbox_events import event, full_event
 from tidings.config import load_config, load_config_file
 from tidings.db import make_engine
@@ -64,22 +65,10 @@ def topology() -> Iterator[Topology]:
 @pytest.fixture
 def make_target(topology: Topology) -> Iterator[Callable[..., RabbitMQTarget]]:
     """Targets on the test's exchange, closed afterwards."""
-    built: list[RabbitMQTarget] = []
-
-    def make(**overrides: Any) -> RabbitMQTarget:
-        settings: dict[str, Any] = {
-            "kind": "rabbitmq",
-            "exchange": topology.exchange,
-            "confirm_timeout": "3s",
-        }
-        settings.update(overrides)
-        target = RabbitMQTarget("rmq-test", RabbitMQTargetConfig(**settings))
-        built.append(target)
-        return target
-
-    yield make
-    for target in built:
-        target.close()
+    yield from target_maker(
+        lambda entry: RabbitMQTarget("rmq-test", RabbitMQTargetConfig(**entry)),
+        {"kind": "rabbitmq", "exchange": topology.exchange, "confirm_timeout": "3s"},
+    )
 
 
 def seqs(queue: str) -> list[int]:

@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -25,6 +24,7 @@ import tidings.targets.registry  # noqa: F401 - enters the target kinds into the
 from tests.support.brokers import Traffic, first_seen_order, redis_server
 from tests.support.certificates import TestCA
 from tests.support.helpers import fresh_interpreter
+from tests.targets.makers import target_maker
 from tests.targets.outbox_events import event, full_event
 from tidings.errors import TargetUnavailable
 from tidings.targets.kinds.redis_stream.config import RedisStreamTargetConfig
@@ -49,23 +49,10 @@ def tag() -> Iterator[str]:
 
 @pytest.fixture
 def make_target(tag: str) -> Iterator[Callable[..., RedisStreamTarget]]:
-    built: list[RedisStreamTarget] = []
-
-    def make(**overrides: Any) -> RedisStreamTarget:
-        settings: dict[str, Any] = {
-            "kind": "redis_stream",
-            "url": SHARED,
-            "stream": f"{tag}:{{event_type}}",
-            "timeout": "2s",
-            **overrides,
-        }
-        target = RedisStreamTarget("rs-test", RedisStreamTargetConfig(**settings))
-        built.append(target)
-        return target
-
-    yield make
-    for target in built:
-        target.close()
+    yield from target_maker(
+        lambda entry: RedisStreamTarget("rs-test", RedisStreamTargetConfig(**entry)),
+        {"kind": "redis_stream", "url": SHARED, "stream": f"{tag}:{{event_type}}", "timeout": "2s"},
+    )
 
 
 def entries(stream: str, url: str = SHARED) -> list[dict[str, str]]:

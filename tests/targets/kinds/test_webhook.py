@@ -26,6 +26,7 @@ from tests.support.certificates import TestCA
 from tests.support.helpers import relay_config, statuses
 from tests.support.waiting import wait_until
 from tests.targets.kinds.webhook_support import HookServer
+from tests.targets.makers import target_maker
 from tidings.config import load_config
 from tidings.db import make_engine
 from tidings.errors import TargetUnavailable
@@ -50,17 +51,10 @@ def server(hook_server: HookServer) -> HookServer:
 
 @pytest.fixture
 def make_target(server: HookServer) -> Iterator[Callable[..., WebhookTarget]]:
-    made: list[WebhookTarget] = []
-
-    def make(**entry: Any) -> WebhookTarget:
-        entry = {"url": f"{server.url}/hooks", "retry_backoff": "10ms", **entry}
-        target = WebhookTarget("hook", webhook_config(**entry))
-        made.append(target)
-        return target
-
-    yield make
-    for target in made:
-        target.close()
+    yield from target_maker(
+        lambda entry: WebhookTarget("hook", webhook_config(**entry)),
+        {"url": f"{server.url}/hooks", "retry_backoff": "10ms"},
+    )
 
 
 def webhook_config(**entry: Any) -> Any:
