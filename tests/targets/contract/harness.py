@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +58,19 @@ class Sized:
     delivered: Any = None
 
 
+@dataclass
+class Outage:
+    """A target on a private broker that a test may stop and start again under traffic:
+    ``events`` to send, ``restart()`` stops the broker (its way: what it acknowledged must
+    survive) and starts it again, ``delivered(ids)`` reads back what it holds (waiting, where
+    messages are pushed, until every one of ``ids`` has arrived, or a while)."""
+
+    target: Target
+    events: int
+    restart: Callable[[], None]
+    delivered: Callable[[set[str]], list[Delivered]]
+
+
 def payload_n(text: str | bytes) -> int:
     """The ``n`` of a payload: ``{"n": ...}`` as the tests send it, or the CloudEvents
     envelope an outbox wraps it in (``{"data": {"n": ...}}``)."""
@@ -92,6 +105,8 @@ class KindHarness(ABC):
     bad_entries: ClassVar[list[tuple[dict[str, Any], str]]]
     #: The poison event's refusal is known at emit (the target refuses it, not the broker).
     poison_refused_at_emit: ClassVar[bool] = False
+    #: It has :meth:`outage`: a private broker stopped and started under traffic.
+    restartable: ClassVar[bool] = False
 
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
         self.request = request
@@ -140,6 +155,12 @@ class KindHarness(ABC):
     @contextmanager
     def sized(self) -> Iterator[Sized]:
         """A target with a size limit it checks at emit."""
+
+    @contextmanager
+    def outage(self) -> Iterator[Outage]:
+        """A target on a private broker this test may restart (only if ``restartable``)."""
+        raise NotImplementedError(f"the {self.kind} harness has no outage")
+        yield  # pragma: no cover - a generator, for contextmanager
 
     # -- reading back ---------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ the size limit on a private ``mosquitto`` whose ``max_packet_size`` is 4000 byte
 
 from __future__ import annotations
 
+import signal
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +16,7 @@ import pytest
 
 from bench.harness.processes import free_port
 from tests.support.brokers import mosquitto
-from tests.targets.contract.harness import Delivered, KindHarness, Sized, payload_n
+from tests.targets.contract.harness import Delivered, KindHarness, Outage, Sized, payload_n
 from tests.targets.kinds.mqtt_support import Received, Subscriber
 from tests.targets.outbox_events import event
 from tidings.events.outbox import OutboxEvent
@@ -57,6 +59,7 @@ class MqttHarness(KindHarness):
         ({"tls": {"verify": True, "server_name": "broker"}}, "tls.server_name is not supported"),
     ]
     poison_refused_at_emit = True
+    restartable = True
 
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
         super().__init__(request, tmp_path)
@@ -96,6 +99,39 @@ class MqttHarness(KindHarness):
             ]
             yield Sized(target, big, reasons, known_before_publish=False)
         finally:
+            broker.kill()
+
+    @contextmanager
+    def outage(self) -> Iterator[Outage]:
+        """A private broker with persistence, read by a subscriber with a persistent
+        session at QoS 1. It is stopped with SIGTERM, not SIGKILL: Mosquitto writes its
+        persistence file on shutdown and at intervals only, so a SIGKILLed Mosquitto loses
+        what it acknowledged since it last wrote it, and no client can prevent that."""
+        store = self.tmp_path / "b"
+        broker = mosquitto(
+            store, f"allow_anonymous true\npersistence true\npersistence_location {store}/"
+        )
+        broker.start()
+        sub = Subscriber(broker.port, "traffic/#", session=f"sub-{uuid.uuid4().hex[:8]}")
+
+        def restart() -> None:
+            broker.kill(signal.SIGTERM)
+            time.sleep(0.5)
+            broker.start()
+
+        def delivered(ids: set[str]) -> list[Delivered]:
+            deadline = time.monotonic() + 30
+            while {m.prop("Tidings-Event-Id") for m in sub.messages} != ids:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            return [as_delivered(m) for m in sub.messages]
+
+        target = self.make(port=broker.port, topic="traffic/{partition_key}", timeout="1s")
+        try:
+            yield Outage(target, 2000, restart, delivered)
+        finally:
+            sub.close()
             broker.kill()
 
     def delivered(self, expect: int) -> list[Delivered]:

@@ -5,6 +5,8 @@ the shared server (127.0.0.1:6379), deleted afterwards; the size limit on a priv
 from __future__ import annotations
 
 import json
+import signal
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +18,7 @@ import redis
 
 from bench.harness.processes import free_port
 from tests.support.brokers import redis_server
-from tests.targets.contract.harness import Delivered, KindHarness, Sized, payload_n
+from tests.targets.contract.harness import Delivered, KindHarness, Outage, Sized, payload_n
 from tests.targets.outbox_events import event
 from tidings.events.outbox import OutboxEvent
 
@@ -54,6 +56,7 @@ class RedisStreamHarness(KindHarness):
     template_key = "stream"
     destination_word = "stream"
     minimal_entry: ClassVar[dict[str, Any]] = {"stream": "s"}
+    restartable = True
     bad_entries: ClassVar[list[tuple[dict[str, Any], str]]] = [
         ({"stream": ""}, "at least 1 character"),
         ({"url": "http://127.0.0.1:6379"}, "is not a redis:// or rediss:// URL"),
@@ -99,6 +102,29 @@ class RedisStreamHarness(KindHarness):
                 ["field 'payload' is 1048578 bytes", "proto-max-bulk-len of 1048576 bytes"],
                 known_before_publish=False,  # learnt on connecting; Redis's default before
                 delivered=lambda: [as_delivered(*e) for e in stream_entries(url, "*")],
+            )
+        finally:
+            server.kill()
+
+    @contextmanager
+    def outage(self) -> Iterator[Outage]:
+        """A private server with an fsync'd append-only file, SIGKILLed: no chance to save
+        anything, yet nothing it acknowledged is lost."""
+        server = redis_server(self.tmp_path / "r", "--appendonly", "yes", "--appendfsync", "always")
+        server.start()
+        url = f"redis://127.0.0.1:{server.port}/0"
+
+        def restart() -> None:
+            server.kill(signal.SIGKILL)
+            time.sleep(0.5)
+            server.start()
+
+        def delivered(ids: set[str]) -> list[Delivered]:
+            return [as_delivered(*entry) for entry in stream_entries(url, "traffic")]
+
+        try:
+            yield Outage(
+                self.make(url=url, stream="traffic", timeout="1s"), 3000, restart, delivered
             )
         finally:
             server.kill()

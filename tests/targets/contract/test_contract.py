@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from tests.support.brokers import Traffic, first_seen_order
 from tests.support.helpers import relay_config, statuses
-from tests.targets.contract.conftest import KINDS
+from tests.targets.contract.conftest import KINDS, kind_params
 from tests.targets.contract.harness import NAME, KindHarness, config_entry
 from tests.targets.outbox_events import event
 from tidings.db import make_engine
@@ -198,6 +199,30 @@ def test_an_event_over_the_size_limit_fails_alone_and_is_refused_at_emit(
 
 
 # -- outages and lifecycle ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", kind_params(lambda h: h.restartable), indirect=True)
+def test_the_broker_stopped_and_restarted_under_traffic_loses_nothing_and_keeps_order(
+    kind: KindHarness,
+) -> None:
+    """A private broker is stopped twice while events of 20 keys are being published as the
+    relay would (what failed is sent again), and started again: every event is there, and
+    a consumer dropping event ids it has seen reads each key's events in log order."""
+    with kind.outage() as outage:
+        events = [event(seq, partition_key=f"k{seq % 20}") for seq in range(1, outage.events + 1)]
+        traffic = Traffic(outage.target, events)
+        traffic.start()
+        for share in (0.3, 0.6):  # stopped while events are still flowing
+            traffic.wait_until(share)
+            outage.restart()
+        traffic.join(180)
+        assert traffic.error is None and traffic.failed_calls >= 1  # the stops were felt
+        ids = {e.event_id for e in events}
+        found = outage.delivered(ids)
+    assert {d.event_id for d in found} == ids
+    order = first_seen_order([(d.event_id, d.key or "", d.n) for d in found])
+    assert all(seqs == sorted(seqs) and len(seqs) == len(events) // 20 for seqs in order.values())
 
 
 def test_an_unreachable_broker_is_unavailable_and_an_empty_call_needs_none(

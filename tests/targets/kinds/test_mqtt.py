@@ -1,19 +1,16 @@
 """The MQTT target against real Mosquitto brokers: what only this kind does (user
 properties, MQTT 3.1.1, retained messages, the broker's ACL refusals, max_message_bytes,
-a broker stopped under traffic, passwords, TLS). The contract every kind keeps is checked in
+passwords, TLS). The contract every kind keeps is checked in
 ``tests/targets/contract/``.
 
 Most tests use the shared broker on 127.0.0.1:1883, each on topics under a tag of its own
-(retained messages are cleared afterwards). The ACL, credentials, TLS and
-stop-and-restart tests run a private ``mosquitto`` on a free port, so the shared broker is
-never stopped or reconfigured.
+(retained messages are cleared afterwards). The ACL, credentials and TLS tests run a
+private ``mosquitto`` on a free port, so the shared broker is never reconfigured.
 """
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
-from tests.support.brokers import Traffic, first_seen_order, mosquitto
+from tests.support.brokers import mosquitto
 from tests.support.certificates import TestCA
 from tests.targets.kinds.mqtt_support import Subscriber
 from tests.targets.makers import target_maker
@@ -169,53 +166,6 @@ def test_a_payload_over_max_message_bytes_fails_alone_and_is_refused_at_emit(
     assert results == [None, reason, None]
     assert reason is not None
     assert "the payload is 3002 bytes, over max_message_bytes (3000)" in reason
-
-
-# -- outages ----------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_the_broker_stopped_and_restarted_under_traffic_loses_nothing_and_keeps_order(
-    make_target: Callable[..., MqttTarget], tmp_path: Path
-) -> None:
-    """A private broker with persistence is stopped twice while events of 20 keys are being
-    published as the relay would (what failed is sent again), and started again; a
-    subscriber with a persistent session at QoS 1 gets every event, and dropping event ids
-    it has seen, each key's events in log order.
-
-    It is stopped with SIGTERM, not SIGKILL: Mosquitto writes its persistence file on
-    shutdown and at intervals only, so a SIGKILLed Mosquitto loses what it acknowledged
-    since it last wrote it, and no client can prevent that."""
-    store = tmp_path / "b"
-    broker = mosquitto(
-        store, f"allow_anonymous true\npersistence true\npersistence_location {store}/"
-    )
-    broker.start()
-    sub = Subscriber(broker.port, "traffic/#", session=f"sub-{uuid.uuid4().hex[:8]}")
-    target = make_target(port=broker.port, topic="traffic/{partition_key}", timeout="1s")
-    events = [event(seq, partition_key=f"k{seq % 20}") for seq in range(1, 2001)]
-    traffic = Traffic(target, events)
-    try:
-        traffic.start()
-        for share in (0.3, 0.6):  # stopped while events are still flowing
-            traffic.wait_until(share)
-            broker.kill(signal.SIGTERM)
-            time.sleep(0.5)
-            broker.start()
-        traffic.join(180)
-        assert traffic.error is None and traffic.failed_calls >= 1  # the stops were felt
-        ids = {e.event_id for e in events}
-        deadline = time.monotonic() + 30
-        while {m.prop("Tidings-Event-Id") for m in sub.messages} != ids:
-            assert time.monotonic() < deadline, "the subscriber did not get every event"
-            time.sleep(0.1)
-    finally:
-        sub.close()
-        broker.kill()
-    got = [(m.prop("Tidings-Event-Id"), m.prop("Tidings-Partition-Key"), int(m.prop("Tidings-Seq")))
-           for m in sub.messages]  # fmt: skip
-    order = first_seen_order(got)
-    assert all(seqs == sorted(seqs) and len(seqs) == 100 for seqs in order.values())
 
 
 # -- credentials, TLS ---------------------------------------------------------------------------

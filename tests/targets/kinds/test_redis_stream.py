@@ -4,15 +4,13 @@ kind keeps (confirmation, templates, refusals, order, sizes, outages, configurat
 is checked in ``tests/targets/contract/``.
 
 Most tests use the shared server on 127.0.0.1:6379, each on streams named with a tag of its
-own, deleted afterwards. The restart, ACL, TLS and kill-and-restart tests run a private
+own, deleted afterwards. The restart, ACL and TLS tests run a private
 ``redis-server`` on a free port, so the shared server is never stopped or reconfigured.
 """
 
 from __future__ import annotations
 
 import json
-import signal
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 import redis
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
-from tests.support.brokers import Traffic, first_seen_order, redis_server
+from tests.support.brokers import redis_server
 from tests.support.certificates import TestCA
 from tests.support.helpers import fresh_interpreter
 from tests.targets.makers import target_maker
@@ -123,37 +121,6 @@ def test_a_server_restarted_between_calls_is_not_felt(
         assert [e["seq"] for e in entries("s", f"redis://127.0.0.1:{server.port}/0")] == ["2", "3"]
     finally:
         server.kill()
-
-
-@pytest.mark.slow
-def test_the_server_killed_and_restarted_under_traffic_loses_nothing_and_keeps_order(
-    make_target: Callable[..., RedisStreamTarget], tmp_path: Path
-) -> None:
-    """A private server with an fsync'd append-only file is SIGKILLed twice while events of
-    20 keys are being published as the relay would (what failed is sent again): once it is
-    back, every event is in the stream, and a consumer dropping event ids it has seen reads
-    each key's events in log order."""
-    server = redis_server(tmp_path / "r", "--appendonly", "yes", "--appendfsync", "always")
-    server.start()
-    url = f"redis://127.0.0.1:{server.port}/0"
-    target = make_target(url=url, stream="traffic", timeout="1s")
-    events = [event(seq, partition_key=f"k{seq % 20}") for seq in range(1, 3001)]
-    traffic = Traffic(target, events)
-    try:
-        traffic.start()
-        for share in (0.3, 0.6):  # killed while events are still flowing
-            traffic.wait_until(share)
-            server.kill(signal.SIGKILL)
-            time.sleep(0.5)
-            server.start()
-        traffic.join(180)
-        assert traffic.error is None and traffic.failed_calls >= 1  # the kills were felt
-        stored = entries("traffic", url)
-    finally:
-        server.kill()
-    assert {e["event_id"] for e in stored} == {e.event_id for e in events}
-    order = first_seen_order([(e["event_id"], e["partition_key"], int(e["seq"])) for e in stored])
-    assert all(seqs == sorted(seqs) and len(seqs) == 150 for seqs in order.values())
 
 
 # -- credentials, TLS ------------------------------------------------------------------------------
