@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import pytest
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
-from tidings.config import load_config
+from tests.targets.makers import target_config
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.base import Target
 from tidings.targets.registry import build_target
@@ -80,7 +80,7 @@ def payload_n(text: str | bytes) -> int:
 
 def config_entry(entry: dict[str, Any]) -> Any:
     """``entry`` validated as the configuration's target ``contract``."""
-    return load_config({"targets": {NAME: entry}}).targets[NAME]
+    return target_config(NAME, entry)
 
 
 class KindHarness(ABC):

@@ -27,7 +27,6 @@ from typing import Any
 
 import nkeys
 import pytest
-import yaml
 from nats.js.api import DiscardPolicy, RawStreamMsg, StorageType
 from nats.js.errors import NotFoundError
 from sqlalchemy import select
@@ -43,9 +42,8 @@ from tests.support.helpers import (
     stream_info,
     stream_messages,
 )
-from tests.targets.makers import target_maker
+from tests.targets.makers import target_config, target_maker
 from tests.targets.outbox_events import event, full_event
-from tidings.config import load_config, load_config_file
 from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetCallFailed, TargetUnavailable
 from tidings.outbox.producer import Outbox
@@ -575,13 +573,8 @@ def test_an_ops_stream_is_checked_against_the_template_subjects(
 def jetstream_config(tmp_path: Path | None = None, **entry: Any) -> Any:
     """A configuration with one jetstream target ``js``; from a file in ``tmp_path`` if
     given (so relative paths are relative to it)."""
-    target = {"kind": "jetstream", "stream": "S", "subject_prefix": "p", **entry}
-    data = {"targets": {"js": target}}
-    if tmp_path is None:
-        return load_config(data).targets["js"]
-    path = tmp_path / "tidings.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config_file(path).targets["js"]
+    return target_config("js", {"kind": "jetstream", "stream": "S", "subject_prefix": "p",
+                                **entry}, tmp_path)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from sqlalchemy import select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
@@ -34,9 +33,8 @@ from tests.targets.kinds.rabbitmq_support import (
     start_broker,
     stop_broker,
 )
-from tests.targets.makers import target_maker
+from tests.targets.makers import target_config, target_maker
 from tests.targets.outbox_events import event, full_event
-from tidings.config import load_config, load_config_file
 from tidings.db import make_engine
 from tidings.errors import (
     ConfigError,
@@ -292,13 +290,7 @@ def test_the_broker_stopped_and_started_under_traffic_loses_nothing_and_keeps_or
 
 
 def rabbitmq_config(tmp_path: Path | None = None, **entry: Any) -> Any:
-    target = {"kind": "rabbitmq", "exchange": "events", **entry}
-    data = {"targets": {"rmq": target}}
-    if tmp_path is None:
-        return load_config(data).targets["rmq"]
-    path = tmp_path / "tidings.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config_file(path).targets["rmq"]
+    return target_config("rmq", {"kind": "rabbitmq", "exchange": "events", **entry}, tmp_path)
 
 
 def test_a_configuration_builds_the_target_through_the_registry() -> None:

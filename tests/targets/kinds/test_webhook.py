@@ -26,8 +26,7 @@ from tests.support.certificates import TestCA
 from tests.support.helpers import relay_config, statuses
 from tests.support.waiting import wait_until
 from tests.targets.kinds.webhook_support import HookServer
-from tests.targets.makers import target_maker
-from tidings.config import load_config
+from tests.targets.makers import target_config, target_maker
 from tidings.db import make_engine
 from tidings.errors import TargetUnavailable
 from tidings.events.outbox import OutboxEvent
@@ -58,7 +57,7 @@ def make_target(server: HookServer) -> Iterator[Callable[..., WebhookTarget]]:
 
 
 def webhook_config(**entry: Any) -> Any:
-    return load_config({"targets": {"hook": {"kind": "webhook", **entry}}}).targets["hook"]
+    return target_config("hook", {"kind": "webhook", **entry})
 
 
 def event(seq: int, act: str = "", key: str | None = None, **fields: Any) -> OutboxEvent:
