@@ -96,7 +96,10 @@ class JetStreamHarness(KindHarness):
         yield Sized(
             self.make(),
             big,
-            [f"payload {payload} + headers {header_bytes}", f"max_payload of {MAX_PAYLOAD} bytes"],
+            [
+                f"payload {payload} + headers {header_bytes}",
+                f"over the NATS server's max_payload of {MAX_PAYLOAD} bytes",
+            ],
             known_before_publish=True,
             delivered=lambda: self.delivered(2),
         )

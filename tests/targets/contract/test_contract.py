@@ -144,16 +144,16 @@ def test_a_key_s_events_arrive_in_log_order_across_rounds_and_calls(kind: KindHa
 
     assert target.publish(first_call) == [None] * (length + 60)
     seq = length + 60
-    for _ in range(3):
-        call = [event(seq := seq + 1, partition_key=f"key-{k}") for k in range(5)]
-        assert target.publish(call) == [None] * 5
+    for _ in range(5):
+        call = [event(seq := seq + 1, partition_key=f"key-{k}") for k in range(10)]
+        assert target.publish(call) == [None] * 10
 
-    order = by_key(kind.delivered(length + 75))
+    order = by_key(kind.delivered(length + 110))
     assert order["only"] == list(range(1, length + 1))
     for k in range(3):
         assert order[f"k{k}"] == [s for s in range(length + 1, length + 61) if s % 3 == k]
-    for k in range(5):
-        assert order[f"key-{k}"] == [seq - 14 + k, seq - 9 + k, seq - 4 + k]
+    for k in range(10):
+        assert order[f"key-{k}"] == [length + 61 + k + 10 * call for call in range(5)]
 
 
 def test_publishing_from_many_threads_at_once(kind: KindHarness) -> None:
@@ -162,7 +162,7 @@ def test_publishing_from_many_threads_at_once(kind: KindHarness) -> None:
     results: list[list[str | None]] = []
 
     def publish(base: int) -> None:
-        results.append(target.publish([event(base + i) for i in range(100)]))
+        results.append(target.publish([event(base + i) for i in range(200)]))
 
     threads = [threading.Thread(target=publish, args=(n * 1000,)) for n in range(4)]
     for thread in threads:
@@ -170,8 +170,8 @@ def test_publishing_from_many_threads_at_once(kind: KindHarness) -> None:
     for thread in threads:
         thread.join()
 
-    assert [r for batch in results for r in batch] == [None] * 400
-    assert len({d.event_id for d in kind.delivered(400)}) == 400
+    assert [r for batch in results for r in batch] == [None] * 800
+    assert len({d.event_id for d in kind.delivered(800)}) == 800
 
 
 # -- sizes -------------------------------------------------------------------------------------
