@@ -225,12 +225,12 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     ),
     "tidings.server": (
         "store backends engine writing change_feed async_engine eventer syncer monitor metrics "
-        "runner"
+        "hat_lmdb hat_import runner"
     ),
     "tidings.server.store": (
         "driver schema counters copies planning appending facade type_patterns queries "
         "latest_by_key "
-        "positions retention"
+        "positions retention census"
     ),
     "tidings.server.backends": "postgresql sqlite",
     "tidings.server.writing": "queue durability",
@@ -268,8 +268,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.system": "parts checks paths tls_files state children supervisor",
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
-        "common relay_progress config events server streams intermediary tls fanout system "
-        "pipeline demo __main__"
+        "common relay_progress config events server hat_import streams intermediary tls fanout "
+        "system pipeline demo __main__"
     ),
 }
 PACKAGE_ORDER = {package: tuple(order.split()) for package, order in PACKAGE_ORDER_TEXT.items()}
