@@ -280,3 +280,83 @@ def test_bad_input_is_one_clear_line(hat_db: tuple[Path, Expected], tmp_path: Pa
     assert "--conf SERVER_FILE or --url" in one_error_line(run_tidings("import-hat", str(path)))
     with pytest.raises(HatImportError, match="no such file"):
         import_hat(tmp_path / "missing.db", EventStore(url))
+
+
+def test_events_of_several_servers_merge_by_time_and_a_partly_filled_store_is_completed(
+    tmp_path: Path,
+) -> None:
+    """A database holding two servers' events (written by hat's own lmdb backend, as its
+    Syncer stores a peer's), into a store that a Syncer had already given some of one
+    server's events: the rest comes, in time order across the servers, once each."""
+    import hat.event.common as hat_common
+    import hat.event.server.backends.lmdb as hat_lmdb
+
+    path = tmp_path / "two.db"
+    base = int(time.time()) - 100
+
+    def hat_event(server: int, n: int) -> Any:
+        return hat_common.Event(
+            event_id=hat_common.EventId(server, n + 1, n + 1),
+            event_type=("s", str(server)),
+            timestamp=hat_common.Timestamp(base + 2 * n + (server == 4), 0),
+            source_timestamp=None,
+            payload=hat_common.EventPayload(hat_common.EventPayloadType.JSON, n),
+        )
+
+    async def write() -> None:
+        backend = await hat_lmdb.create(
+            {
+                "db_path": str(path),
+                "max_db_size": 2**26,
+                "flush_period": 60,
+                "conditions": [],
+                "latest": {"subscriptions": [["*"]]},
+                "ordered": [{"order_by": "TIMESTAMP", "subscriptions": [["*"]]}],
+            }
+        )
+        await backend.register([hat_event(server, n) for server in (3, 4) for n in range(10)])
+        await backend.flush()
+        await backend.async_close()
+
+    run(write())
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = EventStore(url)
+    try:
+        from tidings.server.hat_lmdb import HatLmdb
+
+        with HatLmdb(path) as source:
+            first = list(source.events(3, EventId(3, 0, 0)))[:4]
+        store.append_synced(first)  # a Syncer brought server 3's first four
+        report = import_hat(path, store, batch=3)
+        events = store.read(0, 100)
+        assert store.last_event_id(3) == EventId(3, 10, 10)
+        assert store.last_event_id(4) == EventId(4, 10, 10)
+    finally:
+        store.close()
+    assert (report.imported, report.equal, report.checked_events) == (16, True, 20)
+    imported = events[4:]
+    assert [(e.id.server, e.id.session) for e in imported] == [
+        (4, 1), (4, 2), (4, 3), (4, 4),
+        *[(server, n) for n in range(5, 11) for server in (3, 4)],
+    ]  # fmt: skip
+    assert sorted(e.id for e in events) == sorted(
+        {EventId(s, n, n) for s in (3, 4) for n in range(1, 11)}
+    )
+
+
+def test_the_server_file_names_the_store(hat_db: tuple[Path, Expected], tmp_path: Path) -> None:
+    path, expected = hat_db
+    conf = tmp_path / "event.yaml"
+    conf.write_text(
+        "type: event\n"
+        "backend: {module: tidings.server.backends.sqlite, db_path: data/events.db}\n"
+        f"engine: {{server_id: {HAT_SERVER}, modules: []}}\n"
+        "eventer_server: {address: 'tcp+sbs://127.0.0.1:0'}\n"
+    )
+    done = run_tidings("import-hat", str(path), "--conf", str(conf))
+    assert done.returncode == 0, done.stderr
+    assert f"numbering continues: server {HAT_SERVER} after " in done.stdout
+    assert "counts and latest event per type equal" in done.stdout
+    url = f"sqlite:///{tmp_path / 'data' / 'events.db'}"
+    assert set(expected) <= set(_stored(url))
+    _continues(url, HAT_SERVER)

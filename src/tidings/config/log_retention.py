@@ -99,7 +99,9 @@ class LogRetentionConfig(StrictModel):
         default=timedelta(hours=1),
         description=(
             "Events younger than this stay whatever the rules say, so that a re-published "
-            "outbox event is still recognised by its stored copy."
+            "outbox event is still recognised by its stored copy. A ``tidings.yaml`` refuses "
+            "one shorter than the ``failover_resend`` of an ``event_server`` target "
+            "publishing into the server."
         ),
     )
     every: Annotated[ParsedDuration, within(10 * MS, HOUR)] = Field(
