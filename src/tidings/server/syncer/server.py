@@ -80,6 +80,10 @@ def _sessions(events: Sequence[StoredEvent]) -> list[list[StoredEvent]]:
     return groups
 
 
+#: Clients that left remembered for the log's retention (see peer_needs), at most.
+_PEERS_REMEMBERED = 1024
+
+
 @dataclass(eq=False)
 class _Client:
     """One syncer client of the server, from its MsgReq until it disconnects."""
@@ -264,7 +268,10 @@ class SyncerServer:
                 connection.close(f"cannot serve syncer client {client.name!r}: {exc}")
             finally:
                 self._clients.remove(client)
+                self._left.pop(client.name, None)  # re-inserted last: the newest
                 self._left[client.name] = (client.last_sent, time.monotonic())
+                if len(self._left) > _PEERS_REMEMBERED:  # the one gone longest goes
+                    del self._left[next(iter(self._left))]
                 connection.close()
                 log.info(
                     "syncer client %r (%s) disconnected%s",
