@@ -35,9 +35,11 @@ def retention(store: EventStore, **config: Any) -> LogRetention:
     return LogRetention(store, LogRetentionConfig.model_validate({"min_age": "0s", **config}))
 
 
-def old(store: EventStore, event_type: tuple[str, ...], count: int, age_us: int) -> list[int]:
+def old(
+    store: EventStore, event_type: tuple[str, ...], count: int, age_us: int, keys: str = ""
+) -> list[int]:
     """``count`` events of ``event_type`` stamped ``age_us`` ago (a peer's, server 9, as if
-    synced): their positions."""
+    synced), with the ``keys`` in turn as their payload's key: their positions."""
     now = int(time.time() * 1_000_000) - age_us
     last = store.last_event_id(9)
     events = [
@@ -47,7 +49,7 @@ def old(store: EventStore, event_type: tuple[str, ...], count: int, age_us: int)
             event_type,
             now + i,
             None,
-            json.dumps({"i": i}).encode(),
+            json.dumps({"i": i} | ({"key": keys[i % len(keys)]} if keys else {})).encode(),
             PayloadKind.JSON,
             None,
         )
@@ -61,8 +63,9 @@ def positions(store: EventStore) -> set[int]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Any:
-    opened = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
+def store(database_url: str) -> Any:
+    """A store on SQLite and on PostgreSQL."""
+    opened = EventStore(database_url)
     yield opened
     opened.close()
 
@@ -113,6 +116,16 @@ def test_a_pass_goes_past_chunks_of_events_that_stay(store: EventStore) -> None:
     r.hold("a reader", lambda: [Keep([("g",)], kept[-1])])  # g events after these
     assert r.run_pass() == {"0: *": 3}
     assert positions(store) == set(f) | set(g)
+
+
+def test_listed_tables_keep_the_newest_event_of_every_key(store: EventStore) -> None:
+    rows = old(store, ("rows", "t"), 9, 0, keys="xyz")  # x y z x y z x y z
+    other = old(store, ("rows", "u"), 4, 0, keys="xy")
+    r = retention(
+        store, rules=[{"subscriptions": [["rows", "*"]], "max_entries": 0}], tables=[["rows", "t"]]
+    )
+    assert r.run_pass() == {"0: rows/*": 6 + 3}
+    assert positions(store) == set(rows[-3:]) | {other[-1]}
 
 
 def test_the_configuration_is_checked() -> None:
