@@ -277,6 +277,7 @@ def test_bad_input_is_one_clear_line(hat_db: tuple[Path, Expected], tmp_path: Pa
     assert "hat-event lmdb database" in one_error_line(
         run_tidings("import-hat", str(not_lmdb), "--url", url)
     )
+    assert "not a file" in one_error_line(run_tidings("import-hat", str(tmp_path), "--url", url))
     assert "--conf SERVER_FILE or --url" in one_error_line(run_tidings("import-hat", str(path)))
     with pytest.raises(HatImportError, match="no such file"):
         import_hat(tmp_path / "missing.db", EventStore(url))

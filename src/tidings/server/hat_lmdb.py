@@ -50,7 +50,8 @@ class HatLmdb:
         self._hat_common = _hat("hat.event.common")
         lmdb = _hat("lmdb")
         if not path.is_file():
-            raise HatImportError(f"hat-event lmdb database {path}: no such file")
+            problem = "not a file (give the backend's db_path)" if path.exists() else "no such file"
+            raise HatImportError(f"hat-event lmdb database {path}: {problem}")
         try:
             self._env = self._common.ext_create_env(path, readonly=True)
         except lmdb.Error as exc:
