@@ -5,6 +5,7 @@ its own client's load, imported into SQLite and PostgreSQL stores; interrupted f
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sqlite3
@@ -361,3 +362,72 @@ def test_the_server_file_names_the_store(hat_db: tuple[Path, Expected], tmp_path
     url = f"sqlite:///{tmp_path / 'data' / 'events.db'}"
     assert set(expected) <= set(_stored(url))
     _continues(url, HAT_SERVER)
+
+
+def test_a_running_hat_server_is_imported_then_followed_by_a_syncer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The guide's mixed pair: the database of a hat server that keeps running is imported
+    (read from a snapshot), then a tidings Syncer client follows that server from the last
+    imported event: what hat registers afterwards arrives, and nothing twice."""
+    import hat.event.common as hat_common
+    import hat.event.eventer as hat_eventer
+
+    from tests.support.server_helpers import async_engine
+    from tests.support.waiting import until
+    from tidings.server.syncer.client import SyncerClient
+
+    store_path = tmp_path / "store.db"
+    imported: list[EventId] = []
+
+    def register(tag: str) -> Any:
+        return [
+            hat_common.RegisterEvent(
+                ("pair", tag),
+                None,
+                hat_common.EventPayload(hat_common.EventPayloadType.JSON, i),
+            )
+            for i in range(20)
+        ]
+
+    async def scenario(eventer_port: int, syncer_port: int, db: Path) -> None:
+        eventer = await hat_eventer.connect(local_address(eventer_port))
+        try:
+            before = await eventer.register_with_response(register("before"))
+            store = EventStore(f"sqlite:///{store_path}", server_id=2)
+            try:
+                # lmdb flushes every second: import once the events are in the file
+                deadline = time.monotonic() + 15
+                while True:
+                    report = import_hat(db, store)
+                    if report.checked_events >= len(before) or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.3)
+            finally:
+                store.close()
+            assert report.equal and report.imported >= len(before)
+            imported.append(report.servers[HAT_SERVER])
+            async with async_engine(store_path, server_id=2) as engine:
+                client = SyncerClient(local_address(syncer_port), engine, HAT_SERVER, min_delay=0.1)
+                await client.start()
+                try:
+                    await client.wait_synced(15)
+                    after = await eventer.register_with_response(register("after"))
+                    wanted = {EventId(*e.event_id) for e in [*before, *after]}
+
+                    def arrived() -> set[EventId]:
+                        return {e.id for e in engine.store.read(0, 100_000)} & wanted
+
+                    await until(lambda: arrived() == wanted, 15)
+                finally:
+                    await client.aclose()
+        finally:
+            await eventer.async_close()
+
+    with (
+        caplog.at_level(logging.DEBUG, logger="tidings.server.syncer"),
+        hat_event_server(tmp_path, HAT_SERVER) as (eventer_port, syncer_port, _),
+    ):
+        run(scenario(eventer_port, syncer_port, tmp_path / "hat-event" / "hat-event.db"), 90)
+    # the Syncer resumed where the import ended, not from the start
+    assert f"asked for events after {imported[0]}" in caplog.text
