@@ -128,6 +128,23 @@ def test_listed_tables_keep_the_newest_event_of_every_key(store: EventStore) -> 
     assert positions(store) == set(rows[-3:]) | {other[-1]}
 
 
+def test_loaded_tables_are_remembered_up_to_a_bound(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import tidings.server.log_retention as log_retention
+
+    monkeypatch.setattr(log_retention, "MAX_LOADED_TABLES", 1)
+    t = old(store, ("rows", "t"), 4, 0, keys="xy")
+    u = old(store, ("rows", "u"), 4, 0, keys="xy")
+    r = retention(store, rules=[{"subscriptions": [["rows", "*"]], "max_entries": 0}])
+    with caplog.at_level(logging.WARNING, logger="tidings.server.log_retention"):
+        for event_type in [("rows", "t"), ("rows", "u"), ("rows", "v")]:
+            r.table_loaded(event_type)
+    assert caplog.text.count("no more are remembered") == 1
+    r.run_pass()
+    assert positions(store) == set(t[-2:]) | {u[-1]}
+
+
 def test_the_configuration_is_checked() -> None:
     with pytest.raises(ValidationError, match="give duration, max_entries or both"):
         LogRetentionConfig.model_validate({"rules": [{"subscriptions": [["a"]]}]})

@@ -51,6 +51,9 @@ from tidings.tasks import run_every
 
 log = logging.getLogger(__name__)
 
+#: Types loaded as tables (not listed in the configuration) remembered at most.
+MAX_LOADED_TABLES = 10_000
+
 #: Says what a reader needs now: events of some types above a position (see :class:`Keep`).
 Holder = Callable[[], Sequence[Keep]]
 
@@ -69,6 +72,7 @@ class LogRetention:
         self.config = config
         self._holders: dict[int, tuple[str, Holder]] = {}
         self._tables: set[QueryType] = set(config.tables)
+        self._tables_full = False
         self._lock = threading.Lock()
         #: Events deleted so far, by rule (its index and patterns), for the metrics.
         self.deleted: Counter[str] = Counter()
@@ -88,9 +92,23 @@ class LogRetention:
             self._holders.pop(key, None)
 
     def table_loaded(self, event_type: EventType) -> None:
-        """An intermediary loaded ``event_type`` as a table: spare its newest per key."""
+        """An intermediary loaded ``event_type`` as a table: spare its newest per key.
+
+        At most :data:`MAX_LOADED_TABLES` types are remembered (a client chooses them); the
+        next are refused with one warning: list them under ``tables``."""
         with self._lock:
-            self._tables.add(tuple(event_type))
+            if len(self._tables) >= MAX_LOADED_TABLES + len(self.config.tables):
+                full = not self._tables_full
+                self._tables_full = True
+            else:
+                self._tables.add(tuple(event_type))
+                return
+        if full:
+            log.warning(
+                "server log retention: %d table types loaded, no more are remembered; list the "
+                "types intermediaries load under retention.tables",
+                MAX_LOADED_TABLES,
+            )
 
     def interrupt(self) -> None:
         """End the pass under way after its current chunk."""
