@@ -127,6 +127,10 @@ class StoreBusy(StoreError):
     """A write that was asked not to wait found the append lock held by another writer."""
 
 
+class HatImportError(TidingsError):
+    """A hat-event lmdb database cannot be read, or an import from it does not check out."""
+
+
 class EngineError(TidingsError):
     """A processing session was aborted (nothing stored) or a module could not be used."""
 

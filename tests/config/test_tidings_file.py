@@ -346,6 +346,19 @@ def test_a_retention_shorter_than_the_relays_resend_window_is_refused(
     )
 
 
+def test_a_server_log_retention_shorter_than_the_resend_window_is_refused() -> None:
+    config = _group({"enabled": False})
+    rules = [{"subscriptions": [["a"]], "max_entries": 10}]
+    config["servers"]["b"]["retention"] = {"rules": rules, "min_age": "5s"}
+    with pytest.raises(ConfigError) as refused:
+        load_config(config)
+    assert str(refused.value).startswith(
+        "servers.b.retention.min_age (5s) is shorter than targets.relay_to.failover_resend (10s): "
+    )
+    config["servers"]["b"]["retention"]["min_age"] = "10s"
+    load_config(config)
+
+
 @pytest.mark.parametrize(
     ("retention", "target"),
     [

@@ -198,7 +198,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.config": (
         "model metrics loading passwords tls certificates targets relay intermediary_access "
         "intermediary "
-        "intermediary_tier eventer_access server stream_types stream_access streams tidings_file"
+        "intermediary_tier eventer_access log_retention server stream_types stream_access streams "
+        "tidings_file"
     ),
     "tidings.outbox": "envelope schema confirmations checks incomplete writers producer",
     "tidings.routing": "table",
@@ -224,13 +225,13 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "chatter_server"
     ),
     "tidings.server": (
-        "store backends engine writing change_feed async_engine eventer syncer monitor metrics "
-        "runner"
+        "store backends engine writing change_feed async_engine eventer syncer log_retention "
+        "monitor metrics hat_lmdb hat_import runner"
     ),
     "tidings.server.store": (
         "driver schema counters copies planning appending facade type_patterns queries "
         "latest_by_key "
-        "positions retention"
+        "positions retention census limits"
     ),
     "tidings.server.backends": "postgresql sqlite",
     "tidings.server.writing": "queue durability",
@@ -268,8 +269,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.system": "parts checks paths tls_files state children supervisor",
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
-        "common relay_progress config events server streams intermediary tls fanout system "
-        "pipeline demo __main__"
+        "common relay_progress config events server hat_import streams intermediary tls fanout "
+        "system pipeline demo __main__"
     ),
 }
 PACKAGE_ORDER = {package: tuple(order.split()) for package, order in PACKAGE_ORDER_TEXT.items()}

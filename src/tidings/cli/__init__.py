@@ -1,5 +1,6 @@
 """The ``tidings`` command line, one module per part: :mod:`.demo`, :mod:`.pipeline` (relay,
 replay, housekeep, status, routes), :mod:`.events` (incomplete events), :mod:`.server`,
+:mod:`.hat_import` (import-hat),
 :mod:`.streams` (consume, streams), :mod:`.fanout` (fanout-demo), :mod:`.intermediary`
 (intermediary serve), :mod:`.system` (run: the whole deployment), :mod:`.tls` (a CA and
 certificates) and :mod:`.config` (config check, config schema).
@@ -13,6 +14,7 @@ from tidings.cli import (
     demo,
     events,
     fanout,
+    hat_import,
     intermediary,
     pipeline,
     server,
@@ -28,6 +30,7 @@ __all__ = [
     "demo",
     "events",
     "fanout",
+    "hat_import",
     "intermediary",
     "pipeline",
     "server",

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tidings.address import Address, MonitorAddress, is_tls
 from tidings.config.eventer_access import EventerAnonymousConfig, EventerIdentityConfig
 from tidings.config.loading import read_config_data, validate_config
+from tidings.config.log_retention import LogRetentionConfig
 from tidings.config.model import StrictModel, resolve_path
 from tidings.config.tls import TlsClientConfig, TlsServerConfig
 from tidings.errors import ConfigError
@@ -328,6 +329,13 @@ class ServerConfig(StrictModel):
     )
     metrics: MetricsEndpointConfig | None = Field(
         default=None, description="tidings: the server's own metrics endpoint (absent: none)."
+    )
+    retention: LogRetentionConfig | None = Field(
+        default=None,
+        description=(
+            "tidings: what the server's log keeps, by age and count per type pattern, as "
+            "hat-event's lmdb limits (absent: everything)."
+        ),
     )
     base_dir: Path = Field(
         default_factory=Path.cwd,

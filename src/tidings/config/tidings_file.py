@@ -156,8 +156,8 @@ class TidingsConfig(StrictModel):
 
 
 def _check_resend_windows(config: TidingsConfig) -> None:
-    """Refuse a stream retention ``min_age`` shorter than the ``failover_resend`` window of
-    an ``event_server`` target publishing into its server.
+    """Refuse a retention ``min_age`` (a stream's, or the server log's) shorter than the
+    ``failover_resend`` window of an ``event_server`` target publishing into its server.
 
     After a failover the target sends the events its lost server confirmed within that
     window again, to the next server, which recognises each by its stored copy. Retention
@@ -171,12 +171,17 @@ def _check_resend_windows(config: TidingsConfig) -> None:
         if target.kind != "event_server" or window <= timedelta(0):
             continue
         for server_name, server in _servers_fed(config, target).items():
-            for index, stream in enumerate(server.streams):
-                retention = stream.retention
-                if retention.enabled and retention.min_age < window:
+            ages = [
+                (f"servers.{server_name}.streams[{index}].retention.min_age", s.retention.min_age)
+                for index, s in enumerate(server.streams)
+                if s.retention.enabled
+            ]
+            if server.retention is not None:  # the server's own log (its rules)
+                ages.append((f"servers.{server_name}.retention.min_age", server.retention.min_age))
+            for where, min_age in ages:
+                if min_age < window:
                     raise ConfigError(
-                        f"servers.{server_name}.streams[{index}].retention.min_age "
-                        f"({spoken_duration(retention.min_age)}) is shorter than "
+                        f"{where} ({spoken_duration(min_age)}) is shorter than "
                         f"targets.{target_name}.failover_resend ({spoken_duration(window)}): "
                         "after a failover the target sends the events of that window again, "
                         "and one that retention had discarded would be stored and delivered "

@@ -30,6 +30,7 @@ from tidings.events.model import StoredEvent
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.server import EventerServer
+from tidings.server.log_retention import LogRetention
 from tidings.server.syncer.client import SyncerClient
 from tidings.server.syncer.server import SyncerServer
 
@@ -53,6 +54,9 @@ class RunningParts(Protocol):
 
     @property
     def peers(self) -> list[SyncerClient]: ...
+
+    @property
+    def retention(self) -> LogRetention | None: ...
 
 
 class _StoredCounter:
@@ -150,6 +154,16 @@ class _ServerCollector(Collector):
             clients.add_metric(["true"], sum(states))
             clients.add_metric(["false"], len(states) - sum(states))
             yield clients
+        if running.retention is not None:
+            deleted = CounterMetricFamily(
+                "tidings_server_retention_deleted",
+                "Events the log's retention deleted, by rule (its index and patterns)",
+                labels=["rule"],
+            )
+            for index in range(len(running.retention.config.rules)):
+                name = running.retention.rule_name(index)
+                deleted.add_metric([name], running.retention.deleted[name])
+            yield deleted
 
 
 class MetricsEndpoint:

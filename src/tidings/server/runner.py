@@ -20,6 +20,7 @@ import logging.config
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tidings.config.server import ServerConfig
@@ -30,11 +31,13 @@ from tidings.server.engine import Engine
 from tidings.server.eventer.access import EventerAccess
 from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.server import EventerServer
+from tidings.server.log_retention import LogRetention, syncer_holder
 from tidings.server.metrics import MetricsEndpoint
 from tidings.server.monitor import MonitorLink
 from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
 from tidings.server.syncer.server import SyncerServer
+from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,11 @@ class RunningServer:
     static_peers: list[SyncerClient] = field(default_factory=list)
     monitor: MonitorLink | None = None
     metrics: MetricsEndpoint | None = None
+    #: The log's retention (``retention:``), whose passes run while the server serves.
+    retention: LogRetention | None = None
     _detach: Callable[[], Awaitable[None]] | None = None
+    _retention_task: asyncio.Task[None] | None = None
+    _retention_pool: ThreadPoolExecutor | None = None
 
     @property
     def peers(self) -> list[SyncerClient]:
@@ -100,6 +107,11 @@ class RunningServer:
                 )
                 undo.push_async_callback(syncer.aclose)
             running = cls(config, store, async_engine, syncer, attach)
+            if config.retention is not None:
+                running.retention = LogRetention(store, config.retention)
+                if syncer is not None:
+                    horizon = config.retention.peer_horizon.total_seconds()
+                    running.retention.hold("syncer peers", syncer_holder(store, syncer, horizon))
             # Before the serving parts: the attachment (the streams) adds its own metrics.
             if config.metrics is not None:
                 running.metrics = MetricsEndpoint(
@@ -148,6 +160,7 @@ class RunningServer:
             access=EventerAccess(
                 self.config.eventer_server.anonymous, self.config.eventer_server.identities
             ),
+            on_table_load=None if self.retention is None else self.retention.table_loaded,
         )
         if self.attach is not None:
             try:
@@ -155,9 +168,20 @@ class RunningServer:
             except BaseException:
                 await self._close_serving()
                 raise
+        if self.retention is not None:  # after the attachment: the streams hold their needs
+            self._retention_pool = ThreadPoolExecutor(1, thread_name_prefix="tidings-retention")
+            self._retention_task = asyncio.create_task(self.retention.run(self._retention_pool))
 
     async def _close_serving(self) -> None:
-        """Stop the attachment, then the Eventer server (its clients' DISCONNECTED events)."""
+        """Stop the log's retention, the attachment, then the Eventer server (its clients'
+        DISCONNECTED events)."""
+        if self._retention_task is not None and self.retention is not None:
+            task, self._retention_task = self._retention_task, None
+            self.retention.interrupt()
+            await stop_task(task)
+        if self._retention_pool is not None:  # a pass under way ends after its chunk
+            pool, self._retention_pool = self._retention_pool, None
+            await asyncio.to_thread(pool.shutdown, True)
         try:
             if self._detach is not None:
                 detach, self._detach = self._detach, None

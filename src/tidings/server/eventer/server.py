@@ -114,6 +114,7 @@ class EventerServer:
         self._closed = asyncio.Event()
         self._server: chatter_server.Server | None = None
         self._port = 0
+        self._on_table_load: Callable[[EventType], None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._notifier: Notifier[_Client] = Notifier(
             lambda client, body: self._send_notify(client.connection, body),
@@ -142,16 +143,19 @@ class EventerServer:
         counters: EventerCounters | None = None,
         tls: TlsServerConfig | None = None,
         access: EventerAccess | None = None,
+        on_table_load: Callable[[EventType], None] | None = None,
     ) -> Self:
         """Listen on ``address`` (``tcp+sbs://host:port``, or ``ssl+sbs://`` with ``tls``;
         port 0 for any free port). ``access`` says who is served and may do what (default:
-        anonymous clients on loopback, granted everything)."""
+        anonymous clients on loopback, granted everything). ``on_table_load`` hears of each
+        type a client loads as a table (latest by key; the log's retention spares those)."""
         require_positive_ints(
             "eventer server",
             max_frame_bytes=max_frame_bytes,
             max_subscriber_lag_bytes=max_subscriber_lag_bytes,
         )
         server = cls(engine, max_subscriber_lag_bytes, ping_interval, counters, access)
+        server._on_table_load = on_table_load
         server._server = await chatter_server.listen(
             address,
             server._serve,
@@ -351,6 +355,8 @@ class EventerServer:
         self.counters.queries += 1
         try:
             event_type, after, max_bytes = codec.latest_by_key_request_from_sbs(message.data)
+            if self._on_table_load is not None and client.access.may_query(event_type):
+                self._on_table_load(event_type)
             plan = (
                 await self._engine.read(
                     plan_latest_by_key, self._engine.store, event_type, after, max_bytes, bulk=True

@@ -91,13 +91,41 @@ def raise_server_marks(conn: DriverCursor, received: Sequence[StoredEvent]) -> N
     for event in received:
         server, pair = event.id.server, (event.id.session, event.id.instance)
         greatest[server] = max(greatest.get(server, pair), pair)
+    _raise_marks(conn, [EventId(server, *pair) for server, pair in sorted(greatest.items())])
+
+
+def _raise_marks(conn: DriverCursor, ids: Sequence[EventId]) -> None:
+    """Move the marks of the servers of ``ids`` up to them, never down."""
     conn.executemany(
         f"INSERT INTO {server_marks_table.name} (server, session, instance) VALUES (?, ?, ?) "
         "ON CONFLICT (server) DO UPDATE SET session = excluded.session, "
         "instance = excluded.instance WHERE (event_server_marks.session, "
         "event_server_marks.instance) < (excluded.session, excluded.instance)",
-        [(server, *pair) for server, pair in sorted(greatest.items())],
+        [(i.server, i.session, i.instance) for i in ids],
     )
+
+
+def continue_after(conn: DriverCursor, last_ids: Sequence[EventId]) -> None:
+    """Move each server's session and instance counters and its mark past ``last_ids``
+    (creating the counters a server has not got yet), never back.
+
+    For events brought in from elsewhere (hat-event's lmdb, :mod:`tidings.server.hat_import`)
+    whose server went further than the events kept: hat's lmdb records each server's last
+    registered id even when its conditions or limits kept none of those events, and a server
+    continuing here must not number a session it already used.
+    """
+    for last in last_ids:
+        for name, value in (
+            (session_counter(last.server), last.session),
+            (instance_counter(last.server), last.instance),
+        ):
+            conn.rows(
+                f"INSERT INTO {counters_table.name} (name, value) VALUES (?, ?) "
+                f"ON CONFLICT (name) DO UPDATE SET value = excluded.value "
+                f"WHERE {counters_table.name}.value < excluded.value",
+                [name, value],
+            )
+    _raise_marks(conn, last_ids)
 
 
 def last_event_id(conn: Connection, server: int) -> EventId:

@@ -20,6 +20,7 @@ from tidings.server.store.appending import Appending
 from tidings.server.store.copies import forget_copies, record_copies
 from tidings.server.store.counters import (
     HeldCounters,
+    continue_after,
     last_event_id,
     raise_id_counters,
     raise_server_marks,
@@ -171,6 +172,19 @@ class EventStore:
             held = plan.held | {e.id: e.position for e in stored}
             record_copies(raw, [(copy, held[owner]) for copy, owner in plan.copies])
         return stored
+
+    def continue_after(self, last_ids: Sequence[EventId]) -> None:
+        """Number every later session and instance of the servers of ``last_ids`` after
+        those ids, and let their Syncers resume after them (see
+        :func:`~.counters.continue_after`), whether or not their events are stored."""
+        for last in last_ids:
+            if not isinstance(last, EventId):
+                raise StoreError(f"continue_after: not an EventId: {last!r}")
+            require_int("continue_after: server", last.server, minimum=1)
+            require_int("continue_after: session", last.session, minimum=0)
+            require_int("continue_after: instance", last.instance, minimum=0)
+        with self._transaction("continue the id counters", append=True) as conn:
+            continue_after(DriverCursor.of(conn), last_ids)
 
     def read(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Return up to ``limit`` events with a position greater than ``after_position``."""

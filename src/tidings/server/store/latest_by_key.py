@@ -65,7 +65,7 @@ def latest_by_key_rows(
             require_int(f"latest by key: lastEventId.{field}", getattr(after, field), INT64_MIN)
     with store.snapshot("latest by key") as conn:
         sql = DriverCursor.of(conn)
-        key = _POSTGRESQL_KEY if sql.postgresql else _SQLITE_KEY
+        key = key_expression(sql)
         columns = ", ".join(f"e.{column}" for column in EVENT_COLUMNS)
         # A payload of kind json was checked to be strict JSON when it was registered.
         statement = (
@@ -75,7 +75,7 @@ def latest_by_key_rows(
             "ORDER BY e.position"
         )
         try:
-            start = 0 if after is None else _position_of(sql, after)
+            start = 0 if after is None else position_of(sql, after)
             yield from sql.chunks(statement, [encode_type(checked), start], chunk_rows)
         except sql.error as exc:
             raise StoreError(
@@ -84,7 +84,12 @@ def latest_by_key_rows(
             ) from exc
 
 
-def _position_of(sql: DriverCursor, event_id: EventId) -> int:
+def key_expression(sql: DriverCursor) -> str:
+    """The SQL of a row's key (NULL if it has none) on the cursor's database."""
+    return _POSTGRESQL_KEY if sql.postgresql else _SQLITE_KEY
+
+
+def position_of(sql: DriverCursor, event_id: EventId) -> int:
     """The position of the newest event of ``event_id``'s server up to ``event_id`` (the
     event itself unless retention deleted it), 0 if none: a server's events are stored in
     the order of their ids, so none of its events after that position is older."""

@@ -10,12 +10,14 @@ the store recognises a re-published outbox event by the stored copy, so the age 
 that recognition is guaranteed (like JetStream's duplicate window).
 
 A pass reads its candidates from a snapshot, then deletes at most ``limit`` of them in one
-short transaction under the append lock; a caller repeats passes until one deletes nothing.
+short transaction under the append lock; a caller repeats passes until one deletes nothing
+(or, with :func:`discard_chunk`, goes on after the candidates it examined). The server's
+own log retention (:mod:`tidings.server.log_retention`) uses the same passes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from tidings.errors import StoreError
@@ -43,17 +45,48 @@ def discard(
     limit: int = 10_000,
 ) -> int:
     """Delete at most ``limit`` events (see the module docstring); how many were deleted."""
-    if up_to <= 0 or not types:
-        return 0
+    return discard_chunk(store, types, up_to, keep, older_than_us, limit).deleted
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """What one :func:`discard_chunk` did: ``deleted`` events, of the candidates up to
+    position ``examined`` (0: there were none); the next chunk starts after it."""
+
+    deleted: int
+    examined: int
+
+
+def discard_chunk(
+    store: EventStore,
+    types: Sequence[QueryType],
+    up_to: int,
+    keep: Sequence[Keep],
+    older_than_us: int,
+    limit: int = 10_000,
+    *,
+    after: int = 0,
+    spare: Collection[int] = frozenset(),
+) -> Chunk:
+    """:func:`discard` over the candidates after position ``after``, sparing the events at
+    the positions ``spare`` too (what a reader needs that is not a range of positions: the
+    newest event of each key of a table). A caller that goes on from ``examined`` gets past
+    candidates that stay, instead of reading them again."""
+    if up_to <= after or not types:
+        return Chunk(0, 0)
     table = events_table.name
     with store.snapshot("select events to discard") as conn:
         sql = DriverCursor.of(conn)
         try:
             condition, params = type_condition_of(
-                sql, store, "position <= ? AND timestamp_us < ?", [up_to, older_than_us], types
+                sql,
+                store,
+                "position > ? AND position <= ? AND timestamp_us < ?",
+                [after, up_to, older_than_us],
+                types,
             )
             if condition is None:
-                return 0
+                return Chunk(0, 0)
             rows = sql.rows(
                 f"SELECT position, type FROM {table} WHERE {condition} ORDER BY position LIMIT ?",
                 [*params, limit],
@@ -67,13 +100,14 @@ def discard(
     doomed = []
     decoded: dict[str, tuple[str, ...]] = {}
     for position, text in rows:
-        if position in latest:
+        if position in latest or position in spare:
             continue
         event_type = decoded.setdefault(text, decode_type(text))
         if any(position > bound and m.matches(event_type) for m, bound in keepers):
             continue
         doomed.append(position)
-    return store.delete_positions(doomed) if doomed else 0
+    deleted = store.delete_positions(doomed) if doomed else 0
+    return Chunk(deleted, rows[-1][0] if rows else 0)
 
 
 def _latest_of_types(sql: DriverCursor, texts: set[str]) -> set[int]:

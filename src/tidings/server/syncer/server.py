@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -79,6 +80,10 @@ def _sessions(events: Sequence[StoredEvent]) -> list[list[StoredEvent]]:
     return groups
 
 
+#: Clients that left remembered for the log's retention (see peer_needs), at most.
+_PEERS_REMEMBERED = 1024
+
+
 @dataclass(eq=False)
 class _Client:
     """One syncer client of the server, from its MsgReq until it disconnects."""
@@ -118,6 +123,8 @@ class SyncerServer:
         #: A client over max_unsent_bytes that takes nothing for this long is dropped.
         self._stall_seconds = stall_seconds
         self._clients: list[_Client] = []
+        #: The clients that left: the last id each was sent and when it left (monotonic).
+        self._left: dict[str, tuple[EventId, float]] = {}
         self._handlers: set[asyncio.Task[object]] = set()
         self._status_lock = asyncio.Lock()
         self._closing = False
@@ -175,6 +182,19 @@ class SyncerServer:
     def clients(self) -> list[tuple[str, bool]]:
         """``(client_name, synced)`` of each connected client, in connection order."""
         return [(client.name, client.synced) for client in self._clients]
+
+    def peer_needs(self, horizon_s: float) -> list[EventId]:
+        """The last id sent to each client connected now or gone for at most ``horizon_s``
+        seconds: each still needs the events after it (the log's retention spares them).
+        Safe from another thread (it reads copies)."""
+        now = time.monotonic()
+        clients, left = list(self._clients), dict(self._left)
+        connected = {c.name for c in clients}
+        return [c.last_sent for c in clients] + [
+            last
+            for name, (last, since) in left.items()
+            if name not in connected and now - since <= horizon_s
+        ]
 
     async def flush(self) -> None:
         """Ask every client to confirm it has processed what it was sent (MsgFlushReq).
@@ -248,6 +268,10 @@ class SyncerServer:
                 connection.close(f"cannot serve syncer client {client.name!r}: {exc}")
             finally:
                 self._clients.remove(client)
+                self._left.pop(client.name, None)  # re-inserted last: the newest
+                self._left[client.name] = (client.last_sent, time.monotonic())
+                if len(self._left) > _PEERS_REMEMBERED:  # the one gone longest goes
+                    del self._left[next(iter(self._left))]
                 connection.close()
                 log.info(
                     "syncer client %r (%s) disconnected%s",

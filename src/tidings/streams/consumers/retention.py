@@ -92,3 +92,16 @@ async def run_retention(
         "stream retention pass failed",
         log,
     )
+
+
+def consumer_needs(consumers: Consumers, streams: Sequence[StreamConfig]) -> list[Keep]:
+    """What the registered consumers need of the server's log (its ``retention:``, see
+    :mod:`tidings.server.log_retention`): the events of each stream's types after the lowest
+    position of its consumers; a stream without consumers needs nothing."""
+    needs = []
+    for stream in streams:
+        lowest = consumers.lowest_position(stream.name)
+        if lowest is not None:
+            patterns = tuple(type_map_from_config(stream.types).all_patterns())
+            needs.append(Keep(patterns, lowest))
+    return needs

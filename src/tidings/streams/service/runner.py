@@ -26,7 +26,7 @@ from tidings.serving import QuietServer, listen
 from tidings.streams.consumers.compaction import run_compaction
 from tidings.streams.consumers.metrics import MeasuredStream, StreamsCollector
 from tidings.streams.consumers.positions import Consumers
-from tidings.streams.consumers.retention import run_retention
+from tidings.streams.consumers.retention import consumer_needs, run_retention
 from tidings.streams.consumers.sync import ConsumerSync
 from tidings.streams.service.access import StreamAccess
 from tidings.streams.service.app import build_app
@@ -72,6 +72,12 @@ class RunningStreams:
             }
             carried = {name: type_map.carries for name, type_map in type_maps.items()}
             consumers = await loop.run_in_executor(executor, Consumers, server.store, carried)
+            if server.retention is not None:
+                streams = list(config.streams)
+                release = server.retention.hold(
+                    "stream consumers", lambda: consumer_needs(consumers, streams)
+                )
+                running.unsubscribe.append(release)
             # The peers' consumer events: listened to before the first catch-up reads.
             sync = ConsumerSync(server.store, consumers, executor)
             running.unsubscribe.append(server.engine.subscribe(sync.notice))
