@@ -104,3 +104,21 @@ def read_stream(stream: str, expected: int, timeout: float = 30.0) -> list[Read]
         return sorted(found, key=lambda r: r.offset)
 
     return asyncio.run(run())
+
+
+def wait_for_streams(timeout: float = 60.0) -> None:
+    """Wait until the broker takes stream-protocol logins again (after ``start_app``)."""
+
+    async def up() -> bool:
+        try:
+            client = await _client()
+        except Exception:
+            return False
+        await client.close()
+        return True
+
+    deadline = time.monotonic() + timeout
+    while not asyncio.run(up()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("RabbitMQ's stream protocol did not come back")
+        time.sleep(0.2)

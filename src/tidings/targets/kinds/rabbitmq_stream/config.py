@@ -120,7 +120,7 @@ class RabbitMQStreamTargetConfig(TargetConfig):
         for url in v:
             try:
                 parts = urlsplit(url)
-                del parts.port  # a bad port raises here
+                _ = parts.port  # a bad port raises here
             except ValueError as exc:
                 raise ValueError(f"{url!r} is not a URL: {exc}") from None
             if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
