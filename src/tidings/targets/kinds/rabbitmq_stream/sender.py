@@ -32,6 +32,11 @@ from tidings.outbox.stream_ids import Assignment, StreamIds, reference
 from tidings.targets.kinds.rabbitmq_stream.connection import StreamConnection
 
 
+#: How often (seconds) a sender drops the assignments of events the relay has recorded as
+#: PUBLISHED (or housekeeping deleted), so that the table holds only the events in flight.
+FORGET_EVERY = 60.0
+
+
 @dataclass
 class Item:
     """One event of a call going to this sender's stream: its index in the call, its id and
@@ -69,6 +74,7 @@ class StreamSender:
         self.publisher_id: int | None = None
         self.last_stored = 0  # the highest id known stored under the slot's reference
         self.next_id = 1
+        self._forget_at = 0.0  # when the assignments of published events are dropped next
 
     async def send(
         self, connection: StreamConnection, items: Sequence[Item], peers: dict[str, StreamSender]
@@ -117,7 +123,9 @@ class StreamSender:
                 raise
             self.slot, self.last_stored, self.next_id = slot, last, last + 1
             self.publisher_id = None
+        if time.monotonic() >= self._forget_at:
             await asyncio.to_thread(self.ids.forget_published)
+            self._forget_at = time.monotonic() + FORGET_EVERY
         if self.publisher_id is None:
             self.publisher_id = await connection.declare(
                 self.stream, reference(self.target, self.slot)
