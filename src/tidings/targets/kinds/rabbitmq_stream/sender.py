@@ -31,7 +31,6 @@ from tidings.errors import TargetUnavailable
 from tidings.outbox.stream_ids import Assignment, StreamIds, reference
 from tidings.targets.kinds.rabbitmq_stream.connection import StreamConnection
 
-
 #: How often (seconds) a sender drops the assignments of events the relay has recorded as
 #: PUBLISHED (or housekeeping deleted), so that the table holds only the events in flight.
 FORGET_EVERY = 60.0
