@@ -74,6 +74,8 @@ class StreamSender:
         self.last_stored = 0  # the highest id known stored under the slot's reference
         self.next_id = 1
         self._forget_at = 0.0  # when the assignments of published events are dropped next
+        #: Messages were sent whose answers did not all come: their fate is unknown.
+        self.in_flight = False
 
     async def send(
         self, connection: StreamConnection, items: Sequence[Item], peers: dict[str, StreamSender]
@@ -102,6 +104,7 @@ class StreamSender:
         if self.slot is not None:
             self.ids.abandon(self.stream, self.slot, self.holder, self.lease)
         self.slot = self.publisher_id = None
+        self.in_flight = False
 
     def release(self) -> None:
         """Give the slot back cleanly: nothing is in flight (blocking: the outbox)."""
@@ -199,6 +202,7 @@ class StreamSender:
             await self._hold(connection)
             return await self._send_fresh(connection, items)
         self.next_id += len(numbered)
+        self.in_flight = True  # until every answer is in: if not, the caller abandons
         answers = await connection.publish(self.publisher_id, [(p, i.data) for i, p in numbered])
         refused = [item.event_id for item, pid in numbered if answers.get(pid, 0) != 0]
         if refused:  # not stored: numbered afresh when sent again
@@ -206,6 +210,7 @@ class StreamSender:
         stored = [pid for pid in answers if answers[pid] == 0]
         if stored:
             self.last_stored = max(self.last_stored, *stored)
+        self.in_flight = len(answers) < len(numbered)
         return {
             item.index: (True if answers[pid] == 0 else answers[pid]) if pid in answers else None
             for item, pid in numbered

@@ -202,9 +202,10 @@ class RabbitMQStreamTarget(Target):
         unanswered = 0
         for stream, outcome in zip(streams, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                failures.append(outcome)
+                failure = self._failure(stream, outcome)
+                failures.append(failure)
                 for item in phase[stream]:
-                    results[item.index] = self._error(stream, describe(outcome))
+                    results[item.index] = str(failure)
                 continue
             for item in phase[stream]:
                 answer = outcome.answers.get(item.index)
@@ -260,22 +261,22 @@ class RabbitMQStreamTarget(Target):
         async with sender.lock:
             try:
                 await self._stream_ready(connection, stream)
-                sent = await sender.send(connection, items, self._senders)
-            except ConnectionLost:
-                await asyncio.to_thread(sender.abandon)
-                raise
-            except TargetUnavailable:
-                raise
-            except TargetError as exc:
-                raise TargetUnavailable(self._error(stream, str(exc))) from None
-            except TimeoutError:
-                await asyncio.to_thread(sender.abandon)
-                raise TargetUnavailable(
-                    self._error(stream, f"no answer within {self._timeout:g}s")
-                ) from None
-            if any(answer is None for answer in sent.answers.values()):
-                await asyncio.to_thread(sender.abandon)
-            return sent
+                return await sender.send(connection, items, self._senders)
+            finally:
+                if sender.in_flight:  # whatever failed, what was sent may yet be stored
+                    await asyncio.to_thread(sender.abandon)
+
+    def _failure(self, stream: str, exc: BaseException) -> BaseException:
+        """What a stream's batch raised, as the call's failure: the connection lost, or the
+        stream unavailable (missing, refused, no reference free, no answer in time); any
+        other exception is a bug and stays as it is."""
+        if isinstance(exc, TimeoutError):
+            return TargetUnavailable(self._error(stream, f"no answer in {self._timeout:g}s"))
+        if isinstance(exc, ConnectionLost):
+            return ConnectionLost(self._error(stream, str(exc)))
+        if isinstance(exc, TargetError):
+            return TargetUnavailable(self._error(stream, str(exc)))
+        return exc
 
     def _sender(self, stream: str) -> StreamSender:
         sender = self._senders.get(stream)
