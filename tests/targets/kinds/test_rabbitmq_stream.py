@@ -15,10 +15,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rstream import amqp_decoder
 from sqlalchemy import Engine, func, select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
@@ -47,6 +50,7 @@ from tidings.outbox.schema import (
 )
 from tidings.outbox.stream_ids import StreamIds
 from tidings.targets.kinds.rabbitmq_stream.config import RabbitMQStreamTargetConfig
+from tidings.targets.kinds.rabbitmq_stream.messages import message
 from tidings.targets.kinds.rabbitmq_stream.target import RabbitMQStreamTarget
 from tidings.targets.registry import build_target
 from tidings.targets.routed import outbox_from_config
@@ -140,6 +144,38 @@ def test_events_are_confirmed_and_stored_with_their_id_properties_and_headers(
     assert first.properties["Tidings-Seq"] == "1"  # the target's own header wins
     assert first.properties["Tidings-Event-Type"] == "Created"
     assert first.properties["Tidings-Partition-Key"] == "k0"
+
+
+def test_a_message_is_what_rstreams_own_decoder_reads() -> None:
+    """The target's own AMQP 1.0 encoding, read by rstream's decoder: every property, short
+    and long strings (str8 and str32), non-ASCII text, the body as it was."""
+    logged_at = datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=UTC)
+    event = OutboxEvent(
+        seq=7,
+        event_id=uuid.uuid4().hex,
+        event_type="Créé",
+        payload='{"name": "Zoë"}',
+        logged_at=logged_at,
+        correlation_id="corr-1",
+        partition_key="k" * 300,
+        headers={"long": "v" * 70_000},
+    )
+
+    decoded = amqp_decoder(message(event))
+
+    assert decoded.body == b'{"name": "Zo\xc3\xab"}'
+    props = decoded.properties
+    assert props.message_id == event.event_id.encode()
+    assert props.correlation_id == b"corr-1"
+    assert props.content_type == b"application/json"
+    assert props.creation_time == int(logged_at.timestamp() * 1000)
+    application = {k.decode(): v.decode() for k, v in decoded.application_properties.items()}
+    assert application["long"] == "v" * 70_000
+    assert application["Tidings-Partition-Key"] == "k" * 300
+    assert application["Tidings-Event-Type"] == "Créé"
+    assert application["Tidings-Seq"] == "7"
+    no_correlation = amqp_decoder(message(replace(event, correlation_id=None)))
+    assert no_correlation.properties.correlation_id is None
 
 
 def test_events_published_again_are_confirmed_without_being_stored_twice(

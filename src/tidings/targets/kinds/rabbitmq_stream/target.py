@@ -304,7 +304,7 @@ class RabbitMQStreamTarget(Target):
         if (problem := stream_problem(stream)) is not None:
             return self._no_stream(event, problem)
         try:
-            data = bytes(message(event))
+            data = message(event)
         except Exception as exc:  # the AMQP 1.0 encoder refuses a property
             return self._error(stream, f"cannot encode its message: {describe(exc)}")
         if (too_big := oversize(data, self._frame_max)) is not None:
