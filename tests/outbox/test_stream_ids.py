@@ -37,7 +37,7 @@ def test_a_slot_is_one_holders_until_released_or_expired(database_url: str) -> N
     assert isinstance(ids.take("s", "d", 60, pool=2, slot=1), float)
     time.sleep(0.1)
     assert ids.take("s", "d", 60, pool=2, slot=1) == 1
-    assert reference("orders-rs", 1) == "orders-rs#1"
+    assert reference("orders-rs", 1) == "orders-rs.producer-1"
     engine.dispose()
 
 

@@ -214,8 +214,9 @@ target_mark = Table(
 )
 
 #: The ``rabbitmq_stream`` target's pool of producer references per (target, stream): slot
-#: ``n`` is the reference ``<target>#<n>``, leased by one sender at a time (``holder`` NULL:
-#: released cleanly; else held until ``expires_at``, epoch seconds). Version 3 of the schema.
+#: ``n`` is the reference ``<target>.producer-<n>``, leased by one sender at a time
+#: (``holder`` NULL: released cleanly; else held until ``expires_at``, epoch seconds).
+#: Version 3 of the schema.
 stream_producer = Table(
     "tidings_stream_producer",
     metadata,

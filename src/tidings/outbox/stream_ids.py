@@ -8,10 +8,10 @@ things the broker cannot give, and this module keeps them in the outbox database
 events, on SQLite, PostgreSQL and MySQL/MariaDB alike:
 
 * **one sender per reference at a time**: ``tidings_stream_producer`` holds, per (target,
-  stream), a small pool of slots (slot ``n`` is the reference ``<target>#<n>``), each taken
-  by one sender with a lease (:meth:`StreamIds.take`, a compare-and-set update), renewed
-  with every send and released cleanly, or left to expire when its sender died or lost its
-  connection;
+  stream), a small pool of slots (slot ``n`` is the reference ``<target>.producer-<n>``),
+  each taken by one sender with a lease (:meth:`StreamIds.take`, a compare-and-set
+  update), renewed with every send and released cleanly, or left to expire when its sender
+  died or lost its connection;
 * **the id of every event, written before the event is sent** (``tidings_stream_publish``,
   one set-based write per batch, in the same transaction that renews the lease:
   :meth:`StreamIds.assign`), so that a sender taking a reference after a crash knows what
@@ -66,7 +66,7 @@ class Assignment:
 
 def reference(target: str, slot: int) -> str:
     """The producer reference (the broker's de-duplication name) of ``slot`` of ``target``."""
-    return f"{target}#{slot}"
+    return f"{target}.producer-{slot}"
 
 
 class StreamIds:

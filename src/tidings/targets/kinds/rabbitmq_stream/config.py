@@ -75,7 +75,7 @@ class RabbitMQStreamTargetConfig(TargetConfig):
         ge=1,
         le=64,
         description=(
-            "The producer references per stream (``<target>#0`` ...): each relay process "
+            "The producer references per stream (``<target>.producer-0`` ...): each relay process "
             "sending to a stream holds one; a few spare ones let a restarted relay go on while "
             "the references of one that died cool down (``producer_lease``)."
         ),
