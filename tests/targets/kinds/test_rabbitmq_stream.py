@@ -26,6 +26,7 @@ from sqlalchemy import Engine, func, select
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds into the config
 from bench.harness.processes import kill_tree, tidings_cli
+from tests.support.certificates import TestCA
 from tests.support.helpers import relay_config, write_config
 from tests.support.waiting import wait_until
 from tests.targets.kinds.rabbitmq_stream_support import (
@@ -34,7 +35,7 @@ from tests.targets.kinds.rabbitmq_stream_support import (
     stream_name,
     wait_for_streams,
 )
-from tests.targets.kinds.rabbitmq_support import start_broker, stop_broker
+from tests.targets.kinds.rabbitmq_support import broker_user, start_broker, stop_broker
 from tidings.config import load_config
 from tidings.db import make_engine
 from tidings.errors import ConfigError, EmitError, TargetCallFailed, TargetUnavailable
@@ -290,6 +291,28 @@ def test_an_unreachable_broker_and_a_refused_login_are_unavailable(
     with pytest.raises(TargetUnavailable, match="cannot connect") as refused:
         make_target(username="guest", password="not-the-password").publish(events)
     assert "not-the-password" not in str(refused.value)
+
+
+def test_a_user_of_the_broker_logs_in_with_its_username_and_password(
+    make_target: Callable[..., RabbitMQStreamTarget], log: Engine
+) -> None:
+    events = emit(log, 2)
+    with broker_user("tidings-rs-test", "pw-rs-1"):
+        target = make_target(username="tidings-rs-test", password="pw-rs-1")
+        assert target.publish(events) == [None, None]
+
+
+def test_tls_to_a_broker_that_speaks_plain_streams_fails_as_unavailable(
+    make_target: Callable[..., RabbitMQStreamTarget], log: Engine, tmp_path: Path
+) -> None:
+    """No TLS listener runs on the shared broker: the handshake fails, and the target says
+    it cannot connect (the TLS options are loaded and used)."""
+    ca = TestCA(tmp_path)
+    target = make_target(
+        servers=["rabbitmq-stream+tls://127.0.0.1:5552/"], tls={"ca_file": str(ca.cert)}
+    )
+    with pytest.raises(TargetUnavailable, match="cannot connect"):
+        target.publish(emit(log, 1))
 
 
 def test_without_an_outbox_log_the_target_is_unavailable(stream: str) -> None:
