@@ -87,11 +87,16 @@ class StreamSender:
         answers: dict[int, bool | int | None] = {}
         known = await asyncio.to_thread(self.ids.assignments, [i.event_id for i in items])
         fresh: list[Item] = []
+        last: dict[tuple[str, int], int] = {}  # per reference, reconciled once per batch
         for item in items:
             found = known.get(item.event_id)
             if found is None:
                 fresh.append(item)
-            elif found.publishing_id <= await self._last_stored(connection, found, peers):
+                continue
+            where = (found.stream, found.slot)
+            if where not in last:
+                last[where] = await self._last_stored(connection, found, peers)
+            if found.publishing_id <= last[where]:
                 answers[item.index] = True  # stored before: confirmed without sending
             else:
                 fresh.append(item)  # its assignment was dropped: never stored
