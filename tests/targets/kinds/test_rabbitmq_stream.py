@@ -435,7 +435,7 @@ def test_a_sigkilled_relay_restarted_stores_every_event_exactly_once_in_key_orde
     in log order, every row PUBLISHED. The killed relay's reference is reconciled by the
     next one (its lease is short here: 3 s). Without Spark, the dead sender test above
     makes each case of the reconciliation happen for sure."""
-    total, keys = 3000, 20
+    total, keys = 1200, 20
     target = {
         "kind": "rabbitmq_stream",
         "stream": stream,
@@ -447,7 +447,7 @@ def test_a_sigkilled_relay_restarted_stores_every_event_exactly_once_in_key_orde
         tmp_path,
         targets={"rs": target},
         routes={"Created": ["rs"]},
-        max_events_per_batch=300,
+        max_events_per_batch=150,
         replay_every=None,
     )
     path = write_config(config, tmp_path / "tidings.yaml")
