@@ -14,17 +14,33 @@ published with ``mandatory`` and a publisher confirm for every one, twice per sh
 Two shapes: ``many keys`` (every event of a call has its own key: all in flight at once) and
 ``one key`` (a call is one key's run: each message waits for the confirm of the one before,
 in both). The ratio target/raw is the figure (issue 31's goal: at least 0.8). The exchange
-and queue are deleted afterwards. Prints the figures; records nothing (run it on a quiet
-machine and put them on the issue).
+and queue are deleted afterwards.
+
+Then the same for RabbitMQ **streams** (127.0.0.1:5552), into a fresh stream, in the same two
+shapes:
+
+* through :class:`~tidings.targets.kinds.rabbitmq_stream.target.RabbitMQStreamTarget`, with
+  an outbox log (a SQLite file) attached, as the relay has: what the target adds is its loop
+  thread, the AMQP 1.0 messages, and its exactly-once bookkeeping (the lease renewal and the
+  publishing ids written per batch, the batch's assignments read);
+* by rstream's own ``Producer`` with a named producer (de-duplication on, as the target's),
+  the same messages (built as rstream's ``AMQPMessage``, encoded by rstream when sent) in the
+  same calls with ``send_batch``, each call waiting for all its confirms.
+
+A stream keeps a key's run in one batch in both, so the shapes differ only in the target's
+bookkeeping per key. The stream is deleted afterwards. Prints the figures and writes
+``bench/results/rabbitmq.*`` (run it on a quiet machine and put them on the issue).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import aiormq
 from aiormq.abc import AbstractChannel
@@ -34,8 +50,10 @@ from bench.harness.machine import code_version, machine_info, machine_text
 from bench.harness.report import write_report
 from tidings.events.outbox import OutboxEvent
 from tidings.targets.kinds.rabbitmq.config import RabbitMQTargetConfig
-from tidings.targets.kinds.rabbitmq.messages import message_properties
+from tidings.targets.kinds.rabbitmq.messages import message_headers, message_properties
 from tidings.targets.kinds.rabbitmq.target import RabbitMQTarget
+from tidings.targets.kinds.rabbitmq_stream.config import RabbitMQStreamTargetConfig
+from tidings.targets.kinds.rabbitmq_stream.target import RabbitMQStreamTarget
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 PAYLOAD = '{"specversion": "1.0", "type": "OrderCreated", "data": {"order": 1, "pad": "%s"}}'
@@ -103,6 +121,106 @@ async def raw(exchange: str, batch: list[OutboxEvent], call: int, one_key: bool)
         await connection.close()
 
 
+def through_stream_target(stream: str, batch: list[OutboxEvent], call: int, log: Path) -> float:
+    """Messages per second through the rabbitmq_stream target, in calls of ``call`` events,
+    its producer references and ids kept in the SQLite log ``log``."""
+    from tidings.db import make_engine
+    from tidings.outbox.confirmations import ConfirmationLog
+    from tidings.outbox.schema import ensure_schema
+
+    engine = make_engine(f"sqlite:///{log}")
+    ensure_schema(engine)
+    config = RabbitMQStreamTargetConfig(kind="rabbitmq_stream", stream=stream, create_stream=True)
+    target = RabbitMQStreamTarget("bench", config)
+    target.attach_log(ConfirmationLog(engine))
+    try:
+        assert target.publish(batch[:1]) == [None]  # connected before the clock starts
+        started = time.perf_counter()
+        for at in range(1, len(batch), call):
+            results = target.publish(batch[at : at + call])
+            assert not any(results), results
+        return (len(batch) - 1) / (time.perf_counter() - started)
+    finally:
+        target.close()
+        engine.dispose()
+
+
+async def raw_stream(stream: str, batch: list[OutboxEvent], call: int) -> float:
+    """Messages per second by rstream's Producer (a named producer), same messages, each
+    call's confirms awaited."""
+    from rstream import AMQPMessage, ConfirmationStatus, Producer, Properties
+
+    messages = [  # the same messages, as an rstream user builds them (encoded when sent)
+        AMQPMessage(
+            body=event.payload.encode(),
+            properties=Properties(
+                message_id=event.event_id,
+                content_type="application/json",
+                creation_time=int(event.logged_at.timestamp() * 1000),
+            ),
+            application_properties=dict(message_headers(event)),
+        )
+        for event in batch
+    ]
+    async with Producer("127.0.0.1", 5552, username="guest", password="guest") as producer:
+        await producer.create_stream(stream, exists_ok=True)
+        confirmed = 0
+        enough = asyncio.Event()
+        wanted = 0
+
+        def count(status: ConfirmationStatus) -> None:
+            nonlocal confirmed
+            assert status.is_confirmed, status
+            confirmed += 1
+            if confirmed >= wanted:
+                enough.set()
+
+        async def send(chunk: list[AMQPMessage]) -> None:
+            nonlocal wanted
+            wanted += len(chunk)
+            enough.clear()
+            await producer.send_batch(
+                stream, chunk, publisher_name="bench-raw", on_publish_confirm=count
+            )
+            await asyncio.wait_for(enough.wait(), 30)
+
+        await send(messages[:1])
+        started = time.perf_counter()
+        for at in range(1, len(messages), call):
+            await send(messages[at : at + call])
+        return (len(messages) - 1) / (time.perf_counter() - started)
+
+
+def _stream_admin(stream: str) -> None:
+    """Delete ``stream`` if it is there."""
+    from rstream import Producer
+
+    async def delete() -> None:
+        async with Producer("127.0.0.1", 5552, username="guest", password="guest") as producer:
+            await producer.delete_stream(stream, missing_ok=True)
+
+    asyncio.run(delete())
+
+
+def stream_rows(count: int, call: int, size: int) -> list[tuple[str, int, float, float]]:
+    """(shape, messages, target msg/s, raw rstream msg/s) for both shapes, each in a stream
+    of its own, deleted afterwards."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tidings-bench-") as folder:
+        for shape, one_key in (("many keys", False), ("one key", True)):
+            n = count if not one_key else max(1_001, count // 10)
+            ours, theirs = (f"tidings-bench-{uuid.uuid4().hex[:8]}" for _ in range(2))
+            try:
+                log = Path(folder) / f"{ours}.db"
+                target_rate = through_stream_target(ours, events(n, one_key, size), call, log)
+                raw_rate = asyncio.run(raw_stream(theirs, events(n, one_key, size), call))
+            finally:
+                _stream_admin(ours)
+                _stream_admin(theirs)
+            rows.append((shape, n - 1, target_rate, raw_rate))
+    return rows
+
+
 async def _admin(action: str, exchange: str, queue: str) -> None:
     connection = await aiormq.connect(BROKER)
     try:
@@ -157,11 +275,30 @@ def main() -> None:
             )
     finally:
         asyncio.run(_admin("delete", exchange, queue))
+    streams = [
+        "| shape | messages | tidings rabbitmq_stream msg/s | raw rstream msg/s | ratio |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    print("\n".join(["", *streams]))
+    for shape, n, target_rate, raw_rate in stream_rows(count, call, args.size):
+        ratio = target_rate / raw_rate
+        line = f"| {shape} | {n} | {target_rate:,.0f} | {raw_rate:,.0f} | {ratio:.2f} |"
+        print(line)
+        streams.append(line)
+        rows.append(
+            {
+                "shape": f"stream, {shape}",
+                "messages": n,
+                "target_msg_s": round(target_rate, 1),
+                "raw_rstream_msg_s": round(raw_rate, 1),
+                "ratio": round(ratio, 3),
+            }
+        )
     machine = machine_info(spark=False)
     result = {"machine": machine, "code": code_version(), "payload_bytes": args.size, "rows": rows}
     text = "\n".join(
         [
-            "# RabbitMQ target beside raw aiormq",
+            "# RabbitMQ targets beside raw aiormq and rstream",
             "",
             f"Run `.venv/bin/python -m bench.rabbitmq{' --quick' if args.quick else ''}` on "
             f"{machine['date']}; {code_version()}.",
@@ -171,6 +308,12 @@ def main() -> None:
             "Publisher confirms on both sides; the goal is a ratio of at least 0.8.",
             "",
             *header,
+            "",
+            "RabbitMQ streams: the rabbitmq_stream target (exactly once, its ids in a SQLite "
+            "outbox log) beside rstream's Producer with a named producer, confirms awaited "
+            "per call on both sides.",
+            "",
+            *streams,
         ]
     )
     paths = write_report("rabbitmq", result, text + "\n")

@@ -74,7 +74,7 @@ def test_schema_is_made_with_mysql_types_and_a_binary_collation(mysql_url: str) 
     assert keys == [("a",)]
 
 
-def test_schema_upgrades_from_version_1_and_keeps_version_2(mysql_url: str) -> None:
+def test_schema_upgrades_from_version_1_and_keeps_the_current_version(mysql_url: str) -> None:
     engine = make_engine(mysql_url)
     ensure_schema(engine)
     outbox = Outbox(engine)
@@ -85,10 +85,13 @@ def test_schema_upgrades_from_version_1_and_keeps_version_2(mysql_url: str) -> N
         conn.execute(text("DROP TABLE tidings_target_mark"))
         conn.execute(meta.update().values(value="1"))
     ensure_schema(engine)
-    assert _version(engine) == "2"
-    assert "tidings_target_mark" in inspect(engine).get_table_names()
-    ensure_schema(engine)  # version 2: nothing to do, nothing lost
-    assert _version(engine) == "2" and statuses(engine) == {1: "PENDING"}
+    assert _version(engine) == str(SCHEMA_VERSION) == "3"
+    tables = inspect(engine).get_table_names()
+    assert {"tidings_target_mark", "tidings_stream_producer", "tidings_stream_publish"} <= set(
+        tables
+    )
+    ensure_schema(engine)  # the current version: nothing to do, nothing lost
+    assert _version(engine) == "3" and statuses(engine) == {1: "PENDING"}
     with engine.begin() as conn:
         conn.execute(meta.update().values(value=str(SCHEMA_VERSION + 1)))
     with pytest.raises(SchemaError, match="newer than this tidings"):

@@ -201,15 +201,16 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "intermediary_tier eventer_access log_retention server stream_types stream_access streams "
         "tidings_file"
     ),
-    "tidings.outbox": "envelope schema confirmations checks incomplete writers producer",
+    "tidings.outbox": "envelope schema confirmations stream_ids checks incomplete writers producer",
     "tidings.routing": "table",
     "tidings.targets": "base destination loop_thread faults rounds secrets kinds registry routed",
     "tidings.targets.kinds": (
         "event_store server_group resend_window event_server_config event_server jetstream "
-        "rabbitmq redis_stream mqtt webhook"
+        "rabbitmq rabbitmq_stream redis_stream mqtt webhook"
     ),
     "tidings.targets.kinds.jetstream": "messages stream config security calls target",
     "tidings.targets.kinds.rabbitmq": "messages config target",
+    "tidings.targets.kinds.rabbitmq_stream": "messages config connection sender target",
     "tidings.targets.kinds.redis_stream": "entries config connection target",
     "tidings.targets.kinds.mqtt": "messages config link target",
     "tidings.targets.kinds.webhook": "answers cloudevent config target",

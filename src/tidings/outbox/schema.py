@@ -5,6 +5,9 @@ Tables follow the design document's physical model (``outbox_event``,
 ([0060], [0062]), a per-target delivery state, and ``seq``: the monotonically increasing
 log sequence the relay reads in order. ``tidings_target_mark`` keeps, per target, when the
 newest confirmation recorded there was made (see :mod:`tidings.outbox.confirmations`).
+``tidings_stream_producer`` and ``tidings_stream_publish`` hold the ``rabbitmq_stream``
+target's producer references and the publishing id each event was sent under (see
+:mod:`tidings.outbox.stream_ids`).
 
 On PostgreSQL ``seq`` comes from :func:`tidings_next_seq`, which forces the transaction to
 own a transaction id *before* it draws a sequence value. The relay relies on that to know
@@ -36,6 +39,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -50,7 +54,7 @@ from tidings.errors import SchemaError
 from tidings.events.outbox import OutboxEvent
 from tidings.events.timeutil import as_utc
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -209,6 +213,37 @@ target_mark = Table(
     **MYSQL_TABLE,
 )
 
+#: The ``rabbitmq_stream`` target's pool of producer references per (target, stream): slot
+#: ``n`` is the reference ``<target>.producer-<n>``, leased by one sender at a time
+#: (``holder`` NULL: released cleanly; else held until ``expires_at``, epoch seconds).
+#: Version 3 of the schema.
+stream_producer = Table(
+    "tidings_stream_producer",
+    metadata,
+    Column("target", String(256), nullable=False),
+    Column("stream", String(255), nullable=False),
+    Column("slot", Integer, nullable=False),
+    Column("holder", String(128)),
+    Column("expires_at", _DOUBLE, nullable=False),
+    PrimaryKeyConstraint("target", "stream", "slot"),
+    **MYSQL_TABLE,
+)
+
+#: Per (target, event): the stream, producer slot and publishing id the event was sent under,
+#: written before the send (:mod:`tidings.outbox.stream_ids`). Version 3 of the schema.
+stream_publish = Table(
+    "tidings_stream_publish",
+    metadata,
+    Column("target", String(256), nullable=False),
+    Column("event_id", String(36), nullable=False),
+    Column("stream", String(255), nullable=False),
+    Column("slot", Integer, nullable=False),
+    Column("publishing_id", BigInteger, nullable=False),
+    PrimaryKeyConstraint("target", "event_id"),
+    Index("idx_01_tidings_stream_publish", "target", "stream", "slot", "publishing_id"),
+    **MYSQL_TABLE,
+)
+
 #: MySQL/MariaDB only: one row per producer connection, locked by each transaction that
 #: emits before it draws a ``seq`` (:mod:`tidings.outbox.writers` says why).
 writer_metadata = MetaData()
@@ -254,7 +289,12 @@ def _upgrade_to_2(engine: Engine) -> None:
     metadata.create_all(engine, tables=[target_mark])
 
 
-_UPGRADES = {1: _upgrade_to_1, 2: _upgrade_to_2}
+def _upgrade_to_3(engine: Engine) -> None:
+    # The rabbitmq_stream target's tables (a new log got them from version 1's step).
+    metadata.create_all(engine, tables=[stream_producer, stream_publish])
+
+
+_UPGRADES = {1: _upgrade_to_1, 2: _upgrade_to_2, 3: _upgrade_to_3}
 
 
 def _stored_version(engine: Engine) -> int:
