@@ -23,11 +23,13 @@ committed first.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from tidings.events.model import NewEvent, StoredEvent
+from tidings.events.sources import ENGINE_SOURCE, Source
 from tidings.server.change_feed import ChangeFeed
 from tidings.server.engine import Engine
 from tidings.server.store import EventStore
@@ -54,6 +56,7 @@ class AsyncEngine:
         self._readers = ThreadPoolExecutor(query_workers, thread_name_prefix="tidings-query")
         self._bulk = ThreadPoolExecutor(bulk_workers, thread_name_prefix="tidings-bulk")
         self._feed = ChangeFeed(engine, self._readers, self._durability.emit)
+        engine.set_submitter(self._submit_threadsafe)
 
     @property
     def store(self) -> EventStore:
@@ -71,15 +74,28 @@ class AsyncEngine:
         return self._durability.subscribe(listener, early=early)
 
     def submit(
-        self, events: Sequence[NewEvent], *, more_coming: bool = False
+        self,
+        events: Sequence[NewEvent],
+        *,
+        source: Source = ENGINE_SOURCE,
+        more_coming: bool = False,
     ) -> asyncio.Future[list[StoredEvent | None]]:
-        """Queue one processing session (see :meth:`WriteQueue.submit`) and return its
-        future."""
-        return self._queue.submit(events, more_coming=more_coming)
+        """Queue one processing session registered by ``source`` (see
+        :meth:`WriteQueue.submit`) and return its future."""
+        return self._queue.submit(events, source=source, more_coming=more_coming)
 
-    async def register(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
-        """One processing session (see :meth:`Engine.register`)."""
-        return await self.submit(events)
+    async def register(
+        self, events: Sequence[NewEvent], source: Source = ENGINE_SOURCE
+    ) -> list[StoredEvent | None]:
+        """One processing session registered by ``source`` (see :meth:`Engine.register`)."""
+        return await self.submit(events, source=source)
+
+    def _submit_threadsafe(
+        self, events: Sequence[NewEvent], source: Source
+    ) -> concurrent.futures.Future[list[StoredEvent | None]]:
+        """:meth:`Engine.submit` from any thread (a module's own registrations): through the
+        write queue, on this engine's loop."""
+        return asyncio.run_coroutine_threadsafe(self.register(events, source), self._loop)
 
     async def register_synced(self, events: Sequence[StoredEvent]) -> list[StoredEvent]:
         """Store events that a peer server registered, with their own ids.
@@ -132,6 +148,7 @@ class AsyncEngine:
             await self._close_threads()
 
     async def _close_threads(self) -> None:
+        self.engine.set_submitter(None)
         await self._feed.aclose()
         await self._queue.aclose()
         await self._loop.run_in_executor(None, self._readers.shutdown, True)

@@ -31,6 +31,7 @@ from tidings.server.eventer.access import EventerAccess
 from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.server import EventerServer
 from tidings.server.metrics import MetricsEndpoint
+from tidings.server.modules import load_modules
 from tidings.server.monitor import MonitorLink
 from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
@@ -88,7 +89,8 @@ class RunningServer:
             )
             undo.callback(store.close)
             engine = Engine(store, [], max_session_events=config.engine.max_session_events)
-            engine.load_modules([module.as_dict() for module in config.engine.modules])
+            load_modules(engine, [module.as_dict() for module in config.engine.modules])
+            undo.callback(engine.close)  # after the last session (STOPPED), before the store
             async_engine = AsyncEngine(engine, flush_period=config.backend.held_flush_period)
             undo.push_async_callback(async_engine.aclose)
             if standalone:
@@ -208,7 +210,10 @@ class RunningServer:
             try:
                 await self.engine.aclose()
             finally:
-                self.store.close()
+                try:
+                    self.engine.engine.close()
+                finally:
+                    self.store.close()
         log.info("event server %d stopped", self.config.engine.server_id)
 
 

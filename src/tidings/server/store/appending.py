@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from tidings.events.model import EventType, NewEvent
+from tidings.events.sources import Source
 from tidings.server.store.counters import HeldCounters
 from tidings.server.store.driver import DriverCursor
 from tidings.server.store.planning import (
@@ -23,6 +24,7 @@ from tidings.server.store.planning import (
     plan_sessions,
     select_by_outbox_ids,
 )
+from tidings.server.store.sources import insert_sources, source_rows
 
 #: An outbox event as the store knows it: its outbox event id and its type.
 OutboxKey = tuple[str, EventType]
@@ -58,7 +60,11 @@ class Appending:
         }
 
     def register_sessions(
-        self, sessions: Sequence[Sequence[NewEvent]], *, validated: bool = False
+        self,
+        sessions: Sequence[Sequence[NewEvent]],
+        *,
+        validated: bool = False,
+        sources: Sequence[Sequence[Source]] | None = None,
     ) -> list[Registered]:
         """Store ``sessions`` as :meth:`EventStore.register_sessions
         <tidings.server.store.facade.EventStore.register_sessions>` does, in this
@@ -66,12 +72,16 @@ class Appending:
         encoded_types: dict[EventType, str] = {}
         for events in sessions:
             encoded_types.update(encode_types(events, check=not validated))
-        return self.register_encoded(sessions, encoded_types)
+        return self.register_encoded(sessions, encoded_types, sources)
 
     def register_encoded(
-        self, sessions: Sequence[Sequence[NewEvent]], encoded_types: dict[EventType, str]
+        self,
+        sessions: Sequence[Sequence[NewEvent]],
+        encoded_types: dict[EventType, str],
+        sources: Sequence[Sequence[Source]] | None = None,
     ) -> list[Registered]:
-        """:meth:`register_sessions` with every type of ``sessions`` encoded already."""
+        """:meth:`register_sessions` with every type of ``sessions`` encoded already;
+        ``sources``, if given, is who registered each event (recorded in ``event_sources``)."""
         if not encoded_types:
             return [Registered([], []) for _ in sessions]
         plan = plan_sessions(self._conn, sessions, encoded_types)
@@ -83,4 +93,9 @@ class Appending:
         new_types = set(encoded_types.values()) - self._known_types - self.new_types
         add_types(self._conn, new_types)
         self.new_types |= new_types
-        return plan.outcome(stored)
+        registered = plan.outcome(stored)
+        if sources is not None and stored:
+            fresh = {event.position for event in stored}
+            rows = source_rows([r.events for r in registered], sources, fresh)
+            insert_sources(self._conn, rows)
+        return registered
