@@ -146,6 +146,11 @@ class Engine:
         """How many modules run; the next one added is numbered so (its source id)."""
         return len(self._modules)
 
+    @property
+    def module_sources(self) -> list[Source]:
+        """The sources of the modules, in their order."""
+        return list(self._sources)
+
     def add_module(self, module: Module, source: Source | None = None) -> None:
         """Run ``module`` in every session from now on, after the modules added before it;
         the events it adds carry ``source`` (by default a module source numbered by its

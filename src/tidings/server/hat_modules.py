@@ -197,9 +197,16 @@ class HatEngine:
         if not events:
             return []
         new_events = [from_register_event(e, f"event {i}") for i, e in enumerate(events)]
-        future = self._engine.submit(new_events, from_hat_source(source))
+        future = self._engine.submit(new_events, self._named(from_hat_source(source)))
         results = await asyncio.wrap_future(future)
         return [None if stored is None else to_hat_event(stored) for stored in results]
+
+    def _named(self, source: Source) -> Source:
+        """A module's source as the engine knows it (with its name)."""
+        for known in self._engine.module_sources:
+            if (known.kind, known.id) == (source.kind, source.id):
+                return known
+        return source
 
     async def query(self, data: Any) -> list[Any]:
         """hat's query, answered by the store."""
