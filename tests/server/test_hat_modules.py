@@ -26,9 +26,9 @@ from bench.harness.processes import free_port, local_address, wait_for_port
 from tests.support.helpers import hat_event_server
 from tests.support.waiting import run
 from tidings.config.server import ServerConfig, load_server_config
-from tidings.errors import ModuleLoadError
+from tidings.errors import EngineError, ModuleLoadError
 from tidings.events.sources import Source, SourceKind
-from tidings.server.runner import RunningServer
+from tidings.server.runner import RunningServer, serve
 
 pytestmark = pytest.mark.sockets
 
@@ -234,3 +234,35 @@ def test_hat_event_refuses_the_same_configuration(tmp_path: Path) -> None:
     refused = pytest.raises(RuntimeError, match=r"'prefix' is a required property")
     with refused, hat_event_server(tmp_path, 1, modules=bad, syncer=False):
         pass
+
+
+# --- a hat module that closes itself ends the server, as in hat-event ------------------------
+
+CLOSING = [{"module": "tests.support.hat_modules.closing"}]
+
+
+async def _register_close(address: str) -> None:
+    client = await hat_eventer.connect(address)
+    try:
+        client.register([hat.RegisterEvent(("close",), None, None)])
+        await asyncio.sleep(0.1)  # sent: the server may close the connection now
+    finally:
+        await client.async_close()
+
+
+def test_a_hat_module_that_closes_itself_stops_the_server(tmp_path: Path) -> None:
+    with hat_event_server(tmp_path, 1, modules=CLOSING, syncer=False) as (port, _, process):
+        run(_register_close(local_address(port)))
+        process.wait(15)  # hat-event's server ends: its engine closed with the module
+
+    async def main() -> None:
+        port = free_port()
+        serving = asyncio.ensure_future(serve(_config(tmp_path, port, CLOSING)))
+        await asyncio.to_thread(wait_for_port, port, 10)
+        await _register_close(local_address(port))
+        with pytest.raises(EngineError, match="closing closed itself; the server stops"):
+            await asyncio.wait_for(serving, 15)
+
+    before = {t.name for t in threading.enumerate()}
+    run(main())
+    assert "tidings-hat-modules" not in {t.name for t in threading.enumerate()} - before

@@ -57,6 +57,8 @@ class AsyncEngine:
         self._bulk = ThreadPoolExecutor(bulk_workers, thread_name_prefix="tidings-bulk")
         self._feed = ChangeFeed(engine, self._readers, self._durability.emit)
         engine.set_submitter(self._submit_threadsafe)
+        self._fault: asyncio.Future[str] = self._loop.create_future()
+        engine.on_fault(self._fault_threadsafe)
 
     @property
     def store(self) -> EventStore:
@@ -128,8 +130,21 @@ class AsyncEngine:
 
     async def wait_broken(self) -> str:
         """Return (why) once the store has lost answered registrations it held (see
-        :meth:`Durability.wait_broken`): the server stops."""
-        return await self._durability.wait_broken()
+        :meth:`Durability.wait_broken`), or the engine faulted (a module closed itself, see
+        :meth:`Engine.report_fault`): the server stops."""
+        lost = asyncio.ensure_future(self._durability.wait_broken())
+        try:
+            await asyncio.wait([lost, self._fault], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        return self._fault.result() if self._fault.done() else lost.result()
+
+    def _fault_threadsafe(self, reason: str) -> None:
+        self._loop.call_soon_threadsafe(self._set_fault, reason)
+
+    def _set_fault(self, reason: str) -> None:
+        if not self._fault.done():
+            self._fault.set_result(reason)
 
     async def flush(self) -> None:
         """Commit the registrations the store holds (``durability: periodic``), after every

@@ -134,6 +134,9 @@ class Engine:
         self._last_session_id = 0
         self._submitter: Submitter | None = None
         self._own_submitter: ThreadPoolExecutor | None = None
+        #: Why the engine can run no more sessions (a module closed itself), or None.
+        self.fault: str | None = None
+        self._fault_callbacks: list[Callable[[str], None]] = []
         for module in modules:
             self.add_module(module)
 
@@ -161,6 +164,25 @@ class Engine:
         self._modules.append(module)
         self._matchers.append(matcher)
         self._sources.append(source)
+
+    def on_fault(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback`` (from any thread) with the reason once the engine faults."""
+        self._fault_callbacks.append(callback)
+        if self.fault is not None:
+            callback(self.fault)
+
+    def report_fault(self, reason: str) -> None:
+        """A module cannot run any more (a hat module closed itself): every session fails
+        from now on, and the server stops, as hat-event's engine closes then."""
+        if self.fault is not None:
+            return
+        self.fault = reason
+        log.error("engine: %s; no session can run any more", reason)
+        for callback in list(self._fault_callbacks):
+            try:
+                callback(reason)
+            except Exception:
+                log.exception("engine fault callback %r failed", callback)
 
     def on_close(self, closer: Callable[[], None]) -> None:
         """Call ``closer`` in :meth:`close`, after the modules' own ``close``."""
@@ -274,6 +296,8 @@ class Engine:
             sources = [ENGINE_SOURCE] * len(requests)
         elif len(sources) != len(requests):
             raise EngineError(f"{len(requests)} requests but {len(sources)} sources")
+        if self.fault is not None:
+            raise EngineError(f"{self.fault}; the engine runs no more sessions")
         with self._lock:
             if self._in_session:
                 raise EngineError(
@@ -287,7 +311,12 @@ class Engine:
                 self._in_session = False
 
     def _engine_event(self, status: str) -> StoredEvent:
-        [stored] = self.register([json_event(ENGINE_EVENT_TYPE, status)])
+        event = json_event(ENGINE_EVENT_TYPE, status)
+        if self.fault is not None:  # no module can run: stored as hat's engine does then
+            [registered] = self._store.register_sessions([[event]], sources=[[ENGINE_SOURCE]])
+            self._notify(registered.fresh)
+            return registered.events[0]
+        [stored] = self.register([event])
         assert stored is not None
         return stored
 

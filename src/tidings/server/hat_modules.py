@@ -241,12 +241,16 @@ class HatModule:
         module: Any,
         hat_loop: HatLoop,
         server_id: int,
+        report_fault: Callable[[str], None],
     ) -> None:
         self.name = name
         self._module = module
         self._hat_loop = hat_loop
         self._server_id = server_id
         self._session_timestamp_us = 0
+        self._closing = False
+        self._report_fault = report_fault
+        asyncio.run_coroutine_threadsafe(self._watch(), hat_loop.loop)
         try:
             query_types = module.subscription.get_query_types()
             self.subscription = tuple(tuple(t) for t in query_types)
@@ -271,19 +275,21 @@ class HatModule:
         ]
 
     async def _collect(self, source: Any, hat_event: Any) -> list[Any]:
-        self._require_open()
         return [e async for e in self._module.process(source, hat_event)]
 
     def close(self) -> None:
+        self._closing = True
         self._hat_loop.call(self._module.async_close())
 
-    async def _notify(self, method: str, session_id: int) -> None:
-        self._require_open()
-        await getattr(self._module, method)(session_id)
+    async def _watch(self) -> None:
+        """A hat module that closes itself closes hat's engine, and its server stops: here
+        the engine faults (:meth:`Engine.report_fault`), with the same end."""
+        await self._module.wait_closing()
+        if not self._closing:
+            self._report_fault(f"hat module {self.name} closed itself")
 
-    def _require_open(self) -> None:
-        if not self._module.is_open:
-            raise EngineError(f"module {self.name} has closed itself")
+    async def _notify(self, method: str, session_id: int) -> None:
+        await getattr(self._module, method)(session_id)
 
 
 async def create_hat_module(

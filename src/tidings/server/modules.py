@@ -40,7 +40,7 @@ def load_modules(engine: Engine, configs: Sequence[dict[str, Any]]) -> None:
                 if runtime is None:
                     runtime = _HatRuntime(engine)
                     engine.on_close(runtime.close)
-                module = _load_hat_module(path, python_module, config, runtime, source)
+                module = _load_hat_module(path, python_module, config, runtime, source, engine)
             else:
                 module = create_module(path, python_module, config, engine)
             engine.add_module(module, source)
@@ -93,6 +93,7 @@ def _load_hat_module(
     config: dict[str, Any],
     runtime: _HatRuntime,
     source: Source,
+    engine: Engine,
 ) -> Module:
     """Validate the hat module's configuration by its schema, then create it on the
     engine's hat loop (started with the first hat module, stopped when the engine closes)."""
@@ -107,7 +108,9 @@ def _load_hat_module(
         raise
     except Exception as exc:
         raise ModuleLoadError(f"module {path!r}: create() failed: {exc!r}") from exc
-    return hat_modules.HatModule(path, created, runtime.loop, runtime.server_id)
+    return hat_modules.HatModule(
+        path, created, runtime.loop, runtime.server_id, engine.report_fault
+    )
 
 
 class _HatRuntime:

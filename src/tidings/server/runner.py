@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tidings.config.server import ServerConfig
-from tidings.errors import ConfigError, StoreError
+from tidings.errors import ConfigError, EngineError, StoreError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.backends import open_backend
 from tidings.server.engine import Engine
@@ -280,6 +280,8 @@ async def _until_stopped_or_failed(stop: asyncio.Event, running: RunningServer) 
     if stop.is_set():
         return
     if broken.done() and not broken.cancelled():
+        if running.engine.engine.fault is not None:
+            raise EngineError(f"{running.engine.engine.fault}; the server stops")
         raise StoreError(f"event store: {broken.result()}; the server stops")
     if lost is not None and lost.done() and not lost.cancelled():
         raise lost.result()
