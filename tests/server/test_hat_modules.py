@@ -29,6 +29,7 @@ from tidings.config.server import ServerConfig, load_server_config
 from tidings.errors import EngineError, ModuleLoadError
 from tidings.events.sources import Source, SourceKind
 from tidings.server.runner import RunningServer, serve
+from tidings.server.store import EventStore
 
 pytestmark = pytest.mark.sockets
 
@@ -266,3 +267,12 @@ def test_a_hat_module_that_closes_itself_stops_the_server(tmp_path: Path) -> Non
     before = {t.name for t in threading.enumerate()}
     run(main())
     assert "tidings-hat-modules" not in {t.name for t in threading.enumerate()} - before
+    store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
+    try:
+        stored = store.read(0, 100)
+    finally:
+        store.close()
+    # The session that closed the module was stored (as hat's engine stores it), nothing
+    # after it but the engine's STOPPED (the client's DISCONNECTED found no engine).
+    assert [e.type for e in stored][-2:] == [("close",), ("event", "engine")]
+    assert stored[-1].payload == b'"STOPPED"'
