@@ -224,8 +224,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "chatter_server"
     ),
     "tidings.server": (
-        "store backends engine hat_modules modules writing change_feed async_engine eventer "
-        "syncer monitor metrics runner"
+        "store backends module_interface engine hat_modules modules writing change_feed "
+        "async_engine eventer syncer monitor metrics runner"
     ),
     "tidings.server.store": (
         "driver schema counters copies sources planning appending facade type_patterns queries "

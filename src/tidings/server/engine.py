@@ -32,15 +32,35 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
 
-from tidings.errors import EngineError, StoreError
-from tidings.events.matching import QueryType, TypeMatcher
-from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent, json_event
+from tidings.errors import EngineError
+from tidings.events.matching import TypeMatcher
+from tidings.events.model import EventType, NewEvent, StoredEvent, json_event
 from tidings.events.sources import ENGINE_SOURCE, Source, module_source
 from tidings.events.validation import validate_new_event
+from tidings.server.module_interface import (
+    Module,
+    SessionEvent,
+    call_module,
+    check_added,
+    module_matcher,
+    module_name,
+    session_event,
+)
 from tidings.server.store import EventStore
 from tidings.server.store.appending import OutboxKey
+
+__all__ = [
+    "ENGINE_EVENT_TYPE",
+    "STATUS_STARTED",
+    "STATUS_STOPPED",
+    "Callback",
+    "Engine",
+    "Module",
+    "SessionEvent",
+    "Submitter",
+    "module_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,58 +75,6 @@ STATUS_STOPPED = "STOPPED"
 Callback = Callable[[list[StoredEvent]], None]
 #: Registers a session from any thread, outside the sessions (see :meth:`Engine.submit`).
 Submitter = Callable[[Sequence[NewEvent], Source], "Future[list[StoredEvent | None]]"]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionEvent:
-    """An event of a running session, as modules see it before it is stored.
-
-    ``session_id`` is the engine's session counter (the store numbers sessions itself when it
-    stores them); ``instance`` is the 1-based place of the event in the session's queue;
-    ``source`` is who registered it (a module's additions carry that module's source).
-    """
-
-    session_id: int
-    instance: int
-    type: EventType
-    payload: bytes | None
-    payload_kind: PayloadKind | None
-    source_timestamp_us: int | None
-    outbox_event_id: str | None
-    source: Source = ENGINE_SOURCE
-
-    def to_new_event(self) -> NewEvent:
-        return NewEvent(
-            self.type,
-            self.payload,
-            self.payload_kind,
-            self.source_timestamp_us,
-            self.outbox_event_id,
-        )
-
-
-@runtime_checkable
-class Module(Protocol):
-    """An event server module (Hat); its calls run one at a time, inside sessions.
-
-    A module that holds resources may also define ``close()``: :meth:`Engine.close` calls
-    it once, after the last session.
-    """
-
-    #: Query types (``?`` and a trailing ``*`` allowed) of the events offered to ``process``.
-    subscription: tuple[QueryType, ...]
-
-    def on_session_start(self, session_id: int) -> None: ...
-
-    def process(self, session_id: int, event: SessionEvent) -> list[NewEvent]: ...
-
-    def on_session_stop(self, session_id: int) -> None: ...
-
-
-def module_name(module: object) -> str:
-    """How errors and logs name a module: its ``name`` attribute, else its class."""
-    name = getattr(module, "name", None)
-    return name if isinstance(name, str) and name else type(module).__qualname__
 
 
 class Engine:
@@ -158,7 +126,7 @@ class Engine:
         """Run ``module`` in every session from now on, after the modules added before it;
         the events it adds carry ``source`` (by default a module source numbered by its
         place, as hat-event numbers the modules of ``engine.modules``)."""
-        matcher = _matcher(module)
+        matcher = module_matcher(module)
         if source is None:
             source = module_source(len(self._modules), module_name(module))
         self._modules.append(module)
@@ -409,13 +377,13 @@ class Engine:
         try:
             for module in self._modules:
                 started.append(module)
-                _call(module, "on_session_start", module.on_session_start, session_id)
+                call_module(module, "on_session_start", module.on_session_start, session_id)
             self._rounds(plan, skip)
         except EngineError as exc:
             error = exc
         for module in started:
             try:
-                _call(module, "on_session_stop", module.on_session_stop, session_id)
+                call_module(module, "on_session_stop", module.on_session_stop, session_id)
             except EngineError as exc:
                 if error is None:
                     error = exc
@@ -439,11 +407,11 @@ class Engine:
                     new_event = queue[index]
                     if not matcher.matches(new_event.type):
                         continue
-                    event = _session_event(session_id, index + 1, new_event, plan.sources[index])
-                    added = _call(module, "process", module.process, session_id, event)
+                    event = session_event(session_id, index + 1, new_event, plan.sources[index])
+                    added = call_module(module, "process", module.process, session_id, event)
                     if not added:
                         continue
-                    _check_added(session_id, module, added)
+                    check_added(session_id, module, added)
                     added_indexes.extend(range(len(queue), len(queue) + len(added)))
                     queue.extend(added)
                     plan.sources.extend([source] * len(added))
@@ -495,58 +463,3 @@ def _queues(planned: list[_Plan | EngineError]) -> list[list[NewEvent]]:
 def _sources(planned: list[_Plan | EngineError]) -> list[list[Source]]:
     """The sources of :func:`_queues`' events, per session and event."""
     return [plan.sources for plan in planned if not isinstance(plan, EngineError) and plan.queue]
-
-
-def _check_added(session_id: int, module: Module, added: object) -> None:
-    """Refuse what ``process`` returned unless it is a list of valid new events."""
-    name = module_name(module)
-    if not isinstance(added, list):
-        raise EngineError(
-            f"session {session_id}: module {name} returned "
-            f"{type(added).__name__} from process, not a list of NewEvent"
-        )
-    for index, added_event in enumerate(added):
-        problem = validate_new_event(added_event)
-        if problem is not None:
-            raise EngineError(
-                f"session {session_id}: module {name} added an invalid event (#{index}): {problem}"
-            )
-
-
-def _matcher(module: Module) -> TypeMatcher:
-    name = module_name(module)
-    if not isinstance(module, Module):
-        raise EngineError(
-            f"module {name} lacks subscription, on_session_start, process or on_session_stop"
-        )
-    try:
-        return TypeMatcher(module.subscription)
-    except (StoreError, TypeError) as exc:
-        raise EngineError(f"module {name}: invalid subscription: {exc}") from exc
-
-
-def _call(module: Module, what: str, method: Callable[..., Any], *args: Any) -> Any:
-    """Call a module method; any exception becomes an :class:`EngineError` naming it."""
-    try:
-        return method(*args)
-    except Exception as exc:
-        session_id = args[0]
-        raise EngineError(
-            f"session {session_id}: module {module_name(module)} failed in {what}: {exc!r}; "
-            "the session is aborted, nothing was stored"
-        ) from exc
-
-
-def _session_event(
-    session_id: int, instance: int, new_event: NewEvent, source: Source
-) -> SessionEvent:
-    return SessionEvent(
-        session_id,
-        instance,
-        new_event.type,
-        new_event.payload,
-        new_event.payload_kind,
-        new_event.source_timestamp_us,
-        new_event.outbox_event_id,
-        source,
-    )

@@ -44,7 +44,8 @@ from tidings.errors import EngineError, ModuleLoadError
 from tidings.events.model import NewEvent, StoredEvent
 from tidings.events.query import QueryData
 from tidings.events.sources import HAT_KINDS, Source, SourceKind
-from tidings.server.engine import Engine, SessionEvent
+from tidings.server.engine import Engine
+from tidings.server.module_interface import SessionEvent
 from tidings.server.store.queries import query_events
 from tidings.wire import codec
 

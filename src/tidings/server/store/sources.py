@@ -19,9 +19,13 @@ from tidings.events.sources import Source, SourceKind
 from tidings.server.store.driver import DriverCursor
 from tidings.server.store.schema import event_sources_table
 
-_INSERT_SQL = (
-    "INSERT INTO event_sources (server, session, instance, kind, source_id, name) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
+_COLUMNS = "server, session, instance, kind, source_id, name"
+_INSERT_SQL = f"INSERT INTO event_sources ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+#: PostgreSQL: one statement for all rows, as the events' own insert (see
+#: :func:`~.planning.insert_event_rows`: psycopg's executemany runs a statement per row).
+_INSERT_UNNEST_SQL = (
+    f"INSERT INTO event_sources ({_COLUMNS}) SELECT * FROM unnest("
+    "?::bigint[], ?::bigint[], ?::bigint[], ?::text[], ?::bigint[], ?::text[])"
 )
 
 
@@ -61,7 +65,12 @@ def source_rows(
 
 
 def insert_sources(conn: DriverCursor, rows: list[tuple[Any, ...]]) -> None:
-    if rows:
+    """Insert :func:`source_rows`' rows, in one statement on PostgreSQL."""
+    if not rows:
+        return
+    if conn.postgresql:
+        conn.rows(_INSERT_UNNEST_SQL, [list(column) for column in zip(*rows, strict=True)])
+    else:
         conn.executemany(_INSERT_SQL, rows)
 
 
