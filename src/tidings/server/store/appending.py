@@ -95,7 +95,6 @@ class Appending:
         self.new_types |= new_types
         registered = plan.outcome(stored)
         if sources is not None and stored:
-            fresh = {event.position for event in stored}
-            rows = source_rows([r.events for r in registered], sources, fresh)
+            rows = source_rows([r.events for r in registered], sources, stored[0].position)
             insert_sources(self._conn, rows)
         return registered

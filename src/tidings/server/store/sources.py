@@ -32,35 +32,38 @@ _INSERT_UNNEST_SQL = (
 def source_rows(
     inputs: Sequence[Sequence[StoredEvent]],
     sources: Sequence[Sequence[Source]],
-    fresh: set[int],
+    first_position: int,
 ) -> list[tuple[Any, ...]]:
     """The rows for the events stored now: ``inputs`` per session the stored event of each
-    input (an outbox duplicate's slot holds the event stored earlier), ``sources`` the source
-    of each input, ``fresh`` the positions stored by this call."""
+    input (an outbox duplicate's slot holds the event stored first), ``sources`` the source
+    of each input, ``first_position`` the position of the first event stored by this call.
+
+    The call stored its events at consecutive positions, in input order: an input whose
+    event's position is not above every one met so far was stored before, or is a repeat.
+    This runs once per stored event on the write path, hence no more than a comparison each.
+    """
     rows: list[tuple[Any, ...]] = []
-    # An outbox event repeated in the call is stored once: its first input names it.
-    seen: set[int] = set()
+    high = first_position - 1
     for stored, session_sources in zip(inputs, sources, strict=True):
-        last: tuple[int, int, Source] | None = None
-        first: list[tuple[StoredEvent, Source]] = []
+        last: Source | None = None
         for event, source in zip(stored, session_sources, strict=True):
-            if event.position in fresh and event.position not in seen:
-                seen.add(event.position)
-                first.append((event, source))
-        for event, source in sorted(first, key=lambda pair: pair[0].position):
-            key = (event.id.server, event.id.session, source)
-            if last != key:
-                rows.append(
-                    (
-                        event.id.server,
-                        event.id.session,
-                        event.id.instance,
-                        source.kind.value,
-                        source.id,
-                        source.name,
-                    )
+            if event.position <= high:
+                continue
+            high = event.position
+            if source is last or source == last:
+                continue
+            last = source
+            event_id = event.id
+            rows.append(
+                (
+                    event_id.server,
+                    event_id.session,
+                    event_id.instance,
+                    source.kind.value,
+                    source.id,
+                    source.name,
                 )
-                last = key
+            )
     return rows
 
 
