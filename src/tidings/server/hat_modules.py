@@ -30,7 +30,6 @@ when ``engine.modules`` names a hat module.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -48,8 +47,6 @@ from tidings.server.engine import Engine
 from tidings.server.module_interface import SessionEvent
 from tidings.server.store.queries import query_events
 from tidings.wire import codec
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -87,7 +84,7 @@ class HatLoop:
 
 def is_hat_module(python_module: ModuleType) -> bool:
     """Whether ``python_module`` is written for hat-event: hat requires ``json_schema_id``
-    and ``json_schema_repo`` of it (tidings' modules need neither), and its ``create`` is a
+    and ``json_schema_repo`` of it (tidings' modules need neither), or its ``create`` is a
     coroutine function."""
     create = getattr(python_module, "create", None)
     return hasattr(python_module, "json_schema_repo") or asyncio.iscoroutinefunction(create)
@@ -120,10 +117,10 @@ def to_hat_source(source: Source) -> Any:
     return hat.Source(hat_type, source.id)
 
 
-def from_hat_source(source: Any, name: str | None = None) -> Source:
+def from_hat_source(source: Any) -> Source:
     """tidings' ``Source`` of a hat ``Source`` (what a hat module registers on behalf of)."""
     try:
-        return Source(SourceKind[source.type.name], int(source.id), name)
+        return Source(SourceKind[source.type.name], int(source.id))
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise EngineError(f"not a hat-event Source: {source!r}") from exc
 
@@ -251,14 +248,15 @@ class HatModule:
         self._session_timestamp_us = 0
         self._closing = False
         self._report_fault = report_fault
-        asyncio.run_coroutine_threadsafe(self._watch(), hat_loop.loop)
         try:
             query_types = module.subscription.get_query_types()
             self.subscription = tuple(tuple(t) for t in query_types)
         except Exception as exc:
+            self.close()
             raise ModuleLoadError(
                 f"module {name!r}: its subscription is not a hat-event Subscription: {exc!r}"
             ) from exc
+        asyncio.run_coroutine_threadsafe(self._watch(), hat_loop.loop)
 
     def on_session_start(self, session_id: int) -> None:
         self._session_timestamp_us = time.time_ns() // 1000
