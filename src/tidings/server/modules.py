@@ -49,6 +49,27 @@ def load_modules(engine: Engine, configs: Sequence[dict[str, Any]]) -> None:
         raise
 
 
+def module_problems(where: str, configs: Sequence[dict[str, Any]]) -> list[str]:
+    """What would stop ``configs`` (``engine.modules`` entries at ``where``) from loading,
+    found without creating any module: a module that cannot be imported, a tidings module
+    without ``create``, a hat module's entry its own schema refuses. For ``tidings config
+    check``; the start finds the rest (``create`` failing)."""
+    problems: list[str] = []
+    for index, config in enumerate(configs):
+        path = config["module"]
+        try:
+            python_module = import_module(path)
+            if _is_hat(python_module):
+                from tidings.server.hat_modules import validate_conf
+
+                validate_conf(path, python_module, config)
+            elif not callable(getattr(python_module, "create", None)):
+                raise ModuleLoadError(f"module {path!r}: has no create(config, engine) function")
+        except ModuleLoadError as exc:
+            problems.append(f"{where}.{index}: {exc}")
+    return problems
+
+
 def import_module(path: str) -> ModuleType:
     """The Python module ``path`` of an ``engine.modules`` entry."""
     try:
