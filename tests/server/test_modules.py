@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tidings.demo.alerts import ALERT, WITHDRAWAL
-from tidings.events.model import NewEvent, json_event
+from tidings.events.model import EventId, NewEvent, json_event
 from tidings.events.sources import RELAY_SOURCE, Source, SourceKind
 from tidings.server.engine import Engine
 from tidings.server.modules import load_modules
@@ -73,3 +73,48 @@ def test_hat_and_tidings_modules_share_the_sessions(tmp_path: Path) -> None:
         Source(SourceKind.MODULE, 2, LATER),
         Source(SourceKind.MODULE, 2, LATER),
     ]
+
+
+def test_a_hat_module_sees_the_id_and_timestamp_each_event_is_stored_under(
+    tmp_path: Path,
+) -> None:
+    """As in hat-event: the engine numbers and stamps a session before its modules run, as
+    the store then stores it, outbox events already stored (not stored again) included."""
+    store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
+    engine = Engine(store, [])
+    try:
+        load_modules(
+            engine,
+            [
+                {
+                    "module": "tests.support.hat_modules.ids",
+                    "subscriptions": [["t", "*"], ["r", "*"]],
+                },
+                {"module": REACT, "subscriptions": [["t", "*"]], "prefix": ["r"]},
+            ],
+        )
+        engine.register([NewEvent(("t", "1")), NewEvent(("t", "2"))])
+        first = json_event(("t", "o"), 1, outbox_event_id="o1")
+        engine.register_many(
+            [
+                [first],
+                [NewEvent(("t", "3")), first, NewEvent(("t", "4"))],  # o1: stored already
+                [first],  # nothing to store: no number taken
+                [NewEvent(("t", "5"))],
+            ]
+        )
+        stored = {e.id: e for e in store.read()}
+    finally:
+        engine.close()
+        store.close()
+    answers = [e for e in stored.values() if e.type[0] == "id-of"]
+    answered = sorted(e.type for e in stored.values() if e.type[0] in ("t", "r"))
+    assert sorted(e.type[1:] for e in answers) == answered  # each event once
+    assert len(answered) == 12  # t/1..5 and t/o, each answered by react
+    for answer in answers:
+        shown = json.loads(answer.payload or b"")
+        server, session, instance = shown["id"]
+        event = stored[EventId(server, session, instance)]
+        assert event.type == answer.type[1:]  # the id it was shown is the one it has
+        assert shown["timestamp"] == list(divmod(event.timestamp_us, 1_000_000))
+        assert answer.id.session == event.id.session  # answered in its own session

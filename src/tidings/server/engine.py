@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidings.errors import EngineError
 from tidings.events.matching import TypeMatcher
@@ -303,9 +304,20 @@ class Engine:
                 planned.append(exc)
         if self._modules and _queues(planned):
             with self._store.appending(wait=wait) as appending:
-                self._process_all(planned, appending.stored_outbox_keys(_queued(planned)))
+                self._process_all(
+                    planned,
+                    appending.stored_outbox_keys(_queued(planned)),
+                    appending.last_numbers(),
+                )
                 registered = appending.register_sessions(
-                    _queues(planned), validated=True, sources=_sources(planned)
+                    _queues(planned),
+                    validated=True,
+                    sources=_sources(planned),
+                    timestamps=[
+                        p.timestamp_us
+                        for p in planned
+                        if not isinstance(p, EngineError) and p.queue
+                    ],
                 )
         else:
             registered = self._store.register_sessions(
@@ -344,10 +356,18 @@ class Engine:
                 plan.slots.append(None)
         return plan
 
-    def _process_all(self, planned: list[_Plan | EngineError], stored: set[OutboxKey]) -> None:
+    def _process_all(
+        self,
+        planned: list[_Plan | EngineError],
+        stored: set[OutboxKey],
+        last: tuple[int, int],
+    ) -> None:
         """Run the planned sessions through the modules, in order, adding what they add; an
         aborted one's plan becomes its error. ``stored``: the outbox keys the store holds;
-        their events, and repeats within the call, are not offered again."""
+        their events, and repeats within the call, are not offered again. ``last``: the
+        store's last session and instance numbers of this server, from which each session
+        that will be stored is numbered, as the store will number it."""
+        session, instance = last
         for number, plan in enumerate(planned):
             if isinstance(plan, EngineError) or not plan.queue:
                 continue
@@ -361,12 +381,17 @@ class Engine:
                     keys.add(key)
             if len(skip) == len(plan.queue):
                 continue
+            plan.session_id = session + 1
+            plan.timestamp_us = time.time_ns() // 1000
+            plan.instances = _instances(len(plan.queue), skip, instance)
+            plan.last_instance = instance + len(plan.queue) - len(skip)
             try:
                 self._process(plan, skip)
             except EngineError as exc:
                 planned[number] = exc
                 continue
             stored |= keys
+            session, instance = plan.session_id, plan.last_instance
 
     def _process(self, plan: _Plan, skip: set[int]) -> None:
         """Run the session of ``plan`` (but its events at the indexes ``skip``), appending
@@ -407,7 +432,13 @@ class Engine:
                     new_event = queue[index]
                     if not matcher.matches(new_event.type):
                         continue
-                    event = session_event(session_id, index + 1, new_event, plan.sources[index])
+                    event = session_event(
+                        session_id,
+                        plan.instances[index],
+                        new_event,
+                        plan.sources[index],
+                        plan.timestamp_us,
+                    )
                     added = call_module(module, "process", module.process, session_id, event)
                     if not added:
                         continue
@@ -415,6 +446,9 @@ class Engine:
                     added_indexes.extend(range(len(queue), len(queue) + len(added)))
                     queue.extend(added)
                     plan.sources.extend([source] * len(added))
+                    after = plan.last_instance
+                    plan.instances.extend(range(after + 1, after + 1 + len(added)))
+                    plan.last_instance = after + len(added)
                     if len(queue) - original > self._max_added:
                         raise EngineError(
                             f"session {session_id}: modules added more than "
@@ -443,12 +477,30 @@ class _Plan:
     queue: list[NewEvent]
     #: Per event of ``queue``, who registered it.
     sources: list[Source]
+    #: With modules: the session's timestamp, and per event of ``queue`` the instance it is
+    #: stored under (0: it is not, being stored already), as the store will number them.
+    timestamp_us: int = 0
+    instances: list[int] = field(default_factory=list)
+    last_instance: int = 0
 
     def outcome(self, stored: list[StoredEvent] | None) -> list[StoredEvent | None]:
         """Each input's stored event, given those of ``queue`` (None: nothing to store)."""
         if stored is None:
             return [None] * len(self.slots)
         return [None if slot is None else stored[slot] for slot in self.slots]
+
+
+def _instances(count: int, skip: set[int], last: int) -> list[int]:
+    """The instances of a session's ``count`` events after ``last``, but those at ``skip``
+    (0: not stored)."""
+    instances: list[int] = []
+    for index in range(count):
+        if index in skip:
+            instances.append(0)
+        else:
+            last += 1
+            instances.append(last)
+    return instances
 
 
 def _queued(planned: list[_Plan | EngineError]) -> list[NewEvent]:

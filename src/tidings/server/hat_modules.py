@@ -18,10 +18,9 @@ has hat's ``register(source, events)``, ``query(data)``, ``register_events_cb`` 
 so a module's own later registrations are sessions like any other. As in hat, awaiting it
 from inside ``process`` would wait for the session itself: a module must not.
 
-The event ids a hat module sees during a session are the session's provisional ones (the
-engine's session counter, the event's place in the session) and its timestamp the time the
-session started: the store numbers and stamps the session when it stores it. Everything else
-is the stored event's.
+The event a hat module sees during a session has the id and timestamp it is stored under,
+as in hat-event: the engine numbers and stamps the session from the store's counters, in the
+append transaction the session is stored in.
 
 This module needs hat-event installed, as every hat module does itself; it is imported only
 when ``engine.modules`` names a hat module.
@@ -31,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
@@ -130,10 +128,11 @@ def to_hat_event(event: StoredEvent) -> Any:
     return hat.event_from_sbs(_event_value(event.id, event.timestamp_us, event))
 
 
-def session_to_hat_event(server_id: int, timestamp_us: int, event: SessionEvent) -> Any:
-    """hat's ``Event`` of an event of a running session (provisional id and timestamp)."""
+def session_to_hat_event(server_id: int, event: SessionEvent) -> Any:
+    """hat's ``Event`` of an event of a running session, with the id and timestamp it is
+    stored under."""
     event_id = hat.EventId(server_id, event.session_id, event.instance)
-    return hat.event_from_sbs(_event_value(event_id, timestamp_us, event))
+    return hat.event_from_sbs(_event_value(event_id, event.timestamp_us, event))
 
 
 def _event_value(event_id: Any, timestamp_us: int, event: StoredEvent | SessionEvent) -> Any:
@@ -245,7 +244,6 @@ class HatModule:
         self._module = module
         self._hat_loop = hat_loop
         self._server_id = server_id
-        self._session_timestamp_us = 0
         self._closing = False
         self._report_fault = report_fault
         try:
@@ -259,14 +257,13 @@ class HatModule:
         asyncio.run_coroutine_threadsafe(self._watch(), hat_loop.loop)
 
     def on_session_start(self, session_id: int) -> None:
-        self._session_timestamp_us = time.time_ns() // 1000
         self._hat_loop.call(self._notify("on_session_start", session_id))
 
     def on_session_stop(self, session_id: int) -> None:
         self._hat_loop.call(self._notify("on_session_stop", session_id))
 
     def process(self, session_id: int, event: SessionEvent) -> list[NewEvent]:
-        hat_event = session_to_hat_event(self._server_id, self._session_timestamp_us, event)
+        hat_event = session_to_hat_event(self._server_id, event)
         registered = self._hat_loop.call(self._collect(to_hat_source(event.source), hat_event))
         return [
             from_register_event(e, f"module {self.name}: event {i}")

@@ -24,9 +24,12 @@ from tidings.events.validation import validate_new_event
 class SessionEvent:
     """An event of a running session, as modules see it before it is stored.
 
-    ``session_id`` is the engine's session counter (the store numbers sessions itself when it
-    stores them); ``instance`` is the 1-based place of the event in the session's queue;
-    ``source`` is who registered it (a module's additions carry that module's source).
+    ``session_id`` and ``instance`` are the id the event is stored under, and
+    ``timestamp_us`` the session's timestamp, as in hat-event (the engine takes them from
+    the store's counters in the append transaction the session runs in; an event a module
+    adds with an outbox id the store holds already is not stored, and the events after it
+    in its session then get one number less than they were shown). ``source`` is who
+    registered it (a module's additions carry that module's source).
     """
 
     session_id: int
@@ -37,6 +40,7 @@ class SessionEvent:
     source_timestamp_us: int | None
     outbox_event_id: str | None
     source: Source = ENGINE_SOURCE
+    timestamp_us: int = 0
 
     def to_new_event(self) -> NewEvent:
         return NewEvent(
@@ -113,7 +117,7 @@ def call_module(module: Module, what: str, method: Callable[..., Any], *args: An
 
 
 def session_event(
-    session_id: int, instance: int, new_event: NewEvent, source: Source
+    session_id: int, instance: int, new_event: NewEvent, source: Source, timestamp_us: int
 ) -> SessionEvent:
     return SessionEvent(
         session_id,
@@ -124,4 +128,5 @@ def session_event(
         new_event.source_timestamp_us,
         new_event.outbox_event_id,
         source,
+        timestamp_us,
     )
