@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tidings.demo.alerts import ALERT, WITHDRAWAL
 from tidings.events.model import EventId, NewEvent, json_event
 from tidings.events.sources import RELAY_SOURCE, Source, SourceKind
@@ -75,12 +77,17 @@ def test_hat_and_tidings_modules_share_the_sessions(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["each-commit", "periodic"])
 def test_a_hat_module_sees_the_id_and_timestamp_each_event_is_stored_under(
-    tmp_path: Path,
+    tmp_path: Path, held: bool
 ) -> None:
     """As in hat-event: the engine numbers and stamps a session before its modules run, as
-    the store then stores it, outbox events already stored (not stored again) included."""
+    the store then stores it, outbox events already stored (not stored again) included;
+    also while the store holds its writes for the next commit (``durability: periodic``,
+    its counters in memory)."""
     store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
+    if held:
+        store.hold_writes()
     engine = Engine(store, [])
     try:
         load_modules(
@@ -103,6 +110,7 @@ def test_a_hat_module_sees_the_id_and_timestamp_each_event_is_stored_under(
                 [NewEvent(("t", "5"))],
             ]
         )
+        store.flush()
         stored = {e.id: e for e in store.read()}
     finally:
         engine.close()
