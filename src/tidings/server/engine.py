@@ -313,11 +313,7 @@ class Engine:
                     _queues(planned),
                     validated=True,
                     sources=_sources(planned),
-                    timestamps=[
-                        p.timestamp_us
-                        for p in planned
-                        if not isinstance(p, EngineError) and p.queue
-                    ],
+                    timestamps=_timestamps(planned),
                 )
         else:
             registered = self._store.register_sessions(
@@ -501,6 +497,16 @@ def _instances(count: int, skip: set[int], last: int) -> list[int]:
             last += 1
             instances.append(last)
     return instances
+
+
+def _timestamps(planned: list[_Plan | EngineError]) -> list[int | None]:
+    """The timestamps the modules were shown, per session of :func:`_queues` (None: one
+    that ran no modules, its events all stored already)."""
+    return [
+        plan.timestamp_us or None
+        for plan in planned
+        if not isinstance(plan, EngineError) and plan.queue
+    ]
 
 
 def _queued(planned: list[_Plan | EngineError]) -> list[NewEvent]:

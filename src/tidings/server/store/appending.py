@@ -79,7 +79,7 @@ class Appending:
         *,
         validated: bool = False,
         sources: Sequence[Sequence[Source]] | None = None,
-        timestamps: Sequence[int] | None = None,
+        timestamps: Sequence[int | None] | None = None,
     ) -> list[Registered]:
         """Store ``sessions`` as :meth:`EventStore.register_sessions
         <tidings.server.store.facade.EventStore.register_sessions>` does, in this
@@ -95,7 +95,7 @@ class Appending:
         sessions: Sequence[Sequence[NewEvent]],
         encoded_types: dict[EventType, str],
         sources: Sequence[Sequence[Source]] | None = None,
-        timestamps: Sequence[int] | None = None,
+        timestamps: Sequence[int | None] | None = None,
     ) -> list[Registered]:
         """:meth:`register_sessions` with every type of ``sessions`` encoded already;
         ``sources``, if given, is who registered each event (recorded in ``event_sources``)."""

@@ -179,7 +179,7 @@ def insert_sessions(
     sessions: Sequence[Sequence[NewEvent]],
     encoded_types: dict[EventType, str],
     held: HeldCounters | None = None,
-    timestamps: Sequence[int] | None = None,
+    timestamps: Sequence[int | None] | None = None,
 ) -> list[StoredEvent]:
     """Insert the non-empty ones of ``sessions`` as the next sessions of ``server_id``, in
     one ``executemany``; return the stored events of all of them, in order. ``held``: the
@@ -206,7 +206,9 @@ def insert_sessions(
         if not events:
             continue
         session += 1
-        timestamp_us = time.time_ns() // 1000 if timestamps is None else timestamps[number]
+        timestamp_us = (None if timestamps is None else timestamps[number]) or (
+            time.time_ns() // 1000
+        )
         for new_event in events:
             position += 1
             instance += 1
