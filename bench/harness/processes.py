@@ -200,12 +200,15 @@ class ServerProcess:
         monitor: dict[str, str] | None = None,
         token: str | None = None,
         tls_pem: Path | None = None,
+        modules: list[dict[str, Any]] | None = None,
+        python_path: Path | None = None,
     ) -> ServerProcess:
         """hat-event 0.8.5's own server on its lmdb backend (its memory backend is broken in
         0.8.5), logging warnings and errors only; in a Monitor group if ``monitor`` (its
         client configuration) is given, its Syncer token ``token``. With ``tls_pem`` (its
         certificate and key in one PEM file) it serves ``ssl+sbs://`` addresses, through
-        :mod:`bench.harness.hat_tls_server`."""
+        :mod:`bench.harness.hat_tls_server`. ``modules`` is its ``engine.modules``, imported
+        from ``python_path`` too if given."""
         scheme = "tcp+sbs" if tls_pem is None else "ssl+sbs"
         config: dict[str, Any] = {
             "type": "event",
@@ -219,7 +222,7 @@ class ServerProcess:
                 "latest": {"subscriptions": [["*"]]},
                 "ordered": [{"order_by": "TIMESTAMP", "subscriptions": [["*"]]}],
             },
-            "engine": {"server_id": server_id, "modules": []},
+            "engine": {"server_id": server_id, "modules": modules or []},
             "eventer_server": {"address": local_address(ports["eventer"], scheme)},
         }
         if "syncer" in ports:
@@ -231,6 +234,8 @@ class ServerProcess:
         if tls_pem is not None:
             command = [sys.executable, str(Path(__file__).with_name("hat_tls_server.py"))]
             env = {**os.environ, "HAT_TLS_PEM": str(tls_pem)}
+        if python_path is not None:
+            env = {**(env or os.environ), "PYTHONPATH": str(python_path)}
         if monitor is not None:
             config["monitor"] = monitor
             return cls(command, workdir, config, ports, ["syncer"], env=env)

@@ -199,6 +199,28 @@ def test_config_check_of_a_server_configuration(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
+def test_config_check_finds_engine_modules_that_would_not_load(tmp_path: Path) -> None:
+    """A hat module's entry its own schema refuses, a module that is not there: named with
+    their place in ``engine.modules``, before any server starts. A good entry passes."""
+    conf = tmp_path / "event.yaml"
+    conf.write_text(
+        "type: event\nbackend: {module: tidings.server.backends.sqlite, db_path: e.db}\n"
+        "eventer_server: {address: 'tcp+sbs://127.0.0.1:23012'}\n"
+        "engine:\n  server_id: 1\n  modules:\n"
+        "    - {module: tests.support.hat_modules.react, subscriptions: [[a]], prefix: [b]}\n"
+        "    - {module: tidings.demo.alerts, threshold: 10}\n"
+        "    - {module: tests.support.hat_modules.react, subscriptions: [[a]]}\n"
+        "    - {module: no.such.module}\n"
+    )
+    result = runner.invoke(app, ["config", "check", "--conf", str(conf)])
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2, result.stderr
+    assert errors[0].startswith("error: engine.modules.2: module 'tests.support.hat_modules.react'")
+    assert "'prefix' is a required property" in errors[0]
+    assert errors[1].startswith("error: engine.modules.3: module 'no.such.module': cannot import")
+
+
 def test_config_schema_validates_the_example_configurations() -> None:
     jsonschema = pytest.importorskip("jsonschema")
     result = runner.invoke(app, ["config", "schema"])

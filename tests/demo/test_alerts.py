@@ -11,6 +11,7 @@ import pytest
 from tidings.demo.alerts import ALERT, WITHDRAWAL, create
 from tidings.events.model import json_event
 from tidings.server.engine import Engine
+from tidings.server.modules import load_modules
 from tidings.server.store import EventStore
 
 
@@ -23,7 +24,7 @@ def test_large_withdrawals_get_one_alert_each_in_their_session(tmp_path: Path) -
     store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
     try:
         engine = Engine(store, [])
-        engine.load_modules([{"module": "tidings.demo.alerts", "threshold": 100}])
+        load_modules(engine, [{"module": "tidings.demo.alerts", "threshold": 100}])
         engine.register(
             [_withdrawal(99, "small"), _withdrawal(100, "big"), _withdrawal("x", "odd")]
         )

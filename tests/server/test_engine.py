@@ -12,7 +12,8 @@ import pytest
 
 from tidings.errors import EngineError, ModuleLoadError, TidingsError
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
-from tidings.server.engine import ENGINE_EVENT_TYPE, Engine, Module, SessionEvent, load_module
+from tidings.server.engine import ENGINE_EVENT_TYPE, Engine, Module, SessionEvent
+from tidings.server.modules import load_module
 from tidings.server.store import EventStore
 
 
@@ -109,22 +110,23 @@ def test_added_events_share_session_and_timestamp(store: EventStore) -> None:
 
 def test_module_order_and_added_events_seen_by_all(store: EventStore) -> None:
     log: list[tuple[str, ...]] = []
-    # Follow comes first, so it sees the pong added by the later Echo module, and Echo
-    # sees its own pong and Follow's done.
+    # hat-event 0.8.5's rounds: each round module by module, each module over the round's
+    # events in order. Follow comes first, so it sees the pongs the later Echo module added
+    # in the next round, and Echo sees its own pongs and Follow's dones.
     engine = Engine(store, [Follow("follow", log), Echo("echo", log)])
     engine.register([ev("ping", "a"), ev("ping", "b")])
     assert calls(log, "process") == [
         ("follow", "process", "ping/a"),
-        ("echo", "process", "ping/a"),
         ("follow", "process", "ping/b"),
+        ("echo", "process", "ping/a"),
         ("echo", "process", "ping/b"),
         ("follow", "process", "pong/a"),
-        ("echo", "process", "pong/a"),
         ("follow", "process", "pong/b"),
+        ("echo", "process", "pong/a"),
         ("echo", "process", "pong/b"),
         ("follow", "process", "done/a"),
-        ("echo", "process", "done/a"),
         ("follow", "process", "done/b"),
+        ("echo", "process", "done/a"),
         ("echo", "process", "done/b"),
     ]
     assert [e.type for e in store.read()] == [

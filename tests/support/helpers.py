@@ -33,6 +33,8 @@ from tidings.outbox.schema import outbox_event
 from tidings.server.store import EventStore
 
 SHARED_URL = "nats://127.0.0.1:4222"
+#: The checkout: a child process given it as PYTHONPATH imports the tests' modules.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- relay configurations and what the relay made of them ----------------------------------------
@@ -142,17 +144,30 @@ def delete_stream(stream: str, url: str = SHARED_URL) -> None:
 
 @contextlib.contextmanager
 def hat_event_server(
-    tmp_path: Path, server_id: int, tls_pem: Path | None = None
+    tmp_path: Path,
+    server_id: int,
+    tls_pem: Path | None = None,
+    modules: list[dict[str, Any]] | None = None,
+    syncer: bool = True,
 ) -> Iterator[tuple[int, int, subprocess.Popen[bytes]]]:
     """A real hat-event 0.8.5 server (lmdb backend) in ``tmp_path/hat-event``: its eventer and
     syncer ports and process; stopped at the end if still running. With ``tls_pem`` (its
-    certificate and key) both serve ``ssl+sbs://``."""
-    ports = {"eventer": free_port(), "syncer": free_port()}
-    server = ServerProcess.hat_event(tmp_path / "hat-event", server_id, ports, tls_pem=tls_pem)
+    certificate and key) both serve ``ssl+sbs://``. ``modules``: its ``engine.modules``,
+    which may name modules of the tests (``tests.support.hat_modules``); without ``syncer``
+    it has no Syncer server (and no Syncer status events)."""
+    ports = {"eventer": free_port(), **({"syncer": free_port()} if syncer else {})}
+    server = ServerProcess.hat_event(
+        tmp_path / "hat-event",
+        server_id,
+        ports,
+        tls_pem=tls_pem,
+        modules=modules,
+        python_path=REPO_ROOT if modules else None,
+    )
     server.start(20)
     try:
         assert server.proc is not None
-        yield ports["eventer"], ports["syncer"], server.proc
+        yield ports["eventer"], ports.get("syncer", 0), server.proc
     finally:
         server.stop(10)
 

@@ -194,7 +194,7 @@ def test_a_server_configuration_loads_no_other_part_of_the_server() -> None:
 #: the package imports it). Every package is here; docs/layout.md says what each one does.
 PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
-    "tidings.events": "timeutil ids model matching data_filter validation query outbox",
+    "tidings.events": "timeutil ids model sources matching data_filter validation query outbox",
     "tidings.config": (
         "model metrics loading passwords tls certificates targets relay intermediary_access "
         "intermediary "
@@ -226,11 +226,11 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "chatter_server"
     ),
     "tidings.server": (
-        "store backends engine writing change_feed async_engine eventer syncer log_retention "
-        "monitor metrics hat_lmdb hat_import runner"
+        "store backends module_interface engine hat_modules modules writing change_feed "
+        "async_engine eventer syncer log_retention monitor metrics hat_lmdb hat_import runner"
     ),
     "tidings.server.store": (
-        "driver schema counters copies planning appending facade type_patterns queries "
+        "driver schema counters copies sources planning appending facade type_patterns queries "
         "latest_by_key "
         "positions retention census limits"
     ),

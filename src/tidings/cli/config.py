@@ -44,10 +44,12 @@ def check(
     used: set[str] = set()
     findings: list[str] = []
     if server or conf is not None:
+        from tidings.server.modules import module_problems
         from tidings.system.tls_files import server_tls_problems
 
         server_config = _server_config(conf, used)
-        findings = server_tls_problems(server_config)
+        entries = [module.as_dict() for module in server_config.engine.modules]
+        findings = server_tls_problems(server_config) + module_problems("engine.modules", entries)
         data = server_config.model_dump(mode="json")
     else:
         from tidings.system.checks import system_findings

@@ -97,7 +97,13 @@ class ModuleConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    module: str = Field(min_length=1, description="The engine module's Python module path.")
+    module: str = Field(
+        min_length=1,
+        description=(
+            "The engine module's Python module path: a hat-event 0.8.5 module (its own "
+            "schema then validates the entry) or a tidings module."
+        ),
+    )
 
     def as_dict(self) -> dict[str, Any]:
         """The whole entry, ``module`` included, as hat-event hands it to ``create``."""
@@ -113,7 +119,11 @@ class EngineConfig(StrictModel):
         description="This server's id: the first part of the ids of the events it registers.",
     )
     modules: list[ModuleConfig] = Field(
-        default_factory=list, description="Engine modules, run in this order in every session."
+        default_factory=list,
+        description=(
+            "Engine modules, run in this order in every session; a module's source id is "
+            "its index here (see the Engine modules guide)."
+        ),
     )
     max_session_events: int = Field(
         default=10_000,

@@ -23,11 +23,13 @@ committed first.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from tidings.events.model import NewEvent, StoredEvent
+from tidings.events.sources import ENGINE_SOURCE, Source
 from tidings.server.change_feed import ChangeFeed
 from tidings.server.engine import Engine
 from tidings.server.store import EventStore
@@ -54,6 +56,9 @@ class AsyncEngine:
         self._readers = ThreadPoolExecutor(query_workers, thread_name_prefix="tidings-query")
         self._bulk = ThreadPoolExecutor(bulk_workers, thread_name_prefix="tidings-bulk")
         self._feed = ChangeFeed(engine, self._readers, self._durability.emit)
+        engine.set_submitter(self._submit_threadsafe)
+        self._fault: asyncio.Future[str] = self._loop.create_future()
+        engine.on_fault(self._fault_threadsafe)
 
     @property
     def store(self) -> EventStore:
@@ -71,15 +76,28 @@ class AsyncEngine:
         return self._durability.subscribe(listener, early=early)
 
     def submit(
-        self, events: Sequence[NewEvent], *, more_coming: bool = False
+        self,
+        events: Sequence[NewEvent],
+        *,
+        source: Source = ENGINE_SOURCE,
+        more_coming: bool = False,
     ) -> asyncio.Future[list[StoredEvent | None]]:
-        """Queue one processing session (see :meth:`WriteQueue.submit`) and return its
-        future."""
-        return self._queue.submit(events, more_coming=more_coming)
+        """Queue one processing session registered by ``source`` (see
+        :meth:`WriteQueue.submit`) and return its future."""
+        return self._queue.submit(events, source=source, more_coming=more_coming)
 
-    async def register(self, events: Sequence[NewEvent]) -> list[StoredEvent | None]:
-        """One processing session (see :meth:`Engine.register`)."""
-        return await self.submit(events)
+    async def register(
+        self, events: Sequence[NewEvent], source: Source = ENGINE_SOURCE
+    ) -> list[StoredEvent | None]:
+        """One processing session registered by ``source`` (see :meth:`Engine.register`)."""
+        return await self.submit(events, source=source)
+
+    def _submit_threadsafe(
+        self, events: Sequence[NewEvent], source: Source
+    ) -> concurrent.futures.Future[list[StoredEvent | None]]:
+        """:meth:`Engine.submit` from any thread (a module's own registrations): through the
+        write queue, on this engine's loop."""
+        return asyncio.run_coroutine_threadsafe(self.register(events, source), self._loop)
 
     async def register_synced(self, events: Sequence[StoredEvent]) -> list[StoredEvent]:
         """Store events that a peer server registered, with their own ids.
@@ -112,8 +130,21 @@ class AsyncEngine:
 
     async def wait_broken(self) -> str:
         """Return (why) once the store has lost answered registrations it held (see
-        :meth:`Durability.wait_broken`): the server stops."""
-        return await self._durability.wait_broken()
+        :meth:`Durability.wait_broken`), or the engine faulted (a module closed itself, see
+        :meth:`Engine.report_fault`): the server stops."""
+        lost = asyncio.ensure_future(self._durability.wait_broken())
+        try:
+            await asyncio.wait([lost, self._fault], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        return self._fault.result() if self._fault.done() else lost.result()
+
+    def _fault_threadsafe(self, reason: str) -> None:
+        self._loop.call_soon_threadsafe(self._set_fault, reason)
+
+    def _set_fault(self, reason: str) -> None:
+        if not self._fault.done():
+            self._fault.set_result(reason)
 
     async def flush(self) -> None:
         """Commit the registrations the store holds (``durability: periodic``), after every
@@ -132,6 +163,7 @@ class AsyncEngine:
             await self._close_threads()
 
     async def _close_threads(self) -> None:
+        self.engine.set_submitter(None)
         await self._feed.aclose()
         await self._queue.aclose()
         await self._loop.run_in_executor(None, self._readers.shutdown, True)

@@ -1,12 +1,15 @@
 """The event server's engine: processing sessions run through modules, then stored at once.
 
-One :meth:`Engine.register` call is one session (Hat "Engine"). Every module is told
-``on_session_start``; each new event of the session, the registered ones first, is offered in
-order to every module whose subscription matches its type, module by module; the events a
-module returns join the end of the same session's queue and are offered to all modules, the
-one that added them included. When the queue is empty every module is told
-``on_session_stop`` and the whole session is stored with one :meth:`EventStore.register`, so
-its events share the session number and timestamp. Sessions run one at a time.
+One :meth:`Engine.register` call is one session (Hat "Engine"), made on behalf of a
+:class:`~tidings.events.sources.Source`. Every module is told ``on_session_start``; then the
+session runs in rounds, as hat-event 0.8.5's engine does: the first round's events are the
+registered ones; in each round, module by module (in ``engine.modules`` order), every event
+of the round that matches the module's subscription is offered to it, in order, with its
+source; what the modules add (carrying the adding module's source) is appended to the
+session and makes the next round, offered to every module, the one that added it included.
+When a round adds nothing every module is told ``on_session_stop`` and the whole session is
+stored with one :meth:`EventStore.register`, with each event's source, so its events share
+the session number and timestamp. Sessions run one at a time.
 
 An event the store holds already (an outbox event published again, recognised by its outbox
 id and type) is not offered to modules: it was processed when it was stored, and the store
@@ -16,29 +19,49 @@ between and each outbox event is processed exactly once, as it is stored exactly
 
 The core is synchronous: a module's ``process`` runs inside the session and must not call
 :meth:`Engine.register` (it returns the events to add instead), nor write to the store
-(whose append transaction it runs in); it may read it.
-
-Modules are loaded by Python module path (:func:`load_module`): the module must define
-``create(config: dict, engine: Engine) -> Module``. Hat passes the module's configuration
-(whose ``module`` key is that path) and the engine; the module may keep the engine to start
-sessions of its own later, outside ``process``.
+(whose append transaction it runs in); it may read it. A module registers events of its own
+later, outside ``process``, with :meth:`Engine.submit`. hat-event's asynchronous modules
+run through an adapter with this same interface (:mod:`tidings.server.hat_modules`); the
+modules of ``engine.modules`` are loaded by :mod:`tidings.server.modules`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
-from tidings.errors import EngineError, ModuleLoadError, StoreError
-from tidings.events.matching import QueryType, TypeMatcher
-from tidings.events.model import EventType, NewEvent, PayloadKind, StoredEvent, json_event
+from tidings.errors import EngineError
+from tidings.events.matching import TypeMatcher
+from tidings.events.model import EventType, NewEvent, StoredEvent, json_event
+from tidings.events.sources import ENGINE_SOURCE, Source, module_source
 from tidings.events.validation import validate_new_event
+from tidings.server.module_interface import (
+    Module,
+    SessionEvent,
+    call_module,
+    check_added,
+    module_matcher,
+    module_name,
+    session_event,
+)
 from tidings.server.store import EventStore
 from tidings.server.store.appending import OutboxKey
+
+__all__ = [
+    "ENGINE_EVENT_TYPE",
+    "STATUS_STARTED",
+    "STATUS_STOPPED",
+    "Callback",
+    "Engine",
+    "Module",
+    "SessionEvent",
+    "Submitter",
+    "module_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,73 +74,8 @@ STATUS_STOPPED = "STOPPED"
 
 #: A subscriber of stored sessions; gets the newly stored events of each session, in order.
 Callback = Callable[[list[StoredEvent]], None]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionEvent:
-    """An event of a running session, as modules see it before it is stored.
-
-    ``session_id`` is the engine's session counter (the store numbers sessions itself when it
-    stores them); ``instance`` is the 1-based place of the event in the session's queue.
-    """
-
-    session_id: int
-    instance: int
-    type: EventType
-    payload: bytes | None
-    payload_kind: PayloadKind | None
-    source_timestamp_us: int | None
-    outbox_event_id: str | None
-
-    def to_new_event(self) -> NewEvent:
-        return NewEvent(
-            self.type,
-            self.payload,
-            self.payload_kind,
-            self.source_timestamp_us,
-            self.outbox_event_id,
-        )
-
-
-@runtime_checkable
-class Module(Protocol):
-    """An event server module (Hat); its calls run one at a time, inside sessions."""
-
-    #: Query types (``?`` and a trailing ``*`` allowed) of the events offered to ``process``.
-    subscription: tuple[QueryType, ...]
-
-    def on_session_start(self, session_id: int) -> None: ...
-
-    def process(self, session_id: int, event: SessionEvent) -> list[NewEvent]: ...
-
-    def on_session_stop(self, session_id: int) -> None: ...
-
-
-def load_module(path: str, config: dict[str, Any], engine: Engine) -> Module:
-    """Import the Python module ``path`` and return ``create(config, engine)`` of it."""
-    try:
-        python_module = importlib.import_module(path)
-    except (ImportError, ValueError, TypeError) as exc:
-        raise ModuleLoadError(f"module {path!r}: cannot import it: {exc}") from exc
-    create = getattr(python_module, "create", None)
-    if not callable(create):
-        raise ModuleLoadError(f"module {path!r}: has no create(config, engine) function")
-    try:
-        module = create(config, engine)
-    except Exception as exc:
-        raise ModuleLoadError(f"module {path!r}: create() failed: {exc!r}") from exc
-    if not isinstance(module, Module):
-        raise ModuleLoadError(
-            f"module {path!r}: create() returned {type(module).__name__}, which lacks "
-            "subscription, on_session_start, process or on_session_stop"
-        )
-    return module
-
-
-def module_name(module: object) -> str:
-    """How errors and logs name a module: its ``name`` attribute, else its class."""
-    name = getattr(module, "name", None)
-    return name if isinstance(name, str) and name else type(module).__qualname__
+#: Registers a session from any thread, outside the sessions (see :meth:`Engine.submit`).
+Submitter = Callable[[Sequence[NewEvent], Source], "Future[list[StoredEvent | None]]"]
 
 
 class Engine:
@@ -134,29 +92,109 @@ class Engine:
         if max_session_events < 1:
             raise EngineError(f"max_session_events must be positive, not {max_session_events}")
         self._store = store
-        self._modules = list(modules)
-        self._matchers = [_matcher(module) for module in self._modules]
+        self._modules: list[Module] = []
+        self._matchers: list[TypeMatcher] = []
+        self._sources: list[Source] = []
         self._max_added = max_session_events
         self._callbacks: list[Callback] = []
+        self._closers: list[Callable[[], None]] = []
         self._lock = threading.RLock()
         self._in_session = False
         self._last_session_id = 0
+        self._submitter: Submitter | None = None
+        self._own_submitter: ThreadPoolExecutor | None = None
+        #: Why the engine can run no more sessions (a module closed itself), or None.
+        self.fault: str | None = None
+        self._fault_callbacks: list[Callable[[str], None]] = []
+        for module in modules:
+            self.add_module(module)
 
     @property
     def store(self) -> EventStore:
         return self._store
 
-    def load_modules(self, configs: Sequence[dict[str, Any]]) -> None:
-        """Load the modules of ``engine.modules`` (each a dict with a ``module`` path), in order.
+    @property
+    def module_count(self) -> int:
+        """How many modules run; the next one added is numbered so (its source id)."""
+        return len(self._modules)
 
-        They are created here rather than passed to the constructor because Hat hands every
-        module the engine it runs in; they join after any modules given to the constructor.
-        """
-        for config in configs:
-            module = load_module(config["module"], config, self)
-            matcher = _matcher(module)
-            self._modules.append(module)
-            self._matchers.append(matcher)
+    @property
+    def module_sources(self) -> list[Source]:
+        """The sources of the modules, in their order."""
+        return list(self._sources)
+
+    def add_module(self, module: Module, source: Source | None = None) -> None:
+        """Run ``module`` in every session from now on, after the modules added before it;
+        the events it adds carry ``source`` (by default a module source numbered by its
+        place, as hat-event numbers the modules of ``engine.modules``)."""
+        matcher = module_matcher(module)
+        if source is None:
+            source = module_source(len(self._modules), module_name(module))
+        self._modules.append(module)
+        self._matchers.append(matcher)
+        self._sources.append(source)
+
+    def on_fault(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback`` (from any thread) with the reason once the engine faults."""
+        self._fault_callbacks.append(callback)
+        if self.fault is not None:
+            callback(self.fault)
+
+    def report_fault(self, reason: str) -> None:
+        """A module cannot run any more (a hat module closed itself): every session fails
+        from now on, and the server stops, as hat-event's engine closes then."""
+        if self.fault is not None:
+            return
+        self.fault = reason
+        log.error("engine: %s; no session can run any more", reason)
+        for callback in list(self._fault_callbacks):
+            try:
+                callback(reason)
+            except Exception:
+                log.exception("engine fault callback %r failed", callback)
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Call ``closer`` in :meth:`close`, after the modules' own ``close``."""
+        self._closers.append(closer)
+
+    def close(self) -> None:
+        """Close the modules that hold resources (their ``close()``), last added first, then
+        what :meth:`on_close` asked for; the store stays open (it is the caller's)."""
+        for module in reversed(self._modules):
+            close = getattr(module, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:
+                    log.exception("module %s: close failed", module_name(module))
+        self._modules, self._matchers, self._sources = [], [], []
+        closers, self._closers = self._closers, []
+        for closer in reversed(closers):
+            try:
+                closer()
+            except Exception:
+                log.exception("engine: closing %r failed", closer)
+        if self._own_submitter is not None:
+            self._own_submitter.shutdown(wait=True)
+            self._own_submitter = None
+
+    def set_submitter(self, submitter: Submitter | None) -> None:
+        """Route :meth:`submit` through ``submitter`` (the server's write queue, which keeps
+        its order, durability and listeners); None: back to a thread of the engine's own."""
+        self._submitter = submitter
+
+    def submit(
+        self, events: Sequence[NewEvent], source: Source
+    ) -> Future[list[StoredEvent | None]]:
+        """Register a session of ``events`` from any thread, outside the sessions; returns a
+        future of its result. This is how a module registers events of its own later
+        (hat-event's ``engine.register(source, events)``), never from inside ``process``:
+        the session running ``process`` would wait for itself."""
+        if self._submitter is not None:
+            return self._submitter(events, source)
+        if self._own_submitter is None:
+            self._own_submitter = ThreadPoolExecutor(1, thread_name_prefix="tidings-engine")
+        return self._own_submitter.submit(self.register, events, source=source)
 
     def on_registered(self, callback: Callback) -> Callable[[], None]:
         """Call ``callback`` with the new events of every stored session; returns a remover.
@@ -180,9 +218,14 @@ class Engine:
         return self._engine_event(STATUS_STOPPED)
 
     def register(
-        self, events: Sequence[NewEvent], *, strict: bool = False
+        self,
+        events: Sequence[NewEvent],
+        *,
+        strict: bool = False,
+        source: Source = ENGINE_SOURCE,
     ) -> list[StoredEvent | None]:
-        """Run one session of ``events``; return each one's stored event, None if invalid.
+        """Run one session of ``events`` registered by ``source``; return each one's stored
+        event, None if invalid.
 
         An invalid event (bad type, payload, ...) fails alone: its slot is None and it is not
         offered to modules; with ``strict`` it aborts the session instead (for callers whose
@@ -191,7 +234,7 @@ class Engine:
         :class:`EngineError`; nothing is stored then. An event already stored (see the
         module docstring) gets the stored one in its slot.
         """
-        [result] = self.register_many([events], strict=strict)
+        [result] = self.register_many([events], strict=strict, sources=[source])
         if isinstance(result, EngineError):
             raise result
         return result
@@ -201,7 +244,12 @@ class Engine:
         return bool(self._modules)
 
     def register_many(
-        self, requests: Sequence[Sequence[NewEvent]], *, wait: bool = True, strict: bool = False
+        self,
+        requests: Sequence[Sequence[NewEvent]],
+        *,
+        wait: bool = True,
+        strict: bool = False,
+        sources: Sequence[Source] | None = None,
     ) -> list[list[StoredEvent | None] | EngineError]:
         """Run one session per request, in order, and store them all in one transaction.
 
@@ -210,8 +258,15 @@ class Engine:
         its :class:`EngineError` in its slot and the others go on. A database failure fails
         them all (raised as :class:`StoreError`). ``wait`` is passed to
         :meth:`EventStore.register_sessions` (:class:`StoreBusy` if another writer holds the
-        store; nothing was stored then). ``strict`` as for :meth:`register`.
+        store; nothing was stored then). ``strict`` as for :meth:`register`. ``sources``:
+        each request's source (default: the engine's).
         """
+        if sources is None:
+            sources = [ENGINE_SOURCE] * len(requests)
+        elif len(sources) != len(requests):
+            raise EngineError(f"{len(requests)} requests but {len(sources)} sources")
+        if self.fault is not None:
+            raise EngineError(f"{self.fault}; the engine runs no more sessions")
         with self._lock:
             if self._in_session:
                 raise EngineError(
@@ -220,30 +275,50 @@ class Engine:
                 )
             self._in_session = True
             try:
-                return self._run_many(requests, wait, strict)
+                return self._run_many(requests, sources, wait, strict)
             finally:
                 self._in_session = False
 
     def _engine_event(self, status: str) -> StoredEvent:
-        [stored] = self.register([json_event(ENGINE_EVENT_TYPE, status)])
+        event = json_event(ENGINE_EVENT_TYPE, status)
+        if self.fault is not None:  # no module can run: stored as hat's engine does then
+            [registered] = self._store.register_sessions([[event]], sources=[[ENGINE_SOURCE]])
+            self._notify(registered.fresh)
+            return registered.events[0]
+        [stored] = self.register([event])
         assert stored is not None
         return stored
 
     def _run_many(
-        self, requests: Sequence[Sequence[NewEvent]], wait: bool, strict: bool
+        self,
+        requests: Sequence[Sequence[NewEvent]],
+        sources: Sequence[Source],
+        wait: bool,
+        strict: bool,
     ) -> list[list[StoredEvent | None] | EngineError]:
         planned: list[_Plan | EngineError] = []
-        for events in requests:
+        for events, source in zip(requests, sources, strict=True):
             try:
-                planned.append(self._plan(events, strict))
+                planned.append(self._plan(events, source, strict))
             except EngineError as exc:
                 planned.append(exc)
         if self._modules and _queues(planned):
             with self._store.appending(wait=wait) as appending:
-                self._process_all(planned, appending.stored_outbox_keys(_queued(planned)))
-                registered = appending.register_sessions(_queues(planned), validated=True)
+                self._process_all(
+                    planned,
+                    appending.stored_outbox_keys(_queued(planned)),
+                    appending.last_numbers(),
+                )
+                registered = appending.register_sessions(
+                    _queues(planned),
+                    validated=True,
+                    sources=_sources(planned),
+                    timestamps=_timestamps(planned),
+                )
         else:
-            registered = self._store.register_sessions(_queues(planned), validated=True, wait=wait)
+            registered = self._store.register_sessions(
+                _queues(planned), validated=True, wait=wait, sources=_sources(planned)
+            )
         sessions = iter(registered)
         results: list[list[StoredEvent | None] | EngineError] = []
         for plan in planned:
@@ -255,16 +330,18 @@ class Engine:
             results.append(plan.outcome(session.events))
         return results
 
-    def _plan(self, events: Sequence[NewEvent], strict: bool) -> _Plan:
-        """The session of ``events``: each input's place in the queue to store (None if
-        refused) and that queue; with ``strict`` a refused event aborts it."""
+    def _plan(self, events: Sequence[NewEvent], source: Source, strict: bool) -> _Plan:
+        """The session of ``events`` registered by ``source``: each input's place in the
+        queue to store (None if refused) and that queue; with ``strict`` a refused event
+        aborts it."""
         self._last_session_id += 1
-        plan = _Plan(self._last_session_id, [], [])
+        plan = _Plan(self._last_session_id, [], [], [])
         for index, new_event in enumerate(events):
             problem = validate_new_event(new_event)
             if problem is None:
                 plan.slots.append(len(plan.queue))
                 plan.queue.append(new_event)
+                plan.sources.append(source)
             elif strict:
                 raise EngineError(
                     f"session {plan.session_id}: event {index} refused: {problem}; "
@@ -275,10 +352,18 @@ class Engine:
                 plan.slots.append(None)
         return plan
 
-    def _process_all(self, planned: list[_Plan | EngineError], stored: set[OutboxKey]) -> None:
+    def _process_all(
+        self,
+        planned: list[_Plan | EngineError],
+        stored: set[OutboxKey],
+        last: tuple[int, int],
+    ) -> None:
         """Run the planned sessions through the modules, in order, adding what they add; an
         aborted one's plan becomes its error. ``stored``: the outbox keys the store holds;
-        their events, and repeats within the call, are not offered again."""
+        their events, and repeats within the call, are not offered again. ``last``: the
+        store's last session and instance numbers of this server, from which each session
+        that will be stored is numbered, as the store will number it."""
+        session, instance = last
         for number, plan in enumerate(planned):
             if isinstance(plan, EngineError) or not plan.queue:
                 continue
@@ -292,28 +377,34 @@ class Engine:
                     keys.add(key)
             if len(skip) == len(plan.queue):
                 continue
+            plan.session_id = session + 1
+            plan.timestamp_us = time.time_ns() // 1000
+            plan.instances = _instances(len(plan.queue), skip, instance)
+            plan.last_instance = instance + len(plan.queue) - len(skip)
             try:
-                self._process(plan.session_id, plan.queue, skip)
+                self._process(plan, skip)
             except EngineError as exc:
                 planned[number] = exc
                 continue
             stored |= keys
+            session, instance = plan.session_id, plan.last_instance
 
-    def _process(self, session_id: int, queue: list[NewEvent], skip: set[int]) -> None:
-        """Run the session over ``queue`` (but the events at the indexes ``skip``),
-        appending module additions to it."""
+    def _process(self, plan: _Plan, skip: set[int]) -> None:
+        """Run the session of ``plan`` (but its events at the indexes ``skip``), appending
+        module additions to its queue."""
+        session_id = plan.session_id
         started: list[Module] = []
         error: EngineError | None = None
         try:
             for module in self._modules:
                 started.append(module)
-                _call(module, "on_session_start", module.on_session_start, session_id)
-            self._offer_all(session_id, queue, skip)
+                call_module(module, "on_session_start", module.on_session_start, session_id)
+            self._rounds(plan, skip)
         except EngineError as exc:
             error = exc
         for module in started:
             try:
-                _call(module, "on_session_stop", module.on_session_stop, session_id)
+                call_module(module, "on_session_stop", module.on_session_stop, session_id)
             except EngineError as exc:
                 if error is None:
                     error = exc
@@ -322,41 +413,45 @@ class Engine:
         if error is not None:
             raise error
 
-    def _offer_all(self, session_id: int, queue: list[NewEvent], skip: set[int]) -> None:
+    def _rounds(self, plan: _Plan, skip: set[int]) -> None:
+        """hat-event 0.8.5's processing: round after round, module by module, each event of
+        the round offered in order; what a round adds is the next round."""
+        session_id, queue = plan.session_id, plan.queue
         original = len(queue)
-        position = 0
-        while position < len(queue):
-            new_event = queue[position]
-            position += 1
-            if position - 1 in skip:
-                continue
-            event = _session_event(session_id, position, new_event)
-            for module, matcher in zip(self._modules, self._matchers, strict=True):
-                if not matcher.matches(event.type):
-                    continue
-                added = _call(module, "process", module.process, session_id, event)
-                if not added:
-                    continue
-                name = module_name(module)
-                if not isinstance(added, list):
-                    raise EngineError(
-                        f"session {session_id}: module {name} returned "
-                        f"{type(added).__name__} from process, not a list of NewEvent"
+        round_ = [index for index in range(original) if index not in skip]
+        while round_:
+            added_indexes: list[int] = []
+            for module, matcher, source in zip(
+                self._modules, self._matchers, self._sources, strict=True
+            ):
+                for index in round_:
+                    new_event = queue[index]
+                    if not matcher.matches(new_event.type):
+                        continue
+                    event = session_event(
+                        session_id,
+                        plan.instances[index],
+                        new_event,
+                        plan.sources[index],
+                        plan.timestamp_us,
                     )
-                for index, added_event in enumerate(added):
-                    problem = validate_new_event(added_event)
-                    if problem is not None:
+                    added = call_module(module, "process", module.process, session_id, event)
+                    if not added:
+                        continue
+                    check_added(session_id, module, added)
+                    added_indexes.extend(range(len(queue), len(queue) + len(added)))
+                    queue.extend(added)
+                    plan.sources.extend([source] * len(added))
+                    after = plan.last_instance
+                    plan.instances.extend(range(after + 1, after + 1 + len(added)))
+                    plan.last_instance = after + len(added)
+                    if len(queue) - original > self._max_added:
                         raise EngineError(
-                            f"session {session_id}: module {name} added an invalid event "
-                            f"(#{index}): {problem}"
+                            f"session {session_id}: modules added more than "
+                            f"{self._max_added} events (max_session_events), module "
+                            f"{module_name(module)} last; a module loop? Nothing was stored"
                         )
-                queue.extend(added)
-                if len(queue) - original > self._max_added:
-                    raise EngineError(
-                        f"session {session_id}: modules added more than "
-                        f"{self._max_added} events (max_session_events), module {name} "
-                        "last; a module loop? Nothing was stored"
-                    )
+            round_ = added_indexes
 
     def _notify(self, stored: list[StoredEvent]) -> None:
         if not stored:
@@ -376,12 +471,42 @@ class _Plan:
     #: Per input, its index in ``queue``, or None if it was refused.
     slots: list[int | None]
     queue: list[NewEvent]
+    #: Per event of ``queue``, who registered it.
+    sources: list[Source]
+    #: With modules: the session's timestamp, and per event of ``queue`` the instance it is
+    #: stored under (0: it is not, being stored already), as the store will number them.
+    timestamp_us: int = 0
+    instances: list[int] = field(default_factory=list)
+    last_instance: int = 0
 
     def outcome(self, stored: list[StoredEvent] | None) -> list[StoredEvent | None]:
         """Each input's stored event, given those of ``queue`` (None: nothing to store)."""
         if stored is None:
             return [None] * len(self.slots)
         return [None if slot is None else stored[slot] for slot in self.slots]
+
+
+def _instances(count: int, skip: set[int], last: int) -> list[int]:
+    """The instances of a session's ``count`` events after ``last``, but those at ``skip``
+    (0: not stored)."""
+    instances: list[int] = []
+    for index in range(count):
+        if index in skip:
+            instances.append(0)
+        else:
+            last += 1
+            instances.append(last)
+    return instances
+
+
+def _timestamps(planned: list[_Plan | EngineError]) -> list[int | None]:
+    """The timestamps the modules were shown, per session of :func:`_queues` (None: one
+    that ran no modules, its events all stored already)."""
+    return [
+        plan.timestamp_us or None
+        for plan in planned
+        if not isinstance(plan, EngineError) and plan.queue
+    ]
 
 
 def _queued(planned: list[_Plan | EngineError]) -> list[NewEvent]:
@@ -393,37 +518,6 @@ def _queues(planned: list[_Plan | EngineError]) -> list[list[NewEvent]]:
     return [plan.queue for plan in planned if not isinstance(plan, EngineError) and plan.queue]
 
 
-def _matcher(module: Module) -> TypeMatcher:
-    name = module_name(module)
-    if not isinstance(module, Module):
-        raise EngineError(
-            f"module {name} lacks subscription, on_session_start, process or on_session_stop"
-        )
-    try:
-        return TypeMatcher(module.subscription)
-    except (StoreError, TypeError) as exc:
-        raise EngineError(f"module {name}: invalid subscription: {exc}") from exc
-
-
-def _call(module: Module, what: str, method: Callable[..., Any], *args: Any) -> Any:
-    """Call a module method; any exception becomes an :class:`EngineError` naming it."""
-    try:
-        return method(*args)
-    except Exception as exc:
-        session_id = args[0]
-        raise EngineError(
-            f"session {session_id}: module {module_name(module)} failed in {what}: {exc!r}; "
-            "the session is aborted, nothing was stored"
-        ) from exc
-
-
-def _session_event(session_id: int, instance: int, new_event: NewEvent) -> SessionEvent:
-    return SessionEvent(
-        session_id,
-        instance,
-        new_event.type,
-        new_event.payload,
-        new_event.payload_kind,
-        new_event.source_timestamp_us,
-        new_event.outbox_event_id,
-    )
+def _sources(planned: list[_Plan | EngineError]) -> list[list[Source]]:
+    """The sources of :func:`_queues`' events, per session and event."""
+    return [plan.sources for plan in planned if not isinstance(plan, EngineError) and plan.queue]

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tidings.config.server import ServerConfig
-from tidings.errors import ConfigError, StoreError
+from tidings.errors import ConfigError, EngineError, StoreError
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.backends import open_backend
 from tidings.server.engine import Engine
@@ -33,6 +33,7 @@ from tidings.server.eventer.counters import EventerCounters
 from tidings.server.eventer.server import EventerServer
 from tidings.server.log_retention import LogRetention, syncer_holder
 from tidings.server.metrics import MetricsEndpoint
+from tidings.server.modules import load_modules
 from tidings.server.monitor import MonitorLink
 from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
@@ -95,7 +96,8 @@ class RunningServer:
             )
             undo.callback(store.close)
             engine = Engine(store, [], max_session_events=config.engine.max_session_events)
-            engine.load_modules([module.as_dict() for module in config.engine.modules])
+            load_modules(engine, [module.as_dict() for module in config.engine.modules])
+            undo.callback(engine.close)  # after the last session (STOPPED), before the store
             async_engine = AsyncEngine(engine, flush_period=config.backend.held_flush_period)
             undo.push_async_callback(async_engine.aclose)
             if standalone:
@@ -232,7 +234,10 @@ class RunningServer:
             try:
                 await self.engine.aclose()
             finally:
-                self.store.close()
+                try:
+                    self.engine.engine.close()
+                finally:
+                    self.store.close()
         log.info("event server %d stopped", self.config.engine.server_id)
 
 
@@ -299,6 +304,8 @@ async def _until_stopped_or_failed(stop: asyncio.Event, running: RunningServer) 
     if stop.is_set():
         return
     if broken.done() and not broken.cancelled():
+        if running.engine.engine.fault is not None:
+            raise EngineError(f"{running.engine.engine.fault}; the server stops")
         raise StoreError(f"event store: {broken.result()}; the server stops")
     if lost is not None and lost.done() and not lost.cancelled():
         raise lost.result()

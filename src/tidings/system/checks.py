@@ -247,6 +247,22 @@ def _unfed_tables(config: TidingsConfig, feeds: dict[str, _Feed]) -> list[str]:
     return findings
 
 
+def _module_problems(config: TidingsConfig) -> list[str]:
+    """The engine modules of every server and ``event_store`` target that would not load."""
+    from tidings.server.modules import module_problems  # the engine, only if checked
+
+    problems: list[str] = []
+    for name, server in config.servers.items():
+        entries = [module.as_dict() for module in server.engine.modules]
+        problems += module_problems(f"servers.{name}.engine.modules", entries)
+    for name, target in config.targets.items():
+        modules = getattr(target, "modules", None)
+        if modules:
+            entries = [module.as_dict() for module in modules]
+            problems += module_problems(f"targets.{name}.modules", entries)
+    return problems
+
+
 def system_findings(config: TidingsConfig) -> list[str]:
     """Every problem in how the parts of ``config`` fit together, one line each."""
     feeds = _feeds(config)
@@ -256,4 +272,5 @@ def system_findings(config: TidingsConfig) -> list[str]:
         *_unserved_addresses(config),
         *_unfed_streams(config, feeds),
         *_unfed_tables(config, feeds),
+        *_module_problems(config),
     ]

@@ -25,6 +25,7 @@ from tidings.client import (
 )
 from tidings.config.eventer_access import EventerAnonymousConfig, EventerIdentityConfig
 from tidings.config.passwords import hash_password
+from tidings.events.sources import Source, SourceKind
 from tidings.server.eventer.access import EventerAccess
 
 pytestmark = pytest.mark.sockets
@@ -129,6 +130,8 @@ def test_logging_in_names_the_client_and_a_wrong_password_changes_nothing(
             async with await connect(srv.address, identity="relay", password="s3cret") as relay:
                 [refused] = await relay.register_with_response([json_event(("users", "1"), 1)])
                 assert refused is None
+                [order] = await relay.register_with_response([json_event(("orders", "1"), 1)])
+                assert order is not None
             # Anonymous on loopback may do everything: a failed login leaves it anonymous.
             async with await connect(srv.address) as client:
                 with pytest.raises(
@@ -142,6 +145,12 @@ def test_logging_in_names_the_client_and_a_wrong_password_changes_nothing(
             with pytest.raises(AccessDenied, match="unknown identity 'nobody'"):
                 await connect(srv.address, identity="nobody", password="s3cret")
             assert srv.server.counters.refused_logins == 3
+            # The store knows who registered what: each connection, by its identity if any.
+            sources = srv.store.sources_of([order.id, stored.id])
+            assert sources == {
+                order.id: Source(SourceKind.EVENTER, 1, "relay"),
+                stored.id: Source(SourceKind.EVENTER, 2),
+            }
 
     with caplog.at_level(logging.WARNING):
         run(main())

@@ -20,6 +20,7 @@ from tests.support.server_helpers import async_engine, raw_message
 from tests.support.waiting import run, until
 from tidings.client import json_event
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
+from tidings.events.sources import SYNCER_SOURCE
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.store import EventStore
 from tidings.server.syncer.client import SyncerClient
@@ -126,6 +127,15 @@ def test_two_servers_sync_each_other(tmp_path: Path) -> None:
             assert {e.id.server for e in events_b if e.type[0].startswith("b-")} == {2}
             assert of_type(a, client_status_type(2))[-1] is True
             assert of_type(b, client_status_type(1))[-1] is True
+            # Who registered what on a: the Syncer its status events; b's events, synced,
+            # have their source on b.
+            statuses = [
+                e for e in events_a if e.type[:2] == ("event", "syncer") and e.id.server == 1
+            ]
+            peers = [e for e in events_a if e.id.server == 2]
+            sources = a.store.sources_of([e.id for e in statuses + peers])
+            assert statuses and {sources[e.id] for e in statuses} == {SYNCER_SOURCE}
+            assert peers and not any(e.id in sources for e in peers)
 
             await client_a.aclose()
             await client_b.aclose()

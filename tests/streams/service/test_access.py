@@ -26,6 +26,7 @@ from tests.support.stream_helpers import (
 )
 from tests.support.waiting import run
 from tidings.events.model import NewEvent, PayloadKind
+from tidings.events.sources import Source, SourceKind
 from tidings.server.store import EventStore
 
 pytestmark = pytest.mark.sockets
@@ -112,6 +113,15 @@ def test_refusals_name_the_user_and_what_it_may_not_have(
             )
             added = await billing(url, ADD, {"type": "ORDER", "data": {"tenant": "acme"}})
             assert _ids(await billing(url, POLL, {"component": "BILLING"})) == [int(added["r"])]
+            # The store knows who added it: the stream, for its user.
+            store = EventStore(f"sqlite:///{tmp_path}/e.db")
+            try:
+                [order] = store.read(int(added["r"]) - 1, 1)
+                assert store.sources_of([order.id]) == {
+                    order.id: Source(SourceKind.STREAMS, 0, "s billing")
+                }
+            finally:
+                store.close()
             wrong = await call(url, REGISTER, {"component": "BILLING"}, sec="billing:wrong")
             assert wrong["e"] == "SecurityError"
             # The same refusal again: counted, not logged again.

@@ -25,6 +25,7 @@ from tidings.db import make_engine
 from tidings.errors import ConfigError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import StoredEvent
 from tidings.events.outbox import OutboxEvent
+from tidings.events.sources import RELAY_SOURCE, SourceKind
 from tidings.outbox.producer import Outbox
 from tidings.pipeline.relay_query import start_relay
 from tidings.server.store import EventStore
@@ -84,6 +85,14 @@ def test_a_module_sees_every_event_and_its_additions_join_the_session(database_u
     assert {e.type for e in stored if e.type[0] == "witness"} == {("witness", "t", "Created")}
     # One session is one timestamp: the additions were stored with what they answer.
     assert len({e.timestamp_us for e in stored if e.id.session == 1}) == 1
+    # Who registered them: the relay, and the module answering.
+    store = EventStore(database_url)
+    try:
+        sources = store.sources_of([e.id for e in stored])
+    finally:
+        store.close()
+    assert {sources[e.id] for e in stored if e.type[0] == "t"} == {RELAY_SOURCE}
+    assert {sources[e.id].kind for e in stored if e.type[0] == "witness"} == {SourceKind.MODULE}
 
 
 def test_a_batch_published_again_is_neither_stored_nor_processed_again(

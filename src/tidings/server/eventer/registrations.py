@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 
 from tidings.errors import ProtocolError
 from tidings.events.model import EventType, NewEvent, StoredEvent
+from tidings.events.sources import Source, eventer_source
 from tidings.events.validation import reserved_type_problem
 from tidings.logs import OncePerCause
 from tidings.server.async_engine import AsyncEngine
@@ -56,6 +57,7 @@ class Registrations:
         "_last_answer",
         "_reply_tasks",
         "_send_reply",
+        "client_id",
         "connection",
         "in_flight",
         "in_flight_bytes",
@@ -70,8 +72,11 @@ class Registrations:
         send_reply: SendReply,
         reply_tasks: set[asyncio.Task[None]],
         access: ClientAccess,
+        client_id: int,
     ) -> None:
         self.connection = connection
+        #: The connection's id among the server's (its Source's id).
+        self.client_id = client_id
         #: What the client may register (an event of another type fails alone).
         self._access = access
         self._engine = engine
@@ -86,6 +91,12 @@ class Registrations:
         self.last_reply: asyncio.Task[None] | None = None
         #: The answer of the newest queued registration (replies follow request order).
         self._last_answer: _Answer | None = None
+
+    @property
+    def source(self) -> Source:
+        """Who registers through this connection: its id and its client's identity (which
+        a login may have changed)."""
+        return eventer_source(self.client_id, self._access.admission.identity)
 
     async def wait(self) -> None:
         """Wait until every registration this connection queued so far is done."""
@@ -111,7 +122,9 @@ class Registrations:
         if self.in_flight >= _MAX_IN_FLIGHT or self.in_flight_bytes >= _MAX_IN_FLIGHT_BYTES:
             await self.wait()
         # Requests waiting behind this one (pipelined, fire-and-forget) join its group.
-        future = self._engine.submit(valid, more_coming=self.connection.has_received)
+        future = self._engine.submit(
+            valid, source=self.source, more_coming=self.connection.has_received
+        )
         self.in_flight += 1
         self.in_flight_bytes += size
         self.last_register = future

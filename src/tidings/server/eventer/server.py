@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Self
@@ -48,6 +49,7 @@ from tidings.config.tls import TlsServerConfig
 from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.matching import TypeMatcher
 from tidings.events.model import EventType, StoredEvent, json_event
+from tidings.events.sources import Source, eventer_source
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.eventer.access import Admission, ClientAccess, EventerAccess
 from tidings.server.eventer.counters import EventerCounters
@@ -107,6 +109,8 @@ class EventerServer:
         #: A streamed reply of which the client takes nothing for this long closes it.
         self._stall_seconds = stall_seconds
         self._clients: set[_Client] = set()
+        #: Each admitted connection's id, its Source's (from 1, as hat-event numbers them).
+        self._client_ids = itertools.count(1)
         #: What it served, for the server's metrics (:mod:`tidings.server.metrics`); given
         #: when they outlive this server (a Monitor's blessing opens a new one each time).
         self.counters = counters if counters is not None else EventerCounters()
@@ -218,10 +222,13 @@ class EventerServer:
         if admission is None:
             self.counters.refused_clients += 1
             return
-        await self._register_status(connection, STATUS_CONNECTED)
+        client_id = next(self._client_ids)
+        await self._register_status(
+            connection, STATUS_CONNECTED, eventer_source(client_id, admission.identity)
+        )
         access = ClientAccess(connection, admission, self.counters)
         registrations = Registrations(
-            connection, self._engine, self._send_encoded, self._reply_tasks, access
+            connection, self._engine, self._send_encoded, self._reply_tasks, access, client_id
         )
         client = _Client(connection, access, registrations)
         self._clients.add(client)
@@ -238,7 +245,7 @@ class EventerServer:
                 connection.peer,
                 extra={"peer": connection.peer, "reason": connection.close_reason},
             )
-            await self._register_status(connection, STATUS_DISCONNECTED)
+            await self._register_status(connection, STATUS_DISCONNECTED, registrations.source)
 
     async def _admit(self, connection: chatter.Connection) -> Admission | None:
         """Who the client is, or None once its connection is closed for it (logged)."""
@@ -267,12 +274,15 @@ class EventerServer:
                 client.access.fresh = False
             await handler(client, message)
 
-    async def _register_status(self, connection: chatter.Connection, status: str) -> None:
-        """Register the eventer event ``status``; a failure is logged, never raised, since
-        serving or closing the connection must go on regardless."""
+    async def _register_status(
+        self, connection: chatter.Connection, status: str, source: Source
+    ) -> None:
+        """Register the eventer event ``status`` on behalf of the connection (as hat-event
+        does); a failure is logged, never raised, since serving or closing the connection
+        must go on regardless."""
         event = json_event(EVENTER_EVENT_TYPE, status)
         try:
-            await self._engine.register([event])
+            await self._engine.register([event], source)
         except Exception as exc:
             log.error(
                 "eventer: cannot register %s of %s: %s",

@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from tidings.events.model import EventType, NewEvent
-from tidings.server.store.counters import HeldCounters
+from tidings.events.sources import Source
+from tidings.server.store.counters import (
+    HeldCounters,
+    advance_counters,
+    instance_counter,
+    session_counter,
+)
 from tidings.server.store.driver import DriverCursor
 from tidings.server.store.planning import (
     Registered,
@@ -23,6 +29,7 @@ from tidings.server.store.planning import (
     plan_sessions,
     select_by_outbox_ids,
 )
+from tidings.server.store.sources import insert_sources, source_rows
 
 #: An outbox event as the store knows it: its outbox event id and its type.
 OutboxKey = tuple[str, EventType]
@@ -57,30 +64,56 @@ class Appending:
             if stored.outbox_event_id is not None
         }
 
+    def last_numbers(self) -> tuple[int, int]:
+        """This server's last session and instance numbers, which the next sessions
+        stored in this transaction follow (the engine shows modules the ids their events
+        will have, as hat-event does)."""
+        names = session_counter(self._server_id), instance_counter(self._server_id)
+        advance = advance_counters if self._held is None else self._held.advance
+        values = advance(self._conn, dict.fromkeys(names, 0))
+        return values[names[0]], values[names[1]]
+
     def register_sessions(
-        self, sessions: Sequence[Sequence[NewEvent]], *, validated: bool = False
+        self,
+        sessions: Sequence[Sequence[NewEvent]],
+        *,
+        validated: bool = False,
+        sources: Sequence[Sequence[Source]] | None = None,
+        timestamps: Sequence[int | None] | None = None,
     ) -> list[Registered]:
         """Store ``sessions`` as :meth:`EventStore.register_sessions
         <tidings.server.store.facade.EventStore.register_sessions>` does, in this
-        transaction."""
+        transaction; ``timestamps``, if given, are the sessions' timestamps (the engine
+        showed them to modules), else each is the time it is stored."""
         encoded_types: dict[EventType, str] = {}
         for events in sessions:
             encoded_types.update(encode_types(events, check=not validated))
-        return self.register_encoded(sessions, encoded_types)
+        return self.register_encoded(sessions, encoded_types, sources, timestamps)
 
     def register_encoded(
-        self, sessions: Sequence[Sequence[NewEvent]], encoded_types: dict[EventType, str]
+        self,
+        sessions: Sequence[Sequence[NewEvent]],
+        encoded_types: dict[EventType, str],
+        sources: Sequence[Sequence[Source]] | None = None,
+        timestamps: Sequence[int | None] | None = None,
     ) -> list[Registered]:
-        """:meth:`register_sessions` with every type of ``sessions`` encoded already."""
+        """:meth:`register_sessions` with every type of ``sessions`` encoded already;
+        ``sources``, if given, is who registered each event (recorded in ``event_sources``)."""
         if not encoded_types:
             return [Registered([], []) for _ in sessions]
         plan = plan_sessions(self._conn, sessions, encoded_types)
         stored = (
-            insert_sessions(self._conn, self._server_id, plan.fresh, encoded_types, self._held)
+            insert_sessions(
+                self._conn, self._server_id, plan.fresh, encoded_types, self._held, timestamps
+            )
             if plan.count
             else []
         )
         new_types = set(encoded_types.values()) - self._known_types - self.new_types
         add_types(self._conn, new_types)
         self.new_types |= new_types
-        return plan.outcome(stored)
+        registered = plan.outcome(stored)
+        if sources is not None and stored:
+            rows = source_rows([r.events for r in registered], sources, stored[0].position)
+            insert_sources(self._conn, rows)
+        return registered

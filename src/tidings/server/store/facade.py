@@ -15,6 +15,7 @@ from sqlalchemy import Connection, delete, func, or_, select
 
 from tidings.errors import StoreError
 from tidings.events.model import EventId, EventType, NewEvent, StoredEvent
+from tidings.events.sources import Source
 from tidings.events.validation import require_int, require_outbox_id
 from tidings.server.store.appending import Appending
 from tidings.server.store.copies import forget_copies, record_copies
@@ -44,6 +45,7 @@ from tidings.server.store.planning import (
     select_by_outbox_ids,
 )
 from tidings.server.store.schema import events_from_rows, events_table, prepare_schema
+from tidings.server.store.sources import sources_of
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,7 @@ class EventStore:
         *,
         validated: bool = False,
         wait: bool = True,
+        sources: Sequence[Sequence[Source]] | None = None,
     ) -> list[Registered]:
         """Store several sessions in one transaction (group commit), in order, all or nothing.
 
@@ -108,7 +111,8 @@ class EventStore:
         of the call too. ``validated`` says the caller (the engine) has already checked every
         event with :func:`validate_new_event`, so the store does not check them again. With
         ``wait`` off, a call that would have to wait for another writer raises
-        :class:`StoreBusy` instead, having stored nothing.
+        :class:`StoreBusy` instead, having stored nothing. ``sources``, one per event of each
+        session, is recorded in ``event_sources`` (see :meth:`sources_of`).
         """
         encoded_types: dict[EventType, str] = {}
         for events in sessions:
@@ -116,7 +120,7 @@ class EventStore:
         if not encoded_types:
             return [Registered([], []) for _ in sessions]
         with self.appending(wait=wait) as appending:
-            return appending.register_encoded(sessions, encoded_types)
+            return appending.register_encoded(sessions, encoded_types, sources)
 
     @contextmanager
     def appending(self, *, wait: bool = True) -> Iterator[Appending]:
@@ -246,6 +250,13 @@ class EventStore:
                 assert event.outbox_event_id is not None
                 found.setdefault(event.outbox_event_id, []).append(event)
             return found
+
+    def sources_of(self, ids: Iterable[EventId]) -> dict[EventId, Source]:
+        """Who registered each of the events ``ids`` (see :mod:`.sources`); an event without
+        a recorded source (stored before tidings recorded them, or synced from a peer) is
+        left out."""
+        with self.snapshot("read sources") as conn:
+            return sources_of(conn, ids)
 
     def last_position(self) -> int:
         """The position of the newest stored event (0 when the store is empty)."""

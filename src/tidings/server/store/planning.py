@@ -179,11 +179,13 @@ def insert_sessions(
     sessions: Sequence[Sequence[NewEvent]],
     encoded_types: dict[EventType, str],
     held: HeldCounters | None = None,
+    timestamps: Sequence[int | None] | None = None,
 ) -> list[StoredEvent]:
     """Insert the non-empty ones of ``sessions`` as the next sessions of ``server_id``, in
     one ``executemany``; return the stored events of all of them, in order. ``held``: the
     counters of the open held transaction (``durability: periodic``), else they are
-    advanced in the database.
+    advanced in the database. ``timestamps``: each session's timestamp (one per session,
+    empty ones included), else the time each is stored.
 
     Rows are built straight from the new events (not from the stored ones) because this
     loop is most of the Python time of a large register.
@@ -200,11 +202,13 @@ def insert_sessions(
     instance = last[instance_name] - count
     stored: list[StoredEvent] = []
     rows: list[tuple[Any, ...]] = []
-    for events in sessions:
+    for number, events in enumerate(sessions):
         if not events:
             continue
         session += 1
-        timestamp_us = time.time_ns() // 1000
+        timestamp_us = (None if timestamps is None else timestamps[number]) or (
+            time.time_ns() // 1000
+        )
         for new_event in events:
             position += 1
             instance += 1

@@ -176,6 +176,24 @@ synced_copies_table = Table(
     Index("event_synced_copies_position_idx", "position"),
 )
 
+#: Who registered the events (:class:`~tidings.events.sources.Source`), for operators: one row
+#: per run of a session's events that share a source, keyed by the id of the run's first
+#: event, so that a session from one client is one row and the events a module added are
+#: another. An event's source is the row of its server and session with the greatest
+#: ``instance`` not above its own (:mod:`.sources`). Events that came from a peer's Syncer
+#: have their source on their origin server, none here. An added table, not a new schema
+#: version: an older tidings reading the store ignores it (and stores no sources).
+event_sources_table = Table(
+    "event_sources",
+    _metadata,
+    Column("server", BigInteger, primary_key=True, autoincrement=False),
+    Column("session", BigInteger, primary_key=True, autoincrement=False),
+    Column("instance", BigInteger, primary_key=True, autoincrement=False),
+    Column("kind", String(16), nullable=False),
+    Column("source_id", BigInteger, nullable=False),
+    Column("name", Text),
+)
+
 #: The v1 index that event_events_type_time_idx replaces (see _upgrade_from_1).
 _V1_TYPE_INDEX = "event_events_type_idx"
 

@@ -37,6 +37,7 @@ import logging
 from tidings.config.tls import TlsClientConfig
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, TidingsError
 from tidings.events.model import EventId, StoredEvent, json_event
+from tidings.events.sources import SYNCER_SOURCE
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.syncer.common import (
     client_status_type,
@@ -277,7 +278,7 @@ class SyncerClient:
         self._reported = synced
         try:
             await self._engine.register(
-                [json_event(client_status_type(self.peer_server_id), synced)]
+                [json_event(client_status_type(self.peer_server_id), synced)], SYNCER_SOURCE
             )
         except Exception as exc:
             log.warning(

@@ -37,6 +37,7 @@ from tidings.config.server import require_positive_ints
 from tidings.config.tls import TlsServerConfig
 from tidings.errors import ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, StoredEvent, json_event
+from tidings.events.sources import SYNCER_SOURCE
 from tidings.server.async_engine import AsyncEngine
 from tidings.server.syncer.common import (
     SERVER_STATUS_TYPE,
@@ -404,7 +405,7 @@ class SyncerServer:
         status = [{"client_name": client.name, "synced": client.synced} for client in self._clients]
         async with self._status_lock:
             try:
-                await self._engine.register([json_event(SERVER_STATUS_TYPE, status)])
+                await self._engine.register([json_event(SERVER_STATUS_TYPE, status)], SYNCER_SOURCE)
             except Exception as exc:
                 log.warning("syncer server: cannot register its status event: %r", exc)
 

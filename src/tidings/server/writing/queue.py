@@ -14,6 +14,7 @@ database: they block the loop for about as long as one SQLite commit, never for 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 from tidings.errors import EngineError, StoreBusy
 from tidings.events.model import NewEvent, StoredEvent
+from tidings.events.sources import ENGINE_SOURCE, Source
 from tidings.server.engine import Engine
 
 T = TypeVar("T")
@@ -40,6 +42,7 @@ INLINE_GROUP_BYTES = 128 * 1024
 @dataclass(slots=True)
 class _Register:
     events: Sequence[NewEvent]
+    source: Source
     future: asyncio.Future[list[StoredEvent | None]]
     #: May be tried on the loop; not if that was tried already and found the store busy
     #: (each try runs the session's checks again, and logs the events they refuse).
@@ -77,9 +80,14 @@ class WriteQueue:
         self._inline = engine.store.backend == "sqlite"
 
     def submit(
-        self, events: Sequence[NewEvent], *, more_coming: bool = False
+        self,
+        events: Sequence[NewEvent],
+        *,
+        source: Source = ENGINE_SOURCE,
+        more_coming: bool = False,
     ) -> asyncio.Future[list[StoredEvent | None]]:
-        """Queue one processing session (see :meth:`Engine.register`) and return its future.
+        """Queue one processing session registered by ``source`` (see
+        :meth:`Engine.register`) and return its future.
 
         Sessions are stored in the order they are submitted, so a caller may submit several
         before awaiting any (a connection's pipelined fire-and-forget registrations); with
@@ -87,7 +95,7 @@ class WriteQueue:
         could be written at once, so that it is stored in one group with the ones after it.
         """
         future: asyncio.Future[list[StoredEvent | None]] = self._loop.create_future()
-        job = _Register(events, future)
+        job = _Register(events, source, future)
         if more_coming or not self._idle():
             self._enqueue(job)
         elif self._write_inline([job]):
@@ -176,7 +184,12 @@ class WriteQueue:
             return
         try:
             results = await self._loop.run_in_executor(
-                self._writer, self._engine.register_many, [job.events for job in group]
+                self._writer,
+                functools.partial(
+                    self._engine.register_many,
+                    [job.events for job in group],
+                    sources=[job.source for job in group],
+                ),
             )
         except Exception as exc:
             _settle_group(group, exc)
@@ -211,7 +224,9 @@ class WriteQueue:
             return False
         self._writing_inline = True  # a listener's own write waits its turn in the queue
         try:
-            results = self._engine.register_many(requests, wait=False)
+            results = self._engine.register_many(
+                requests, wait=False, sources=[job.source for job in group]
+            )
         except StoreBusy:
             return False
         except Exception as exc:

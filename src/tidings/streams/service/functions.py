@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from tidings.config.streams import StreamConfig
 from tidings.errors import EngineError, StoreError, StreamError, StreamRefused
 from tidings.events.model import NewEvent, PayloadKind, StoredEvent
+from tidings.events.sources import Source, SourceKind
 from tidings.logs import OncePerCause
 from tidings.server.async_engine import AsyncEngine
 from tidings.streams.consumers.positions import Consumers
@@ -280,7 +281,8 @@ class StreamService:
         except ValueError as exc:
             raise StreamError(INVALID_REQUEST, f"data is not JSON: {exc}") from None
         event = NewEvent(event_type, payload.encode(), PayloadKind.JSON)
-        return Deferred(_stored_id(self._engine.submit([event])))
+        source = Source(SourceKind.STREAMS, 0, f"{self.name} {user}")
+        return Deferred(_stored_id(self._engine.submit([event], source=source)))
 
     async def _authenticate(self, sec: str | None) -> str:
         """A full check (scrypt) in the password thread, which only such checks use: a
@@ -307,7 +309,8 @@ class StreamService:
         its position as soon as the Syncer has carried the event."""
         try:
             await self._engine.submit(
-                [consumer_event(self._engine.server_id, self.name, user, component, covers)]
+                [consumer_event(self._engine.server_id, self.name, user, component, covers)],
+                source=Source(SourceKind.STREAMS, 0, self.name),
             )
         except (EngineError, StoreError) as exc:
             raise StreamError(

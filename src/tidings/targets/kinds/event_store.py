@@ -32,8 +32,10 @@ from tidings.config.server import ModuleConfig
 from tidings.errors import EngineError, ModuleLoadError, TargetCallFailed, TargetUnavailable
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.events.outbox import OutboxEvent
+from tidings.events.sources import RELAY_SOURCE
 from tidings.events.validation import RESERVED_CONSUMER_TYPE, reserved_type_problem
 from tidings.server.engine import Engine
+from tidings.server.modules import load_modules
 from tidings.server.store import EventStore
 from tidings.targets.base import Target
 
@@ -115,7 +117,11 @@ class EventStoreTarget(Target):
         except Exception as exc:
             raise TargetUnavailable(self._error("cannot open the store", exc)) from exc
         try:
-            engine.register([to_new_event(e, self._type_prefix) for e in events], strict=True)
+            engine.register(
+                [to_new_event(e, self._type_prefix) for e in events],
+                strict=True,
+                source=RELAY_SOURCE,
+            )
         except Exception as exc:
             raise TargetCallFailed(self._error("failed", exc)) from exc
         return [None] * len(events)
@@ -133,8 +139,11 @@ class EventStoreTarget(Target):
         """Close the store if it was opened."""
         with self._lock:
             if self._engine is not None:
-                self._engine.store.close()
-                self._engine = None
+                try:
+                    self._engine.close()
+                finally:
+                    self._engine.store.close()
+                    self._engine = None
 
     def _opened_engine(self) -> Engine:
         """Return the engine, opening the store and loading the modules now if no earlier
@@ -144,7 +153,7 @@ class EventStoreTarget(Target):
                 store = EventStore(self._config.url, server_id=self._config.server_id)
                 try:
                     engine = Engine(store, [])
-                    engine.load_modules([module.as_dict() for module in self._config.modules])
+                    load_modules(engine, [module.as_dict() for module in self._config.modules])
                 except BaseException:
                     store.close()
                     raise

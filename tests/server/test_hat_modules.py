@@ -1,0 +1,278 @@
+"""hat-event 0.8.5's modules run unchanged in tidings, and give what they give in hat.
+
+The modules of ``tests.support.hat_modules`` are written for hat-event only; the same files,
+with the same ``engine.modules``, run in a real hat-event 0.8.5 server (its own process, lmdb
+backend) and in tidings. hat-event's own client registers the same sessions on both and
+reads everything back: the sessions (grouped by their event ids) must hold the same events,
+in the same order, with the same types and payloads. The modules' payloads say on whose
+behalf each event they answer was registered (its Source) and which module answered, so the
+sources are compared too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import hat.event.common as hat
+import hat.event.eventer as hat_eventer
+import pytest
+
+from bench.harness.processes import free_port, local_address, wait_for_port
+from tests.support.helpers import hat_event_server
+from tests.support.waiting import run
+from tidings.config.server import ServerConfig, load_server_config
+from tidings.errors import EngineError, ModuleLoadError
+from tidings.events.sources import Source, SourceKind
+from tidings.server.runner import RunningServer, serve
+from tidings.server.store import EventStore
+
+pytestmark = pytest.mark.sockets
+
+MODULES: list[dict[str, Any]] = [
+    {
+        "module": "tests.support.hat_modules.react",
+        "subscriptions": [["a", "*"]],
+        "prefix": ["ra"],
+    },
+    {
+        "module": "tests.support.hat_modules.react",
+        "subscriptions": [["ra", "*"], ["x", "*"]],
+        "prefix": ["rb"],
+    },
+    {
+        "module": "tests.support.hat_modules.sessions",
+        "subscriptions": [["a", "*"], ["x", "*"], ["ra", "*"], ["rb", "*"], ["later", "*"]],
+    },
+    {"module": "tests.support.hat_modules.later"},
+]
+
+
+def _json(value: Any) -> hat.EventPayload:
+    return hat.EventPayload(hat.EventPayloadType.JSON, value)
+
+
+#: The sessions hat-event's client registers, one register call each.
+SESSIONS: list[list[hat.RegisterEvent]] = [
+    [
+        hat.RegisterEvent(("a", "1"), hat.Timestamp(100, 5), _json({"v": 1})),
+        hat.RegisterEvent(("x", "1"), None, _json([1, 2])),
+        hat.RegisterEvent(("a", "2"), None, None),
+    ],
+    [
+        hat.RegisterEvent(("a", "3"), None, hat.EventPayload(hat.EventPayloadType.BINARY, b"\0")),
+        hat.RegisterEvent(("other",), None, _json("not for the modules")),
+    ],
+    [
+        hat.RegisterEvent(
+            ("x", "sbs"),
+            None,
+            hat.EventPayload(hat.EventPayloadType.SBS, hat.SbsData(None, "T", b"\x01")),
+        ),
+    ],
+    [hat.RegisterEvent(("later", "1"), None, _json("soon"))],
+]
+
+#: A session as compared: each event's type, source timestamp and payload, in id order.
+Session = list[tuple[tuple[str, ...], Any, Any]]
+
+
+async def _exercise(address: str) -> list[Session]:
+    """Register :data:`SESSIONS` through hat's client, wait for the later module's own two
+    sessions, and return every session the server holds (its own start and the client's
+    CONNECTED event included)."""
+    client = await hat_eventer.connect(address)
+    try:
+        for events in SESSIONS:
+            results = await client.register_with_response(events)
+            assert all(result is not None for result in results)
+
+        found: list[hat.Event] = []
+        for _ in range(300):  # up to 15 s for the later module's own sessions
+            found = list(await client.query(hat.QueryData()))
+            if any(e.event_type == ("later-found", "1") for e in found):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail(f"{address}: the later module registered nothing: {found}")
+    finally:
+        await client.async_close()
+    sessions: dict[int, list[hat.Event]] = {}
+    for event in sorted(found, key=lambda e: (e.event_id.session, e.event_id.instance)):
+        sessions.setdefault(event.event_id.session, []).append(event)
+    return [
+        [(e.event_type, e.source_timestamp, e.payload) for e in session]
+        for session in sessions.values()
+    ]
+
+
+def _config(tmp_path: Path, port: int, modules: list[dict[str, Any]]) -> ServerConfig:
+    return load_server_config(
+        {
+            "type": "event",
+            "backend": {"module": "tidings.server.backends.sqlite", "db_path": "events.db"},
+            "engine": {"server_id": 1, "modules": modules},
+            "eventer_server": {"address": local_address(port)},
+        },
+        tmp_path,
+    )
+
+
+def _eventer(sessions: list[Session]) -> list[Session]:
+    return [s for s in sessions if s[0][0] == ("event", "eventer")]
+
+
+def _without_eventer(sessions: list[Session]) -> list[Session]:
+    return [s for s in sessions if s[0][0] != ("event", "eventer")]
+
+
+@contextlib.asynccontextmanager
+async def _tidings(
+    tmp_path: Path, modules: list[dict[str, Any]]
+) -> AsyncIterator[tuple[str, RunningServer]]:
+    port = free_port()
+    server = await RunningServer.start(_config(tmp_path, port, modules))
+    try:
+        # The harness checks that hat's server listens with a connection of its own (its
+        # CONNECTED and DISCONNECTED events, Eventer id 1): the same here.
+        await asyncio.to_thread(wait_for_port, port, 5)
+        for _ in range(100):
+            if server.store.count() >= 3:  # STARTED, CONNECTED, DISCONNECTED
+                break
+            await asyncio.sleep(0.05)
+        yield local_address(port), server
+    finally:
+        await server.aclose()
+
+
+def test_hat_modules_register_the_same_events_on_tidings_as_on_hat_event(
+    tmp_path: Path,
+) -> None:
+    async def on_tidings() -> tuple[list[Session], dict[tuple[str, ...], Source]]:
+        async with _tidings(tmp_path, MODULES) as (address, server):
+            sessions = await _exercise(address)
+            stored = server.store.read(0, 1000)
+            sources = server.store.sources_of([e.id for e in stored])
+        return sessions, {e.type: sources[e.id] for e in stored}
+
+    with hat_event_server(tmp_path, 1, modules=MODULES, syncer=False) as (port, _, _process):
+        on_hat = run(_exercise(local_address(port)), 60)
+    ours, sources = run(on_tidings(), 60)
+
+    # The Eventer's CONNECTED and DISCONNECTED sessions race with the client's first
+    # register on either server (the harness's probe connection closes as the client
+    # connects): compared apart, as a whole.
+    assert _without_eventer(ours) == _without_eventer(on_hat)
+    assert sorted(map(repr, _eventer(ours))) == sorted(map(repr, _eventer(on_hat)))
+    # What the comparison covers: the modules answered, in rounds, from every source.
+    types = [event_type for session in ours for event_type, _, _ in session]
+    assert ("event", "engine") in types and ("event", "eventer") in types
+    for expected in [("ra", "1"), ("rb", "1"), ("rb", "sbs"), ("counted", "ra", "1")]:
+        assert expected in types
+    assert ("later-done", "1") in types and ("later-found", "1") in types
+
+    # The store recorded who registered each event, as the modules were told.
+    react, later = "tests.support.hat_modules.react", "tests.support.hat_modules.later"
+    assert sources[("event", "engine")] == Source(SourceKind.ENGINE, 0)
+    assert sources[("a", "1")] == Source(SourceKind.EVENTER, 2)
+    assert sources[("other",)] == Source(SourceKind.EVENTER, 2)
+    assert sources[("ra", "1")] == Source(SourceKind.MODULE, 0, react)
+    assert sources[("rb", "1")] == Source(SourceKind.MODULE, 1, react)
+    assert sources[("counted", "ra", "1")] == Source(
+        SourceKind.MODULE, 2, "tests.support.hat_modules.sessions"
+    )
+    assert sources[("later-done", "1")] == Source(SourceKind.MODULE, 3, later)
+    assert sources[("later-found", "1")] == Source(SourceKind.MODULE, 3, later)
+
+
+# --- bad module configurations: clear errors, as hat-event refuses them ---------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        (
+            {"module": "tests.support.hat_modules.react", "subscriptions": [["a"]]},
+            r"module 'tests.support.hat_modules.react': configuration does not match its "
+            r"schema tidings-test://react.yaml#: 'prefix' is a required property",
+        ),
+        (
+            {
+                "module": "tests.support.hat_modules.react",
+                "subscriptions": [["a"]],
+                "prefix": "ra",
+            },
+            r"react.yaml# at prefix: 'ra' is not of type 'array'",
+        ),
+        (
+            {"module": "tests.support.hat_modules.sessions"},
+            r"module 'tests.support.hat_modules.sessions': create\(\) failed: "
+            r"KeyError\('subscriptions'\)",
+        ),
+        ({"module": "tests.support.hat_modules.nothing"}, r"cannot import it"),
+    ],
+    ids=["schema-required", "schema-type", "create-fails", "no-such-module"],
+)
+def test_a_bad_module_configuration_stops_the_start_naming_the_module(
+    tmp_path: Path, entry: dict[str, Any], error: str
+) -> None:
+    """The server does not start, and says which module and why; the modules created before
+    the bad one are closed again (their loop stopped: no thread is left behind)."""
+    before = {t.name for t in threading.enumerate()}
+    config = _config(tmp_path, free_port(), [MODULES[3], entry])
+    with pytest.raises(ModuleLoadError, match=error):
+        run(RunningServer.start(config))
+    assert "tidings-hat-modules" not in {t.name for t in threading.enumerate()} - before
+
+
+def test_hat_event_refuses_the_same_configuration(tmp_path: Path) -> None:
+    """The reference: hat-event 0.8.5's own server refuses the schema-less entry too."""
+    bad = [{"module": "tests.support.hat_modules.react", "subscriptions": [["a"]]}]
+    refused = pytest.raises(RuntimeError, match=r"'prefix' is a required property")
+    with refused, hat_event_server(tmp_path, 1, modules=bad, syncer=False):
+        pass
+
+
+# --- a hat module that closes itself ends the server, as in hat-event ------------------------
+
+CLOSING = [{"module": "tests.support.hat_modules.closing"}]
+
+
+async def _register_close(address: str) -> None:
+    client = await hat_eventer.connect(address)
+    try:
+        client.register([hat.RegisterEvent(("close",), None, None)])
+        await asyncio.sleep(0.1)  # sent: the server may close the connection now
+    finally:
+        await client.async_close()
+
+
+def test_a_hat_module_that_closes_itself_stops_the_server(tmp_path: Path) -> None:
+    with hat_event_server(tmp_path, 1, modules=CLOSING, syncer=False) as (port, _, process):
+        run(_register_close(local_address(port)))
+        process.wait(15)  # hat-event's server ends: its engine closed with the module
+
+    async def main() -> None:
+        port = free_port()
+        serving = asyncio.ensure_future(serve(_config(tmp_path, port, CLOSING)))
+        await asyncio.to_thread(wait_for_port, port, 10)
+        await _register_close(local_address(port))
+        with pytest.raises(EngineError, match="closing closed itself; the server stops"):
+            await asyncio.wait_for(serving, 15)
+
+    before = {t.name for t in threading.enumerate()}
+    run(main())
+    assert "tidings-hat-modules" not in {t.name for t in threading.enumerate()} - before
+    store = EventStore(f"sqlite:///{tmp_path / 'events.db'}")
+    try:
+        stored = store.read(0, 100)
+    finally:
+        store.close()
+    # The session that closed the module was stored (as hat's engine stores it), nothing
+    # after it but the engine's STOPPED (the client's DISCONNECTED found no engine).
+    assert [e.type for e in stored][-2:] == [("close",), ("event", "engine")]
+    assert stored[-1].payload == b'"STOPPED"'
