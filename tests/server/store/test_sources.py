@@ -92,6 +92,28 @@ def test_repeats_and_group_commits_record_one_source_per_stored_event(store: Eve
     assert [sources[e.id] for e in stored] == [first, second]
 
 
+def test_deleting_events_drops_a_sessions_sources_only_with_its_last_event(
+    store: EventStore,
+) -> None:
+    """Retention deletes events by position: a session that keeps an event keeps its source
+    rows (a later event's source is read from the row of its run's first event), and a
+    session deleted whole leaves none behind."""
+    engine = Engine(store, [])
+    alice, bob = eventer_source(1, "alice"), eventer_source(2, "bob")
+    engine.register_many(
+        [[NewEvent(("x",)), NewEvent(("y",))], [NewEvent(("z",))]], sources=[alice, bob]
+    )
+    engine.register([NewEvent(("w",))], source=alice)
+    x, y, z, w = store.read()
+    rows_before = _rows(store)
+    store.delete_positions([x.position])  # y's run began at x: its row must stay
+    assert store.sources_of([y.id]) == {y.id: alice}
+    assert _rows(store) == rows_before
+    store.delete_positions([y.position, z.position])  # both sessions now empty
+    assert _rows(store) == rows_before - 2
+    assert store.sources_of([w.id]) == {w.id: alice}
+
+
 def test_events_without_a_recorded_source_have_none(store: EventStore) -> None:
     """Synced events (their source is on their origin server) and events stored before
     tidings recorded sources are left out of the answer."""

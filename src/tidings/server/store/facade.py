@@ -45,7 +45,7 @@ from tidings.server.store.planning import (
     select_by_outbox_ids,
 )
 from tidings.server.store.schema import events_from_rows, events_table, prepare_schema
-from tidings.server.store.sources import sources_of
+from tidings.server.store.sources import forget_sources, sources_of
 
 log = logging.getLogger(__name__)
 
@@ -298,14 +298,16 @@ class EventStore:
             yield conn
 
     def delete_positions(self, positions: Sequence[int]) -> int:
-        """Delete the events at ``positions`` (:mod:`.retention` decides which), and the
-        records of their peers' copies (:mod:`.copies`); how many events there were.
+        """Delete the events at ``positions`` (:mod:`.retention` decides which), the
+        records of their peers' copies (:mod:`.copies`) and the sources of the sessions left
+        empty (:mod:`.sources`); how many events there were.
         Positions are never reused: the counters keep growing past deleted events."""
         deleted = 0
         c = events_table.c
         with self._transaction("delete events", append=True) as conn:
             for start in range(0, len(positions), _DELETE_CHUNK):
                 chunk = list(positions[start : start + _DELETE_CHUNK])
+                forget_sources(conn, chunk)
                 deleted += conn.execute(delete(events_table).where(c.position.in_(chunk))).rowcount
                 forget_copies(conn, chunk)
         return deleted

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, select
+from sqlalchemy import Connection, and_, delete, exists, select, tuple_
 
 from tidings.events.model import EventId, StoredEvent
 from tidings.events.sources import Source, SourceKind
 from tidings.server.store.driver import DriverCursor
-from tidings.server.store.schema import event_sources_table
+from tidings.server.store.schema import event_sources_table, events_table
 
 _COLUMNS = "server, session, instance, kind, source_id, name"
 _INSERT_SQL = f"INSERT INTO event_sources ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
@@ -98,3 +98,29 @@ def sources_of(conn: Connection, ids: Iterable[EventId]) -> dict[EventId, Source
         if row is not None:
             found[event_id] = Source(SourceKind(row.kind), row.source_id, row.name)
     return found
+
+
+def forget_sources(conn: Connection, positions: Sequence[int]) -> None:
+    """Before the events at ``positions`` are deleted: forget the source rows of the sessions
+    that the deletion empties. A row names the source of a run of its session's events from
+    its instance on, so a row is dropped only with the whole session; a session that keeps an
+    event keeps every row (a later event's source is read from the row before it)."""
+    e = events_table.c
+    sessions = conn.execute(
+        select(e.server, e.session).where(e.position.in_(positions)).distinct()
+    ).all()
+    if not sessions:
+        return
+    s = event_sources_table.c
+    remaining = exists().where(
+        and_(
+            e.server == s.server,
+            e.session == s.session,
+            e.position.not_in(positions),
+        )
+    )
+    conn.execute(
+        delete(event_sources_table).where(
+            and_(tuple_(s.server, s.session).in_([tuple(row) for row in sessions]), ~remaining)
+        )
+    )
