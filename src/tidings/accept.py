@@ -289,9 +289,11 @@ class GuardedListener:
             self._held.pop(address, None)
 
     def _refuse(self, reason: str, address: str, message: str) -> None:
+        # Once per reason, not per address: a client with many addresses must not buy a log
+        # line per connection.
         self._problems.log(
             logging.WARNING,
-            (reason, address),
+            reason,
             f"{message} (repeats are counted, not logged)",
             extra={"peer": address, "reason": reason},
         )
