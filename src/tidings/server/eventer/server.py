@@ -164,7 +164,7 @@ class EventerServer:
             ping_interval=ping_interval,
             handshake_timeout=limits_of(accept).tls_handshake_timeout.total_seconds(),
             max_per_address=limits_of(accept).max_connections_per_address,
-            on_refused=server._refused_at_accept,
+            on_refused=server._refused_connection,
         )
         server._port = server._server.port
         # Early: subscribers hear of a registration when it is answered, also before its
@@ -177,7 +177,7 @@ class EventerServer:
         )
         return server
 
-    def _refused_at_accept(self, reason: str) -> None:
+    def _refused_connection(self, reason: str) -> None:
         if reason == TOO_MANY_FROM_ADDRESS:
             self.counters.refused_connections += 1
         else:

@@ -130,7 +130,7 @@ class SyncerServer:
         self.refused_handshakes = 0
         self.refused_connections = 0
 
-    def _refused(self, reason: str) -> None:
+    def _refused_connection(self, reason: str) -> None:
         if reason == TOO_MANY_FROM_ADDRESS:
             self.refused_connections += 1
         else:
@@ -167,7 +167,7 @@ class SyncerServer:
                 ping_interval=ping_interval,
                 handshake_timeout=limits_of(accept).tls_handshake_timeout.total_seconds(),
                 max_per_address=limits_of(accept).max_connections_per_address,
-                on_refused=self._refused,
+                on_refused=self._refused_connection,
             )
         except BaseException:
             self._unsubscribe()
