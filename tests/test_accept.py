@@ -9,6 +9,7 @@ routes all of 127/8 there), so one process plays both addresses."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -166,3 +167,20 @@ def test_closing_the_server_closes_the_port_and_the_connections_waiting() -> Non
             await connect(guard.port, BYSTANDER)
 
     run(main())
+
+
+def test_on_uvloop_the_server_is_given_the_socket_itself_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """uvloop accepts in libuv, past any Python ``accept``: nothing can be enforced there,
+    so the server gets the listening socket and serves, and a warning says so."""
+    import uvloop
+
+    async def main() -> None:
+        async with echo(AcceptRules(max_per_address=1)) as (served, port):
+            assert served.guard is not None and served.guard.handoff is served.guard._sock
+            assert await echoed(port, BYSTANDER) == b"hello\n"
+
+    with caplog.at_level(logging.WARNING):
+        uvloop.run(asyncio.wait_for(main(), 30))
+    assert any("no accept limits" in r.getMessage() for r in caplog.records)

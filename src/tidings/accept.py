@@ -26,7 +26,11 @@ accepted sockets are :class:`_Seated`), so a protocol switch behind it (HTTP upg
 WebSocket, TLS started on a stream) changes nothing. Addresses are the peer's IP as the
 socket says (no proxy header is trusted); loopback is not exempt (an attacker on the same
 machine is still an attacker; raise the limit where a local proxy fronts every client).
-Everything runs on the event loop that made the listener.
+Everything runs on the event loop that made the listener, which must be asyncio's own
+(a selector loop, what every tidings part runs on): the stand-in socket works because such
+a loop accepts by calling the listening socket's ``accept``. uvloop (the fan-out
+benchmark's processes) accepts in libuv on the file descriptor instead; there the server is
+given the listening socket itself, nothing is enforced at accept, and a warning says so.
 """
 
 from __future__ import annotations
@@ -157,12 +161,24 @@ class GuardedListener:
         self._ready: deque[tuple[_Seated, Any]] = deque()
         self._problems = OncePerCause(log)
         self._closed = False
+        #: The socket the server is given to listen on.
+        self.handoff: socket.socket = sock
+        if not isinstance(self._loop, asyncio.selector_events.BaseSelectorEventLoop):
+            log.warning(
+                "no accept limits on %s: the event loop %s accepts without Python "
+                "(per-address bound and first-byte wait not enforced)",
+                self.address,
+                type(self._loop).__name__,
+            )
+            self._closed = True  # the server owns the socket, and closes it
+            return
         bell, rung = socket.socketpair()
         bell.setblocking(False)
         self._bell = bell
-        self.handoff = _Handoff(rung.family, rung.type, rung.proto, fileno=rung.detach())
-        self.handoff._guard = self
-        self.handoff.setblocking(False)
+        handoff = _Handoff(rung.family, rung.type, rung.proto, fileno=rung.detach())
+        handoff._guard = self
+        handoff.setblocking(False)
+        self.handoff = handoff
         sock.setblocking(False)
         self._loop.add_reader(self._fd, self._accept)
 
