@@ -138,9 +138,14 @@ async def listen(
             await connection.aclose()
 
     rules = AcceptRules(max_per_address, handshake_timeout if tls is not None else None)
-    guard = GuardedListener(
-        listen_tcp(host, port), rules, None if on_refused is None else _reason_only(on_refused)
-    )
+    try:
+        sock = listen_tcp(host, port)
+    except OSError as exc:  # named as asyncio's own start_server names it
+        why = (exc.strerror or str(exc)).lower()
+        raise OSError(
+            exc.errno, f"error while attempting to bind on address {(host, port)!r}: {why}"
+        ) from None
+    guard = GuardedListener(sock, rules, None if on_refused is None else _reason_only(on_refused))
     try:
         server = await asyncio.start_server(on_accept, sock=guard.handoff, limit=2**16)
     except BaseException:
