@@ -1,29 +1,98 @@
 """uvicorn on a socket tidings binds itself, for the HTTP/WebSocket servers it embeds (the
 FTN18 streams, the intermediaries' subscriber transport).
 
-Binding here, before uvicorn starts, makes a port in use an error at start-up rather than a
-log line in a background task; the embedding process owns SIGINT and SIGTERM, so uvicorn's
-own signal handlers are off.
+Binding first (:func:`tidings.accept.listen`), before uvicorn starts, makes a port in use an
+error at start-up rather than a log line in a background task; the embedding process owns
+SIGINT and SIGTERM, so uvicorn's own signal handlers are off. uvicorn serves the connections
+a :class:`~tidings.accept.GuardedListener` lets through (:func:`serve_guarded`), with
+asyncio's TLS handshake bounded by tidings' timeout rather than asyncio's 60 s, which
+uvicorn has no setting for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
+import sys
 from collections.abc import Iterator
 
 import uvicorn
 from uvicorn._types import ASGISendEvent
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from tidings.accept import AcceptRules, GuardedListener, Refused
+from tidings.accept import listen as listen
 
 
 class QuietServer(uvicorn.Server):
-    """uvicorn without its signal handlers: the embedding process stops it with everything
-    else."""
+    """uvicorn without its signal handlers (the embedding process stops it with everything
+    else), whose TLS handshakes end after ``tls_handshake_timeout`` seconds."""
+
+    def __init__(self, config: uvicorn.Config, tls_handshake_timeout: float | None = None):
+        super().__init__(config)
+        self.tls_handshake_timeout = tls_handshake_timeout
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn 0.54's start on the sockets given (the only way tidings starts it), with
+        the one thing its own lacks: ``ssl_handshake_timeout`` passed to asyncio."""
+        if sockets is None:
+            await super().startup(sockets)
+            return
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            sys.exit(STARTUP_FAILURE)
+        config = self.config
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=_loop,
+            )
+
+        loop = asyncio.get_running_loop()
+        timeout = None if config.ssl is None else self.tls_handshake_timeout
+        self.servers = [
+            await loop.create_server(
+                create_protocol,
+                sock=sock,
+                ssl=config.ssl,
+                backlog=config.backlog,
+                ssl_handshake_timeout=timeout,
+            )
+            for sock in sockets
+        ]
+        self.started = True
+
+
+def serve_guarded(
+    config: uvicorn.Config,
+    sock: socket.socket,
+    rules: AcceptRules,
+    tls_handshake_timeout: float,
+    on_refused: Refused | None = None,
+) -> tuple[QuietServer, asyncio.Task[None]]:
+    """uvicorn serving ``config``'s app on the connections ``rules`` let through ``sock``
+    (refusals told to ``on_refused``), its TLS handshakes bounded by
+    ``tls_handshake_timeout``; the task runs it (set ``should_exit`` to stop it). When it
+    ends, however (stopped, or failed to start), ``sock`` is closed. Call it on the loop
+    that serves."""
+    guard = GuardedListener(sock, rules, on_refused)
+    server = QuietServer(config, tls_handshake_timeout)
+    try:
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[guard.handoff]))
+    except BaseException:
+        guard.close()
+        raise
+    task.add_done_callback(lambda _: guard.close())
+    return server, task
 
 
 class DenyingWebSockets(WebSocketsSansIOProtocol):
@@ -39,28 +108,3 @@ class DenyingWebSockets(WebSocketsSansIOProtocol):
         await super().send(message)
         if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
             self.handshake_complete = True
-
-
-def listen(host: str, port: int, send_buffer: int | None = None) -> socket.socket:
-    """A listening TCP socket whose connections send small replies at once (and, with
-    ``send_buffer``, hold at most that much unsent data per peer: accepted connections
-    inherit SO_SNDBUF on Linux).
-
-    Made with ``IPPROTO_TCP`` named: asyncio sets TCP_NODELAY on accepted connections only
-    for sockets whose protocol says TCP, and ``socket.create_server`` leaves it 0. Without
-    it, Nagle's algorithm held each reply on a kept-alive HTTP connection until the client's
-    delayed ACK: ~40 ms a request.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if send_buffer is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
-        sock.bind((host, port))
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    return sock

@@ -31,6 +31,7 @@ LAYERS = (
     "address",  # tcp+sbs:// addresses, checked by the configuration, used by the wire
     "logs",
     "tasks",  # stopping a background asyncio task, one way for every part
+    "accept",  # TCP accept under a per-address bound, TLS state only after a first byte
     "serving",  # uvicorn on a socket bound here, for the streams and the intermediaries
     "config",
     "db",
@@ -196,8 +197,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model sources matching data_filter validation query outbox",
     "tidings.config": (
-        "model metrics loading passwords tls certificates targets relay intermediary_access "
-        "intermediary "
+        "model metrics listener loading passwords tls certificates targets relay "
+        "intermediary_access intermediary "
         "intermediary_tier eventer_access log_retention server stream_types stream_access streams "
         "tidings_file"
     ),

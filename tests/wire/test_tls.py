@@ -16,6 +16,7 @@ import pytest
 from tests.support.certificates import TestCA, TlsSetup
 from tests.support.server_helpers import warnings_of
 from tests.support.waiting import run, until
+from tidings.accept import SILENT_TLS
 from tidings.config.tls import TlsClientConfig
 from tidings.errors import ConfigError, ConnectionClosed, TlsError
 from tidings.events.query import QueryData
@@ -25,12 +26,18 @@ pytestmark = pytest.mark.sockets
 
 
 class Served(list[chatter.Connection]):
-    """The connections a test server served, and how many handshakes it refused."""
+    """The connections a test server served, and why it refused the others."""
 
-    refused = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: list[str] = []
 
-    def refuse(self) -> None:
-        self.refused += 1
+    @property
+    def refused(self) -> int:
+        return len(self.reasons)
+
+    def refuse(self, reason: str) -> None:
+        self.reasons.append(reason)
 
 
 @asynccontextmanager
@@ -226,12 +233,21 @@ def test_a_client_that_never_finishes_its_handshake_is_dropped(
             await until(lambda: served.refused == 1)
             assert await reader.read() == b""  # closed by the server
             writer.close()
+            # One that starts its handshake and stalls has the same time for the rest.
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"\x16\x03\x01\x02\x00\x01")  # a ClientHello's first bytes
+            await until(lambda: served.refused == 2)
+            assert await reader.read() == b""
+            writer.close()
             await ask(tls_address(server), tls=setup.client_tls())
             assert len(served) == 1
+            assert served.reasons == [SILENT_TLS, chatter_server.TLS_HANDSHAKE]
 
     with caplog.at_level(logging.WARNING):
         run(main())
-    assert any("no handshake within 0.2 s" in w for w in warnings_of(caplog))
+    warnings = warnings_of(caplog)
+    assert any("no TLS handshake from 127.0.0.1 within 0.2 s" in w for w in warnings)
+    assert any("no handshake within 0.2 s" in w for w in warnings)
 
 
 def test_the_scheme_and_the_tls_settings_must_agree(tmp_path: Path) -> None:

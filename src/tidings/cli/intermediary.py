@@ -148,6 +148,22 @@ def simulate(
         Path | None,
         typer.Option(help="Mutual TLS: intermediaries must present a certificate of this CA."),
     ] = None,
+    max_connections_per_address: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=1_000_000,
+            help="Connections at once from one client address; more are closed at accept.",
+        ),
+    ] = 100,
+    tls_handshake_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            max=300.0,
+            help="Over TLS: seconds a new connection may stay silent, then take to handshake.",
+        ),
+    ] = 10.0,
 ) -> None:
     """Serve a simulation of moving agents over the spatial feed: the upstream that
     ``intermediary serve`` (its spatial: section) and the library's intermediaries take
@@ -168,7 +184,13 @@ def simulate(
     simulation = Simulation(agents, box, max_speed=speed, seed=seed)
 
     async def run(stop: asyncio.Event) -> None:
-        server = SimulationServer(simulation, tick_hz, tls)
+        server = SimulationServer(
+            simulation,
+            tick_hz,
+            tls,
+            max_connections_per_address=max_connections_per_address,
+            tls_handshake_timeout=tls_handshake_timeout,
+        )
         url = await server.start(host.strip("[]"), int(port))
         _say(
             f"simulation of {agents} agents in a {dim}D world of side {world:g} at "

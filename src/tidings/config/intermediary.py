@@ -14,6 +14,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from tidings.address import is_tls, parse_address
 from tidings.config.intermediary_access import SubscriberAccess, check_corners
+from tidings.config.listener import ListenerLimitsConfig
 from tidings.config.metrics import MetricsListenConfig
 from tidings.config.model import (
     DAY,
@@ -92,8 +93,10 @@ class IntermediaryTableConfig(StrictModel):
         return self
 
 
-class IntermediaryLimitsConfig(StrictModel):
-    """Bounds of ``tidings intermediary serve``: per server, per connection, per view."""
+class IntermediaryLimitsConfig(ListenerLimitsConfig):
+    """Bounds of ``tidings intermediary serve``: at accept (the keys every listener has:
+    ``max_connections_per_address``, ``tls_handshake_timeout``), per server, per connection,
+    per view."""
 
     max_connections: int = Field(
         default=10_000,
@@ -127,17 +130,6 @@ class IntermediaryLimitsConfig(StrictModel):
         gt=0,
         le=1_000_000,
         description="Requests a subscriber may send at once above that rate (the bucket's size).",
-    )
-    max_connections_per_address: int = Field(
-        default=100,
-        gt=0,
-        le=1_000_000,
-        description=(
-            "Connections at once from one client address, those still in their handshake "
-            "included (checked before any credential); one more is closed with code 1013 and "
-            "a reason naming this limit. Behind a proxy every client has the proxy's address: "
-            "raise it there."
-        ),
     )
     max_failed_logins: int | None = Field(
         default=10,

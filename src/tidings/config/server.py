@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tidings.address import Address, MonitorAddress, is_tls
 from tidings.config.eventer_access import EventerAnonymousConfig, EventerIdentityConfig
+from tidings.config.listener import ListenerLimitsConfig
 from tidings.config.loading import read_config_data, validate_config
 from tidings.config.log_retention import LogRetentionConfig
 from tidings.config.model import StrictModel, resolve_path
@@ -143,7 +144,7 @@ def _tls_matches_scheme(address: str, tls: object | None) -> None:
         raise ValueError(f"tls is set: the address must be ssl+sbs://, not {address}")
 
 
-class EventerServerConfig(StrictModel):
+class EventerServerConfig(ListenerLimitsConfig):
     """``eventer_server``: where clients register, query and subscribe (hat's Eventer)."""
 
     address: Address = Field(
@@ -202,7 +203,7 @@ class EventerServerConfig(StrictModel):
         return self
 
 
-class SyncerServerConfig(StrictModel):
+class SyncerServerConfig(ListenerLimitsConfig):
     """``syncer_server``: where redundant peers fetch this server's events."""
 
     address: Address = Field(

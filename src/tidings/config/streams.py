@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
+from tidings.config.listener import ListenerLimitsConfig
 from tidings.config.model import (
     DAY,
     HOUR,
@@ -149,8 +150,9 @@ class ConsumerEventsConfig(StrictModel):
     )
 
 
-class StreamConfig(StrictModel):
-    """One FTN18 stream."""
+class StreamConfig(ListenerLimitsConfig):
+    """One FTN18 stream (its port's accept limits with it: streams sharing a port give the
+    same)."""
 
     name: str = Field(
         pattern=r"^[A-Za-z0-9_.-]{1,64}$",
@@ -226,6 +228,21 @@ class StreamConfig(StrictModel):
         return f"{scheme}://{self.host}:{self.port}{self.path}"
 
 
+def _same_accept_limits(streams: list[StreamConfig]) -> None:
+    """Streams sharing a host and port share its listener: they must give it the same
+    ``max_connections_per_address`` and ``tls_handshake_timeout``."""
+    first: dict[tuple[str, int], StreamConfig] = {}
+    for stream in streams:
+        other = first.setdefault((stream.host, stream.port), stream)
+        keys = ("max_connections_per_address", "tls_handshake_timeout")
+        if any(getattr(stream, key) != getattr(other, key) for key in keys):
+            raise ValueError(
+                f"streams {other.name} and {stream.name} share {stream.host}:{stream.port}, "
+                "so they must give the same max_connections_per_address and "
+                "tls_handshake_timeout (one listener)"
+            )
+
+
 class StreamServerConfig(ServerConfig):
     """The event server's configuration with the streams it serves."""
 
@@ -258,6 +275,7 @@ class StreamServerConfig(ServerConfig):
         endpoints = [(s.host, s.port, s.path.rstrip("/")) for s in self.streams]
         if len(endpoints) != len(set(endpoints)):
             raise ValueError("streams: two streams have the same host, port and path")
+        _same_accept_limits(self.streams)
         for user in self.stream_users:
             if not user or ":" in user or user.startswith("-"):
                 raise ValueError(

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from tidings.accept import TOO_MANY_FROM_ADDRESS
 from tidings.errors import ConfigError
 from tidings.events.model import StoredEvent
 from tidings.server.async_engine import AsyncEngine
@@ -108,6 +109,18 @@ class _ServerCollector(Collector):
             ["syncer"], 0 if running.syncer is None else running.syncer.refused_handshakes
         )
         yield refused
+        closed = CounterMetricFamily(
+            "tidings_server_connections_refused",
+            "Connections closed at accept, before any byte was read, by listener and reason "
+            "(too_many_from_address: the client address held max_connections_per_address)",
+            labels=["listener", "reason"],
+        )
+        closed.add_metric(["eventer", TOO_MANY_FROM_ADDRESS], counters.refused_connections)
+        closed.add_metric(
+            ["syncer", TOO_MANY_FROM_ADDRESS],
+            0 if running.syncer is None else running.syncer.refused_connections,
+        )
+        yield closed
         access = CounterMetricFamily(
             "tidings_server_eventer_refusals",
             "Eventer refusals by identity or grant: clients (an unknown certificate identity, "

@@ -105,7 +105,10 @@ class RunningServer:
             syncer = None
             if config.syncer_server is not None:
                 syncer = await SyncerServer.start(
-                    config.syncer_server.address, async_engine, tls=config.syncer_server.tls
+                    config.syncer_server.address,
+                    async_engine,
+                    tls=config.syncer_server.tls,
+                    accept=config.syncer_server,
                 )
                 undo.push_async_callback(syncer.aclose)
             running = cls(config, store, async_engine, syncer, attach)
@@ -159,6 +162,7 @@ class RunningServer:
             max_subscriber_lag_bytes=self.config.eventer_server.max_subscriber_lag_bytes,
             counters=self.counters,
             tls=self.config.eventer_server.tls,
+            accept=self.config.eventer_server,
             access=EventerAccess(
                 self.config.eventer_server.anonymous, self.config.eventer_server.identities
             ),

@@ -6,6 +6,11 @@ connection gets a task of its own running the handler, and closing the server cl
 connection and waits for the handlers, so a closed server leaves nothing running. On an
 ``ssl+sbs://`` address every connection is a TLS session first (hat-event 0.8.5's framing
 inside it), and a failed handshake is logged and counted, never handed to the handler.
+
+Connections are accepted by a :class:`~tidings.accept.GuardedListener`: at most
+``max_per_address`` at once from one client address, and on a TLS address none costs TLS
+state before it has sent a byte (a silent one is closed after ``handshake_timeout``, as is
+one whose handshake then takes longer).
 """
 
 from __future__ import annotations
@@ -15,6 +20,15 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 
+from tidings.accept import (
+    DEFAULT_MAX_PER_ADDRESS,
+    DEFAULT_TLS_HANDSHAKE_TIMEOUT,
+    AcceptRules,
+    GuardedListener,
+)
+from tidings.accept import (
+    listen as listen_tcp,
+)
 from tidings.address import parse_endpoint
 from tidings.errors import ConfigError, ConnectionClosed
 from tidings.wire.chatter import DEFAULT_MAX_FRAME_BYTES, DEFAULT_PING_INTERVAL, Connection
@@ -23,8 +37,11 @@ log = logging.getLogger(__name__)
 
 #: Serves one accepted connection; the connection is closed when it returns.
 Handler = Callable[[Connection], Awaitable[None]]
-#: How long an accepted connection may take to finish its TLS handshake, in seconds.
-DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+#: How long an accepted connection may stay silent, then take to finish its TLS handshake.
+DEFAULT_HANDSHAKE_TIMEOUT = DEFAULT_TLS_HANDSHAKE_TIMEOUT
+#: The ``on_refused`` reason of a TLS handshake that failed or timed out (besides
+#: :mod:`tidings.accept`'s reasons: a silent connection, one address over its bound).
+TLS_HANDSHAKE = "tls_handshake"
 
 
 class Server:
@@ -72,14 +89,19 @@ async def listen(
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ping_interval: float | None = DEFAULT_PING_INTERVAL,
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-    on_refused: Callable[[], None] | None = None,
+    max_per_address: int | None = DEFAULT_MAX_PER_ADDRESS,
+    on_refused: Callable[[str], None] | None = None,
 ) -> Server:
     """Listen on ``address`` and serve each connection with ``handler``.
 
     An ``ssl+sbs://`` address needs ``tls``, the server's context (a ConfigError otherwise,
-    as is ``tls`` with a ``tcp+sbs://`` address). A connection whose handshake fails or
-    takes over ``handshake_timeout`` seconds is closed with a log line and ``on_refused``
-    called (to count it); the handler never sees it.
+    as is ``tls`` with a ``tcp+sbs://`` address). A connection whose handshake fails, or
+    that sends nothing for ``handshake_timeout`` seconds, or whose handshake then takes
+    longer, is closed with a log line and ``on_refused`` called with why (to count it:
+    :data:`TLS_HANDSHAKE`, :data:`tidings.accept.SILENT_TLS`, or
+    :data:`tidings.accept.TOO_MANY_FROM_ADDRESS` for a connection over
+    ``max_per_address``); the handler never sees it. A port that cannot be bound is an
+    OSError.
     """
     host, port, secure = parse_endpoint(address)
     if secure and tls is None:
@@ -98,7 +120,7 @@ async def listen(
         task.add_done_callback(handlers.discard)
         if tls is not None and not await _handshake(writer, tls, handshake_timeout):
             if on_refused is not None:
-                on_refused()
+                on_refused(TLS_HANDSHAKE)
             return
         connection = Connection(
             reader, writer, max_frame_bytes=max_frame_bytes, ping_interval=ping_interval
@@ -115,8 +137,25 @@ async def listen(
             connections.discard(connection)
             await connection.aclose()
 
-    server = await asyncio.start_server(on_accept, host, port, limit=2**16)
+    rules = AcceptRules(max_per_address, handshake_timeout if tls is not None else None)
+    try:
+        sock = listen_tcp(host, port)
+    except OSError as exc:  # named as asyncio's own start_server names it
+        why = (exc.strerror or str(exc)).lower()
+        raise OSError(
+            exc.errno, f"error while attempting to bind on address {(host, port)!r}: {why}"
+        ) from None
+    guard = GuardedListener(sock, rules, None if on_refused is None else _reason_only(on_refused))
+    try:
+        server = await asyncio.start_server(on_accept, sock=guard.handoff, limit=2**16)
+    except BaseException:
+        guard.close()
+        raise
     return Server(server, connections, handlers)
+
+
+def _reason_only(on_refused: Callable[[str], None]) -> Callable[[str, str], None]:
+    return lambda reason, _address: on_refused(reason)
 
 
 async def _handshake(writer: asyncio.StreamWriter, context: ssl.SSLContext, timeout: float) -> bool:

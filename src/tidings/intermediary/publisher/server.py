@@ -13,7 +13,11 @@ With ``tls`` (an :class:`ssl.SSLContext`, :meth:`tidings.config.tls.TlsServerCon
 feed is served over TLS (``wss://``), and with that context's client CA only to
 intermediaries presenting a certificate it signed (mutual TLS: how a publisher knows its
 intermediaries). A client that does not complete the TLS handshake (plaintext to this
-port, a certificate refused) is dropped by it; the others go on.
+port, a certificate refused) is dropped by it; the others go on. Connections are accepted by
+a :class:`~tidings.accept.GuardedListener`: at most ``max_connections_per_address`` at once
+from one address, and over TLS a client silent for ``tls_handshake_timeout`` seconds is
+closed before any TLS state is made for it (then the handshake has as long again); each
+refusal is counted in :attr:`SimulationServer.refusals` and logged once per cause.
 """
 
 from __future__ import annotations
@@ -25,11 +29,20 @@ import logging
 import math
 import ssl
 import time
+from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import websockets
 from websockets.asyncio.server import Server, ServerConnection, serve
 
+from tidings.accept import (
+    DEFAULT_MAX_PER_ADDRESS,
+    DEFAULT_TLS_HANDSHAKE_TIMEOUT,
+    AcceptRules,
+    GuardedListener,
+    listen,
+)
 from tidings.errors import IntermediaryError
 from tidings.intermediary.feed.wire import (
     MAX_CONTROL_BYTES,
@@ -89,13 +102,25 @@ class SimulationServer:
     over WebSocket (the module docstring's protocol); :meth:`start`, then :meth:`aclose`."""
 
     def __init__(
-        self, simulation: Simulation, tick_hz: float = 10.0, tls: ssl.SSLContext | None = None
+        self,
+        simulation: Simulation,
+        tick_hz: float = 10.0,
+        tls: ssl.SSLContext | None = None,
+        *,
+        max_connections_per_address: int | None = DEFAULT_MAX_PER_ADDRESS,
+        tls_handshake_timeout: float = DEFAULT_TLS_HANDSHAKE_TIMEOUT,
     ) -> None:
         if not (isinstance(tick_hz, int | float) and math.isfinite(tick_hz) and tick_hz > 0):
             raise IntermediaryError(f"feed: tick_hz must be a number > 0, not {tick_hz!r}")
         self.simulation = simulation
         self.tick_hz = float(tick_hz)
         self.tls = tls
+        self.rules = AcceptRules(
+            max_connections_per_address, None if tls is None else tls_handshake_timeout
+        )
+        self.tls_handshake_timeout = tls_handshake_timeout
+        #: Connections closed at accept, by reason (:mod:`tidings.accept`'s).
+        self.refusals: Counter[str] = Counter()
         self.connections: list[FeedConnection] = []
         #: Bytes of batches sent (the upstream bandwidth), headers included.
         self.bytes_sent = 0
@@ -106,23 +131,34 @@ class SimulationServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen and start ticking; the URL intermediaries connect to."""
         try:
-            self._server = await serve(
-                self._endpoint,
-                host,
-                port,
-                max_size=MAX_CONTROL_BYTES,
-                compression=None,
-                ping_interval=None,
-                ssl=self.tls,
-            )
+            sock = listen(host, port)
         except OSError as exc:
             raise IntermediaryError(
                 f"feed: cannot listen on {host}:{port}: {exc.strerror}"
             ) from None
-        self.port = next(iter(self._server.sockets)).getsockname()[1]
+        guard = GuardedListener(sock, self.rules, self._refused)
+        tls: dict[str, Any] = {}
+        if self.tls is not None:
+            tls = {"ssl": self.tls, "ssl_handshake_timeout": self.tls_handshake_timeout}
+        try:
+            self._server = await serve(
+                self._endpoint,
+                sock=guard.handoff,
+                max_size=MAX_CONTROL_BYTES,
+                compression=None,
+                ping_interval=None,
+                **tls,
+            )
+        except BaseException:
+            guard.close()
+            raise
+        self.port = guard.port
         self._ticker = asyncio.get_running_loop().create_task(self._tick())
         shown = f"[{host}]" if ":" in host else host
         return f"{'ws' if self.tls is None else 'wss'}://{shown}:{self.port}/"
+
+    def _refused(self, reason: str, address: str) -> None:
+        self.refusals[reason] += 1
 
     async def aclose(self) -> None:
         if self._ticker is not None:

@@ -18,7 +18,11 @@ REFUSALS = {
     "anonymous": "no credentials, where anonymous subscribers are not served",
     "login_throttled": "a handshake from an address that failed to log in too often",
     "too_many_connections": "the server's max_connections reached",
-    "too_many_from_address": "the client address's max_connections_per_address reached",
+    "too_many_from_address": (
+        "the client address's max_connections_per_address reached (at TCP accept, or at the "
+        "WebSocket handshake)"
+    ),
+    "tls_handshake_timeout": "a connection to the TLS port that sent nothing in time",
     "not_granted": "a subscription its identity's grant does not allow",
     "rate_limited": "a request over the connection's rate",
     "too_large": "a message over max_request_bytes (closed with 1009)",

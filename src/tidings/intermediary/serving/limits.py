@@ -21,6 +21,9 @@ class TransportLimits:
     #: no bound but ``max_connections``; :mod:`.addresses`).
     max_connections_per_address: int | None = None
     close_timeout_s: float = 10.0
+    #: Over TLS: how long a new connection may stay silent (held as a bare socket), and then
+    #: take for its TLS handshake (:mod:`tidings.accept`).
+    tls_handshake_timeout_s: float = 10.0
     #: SO_SNDBUF of accepted connections (None: the kernel's default and autotuning).
     send_buffer_bytes: int | None = None
     #: JSON messages (events, views) waiting to be sent on one connection; past this the

@@ -216,6 +216,7 @@ async def serve_intermediary(
                 burst=limits.request_burst,
                 max_connections=limits.max_connections,
                 max_connections_per_address=limits.max_connections_per_address,
+                tls_handshake_timeout_s=limits.tls_handshake_timeout.total_seconds(),
                 max_queued_messages=limits.max_queued_messages,
             ),
             spatial=spatial,

@@ -33,8 +33,10 @@ scheduler's ``max_dropped`` in a row the connection is closed with
 Request messages are bounded in size (uvicorn refuses a bigger frame with 1009) and in rate
 (a token bucket per connection; a request over it is refused with an error reply:
 :mod:`.requests`). Connections are bounded per server (``max_connections``, close code 1013)
-and per client address (``max_connections_per_address``, counted from before the handshake,
-so before any password is hashed: :mod:`.addresses`). Every refusal is counted by reason in
+and per client address (``max_connections_per_address``: at TCP accept, before any TLS byte,
+by :mod:`tidings.accept`, which also closes a client silent on the TLS port after
+``tls_handshake_timeout_s``; and again from before the WebSocket handshake, so before any
+password is hashed: :mod:`.addresses`). Every refusal is counted by reason in
 :attr:`IntermediaryServer.counters` (:mod:`.counters`), which :mod:`.metrics` exports.
 
 A background loop runs at ``tick_s``: it asks ``source`` for the upstream batches that
@@ -82,6 +84,7 @@ from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
+from tidings.accept import AcceptRules
 from tidings.errors import IntermediaryError, SubscriptionRefused
 from tidings.intermediary.node.batches import UpdateBatch
 from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, Intermediary, Served
@@ -102,7 +105,7 @@ from tidings.intermediary.serving.page import page_routes
 from tidings.intermediary.serving.requests import count_close, error, parse
 from tidings.intermediary.views.grants import NOTHING, Grant
 from tidings.logs import OncePerCause
-from tidings.serving import DenyingWebSockets, QuietServer, listen
+from tidings.serving import DenyingWebSockets, listen, serve_guarded
 from tidings.tasks import stop_task
 
 if TYPE_CHECKING:
@@ -187,9 +190,12 @@ class IntermediaryServer:
             proxy_headers=False,
             ssl_context_factory=None if self.tls is None else self._tls_context,
         )
-        self._server = QuietServer(config)
-        self._serve_task = asyncio.get_running_loop().create_task(
-            self._server.serve(sockets=[sock])
+        timeout = self.limits.tls_handshake_timeout_s
+        rules = AcceptRules(
+            self.limits.max_connections_per_address, None if self.tls is None else timeout
+        )
+        self._server, self._serve_task = serve_guarded(
+            config, sock, rules, timeout, self._refused_at_accept
         )
         while not self._server.started:
             if self._serve_task.done():
@@ -198,6 +204,10 @@ class IntermediaryServer:
             await asyncio.sleep(0.01)
         if self.tick_s is not None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run(self.tick_s))
+
+    def _refused_at_accept(self, reason: str, address: str) -> None:
+        """A connection closed by :mod:`tidings.accept` before uvicorn saw it: counted."""
+        self.counters.refusals[reason] += 1
 
     def _tls_context(
         self, config: uvicorn.Config, default: Callable[[], ssl.SSLContext]

@@ -17,8 +17,11 @@ class EventerCounters:
     register_requests: int = 0
     queries: int = 0
     notifications: int = 0
-    #: TLS handshakes refused (each logged by :mod:`tidings.wire.chatter_server`).
+    #: TLS handshakes refused (each logged by :mod:`tidings.wire.chatter_server`), silent
+    #: connections to a TLS port included.
     refused_handshakes: int = 0
+    #: Connections closed at accept: their address held ``max_connections_per_address``.
+    refused_connections: int = 0
     #: Connections refused for who they are (an unknown certificate identity, an anonymous
     #: client where anonymous ones are not served), and logins refused.
     refused_clients: int = 0

@@ -40,6 +40,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Self
 
+from tidings.accept import TOO_MANY_FROM_ADDRESS
+from tidings.config.listener import ListenerLimitsConfig, limits_of
 from tidings.config.server import (
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_MAX_SUBSCRIBER_LAG_BYTES,
@@ -148,11 +150,14 @@ class EventerServer:
         tls: TlsServerConfig | None = None,
         access: EventerAccess | None = None,
         on_table_load: Callable[[EventType], None] | None = None,
+        accept: ListenerLimitsConfig | None = None,
     ) -> Self:
         """Listen on ``address`` (``tcp+sbs://host:port``, or ``ssl+sbs://`` with ``tls``;
         port 0 for any free port). ``access`` says who is served and may do what (default:
-        anonymous clients on loopback, granted everything). ``on_table_load`` hears of each
-        type a client loads as a table (latest by key; the log's retention spares those)."""
+        anonymous clients on loopback, granted everything); ``accept`` bounds the
+        connections per client address and the TLS handshake (:mod:`tidings.accept`).
+        ``on_table_load`` hears of each type a client loads as a table (latest by key; the
+        log's retention spares those)."""
         require_positive_ints(
             "eventer server",
             max_frame_bytes=max_frame_bytes,
@@ -166,7 +171,9 @@ class EventerServer:
             tls=None if tls is None else tls.context(),
             max_frame_bytes=max_frame_bytes,
             ping_interval=ping_interval,
-            on_refused=server._refused_handshake,
+            handshake_timeout=limits_of(accept).tls_handshake_timeout.total_seconds(),
+            max_per_address=limits_of(accept).max_connections_per_address,
+            on_refused=server._refused_connection,
         )
         server._port = server._server.port
         # Early: subscribers hear of a registration when it is answered, also before its
@@ -179,8 +186,11 @@ class EventerServer:
         )
         return server
 
-    def _refused_handshake(self) -> None:
-        self.counters.refused_handshakes += 1
+    def _refused_connection(self, reason: str) -> None:
+        if reason == TOO_MANY_FROM_ADDRESS:
+            self.counters.refused_connections += 1
+        else:
+            self.counters.refused_handshakes += 1
 
     @property
     def port(self) -> int:

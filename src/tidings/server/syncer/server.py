@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tidings.accept import TOO_MANY_FROM_ADDRESS
+from tidings.config.listener import ListenerLimitsConfig, limits_of
 from tidings.config.server import require_positive_ints
 from tidings.config.tls import TlsServerConfig
 from tidings.errors import ConnectionClosed, ProtocolError, StoreError
@@ -131,11 +133,16 @@ class SyncerServer:
         self._closing = False
         self._server: chatter_server.Server | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        #: TLS handshakes refused (each logged), for the metrics.
+        #: TLS handshakes refused (each logged; silent connections included), and connections
+        #: closed at accept for their address's bound, for the metrics.
         self.refused_handshakes = 0
+        self.refused_connections = 0
 
-    def _refused_handshake(self) -> None:
-        self.refused_handshakes += 1
+    def _refused_connection(self, reason: str) -> None:
+        if reason == TOO_MANY_FROM_ADDRESS:
+            self.refused_connections += 1
+        else:
+            self.refused_handshakes += 1
 
     @classmethod
     async def start(
@@ -146,10 +153,12 @@ class SyncerServer:
         limits: SyncerLimits = SyncerLimits(),
         ping_interval: float | None = chatter.DEFAULT_PING_INTERVAL,
         tls: TlsServerConfig | None = None,
+        accept: ListenerLimitsConfig | None = None,
     ) -> SyncerServer:
         """Listen on ``address`` (``tcp+sbs://HOST:PORT``, or ``ssl+sbs://`` with ``tls``;
         port 0 for any) and register the empty client list, as hat-event does when its syncer
-        server starts."""
+        server starts. ``accept`` bounds the connections per client address and the TLS
+        handshake (:mod:`tidings.accept`)."""
         require_positive_ints(
             "syncer server",
             backlog_chunk=limits.backlog_chunk,
@@ -164,7 +173,9 @@ class SyncerServer:
                 self._serve,
                 tls=None if tls is None else tls.context(),
                 ping_interval=ping_interval,
-                on_refused=self._refused_handshake,
+                handshake_timeout=limits_of(accept).tls_handshake_timeout.total_seconds(),
+                max_per_address=limits_of(accept).max_connections_per_address,
+                on_refused=self._refused_connection,
             )
         except BaseException:
             self._unsubscribe()

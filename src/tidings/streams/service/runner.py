@@ -22,7 +22,7 @@ import uvicorn
 from tidings.config.streams import StreamConfig, StreamServerConfig
 from tidings.errors import ConfigError
 from tidings.server.runner import Attachment, RunningServer
-from tidings.serving import QuietServer, listen
+from tidings.serving import QuietServer, listen, serve_guarded
 from tidings.streams.consumers.compaction import run_compaction
 from tidings.streams.consumers.metrics import MeasuredStream, StreamsCollector
 from tidings.streams.consumers.positions import Consumers
@@ -224,7 +224,8 @@ async def _serve(
 ) -> tuple[QuietServer, asyncio.Task[None]]:
     """Start uvicorn for ``app`` on ``host:port``; return once it accepts connections. A
     connection that sends no whole request head in time is closed and counted in
-    ``refusals`` (:mod:`.slow_clients`)."""
+    ``refusals`` (:mod:`.slow_clients`), as are those refused at accept (too many from
+    one address, silent on a TLS port: :mod:`tidings.accept`)."""
     tls = {s.tls_certfile for s in streams}
     if len(tls) > 1:
         raise ConfigError(f"streams on {host}:{port} must all use the same TLS certificate")
@@ -254,9 +255,15 @@ async def _serve(
         proxy_headers=False,
         **options,  # type: ignore[arg-type]
     )
+    tls_on = first.tls_certfile is not None
     try:
-        server = QuietServer(config)
-        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        server, task = serve_guarded(
+            config,
+            sock,
+            first.accept_rules(tls_on),
+            first.tls_handshake_timeout.total_seconds(),
+            lambda reason, address: refusals.record("", reason, f"closed at accept: {reason}"),
+        )
         while not server.started:
             if task.done():
                 task.result()
