@@ -110,6 +110,18 @@ class IntermediaryLimitsConfig(StrictModel):
             "subscriber is too slow and is disconnected (close code 4008, with the reason)."
         ),
     )
+    max_queued_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=64 * 1024,
+        le=2**34,
+        description=(
+            "The bytes of the event and view messages waiting to be sent on one connection; "
+            "when a message comes while more wait, the subscriber is too slow and is "
+            "disconnected (close code 4008, with the reason). What a subscriber that never "
+            "reads can cost, whatever its events weigh: at most this plus one message. Keep it "
+            "above the largest burst one subscriber receives in one tick."
+        ),
+    )
     max_request_bytes: int = Field(
         default=64 * 1024,
         ge=1024,

@@ -217,6 +217,7 @@ async def serve_intermediary(
                 max_connections=limits.max_connections,
                 max_connections_per_address=limits.max_connections_per_address,
                 max_queued_messages=limits.max_queued_messages,
+                max_queued_bytes=limits.max_queued_bytes,
             ),
             spatial=spatial,
             upstreams=lambda: {

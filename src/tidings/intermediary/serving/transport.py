@@ -52,8 +52,9 @@ request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instea
 ``"region"`` (exactly one of the three). Those subscriptions get JSON text messages
 (``{"op": "event", "key", ...}``, ``{"op": "view", "key", ...}``, see :mod:`.eventviews`).
 Events are a stream and are not dropped: they wait in a per-connection queue, and a
-subscriber whose backlog from earlier ticks is over ``max_queued_messages`` is closed with
-:data:`.envelope.DROPPED_CLOSE_CODE` and a reason. A view is a latest value: per key, a view message
+subscriber whose backlog from earlier ticks is over ``max_queued_messages``, or that has
+more than ``max_queued_bytes`` waiting, is closed with :data:`.envelope.DROPPED_CLOSE_CODE`
+and a reason (:func:`.connection.queue_messages`). A view is a latest value: per key, a view message
 not sent yet is replaced by the next one (counted like a replaced frame). A key names one
 subscription whatever its kind: a subscribe replaces the key's previous subscription of any
 kind.
@@ -295,7 +296,10 @@ class IntermediaryServer:
         self, messages: list[tuple[Any, dict[str, Any] | EventText]]
     ) -> list[tuple[Any, str]]:
         """:func:`.connection.queue_messages` on this server's connections."""
-        return queue_messages(self.connections, messages, self.limits.max_queued_messages)
+        limits = self.limits
+        return queue_messages(
+            self.connections, messages, limits.max_queued_messages, limits.max_queued_bytes
+        )
 
     def _offer(self, conn: Connection, items: list[Served]) -> None:
         """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""
