@@ -182,6 +182,16 @@ class IntermediaryLimitsConfig(StrictModel):
         le=10_000_000,
         description="The LIMIT of a view without one, and the highest LIMIT accepted.",
     )
+    view_workers: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Threads evaluating SQL views. A subscriber has one evaluation under way at a "
+            "time, so views that run to their bounds hold at most this many threads and the "
+            "other views go on in the rest; each thread keeps its own copy of the tables."
+        ),
+    )
     view_timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=5), description="How long one evaluation of a view may take."
     )

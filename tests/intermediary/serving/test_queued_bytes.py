@@ -23,7 +23,7 @@ from tidings.client import json_event
 from tidings.intermediary.serving.connection import Connection
 from tidings.intermediary.serving.envelope import DROPPED_CLOSE_CODE
 from tidings.intermediary.serving.transport import TransportLimits
-from tidings.intermediary.views.eventviews import EventText
+from tidings.intermediary.views.messages import EventText
 
 pytestmark = pytest.mark.sockets
 

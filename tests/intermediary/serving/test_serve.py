@@ -333,6 +333,7 @@ def test_an_intermediary_moves_to_the_peer_of_a_killed_server_and_folds_nothing_
         ),
         ({"limits": {"max_queued_messages": 0}}, "intermediary.limits.max_queued_messages:"),
         ({"limits": {"max_queued_bytes": 1000}}, "intermediary.limits.max_queued_bytes:"),
+        ({"limits": {"view_workers": 0}}, "intermediary.limits.view_workers:"),
         ({"tick": "soon"}, "intermediary.tick: not a duration: 'soon'"),
         ({"row_type_prefx": ["db"]}, "intermediary.row_type_prefx: unknown key"),
     ],

@@ -12,7 +12,7 @@ bucket per connection (:meth:`Connection.take_token`).
 
 What waits is bounded in messages and in bytes (:func:`queue_messages`): the bytes are what
 a subscriber that never reads costs, whatever the size of its events. An event waits as its
-:class:`~.eventviews.EventText`, whose JSON body every subscription of the event shares; the
+:class:`~.messages.EventText`, whose JSON body every subscription of the event shares; the
 text with the subscription's key is made only when it is sent, so a thousand never-readers
 of a busy type hold one copy of each event, not a thousand.
 """
@@ -31,8 +31,8 @@ from starlette.websockets import WebSocket
 from tidings.intermediary.node.intermediary import Served
 from tidings.intermediary.serving.counters import ServingCounters
 from tidings.intermediary.serving.envelope import envelope
-from tidings.intermediary.views.eventviews import EventText
 from tidings.intermediary.views.grants import NOTHING, Grant
+from tidings.intermediary.views.messages import EventText
 
 
 @dataclass

@@ -205,6 +205,7 @@ async def serve_intermediary(
                 max_rows=limits.max_view_rows, timeout_s=limits.view_timeout.total_seconds()
             ),
             max_per_subscriber=limits.max_subscriptions_per_subscriber,
+            workers=limits.view_workers,
         )
         server = EventServerIntermediary(
             ", ".join(config.event_servers),

@@ -107,7 +107,8 @@ from tidings.serving import DenyingWebSockets, QuietServer, listen
 from tidings.tasks import stop_task
 
 if TYPE_CHECKING:
-    from tidings.intermediary.views.eventviews import EventText, EventViews
+    from tidings.intermediary.views.eventviews import EventViews
+    from tidings.intermediary.views.messages import EventText
 
 log = logging.getLogger(__name__)
 
