@@ -44,8 +44,9 @@ is no loop: the owner (a cluster stepping several intermediaries together) calls
 :meth:`IntermediaryServer.ingest` and :meth:`IntermediaryServer.serve` itself. Messages the
 server pushes unasked (:meth:`IntermediaryServer.notify`) go out after the frames already
 offered to that connection, in order.
-Everything runs on the server's event loop (a slice: generation of a round is not moved to a
-thread yet), except SQL views' evaluation (:mod:`.eventviews`' worker thread).
+Everything runs on the server's event loop but a round's frames, generated in a thread
+while the loop serves on (:meth:`.Intermediary.plan_round`; without the loop, ``serve``
+generates them itself), and SQL views' evaluation (:mod:`.eventviews`' workers).
 
 With ``views`` (an :class:`~.eventviews.EventViews` over the event server), a subscribe
 request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instead of
@@ -85,7 +86,13 @@ from starlette.websockets import WebSocket
 
 from tidings.errors import IntermediaryError, SubscriptionRefused
 from tidings.intermediary.node.batches import UpdateBatch
-from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, Intermediary, Served
+from tidings.intermediary.node.generation import Frame
+from tidings.intermediary.node.intermediary import (
+    MAX_KEY_BYTES,
+    Intermediary,
+    RoundPlan,
+    Served,
+)
 from tidings.intermediary.regions.geometry import parse_region
 from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.addresses import AddressSlots
@@ -159,6 +166,8 @@ class IntermediaryServer:
         self._server: uvicorn.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        #: The round the loop's tick generated off the loop, for :meth:`serve` to finish.
+        self._generated: tuple[RoundPlan, list[Frame]] | None = None
         self.port = 0
 
     @property
@@ -223,9 +232,14 @@ class IntermediaryServer:
     # -- the loop ----------------------------------------------------------------------
 
     async def _run(self, tick_s: float) -> None:
+        """:meth:`step` each tick, the frames generated in a thread meanwhile."""
         while True:
             try:
-                self.step()
+                self.ingest()
+                plan = self.intermediary.plan_round(self.clock(), self.budget)
+                made = await asyncio.to_thread(plan.generate) if plan.views else []
+                self._generated = (plan, made)
+                self.serve()
             except Exception:  # one bad tick must not stop serving everyone
                 log.exception("intermediary tick failed")
             await asyncio.sleep(tick_s)
@@ -248,8 +262,12 @@ class IntermediaryServer:
     def serve(self) -> int:
         """One generation round; disconnect the subscribers the scheduler reported. Returns
         the number of frames generated."""
+        generated, self._generated = self._generated, None
+        if generated is None:
+            round_ = self.intermediary.round(self.clock(), self.budget)
+        else:  # the loop's tick: generated in a thread already
+            round_ = self.intermediary.finish_round(*generated)
         by_subscriber: dict[object, list[Served]] = {}
-        round_ = self.intermediary.round(self.clock(), self.budget)
         for served in round_:
             by_subscriber.setdefault(served.subscriber, []).append(served)
         for subscriber, items in by_subscriber.items():
