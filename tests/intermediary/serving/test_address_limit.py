@@ -128,7 +128,9 @@ def test_seats_are_given_back_only_when_their_connections_end_however_they_end()
             await client.close()
         await until(lambda: rig.server.addresses.held("127.0.0.1") == 0)
 
-    limits = TransportLimits(max_connections_per_address=LIMIT, send_buffer_bytes=4096)
+    limits = TransportLimits(
+        max_connections_per_address=LIMIT, send_buffer_bytes=4096, close_timeout_s=1.0
+    )
     run(body, n=400, max_dropped=3, limits=limits)
 
 

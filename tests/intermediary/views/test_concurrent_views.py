@@ -46,11 +46,11 @@ async def _event(client: IntermediaryClient, key: str) -> dict[str, Any]:
 
 
 def test_a_view_evaluated_to_its_bounds_leaves_the_others_served(tmp_path: Path) -> None:
-    """While one subscriber's view is being evaluated (it would run for 20 s), another
+    """While one subscriber's view is being evaluated (it would run for 10 s), another
     subscribes to a view and to events, and gets both."""
 
     async def main() -> None:
-        limits = SqlLimits(max_steps=10**15, timeout_s=20.0)
+        limits = SqlLimits(max_steps=10**15, timeout_s=10.0)
         async with (
             running(tmp_path) as srv,
             chain_rig(srv.address, sql_limits=limits, view_workers=2) as rig,
