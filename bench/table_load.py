@@ -30,7 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,8 @@ from bench.harness.report import write_report
 from bench.harness.sizes import Scale, Sizes, arguments
 from tidings.client import Client, QueryData, QueryType, StoredEvent, connect
 from tidings.events.model import NewEvent, PayloadKind
-from tidings.intermediary.views.eventviews import ChainBatch, EventViews
+from tidings.intermediary.views.eventviews import EventViews
+from tidings.intermediary.views.messages import ChainBatch
 from tidings.intermediary.views.sqlviews import Catalog, SqlLimits, SqlView
 from tidings.server.store import EventStore
 
@@ -78,6 +79,9 @@ class _Loaded:
         self._batches = [ChainBatch(rows={"t": tuple(rows)})]
 
     async def update(self, patterns: Sequence[QueryType], tables: Mapping[str, QueryType]) -> None:
+        pass
+
+    async def loaded(self, tables: Iterable[str]) -> None:
         pass
 
     def take(self) -> list[ChainBatch]:

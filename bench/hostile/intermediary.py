@@ -13,7 +13,9 @@ started without it, and its refusals are ``n/a``.
 from __future__ import annotations
 
 import ssl
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,8 @@ AGENTS, WORLD = 10_000, 1000.0
 ROWS = 2_000
 BYSTANDER, BYSTANDER_PASSWORD = "bystander", "bystander-password"
 ALIVE = "intermediary_alive"
+#: How long the bystander may take to be served again by a restarted intermediary.
+RESTART_S = 60.0
 
 
 def publisher(work: Path) -> tuple[ServerProcess, str]:
@@ -107,6 +111,19 @@ def start_intermediary(work: Path, config: dict[str, Any], ports: dict[str, int]
     return proc
 
 
+async def restart(live: ServerProcess, bystander: Bystander) -> None:
+    """A fresh intermediary on the same ports, so that an attack meets none of the one
+    before: its connections (still holding their address's seats while they close), its
+    throttled address, its memory. Returns once the bystander (which reconnects by itself)
+    made a round trip through the new one."""
+    live.stop()
+    live.start(60)
+    started = time.time()
+    await bystander.caught_up(started, timeout=RESTART_S)
+    if not any(trip[0] >= started for trip in bystander.trips):
+        raise RuntimeError(f"the bystander was not served {RESTART_S:g} s after a restart")
+
+
 async def fill_table(address: str) -> None:
     """ROWS rows of table ``item``, as row-change events."""
     client = await eventer.connect(address, [])
@@ -161,15 +178,23 @@ async def run(work: Path, scale: str, only: list[str]) -> dict[str, Any]:
         )
         every = intermediary_attacks(target)
         chosen = {name: every[name] for name in ATTACKS if not only or name in only}
-        assert live.proc is not None
-        running = live.proc
+        watched = bystander
+
+        async def fresh() -> None:
+            await restart(live, watched)
+
+        def process() -> subprocess.Popen[bytes]:
+            assert live.proc is not None
+            return live.proc
+
         rows = await run_attacks(
-            running.pid,
-            lambda: running.poll() is None,
+            lambda: process().pid,
+            lambda: process().poll() is None,
             {"bystander": bystander},
             chosen,
             metrics,
             ALIVE,
+            fresh,
         )
     finally:
         if bystander is not None:

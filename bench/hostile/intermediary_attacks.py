@@ -107,6 +107,34 @@ async def _hello(ws: Any) -> None:
     json.loads(await ws.recv())
 
 
+class OpenAtOnce:
+    """How many of an attack's connections were served (past their hello) at the same
+    time, at most: a total over the attack says nothing of the per-address limit, which
+    bounds the connections open at once (the floods open theirs 32 at a time, and the
+    server closes some midway, giving their seats to later ones)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    def opened(self) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+
+    def closed(self) -> None:
+        self.now -= 1
+
+    def __str__(self) -> str:
+        return f"at most {self.peak} open at once"
+
+
+async def _closed(ws: Any, counted: OpenAtOnce) -> None:
+    """``counted.closed()`` when ``ws`` ends, whoever ends it."""
+    with contextlib.suppress(Exception):
+        await ws.wait_closed()
+    counted.closed()
+
+
 async def subscribe_flood_one(t: Target) -> str:
     """One connection asks for ``10 x count`` subscriptions at once, each a new key."""
     requests = [
@@ -123,11 +151,15 @@ async def subscribe_flood_many(t: Target) -> str:
     per subscriber), every pattern distinct; held ``hold_s / 2`` s, then closed."""
     sockets: list[Any] = []
     outcomes: dict[str, int] = {}
+    counted = OpenAtOnce()
+    watching: list[asyncio.Task[None]] = []
 
     async def one(i: int) -> str:
         ws = await websockets.connect(t.url, **t.options())
         sockets.append(ws)
         await _hello(ws)
+        counted.opened()
+        watching.append(asyncio.create_task(_closed(ws, counted)))
         requests = [
             {"op": "subscribe", "key": f"k{k}", "events": [[*TYPE, "flood", f"{i}.{k}", "*"]]}
             for k in range(64)
@@ -140,7 +172,8 @@ async def subscribe_flood_many(t: Target) -> str:
     for ws in sockets:
         with contextlib.suppress(Exception):
             await ws.close()
-    return f"connections: {summary(connected)}; subscriptions: {summary(outcomes)}"
+    await asyncio.gather(*watching)
+    return f"connections: {summary(connected)}, {counted}; subscriptions: {summary(outcomes)}"
 
 
 def _cross(tables: int, select: str, tail: str = "") -> str:
@@ -276,10 +309,13 @@ async def huge_regions(t: Target) -> str:
     ``hold_s / 2`` s."""
     outcomes: dict[str, int] = {}
     totals = [0, 0]
+    counted = OpenAtOnce()
 
     async def one(i: int) -> str:
         async with websockets.connect(t.url, **t.options()) as ws:
             await _hello(ws)
+            counted.opened()
+            closing = asyncio.create_task(_closed(ws, counted))
             requests = [
                 {"op": "subscribe", "key": name, "region": region, "rate_hz": 100}
                 for name, region in _regions(t).items()
@@ -288,11 +324,12 @@ async def huge_regions(t: Target) -> str:
             frames, size = await _read_frames(ws, t.hold_s / 2)
             totals[0] += frames
             totals[1] += size
+        await closing
         return "connected"
 
     connected = await bounded(max(1, t.count // 4), one)
     return (
-        f"connections: {summary(connected)}; subscriptions: {summary(outcomes)}; "
+        f"connections: {summary(connected)}, {counted}; subscriptions: {summary(outcomes)}; "
         f"{totals[0]:,} frames, {totals[1] / 2**20:.1f} MiB read"
     )
 

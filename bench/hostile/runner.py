@@ -63,22 +63,28 @@ def _changed(before: dict[str, float] | None, after: dict[str, float] | None) ->
 
 
 async def run_attacks(
-    pid: int,
+    pid: Callable[[], int],
     alive: Callable[[], bool],
     bystanders: Mapping[str, Bystander],
     attacks: Mapping[str, Attack],
     metrics_url: str | None,
     alive_key: str = "server_alive",
+    fresh: Callable[[], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
-    """The baseline row (``none``), then each attack in turn against process ``pid``; a row
-    each. An attack that fails is a row saying how (the others still run)."""
+    """The baseline row (``none``), then each attack in turn against the process whose pid
+    ``pid()`` says; a row each. An attack that fails is a row saying how (the others still
+    run). With ``fresh``, it is awaited before each attack (not the baseline) and gives the
+    attack a process of its own, untouched by the attacks before (their connections, seats
+    and throttled addresses gone); it returns once the bystanders are served again."""
     rows: dict[str, Any] = {}
     for name in ["none", *attacks]:
+        if fresh is not None and name != "none":
+            await fresh()
         if not alive():
             rows[name] = {"outcome": "not run: the attacked process is dead", alive_key: False}
             continue
-        _reset_peak(pid)
-        base = _status(pid)["VmRSS"]
+        _reset_peak(pid())
+        base = _status(pid())["VmRSS"]
         before = await refusals(metrics_url)
         start = time.time()
         if name == "none":
@@ -97,7 +103,7 @@ async def run_attacks(
         rows[name] = {
             "outcome": outcome,
             "seconds": round(end - start, 1),
-            "rss_growth_mib": round((_status(pid)["VmHWM"] - base) / MIB, 1) if living else None,
+            "rss_growth_mib": round((_status(pid())["VmHWM"] - base) / MIB, 1) if living else None,
             "refusals": _changed(before, await refusals(metrics_url)) if living else None,
             alive_key: living,
             **{k: figures(b, start, end) for k, b in bystanders.items()},

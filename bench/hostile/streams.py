@@ -69,7 +69,7 @@ async def run(work: Path, scale: str, only: list[str]) -> dict[str, Any]:
         bystanders["stream"] = await Bystander.start(url, stream_cmd)
         running = proc.proc
         rows = await run_attacks(
-            running.pid,
+            lambda: running.pid,
             lambda: running.poll() is None,
             bystanders,
             stream_attacks(target, only),

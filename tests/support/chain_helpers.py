@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,7 +18,8 @@ from tidings.intermediary.publisher.simulation import Simulation
 from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
 from tidings.intermediary.views.event_server_upstream import TidingsChain
-from tidings.intermediary.views.eventviews import ChainBatch, EventViews
+from tidings.intermediary.views.eventviews import DEFAULT_WORKERS, EventViews
+from tidings.intermediary.views.messages import ChainBatch
 from tidings.intermediary.views.sqlviews import Catalog, SqlLimits
 
 #: The domain tables of the tests' service, as the catalog allows them.
@@ -46,6 +47,9 @@ class Tap:
     async def update(self, patterns: Sequence[QueryType], tables: Mapping[str, QueryType]) -> None:
         self.updates.append((tuple(patterns), dict(tables)))
         await self.chain.update(patterns, tables)
+
+    async def loaded(self, tables: Iterable[str]) -> None:
+        await self.chain.loaded(tables)
 
     def take(self) -> list[ChainBatch]:
         batches = self.chain.take()
@@ -81,13 +85,18 @@ async def chain_rig(
     access: Gatekeeper | None = None,
     tls: ssl.SSLContext | None = None,
     host: str = "127.0.0.1",
+    chain: TidingsChain | None = None,
+    view_workers: int = DEFAULT_WORKERS,
 ) -> AsyncIterator[ChainRig]:
     """An intermediary on a free port of ``host``, chained to the event server at
-    ``address`` (``access``, ``tls``: as :class:`IntermediaryServer` takes them)."""
-    chain = TidingsChain(address)
+    ``address`` (``access``, ``tls``: as :class:`IntermediaryServer` takes them; ``chain``:
+    a chain to it not started yet, instead of a plain one)."""
+    chain = chain or TidingsChain(address)
     await chain.start()
     tap = Tap(chain)
-    views = EventViews(tap, CATALOG, row_type_prefix=row_type_prefix, limits=sql_limits)
+    views = EventViews(
+        tap, CATALOG, row_type_prefix=row_type_prefix, limits=sql_limits, workers=view_workers
+    )
     spatial = Intermediary(2, Simulation(0, WORLD).feed(), world=WORLD)
     server = IntermediaryServer(
         spatial,

@@ -252,7 +252,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "subscriber_store subscribe applied intermediary"
     ),
     "tidings.intermediary.views": (
-        "patterns grants rows primitives sqlviews sqltables eventviews resync event_server_upstream"
+        "patterns grants rows primitives sqlviews sqltables messages eventviews resync "
+        "event_server_upstream"
     ),
     "tidings.intermediary.feed": "wire remote resilient",
     "tidings.intermediary.publisher": "simulation server",

@@ -113,6 +113,18 @@ class IntermediaryLimitsConfig(ListenerLimitsConfig):
             "subscriber is too slow and is disconnected (close code 4008, with the reason)."
         ),
     )
+    max_queued_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=64 * 1024,
+        le=2**34,
+        description=(
+            "The bytes of the event and view messages waiting to be sent on one connection; "
+            "when a message comes while more wait, the subscriber is too slow and is "
+            "disconnected (close code 4008, with the reason). What a subscriber that never "
+            "reads can cost, whatever its events weigh: at most this plus one message. Keep it "
+            "above the largest burst one subscriber receives in one tick."
+        ),
+    )
     max_request_bytes: int = Field(
         default=64 * 1024,
         ge=1024,
@@ -161,6 +173,16 @@ class IntermediaryLimitsConfig(ListenerLimitsConfig):
         gt=0,
         le=10_000_000,
         description="The LIMIT of a view without one, and the highest LIMIT accepted.",
+    )
+    view_workers: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Threads evaluating SQL views. A subscriber has one evaluation under way at a "
+            "time, so views that run to their bounds hold at most this many threads and the "
+            "other views go on in the rest; each thread keeps its own copy of the tables."
+        ),
     )
     view_timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=5), description="How long one evaluation of a view may take."

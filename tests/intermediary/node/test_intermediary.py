@@ -256,3 +256,28 @@ def test_readiness_of_a_subscriber_not_scheduled_is_ignored_and_a_scheduled_one_
     assert node.status("a").ready is False
     node.set_ready("a", True)
     assert node.status("a").ready is True
+
+
+def test_a_round_planned_then_finished_serves_only_what_is_still_subscribed() -> None:
+    """The round's parts as the server runs them, its frames generated between the plan
+    and the finish (on another thread there): a subscription removed or replaced meanwhile
+    gets no frame of the plan; the others get exactly :meth:`round`'s frames."""
+    sim, node = setup()
+    twin_sim, twin = setup()
+    for each in (node, twin):
+        for subscriber, key in ((1, "a"), (2, "b"), (3, "c")):
+            each.subscribe(subscriber, key, WHOLE, 0.0, 10.0, None)
+    tick(sim, node)
+    tick(twin_sim, twin)
+    plan = node.plan_round(0.1, budget=10)
+    made = plan.generate()
+    node.unsubscribe(1, "a")
+    node.subscribe(2, "b", SMALL, 0.0, 10.0, None)  # replaced: another region now
+    served = node.finish_round(plan, made)
+    [expected] = [s for s in twin.round(0.1, budget=10) if s.subscriber == 3]
+    [got] = served
+    assert (got.subscriber, got.key) == (3, "c")
+    _, ids, positions = decode_frame(got.frame.data)
+    _, twin_ids, twin_positions = decode_frame(expected.frame.data)
+    assert ids.tolist() == twin_ids.tolist() and len(ids) == 300
+    assert np.array_equal(positions, twin_positions)

@@ -332,6 +332,8 @@ def test_an_intermediary_moves_to_the_peer_of_a_killed_server_and_folds_nothing_
             "intermediary.tables.users.columns.id: Input should be 'integer'",
         ),
         ({"limits": {"max_queued_messages": 0}}, "intermediary.limits.max_queued_messages:"),
+        ({"limits": {"max_queued_bytes": 1000}}, "intermediary.limits.max_queued_bytes:"),
+        ({"limits": {"view_workers": 0}}, "intermediary.limits.view_workers:"),
         ({"tick": "soon"}, "intermediary.tick: not a duration: 'soon'"),
         ({"row_type_prefx": ["db"]}, "intermediary.row_type_prefx: unknown key"),
     ],
@@ -354,6 +356,7 @@ def test_config_check_and_schema_show_the_section(tmp_path: Path) -> None:
     assert checked["intermediary"]["listen"] == "127.0.0.1:8100"
     assert checked["intermediary"]["tables"]["users"]["keyed_by"] == "id"
     assert checked["intermediary"]["limits"]["max_queued_messages"] == 10_000
+    assert checked["intermediary"]["limits"]["max_queued_bytes"] == 16 * 1024 * 1024
     schema = CliRunner().invoke(app, ["config", "schema"]).stdout
     assert '"IntermediaryConfig"' in schema and '"max_view_rows"' in schema
 

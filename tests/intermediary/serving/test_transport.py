@@ -270,7 +270,18 @@ def test_frames_that_wait_for_a_full_transport_arrive_whole_and_in_order() -> No
     async def body(rig: Rig) -> None:
         slow, hello = await slow_subscriber(rig)
         conn = rig.server.connections[hello["subscriber"]]
-        await until(lambda: conn.pending is not None)  # a direct send is waiting
+        # A direct send that had to wait, seen as the round leaves it (the writer may take
+        # it over before a poll would see it).
+        waited: list[bool] = []
+        send_now = conn.send_now
+
+        def watched() -> bool:
+            sent = send_now()
+            waited.append(conn.pending is not None)
+            return sent
+
+        conn.send_now = watched  # type: ignore[method-assign]
+        await until(lambda: any(waited))  # a direct send is waiting
         epochs = []
         while len(epochs) < 20:
             message = await slow.recv()

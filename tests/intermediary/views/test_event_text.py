@@ -17,7 +17,7 @@ import pytest
 from tests.support.chain_helpers import chain_rig
 from tests.support.server_helpers import running
 from tidings.client import connect, json_event
-from tidings.intermediary.views.eventviews import EventText
+from tidings.intermediary.views.messages import EventText
 
 pytestmark = pytest.mark.sockets
 

@@ -77,6 +77,24 @@ def check_schedule(priority: object, rate_hz: object, max_priority: float) -> tu
     return float(priority), float(rate_hz)
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """A round decided (:meth:`Intermediary.plan_round`): the snapshot, the distinct views
+    its due subscriptions need, and per subscription its view's index or a frame made
+    already. :meth:`generate` is the round's heavy part, pure over the snapshot."""
+
+    snapshot: Snapshot | None
+    views: list[tuple[Region, Capabilities, tuple[float, ...] | None]]
+    pending: list[tuple[Hashable, str, SubscriptionRecord, Frame | int]]
+    grid: Callable[[Snapshot], GridIndex]
+
+    def generate(self) -> list[Frame]:
+        """Every view's frame, in :attr:`views`' order."""
+        if self.snapshot is None or not self.views:
+            return []
+        return generate_round(self.snapshot, self.grid(self.snapshot), self.views)
+
+
 class Upstream(Protocol):
     """What an intermediary subscribes to: a publisher (a :class:`.simulation.SimulationFeed`,
     or another intermediary) that takes boxes and later delivers the state inside them."""
@@ -376,18 +394,26 @@ class Intermediary:
         """One generation round: up to ``budget`` due subscribers, one frame per
         subscription, from one snapshot. A relative subscription whose entity is not in the
         state gets the EMPTY frame."""
+        plan = self.plan_round(now, budget)
+        return self.finish_round(plan, plan.generate())
+
+    def plan_round(self, now: float, budget: int) -> RoundPlan:
+        """A round's first part (:meth:`round` is all three): who is due and which views
+        they need. Its :meth:`RoundPlan.generate` may then run on another thread while this
+        one goes on taking subscribes, unsubscribes and readiness, but no upstream batch or
+        epoch end, until :meth:`finish_round`."""
         try:
             due = self.scheduler.due(now, budget)
         except UsageError as exc:
             raise IntermediaryError(f"schedule: {exc}") from None
         if not due:
-            return []
+            return RoundPlan(None, [], [], self._grid)
         snapshot = self.state.snapshot()
         # Subscribers asking for the same view (region, capabilities, own position) in one
         # round share one selection and one encoding; the round's views of the snapshot are
         # generated together (roundgen), the rest (composed states, EMPTY) one by one.
         views: dict[tuple[Region, Capabilities, tuple[float, ...] | None], int] = {}
-        pending: list[tuple[Hashable, str, Frame | int]] = []
+        pending: list[tuple[Hashable, str, SubscriptionRecord, Frame | int]] = []
         for subscriber in due:
             records: Mapping[str, SubscriptionRecord] = self.publishers.subscriptions(subscriber)
             for key, record in records.items():
@@ -404,20 +430,27 @@ class Intermediary:
                         own = state.position_of(record.subscription.entity_id)  # type: ignore[arg-type]
                 if isinstance(region, str):
                     frame = empty_frame(int(state.epoch), self.dim, state.tick, state.tick_time)
-                    pending.append((subscriber, key, frame))
+                    pending.append((subscriber, key, record, frame))
                     continue
                 if state is not snapshot:  # composed from several members' states
-                    pending.append(
-                        (subscriber, key, generate(state, region, record.capabilities, own))
-                    )
+                    frame = generate(state, region, record.capabilities, own)
+                    pending.append((subscriber, key, record, frame))
                 else:
                     view = (region, record.capabilities, None if own is None else tuple(own))
-                    pending.append((subscriber, key, views.setdefault(view, len(views))))
-        made = generate_round(snapshot, self._grid(snapshot), list(views)) if views else []
-        return [
-            Served(s, k, self.last.filter((s, k), made[x] if isinstance(x, int) else x))
-            for s, k, x in pending
-        ]
+                    pending.append((subscriber, key, record, views.setdefault(view, len(views))))
+        return RoundPlan(snapshot, list(views), pending, self._grid)
+
+    def finish_round(self, plan: RoundPlan, made: Sequence[Frame]) -> list[Served]:
+        """A round's last part: the frames of ``plan`` (``made``: its generated views), each
+        against the subscription's last frame; a subscription removed or replaced since the
+        plan gets none."""
+        served = []
+        for subscriber, key, record, x in plan.pending:
+            if self.publishers.subscriptions(subscriber).get(key) is not record:
+                continue
+            frame = made[x] if isinstance(x, int) else x
+            served.append(Served(subscriber, key, self.last.filter((subscriber, key), frame)))
+        return served
 
     def _grid(self, snapshot: Snapshot) -> GridIndex:
         """The grid index of this epoch's positions, built once per epoch."""

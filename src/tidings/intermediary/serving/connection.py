@@ -9,6 +9,12 @@ writer, which finishes it (:func:`finish`) before anything else. JSON messages w
 own queue (events, in order) or per key (views, latest wins); messages the server pushes
 unasked (notices) go out after the frames already offered. Requests are limited by a token
 bucket per connection (:meth:`Connection.take_token`).
+
+What waits is bounded in messages and in bytes (:func:`queue_messages`): the bytes are what
+a subscriber that never reads costs, whatever the size of its events. An event waits as its
+:class:`~.messages.EventText`, whose JSON body every subscription of the event shares; the
+text with the subscription's key is made only when it is sent, so a thousand never-readers
+of a busy type hold one copy of each event, not a thousand.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from starlette.websockets import WebSocket
 from tidings.intermediary.node.intermediary import Served
 from tidings.intermediary.serving.counters import ServingCounters
 from tidings.intermediary.serving.envelope import envelope
-from tidings.intermediary.views.eventviews import EventText
 from tidings.intermediary.views.grants import NOTHING, Grant
+from tidings.intermediary.views.messages import EventText
 
 
 @dataclass
@@ -38,9 +44,12 @@ class Connection:
     websocket: WebSocket
     grant: Grant = NOTHING
     slot: list[Served] | None = None
-    texts: deque[str] = field(default_factory=deque)
+    #: Event messages (and replies pushed unasked) waiting, in order.
+    texts: deque[str | EventText] = field(default_factory=deque)
     #: The latest view message per key not sent yet (a view is a latest value).
     views: dict[str, str] = field(default_factory=dict)
+    #: The bytes of :attr:`texts` and :attr:`views` (what this subscriber's backlog weighs).
+    queued_bytes: int = 0
     notices: list[str] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     kicked: asyncio.Event = field(default_factory=asyncio.Event)
@@ -62,16 +71,27 @@ class Connection:
         sent yet (counted in :attr:`replaced`, unless it says ``unchanged``: as the pending
         one)."""
         if isinstance(message, EventText):
-            self.texts.append(message.text())
+            self.texts.append(message)
+            self.queued_bytes += message.size
         elif message["op"] != "view":
-            self.texts.append(json.dumps(message, default=str))
-        elif message["key"] not in self.views:
-            self.views[message["key"]] = json.dumps(message, default=str)
-        elif not message.get("unchanged"):
-            self.replaced += 1
-            self.counters.replaced += 1
-            self.views[message["key"]] = json.dumps(message, default=str)
+            text = json.dumps(message, default=str)
+            self.texts.append(text)
+            self.queued_bytes += len(text)
+        elif (key := message["key"]) not in self.views or not message.get("unchanged"):
+            if key in self.views:
+                self.replaced += 1
+                self.counters.replaced += 1
+                self.queued_bytes -= len(self.views[key])
+            text = json.dumps(message, default=str)
+            self.views[key] = text
+            self.queued_bytes += len(text)
         self.wake.set()
+
+    def drop_queued(self) -> None:
+        """Forget every message waiting (the connection is being closed)."""
+        self.texts.clear()
+        self.views.clear()
+        self.queued_bytes = 0
 
     def send_now(self) -> bool:
         """Send the slot from here when the writer is idle: a send that does not have to
@@ -111,9 +131,17 @@ class Connection:
             counters = self.counters
             while self.texts:
                 counters.messages_sent += 1
-                await self.websocket.send_text(self.texts.popleft())
+                waiting = self.texts.popleft()
+                if isinstance(waiting, EventText):
+                    self.queued_bytes -= waiting.size
+                    text = waiting.text()
+                else:
+                    self.queued_bytes -= len(waiting)
+                    text = waiting
+                await self.websocket.send_text(text)
             views, self.views = self.views, {}
             for text in views.values():
+                self.queued_bytes -= len(text)
                 counters.messages_sent += 1
                 await self.websocket.send_text(text)
             items, self.slot = self.slot, None
@@ -142,10 +170,15 @@ def queue_messages(
     connections: Mapping[Any, Connection],
     messages: list[tuple[Any, dict[str, Any] | EventText]],
     limit: int,
+    max_bytes: int | None = None,
 ) -> list[tuple[Any, str]]:
-    """Queue a tick's JSON messages on their connections. A connection whose backlog from
-    earlier ticks is over ``limit`` is too slow: it is returned with the reason, to close (a
-    large tick alone never closes anyone; the memory bound is the limit plus one tick)."""
+    """Queue a tick's JSON messages on their connections. A connection is too slow, and is
+    returned with the reason, to close (what waits for it is dropped), when its backlog from
+    earlier ticks is over ``limit`` messages (a large tick alone never closes anyone on this
+    count), or when a message comes while more than ``max_bytes`` wait (None: no bound in
+    bytes). So a connection holds at most ``limit`` messages plus one tick's, and at most
+    ``max_bytes`` plus one message: a burst of one tick larger than ``max_bytes`` closes a
+    subscriber that reads, too."""
     if not messages:
         return []
     over: dict[Any, str] = {}
@@ -156,9 +189,12 @@ def queue_messages(
             continue
         if backlog[subscriber] > limit:
             over[subscriber] = f"too slow: more than {limit} messages waiting to be sent"
-            conn.texts.clear()
+        elif max_bytes is not None and conn.queued_bytes > max_bytes:
+            over[subscriber] = f"too slow: more than {max_bytes} bytes waiting to be sent"
+        else:
+            conn.queue(message)
             continue
-        conn.queue(message)
+        conn.drop_queued()
     return list(over.items())
 
 

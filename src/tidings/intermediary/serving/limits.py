@@ -29,3 +29,5 @@ class TransportLimits:
     #: JSON messages (events, views) waiting to be sent on one connection; past this the
     #: subscriber is too slow and is closed.
     max_queued_messages: int = 10_000
+    #: Their bytes, past which the subscriber is too slow too (None: no bound in bytes).
+    max_queued_bytes: int | None = 16 * 1024 * 1024

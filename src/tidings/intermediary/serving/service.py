@@ -205,6 +205,7 @@ async def serve_intermediary(
                 max_rows=limits.max_view_rows, timeout_s=limits.view_timeout.total_seconds()
             ),
             max_per_subscriber=limits.max_subscriptions_per_subscriber,
+            workers=limits.view_workers,
         )
         server = EventServerIntermediary(
             ", ".join(config.event_servers),
@@ -218,6 +219,7 @@ async def serve_intermediary(
                 max_connections_per_address=limits.max_connections_per_address,
                 tls_handshake_timeout_s=limits.tls_handshake_timeout.total_seconds(),
                 max_queued_messages=limits.max_queued_messages,
+                max_queued_bytes=limits.max_queued_bytes,
             ),
             spatial=spatial,
             upstreams=lambda: {

@@ -46,16 +46,18 @@ is no loop: the owner (a cluster stepping several intermediaries together) calls
 :meth:`IntermediaryServer.ingest` and :meth:`IntermediaryServer.serve` itself. Messages the
 server pushes unasked (:meth:`IntermediaryServer.notify`) go out after the frames already
 offered to that connection, in order.
-Everything runs on the server's event loop (a slice: generation of a round is not moved to a
-thread yet), except SQL views' evaluation (:mod:`.eventviews`' worker thread).
+Everything runs on the server's event loop but a round's frames, generated in a thread
+while the loop serves on (:meth:`.Intermediary.plan_round`; without the loop, ``serve``
+generates them itself), and SQL views' evaluation (:mod:`.eventviews`' workers).
 
 With ``views`` (an :class:`~.eventviews.EventViews` over the event server), a subscribe
 request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instead of
 ``"region"`` (exactly one of the three). Those subscriptions get JSON text messages
 (``{"op": "event", "key", ...}``, ``{"op": "view", "key", ...}``, see :mod:`.eventviews`).
 Events are a stream and are not dropped: they wait in a per-connection queue, and a
-subscriber whose backlog from earlier ticks is over ``max_queued_messages`` is closed with
-:data:`.envelope.DROPPED_CLOSE_CODE` and a reason. A view is a latest value: per key, a view message
+subscriber whose backlog from earlier ticks is over ``max_queued_messages``, or that has
+more than ``max_queued_bytes`` waiting, is closed with :data:`.envelope.DROPPED_CLOSE_CODE`
+and a reason (:func:`.connection.queue_messages`). A view is a latest value: per key, a view message
 not sent yet is replaced by the next one (counted like a replaced frame). A key names one
 subscription whatever its kind: a subscribe replaces the key's previous subscription of any
 kind.
@@ -87,7 +89,13 @@ from starlette.websockets import WebSocket
 from tidings.accept import AcceptRules
 from tidings.errors import IntermediaryError, SubscriptionRefused
 from tidings.intermediary.node.batches import UpdateBatch
-from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, Intermediary, Served
+from tidings.intermediary.node.generation import Frame
+from tidings.intermediary.node.intermediary import (
+    MAX_KEY_BYTES,
+    Intermediary,
+    RoundPlan,
+    Served,
+)
 from tidings.intermediary.regions.geometry import parse_region
 from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.addresses import AddressSlots
@@ -109,7 +117,8 @@ from tidings.serving import DenyingWebSockets, listen, serve_guarded
 from tidings.tasks import stop_task
 
 if TYPE_CHECKING:
-    from tidings.intermediary.views.eventviews import EventText, EventViews
+    from tidings.intermediary.views.eventviews import EventViews
+    from tidings.intermediary.views.messages import EventText
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +169,8 @@ class IntermediaryServer:
         self._server: uvicorn.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        #: The round the loop's tick generated off the loop, for :meth:`serve` to finish.
+        self._generated: tuple[RoundPlan, list[Frame]] | None = None
         self.port = 0
 
     @property
@@ -231,9 +242,14 @@ class IntermediaryServer:
     # -- the loop ----------------------------------------------------------------------
 
     async def _run(self, tick_s: float) -> None:
+        """:meth:`step` each tick, the frames generated in a thread meanwhile."""
         while True:
             try:
-                self.step()
+                self.ingest()
+                plan = self.intermediary.plan_round(self.clock(), self.budget)
+                made = await asyncio.to_thread(plan.generate) if plan.views else []
+                self._generated = (plan, made)
+                self.serve()
             except Exception:  # one bad tick must not stop serving everyone
                 log.exception("intermediary tick failed")
             await asyncio.sleep(tick_s)
@@ -256,8 +272,12 @@ class IntermediaryServer:
     def serve(self) -> int:
         """One generation round; disconnect the subscribers the scheduler reported. Returns
         the number of frames generated."""
+        generated, self._generated = self._generated, None
+        if generated is None:
+            round_ = self.intermediary.round(self.clock(), self.budget)
+        else:  # the loop's tick: generated in a thread already
+            round_ = self.intermediary.finish_round(*generated)
         by_subscriber: dict[object, list[Served]] = {}
-        round_ = self.intermediary.round(self.clock(), self.budget)
         for served in round_:
             by_subscriber.setdefault(served.subscriber, []).append(served)
         for subscriber, items in by_subscriber.items():
@@ -305,7 +325,10 @@ class IntermediaryServer:
         self, messages: list[tuple[Any, dict[str, Any] | EventText]]
     ) -> list[tuple[Any, str]]:
         """:func:`.connection.queue_messages` on this server's connections."""
-        return queue_messages(self.connections, messages, self.limits.max_queued_messages)
+        limits = self.limits
+        return queue_messages(
+            self.connections, messages, limits.max_queued_messages, limits.max_queued_bytes
+        )
 
     def _offer(self, conn: Connection, items: list[Served]) -> None:
         """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""

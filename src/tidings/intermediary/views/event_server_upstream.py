@@ -3,14 +3,18 @@ redundant group).
 
 :class:`TidingsChain` is a connection of the public client (:mod:`tidings.client`, the Hat
 Eventer protocol) to one of the group's addresses. It implements
-:class:`~tidings.intermediary.views.eventviews.ChainUpstream`: :meth:`TidingsChain.update`
+:class:`~tidings.intermediary.views.messages.ChainUpstream`: :meth:`TidingsChain.update`
 replaces the server's subscription with the intermediary's pattern set, and a background
-task receives notifications and queues them as :class:`~.eventviews.ChainBatch` es that
+task receives notifications and queues them as :class:`~.messages.ChainBatch` es that
 :meth:`TidingsChain.take` hands over, one epoch's worth at a time.
 
 Initial state. A table newly folded is loaded with a query *after* the subscription that
-includes its row type, while the notifications are held: an event committed meanwhile is then
-in the query's answer, in the held notifications, or in both, never in neither. The load is
+includes its row type; meanwhile that table's row events are held (the notifications go on
+to everyone else: a large table's load stalls no event subscriber): an event committed
+meanwhile is then in the query's answer, in the held row events, or in both, never in
+neither. The load runs on its own, outside the lock that orders the changes of subscription,
+so another subscriber's change waits for no load; :meth:`TidingsChain.loaded` waits for it.
+The load is
 the newest row event of every key (:meth:`tidings.client.Client.query_latest_by_key`, a
 tidings extension the server answers from its store), so it costs the table's size, not its
 history. Its newest event ids are the table's floor (a
@@ -43,12 +47,12 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from tidings.client import Client, ConnectionClosed, QueryData, QueryType, StoredEvent, connect
 from tidings.config.tls import TlsClientConfig
 from tidings.errors import IntermediaryError, TidingsError
-from tidings.intermediary.views.eventviews import ChainBatch
+from tidings.intermediary.views.messages import ChainBatch
 from tidings.intermediary.views.resync import Watermark
 from tidings.tasks import Backoff, stop_task
 
@@ -100,6 +104,9 @@ class TidingsChain:
         self._types: dict[QueryType, str] = {}
         #: Each loaded table's floor; a table without one waits for its load.
         self._floors: dict[str, Watermark] = {}
+        #: The loads under way, by table, and the row events each holds meanwhile.
+        self._loads: dict[str, asyncio.Task[None]] = {}
+        self._held_rows: dict[str, list[StoredEvent]] = {}
 
     async def start(self) -> None:
         """Connect to the first address that answers; none answering is an error here (a
@@ -109,6 +116,8 @@ class TidingsChain:
         self._task = asyncio.get_running_loop().create_task(self._run(self._client))
 
     async def aclose(self) -> None:
+        for load in list(self._loads.values()):
+            await stop_task(load)
         if self._task is not None:
             await stop_task(self._task)
         if self._receiver is not None:
@@ -129,28 +138,74 @@ class TidingsChain:
             self._patterns = tuple(patterns)
             self._types = {ty: t for t, ty in tables.items()}
             self._floors = {t: f for t, f in self._floors.items() if t in tables}
+            for table in [t for t in self._loads if t not in tables]:  # dropped meanwhile
+                self._loads.pop(table).cancel()
+                self._held_rows.pop(table, None)
             client = self._client
             if client is None:  # stale: taken now, done when the server is back
                 return
             try:
-                await self._apply(client)
+                await client.subscribe(list(self._patterns))
+                await client.query(QueryData(max_results=0))  # the barrier
             except ConnectionClosed:  # lost meanwhile: the resynchronisation will do it
                 return
             except TidingsError as exc:
                 self._patterns, self._types, self._floors = old
                 raise IntermediaryError(f"chain: {exc}") from exc
+            for row_type, table in self._types.items():
+                if table not in self._floors and table not in self._loads:
+                    self._held_rows[table] = []
+                    load = asyncio.get_running_loop().create_task(
+                        self._load(client, table, row_type)
+                    )
+                    load.add_done_callback(_failed_load)
+                    self._loads[table] = load
+
+    async def loaded(self, tables: Iterable[str]) -> None:
+        """Return once ``tables`` are loaded (their rows queued for :meth:`take`), or at once
+        for those not being loaded (stale: loaded when the server is back); an
+        :class:`IntermediaryError` if a load failed for another reason than the connection
+        lost (then resynchronising loads it)."""
+        for table in tables:
+            load = self._loads.get(table)
+            if load is None:
+                continue
+            await asyncio.wait({load})
+            failure = None if load.cancelled() else load.exception()
+            if isinstance(failure, TidingsError) and not isinstance(failure, ConnectionClosed):
+                raise IntermediaryError(f"chain: loading table {table}: {failure}") from failure
+            if failure is not None and not isinstance(failure, TidingsError):
+                raise failure
+
+    async def _load(self, client: Client, table: str, row_type: QueryType) -> None:
+        """Load ``table`` (newest row event per key), then queue it with the row events held
+        meanwhile that are past its floor."""
+        held: list[StoredEvent] = []
+        try:
+            loaded = await client.query_latest_by_key(row_type)
+        finally:
+            if self._loads.get(table) is asyncio.current_task():  # not dropped meanwhile
+                del self._loads[table]
+                held = self._held_rows.pop(table, [])
+        if table in self._floors:
+            return  # loaded by a resynchronisation meanwhile
+        floor = Watermark()
+        floor.take(loaded)
+        self._floors[table] = floor
+        newer = [event for event in held if floor.is_new(event.id)]
+        self._inbox.append(ChainBatch(rows={table: (*loaded, *newer)}))
 
     # -- the connection ----------------------------------------------------------------
 
-    async def _apply(self, client: Client, *, since_us: int | None = None) -> None:
-        """Subscribe ``client`` to the patterns and load the tables not loaded yet (and, with
-        ``since_us``, catch up from then), the notifications held meanwhile."""
+    async def _apply(self, client: Client, *, since_us: int) -> None:
+        """Resynchronise: subscribe ``client`` to the patterns, load the tables not loaded
+        yet and catch up from ``since_us``, the notifications held meanwhile."""
         unloaded = [(t, ty) for ty, t in self._types.items() if t not in self._floors]
         self._holding = []
         try:
             await client.subscribe(list(self._patterns))
             missed: list[StoredEvent] = []
-            if since_us is not None and self._patterns:
+            if self._patterns:
                 query = QueryData(event_types=self._patterns, t_from=since_us, order="ascending")
                 missed = [e async for page in client.query_pages(query) for e in page]
             for table, row_type in unloaded:
@@ -158,9 +213,8 @@ class TidingsChain:
                 floor = Watermark()
                 floor.take(loaded)
                 self._floors[table] = floor
+                self._held_rows.pop(table, None)
                 self._inbox.append(ChainBatch(rows={table: tuple(loaded)}))
-            if since_us is None and not unloaded:  # the barrier: answered once subscribed
-                await client.query(QueryData(max_results=0))
             self._deliver(missed)
             self._deliver(self._holding)
         finally:
@@ -256,7 +310,21 @@ class TidingsChain:
         rows: dict[str, list[StoredEvent]] = {}
         for event in fresh:
             table = self._types.get(event.type)
-            floor = None if table is None else self._floors.get(table)
+            if table is None:
+                continue
+            floor = self._floors.get(table)
             if floor is not None and floor.is_new(event.id):
-                rows.setdefault(table, []).append(event)  # type: ignore[arg-type]
+                rows.setdefault(table, []).append(event)
+            elif table in self._held_rows:  # its load is under way
+                self._held_rows[table].append(event)
         self._inbox.append(ChainBatch(tuple(fresh), {t: tuple(e) for t, e in rows.items()}))
+
+
+def _failed_load(load: asyncio.Task[None]) -> None:
+    """Log a load that failed (its waiters, if any, are told too; a connection lost is the
+    resynchronisation's to mend)."""
+    if load.cancelled():
+        return
+    failure = load.exception()
+    if failure is not None and not isinstance(failure, ConnectionClosed):
+        log.warning("intermediary chain: a table's load failed: %s", failure)

@@ -43,21 +43,28 @@ subscriber.
 from __future__ import annotations
 
 import asyncio
-import base64
+import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Hashable, Mapping, Sequence
+import threading
+from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 from tidings.errors import IntermediaryError, UsageError
-from tidings.events import PayloadKind, QueryType, StoredEvent, TypeMatcher
+from tidings.events import QueryType, StoredEvent, TypeMatcher
 from tidings.intermediary.node.intermediary import MAX_KEY_BYTES, check_schedule
 from tidings.intermediary.node.publisher_store import DEFAULT_MAX_PER_SUBSCRIBER
 from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.views.grants import Grant
+from tidings.intermediary.views.messages import (
+    ChainUpstream,
+    EventText,
+    Outgoing,
+    event_message,
+)
 from tidings.intermediary.views.patterns import covers_all, parse_patterns, widen
 from tidings.intermediary.views.primitives import Primitive, covers
 from tidings.intermediary.views.rows import parse_row_change, row_server_type
@@ -68,55 +75,10 @@ log = logging.getLogger(__name__)
 
 #: The most event types whose matching subscriptions are remembered.
 MAX_ROUTES = 10_000
+#: Threads evaluating SQL views, by default and at most.
+DEFAULT_WORKERS, MAX_WORKERS = 2, 64
 #: A subscription: (subscriber, key).
 Sid = tuple[Hashable, str]
-
-
-@dataclass(frozen=True)
-class EventText:
-    """An event message for one subscription, its JSON written once for every subscription
-    of the event (``body``, shared, without the key): a busy type with many subscribers must
-    not cost one serialization of the same event per subscriber on the loop that serves
-    everyone (the hostile benchmark's never-reading subscribers stalled the others for tens
-    of seconds so)."""
-
-    key: str
-    body: str
-
-    def text(self) -> str:
-        """The message as sent: ``body`` with ``"key"`` added (first)."""
-        return '{"key": ' + json.dumps(self.key) + ", " + self.body[1:]
-
-
-#: What :meth:`EventViews.step` returns: who gets which JSON message (an event's written
-#: already).
-Outgoing = tuple[Hashable, dict[str, Any] | EventText]
-
-
-@dataclass(frozen=True)
-class ChainBatch:
-    """What upstream received in one go: ``events`` for event subscribers (one
-    notification, in the server's order) and, per table, the row events to fold (an initial
-    load, or the table's new row events of that notification)."""
-
-    events: tuple[StoredEvent, ...] = ()
-    rows: Mapping[str, tuple[StoredEvent, ...]] = field(default_factory=dict)
-
-
-class ChainUpstream(Protocol):
-    """The event server as an :class:`EventViews` sees it
-    (:class:`.event_server_upstream.TidingsChain`)."""
-
-    async def update(self, patterns: Sequence[QueryType], tables: Mapping[str, QueryType]) -> None:
-        """Subscribe to exactly ``patterns``, fold the row events of exactly ``tables`` (table
-        -> its row type), loading a new table's rows; returns once the server has taken the
-        subscription and new tables' loads are queued, or at once while the server is
-        unreachable (the change is then made when it is back)."""
-        ...
-
-    def take(self) -> list[ChainBatch]:
-        """The batches received since the last call, oldest first."""
-        ...
 
 
 @dataclass
@@ -141,23 +103,9 @@ class _ViewSub:
     evaluated: int = -1
     digest: bytes | None = None
     running: Future[_Result] | None = None
-
-
-def event_message(event: StoredEvent) -> dict[str, Any]:
-    """An event as a subscriber gets it (without its subscription key)."""
-    message: dict[str, Any] = {
-        "op": "event",
-        "id": [event.id.server, event.id.session, event.id.instance],
-        "type": list(event.type),
-        "timestamp": event.timestamp_us,
-        "source_timestamp": event.source_timestamp_us,
-    }
-    if event.payload_kind is PayloadKind.JSON and event.payload is not None:
-        message["payload"] = json.loads(event.payload)
-    elif event.payload is not None:
-        message["payload_kind"] = str(event.payload_kind)
-        message["payload_base64"] = base64.b64encode(event.payload).decode()
-    return message
+    #: Scheduled: its tables are loaded and its subscribe answered (until then it is only
+    #: counted in what upstream must deliver).
+    scheduled: bool = False
 
 
 class EventViews:
@@ -172,7 +120,10 @@ class EventViews:
         limits: SqlLimits | None = None,
         scheduler: Scheduler | None = None,
         max_per_subscriber: int = DEFAULT_MAX_PER_SUBSCRIBER,
+        workers: int = DEFAULT_WORKERS,
     ) -> None:
+        if not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+            raise UsageError(f"workers: expected 1 to {MAX_WORKERS} view workers, got {workers!r}")
         self.upstream = upstream
         self.max_per_subscriber = max_per_subscriber
         self.catalog = catalog
@@ -195,10 +146,16 @@ class EventViews:
         #: subscriber -> its keys (both kinds), so one subscriber's requests cost O(its own).
         self._keys: dict[Hashable, set[str]] = {}
         self._changed_at: dict[str, int] = {}
-        self._lock = asyncio.Lock()
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="tidings-sql-views")
-        #: The worker's own tables (only the worker thread touches them).
-        self._evaluating = TableState(catalog)
+        #: Held by the one bringing upstream to the subscriptions (:meth:`_converge`).
+        self._sync_lock = asyncio.Lock()
+        #: Changes made to the subscriptions, and the last one upstream has taken.
+        self._changes = 0
+        self._synced = 0
+        #: What the sync under way gives upstream (patterns, tables), if one is.
+        self._target: tuple[tuple[QueryType, ...], frozenset[str]] | None = None
+        self._worker = ThreadPoolExecutor(workers, thread_name_prefix="tidings-sql-views")
+        #: Each worker thread's own tables (only that thread touches them).
+        self._evaluating = threading.local()
         #: Views whose evaluation was handed to the worker and not yet answered.
         self._running: dict[Sid, _ViewSub] = {}
         #: Views due and not served yet, in order: a subscriber has one evaluation in the
@@ -230,73 +187,97 @@ class EventViews:
         if (events is None) == (sql is None):
             raise IntermediaryError("subscribe: expected exactly one of events and sql")
         sid = (subscriber, key)
-        async with self._lock:
-            held_keys = self._keys.get(subscriber, set())
-            if key not in held_keys and len(held_keys) >= self.max_per_subscriber:
-                raise IntermediaryError(
-                    f"subscribe: at most {self.max_per_subscriber} event and SQL subscriptions "
-                    "per subscriber"
-                )
-            if events is not None:
-                patterns = parse_patterns(events)
-                if grant is not None:
-                    grant.check_events(patterns)
-                record: _EventSub | _ViewSub = _EventSub(patterns, TypeMatcher(patterns))
-                was_covered = covers_all(self.patterns, patterns)
-            else:
-                view = self._parse_view(sql)
-                if grant is not None:
-                    grant.check_tables(view.tables)
-                prio, rate = check_schedule(priority, rate_hz, self.scheduler.max_priority)
-                record = _ViewSub(view)
-                held = [self._primitive(t) for t in self.tables]
-                was_covered = all(covers(held, p) for p in view.primitives)
-            old_event, old_view = self._events.pop(sid, None), self._views.pop(sid, None)
-            self._routes.clear()
-            if isinstance(record, _EventSub):
-                self._events[sid] = record
-            else:
-                self._views[sid] = record
-            try:
-                await self._sync()
-            except Exception as exc:  # upstream refused: as it was before
-                self._routes.clear()
-                self._events.pop(sid, None)
-                self._views.pop(sid, None)
-                if old_event is not None:
-                    self._events[sid] = old_event
-                if old_view is not None:
-                    self._views[sid] = old_view
-                raise IntermediaryError(
-                    f"upstream: the event server did not take it: {exc}"
-                ) from exc
-            if old_view is not None:
+        held_keys = self._keys.get(subscriber, set())
+        if key not in held_keys and len(held_keys) >= self.max_per_subscriber:
+            raise IntermediaryError(
+                f"subscribe: at most {self.max_per_subscriber} event and SQL subscriptions "
+                "per subscriber"
+            )
+        if events is not None:
+            patterns = parse_patterns(events)
+            if grant is not None:
+                grant.check_events(patterns)
+            record: _EventSub | _ViewSub = _EventSub(patterns, TypeMatcher(patterns))
+            needs: tuple[tuple[QueryType, ...], frozenset[str]] = (patterns, frozenset())
+            was_covered = covers_all(self.patterns, patterns)
+        else:
+            view = self._parse_view(sql)
+            if grant is not None:
+                grant.check_tables(view.tables)
+            prio, rate = check_schedule(priority, rate_hz, self.scheduler.max_priority)
+            record = _ViewSub(view)
+            needs = ((), frozenset(view.tables))
+            held = [self._primitive(t) for t in self.tables]
+            was_covered = all(covers(held, p) for p in view.primitives)
+        # No lock from here on: what upstream must deliver is the union of the records, so
+        # the record goes in first and whichever sync runs next takes it along.
+        old_event, old_view = self._events.pop(sid, None), self._views.pop(sid, None)
+        self._routes.clear()
+        if isinstance(record, _EventSub):
+            self._events[sid] = record
+        else:
+            self._views[sid] = record
+        self._keys.setdefault(subscriber, set()).add(key)
+        self._changes += 1
+        try:
+            replaced = old_event is not None or old_view is not None  # may shrink upstream
+            if replaced or not (was_covered and self._target_covers(needs)):
+                await self._converge()
+            await self.upstream.loaded(needs[1])
+        except BaseException as exc:  # upstream refused, or the subscriber left: as before
+            if self._events.get(sid) is record or self._views.get(sid) is record:
+                self._put_back(sid, old_event, old_view)
+            elif old_view is not None and old_view.scheduled:  # unsubscribed meanwhile
                 self.scheduler.remove(sid)
-            if isinstance(record, _ViewSub):
-                self.scheduler.add(sid, prio, rate)
-            self._keys.setdefault(subscriber, set()).add(key)
+            if not isinstance(exc, Exception):
+                raise
+            with contextlib.suppress(IntermediaryError):  # a superset upstream is harmless
+                await self._converge()
+            raise IntermediaryError(f"upstream: the event server did not take it: {exc}") from exc
+        if old_view is not None and old_view.scheduled:
+            self.scheduler.remove(sid)
+        if isinstance(record, _ViewSub) and self._views.get(sid) is record:
+            record.scheduled = True
+            self.scheduler.add(sid, prio, rate)
         return was_covered
 
     async def unsubscribe(self, subscriber: Hashable, key: str | None = None) -> int:
         """Drop one subscription (``key`` None: all of the subscriber's) and shrink upstream
         to what the others need. Returns how many were removed."""
-        async with self._lock:
-            held = self._keys.get(subscriber, set())
-            gone = [(subscriber, k) for k in (set(held) if key is None else held & {key})]
-            held.difference_update(k for _, k in gone)
-            if not held:
-                self._keys.pop(subscriber, None)
-            self._routes.clear()
-            for sid in gone:
-                self._events.pop(sid, None)
-                if self._views.pop(sid, None) is not None:
-                    self.scheduler.remove(sid)
-            if gone:
-                try:
-                    await self._sync()
-                except IntermediaryError as exc:  # upstream keeps a superset: harmless
-                    log.warning("intermediary: upstream not shrunk after unsubscribe: %s", exc)
-            return len(gone)
+        held = self._keys.get(subscriber, set())
+        gone = [(subscriber, k) for k in (set(held) if key is None else held & {key})]
+        held.difference_update(k for _, k in gone)
+        if not held:
+            self._keys.pop(subscriber, None)
+        self._routes.clear()
+        for sid in gone:
+            self._events.pop(sid, None)
+            view = self._views.pop(sid, None)
+            if view is not None and view.scheduled:
+                self.scheduler.remove(sid)
+        if gone:
+            self._changes += 1
+            try:
+                await self._converge()
+            except IntermediaryError as exc:  # upstream keeps a superset: harmless
+                log.warning("intermediary: upstream not shrunk after unsubscribe: %s", exc)
+        return len(gone)
+
+    def _put_back(self, sid: Sid, event: _EventSub | None, view: _ViewSub | None) -> None:
+        """A subscribe that failed: the key's previous subscription again, or none."""
+        self._routes.clear()
+        self._events.pop(sid, None)
+        self._views.pop(sid, None)
+        if event is not None:
+            self._events[sid] = event
+        elif view is not None:
+            self._views[sid] = view
+        else:
+            keys = self._keys.get(sid[0], set())
+            keys.discard(sid[1])
+            if not keys:
+                self._keys.pop(sid[0], None)
+        self._changes += 1
 
     def counts(self) -> tuple[int, int]:
         """Event and SQL-view subscriptions held, every subscriber's (for metrics)."""
@@ -321,6 +302,27 @@ class EventViews:
         assert self.catalog is not None
         return Primitive(table, frozenset(self.catalog.columns(table)))
 
+    def _target_covers(self, needs: tuple[tuple[QueryType, ...], frozenset[str]]) -> bool:
+        """Whether the sync under way, if any, keeps ``needs`` (patterns, tables) upstream:
+        it may be shrinking upstream for an unsubscribe made before this subscription."""
+        if self._target is None:
+            return True
+        patterns, tables = self._target
+        return covers_all(patterns, needs[0]) and needs[1] <= tables
+
+    async def _converge(self) -> None:
+        """Return once upstream has taken what the subscriptions need as they are now (or
+        as they became later). Changes made while a sync runs share the next one, so a flood
+        of subscriptions costs a few round trips to the event server, not one each; the lock
+        is held for that round trip only, never while a table loads or a view is evaluated."""
+        wanted = self._changes
+        async with self._sync_lock:
+            if self._synced >= wanted:
+                return
+            changes = self._changes
+            await self._sync()
+            self._synced = changes
+
     async def _sync(self) -> None:
         """Bring upstream to what the subscriptions need, if that is not what it has."""
         tables = frozenset(t for v in self._views.values() for t in v.view.tables)
@@ -333,10 +335,12 @@ class EventViews:
         # Batches (a new table's load among them) may be taken while the update is under
         # way: fold the tables of both the old and the new set meanwhile.
         self._folding = self.tables | tables
+        self._target = (wanted, tables)
         try:
             await self.upstream.update(wanted, types)
         finally:
             self._folding = self.tables
+            self._target = None
         for table in self.tables - tables:
             self._inert.drop(table)
         self.patterns, self.tables = wanted, tables
@@ -376,7 +380,7 @@ class EventViews:
         busy = {subscriber for subscriber, _ in self._running}
         for sid in list(self._waiting):
             waiting = self._views.get(sid)
-            if waiting is None:  # unsubscribed
+            if waiting is None or not waiting.scheduled:  # unsubscribed, or replaced
                 del self._waiting[sid]
             elif sid[0] not in busy:
                 del self._waiting[sid]
@@ -443,10 +447,13 @@ class EventViews:
         return None
 
     def _evaluate(self, view: SqlView, tables: TableState) -> _Result:
-        """In the worker: ``view`` on ``tables`` (its SQLite copy rebuilt where they
+        """In a worker: ``view`` on ``tables`` (the worker's SQLite copy rebuilt where they
         changed), as JSON-ready rows and their digest."""
-        self._evaluating.adopt(tables)
-        result = self._evaluating.evaluate(view)
+        own: TableState | None = getattr(self._evaluating, "tables", None)
+        if own is None:
+            own = self._evaluating.tables = TableState(self.catalog)
+        own.adopt(tables)
+        result = own.evaluate(view)
         columns = result.column_names
         values = [result.column(i).to_pylist() for i in range(result.num_columns)]
         rows = [list(r) for r in zip(*values, strict=True)]
