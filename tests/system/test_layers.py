@@ -44,6 +44,7 @@ LAYERS = (
     "streams",
     "intermediary",
     "system",  # the deployment as one: the whole-system check, the supervisor of its parts
+    "console",  # the operator's web console: reads every part below, acts through the outbox
     "demo",
     "cli",
     "tidings",
@@ -196,8 +197,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model matching data_filter validation query outbox",
     "tidings.config": (
-        "model metrics loading passwords tls certificates targets relay intermediary_access "
-        "intermediary "
+        "model metrics loading passwords tls certificates console targets relay "
+        "intermediary_access intermediary "
         "intermediary_tier eventer_access server stream_types stream_access streams tidings_file"
     ),
     "tidings.outbox": "envelope schema confirmations checks incomplete writers producer",
@@ -266,9 +267,10 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "wsreceive fanout intermediary_process subscriber_process demo"
     ),
     "tidings.system": "parts checks paths tls_files state children supervisor",
+    "tidings.console": "logins audit history overview browse actions app runner",
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
-        "common relay_progress config events server streams intermediary tls fanout system "
+        "common relay_progress config events server streams intermediary tls fanout system console "
         "pipeline demo __main__"
     ),
 }

@@ -60,7 +60,8 @@ class EventFilter:
 
     ``event_type`` is a type, or a prefix ending in ``*`` (``orders.*``); ``target`` keeps
     the events routed to that target that it has not confirmed; ``older_than`` compares the
-    time the event was logged. Without ``statuses``, finding takes every incomplete status
+    time the event was logged; ``after_seq`` pages through them in log order. Without
+    ``statuses``, finding takes every incomplete status
     and resubmitting only FAILED events (a parked or unroutable event is resubmitted only
     when asked for by name).
     """
@@ -72,6 +73,8 @@ class EventFilter:
     partition_key: str | None = None
     older_than: timedelta | None = None
     limit: int | None = None
+    #: Only events after this ``seq``: the next page of a list paged in log order.
+    after_seq: int | None = None
 
     def __post_init__(self) -> None:
         if self.statuses is None:
@@ -236,6 +239,8 @@ class IncompleteEvents:
             conditions.append(oe.partition_key == where.partition_key)
         if where.older_than is not None:
             conditions.append(oe.logged_at < utcnow() - where.older_than)
+        if where.after_seq is not None:
+            conditions.append(oe.seq > where.after_seq)
         return conditions
 
     def _rows(

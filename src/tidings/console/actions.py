@@ -1,0 +1,110 @@
+"""What an operator may do from the console, each through the code ``tidings events`` runs
+(:class:`~tidings.outbox.incomplete.IncompleteEvents`) and each recorded in the audit trail.
+
+The checks that an action is allowed (a logged-in operator, a confirmed form with its CSRF
+token) are the pages' (:mod:`.app`); here is what the action does and what is recorded:
+the user, the action, what it applied to, and its outcome (how many events changed, or the
+error that stopped it).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from tidings.config import TidingsConfig
+from tidings.console.audit import AuditTrail
+from tidings.errors import TidingsError
+from tidings.events.outbox import EventStatus
+from tidings.outbox.incomplete import EventFilter, IncompleteEvents
+from tidings.targets.routed import incomplete_events_from_config
+
+#: The actions, by the name forms send, with what each says it does (the confirmation page).
+ACTIONS: dict[str, str] = {
+    "resubmit": "Resubmit: hand the event back to the relay (targets that confirmed it are "
+    "not sent it again).",
+    "park": "Park: set the event aside with a reason; the later events of its key flow on "
+    "without it.",
+    "unpark": "Unpark: resubmit the parked event; it reaches its targets after the events of "
+    "its key that flowed meanwhile.",
+    "redrive": "Re-drive: resubmit the UNROUTABLE events of this type (or prefix ending in "
+    "*) to the routes now in force.",
+}
+#: What a single event's resubmit takes: the events the relay gave up on, and those it had
+#: no route for.
+_RESUBMITTABLE = frozenset({EventStatus.FAILED, EventStatus.UNROUTABLE})
+
+
+class OutboxEvents:
+    """The outbox's incomplete events (as ``tidings events`` sees them, with the routes in
+    force), opened at first use: the console starts, and says what is wrong, while the
+    outbox database is down. Blocking: call it from a worker thread."""
+
+    def __init__(self, config: TidingsConfig, engine: Engine) -> None:
+        self.config = config
+        self.engine = engine
+        self._events: IncompleteEvents | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> IncompleteEvents:
+        with self._lock:
+            if self._events is None:
+                self._events = incomplete_events_from_config(self.config, self.engine)
+            return self._events
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an action did, in a sentence for the page."""
+
+    changed: int
+    message: str
+
+
+class Actions:
+    """The actions on one outbox, recorded in one audit trail."""
+
+    def __init__(self, outbox: OutboxEvents, audit: AuditTrail) -> None:
+        self.outbox = outbox
+        self.audit = audit
+
+    def run(self, user: str, action: str, subject: str, reason: str = "") -> Outcome:
+        """Do ``action`` on ``subject`` (an event id; for ``redrive`` an event type or
+        prefix) for ``user``, and record it; a TidingsError (a bad subject, a park without
+        a reason) is recorded too, and raised."""
+        if action not in ACTIONS:
+            raise TidingsError(f"unknown action {action!r} (actions: {', '.join(ACTIONS)})")
+        try:
+            outcome = self._do(action, subject, reason)
+        except TidingsError as exc:
+            self.audit.record(user, action, subject, reason=reason, error=str(exc))
+            raise
+        self.audit.record(user, action, subject, reason=reason, changed=outcome.changed)
+        return outcome
+
+    def _do(self, action: str, subject: str, reason: str) -> Outcome:
+        events = self.outbox.get()
+        if action == "redrive":
+            where = EventFilter(
+                statuses=frozenset({EventStatus.UNROUTABLE}), event_type=subject or None
+            )
+            count = events.resubmit(where)
+            return Outcome(
+                count, f"re-drove {count} UNROUTABLE event(s) of {subject or 'any type'}"
+            )
+        if action == "park":
+            parked = events.park([subject], reason)
+            if not parked:
+                return Outcome(0, f"not parked: {subject} is not a PENDING, HELD or FAILED event")
+            return Outcome(1, f"parked {subject}; the later events of its key flow on")
+        if action == "unpark":
+            count = events.unpark([subject])
+            if not count:
+                return Outcome(0, f"not unparked: {subject} is not a PARKED event")
+            return Outcome(count, f"unparked and resubmitted {subject}")
+        count = events.resubmit(EventFilter(statuses=_RESUBMITTABLE, event_ids=(subject,)))
+        if not count:
+            return Outcome(0, f"not resubmitted: {subject} is not a FAILED or UNROUTABLE event")
+        return Outcome(count, f"resubmitted {subject}; the relay sends it in key order")

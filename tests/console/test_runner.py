@@ -1,0 +1,76 @@
+"""``tidings console -c FILE`` as a process on a real socket: it serves, samples, refuses a
+port in use at start-up, keeps the password out of its output and stops on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx
+import yaml
+
+from bench.harness.processes import free_port
+from tests.console.harness import USERS, hidden
+from tests.support.run_helpers import TIDINGS
+from tests.support.waiting import wait_until
+
+
+def _file(tmp_path: Path, port: int) -> Path:
+    data = {
+        "database": {"url": "sqlite:///outbox.db"},
+        "console": {"port": port, "users": USERS, "sample_every": "200ms"},
+    }
+    path = tmp_path / "tidings.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_the_console_serves_samples_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    path = _file(tmp_path, port)
+    log = tmp_path / "console.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*TIDINGS, "console", "-c", str(path)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_until(lambda: _listening(port), 60, explain=log.read_text)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            form = client.get("/login")
+            reply = client.post(
+                "/login",
+                data={"csrf": hidden(form.text, "csrf"), "user": "rita", "password": "read-secret"},
+            )
+            assert reply.status_code == 303
+            wait_until(lambda: 'id="counts"' in client.get("/").text, 30)
+        assert (tmp_path / "console-audit.sqlite").exists()  # beside the file
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    assert code == 0, log.read_text()
+    output = log.read_text()
+    assert "read-secret" not in output
+    assert "console: login" in output
+
+
+def test_a_port_in_use_stops_the_console_at_start_up(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = _file(tmp_path, port)
+        done = subprocess.run(
+            [*TIDINGS, "console", "-c", str(path)], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 2
+    assert f"console: cannot listen on 127.0.0.1:{port}" in done.stderr
