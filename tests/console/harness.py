@@ -5,7 +5,9 @@ cannot be made to produce), and the console's users."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from tidings.config import TidingsConfig, load_config
 from tidings.config.passwords import hash_password
 from tidings.console.app import ConsoleState, build_app
 from tidings.console.overview import take_overview
-from tidings.console.runner import console_state, record
+from tidings.console.runner import RunningConsole, close_state, console_state, record
 from tidings.db import make_engine
 from tidings.pipeline.publishing.publisher import Publisher
 from tidings.routing.table import current_routes
@@ -86,8 +88,7 @@ class Deployment:
         return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8480")
 
     def close(self) -> None:
-        self.state.outbox.engine.dispose()
-        self.state.audit.close()
+        close_state(self.state)
         self.engine.dispose()
 
 
@@ -113,3 +114,13 @@ async def log_in(client: httpx.AsyncClient, user: str, password: str | None = No
     assert reply.status_code == 303, reply.text
     page = await client.get("/")
     return hidden(page.text, "csrf")
+
+
+@contextlib.asynccontextmanager
+async def serving(deployed: Deployment) -> AsyncIterator[str]:
+    """The console of ``deployed`` on its real socket, sampling; its URL."""
+    running = await RunningConsole.start(deployed.state, None)
+    try:
+        yield deployed.state.settings.url.rstrip("/")
+    finally:
+        await running.aclose()

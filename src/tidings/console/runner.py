@@ -95,14 +95,13 @@ class RunningConsole:
         self.tasks = tasks
 
     @classmethod
-    async def start(
-        cls, config: TidingsConfig, settings: ConsoleConfig, config_path: Path | None
-    ) -> RunningConsole:
-        state = console_state(config, settings)
+    async def start(cls, state: ConsoleState, config_path: Path | None) -> RunningConsole:
+        """Serve ``state`` on its configured address and start sampling; a ConfigError if
+        the port is taken or the TLS files are unusable."""
+        settings = state.settings
         try:
             sock = listen(settings.host, settings.port)
         except OSError as exc:
-            state.audit.close()
             raise ConfigError(
                 f"console: cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
             ) from None
@@ -138,14 +137,19 @@ class RunningConsole:
         return cls(state, server, tasks)
 
     async def aclose(self) -> None:
+        """Stop serving and sampling (the state's engines stay: :func:`close_state`)."""
         self.server.should_exit = True
         with contextlib.suppress(Exception, asyncio.CancelledError):
             async with asyncio.timeout(10):
                 await self.tasks[-1]
         for task in self.tasks:
             await stop_task(task)
-        self.state.outbox.engine.dispose()
-        self.state.audit.close()
+
+
+def close_state(state: ConsoleState) -> None:
+    """Release the state's database connections."""
+    state.outbox.engine.dispose()
+    state.audit.close()
 
 
 async def serve_console(config: TidingsConfig, config_path: Path | None) -> None:
@@ -156,8 +160,12 @@ async def serve_console(config: TidingsConfig, config_path: Path | None) -> None
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    running = await RunningConsole.start(config, config.console, config_path)
+    state = console_state(config, config.console)
     try:
-        await stop.wait()
+        running = await RunningConsole.start(state, config_path)
+        try:
+            await stop.wait()
+        finally:
+            await running.aclose()
     finally:
-        await running.aclose()
+        close_state(state)

@@ -1,0 +1,166 @@
+"""The console in headless Chromium (Debian's, driven over DevTools:
+:mod:`tests.support.chromium`): an operator logs in, sees a FAILED event appear after the
+target refuses it, parks it and sees its key flow on, re-drives UNROUTABLE events after
+adding their route; a read-only user is refused an action. The screenshots of the guide
+(``docs/operations/console/*.png``) are taken here.
+
+The relay's publishing core runs in the test between the steps (no Spark), delivering to a
+real event store through :class:`~tests.support.publisher_helpers.Refusing`, the fault a
+real target cannot be made to produce: refusing one payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.harness.processes import free_port
+from tests.console.harness import PASSWORDS, Deployment, serving
+from tests.support.chromium import Browser, Page
+from tidings.routing.table import add_route
+
+pytestmark = [pytest.mark.anyio, pytest.mark.sockets]
+
+#: The whole walk's bound: a page that never shows what is waited for fails the test.
+WAIT_S = 120
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "operations" / "console"
+
+
+async def _go(page: Page, url: str, lands: str | None = None) -> None:
+    """Navigate and wait for the new document (at ``lands`` when redirected)."""
+    await page.evaluate(f"window.__before = true; location.href = {json.dumps(url)}; true")
+    await page.wait_for(
+        f"!window.__before && location.href === {json.dumps(lands or url)} "
+        "&& document.readyState === 'complete'"
+    )
+
+
+async def _submit(page: Page, selector: str, fields: dict[str, str] | None = None) -> None:
+    """Fill ``fields`` of the form ``selector`` and submit it; wait for the next page."""
+    marker = "window.__before = true; true"
+    await page.evaluate(marker)
+    fill = "".join(
+        f"f.querySelector('[name={name}]').value = {json.dumps(value)};"
+        for name, value in (fields or {}).items()
+    )
+    await page.evaluate(
+        f"(() => {{ const f = document.querySelector({json.dumps(selector)}); {fill} "
+        "f.requestSubmit(); return true; })()"
+    )
+    await page.wait_for("!window.__before && document.readyState === 'complete'")
+
+
+async def _log_in(page: Page, base: str, user: str) -> None:
+    if not await page.evaluate("location.pathname === '/login'"):
+        await _go(page, f"{base}/login")
+    await _submit(page, "form.login", {"user": user, "password": PASSWORDS[user]})
+    who = await page.evaluate("document.getElementById('who').textContent")
+    assert who.startswith(user)
+
+
+async def _shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(SHOTS / f"{name}.png")
+
+
+async def test_an_operator_finds_and_parks_a_poison_event_and_a_reader_cannot(
+    tmp_path: Path,
+) -> None:
+    deployed = Deployment(
+        tmp_path, f"sqlite:///{tmp_path / 'outbox.db'}", port=free_port(), sample_every="200ms"
+    )
+    browser = await Browser.start(tmp_path / "chromium", width=1100, height=800)
+    try:
+        async with asyncio.timeout(WAIT_S), serving(deployed) as base:
+            page = await browser.open(f"{base}/login")
+            # not logged in: the login form, which brings the operator back
+            await _go(page, f"{base}/events", f"{base}/login?next=%2Fevents")
+            await _shot(page, "login")
+            await _log_in(page, base, "olga")
+
+            # a target refuses one event of key k: FAILED, and k's later events held
+            deployed.emit(
+                [
+                    ("orders.placed", "k", {"order": 1}),
+                    ("orders.placed", "k", {"order": 2, "note": "poison"}),
+                    ("orders.placed", "k", {"order": 3}),
+                    ("orders.placed", "m", {"order": 4}),
+                    ("payments.made", "p", {"amount": 10}),
+                ]
+            )
+            deployed.relay(runs=3)
+            await _go(page, f"{base}/")
+            await page.wait_for(  # the page refreshes itself as samples come
+                "document.querySelector('[data-status=FAILED] a')?.textContent === '1'"
+            )
+            assert await page.evaluate("document.getElementById('held-keys').textContent") == "1"
+            await _shot(page, "overview")
+
+            # the list, filtered, then the event's own page
+            await _go(page, f"{base}/events?status=FAILED")
+            rows = await page.evaluate("document.querySelectorAll('[data-event]').length")
+            assert rows == 1
+            await _shot(page, "events")
+            poison = await page.evaluate("document.querySelector('[data-event]').dataset.event")
+            await _go(page, f"{base}/events/{poison}")
+            assert "poison" in await page.evaluate("document.getElementById('payload').textContent")
+            await _shot(page, "event")
+
+            # park it: confirmed, then done
+            await _submit(page, "#park", {"reason": "bad order 2, ticket 7"})
+            assert await page.evaluate("!!document.getElementById('confirm')")
+            await _shot(page, "confirm")
+            await _submit(page, "form[action='/act']")
+            outcome = await page.evaluate("document.getElementById('outcome').textContent")
+            assert outcome.startswith(f"parked {poison}")
+
+            # the relay's next round: k flows on without it
+            deployed.relay()
+            await _go(page, f"{base}/events?key=k")
+            statuses = await page.evaluate(
+                "[...document.querySelectorAll('[data-event] .status')].map(e => e.textContent)"
+            )
+            assert statuses == ["PARKED"]
+
+            # UNROUTABLE payments: add their route, re-drive from the overview
+            add_route(deployed.engine, "payments.*", "store")
+            await _go(page, f"{base}/")
+            await page.wait_for("!!document.querySelector('#unroutable form')")
+            await _submit(page, "#unroutable form")
+            await _submit(page, "form[action='/act']")
+            outcome = await page.evaluate("document.getElementById('outcome').textContent")
+            assert outcome.startswith("re-drove 1 UNROUTABLE")
+            deployed.relay()
+            assert [e.status.value for e in deployed.state.events.find()] == ["PARKED"]
+            await _go(page, f"{base}/audit")
+            actions = await page.evaluate(
+                "[...document.querySelectorAll('#audit td:nth-child(3)')].map(e => e.textContent)"
+            )
+            assert actions == ["redrive", "park"]
+            await _shot(page, "audit")
+
+            # a read-only user: no action offered, and a form sent anyway is refused
+            await _submit(page, "form.logout")
+            await _log_in(page, base, "rita")
+            await _go(page, f"{base}/events/{poison}")
+            assert await page.evaluate("!document.getElementById('unpark')")
+            await page.evaluate(
+                "(() => { const f = document.createElement('form'); f.method = 'post';"
+                " f.action = '/act'; for (const [n, v] of Object.entries({action: 'unpark',"
+                f" subject: {json.dumps(poison)}, confirmed: 'yes',"
+                " csrf: document.querySelector('[name=csrf]').value})) {"
+                " const i = document.createElement('input'); i.type = 'hidden'; i.name = n;"
+                " i.value = v; f.append(i); } document.body.append(f); window.__before = true;"
+                " f.submit(); return true; })()"
+            )
+            await page.wait_for("!window.__before && document.readyState === 'complete'")
+            refusal = await page.evaluate("document.getElementById('error').textContent")
+            assert refusal == "user rita has the read role: only operators may act on events"
+            await _shot(page, "refused")
+            assert [e.status.value for e in deployed.state.events.find()] == ["PARKED"]
+    finally:
+        await browser.close()
+        deployed.close()
