@@ -1,0 +1,91 @@
+"""The overview's snapshot of the parts: a server up (its port accepts) or down, one that
+``tidings run`` is bringing back (*restarting*, with its restarts), and a stream's
+consumers with how far behind each is, read from the server's store."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.harness.processes import free_port
+from tests.console.harness import USERS
+from tidings.config import load_config_file
+from tidings.config.passwords import hash_password
+from tidings.console.overview import take_overview
+from tidings.db import make_engine
+from tidings.events.model import NewEvent, PayloadKind
+from tidings.streams.consumers.admin import open_store
+from tidings.streams.consumers.positions import Consumers
+from tidings.system.state import RunFiles, write_state
+
+
+def _config(tmp_path: Path, up: int, down: int) -> Any:
+    def server(port: int, db: str) -> dict[str, Any]:
+        return {
+            "backend": {"module": "tidings.server.backends.sqlite", "db_path": db},
+            "engine": {"server_id": 1},
+            "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{port}"},
+            "stream_users": {"app": {"password_hash": hash_password("pw", n=2**4)}},
+            "streams": [
+                {"name": "orders", "port": free_port(), "path": "/o", "types": {"A": ["a"]}}
+            ],
+        }
+
+    data = {
+        "database": {"url": f"sqlite:///{tmp_path / 'outbox.db'}"},
+        "servers": {"main": server(up, "main.db"), "spare": server(down, "spare.db")},
+        "console": {"users": USERS, "audit_file": str(tmp_path / "audit.sqlite")},
+    }
+    path = tmp_path / "tidings.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config_file(path)
+
+
+def test_servers_up_down_and_restarting_and_a_consumer_behind(tmp_path: Path) -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        up = listening.getsockname()[1]
+        config = _config(tmp_path, up, free_port())
+        store = open_store(config.servers["main"])
+        try:
+            Consumers(store).register("orders", "app", "billing")
+            store.register([NewEvent(("a",), b"{}", PayloadKind.JSON) for i in range(3)])
+        finally:
+            store.close()
+        path = tmp_path / "tidings.yaml"
+        files = RunFiles.of(path)
+        files.directory.mkdir(parents=True)
+        parts = {
+            "server.main": {"state": "up", "restarts": 0},
+            "server.spare": {"state": "starting", "restarts": 2},
+        }
+        write_state(files, {"supervisor_pid": os.getpid(), "parts": parts})
+        engine = make_engine(config.database.url)
+        overview = take_overview(config, path, engine)
+        engine.dispose()
+    assert overview.problems == []
+    assert overview.supervised
+    states = {p.name: (p.state, p.restarts) for p in overview.parts}
+    assert states == {"server.main": ("up", 0), "server.spare": ("restarting", 2)}
+    (orders,) = overview.streams["main"]
+    (billing,) = orders.consumers
+    assert (billing.component, billing.behind) == ("billing", 3)
+    assert overview.at <= time.time()
+
+
+def test_a_server_down_without_a_supervisor_is_down(tmp_path: Path) -> None:
+    config = _config(tmp_path, free_port(), free_port())
+    engine = make_engine(config.database.url)
+    overview = take_overview(config, tmp_path / "tidings.yaml", engine)
+    engine.dispose()
+    assert not overview.supervised
+    assert {p.name: p.state for p in overview.parts} == {
+        "server.main": "down",
+        "server.spare": "down",
+    }
