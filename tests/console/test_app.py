@@ -244,3 +244,30 @@ async def test_unroutable_events_are_redriven_after_their_route_is_added(
         assert "re-drove 2 UNROUTABLE event(s) of payments.*" in done.text
     deployed.relay()
     assert deployed.state.events.find() == []
+
+
+async def test_the_routes_page_shows_sources_and_adds_a_route_through_the_cli_s_code(
+    deployed: Deployment,
+) -> None:
+    deployed.emit([("payments.made", "p", {"n": 1})])
+    deployed.relay()
+    async with deployed.client() as client:
+        csrf = await log_in(client, "olga")
+        page = (await client.get("/routes")).text
+        assert 'data-route="orders.*"' in page and 'id="unroutable-total">1<' in page
+        asked = {"csrf": csrf, "action": "route", "subject": "payments.*", "target": "store"}
+        confirm = (await client.post("/act", data=asked)).text
+        assert "1 UNROUTABLE event(s) match it" in confirm
+        done = await client.post("/act", data={**asked, "confirmed": "yes"})
+        assert "payments.* -&gt; store added" in done.text and 'id="redrive"' in done.text
+        page = (await client.get("/routes")).text
+        assert re.search(
+            r'data-route="payments\.\*">.*?<td>store</td><td></td><td>store</td>', page
+        )
+        unknown = await client.post("/act", data={**asked, "target": "nowhere", "confirmed": "yes"})
+        assert unknown.status_code == 400 and "unknown target" in unescape(unknown.text)
+        bad = await client.post("/act", data={**asked, "subject": "a*b*", "confirmed": "yes"})
+        assert bad.status_code == 400 and "holds a '*'" in unescape(bad.text)
+    trail = deployed.state.audit.newest()
+    assert [(e.action, e.target) for e in trail][-1] == ("route", "payments.* -> store")
+    assert "error" in trail[0].detail  # the refused ones are recorded too

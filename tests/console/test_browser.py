@@ -1,8 +1,8 @@
 """The console in headless Chromium (Debian's, driven over DevTools:
 :mod:`tests.support.chromium`): an operator logs in, sees a FAILED event appear after the
-target refuses it, parks it and sees its key flow on, re-drives UNROUTABLE events after
-adding their route; a read-only user is refused an action. The screenshots of the guide
-(``docs/operations/console/*.png``) are taken here.
+target refuses it, parks it and sees its key flow on, adds a route on the routes page and
+re-drives the UNROUTABLE events it matches; a read-only user is refused an action. The
+screenshots of the guide (``docs/operations/console/*.png``) are taken here.
 
 The relay's publishing core runs in the test between the steps (no Spark), delivering to a
 real event store through :class:`~tests.support.publisher_helpers.Refusing`, the fault a
@@ -20,7 +20,6 @@ import pytest
 from bench.harness.processes import free_port
 from tests.console.harness import PASSWORDS, Deployment, serving
 from tests.support.chromium import Browser, Page
-from tidings.routing.table import add_route
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sockets]
 
@@ -125,11 +124,18 @@ async def test_an_operator_finds_and_parks_a_poison_event_and_a_reader_cannot(
             )
             assert statuses == ["PARKED"]
 
-            # UNROUTABLE payments: add their route, re-drive from the overview
-            add_route(deployed.engine, "payments.*", "store")
-            await _go(page, f"{base}/")
-            await page.wait_for("!!document.querySelector('#unroutable form')")
-            await _submit(page, "#unroutable form")
+            # UNROUTABLE payments: add their route on the routes page, then re-drive them
+            await _go(page, f"{base}/routes")
+            total = await page.evaluate("document.getElementById('unroutable-total').textContent")
+            assert total == "1"
+            await _shot(page, "routes")
+            await _submit(page, "#add-route", {"subject": "payments.*", "target": "store"})
+            matching = await page.evaluate("document.getElementById('matching').textContent")
+            assert matching.startswith("1 UNROUTABLE event(s) match it")
+            await _submit(page, "form[action='/act']")
+            outcome = await page.evaluate("document.getElementById('outcome').textContent")
+            assert outcome.startswith("payments.* -> store added")
+            await _submit(page, "#redrive")
             await _submit(page, "form[action='/act']")
             outcome = await page.evaluate("document.getElementById('outcome').textContent")
             assert outcome.startswith("re-drove 1 UNROUTABLE")
@@ -139,7 +145,7 @@ async def test_an_operator_finds_and_parks_a_poison_event_and_a_reader_cannot(
             actions = await page.evaluate(
                 "[...document.querySelectorAll('#audit td:nth-child(3)')].map(e => e.textContent)"
             )
-            assert actions == ["redrive", "park"]
+            assert actions == ["redrive", "route", "park"]
             await _shot(page, "audit")
 
             # a read-only user: no action offered, and a form sent anyway is refused

@@ -16,9 +16,11 @@ from sqlalchemy import Engine
 
 from tidings.config import TidingsConfig
 from tidings.console.audit import AuditTrail
+from tidings.console.routes import unroutable_matching
 from tidings.errors import TidingsError
 from tidings.events.outbox import EventStatus
 from tidings.outbox.incomplete import EventFilter, IncompleteEvents
+from tidings.routing.table import add_route
 from tidings.targets.routed import incomplete_events_from_config
 
 #: The actions, by the name forms send, with what each says it does (the confirmation page).
@@ -31,6 +33,8 @@ ACTIONS: dict[str, str] = {
     "its key that flowed meanwhile.",
     "redrive": "Re-drive: resubmit the UNROUTABLE events of this type (or prefix ending in "
     "*) to the routes now in force.",
+    "route": "Add a route: send this type (or prefix ending in *) to the target from the "
+    "relay's next micro-batch on (a row of the tidings_route table, as tidings routes add).",
 }
 #: What a single event's resubmit takes: the events the relay gave up on, and those it had
 #: no route for.
@@ -70,21 +74,26 @@ class Actions:
         self.outbox = outbox
         self.audit = audit
 
-    def run(self, user: str, action: str, subject: str, reason: str = "") -> Outcome:
-        """Do ``action`` on ``subject`` (an event id; for ``redrive`` an event type or
-        prefix) for ``user``, and record it; a TidingsError (a bad subject, a park without
-        a reason) is recorded too, and raised."""
+    def run(
+        self, user: str, action: str, subject: str, reason: str = "", target: str = ""
+    ) -> Outcome:
+        """Do ``action`` on ``subject`` (an event id; for ``redrive`` and ``route`` an event
+        type or prefix; ``route`` sends it to ``target``) for ``user``, and record it; a
+        TidingsError (a bad subject, a park without a reason) is recorded too, and raised."""
         if action not in ACTIONS:
             raise TidingsError(f"unknown action {action!r} (actions: {', '.join(ACTIONS)})")
+        on = f"{subject} -> {target}" if action == "route" else subject
         try:
-            outcome = self._do(action, subject, reason)
+            outcome = self._do(action, subject, reason, target)
         except TidingsError as exc:
-            self.audit.record(user, action, subject, reason=reason, error=str(exc))
+            self.audit.record(user, action, on, reason=reason, error=str(exc))
             raise
-        self.audit.record(user, action, subject, reason=reason, changed=outcome.changed)
+        self.audit.record(user, action, on, reason=reason, changed=outcome.changed)
         return outcome
 
-    def _do(self, action: str, subject: str, reason: str) -> Outcome:
+    def _do(self, action: str, subject: str, reason: str, target: str) -> Outcome:
+        if action == "route":
+            return self._route(subject, target)
         events = self.outbox.get()
         if action == "redrive":
             where = EventFilter(
@@ -108,3 +117,15 @@ class Actions:
         if not count:
             return Outcome(0, f"not resubmitted: {subject} is not a FAILED or UNROUTABLE event")
         return Outcome(count, f"resubmitted {subject}; the relay sends it in key order")
+
+    def _route(self, key: str, target: str) -> Outcome:
+        """``tidings routes add KEY TARGET``: the target must be one of the file's."""
+        targets = self.outbox.config.targets
+        if target not in targets:
+            names = ", ".join(sorted(targets)) or "none"
+            raise TidingsError(f"unknown target {target!r} (defined targets: {names})")
+        add_route(self.outbox.engine, key, target)
+        waiting = unroutable_matching(self.outbox.get(), key)
+        return Outcome(
+            1, f"{key} -> {target} added; {waiting} UNROUTABLE event(s) match it (re-drive them)"
+        )

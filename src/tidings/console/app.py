@@ -40,6 +40,7 @@ from tidings.console.browse import ListQuery, event_page, page_of_events
 from tidings.console.history import History, sparkline
 from tidings.console.logins import Login, Logins
 from tidings.console.overview import Overview
+from tidings.console.routes import routing_view, unroutable_matching
 from tidings.errors import TidingsError
 from tidings.events.timeutil import utcnow
 from tidings.outbox.incomplete import INCOMPLETE_STATUSES, IncompleteEvents
@@ -170,6 +171,7 @@ def build_app(state: ConsoleState) -> Starlette:
         Route("/events/{event_id}", page(one_event_page), methods=["GET"]),
         Route("/act", page(act), methods=["POST"]),
         Route("/audit", page(audit_page), methods=["GET"]),
+        Route("/routes", page(routes_page), methods=["GET"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes)
@@ -264,6 +266,7 @@ async def act(request: Request, state: ConsoleState, login: Login) -> Response:
     action = str(form.get("action", ""))
     subject = str(form.get("subject", "")).strip()
     reason = str(form.get("reason", "")).strip()
+    target = str(form.get("target", "")).strip()
     if action not in ACTIONS:
         raise TidingsError(f"unknown action {action!r} (actions: {', '.join(ACTIONS)})")
     if len(subject) > 256 or len(reason) > MAX_REASON:
@@ -271,6 +274,9 @@ async def act(request: Request, state: ConsoleState, login: Login) -> Response:
     if action == "park" and not reason:
         raise TidingsError("a park needs a reason (say why this event is set aside)")
     if form.get("confirmed") != "yes":
+        matching = None
+        if action == "route":
+            matching = await run_in_threadpool(lambda: unroutable_matching(state.events, subject))
         return _render(
             state,
             request,
@@ -279,9 +285,13 @@ async def act(request: Request, state: ConsoleState, login: Login) -> Response:
             action=action,
             subject=subject,
             reason=reason,
+            target=target,
+            matching=matching,
             says=ACTIONS[action],
         )
-    outcome = await run_in_threadpool(state.actions.run, login.user, action, subject, reason)
+    outcome = await run_in_threadpool(
+        state.actions.run, login.user, action, subject, reason, target
+    )
     log.info(
         "console: action",
         extra={
@@ -291,8 +301,18 @@ async def act(request: Request, state: ConsoleState, login: Login) -> Response:
             "changed": outcome.changed,
         },
     )
-    back = "/events?status=UNROUTABLE" if action == "redrive" else f"/events/{subject}"
-    return _render(state, request, login, "done.html", outcome=outcome, back=back)
+    back = {"redrive": "/events?status=UNROUTABLE", "route": "/routes"}.get(
+        action, f"/events/{subject}"
+    )
+    redrive = subject if action == "route" else None
+    return _render(state, request, login, "done.html", outcome=outcome, back=back, redrive=redrive)
+
+
+async def routes_page(request: Request, state: ConsoleState, login: Login) -> Response:
+    view = await run_in_threadpool(lambda: routing_view(state.config, state.events))
+    return _render(
+        state, request, login, "routes.html", view=view, targets=sorted(state.target_names)
+    )
 
 
 async def audit_page(request: Request, state: ConsoleState, login: Login) -> Response:
