@@ -10,13 +10,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
 import yaml
 
 from bench.harness.processes import free_port
-from tests.console.harness import USERS
+from tests.console.harness import USERS, log_in
 from tidings.config import load_config_file
 from tidings.config.passwords import hash_password
+from tidings.console.app import build_app
 from tidings.console.overview import take_overview
+from tidings.console.runner import close_state, console_state
 from tidings.db import make_engine
 from tidings.events.model import NewEvent, PayloadKind
 from tidings.streams.consumers.admin import open_store
@@ -24,7 +28,7 @@ from tidings.streams.consumers.positions import Consumers
 from tidings.system.state import RunFiles, write_state
 
 
-def _config(tmp_path: Path, up: int, down: int) -> Any:
+def _config(tmp_path: Path, up: int, down: int, *, retention: bool = False) -> Any:
     def server(port: int, db: str) -> dict[str, Any]:
         return {
             "backend": {"module": "tidings.server.backends.sqlite", "db_path": db},
@@ -32,7 +36,13 @@ def _config(tmp_path: Path, up: int, down: int) -> Any:
             "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{port}"},
             "stream_users": {"app": {"password_hash": hash_password("pw", n=2**4)}},
             "streams": [
-                {"name": "orders", "port": free_port(), "path": "/o", "types": {"A": ["a"]}}
+                {
+                    "name": "orders",
+                    "port": free_port(),
+                    "path": "/o",
+                    "types": {"A": ["a"]},
+                    "retention": {"enabled": retention},
+                }
             ],
         }
 
@@ -89,3 +99,49 @@ def test_a_server_down_without_a_supervisor_is_down(tmp_path: Path) -> None:
         "server.main": "down",
         "server.spare": "down",
     }
+
+
+@pytest.mark.anyio
+async def test_the_streams_page_shows_who_holds_retention_back_and_unregisters_it(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, free_port(), free_port(), retention=True)
+    store = open_store(config.servers["main"])
+    try:
+        consumers = Consumers(store)
+        consumers.register("orders", "app", "billing")
+        consumers.register("orders", "app", "audit")
+        store.register([NewEvent(("a",), b"{}", PayloadKind.JSON) for _ in range(3)])
+        consumers.acknowledge("orders", "app", "audit", store.last_position())
+    finally:
+        store.close()
+    assert config.console is not None
+    state = console_state(config, config.console)
+    transport = httpx.ASGITransport(app=build_app(state))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            csrf = await log_in(client, "olga")
+            page = (await client.get("/streams")).text
+            billing = page[page.index('data-consumer="app:billing"') :]
+            assert "<strong>holds it back</strong>" in billing.split("</tr>")[0]
+            audit = page[page.index('data-consumer="app:audit"') :]
+            assert "holds it back" not in audit.split("</tr>")[0]
+            asked = {
+                "csrf": csrf,
+                "action": "unregister",
+                "subject": "main/orders/billing",
+                "target": "app",
+            }
+            assert 'id="confirm"' in (await client.post("/act", data=asked)).text
+            done = (await client.post("/act", data={**asked, "confirmed": "yes"})).text
+            assert "app:billing of orders unregistered" in done
+            assert 'data-consumer="app:billing"' not in (await client.get("/streams")).text
+            bad = await client.post(
+                "/act", data={**asked, "subject": "main/orders/LIVE", "confirmed": "yes"}
+            )
+            assert bad.status_code == 400 and "is not a consumer component" in bad.text
+        (entry, refused) = state.audit.newest()[::-1]
+        assert (entry.action, entry.target) == ("unregister", "main/orders/billing app")
+        assert "error" in refused.detail
+    finally:
+        close_state(state)

@@ -21,6 +21,7 @@ from tidings.errors import TidingsError
 from tidings.events.outbox import EventStatus
 from tidings.outbox.incomplete import EventFilter, IncompleteEvents
 from tidings.routing.table import add_route
+from tidings.streams.consumers.admin import open_store, unregister_named
 from tidings.targets.routed import incomplete_events_from_config
 
 #: The actions, by the name forms send, with what each says it does (the confirmation page).
@@ -33,6 +34,8 @@ ACTIONS: dict[str, str] = {
     "its key that flowed meanwhile.",
     "redrive": "Re-drive: resubmit the UNROUTABLE events of this type (or prefix ending in "
     "*) to the routes now in force.",
+    "unregister": "Unregister the consumer: forget its position, so that it no longer holds "
+    "the stream's events back (it starts again from where it asks, if it comes back).",
     "route": "Add a route: send this type (or prefix ending in *) to the target from the "
     "relay's next micro-batch on (a row of the tidings_route table, as tidings routes add).",
 }
@@ -82,7 +85,9 @@ class Actions:
         TidingsError (a bad subject, a park without a reason) is recorded too, and raised."""
         if action not in ACTIONS:
             raise TidingsError(f"unknown action {action!r} (actions: {', '.join(ACTIONS)})")
-        on = f"{subject} -> {target}" if action == "route" else subject
+        on = {"route": f"{subject} -> {target}", "unregister": f"{subject} {target}"}.get(
+            action, subject
+        )
         try:
             outcome = self._do(action, subject, reason, target)
         except TidingsError as exc:
@@ -94,6 +99,8 @@ class Actions:
     def _do(self, action: str, subject: str, reason: str, target: str) -> Outcome:
         if action == "route":
             return self._route(subject, target)
+        if action == "unregister":
+            return self._unregister(subject, target)
         events = self.outbox.get()
         if action == "redrive":
             where = EventFilter(
@@ -129,3 +136,19 @@ class Actions:
         return Outcome(
             1, f"{key} -> {target} added; {waiting} UNROUTABLE event(s) match it (re-drive them)"
         )
+
+    def _unregister(self, where: str, user: str) -> Outcome:
+        """``tidings streams unregister``: ``where`` is ``SERVER/STREAM/COMPONENT``."""
+        server, _, rest = where.partition("/")
+        stream, _, component = rest.partition("/")
+        servers = self.outbox.config.servers
+        if server not in servers:
+            names = ", ".join(sorted(servers)) or "none"
+            raise TidingsError(f"no server {server!r} in the configuration (servers: {names})")
+        store = open_store(servers[server])
+        try:
+            if not unregister_named(servers[server], store, stream, user, component):
+                return Outcome(0, f"no consumer {user}:{component} of stream {stream}")
+        finally:
+            store.close()
+        return Outcome(1, f"{user}:{component} of {stream} unregistered")

@@ -39,7 +39,7 @@ from tidings.console.audit import AuditTrail
 from tidings.console.browse import ListQuery, event_page, page_of_events
 from tidings.console.history import History, sparkline
 from tidings.console.logins import Login, Logins
-from tidings.console.overview import Overview
+from tidings.console.overview import Overview, read_streams
 from tidings.console.routes import routing_view, unroutable_matching
 from tidings.errors import TidingsError
 from tidings.events.timeutil import utcnow
@@ -172,6 +172,7 @@ def build_app(state: ConsoleState) -> Starlette:
         Route("/act", page(act), methods=["POST"]),
         Route("/audit", page(audit_page), methods=["GET"]),
         Route("/routes", page(routes_page), methods=["GET"]),
+        Route("/streams", page(streams_page), methods=["GET"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes)
@@ -301,9 +302,11 @@ async def act(request: Request, state: ConsoleState, login: Login) -> Response:
             "changed": outcome.changed,
         },
     )
-    back = {"redrive": "/events?status=UNROUTABLE", "route": "/routes"}.get(
-        action, f"/events/{subject}"
-    )
+    back = {
+        "redrive": "/events?status=UNROUTABLE",
+        "route": "/routes",
+        "unregister": "/streams",
+    }.get(action, f"/events/{subject}")
     redrive = subject if action == "route" else None
     return _render(state, request, login, "done.html", outcome=outcome, back=back, redrive=redrive)
 
@@ -312,6 +315,25 @@ async def routes_page(request: Request, state: ConsoleState, login: Login) -> Re
     view = await run_in_threadpool(lambda: routing_view(state.config, state.events))
     return _render(
         state, request, login, "routes.html", view=view, targets=sorted(state.target_names)
+    )
+
+
+async def streams_page(request: Request, state: ConsoleState, login: Login) -> Response:
+    problems: list[str] = []
+    streams = await run_in_threadpool(read_streams, state.config, problems)
+    retention = {
+        (name, s.name): s.retention.enabled
+        for name, server in state.config.servers.items()
+        for s in server.streams
+    }
+    return _render(
+        state,
+        request,
+        login,
+        "streams.html",
+        streams=streams,
+        problems=problems,
+        retention=retention,
     )
 
 

@@ -85,18 +85,26 @@ def take_overview(config: TidingsConfig, config_path: Path | None, engine: Engin
         overview.problems.append(f"outbox database: {_one_line(exc)}")
     supervisor = _supervisor_state(config_path, overview)
     overview.parts = _parts(config, overview, supervisor)
+    overview.streams = read_streams(config, overview.problems)
+    return overview
+
+
+def read_streams(config: TidingsConfig, problems: list[str]) -> dict[str, list[StreamStatus]]:
+    """Each server's streams and their consumers, as ``tidings streams status`` reads them
+    from the server's store; a store that cannot be read adds a line to ``problems``."""
+    found = {}
     for name, server in config.servers.items():
         if not server.streams:
             continue
         try:
             store = open_store(server)
             try:
-                overview.streams[name] = [stream_status(store, s) for s in server.streams]
+                found[name] = [stream_status(store, s) for s in server.streams]
             finally:
                 store.close()
         except Exception as exc:
-            overview.problems.append(f"server {name}'s store: {_one_line(exc)}")
-    return overview
+            problems.append(f"server {name}'s store: {_one_line(exc)}")
+    return found
 
 
 def _supervisor_state(config_path: Path | None, overview: Overview) -> dict[str, Any]:
