@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from sqlalchemy import Engine
 
 import tidings.targets.registry  # noqa: F401 - enters the target kinds a configuration names
+from bench.harness.processes import free_port
 from tests.support.publisher_helpers import Refusing, emit_all, local_store, logged_rows
-from tidings.config import TidingsConfig, load_config
+from tidings.config import TidingsConfig, load_config, load_config_file
 from tidings.config.passwords import hash_password
 from tidings.console.app import ConsoleState, build_app
 from tidings.console.overview import take_overview
@@ -124,3 +126,34 @@ async def serving(deployed: Deployment) -> AsyncIterator[str]:
         yield deployed.state.settings.url.rstrip("/")
     finally:
         await running.aclose()
+
+
+def with_servers(tmp_path: Path, up: int, down: int, *, retention: bool = False) -> TidingsConfig:
+    """A file with two event servers, ``main`` (its Eventer on ``up``) and ``spare``, each
+    with a stream ``orders``, and the console: loaded from its path in ``tmp_path``."""
+
+    def server(port: int, db: str) -> dict[str, Any]:
+        return {
+            "backend": {"module": "tidings.server.backends.sqlite", "db_path": db},
+            "engine": {"server_id": 1},
+            "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{port}"},
+            "stream_users": {"app": {"password_hash": hash_password("pw", n=2**4)}},
+            "streams": [
+                {
+                    "name": "orders",
+                    "port": free_port(),
+                    "path": "/o",
+                    "types": {"A": ["a"]},
+                    "retention": {"enabled": retention},
+                }
+            ],
+        }
+
+    data = {
+        "database": {"url": f"sqlite:///{tmp_path / 'outbox.db'}"},
+        "servers": {"main": server(up, "main.db"), "spare": server(down, "spare.db")},
+        "console": {"users": USERS, "audit_file": str(tmp_path / "audit.sqlite")},
+    }
+    path = tmp_path / "tidings.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config_file(path)

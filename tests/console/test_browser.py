@@ -1,7 +1,8 @@
 """The console in headless Chromium (Debian's, driven over DevTools:
 :mod:`tests.support.chromium`): an operator logs in, sees a FAILED event appear after the
 target refuses it, parks it and sees its key flow on, adds a route on the routes page and
-re-drives the UNROUTABLE events it matches; a read-only user is refused an action. The
+re-drives the UNROUTABLE events it matches, watches the live tail show events committed
+after it started (paused and resumed); a read-only user is refused an action. The
 screenshots of the guide (``docs/operations/console/*.png``) are taken here.
 
 The relay's publishing core runs in the test between the steps (no Spark), delivering to a
@@ -19,7 +20,8 @@ import pytest
 
 from bench.harness.processes import free_port
 from tests.console.harness import PASSWORDS, Deployment, serving
-from tests.support.chromium import Browser, Page
+from tests.support.chromium import Browser, BrowserError, Page
+from tidings.outbox.incomplete import EventFilter
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sockets]
 
@@ -28,12 +30,28 @@ WAIT_S = 120
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "operations" / "console"
 
 
+async def _until(page: Page, expression: str) -> None:
+    """Wait for ``expression`` to hold, across a navigation (whose old document's context
+    goes away mid-call)."""
+    while True:
+        try:
+            if await page.evaluate(expression):
+                return
+        except BrowserError:
+            pass
+        await asyncio.sleep(0.05)
+
+
 async def _go(page: Page, url: str, lands: str | None = None) -> None:
     """Navigate and wait for the new document (at ``lands`` when redirected)."""
-    await page.evaluate(f"window.__before = true; location.href = {json.dumps(url)}; true")
-    await page.wait_for(
+    await page.evaluate(
+        f"window.__before = true; setTimeout(() => {{ location.href = {json.dumps(url)}; }}, 0);"
+        " true"
+    )
+    await _until(
+        page,
         f"!window.__before && location.href === {json.dumps(lands or url)} "
-        "&& document.readyState === 'complete'"
+        "&& document.readyState === 'complete'",
     )
 
 
@@ -47,9 +65,9 @@ async def _submit(page: Page, selector: str, fields: dict[str, str] | None = Non
     )
     await page.evaluate(
         f"(() => {{ const f = document.querySelector({json.dumps(selector)}); {fill} "
-        "f.requestSubmit(); return true; })()"
+        "setTimeout(() => f.requestSubmit(), 0); return true; })()"
     )
-    await page.wait_for("!window.__before && document.readyState === 'complete'")
+    await _until(page, "!window.__before && document.readyState === 'complete'")
 
 
 async def _log_in(page: Page, base: str, user: str) -> None:
@@ -92,8 +110,9 @@ async def test_an_operator_finds_and_parks_a_poison_event_and_a_reader_cannot(
             )
             deployed.relay(runs=3)
             await _go(page, f"{base}/")
-            await page.wait_for(  # the page refreshes itself as samples come
-                "document.querySelector('[data-status=FAILED] a')?.textContent === '1'"
+            await _until(
+                page,  # the page refreshes itself as samples come
+                "document.querySelector('[data-status=FAILED] a')?.textContent === '1'",
             )
             assert await page.evaluate("document.getElementById('held-keys').textContent") == "1"
             await _shot(page, "overview")
@@ -148,6 +167,36 @@ async def test_an_operator_finds_and_parks_a_poison_event_and_a_reader_cannot(
             assert actions == ["redrive", "route", "park"]
             await _shot(page, "audit")
 
+            # the live tail: events committed after it started, filtered by type
+            await _go(page, f"{base}/tail")
+            await page.evaluate(
+                "document.querySelector('[name=types]').value = 'orders.*';"
+                " document.getElementById('start').click(); true"
+            )
+            await _until(page, "document.getElementById('tail-state').textContent === 'following'")
+            deployed.emit([("payments.made", "q", {"n": 1}), ("orders.placed", "t", {"tail": 1})])
+            await _until(page, "document.querySelectorAll('#tail [data-position]').length === 1")
+            shown = await page.evaluate(
+                "document.querySelector('#tail [data-position] td:nth-child(2)').textContent"
+            )
+            assert shown == "orders.placed"  # the payment was filtered out
+            await page.evaluate("document.querySelector('#tail [data-position]').click(); true")
+            assert '"tail"' in await page.evaluate(
+                "document.getElementById('tail-payload').textContent"
+            )
+            await page.evaluate("document.getElementById('pause').click(); true")
+            deployed.emit([("orders.placed", "t", {"tail": 2})])
+            await _until(
+                page, "document.getElementById('tail-state').textContent === 'paused (1 waiting)'"
+            )
+            assert (
+                await page.evaluate("document.querySelectorAll('#tail [data-position]').length")
+                == 1
+            )
+            await page.evaluate("document.getElementById('pause').click(); true")
+            await _until(page, "document.querySelectorAll('#tail [data-position]').length === 2")
+            await _shot(page, "tail")
+
             # a read-only user: no action offered, and a form sent anyway is refused
             await _submit(page, "form.logout")
             await _log_in(page, base, "rita")
@@ -160,13 +209,14 @@ async def test_an_operator_finds_and_parks_a_poison_event_and_a_reader_cannot(
                 " csrf: document.querySelector('[name=csrf]').value})) {"
                 " const i = document.createElement('input'); i.type = 'hidden'; i.name = n;"
                 " i.value = v; f.append(i); } document.body.append(f); window.__before = true;"
-                " f.submit(); return true; })()"
+                " setTimeout(() => f.submit(), 0); return true; })()"
             )
-            await page.wait_for("!window.__before && document.readyState === 'complete'")
+            await _until(page, "!window.__before && document.readyState === 'complete'")
             refusal = await page.evaluate("document.getElementById('error').textContent")
             assert refusal == "user rita has the read role: only operators may act on events"
             await _shot(page, "refused")
-            assert [e.status.value for e in deployed.state.events.find()] == ["PARKED"]
+            (still,) = deployed.state.events.find(EventFilter(event_ids=(poison,)))
+            assert still.status.value == "PARKED"
     finally:
         await browser.close()
         deployed.close()

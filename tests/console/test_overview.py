@@ -8,16 +8,12 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from bench.harness.processes import free_port
-from tests.console.harness import USERS, log_in
-from tidings.config import load_config_file
-from tidings.config.passwords import hash_password
+from tests.console.harness import log_in, with_servers
 from tidings.console.app import build_app
 from tidings.console.overview import take_overview
 from tidings.console.runner import close_state, console_state
@@ -28,40 +24,12 @@ from tidings.streams.consumers.positions import Consumers
 from tidings.system.state import RunFiles, write_state
 
 
-def _config(tmp_path: Path, up: int, down: int, *, retention: bool = False) -> Any:
-    def server(port: int, db: str) -> dict[str, Any]:
-        return {
-            "backend": {"module": "tidings.server.backends.sqlite", "db_path": db},
-            "engine": {"server_id": 1},
-            "eventer_server": {"address": f"tcp+sbs://127.0.0.1:{port}"},
-            "stream_users": {"app": {"password_hash": hash_password("pw", n=2**4)}},
-            "streams": [
-                {
-                    "name": "orders",
-                    "port": free_port(),
-                    "path": "/o",
-                    "types": {"A": ["a"]},
-                    "retention": {"enabled": retention},
-                }
-            ],
-        }
-
-    data = {
-        "database": {"url": f"sqlite:///{tmp_path / 'outbox.db'}"},
-        "servers": {"main": server(up, "main.db"), "spare": server(down, "spare.db")},
-        "console": {"users": USERS, "audit_file": str(tmp_path / "audit.sqlite")},
-    }
-    path = tmp_path / "tidings.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config_file(path)
-
-
 def test_servers_up_down_and_restarting_and_a_consumer_behind(tmp_path: Path) -> None:
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         up = listening.getsockname()[1]
-        config = _config(tmp_path, up, free_port())
+        config = with_servers(tmp_path, up, free_port())
         store = open_store(config.servers["main"])
         try:
             Consumers(store).register("orders", "app", "billing")
@@ -90,7 +58,7 @@ def test_servers_up_down_and_restarting_and_a_consumer_behind(tmp_path: Path) ->
 
 
 def test_a_server_down_without_a_supervisor_is_down(tmp_path: Path) -> None:
-    config = _config(tmp_path, free_port(), free_port())
+    config = with_servers(tmp_path, free_port(), free_port())
     engine = make_engine(config.database.url)
     overview = take_overview(config, tmp_path / "tidings.yaml", engine)
     engine.dispose()
@@ -105,7 +73,7 @@ def test_a_server_down_without_a_supervisor_is_down(tmp_path: Path) -> None:
 async def test_the_streams_page_shows_who_holds_retention_back_and_unregisters_it(
     tmp_path: Path,
 ) -> None:
-    config = _config(tmp_path, free_port(), free_port(), retention=True)
+    config = with_servers(tmp_path, free_port(), free_port(), retention=True)
     store = open_store(config.servers["main"])
     try:
         consumers = Consumers(store)

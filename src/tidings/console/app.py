@@ -13,10 +13,12 @@ its own page.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -41,6 +43,7 @@ from tidings.console.history import History, sparkline
 from tidings.console.logins import Login, Logins
 from tidings.console.overview import Overview, read_streams
 from tidings.console.routes import routing_view, unroutable_matching
+from tidings.console.tail import POLL_S, TailItem, open_tail
 from tidings.errors import TidingsError
 from tidings.events.timeutil import utcnow
 from tidings.outbox.incomplete import INCOMPLETE_STATUSES, IncompleteEvents
@@ -55,6 +58,8 @@ MAX_FORM_BYTES = 16 * 1024
 MAX_FIELDS = 20
 FORM_TYPE = "application/x-www-form-urlencoded"
 MAX_REASON = 1_000
+#: Live tails open at once, over every login.
+MAX_TAILS = 16
 _HERE = Path(__file__).parent
 _HEADERS = {
     "Content-Security-Policy": (
@@ -82,6 +87,9 @@ class ConsoleState:
     history: History
     overview: Overview | None = None
     secure_cookie: bool = False
+    #: Live tails open now (at most :data:`MAX_TAILS`), and whether the console is stopping.
+    tails: int = 0
+    closing: bool = False
     templates: Environment = field(
         default_factory=lambda: Environment(
             loader=FileSystemLoader(_HERE / "templates"),
@@ -173,6 +181,8 @@ def build_app(state: ConsoleState) -> Starlette:
         Route("/audit", page(audit_page), methods=["GET"]),
         Route("/routes", page(routes_page), methods=["GET"]),
         Route("/streams", page(streams_page), methods=["GET"]),
+        Route("/tail", page(tail_page), methods=["GET"]),
+        Route("/tail/stream", page(tail_stream), methods=["GET"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes)
@@ -335,6 +345,53 @@ async def streams_page(request: Request, state: ConsoleState, login: Login) -> R
         problems=problems,
         retention=retention,
     )
+
+
+async def tail_page(request: Request, state: ConsoleState, login: Login) -> Response:
+    sources = ["outbox", *(f"server:{name}" for name in sorted(state.config.servers))]
+    return _render(state, request, login, "tail.html", sources=sources)
+
+
+async def tail_stream(request: Request, state: ConsoleState, login: Login) -> Response:
+    """Server-sent events: each event of the chosen source committed from now on that
+    matches the type filter, as one JSON ``data:`` line; ``problem`` events say why the
+    source cannot be read (it is tried again), ``end`` that the login ended. The tail
+    opens its source inside the stream, so a request that never starts it holds nothing."""
+    source = request.query_params.get("source", "outbox")
+    pattern = request.query_params.get("types", "")
+    if len(source) > 128 or len(pattern) > 256:
+        raise TidingsError("the source (128) or the type filter (256) is too long")
+    if state.tails >= MAX_TAILS:
+        error = f"{MAX_TAILS} live tails are open: close one first"
+        return _render(state, request, login, "error.html", 503, error=error)
+    tail = open_tail(state.config, state.outbox.engine, source, pattern)  # opens nothing
+
+    async def events() -> AsyncIterator[str]:
+        state.tails += 1
+        try:
+            position: int | None = None  # from the source's newest, once it can be read
+            yield f": tail of {source}\n\n"
+            while not state.closing:
+                if state.logins.find(login.token) is None:
+                    yield "event: end\ndata: the login ended\n\n"
+                    return
+                items: list[TailItem] = []
+                try:
+                    if position is None:
+                        position = await run_in_threadpool(tail.newest)
+                    else:
+                        position, items = await run_in_threadpool(tail.after, position)
+                except Exception as exc:
+                    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+                    yield f"event: problem\ndata: {json.dumps(scrub(lines[0])[:300])}\n\n"
+                for item in items:
+                    yield f"id: {item.position}\ndata: {item.as_json()}\n\n"
+                await asyncio.sleep(POLL_S)
+        finally:
+            state.tails -= 1
+            await run_in_threadpool(tail.close)
+
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 async def audit_page(request: Request, state: ConsoleState, login: Login) -> Response:

@@ -138,6 +138,7 @@ class RunningConsole:
 
     async def aclose(self) -> None:
         """Stop serving and sampling (the state's engines stay: :func:`close_state`)."""
+        self.state.closing = True  # the live tails end, so their connections close
         self.server.should_exit = True
         with contextlib.suppress(Exception, asyncio.CancelledError):
             async with asyncio.timeout(10):
