@@ -3,17 +3,20 @@ port in use at start-up, keeps the password out of its output and stops on SIGTE
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import socket
 import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
-from bench.harness.processes import free_port
+from bench.harness.processes import free_port, wait_for_port
 from tests.console.harness import USERS, hidden
-from tests.support.run_helpers import TIDINGS
+from tests.support.run_helpers import TIDINGS, Run, deployment
 from tests.support.waiting import wait_until
 
 
@@ -74,3 +77,43 @@ def test_a_port_in_use_stops_the_console_at_start_up(tmp_path: Path) -> None:
         )
     assert done.returncode == 2
     assert f"console: cannot listen on 127.0.0.1:{port}" in done.stderr
+
+
+def _parts_shown(client: httpx.Client) -> dict[str, tuple[str, str]]:
+    """The overview's parts table: name -> (state, restarts)."""
+    page = client.get("/").text
+    rows = re.findall(
+        r'data-part="([^"]+)">.*?<td class="state">([^<]+)</td><td>([^<]+)</td>', page, re.S
+    )
+    return {name: (state, restarts) for name, state, restarts in rows}
+
+
+@pytest.mark.sockets
+def test_tidings_run_runs_the_console_which_sees_a_server_restart(tmp_path: Path) -> None:
+    console_port = free_port()
+    section = {"port": console_port, "users": USERS, "sample_every": "200ms"}
+    path, _ = deployment(tmp_path, console=section)
+    run = Run(path)
+    try:
+        wait_for_port(console_port, 60, process=run.proc, log=run.log)
+        wait_until(lambda: all(p["up"] for p in run.state()["parts"].values()), 60)
+        with httpx.Client(base_url=f"http://127.0.0.1:{console_port}") as client:
+            form = client.get("/login")
+            client.post(
+                "/login",
+                data={"csrf": hidden(form.text, "csrf"), "user": "rita", "password": "read-secret"},
+            )
+            wait_until(lambda: _parts_shown(client).get("server.main") == ("up", "0"), 30)
+            assert "the parts run under <code>tidings run</code>" in client.get("/").text
+            os.kill(run.part("server.main")["pid"], signal.SIGKILL)
+            wait_until(  # back, and counted
+                lambda: _parts_shown(client).get("server.main") == ("up", "1"),
+                60,
+                explain=run.output,
+            )
+        assert run.part("console")["restarts"] == 0
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(90) == 0, run.output()
+    finally:
+        run.close()
+    assert any(line.startswith("[console] ") for line in run.output().splitlines())
