@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from html import unescape
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.console.harness import Deployment, hidden, log_in
@@ -271,3 +272,22 @@ async def test_the_routes_page_shows_sources_and_adds_a_route_through_the_cli_s_
     trail = deployed.state.audit.newest()
     assert [(e.action, e.target) for e in trail][-1] == ("route", "payments.* -> store")
     assert "error" in trail[0].detail  # the refused ones are recorded too
+
+
+async def test_an_address_failing_too_many_logins_is_refused_for_a_while(tmp_path: Path) -> None:
+    deployed = Deployment(tmp_path, f"sqlite:///{tmp_path / 'outbox.db'}", max_failed_logins=2)
+    try:
+        async with deployed.client() as client:
+
+            async def attempt(password: str) -> httpx.Response:
+                form = await client.get("/login")
+                data = {"csrf": hidden(form.text, "csrf"), "user": "olga", "password": password}
+                return await client.post("/login", data=data)
+
+            assert (await attempt("wrong-1")).status_code == 401
+            assert (await attempt("wrong-2")).status_code == 401
+            refused = await attempt("op-secret")  # the right one, but not now
+            assert refused.status_code == 429
+            assert "too many failed logins from this address" in refused.text
+    finally:
+        deployed.close()

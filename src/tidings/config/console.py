@@ -94,9 +94,29 @@ class ConsoleConfig(StrictModel):
             "relative to the configuration file."
         ),
     )
+    max_failed_logins: int | None = Field(
+        default=10,
+        gt=0,
+        le=1_000_000,
+        description=(
+            "Failed logins one client address may make within ``failed_login_window``; past "
+            "this its logins are refused (429) for ``failed_login_block`` without a password "
+            "check. null: no throttle."
+        ),
+    )
+    failed_login_window: Annotated[Duration, within(ZERO, DAY)] = Field(
+        default=timedelta(minutes=1),
+        description="The window ``max_failed_logins`` is counted over, per address.",
+    )
+    failed_login_block: Annotated[Duration, within(ZERO, DAY)] = Field(
+        default=timedelta(minutes=1),
+        description="How long an address past ``max_failed_logins`` is refused.",
+    )
     page_size: int = Field(default=50, ge=1, le=500, description="Events per page of a list.")
 
-    _durations = parsed_durations("session_idle", "sample_every", "history")
+    _durations = parsed_durations(
+        "session_idle", "sample_every", "history", "failed_login_window", "failed_login_block"
+    )
 
     @field_validator("users")
     @classmethod

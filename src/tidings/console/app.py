@@ -144,9 +144,16 @@ def build_app(state: ConsoleState) -> Starlette:
         if not cookie or not secrets.compare_digest(given.encode(), cookie.encode()):
             return _login_page(state, request, "the form expired: log in again", 403)
         user, password = str(form.get("user", "")), str(form.get("password", ""))
+        address = request.client.host if request.client else None
+        throttle = state.logins.throttle
+        if throttle is not None and (left := throttle.blocked(address)) is not None:
+            error = f"too many failed logins from this address: try again in {left:.0f} s"
+            return _login_page(state, request, error, 429)
         login = await run_in_threadpool(state.logins.check, user, password)
         if login is None:
-            log.warning("console: failed login", extra={"user": user[:64]})
+            if throttle is not None:
+                throttle.failed(address)
+            log.warning("console: failed login", extra={"user": user[:64], "address": address})
             return _login_page(state, request, "wrong user name or password", 401)
         log.info("console: login", extra={"user": user, "role": login.role})
         response = RedirectResponse(_local(str(form.get("next", "/"))), 303)

@@ -3,7 +3,9 @@
 Passwords are checked against the configured scrypt hashes by the
 :class:`~tidings.config.passwords.PasswordBook` the streams and intermediaries use. A login
 gets a random session token (the cookie's only content: nothing to sign, nothing to
-decode) and a CSRF token of its own, which every form of its pages carries back. Sessions
+decode) and a CSRF token of its own, which every form of its pages carries back. A client
+address that fails too many logins is refused for a while before any password is hashed
+(the intermediaries' :class:`~tidings.intermediary.serving.addresses.LoginThrottle`). Sessions
 live in this process's memory: a restart of the console logs everyone out, and a session
 ends after ``session_idle`` without a request, or at logout.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 from tidings.config.console import ConsoleConfig, ConsoleRole
 from tidings.config.passwords import PasswordBook
+from tidings.intermediary.serving.addresses import LoginThrottle
 
 #: The most sessions kept at once; the oldest idle one goes first beyond it.
 MAX_SESSIONS = 1_000
@@ -59,6 +62,8 @@ class Logins:
         self._clock = clock
         self._sessions: dict[str, Login] = {}
         self._lock = threading.Lock()
+        #: Failed logins per client address (the intermediaries' throttle), if configured.
+        self.throttle: LoginThrottle | None = None
 
     @classmethod
     def of(cls, config: ConsoleConfig) -> Logins:
@@ -70,7 +75,14 @@ class Logins:
             assert value is not None, "a console user has a password (checked by the model)"
             hashes[name] = value
         roles = {name: user.role for name, user in config.users.items()}
-        return cls(hashes, roles, config.session_idle.total_seconds())
+        logins = cls(hashes, roles, config.session_idle.total_seconds())
+        if config.max_failed_logins is not None:
+            logins.throttle = LoginThrottle(
+                config.max_failed_logins,
+                config.failed_login_window.total_seconds(),
+                config.failed_login_block.total_seconds(),
+            )
+        return logins
 
     def check(self, user: str, password: str) -> Login | None:
         """A new session for ``user`` if ``password`` is its own, else None. Slow (scrypt):
