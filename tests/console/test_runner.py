@@ -89,10 +89,15 @@ def _parts_shown(client: httpx.Client) -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.sockets
-def test_tidings_run_runs_the_console_which_sees_a_server_restart(tmp_path: Path) -> None:
+def test_tidings_run_runs_the_console_which_sees_the_parts_and_a_server_restart(
+    tmp_path: Path,
+) -> None:
     console_port = free_port()
     section = {"port": console_port, "users": USERS, "sample_every": "200ms"}
     path, _ = deployment(tmp_path, console=section)
+    data = yaml.safe_load(path.read_text())
+    data["intermediaries"]["live"]["metrics"] = {"port": free_port()}
+    path.write_text(yaml.safe_dump(data))
     run = Run(path)
     try:
         wait_for_port(console_port, 60, process=run.proc, log=run.log)
@@ -105,6 +110,10 @@ def test_tidings_run_runs_the_console_which_sees_a_server_restart(tmp_path: Path
             )
             wait_until(lambda: _parts_shown(client).get("server.main") == ("up", "0"), 30)
             assert "the parts run under <code>tidings run</code>" in client.get("/").text
+            shown = client.get("/intermediaries").text  # its own metrics endpoint, read
+            assert 'data-intermediary="intermediary.live"' in shown
+            assert "<code>subscribers</code></td><td>0</td>" in shown
+            assert "problem" not in shown
             os.kill(run.part("server.main")["pid"], signal.SIGKILL)
             wait_until(  # back, and counted
                 lambda: _parts_shown(client).get("server.main") == ("up", "1"),

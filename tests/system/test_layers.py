@@ -267,7 +267,9 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "wsreceive fanout intermediary_process subscriber_process demo"
     ),
     "tidings.system": "parts checks paths tls_files state children supervisor",
-    "tidings.console": "logins audit history overview browse routes tail actions app runner",
+    "tidings.console": (
+        "logins audit history intermediaries overview browse routes tail actions app runner"
+    ),
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
         "common relay_progress config events server streams intermediary tls fanout system console "

@@ -40,6 +40,7 @@ from tidings.console.actions import ACTIONS, Actions, OutboxEvents
 from tidings.console.audit import AuditTrail
 from tidings.console.browse import ListQuery, event_page, page_of_events
 from tidings.console.history import History, sparkline
+from tidings.console.intermediaries import read_intermediaries
 from tidings.console.logins import Login, Logins
 from tidings.console.overview import Overview, read_streams
 from tidings.console.routes import routing_view, unroutable_matching
@@ -188,6 +189,7 @@ def build_app(state: ConsoleState) -> Starlette:
         Route("/audit", page(audit_page), methods=["GET"]),
         Route("/routes", page(routes_page), methods=["GET"]),
         Route("/streams", page(streams_page), methods=["GET"]),
+        Route("/intermediaries", page(intermediaries_page), methods=["GET"]),
         Route("/tail", page(tail_page), methods=["GET"]),
         Route("/tail/stream", page(tail_stream), methods=["GET"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
@@ -352,6 +354,11 @@ async def streams_page(request: Request, state: ConsoleState, login: Login) -> R
         problems=problems,
         retention=retention,
     )
+
+
+async def intermediaries_page(request: Request, state: ConsoleState, login: Login) -> Response:
+    views = await run_in_threadpool(read_intermediaries, state.config)
+    return _render(state, request, login, "intermediaries.html", views=views)
 
 
 async def tail_page(request: Request, state: ConsoleState, login: Login) -> Response:

@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from tidings.config import TidingsConfig
+from tidings.console.intermediaries import intermediaries_of
 from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.standby import RelayLeaseState, relay_lease_state
 from tidings.pipeline.status import HealthReport, health_report
@@ -138,11 +139,7 @@ def _parts(config: TidingsConfig, overview: Overview, supervisor: dict[str, Any]
     for name, server in config.servers.items():
         address = server.eventer_server.address
         views.append(_probed(f"server.{name}", "server", address, supervisor))
-    intermediaries = dict(config.intermediaries)
-    if "intermediary" in config.model_fields_set:
-        intermediaries = {"": config.intermediary, **intermediaries}
-    for name, settings in intermediaries.items():
-        part = f"intermediary.{name}" if name else "intermediary"
+    for part, settings in intermediaries_of(config).items():
         views.append(_probed(part, "intermediary", settings.listen, supervisor))
     health = overview.health
     for name, target in config.targets.items():
