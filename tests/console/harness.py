@@ -128,7 +128,9 @@ async def serving(deployed: Deployment) -> AsyncIterator[str]:
         await running.aclose()
 
 
-def with_servers(tmp_path: Path, up: int, down: int, *, retention: bool = False) -> TidingsConfig:
+def with_servers(
+    tmp_path: Path, up: int, down: int, *, retention: bool = False, **console: Any
+) -> TidingsConfig:
     """A file with two event servers, ``main`` (its Eventer on ``up``) and ``spare``, each
     with a stream ``orders``, and the console: loaded from its path in ``tmp_path``."""
 
@@ -152,7 +154,7 @@ def with_servers(tmp_path: Path, up: int, down: int, *, retention: bool = False)
     data = {
         "database": {"url": f"sqlite:///{tmp_path / 'outbox.db'}"},
         "servers": {"main": server(up, "main.db"), "spare": server(down, "spare.db")},
-        "console": {"users": USERS, "audit_file": str(tmp_path / "audit.sqlite")},
+        "console": {"users": USERS, "audit_file": str(tmp_path / "audit.sqlite"), **console},
     }
     path = tmp_path / "tidings.yaml"
     path.write_text(yaml.safe_dump(data))

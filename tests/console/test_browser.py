@@ -19,9 +19,13 @@ from pathlib import Path
 import pytest
 
 from bench.harness.processes import free_port
-from tests.console.harness import PASSWORDS, Deployment, serving
+from tests.console.harness import PASSWORDS, Deployment, serving, with_servers
 from tests.support.chromium import Browser, BrowserError, Page
+from tidings.console.runner import RunningConsole, close_state, console_state
+from tidings.events.model import NewEvent, PayloadKind
 from tidings.outbox.incomplete import EventFilter
+from tidings.streams.consumers.admin import open_store
+from tidings.streams.consumers.positions import Consumers
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sockets]
 
@@ -220,3 +224,44 @@ async def test_an_operator_finds_and_parks_a_poison_event_and_a_reader_cannot(
     finally:
         await browser.close()
         deployed.close()
+
+
+async def test_a_reader_finds_the_lagging_consumer_holding_retention_back(
+    tmp_path: Path,
+) -> None:
+    config = with_servers(tmp_path, free_port(), free_port(), retention=True, port=free_port())
+    store = open_store(config.servers["main"])
+    try:
+        consumers = Consumers(store)
+        for component in ("billing", "audit", "search"):
+            consumers.register("orders", "app", component)
+        store.register([NewEvent(("a",), b"{}", PayloadKind.JSON) for _ in range(40)])
+        newest = store.last_position()
+        consumers.acknowledge("orders", "app", "audit", newest)
+        consumers.acknowledge("orders", "app", "search", newest - 2)
+    finally:
+        store.close()
+    assert config.console is not None
+    state = console_state(config, config.console)
+    browser = await Browser.start(tmp_path / "chromium", width=1100, height=500)
+    try:
+        running = await RunningConsole.start(state, None)
+        try:
+            async with asyncio.timeout(WAIT_S):
+                base = config.console.url.rstrip("/")
+                page = await browser.open(f"{base}/login")
+                await _log_in(page, base, "rita")
+                await _go(page, f"{base}/streams")
+                held = await page.evaluate(
+                    "[...document.querySelectorAll('[data-consumer]')]"
+                    ".filter(r => r.textContent.includes('holds it back'))"
+                    ".map(r => [r.dataset.consumer, r.querySelector('.lag').textContent])"
+                )
+                assert held == [["app:billing", "40"]]
+                assert await page.evaluate("!document.querySelector('[data-consumer] form')")
+                await _shot(page, "streams")
+        finally:
+            await running.aclose()
+    finally:
+        await browser.close()
+        close_state(state)

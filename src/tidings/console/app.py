@@ -13,8 +13,6 @@ its own page.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import secrets
 import time
@@ -44,7 +42,7 @@ from tidings.console.intermediaries import read_intermediaries
 from tidings.console.logins import Login, Logins
 from tidings.console.overview import Overview, read_streams
 from tidings.console.routes import routing_view, unroutable_matching
-from tidings.console.tail import POLL_S, TailItem, open_tail
+from tidings.console.tail import follow, open_tail
 from tidings.errors import TidingsError
 from tidings.events.timeutil import utcnow
 from tidings.outbox.incomplete import INCOMPLETE_STATUSES, IncompleteEvents
@@ -380,30 +378,16 @@ async def tail_stream(request: Request, state: ConsoleState, login: Login) -> Re
         return _render(state, request, login, "error.html", 503, error=error)
     tail = open_tail(state.config, state.outbox.engine, source, pattern)  # opens nothing
 
+    def alive() -> bool:
+        return not state.closing and state.logins.find(login.token) is not None
+
     async def events() -> AsyncIterator[str]:
         state.tails += 1
         try:
-            position: int | None = None  # from the source's newest, once it can be read
-            yield f": tail of {source}\n\n"
-            while not state.closing:
-                if state.logins.find(login.token) is None:
-                    yield "event: end\ndata: the login ended\n\n"
-                    return
-                items: list[TailItem] = []
-                try:
-                    if position is None:
-                        position = await run_in_threadpool(tail.newest)
-                    else:
-                        position, items = await run_in_threadpool(tail.after, position)
-                except Exception as exc:
-                    lines = str(exc).strip().splitlines() or [type(exc).__name__]
-                    yield f"event: problem\ndata: {json.dumps(scrub(lines[0])[:300])}\n\n"
-                for item in items:
-                    yield f"id: {item.position}\ndata: {item.as_json()}\n\n"
-                await asyncio.sleep(POLL_S)
+            async for message in follow(tail, source, alive):
+                yield message
         finally:
             state.tails -= 1
-            await run_in_threadpool(tail.close)
 
     return StreamingResponse(events(), media_type="text/event-stream")
 

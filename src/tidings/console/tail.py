@@ -11,11 +11,14 @@ segment).
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import Engine, func, select
+from starlette.concurrency import run_in_threadpool
 
 from tidings.config import TidingsConfig
 from tidings.config.streams import StreamServerConfig
@@ -23,6 +26,7 @@ from tidings.errors import TidingsError, UsageError
 from tidings.events.matching import QueryType, matches, validate_query_type
 from tidings.events.timeutil import as_utc
 from tidings.outbox.schema import outbox_event
+from tidings.redaction import scrub
 from tidings.server.store import EventStore
 from tidings.streams.consumers.admin import open_store
 
@@ -144,6 +148,36 @@ def open_tail(
         except TidingsError as exc:
             raise UsageError(f"type pattern: {exc}") from None
     return StoreTail(config.servers[name], query)
+
+
+async def follow(
+    tail: OutboxTail | StoreTail, source: str, alive: Callable[[], bool]
+) -> AsyncIterator[str]:
+    """The server-sent events of ``tail`` while ``alive()`` (the login lasts and the console
+    runs): each matching event as one JSON ``data:`` line; ``problem`` says why the source
+    cannot be read (it is tried again), ``end`` that the login ended. The source is opened
+    here, by the first read, and closed at the end however the stream ends."""
+    try:
+        position: int | None = None  # from the source's newest, once it can be read
+        yield f": tail of {source}\n\n"
+        while True:
+            if not alive():
+                yield "event: end\ndata: the login ended, or the console stops\n\n"
+                return
+            items: list[TailItem] = []
+            try:
+                if position is None:
+                    position = await run_in_threadpool(tail.newest)
+                else:
+                    position, items = await run_in_threadpool(tail.after, position)
+            except Exception as exc:
+                lines = str(exc).strip().splitlines() or [type(exc).__name__]
+                yield f"event: problem\ndata: {json.dumps(scrub(lines[0])[:300])}\n\n"
+            for item in items:
+                yield f"id: {item.position}\ndata: {item.as_json()}\n\n"
+            await asyncio.sleep(POLL_S)
+    finally:
+        await run_in_threadpool(tail.close)
 
 
 def _outbox_type_matches(event_type: str, pattern: str) -> bool:
