@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from bench.harness.processes import free_port, wait_for_port
-from tests.console.harness import USERS, hidden
+from tests.console.harness import USERS, Deployment, hidden, serving
 from tests.support.run_helpers import TIDINGS, Run, deployment
 from tests.support.waiting import wait_until
 
@@ -126,3 +127,35 @@ def test_tidings_run_runs_the_console_which_sees_the_parts_and_a_server_restart(
     finally:
         run.close()
     assert any(line.startswith("[console] ") for line in run.output().splitlines())
+
+
+@pytest.mark.anyio
+async def test_over_tls_the_console_is_https_and_its_cookies_secure(
+    tmp_path: Path, tls_files: dict[str, str]
+) -> None:
+    tls = {"cert_file": tls_files["server.pem"], "key_file": tls_files["server.key"]}
+    deployed = Deployment(
+        tmp_path, f"sqlite:///{tmp_path / 'outbox.db'}", port=free_port(), tls=tls
+    )
+    try:
+        async with serving(deployed) as base:
+            assert base.startswith("https://")
+            async with httpx.AsyncClient(
+                base_url=base, verify=ssl.create_default_context(cafile=tls_files["ca.pem"])
+            ) as client:
+                form = await client.get("/login")
+                reply = await client.post(
+                    "/login",
+                    data={
+                        "csrf": hidden(form.text, "csrf"),
+                        "user": "rita",
+                        "password": "read-secret",
+                    },
+                )
+                assert reply.status_code == 303
+                assert "secure" in reply.headers["set-cookie"].lower()
+            async with httpx.AsyncClient(base_url=base.replace("https", "http")) as plain:
+                with pytest.raises(httpx.HTTPError):
+                    await plain.get("/login")
+    finally:
+        deployed.close()
