@@ -203,11 +203,8 @@ async def overview_page(request: Request, state: ConsoleState, login: Login) -> 
         sparkline(history.series("open_events"), "open", "events"),
         sparkline(history.series("failed"), "FAILED", "events"),
     ]
-    blocking = []
     overview = state.overview
-    health = None if overview is None else overview.health
-    if health is not None and health.keys_held_behind_failed:
-        blocking = await run_in_threadpool(lambda: state.events.blocking(20))
+    blocking = [] if overview is None else overview.blocking
     return _render(
         state,
         request,

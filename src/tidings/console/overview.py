@@ -6,7 +6,8 @@ exists:
 
 * the outbox's :func:`~tidings.pipeline.status.health_report` (per status and target, the
   oldest open event, keys held behind FAILED events, the relay's lag and last batch: all
-  indexed reads) and the relay's lease;
+  indexed reads), the FAILED events holding keys (``tidings events blocked``'s query, only
+  when some keys are held) and the relay's lease;
 * ``tidings run``'s state file, when the deployment runs under it (each part's state and
   restarts);
 * each event server's Eventer port and each intermediary's port, tried with a TCP connect:
@@ -35,6 +36,7 @@ from sqlalchemy import Engine
 
 from tidings.config import TidingsConfig
 from tidings.console.intermediaries import intermediaries_of
+from tidings.outbox.incomplete import BlockingEvent, IncompleteEvents
 from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.standby import RelayLeaseState, relay_lease_state
 from tidings.pipeline.status import HealthReport, health_report
@@ -71,6 +73,8 @@ class Overview:
     lease: RelayLeaseState | None = None
     parts: list[PartView] = field(default_factory=list)
     streams: dict[str, list[StreamStatus]] = field(default_factory=dict)
+    #: The FAILED events holding keys, oldest first (at most 20).
+    blocking: list[BlockingEvent] = field(default_factory=list)
     supervised: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -80,8 +84,11 @@ def take_overview(config: TidingsConfig, config_path: Path | None, engine: Engin
     overview = Overview(time.time())
     try:
         ensure_schema(engine)  # the routes table may not exist yet on a new outbox
-        overview.health = health_report(engine, current_routes(config, engine), errors=5)
+        routes = current_routes(config, engine)
+        overview.health = health_report(engine, routes, errors=5)
         overview.lease = relay_lease_state(engine)
+        if overview.health.keys_held_behind_failed:
+            overview.blocking = IncompleteEvents(engine, routes.targets_for).blocking(20)
     except Exception as exc:  # the database down: said on the page, the rest still shown
         overview.problems.append(f"outbox database: {_one_line(exc)}")
     supervisor = _supervisor_state(config_path, overview)
