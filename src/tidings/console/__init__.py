@@ -8,8 +8,10 @@ it reads the outbox (through :mod:`tidings.pipeline.status` and
 the servers' addresses, and it acts only through the code the command line uses
 (``tidings events``), recording each action in its audit trail.
 
-Modules, bottom first: ``logins`` (users, sessions, CSRF tokens), ``audit`` (the trail),
-``history`` (the sampled figures and their plots), ``overview`` (the state of every part),
-``browse`` (the incomplete events, paged, and one event), ``actions`` (what an operator may
-do, audited), ``app`` (the pages), ``runner`` (``tidings console``).
+Modules, bottom first: ``logins`` (users, sessions, CSRF tokens, the login throttle),
+``audit`` (the trail), ``history`` (the sampled figures and their plots),
+``intermediaries`` (each one's own metrics), ``overview`` (the state of every part),
+``browse`` (the incomplete events, paged, and one event), ``routes`` (the routing table in
+force), ``tail`` (the live tail), ``actions`` (what an operator may do, audited), ``app``
+(the pages), ``runner`` (``tidings console``).
 """
