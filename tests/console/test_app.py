@@ -291,3 +291,17 @@ async def test_an_address_failing_too_many_logins_is_refused_for_a_while(tmp_pat
             assert "too many failed logins from this address" in refused.text
     finally:
         deployed.close()
+
+
+async def test_a_live_tail_of_a_source_the_file_does_not_have_is_refused(
+    deployed: Deployment,
+) -> None:
+    async with deployed.client() as client:
+        await log_in(client, "rita")
+        bad = await client.get("/tail/stream", params={"source": "server:nowhere"})
+        assert bad.status_code == 400 and "is not one of outbox" in unescape(bad.text)
+        long = await client.get("/tail/stream", params={"types": "x" * 300})
+        assert long.status_code == 400 and "too long" in long.text
+        deployed.state.tails = 16  # as if 16 tails were open
+        full = await client.get("/tail/stream")
+        assert full.status_code == 503 and "16 live tails are open" in full.text
