@@ -15,6 +15,7 @@ import yaml
 import tidings.targets.registry  # noqa: F401 - enters the target kinds the files name
 from tests.support.certificates import TlsSetup
 from tidings.config import load_config, load_config_file
+from tidings.config.passwords import hash_password
 from tidings.system.checks import system_findings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "system" / "tidings.yaml"
@@ -68,6 +69,16 @@ def test_two_parts_on_one_port() -> None:
     assert _findings(clash) == [
         "servers.main.streams[0] and intermediaries.live.listen both listen on port 8090"
     ]
+
+
+def test_the_console_on_a_port_another_part_listens_on() -> None:
+    def clash(d: dict[str, Any]) -> None:
+        d["console"] = {
+            "port": 8090,
+            "users": {"ops": {"password_hash": hash_password("pw", n=2**4)}},
+        }
+
+    assert _findings(clash) == ["servers.main.streams[0] and console both listen on port 8090"]
 
 
 @pytest.mark.parametrize(

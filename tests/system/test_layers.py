@@ -45,6 +45,7 @@ LAYERS = (
     "streams",
     "intermediary",
     "system",  # the deployment as one: the whole-system check, the supervisor of its parts
+    "console",  # the operator's web console: reads every part below, acts through the outbox
     "demo",
     "cli",
     "tidings",
@@ -197,7 +198,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model sources matching data_filter validation query outbox",
     "tidings.config": (
-        "model metrics listener loading passwords tls certificates targets relay "
+        "model metrics listener loading passwords tls certificates console targets relay "
         "intermediary_access intermediary "
         "intermediary_tier eventer_access log_retention server stream_types stream_access streams "
         "tidings_file"
@@ -270,10 +271,13 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
         "wsreceive fanout intermediary_process subscriber_process demo"
     ),
     "tidings.system": "parts checks paths tls_files state children supervisor",
+    "tidings.console": (
+        "logins audit history intermediaries overview browse routes tail actions app runner"
+    ),
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
         "common relay_progress config events server hat_import streams intermediary tls fanout "
-        "system pipeline demo __main__"
+        "system console pipeline demo __main__"
     ),
 }
 PACKAGE_ORDER = {package: tuple(order.split()) for package, order in PACKAGE_ORDER_TEXT.items()}

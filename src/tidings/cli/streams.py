@@ -184,23 +184,15 @@ def streams_unregister(
     stream: str, user: str, component: str, conf: ServerConfOption = None
 ) -> None:
     """Forget a registered consumer, so that it no longer holds events back."""
-    from tidings.streams.consumers.admin import unregister
-    from tidings.streams.protocol.interfaces import COMPONENT, LIVE
+    from tidings.streams.consumers.admin import unregister_named
 
     config, store = _stream_store(conf)
     try:
-        # A name that cannot be a consumer's is refused, not answered "no consumer" as if
-        # it were only unknown: the operator has mistyped something. (Any user is taken: a
-        # user dropped from stream_users may still have consumers holding events back.)
-        if stream not in {s.name for s in config.streams}:
-            streams = ", ".join(s.name for s in config.streams) or "none"
-            fail(f"no stream {stream!r} in the configuration (defined: {streams})")
-        if component == LIVE or not COMPONENT.match(component):
-            fail(
-                f"{component!r} is not a consumer component (1-16 of A-Z a-z 0-9 _; LIVE "
-                "consumers are never registered)"
-            )
-        if not unregister(store, stream, user, component):
+        try:
+            found = unregister_named(config, store, stream, user, component)
+        except TidingsError as exc:
+            fail(str(exc))
+        if not found:
             err.print(f"no consumer {user}:{component} of stream {stream}", markup=False)
             raise typer.Exit(1)
     finally:

@@ -3,7 +3,8 @@
 It holds the relay's sections (:mod:`.relay`), the targets (:mod:`.targets`), the event servers
 with their streams (``servers:``, each entry an event server's file, :mod:`.streams`), the
 intermediaries (``intermediaries:``, and the older single ``intermediary:`` section,
-:mod:`.intermediary`; tiers of them, ``intermediary_tiers:``, :mod:`.intermediary_tier`), and
+:mod:`.intermediary`; tiers of them, ``intermediary_tiers:``, :mod:`.intermediary_tier`), the
+operator's console (``console:``, :mod:`.console`), and
 checks what crosses them inside the file (routes name defined targets; retries stay under the
 replay's threshold). The checks across parts (ports, addresses, type prefixes, feeds) are the
 system check's (:mod:`tidings.system.checks`). The hat-format server file stays a file of its
@@ -28,6 +29,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 import tidings.config.relay as sections
 from tidings.address import parse_address
+from tidings.config.console import ConsoleConfig
 from tidings.config.intermediary import IntermediaryConfig
 from tidings.config.intermediary_tier import IntermediaryTierConfig
 from tidings.config.loading import read_config_data, validate_config
@@ -94,6 +96,14 @@ class TidingsConfig(StrictModel):
         description=(
             "Tiers of intermediaries by name (``tidings intermediary serve --tier NAME``): "
             "several members sharing one spatial publisher, responsibility split among them."
+        ),
+    )
+
+    console: ConsoleConfig | None = Field(
+        default=None,
+        description=(
+            "The operator's web console (``tidings console``; ``tidings run`` runs it too): "
+            "where it listens, who may log in and with which role."
         ),
     )
 

@@ -26,9 +26,11 @@ CLI passes the routes in force.
 
 from __future__ import annotations
 
+import contextlib
+import heapq
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -48,6 +50,9 @@ INCOMPLETE_STATUSES: frozenset[EventStatus] = frozenset(
 RESUBMIT_DEFAULT: frozenset[EventStatus] = frozenset({EventStatus.FAILED})
 _PARKABLE = sorted(s.value for s in OPEN_STATUSES)
 _FETCH = 1_000
+#: The incomplete events a SQLite page reads through the status index and sorts (above:
+#: along the primary key, see :meth:`IncompleteEvents._many`).
+_SORT_AT_MOST = 20_000
 _WRITE_CHUNK = 1_000
 _CONFIRMED = DeliveryState.CONFIRMED.value
 
@@ -60,7 +65,8 @@ class EventFilter:
 
     ``event_type`` is a type, or a prefix ending in ``*`` (``orders.*``); ``target`` keeps
     the events routed to that target that it has not confirmed; ``older_than`` compares the
-    time the event was logged. Without ``statuses``, finding takes every incomplete status
+    time the event was logged; ``after_seq`` pages through them in log order. Without
+    ``statuses``, finding takes every incomplete status
     and resubmitting only FAILED events (a parked or unroutable event is resubmitted only
     when asked for by name).
     """
@@ -72,6 +78,8 @@ class EventFilter:
     partition_key: str | None = None
     older_than: timedelta | None = None
     limit: int | None = None
+    #: Only events after this ``seq``: the next page of a list paged in log order.
+    after_seq: int | None = None
 
     def __post_init__(self) -> None:
         if self.statuses is None:
@@ -236,22 +244,75 @@ class IncompleteEvents:
             conditions.append(oe.partition_key == where.partition_key)
         if where.older_than is not None:
             conditions.append(oe.logged_at < utcnow() - where.older_than)
+        if where.after_seq is not None:
+            conditions.append(oe.seq > where.after_seq)
         return conditions
 
     def _rows(
         self, where: EventFilter, statuses: frozenset[EventStatus] = INCOMPLETE_STATUSES
     ) -> Iterator[Any]:
-        query = select(outbox_event).where(and_(*self._conditions(where, statuses)))
-        query = query.order_by(outbox_event.c.seq)
+        chosen = where.statuses if where.statuses is not None else statuses
         taken = 0
-        with self.engine.connect() as conn:
-            for row in conn.execution_options(yield_per=_FETCH).execute(query):
+        with contextlib.ExitStack() as connections:
+            reads = [
+                connections.enter_context(self.engine.connect())
+                .execution_options(yield_per=_FETCH)
+                .execute(query)
+                for query in self._queries(where, chosen)
+            ]
+            for read in reads:  # each closed before its connection (a partly read one too)
+                connections.callback(read.close)
+            for row in heapq.merge(*reads, key=lambda row: row.seq):
                 if where.target is not None and not self._owes(row, where.target):
                     continue
                 yield row
                 taken += 1
                 if where.limit is not None and taken >= where.limit:
                     return
+
+    def _queries(self, where: EventFilter, chosen: frozenset[EventStatus]) -> list[Any]:
+        """The reads of ``where``, each in seq order (:meth:`_rows` merges them).
+
+        A key's open events are read through the partial index on (key, seq) of open rows,
+        spelled as it is, so they come in seq order with no sort; its parked and
+        unroutable events (which that index does not hold) are a second read. Otherwise
+        one read, along the primary key when :meth:`_many` says so.
+        """
+        open_part = chosen & OPEN_STATUSES
+        if where.partition_key is not None and open_part:
+            split: list[tuple[frozenset[EventStatus], list[Any]]] = [(open_part, [OPEN_ROW])]
+            if chosen - open_part:
+                split.append((chosen - open_part, []))
+            return [
+                self._query([*self._conditions(replace(where, statuses=part)), *extra])
+                for part, extra in split
+            ]
+        conditions = self._conditions(where, chosen)
+        if self._many(where, chosen):
+            conditions[0] = (outbox_event.c.status + "").in_(sorted(chosen))
+        return [self._query(conditions)]
+
+    @staticmethod
+    def _query(conditions: list[Any]) -> Any:
+        return select(outbox_event).where(and_(*conditions)).order_by(outbox_event.c.seq)
+
+    def _many(self, where: EventFilter, chosen: frozenset[EventStatus]) -> bool:
+        """Should a page of many incomplete events be read in log order on SQLite?
+
+        SQLite's planner, without statistics, reads a status filter through the status
+        index and sorts every matching row by ``seq`` before the first page: fine for the
+        few incomplete events of a healthy log, most of a second for half a million. When
+        the status index counts more than :data:`_SORT_AT_MOST` of them (a count of index
+        entries, cheap), the page is read along the primary key instead (the status
+        wrapped in an expression, so the index is not chosen), and it stops at the page's
+        end. PostgreSQL chooses between the two plans itself, from its statistics.
+        """
+        if where.limit is None or where.event_ids or self.engine.dialect.name != "sqlite":
+            return False
+        count = select(func.count()).select_from(outbox_event)
+        count = count.where(outbox_event.c.status.in_(sorted(chosen)))
+        with self.engine.connect() as conn:
+            return int(conn.execute(count).scalar() or 0) > _SORT_AT_MOST
 
     def _owes(self, row: Any, target: str) -> bool:
         """Is ``target`` routed this event and has not confirmed it?"""

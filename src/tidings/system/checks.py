@@ -5,9 +5,9 @@ how they meet. :func:`system_findings` looks at that, from the configuration alo
 network, no files), and returns one line per problem naming both sides:
 
 - two parts listening on one port (Eventer, Syncer, streams, metrics, intermediaries, the
-  members of intermediary tiers, the relay's metrics) as binding sees it: ``localhost`` is
-  ``127.0.0.1``, an unspecified address such as ``0.0.0.0`` overlaps every other on its
-  port, and port 0 (any free port) never clashes;
+  members of intermediary tiers, the relay's metrics, the console) as binding sees it:
+  ``localhost`` is ``127.0.0.1``, an unspecified address such as ``0.0.0.0`` overlaps every
+  other on its port, and port 0 (any free port) never clashes;
 - an ``event_server`` target or an intermediary following an address no configured server
   listens on (checked when the file has ``servers:``), or following it with TLS where the
   server serves without, or the other way round;
@@ -83,6 +83,8 @@ def _listeners(config: TidingsConfig) -> list[_Listener]:
             _Listener(f"intermediary_tiers.{name}.members[{i}]", *host_port(member))
             for i, member in enumerate(tier.members)
         )
+    if config.console is not None:
+        found.append(_Listener("console", config.console.host, config.console.port))
     return found
 
 

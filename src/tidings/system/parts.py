@@ -4,8 +4,8 @@ A part is a process: the relay (when the file has targets), each event server un
 ``servers:`` (with its streams), each intermediary under ``intermediaries:``, the older
 single ``intermediary:`` section when the file sets it, and each tier under
 ``intermediary_tiers:`` (one process supervising its members, which it starts and replaces
-itself). Each runs from the same file with
-the command a user would type (``tidings server -c FILE --name main``), so ``tidings run``
+itself), and the operator's console when the file has ``console:``. Each runs from the same
+file with the command a user would type (``tidings server -c FILE --name main``), so ``tidings run``
 supervises exactly what systemd or Kubernetes would run one by one.
 
 Order. Servers start first (the others connect to them) and the supervisor waits for their
@@ -29,14 +29,19 @@ from tidings.address import Address
 from tidings.config import TidingsConfig
 from tidings.config.intermediary import IntermediaryConfig
 
-PartKind = Literal["server", "relay", "intermediary"]
+PartKind = Literal["server", "relay", "intermediary", "console"]
 
 #: Start rank per kind: lower starts first. Stop ranks: lower stops first.
-START_RANK: dict[PartKind, int] = {"server": 0, "relay": 1, "intermediary": 1}
-STOP_RANK: dict[PartKind, int] = {"intermediary": 0, "relay": 1, "server": 2}
+START_RANK: dict[PartKind, int] = {"server": 0, "relay": 1, "intermediary": 1, "console": 1}
+STOP_RANK: dict[PartKind, int] = {"console": 0, "intermediary": 0, "relay": 1, "server": 2}
 #: Seconds a part may take to stop after SIGTERM before it is killed: the relay finishes its
 #: micro-batch (and Spark its shutdown), the others close their connections.
-STOP_GRACE_S: dict[PartKind, float] = {"server": 20.0, "relay": 60.0, "intermediary": 10.0}
+STOP_GRACE_S: dict[PartKind, float] = {
+    "server": 20.0,
+    "relay": 60.0,
+    "intermediary": 10.0,
+    "console": 10.0,
+}
 
 
 @dataclass(frozen=True)
@@ -136,4 +141,14 @@ def parts_of(config: TidingsConfig, path: Path) -> list[Part]:
         )
         for name, tier in config.intermediary_tiers.items()
     )
+    if config.console is not None:
+        console = config.console
+        parts.append(
+            Part(
+                "console",
+                "console",
+                tidings_command("console", "-c", file),
+                (console.host, console.port),
+            )
+        )
     return sorted(parts, key=lambda part: part.start_rank)

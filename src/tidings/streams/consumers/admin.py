@@ -13,10 +13,12 @@ from datetime import datetime
 from typing import Any
 
 from tidings.config.streams import StreamConfig, StreamServerConfig
+from tidings.errors import UsageError
 from tidings.server.backends import open_backend
 from tidings.server.store import EventStore
 from tidings.server.store.positions import count_after, read_newest, read_positions
 from tidings.streams.consumers.positions import Consumers
+from tidings.streams.protocol.interfaces import COMPONENT, LIVE
 from tidings.streams.typemap import type_map_from_config
 
 
@@ -97,3 +99,21 @@ def stream_status(store: EventStore, stream: StreamConfig) -> StreamStatus:
 def unregister(store: EventStore, stream: str, user: str, component: str) -> bool:
     """Forget a consumer, so that it no longer holds the stream's events back."""
     return Consumers(store).unregister(stream, user, component)
+
+
+def unregister_named(
+    config: StreamServerConfig, store: EventStore, stream: str, user: str, component: str
+) -> bool:
+    """:func:`unregister`, for an operator's names: a name that cannot be a consumer's is a
+    UsageError (the operator mistyped something), not answered "no such consumer" as if it
+    were only unknown. Any user is taken: a user dropped from ``stream_users`` may still
+    have consumers holding events back. False: no such consumer."""
+    if stream not in {s.name for s in config.streams}:
+        streams = ", ".join(s.name for s in config.streams) or "none"
+        raise UsageError(f"no stream {stream!r} in the configuration (defined: {streams})")
+    if component == LIVE or not COMPONENT.match(component):
+        raise UsageError(
+            f"{component!r} is not a consumer component (1-16 of A-Z a-z 0-9 _; LIVE "
+            "consumers are never registered)"
+        )
+    return unregister(store, stream, user, component)
