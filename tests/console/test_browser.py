@@ -3,7 +3,9 @@
 target refuses it, parks it and sees its key flow on, adds a route on the routes page and
 re-drives the UNROUTABLE events it matches, watches the live tail show events committed
 after it started (paused and resumed); a read-only user is refused an action. The
-screenshots of the guide (``docs/operations/console/*.png``) are taken here.
+screenshots of the guide (``docs/operations/console/*.png``) are taken here: into the docs
+with ``TIDINGS_CONSOLE_SHOTS=docs`` in the environment, else into a scratch folder (ids and
+times change on every run, so a plain test run leaves the committed pictures alone).
 
 The relay's publishing core runs in the test between the steps (no Spark), delivering to a
 real event store through :class:`~tests.support.publisher_helpers.Refusing`, the fault a
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,7 +35,11 @@ pytestmark = [pytest.mark.anyio, pytest.mark.sockets]
 
 #: The whole walk's bound: a page that never shows what is waited for fails the test.
 WAIT_S = 120
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "operations" / "console"
+SHOTS = (
+    Path(__file__).resolve().parents[2] / "docs" / "operations" / "console"
+    if os.environ.get("TIDINGS_CONSOLE_SHOTS") == "docs"
+    else Path(tempfile.gettempdir()) / "tidings-console-shots"
+)
 
 
 async def _until(page: Page, expression: str) -> None:

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from tidings.address import is_loopback
+from tidings.config.listener import ListenerLimitsConfig
 from tidings.config.model import (
     DAY,
     HOUR,
@@ -25,7 +26,6 @@ from tidings.config.model import (
     ZERO,
     Duration,
     LocalPath,
-    StrictModel,
     parsed_durations,
     within,
 )
@@ -53,8 +53,9 @@ class ConsoleUserConfig(PasswordHashConfig):
         return self
 
 
-class ConsoleConfig(StrictModel):
-    """The operator's web console (``tidings console``, and a part of ``tidings run``)."""
+class ConsoleConfig(ListenerLimitsConfig):
+    """The operator's web console (``tidings console``, and a part of ``tidings run``); its
+    port has the accept limits of every tidings listener (:mod:`tidings.config.listener`)."""
 
     host: str = Field(
         default="127.0.0.1",

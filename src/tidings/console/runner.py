@@ -28,7 +28,7 @@ from tidings.console.logins import Logins
 from tidings.console.overview import Overview, take_overview
 from tidings.db import make_engine
 from tidings.errors import ConfigError
-from tidings.serving import QuietServer, listen
+from tidings.serving import QuietServer, listen, serve_guarded
 from tidings.tasks import stop_task
 
 log = logging.getLogger(__name__)
@@ -118,11 +118,16 @@ class RunningConsole:
             proxy_headers=False,
             **options,  # type: ignore[arg-type]
         )
-        server = QuietServer(server_config)
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(sample_forever(state, config_path))]
         try:
-            tasks.append(loop.create_task(server.serve(sockets=[sock])))
+            server, serving = serve_guarded(
+                server_config,
+                sock,
+                settings.accept_rules(settings.tls is not None),
+                settings.tls_handshake_timeout.total_seconds(),
+            )
+            tasks.append(serving)
             while not server.started:
                 if tasks[-1].done():
                     tasks[-1].result()
