@@ -3,6 +3,7 @@ port in use at start-up, keeps the password out of its output and stops on SIGTE
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -159,3 +160,49 @@ async def test_over_tls_the_console_is_https_and_its_cookies_secure(
                     await plain.get("/login")
     finally:
         deployed.close()
+
+
+@pytest.mark.anyio
+async def test_the_consoles_port_bounds_connections_per_address_at_accept(
+    tmp_path: Path,
+) -> None:
+    """The console's port is behind :mod:`tidings.accept` like every listener: with
+    ``max_connections_per_address: 2``, a third connection from the same address is closed
+    before a byte is read, while the two held ones are still served."""
+    deployed = Deployment(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'outbox.db'}",
+        port=free_port(),
+        max_connections_per_address=2,
+    )
+    try:
+        async with serving(deployed) as base:
+            limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+            first = httpx.AsyncClient(base_url=base, limits=limits)
+            second = httpx.AsyncClient(base_url=base, limits=limits)
+            third = httpx.AsyncClient(base_url=base, limits=limits)
+            try:
+                assert (await first.get("/login")).status_code == 200
+                assert (await second.get("/login")).status_code == 200
+                with pytest.raises(httpx.HTTPError):
+                    await third.get("/login")
+                assert (await first.get("/login")).status_code == 200  # kept alive, served
+                await second.aclose()
+                await wait_until_served(third)
+            finally:
+                for client in (first, second, third):
+                    await client.aclose()
+    finally:
+        deployed.close()
+
+
+async def wait_until_served(client: httpx.AsyncClient) -> None:
+    """A seat given back is free again once the server has closed its socket (bounded)."""
+    for _ in range(200):
+        try:
+            if (await client.get("/login")).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError("the seat given back never became free")
