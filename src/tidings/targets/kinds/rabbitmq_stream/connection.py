@@ -156,11 +156,13 @@ class StreamConnection:
         publisher_id = self._next_publisher
         if publisher_id > 255:
             raise TargetError("over 256 producers on one connection")
+        # Taken before the await: the senders of other streams declare theirs at the same
+        # time, and the broker refuses an id twice on a connection. Never reused.
+        self._next_publisher += 1
         async with asyncio.timeout(self._timeout):
             await client.declare_publisher(stream, reference, publisher_id)
         client.add_stream(stream)  # so that rstream reports the connection's loss
         self._publishers[(stream, reference)] = publisher_id
-        self._next_publisher += 1  # never reused on this connection
         return publisher_id
 
     def forget_publisher(self, stream: str, reference: str) -> None:
