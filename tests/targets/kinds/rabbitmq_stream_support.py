@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -58,6 +59,28 @@ def admin(action: str, stream: str) -> None:
                 await client.create_stream(stream)
             elif await client.stream_exists(stream):
                 await client.delete_stream(stream)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def delete_streams(prefix: str) -> None:
+    """Delete every stream whose name starts with ``prefix`` (one connection for all)."""
+    listed = subprocess.run(
+        ["rabbitmqctl", "-q", "list_queues", "name"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()
+
+    async def run() -> None:
+        client = await _client()
+        try:
+            for name in listed:
+                if name.startswith(prefix):
+                    await client.delete_stream(name)
         finally:
             await client.close()
 

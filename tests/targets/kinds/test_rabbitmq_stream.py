@@ -32,6 +32,7 @@ from tests.support.waiting import wait_until
 from tests.targets.kinds.rabbitmq_stream_support import (
     StallingProxy,
     admin,
+    delete_streams,
     read_stream,
     stream_name,
     wait_for_streams,
@@ -309,6 +310,28 @@ def test_a_stream_deleted_and_created_again_takes_the_events_that_follow(
     publish_until_confirmed(target, events[3:])
 
     assert_once_in_order(stream, events[3:])
+
+
+@pytest.mark.slow
+def test_more_streams_than_a_connection_has_publisher_ids_are_all_written(
+    make_target: Callable[..., RabbitMQStreamTarget], log: Engine, stream: str
+) -> None:
+    """A stream per event type, 300 of them: a connection has 256 publisher ids (one byte),
+    one per stream and reference. The target replaces a connection whose ids are used up;
+    every event reaches its stream once (none refused for as long as the connection
+    lives)."""
+    with Outbox(log).transaction() as tx:
+        for n in range(300):
+            tx.emit(f"t{n}", {"n": n}, partition_key=f"k{n % 7}")
+    events = logged(log)
+    target = make_target(stream=f"{stream}.{{event_type}}")
+    try:
+        for start in range(0, 300, 50):
+            publish_until_confirmed(target, events[start : start + 50])
+        for n in (0, 255, 256, 299):
+            assert [r.message_id for r in read_stream(f"{stream}.t{n}", 1)] == [events[n].event_id]
+    finally:
+        delete_streams(f"{stream}.")
 
 
 def test_a_key_goes_in_order_and_nothing_of_it_after_an_event_that_cannot_be_sent(

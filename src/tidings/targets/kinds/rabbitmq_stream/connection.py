@@ -52,7 +52,8 @@ RESPONSE_CODES = {
 
 
 class ConnectionLost(TargetError):
-    """The connection dropped while messages were waiting for their answers."""
+    """The connection dropped while messages were waiting for their answers, or must be
+    replaced (its publisher ids are used up); the target drops it and opens another."""
 
 
 def describe(exc: BaseException) -> str:
@@ -154,8 +155,10 @@ class StreamConnection:
             return known
         client = self._live()
         publisher_id = self._next_publisher
-        if publisher_id > 255:
-            raise TargetError("over 256 producers on one connection")
+        if publisher_id > 255:  # the protocol's publisher id is one byte
+            raise ConnectionLost(
+                "the connection's 256 publisher ids are used up (many streams): it is replaced"
+            )
         # Taken before the await: the senders of other streams declare theirs at the same
         # time, and the broker refuses an id twice on a connection. Never reused.
         self._next_publisher += 1
