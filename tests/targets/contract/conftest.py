@@ -17,12 +17,14 @@ from tests.targets.contract.harness import KindHarness
 from tests.targets.contract.jetstream import JetStreamHarness
 from tests.targets.contract.mqtt import MqttHarness
 from tests.targets.contract.rabbitmq import RabbitMQHarness
+from tests.targets.contract.rabbitmq_stream import RabbitMQStreamHarness
 from tests.targets.contract.redis_stream import RedisStreamHarness
 from tests.targets.contract.webhook import WebhookHarness
 
 KINDS: list[type[KindHarness]] = [
     JetStreamHarness,
     RabbitMQHarness,
+    RabbitMQStreamHarness,
     RedisStreamHarness,
     MqttHarness,
     WebhookHarness,

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -56,6 +59,28 @@ def admin(action: str, stream: str) -> None:
                 await client.create_stream(stream)
             elif await client.stream_exists(stream):
                 await client.delete_stream(stream)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def delete_streams(prefix: str) -> None:
+    """Delete every stream whose name starts with ``prefix`` (one connection for all)."""
+    listed = subprocess.run(
+        ["rabbitmqctl", "-q", "list_queues", "name"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()
+
+    async def run() -> None:
+        client = await _client()
+        try:
+            for name in listed:
+                if name.startswith(prefix):
+                    await client.delete_stream(name)
         finally:
             await client.close()
 
@@ -122,3 +147,66 @@ def wait_for_streams(timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError("RabbitMQ's stream protocol did not come back")
         time.sleep(0.2)
+
+
+class StallingProxy:
+    """A TCP relay to the broker's stream port that can stop reading from its clients: what
+    a client sends then piles up in the sockets (the client's writes block), as when the
+    broker stops reading a connection (a resource alarm) or a link stalls. ``resume()`` lets
+    it flow again: whatever reached the proxy is forwarded, late. Real sockets both ways; the
+    stall is the fault the broker cannot be made to produce here on demand."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"rabbitmq-stream://127.0.0.1:{self.port}/"
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._flowing.set()
+        for sock in [self._listener, *self._sockets]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            # a small receive buffer: a stalled client's writes block after a few MB
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+            upstream = socket.create_connection((HOST, PORT))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, stalls: bool) -> None:
+        try:
+            while True:
+                if stalls:
+                    self._flowing.wait()
+                if self._closed:
+                    return
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)

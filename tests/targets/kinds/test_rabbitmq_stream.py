@@ -30,7 +30,9 @@ from tests.support.certificates import TestCA
 from tests.support.helpers import relay_config, write_config
 from tests.support.waiting import wait_until
 from tests.targets.kinds.rabbitmq_stream_support import (
+    StallingProxy,
     admin,
+    delete_streams,
     read_stream,
     stream_name,
     wait_for_streams,
@@ -219,6 +221,117 @@ def test_a_dead_senders_reference_is_reconciled_once_its_lease_expires(
         slots = dict(conn.execute(select(stream_producer.c.slot, stream_producer.c.holder)).all())
     assert slots[0] is None and slots[1] is not None
     assert_once_in_order(stream, events)
+
+
+def publish_until_confirmed(target: RabbitMQStreamTarget, events: list[OutboxEvent]) -> None:
+    """A relay's retries in miniature: ``events`` published again until every one is
+    confirmed, each key's unconfirmed ones in order."""
+    pending = list(events)
+    deadline = time.monotonic() + 60
+    while pending:
+        assert time.monotonic() < deadline, "the events were not confirmed"
+        try:
+            results = target.publish(pending)
+        except (TargetUnavailable, TargetCallFailed) as exc:
+            confirmed = getattr(exc, "confirmed", None) or [False] * len(pending)
+            results = [None if ok else "failed" for ok in confirmed]
+            time.sleep(0.2)
+        pending = [e for e, r in zip(pending, results, strict=True) if r is not None]
+
+
+@pytest.mark.slow
+def test_a_sender_whose_writes_stall_past_its_lease_loses_and_doubles_nothing(
+    make_target: Callable[..., RabbitMQStreamTarget], log: Engine, stream: str
+) -> None:
+    """The broker stops reading a sender's connection mid-batch (a stalled link; a proxy
+    that stops reading makes it happen): the sender's writes block with its lease running.
+    Another relay process sends meanwhile; then the stalled bytes reach the broker, late.
+    Each event must be in the stream once: no batch may still be on its way once its lease
+    can have passed (the stalled sender gives up in time, and its reference cools down)."""
+    proxy = StallingProxy()
+    try:
+        stalled = make_target(servers=[proxy.url], confirm_timeout="1s", producer_lease="2s")
+        other = make_target(confirm_timeout="1s", producer_lease="2s")
+        with Outbox(log).transaction() as tx:
+            tx.emit("Created", {"n": 0}, partition_key="w")
+            for n in range(40):  # about 12 MB: far more than the sockets hold
+                tx.emit("Created", {"n": n, "blob": "x" * 300_000}, partition_key=f"k{n % 4}")
+            for n in range(3):
+                tx.emit("Created", {"n": n}, partition_key="o")
+        events = logged(log)
+        warm, big, small = events[:1], events[1:41], events[41:]
+        assert stalled.publish(warm) == [None]  # connected, holding a reference
+
+        proxy.stall()
+        outcome: list[Any] = []
+
+        def stalled_call() -> None:
+            try:
+                outcome.append(stalled.publish(big))
+            except (TargetUnavailable, TargetCallFailed) as exc:
+                outcome.append(exc)
+
+        caller = threading.Thread(target=stalled_call)
+        caller.start()
+        time.sleep(3.5)  # past the stalled sender's lease
+        assert other.publish(small[:2]) == [None, None]
+        proxy.resume()  # the stalled batch reaches the broker now
+        caller.join(60)
+        assert not caller.is_alive()
+        assert other.publish(small[2:]) == [None]
+
+        result = outcome[0]
+        if isinstance(result, list):
+            unconfirmed = [e for e, r in zip(big, result, strict=True) if r is not None]
+        else:
+            confirmed = getattr(result, "confirmed", None) or [False] * len(big)
+            unconfirmed = [e for e, ok in zip(big, confirmed, strict=True) if not ok]
+        publish_until_confirmed(other, unconfirmed)
+
+        assert_once_in_order(stream, events)
+    finally:
+        proxy.close()
+
+
+def test_a_stream_deleted_and_created_again_takes_the_events_that_follow(
+    make_target: Callable[..., RabbitMQStreamTarget], log: Engine, stream: str
+) -> None:
+    """An operator deletes the stream and creates it again while the target holds a
+    reference on it: the broker forgot the reference's publisher and its last id. The
+    target's later events go into the new stream, each once (not refused for ever through
+    the old publisher, nor confirmed by what the old stream held)."""
+    events = emit(log, 6)
+    target = make_target(create_stream=False)
+    admin("create", stream)
+    assert target.publish(events[:3]) == [None] * 3
+    admin("delete", stream)
+    admin("create", stream)
+
+    publish_until_confirmed(target, events[3:])
+
+    assert_once_in_order(stream, events[3:])
+
+
+@pytest.mark.slow
+def test_more_streams_than_a_connection_has_publisher_ids_are_all_written(
+    make_target: Callable[..., RabbitMQStreamTarget], log: Engine, stream: str
+) -> None:
+    """A stream per event type, 300 of them: a connection has 256 publisher ids (one byte),
+    one per stream and reference. The target replaces a connection whose ids are used up;
+    every event reaches its stream once (none refused for as long as the connection
+    lives)."""
+    with Outbox(log).transaction() as tx:
+        for n in range(300):
+            tx.emit(f"t{n}", {"n": n}, partition_key=f"k{n % 7}")
+    events = logged(log)
+    target = make_target(stream=f"{stream}.{{event_type}}")
+    try:
+        for start in range(0, 300, 50):
+            publish_until_confirmed(target, events[start : start + 50])
+        for n in (0, 255, 256, 299):
+            assert [r.message_id for r in read_stream(f"{stream}.t{n}", 1)] == [events[n].event_id]
+    finally:
+        delete_streams(f"{stream}.")
 
 
 def test_a_key_goes_in_order_and_nothing_of_it_after_an_event_that_cannot_be_sent(

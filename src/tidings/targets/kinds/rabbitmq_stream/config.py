@@ -91,7 +91,9 @@ class RabbitMQStreamTargetConfig(TargetConfig):
     confirm_timeout: Annotated[Duration, within(ZERO, HOUR)] = Field(
         default=timedelta(seconds=5),
         description=(
-            "How long one connection attempt, and the wait for a batch's confirms, may take."
+            "How long one connection attempt may take; and the sending of a batch with the "
+            "wait for its confirms, counted from the lease renewal before it (a batch not "
+            "through by then is cut off: the connection is reset, the reference abandoned)."
         ),
     )
     frame_max: int = Field(

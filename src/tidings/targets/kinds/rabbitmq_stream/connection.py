@@ -16,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
+import struct
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -49,7 +52,8 @@ RESPONSE_CODES = {
 
 
 class ConnectionLost(TargetError):
-    """The connection dropped while messages were waiting for their answers."""
+    """The connection dropped while messages were waiting for their answers, or must be
+    replaced (its publisher ids are used up); the target drops it and opens another."""
 
 
 def describe(exc: BaseException) -> str:
@@ -68,6 +72,7 @@ class StreamConnection:
         self._timeout = config.confirm_timeout.total_seconds()
         self._client: Client | None = None
         self._publishers: dict[tuple[str, str], int] = {}
+        self._next_publisher = 0
         self._waiting: dict[tuple[int, int], asyncio.Future[int]] = {}
         self.frame_max = config.frame_max
 
@@ -149,22 +154,37 @@ class StreamConnection:
         if known is not None:
             return known
         client = self._live()
-        publisher_id = len(self._publishers)
-        if publisher_id > 255:
-            raise TargetError("over 256 producers on one connection")
+        publisher_id = self._next_publisher
+        if publisher_id > 255:  # the protocol's publisher id is one byte
+            raise ConnectionLost(
+                "the connection's 256 publisher ids are used up (many streams): it is replaced"
+            )
+        # Taken before the await: the senders of other streams declare theirs at the same
+        # time, and the broker refuses an id twice on a connection. Never reused.
+        self._next_publisher += 1
         async with asyncio.timeout(self._timeout):
             await client.declare_publisher(stream, reference, publisher_id)
         client.add_stream(stream)  # so that rstream reports the connection's loss
         self._publishers[(stream, reference)] = publisher_id
         return publisher_id
 
+    def forget_publisher(self, stream: str, reference: str) -> None:
+        """The broker no longer knows ``reference``'s publisher on ``stream`` (the stream was
+        deleted, perhaps created again): declare it afresh when next used."""
+        self._publishers.pop((stream, reference), None)
+
     async def publish(
-        self, publisher_id: int, messages: Sequence[tuple[int, bytes]]
+        self, publisher_id: int, messages: Sequence[tuple[int, bytes]], deadline: float
     ) -> dict[int, int]:
         """Send ``messages`` (``(publishing id, data)``, ids ascending) in frames of at most
-        ``frame_max`` and wait up to ``confirm_timeout`` for their answers: publishing id ->
-        :data:`CONFIRMED` or the error's response code, for those answered in time.
-        :class:`ConnectionLost` if the connection dropped first."""
+        ``frame_max`` and wait for their answers until ``deadline`` (``time.monotonic()``):
+        publishing id -> :data:`CONFIRMED` or the error's response code, for those answered
+        in time. :class:`ConnectionLost` if the connection dropped first, or if the frames
+        could not all be written by ``deadline`` (the broker stopped reading): the connection
+        is then reset, so that nothing more of them reaches the broker later, after the
+        sender's lease on their reference can have run out. The same reset follows answers
+        that did not all come by ``deadline``: the socket may still hold some of the
+        messages."""
         from rstream import schema
 
         client = self._live()
@@ -172,18 +192,26 @@ class StreamConnection:
         futures = {pid: loop.create_future() for pid, _ in messages}
         for pid, future in futures.items():
             self._waiting[(publisher_id, pid)] = future
+        until = loop.time() + max(deadline - time.monotonic(), 0.0)
         try:
-            for frame in _frames(messages, self.frame_max):
-                await client.send_publish_frame(
-                    schema.Publish(
-                        publisher_id=publisher_id,
-                        messages=[
-                            schema.Message(publishing_id=pid, filter_value=None, data=data)
-                            for pid, data in frame
-                        ],
-                    )
-                )
-            await asyncio.wait(futures.values(), timeout=self._timeout)
+            try:
+                async with asyncio.timeout_at(until):
+                    for frame in _frames(messages, self.frame_max):
+                        await client.send_publish_frame(
+                            schema.Publish(
+                                publisher_id=publisher_id,
+                                messages=[
+                                    schema.Message(publishing_id=pid, filter_value=None, data=data)
+                                    for pid, data in frame
+                                ],
+                            )
+                        )
+            except TimeoutError:
+                self.reset()
+                raise ConnectionLost(
+                    "the broker did not take the messages in time (the connection was reset)"
+                ) from None
+            await asyncio.wait(futures.values(), timeout=max(until - loop.time(), 0.0))
         finally:
             for pid in futures:
                 self._waiting.pop((publisher_id, pid), None)
@@ -194,9 +222,29 @@ class StreamConnection:
             if future.exception() is not None:
                 raise ConnectionLost(f"the connection dropped: {future.exception()}")
             answers[pid] = future.result()
-        if len(answers) < len(futures) and not self.alive:
-            raise ConnectionLost("the connection dropped")
+        if len(answers) < len(futures):
+            if not self.alive:
+                raise ConnectionLost("the connection dropped")
+            self.reset()  # what is still in the socket must not reach the broker later
         return answers
+
+    def reset(self) -> None:
+        """Drop the connection at once, discarding what is not yet sent: the bytes waiting in
+        this process and in the socket's send buffer (a TCP reset, not a close, which would
+        still deliver them)."""
+        client = self._client
+        if client is None:
+            return
+        client._is_not_closed = False  # rstream's own mark of a dead connection: not alive
+        self._fail_waiting("the connection was reset")
+        writer = getattr(getattr(client, "_conn", None), "_writer", None)
+        if writer is None:
+            return
+        sock = writer.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
 
     async def close(self) -> None:
         """Close the connection; never raise."""

@@ -31,6 +31,9 @@ from tidings.errors import TargetUnavailable
 from tidings.outbox.stream_ids import Assignment, StreamIds, reference
 from tidings.targets.kinds.rabbitmq_stream.connection import StreamConnection
 
+#: Publish-error codes that say the broker dropped the stream and its publishers: the
+#: stream does not exist, the publisher does not exist.
+STREAM_GONE = frozenset({2, 18})
 #: How often (seconds) a sender drops the assignments of events the relay has recorded as
 #: PUBLISHED (or housekeeping deleted), so that the table holds only the events in flight.
 FORGET_EVERY = 60.0
@@ -60,7 +63,14 @@ class StreamSender:
     """One stream's producer in this process; one batch at a time (``lock``)."""
 
     def __init__(
-        self, target: str, stream: str, ids: StreamIds, holder: str, pool: int, lease: float
+        self,
+        target: str,
+        stream: str,
+        ids: StreamIds,
+        holder: str,
+        pool: int,
+        lease: float,
+        confirm_timeout: float,
     ) -> None:
         self.target = target
         self.stream = stream
@@ -68,6 +78,7 @@ class StreamSender:
         self.holder = holder
         self.pool = pool
         self.lease = lease
+        self.confirm_timeout = confirm_timeout
         self.lock = asyncio.Lock()
         self.slot: int | None = None
         self.publisher_id: int | None = None
@@ -194,6 +205,10 @@ class StreamSender:
         """Number ``items`` from ``next_id``, record that, send them and wait for answers."""
         assert self.slot is not None and self.publisher_id is not None
         numbered = [(item, self.next_id + n) for n, item in enumerate(items)]
+        # The lease runs from the renewal in ``assign``; taken before it, so on the safe side.
+        # Sending and confirms end within confirm_timeout of it, shorter than the lease, so
+        # that a batch that is not through can be abandoned while the lease is still ours.
+        renewed = time.monotonic()
         recorded = await asyncio.to_thread(
             self.ids.assign,
             self.stream,
@@ -208,7 +223,11 @@ class StreamSender:
             return await self._send_fresh(connection, items)
         self.next_id += len(numbered)
         self.in_flight = True  # until every answer is in: if not, the caller abandons
-        answers = await connection.publish(self.publisher_id, [(p, i.data) for i, p in numbered])
+        answers = await connection.publish(
+            self.publisher_id,
+            [(p, i.data) for i, p in numbered],
+            renewed + self.confirm_timeout,
+        )
         refused = [item.event_id for item, pid in numbered if answers.get(pid, 0) != 0]
         if refused:  # not stored: numbered afresh when sent again
             await asyncio.to_thread(self.ids.forget, refused)
@@ -216,6 +235,12 @@ class StreamSender:
         if stored:
             self.last_stored = max(self.last_stored, *stored)
         self.in_flight = len(answers) < len(numbered)
+        if not self.in_flight and any(code in STREAM_GONE for code in answers.values()):
+            # The stream was deleted (and perhaps created again): the broker dropped the
+            # publisher and the reference's last id with it. Give the slot back (nothing is
+            # in flight); the next batch takes one, reconciled against the stream as it is.
+            connection.forget_publisher(self.stream, reference(self.target, self.slot))
+            await asyncio.to_thread(self.release)
         return {
             item.index: (True if answers[pid] == 0 else answers[pid]) if pid in answers else None
             for item, pid in numbered

@@ -283,7 +283,13 @@ class RabbitMQStreamTarget(Target):
         if sender is None:
             assert self._ids is not None
             sender = self._senders[stream] = StreamSender(
-                self.name, stream, self._ids, self._holder, self.config.producers, self._lease
+                self.name,
+                stream,
+                self._ids,
+                self._holder,
+                self.config.producers,
+                self._lease,
+                self._timeout,
             )
         return sender
 
