@@ -406,6 +406,33 @@ def test_the_check_reads_the_snapshot_the_import_read(tmp_path: Path) -> None:
         store.close()
 
 
+def test_an_lmdb_of_hat_tables_with_other_records_is_one_clear_line(tmp_path: Path) -> None:
+    """Another program's lmdb with hat's table names (another hat version, a damaged file):
+    hat's decoders raise whatever the bytes make them; the command says which record."""
+    import hat.event.common as hat_common
+    from hat.event.server.backends.lmdb import common, encoder
+
+    foreign = tmp_path / "foreign.db"
+    env = common.ext_create_env(foreign)
+    dbs = {t: common.ext_open_db(env, t) for t in common.DbType}
+    with env.begin(write=True) as txn:
+        txn.put(b"\x00\x01", b"\x01\x02\x03", db=dbs[common.DbType.SYSTEM])
+    env.close()
+    damaged = tmp_path / "damaged.db"
+    _hat_writes(damaged, 3, 1, 4, int(time.time()) - 100)
+    env = common.ext_create_env(damaged)
+    ref = common.ext_open_db(env, common.DbType.REF)
+    with env.begin(write=True) as txn:
+        key = encoder.encode_ref_db_key(hat_common.EventId(3, 2, 2))
+        txn.put(key, b"\x07" * 5, db=ref)  # event 3/2/2's references overwritten
+    env.close()
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    line = one_error_line(run_tidings("import-hat", str(foreign), "--url", url))
+    assert "the SYSTEM record" in line and "not a hat-event 0.8.5 database" in line
+    line = one_error_line(run_tidings("import-hat", str(damaged), "--url", url))
+    assert "the REF record" in line and "or a damaged one" in line
+
+
 def test_the_server_file_names_the_store(hat_db: tuple[Path, Expected], tmp_path: Path) -> None:
     path, expected = hat_db
     conf = tmp_path / "event.yaml"
