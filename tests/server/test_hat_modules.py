@@ -52,6 +52,9 @@ MODULES: list[dict[str, Any]] = [
 ]
 
 
+LATER = "tests.support.hat_modules.later"
+
+
 def _json(value: Any) -> hat.EventPayload:
     return hat.EventPayload(hat.EventPayloadType.JSON, value)
 
@@ -81,13 +84,15 @@ SESSIONS: list[list[hat.RegisterEvent]] = [
 Session = list[tuple[tuple[str, ...], Any, Any]]
 
 
-async def _exercise(address: str) -> list[Session]:
+async def _exercise(
+    address: str, registered: list[list[hat.RegisterEvent]] = SESSIONS
+) -> list[Session]:
     """Register :data:`SESSIONS` through hat's client, wait for the later module's own two
     sessions, and return every session the server holds (its own start and the client's
     CONNECTED event included)."""
     client = await hat_eventer.connect(address)
     try:
-        for events in SESSIONS:
+        for events in registered:
             results = await client.register_with_response(events)
             assert all(result is not None for result in results)
 
@@ -187,6 +192,36 @@ def test_hat_modules_register_the_same_events_on_tidings_as_on_hat_event(
     )
     assert sources[("later-done", "1")] == Source(SourceKind.MODULE, 3, later)
     assert sources[("later-found", "1")] == Source(SourceKind.MODULE, 3, later)
+
+
+def test_a_hat_module_whose_subscription_changes_is_offered_what_hat_event_offers(
+    tmp_path: Path,
+) -> None:
+    """hat-event reads a module's ``subscription`` for every event it offers: a module that
+    subscribes to more as it goes is offered the newly matching events from then on, in the
+    same round too."""
+    modules = [{"module": "tests.support.hat_modules.follow"}, {"module": LATER}]
+    sessions = [
+        [hat.RegisterEvent(("b", "1"), None, None)],  # not yet followed
+        [
+            hat.RegisterEvent(("follow", "b"), None, None),
+            hat.RegisterEvent(("b", "2"), None, None),  # followed from the event before
+        ],
+        [hat.RegisterEvent(("b", "3"), None, None), hat.RegisterEvent(("c", "1"), None, None)],
+        [hat.RegisterEvent(("later", "1"), None, None)],
+    ]
+
+    async def on_tidings() -> list[Session]:
+        async with _tidings(tmp_path / "tidings", modules) as (address, _server):
+            return await _exercise(address, sessions)
+
+    with hat_event_server(tmp_path, 1, modules=modules, syncer=False) as (port, _, _process):
+        on_hat = run(_exercise(local_address(port), sessions), 60)
+    ours = run(on_tidings(), 60)
+    assert _without_eventer(ours) == _without_eventer(on_hat)
+    types = [event_type for session in ours for event_type, _, _ in session]
+    assert ("followed", "b", "2") in types and ("followed", "b", "3") in types
+    assert ("followed", "b", "1") not in types and ("followed", "c", "1") not in types
 
 
 # --- bad module configurations: clear errors, as hat-event refuses them ---------------------

@@ -35,11 +35,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tidings.errors import EngineError
-from tidings.events.matching import TypeMatcher
 from tidings.events.model import EventType, NewEvent, StoredEvent, json_event
 from tidings.events.sources import ENGINE_SOURCE, Source, module_source
 from tidings.events.validation import validate_new_event
 from tidings.server.module_interface import (
+    Matcher,
     Module,
     SessionEvent,
     call_module,
@@ -93,7 +93,7 @@ class Engine:
             raise EngineError(f"max_session_events must be positive, not {max_session_events}")
         self._store = store
         self._modules: list[Module] = []
-        self._matchers: list[TypeMatcher] = []
+        self._matchers: list[Matcher] = []
         self._sources: list[Source] = []
         self._max_added = max_session_events
         self._callbacks: list[Callback] = []
