@@ -224,6 +224,42 @@ def test_a_hat_module_whose_subscription_changes_is_offered_what_hat_event_offer
     assert ("followed", "b", "1") not in types and ("followed", "c", "1") not in types
 
 
+def test_a_hat_module_querying_in_process_finds_the_sessions_before_as_on_hat_event(
+    tmp_path: Path,
+) -> None:
+    """hat-event stores each session before it runs the next, so a module's query inside
+    ``process`` finds every earlier session. tidings stores sessions registered together
+    in one transaction (group commit): with hat modules each is stored before the next
+    runs. hat-event's numbers are those of its sessions one by one; tidings' engine gets the
+    same sessions as one group (as the write queue passes clients registering at once)."""
+    modules = [{"module": "tests.support.hat_modules.query"}]
+    sessions = [[hat.RegisterEvent(("n", str(i)), None, None)] for i in range(4)]
+    on_hat_modules = [*modules, {"module": LATER}]  # _exercise waits for its events
+    later = [hat.RegisterEvent(("later", "1"), None, None)]
+    with hat_event_server(tmp_path, 1, modules=on_hat_modules, syncer=False) as (port, _, _p):
+        on_hat = run(_exercise(local_address(port), [*sessions, later]), 60)
+    hat_seen = [s[1][2].data for s in _without_eventer(on_hat) if s[0][0][0] == "n"]
+    assert hat_seen == [0, 1, 2, 3]
+
+    from tidings.events.model import NewEvent
+    from tidings.server.engine import Engine
+    from tidings.server.modules import load_modules
+
+    store = EventStore(f"sqlite:///{tmp_path / 'grouped.db'}", server_id=1)
+    engine = Engine(store, [])
+    try:
+        load_modules(engine, modules)
+        grouped = engine.register_many(
+            [[NewEvent(("n", str(i)), None, None, None, None)] for i in range(4)]
+        )
+        assert all(not isinstance(result, EngineError) for result in grouped)
+        seen = {e.type: e.payload for e in store.read(0, 100) if e.type[0] == "seen"}
+    finally:
+        engine.close()
+        store.close()
+    assert [seen[("seen", str(i))] for i in range(4)] == [str(n).encode() for n in hat_seen]
+
+
 # --- bad module configurations: clear errors, as hat-event refuses them ---------------------
 
 

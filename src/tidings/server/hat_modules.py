@@ -233,6 +233,11 @@ class _Handle:
 class HatModule:
     """One hat module behind tidings' (synchronous) module interface."""
 
+    #: hat-event stores each session before it runs the next, so a hat module's query
+    #: inside ``process`` finds every earlier session: the engine stores a group commit's
+    #: sessions one by one (:meth:`Engine.register_many`).
+    stores_each_session = True
+
     def __init__(
         self,
         name: str,
