@@ -223,6 +223,8 @@ class _Spared:
         self._types = types
         self._grown = -1
         self._newest: set[int] = set()
+        #: The types whose newest events per key are in ``_newest``.
+        self._read: set[EventType] = set()
         #: Every reader that held events during the pass, for the log.
         self.held_by: set[str] = set()
 
@@ -232,13 +234,16 @@ class _Spared:
         return keep
 
     def newest_of_keys(self) -> set[int]:
-        """The newest event of every key of the table types, read again when they grew."""
+        """The newest event of every key of the table types; when they grew, of the types
+        they take in now besides (each type read once a pass)."""
         grown, tables = self._retention._loaded()
         if grown != self._grown:
             store = self._retention._store
             matcher = TypeMatcher(tables)
             types = known_types(store) if self._grown >= 0 else self._types
-            self._newest = newest_of_keys(store, [t for t in types if matcher.matches(t)])
+            wanted = [t for t in types if t not in self._read and matcher.matches(t)]
+            self._newest |= newest_of_keys(store, wanted)
+            self._read.update(wanted)
             self._grown = grown
         return self._newest
 
