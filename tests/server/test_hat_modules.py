@@ -260,6 +260,36 @@ def test_a_hat_module_querying_in_process_finds_the_sessions_before_as_on_hat_ev
     assert [seen[("seen", str(i))] for i in range(4)] == [str(n).encode() for n in hat_seen]
 
 
+def test_a_hat_module_registering_from_session_start_and_stop_is_as_on_hat_event(
+    tmp_path: Path,
+) -> None:
+    """What a module registers from ``on_session_stop`` (spawned: awaited there it would
+    wait for the session itself, in hat-event too) is a session of its own, on behalf of
+    the module; the sessions are compared as a set, since the spawned ones and the client's
+    next register race on both servers."""
+    modules = [{"module": "tests.support.hat_modules.stopping"}, {"module": LATER}]
+    sessions = [
+        [hat.RegisterEvent(("s", "1"), None, None), hat.RegisterEvent(("s", "2"), None, None)],
+        [hat.RegisterEvent(("t", "1"), None, None)],
+        [hat.RegisterEvent(("s", "3"), None, None)],
+        [hat.RegisterEvent(("later", "1"), None, None)],
+    ]
+
+    async def on_tidings() -> list[Session]:
+        async with _tidings(tmp_path / "tidings", modules) as (address, _server):
+            return await _exercise(address, sessions)
+
+    with hat_event_server(tmp_path, 1, modules=modules, syncer=False) as (port, _, _process):
+        on_hat = run(_exercise(local_address(port), sessions), 60)
+    ours = run(on_tidings(), 60)
+    assert sorted(map(repr, _without_eventer(ours))) == sorted(map(repr, _without_eventer(on_hat)))
+    stopped = [s for s in ours if s[0][0][0] == "stopped"]
+    assert [[t for t, _, _ in s] for s in stopped] == [
+        [("stopped", "1"), ("stopped", "2")],
+        [("stopped", "3")],
+    ]
+
+
 # --- bad module configurations: clear errors, as hat-event refuses them ---------------------
 
 
