@@ -346,6 +346,93 @@ def test_events_of_several_servers_merge_by_time_and_a_partly_filled_store_is_co
     )
 
 
+#: Another process (as a running hat server would) adds events to a hat lmdb database with
+#: hat's own backend: python -c WRITE PATH SERVER FIRST COUNT BASE_S.
+_HAT_WRITES = """
+import asyncio, sys
+import hat.event.common as c
+import hat.event.server.backends.lmdb as lmdb
+
+path, server, first, count, base = sys.argv[1], *map(int, sys.argv[2:])
+
+async def main():
+    backend = await lmdb.create({
+        "db_path": path, "max_db_size": 2**26, "flush_period": 60, "conditions": [],
+        "latest": {"subscriptions": [["*"]]},
+        "ordered": [{"order_by": "TIMESTAMP", "subscriptions": [["*"]]}],
+    })
+    await backend.register([
+        c.Event(c.EventId(server, n, n), ("s", str(server)), c.Timestamp(base + n, 0), None,
+                c.EventPayload(c.EventPayloadType.JSON, n))
+        for n in range(first, first + count)
+    ])
+    await backend.flush()
+    await backend.async_close()
+
+asyncio.run(main())
+"""
+
+
+def _hat_writes(path: Path, server: int, first: int, count: int, base: int) -> None:
+    subprocess.run(
+        [sys.executable, "-c", _HAT_WRITES, str(path), *map(str, (server, first, count, base))],
+        check=True,
+        timeout=60,
+    )
+
+
+def test_the_check_reads_the_snapshot_the_import_read(tmp_path: Path) -> None:
+    """hat keeps writing while the import runs: the check compares what was imported, not
+    a later state of the database (which the next run imports)."""
+    path, base = tmp_path / "live.db", int(time.time()) - 100
+    _hat_writes(path, 3, 1, 10, base)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    added: list[int] = []
+
+    def hat_goes_on(imported: int) -> None:
+        if not added:  # after the first batch, hat registers five more (and flushes them)
+            added.append(imported)
+            _hat_writes(path, 3, 11, 5, base)
+
+    store = EventStore(url)
+    try:
+        first = import_hat(path, store, batch=3, progress=hat_goes_on)
+        assert added, "the import stored no batch"
+        assert (first.imported, first.checked_events, first.differences) == (10, 10, [])
+        second = import_hat(path, store)
+        assert (second.imported, second.checked_events, second.equal) == (5, 15, True)
+        assert store.last_event_id(3) == EventId(3, 15, 15)
+    finally:
+        store.close()
+
+
+def test_an_lmdb_of_hat_tables_with_other_records_is_one_clear_line(tmp_path: Path) -> None:
+    """Another program's lmdb with hat's table names (another hat version, a damaged file):
+    hat's decoders raise whatever the bytes make them; the command says which record."""
+    import hat.event.common as hat_common
+    from hat.event.server.backends.lmdb import common, encoder
+
+    foreign = tmp_path / "foreign.db"
+    env = common.ext_create_env(foreign)
+    dbs = {t: common.ext_open_db(env, t) for t in common.DbType}
+    with env.begin(write=True) as txn:
+        txn.put(b"\x00\x01", b"\x01\x02\x03", db=dbs[common.DbType.SYSTEM])
+    env.close()
+    damaged = tmp_path / "damaged.db"
+    _hat_writes(damaged, 3, 1, 4, int(time.time()) - 100)
+    env = common.ext_create_env(damaged)
+    ref = common.ext_open_db(env, common.DbType.REF)
+    with env.begin(write=True) as txn:
+        key = encoder.encode_ref_db_key(hat_common.EventId(3, 2, 2))
+        txn.put(key, b"\x07" * 5, db=ref)  # event 3/2/2's references overwritten
+    env.close()
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    line = one_error_line(run_tidings("import-hat", str(foreign), "--url", url))
+    assert "the SYSTEM record" in line and "not a hat-event 0.8.5 database" in line
+    line = one_error_line(run_tidings("import-hat", str(damaged), "--url", url))
+    assert "the REF record" in line and "or a damaged one" in line
+
+
 def test_the_server_file_names_the_store(hat_db: tuple[Path, Expected], tmp_path: Path) -> None:
     path, expected = hat_db
     conf = tmp_path / "event.yaml"

@@ -52,6 +52,9 @@ MODULES: list[dict[str, Any]] = [
 ]
 
 
+LATER = "tests.support.hat_modules.later"
+
+
 def _json(value: Any) -> hat.EventPayload:
     return hat.EventPayload(hat.EventPayloadType.JSON, value)
 
@@ -81,13 +84,15 @@ SESSIONS: list[list[hat.RegisterEvent]] = [
 Session = list[tuple[tuple[str, ...], Any, Any]]
 
 
-async def _exercise(address: str) -> list[Session]:
+async def _exercise(
+    address: str, registered: list[list[hat.RegisterEvent]] = SESSIONS
+) -> list[Session]:
     """Register :data:`SESSIONS` through hat's client, wait for the later module's own two
     sessions, and return every session the server holds (its own start and the client's
     CONNECTED event included)."""
     client = await hat_eventer.connect(address)
     try:
-        for events in SESSIONS:
+        for events in registered:
             results = await client.register_with_response(events)
             assert all(result is not None for result in results)
 
@@ -187,6 +192,102 @@ def test_hat_modules_register_the_same_events_on_tidings_as_on_hat_event(
     )
     assert sources[("later-done", "1")] == Source(SourceKind.MODULE, 3, later)
     assert sources[("later-found", "1")] == Source(SourceKind.MODULE, 3, later)
+
+
+def test_a_hat_module_whose_subscription_changes_is_offered_what_hat_event_offers(
+    tmp_path: Path,
+) -> None:
+    """hat-event reads a module's ``subscription`` for every event it offers: a module that
+    subscribes to more as it goes is offered the newly matching events from then on, in the
+    same round too."""
+    modules = [{"module": "tests.support.hat_modules.follow"}, {"module": LATER}]
+    sessions = [
+        [hat.RegisterEvent(("b", "1"), None, None)],  # not yet followed
+        [
+            hat.RegisterEvent(("follow", "b"), None, None),
+            hat.RegisterEvent(("b", "2"), None, None),  # followed from the event before
+        ],
+        [hat.RegisterEvent(("b", "3"), None, None), hat.RegisterEvent(("c", "1"), None, None)],
+        [hat.RegisterEvent(("later", "1"), None, None)],
+    ]
+
+    async def on_tidings() -> list[Session]:
+        async with _tidings(tmp_path / "tidings", modules) as (address, _server):
+            return await _exercise(address, sessions)
+
+    with hat_event_server(tmp_path, 1, modules=modules, syncer=False) as (port, _, _process):
+        on_hat = run(_exercise(local_address(port), sessions), 60)
+    ours = run(on_tidings(), 60)
+    assert _without_eventer(ours) == _without_eventer(on_hat)
+    types = [event_type for session in ours for event_type, _, _ in session]
+    assert ("followed", "b", "2") in types and ("followed", "b", "3") in types
+    assert ("followed", "b", "1") not in types and ("followed", "c", "1") not in types
+
+
+def test_a_hat_module_querying_in_process_finds_the_sessions_before_as_on_hat_event(
+    tmp_path: Path,
+) -> None:
+    """hat-event stores each session before it runs the next, so a module's query inside
+    ``process`` finds every earlier session. tidings stores sessions registered together
+    in one transaction (group commit): with hat modules each is stored before the next
+    runs. hat-event's numbers are those of its sessions one by one; tidings' engine gets the
+    same sessions as one group (as the write queue passes clients registering at once)."""
+    modules = [{"module": "tests.support.hat_modules.query"}]
+    sessions = [[hat.RegisterEvent(("n", str(i)), None, None)] for i in range(4)]
+    on_hat_modules = [*modules, {"module": LATER}]  # _exercise waits for its events
+    later = [hat.RegisterEvent(("later", "1"), None, None)]
+    with hat_event_server(tmp_path, 1, modules=on_hat_modules, syncer=False) as (port, _, _p):
+        on_hat = run(_exercise(local_address(port), [*sessions, later]), 60)
+    hat_seen = [s[1][2].data for s in _without_eventer(on_hat) if s[0][0][0] == "n"]
+    assert hat_seen == [0, 1, 2, 3]
+
+    from tidings.events.model import NewEvent
+    from tidings.server.engine import Engine
+    from tidings.server.modules import load_modules
+
+    store = EventStore(f"sqlite:///{tmp_path / 'grouped.db'}", server_id=1)
+    engine = Engine(store, [])
+    try:
+        load_modules(engine, modules)
+        grouped = engine.register_many(
+            [[NewEvent(("n", str(i)), None, None, None, None)] for i in range(4)]
+        )
+        assert all(not isinstance(result, EngineError) for result in grouped)
+        seen = {e.type: e.payload for e in store.read(0, 100) if e.type[0] == "seen"}
+    finally:
+        engine.close()
+        store.close()
+    assert [seen[("seen", str(i))] for i in range(4)] == [str(n).encode() for n in hat_seen]
+
+
+def test_a_hat_module_registering_from_session_start_and_stop_is_as_on_hat_event(
+    tmp_path: Path,
+) -> None:
+    """What a module registers from ``on_session_stop`` (spawned: awaited there it would
+    wait for the session itself, in hat-event too) is a session of its own, on behalf of
+    the module; the sessions are compared as a set, since the spawned ones and the client's
+    next register race on both servers."""
+    modules = [{"module": "tests.support.hat_modules.stopping"}, {"module": LATER}]
+    sessions = [
+        [hat.RegisterEvent(("s", "1"), None, None), hat.RegisterEvent(("s", "2"), None, None)],
+        [hat.RegisterEvent(("t", "1"), None, None)],
+        [hat.RegisterEvent(("s", "3"), None, None)],
+        [hat.RegisterEvent(("later", "1"), None, None)],
+    ]
+
+    async def on_tidings() -> list[Session]:
+        async with _tidings(tmp_path / "tidings", modules) as (address, _server):
+            return await _exercise(address, sessions)
+
+    with hat_event_server(tmp_path, 1, modules=modules, syncer=False) as (port, _, _process):
+        on_hat = run(_exercise(local_address(port), sessions), 60)
+    ours = run(on_tidings(), 60)
+    assert sorted(map(repr, _without_eventer(ours))) == sorted(map(repr, _without_eventer(on_hat)))
+    stopped = [s for s in ours if s[0][0][0] == "stopped"]
+    assert [[t for t, _, _ in s] for s in stopped] == [
+        [("stopped", "1"), ("stopped", "2")],
+        [("stopped", "3")],
+    ]
 
 
 # --- bad module configurations: clear errors, as hat-event refuses them ---------------------

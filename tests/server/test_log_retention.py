@@ -27,6 +27,7 @@ from tidings.server.store import EventStore
 from tidings.server.store.retention import Keep
 from tidings.server.syncer.client import SyncerClient
 from tidings.server.syncer.server import SyncerServer
+from tidings.streams.consumers.positions import Consumers
 
 HOUR_US = 3600 * 1_000_000
 
@@ -116,6 +117,50 @@ def test_a_pass_goes_past_chunks_of_events_that_stay(store: EventStore) -> None:
     r.hold("a reader", lambda: [Keep([("g",)], kept[-1])])  # g events after these
     assert r.run_pass() == {"0: *": 3}
     assert positions(store) == set(f) | set(g)
+
+
+def test_a_consumer_registered_during_a_pass_holds_its_events_from_the_next_chunk(
+    store: EventStore,
+) -> None:
+    orders = old(store, ("o",), 6, 0)
+    consumers = Consumers(store)  # the streams' real consumer table, in the same store
+
+    def stream_consumers() -> list[Keep]:
+        lowest = consumers.lowest_position("s")
+        return [] if lowest is None else [Keep([("o",)], lowest)]
+
+    asked: list[int] = []
+
+    def registers_during_the_pass() -> list[Keep]:
+        asked.append(1)
+        if len(asked) == 2:  # the first chunk is deleted: a consumer registers now
+            consumers.register("s", "u", "A")
+        return []
+
+    r = retention(store, rules=[{"subscriptions": [["o"]], "max_entries": 0}], batch=1)
+    r.hold("registers", registers_during_the_pass)
+    r.hold("stream consumers", stream_consumers)
+    r.run_pass()
+    assert len(asked) > 1, "the readers were asked once a pass, not before each chunk"
+    assert positions(store) == set(orders[1:])  # only the chunk before it registered went
+
+
+def test_a_table_loaded_during_a_pass_holds_the_newest_of_its_keys_from_the_next_chunk(
+    store: EventStore,
+) -> None:
+    rows = old(store, ("rows", "t"), 9, 0, keys="xyz")  # x y z x y z x y z
+    r = retention(store, rules=[{"subscriptions": [["rows", "*"]], "max_entries": 0}], batch=1)
+    asked: list[int] = []
+
+    def loads_during_the_pass() -> list[Keep]:
+        asked.append(1)
+        if len(asked) == 2:  # the first chunk is deleted: an intermediary loads the table
+            r.table_loaded(("rows", "t"))
+        return []
+
+    r.hold("loads", loads_during_the_pass)
+    r.run_pass()
+    assert positions(store) == set(rows[-3:])
 
 
 def test_listed_tables_keep_the_newest_event_of_every_key(store: EventStore) -> None:

@@ -34,12 +34,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tidings.errors import EngineError
-from tidings.events.matching import TypeMatcher
+from tidings.errors import EngineError, StoreError
 from tidings.events.model import EventType, NewEvent, StoredEvent, json_event
 from tidings.events.sources import ENGINE_SOURCE, Source, module_source
 from tidings.events.validation import validate_new_event
 from tidings.server.module_interface import (
+    Matcher,
     Module,
     SessionEvent,
     call_module,
@@ -93,8 +93,11 @@ class Engine:
             raise EngineError(f"max_session_events must be positive, not {max_session_events}")
         self._store = store
         self._modules: list[Module] = []
-        self._matchers: list[TypeMatcher] = []
+        self._matchers: list[Matcher] = []
         self._sources: list[Source] = []
+        #: Some module queries the store inside ``process`` and must find every earlier
+        #: session there (hat modules): a group's sessions are stored one by one.
+        self._each_stored = False
         self._max_added = max_session_events
         self._callbacks: list[Callback] = []
         self._closers: list[Callable[[], None]] = []
@@ -133,6 +136,7 @@ class Engine:
         self._modules.append(module)
         self._matchers.append(matcher)
         self._sources.append(source)
+        self._each_stored = self._each_stored or bool(getattr(module, "stores_each_session", False))
 
     def on_fault(self, callback: Callable[[str], None]) -> None:
         """Call ``callback`` (from any thread) with the reason once the engine faults."""
@@ -168,6 +172,7 @@ class Engine:
                 except Exception:
                     log.exception("module %s: close failed", module_name(module))
         self._modules, self._matchers, self._sources = [], [], []
+        self._each_stored = False
         closers, self._closers = self._closers, []
         for closer in reversed(closers):
             try:
@@ -251,7 +256,10 @@ class Engine:
         strict: bool = False,
         sources: Sequence[Source] | None = None,
     ) -> list[list[StoredEvent | None] | EngineError]:
-        """Run one session per request, in order, and store them all in one transaction.
+        """Run one session per request, in order, and store them all in one transaction;
+        or each in its own, one after the other, when a module says ``stores_each_session``
+        (a hat module: its queries inside ``process`` find every earlier session, as in
+        hat-event, which stores each session before it runs the next).
 
         This is the group commit of a busy server: each request is the session it would be
         alone (its own session number, timestamp and module calls); an aborted session gets
@@ -296,6 +304,8 @@ class Engine:
         wait: bool,
         strict: bool,
     ) -> list[list[StoredEvent | None] | EngineError]:
+        if len(requests) > 1 and self._each_stored:
+            return self._run_each(requests, sources, wait, strict)
         planned: list[_Plan | EngineError] = []
         for events, source in zip(requests, sources, strict=True):
             try:
@@ -328,6 +338,28 @@ class Engine:
             session = next(sessions)
             self._notify(session.fresh)
             results.append(plan.outcome(session.events))
+        return results
+
+    def _run_each(
+        self,
+        requests: Sequence[Sequence[NewEvent]],
+        sources: Sequence[Source],
+        wait: bool,
+        strict: bool,
+    ) -> list[list[StoredEvent | None] | EngineError]:
+        """The sessions of ``requests`` each stored in its own transaction, in order. A
+        failure of the first is raised (nothing was stored); once one is stored, a failure
+        fails that session and those after it in their slots, not the stored ones."""
+        results: list[list[StoredEvent | None] | EngineError] = []
+        for events, source in zip(requests, sources, strict=True):
+            try:
+                results += self._run_many([events], [source], wait, strict)
+            except StoreError as exc:
+                if not results:
+                    raise
+                failed = EngineError(f"session not stored: {exc}")
+                results += [failed] * (len(requests) - len(results))
+                break
         return results
 
     def _plan(self, events: Sequence[NewEvent], source: Source, strict: bool) -> _Plan:

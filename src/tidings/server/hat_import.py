@@ -21,10 +21,11 @@ hat server (a mixed pair during a move).
 <tidings.server.store.EventStore.continue_after>`), stored or not, so a tidings server with
 hat's ``server_id`` numbers its sessions after hat's.
 
-**Checking.** Then the database is read again and, for the events up to each server's last
-one read, the count and the latest event (by timestamp, then id) of every type must be the
-same in the store (:func:`~tidings.server.store.census.census`); the report says so or lists
-the differences.
+**Checking.** Then the database is read again, in the same snapshot (a hat server that
+goes on running adds events, and its limits delete some, in a later one), and, for the
+events up to each server's last one read, the count and the latest event (by timestamp, then
+id) of every type must be the same in the store (:func:`~tidings.server.store.census.
+census`); the report says so or lists the differences.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def import_hat(
             report.imported += len(store.append_synced(chunk))
             progress(report.imported)
         store.continue_after(list(report.servers.values()))
-    _check(path, store, report)
+        _check(source, store, report)
     return report
 
 
@@ -111,17 +112,18 @@ def _order(event: StoredEvent) -> tuple[int, int, int, int]:
     return (event.timestamp_us, event.id.server, event.id.session, event.id.instance)
 
 
-def _check(path: Path, store: EventStore, report: ImportReport) -> None:
-    """Compare the count and the latest event of each type (see the module docstring)."""
+def _check(source: HatLmdb, store: EventStore, report: ImportReport) -> None:
+    """Compare the count and the latest event of each type (see the module docstring), in
+    the snapshot the import read: the database of a hat server that goes on running (or
+    whose limits delete) has other events in a later one."""
     counts: Counter[EventType] = Counter()
     latest: dict[EventType, StoredEvent] = {}
     last: dict[int, EventId] = {}
-    with HatLmdb(path) as source:
-        for event in _all_events(source, report.servers):
-            counts[event.type] += 1
-            if event.type not in latest or _order(event) > _order(latest[event.type]):
-                latest[event.type] = event
-            last[event.id.server] = event.id
+    for event in _all_events(source, report.servers):
+        counts[event.type] += 1
+        if event.type not in latest or _order(event) > _order(latest[event.type]):
+            latest[event.type] = event
+        last[event.id.server] = event.id
     stored_counts, stored_latest = census(store, last)
     report.checked_events = sum(counts.values())
     report.checked_types = len(counts)

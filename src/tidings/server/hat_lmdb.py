@@ -19,6 +19,7 @@ needs to be installed (``pip install 'tidings[hat]'``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,13 +80,29 @@ class HatLmdb:
         self._txn.abort()
         self._env.close()
 
+    @contextlib.contextmanager
+    def _decoding(self, table: str, key: Any) -> Iterator[None]:
+        """Turn a record hat's encoder cannot read (another program's lmdb with the same
+        table names, another hat version's, a damaged file) into one clear error."""
+        try:
+            yield
+        except HatImportError:
+            raise
+        except Exception as exc:  # foreign bytes make hat's decoders raise anything
+            raise HatImportError(
+                f"hat-event lmdb database {self.path}: the {table} record {bytes(key)[:32]!r} "
+                f"is not hat-event 0.8.5's ({type(exc).__name__}: {exc}); not a hat-event "
+                "0.8.5 database, or a damaged one"
+            ) from exc
+
     def last_ids(self) -> dict[int, EventId]:
         """Each server's last registered id, as hat's ``SYSTEM`` table records it."""
         found: dict[int, EventId] = {}
         for key, value in self._txn.cursor(self._dbs[self._common.DbType.SYSTEM]):
-            server = self._encoder.decode_system_db_key(bytes(key))
-            last, _ = self._encoder.decode_system_db_value(bytes(value))
-            found[server] = EventId(last.server, last.session, last.instance)
+            with self._decoding("SYSTEM", key):
+                server = self._encoder.decode_system_db_key(bytes(key))
+                last, _ = self._encoder.decode_system_db_value(bytes(value))
+                found[server] = EventId(last.server, last.session, last.instance)
         return found
 
     def events(self, server: int, after: EventId) -> Iterator[StoredEvent]:
@@ -99,16 +116,22 @@ class HatLmdb:
         if available and bytes(cursor.key()) == start:
             available = cursor.next()
         while available and bytes(cursor.key()) < stop:
-            refs = self._encoder.decode_ref_db_value(bytes(cursor.value()))
-            if refs:
-                yield self._event(min(refs, key=repr))
+            with self._decoding("REF", cursor.key()):
+                refs = self._encoder.decode_ref_db_value(bytes(cursor.value()))
+                event = self._event(min(refs, key=repr)) if refs else None
+            if event is not None:
+                yield event
             available = cursor.next()
 
     def latest(self) -> list[StoredEvent]:
         """The events of hat's latest-per-type table."""
         cursor = self._txn.cursor(self._dbs[self._common.DbType.LATEST_DATA])
         decode = self._encoder.decode_latest_data_db_value
-        return [self._converted(decode(bytes(value))) for _, value in cursor]
+        found = []
+        for key, value in cursor:
+            with self._decoding("LATEST_DATA", key):
+                found.append(self._converted(decode(bytes(value))))
+        return found
 
     def _event(self, ref: Any) -> StoredEvent:
         """The event a ``REF`` entry points to, from the table it names."""

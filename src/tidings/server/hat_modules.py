@@ -38,7 +38,8 @@ from hat import aio
 from hat.event.server import common as hat
 
 from tidings.errors import EngineError, ModuleLoadError
-from tidings.events.model import NewEvent, StoredEvent
+from tidings.events.matching import QueryType, TypeMatcher
+from tidings.events.model import EventType, NewEvent, StoredEvent
 from tidings.events.query import QueryData
 from tidings.events.sources import HAT_KINDS, Source, SourceKind
 from tidings.server.engine import Engine
@@ -232,6 +233,11 @@ class _Handle:
 class HatModule:
     """One hat module behind tidings' (synchronous) module interface."""
 
+    #: hat-event stores each session before it runs the next, so a hat module's query
+    #: inside ``process`` finds every earlier session: the engine stores a group commit's
+    #: sessions one by one (:meth:`Engine.register_many`).
+    stores_each_session = True
+
     def __init__(
         self,
         name: str,
@@ -247,14 +253,30 @@ class HatModule:
         self._closing = False
         self._report_fault = report_fault
         try:
-            query_types = module.subscription.get_query_types()
-            self.subscription = tuple(tuple(t) for t in query_types)
+            TypeMatcher(self.subscription)
         except Exception as exc:
             self.close()
             raise ModuleLoadError(
                 f"module {name!r}: its subscription is not a hat-event Subscription: {exc!r}"
             ) from exc
         asyncio.run_coroutine_threadsafe(self._watch(), hat_loop.loop)
+
+    @property
+    def subscription(self) -> tuple[QueryType, ...]:
+        """The hat module's subscription now, as query types."""
+        return tuple(tuple(t) for t in self._module.subscription.get_query_types())
+
+    def matches(self, event_type: EventType) -> bool:
+        """Whether the module is offered an event of ``event_type``: its ``subscription``
+        read now, as hat-event's engine reads it for every event it offers (a module may
+        change it as it goes), and matched by hat's own code."""
+        try:
+            return bool(self._module.subscription.matches(tuple(event_type)))
+        except Exception as exc:
+            raise EngineError(
+                f"module {self.name}: its subscription cannot match {list(event_type)}: "
+                f"{exc!r}; the session is aborted, nothing was stored"
+            ) from exc
 
     def on_session_start(self, session_id: int) -> None:
         self._hat_loop.call(self._notify("on_session_start", session_id))

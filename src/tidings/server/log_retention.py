@@ -20,6 +20,9 @@ what someone still needs:
   type (what :mod:`~tidings.server.store.latest_by_key` sends), for the types of ``tables``
   and those the server was asked to load since it started.
 
+The readers are asked before every chunk's delete, not once a pass, so that one arriving
+during a pass holds its events from the next chunk on.
+
 A pass runs every ``every`` in a thread, rule by rule, in chunks of at most ``batch``
 deletions, each one short transaction (:func:`~tidings.server.store.retention.
 discard_chunk`), so that writers wait for one chunk at most. Each pass that deletes logs how
@@ -73,6 +76,8 @@ class LogRetention:
         self._holders: dict[int, tuple[str, Holder]] = {}
         self._tables: set[QueryType] = set(config.tables)
         self._tables_full = False
+        #: Grows with every table type added, so that a pass under way sees new ones.
+        self._tables_grown = 0
         self._lock = threading.Lock()
         #: Events deleted so far, by rule (its index and patterns), for the metrics.
         self.deleted: Counter[str] = Counter()
@@ -101,7 +106,9 @@ class LogRetention:
                 full = not self._tables_full
                 self._tables_full = True
             else:
-                self._tables.add(tuple(event_type))
+                if tuple(event_type) not in self._tables:
+                    self._tables.add(tuple(event_type))
+                    self._tables_grown += 1
                 return
         if full:
             log.warning(
@@ -122,13 +129,8 @@ class LogRetention:
         """One pass over every rule (blocking); the events deleted per rule that deleted."""
         now_us = _us(utcnow().timestamp())
         young_us = now_us - _us(self.config.min_age.total_seconds())
-        with self._lock:
-            holders = list(self._holders.values())
-            tables = list(self._tables)
-        keep = [k for _, holder in holders for k in holder()]
         types = known_types(self._store)
-        table_matcher = TypeMatcher(tables)
-        spare = newest_of_keys(self._store, [t for t in types if table_matcher.matches(t)])
+        spared = _Spared(self, types)
         done: dict[str, int] = {}
         for index, rule_types in enumerate(self._assign(types)):
             if not rule_types or self._interrupted.is_set():
@@ -140,10 +142,10 @@ class LogRetention:
             deleted = 0
             if rule.max_entries is not None:
                 beyond = nth_newest_position(self._store, rule_types, rule.max_entries + 1)
-                deleted += self._sweep(rule_types, min(beyond, cap), keep, young_us, spare)
+                deleted += self._sweep(rule_types, min(beyond, cap), young_us, spared)
             if rule.duration is not None:
                 old_us = min(young_us, now_us - _us(rule.duration.total_seconds()))
-                deleted += self._sweep(rule_types, cap, keep, old_us, spare)
+                deleted += self._sweep(rule_types, cap, old_us, spared)
             if deleted:
                 name = self.rule_name(index)
                 done[name] = deleted
@@ -151,9 +153,20 @@ class LogRetention:
         if done:
             log.info(
                 "server log retention deleted events",
-                extra={"deleted": done, "held_by": sorted({name for name, _ in holders})},
+                extra={"deleted": done, "held_by": sorted(spared.held_by)},
             )
         return done
+
+    def _needs(self) -> tuple[list[str], list[Keep]]:
+        """Who holds events now, and what they need (asked before every chunk's delete)."""
+        with self._lock:
+            holders = list(self._holders.values())
+        return [name for name, _ in holders], [k for _, holder in holders for k in holder()]
+
+    def _loaded(self) -> tuple[int, list[QueryType]]:
+        """How many times the table types grew, and the table types now."""
+        with self._lock:
+            return self._tables_grown, list(self._tables)
 
     def _assign(self, types: Sequence[EventType]) -> list[list[QueryType]]:
         """Each rule's stored types: those it matches that no earlier rule matched."""
@@ -167,12 +180,7 @@ class LogRetention:
         return assigned
 
     def _sweep(
-        self,
-        types: Sequence[QueryType],
-        up_to: int,
-        keep: Sequence[Keep],
-        older_than_us: int,
-        spare: set[int],
+        self, types: Sequence[QueryType], up_to: int, older_than_us: int, spared: _Spared
     ) -> int:
         """Delete chunk by chunk what :func:`discard_chunk` allows; how many."""
         deleted, after = 0, 0
@@ -181,11 +189,11 @@ class LogRetention:
                 self._store,
                 types,
                 up_to,
-                keep,
+                spared.keep,
                 older_than_us,
                 self.config.batch,
                 after=after,
-                spare=spare,
+                spare=spared.newest_of_keys,
             )
             deleted += chunk.deleted
             if not chunk.examined or self._interrupted.is_set():
@@ -203,6 +211,41 @@ class LogRetention:
             "server log retention pass failed",
             log,
         )
+
+
+class _Spared:
+    """What one pass spares, asked again before every chunk's delete: a reader that
+    arrives during a pass (a consumer registered, a Syncer peer connected, a type loaded as
+    a table) holds its events from the next delete on, not from the next pass."""
+
+    def __init__(self, retention: LogRetention, types: Sequence[EventType]) -> None:
+        self._retention = retention
+        self._types = types
+        self._grown = -1
+        self._newest: set[int] = set()
+        #: The types whose newest events per key are in ``_newest``.
+        self._read: set[EventType] = set()
+        #: Every reader that held events during the pass, for the log.
+        self.held_by: set[str] = set()
+
+    def keep(self) -> list[Keep]:
+        names, keep = self._retention._needs()
+        self.held_by.update(names)
+        return keep
+
+    def newest_of_keys(self) -> set[int]:
+        """The newest event of every key of the table types; when they grew, of the types
+        they take in now besides (each type read once a pass)."""
+        grown, tables = self._retention._loaded()
+        if grown != self._grown:
+            store = self._retention._store
+            matcher = TypeMatcher(tables)
+            types = known_types(store) if self._grown >= 0 else self._types
+            wanted = [t for t in types if t not in self._read and matcher.matches(t)]
+            self._newest |= newest_of_keys(store, wanted)
+            self._read.update(wanted)
+            self._grown = grown
+        return self._newest
 
 
 def syncer_holder(store: EventStore, syncer: SyncerServer, horizon_s: float) -> Holder:

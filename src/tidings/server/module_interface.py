@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from tidings.errors import EngineError, StoreError
 from tidings.events.matching import QueryType, TypeMatcher
@@ -60,8 +60,10 @@ class Module(Protocol):
     it once, after the last session.
     """
 
-    #: Query types (``?`` and a trailing ``*`` allowed) of the events offered to ``process``.
-    subscription: tuple[QueryType, ...]
+    @property
+    def subscription(self) -> tuple[QueryType, ...]:
+        """Query types (``?`` and a trailing ``*`` allowed) of the events offered to
+        ``process`` (a plain attribute will do)."""
 
     def on_session_start(self, session_id: int) -> None: ...
 
@@ -92,12 +94,24 @@ def check_added(session_id: int, module: Module, added: object) -> None:
             )
 
 
-def module_matcher(module: Module) -> TypeMatcher:
+class Matcher(Protocol):
+    """Tells whether an event of a type is offered to a module."""
+
+    def matches(self, event_type: EventType) -> bool: ...
+
+
+def module_matcher(module: Module) -> Matcher:
+    """What decides which events ``module`` is offered: its ``subscription``, read once; or,
+    if it has one, its own ``matches(event_type)``, asked for every event offered, for a
+    module whose subscription changes as it goes (hat-event reads a module's subscription
+    for every event, :class:`~tidings.server.hat_modules.HatModule`)."""
     name = module_name(module)
     if not isinstance(module, Module):
         raise EngineError(
             f"module {name} lacks subscription, on_session_start, process or on_session_stop"
         )
+    if callable(getattr(module, "matches", None)):
+        return cast(Matcher, module)
     try:
         return TypeMatcher(module.subscription)
     except (StoreError, TypeError) as exc:

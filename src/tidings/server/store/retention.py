@@ -17,7 +17,7 @@ own log retention (:mod:`tidings.server.log_retention`) uses the same passes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from tidings.errors import StoreError
@@ -61,17 +61,21 @@ def discard_chunk(
     store: EventStore,
     types: Sequence[QueryType],
     up_to: int,
-    keep: Sequence[Keep],
+    keep: Sequence[Keep] | Callable[[], Sequence[Keep]],
     older_than_us: int,
     limit: int = 10_000,
     *,
     after: int = 0,
-    spare: Collection[int] = frozenset(),
+    spare: Collection[int] | Callable[[], Collection[int]] = frozenset(),
 ) -> Chunk:
     """:func:`discard` over the candidates after position ``after``, sparing the events at
     the positions ``spare`` too (what a reader needs that is not a range of positions: the
     newest event of each key of a table). A caller that goes on from ``examined`` gets past
-    candidates that stay, instead of reading them again."""
+    candidates that stay, instead of reading them again.
+
+    ``keep`` and ``spare`` may be calls: they are made after the candidates are read, just
+    before the delete, so that a reader that arrived since (a consumer registered, a Syncer
+    peer connected, a table loaded) is asked too."""
     if up_to <= after or not types:
         return Chunk(0, 0)
     table = events_table.name
@@ -96,6 +100,12 @@ def discard_chunk(
             raise StoreError(
                 f"event store {store.url}: cannot select events to discard: {exc}"
             ) from exc
+    if not rows:
+        return Chunk(0, 0)
+    if callable(keep):
+        keep = keep()
+    if callable(spare):
+        spare = spare()
     keepers = [(TypeMatcher(k.types), k.position) for k in keep]
     doomed = []
     decoded: dict[str, tuple[str, ...]] = {}
@@ -107,7 +117,7 @@ def discard_chunk(
             continue
         doomed.append(position)
     deleted = store.delete_positions(doomed) if doomed else 0
-    return Chunk(deleted, rows[-1][0] if rows else 0)
+    return Chunk(deleted, rows[-1][0])
 
 
 def _latest_of_types(sql: DriverCursor, texts: set[str]) -> set[int]:
