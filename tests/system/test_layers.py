@@ -260,7 +260,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.publisher": "simulation server",
     "tidings.intermediary.serving": (
         "credentials addresses access page envelope counters limits connection requests transport "
-        "metrics service"
+        "status metrics service"
     ),
     "tidings.intermediary.client": "subscriber client handover",
     "tidings.intermediary.cluster": (
