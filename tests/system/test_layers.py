@@ -272,7 +272,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     ),
     "tidings.system": "parts checks paths tls_files state children supervisor",
     "tidings.console": (
-        "logins audit history intermediaries overview browse routes tail actions app runner"
+        "logins audit history drawing intermediaries overview browse routes tail actions app runner"
     ),
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (
