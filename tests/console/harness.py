@@ -35,10 +35,14 @@ USERS = {
 }
 
 
-def deployment(tmp_path: Path, database_url: str, **console: Any) -> TidingsConfig:
-    """A file's worth of configuration: orders routed to the store target, the console."""
+def deployment(
+    tmp_path: Path, database_url: str, sections: dict[str, Any] | None = None, **console: Any
+) -> TidingsConfig:
+    """A file's worth of configuration: orders routed to the store target, the console (and
+    the other ``sections`` given)."""
     return load_config(
         {
+            **(sections or {}),
             "database": {"url": database_url},
             "targets": {
                 "store": {
@@ -61,8 +65,14 @@ def deployment(tmp_path: Path, database_url: str, **console: Any) -> TidingsConf
 class Deployment:
     """The outbox, its relay's publishing core and the console's state."""
 
-    def __init__(self, tmp_path: Path, database_url: str, **console: Any) -> None:
-        self.config = deployment(tmp_path, database_url, **console)
+    def __init__(
+        self,
+        tmp_path: Path,
+        database_url: str,
+        sections: dict[str, Any] | None = None,
+        **console: Any,
+    ) -> None:
+        self.config = deployment(tmp_path, database_url, sections, **console)
         self.engine: Engine = make_engine(database_url)
         assert self.config.console is not None
         self.state: ConsoleState = console_state(self.config, self.config.console)

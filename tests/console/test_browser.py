@@ -24,9 +24,13 @@ import pytest
 
 from bench.harness.processes import free_port
 from tests.console.harness import PASSWORDS, Deployment, serving, with_servers
+from tests.intermediary.serving.test_transport import Rig
 from tests.support.chromium import Browser, BrowserError, Page
+from tests.support.intermediary_helpers import SMALL
 from tidings.console.runner import RunningConsole, close_state, console_state
 from tidings.events.model import NewEvent, PayloadKind
+from tidings.intermediary.client.client import IntermediaryClient
+from tidings.intermediary.serving.metrics import IntermediaryMetrics
 from tidings.outbox.incomplete import EventFilter
 from tidings.streams.consumers.admin import open_store
 from tidings.streams.consumers.positions import Consumers
@@ -273,3 +277,46 @@ async def test_a_reader_finds_the_lagging_consumer_holding_retention_back(
     finally:
         await browser.close()
         close_state(state)
+
+
+async def test_a_reader_sees_an_intermediary_s_subscribers_and_its_boxes_drawn(
+    tmp_path: Path,
+) -> None:
+    rig = Rig()
+    await rig.server.start()
+    metrics = IntermediaryMetrics(rig.server, "127.0.0.1", 0)
+    section = {
+        "listen": f"127.0.0.1:{rig.server.port}",
+        "event_server": f"tcp+sbs://127.0.0.1:{free_port()}",
+        "metrics": {"port": metrics.port},
+    }
+    deployed = Deployment(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'outbox.db'}",
+        {"intermediaries": {"fanout": section}},
+        port=free_port(),
+    )
+    browser = await Browser.start(tmp_path / "chromium", width=1100, height=800)
+    subscribers = [await IntermediaryClient.connect(rig.url) for _ in range(3)]
+    try:
+        await subscribers[0].subscribe("near", SMALL, priority=5, rate_hz=20)
+        await subscribers[1].subscribe("corner", {"box": {"lo": [0, 0], "hi": [20, 10]}})
+        await subscribers[2].subscribe("east", {"box": {"lo": [70, 60], "hi": [95, 90]}}, rate_hz=5)
+        async with asyncio.timeout(WAIT_S), serving(deployed) as base:
+            page = await browser.open(f"{base}/login")
+            await _log_in(page, base, "rita")
+            await _go(page, f"{base}/intermediaries")
+            rows = await page.evaluate("document.querySelectorAll('[data-subscriber]').length")
+            assert rows == 3
+            drawn = await page.evaluate(
+                "document.querySelectorAll('svg.boxes rect.coverage').length"
+            )
+            assert drawn >= 1
+            await _shot(page, "intermediaries")
+    finally:
+        for subscriber in subscribers:
+            await subscriber.close()
+        metrics.close()
+        await rig.server.aclose()
+        await browser.close()
+        deployed.close()

@@ -260,7 +260,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.publisher": "simulation server",
     "tidings.intermediary.serving": (
         "credentials addresses access page envelope counters limits connection requests transport "
-        "metrics service"
+        "status metrics service"
     ),
     "tidings.intermediary.client": "subscriber client handover",
     "tidings.intermediary.cluster": (
@@ -272,7 +272,7 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     ),
     "tidings.system": "parts checks paths tls_files state children supervisor",
     "tidings.console": (
-        "logins audit history intermediaries overview browse routes tail actions app runner"
+        "logins audit history drawing intermediaries overview browse routes tail actions app runner"
     ),
     "tidings.demo": "bank alerts deployment watchers verdict core chain",
     "tidings.cli": (

@@ -275,14 +275,17 @@ class IncompleteEvents:
 
         A key's open events are read through the partial index on (key, seq) of open rows,
         spelled as it is, so they come in seq order with no sort; its parked and
-        unroutable events (which that index does not hold) are a second read. Otherwise
-        one read, along the primary key when :meth:`_many` says so.
+        unroutable events (which that index does not hold) are one read per status through
+        the (key, status, seq) index, in seq order too. Otherwise one read, along the
+        primary key when :meth:`_many` says so.
         """
-        open_part = chosen & OPEN_STATUSES
-        if where.partition_key is not None and open_part:
-            split: list[tuple[frozenset[EventStatus], list[Any]]] = [(open_part, [OPEN_ROW])]
-            if chosen - open_part:
-                split.append((chosen - open_part, []))
+        if where.partition_key is not None:
+            open_part = chosen & OPEN_STATUSES
+            split: list[tuple[frozenset[EventStatus], list[Any]]] = [
+                (frozenset({status}), []) for status in sorted(chosen - open_part)
+            ]
+            if open_part:
+                split.insert(0, (open_part, [OPEN_ROW]))
             return [
                 self._query([*self._conditions(replace(where, statuses=part)), *extra])
                 for part, extra in split

@@ -54,7 +54,7 @@ from tidings.errors import SchemaError
 from tidings.events.outbox import OutboxEvent
 from tidings.events.timeutil import as_utc
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = MetaData()
 
@@ -72,6 +72,11 @@ MYSQL_TABLE: dict[str, Any] = {
 #: The open-row condition, spelled exactly as the partial index spells it so that the
 #: planners (SQLite's in particular) match it to the index.
 OPEN_ROW = text("status IN ('PENDING', 'HELD', 'FAILED')")
+
+#: A key's rows of one status in seq order (schema version 4): a key's PARKED and
+#: UNROUTABLE events, which idx_03 does not hold, without reading every parked or
+#: unroutable row of the log through the status index.
+KEY_STATUS_INDEX = Index("idx_04_outbox_event", "partition_key", "status", "seq")
 
 outbox_event = Table(
     "outbox_event",
@@ -106,6 +111,7 @@ outbox_event = Table(
         sqlite_where=OPEN_ROW,
         postgresql_where=OPEN_ROW,
     ),
+    KEY_STATUS_INDEX,
     sqlite_autoincrement=True,  # never reuse a seq after housekeeping deleted the newest rows
     **MYSQL_TABLE,
 )
@@ -294,7 +300,12 @@ def _upgrade_to_3(engine: Engine) -> None:
     metadata.create_all(engine, tables=[stream_producer, stream_publish])
 
 
-_UPGRADES = {1: _upgrade_to_1, 2: _upgrade_to_2, 3: _upgrade_to_3}
+def _upgrade_to_4(engine: Engine) -> None:
+    # The (key, status, seq) index (a new log got it from version 1's step).
+    KEY_STATUS_INDEX.create(engine, checkfirst=True)
+
+
+_UPGRADES = {1: _upgrade_to_1, 2: _upgrade_to_2, 3: _upgrade_to_3, 4: _upgrade_to_4}
 
 
 def _stored_version(engine: Engine) -> int:

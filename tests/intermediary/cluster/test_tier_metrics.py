@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -59,12 +60,30 @@ def test_each_member_serves_its_own_metrics(tmp_path: Path) -> None:
             await raw.recv()
         return await _refusals(metrics), await _refusals(metrics + 1)
 
+    async def statuses() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient() as http:
+            return [
+                (await http.get(f"http://127.0.0.1:{port}/status", timeout=30)).json()
+                for port in (metrics, metrics + 1)
+            ]
+
     try:
         first_line(publisher, "simulation of")
         tier = start("intermediary", "serve", "-c", str(path), "--tier", "world")
         first_line(tier, "intermediary tier world serving")
         zero, one = run(main(), 60)
+        split = [status["responsibility"] for status in run(statuses(), 60)]
     finally:
         end(tier, publisher)
     assert zero["malformed"] == 0 and one["malformed"] == 1
     assert set(zero) == set(one) and "too_many_from_address" in zero
+    # Each member's /status: itself, and the tier's split of the world's cells.
+    assert split[0]["member"] != split[1]["member"]
+    slots = split[0]["slots"]
+    for one in split:
+        assert one["partition"] == "region" and one["slots"] == slots > 1
+        assert sum(one["owners"].values()) == slots and one["member"] in one["owners"]
+        assert set(one["owners"]) == {split[0]["member"], split[1]["member"]}
+        assert one["world"] == split[0]["world"]
+        cells = [box for areas in one["areas"].values() for box in areas["boxes"]]
+        assert len(cells) == slots and len({str(box) for box in cells}) == slots

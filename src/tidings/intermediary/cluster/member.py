@@ -33,6 +33,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from tidings.errors import IntermediaryError
 from tidings.intermediary.cluster.areas import AreaUpstream, Composer, areas
@@ -45,6 +46,7 @@ from tidings.intermediary.node.scheduling import Scheduler
 from tidings.intermediary.node.snapshot import Snapshot
 from tidings.intermediary.regions.geometry import parse_region
 from tidings.intermediary.serving.credentials import Credentials
+from tidings.intermediary.serving.status import box_json, boxes_json
 from tidings.intermediary.serving.transport import IntermediaryServer
 
 log = logging.getLogger(__name__)
@@ -151,6 +153,28 @@ class ClusterServer(IntermediaryServer):
     def owners(self) -> dict[int, str]:
         """The slots' owners as this member last read them (:meth:`refresh`)."""
         return self._owners
+
+    def responsibility(self) -> dict[str, Any]:
+        """What this member is responsible for, and the tier's split, as its ``/status``
+        gives it (:mod:`tidings.intermediary.serving.status`): the slots by owner as last
+        read and, under responsibility by region, each owner's cells of the world."""
+        by_owner: dict[str, list[int]] = {}
+        for slot, owner in sorted(self._owners.items()):
+            by_owner.setdefault(owner, []).append(slot)
+        found: dict[str, Any] = {
+            "member": self.name,
+            "partition": "region" if isinstance(self.partition, RegionPartition) else "hash",
+            "slots": len(self.partition.slots),
+            "owners": {owner: len(slots) for owner, slots in sorted(by_owner.items())},
+        }
+        if isinstance(self.partition, RegionPartition):
+            cell = self.partition.cell
+            found["world"] = box_json(self.partition.world)
+            found["areas"] = {
+                owner: boxes_json(cell(slot) for slot in slots)
+                for owner, slots in sorted(by_owner.items())
+            }
+        return found
 
     def subscriptions(self) -> int:
         """How many subscriptions this member serves (the subscriptions load measure)."""

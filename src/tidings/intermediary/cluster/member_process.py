@@ -157,7 +157,9 @@ async def main(plan: dict[str, Any]) -> int:
     metrics = None
     try:
         if spec := plan.get("metrics"):
-            metrics = IntermediaryMetrics(member, spec["address"], spec["port"])
+            metrics = IntermediaryMetrics(
+                member, spec["address"], spec["port"], member.responsibility
+            )
     except TidingsError as exc:  # its metrics port is taken: the supervisor says so
         print("error", exc, flush=True)
         await member.aclose()

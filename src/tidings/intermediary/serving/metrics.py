@@ -12,13 +12,19 @@ loop writes.
 Every refusal reason (:data:`.counters.REFUSALS`) is exported from the start, at 0 until it
 happens, so an alert on ``increase(tidings_intermediary_refusals_total[5m])`` needs no
 series to appear first; ``bench/hostile`` reads every ``tidings_*refus*`` line.
+
+The same listener answers ``/status`` (:mod:`.status`): the JSON an operator's console
+reads for per-subscriber figures, the coverage boxes and a tier member's responsibility.
+It has the metrics' bind and their (absent) access control: loopback by default.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -26,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from tidings.errors import ConfigError
 from tidings.intermediary.serving.counters import REFUSALS
+from tidings.intermediary.serving.status import Responsibility, StatusEndpoint
 
 if TYPE_CHECKING:
     from tidings.intermediary.serving.transport import IntermediaryServer
@@ -124,17 +131,26 @@ def _upstreams(server: IntermediaryServer) -> Iterator[_Family]:
 
 
 class IntermediaryMetrics:
-    """The ``/metrics`` endpoint of one running intermediary server; :meth:`close` it."""
+    """The ``/metrics`` and ``/status`` endpoints of one running intermediary server (made
+    on its event loop); :meth:`close` it. ``responsibility`` is a tier member's."""
 
-    def __init__(self, server: IntermediaryServer, address: str, port: int) -> None:
+    def __init__(
+        self,
+        server: IntermediaryServer,
+        address: str,
+        port: int,
+        responsibility: Responsibility | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_IntermediaryCollector(server))
+        status = StatusEndpoint(server, asyncio.get_running_loop(), responsibility)
         try:
             self._http, self._thread = start_http_server(port, addr=address, registry=self.registry)
         except OSError as exc:
             raise ConfigError(
                 f"metrics: cannot serve on {address}:{port}: {exc.strerror or exc}"
             ) from None
+        self._http.set_app(_with_status(self._http.get_app(), status))
         self.port: int = self._http.server_port
 
     def close(self) -> None:
@@ -143,3 +159,23 @@ class IntermediaryMetrics:
         self._http.server_close()
         if isinstance(self._thread, threading.Thread):
             self._thread.join(5)
+
+
+def _with_status(metrics: WSGIApplication | None, status: StatusEndpoint) -> WSGIApplication:
+    """The metrics' WSGI app, with ``/status`` answered by ``status``."""
+    assert metrics is not None  # start_http_server set it
+
+    def app(environ: WSGIEnvironment, start: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/status":
+            return metrics(environ, start)
+        try:
+            body, code = status.status(), "200 OK"
+        except TimeoutError:
+            body, code = (
+                b'{"error": "the intermediary is too busy to answer"}',
+                "503 Service Unavailable",
+            )
+        start(code, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app

@@ -106,6 +106,8 @@ class _ViewSub:
     #: Scheduled: its tables are loaded and its subscribe answered (until then it is only
     #: counted in what upstream must deliver).
     scheduled: bool = False
+    #: Its priority as asked (the scheduler's copy may age).
+    priority: float = 0.0
 
 
 class EventViews:
@@ -205,7 +207,7 @@ class EventViews:
             if grant is not None:
                 grant.check_tables(view.tables)
             prio, rate = check_schedule(priority, rate_hz, self.scheduler.max_priority)
-            record = _ViewSub(view)
+            record = _ViewSub(view, priority=prio)
             needs = ((), frozenset(view.tables))
             held = [self._primitive(t) for t in self.tables]
             was_covered = all(covers(held, p) for p in view.primitives)
@@ -286,6 +288,25 @@ class EventViews:
     def subscriptions(self, subscriber: Hashable) -> list[str]:
         """The keys ``subscriber`` holds here."""
         return sorted(self._keys.get(subscriber, ()))
+
+    def described(self, subscriber: Hashable) -> list[dict[str, object]]:
+        """``subscriber``'s subscriptions as an operator sees them (its intermediary's
+        ``/status``): each key with its kind and the event types or tables it reads; a
+        view with its priority and, once scheduled, its rate and frames dropped."""
+        found: list[dict[str, object]] = []
+        for key in self.subscriptions(subscriber):
+            sid = (subscriber, key)
+            if (event := self._events.get(sid)) is not None:
+                types = ["/".join(pattern) for pattern in event.patterns]
+                found.append({"kind": "event", "key": key, "types": types})
+            elif (view := self._views.get(sid)) is not None:
+                tables = sorted(view.view.tables)
+                one = {"kind": "view", "key": key, "tables": tables, "priority": view.priority}
+                if view.scheduled:
+                    info = self.scheduler.info(sid)
+                    one |= {"rate_hz": info.rate_hz, "dropped_frames": info.dropped_total}
+                found.append(one)
+        return found
 
     def _parse_view(self, sql: object) -> SqlView:
         if self.catalog is None:
