@@ -29,6 +29,8 @@ from tidings.logs import process_age_s
 from tidings.redaction import scrub
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tidings.pipeline.standby import RelayLeaseState
     from tidings.pipeline.status import HealthReport
 
@@ -45,6 +47,13 @@ def relay(
     metrics_address: Annotated[
         str | None, typer.Option(help="Interface for /metrics (default metrics.address).")
     ] = None,
+    make_class_archive: Annotated[
+        bool,
+        typer.Option(
+            help="Make relay.jvm_class_archive (Spark's driver classes, for a faster start) "
+            "with a relay run on a scratch outbox, then stop."
+        ),
+    ] = False,
 ) -> None:
     """Run the relay pipeline on Spark until interrupted (or once with --once).
 
@@ -59,6 +68,9 @@ def relay(
     first batch: see the design notes on the relay's start).
     """
     _started("relay command started")
+    if make_class_archive:
+        _make_class_archive(config)
+        return
     from tidings.db import shared_engine
     from tidings.outbox.schema import ensure_schema
     from tidings.pipeline.metrics import BatchLogFollower, RelayMetrics, serve_metrics
@@ -111,6 +123,16 @@ def relay(
         markup=False,
         soft_wrap=True,
     )
+
+
+def _make_class_archive(config: Path | None) -> None:
+    from tidings.pipeline.class_archive import make_class_archive
+
+    cfg = load_or_exit(config)
+    with console.status("making the class archive (a relay run on a scratch outbox) ..."):
+        path = make_class_archive(cfg)
+    size = path.stat().st_size / 2**20
+    console.print(f"class archive made: {path} ({size:.0f} MiB)", markup=False, soft_wrap=True)
 
 
 def _started(step: str) -> None:
