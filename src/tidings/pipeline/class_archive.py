@@ -4,8 +4,8 @@ Most of a relay's cold start is the driver JVM loading and verifying Spark's cla
 SparkSession, then the streaming, planning and ``foreachBatch`` code of the first batch),
 one by one from the jars. The JVM can instead map them from an archive made by a run that
 loaded them (AppCDS, a dynamic archive: ``-XX:ArchiveClassesAtExit`` to make it,
-``-XX:SharedArchiveFile`` to use it); measured with ``bench/cold_start.py``, that start's
-Spark steps took about half as long.
+``-XX:SharedArchiveFile`` to use it), which shortened the Spark steps of every start
+measured side by side with ``bench/cold_start.py``.
 
 The archive is made once, at setup (``tidings relay --make-class-archive``,
 :func:`make_class_archive`), by a relay run in a process of its own on a scratch outbox,
