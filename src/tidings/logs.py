@@ -47,6 +47,14 @@ class _CurrentStderr(logging.StreamHandler[TextIO]):
         pass
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (the OS's start time): the relay's start-up
+    milestones carry it, so that a log alone says how long each step of a start took."""
+    import psutil
+
+    return round(time.time() - psutil.Process().create_time(), 3)
+
+
 def configure_logging(level: str = "INFO") -> None:
     """Send tidings' logs as JSON lines to stderr.
 

@@ -5,6 +5,7 @@ stack trace on stderr (the Py4J traces a Spark listener used to print at shutdow
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -98,3 +99,63 @@ def test_a_signal_stops_a_running_relay_cleanly(signum: int, tmp_path: Path) -> 
     out = (tmp_path / "out.txt").read_text()
     assert re.search(r"^relay stopped: 4 events read, 4 published \(store 4\)", out, re.M), out
     _assert_quiet(tmp_path)
+
+
+#: The relay's log lines of its start, in the order they come (docs/design/relay.md).
+START_STEPS = (
+    "relay command started",
+    "relay imports loaded",
+    "relay configuration loaded",
+    "relay spark session up",
+    "relay lease taken",
+    "relay started",
+    "relay first batch planned",
+    "relay task worker ready",
+    "relay first batch recorded",
+)
+
+
+@pytest.mark.slow
+def test_a_relay_on_a_made_class_archive_logs_each_step_of_its_start(tmp_path: Path) -> None:
+    """``--make-class-archive`` makes the configured archive; a relay then starts on it
+    (``-Xshare:on``: a JVM that could not map it would not start) and logs each step of its
+    start, in order, with the seconds since its process started, the task worker's too."""
+    archive = tmp_path / "cds" / "spark.jsa"
+    config = relay_config(tmp_path, jvm_class_archive=str(archive))
+    path = write_config(config, tmp_path / "tidings.yaml")
+    made = _relay(path, tmp_path, "--make-class-archive")
+    try:
+        assert made.wait(600) == 0, (tmp_path / "err.txt").read_text()[-3000:]
+    finally:
+        if made.poll() is None:
+            kill_tree(made)
+    assert archive.stat().st_size > 0
+    assert list(archive.parent.iterdir()) == [archive]  # nothing left half-made beside it
+    strict = relay_config(
+        tmp_path,
+        jvm_class_archive=str(archive),
+        driver_java_options="-XX:TieredStopAtLevel=1 -Xshare:on",
+    )
+    write_config(strict, path)
+    _emit(config.database.url, 3)
+    relay = tidings_cli(
+        *("--log-level", "INFO", "relay", "--once", "-c", str(path)),
+        stdout=(tmp_path / "out.txt").open("wb"),
+        stderr=(tmp_path / "err.txt").open("wb"),
+        start_new_session=True,
+    )
+    try:
+        assert relay.wait(300) == 0, (tmp_path / "err.txt").read_text()[-3000:]
+    finally:
+        if relay.poll() is None:
+            kill_tree(relay)
+    assert len(store_events(config)) == 3
+    lines = [
+        json.loads(line)
+        for line in (tmp_path / "err.txt").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    steps = [line for line in lines if line["msg"] in START_STEPS]
+    assert [line["msg"] for line in steps] == list(START_STEPS)
+    assert all(line["since_start_s"] >= 0 for line in steps)
+    assert steps[-1]["published"] == 3

@@ -217,8 +217,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.targets.kinds.mqtt": "messages config link target",
     "tidings.targets.kinds.webhook": "answers cloudevent config target",
     "tidings.pipeline": (
-        "jobconfig publishing lease standby source spark replay relay_query warmup relay "
-        "archive_layout housekeeping status metrics"
+        "class_archive jobconfig publishing lease standby source spark replay relay_query "
+        "warmup relay archive_layout housekeeping status metrics"
     ),
     "tidings.pipeline.publishing": "retry breaker outcome delivery publisher",
     "tidings.pipeline.source": "runner_exit slices watermark queries workerheap task datasource",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import TYPE_CHECKING, Annotated
 
@@ -24,11 +25,16 @@ from tidings.cli.common import (
 from tidings.cli.relay_progress import RelayProgress, run_summary, stop_on_signals
 from tidings.cli.system import RunDirOption, down_parts, part_lags, parts_status, print_parts
 from tidings.errors import TidingsError
+from tidings.logs import process_age_s
 from tidings.redaction import scrub
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tidings.pipeline.standby import RelayLeaseState
     from tidings.pipeline.status import HealthReport
+
+log = logging.getLogger(__name__)
 
 
 @app.command()
@@ -41,6 +47,13 @@ def relay(
     metrics_address: Annotated[
         str | None, typer.Option(help="Interface for /metrics (default metrics.address).")
     ] = None,
+    make_class_archive: Annotated[
+        bool,
+        typer.Option(
+            help="Make relay.jvm_class_archive (Spark's driver classes, for a faster start) "
+            "with a relay run on a scratch outbox, then stop."
+        ),
+    ] = False,
 ) -> None:
     """Run the relay pipeline on Spark until interrupted (or once with --once).
 
@@ -48,7 +61,16 @@ def relay(
     stands by and takes over when the first dies. SIGINT (Ctrl-C) and SIGTERM stop it
     cleanly: the query stops, the lease is released, a summary line is printed and the exit
     code is 0.
+
+    Each step of the start is logged (INFO) with the seconds since the process started
+    (``since_start_s``): ``relay command started``, ``... imports loaded``, ``...
+    configuration loaded``, ``... spark session up``, then the relay's own (lease, query,
+    first batch: see the design notes on the relay's start).
     """
+    _started("relay command started")
+    if make_class_archive:
+        _make_class_archive(config)
+        return
     from tidings.db import shared_engine
     from tidings.outbox.schema import ensure_schema
     from tidings.pipeline.metrics import BatchLogFollower, RelayMetrics, serve_metrics
@@ -56,15 +78,18 @@ def relay(
     from tidings.pipeline.spark import spark_session
     from tidings.routing.table import current_routes
 
+    _started("relay imports loaded")
     cfg = load_or_exit(config)
     engine = shared_engine(cfg.database.url)
     metrics = RelayMetrics(cfg.metrics.max_event_types)
     ensure_schema(engine)  # an unreachable database or a port in use: one line, exit 2
+    _started("relay configuration loaded")
     port = metrics_port or cfg.metrics.port
     if port:
         serve_metrics(metrics.registry, port, metrics_address or cfg.metrics.address)
     follower = BatchLogFollower(engine, metrics, lambda: current_routes(cfg, engine))
     spark = spark_session(cfg.relay, app_name="tidings-relay")
+    _started("relay spark session up")
     console.print("relay running; Ctrl-C stops it" if not once else "relay draining the log ...")
     started = time.monotonic()
     progress = RelayProgress(follower, started)
@@ -98,6 +123,21 @@ def relay(
         markup=False,
         soft_wrap=True,
     )
+
+
+def _make_class_archive(config: Path | None) -> None:
+    from tidings.pipeline.class_archive import make_class_archive
+
+    cfg = load_or_exit(config)
+    with console.status("making the class archive (a relay run on a scratch outbox) ..."):
+        path = make_class_archive(cfg)
+    size = path.stat().st_size / 2**20
+    console.print(f"class archive made: {path} ({size:.0f} MiB)", markup=False, soft_wrap=True)
+
+
+def _started(step: str) -> None:
+    """Log a step of the relay's start, with the seconds since the process started."""
+    log.info(step, extra={"since_start_s": process_age_s()})
 
 
 @app.command()

@@ -281,6 +281,16 @@ class RelayConfig(StrictModel):
         ),
     )
 
+    jvm_class_archive: LocalPath | None = Field(
+        default=None,
+        description=(
+            "A class data sharing archive of Spark's driver classes, made by ``tidings relay "
+            "--make-class-archive``: the driver JVM maps the classes it loads at start from it "
+            "instead of loading them one by one (a faster start). Used only if the file "
+            "exists; made again after an upgrade of Spark or Java."
+        ),
+    )
+
     _durations = parsed_durations("trigger_interval", "replay_every", nullable=True)
 
     @field_validator("driver_java_options")

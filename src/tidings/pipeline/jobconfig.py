@@ -51,6 +51,9 @@ def job_options(config: TidingsConfig, config_path: str | None) -> dict[str, str
         "database_url": config.database.url,
         "partitions": str(config.relay.partitions),
         "max_events_per_batch": str(config.relay.max_events_per_batch),
+        # The tasks' Python workers log at the driver's level (their start-up line among
+        # them: tidings.pipeline.source.task).
+        "log_level": logging.getLevelName(logging.getLogger("tidings").getEffectiveLevel()),
     }
 
 

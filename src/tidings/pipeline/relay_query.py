@@ -20,6 +20,7 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
+from tidings.logs import process_age_s
 from tidings.outbox.schema import ensure_schema
 from tidings.pipeline.jobconfig import job_options
 from tidings.pipeline.source.datasource import WARM_UP_OPTION
@@ -80,7 +81,10 @@ def start_writer(writer: DataStreamWriter, config: TidingsConfig) -> StreamingQu
     """Start a query :func:`relay_writer` built (now or while standing by)."""
     query = writer.start()
     checkpoint = spark_location(config.relay.checkpoint_dir)
-    log.info("relay started", extra={"checkpoint": checkpoint, "id": str(query.id)})
+    log.info(
+        "relay started",
+        extra={"checkpoint": checkpoint, "id": str(query.id), "since_start_s": process_age_s()},
+    )
     return query
 
 
@@ -133,7 +137,10 @@ class BatchRecorder:
         from tidings.pipeline.source.task import record_batch
 
         if self._first:
-            log.info(f"{self._label} first batch planned", extra={"batch_id": batch_id})
+            log.info(
+                f"{self._label} first batch planned",
+                extra={"batch_id": batch_id, "since_start_s": process_age_s()},
+            )
         rows = frame.collect()
         check_fence(shared_engine(self.options["database_url"]), self.options)
         summary = record_batch(self.options, "relay", batch_id, rows)
@@ -145,6 +152,7 @@ class BatchRecorder:
                     "batch_id": batch_id,
                     "events": summary.events,
                     "published": summary.published,
+                    "since_start_s": process_age_s(),
                 },
             )
 

@@ -9,6 +9,7 @@ import sys
 from pyspark.sql import SparkSession
 
 from tidings.config import RelayConfig
+from tidings.pipeline.class_archive import driver_java_options
 
 log = logging.getLogger(__name__)
 _CHECKPOINT_MANAGER = (
@@ -43,7 +44,8 @@ def spark_session(config: RelayConfig, app_name: str = "tidings") -> SparkSessio
         SparkSession.builder.master(config.spark_master)
         .appName(app_name)
         .config("spark.driver.memory", config.driver_memory)  # only before the JVM starts
-        .config("spark.driver.extraJavaOptions", config.driver_java_options)
+        # With the class archive, if one was made (tidings.pipeline.class_archive).
+        .config("spark.driver.extraJavaOptions", driver_java_options(config))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(config.shuffle_partitions))

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine, delete, select
 
 from tidings.errors import RelayError
+from tidings.logs import process_age_s
 from tidings.outbox.schema import lease
 from tidings.pipeline.lease import db_now, new_owner, release, still_held, try_acquire
 
@@ -96,7 +97,8 @@ class RelayLease:
                 if try_acquire(self.engine, RELAY_LEASE, self.owner, self.ttl):
                     self.taken_at = sent
                     self.lost.clear()
-                    log.info("relay lease taken", extra={"owner": self.owner})
+                    extra = {"owner": self.owner, "since_start_s": process_age_s()}
+                    log.info("relay lease taken", extra=extra)
                     return True
                 holder = self.holder() or "another relay"
                 if give_up is not None and time.monotonic() >= give_up:

@@ -16,6 +16,7 @@ plan a job stay small.
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import time
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tidings.config import TidingsConfig
 from tidings.db import shared_engine
 from tidings.events.timeutil import utcnow
+from tidings.logs import configure_logging, process_age_s
 from tidings.outbox.confirmations import ConfirmationLog
 from tidings.outbox.schema import batch_log
 from tidings.pipeline.jobconfig import job_config
@@ -41,11 +43,15 @@ from tidings.targets.registry import shared_target
 if TYPE_CHECKING:
     import pyarrow as pa
 
+log = logging.getLogger(__name__)
+_announced = False
+
 
 def publish_task(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
     """A task's work: publish its slice, a chunk at a time (one run of the task's publisher
     per chunk, routes read once per task); its summary as the one-row batch it yields
     (:data:`~tidings.pipeline.source.slices.SCHEMA`)."""
+    _worker_ready(options)
     config = job_config(options)
     engine = shared_engine(config.database.url)
     publisher = task_publisher(config, options)
@@ -63,6 +69,7 @@ def warm_up_task(options: Mapping[str, str]) -> pa.RecordBatch:
     :func:`publish_task` loads before its first chunk (the configuration, the engine, the
     routes, the publisher, the routed targets' clients), loaded in this worker for the relay
     query's first task; nothing read, nothing published. An empty summary."""
+    _worker_ready(options)
     config = job_config(options)
     publisher = task_publisher(config, options)
     for name in publisher.routes.target_names():
@@ -71,6 +78,22 @@ def warm_up_task(options: Mapping[str, str]) -> pa.RecordBatch:
     batch = _one_text_row("summary", json.dumps(Summary().as_dict()))
     freeze_heap()
     return batch
+
+
+def _worker_ready(options: Mapping[str, str]) -> None:
+    """On a worker's first task: log as the driver does (``log_level``: Spark passes the
+    worker's stderr on to the driver's), and say the worker is ready to publish, with the
+    seconds since it started (its start and tidings' imports: a relay's first batch waits
+    for them)."""
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    level = options.get("log_level")
+    if level and not logging.getLogger("tidings").handlers:
+        configure_logging(level)
+    extra = {"since_start_s": process_age_s(), "warm_up": "warm_up" in options}
+    log.info("relay task worker ready", extra=extra)
 
 
 def _one_text_row(name: str, text: str) -> pa.RecordBatch:
