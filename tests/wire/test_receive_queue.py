@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from tests.support.waiting import run
 from tidings.wire.receive_queue import ReceiveQueue
@@ -24,7 +25,8 @@ def test_a_full_queue_ended_still_yields_every_item_then_the_end() -> None:
     async def main() -> tuple[list[int | None], int | None]:
         queue: ReceiveQueue[int] = ReceiveQueue(max_items=4, max_bytes=1 << 20)
         for n in range(4):
-            queue._queue.put_nowait((n, 1))  # full in number, as a reader leaves it
+            await queue.put(n, 1)  # full in number, as a reader leaves it
+        assert queue.paused
         queue.end()
         taken = await _drain(queue)
         return taken, await queue.get()
@@ -45,3 +47,36 @@ def test_the_end_wakes_a_waiting_receiver_after_the_items() -> None:
         return await receiver
 
     assert run(main()) == [1, 2, None]
+
+
+def test_a_put_over_the_byte_bound_waits_until_the_receiver_takes_enough() -> None:
+    async def main() -> tuple[bool, bool, list[int | None]]:
+        queue: ReceiveQueue[int] = ReceiveQueue(max_items=10, max_bytes=100)
+        await queue.put(1, 60)
+        putting = asyncio.ensure_future(queue.put(2, 60))  # 120 bytes queued: over the bound
+        await asyncio.sleep(0)
+        waited = not putting.done() and queue.paused
+        assert queue.get_nowait() == 1  # 60 bytes left: room again
+        await asyncio.wait_for(putting, 10)
+        queue.end()
+        return waited, queue.paused, await _drain(queue)
+
+    waited, paused, rest = run(main())
+    assert waited and not paused
+    assert rest == [2, None]
+
+
+def test_a_receiver_that_gives_up_again_and_again_leaves_nothing_behind() -> None:
+    """A receive with a timeout, repeated while nothing comes: each wait is forgotten when
+    it is cancelled, and the next item still reaches the next receive."""
+
+    async def main() -> int | None:
+        queue: ReceiveQueue[int] = ReceiveQueue(max_items=10, max_bytes=1 << 20)
+        for _ in range(100):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(queue.get(), 0.001)
+        assert not queue._getters
+        await queue.put(7, 1)
+        return await queue.get()
+
+    assert run(main()) == 7

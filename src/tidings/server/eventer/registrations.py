@@ -57,6 +57,7 @@ class Registrations:
         "_last_answer",
         "_reply_tasks",
         "_send_reply",
+        "_source",
         "client_id",
         "connection",
         "in_flight",
@@ -91,12 +92,18 @@ class Registrations:
         self.last_reply: asyncio.Task[None] | None = None
         #: The answer of the newest queued registration (replies follow request order).
         self._last_answer: _Answer | None = None
+        #: The source of the current identity, made once: a Source validates its fields,
+        #: which cost a small register a measurable part of its time when made per request.
+        self._source: Source | None = None
 
     @property
     def source(self) -> Source:
         """Who registers through this connection: its id and its client's identity (which
         a login may have changed)."""
-        return eventer_source(self.client_id, self._access.admission.identity)
+        identity, source = self._access.admission.identity, self._source
+        if source is None or source.name != identity:
+            source = self._source = eventer_source(self.client_id, identity)
+        return source
 
     async def wait(self) -> None:
         """Wait until every registration this connection queued so far is done."""
@@ -108,9 +115,14 @@ class Registrations:
         """Queue the convertible events of a register request (``outbox``: the tidings
         extension's records) as one session and go on; the reply (unless the request was
         sent with ``last``, hat-event's fire-and-forget) is sent when it is stored."""
-        new_events, refused = await _new_events(
-            self.connection.peer, message, outbox, self._access.grants.may_register
-        )
+        items = message.data if isinstance(message.data, list) else []
+        convert = (self.connection.peer, items, outbox, self._access.grants.may_register)
+        # A large request is converted off the loop, as its frame was decoded; a small one
+        # here, without a coroutine or a thread hop.
+        if len(items) > INLINE_EVENTS:
+            new_events, refused = await asyncio.to_thread(_convert, *convert)
+        else:
+            new_events, refused = _convert(*convert)
         if refused:
             self._access.refused_events(refused)
         valid = [event for event in new_events if event is not None]
@@ -118,7 +130,10 @@ class Registrations:
             # Nothing to store; the reply still waits for the replies before it.
             self._after_earlier(lambda: self._reply(message, [None] * len(new_events)))
             return
-        size = sum(len(event.payload or b"") for event in valid)
+        size = 0
+        for event in valid:
+            if event.payload is not None:
+                size += len(event.payload)
         if self.in_flight >= _MAX_IN_FLIGHT or self.in_flight_bytes >= _MAX_IN_FLIGHT_BYTES:
             await self.wait()
         # Requests waiting behind this one (pipelined, fire-and-forget) join its group.
@@ -135,15 +150,14 @@ class Registrations:
             self.in_flight -= 1
             self.in_flight_bytes -= size
             try:
-                reply(future)
+                if not future.cancelled():
+                    reply(future)
             except Exception as exc:  # a bug: the client would wait for the reply for ever
                 self._reply_failed(exc)
             finally:
                 answer.sent()
 
         def reply(future: asyncio.Future[list[StoredEvent | None]]) -> None:
-            if future.cancelled():
-                return
             error = future.exception()
             if error is not None:  # a module aborted the session, or the database failed
                 log.error(
@@ -240,21 +254,12 @@ class _Answer:
 MayRegister = Callable[[EventType], bool]
 
 
-async def _new_events(
-    peer: str, message: chatter.Message, outbox: bool, may_register: MayRegister
-) -> tuple[list[NewEvent | None], list[EventType]]:
-    """The NewEvents of a register request (``outbox``: the tidings extension's records),
-    None for each that fails, and the types of those refused by the client's grant; a large
-    request is converted off the loop, as its frame was decoded."""
-    items = message.data if isinstance(message.data, list) else []
-    if len(items) > INLINE_EVENTS:
-        return await asyncio.to_thread(_convert, peer, items, outbox, may_register)
-    return _convert(peer, items, outbox, may_register)
-
-
 def _convert(
     peer: str, items: list[codec.Value], outbox: bool, may_register: MayRegister
 ) -> tuple[list[NewEvent | None], list[EventType]]:
+    """The NewEvents of a register request's items (``outbox``: the tidings extension's
+    records), None for each that fails, and the types of those refused by the client's
+    grant."""
     new_events: list[NewEvent | None] = []
     refused: list[EventType] = []
     for index, item in enumerate(items):
