@@ -37,6 +37,11 @@ from tidings.intermediary.serving.ring import EventRing
 from tidings.intermediary.views.grants import NOTHING, Grant
 from tidings.intermediary.views.messages import keyed
 
+#: Messages a writer sends from the ring before it lets the loop serve the others: a send
+#: the transport takes at once never yields, and a writer catching up (many subscribers
+#: woken by one busy tick, each filling its socket's buffers) would hold the loop meanwhile.
+YIELD_EVERY = 32
+
 
 @dataclass
 class Connection:
@@ -132,16 +137,19 @@ class Connection:
                 await finish(*pending)
             counters = self.counters
             ring = self.ring
+            sent = 0
             while self.cursor < ring.end:  # a send that waits for the transport waits here
                 entry = ring.entries[self.cursor]
                 self.cursor += 1
-                if entry.route is None:
+                texts = (entry.body,) if entry.route is None else entry.route.get(self.id, ())
+                for text in texts:
                     counters.messages_sent += 1
-                    await self.websocket.send_text(entry.body)
-                    continue
-                for key in entry.route.get(self.id, ()):
-                    counters.messages_sent += 1
-                    await self.websocket.send_text(keyed(entry.body, key))
+                    sent += 1
+                    body = text if entry.route is None else keyed(entry.body, text)
+                    await self.websocket.send_text(body)
+                if sent >= YIELD_EVERY:  # a send the transport takes at once does not yield
+                    sent = 0
+                    await asyncio.sleep(0)
             views, self.views = self.views, {}
             self.view_bytes = 0
             for text in views.values():
