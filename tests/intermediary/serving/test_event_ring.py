@@ -7,7 +7,7 @@ do not keep a bystander from getting every event, in order, with each key it sub
 under, and each of them is closed with 4008 and the documented reason once the ring drops
 an event meant for it; and, unit level, who is closed when the ring is trimmed: only a
 connection that lost a message of its own (its events, or a status message), while one that
-skipped only others' events is moved on and kept. Waits are bounded only so that a broken
+skipped only others' events is moved on and kept, and what everyone passed is forgotten. Waits are bounded only so that a broken
 build fails instead of hanging."""
 
 from __future__ import annotations
@@ -133,3 +133,4 @@ def test_only_a_connection_that_lost_a_message_of_its_own_is_closed() -> None:
     ring.append('{"op": "event"}', {9: ("k",)})  # tick 4: the status is dropped under 2
     kicks = catch_up(connections, ring)
     assert [subscriber for subscriber, _ in kicks] == [2, 3] and fresh.cursor == 4
+    assert ring.start == 4  # what every connection left has passed is forgotten

@@ -181,13 +181,15 @@ def catch_up(connections: Mapping[Any, Connection], ring: EventRing) -> list[tup
     """End a tick that appended to ``ring``: trim it (:meth:`~.ring.EventRing.trim`), and
     return, with the reason, to close, each connection whose cursor was in what was dropped
     and that lost a message meant for it (what waits for it is forgotten); the others' cursors
-    move to the ring's start, and every connection with something new is woken. O(1) per
-    connection, plus, for one whose cursor was dropped, the dropped entries it skips."""
+    move to the ring's start, and every connection with something new is woken; what every
+    connection has passed is forgotten. O(1) per connection, plus, for one whose cursor was
+    dropped, the dropped entries it skips."""
     if ring.tick_start == ring.end:  # nothing appended since the last tick
         return []
     first = ring.start
     dropped, reason = ring.trim()
     over: list[tuple[Any, str]] = []
+    lowest = ring.end
     for subscriber, conn in connections.items():
         if conn.cursor < ring.start:
             skipped = dropped[conn.cursor - first :]
@@ -199,8 +201,10 @@ def catch_up(connections: Mapping[Any, Connection], ring: EventRing) -> list[tup
                 conn.drop_queued()
                 continue
             conn.cursor = ring.start
+        lowest = min(lowest, conn.cursor)
         if conn.cursor < ring.end:
             conn.wake.set()
+    ring.forget(lowest)
     return over
 
 

@@ -11,7 +11,8 @@ The ring is bounded like a connection's backlog used to be (``max_queued_message
 earlier ticks, ``max_queued_bytes``): past either, its oldest entries are dropped at the end
 of the tick (:meth:`EventRing.trim`), and a connection whose cursor was among them and which
 lost an entry meant for it is closed as too slow (:func:`.connection.catch_up`), so no
-subscriber has a silent gap.
+subscriber has a silent gap. Entries every connection has passed are dropped then too
+(:meth:`EventRing.forget`): when everyone reads, the ring holds about one tick.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ class EventRing:
         """The bytes from ``cursor`` to the end (what a connection there has not sent yet)."""
         entry = self.entries.get(cursor)
         return 0 if entry is None else self.appended - entry.before
+
+    def forget(self, upto: int) -> None:
+        """Drop the entries before ``upto``, which every connection has passed."""
+        while self.start < upto and self.entries:
+            self.dropped += len(self.entries.pop(self.start).body)
+            self.start += 1
 
     def trim(self) -> tuple[list[Entry], str]:
         """End the tick: drop the oldest entries while more than ``max_bytes`` are held, or
