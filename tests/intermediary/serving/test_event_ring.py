@@ -7,8 +7,8 @@ do not keep a bystander from getting every event, in order, with each key it sub
 under, and each of them is closed with 4008 and the documented reason once the ring drops
 an event meant for it; and, unit level, who is closed when the ring is trimmed: only a
 connection that lost a message of its own (its events, or a status message), while one that
-skipped only others' events is moved on and kept, and what everyone passed is forgotten. Waits are bounded only so that a broken
-build fails instead of hanging."""
+skipped only others' events is moved on and kept, and what everyone passed is forgotten.
+Waits are bounded only so that a broken build fails instead of hanging."""
 
 from __future__ import annotations
 

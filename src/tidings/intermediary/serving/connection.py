@@ -40,7 +40,7 @@ from tidings.intermediary.views.messages import keyed
 #: Messages a writer sends from the ring before it lets the loop serve the others: a send
 #: the transport takes at once never yields, and a writer catching up (many subscribers
 #: woken by one busy tick, each filling its socket's buffers) would hold the loop meanwhile.
-YIELD_EVERY = 32
+YIELD_EVERY = 8
 
 
 @dataclass
