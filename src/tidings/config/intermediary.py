@@ -109,8 +109,10 @@ class IntermediaryLimitsConfig(ListenerLimitsConfig):
         gt=0,
         le=10_000_000,
         description=(
-            "Event and view messages waiting to be sent on one connection; past this the "
-            "subscriber is too slow and is disconnected (close code 4008, with the reason)."
+            "Event and status messages the one ring of events every subscriber reads holds "
+            "from earlier ticks (an event is held once, whoever subscribed); past this the "
+            "oldest are dropped, and a subscriber that lost one of its own is too slow and is "
+            "disconnected (close code 4008, with the reason)."
         ),
     )
     max_queued_bytes: int = Field(
@@ -118,11 +120,11 @@ class IntermediaryLimitsConfig(ListenerLimitsConfig):
         ge=64 * 1024,
         le=2**34,
         description=(
-            "The bytes of the event and view messages waiting to be sent on one connection; "
-            "when a message comes while more wait, the subscriber is too slow and is "
-            "disconnected (close code 4008, with the reason). What a subscriber that never "
-            "reads can cost, whatever its events weigh: at most this plus one message. Keep it "
-            "above the largest burst one subscriber receives in one tick."
+            "The bytes the ring of events holds; past them the oldest are dropped, and a "
+            "subscriber that lost one of its own is too slow and is disconnected (close code "
+            "4008, with the reason). What subscribers that never read cost together, whatever "
+            "their number: this, once, plus their sockets' buffers. Keep it above the largest "
+            "burst the intermediary receives in one tick."
         ),
     )
     max_request_bytes: int = Field(

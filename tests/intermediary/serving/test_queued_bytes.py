@@ -22,8 +22,8 @@ from tidings.client import connect as connect_server
 from tidings.client import json_event
 from tidings.intermediary.serving.connection import Connection
 from tidings.intermediary.serving.envelope import DROPPED_CLOSE_CODE
+from tidings.intermediary.serving.ring import EventRing
 from tidings.intermediary.serving.transport import TransportLimits
-from tidings.intermediary.views.messages import EventText
 
 pytestmark = pytest.mark.sockets
 
@@ -81,25 +81,28 @@ def test_a_never_reader_holds_at_most_the_bound_and_is_closed_past_it(tmp_path: 
             assert never.close_code == DROPPED_CLOSE_CODE and never.close_reason == record.reason
             # The reader's backlog is weighed down to nothing as it is sent.
             reader = next(c for c in rig.server.connections.values() if c is not conn)
-            assert reader.queued_bytes == 0 and not reader.texts
+            assert reader.queued_bytes == 0 and reader.cursor == rig.server.ring.end
             await good.close()
 
     asyncio.run(asyncio.wait_for(main(), WAIT))
 
 
-def test_the_weight_follows_what_is_queued_replaced_and_dropped() -> None:
-    """The bookkeeping the bound reads: events add their text's length (made only when
-    sent), a view replaced by a newer one of its key weighs as the newer one."""
-    conn = Connection(1, websocket=None)  # type: ignore[arg-type]  # nothing is sent here
-    event = EventText("k", json.dumps({"op": "event", "payload": "x" * 100}))
-    conn.queue(event)
-    assert conn.queued_bytes == len(event.text())
+def test_the_weight_follows_the_ring_from_the_cursor_and_the_views() -> None:
+    """The bookkeeping the bound reads: the ring's bytes from the connection's cursor
+    (whoever they are for), and a view replaced by a newer one of its key weighs as the
+    newer one."""
+    ring = EventRing(max_messages=100, max_bytes=None)
+    conn = Connection(1, websocket=None, ring=ring, cursor=ring.end)  # type: ignore[arg-type]
+    event = json.dumps({"op": "event", "payload": "x" * 100})
+    ring.append(event, {1: ("k",)})
+    ring.append(event, {2: ("k",)})  # another's: in the ring from this cursor, weighed too
+    assert conn.queued_bytes == 2 * len(event)
     conn.queue({"op": "view", "key": "v", "rows": [[1]]})
     first_view = conn.views["v"]
     conn.queue({"op": "view", "key": "v", "rows": [[1, 2, 3]]})
     assert conn.replaced == 1
-    assert conn.queued_bytes == len(event.text()) + len(conn.views["v"]) != len(first_view)
+    assert conn.queued_bytes == 2 * len(event) + len(conn.views["v"]) != len(first_view)
     conn.queue({"op": "view", "key": "v", "unchanged": True})  # the pending one stays
-    assert conn.queued_bytes == len(event.text()) + len(conn.views["v"])
+    assert conn.queued_bytes == 2 * len(event) + len(conn.views["v"])
     conn.drop_queued()
-    assert conn.queued_bytes == 0 and not conn.texts and not conn.views
+    assert conn.queued_bytes == 0 and conn.cursor == ring.end and not conn.views

@@ -1,9 +1,10 @@
 """An event going to many subscriptions is written to JSON once and the key of each added
-to that text (:class:`EventText`), found by the hostile benchmark: writing it once per
-subscriber on the serving loop stalled every other subscriber. What is asserted is what the
-subscribers get (the cost is not: no test asserts timings): each its own key and the event
-unchanged, keys that need escaping included. A real event server, chain, intermediary and
-subscriber clients, as in test_event_server_upstream."""
+to that text (:func:`~tidings.intermediary.views.messages.keyed`), found by the hostile
+benchmark: writing it once per subscriber on the serving loop stalled every other
+subscriber. What is asserted is what the subscribers get (the cost is not: no test asserts
+timings): each its own key and the event unchanged, keys that need escaping included. A
+real event server, chain, intermediary and subscriber clients, as in
+test_event_server_upstream."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from tests.support.chain_helpers import chain_rig
 from tests.support.server_helpers import running
 from tidings.client import connect, json_event
-from tidings.intermediary.views.messages import EventText
+from tidings.intermediary.views.messages import keyed
 
 pytestmark = pytest.mark.sockets
 
@@ -29,7 +30,7 @@ KEYS = ["busy", "busy", 'a "quoted" key', "clé ünïcode ✓", '{"key": 1}']
 @pytest.mark.parametrize("key", KEYS)
 def test_the_text_is_the_message_with_its_key(key: str) -> None:
     message = {"op": "event", "id": [1, 2, 3], "type": ["a", "b"], "payload": {"x": [1, "y"]}}
-    assert json.loads(EventText(key, json.dumps(message)).text()) == {**message, "key": key}
+    assert json.loads(keyed(json.dumps(message), key)) == {**message, "key": key}
 
 
 def test_every_subscription_of_an_event_gets_it_with_its_own_key(tmp_path: Path) -> None:

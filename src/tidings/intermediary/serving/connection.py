@@ -5,23 +5,25 @@ Slow subscribers never hold the others ([146]): each connection has one outgoing
 holding the latest round's frames; a writer task per connection empties it
 (:meth:`Connection.write`). A round sends to an idle connection itself
 (:meth:`Connection.send_now`), and leaves a send that must wait for the transport to the
-writer, which finishes it (:func:`finish`) before anything else. JSON messages wait in their
-own queue (events, in order) or per key (views, latest wins); messages the server pushes
-unasked (notices) go out after the frames already offered. Requests are limited by a token
-bucket per connection (:meth:`Connection.take_token`).
+writer, which finishes it (:func:`finish`) before anything else. Events (and status
+messages) are not queued per connection: each is appended once to the server's
+:class:`~.ring.EventRing`, and the writer walks the ring from the connection's cursor,
+sending what is for it, one message at a time and only as fast as its transport takes them;
+a writer that waits for its transport costs nothing per event. View messages wait per key
+(latest wins); messages the server pushes unasked (notices) go out after the frames already
+offered. Requests are limited by a token bucket per connection
+(:meth:`Connection.take_token`).
 
-What waits is bounded in messages and in bytes (:func:`queue_messages`): the bytes are what
-a subscriber that never reads costs, whatever the size of its events. An event waits as its
-:class:`~.messages.EventText`, whose JSON body every subscription of the event shares; the
-text with the subscription's key is made only when it is sent, so a thousand never-readers
-of a busy type hold one copy of each event, not a thousand.
+What waits is bounded by the ring (:func:`catch_up`): a connection whose cursor falls off
+the ring's start, and which loses a message meant for it, is closed as too slow. So a
+thousand never-readers of a busy type hold one copy of each event, in one ring, and cost
+the loop O(1) each per tick.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +33,14 @@ from starlette.websockets import WebSocket
 from tidings.intermediary.node.intermediary import Served
 from tidings.intermediary.serving.counters import ServingCounters
 from tidings.intermediary.serving.envelope import envelope
+from tidings.intermediary.serving.ring import EventRing
 from tidings.intermediary.views.grants import NOTHING, Grant
-from tidings.intermediary.views.messages import EventText
+from tidings.intermediary.views.messages import keyed
+
+#: Messages a writer sends from the ring before it lets the loop serve the others: a send
+#: the transport takes at once never yields, and a writer catching up (many subscribers
+#: woken by one busy tick, each filling its socket's buffers) would hold the loop meanwhile.
+YIELD_EVERY = 8
 
 
 @dataclass
@@ -44,12 +52,13 @@ class Connection:
     websocket: WebSocket
     grant: Grant = NOTHING
     slot: list[Served] | None = None
-    #: Event messages (and replies pushed unasked) waiting, in order.
-    texts: deque[str | EventText] = field(default_factory=deque)
+    #: The server's ring of events and status messages, and the next entry to look at.
+    ring: EventRing = field(default_factory=EventRing)
+    cursor: int = 0
     #: The latest view message per key not sent yet (a view is a latest value).
     views: dict[str, str] = field(default_factory=dict)
-    #: The bytes of :attr:`texts` and :attr:`views` (what this subscriber's backlog weighs).
-    queued_bytes: int = 0
+    #: The bytes of :attr:`views`.
+    view_bytes: int = 0
     notices: list[str] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     kicked: asyncio.Event = field(default_factory=asyncio.Event)
@@ -66,32 +75,30 @@ class Connection:
     #: The server's totals (frames and messages sent, replaced); its own by default.
     counters: ServingCounters = field(default_factory=ServingCounters)
 
-    def queue(self, message: dict[str, Any] | EventText) -> None:
-        """An event message joins the queue; a view message replaces the one of its key not
-        sent yet (counted in :attr:`replaced`, unless it says ``unchanged``: as the pending
-        one)."""
-        if isinstance(message, EventText):
-            self.texts.append(message)
-            self.queued_bytes += message.size
-        elif message["op"] != "view":
-            text = json.dumps(message, default=str)
-            self.texts.append(text)
-            self.queued_bytes += len(text)
-        elif (key := message["key"]) not in self.views or not message.get("unchanged"):
+    @property
+    def queued_bytes(self) -> int:
+        """What this subscriber's backlog weighs: the ring from its cursor (every message
+        there, its own or not: an upper bound) and its pending views."""
+        return self.ring.behind(self.cursor) + self.view_bytes
+
+    def queue(self, message: dict[str, Any]) -> None:
+        """A view message replaces the one of its key not sent yet (counted in
+        :attr:`replaced`, unless it says ``unchanged``: as the pending one)."""
+        if (key := message["key"]) not in self.views or not message.get("unchanged"):
             if key in self.views:
                 self.replaced += 1
                 self.counters.replaced += 1
-                self.queued_bytes -= len(self.views[key])
+                self.view_bytes -= len(self.views[key])
             text = json.dumps(message, default=str)
             self.views[key] = text
-            self.queued_bytes += len(text)
+            self.view_bytes += len(text)
         self.wake.set()
 
     def drop_queued(self) -> None:
         """Forget every message waiting (the connection is being closed)."""
-        self.texts.clear()
+        self.cursor = self.ring.end
         self.views.clear()
-        self.queued_bytes = 0
+        self.view_bytes = 0
 
     def send_now(self) -> bool:
         """Send the slot from here when the writer is idle: a send that does not have to
@@ -119,7 +126,7 @@ class Connection:
         """The writer: send whatever waits, in order, until cancelled; ``ready`` is called
         each time the slot is empty again (the channel can take a frame)."""
         while True:
-            self.idle = not (self.texts or self.views or self.slot or self.notices)
+            self.idle = not (self.cursor < self.ring.end or self.views or self.slot or self.notices)
             await self.wake.wait()
             self.idle = False
             self.wake.clear()
@@ -129,19 +136,23 @@ class Connection:
                 pending, self.pending = self.pending, None
                 await finish(*pending)
             counters = self.counters
-            while self.texts:
-                counters.messages_sent += 1
-                waiting = self.texts.popleft()
-                if isinstance(waiting, EventText):
-                    self.queued_bytes -= waiting.size
-                    text = waiting.text()
-                else:
-                    self.queued_bytes -= len(waiting)
-                    text = waiting
-                await self.websocket.send_text(text)
+            ring = self.ring
+            sent = 0
+            while self.cursor < ring.end:  # a send that waits for the transport waits here
+                entry = ring.entries[self.cursor]
+                self.cursor += 1
+                texts = (entry.body,) if entry.route is None else entry.route.get(self.id, ())
+                for text in texts:
+                    counters.messages_sent += 1
+                    sent += 1
+                    body = text if entry.route is None else keyed(entry.body, text)
+                    await self.websocket.send_text(body)
+                if sent >= YIELD_EVERY:  # a send the transport takes at once does not yield
+                    sent = 0
+                    await asyncio.sleep(0)
             views, self.views = self.views, {}
+            self.view_bytes = 0
             for text in views.values():
-                self.queued_bytes -= len(text)
                 counters.messages_sent += 1
                 await self.websocket.send_text(text)
             items, self.slot = self.slot, None
@@ -166,36 +177,35 @@ class Connection:
         return True
 
 
-def queue_messages(
-    connections: Mapping[Any, Connection],
-    messages: list[tuple[Any, dict[str, Any] | EventText]],
-    limit: int,
-    max_bytes: int | None = None,
-) -> list[tuple[Any, str]]:
-    """Queue a tick's JSON messages on their connections. A connection is too slow, and is
-    returned with the reason, to close (what waits for it is dropped), when its backlog from
-    earlier ticks is over ``limit`` messages (a large tick alone never closes anyone on this
-    count), or when a message comes while more than ``max_bytes`` wait (None: no bound in
-    bytes). So a connection holds at most ``limit`` messages plus one tick's, and at most
-    ``max_bytes`` plus one message: a burst of one tick larger than ``max_bytes`` closes a
-    subscriber that reads, too."""
-    if not messages:
+def catch_up(connections: Mapping[Any, Connection], ring: EventRing) -> list[tuple[Any, str]]:
+    """End a tick that appended to ``ring``: trim it (:meth:`~.ring.EventRing.trim`), and
+    return, with the reason, to close, each connection whose cursor was in what was dropped
+    and that lost a message meant for it (what waits for it is forgotten); the others' cursors
+    move to the ring's start, and every connection with something new is woken; what every
+    connection has passed is forgotten. O(1) per connection, plus, for one whose cursor was
+    dropped, the dropped entries it skips."""
+    if ring.tick_start == ring.end:  # nothing appended since the last tick
         return []
-    over: dict[Any, str] = {}
-    backlog = {s: len(c.texts) for s, c in connections.items()}
-    for subscriber, message in messages:
-        conn = connections.get(subscriber)
-        if conn is None or conn.kicked.is_set() or subscriber in over:
-            continue
-        if backlog[subscriber] > limit:
-            over[subscriber] = f"too slow: more than {limit} messages waiting to be sent"
-        elif max_bytes is not None and conn.queued_bytes > max_bytes:
-            over[subscriber] = f"too slow: more than {max_bytes} bytes waiting to be sent"
-        else:
-            conn.queue(message)
-            continue
-        conn.drop_queued()
-    return list(over.items())
+    first = ring.start
+    dropped, reason = ring.trim()
+    over: list[tuple[Any, str]] = []
+    lowest = ring.end
+    for subscriber, conn in connections.items():
+        if conn.cursor < ring.start:
+            skipped = dropped[conn.cursor - first :]
+            if conn.kicked.is_set() or any(
+                e.route is None or subscriber in e.route for e in skipped
+            ):
+                if not conn.kicked.is_set():
+                    over.append((subscriber, reason))
+                conn.drop_queued()
+                continue
+            conn.cursor = ring.start
+        lowest = min(lowest, conn.cursor)
+        if conn.cursor < ring.end:
+            conn.wake.set()
+    ring.forget(lowest)
+    return over
 
 
 async def finish(send: Coroutine[Any, Any, None], waiting_for: Any) -> None:

@@ -26,8 +26,9 @@ class TransportLimits:
     tls_handshake_timeout_s: float = 10.0
     #: SO_SNDBUF of accepted connections (None: the kernel's default and autotuning).
     send_buffer_bytes: int | None = None
-    #: JSON messages (events, views) waiting to be sent on one connection; past this the
-    #: subscriber is too slow and is closed.
+    #: Event and status messages the one ring every connection reads holds from earlier
+    #: ticks (:mod:`.ring`); past this the oldest are dropped, and a subscriber that lost one
+    #: of its own is too slow and is closed.
     max_queued_messages: int = 10_000
-    #: Their bytes, past which the subscriber is too slow too (None: no bound in bytes).
+    #: The ring's bytes, bounded the same way (None: no bound in bytes).
     max_queued_bytes: int | None = 16 * 1024 * 1024

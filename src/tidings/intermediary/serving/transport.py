@@ -54,17 +54,20 @@ With ``views`` (an :class:`~.eventviews.EventViews` over the event server), a su
 request may carry ``"events": [pattern, ...]`` or ``"sql": "SELECT ..."`` instead of
 ``"region"`` (exactly one of the three). Those subscriptions get JSON text messages
 (``{"op": "event", "key", ...}``, ``{"op": "view", "key", ...}``, see :mod:`.eventviews`).
-Events are a stream and are not dropped: they wait in a per-connection queue, and a
-subscriber whose backlog from earlier ticks is over ``max_queued_messages``, or that has
-more than ``max_queued_bytes`` waiting, is closed with :data:`.envelope.DROPPED_CLOSE_CODE`
-and a reason (:func:`.connection.queue_messages`). A view is a latest value: per key, a view message
+Events are a stream and are not dropped: each is appended once to one ring the connections
+read with a cursor each (:mod:`.ring`), so an event costs the loop O(1) whoever subscribed
+and a subscriber that never reads costs O(1) a tick; the ring holds ``max_queued_messages``
+from earlier ticks and ``max_queued_bytes``, and a subscriber that falls off its start and
+loses an event of its own is closed with :data:`.envelope.DROPPED_CLOSE_CODE` and a reason
+(:func:`.connection.catch_up`). A view is a latest value: per key, a view message
 not sent yet is replaced by the next one (counted like a replaced frame). A key names one
 subscription whatever its kind: a subscribe replaces the key's previous subscription of any
 kind.
 
 With ``upstreams`` (each upstream's name -> why it is stale, or None), an upstream that is
 lost or back is announced to every connection after the tick's messages
-(:func:`.envelope.status_message`: ``{"op": "status", "upstream", "stale", "reason"}``);
+(:func:`.envelope.status_message`: ``{"op": "status", "upstream", "stale", "reason"}``, in
+the ring, so in order with the events);
 meanwhile the subscribers are served the last state and keep their subscriptions.
 """
 
@@ -99,7 +102,7 @@ from tidings.intermediary.node.intermediary import (
 from tidings.intermediary.regions.geometry import parse_region
 from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.addresses import AddressSlots
-from tidings.intermediary.serving.connection import Connection, queue_messages
+from tidings.intermediary.serving.connection import Connection, catch_up
 from tidings.intermediary.serving.counters import Disconnect, ServingCounters
 from tidings.intermediary.serving.credentials import SUBPROTOCOL
 from tidings.intermediary.serving.envelope import (
@@ -111,6 +114,7 @@ from tidings.intermediary.serving.envelope import (
 from tidings.intermediary.serving.limits import TransportLimits as TransportLimits
 from tidings.intermediary.serving.page import page_routes
 from tidings.intermediary.serving.requests import count_close, error, parse
+from tidings.intermediary.serving.ring import EventRing
 from tidings.intermediary.views.grants import NOTHING, Grant
 from tidings.logs import OncePerCause
 from tidings.serving import DenyingWebSockets, listen, serve_guarded
@@ -118,7 +122,7 @@ from tidings.tasks import stop_task
 
 if TYPE_CHECKING:
     from tidings.intermediary.views.eventviews import EventViews
-    from tidings.intermediary.views.messages import EventText
+    from tidings.intermediary.views.messages import Outgoing
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +158,8 @@ class IntermediaryServer:
         self.limits = limits or TransportLimits()
         self.clock = clock
         self.connections: dict[int, Connection] = {}
+        #: The events and status messages every connection reads from (:mod:`.ring`).
+        self.ring = EventRing(self.limits.max_queued_messages, self.limits.max_queued_bytes)
         #: Totals since the start (refusals by reason, frames sent...), for metrics.
         self.counters = ServingCounters()
         #: Connections held per client address.
@@ -286,8 +292,9 @@ class IntermediaryServer:
                 self._offer(conn, items)
         kicks = self.intermediary.take_disconnects()
         if self.views is not None:
-            kicks += self._queue(self.views.step(self.clock(), self.budget))
+            self._queue(self.views.step(self.clock(), self.budget))
         self._announce()
+        kicks += catch_up(self.connections, self.ring)
         for subscriber, reason in kicks:
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
             if conn is not None and not conn.kicked.is_set():
@@ -307,9 +314,7 @@ class IntermediaryServer:
         changed += [(n, None) for n in self._stale if n not in now]
         self._stale = now
         for name, why in changed:
-            message = status_message(name, why)
-            for conn in self.connections.values():
-                conn.queue(message)
+            self.ring.append(json.dumps(status_message(name, why)), None)
 
     def notify(self, subscriber: int, message: dict[str, object]) -> bool:
         """Push ``message`` (JSON) to ``subscriber`` after every frame already offered to it;
@@ -321,14 +326,17 @@ class IntermediaryServer:
         conn.wake.set()
         return True
 
-    def _queue(
-        self, messages: list[tuple[Any, dict[str, Any] | EventText]]
-    ) -> list[tuple[Any, str]]:
-        """:func:`.connection.queue_messages` on this server's connections."""
-        limits = self.limits
-        return queue_messages(
-            self.connections, messages, limits.max_queued_messages, limits.max_queued_bytes
-        )
+    def _queue(self, messages: list[Outgoing]) -> None:
+        """A tick's JSON messages: events to the ring (once each, whoever they are for),
+        views to their connections."""
+        ring = self.ring
+        for message in messages:
+            if isinstance(message, tuple):
+                conn = self.connections.get(message[0])  # type: ignore[call-overload]
+                if conn is not None and not conn.kicked.is_set():
+                    conn.queue(message[1])
+            else:
+                ring.append(message.body, message.route)
 
     def _offer(self, conn: Connection, items: list[Served]) -> None:
         """Put a round's frames in the slot (latest wins; replaced ones count as dropped)."""
@@ -379,6 +387,8 @@ class IntermediaryServer:
             tokens=float(self.limits.burst),
             refilled=self.clock(),
             counters=self.counters,
+            ring=self.ring,
+            cursor=self.ring.end,
         )
         self.connections[conn.id] = conn
         ready = functools.partial(self.intermediary.set_ready, conn.id, True)

@@ -142,8 +142,9 @@ class EventViews:
         self.bad_rows = 0
         self._inert = TableState(catalog)
         self._events: dict[Sid, _EventSub] = {}
-        #: event type -> the event subscriptions it matches (cleared on any change of them).
-        self._routes: dict[tuple[str, ...], list[Sid]] = {}
+        #: event type -> subscriber -> its keys the type matches (cleared on any change of the
+        #: subscriptions; an event keeps the mapping it was routed with).
+        self._routes: dict[tuple[str, ...], dict[Hashable, tuple[str, ...]]] = {}
         self._views: dict[Sid, _ViewSub] = {}
         #: subscriber -> its keys (both kinds), so one subscriber's requests cost O(its own).
         self._keys: dict[Hashable, set[str]] = {}
@@ -376,10 +377,9 @@ class EventViews:
         batches = self.upstream.take()
         for batch in batches:
             for event in batch.events:
-                sids = self._subscribers_of(event.type)
-                if sids:
-                    body = json.dumps(event_message(event), default=str)
-                    out.extend((subscriber, EventText(key, body)) for subscriber, key in sids)
+                route = self._route_of(event.type)
+                if route:
+                    out.append(EventText(json.dumps(event_message(event), default=str), route))
             for table, events in batch.rows.items():
                 if table in self._folding:
                     self._fold(table, events)
@@ -416,16 +416,20 @@ class EventViews:
         """Stop the worker (an evaluation under way ends at its bounds)."""
         self._worker.shutdown(wait=False, cancel_futures=True)
 
-    def _subscribers_of(self, event_type: tuple[str, ...]) -> list[Sid]:
-        """The event subscriptions ``event_type`` matches; matched once per type (a server's
-        types are few next to its events), the cache bounded by :data:`MAX_ROUTES`."""
-        sids = self._routes.get(event_type)
-        if sids is None:
+    def _route_of(self, event_type: tuple[str, ...]) -> dict[Hashable, tuple[str, ...]]:
+        """Who gets an event of ``event_type``: subscriber -> its keys the type matches;
+        matched once per type (a server's types are few next to its events), the cache
+        bounded by :data:`MAX_ROUTES`."""
+        route = self._routes.get(event_type)
+        if route is None:
             if len(self._routes) >= MAX_ROUTES:
                 self._routes.clear()
-            sids = [sid for sid, r in self._events.items() if r.matcher.matches(event_type)]
-            self._routes[event_type] = sids
-        return sids
+            route = {}
+            for (subscriber, key), record in self._events.items():
+                if record.matcher.matches(event_type):
+                    route[subscriber] = (*route.get(subscriber, ()), key)
+            self._routes[event_type] = route
+        return route
 
     def _fold(self, table: str, events: Sequence[StoredEvent]) -> None:
         """Row events into the inert tables: per key the last change wins (changes of

@@ -18,30 +18,26 @@ from tidings.events import PayloadKind, QueryType, StoredEvent
 
 @dataclass(frozen=True)
 class EventText:
-    """An event message for one subscription, its JSON written once for every subscription
-    of the event (``body``, shared, without the key): a busy type with many subscribers must
-    not cost one serialization of the same event per subscriber on the loop that serves
-    everyone (the hostile benchmark's never-reading subscribers stalled the others for tens
-    of seconds so)."""
+    """An event message for every subscription of it: its JSON written once (``body``,
+    without the key) and its ``route`` (subscriber -> its keys the event matches, one mapping
+    shared by every event of the type). A busy type with many subscribers must cost the loop
+    that serves everyone neither a serialization nor a queued message per subscriber (the
+    hostile benchmark's never-reading subscribers stalled the others for seconds so): the
+    transport appends it once to the ring its connections read (:mod:`.serving.ring`), and the
+    key is added (:func:`keyed`) only when it is sent."""
 
-    key: str
     body: str
-
-    def text(self) -> str:
-        """The message as sent: ``body`` with ``"key"`` added (first)."""
-        return '{"key": ' + json.dumps(self.key) + ", " + self.body[1:]
-
-    @property
-    def size(self) -> int:
-        """The length of :meth:`text` in bytes (its JSON is ASCII), without making it: exact
-        for a key that JSON writes as it is (no quote, backslash or non-ASCII character),
-        a few bytes short otherwise; counted per message sent, so it is cheap."""
-        return len(self.body) + len(self.key) + 11
+    route: Mapping[Hashable, tuple[str, ...]]
 
 
-#: What :meth:`EventViews.step` returns: who gets which JSON message (an event's written
-#: already).
-Outgoing = tuple[Hashable, dict[str, Any] | EventText]
+def keyed(body: str, key: str) -> str:
+    """The message as sent: ``body`` (a JSON object) with ``"key"`` added (first)."""
+    return '{"key": ' + json.dumps(key) + ", " + body[1:]
+
+
+#: What :meth:`EventViews.step` returns: an event for its route (written already), or a view
+#: message for one subscriber.
+Outgoing = EventText | tuple[Hashable, dict[str, Any]]
 
 
 @dataclass(frozen=True)
