@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tidings.address import is_loopback
 from tidings.config.listener import ListenerLimitsConfig
+from tidings.config.login_throttle import LoginThrottleConfig
 from tidings.config.model import (
     DAY,
     HOUR,
@@ -53,7 +54,7 @@ class ConsoleUserConfig(PasswordHashConfig):
         return self
 
 
-class ConsoleConfig(ListenerLimitsConfig):
+class ConsoleConfig(ListenerLimitsConfig, LoginThrottleConfig):
     """The operator's web console (``tidings console``, and a part of ``tidings run``); its
     port has the accept limits of every tidings listener (:mod:`tidings.config.listener`)."""
 
@@ -95,29 +96,9 @@ class ConsoleConfig(ListenerLimitsConfig):
             "relative to the configuration file."
         ),
     )
-    max_failed_logins: int | None = Field(
-        default=10,
-        gt=0,
-        le=1_000_000,
-        description=(
-            "Failed logins one client address may make within ``failed_login_window``; past "
-            "this its logins are refused (429) for ``failed_login_block`` without a password "
-            "check. null: no throttle."
-        ),
-    )
-    failed_login_window: Annotated[Duration, within(ZERO, DAY)] = Field(
-        default=timedelta(minutes=1),
-        description="The window ``max_failed_logins`` is counted over, per address.",
-    )
-    failed_login_block: Annotated[Duration, within(ZERO, DAY)] = Field(
-        default=timedelta(minutes=1),
-        description="How long an address past ``max_failed_logins`` is refused.",
-    )
     page_size: int = Field(default=50, ge=1, le=500, description="Events per page of a list.")
 
-    _durations = parsed_durations(
-        "session_idle", "sample_every", "history", "failed_login_window", "failed_login_block"
-    )
+    _durations = parsed_durations("session_idle", "sample_every", "history")
 
     @field_validator("users")
     @classmethod

@@ -15,9 +15,9 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from tidings.address import is_tls, parse_address
 from tidings.config.intermediary_access import SubscriberAccess, check_corners
 from tidings.config.listener import ListenerLimitsConfig
+from tidings.config.login_throttle import LoginThrottleConfig
 from tidings.config.metrics import MetricsListenConfig
 from tidings.config.model import (
-    DAY,
     HOUR,
     SECOND,
     ZERO,
@@ -93,7 +93,7 @@ class IntermediaryTableConfig(StrictModel):
         return self
 
 
-class IntermediaryLimitsConfig(ListenerLimitsConfig):
+class IntermediaryLimitsConfig(ListenerLimitsConfig, LoginThrottleConfig):
     """Bounds of ``tidings intermediary serve``: at accept (the keys every listener has:
     ``max_connections_per_address``, ``tls_handshake_timeout``), per server, per connection,
     per view."""
@@ -145,25 +145,6 @@ class IntermediaryLimitsConfig(ListenerLimitsConfig):
         le=1_000_000,
         description="Requests a subscriber may send at once above that rate (the bucket's size).",
     )
-    max_failed_logins: int | None = Field(
-        default=10,
-        gt=0,
-        le=1_000_000,
-        description=(
-            "Refused credentials (a wrong token or password, malformed ones) one client "
-            "address may present within ``failed_login_window``; past this every handshake "
-            "from that address is answered 429 for ``failed_login_block``, without checking "
-            "its credentials (a password is never hashed for it). null: no throttle."
-        ),
-    )
-    failed_login_window: Annotated[Duration, within(ZERO, DAY)] = Field(
-        default=timedelta(minutes=1),
-        description="The window ``max_failed_logins`` is counted over, per address.",
-    )
-    failed_login_block: Annotated[Duration, within(ZERO, DAY)] = Field(
-        default=timedelta(minutes=1),
-        description="How long an address past ``max_failed_logins`` is refused.",
-    )
     max_subscriptions_per_subscriber: int = Field(
         default=64,
         gt=0,
@@ -190,7 +171,7 @@ class IntermediaryLimitsConfig(ListenerLimitsConfig):
         default=timedelta(seconds=5), description="How long one evaluation of a view may take."
     )
 
-    _durations = parsed_durations("view_timeout", "failed_login_window", "failed_login_block")
+    _durations = parsed_durations("view_timeout")
 
 
 class IntermediarySpatialConfig(StrictModel):
