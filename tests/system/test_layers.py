@@ -198,8 +198,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings": " ".join(LAYERS[:-1]),
     "tidings.events": "timeutil ids model sources matching data_filter validation query outbox",
     "tidings.config": (
-        "model metrics listener login_throttle loading passwords tls certificates console targets relay "
-        "intermediary_access intermediary "
+        "model metrics listener login_throttle loading passwords tls certificates console targets "
+        "relay intermediary_access intermediary "
         "intermediary_tier eventer_access log_retention server stream_types stream_access streams "
         "tidings_file"
     ),
