@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from tidings.config import HOUR, ZERO, Duration, TargetConfig, parsed_durations, within
+from tidings.config.model import StrictModel
 from tidings.config.tls import TlsClientConfig
 from tidings.targets.kinds.rabbitmq.messages import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -26,7 +27,24 @@ from tidings.targets.kinds.rabbitmq.messages import (
 _LARGEST_MESSAGE = 512 * 1024 * 1024
 
 
-class RabbitMQTargetConfig(TargetConfig):
+class RabbitMQLogin(StrictModel):
+    """The login keys both RabbitMQ kinds take beside their URLs (a section inherits them)."""
+
+    username: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The user to log in as, instead of one in the URLs (absent: ``guest``).",
+    )
+    password: str | None = Field(
+        default=None,
+        description=(
+            "The user's password, instead of one in the URLs; write ``${VARIABLE}`` to read it "
+            "from the environment."
+        ),
+    )
+
+
+class RabbitMQTargetConfig(TargetConfig, RabbitMQLogin):
     """An exchange of a RabbitMQ broker; each event's routing key comes from
     ``routing_key`` (:mod:`tidings.targets.destination`)."""
 
@@ -38,18 +56,6 @@ class RabbitMQTargetConfig(TargetConfig):
             "The brokers' URLs (``amqp://host:port/vhost``, or ``amqps://`` for TLS), tried in "
             "order; the virtual host is the path (``/`` or empty: the default ``/``, ``%2F`` "
             "for a slash in a name)."
-        ),
-    )
-    username: str | None = Field(
-        default=None,
-        min_length=1,
-        description="The user to log in as, instead of one in the URLs (absent: ``guest``).",
-    )
-    password: str | None = Field(
-        default=None,
-        description=(
-            "The user's password, instead of one in the URLs; write ``${VARIABLE}`` to read it "
-            "from the environment."
         ),
     )
     exchange: str = Field(

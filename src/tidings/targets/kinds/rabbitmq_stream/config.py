@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tidings.config import HOUR, SECOND, ZERO, Duration, TargetConfig, parsed_durations, within
 from tidings.config.tls import TlsClientConfig
+from tidings.targets.kinds.rabbitmq.config import RabbitMQLogin
 from tidings.targets.kinds.rabbitmq_stream.messages import (
     DEFAULT_FRAME_MAX,
     MAX_STREAM_NAME,
@@ -30,7 +31,7 @@ PLAIN, TLS = "rabbitmq-stream", "rabbitmq-stream+tls"
 DEFAULT_PORTS = {PLAIN: 5552, TLS: 5551}
 
 
-class RabbitMQStreamTargetConfig(TargetConfig):
+class RabbitMQStreamTargetConfig(TargetConfig, RabbitMQLogin):
     """RabbitMQ streams, exactly once through producer de-duplication; each event's stream
     comes from ``stream`` (:mod:`tidings.targets.destination`)."""
 
@@ -42,18 +43,6 @@ class RabbitMQStreamTargetConfig(TargetConfig):
             "The brokers' stream-protocol URLs (``rabbitmq-stream://host:5552/vhost``, or "
             "``rabbitmq-stream+tls://host:5551/vhost`` for TLS), tried in order; the virtual "
             "host is the path (``/`` or empty: the default ``/``, ``%2F`` for a slash in a name)."
-        ),
-    )
-    username: str | None = Field(
-        default=None,
-        min_length=1,
-        description="The user to log in as, instead of one in the URLs (absent: ``guest``).",
-    )
-    password: str | None = Field(
-        default=None,
-        description=(
-            "The user's password, instead of one in the URLs; write ``${VARIABLE}`` to read it "
-            "from the environment."
         ),
     )
     stream: str = Field(
