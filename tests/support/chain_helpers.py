@@ -103,7 +103,7 @@ async def chain_rig(
         views=views,
         tick_s=0.01,
         limits=limits,
-        upstreams=lambda: {"event_server": chain.stale},
+        upstreams=lambda: {"event_server": chain.staleness},
         access=access,
         tls=tls,
     )

@@ -246,7 +246,9 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.streams.service": (
         "auth refusals slow_clients selection access feed reader push sessions functions app runner"
     ),
-    "tidings.intermediary": "regions node views feed publisher serving client cluster measurement",
+    "tidings.intermediary": (
+        "staleness regions node views feed publisher serving client cluster measurement"
+    ),
     "tidings.intermediary.regions": "geometry coverage coveredcells grid",
     "tidings.intermediary.node": (
         "batches buffers snapshot state scheduling generation roundgen placements publisher_store "

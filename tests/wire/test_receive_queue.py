@@ -80,3 +80,21 @@ def test_a_receiver_that_gives_up_again_and_again_leaves_nothing_behind() -> Non
         return await queue.get()
 
     assert run(main()) == 7
+
+
+def test_a_frame_over_the_byte_bound_put_into_a_queue_full_in_number_goes_in() -> None:
+    """A queue full in number, and the next frame larger than the byte bound on its own (a
+    64 MiB frame may come to a 16 MiB queue): taking the queued items lets it in. Counting
+    its bytes before it was queued once left the reader waiting for ever."""
+
+    async def main() -> list[int | None]:
+        queue: ReceiveQueue[int] = ReceiveQueue(max_items=2, max_bytes=100)
+        await queue.put(1, 10)
+        await queue.put(2, 10)
+        putting = asyncio.ensure_future(queue.put(3, 500))
+        taken = [await queue.get(), await queue.get(), await queue.get()]
+        queue.end()
+        await asyncio.wait_for(putting, 10)
+        return [*taken, await queue.get()]
+
+    assert run(main(), 30) == [1, 2, 3, None]

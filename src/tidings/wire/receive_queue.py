@@ -48,10 +48,10 @@ class ReceiveQueue(Generic[T]):
 
     async def put(self, item: T, size: int) -> None:
         """Queue ``item`` of ``size`` bytes; return once the queue has room for more."""
-        self._bytes += size
         while len(self._items) >= self._max_items:
             await _wait(self._putters)
         self._items.append((item, size))
+        self._bytes += size
         if self._getters:
             _wake(self._getters)
         while self._bytes > self._max_bytes:
@@ -73,10 +73,11 @@ class ReceiveQueue(Generic[T]):
         return self._taken(self._items.popleft())
 
     def _taken(self, entry: tuple[T, int]) -> T:
-        """The item of a taken entry, its bytes freed (waking a waiting putter)."""
+        """The item of a taken entry, its bytes freed (waking a waiting putter: it waits
+        for room in number or in bytes, and checks which itself)."""
         item, size = entry
         self._bytes -= size
-        if self._putters and self._bytes <= self._max_bytes:
+        if self._putters:
             _wake(self._putters)
         return item
 

@@ -6,6 +6,7 @@ waits are bounded only so that a broken build fails instead of hanging."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import socket
@@ -34,6 +35,7 @@ from tidings.intermediary.serving.connection import Connection
 from tidings.intermediary.serving.envelope import DROPPED_CLOSE_CODE
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
 from tidings.intermediary.views.event_server_upstream import TidingsChain
+from tidings.intermediary.views.eventviews import EventViews
 from tidings.intermediary.views.sqltables import TableState
 from tidings.intermediary.views.sqlviews import SqlLimits
 from tidings.server.eventer.server import EventerServer
@@ -473,6 +475,73 @@ def test_while_the_event_server_is_away_subscribers_are_told_and_new_needs_wait_
             assert rig.tap.chain.resyncs == 1 and rig.tap.chain.stale is None
 
     run(main())
+
+
+def test_a_loss_ridden_out_between_two_ticks_is_still_told_stale_then_fresh(
+    tmp_path: Path,
+) -> None:
+    """The server's Eventer closes and opens again, and the chain is back before the
+    intermediary's next tick: the ticks are stepped by hand here, so that the whole outage
+    falls between two (a redundant peer answering at once does that on its own, and once
+    did it unseen, so subscribers were told neither the loss nor the return). They are told
+    both: the loss before what the tick brings (the event registered after it), the return
+    after (it follows whatever caught up in the same tick)."""
+
+    async def step_until(client: IntermediaryClient, server: IntermediaryServer) -> Any:
+        for _ in range(int(WAIT / 0.01)):
+            server.step()
+            with contextlib.suppress(TimeoutError):
+                return await client.message(0.01)
+        raise AssertionError("no message")
+
+    async def main() -> list[dict[str, Any]]:
+        async with running(tmp_path) as srv:
+            chain = TidingsChain(srv.address)
+            await chain.start()
+            node = Intermediary(2, Simulation(0, WORLD).feed(), world=WORLD)
+            server = IntermediaryServer(
+                node,
+                views=EventViews(chain, CATALOG),
+                tick_s=None,
+                upstreams=lambda: {"event_server": chain.staleness},
+            )
+            await server.start()
+            client = await IntermediaryClient.connect(f"ws://127.0.0.1:{server.port}/")
+            try:
+                await client.subscribe_events("a", [["app", "*"]])
+                async with await connect(srv.address) as producer:
+                    await producer.register_with_response([json_event(("app", "1"), 1)])
+                got = [await step_until(client, server)]
+                await srv.server.aclose()
+                await _until(lambda: chain.stale is not None)
+                eventer = await EventerServer.start(srv.address, srv.engine)
+                try:
+                    await _until(lambda: chain.resyncs == 1 and chain.stale is None)
+                    async with await connect(srv.address) as producer:
+                        await producer.register_with_response([json_event(("app", "2"), 2)])
+                    while got[-1].get("stale") is not False:
+                        got.append(await step_until(client, server))
+                finally:
+                    await eventer.aclose()
+            finally:
+                await client.close()
+                await server.aclose()
+                await chain.aclose()
+        return got
+
+    got = asyncio.run(asyncio.wait_for(main(), 2 * WAIT))
+    assert [(m["op"], m.get("payload", m.get("stale"))) for m in got] == [
+        ("event", 1),
+        ("status", True),
+        ("event", 2),
+        ("status", False),
+    ]
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait (the event loop running on) until ``condition`` holds."""
+    while not condition():
+        await asyncio.sleep(0.005)
 
 
 async def _read_until(

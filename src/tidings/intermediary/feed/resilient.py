@@ -30,6 +30,7 @@ from tidings.errors import IntermediaryError
 from tidings.intermediary.feed.remote import NO_TLS, RemoteFeed, checked_boxes, without
 from tidings.intermediary.node.batches import UpdateBatch
 from tidings.intermediary.regions.geometry import Box
+from tidings.intermediary.staleness import Staleness
 from tidings.tasks import Backoff, stop_task
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,8 @@ class ResilientFeed:
         self.backoff = backoff or Backoff()
         self.open_timeout = open_timeout
         self.tls = tls
-        #: Why the feed is not fresh (None while connected and in sync).
-        self.stale: str | None = "not connected"
+        #: Why the feed is not fresh, and each change of it (see :attr:`stale`).
+        self.staleness = Staleness("not connected")
         #: How many times it reconnected.
         self.reconnects = 0
         self.requested = 0
@@ -73,6 +74,11 @@ class ResilientFeed:
         self._resent = 0
         self._replace_next = False
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def stale(self) -> str | None:
+        """Why the feed is not fresh (None while connected and in sync)."""
+        return self.staleness.why
 
     @property
     def url(self) -> str:
@@ -92,7 +98,7 @@ class ResilientFeed:
         :meth:`.remote.RemoteFeed.connect` takes it); none answering is an error here."""
         feed = cls(urls, dim, held, open_timeout=open_timeout, tls=tls)
         feed._feed = await feed._connect_any()
-        feed.stale = None
+        feed.staleness.fresh()
         feed._task = asyncio.get_running_loop().create_task(feed._run())
         return feed
 
@@ -129,7 +135,7 @@ class ResilientFeed:
                 first.tick, first.tick_time,
             )  # fmt: skip
             self._replace_next = False
-            self.stale = None
+            self.staleness.fresh()
             log.warning("feed: resynchronised from %s", feed.url)
         if feed.applied >= self._resent and not self._replace_next:
             self.applied = self._base + feed.applied - self._resent
@@ -140,7 +146,7 @@ class ResilientFeed:
             await stop_task(self._task)
         if self._feed is not None:
             await self._feed.aclose()
-        self.stale = "closed"
+        self.staleness.lost("closed")
 
     # -- the connection ----------------------------------------------------------------
 
@@ -168,7 +174,7 @@ class ResilientFeed:
         while True:
             assert self._feed is not None
             await self._feed.closed.wait()
-            self.stale = self._feed.closed_reason or "the connection was lost"
+            self.staleness.lost(self._feed.closed_reason or "the connection was lost")
             log.warning("feed: %s lost: %s; serving stale state", self._feed.url, self.stale)
             await self._feed.aclose()
             while True:

@@ -123,9 +123,9 @@ def _upstreams(server: IntermediaryServer) -> Iterator[_Family]:
         "Subscribers are served the upstream's last state, marked stale (1), or not (0)",
         labels=["upstream"],
     )
-    for name, why in server.upstreams().items():
-        connected.add_metric([name], int(why is None))
-        stale.add_metric([name], int(why is not None))
+    for name, staleness in server.upstreams().items():
+        connected.add_metric([name], int(staleness.why is None))
+        stale.add_metric([name], int(staleness.why is not None))
     yield connected
     yield stale
 

@@ -56,6 +56,7 @@ from tidings.intermediary.serving.addresses import LoginThrottle
 from tidings.intermediary.serving.metrics import IntermediaryMetrics
 from tidings.intermediary.serving.page import static_page_routes
 from tidings.intermediary.serving.transport import IntermediaryServer, TransportLimits
+from tidings.intermediary.staleness import Staleness
 from tidings.intermediary.views.event_server_upstream import TidingsChain
 from tidings.intermediary.views.eventviews import EventViews
 from tidings.intermediary.views.sqlviews import Catalog, SqlLimits
@@ -119,7 +120,7 @@ class EventServerIntermediary(IntermediaryServer):
         tick_s: float,
         limits: TransportLimits,
         spatial: tuple[Intermediary, ResilientFeed] | None = None,
-        upstreams: Callable[[], Mapping[str, str | None]] | None = None,
+        upstreams: Callable[[], Mapping[str, Staleness]] | None = None,
         access: Gatekeeper | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
@@ -223,8 +224,8 @@ async def serve_intermediary(
             ),
             spatial=spatial,
             upstreams=lambda: {
-                "event_server": chain.stale,
-                **({} if spatial is None else {"spatial": spatial[1].stale}),
+                "event_server": chain.staleness,
+                **({} if spatial is None else {"spatial": spatial[1].staleness}),
             },
             access=access,
             tls=tls,

@@ -109,7 +109,8 @@ def status_of(
         "subscribers": [_subscriber(server, conn, now) for conn in connections[:MAX_SUBSCRIBERS]],
         "more_subscribers": max(0, len(connections) - MAX_SUBSCRIBERS),
         "upstreams": {
-            name: {"stale": why is not None, "why": why} for name, why in upstreams.items()
+            name: {"stale": health.why is not None, "why": health.why}
+            for name, health in upstreams.items()
         },
         "world": None if store.world is None else box_json(store.world),
         "coverage": boxes_json(store.boxes),

@@ -64,8 +64,9 @@ not sent yet is replaced by the next one (counted like a replaced frame). A key 
 subscription whatever its kind: a subscribe replaces the key's previous subscription of any
 kind.
 
-With ``upstreams`` (each upstream's name -> why it is stale, or None), an upstream that is
-lost or back is announced to every connection after the tick's messages
+With ``upstreams`` (each upstream's name -> its :class:`~tidings.intermediary.staleness.Staleness`),
+every loss of an upstream and every return is announced to every connection after the
+tick's messages, a loss ridden out between two ticks included
 (:func:`.envelope.status_message`: ``{"op": "status", "upstream", "stale", "reason"}``, in
 the ring, so in order with the events);
 meanwhile the subscribers are served the last state and keep their subscriptions.
@@ -115,6 +116,7 @@ from tidings.intermediary.serving.limits import TransportLimits as TransportLimi
 from tidings.intermediary.serving.page import page_routes
 from tidings.intermediary.serving.requests import count_close, error, parse
 from tidings.intermediary.serving.ring import EventRing
+from tidings.intermediary.staleness import Staleness
 from tidings.intermediary.views.grants import NOTHING, Grant
 from tidings.logs import OncePerCause
 from tidings.serving import DenyingWebSockets, listen, serve_guarded
@@ -140,7 +142,7 @@ class IntermediaryServer:
         limits: TransportLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         views: EventViews | None = None,
-        upstreams: Callable[[], Mapping[str, str | None]] | None = None,
+        upstreams: Callable[[], Mapping[str, Staleness]] | None = None,
         access: Gatekeeper | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
@@ -148,8 +150,9 @@ class IntermediaryServer:
         #: Who may connect (default: anonymous clients from this machine, granted all).
         self.access = access or Gatekeeper.from_config()
         self.tls = tls
-        #: Each upstream's name -> why it is stale (None: fresh), asked every tick.
+        #: Each upstream's name -> its staleness, asked every tick.
         self.upstreams = upstreams
+        #: What the subscribers were told: each stale upstream's name -> why.
         self._stale: dict[str, str] = {}
         self.views = views
         self.source = source
@@ -291,9 +294,11 @@ class IntermediaryServer:
             if conn is not None:
                 self._offer(conn, items)
         kicks = self.intermediary.take_disconnects()
+        back = self._announce_changes()
         if self.views is not None:
             self._queue(self.views.step(self.clock(), self.budget))
-        self._announce()
+        for name in back:
+            self._announce(name, None)
         kicks += catch_up(self.connections, self.ring)
         for subscriber, reason in kicks:
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
@@ -302,19 +307,33 @@ class IntermediaryServer:
                 conn.kicked.set()
         return len(round_)
 
-    def _announce(self) -> None:
-        """Tell every subscriber of an upstream that became stale or fresh again, after the
-        tick's messages (so a ``fresh`` follows the events that caught up)."""
+    def _announce_changes(self) -> list[str]:
+        """Tell every subscriber of each change of an upstream since the last tick, in
+        order, before the tick's messages (so the events that came after a loss follow its
+        ``stale``); a return that ends the changes is left to the caller, to be told after
+        them (so a ``fresh`` follows the events that caught up): the upstreams it is for."""
+        back: list[str] = []
         if self.upstreams is None:
+            return back
+        for name, staleness in self.upstreams().items():
+            changes = staleness.changes()
+            if changes[-1] is None:
+                changes.pop()
+                back.append(name)
+            for why in changes:
+                self._announce(name, why)
+        return back
+
+    def _announce(self, name: str, why: str | None) -> None:
+        """Tell every subscriber that upstream ``name`` is stale (``why``) or fresh (None),
+        unless they were told so last."""
+        if self._stale.get(name) == why:
             return
-        now = {name: why for name, why in self.upstreams().items() if why is not None}
-        changed: list[tuple[str, str | None]] = [
-            (n, w) for n, w in now.items() if self._stale.get(n) != w
-        ]
-        changed += [(n, None) for n in self._stale if n not in now]
-        self._stale = now
-        for name, why in changed:
-            self.ring.append(json.dumps(status_message(name, why)), None)
+        if why is None:
+            del self._stale[name]
+        else:
+            self._stale[name] = why
+        self.ring.append(json.dumps(status_message(name, why)), None)
 
     def notify(self, subscriber: int, message: dict[str, object]) -> bool:
         """Push ``message`` (JSON) to ``subscriber`` after every frame already offered to it;

@@ -52,6 +52,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from tidings.client import Client, ConnectionClosed, QueryData, QueryType, StoredEvent, connect
 from tidings.config.tls import TlsClientConfig
 from tidings.errors import IntermediaryError, TidingsError
+from tidings.intermediary.staleness import Staleness
 from tidings.intermediary.views.messages import ChainBatch
 from tidings.intermediary.views.resync import Watermark
 from tidings.tasks import Backoff, stop_task
@@ -85,8 +86,8 @@ class TidingsChain:
         self.backoff = backoff or Backoff()
         #: How servers at ``ssl+sbs://`` addresses are verified (None: the system's CAs).
         self.tls = tls
-        #: Why the chain is not fresh (None while connected and in sync).
-        self.stale: str | None = "not started"
+        #: Why the chain is not fresh, and each change of it (see :attr:`stale`).
+        self.staleness = Staleness("not started")
         #: How many times it reconnected and resynchronised.
         self.resyncs = 0
         self._client: Client | None = None
@@ -108,11 +109,16 @@ class TidingsChain:
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._held_rows: dict[str, list[StoredEvent]] = {}
 
+    @property
+    def stale(self) -> str | None:
+        """Why the chain is not fresh (None while connected and in sync)."""
+        return self.staleness.why
+
     async def start(self) -> None:
         """Connect to the first address that answers; none answering is an error here (a
         loss later is ridden out)."""
         self._client = await self._connect_any()
-        self.stale = None
+        self.staleness.fresh()
         self._task = asyncio.get_running_loop().create_task(self._run(self._client))
 
     async def aclose(self) -> None:
@@ -124,7 +130,7 @@ class TidingsChain:
             await stop_task(self._receiver)
         if self._client is not None:
             await self._client.aclose()
-        self.stale = "closed"
+        self.staleness.lost("closed")
 
     def take(self) -> list[ChainBatch]:
         batches = list(self._inbox)
@@ -245,7 +251,7 @@ class TidingsChain:
         """Receive from ``client``; when it is lost, reconnect and resynchronise, forever."""
         self._receiver = asyncio.get_running_loop().create_task(self._receive(client))
         while True:
-            self.stale = await self._receiver
+            self.staleness.lost(await self._receiver)
             lost_at_us = time.time_ns() // 1000
             self._client = None
             log.warning(
@@ -282,7 +288,7 @@ class TidingsChain:
                 continue
             self.backoff.reset()
             self.resyncs += 1
-            self.stale = None
+            self.staleness.fresh()
             log.warning("intermediary chain: resynchronised from %s", self.address)
             return client, receiver
 
