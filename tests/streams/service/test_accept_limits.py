@@ -87,6 +87,7 @@ def test_a_tls_stream_port_bounds_each_address_and_closes_silent_clients(tmp_pat
                 metrics = (await http.get(server.metrics_url)).text
             assert refusals(metrics, "too_many_from_address") == 1.0
             assert refusals(metrics, "tls_handshake_timeout") == 1.0
+            assert refusals(metrics, "not_tls") == 1.0
             for _, writer in held:
                 writer.close()
 
