@@ -122,6 +122,9 @@ def test_tls_verified_while_a_wrong_ca_and_plaintext_are_refused_and_others_serv
             writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # plaintext HTTP to the TLS port
             assert not (await reader.read()).startswith(b"HTTP")  # no answer in clear
             writer.close()
+            # Both plaintext clients (the ws:// handshake, the raw request) refused at their
+            # first byte, and counted.
+            assert rig.server.counters.refusals["not_tls"] == 2
 
             await producer.register([json_event(("app", "orders", "x"), "after")])
             assert (await _events_until(first, "after"))[-1]["type"] == ["app", "orders", "x"]

@@ -23,6 +23,7 @@ REFUSALS = {
         "WebSocket handshake)"
     ),
     "tls_handshake_timeout": "a connection to the TLS port that sent nothing in time",
+    "not_tls": "a connection to the TLS port whose first byte is plaintext (closed at once)",
     "not_granted": "a subscription its identity's grant does not allow",
     "rate_limited": "a request over the connection's rate",
     "too_large": "a message over max_request_bytes (closed with 1009)",
