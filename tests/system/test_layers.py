@@ -261,8 +261,8 @@ PACKAGE_ORDER_TEXT: dict[str, str] = {
     "tidings.intermediary.feed": "wire remote resilient",
     "tidings.intermediary.publisher": "simulation server",
     "tidings.intermediary.serving": (
-        "credentials addresses access page envelope counters limits ring connection requests "
-        "transport status metrics service"
+        "credentials addresses access page envelope counters limits ring announcer connection "
+        "requests transport status metrics service"
     ),
     "tidings.intermediary.client": "subscriber client handover",
     "tidings.intermediary.cluster": (

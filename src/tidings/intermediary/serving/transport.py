@@ -82,7 +82,7 @@ import logging
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -103,6 +103,7 @@ from tidings.intermediary.node.intermediary import (
 from tidings.intermediary.regions.geometry import parse_region
 from tidings.intermediary.serving.access import Gatekeeper
 from tidings.intermediary.serving.addresses import AddressSlots
+from tidings.intermediary.serving.announcer import StatusAnnouncer, Upstreams
 from tidings.intermediary.serving.connection import Connection, catch_up
 from tidings.intermediary.serving.counters import Disconnect, ServingCounters
 from tidings.intermediary.serving.credentials import SUBPROTOCOL
@@ -110,13 +111,11 @@ from tidings.intermediary.serving.envelope import (
     DROPPED_CLOSE_CODE,
     FULL_CLOSE_CODE,
     clip_reason,
-    status_message,
 )
 from tidings.intermediary.serving.limits import TransportLimits as TransportLimits
 from tidings.intermediary.serving.page import page_routes
 from tidings.intermediary.serving.requests import count_close, error, parse
 from tidings.intermediary.serving.ring import EventRing
-from tidings.intermediary.staleness import Staleness
 from tidings.intermediary.views.grants import NOTHING, Grant
 from tidings.logs import OncePerCause
 from tidings.serving import DenyingWebSockets, listen, serve_guarded
@@ -142,7 +141,7 @@ class IntermediaryServer:
         limits: TransportLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         views: EventViews | None = None,
-        upstreams: Callable[[], Mapping[str, Staleness]] | None = None,
+        upstreams: Upstreams | None = None,
         access: Gatekeeper | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
@@ -152,8 +151,6 @@ class IntermediaryServer:
         self.tls = tls
         #: Each upstream's name -> its staleness, asked every tick.
         self.upstreams = upstreams
-        #: What the subscribers were told: each stale upstream's name -> why.
-        self._stale: dict[str, str] = {}
         self.views = views
         self.source = source
         self.tick_s = tick_s
@@ -163,6 +160,8 @@ class IntermediaryServer:
         self.connections: dict[int, Connection] = {}
         #: The events and status messages every connection reads from (:mod:`.ring`).
         self.ring = EventRing(self.limits.max_queued_messages, self.limits.max_queued_bytes)
+        #: Tells every connection, through the ring, of each upstream lost or back.
+        self.announcer = StatusAnnouncer(self.ring, upstreams)
         #: Totals since the start (refusals by reason, frames sent...), for metrics.
         self.counters = ServingCounters()
         #: Connections held per client address.
@@ -294,11 +293,10 @@ class IntermediaryServer:
             if conn is not None:
                 self._offer(conn, items)
         kicks = self.intermediary.take_disconnects()
-        back = self._announce_changes()
+        back = self.announcer.before_tick()
         if self.views is not None:
             self._queue(self.views.step(self.clock(), self.budget))
-        for name in back:
-            self._announce(name, None)
+        self.announcer.after_tick(back)
         kicks += catch_up(self.connections, self.ring)
         for subscriber, reason in kicks:
             conn = self.connections.get(subscriber)  # type: ignore[call-overload]
@@ -306,34 +304,6 @@ class IntermediaryServer:
                 conn.reason = reason
                 conn.kicked.set()
         return len(round_)
-
-    def _announce_changes(self) -> list[str]:
-        """Tell every subscriber of each change of an upstream since the last tick, in
-        order, before the tick's messages (so the events that came after a loss follow its
-        ``stale``); a return that ends the changes is left to the caller, to be told after
-        them (so a ``fresh`` follows the events that caught up): the upstreams it is for."""
-        back: list[str] = []
-        if self.upstreams is None:
-            return back
-        for name, staleness in self.upstreams().items():
-            changes = staleness.changes()
-            if changes[-1] is None:
-                changes.pop()
-                back.append(name)
-            for why in changes:
-                self._announce(name, why)
-        return back
-
-    def _announce(self, name: str, why: str | None) -> None:
-        """Tell every subscriber that upstream ``name`` is stale (``why``) or fresh (None),
-        unless they were told so last."""
-        if self._stale.get(name) == why:
-            return
-        if why is None:
-            del self._stale[name]
-        else:
-            self._stale[name] = why
-        self.ring.append(json.dumps(status_message(name, why)), None)
 
     def notify(self, subscriber: int, message: dict[str, object]) -> bool:
         """Push ``message`` (JSON) to ``subscriber`` after every frame already offered to it;
@@ -420,8 +390,8 @@ class IntermediaryServer:
                 "subscriber": conn.id,
                 "identity": grant.identity,
             }
-            if self._stale:
-                hello["stale"] = dict(self._stale)
+            if self.announcer.told:
+                hello["stale"] = dict(self.announcer.told)
             await websocket.send_text(json.dumps(hello))
             await asyncio.wait({reader, writer, kicked}, return_when=asyncio.FIRST_COMPLETED)
         finally:
