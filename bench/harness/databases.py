@@ -13,15 +13,17 @@ PG = "postgresql://root@127.0.0.1:5432"
 
 
 @contextlib.contextmanager
-def scratch_database(name: str) -> Iterator[str]:
-    """A fresh PostgreSQL database on the local server, dropped afterwards; its URL."""
+def scratch_database(name: str, template: str | None = None) -> Iterator[str]:
+    """A fresh PostgreSQL database on the local server, dropped afterwards; its URL. With
+    ``template`` (the URL of a database no one is connected to) a copy of that one."""
 
     def admin(*statements: str) -> None:
         with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
             for statement in statements:
                 conn.execute(statement)  # type: ignore[arg-type]
 
-    admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}")
+    copy = "" if template is None else f" TEMPLATE {template.rsplit('/', 1)[1]}"
+    admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}{copy}")
     try:
         yield f"{PG}/{name}"
     finally:

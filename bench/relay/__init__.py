@@ -5,7 +5,8 @@ Run ``.venv/bin/python -m bench.relay [--quick] [--keep]`` from the checkout. It
 1. the producer's overhead against raw ``sqlite3`` (same PRAGMAs, same outbox table) and
    against the same row written by hand with SQLAlchemy Core (``producer``);
 2. relay throughput to the embedded event store (a drained backlog, ``available_now``);
-   2b. the same with the outbox and the event store on PostgreSQL;
+   2b. the same with the outbox and the event store on PostgreSQL, and PostgreSQL's own
+   work for that backlog measured with raw psycopg (``postgres_floor_ev_s``, ``pg_floor``);
    2c. how the rate holds with a backlog ten times larger, and behind millions of rows
    already published (``relay_scaling``) (all three in ``embedded``, the drains they share
    in ``drains``, what bounds a missed goal in ``breakdown``);

@@ -31,6 +31,7 @@ from bench.relay.drains import (
     report_drain,
     sql_fill,
 )
+from bench.relay.pg_floor import floor_of
 from bench.relay.workload import (
     EVENT_TYPE,
     GOALS,
@@ -100,16 +101,27 @@ def phase_postgres(spark: Any, work: Path, sizes: RelaySizes, report: Report) ->
         server_before = sum(postgres_cpu().values())
         secs = fill_backlog(Outbox(engine, cfg.outbox), n, sizes.partition_keys)
         say(f"  backlog inserted in {secs:.1f} s ({n / secs:,.0f} ev/s via Outbox)")
-        drain_before = sum(postgres_cpu().values())
-        secs, batches, monitor = relay_drain(spark, cfg)
-        server = sum(postgres_cpu().values())
-        counts = status_counts(engine)
-        stored = store_count(store_url)
-        engine.dispose()
+        engine.dispose()  # no connection to the log while it is copied
+        with scratch_database(f"tidings_bench_floor_{tag}", template=app_url) as floor_url:
+            drain_before = sum(postgres_cpu().values())
+            secs, batches, monitor = relay_drain(spark, cfg)
+            server = sum(postgres_cpu().values())
+            counts = status_counts(engine)
+            stored = store_count(store_url)
+            engine.dispose()
+            say("  PostgreSQL's own work for the same backlog (raw psycopg, no relay) ...")
+            floor = floor_of(floor_url, copy=False)
     report.workload_cpu = server - server_before
-    report.detail("postgres", f"the PostgreSQL server used {server - drain_before:.1f} CPU-s")
+    report.detail(
+        "postgres",
+        f"the PostgreSQL server used {server - drain_before:.1f} CPU-s "
+        f"({(server - drain_before) / n * 1e6:.0f} us per event)",
+    )
     drain = Drain(n, secs, counts, stored, batches, monitor)
     report_drain(report, "2b", "relay_postgres_ev_s", "postgres", drain)
+    report.figures["postgres_floor_ev_s"] = round(n / floor.server)
+    report.detail("postgres", floor.per_event(n))
+    say(f"  {floor.per_event(n)}")
 
 
 def phase_mariadb(spark: Any, work: Path, sizes: RelaySizes, report: Report) -> None:

@@ -82,6 +82,7 @@ UNITS = {
     "relay_embedded_ev_s": ("{:,.0f}", "ev/s"),
     "sqlite_floor_ev_s": ("{:,.0f}", "ev/s: SQLite's own work for phase 2, one core"),
     "relay_postgres_ev_s": ("{:,.0f}", "ev/s"),
+    "postgres_floor_ev_s": ("{:,.0f}", "ev/s: PostgreSQL's own work for phase 2b, one core"),
     "relay_mariadb_ev_s": ("{:,.0f}", "ev/s: the outbox on MariaDB, the store on SQLite"),
     "relay_jetstream_ev_s": ("{:,.0f}", "ev/s"),
     "raw_nats_publish_ev_s": ("{:,.0f}", "msg/s"),

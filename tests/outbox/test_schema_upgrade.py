@@ -1,9 +1,10 @@
-"""Schema version 4: the (key, status, seq) index a key's parked and unroutable events are
-read by, added to a version-3 log on every backend, with nothing lost."""
+"""Schema versions 4 and 5: the (key, status, seq) index a key's parked and unroutable events
+are read by, added to a version-3 log on every backend; on PostgreSQL, it and the correlation
+index hold only the rows their reads take. Nothing is lost."""
 
 from __future__ import annotations
 
-from sqlalchemy import inspect, select, text, update
+from sqlalchemy import Engine, inspect, select, text, update
 
 from tidings.db import make_engine
 from tidings.events.outbox import EventStatus
@@ -41,7 +42,7 @@ def test_a_version_3_log_gets_the_key_status_index(database_url: str) -> None:
     ensure_schema(engine)
     with engine.connect() as conn:
         version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
-        assert version.scalar_one() == str(SCHEMA_VERSION) == "4"
+        assert version.scalar_one() == str(SCHEMA_VERSION) == "5"
     indexes = {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("outbox_event")}
     assert indexes["idx_04_outbox_event"] == ["partition_key", "status", "seq"]
     ensure_schema(engine)  # the current version: nothing to do
@@ -53,4 +54,85 @@ def test_a_version_3_log_gets_the_key_status_index(database_url: str) -> None:
         (seqs[2], EventStatus.PARKED),
         (seqs[3], EventStatus.PENDING),
     ]
+    engine.dispose()
+
+
+def _partial(engine: Engine) -> dict[str, bool]:
+    """PostgreSQL: which of idx_02 and idx_04 hold only the rows of a condition."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT c.relname, i.indpred IS NOT NULL FROM pg_index i "
+                "JOIN pg_class c ON c.oid = i.indexrelid "
+                "WHERE c.relname IN ('idx_02_outbox_event', 'idx_04_outbox_event')"
+            )
+        )
+        return {name: partial for name, partial in rows}
+
+
+def test_a_version_4_log_gets_the_partial_indexes_on_postgresql(database_url: str) -> None:
+    """Version 5: on PostgreSQL idx_02 holds only rows with a correlation id and idx_04 only
+    PARKED and UNROUTABLE rows (the rows their reads take); elsewhere nothing changes. A key's
+    set-aside events and a lookup by correlation id find the same rows as before."""
+    engine = make_engine(database_url)
+    postgresql = engine.dialect.name == "postgresql"
+    outbox = Outbox(engine)
+    with outbox.transaction() as tx:
+        for n in range(4):
+            tx.emit("Created", {"n": n}, partition_key="a", correlation_id=f"c{n % 2}")
+        tx.emit("Created", {"n": 9}, partition_key="a")
+    with engine.begin() as conn:
+        seqs = list(conn.execute(select(outbox_event.c.seq).order_by(outbox_event.c.seq)).scalars())
+        conn.execute(
+            update(outbox_event)
+            .where(outbox_event.c.seq.in_([seqs[0], seqs[3]]))
+            .values(status=EventStatus.PARKED.value)
+        )
+        conn.execute(
+            update(outbox_event)
+            .where(outbox_event.c.seq == seqs[1])
+            .values(status=EventStatus.UNROUTABLE.value)
+        )
+        conn.execute(
+            update(outbox_event)
+            .where(outbox_event.c.seq == seqs[2])
+            .values(status=EventStatus.PUBLISHED.value)
+        )
+        if postgresql:  # the log as version 4 left it: both indexes whole
+            for name, columns in (
+                ("idx_02_outbox_event", "correlation_id, event_type"),
+                ("idx_04_outbox_event", "partition_key, status, seq"),
+            ):
+                conn.execute(text(f"DROP INDEX {name}"))
+                conn.execute(text(f"CREATE INDEX {name} ON outbox_event ({columns})"))
+        conn.execute(update(meta).where(meta.c.key == "schema_version").values(value="4"))
+    if postgresql:
+        assert _partial(engine) == {"idx_02_outbox_event": False, "idx_04_outbox_event": False}
+    ensure_schema(engine)
+    with engine.connect() as conn:
+        version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+        assert version.scalar_one() == str(SCHEMA_VERSION) == "5"
+        by_correlation = conn.execute(
+            select(outbox_event.c.seq)
+            .where(outbox_event.c.correlation_id == "c1", outbox_event.c.event_type == "Created")
+            .order_by(outbox_event.c.seq)
+        ).scalars()
+        assert list(by_correlation) == [seqs[1], seqs[3]]
+    if postgresql:
+        assert _partial(engine) == {"idx_02_outbox_event": True, "idx_04_outbox_event": True}
+    indexes = {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("outbox_event")}
+    assert indexes["idx_02_outbox_event"] == ["correlation_id", "event_type"]
+    assert indexes["idx_04_outbox_event"] == ["partition_key", "status", "seq"]
+    events = IncompleteEvents(engine, lambda _: ())
+    for _ in range(7):  # past psycopg's prepare threshold: a prepared read finds them too
+        found = events.find(EventFilter(partition_key="a"))
+        assert [(e.seq, e.status) for e in found] == [
+            (seqs[0], EventStatus.PARKED),
+            (seqs[1], EventStatus.UNROUTABLE),
+            (seqs[3], EventStatus.PARKED),
+            (seqs[4], EventStatus.PENDING),
+        ]
+    parked = events.find(EventFilter(partition_key="a", statuses=frozenset({EventStatus.PARKED})))
+    assert [e.seq for e in parked] == [seqs[0], seqs[3]]
+    ensure_schema(engine)  # the current version: nothing to do
     engine.dispose()

@@ -40,7 +40,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from tidings.errors import UsageError
 from tidings.events.outbox import OPEN_STATUSES, DeliveryState, EventStatus
 from tidings.events.timeutil import as_utc, utcnow
-from tidings.outbox.schema import OPEN_ROW, ensure_schema, outbox_event
+from tidings.outbox.schema import OPEN_ROW, SET_ASIDE_ROW, ensure_schema, outbox_event
 
 #: Every status of an event that has not reached all its targets.
 INCOMPLETE_STATUSES: frozenset[EventStatus] = frozenset(
@@ -281,8 +281,11 @@ class IncompleteEvents:
         """
         if where.partition_key is not None:
             open_part = chosen & OPEN_STATUSES
+            # PostgreSQL's idx_04 holds only these rows: its condition, spelled as it is,
+            # lets any plan take it (a bound status does not, in a generic plan).
+            set_aside = [SET_ASIDE_ROW] if self.engine.dialect.name == "postgresql" else []
             split: list[tuple[frozenset[EventStatus], list[Any]]] = [
-                (frozenset({status}), []) for status in sorted(chosen - open_part)
+                (frozenset({status}), set_aside) for status in sorted(chosen - open_part)
             ]
             if open_part:
                 split.insert(0, (open_part, [OPEN_ROW]))

@@ -54,7 +54,7 @@ from tidings.errors import SchemaError
 from tidings.events.outbox import OutboxEvent
 from tidings.events.timeutil import as_utc
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = MetaData()
 
@@ -73,10 +73,24 @@ MYSQL_TABLE: dict[str, Any] = {
 #: planners (SQLite's in particular) match it to the index.
 OPEN_ROW = text("status IN ('PENDING', 'HELD', 'FAILED')")
 
+#: The rows an operator set aside or no route took, spelled exactly as idx_04's condition on
+#: PostgreSQL spells it, so that its planner matches a query's condition to the index.
+SET_ASIDE_ROW = text("status IN ('PARKED', 'UNROUTABLE')")
+#: Only rows with a correlation id (idx_02's condition on PostgreSQL).
+CORRELATED_ROW = text("correlation_id IS NOT NULL")
+
 #: A key's rows of one status in seq order (schema version 4): a key's PARKED and
 #: UNROUTABLE events, which idx_03 does not hold, without reading every parked or
-#: unroutable row of the log through the status index.
-KEY_STATUS_INDEX = Index("idx_04_outbox_event", "partition_key", "status", "seq")
+#: unroutable row of the log through the status index. On PostgreSQL (schema version 5)
+#: only those rows are in it, see :data:`PARTIAL_ON_POSTGRESQL`.
+KEY_STATUS_INDEX = Index(
+    "idx_04_outbox_event", "partition_key", "status", "seq", postgresql_where=SET_ASIDE_ROW
+)
+#: The lookups by correlation id (the design document's index). On PostgreSQL (schema
+#: version 5) only rows with one are in it, see :data:`PARTIAL_ON_POSTGRESQL`.
+CORRELATION_INDEX = Index(
+    "idx_02_outbox_event", "correlation_id", "event_type", postgresql_where=CORRELATED_ROW
+)
 
 outbox_event = Table(
     "outbox_event",
@@ -101,7 +115,7 @@ outbox_event = Table(
     Column("updated_at", _TIME, nullable=False),
     Column("concurrency_version", Integer, nullable=False, default=1),
     Index("idx_01_outbox_event", "status", "updated_at"),
-    Index("idx_02_outbox_event", "correlation_id", "event_type"),
+    CORRELATION_INDEX,
     # Only open rows: the relay's "is an earlier event of this key unpublished?" check reads
     # it, and publishing an event takes it out instead of rewriting an entry.
     Index(
@@ -115,6 +129,16 @@ outbox_event = Table(
     sqlite_autoincrement=True,  # never reuse a seq after housekeeping deleted the newest rows
     **MYSQL_TABLE,
 )
+
+#: The indexes that hold only the rows a query reads them for on PostgreSQL (schema version
+#: 5). PostgreSQL writes an entry in every index of the table for each UPDATE that changes an
+#: indexed column (no heap-only update), so the relay's status UPDATE wrote one in each of
+#: them for every event it published, and every emit another: an entry per event where a
+#: query needs few. A key's read of one set-aside status (:mod:`tidings.outbox.incomplete`)
+#: and a lookup by correlation id both imply the condition, so each finds every row it did.
+#: SQLite writes only the indexes whose columns an UPDATE changes and cannot match a bound
+#: status to a partial index's condition: there they stay whole.
+PARTIAL_ON_POSTGRESQL = (CORRELATION_INDEX, KEY_STATUS_INDEX)
 
 #: The ``outbox_event`` columns an :class:`OutboxEvent` is made of, in the order
 #: :func:`outbox_event_from_row` takes them.
@@ -305,7 +329,30 @@ def _upgrade_to_4(engine: Engine) -> None:
     KEY_STATUS_INDEX.create(engine, checkfirst=True)
 
 
-_UPGRADES = {1: _upgrade_to_1, 2: _upgrade_to_2, 3: _upgrade_to_3, 4: _upgrade_to_4}
+def _upgrade_to_5(engine: Engine) -> None:
+    # PostgreSQL: idx_02 and idx_04 made anew with their conditions (PARTIAL_ON_POSTGRESQL);
+    # one index build each, in one transaction. Nothing changes elsewhere.
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.begin() as conn:
+        for index in PARTIAL_ON_POSTGRESQL:
+            partial = conn.execute(
+                text("SELECT indpred IS NOT NULL FROM pg_index WHERE indexrelid = to_regclass(:n)"),
+                {"n": index.name},
+            ).scalar()
+            if partial:  # a version 3 log's step 4 built idx_04 as it is now
+                continue
+            conn.execute(text(f"DROP INDEX IF EXISTS {index.name}"))
+            index.create(conn)
+
+
+_UPGRADES = {
+    1: _upgrade_to_1,
+    2: _upgrade_to_2,
+    3: _upgrade_to_3,
+    4: _upgrade_to_4,
+    5: _upgrade_to_5,
+}
 
 
 def _stored_version(engine: Engine) -> int:

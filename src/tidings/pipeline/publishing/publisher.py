@@ -407,10 +407,14 @@ def open_rows_before(engine: Engine, first: dict[str, int]) -> list[Any]:
         )
         params = (json.dumps(list(first.items())),)
     else:
+        # One probe of the open-row index per key: a LATERAL subquery that OFFSET 0 keeps
+        # from being flattened into a join. As a plain join PostgreSQL hashed every open
+        # row of the log for each chunk (a fresh log has no statistics to say otherwise):
+        # a relay draining a backlog read it all again for every chunk.
         sql = (
             f"SELECT {columns} FROM unnest(%s::text[], %s::bigint[]) AS j(key, bound) "
-            f"JOIN outbox_event AS o ON o.partition_key = j.key AND o.seq < j.bound "
-            f"WHERE {open_row}"
+            f"CROSS JOIN LATERAL (SELECT {columns} FROM outbox_event AS o "
+            f"WHERE o.partition_key = j.key AND o.seq < j.bound AND {open_row} OFFSET 0) AS o"
         )
         params = (list(first), list(first.values()))
     with engine.connect() as conn:

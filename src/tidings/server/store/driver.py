@@ -187,6 +187,17 @@ class DriverCursor:
     def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
         self.cursor.executemany(self._marked(statement), rows)
 
+    def copy_rows(
+        self, statement: str, types: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """PostgreSQL: run ``statement`` (a ``COPY ... FROM STDIN (FORMAT BINARY)``) with
+        ``rows``, each value sent as its column's type in ``types``. A failing row fails
+        the whole statement, as an INSERT of them all would."""
+        with self.cursor.copy(statement) as copy:
+            copy.set_types(types)
+            for row in rows:
+                copy.write_row(row)
+
     def _marked(self, statement: str) -> str:
         return statement.replace("?", "%s") if self.postgresql else statement
 

@@ -215,13 +215,12 @@ INSERT_EVENT_SQL = (
     f"INSERT INTO event_events ({', '.join(EVENT_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(EVENT_COLUMNS))})"
 )
-#: The same for many rows on PostgreSQL, one array parameter per column (see
-#: :func:`~tidings.server.store.planning.insert_event_rows`).
-INSERT_EVENTS_UNNEST_SQL = (
-    f"INSERT INTO event_events ({', '.join(EVENT_COLUMNS)}) SELECT * FROM unnest("
-    "?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::text[], ?::bigint[], ?::bigint[], "
-    "?::bytea[], ?::text[], ?::text[])"
-)
+#: The same for many rows on PostgreSQL: a binary COPY of the rows (see
+#: :func:`~tidings.server.store.planning.insert_event_rows`), each value of the type in
+#: :data:`COPY_EVENT_TYPES`.
+COPY_EVENTS_SQL = f"COPY event_events ({', '.join(EVENT_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+#: The PostgreSQL type each of :data:`EVENT_COLUMNS` is sent as in :data:`COPY_EVENTS_SQL`.
+COPY_EVENT_TYPES = ("int8", "int8", "int8", "int8", "text", "int8", "int8", "bytea", "text", "text")
 _KINDS: dict[str | None, PayloadKind | None] = {None: None, **{k.value: k for k in PayloadKind}}
 
 
