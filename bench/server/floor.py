@@ -3,7 +3,10 @@
 With ``store: commit`` or ``store: periodic`` in its configuration it also runs, per
 register, the SQL statements tidings' SQLite store runs (on the store's own schema and
 pragmas, with its checkpoint thread), and nothing else of tidings' engine: the ceiling of
-a server that stores as tidings does, for each durability (see :class:`FloorStore`).
+a server that stores as tidings does, for each durability (see :class:`FloorStore`). It
+stores each register as it comes, so under ``commit`` it pays one commit per request even
+when fire-and-forget requests queue up (tidings commits those in groups): there its
+fire-and-forget rate is no ceiling.
 
 ``python -m bench.server.floor --conf server.yaml`` (``address: tcp+sbs://host:port``) answers
 hat-event 0.8.5's ``MsgRegisterReq`` as a server would — frame, pre-scan and decode with

@@ -214,7 +214,8 @@ def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtim
         "(commit, periodic): the same server running, per register, the SQL statements "
         "tidings' SQLite store runs with that durability (on the store's schema, pragmas and "
         "checkpoint thread) and nothing else of tidings: the most a tidings server storing so "
-        "can reach.",
+        "can reach (but for fire-and-forget under commit, where it commits each request and "
+        "tidings commits queued ones in groups).",
         "",
         f"1. register_batch: {s['register_events']:,} events in `register_with_response` "
         f"batches of {s['batch']}, one request at a time; register_single: "
