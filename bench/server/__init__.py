@@ -4,7 +4,10 @@ Run ``.venv/bin/python -m bench.server [--quick] [--only KIND]`` from the checko
 runs four times: with ``durability: commit`` (a registration is answered once committed),
 with ``durability: periodic`` (answered once written, committed at most ``flush_period`` =
 1 s later, as hat's lmdb backend does), and both on PostgreSQL; ``floor`` (the ``floor`` module)
-answers registers and stores nothing, the ceiling of any Python server here. Each server runs
+answers registers and stores nothing, the ceiling of any Python server here, and
+``floor_store`` and ``floor_store_periodic`` (the same module) answer them storing each
+register with the SQL statements of tidings' SQLite store for that durability and nothing
+else, the ceiling of a tidings server storing so. Each server runs
 as a subprocess in a fresh temporary directory on a free port and is driven by the same
 client, hat-event 0.8.5's ``hat.event.eventer`` (asyncio, in this process), with the same
 workload:

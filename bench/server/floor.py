@@ -1,5 +1,13 @@
 """The least a Python asyncio Eventer server does per register: the benchmark's ceiling.
 
+With ``store: commit`` or ``store: periodic`` in its configuration it also runs, per
+register, the SQL statements tidings' SQLite store runs (on the store's own schema and
+pragmas, with its checkpoint thread), and nothing else of tidings' engine: the ceiling of
+a server that stores as tidings does, for each durability (see :class:`FloorStore`). It
+stores each register as it comes, so under ``commit`` it pays one commit per request even
+when fire-and-forget requests queue up (tidings commits those in groups): there its
+fire-and-forget rate is no ceiling.
+
 ``python -m bench.server.floor --conf server.yaml`` (``address: tcp+sbs://host:port``) answers
 hat-event 0.8.5's ``MsgRegisterReq`` as a server would — frame, pre-scan and decode with
 tidings' wire code (hat-sbs), number the events, encode the reply, send — and stores nothing,
@@ -15,22 +23,121 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from tidings.address import parse_address
+from tidings.db import SQLITE_PRAGMAS
+from tidings.events.model import encode_type
+from tidings.server.store import EventStore
+from tidings.server.store.schema import INSERT_EVENT_SQL
 from tidings.wire import codec, envelope
 
 _US = 1_000_000
 
 
+class FloorStore:
+    """The statements of tidings' SQLite store per register, and nothing else: with
+    ``periodic`` a transaction held open, each register in a savepoint of its own (the
+    counters kept in memory) and a commit every ``flush_period``; else each register in its
+    own transaction that advances the counters and commits. Each register inserts its event
+    rows and one ``event_sources`` row, as tidings' store does."""
+
+    def __init__(self, path: Path, periodic: bool, flush_period: float) -> None:
+        # The store makes the schema and the counters, and keeps its checkpoint thread.
+        self.store = EventStore(f"sqlite:///{path}")
+        self.periodic = periodic
+        self.flush_period = flush_period
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        for pragma in (*SQLITE_PRAGMAS, "PRAGMA cache_size = -32768", "PRAGMA temp_store = MEMORY"):
+            self.db.execute(pragma)
+        self.db.execute("PRAGMA wal_autocheckpoint = 10000")
+        self.counters: dict[str, int] | None = None  # the held transaction's
+        self.flushing: asyncio.TimerHandle | None = None
+
+    def write(self, rows: list[tuple[Any, ...]], source: tuple[Any, ...]) -> None:
+        """Store the rows of one register (positions and ids already in them)."""
+        db = self.db
+        if not self.periodic:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(_ADVANCE, (len(rows), 1, len(rows))).fetchall()
+            db.executemany(INSERT_EVENT_SQL, rows)
+            db.execute(_INSERT_SOURCE, source)
+            db.execute("COMMIT")
+            return
+        if self.counters is None:
+            db.execute("BEGIN IMMEDIATE")
+            self.counters = dict(db.execute("SELECT name, value FROM event_counters").fetchall())
+            self.flushing = asyncio.get_running_loop().call_later(self.flush_period, self.flush)
+        db.execute("SAVEPOINT tidings_write")
+        self.counters["position"] += len(rows)
+        self.counters["session:1"] += 1
+        self.counters["instance:1"] += len(rows)
+        db.executemany(INSERT_EVENT_SQL, rows)
+        db.execute(_INSERT_SOURCE, source)
+        db.execute("RELEASE SAVEPOINT tidings_write")
+
+    def flush(self) -> None:
+        """Commit the held transaction (on the loop: tidings commits it in its write
+        thread, so this floor is a little low)."""
+        if self.counters is not None:
+            self.db.executemany(
+                "UPDATE event_counters SET value = ? WHERE name = ?",
+                [(value, name) for name, value in sorted(self.counters.items())],
+            )
+            self.db.execute("COMMIT")
+            self.counters = None
+
+
+_ADVANCE = (
+    "UPDATE event_counters SET value = value + CASE name WHEN 'position' THEN ? "
+    "WHEN 'session:1' THEN ? WHEN 'instance:1' THEN ? END "
+    "WHERE name IN ('position', 'session:1', 'instance:1') RETURNING name, value"
+)
+_INSERT_SOURCE = (
+    "INSERT INTO event_sources (server, session, instance, kind, source_id, name) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+
+def _row(position: int, session: int, instance: int, item: Any, now: int) -> tuple[Any, ...]:
+    """An event row (tidings' columns) of one decoded RegisterEvent."""
+    source = item["sourceTimestamp"]
+    payload = item["payload"]
+    data: bytes | None = None
+    kind: str | None = None
+    if payload[0] == "value":
+        kind, value = payload[1]
+        if kind == "json":
+            data = value.encode()
+        elif kind == "binary":
+            data = value
+        else:
+            data = codec.encode("Hat", "Data", value)
+    return (
+        position,
+        1,
+        session,
+        instance,
+        encode_type(tuple(item["type"])),
+        now,
+        None if source[0] == "none" else source[1]["s"] * _US + source[1]["us"],
+        data,
+        kind,
+        None,
+    )
+
+
 class FloorProtocol(asyncio.Protocol):
     """One connection: frames in, register replies out."""
 
-    def __init__(self, numbers: itertools.count[int]) -> None:
+    def __init__(self, numbers: itertools.count[int], store: FloorStore | None = None) -> None:
         self._numbers = numbers
+        self._store = store
         self._buffer = bytearray()
         self._ids = itertools.count(1)
         self._transport: asyncio.Transport | None = None
@@ -66,19 +173,27 @@ class FloorProtocol(asyncio.Protocol):
         self._session += 1
         now = time.time_ns() // 1000
         timestamp = {"s": now // _US, "us": now % _US}
+        instances = [next(self._numbers) for _ in items]
         results = [
             (
                 "event",
                 {
-                    "id": {"server": 1, "session": self._session, "instance": next(self._numbers)},
+                    "id": {"server": 1, "session": self._session, "instance": instance},
                     "type": item["type"],
                     "timestamp": timestamp,
                     "sourceTimestamp": item["sourceTimestamp"],
                     "payload": item["payload"],
                 },
             )
-            for item in items
+            for item, instance in zip(items, instances, strict=True)
         ]
+        if self._store is not None and items:
+            # One counter for positions and instances: the floor's one server is alone.
+            rows = [
+                _row(instance, self._session, instance, item, now)
+                for item, instance in zip(items, instances, strict=True)
+            ]
+            self._store.write(rows, (1, self._session, instances[0], "eventer", 1, None))
         if not received.last:
             body = codec.encode(codec.EVENTER, "MsgRegisterRes", results)
             self._send(received.first, codec.EVENTER, "MsgRegisterRes", body)
@@ -91,11 +206,11 @@ class FloorProtocol(asyncio.Protocol):
         self._transport.write(head + body)
 
 
-async def serve(address: str) -> None:
+async def serve(address: str, store: FloorStore | None = None) -> None:
     host, port = parse_address(address)
     numbers = itertools.count(1)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: FloorProtocol(numbers), host, port)
+    server = await loop.create_server(lambda: FloorProtocol(numbers, store), host, port)
     async with server:
         await server.serve_forever()
 
@@ -104,7 +219,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conf", type=Path, required=True)
     config = yaml.safe_load(parser.parse_args().conf.read_text())
-    asyncio.run(serve(config["address"]))
+    durability = config.get("store")
+
+    async def main() -> None:
+        store = None
+        if durability is not None:
+            store = FloorStore(Path("ev.db").absolute(), durability == "periodic", 1.0)
+        await serve(config["address"], store)
+
+    asyncio.run(main())
 
 
 if __name__ == "__main__":

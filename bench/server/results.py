@@ -17,6 +17,7 @@ from bench.server.workload import (
     MEASURES,
     PG_KINDS,
     PG_WITHIN,
+    STORE_FLOOR_KINDS,
     TIDINGS_KINDS,
     ServerSizes,
 )
@@ -78,20 +79,32 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
             met.append("yes" if g["met"] else "no")
         rows.append((*cells, result["goals"][TIDINGS_KINDS[0]][name]["goal"], " / ".join(met)))
     for name in EXTRAS:
-        cells = [f"{name} (ms)", fmt(result.get(f"{name}_hat"), "ms"), "", ""]
+        cells = [f"{name} (ms)", fmt(result.get(f"{name}_hat"), "ms"), *[""] * 2 * len(FLOORS)]
         for kind in (*TIDINGS_KINDS, *PG_KINDS):
             cells += [fmt(result.get(f"{name}_{kind}"), "ms"), ""]
         rows.append((*cells, "", ""))
     return rows
 
 
+#: The floor servers, in the table's order: storing nothing, then storing as tidings' SQLite
+#: store does with each durability.
+FLOORS = (FLOOR_KIND, *STORE_FLOOR_KINDS)
+
+
 def floor_cells(result: dict[str, Any], name: str) -> list[str]:
-    """The floor server's figure of a measure and its ratio to hat's: the most any server
-    could reach against hat with this client here (register measures only)."""
-    f, h = result.get(f"{name}_{FLOOR_KIND}"), result.get(f"{name}_hat")
-    if f is None:
-        return ["", ""]
-    return [fmt(f, MEASURES[name][0]), "n/a" if not h else f"{f / h:.2f}"]
+    """Each floor server's figure of a measure and its ratio to hat's: the most any server
+    (storing nothing, or storing as tidings does) could reach against hat with this client
+    here (register measures only)."""
+    cells = []
+    h = result.get(f"{name}_hat")
+    for kind in FLOORS:
+        f = result.get(f"{name}_{kind}")
+        cells += (
+            ["", ""]
+            if f is None
+            else [fmt(f, MEASURES[name][0]), "n/a" if not h else f"{f / h:.2f}"]
+        )
+    return cells
 
 
 def evaluate_pg(result: dict[str, Any], pg_kind: str) -> dict[str, dict[str, Any]]:
@@ -111,6 +124,10 @@ HEADER = (
     "measure",
     "hat 0.8.5 (lmdb)",
     "floor (stores nothing)",
+    "÷ hat",
+    "floor storing, commit",
+    "÷ hat",
+    "floor storing, periodic",
     "÷ hat",
     "tidings commit",
     "÷ hat",
@@ -193,7 +210,12 @@ def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtim
         "answers registers as a server would (tidings' frame reading, pre-scan, hat-sbs "
         "decode and encode, numbering) and stores nothing: its register rates, run with the "
         "same client, bound what any Python server can reach against hat here (it runs the "
-        "register steps only; its fire-and-forget count check is skipped).",
+        "register steps only; its fire-and-forget count check is skipped). floor storing "
+        "(commit, periodic): the same server running, per register, the SQL statements "
+        "tidings' SQLite store runs with that durability (on the store's schema, pragmas and "
+        "checkpoint thread) and nothing else of tidings: the most a tidings server storing so "
+        "can reach (but for fire-and-forget under commit, where it commits each request and "
+        "tidings commits queued ones in groups).",
         "",
         f"1. register_batch: {s['register_events']:,} events in `register_with_response` "
         f"batches of {s['batch']}, one request at a time; register_single: "

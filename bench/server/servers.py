@@ -24,7 +24,7 @@ from bench.harness.cpu import CpuWindow, cpu_seconds, wait_idle
 from bench.harness.databases import scratch_database
 from bench.harness.processes import ServerProcess, bench_env, free_port, local_address
 from bench.harness.progress import say
-from bench.server.workload import FLOOR_KIND, PG_KINDS
+from bench.server.workload import PG_KINDS, STORE_FLOOR_KINDS, is_floor
 
 
 class BenchServer:
@@ -39,8 +39,10 @@ class BenchServer:
         self._cleanup = contextlib.ExitStack()
         work = Path(tempfile.mkdtemp(prefix=f"tidings-bench-{kind}-"))
         ports = {"eventer": free_port()}
-        if kind == FLOOR_KIND:
-            config = {"address": local_address(ports["eventer"])}
+        if is_floor(kind):
+            config: dict[str, Any] = {"address": local_address(ports["eventer"])}
+            if kind in STORE_FLOOR_KINDS:
+                config["store"] = "periodic" if kind.endswith("_periodic") else "commit"
             floor = [sys.executable, "-m", "bench.server.floor"]
             self.process = ServerProcess(floor, work, config, ports, env=bench_env())
         elif kind == "hat":

@@ -17,7 +17,7 @@ from bench.server.notify import notify_latency
 from bench.server.queries import latest_queries, ordered_queries, query_setup
 from bench.server.registers import register_batch, register_ff, register_single
 from bench.server.servers import BenchServer, Run, settle
-from bench.server.workload import FLOOR_KIND, FLOOR_STEPS, HOSTILE_KINDS, ServerSizes
+from bench.server.workload import FLOOR_STEPS, HOSTILE_KINDS, ServerSizes, is_floor
 
 STEPS: list[tuple[str, Callable[[eventer.Client, Run, ServerSizes], Awaitable[None]]]] = [
     ("register batch", register_batch),
@@ -49,7 +49,7 @@ class Bench:
         """Run one step; a failing step (wrong answer, dropped connection) is recorded in
         ``run.errors`` and the next one gets a new connection."""
         run, server, kind = self.run, self.run.server, self.run.kind
-        if self.down or (kind == FLOOR_KIND and name not in FLOOR_STEPS):
+        if self.down or (is_floor(kind) and name not in FLOOR_STEPS):
             return
         if NEEDS.get(name) in self.failed:
             run.errors[name] = f"skipped: {NEEDS[name]} failed"

@@ -11,11 +11,30 @@ import hat.event.common as hc
 
 from bench.harness.sizes import Scale, Sizes
 
-SERVERS = ("floor", "hat", "tidings", "tidings_periodic", "tidings_pg", "tidings_pg_periodic")
+SERVERS = (
+    "floor",
+    "floor_store",
+    "floor_store_periodic",
+    "hat",
+    "tidings",
+    "tidings_periodic",
+    "tidings_pg",
+    "tidings_pg_periodic",
+)
 
 #: bench/server/floor.py: answers registers and stores nothing, so its rates are the ceiling
 #: of any Python server driven by this client on this machine (its register steps only).
 FLOOR_KIND = "floor"
+#: The floor storing as tidings' SQLite store does, with ``durability: commit`` and
+#: ``periodic``: the ceiling of the tidings kinds with each durability (registers only).
+STORE_FLOOR_KINDS = ("floor_store", "floor_store_periodic")
+
+
+def is_floor(kind: str) -> bool:
+    """Whether ``kind`` is one of the floor servers (registers only, no queries)."""
+    return kind == FLOOR_KIND or kind in STORE_FLOOR_KINDS
+
+
 FLOOR_STEPS = ("register batch", "register single", "register fire-and-forget")
 #: The tidings servers, each compared with hat.
 TIDINGS_KINDS = ("tidings", "tidings_periodic")

@@ -98,3 +98,34 @@ def test_a_frame_over_the_byte_bound_put_into_a_queue_full_in_number_goes_in() -
         return [*taken, await queue.get()]
 
     assert run(main(), 30) == [1, 2, 3, None]
+
+
+def test_awaited_only_while_a_receiver_waits_with_nothing_queued() -> None:
+    async def main() -> list[bool]:
+        queue: ReceiveQueue[int] = ReceiveQueue(max_items=10, max_bytes=1 << 20)
+        seen = [queue.awaited]  # nobody waits
+        receiver = asyncio.ensure_future(queue.get())
+        await asyncio.sleep(0)
+        seen.append(queue.awaited)  # it waits, nothing queued
+        await queue.put(1, 1)
+        seen.append(queue.awaited)  # woken, the item not taken yet
+        assert await receiver == 1
+        seen.append(queue.awaited)
+        return seen
+
+    assert run(main()) == [False, True, False, False]
+
+
+def test_put_ready_queues_only_what_put_would_queue_without_waiting() -> None:
+    async def main() -> list[int | None]:
+        queue: ReceiveQueue[int] = ReceiveQueue(max_items=2, max_bytes=10)
+        assert queue.put_ready(1, 4)
+        assert not queue.put_ready(2, 7)  # over the byte bound: left to put()
+        assert queue.put_ready(2, 6)
+        assert not queue.put_ready(3, 0)  # full in number
+        assert await queue.get() == 1
+        assert queue.put_ready(3, 4)
+        queue.end()
+        return await _drain(queue)
+
+    assert run(main()) == [2, 3, None]

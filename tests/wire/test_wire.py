@@ -26,7 +26,7 @@ from tests.support.server_helpers import (
     wait_peer_closed,
     warnings_of,
 )
-from tests.support.waiting import run
+from tests.support.waiting import run, until
 from tidings.address import parse_address, parse_endpoint
 from tidings.errors import ConfigError, ConnectionClosed, ProtocolError, StoreError
 from tidings.events.model import EventId, NewEvent, PayloadKind, StoredEvent
@@ -384,6 +384,31 @@ def test_hand_written_encodings_equal_hat_sbs(count: int) -> None:
     )
 
 
+def test_events_of_shared_sessions_and_timestamps_encode_as_hat_sbs() -> None:
+    """Runs of events sharing a session and a timestamp (a register's reply, a notify) are
+    encoded as hat-sbs encodes them, each event in full, however the runs change."""
+    events = [
+        StoredEvent(
+            i,
+            EventId(1 + i // 40, 5 + i // 7, i * 4099),
+            ("t", str(i % 3)),
+            1_700_000_000_000_000 + (i // 5) * 999_999,
+            None if i % 4 else i,
+            b"[%d]" % i,
+            PayloadKind.JSON,
+            None,
+        )
+        for i in range(120)
+    ]
+    records = [event_to_sbs(event) for event in events]
+    assert codec.encode_events(events) == codec.encode("HatEventer", "MsgNotify", records)
+    results = [None if e.position % 11 == 3 else e for e in events]
+    values = [("failure", None) if e is None else ("event", event_to_sbs(e)) for e in results]
+    assert codec.encode_register_results(results) == codec.encode(
+        "HatEventer", "MsgRegisterRes", values
+    )
+
+
 _SBS_PAYLOADS = [
     codec.encode("Hat", "Data", {"module": module, "type": "T", "data": data})
     for module in (("none", None), ("value", "M"))
@@ -555,7 +580,8 @@ def test_frame_head_plus_body_is_the_encoded_frame(
 
 
 def test_encode_integer_is_hat_sbs_integer() -> None:
-    values = [0, 1, 63, 64, 127, 128, 8191, 8192, 2**31, 2**63 - 1, -1, -64, -65, -(2**63)]
+    values = [0, 1, 63, 64, 127, 128, 8191, 8192, 2**20 - 1, 2**20, 2**31, 2**63 - 1, -1, -64]
+    values += [-65, -(2**63)]
     values += [2**k + d for k in range(1, 64) for d in (-1, 0, 1)]
     values += [-(2**k) + d for k in range(1, 63) for d in (-1, 0, 1)]
     for value in (v for v in values if -(2**63) <= v < 2**63):  # hat-sbs's range
@@ -690,6 +716,58 @@ def test_request_reply_and_receive() -> None:
         await b.aclose()
 
     run(main())
+
+
+def test_messages_taken_directly_keep_their_order_with_the_queued_ones() -> None:
+    """take_directly(): while the receiver waits with nothing queued, the handler is offered
+    each message and what it takes is not queued; what it leaves, and everything received
+    while the receiver is busy, is queued, so the receiver's order is the order received."""
+
+    async def main() -> list[tuple[str, object]]:
+        ours, theirs = socket.socketpair()
+        a = Connection(*await asyncio.open_connection(sock=ours), ping_interval=None)
+        b = Connection(*await asyncio.open_connection(sock=theirs), ping_interval=None)
+        handled: list[tuple[str, object]] = []
+        release = asyncio.Event()
+
+        def take(message: chatter.Message) -> bool:
+            if message.type != "MsgSubscribe":
+                return False
+            handled.append(("direct", message.data))
+            return True
+
+        b.take_directly(take)
+
+        async def receiver() -> None:
+            while True:
+                message = await b.receive()
+                handled.append(("queued", message.data))
+                if message.type == "MsgNotify":
+                    await release.wait()  # busy: what comes meanwhile is queued
+
+        task = asyncio.create_task(receiver())
+        await asyncio.sleep(0)  # the receiver waits
+        a.send("HatEventer", "MsgSubscribe", [["1"]])  # taken directly
+        await until(lambda: len(handled) == 1)
+        a.send("HatEventer", "MsgNotify", [])  # left to the receiver, which stays busy
+        await until(lambda: len(handled) == 2)
+        a.send("HatEventer", "MsgSubscribe", [["2"]])  # the receiver is busy: queued
+        await until(lambda: b.has_received)
+        release.set()
+        await until(lambda: len(handled) == 3)  # and it waits again
+        a.send("HatEventer", "MsgSubscribe", [["3"]])  # taken directly
+        await until(lambda: len(handled) == 4)
+        task.cancel()
+        await a.aclose()
+        await b.aclose()
+        return handled
+
+    assert run(main()) == [
+        ("direct", [["1"]]),
+        ("queued", []),
+        ("queued", [["2"]]),
+        ("direct", [["3"]]),
+    ]
 
 
 def test_a_peer_over_the_lag_bound_is_too_slow_only_once_it_stops_taking_bytes() -> None:

@@ -55,10 +55,32 @@ def validate_new_event(new_event: object) -> str | None:
     return None
 
 
+#: Types that passed every check of a new event's type (see :func:`check_new_event`), up to
+#: :data:`_CHECKED_TYPES_MAX` of them: registrations repeat few types, so each is walked
+#: and measured once rather than for every event (the engine checks every event it runs).
+_CHECKED_TYPES: set[EventType] = set()
+_CHECKED_TYPES_MAX = 65_536
+
+
 def check_new_event(where: str, new_event: object) -> None:
     """Refuse ``new_event`` with a StoreError whose message starts with ``where``."""
     if not isinstance(new_event, NewEvent):
         raise StoreError(f"{where}expected a NewEvent, got {type(new_event).__name__}")
+    event_type = new_event.type
+    try:
+        checked = event_type in _CHECKED_TYPES
+    except TypeError:  # unhashable, so no valid type: the checks below say why
+        checked = False
+    if checked:  # the same checks, in the same order, but those of the type
+        _check_payload(where, new_event.payload, new_event.payload_kind)
+        if new_event.source_timestamp_us is not None:
+            require_int(f"{where}source_timestamp_us", new_event.source_timestamp_us, INT64_MIN)
+        if new_event.outbox_event_id is not None:
+            require_outbox_id(new_event.outbox_event_id, where)
+            problem = _outbox_id_size_problem(new_event.outbox_event_id)
+            if problem is not None:
+                raise StoreError(f"{where}{problem}")
+        return
     _check_fields(
         where,
         new_event.type,
@@ -72,6 +94,10 @@ def check_new_event(where: str, new_event: object) -> None:
     problem = size_problem(new_event.type, new_event.outbox_event_id)
     if problem is not None:
         raise StoreError(f"{where}{problem}")
+    if type(event_type) is tuple and all(type(segment) is str for segment in event_type):
+        if len(_CHECKED_TYPES) >= _CHECKED_TYPES_MAX:
+            _CHECKED_TYPES.clear()
+        _CHECKED_TYPES.add(event_type)
 
 
 def size_problem(event_type: EventType, outbox_event_id: str | None) -> str | None:

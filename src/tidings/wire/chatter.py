@@ -35,7 +35,7 @@ import contextlib
 import itertools
 import logging
 import ssl
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 from typing import Any, NamedTuple
 
 from tidings.errors import (
@@ -46,6 +46,7 @@ from tidings.errors import (
 )
 from tidings.wire import codec, envelope
 from tidings.wire.frame_reader import (
+    INLINE_DECODE_BYTES,
     FrameTooLarge,
     ReadProgress,
     decode_body,
@@ -124,6 +125,8 @@ class Connection:
         self.certificate_identity = certificate_identity(writer)
         self._ids = itertools.count(1)
         self._received: ReceiveQueue[Message] = ReceiveQueue(_RECEIVE_QUEUE, max_queued_bytes)
+        #: Offered each received message while the receiver waits for one (take_directly).
+        self._direct: Callable[[Message], bool] | None = None
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._closed = asyncio.Event()
         self._close_reason: str | None = None
@@ -346,10 +349,34 @@ class Connection:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         return message
 
+    def take_directly(self, handler: Callable[[Message], bool] | None) -> None:
+        """Offer each received message to ``handler`` in the reading task, before it is
+        queued, whenever the receiver waits in :meth:`receive` with nothing queued and
+        nothing after the message has been read yet; if ``handler`` returns True the
+        message was handled and is not queued. None: stop.
+
+        Meant for a server whose receiver handles one message at a time, awaiting each
+        before it asks for the next: while it waits, everything received before was
+        handled, so a message the handler takes at once (a small register) is handled in
+        the order received, without waking the receiver, a turn of the event loop per
+        request. A peer sending many messages at once (pipelined) has them queued for
+        the receiver as before, which takes them in runs. ``handler`` must not block, and
+        must return False for anything it cannot finish without waiting: that goes to the
+        receiver as before.
+        """
+        self._direct = handler
+
     @property
     def has_received(self) -> bool:
-        """Received messages are waiting to be taken (:meth:`receive` would not wait)."""
-        return not self._received.empty()
+        """Received messages are waiting to be taken, or bytes of the next ones have been
+        read from the socket already (the peer sent several at once)."""
+        return not self._received.empty() or self._read_ahead
+
+    @property
+    def _read_ahead(self) -> bool:
+        """Bytes after the frame being handled have been read from the socket already."""
+        # StreamReader keeps what it read in ``_buffer``; it has no public size of it.
+        return bool(getattr(self._reader, "_buffer", None))
 
     def receive_ready(self) -> Message | None:
         """The next received message if one is waiting already, else None (never waits)."""
@@ -478,20 +505,33 @@ class Connection:
         if module == codec.PING:
             self._on_ping(type_name, conversation)
             return
+        body = received.body
         message = Message(
             conversation=conversation,
             first=received.owner and received.first == received.id,
             last=received.last,
             module=module,
             type=type_name,
-            data=await decode_body(module, type_name, received.body, from_server=self._to_server),
+            # A small body (nearly every message) decoded here, without a coroutine.
+            data=codec.decode(module, type_name, body, from_server=self._to_server)
+            if len(body) <= INLINE_DECODE_BYTES
+            else await decode_body(module, type_name, body, from_server=self._to_server),
         )
         if conversation.owner:
             future = self._pending.get(conversation.first_id)
             if future is not None and not future.done():
                 future.set_result(message)
                 return
-        await self._received.put(message, len(frame))
+        direct = self._direct
+        if (
+            direct is not None
+            and self._received.awaited
+            and not self._read_ahead
+            and direct(message)
+        ):
+            return
+        if not self._received.put_ready(message, len(frame)):
+            await self._received.put(message, len(frame))
 
     def _on_ping(self, type_name: str, conversation: Conversation) -> None:
         if type_name == "MsgPing":

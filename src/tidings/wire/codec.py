@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -156,6 +156,8 @@ def encode_integer(value: int) -> bytes:
         return _SMALL_INTEGERS[value]
     if 0 <= value < 8192:  # two bytes, the first's sign bit clear
         return bytes((value >> 7, (value & 0x7F) | 0x80))
+    if 0 <= value < 1 << 20:  # three bytes (instance numbers, positions)
+        return bytes((value >> 14, (value >> 7) & 0x7F, (value & 0x7F) | 0x80))
     groups = [(value & 0x7F) | 0x80]
     while value >> 6 not in (0, -1):  # the sign bit of the groups so far is not yet right
         value >>= 7
@@ -282,6 +284,13 @@ def encode_event(event: StoredEvent) -> bytes:
         encode_integer(seconds),
         encode_integer(micros),
     ]
+    _add_tail(parts, event)
+    return b"".join(parts)
+
+
+def _add_tail(parts: list[bytes], event: StoredEvent) -> None:
+    """Add the fields of an ``Event`` after its timestamp: the source timestamp and the
+    payload."""
     source = event.source_timestamp_us
     if source is None:
         parts.append(_NONE)
@@ -300,12 +309,42 @@ def encode_event(event: StoredEvent) -> bytes:
         if kind is PayloadKind.JSON and not bytes(payload).isascii():
             bytes(payload).decode()  # a String must be UTF-8 (as it is when it was stored)
         parts += (_PAYLOAD_KINDS[kind], encode_integer(len(payload)), payload)
-    return b"".join(parts)
+
+
+def _add_events(parts: list[bytes], events: Iterable[StoredEvent | None], marked: bool) -> None:
+    """Add the encodings of ``events`` (:func:`encode_event`'s), each after its
+    ``MsgRegisterRes`` choice index if ``marked`` (None: a failure).
+
+    The events of one session share its server, session number and timestamp: their
+    bytes (the costliest integers of an event) are made once per run of such events, not
+    once per event."""
+    server: int | None = None
+    session: int | None = None
+    timestamp: int | None = None
+    head = stamp = b""
+    for event in events:
+        if event is None:
+            parts.append(_FAILURE)
+            continue
+        event_id = event.id
+        if event_id.session != session or event_id.server != server:
+            server, session = event_id.server, event_id.session
+            head = encode_integer(server) + encode_integer(session)
+            if marked:
+                head = _EVENT + head
+        if event.timestamp_us != timestamp:
+            timestamp = event.timestamp_us
+            seconds, micros = divmod(timestamp, _US)
+            stamp = encode_integer(seconds) + encode_integer(micros)
+        parts += (head, encode_integer(event_id.instance), _encoded_type(event.type), stamp)
+        _add_tail(parts, event)
 
 
 def encode_events(events: Sequence[StoredEvent]) -> bytes:
     """An ``Array(Event)``: ``HatEventer.MsgNotify``, ``MsgQueryRes``, ``HatSyncer.MsgEvents``."""
-    return b"".join([encode_integer(len(events)), *map(encode_event, events)])
+    parts = [encode_integer(len(events))]
+    _add_events(parts, events, marked=False)
+    return b"".join(parts)
 
 
 @lru_cache(maxsize=4096)
@@ -374,8 +413,7 @@ def register_event_from_sbs(
 def encode_register_results(results: Sequence[StoredEvent | None]) -> bytes:
     """``HatEventer.MsgRegisterRes``: each result its choice's index, then its event."""
     parts = [encode_integer(len(results))]
-    for event in results:
-        parts.append(_FAILURE if event is None else _EVENT + encode_event(event))
+    _add_events(parts, results, marked=True)
     return b"".join(parts)
 
 

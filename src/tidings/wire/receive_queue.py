@@ -46,6 +46,23 @@ class ReceiveQueue(Generic[T]):
     def empty(self) -> bool:
         return not self._items
 
+    @property
+    def awaited(self) -> bool:
+        """Empty, and a receiver waits in :meth:`get` and has not been woken yet: it has
+        taken every item queued before (see ``Connection.take_directly`` in chatter)."""
+        return not self._items and bool(self._getters)
+
+    def put_ready(self, item: T, size: int) -> bool:
+        """Queue ``item`` of ``size`` bytes if that leaves the queue within its bounds (as
+        :meth:`put` would, without waiting); False, queueing nothing, if not."""
+        if len(self._items) >= self._max_items or self._bytes + size > self._max_bytes:
+            return False
+        self._items.append((item, size))
+        self._bytes += size
+        if self._getters:
+            _wake(self._getters)
+        return True
+
     async def put(self, item: T, size: int) -> None:
         """Queue ``item`` of ``size`` bytes; return once the queue has room for more."""
         while len(self._items) >= self._max_items:

@@ -335,6 +335,29 @@ def test_validate_new_event_names_the_problem_without_an_index() -> None:
     assert validate_new_event(("a",)) == "expected a NewEvent, got tuple"
 
 
+def test_a_type_once_accepted_does_not_spare_the_rest_of_an_event_its_checks() -> None:
+    """Types are checked once (remembered); every other field of each event still is, with
+    the messages an event of a new type gets."""
+    kinds = ("c", "checked")
+    assert validate_new_event(_event(*kinds, payload=b"x", kind=PayloadKind.JSON)) is None
+    for _ in range(2):  # the first time the type is new, then remembered
+        assert validate_new_event(_event(*kinds, payload=b"x")) == (
+            "payload and payload_kind must be given together"
+        )
+        assert validate_new_event(_event(*kinds, outbox_id="")) == (
+            "outbox_event_id must be a non-empty str, not ''"
+        )
+        assert validate_new_event(_event(*kinds, outbox_id="o" * 501)) == (
+            f"outbox_event_id {'o' * 40!r}... is over 500 bytes"
+        )
+        assert validate_new_event(NewEvent(type=kinds, source_timestamp_us=2**63)) == (
+            f"source_timestamp_us must be between {-(2**63)} and {2**63 - 1}, not {2**63}"
+        )
+        assert validate_new_event(NewEvent(type=(*kinds, "*"))) is not None
+        assert validate_new_event(NewEvent(type=(*kinds, "x" * 2_000))) is not None
+        assert validate_new_event(NewEvent(type=(kinds[0], ["unhashable"]))) is not None  # type: ignore[arg-type]
+
+
 def test_a_database_failure_mid_insert_rolls_everything_back(
     store: EventStore, database_url: str
 ) -> None:

@@ -123,19 +123,59 @@ class Registrations:
             new_events, refused = await asyncio.to_thread(_convert, *convert)
         else:
             new_events, refused = _convert(*convert)
-        if refused:
-            self._access.refused_events(refused)
-        valid = [event for event in new_events if event is not None]
+        valid, size = self._sorted_out(new_events, refused)
         if not valid:
             # Nothing to store; the reply still waits for the replies before it.
             self._after_earlier(lambda: self._reply(message, [None] * len(new_events)))
             return
+        if self._full:
+            await self.wait()
+        self._submit(message, new_events, valid, size)
+
+    def register_now(self, message: chatter.Message, outbox: bool) -> bool:
+        """:meth:`register` without waiting, if it need not wait (a small request, room
+        in flight): True if it was queued so (or answered), False if it was left alone
+        for :meth:`register`."""
+        items = message.data if isinstance(message.data, list) else []
+        if len(items) > INLINE_EVENTS or self._full:
+            return False
+        new_events, refused = _convert(
+            self.connection.peer, items, outbox, self._access.grants.may_register
+        )
+        valid, size = self._sorted_out(new_events, refused)
+        if not valid:
+            self._after_earlier(lambda: self._reply(message, [None] * len(new_events)))
+        else:
+            self._submit(message, new_events, valid, size)
+        return True
+
+    @property
+    def _full(self) -> bool:
+        """As many registrations (or payload bytes) in flight as the connection may have."""
+        return self.in_flight >= _MAX_IN_FLIGHT or self.in_flight_bytes >= _MAX_IN_FLIGHT_BYTES
+
+    def _sorted_out(
+        self, new_events: list[NewEvent | None], refused: list[EventType]
+    ) -> tuple[list[NewEvent], int]:
+        """The events to store of a converted request and their payload bytes; the ones
+        the client's grant refused are counted and logged."""
+        if refused:
+            self._access.refused_events(refused)
+        valid = [event for event in new_events if event is not None]
         size = 0
         for event in valid:
             if event.payload is not None:
                 size += len(event.payload)
-        if self.in_flight >= _MAX_IN_FLIGHT or self.in_flight_bytes >= _MAX_IN_FLIGHT_BYTES:
-            await self.wait()
+        return valid, size
+
+    def _submit(
+        self,
+        message: chatter.Message,
+        new_events: list[NewEvent | None],
+        valid: list[NewEvent],
+        size: int,
+    ) -> None:
+        """Queue the valid events of a request with the engine; its reply follows."""
         # Requests waiting behind this one (pipelined, fire-and-forget) join its group.
         future = self._engine.submit(
             valid, source=self.source, more_coming=self.connection.has_received

@@ -7,7 +7,10 @@ JSON payload ``"CONNECTED"`` for every connection before it handles any of its m
 ``"DISCONNECTED"`` when the connection ends.
 
 Each connection is served by a task of its own, in request order; connections never wait
-for each other's sockets. Register requests (hat-event's and the tidings extension
+for each other's sockets. A small register request that arrives while that task waits for
+the next request is queued with the engine at once by the task reading the socket
+(:meth:`chatter.Connection.take_directly`), which keeps the order and spares a turn of the
+event loop per request. Register requests (hat-event's and the tidings extension
 ``TidingsEventer.MsgRegisterReq``) are pipelined with the engine and answered in request
 order (:mod:`.registrations`). A query waits for the connection's earlier
 registrations, so a client always reads its own writes. A query always gets a reply: an
@@ -74,6 +77,11 @@ EVENTER_EVENT_TYPE: EventType = ("event", "eventer")
 #: JSON payloads of the eventer event (``hat-event://server.yaml#/definitions/events/eventer``).
 STATUS_CONNECTED = "CONNECTED"
 STATUS_DISCONNECTED = "DISCONNECTED"
+
+
+#: The register requests: hat-event's, and the tidings extension's (outbox records).
+_HAT_REGISTER = (codec.EVENTER, "MsgRegisterReq")
+_REGISTER_REQUESTS = frozenset({_HAT_REGISTER, (codec.TIDINGS_EVENTER, "MsgRegisterReq")})
 
 
 class _Client:
@@ -242,6 +250,7 @@ class EventerServer:
         )
         client = _Client(connection, access, registrations)
         self._clients.add(client)
+        connection.take_directly(lambda message: self._take_now(client, message))
         log.debug("eventer client %s connected", access.who, extra={"peer": connection.peer})
         try:
             await self._serve_requests(client)
@@ -273,7 +282,9 @@ class EventerServer:
         """Handle the client's messages one by one until its connection closes."""
         connection = client.connection
         while connection.is_open:
-            message = await connection.receive()
+            message = connection.receive_ready() or await connection.receive()
+            if self._take_now(client, message):  # a small register: no coroutine to await
+                continue
             handler = self._requests.get((message.module, message.type))
             if handler is None:
                 connection.close(
@@ -283,6 +294,30 @@ class EventerServer:
             if handler != self._on_login:
                 client.access.fresh = False
             await handler(client, message)
+
+    def _take_now(self, client: _Client, message: chatter.Message) -> bool:
+        """Handle a small register request at once, without a coroutine: True if it was
+        (queued with the engine, or answered), False for any other message and for a
+        register that must wait (:meth:`Registrations.register`).
+
+        The client's task calls it for each message it takes, and the task reading the
+        socket for a message received while the client's task waits for one (see
+        :meth:`chatter.Connection.take_directly`: everything received before it was
+        handled, so the order is the same), saving that task a turn of the event loop."""
+        key = (message.module, message.type)
+        if key not in _REGISTER_REQUESTS:
+            return False
+        client.access.fresh = False
+        try:
+            if not client.registrations.register_now(message, outbox=key != _HAT_REGISTER):
+                return False
+        except ConnectionClosed:
+            pass
+        except Exception as exc:  # a bug: served by the client's task, it would close too
+            log.exception("eventer: register from %s failed", client.connection.peer)
+            client.connection.close(f"register failed: {type(exc).__name__}: {exc}")
+        self.counters.register_requests += 1
+        return True
 
     async def _register_status(
         self, connection: chatter.Connection, status: str, source: Source

@@ -13,6 +13,7 @@ from it, where the Syncer resumes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from sqlalchemy import Connection, func, insert, select, update
 
@@ -25,10 +26,12 @@ from tidings.server.store.schema import counters_table, events_table, server_mar
 POSITION_COUNTER = "position"
 
 
+@lru_cache(maxsize=256)
 def session_counter(server_id: int) -> str:
     return f"session:{server_id}"
 
 
+@lru_cache(maxsize=256)
 def instance_counter(server_id: int) -> str:
     return f"instance:{server_id}"
 
@@ -236,13 +239,19 @@ def advance_counters(conn: DriverCursor, increments: dict[str, int]) -> dict[str
     SQLAlchemy statement per counter (which cost more than the rest of a small register).
     """
     names = list(increments)
-    cases = " ".join(["WHEN ? THEN ?"] * len(names))
-    statement = (
-        f"UPDATE event_counters SET value = value + CASE name {cases} END "
-        f"WHERE name IN ({', '.join('?' * len(names))}) RETURNING name, value"
-    )
     params = tuple(x for name in names for x in (name, increments[name])) + tuple(names)
-    values = dict(conn.rows(statement, params))
+    values = dict(conn.rows(_advance_statement(len(names)), params))
     if len(values) != len(names):
         raise StoreError(f"event store counters missing: {sorted(set(names) - set(values))}")
     return values
+
+
+@lru_cache(maxsize=8)
+def _advance_statement(count: int) -> str:
+    """The UPDATE of :func:`advance_counters` for ``count`` counters (made once: every
+    session runs it)."""
+    cases = " ".join(["WHEN ? THEN ?"] * count)
+    return (
+        f"UPDATE event_counters SET value = value + CASE name {cases} END "
+        f"WHERE name IN ({', '.join('?' * count)}) RETURNING name, value"
+    )

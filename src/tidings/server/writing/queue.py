@@ -212,16 +212,9 @@ class WriteQueue:
         (user code may block, and a retry in the thread must not run it twice), only if
         small, and only if no other writer holds the database (``wait=False``).
         """
-        requests = [job.events for job in group]
-        if (
-            not self._inline
-            or not all(job.inline for job in group)
-            or self._engine.has_modules
-            or sum(len(events) for events in requests) > INLINE_GROUP_EVENTS
-            or sum(len(e.payload or b"") for events in requests for e in events)
-            > INLINE_GROUP_BYTES
-        ):
+        if not self._inline or self._engine.has_modules or not _small(group):
             return False
+        requests = [job.events for job in group]
         self._writing_inline = True  # a listener's own write waits its turn in the queue
         try:
             results = self._engine.register_many(
@@ -236,6 +229,22 @@ class WriteQueue:
             self._writing_inline = False
         _settle_group(group, results)
         return True
+
+
+def _small(group: list[_Register]) -> bool:
+    """Whether a group may be written on the loop: each job may (see ``_Register.inline``)
+    and it is within :data:`INLINE_GROUP_EVENTS` and :data:`INLINE_GROUP_BYTES`."""
+    events = size = 0
+    for job in group:
+        if not job.inline:
+            return False
+        events += len(job.events)
+        if events > INLINE_GROUP_EVENTS:
+            return False
+        for event in job.events:
+            if event.payload is not None:
+                size += len(event.payload)
+    return size <= INLINE_GROUP_BYTES
 
 
 def _settle_group(
