@@ -167,9 +167,8 @@ class Publisher:
             elif self._delivery.target(name) is not None and self._delivery.breaker(name).is_open:
                 self._wait(lane, name, self._delivery.breaker(name).reason())
         for item in work:
-            stopped = id(item) in self._stopped
-            if self._open_targets[id(item)] and (
-                self._waits.get(id(item)) or item.changed or stopped
+            if open_targets[id(item)] and (
+                self._waits.get(id(item)) or item.changed or id(item) in self._stopped
             ):
                 self._conclude(item)
         self._flush()
@@ -323,13 +322,11 @@ class Publisher:
         routed = self.routes.targets_for(event.event_type)
         waits = self._waits.get(id(item), _NO_WAITS)
         deliveries = item.deliveries
-        failed = [
-            n
-            for n in routed
-            if (state := deliveries.get(n)) is not None
-            and state.get("state") == FAILED
-            and n not in waits
-        ]
+        failed: list[str] = []
+        for n in routed:  # a loop: a comprehension is a call of its own, once per event
+            state = deliveries.get(n)
+            if state is not None and state.get("state") == FAILED and n not in waits:
+                failed.append(n)
         if failed:
             retrying = {n: deliveries[n] for n in failed if self._tries_left(item, n)}
             failures = {n: deliveries[n].get("error") for n in failed if n not in retrying}
