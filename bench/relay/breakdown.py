@@ -42,6 +42,7 @@ def _breakdown_slice(
     ``timings``."""
     from tidings.pipeline.publishing.publisher import Publisher
     from tidings.pipeline.source.queries import read_slice
+    from tidings.pipeline.source.workerheap import collection_paused
     from tidings.routing.table import current_routes
 
     publisher = Publisher(
@@ -51,7 +52,12 @@ def _breakdown_slice(
         cfg.relay.retry,
     )
     publisher._flush = _timing(timings, "status UPDATEs (flush)", publisher._flush)  # type: ignore[method-assign]
-    chunks = read_slice(engine, part)
+    with collection_paused():  # as publish_task runs it
+        _timed_chunks(publisher, read_slice(engine, part), timings)
+
+
+def _timed_chunks(publisher: Any, chunks: Any, timings: Any) -> None:
+    """Read each chunk, then publish it: each timed into ``timings``."""
     while True:
         t = time.perf_counter()
         rows = next(chunks, None)

@@ -5,13 +5,22 @@ and a real PostgreSQL database; ``Refusing`` injects the poison (see publisher_h
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from tests.support.publisher_helpers import Refusing, emit_all, local_store, rows_by_seq
 from tidings.db import make_engine
-from tidings.outbox.schema import ensure_schema, outbox_event
+from tidings.events.outbox import EventStatus
+from tidings.events.timeutil import as_utc
+from tidings.outbox.producer import Outbox
+from tidings.outbox.schema import (
+    OUTBOX_EVENT_COLUMNS,
+    ensure_schema,
+    outbox_event,
+    outbox_event_from_row,
+)
 from tidings.pipeline.publishing.publisher import Publisher, open_rows_before
 from tidings.pipeline.source.queries import read_slice
 from tidings.pipeline.source.slices import LogSlice
@@ -75,4 +84,43 @@ def test_open_rows_before_finds_only_open_earlier_rows_of_each_key(database_url:
         ("k", 5),
     ]
     assert open_rows_before(engine, {}) == []
+    engine.dispose()
+
+
+def test_a_slice_reads_each_row_as_the_log_holds_it(database_url: str) -> None:
+    """A task's events are the rows as SQLAlchemy reads them (on SQLite they come straight
+    from the driver's cursor, the time as its text): every field of the event, its times
+    in UTC, and the row's publication state."""
+    engine = make_engine(database_url)
+    ensure_schema(engine)
+    outbox = Outbox(engine)
+    with outbox.transaction() as tx:
+        tx.emit("A", {"n": 1}, partition_key="k", correlation_id="c1", headers={"h": "v"})
+        tx.emit("B", {"n": 2}, version="2")
+        tx.emit("A", {"n": 3}, partition_key="k")
+    states = {"a": {"state": "failed", "error": "no", "failures": 2, "retry_at": 1.5}}
+    with engine.begin() as conn:
+        conn.execute(
+            update(outbox_event)
+            .where(outbox_event.c.seq == 2)
+            .values(status="FAILED", retry_count=2, deliveries=json.dumps(states))
+        )
+    [chunk] = list(read_slice(engine, LogSlice(0, 3, 0, 1)))
+    with engine.connect() as conn:
+        rows = {row.seq: row for row in conn.execute(select(outbox_event))}
+    assert [item.event.seq for item in chunk] == [1, 2, 3]
+    for item in chunk:
+        row = rows[item.event.seq]
+        assert item.event == outbox_event_from_row(
+            *(getattr(row, name) for name in OUTBOX_EVENT_COLUMNS)
+        )
+        assert item.event.logged_at == as_utc(row.logged_at)
+        assert item.event.logged_at.utcoffset() is not None
+    assert chunk[0].event.headers == {"h": "v"} and chunk[0].event.correlation_id == "c1"
+    assert chunk[1].event.version == "2" and chunk[1].event.partition_key is None
+    assert [(i.status, i.retry_count, i.deliveries) for i in chunk] == [
+        (EventStatus.PENDING, 0, {}),
+        (EventStatus.FAILED, 2, states),
+        (EventStatus.PENDING, 0, {}),
+    ]
     engine.dispose()

@@ -47,3 +47,28 @@ def test_later_calls_freeze_nothing_more(fresh_worker: None) -> None:
     del later
     gc.collect()
     assert dead() is None, "what a later task allocates must stay collectable"
+
+
+def test_collection_is_paused_in_a_task_and_restored_after() -> None:
+    assert gc.isenabled()
+    garbage = _Node()
+    dead = weakref.ref(garbage)
+    with workerheap.collection_paused():
+        assert not gc.isenabled()
+        del garbage
+        for _ in range(100_000):  # allocations that would set off collections
+            _Node().me = None
+        assert dead() is not None, "nothing collects a cycle while paused"
+    assert gc.isenabled()
+    gc.collect()
+    assert dead() is None, "the cycle is collected once the collector runs again"
+
+
+def test_a_caller_that_turned_collection_off_keeps_it_off() -> None:
+    gc.disable()
+    try:
+        with workerheap.collection_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

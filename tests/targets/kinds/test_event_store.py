@@ -233,6 +233,8 @@ def test_a_type_under_the_servers_reserved_consumer_prefix_is_refused(tmp_path: 
         with pytest.raises(TargetCallFailed, match="reserved prefix"):
             target.publish([reserved, _outbox_event(1)])
         assert target.publish([_outbox_event(1)]) == [None]
+        with pytest.raises(TargetCallFailed, match="reserved prefix"):  # each time, alone
+            target.publish([_outbox_event(2), reserved])
     finally:
         target.close()
     assert [e.type for e in _stored(url)] == [("tidings", "stream", "Created")]

@@ -152,7 +152,11 @@ class Delivery:
             if len(confirmed) == len(items):
                 self._confirm(name, [i for i, ok in zip(items, confirmed, strict=True) if ok])
             return self._narrow(name, units, error)
-        self._confirm(name, [i for i, r in zip(items, results, strict=True) if r is None])
+        went = [i for i, r in zip(items, results, strict=True) if r is None]
+        self._confirm(name, went)
+        if items and len(went) == len(items):  # the usual case: all went
+            breaker.succeeded()
+            return []
         errors = dict(zip(map(id, items), results, strict=True))
         failing: list[Unit] = []
         for unit in units:
@@ -204,10 +208,12 @@ class Delivery:
         return units
 
     def _confirm(self, name: str, items: list[LoggedEvent]) -> None:
-        now = utcnow().isoformat()
+        # One state for the call's events: states are replaced, never changed in place, and
+        # the outcome's groups then encode it once (see outcome._outcome_groups).
+        state = {"state": CONFIRMED, "at": utcnow().isoformat()}
         with self._lock:
             for item in items:
-                item.deliveries[name] = {"state": CONFIRMED, "at": now}
+                item.deliveries[name] = state
                 item.changed = True
 
 

@@ -30,6 +30,7 @@ from tidings.redaction import scrub
 # Plain strings: reading a member off an enum class costs a descriptor call per event.
 CONFIRMED, FAILED = DeliveryState.CONFIRMED.value, DeliveryState.FAILED.value
 _PUBLISHED, _PARKED = EventStatus.PUBLISHED.value, EventStatus.PARKED.value
+_VALUES = {status: status.value for status in EventStatus}
 #: Latencies a summary carries to the driver (a run samples up to four times as many).
 LATENCY_SAMPLES = 512
 _UPDATE_COLUMNS = (
@@ -215,16 +216,28 @@ def _outcome_groups(items: Iterable[LoggedEvent]) -> dict[tuple[Any, ...], list[
     """Seqs grouped by identical outcome: a batch mostly shares one, so few UPDATEs do it.
 
     Delivery states are keyed by their content (cheaper than encoding each to JSON), and
-    each distinct one is encoded once by the caller.
+    each distinct one is encoded once by the caller. A state object is often shared by the
+    events of one call (:meth:`Delivery._confirm
+    <tidings.pipeline.publishing.delivery.Delivery._confirm>`): its content is taken once.
     """
     groups: dict[tuple[Any, ...], list[int]] = {}
+    contents: dict[int, tuple[Any, ...]] = {}  # id(state) -> its items (all alive meanwhile)
     for item in items:
+        states = []
+        for name, state in item.deliveries.items():
+            content = contents.get(id(state))
+            if content is None:
+                content = contents[id(state)] = tuple(state.items())
+            states.append((name, content))
         key = (
-            item.status.value,
+            _VALUES[item.status],
             item.retry_count,
             item.error_details,
-            tuple((name, tuple(d.items())) for name, d in item.deliveries.items()),
+            tuple(states),
             item.published_at,
         )
-        groups.setdefault(key, []).append(item.event.seq)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = []
+        group.append(item.event.seq)
     return groups

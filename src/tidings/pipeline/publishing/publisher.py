@@ -51,6 +51,7 @@ from tidings.pipeline.publishing.breaker import breaker_for
 from tidings.pipeline.publishing.delivery import BreakerLookup, Delivery, TargetLookup, Unit
 from tidings.pipeline.publishing.outcome import (
     CONFIRMED,
+    FAILED,
     LATENCY_SAMPLES,
     LoggedEvent,
     Summary,
@@ -61,6 +62,11 @@ from tidings.routing.table import Routes
 
 #: After a round, outcomes are recorded if the last record is this old (see ``_flush``).
 FLUSH_EVERY_S = 1.0
+#: The open statuses as members, tested by identity first (an enum member's hash is a
+#: Python-level call, and the relay asks for every event).
+_OPEN = tuple(OPEN_STATUSES)
+_PUBLISHED = EventStatus.PUBLISHED
+_NO_WAITS: dict[str, Any] = {}  # read only
 
 
 class Publisher:
@@ -106,27 +112,38 @@ class Publisher:
         self._now = utcnow()
         lanes: dict[tuple[str, str], deque[LoggedEvent]] = {}
         work: list[LoggedEvent] = []
-        for item in sorted(logged, key=lambda e: e.event.seq):
-            summary.events += 1
-            summary.max_seq = max(summary.max_seq, item.event.seq)
-            if item.status not in OPEN_STATUSES:
+        targets_for, open_targets = self.routes.targets_for, self._open_targets
+        items = sorted(logged, key=_seq_of)
+        summary.events += len(items)
+        if items:
+            summary.max_seq = max(summary.max_seq, items[-1].event.seq)
+        for item in items:
+            event = item.event
+            if item.status not in _OPEN:
                 summary.skipped += 1
                 continue
-            routed = self.routes.targets_for(item.event.event_type)
+            routed = targets_for(event.event_type)
             if not routed:
-                item.settle(
-                    EventStatus.UNROUTABLE, f"no route for event type {item.event.event_type!r}"
-                )
+                item.settle(EventStatus.UNROUTABLE, f"no route for event type {event.event_type!r}")
                 self._dirty.append(item)
                 summary.unroutable += 1
-                etype = item.event.event_type
+                etype = event.event_type
                 summary.unroutable_types[etype] = summary.unroutable_types.get(etype, 0) + 1
                 continue
             work.append(item)
-            todo = {name for name in routed if not item.confirmed_at(name)}
-            self._open_targets[id(item)] = todo
+            if item.deliveries:
+                todo = {name for name in routed if not item.confirmed_at(name)}
+            else:  # not sent anywhere yet (most rows)
+                todo = set(routed)
+            open_targets[id(item)] = todo
+            key = event.partition_key
+            if key is None:
+                key = event.ordering_key
             for name in todo:
-                lanes.setdefault((item.event.ordering_key, name), deque()).append(item)
+                lane = lanes.get((key, name))
+                if lane is None:
+                    lane = lanes[key, name] = deque()
+                lane.append(item)
             if not todo:
                 self._conclude(item)
         self._flush()  # unroutable rows of this set must not look open to the check below
@@ -150,9 +167,8 @@ class Publisher:
             elif self._delivery.target(name) is not None and self._delivery.breaker(name).is_open:
                 self._wait(lane, name, self._delivery.breaker(name).reason())
         for item in work:
-            stopped = id(item) in self._stopped
-            if self._open_targets[id(item)] and (
-                self._waits.get(id(item)) or item.changed or stopped
+            if open_targets[id(item)] and (
+                self._waits.get(id(item)) or item.changed or id(item) in self._stopped
             ):
                 self._conclude(item)
         self._flush()
@@ -210,9 +226,17 @@ class Publisher:
                 continue  # waits this round; a probe may reopen the target for later rounds
             take = 1
             if target is not None and target.atomic:
-                take = sum(1 for item in lane if behind is None or item.event.seq < behind)
+                take = (
+                    len(lane)
+                    if behind is None
+                    else sum(1 for item in lane if item.event.seq < behind)
+                )
             elif target is not None and target.events_per_key > 1:
                 take = _chain_length(lane, name, behind, target.events_per_key)
+            if take == len(lane):  # the whole lane (an atomic target's usual case)
+                units.setdefault(name, []).append(Unit(key, list(lane)))
+                del lanes[lane_id]
+                continue
             units.setdefault(name, []).append(Unit(key, [lane.popleft() for _ in range(take)]))
             if not lane:
                 del lanes[lane_id]
@@ -256,11 +280,18 @@ class Publisher:
         self, units: dict[str, list[Unit]], lanes: dict[tuple[str, str], deque[LoggedEvent]]
     ) -> None:
         """Confirmed events move on; a failed or waiting unit stops its lane for this run."""
+        open_targets = self._open_targets
         for name, batch in units.items():
             for unit in batch:
                 lane_id = (unit.key, name)
-                rest = [i for i in unit.items if not i.confirmed_at(name) and i is not unit.culprit]
                 culprit = unit.culprit
+                confirmed: list[LoggedEvent] = []
+                rest: list[LoggedEvent] = []
+                for i in unit.items:
+                    if i.confirmed_at(name):
+                        confirmed.append(i)
+                    elif i is not culprit:
+                        rest.append(i)
                 if culprit is not None:
                     self._failed_here.add((id(culprit), name))
                 if culprit is not None and self._tries_left(culprit, name):
@@ -272,11 +303,11 @@ class Publisher:
                     self._wait(rest + list(lanes.pop(lane_id, ())), name, reason)
                 elif rest:  # an atomic run cut short by narrowing: the rest goes next round
                     lanes.setdefault(lane_id, deque()).extendleft(reversed(rest))
-                for item in unit.items:
-                    if item.confirmed_at(name):
-                        self._open_targets[id(item)].discard(name)
-                        if not self._open_targets[id(item)]:
-                            self._conclude(item)
+                for item in confirmed:
+                    todo = open_targets[id(item)]
+                    todo.discard(name)
+                    if not todo:
+                        self._conclude(item)
 
     def _wait(self, items: Iterable[LoggedEvent], name: str, reason: str) -> None:
         for item in items:
@@ -287,11 +318,20 @@ class Publisher:
     def _conclude(self, item: LoggedEvent) -> None:
         """Settle ``item`` from its per-target states and queue it for recording."""
         summary = self._summary
-        routed = self.routes.targets_for(item.event.event_type)
-        waits = self._waits.get(id(item), {})
-        failed = [n for n in routed if item.failed_at(n) and n not in waits]
-        retrying = {n: item.deliveries[n] for n in failed if self._tries_left(item, n)}
-        failures = {n: item.deliveries[n].get("error") for n in failed if n not in retrying}
+        event = item.event
+        routed = self.routes.targets_for(event.event_type)
+        waits = self._waits.get(id(item), _NO_WAITS)
+        deliveries = item.deliveries
+        failed: list[str] = []
+        for n in routed:  # a loop: a comprehension is a call of its own, once per event
+            state = deliveries.get(n)
+            if state is not None and state.get("state") == FAILED and n not in waits:
+                failed.append(n)
+        if failed:
+            retrying = {n: deliveries[n] for n in failed if self._tries_left(item, n)}
+            failures = {n: deliveries[n].get("error") for n in failed if n not in retrying}
+        else:  # the usual case: nothing failed
+            retrying = failures = _NO_WAITS
         if failures:
             was_failed = item.status == EventStatus.FAILED
             item.settle(EventStatus.FAILED, json.dumps(failures, ensure_ascii=False))
@@ -311,13 +351,19 @@ class Publisher:
         else:
             now = self._now  # one stamp per round, so the round's rows share one UPDATE
             item.published_at = now
-            item.settle(EventStatus.PUBLISHED)
+            if item.status is not _PUBLISHED or item.error_details is not None:
+                item.status, item.error_details, item.changed = _PUBLISHED, None, True
             summary.published += 1
-            _count(summary.published_to, routed, item.event.event_type)
+            published_to = summary.published_to
+            for name in routed:  # _count, inlined: once per published event
+                by_type = published_to.get(name)
+                if by_type is None:
+                    by_type = published_to[name] = {}
+                by_type[event.event_type] = by_type.get(event.event_type, 0) + 1
             if len(summary.latencies_ms) < LATENCY_SAMPLES * 4:
-                delay = (now - as_utc(item.event.logged_at)).total_seconds() * 1000
+                delay = (now - as_utc(event.logged_at)).total_seconds() * 1000
                 summary.latencies_ms.append(round(delay, 3))
-                summary.latency_types.append(item.event.event_type)
+                summary.latency_types.append(event.event_type)
         if item.changed:
             self._dirty.append(item)
 
@@ -352,6 +398,10 @@ class Publisher:
 
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def _seq_of(item: LoggedEvent) -> int:
+    return item.event.seq
 
 
 def _chain_length(lane: deque[LoggedEvent], name: str, behind: int | None, limit: int) -> int:

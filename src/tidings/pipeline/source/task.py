@@ -34,7 +34,7 @@ from tidings.pipeline.publishing.publisher import Publisher
 from tidings.pipeline.publishing.retry import RetryPolicy
 from tidings.pipeline.source.queries import read_slice
 from tidings.pipeline.source.slices import LogSlice
-from tidings.pipeline.source.workerheap import freeze_heap
+from tidings.pipeline.source.workerheap import collection_paused, freeze_heap
 from tidings.pipeline.standby import check_fence
 from tidings.routing.table import current_routes
 from tidings.targets.base import Target
@@ -56,9 +56,10 @@ def publish_task(options: Mapping[str, str], part: LogSlice) -> pa.RecordBatch:
     engine = shared_engine(config.database.url)
     publisher = task_publisher(config, options)
     summary = Summary()
-    for chunk in read_slice(engine, part):
-        check_fence(engine, options)  # a relay that lost its lease publishes no more
-        summary.merge(publisher.run(chunk))
+    with collection_paused():
+        for chunk in read_slice(engine, part):
+            check_fence(engine, options)  # a relay that lost its lease publishes no more
+            summary.merge(publisher.run(chunk))
     batch = _one_text_row("summary", json.dumps(summary.as_dict()))
     freeze_heap()  # after the first task: the worker's imports and connections exist
     return batch

@@ -41,6 +41,8 @@ from tidings.targets.base import Target
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
+#: Types a target remembers it takes (:meth:`EventStoreTarget.publish`), at most.
+_TYPES_KEPT = 4096
 
 
 class EventStoreTargetConfig(TargetConfig):
@@ -90,6 +92,9 @@ class EventStoreTarget(Target):
         super().__init__(name)
         self._config = config
         self._type_prefix = tuple(config.type_prefix)
+        #: Outbox type -> its stored type, for the types this target takes (checked once:
+        #: a relay publishes few types, and the refusal and the tuple were per event).
+        self._stored_types: dict[str, tuple[str, ...]] = {}
         self._engine: Engine | None = None
         self._lock = threading.Lock()
 
@@ -107,9 +112,10 @@ class EventStoreTarget(Target):
         """
         if not events:
             return []
+        types: dict[str, tuple[str, ...]] = {}  # this call's (the kept ones may be cleared)
         for event in events:  # the relay asks refusal first; a caller that did not fails
-            if (problem := self.refusal(event)) is not None:
-                raise TargetCallFailed(problem)
+            if event.event_type not in types:
+                types[event.event_type] = self._stored_type(event)
         try:
             engine = self._opened_engine()
         except (ModuleLoadError, EngineError) as exc:  # a module's create or subscription
@@ -118,13 +124,34 @@ class EventStoreTarget(Target):
             raise TargetUnavailable(self._error("cannot open the store", exc)) from exc
         try:
             engine.register(
-                [to_new_event(e, self._type_prefix) for e in events],
+                [
+                    NewEvent(
+                        types[e.event_type],
+                        e.payload.encode(),
+                        PayloadKind.JSON,
+                        (e.logged_at - _EPOCH) // _MICROSECOND,
+                        e.event_id,
+                    )
+                    for e in events
+                ],
                 strict=True,
                 source=RELAY_SOURCE,
             )
         except Exception as exc:
             raise TargetCallFailed(self._error("failed", exc)) from exc
         return [None] * len(events)
+
+    def _stored_type(self, event: OutboxEvent) -> tuple[str, ...]:
+        """The type ``event`` is stored under; TargetCallFailed if the target refuses it."""
+        kept = self._stored_types
+        stored = kept.get(event.event_type)
+        if stored is None:
+            if (problem := self.refusal(event)) is not None:
+                raise TargetCallFailed(problem)
+            if len(kept) >= _TYPES_KEPT:
+                kept.clear()
+            stored = kept[event.event_type] = (*self._type_prefix, event.event_type)
+        return stored
 
     def refusal(self, event: OutboxEvent) -> str | None:
         """The event's type would fall under the servers' reserved consumer prefix (an
