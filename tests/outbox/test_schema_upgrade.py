@@ -4,7 +4,7 @@ index hold only the rows their reads take. Nothing is lost."""
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, inspect, select, text, update
+from sqlalchemy import Connection, Engine, inspect, select, text, update
 
 from tidings.db import make_engine
 from tidings.events.outbox import EventStatus
@@ -26,16 +26,9 @@ def test_a_version_3_log_gets_the_key_status_index(database_url: str) -> None:
         conn.execute(update(meta).where(meta.c.key == "schema_version").values(value="3"))
         seqs = conn.execute(select(outbox_event.c.seq).order_by(outbox_event.c.seq)).scalars()
         seqs = list(seqs)
-        conn.execute(  # the first and third of key a set aside, the second unroutable
-            update(outbox_event)
-            .where(outbox_event.c.seq.in_([seqs[0], seqs[2]]))
-            .values(status=EventStatus.PARKED.value)
-        )
-        conn.execute(
-            update(outbox_event)
-            .where(outbox_event.c.seq == seqs[1])
-            .values(status=EventStatus.UNROUTABLE.value)
-        )
+        # The first and third of key a set aside, the second unroutable.
+        _set_status(conn, [seqs[0], seqs[2]], EventStatus.PARKED)
+        _set_status(conn, [seqs[1]], EventStatus.UNROUTABLE)
     assert "idx_04_outbox_event" not in {
         i["name"] for i in inspect(engine).get_indexes("outbox_event")
     }
@@ -83,21 +76,9 @@ def test_a_version_4_log_gets_the_partial_indexes_on_postgresql(database_url: st
         tx.emit("Created", {"n": 9}, partition_key="a")
     with engine.begin() as conn:
         seqs = list(conn.execute(select(outbox_event.c.seq).order_by(outbox_event.c.seq)).scalars())
-        conn.execute(
-            update(outbox_event)
-            .where(outbox_event.c.seq.in_([seqs[0], seqs[3]]))
-            .values(status=EventStatus.PARKED.value)
-        )
-        conn.execute(
-            update(outbox_event)
-            .where(outbox_event.c.seq == seqs[1])
-            .values(status=EventStatus.UNROUTABLE.value)
-        )
-        conn.execute(
-            update(outbox_event)
-            .where(outbox_event.c.seq == seqs[2])
-            .values(status=EventStatus.PUBLISHED.value)
-        )
+        _set_status(conn, [seqs[0], seqs[3]], EventStatus.PARKED)
+        _set_status(conn, [seqs[1]], EventStatus.UNROUTABLE)
+        _set_status(conn, [seqs[2]], EventStatus.PUBLISHED)
         if postgresql:  # the log as version 4 left it: both indexes whole
             for name, columns in (
                 ("idx_02_outbox_event", "correlation_id, event_type"),
@@ -136,3 +117,10 @@ def test_a_version_4_log_gets_the_partial_indexes_on_postgresql(database_url: st
     assert [e.seq for e in parked] == [seqs[0], seqs[3]]
     ensure_schema(engine)  # the current version: nothing to do
     engine.dispose()
+
+
+def _set_status(conn: Connection, seqs: list[int], status: EventStatus) -> None:
+    """Set the rows ``seqs`` to ``status`` by hand, as an operator's or a relay's run left them."""
+    conn.execute(
+        update(outbox_event).where(outbox_event.c.seq.in_(seqs)).values(status=status.value)
+    )
