@@ -63,27 +63,22 @@ _CHECKED_TYPES_MAX = 65_536
 
 
 def check_new_event(where: str, new_event: object) -> None:
-    """Refuse ``new_event`` with a StoreError whose message starts with ``where``."""
+    """Refuse ``new_event`` with a StoreError whose message starts with ``where``.
+
+    A type that passed its checks before is not walked again (:data:`_CHECKED_TYPES`); the
+    other fields are checked every time, and the checks run in the same order either way,
+    so an event with several problems is refused for the same one."""
     if not isinstance(new_event, NewEvent):
         raise StoreError(f"{where}expected a NewEvent, got {type(new_event).__name__}")
     event_type = new_event.type
     try:
-        checked = event_type in _CHECKED_TYPES
+        known = event_type in _CHECKED_TYPES
     except TypeError:  # unhashable, so no valid type: the checks below say why
-        checked = False
-    if checked:  # the same checks, in the same order, but those of the type
-        _check_payload(where, new_event.payload, new_event.payload_kind)
-        if new_event.source_timestamp_us is not None:
-            require_int(f"{where}source_timestamp_us", new_event.source_timestamp_us, INT64_MIN)
-        if new_event.outbox_event_id is not None:
-            require_outbox_id(new_event.outbox_event_id, where)
-            problem = _outbox_id_size_problem(new_event.outbox_event_id)
-            if problem is not None:
-                raise StoreError(f"{where}{problem}")
-        return
-    _check_fields(
+        known = False
+    if not known:
+        _check_type(where, event_type)
+    _check_fields_but_type(
         where,
-        new_event.type,
         new_event.payload,
         new_event.payload_kind,
         new_event.source_timestamp_us,
@@ -91,17 +86,30 @@ def check_new_event(where: str, new_event: object) -> None:
     )
     # Sizes for new events only, both backends alike (a store can move); events synced
     # from a peer are kept as the peer has them where the database can index them.
-    problem = size_problem(new_event.type, new_event.outbox_event_id)
-    if problem is not None:
+    if not known:
+        if (problem := _type_size_problem(event_type)) is not None:
+            raise StoreError(f"{where}{problem}")
+        # Remembered only as plain str segments in a plain tuple: a subclass may compare
+        # equal to a valid type and differ from it.
+        if type(event_type) is tuple and all(type(segment) is str for segment in event_type):
+            if len(_CHECKED_TYPES) >= _CHECKED_TYPES_MAX:
+                _CHECKED_TYPES.clear()
+            _CHECKED_TYPES.add(event_type)
+    outbox_id = new_event.outbox_event_id
+    if outbox_id is not None and (problem := _outbox_id_size_problem(outbox_id)) is not None:
         raise StoreError(f"{where}{problem}")
-    if type(event_type) is tuple and all(type(segment) is str for segment in event_type):
-        if len(_CHECKED_TYPES) >= _CHECKED_TYPES_MAX:
-            _CHECKED_TYPES.clear()
-        _CHECKED_TYPES.add(event_type)
 
 
 def size_problem(event_type: EventType, outbox_event_id: str | None) -> str | None:
     """Why an event's type or outbox id is too long for the stores' indexes, or None."""
+    problem = _type_size_problem(event_type)
+    if problem is not None or outbox_event_id is None:
+        return problem
+    return _outbox_id_size_problem(outbox_event_id)
+
+
+def _type_size_problem(event_type: EventType) -> str | None:
+    """Why a type is too long for the stores' indexes, or None."""
     # Its JSON text has at least each segment, two quotes and a separator each: a type over
     # the bound by that is refused before it is encoded (and cached).
     if sum(map(len, event_type)) + 3 * len(event_type) + 1 > MAX_TYPE_TEXT or (
@@ -111,7 +119,7 @@ def size_problem(event_type: EventType, outbox_event_id: str | None) -> str | No
             f"type {_shown(event_type)} is too long: over {MAX_TYPE_TEXT} characters "
             "as stored (JSON, non-ASCII escaped)"
         )
-    return None if outbox_event_id is None else _outbox_id_size_problem(outbox_event_id)
+    return None
 
 
 def _outbox_id_size_problem(outbox_event_id: str) -> str | None:
@@ -199,6 +207,13 @@ def _check_fields(
 ) -> None:
     """The checks shared by new and synced events."""
     _check_type(where, event_type)
+    _check_fields_but_type(where, payload, kind, source_timestamp_us, outbox_event_id)
+
+
+def _check_fields_but_type(
+    where: str, payload: object, kind: object, source_timestamp_us: object, outbox_event_id: object
+) -> None:
+    """The shared checks after the type's."""
     _check_payload(where, payload, kind)
     if source_timestamp_us is not None:
         require_int(f"{where}source_timestamp_us", source_timestamp_us, INT64_MIN)

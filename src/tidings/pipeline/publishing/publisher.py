@@ -65,7 +65,6 @@ FLUSH_EVERY_S = 1.0
 #: The open statuses as members, tested by identity first (an enum member's hash is a
 #: Python-level call, and the relay asks for every event).
 _OPEN = tuple(OPEN_STATUSES)
-_PUBLISHED = EventStatus.PUBLISHED
 _NO_WAITS: dict[str, Any] = {}  # read only
 
 
@@ -351,15 +350,9 @@ class Publisher:
         else:
             now = self._now  # one stamp per round, so the round's rows share one UPDATE
             item.published_at = now
-            if item.status is not _PUBLISHED or item.error_details is not None:
-                item.status, item.error_details, item.changed = _PUBLISHED, None, True
+            item.settle(EventStatus.PUBLISHED)
             summary.published += 1
-            published_to = summary.published_to
-            for name in routed:  # _count, inlined: once per published event
-                by_type = published_to.get(name)
-                if by_type is None:
-                    by_type = published_to[name] = {}
-                by_type[event.event_type] = by_type.get(event.event_type, 0) + 1
+            _count(summary.published_to, routed, event.event_type)
             if len(summary.latencies_ms) < LATENCY_SAMPLES * 4:
                 delay = (now - as_utc(event.logged_at)).total_seconds() * 1000
                 summary.latencies_ms.append(round(delay, 3))

@@ -124,16 +124,7 @@ class EventStoreTarget(Target):
             raise TargetUnavailable(self._error("cannot open the store", exc)) from exc
         try:
             engine.register(
-                [
-                    NewEvent(
-                        types[e.event_type],
-                        e.payload.encode(),
-                        PayloadKind.JSON,
-                        (e.logged_at - _EPOCH) // _MICROSECOND,
-                        e.event_id,
-                    )
-                    for e in events
-                ],
+                [stored_as(e, types[e.event_type]) for e in events],
                 strict=True,
                 source=RELAY_SOURCE,
             )
@@ -201,10 +192,16 @@ def unreserved_prefix(type_prefix: list[str], name: str = "type_prefix") -> list
 
 def to_new_event(event: OutboxEvent, type_prefix: tuple[str, ...]) -> NewEvent:
     """The server event an outbox event becomes (shared by the local and remote targets)."""
+    return stored_as(event, (*type_prefix, event.event_type))
+
+
+def stored_as(event: OutboxEvent, stored_type: tuple[str, ...]) -> NewEvent:
+    """The server event an outbox event becomes, of ``stored_type`` (the prefixed type, made
+    once per type by a caller that publishes many)."""
     return NewEvent(
-        type=(*type_prefix, event.event_type),
-        payload=event.payload.encode(),
-        payload_kind=PayloadKind.JSON,
-        source_timestamp_us=(event.logged_at - _EPOCH) // _MICROSECOND,
-        outbox_event_id=event.event_id,
+        stored_type,
+        event.payload.encode(),
+        PayloadKind.JSON,
+        (event.logged_at - _EPOCH) // _MICROSECOND,
+        event.event_id,
     )
