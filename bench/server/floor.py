@@ -11,7 +11,11 @@ fire-and-forget rate is no ceiling.
 ``python -m bench.server.floor --conf server.yaml`` (``address: tcp+sbs://host:port``) answers
 hat-event 0.8.5's ``MsgRegisterReq`` as a server would — frame, pre-scan and decode with
 tidings' wire code (hat-sbs), number the events, encode the reply, send — and stores nothing,
-runs no engine, serves no query or subscription (pings are answered, as hat's client needs).
+runs no engine and serves no query (pings are answered, as hat's client needs). It keeps
+each connection's subscription and sends a register's events to the subscribers they match
+(``MsgNotify``, encoded once per register, sent before the reply, as tidings sends it), so
+that the notify latency has a floor too: with a store, once the register is written (under
+``commit``, committed).
 One asyncio Protocol, no tasks per connection. Driven by the same client as the real servers
 (the server benchmark), its register rates are what no Python server on this machine can beat:
 what is left between it and a real server is the cost of storing, the engine and serving
@@ -32,6 +36,7 @@ import yaml
 
 from tidings.address import parse_address
 from tidings.db import SQLITE_PRAGMAS
+from tidings.events.matching import TypeMatcher
 from tidings.events.model import encode_type
 from tidings.server.store import EventStore
 from tidings.server.store.schema import INSERT_EVENT_SQL
@@ -135,8 +140,15 @@ def _row(position: int, session: int, instance: int, item: Any, now: int) -> tup
 class FloorProtocol(asyncio.Protocol):
     """One connection: frames in, register replies out."""
 
-    def __init__(self, numbers: itertools.count[int], store: FloorStore | None = None) -> None:
+    def __init__(
+        self,
+        numbers: itertools.count[int],
+        subscribers: dict[FloorProtocol, TypeMatcher],
+        store: FloorStore | None = None,
+    ) -> None:
         self._numbers = numbers
+        #: Every connection's subscription (shared by the server's connections).
+        self._subscribers = subscribers
         self._store = store
         self._buffer = bytearray()
         self._ids = itertools.count(1)
@@ -146,6 +158,9 @@ class FloorProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._subscribers.pop(self, None)
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -166,6 +181,10 @@ class FloorProtocol(asyncio.Protocol):
             self._send(
                 received.first, codec.PING, "MsgPong", codec.encode(codec.PING, "MsgPong", None)
             )
+            return
+        if (received.module, received.type) == (codec.EVENTER, "MsgSubscribe"):
+            types = codec.decode(received.module, received.type, received.body)
+            self._subscribers[self] = TypeMatcher([tuple(t) for t in types])
             return
         if (received.module, received.type) != (codec.EVENTER, "MsgRegisterReq"):
             return
@@ -194,14 +213,35 @@ class FloorProtocol(asyncio.Protocol):
                 for item, instance in zip(items, instances, strict=True)
             ]
             self._store.write(rows, (1, self._session, instances[0], "eventer", 1, None))
+        if self._subscribers and results:
+            self._notify([event for _, event in results])
         if not received.last:
             body = codec.encode(codec.EVENTER, "MsgRegisterRes", results)
             self._send(received.first, codec.EVENTER, "MsgRegisterRes", body)
 
-    def _send(self, first: int, module: str, type_name: str, body: bytes) -> None:
+    def _notify(self, events: list[dict[str, Any]]) -> None:
+        """Each subscriber gets the events of this register its subscription matches."""
+        bodies: dict[tuple[int, ...], bytes] = {}
+        for subscriber, matcher in self._subscribers.items():
+            selection = tuple(
+                i for i, event in enumerate(events) if matcher.matches(tuple(event["type"]))
+            )
+            if not selection:
+                continue
+            body = bodies.get(selection)
+            if body is None:
+                chosen = [events[i] for i in selection]
+                body = bodies[selection] = codec.encode(codec.EVENTER, "MsgNotify", chosen)
+            subscriber._send(0, codec.EVENTER, "MsgNotify", body, last=True)
+
+    def _send(
+        self, first: int, module: str, type_name: str, body: bytes, *, last: bool = True
+    ) -> None:
+        """One message: a reply in the conversation ``first``, or (``first`` 0) a new one."""
         assert self._transport is not None
+        number = next(self._ids)
         head = envelope.frame_head(
-            next(self._ids), first, False, True, module, type_name, len(body)
+            number, first or number, first == 0, last, module, type_name, len(body)
         )
         self._transport.write(head + body)
 
@@ -209,8 +249,11 @@ class FloorProtocol(asyncio.Protocol):
 async def serve(address: str, store: FloorStore | None = None) -> None:
     host, port = parse_address(address)
     numbers = itertools.count(1)
+    subscribers: dict[FloorProtocol, TypeMatcher] = {}
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: FloorProtocol(numbers, store), host, port)
+    server = await loop.create_server(
+        lambda: FloorProtocol(numbers, subscribers, store), host, port
+    )
     async with server:
         await server.serve_forever()
 

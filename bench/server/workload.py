@@ -35,7 +35,7 @@ def is_floor(kind: str) -> bool:
     return kind == FLOOR_KIND or kind in STORE_FLOOR_KINDS
 
 
-FLOOR_STEPS = ("register batch", "register single", "register fire-and-forget")
+FLOOR_STEPS = ("register batch", "register single", "register fire-and-forget", "notify latency")
 #: The tidings servers, each compared with hat.
 TIDINGS_KINDS = ("tidings", "tidings_periodic")
 #: tidings on PostgreSQL, each compared with tidings on SQLite with the same durability:
