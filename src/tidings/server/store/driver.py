@@ -33,6 +33,8 @@ _PG_APPEND_LOCK_KEY = 0x74696469_6E677331
 _PG_APPEND_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 #: Execution option telling the SQLite ``begin`` hook to take the write lock up front.
 _APPEND_OPTION = "tidings_event_store_append"
+#: The busy timeout of the writer's kept connection between the waits it takes on purpose.
+_NO_BUSY_WAIT = "PRAGMA busy_timeout = 0"
 #: tidings' pragmas of every SQLite connection (WAL, the busy timeout), then the store's own.
 _SQLITE_PRAGMAS = (
     *SQLITE_PRAGMAS,
@@ -321,12 +323,20 @@ class Writer:
         held writes of 100 events about a third more (measured). It holds the pages one
         write changes, until the write ends: a held register of 50,000 events with random
         outbox ids into a 100 MiB store took 17 MiB more at its peak (measured). Only this
-        connection's: readers' large sorts may still spill to disk."""
+        connection's: readers' large sorts may still spill to disk.
+
+        Its busy timeout is 0: it waits for SQLite's write lock only when a write that may
+        wait begins (:meth:`_lock_appends`), and inside its transactions, which hold that
+        lock, nothing waits for another. Switching the timeout off and on around each write
+        that must not wait (the event loop's) cost a small commit-mode register two
+        statements, a fifth of its time in the store (a one-event commit took 118 µs with
+        them and 96 without, measured)."""
         connection = self._engine.raw_connection()
         if not self._postgresql:
             driver = connection.driver_connection
             assert driver is not None  # a connection checked out of the pool has its own
             driver.execute("PRAGMA temp_store = MEMORY")
+            driver.execute(_NO_BUSY_WAIT)
         return connection
 
     def _cursor(self) -> DriverCursor:
@@ -367,22 +377,29 @@ class Writer:
                 raw.rows("SELECT pg_advisory_xact_lock(?)", (_PG_APPEND_LOCK_KEY,))
                 return
             [(locked,)] = raw.rows("SELECT pg_try_advisory_xact_lock(?)", (_PG_APPEND_LOCK_KEY,))
-        elif wait:
-            raw.rows("BEGIN IMMEDIATE")
-            return
         else:
-            raw.rows("PRAGMA busy_timeout = 0")
-            try:
-                raw.rows("BEGIN IMMEDIATE")
-                locked = True
-            except self._driver_error as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
-                locked = False
-            finally:
+            locked = self._try_begin(raw)
+            if not locked and wait:
+                # Someone else writes: wait for the lock as long as the busy timeout says.
                 raw.rows(SQLITE_BUSY_TIMEOUT)
+                try:
+                    raw.rows("BEGIN IMMEDIATE")
+                finally:
+                    raw.rows(_NO_BUSY_WAIT)
+                return
         if not locked:
             raise StoreBusy(f"event store {url}: another writer holds the append lock")
+
+    def _try_begin(self, raw: DriverCursor) -> bool:
+        """``BEGIN IMMEDIATE`` without waiting (the connection's busy timeout is 0); False
+        if another writer holds SQLite's write lock."""
+        try:
+            raw.rows("BEGIN IMMEDIATE")
+        except self._driver_error as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            return False
+        return True
 
     def _rollback(self) -> None:
         """Roll back; a connection that cannot even do that is dropped. Held writes that are
