@@ -3,10 +3,10 @@
 With ``store: commit`` or ``store: periodic`` in its configuration it also runs, per
 register, the SQL statements tidings' SQLite store runs (on the store's own schema and
 pragmas, with its checkpoint thread), and nothing else of tidings' engine: the ceiling of
-a server that stores as tidings does, for each durability (see :class:`FloorStore`). It
-stores each register as it comes, so under ``commit`` it pays one commit per request even
-when fire-and-forget requests queue up (tidings commits those in groups): there its
-fire-and-forget rate is no ceiling.
+a server that stores as tidings does, for each durability (see :class:`FloorStore`). The
+registers read from a socket at once are stored together (one commit under ``commit``), as
+tidings stores requests that queued up together, so that its fire-and-forget rate is a
+ceiling there too.
 
 ``python -m bench.server.floor --conf server.yaml`` (``address: tcp+sbs://host:port``) answers
 hat-event 0.8.5's ``MsgRegisterReq`` as a server would — frame, pre-scan and decode with
@@ -29,6 +29,7 @@ import asyncio
 import itertools
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,9 @@ class FloorStore:
     ``periodic`` a transaction held open, each register in a savepoint of its own (the
     counters kept in memory) and a commit every ``flush_period``; else each register in its
     own transaction that advances the counters and commits. Each register inserts its event
-    rows and one ``event_sources`` row, as tidings' store does."""
+    rows and one ``event_sources`` row, as tidings' store does; the registers read from a
+    connection at once are written together (:meth:`write`), as tidings groups queued
+    requests."""
 
     def __init__(self, path: Path, periodic: bool, flush_period: float) -> None:
         # The store makes the schema and the counters, and keeps its checkpoint thread.
@@ -64,14 +67,18 @@ class FloorStore:
         self.counters: dict[str, int] | None = None  # the held transaction's
         self.flushing: asyncio.TimerHandle | None = None
 
-    def write(self, rows: list[tuple[Any, ...]], source: tuple[Any, ...]) -> None:
-        """Store the rows of one register (positions and ids already in them)."""
+    def write(self, registers: list[tuple[list[tuple[Any, ...]], tuple[Any, ...]]]) -> None:
+        """Store the registers that arrived together (each its event rows, positions and ids
+        already in them, and its source row) in one transaction, or one savepoint of the
+        held one, as tidings stores a group of queued requests."""
         db = self.db
+        rows = [row for register_rows, _ in registers for row in register_rows]
+        sources = [source for _, source in registers]
         if not self.periodic:
             db.execute("BEGIN IMMEDIATE")
-            db.execute(_ADVANCE, (len(rows), 1, len(rows))).fetchall()
+            db.execute(_ADVANCE, (len(rows), len(registers), len(rows))).fetchall()
             db.executemany(INSERT_EVENT_SQL, rows)
-            db.execute(_INSERT_SOURCE, source)
+            db.executemany(_INSERT_SOURCE, sources)
             db.execute("COMMIT")
             return
         if self.counters is None:
@@ -80,10 +87,10 @@ class FloorStore:
             self.flushing = asyncio.get_running_loop().call_later(self.flush_period, self.flush)
         db.execute("SAVEPOINT tidings_write")
         self.counters["position"] += len(rows)
-        self.counters["session:1"] += 1
+        self.counters["session:1"] += len(registers)
         self.counters["instance:1"] += len(rows)
         db.executemany(INSERT_EVENT_SQL, rows)
-        db.execute(_INSERT_SOURCE, source)
+        db.executemany(_INSERT_SOURCE, sources)
         db.execute("RELEASE SAVEPOINT tidings_write")
 
     def flush(self) -> None:
@@ -137,6 +144,17 @@ def _row(position: int, session: int, instance: int, item: Any, now: int) -> tup
     )
 
 
+@dataclass(slots=True)
+class _Register:
+    """One register request, decoded and numbered: stored, notified and answered later."""
+
+    received: envelope.Envelope
+    events: list[dict[str, Any]]
+    #: Its event rows and ``event_sources`` row (None: nothing to store).
+    rows: list[tuple[Any, ...]]
+    source: tuple[Any, ...] | None
+
+
 class FloorProtocol(asyncio.Protocol):
     """One connection: frames in, register replies out."""
 
@@ -164,60 +182,80 @@ class FloorProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
-        while self._buffer:
-            length_size = self._buffer[0]
-            if len(self._buffer) < 1 + length_size:
-                return
-            size = int.from_bytes(self._buffer[1 : 1 + length_size], "big")
-            end = 1 + length_size + size
-            if len(self._buffer) < end:
-                return
-            frame = bytes(self._buffer[1 + length_size : end])
-            del self._buffer[:end]
-            self._on_frame(envelope.parse(frame))
+        #: The registers of this read, stored together, then notified and answered in order.
+        registers: list[_Register] = []
+        try:
+            while self._buffer:
+                length_size = self._buffer[0]
+                if len(self._buffer) < 1 + length_size:
+                    return
+                size = int.from_bytes(self._buffer[1 : 1 + length_size], "big")
+                end = 1 + length_size + size
+                if len(self._buffer) < end:
+                    return
+                frame = bytes(self._buffer[1 + length_size : end])
+                del self._buffer[:end]
+                received = envelope.parse(frame)
+                if (received.module, received.type) == (codec.EVENTER, "MsgRegisterReq"):
+                    registers.append(self._register(received))
+                else:
+                    self._finish(registers)
+                    registers = []
+                    self._on_other(received)
+        finally:
+            self._finish(registers)
 
-    def _on_frame(self, received: envelope.Envelope) -> None:
+    def _on_other(self, received: envelope.Envelope) -> None:
         if received.module == codec.PING and received.type == "MsgPing":
             self._send(
                 received.first, codec.PING, "MsgPong", codec.encode(codec.PING, "MsgPong", None)
             )
-            return
-        if (received.module, received.type) == (codec.EVENTER, "MsgSubscribe"):
+        elif (received.module, received.type) == (codec.EVENTER, "MsgSubscribe"):
             types = codec.decode(received.module, received.type, received.body)
             self._subscribers[self] = TypeMatcher([tuple(t) for t in types])
-            return
-        if (received.module, received.type) != (codec.EVENTER, "MsgRegisterReq"):
-            return
+
+    def _register(self, received: envelope.Envelope) -> _Register:
+        """Decode and number one register request."""
         items = codec.decode(received.module, received.type, received.body)
         self._session += 1
         now = time.time_ns() // 1000
         timestamp = {"s": now // _US, "us": now % _US}
         instances = [next(self._numbers) for _ in items]
-        results = [
-            (
-                "event",
-                {
-                    "id": {"server": 1, "session": self._session, "instance": instance},
-                    "type": item["type"],
-                    "timestamp": timestamp,
-                    "sourceTimestamp": item["sourceTimestamp"],
-                    "payload": item["payload"],
-                },
-            )
+        events = [
+            {
+                "id": {"server": 1, "session": self._session, "instance": instance},
+                "type": item["type"],
+                "timestamp": timestamp,
+                "sourceTimestamp": item["sourceTimestamp"],
+                "payload": item["payload"],
+            }
             for item, instance in zip(items, instances, strict=True)
         ]
-        if self._store is not None and items:
-            # One counter for positions and instances: the floor's one server is alone.
-            rows = [
-                _row(instance, self._session, instance, item, now)
-                for item, instance in zip(items, instances, strict=True)
-            ]
-            self._store.write(rows, (1, self._session, instances[0], "eventer", 1, None))
-        if self._subscribers and results:
-            self._notify([event for _, event in results])
-        if not received.last:
-            body = codec.encode(codec.EVENTER, "MsgRegisterRes", results)
-            self._send(received.first, codec.EVENTER, "MsgRegisterRes", body)
+        if self._store is None or not items:
+            return _Register(received, events, [], None)
+        # One counter for positions and instances: the floor's one server is alone.
+        rows = [
+            _row(instance, self._session, instance, item, now)
+            for item, instance in zip(items, instances, strict=True)
+        ]
+        return _Register(
+            received, events, rows, (1, self._session, instances[0], "eventer", 1, None)
+        )
+
+    def _finish(self, registers: list[_Register]) -> None:
+        """Store the registers (those with events), then notify and answer each."""
+        if not registers:
+            return
+        stored = [(r.rows, r.source) for r in registers if r.source is not None]
+        if self._store is not None and stored:
+            self._store.write(stored)
+        for register in registers:
+            if self._subscribers and register.events:
+                self._notify(register.events)
+            if not register.received.last:
+                results = [("event", event) for event in register.events]
+                body = codec.encode(codec.EVENTER, "MsgRegisterRes", results)
+                self._send(register.received.first, codec.EVENTER, "MsgRegisterRes", body)
 
     def _notify(self, events: list[dict[str, Any]]) -> None:
         """Each subscriber gets the events of this register its subscription matches."""

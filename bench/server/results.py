@@ -210,12 +210,13 @@ def write_markdown(result: dict[str, Any], quick: bool, only: str | None, runtim
         "answers registers as a server would (tidings' frame reading, pre-scan, hat-sbs "
         "decode and encode, numbering) and stores nothing: its register rates, run with the "
         "same client, bound what any Python server can reach against hat here (it runs the "
-        "register steps only; its fire-and-forget count check is skipped). floor storing "
-        "(commit, periodic): the same server running, per register, the SQL statements "
+        "register and notify steps only; its fire-and-forget count check is skipped). floor "
+        "storing (commit, periodic): the same server running, per register, the SQL statements "
         "tidings' SQLite store runs with that durability (on the store's schema, pragmas and "
-        "checkpoint thread) and nothing else of tidings: the most a tidings server storing so "
-        "can reach (but for fire-and-forget under commit, where it commits each request and "
-        "tidings commits queued ones in groups).",
+        "checkpoint thread) and nothing else of tidings: the most a tidings server storing so can"
+        " reach (the requests read from a socket at once stored in one transaction, as tidings "
+        "groups queued requests). Every floor also answers subscriptions and sends each "
+        "register's events to its subscribers before the reply (the notify floor).",
         "",
         f"1. register_batch: {s['register_events']:,} events in `register_with_response` "
         f"batches of {s['batch']}, one request at a time; register_single: "

@@ -23,15 +23,15 @@ SERVERS = (
 )
 
 #: bench/server/floor.py: answers registers and stores nothing, so its rates are the ceiling
-#: of any Python server driven by this client on this machine (its register steps only).
+#: of any Python server driven by this client on this machine (register and notify steps).
 FLOOR_KIND = "floor"
 #: The floor storing as tidings' SQLite store does, with ``durability: commit`` and
-#: ``periodic``: the ceiling of the tidings kinds with each durability (registers only).
+#: ``periodic``: the ceiling of the tidings kinds with each durability (registers, notify).
 STORE_FLOOR_KINDS = ("floor_store", "floor_store_periodic")
 
 
 def is_floor(kind: str) -> bool:
-    """Whether ``kind`` is one of the floor servers (registers only, no queries)."""
+    """Whether ``kind`` is one of the floor servers (registers and notify, no queries)."""
     return kind == FLOOR_KIND or kind in STORE_FLOOR_KINDS
 
 
