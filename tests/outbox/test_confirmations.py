@@ -131,7 +131,7 @@ def test_a_version_1_log_gets_the_marks(database_url: str) -> None:
     ensure_schema(engine)
     with engine.begin() as conn:
         version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
-        assert version.scalar_one() == str(SCHEMA_VERSION) == "5"
+        assert version.scalar_one() == str(SCHEMA_VERSION) == "6"
         raise_marks(conn, {"a": MARK})
         stored = conn.execute(select(target_mark.c.confirmed_at)).scalar_one()
     assert as_utc(stored) == MARK

@@ -97,7 +97,7 @@ def test_a_version_2_log_gets_the_stream_tables(database_url: str) -> None:
     ensure_schema(engine)
     with engine.connect() as conn:
         version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
-        assert version.scalar_one() == str(SCHEMA_VERSION) == "5"
+        assert version.scalar_one() == str(SCHEMA_VERSION) == "6"
     tables = set(inspect(engine).get_table_names())
     assert {"tidings_stream_producer", "tidings_stream_publish"} <= tables
     ids = StreamIds(engine, "t")

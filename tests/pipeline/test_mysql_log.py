@@ -85,13 +85,13 @@ def test_schema_upgrades_from_version_1_and_keeps_the_current_version(mysql_url:
         conn.execute(text("DROP TABLE tidings_target_mark"))
         conn.execute(meta.update().values(value="1"))
     ensure_schema(engine)
-    assert _version(engine) == str(SCHEMA_VERSION) == "5"
+    assert _version(engine) == str(SCHEMA_VERSION) == "6"
     tables = inspect(engine).get_table_names()
     assert {"tidings_target_mark", "tidings_stream_producer", "tidings_stream_publish"} <= set(
         tables
     )
     ensure_schema(engine)  # the current version: nothing to do, nothing lost
-    assert _version(engine) == "5" and statuses(engine) == {1: "PENDING"}
+    assert _version(engine) == "6" and statuses(engine) == {1: "PENDING"}
     with engine.begin() as conn:
         conn.execute(meta.update().values(value=str(SCHEMA_VERSION + 1)))
     with pytest.raises(SchemaError, match="newer than this tidings"):

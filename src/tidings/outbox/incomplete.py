@@ -281,9 +281,10 @@ class IncompleteEvents:
         """
         if where.partition_key is not None:
             open_part = chosen & OPEN_STATUSES
-            # PostgreSQL's idx_04 holds only these rows: its condition, spelled as it is,
-            # lets any plan take it (a bound status does not, in a generic plan).
-            set_aside = [SET_ASIDE_ROW] if self.engine.dialect.name == "postgresql" else []
+            # idx_04 holds only these rows: its condition, spelled as it is, lets the
+            # planners take it (a bound status does not: SQLite's, and PostgreSQL's in a
+            # generic plan).
+            set_aside = [SET_ASIDE_ROW]
             split: list[tuple[frozenset[EventStatus], list[Any]]] = [
                 (frozenset({status}), set_aside) for status in sorted(chosen - open_part)
             ]
