@@ -36,18 +36,26 @@ from typing import Any
 import yaml
 
 from tidings.address import parse_address
-from tidings.db import SQLITE_PRAGMAS
 from tidings.events.matching import TypeMatcher
 from tidings.events.model import encode_type
 from tidings.server.store import EventStore
-from tidings.server.store.schema import INSERT_EVENT_SQL
+from tidings.server.store.counters import (
+    POSITION_COUNTER,
+    advance_counters,
+    instance_counter,
+    session_counter,
+)
+from tidings.server.store.driver import STORE_SQLITE_PRAGMAS, DriverCursor
+from tidings.server.store.planning import insert_event_rows
+from tidings.server.store.sources import insert_sources
 from tidings.wire import codec, envelope
 
 _US = 1_000_000
 
 
 class FloorStore:
-    """The statements of tidings' SQLite store per register, and nothing else: with
+    """The statements of tidings' SQLite store per register (its own functions, on its
+    pragmas), and nothing else: with
     ``periodic`` a transaction held open, each register in a savepoint of its own (the
     counters kept in memory) and a commit every ``flush_period``; else each register in its
     own transaction that advances the counters and commits. Each register inserts its event
@@ -61,9 +69,10 @@ class FloorStore:
         self.periodic = periodic
         self.flush_period = flush_period
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        for pragma in (*SQLITE_PRAGMAS, "PRAGMA cache_size = -32768", "PRAGMA temp_store = MEMORY"):
+        for pragma in (*STORE_SQLITE_PRAGMAS, "PRAGMA temp_store = MEMORY"):
             self.db.execute(pragma)
-        self.db.execute("PRAGMA wal_autocheckpoint = 10000")
+        #: The store's own statement functions run on this cursor.
+        self.sql = DriverCursor(self.db.cursor(), False, sqlite3.Error)
         self.counters: dict[str, int] | None = None  # the held transaction's
         self.flushing: asyncio.TimerHandle | None = None
 
@@ -71,49 +80,42 @@ class FloorStore:
         """Store the registers that arrived together (each its event rows, positions and ids
         already in them, and its source row) in one transaction, or one savepoint of the
         held one, as tidings stores a group of queued requests."""
-        db = self.db
+        sql = self.sql
         rows = [row for register_rows, _ in registers for row in register_rows]
         sources = [source for _, source in registers]
+        increments = {
+            POSITION_COUNTER: len(rows),
+            session_counter(1): len(registers),
+            instance_counter(1): len(rows),
+        }
         if not self.periodic:
-            db.execute("BEGIN IMMEDIATE")
-            db.execute(_ADVANCE, (len(rows), len(registers), len(rows))).fetchall()
-            db.executemany(INSERT_EVENT_SQL, rows)
-            db.executemany(_INSERT_SOURCE, sources)
-            db.execute("COMMIT")
+            sql.rows("BEGIN IMMEDIATE")
+            advance_counters(sql, increments)
+            insert_event_rows(sql, rows)
+            insert_sources(sql, sources)
+            sql.rows("COMMIT")
             return
         if self.counters is None:
-            db.execute("BEGIN IMMEDIATE")
-            self.counters = dict(db.execute("SELECT name, value FROM event_counters").fetchall())
+            sql.rows("BEGIN IMMEDIATE")
+            self.counters = dict(sql.rows("SELECT name, value FROM event_counters"))
             self.flushing = asyncio.get_running_loop().call_later(self.flush_period, self.flush)
-        db.execute("SAVEPOINT tidings_write")
-        self.counters["position"] += len(rows)
-        self.counters["session:1"] += len(registers)
-        self.counters["instance:1"] += len(rows)
-        db.executemany(INSERT_EVENT_SQL, rows)
-        db.executemany(_INSERT_SOURCE, sources)
-        db.execute("RELEASE SAVEPOINT tidings_write")
+        sql.rows("SAVEPOINT tidings_write")
+        for name, increment in increments.items():
+            self.counters[name] += increment
+        insert_event_rows(sql, rows)
+        insert_sources(sql, sources)
+        sql.rows("RELEASE SAVEPOINT tidings_write")
 
     def flush(self) -> None:
         """Commit the held transaction (on the loop: tidings commits it in its write
         thread, so this floor is a little low)."""
         if self.counters is not None:
-            self.db.executemany(
+            self.sql.executemany(
                 "UPDATE event_counters SET value = ? WHERE name = ?",
                 [(value, name) for name, value in sorted(self.counters.items())],
             )
-            self.db.execute("COMMIT")
+            self.sql.rows("COMMIT")
             self.counters = None
-
-
-_ADVANCE = (
-    "UPDATE event_counters SET value = value + CASE name WHEN 'position' THEN ? "
-    "WHEN 'session:1' THEN ? WHEN 'instance:1' THEN ? END "
-    "WHERE name IN ('position', 'session:1', 'instance:1') RETURNING name, value"
-)
-_INSERT_SOURCE = (
-    "INSERT INTO event_sources (server, session, instance, kind, source_id, name) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
-)
 
 
 def _row(position: int, session: int, instance: int, item: Any, now: int) -> tuple[Any, ...]:

@@ -274,17 +274,8 @@ def encode_event(event: StoredEvent) -> bytes:
     cost of building hat-sbs's value (dicts and tuples) for its C encoder, and every reply,
     notification and sync message is made of these. The tests hold it byte for byte equal
     to hat-sbs's encoding."""
-    seconds, micros = divmod(event.timestamp_us, _US)
-    event_id = event.id
-    parts = [
-        encode_integer(event_id.server),
-        encode_integer(event_id.session),
-        encode_integer(event_id.instance),
-        _encoded_type(event.type),
-        encode_integer(seconds),
-        encode_integer(micros),
-    ]
-    _add_tail(parts, event)
+    parts: list[bytes] = []
+    _add_events(parts, (event,), marked=False)
     return b"".join(parts)
 
 

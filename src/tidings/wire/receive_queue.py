@@ -57,22 +57,23 @@ class ReceiveQueue(Generic[T]):
         :meth:`put` would, without waiting); False, queueing nothing, if not."""
         if len(self._items) >= self._max_items or self._bytes + size > self._max_bytes:
             return False
-        self._items.append((item, size))
-        self._bytes += size
-        if self._getters:
-            _wake(self._getters)
+        self._append(item, size)
         return True
 
     async def put(self, item: T, size: int) -> None:
         """Queue ``item`` of ``size`` bytes; return once the queue has room for more."""
         while len(self._items) >= self._max_items:
             await _wait(self._putters)
+        self._append(item, size)
+        while self._bytes > self._max_bytes:
+            await _wait(self._putters)
+
+    def _append(self, item: T, size: int) -> None:
+        """Queue ``item``, its bytes counted, waking a waiting receiver."""
         self._items.append((item, size))
         self._bytes += size
         if self._getters:
             _wake(self._getters)
-        while self._bytes > self._max_bytes:
-            await _wait(self._putters)
 
     async def get(self) -> T | None:
         """The next item, or None once every item queued before the end was taken (for

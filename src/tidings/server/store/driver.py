@@ -36,7 +36,7 @@ _APPEND_OPTION = "tidings_event_store_append"
 #: The busy timeout of the writer's kept connection between the waits it takes on purpose.
 _NO_BUSY_WAIT = "PRAGMA busy_timeout = 0"
 #: tidings' pragmas of every SQLite connection (WAL, the busy timeout), then the store's own.
-_SQLITE_PRAGMAS = (
+STORE_SQLITE_PRAGMAS = (
     *SQLITE_PRAGMAS,
     "PRAGMA foreign_keys = ON",
     # 32 MiB per connection (allocated as used): random outbox ids touch the whole index.
@@ -66,7 +66,9 @@ def parse_url(url: str) -> URL:
 
 def store_engine(url: URL) -> Engine:
     """The store's engine: on SQLite with its pragmas and its own ``BEGIN``."""
-    return make_engine(url, sqlite_pragmas=_SQLITE_PRAGMAS, sqlite_begin=_begin_sqlite_transaction)
+    return make_engine(
+        url, sqlite_pragmas=STORE_SQLITE_PRAGMAS, sqlite_begin=_begin_sqlite_transaction
+    )
 
 
 def _begin_sqlite_transaction(conn: Connection) -> None:

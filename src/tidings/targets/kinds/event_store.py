@@ -112,10 +112,8 @@ class EventStoreTarget(Target):
         """
         if not events:
             return []
-        types: dict[str, tuple[str, ...]] = {}  # this call's (the kept ones may be cleared)
-        for event in events:  # the relay asks refusal first; a caller that did not fails
-            if event.event_type not in types:
-                types[event.event_type] = self._stored_type(event)
+        # The relay asks refusal first; a caller that did not fails here, storing nothing.
+        new_events = [stored_as(e, self._stored_type(e)) for e in events]
         try:
             engine = self._opened_engine()
         except (ModuleLoadError, EngineError) as exc:  # a module's create or subscription
@@ -124,7 +122,7 @@ class EventStoreTarget(Target):
             raise TargetUnavailable(self._error("cannot open the store", exc)) from exc
         try:
             engine.register(
-                [stored_as(e, types[e.event_type]) for e in events],
+                new_events,
                 strict=True,
                 source=RELAY_SOURCE,
             )
